@@ -1,0 +1,7 @@
+//! The in-sandbox agent and its host-side client.
+//!
+//! The agent is PID 1 of every sandbox. It speaks the envd-compatible protocol (Connect RPC,
+//! JSON codec, HTTP/1.1): `process.Process`, `filesystem.Filesystem`, `GET/POST /files`,
+//! `GET /health`, on a Unix socket.
+
+pub mod client;

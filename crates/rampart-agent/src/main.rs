@@ -1,0 +1,4 @@
+//! `rampart-agent`: PID 1 of a sandbox.
+fn main() {
+    unimplemented!()
+}

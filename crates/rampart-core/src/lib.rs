@@ -1,0 +1,142 @@
+//! The sandbox manager.
+//!
+//! CONTRACT (used by rampart-server; keep these signatures).
+
+use rampart_agent::client::{AgentClient, ClientError};
+use rampart_types::{
+    CreateSandbox, ExecEvent, ExecRequest, LimitError, Limits, SandboxId, SandboxInfo,
+    SandboxState,
+};
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+/// Errors of the manager. Each maps to one HTTP status in the server.
+#[derive(Debug, thiserror::Error)]
+pub enum CoreError {
+    /// 404: no such sandbox.
+    #[error("sandbox {0} not found")]
+    NotFound(String),
+    /// 400: bad input; `field` names the offending field.
+    #[error("{field}: {message}")]
+    BadRequest {
+        /// The field.
+        field: String,
+        /// Why.
+        message: String,
+    },
+    /// 409: the sandbox is not in a state that allows this.
+    #[error("sandbox {id} is {state}, not running")]
+    WrongState {
+        /// The sandbox.
+        id: String,
+        /// Its state.
+        state: String,
+    },
+    /// 422: a limit above the daemon's maximum (or below the minimum).
+    #[error(transparent)]
+    Limit(#[from] LimitError),
+    /// 503: the host is out of capacity (sandbox count, uid ranges).
+    #[error("out of capacity: {0}")]
+    Capacity(String),
+    /// 413: input too large.
+    #[error("too large: {0}")]
+    TooLarge(String),
+    /// The agent answered an error (mapped by its Connect code) or is unreachable (502).
+    #[error(transparent)]
+    Agent(#[from] ClientError),
+    /// 500: anything else; the message says what.
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+/// Daemon configuration.
+#[derive(Debug, Clone)]
+pub struct CoreConfig {
+    /// Data directory: `state.db`, `templates/`, `sandboxes/`.
+    pub data_dir: PathBuf,
+    /// `rampart-jailer` binary.
+    pub jailer_bin: PathBuf,
+    /// `rampart-agent` binary.
+    pub agent_bin: PathBuf,
+    /// Limits applied when a request leaves a field unset.
+    pub default_limits: Limits,
+    /// The most a request may ask for.
+    pub max_limits: Limits,
+    /// Timeout when the request gives none (300 s).
+    pub default_timeout_secs: u64,
+    /// Longest timeout a request may ask for.
+    pub max_timeout_secs: u64,
+    /// Most sandboxes alive at once (503 beyond).
+    pub max_sandboxes: usize,
+    /// First host uid of the sandbox uid ranges; sandbox slot `n` gets
+    /// `[uid_range_start + n * 65536, +65536)`.
+    pub uid_range_start: u32,
+    /// Number of slots (ranges) available.
+    pub uid_slots: u32,
+}
+
+/// The manager. Cheap to share (`Arc`).
+#[derive(Debug)]
+pub struct Manager {
+    _private: (),
+}
+
+impl Manager {
+    /// Probes the host, opens the store, builds the `base` template if missing, recovers
+    /// sandboxes left by a previous run (re-attach the live, clean the rest), starts the reaper.
+    pub async fn start(cfg: CoreConfig) -> Result<Arc<Manager>, CoreError> {
+        let _ = cfg;
+        unimplemented!()
+    }
+    /// Creates a sandbox and returns once its agent answers.
+    pub async fn create(&self, req: CreateSandbox) -> Result<SandboxInfo, CoreError> {
+        let _ = req;
+        unimplemented!()
+    }
+    /// One sandbox (any state, including destroyed ones kept for history).
+    pub fn get(&self, id: &SandboxId) -> Result<SandboxInfo, CoreError> {
+        let _ = id;
+        unimplemented!()
+    }
+    /// Sandboxes matching a state (alive ones when None) and all the given metadata pairs.
+    pub fn list(
+        &self,
+        state: Option<SandboxState>,
+        metadata: &BTreeMap<String, String>,
+    ) -> Result<Vec<SandboxInfo>, CoreError> {
+        let _ = (state, metadata);
+        unimplemented!()
+    }
+    /// Destroys a sandbox; returns its final record.
+    pub async fn destroy(&self, id: &SandboxId) -> Result<SandboxInfo, CoreError> {
+        let _ = id;
+        unimplemented!()
+    }
+    /// Sets the deadline to now + `secs`.
+    pub async fn set_timeout(&self, id: &SandboxId, secs: u64) -> Result<SandboxInfo, CoreError> {
+        let _ = (id, secs);
+        unimplemented!()
+    }
+    /// The agent client of a running sandbox (for the file API).
+    pub fn agent(&self, id: &SandboxId) -> Result<AgentClient, CoreError> {
+        let _ = id;
+        unimplemented!()
+    }
+    /// Runs a command; the stream yields `Start`, output, then exactly one `Exit` or `Error`.
+    /// Applies the request's timeout (kills the process, `timed_out: true`).
+    pub async fn exec(
+        &self,
+        id: &SandboxId,
+        req: ExecRequest,
+    ) -> Result<futures::stream::BoxStream<'static, ExecEvent>, CoreError> {
+        let _ = (id, req);
+        unimplemented!()
+    }
+    /// Prometheus text exposition of the daemon's metrics.
+    pub fn metrics_text(&self) -> String {
+        unimplemented!()
+    }
+    /// Stops the reaper; sandboxes keep running (a restarted daemon re-attaches).
+    pub async fn shutdown(&self) {}
+}

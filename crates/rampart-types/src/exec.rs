@@ -1,0 +1,107 @@
+//! Running a command in a sandbox through the native API.
+
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+/// Default cap on captured stdout and on stderr, each, for a waited exec (1 MiB).
+pub const DEFAULT_OUTPUT_CAP: u64 = 1 << 20;
+
+/// Body of `POST /v1/sandboxes/{id}/exec`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ExecRequest {
+    /// The program and its arguments; `cmd[0]` is looked up in `PATH`.
+    pub cmd: Vec<String>,
+    /// Extra environment variables for this process.
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    /// Working directory; the user's home when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cwd: Option<String>,
+    /// User to run as (`user` by default, or `root`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user: Option<String>,
+    /// Bytes given on stdin (UTF-8 text), then stdin is closed. Absent: stdin is closed at start.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stdin: Option<String>,
+    /// Same as `stdin` but base64, for binary input.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stdin_base64: Option<String>,
+    /// Run under a pseudo-terminal of this size (`[cols, rows]`); output arrives as `pty`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tty: Option<[u16; 2]>,
+    /// Seconds before the process is killed (SIGKILL) and the exec reports `timed_out`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout_secs: Option<u64>,
+    /// Stream events as NDJSON instead of waiting for the result.
+    #[serde(default)]
+    pub stream: bool,
+    /// Cap in bytes on captured stdout and on stderr (each) when waiting; default 1 MiB.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_output_bytes: Option<u64>,
+}
+
+/// The result of a waited exec.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct ExecResult {
+    /// Exit code; `None` if the process was killed by a signal.
+    pub exit_code: Option<i32>,
+    /// The signal that ended it, if any (e.g. 9).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signal: Option<i32>,
+    /// Captured stdout, UTF-8 (invalid sequences replaced).
+    pub stdout: String,
+    /// Captured stderr, UTF-8 (invalid sequences replaced).
+    pub stderr: String,
+    /// Whether stdout was cut at the output cap.
+    pub stdout_truncated: bool,
+    /// Whether stderr was cut at the output cap.
+    pub stderr_truncated: bool,
+    /// Whether the exec's timeout killed it.
+    pub timed_out: bool,
+    /// Wall time in milliseconds.
+    pub duration_ms: u64,
+}
+
+/// One event of a streamed exec (one NDJSON line).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum ExecEvent {
+    /// The process started with this pid (inside the sandbox).
+    Start {
+        /// Pid inside the sandbox.
+        pid: u32,
+    },
+    /// Bytes on stdout (base64).
+    Stdout {
+        /// Base64 of the bytes.
+        data: String,
+    },
+    /// Bytes on stderr (base64).
+    Stderr {
+        /// Base64 of the bytes.
+        data: String,
+    },
+    /// Bytes from the pseudo-terminal (base64).
+    Pty {
+        /// Base64 of the bytes.
+        data: String,
+    },
+    /// The process ended.
+    Exit {
+        /// Exit code, if it exited.
+        exit_code: Option<i32>,
+        /// The signal that ended it, if any.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        signal: Option<i32>,
+        /// Whether the exec's timeout killed it.
+        timed_out: bool,
+        /// Wall time in milliseconds.
+        duration_ms: u64,
+    },
+    /// The exec failed (the process could not start, or the sandbox went away).
+    Error {
+        /// What happened.
+        message: String,
+    },
+}

@@ -1,0 +1,14 @@
+//! Wire and domain types shared by every Rampart crate.
+//!
+//! Everything here is plain data: no I/O. Request bodies refuse unknown fields
+//! (`deny_unknown_fields`) so a typo in a policy fails closed instead of being ignored.
+
+pub mod exec;
+pub mod id;
+pub mod limits;
+pub mod sandbox;
+
+pub use exec::{ExecEvent, ExecRequest, ExecResult};
+pub use id::{IdError, SandboxId};
+pub use limits::{Limits, LimitsRequest, LimitError};
+pub use sandbox::{ApiError, ApiErrorBody, CreateSandbox, SandboxInfo, SandboxState, SetTimeout};

@@ -1,0 +1,133 @@
+//! Sandbox lifecycle types and the API error body.
+
+use crate::{Limits, LimitsRequest, SandboxId};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+/// Body of `POST /v1/sandboxes`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CreateSandbox {
+    /// Template name; `base` when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub template: Option<String>,
+    /// Resource limits; unset fields take the daemon's defaults.
+    #[serde(default)]
+    pub limits: LimitsRequest,
+    /// Environment variables every process in the sandbox starts with.
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    /// Free-form labels, returned as given and usable as list filters.
+    #[serde(default)]
+    pub metadata: BTreeMap<String, String>,
+    /// Seconds until the sandbox is destroyed; the daemon's default (300) when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout_secs: Option<u64>,
+}
+
+/// Body of `POST /v1/sandboxes/{id}/timeout`: the new deadline, counted from now.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SetTimeout {
+    /// Seconds from now until the sandbox is destroyed.
+    pub timeout_secs: u64,
+}
+
+/// Where a sandbox is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum SandboxState {
+    /// Being built; not yet usable.
+    Creating,
+    /// Its agent answers; commands and files work.
+    Running,
+    /// Being torn down.
+    Stopping,
+    /// Gone; kept in the store for history.
+    Destroyed,
+    /// Creation failed; nothing of it remains on the host.
+    Failed,
+}
+
+impl SandboxState {
+    /// The state's wire name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SandboxState::Creating => "creating",
+            SandboxState::Running => "running",
+            SandboxState::Stopping => "stopping",
+            SandboxState::Destroyed => "destroyed",
+            SandboxState::Failed => "failed",
+        }
+    }
+
+    /// Parses a wire name.
+    pub fn parse(s: &str) -> Option<Self> {
+        Some(match s {
+            "creating" => SandboxState::Creating,
+            "running" => SandboxState::Running,
+            "stopping" => SandboxState::Stopping,
+            "destroyed" => SandboxState::Destroyed,
+            "failed" => SandboxState::Failed,
+            _ => return None,
+        })
+    }
+
+    /// All states, in lifecycle order.
+    pub const ALL: [SandboxState; 5] = [
+        SandboxState::Creating,
+        SandboxState::Running,
+        SandboxState::Stopping,
+        SandboxState::Destroyed,
+        SandboxState::Failed,
+    ];
+
+    /// Whether a sandbox in this state may still hold host resources.
+    pub fn is_alive(self) -> bool {
+        matches!(self, SandboxState::Creating | SandboxState::Running | SandboxState::Stopping)
+    }
+}
+
+/// A sandbox as the API returns it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct SandboxInfo {
+    /// Its id.
+    pub id: SandboxId,
+    /// The template it was made from.
+    pub template: String,
+    /// Its state.
+    pub state: SandboxState,
+    /// The resolved limits it runs with.
+    pub limits: Limits,
+    /// Labels given at create.
+    pub metadata: BTreeMap<String, String>,
+    /// Names (never values) of the environment variables given at create.
+    pub env_names: Vec<String>,
+    /// Creation time, RFC 3339.
+    pub created_at: String,
+    /// The deadline, RFC 3339; the reaper destroys the sandbox then.
+    pub expires_at: String,
+    /// When it ended, RFC 3339, if it has.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ended_at: Option<String>,
+    /// Why it failed or ended, if it did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+/// The error body of every `/v1` endpoint: `{"error": {"code", "message"}}`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct ApiErrorBody {
+    /// The error.
+    pub error: ApiError,
+}
+
+/// One error: a stable machine code and a human message that says what to do.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct ApiError {
+    /// Stable code: `bad_request`, `not_found`, `conflict`, `too_large`, `limit_exceeded`,
+    /// `capacity`, `internal`, `timeout`.
+    pub code: String,
+    /// What went wrong, naming the field where there is one.
+    pub message: String,
+}
