@@ -76,6 +76,52 @@ pub struct CoreConfig {
     pub uid_slots: u32,
 }
 
+/// A started process.
+pub struct Exec {
+    /// Its pid inside the sandbox.
+    pub pid: u32,
+    /// Output and the final event.
+    pub events: futures::stream::BoxStream<'static, ExecEvent>,
+    /// Control of the running process.
+    pub control: ExecControl,
+}
+
+impl std::fmt::Debug for Exec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Exec").field("pid", &self.pid).finish_non_exhaustive()
+    }
+}
+
+/// Control of a started process: input, resize, kill.
+#[derive(Debug, Clone)]
+pub struct ExecControl {
+    client: AgentClient,
+    pid: u32,
+    pty: bool,
+}
+
+impl ExecControl {
+    /// Sends bytes to its stdin (or PTY).
+    pub async fn send_stdin(&self, data: bytes::Bytes) -> Result<(), CoreError> {
+        Ok(self.client.send_input(self.pid, data, self.pty).await?)
+    }
+    /// Closes its stdin (for a PTY: sends EOT, ^D).
+    pub async fn close_stdin(&self) -> Result<(), CoreError> {
+        if self.pty {
+            return self.send_stdin(bytes::Bytes::from_static(b"\x04")).await;
+        }
+        Ok(self.client.close_stdin(self.pid).await?)
+    }
+    /// Resizes its PTY.
+    pub async fn resize(&self, cols: u16, rows: u16) -> Result<(), CoreError> {
+        Ok(self.client.resize(self.pid, cols, rows).await?)
+    }
+    /// Sends SIGKILL (`kill`) or SIGTERM.
+    pub async fn signal(&self, kill: bool) -> Result<(), CoreError> {
+        Ok(self.client.signal(self.pid, kill).await?)
+    }
+}
+
 /// The manager. Cheap to share (`Arc`).
 #[derive(Debug)]
 pub struct Manager {
@@ -123,14 +169,18 @@ impl Manager {
         let _ = id;
         unimplemented!()
     }
-    /// Runs a command; the stream yields `Start`, output, then exactly one `Exit` or `Error`.
-    /// Applies the request's timeout (kills the process, `timed_out: true`).
+    /// Runs a command. `Exec::events` yields output, then exactly one `Exit` or `Error`
+    /// (the `Start` event is already consumed into `Exec::pid`). Applies the request's timeout
+    /// (kills the process, `timed_out: true`). With `keep_stdin_open` the request's `stdin`
+    /// bytes (if any) are sent and stdin stays open for `ExecControl::send_stdin`; otherwise
+    /// stdin is closed after them.
     pub async fn exec(
         &self,
         id: &SandboxId,
         req: ExecRequest,
-    ) -> Result<futures::stream::BoxStream<'static, ExecEvent>, CoreError> {
-        let _ = (id, req);
+        keep_stdin_open: bool,
+    ) -> Result<Exec, CoreError> {
+        let _ = (id, req, keep_stdin_open);
         unimplemented!()
     }
     /// Prometheus text exposition of the daemon's metrics.
