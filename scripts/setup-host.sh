@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Installs the Debian packages Rampart needs on this host, if any is missing.
+# Used by both `scripts/serve` and `scripts/test`; safe to run repeatedly.
+set -euo pipefail
+
+# Runtime: e2fsprogs (mkfs.ext4 for the per-sandbox disk), and what the `base` template
+# promises inside a sandbox (bash, python3, curl, git, tput, coreutils, sudo).
+# Benchmarks compare against bubblewrap, runc and util-linux's unshare.
+pkgs=(e2fsprogs util-linux bash coreutils python3 curl git ncurses-bin sudo ca-certificates
+      procps iproute2 bubblewrap runc)
+
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "rampart setup: installing ${missing[*]}" >&2
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
