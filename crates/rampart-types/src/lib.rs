@@ -4,11 +4,13 @@
 //! (`deny_unknown_fields`) so a typo in a policy fails closed instead of being ignored.
 
 pub mod exec;
+pub mod files;
 pub mod id;
 pub mod limits;
 pub mod sandbox;
 
 pub use exec::{ExecEvent, ExecRequest, ExecResult};
+pub use files::{FileEntry, FileList, FileType, FileWatchEvent, Health, MakeDir, MoveFile};
 pub use id::{IdError, SandboxId};
 pub use limits::{Limits, LimitsRequest, LimitError};
 pub use sandbox::{ApiError, ApiErrorBody, CreateSandbox, SandboxInfo, SandboxState, SetTimeout};
