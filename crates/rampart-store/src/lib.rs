@@ -1,1 +1,740 @@
-//! SQLite state store.
+//! Rampart's state store.
+//!
+//! The daemon keeps every truth about its sandboxes here, so that a restarted daemon (or, later,
+//! another process of a fleet) can find them again. [`SandboxStore`] is the interface the
+//! manager codes against; [`SqliteStore`] implements it with SQLite in WAL mode.
+//!
+//! Invariants the store enforces itself:
+//! - a uid slot is held by at most one *alive* sandbox (`creating`, `running`, `stopping`):
+//!   a partial unique index guards it, and [`SandboxStore::insert_creating`] picks the lowest
+//!   free slot and inserts in one transaction;
+//! - the count of alive sandboxes never exceeds the `max_alive` given at insert.
+
+use rampart_types::{Limits, SandboxId, SandboxState};
+use rusqlite::{params, Connection, OptionalExtension, Row, TransactionBehavior};
+use std::collections::{BTreeMap, HashMap};
+use std::path::Path;
+use std::sync::{Mutex, MutexGuard};
+use std::time::Duration;
+
+/// Errors of the store.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The database failed.
+    #[error("database: {0}")]
+    Db(#[from] rusqlite::Error),
+    /// A stored value could not be decoded.
+    #[error("corrupt record {id}: {detail}")]
+    Corrupt {
+        /// The sandbox id.
+        id: String,
+        /// What was wrong.
+        detail: String,
+    },
+    /// The database was written by a newer Rampart.
+    #[error("database schema version {found} is newer than this Rampart supports ({supported})")]
+    TooNew {
+        /// Version found.
+        found: i64,
+        /// Latest version known here.
+        supported: i64,
+    },
+    /// As many sandboxes are alive as allowed.
+    #[error("{alive} sandboxes are alive, the most this daemon allows")]
+    Full {
+        /// Sandboxes alive.
+        alive: u64,
+    },
+    /// Every uid slot is held by an alive sandbox.
+    #[error("all {slots} uid ranges are in use")]
+    NoFreeSlot {
+        /// Slots configured.
+        slots: u32,
+    },
+    /// A sandbox with this id already exists.
+    #[error("sandbox {0} already exists")]
+    Duplicate(String),
+    /// No sandbox with this id.
+    #[error("sandbox {0} not found")]
+    NotFound(String),
+}
+
+/// A sandbox as stored.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SandboxRecord {
+    /// Its id.
+    pub id: SandboxId,
+    /// Template name.
+    pub template: String,
+    /// Lifecycle state.
+    pub state: SandboxState,
+    /// Resolved limits.
+    pub limits: Limits,
+    /// Environment given at create (values are never returned by the API).
+    pub env: BTreeMap<String, String>,
+    /// Labels.
+    pub metadata: BTreeMap<String, String>,
+    /// The uid slot (range index) it holds while alive.
+    pub uid_slot: u32,
+    /// Host pid of its PID 1, once running.
+    pub pid: Option<i32>,
+    /// Start time of that pid (`/proc/<pid>/stat` field 22), to tell a reused pid.
+    pub pid_start_time: Option<u64>,
+    /// Host path of its agent's socket, once running.
+    pub agent_socket: Option<String>,
+    /// Creation time, unix ms.
+    pub created_at_ms: i64,
+    /// Deadline, unix ms.
+    pub expires_at_ms: i64,
+    /// End time, unix ms.
+    pub ended_at_ms: Option<i64>,
+    /// Why it failed or ended.
+    pub reason: Option<String>,
+}
+
+/// What [`SandboxStore::insert_creating`] records.
+#[derive(Debug, Clone)]
+pub struct NewSandbox {
+    /// Its id.
+    pub id: SandboxId,
+    /// Template name.
+    pub template: String,
+    /// Resolved limits.
+    pub limits: Limits,
+    /// Environment.
+    pub env: BTreeMap<String, String>,
+    /// Labels.
+    pub metadata: BTreeMap<String, String>,
+    /// Creation time, unix ms.
+    pub created_at_ms: i64,
+    /// Deadline, unix ms.
+    pub expires_at_ms: i64,
+}
+
+/// The sandbox state interface. Implementations are shared between threads.
+pub trait SandboxStore: Send + Sync + std::fmt::Debug {
+    /// Records a new sandbox in state `creating`, holding the lowest uid slot below `slots`
+    /// that no alive sandbox holds, provided fewer than `max_alive` sandboxes are alive.
+    /// Atomic. Returns the slot.
+    fn insert_creating(
+        &self,
+        new: &NewSandbox,
+        max_alive: usize,
+        slots: u32,
+    ) -> Result<u32, StoreError>;
+    /// Marks a sandbox running with its PID 1 and agent socket.
+    fn set_running(
+        &self,
+        id: &SandboxId,
+        pid: i32,
+        pid_start_time: u64,
+        agent_socket: &str,
+    ) -> Result<(), StoreError>;
+    /// Sets the state; for an ended state (`destroyed`, `failed`) also the end time and reason.
+    fn set_state(
+        &self,
+        id: &SandboxId,
+        state: SandboxState,
+        ended_at_ms: Option<i64>,
+        reason: Option<&str>,
+    ) -> Result<(), StoreError>;
+    /// Sets the deadline.
+    fn set_expiry(&self, id: &SandboxId, expires_at_ms: i64) -> Result<(), StoreError>;
+    /// One sandbox.
+    fn get(&self, id: &SandboxId) -> Result<Option<SandboxRecord>, StoreError>;
+    /// Sandboxes in `state` (alive ones when None) carrying every pair of `metadata`,
+    /// oldest first.
+    fn list(
+        &self,
+        state: Option<SandboxState>,
+        metadata: &BTreeMap<String, String>,
+    ) -> Result<Vec<SandboxRecord>, StoreError>;
+    /// Every alive sandbox (`creating`, `running`, `stopping`).
+    fn alive(&self) -> Result<Vec<SandboxRecord>, StoreError> {
+        self.list(None, &BTreeMap::new())
+    }
+    /// Number of sandboxes in each state (states with none are absent).
+    fn counts(&self) -> Result<HashMap<SandboxState, u64>, StoreError>;
+    /// Forgets ended sandboxes that ended before `before_ms`. Returns how many.
+    fn prune_ended(&self, before_ms: i64) -> Result<usize, StoreError>;
+}
+
+/// The current schema version.
+pub const SCHEMA_VERSION: i64 = 1;
+
+const ALIVE_SQL: &str = "('creating','running','stopping')";
+
+const MIGRATIONS: &[(i64, &str)] = &[(
+    1,
+    "CREATE TABLE sandboxes (
+        id TEXT PRIMARY KEY NOT NULL,
+        template TEXT NOT NULL,
+        state TEXT NOT NULL,
+        limits TEXT NOT NULL,
+        env TEXT NOT NULL,
+        metadata TEXT NOT NULL,
+        uid_slot INTEGER NOT NULL,
+        pid INTEGER,
+        pid_start_time INTEGER,
+        agent_socket TEXT,
+        created_at INTEGER NOT NULL,
+        expires_at INTEGER NOT NULL,
+        ended_at INTEGER,
+        reason TEXT
+    );
+    CREATE UNIQUE INDEX sandboxes_alive_slot ON sandboxes(uid_slot)
+        WHERE state IN ('creating','running','stopping');
+    CREATE INDEX sandboxes_state ON sandboxes(state, created_at);",
+)];
+
+/// The SQLite implementation of [`SandboxStore`].
+#[derive(Debug)]
+pub struct SqliteStore {
+    conn: Mutex<Connection>,
+}
+
+impl SqliteStore {
+    /// Opens (creating if needed) the database at `path` and migrates it to [`SCHEMA_VERSION`].
+    pub fn open(path: &Path) -> Result<SqliteStore, StoreError> {
+        let conn = Connection::open(path)?;
+        Self::init(conn)
+    }
+
+    /// An in-memory database (tests).
+    pub fn open_in_memory() -> Result<SqliteStore, StoreError> {
+        Self::init(Connection::open_in_memory()?)
+    }
+
+    fn init(mut conn: Connection) -> Result<SqliteStore, StoreError> {
+        conn.busy_timeout(Duration::from_secs(5))?;
+        // WAL: readers never block the writer; NORMAL: a commit does not fsync (the WAL is
+        // synced at checkpoints), which keeps a create cheap. A power loss may lose the last
+        // commits, which restart recovery tolerates (it reconciles with the host).
+        conn.pragma_update(None, "journal_mode", "WAL")?;
+        conn.pragma_update(None, "synchronous", "NORMAL")?;
+        conn.pragma_update(None, "foreign_keys", "ON")?;
+        conn.execute_batch(
+            "CREATE TABLE IF NOT EXISTS migrations (
+                version INTEGER PRIMARY KEY NOT NULL,
+                applied_at INTEGER NOT NULL
+            );",
+        )?;
+        let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+        let current: i64 = tx.query_row(
+            "SELECT COALESCE(MAX(version), 0) FROM migrations",
+            [],
+            |r| r.get(0),
+        )?;
+        if current > SCHEMA_VERSION {
+            return Err(StoreError::TooNew {
+                found: current,
+                supported: SCHEMA_VERSION,
+            });
+        }
+        for (version, sql) in MIGRATIONS {
+            if *version > current {
+                tx.execute_batch(sql)?;
+                tx.execute(
+                    "INSERT INTO migrations (version, applied_at) VALUES (?1, ?2)",
+                    params![version, now_ms()],
+                )?;
+            }
+        }
+        tx.commit()?;
+        Ok(SqliteStore {
+            conn: Mutex::new(conn),
+        })
+    }
+
+    /// The schema version of the open database.
+    pub fn schema_version(&self) -> Result<i64, StoreError> {
+        Ok(self.lock().query_row(
+            "SELECT COALESCE(MAX(version), 0) FROM migrations",
+            [],
+            |r| r.get(0),
+        )?)
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Connection> {
+        // A panic while holding the lock leaves the connection usable (every write is a
+        // transaction), so a poisoned lock is taken over.
+        self.conn.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// The current time in unix milliseconds.
+pub fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
+/// The lowest slot in `0..slots` absent from `taken` (sorted ascending).
+pub fn lowest_free_slot(taken: &[u32], slots: u32) -> Option<u32> {
+    let mut want = 0u32;
+    for &t in taken {
+        if t > want {
+            break;
+        }
+        if t == want {
+            want = want.checked_add(1)?;
+        }
+    }
+    (want < slots).then_some(want)
+}
+
+const COLUMNS: &str = "id, template, state, limits, env, metadata, uid_slot, pid, pid_start_time, \
+                       agent_socket, created_at, expires_at, ended_at, reason";
+
+fn corrupt(id: &str, detail: impl std::fmt::Display) -> StoreError {
+    StoreError::Corrupt {
+        id: id.to_owned(),
+        detail: detail.to_string(),
+    }
+}
+
+/// Raw row, decoded in a second step so that decode errors are typed.
+struct RawRow {
+    id: String,
+    template: String,
+    state: String,
+    limits: String,
+    env: String,
+    metadata: String,
+    uid_slot: i64,
+    pid: Option<i64>,
+    pid_start_time: Option<i64>,
+    agent_socket: Option<String>,
+    created_at: i64,
+    expires_at: i64,
+    ended_at: Option<i64>,
+    reason: Option<String>,
+}
+
+fn raw_row(r: &Row<'_>) -> rusqlite::Result<RawRow> {
+    Ok(RawRow {
+        id: r.get(0)?,
+        template: r.get(1)?,
+        state: r.get(2)?,
+        limits: r.get(3)?,
+        env: r.get(4)?,
+        metadata: r.get(5)?,
+        uid_slot: r.get(6)?,
+        pid: r.get(7)?,
+        pid_start_time: r.get(8)?,
+        agent_socket: r.get(9)?,
+        created_at: r.get(10)?,
+        expires_at: r.get(11)?,
+        ended_at: r.get(12)?,
+        reason: r.get(13)?,
+    })
+}
+
+impl RawRow {
+    fn decode(self) -> Result<SandboxRecord, StoreError> {
+        let id = SandboxId::parse(&self.id).map_err(|e| corrupt(&self.id, e))?;
+        let state = SandboxState::parse(&self.state)
+            .ok_or_else(|| corrupt(&self.id, format!("unknown state {:?}", self.state)))?;
+        let limits = serde_json::from_str(&self.limits).map_err(|e| corrupt(&self.id, e))?;
+        let env = serde_json::from_str(&self.env).map_err(|e| corrupt(&self.id, e))?;
+        let metadata = serde_json::from_str(&self.metadata).map_err(|e| corrupt(&self.id, e))?;
+        let uid_slot = u32::try_from(self.uid_slot).map_err(|e| corrupt(&self.id, e))?;
+        let pid = self
+            .pid
+            .map(i32::try_from)
+            .transpose()
+            .map_err(|e| corrupt(&self.id, e))?;
+        Ok(SandboxRecord {
+            id,
+            template: self.template,
+            state,
+            limits,
+            env,
+            metadata,
+            uid_slot,
+            pid,
+            pid_start_time: self.pid_start_time.map(|v| v as u64),
+            agent_socket: self.agent_socket,
+            created_at_ms: self.created_at,
+            expires_at_ms: self.expires_at,
+            ended_at_ms: self.ended_at,
+            reason: self.reason,
+        })
+    }
+}
+
+fn json<T: serde::Serialize>(id: &SandboxId, v: &T) -> Result<String, StoreError> {
+    serde_json::to_string(v).map_err(|e| corrupt(id.as_str(), e))
+}
+
+fn changed(n: usize, id: &SandboxId) -> Result<(), StoreError> {
+    if n == 0 {
+        return Err(StoreError::NotFound(id.to_string()));
+    }
+    Ok(())
+}
+
+impl SandboxStore for SqliteStore {
+    fn insert_creating(
+        &self,
+        new: &NewSandbox,
+        max_alive: usize,
+        slots: u32,
+    ) -> Result<u32, StoreError> {
+        let limits = json(&new.id, &new.limits)?;
+        let env = json(&new.id, &new.env)?;
+        let metadata = json(&new.id, &new.metadata)?;
+        let mut conn = self.lock();
+        let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+        let taken: Vec<u32> = {
+            let mut stmt = tx.prepare_cached(&format!(
+                "SELECT uid_slot FROM sandboxes WHERE state IN {ALIVE_SQL} ORDER BY uid_slot"
+            ))?;
+            let rows = stmt.query_map([], |r| r.get::<_, i64>(0))?;
+            let mut v = Vec::new();
+            for r in rows {
+                // Slots are written by this code as u32; anything else cannot hold a slot.
+                if let Ok(s) = u32::try_from(r?) {
+                    v.push(s);
+                }
+            }
+            v
+        };
+        if taken.len() >= max_alive {
+            return Err(StoreError::Full {
+                alive: taken.len() as u64,
+            });
+        }
+        let slot = lowest_free_slot(&taken, slots).ok_or(StoreError::NoFreeSlot { slots })?;
+        let res = tx
+            .prepare_cached(
+                "INSERT INTO sandboxes (id, template, state, limits, env, metadata, uid_slot, \
+                 created_at, expires_at) VALUES (?1, ?2, 'creating', ?3, ?4, ?5, ?6, ?7, ?8)",
+            )?
+            .execute(params![
+                new.id.as_str(),
+                new.template,
+                limits,
+                env,
+                metadata,
+                slot,
+                new.created_at_ms,
+                new.expires_at_ms
+            ]);
+        match res {
+            Ok(_) => {}
+            Err(rusqlite::Error::SqliteFailure(e, Some(msg)))
+                if e.code == rusqlite::ErrorCode::ConstraintViolation
+                    && msg.contains("sandboxes.id") =>
+            {
+                return Err(StoreError::Duplicate(new.id.to_string()));
+            }
+            Err(e) => return Err(e.into()),
+        }
+        tx.commit()?;
+        Ok(slot)
+    }
+
+    fn set_running(
+        &self,
+        id: &SandboxId,
+        pid: i32,
+        pid_start_time: u64,
+        agent_socket: &str,
+    ) -> Result<(), StoreError> {
+        let conn = self.lock();
+        let n = conn
+            .prepare_cached(
+                "UPDATE sandboxes SET state = 'running', pid = ?2, pid_start_time = ?3, \
+                 agent_socket = ?4 WHERE id = ?1",
+            )?
+            .execute(params![
+                id.as_str(),
+                pid,
+                pid_start_time as i64,
+                agent_socket
+            ])?;
+        changed(n, id)
+    }
+
+    fn set_state(
+        &self,
+        id: &SandboxId,
+        state: SandboxState,
+        ended_at_ms: Option<i64>,
+        reason: Option<&str>,
+    ) -> Result<(), StoreError> {
+        let conn = self.lock();
+        let n = conn
+            .prepare_cached(
+                "UPDATE sandboxes SET state = ?2, ended_at = COALESCE(?3, ended_at), \
+                 reason = COALESCE(?4, reason) WHERE id = ?1",
+            )?
+            .execute(params![id.as_str(), state.as_str(), ended_at_ms, reason])?;
+        changed(n, id)
+    }
+
+    fn set_expiry(&self, id: &SandboxId, expires_at_ms: i64) -> Result<(), StoreError> {
+        let conn = self.lock();
+        let n = conn
+            .prepare_cached("UPDATE sandboxes SET expires_at = ?2 WHERE id = ?1")?
+            .execute(params![id.as_str(), expires_at_ms])?;
+        changed(n, id)
+    }
+
+    fn get(&self, id: &SandboxId) -> Result<Option<SandboxRecord>, StoreError> {
+        let conn = self.lock();
+        let raw = conn
+            .prepare_cached(&format!("SELECT {COLUMNS} FROM sandboxes WHERE id = ?1"))?
+            .query_row([id.as_str()], raw_row)
+            .optional()?;
+        drop(conn);
+        raw.map(RawRow::decode).transpose()
+    }
+
+    fn list(
+        &self,
+        state: Option<SandboxState>,
+        metadata: &BTreeMap<String, String>,
+    ) -> Result<Vec<SandboxRecord>, StoreError> {
+        let conn = self.lock();
+        let raws: Vec<RawRow> = match state {
+            Some(s) => conn
+                .prepare_cached(&format!(
+                    "SELECT {COLUMNS} FROM sandboxes WHERE state = ?1 ORDER BY created_at, id"
+                ))?
+                .query_map([s.as_str()], raw_row)?
+                .collect::<Result<_, _>>()?,
+            None => conn
+                .prepare_cached(&format!(
+                    "SELECT {COLUMNS} FROM sandboxes WHERE state IN {ALIVE_SQL} \
+                     ORDER BY created_at, id"
+                ))?
+                .query_map([], raw_row)?
+                .collect::<Result<_, _>>()?,
+        };
+        drop(conn);
+        let mut out = Vec::with_capacity(raws.len());
+        for raw in raws {
+            let rec = raw.decode()?;
+            if metadata.iter().all(|(k, v)| rec.metadata.get(k) == Some(v)) {
+                out.push(rec);
+            }
+        }
+        Ok(out)
+    }
+
+    fn counts(&self) -> Result<HashMap<SandboxState, u64>, StoreError> {
+        let conn = self.lock();
+        let mut stmt =
+            conn.prepare_cached("SELECT state, COUNT(*) FROM sandboxes GROUP BY state")?;
+        let rows = stmt.query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?)))?;
+        let mut out = HashMap::new();
+        for row in rows {
+            let (state, n) = row?;
+            let s = SandboxState::parse(&state)
+                .ok_or_else(|| corrupt("?", format!("unknown state {state:?}")))?;
+            out.insert(s, n as u64);
+        }
+        Ok(out)
+    }
+
+    fn prune_ended(&self, before_ms: i64) -> Result<usize, StoreError> {
+        let conn = self.lock();
+        let n = conn
+            .prepare_cached(
+                "DELETE FROM sandboxes WHERE state IN ('destroyed','failed') AND ended_at < ?1",
+            )?
+            .execute([before_ms])?;
+        Ok(n)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn new(id: &str, meta: &[(&str, &str)]) -> NewSandbox {
+        NewSandbox {
+            id: SandboxId::parse(id).unwrap(),
+            template: "base".into(),
+            limits: Limits::default(),
+            env: [("A".to_string(), "secret".to_string())].into(),
+            metadata: meta
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            created_at_ms: now_ms(),
+            expires_at_ms: now_ms() + 300_000,
+        }
+    }
+
+    fn id(s: &str) -> SandboxId {
+        SandboxId::parse(s).unwrap()
+    }
+
+    #[test]
+    fn lowest_free_slot_fills_gaps() {
+        assert_eq!(lowest_free_slot(&[], 4), Some(0));
+        assert_eq!(lowest_free_slot(&[0, 1, 3], 4), Some(2));
+        assert_eq!(lowest_free_slot(&[1, 2], 4), Some(0));
+        assert_eq!(lowest_free_slot(&[0, 1, 2, 3], 4), None);
+        assert_eq!(lowest_free_slot(&[0, 1], 2), None);
+        assert_eq!(lowest_free_slot(&[], 0), None);
+    }
+
+    #[test]
+    fn schema_is_migrated_once_and_reopens() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("state.db");
+        {
+            let s = SqliteStore::open(&path).unwrap();
+            assert_eq!(s.schema_version().unwrap(), SCHEMA_VERSION);
+            s.insert_creating(&new("a1", &[]), 10, 10).unwrap();
+        }
+        let s = SqliteStore::open(&path).unwrap();
+        assert_eq!(s.schema_version().unwrap(), SCHEMA_VERSION);
+        let rec = s.get(&id("a1")).unwrap().unwrap();
+        assert_eq!(rec.state, SandboxState::Creating);
+        assert_eq!(rec.env.get("A").map(String::as_str), Some("secret"));
+        assert_eq!(rec.limits, Limits::default());
+        let mode: String = s
+            .lock()
+            .query_row("PRAGMA journal_mode", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(mode, "wal");
+    }
+
+    #[test]
+    fn newer_schema_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("state.db");
+        drop(SqliteStore::open(&path).unwrap());
+        let c = Connection::open(&path).unwrap();
+        c.execute("INSERT INTO migrations VALUES (99, 0)", [])
+            .unwrap();
+        drop(c);
+        assert!(matches!(
+            SqliteStore::open(&path),
+            Err(StoreError::TooNew { found: 99, .. })
+        ));
+    }
+
+    #[test]
+    fn slots_are_unique_among_alive_and_reused_after_end() {
+        let s = SqliteStore::open_in_memory().unwrap();
+        assert_eq!(s.insert_creating(&new("a", &[]), 10, 3).unwrap(), 0);
+        assert_eq!(s.insert_creating(&new("b", &[]), 10, 3).unwrap(), 1);
+        assert_eq!(s.insert_creating(&new("c", &[]), 10, 3).unwrap(), 2);
+        assert!(matches!(
+            s.insert_creating(&new("d", &[]), 10, 3),
+            Err(StoreError::NoFreeSlot { slots: 3 })
+        ));
+        s.set_state(
+            &id("b"),
+            SandboxState::Destroyed,
+            Some(now_ms()),
+            Some("gone"),
+        )
+        .unwrap();
+        assert_eq!(s.insert_creating(&new("d", &[]), 10, 3).unwrap(), 1);
+        // The index refuses a second alive holder of a slot even if the code were wrong.
+        let conn = s.lock();
+        let err = conn.execute("UPDATE sandboxes SET state = 'running' WHERE id = 'b'", []);
+        assert!(err.is_err());
+    }
+
+    #[test]
+    fn capacity_and_duplicates_are_refused() {
+        let s = SqliteStore::open_in_memory().unwrap();
+        s.insert_creating(&new("a", &[]), 2, 10).unwrap();
+        assert!(matches!(
+            s.insert_creating(&new("a", &[]), 2, 10),
+            Err(StoreError::Duplicate(_))
+        ));
+        s.insert_creating(&new("b", &[]), 2, 10).unwrap();
+        assert!(matches!(
+            s.insert_creating(&new("c", &[]), 2, 10),
+            Err(StoreError::Full { alive: 2 })
+        ));
+    }
+
+    #[test]
+    fn lifecycle_updates_and_filters() {
+        let s = SqliteStore::open_in_memory().unwrap();
+        s.insert_creating(&new("a", &[("team", "x")]), 10, 10)
+            .unwrap();
+        s.insert_creating(&new("b", &[("team", "y")]), 10, 10)
+            .unwrap();
+        s.set_running(&id("a"), 1234, 987654, "/run/a.sock")
+            .unwrap();
+        s.set_expiry(&id("a"), 42).unwrap();
+        let a = s.get(&id("a")).unwrap().unwrap();
+        assert_eq!(a.state, SandboxState::Running);
+        assert_eq!(a.pid, Some(1234));
+        assert_eq!(a.pid_start_time, Some(987654));
+        assert_eq!(a.agent_socket.as_deref(), Some("/run/a.sock"));
+        assert_eq!(a.expires_at_ms, 42);
+
+        let team_x: BTreeMap<_, _> = [("team".to_string(), "x".to_string())].into();
+        let listed = s.list(None, &team_x).unwrap();
+        assert_eq!(listed.len(), 1);
+        assert_eq!(listed[0].id, id("a"));
+        assert_eq!(
+            s.list(Some(SandboxState::Creating), &BTreeMap::new())
+                .unwrap()
+                .len(),
+            1
+        );
+        assert_eq!(s.alive().unwrap().len(), 2);
+
+        s.set_state(
+            &id("a"),
+            SandboxState::Destroyed,
+            Some(100),
+            Some("expired"),
+        )
+        .unwrap();
+        let a = s.get(&id("a")).unwrap().unwrap();
+        assert_eq!(a.ended_at_ms, Some(100));
+        assert_eq!(a.reason.as_deref(), Some("expired"));
+        assert_eq!(s.alive().unwrap().len(), 1);
+        assert_eq!(
+            s.list(Some(SandboxState::Destroyed), &team_x)
+                .unwrap()
+                .len(),
+            1
+        );
+
+        let counts = s.counts().unwrap();
+        assert_eq!(counts.get(&SandboxState::Destroyed), Some(&1));
+        assert_eq!(counts.get(&SandboxState::Creating), Some(&1));
+        assert_eq!(counts.get(&SandboxState::Running), None);
+
+        assert_eq!(s.prune_ended(101).unwrap(), 1);
+        assert!(s.get(&id("a")).unwrap().is_none());
+        assert!(matches!(
+            s.set_expiry(&id("a"), 1),
+            Err(StoreError::NotFound(_))
+        ));
+    }
+
+    #[test]
+    fn concurrent_inserts_get_distinct_slots() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = std::sync::Arc::new(SqliteStore::open(&dir.path().join("s.db")).unwrap());
+        let handles: Vec<_> = (0..8)
+            .map(|i| {
+                let s = s.clone();
+                std::thread::spawn(move || {
+                    s.insert_creating(&new(&format!("t{i}"), &[]), 100, 100)
+                        .unwrap()
+                })
+            })
+            .collect();
+        let mut slots: Vec<u32> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+        slots.sort();
+        assert_eq!(slots, (0..8).collect::<Vec<_>>());
+    }
+}
