@@ -6,11 +6,13 @@
 pub mod exec;
 pub mod files;
 pub mod id;
+pub mod interactive;
 pub mod limits;
 pub mod sandbox;
 
 pub use exec::{ExecEvent, ExecRequest, ExecResult};
 pub use files::{FileEntry, FileList, FileType, FileWatchEvent, Health, MakeDir, MoveFile};
 pub use id::{IdError, SandboxId};
+pub use interactive::ExecInput;
 pub use limits::{Limits, LimitsRequest, LimitError};
 pub use sandbox::{ApiError, ApiErrorBody, CreateSandbox, SandboxInfo, SandboxState, SetTimeout};
