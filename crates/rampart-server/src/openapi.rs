@@ -1,0 +1,71 @@
+//! The OpenAPI document, generated from the handlers' annotations.
+
+use axum::Json;
+use utoipa::OpenApi;
+
+#[derive(OpenApi)]
+#[openapi(
+    info(
+        title = "Rampart",
+        description = "Rampart's native API: sandboxes for AI agents. Every error is \
+            `{\"error\": {\"code\", \"message\"}}`. JSON bodies need \
+            `Content-Type: application/json`.",
+    ),
+    paths(
+        crate::health,
+        crate::metrics::serve_metrics,
+        crate::sandboxes::create,
+        crate::sandboxes::list,
+        crate::sandboxes::get_one,
+        crate::sandboxes::destroy,
+        crate::sandboxes::set_timeout,
+        crate::exec::exec,
+        crate::exec::exec_ws,
+        crate::files::read,
+        crate::files::write,
+        crate::files::remove,
+        crate::files::stat,
+        crate::files::list,
+        crate::files::mkdir,
+        crate::files::rename,
+        crate::files::watch,
+    ),
+    components(schemas(
+        rampart_types::ApiErrorBody,
+        rampart_types::ApiError,
+        rampart_types::CreateSandbox,
+        rampart_types::SandboxInfo,
+        rampart_types::SandboxState,
+        rampart_types::SetTimeout,
+        rampart_types::Limits,
+        rampart_types::LimitsRequest,
+        rampart_types::ExecRequest,
+        rampart_types::ExecResult,
+        rampart_types::ExecEvent,
+        rampart_types::ExecInput,
+        rampart_types::FileEntry,
+        rampart_types::FileType,
+        rampart_types::FileList,
+        rampart_types::MakeDir,
+        rampart_types::MoveFile,
+        rampart_types::FileWatchEvent,
+        rampart_types::Health,
+    )),
+    tags(
+        (name = "sandboxes", description = "Create, list, inspect, destroy sandboxes"),
+        (name = "exec", description = "Run commands in a sandbox"),
+        (name = "files", description = "Move files in and out of a sandbox"),
+        (name = "daemon", description = "Health and metrics"),
+    )
+)]
+struct ApiDoc;
+
+/// The OpenAPI document of the API.
+pub fn openapi() -> utoipa::openapi::OpenApi {
+    ApiDoc::openapi()
+}
+
+/// `GET /v1/openapi.json`.
+pub(crate) async fn serve_openapi() -> Json<utoipa::openapi::OpenApi> {
+    Json(openapi())
+}

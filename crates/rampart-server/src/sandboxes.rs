@@ -1,0 +1,165 @@
+//! Lifecycle endpoints: create, list, get, destroy, set timeout.
+
+use crate::error::ApiError;
+use crate::extract::{ApiJson, QueryPairs, SandboxPath};
+use crate::AppState;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::Json;
+use rampart_types::{ApiErrorBody, CreateSandbox, SandboxInfo, SandboxState, SetTimeout};
+use std::collections::BTreeMap;
+
+/// `POST /v1/sandboxes`: creates a sandbox and answers once its agent is up.
+#[utoipa::path(post, path = "/v1/sandboxes", tag = "sandboxes",
+    request_body = CreateSandbox,
+    responses(
+        (status = 201, description = "Created and running", body = SandboxInfo),
+        (status = 400, description = "Bad input; the message names the field", body = ApiErrorBody),
+        (status = 413, description = "Body above 1 MiB", body = ApiErrorBody),
+        (status = 422, description = "A limit above the daemon's maximum", body = ApiErrorBody),
+        (status = 503, description = "The host is out of capacity", body = ApiErrorBody),
+    ))]
+pub(crate) async fn create(
+    State(st): State<AppState>,
+    ApiJson(req): ApiJson<CreateSandbox>,
+) -> Result<(StatusCode, Json<SandboxInfo>), ApiError> {
+    let info = st.backend.create(req).await?;
+    Ok((StatusCode::CREATED, Json(info)))
+}
+
+/// Parses the list filters: `state=S`, `metadata=k=v` (repeatable) or `metadata.k=v`.
+fn list_filters(
+    pairs: Vec<(String, String)>,
+) -> Result<(Option<SandboxState>, BTreeMap<String, String>), ApiError> {
+    let mut state = None;
+    let mut metadata = BTreeMap::new();
+    for (k, v) in pairs {
+        if k == "state" {
+            if v.is_empty() {
+                continue;
+            }
+            let s = SandboxState::parse(&v).ok_or_else(|| {
+                ApiError::bad_request(format!(
+                    "state: unknown state {v:?}; expected one of creating, running, stopping, \
+                     destroyed, failed"
+                ))
+            })?;
+            state = Some(s);
+        } else if k == "metadata" {
+            let (mk, mv) = v.split_once('=').ok_or_else(|| {
+                ApiError::bad_request(format!("metadata: expected key=value, got {v:?}"))
+            })?;
+            if mk.is_empty() {
+                return Err(ApiError::bad_request("metadata: empty key"));
+            }
+            metadata.insert(mk.to_owned(), mv.to_owned());
+        } else if let Some(mk) = k.strip_prefix("metadata.") {
+            if mk.is_empty() {
+                return Err(ApiError::bad_request("metadata: empty key"));
+            }
+            metadata.insert(mk.to_owned(), v);
+        } else {
+            return Err(ApiError::bad_request(format!(
+                "{k}: unknown query parameter; expected state, metadata=key=value or metadata.key=value"
+            )));
+        }
+    }
+    Ok((state, metadata))
+}
+
+/// `GET /v1/sandboxes`: the sandboxes matching the filters (the alive ones without `state`).
+#[utoipa::path(get, path = "/v1/sandboxes", tag = "sandboxes",
+    params(
+        ("state" = Option<String>, Query, description = "Only sandboxes in this state \
+            (creating, running, stopping, destroyed, failed); alive ones when absent"),
+        ("metadata" = Option<Vec<String>>, Query, description = "Repeatable `key=value`: only \
+            sandboxes whose metadata has every pair. `metadata.key=value` works too."),
+    ),
+    responses(
+        (status = 200, description = "The matching sandboxes", body = Vec<SandboxInfo>),
+        (status = 400, description = "Bad filter", body = ApiErrorBody),
+    ))]
+pub(crate) async fn list(
+    State(st): State<AppState>,
+    QueryPairs(pairs): QueryPairs,
+) -> Result<Json<Vec<SandboxInfo>>, ApiError> {
+    let (state, metadata) = list_filters(pairs)?;
+    Ok(Json(st.backend.list(state, &metadata)?))
+}
+
+/// `GET /v1/sandboxes/{id}`.
+#[utoipa::path(get, path = "/v1/sandboxes/{id}", tag = "sandboxes",
+    params(("id" = String, Path, description = "Sandbox id")),
+    responses(
+        (status = 200, description = "The sandbox (any state)", body = SandboxInfo),
+        (status = 400, description = "Malformed id", body = ApiErrorBody),
+        (status = 404, description = "No such sandbox", body = ApiErrorBody),
+    ))]
+pub(crate) async fn get_one(
+    State(st): State<AppState>,
+    SandboxPath(id): SandboxPath,
+) -> Result<Json<SandboxInfo>, ApiError> {
+    Ok(Json(st.backend.get(&id)?))
+}
+
+/// `DELETE /v1/sandboxes/{id}`: destroys the sandbox, answers its final record.
+#[utoipa::path(delete, path = "/v1/sandboxes/{id}", tag = "sandboxes",
+    params(("id" = String, Path, description = "Sandbox id")),
+    responses(
+        (status = 200, description = "Destroyed; the final record", body = SandboxInfo),
+        (status = 400, description = "Malformed id", body = ApiErrorBody),
+        (status = 404, description = "No such sandbox", body = ApiErrorBody),
+        (status = 409, description = "Not in a state that can be destroyed", body = ApiErrorBody),
+    ))]
+pub(crate) async fn destroy(
+    State(st): State<AppState>,
+    SandboxPath(id): SandboxPath,
+) -> Result<Json<SandboxInfo>, ApiError> {
+    Ok(Json(st.backend.destroy(&id).await?))
+}
+
+/// `POST /v1/sandboxes/{id}/timeout`: sets the deadline to now + `timeout_secs`.
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/timeout", tag = "sandboxes",
+    params(("id" = String, Path, description = "Sandbox id")),
+    request_body = SetTimeout,
+    responses(
+        (status = 200, description = "The sandbox with its new deadline", body = SandboxInfo),
+        (status = 400, description = "Bad input", body = ApiErrorBody),
+        (status = 404, description = "No such sandbox", body = ApiErrorBody),
+        (status = 409, description = "The sandbox is not running", body = ApiErrorBody),
+        (status = 422, description = "Above the daemon's maximum timeout", body = ApiErrorBody),
+    ))]
+pub(crate) async fn set_timeout(
+    State(st): State<AppState>,
+    SandboxPath(id): SandboxPath,
+    ApiJson(req): ApiJson<SetTimeout>,
+) -> Result<Json<SandboxInfo>, ApiError> {
+    Ok(Json(st.backend.set_timeout(&id, req.timeout_secs).await?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pairs(v: &[(&str, &str)]) -> Vec<(String, String)> {
+        v.iter()
+            .map(|(a, b)| (a.to_string(), b.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn filters_parse() {
+        let (s, m) = list_filters(pairs(&[
+            ("state", "running"),
+            ("metadata", "a=1"),
+            ("metadata.b", "x=y"),
+        ]))
+        .unwrap();
+        assert_eq!(s, Some(SandboxState::Running));
+        assert_eq!(m.get("a").map(String::as_str), Some("1"));
+        assert_eq!(m.get("b").map(String::as_str), Some("x=y"));
+        assert!(list_filters(pairs(&[("state", "zombie")])).is_err());
+        assert!(list_filters(pairs(&[("metadata", "novalue")])).is_err());
+        assert!(list_filters(pairs(&[("limit", "3")])).is_err());
+    }
+}

@@ -1,0 +1,631 @@
+//! The HTTP layer against a stand-in backend: error bodies, statuses, health, metrics, OpenAPI.
+//! No sandbox is created; the full stack is tested in rampart-cli's tests.
+
+use axum::body::Body;
+use axum::http::{Method, Request, StatusCode};
+use futures::future::BoxFuture;
+use http_body_util::BodyExt;
+use rampart_agent::client::AgentClient;
+use rampart_core::{CoreError, Exec};
+use rampart_server::{router_with_backend, Backend};
+use rampart_types::{
+    CreateSandbox, ExecRequest, LimitError, Limits, SandboxId, SandboxInfo, SandboxState,
+};
+use serde_json::Value;
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use tower::ServiceExt;
+
+/// The filters of the last list call.
+type ListCall = (Option<SandboxState>, BTreeMap<String, String>);
+
+/// Knows one sandbox, `known`; `panics` makes the handler panic.
+#[derive(Default)]
+struct Fake {
+    last_list: Mutex<Option<ListCall>>,
+}
+
+fn info(id: &str, metadata: BTreeMap<String, String>) -> SandboxInfo {
+    SandboxInfo {
+        id: SandboxId::parse(id).unwrap(),
+        template: "base".into(),
+        state: SandboxState::Running,
+        limits: Limits::default(),
+        metadata,
+        env_names: vec![],
+        created_at: "2026-01-01T00:00:00Z".into(),
+        expires_at: "2026-01-01T00:05:00Z".into(),
+        ended_at: None,
+        reason: None,
+    }
+}
+
+impl Fake {
+    fn lookup(&self, id: &SandboxId) -> Result<SandboxInfo, CoreError> {
+        match id.as_str() {
+            "known" => Ok(info("known", BTreeMap::new())),
+            "stopped" => Err(CoreError::WrongState {
+                id: "stopped".into(),
+                state: "destroyed".into(),
+            }),
+            "panics" => panic!("stand-in panic"),
+            other => Err(CoreError::NotFound(other.into())),
+        }
+    }
+}
+
+impl Backend for Fake {
+    fn create(&self, req: CreateSandbox) -> BoxFuture<'_, Result<SandboxInfo, CoreError>> {
+        Box::pin(async move {
+            if req.limits.memory_bytes.is_some_and(|m| m > 1 << 30) {
+                return Err(CoreError::Limit(LimitError::AboveMaximum {
+                    field: "memory_bytes",
+                    value: "x".into(),
+                    max: "1073741824".into(),
+                }));
+            }
+            if req.template.as_deref() == Some("full") {
+                return Err(CoreError::Capacity("100 sandboxes alive".into()));
+            }
+            Ok(info("created", req.metadata))
+        })
+    }
+    fn get(&self, id: &SandboxId) -> Result<SandboxInfo, CoreError> {
+        self.lookup(id)
+    }
+    fn list(
+        &self,
+        state: Option<SandboxState>,
+        metadata: &BTreeMap<String, String>,
+    ) -> Result<Vec<SandboxInfo>, CoreError> {
+        *self.last_list.lock().unwrap() = Some((state, metadata.clone()));
+        Ok(vec![info("known", BTreeMap::new())])
+    }
+    fn destroy<'a>(&'a self, id: &'a SandboxId) -> BoxFuture<'a, Result<SandboxInfo, CoreError>> {
+        Box::pin(async move { self.lookup(id) })
+    }
+    fn set_timeout<'a>(
+        &'a self,
+        id: &'a SandboxId,
+        _secs: u64,
+    ) -> BoxFuture<'a, Result<SandboxInfo, CoreError>> {
+        Box::pin(async move { self.lookup(id) })
+    }
+    fn agent(&self, id: &SandboxId) -> Result<AgentClient, CoreError> {
+        self.lookup(id)?;
+        Err(CoreError::Internal("no agents in this test".into()))
+    }
+    fn exec<'a>(
+        &'a self,
+        id: &'a SandboxId,
+        _req: ExecRequest,
+        _keep_stdin_open: bool,
+    ) -> BoxFuture<'a, Result<Exec, CoreError>> {
+        Box::pin(async move {
+            self.lookup(id)?;
+            Err(CoreError::Internal("no processes in this test".into()))
+        })
+    }
+    fn metrics_text(&self) -> String {
+        "# TYPE rampart_sandboxes gauge\nrampart_sandboxes{state=\"running\"} 1\n".into()
+    }
+}
+
+struct Resp {
+    status: StatusCode,
+    content_type: String,
+    body: Vec<u8>,
+}
+
+impl Resp {
+    fn json(&self) -> Value {
+        serde_json::from_slice(&self.body)
+            .unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(&self.body)))
+    }
+    /// Asserts an error answer: status, code, and returns the message.
+    fn error(&self, status: u16, code: &str) -> String {
+        assert_eq!(
+            self.status.as_u16(),
+            status,
+            "{}",
+            String::from_utf8_lossy(&self.body)
+        );
+        let v = self.json();
+        assert_eq!(v["error"]["code"], code, "{v}");
+        v["error"]["message"].as_str().expect("message").to_owned()
+    }
+}
+
+async fn call(
+    app: &axum::Router,
+    method: Method,
+    uri: &str,
+    ct: Option<&str>,
+    body: &[u8],
+) -> Resp {
+    let mut b = Request::builder().method(method).uri(uri);
+    if let Some(ct) = ct {
+        b = b.header("content-type", ct);
+    }
+    let resp = app
+        .clone()
+        .oneshot(b.body(Body::from(body.to_vec())).unwrap())
+        .await
+        .unwrap();
+    let status = resp.status();
+    let content_type = resp
+        .headers()
+        .get("content-type")
+        .map(|v| v.to_str().unwrap().to_owned())
+        .unwrap_or_default();
+    let body = resp
+        .into_body()
+        .collect()
+        .await
+        .unwrap()
+        .to_bytes()
+        .to_vec();
+    Resp {
+        status,
+        content_type,
+        body,
+    }
+}
+
+const JSON: Option<&str> = Some("application/json");
+
+fn app() -> (axum::Router, Arc<Fake>) {
+    let fake = Arc::new(Fake::default());
+    (router_with_backend(fake.clone()), fake)
+}
+
+#[tokio::test]
+async fn health_answers_ok_with_version() {
+    let (app, _) = app();
+    let r = call(&app, Method::GET, "/health", None, b"").await;
+    assert_eq!(r.status, StatusCode::OK);
+    let v = r.json();
+    assert_eq!(v["status"], "ok");
+    assert_eq!(v["version"], env!("CARGO_PKG_VERSION"));
+}
+
+#[tokio::test]
+async fn metrics_include_the_managers_and_http_requests() {
+    let (app, _) = app();
+    call(&app, Method::GET, "/health", None, b"").await;
+    let r = call(&app, Method::GET, "/metrics", None, b"").await;
+    assert_eq!(r.status, StatusCode::OK);
+    assert!(
+        r.content_type.starts_with("text/plain"),
+        "{}",
+        r.content_type
+    );
+    let text = String::from_utf8(r.body).unwrap();
+    assert!(
+        text.contains("rampart_sandboxes{state=\"running\"} 1"),
+        "{text}"
+    );
+    assert!(
+        text.contains(
+            "rampart_http_requests_total{method=\"GET\",route=\"/health\",status=\"200\"}"
+        ),
+        "{text}"
+    );
+}
+
+#[tokio::test]
+async fn openapi_lists_every_path() {
+    let (app, _) = app();
+    let r = call(&app, Method::GET, "/v1/openapi.json", None, b"").await;
+    assert_eq!(r.status, StatusCode::OK);
+    let v = r.json();
+    assert!(v["openapi"].as_str().unwrap().starts_with("3."));
+    let paths = v["paths"].as_object().unwrap();
+    for p in [
+        "/health",
+        "/metrics",
+        "/v1/sandboxes",
+        "/v1/sandboxes/{id}",
+        "/v1/sandboxes/{id}/timeout",
+        "/v1/sandboxes/{id}/exec",
+        "/v1/sandboxes/{id}/exec/ws",
+        "/v1/sandboxes/{id}/files",
+        "/v1/sandboxes/{id}/files/stat",
+        "/v1/sandboxes/{id}/files/list",
+        "/v1/sandboxes/{id}/files/mkdir",
+        "/v1/sandboxes/{id}/files/move",
+        "/v1/sandboxes/{id}/files/watch",
+    ] {
+        assert!(paths.contains_key(p), "openapi lacks {p}");
+    }
+    for s in [
+        "CreateSandbox",
+        "SandboxInfo",
+        "ExecRequest",
+        "ExecResult",
+        "ExecEvent",
+        "FileEntry",
+        "ApiErrorBody",
+    ] {
+        assert!(
+            v["components"]["schemas"].get(s).is_some(),
+            "openapi lacks schema {s}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn create_answers_201_and_maps_core_errors() {
+    let (app, _) = app();
+    let r = call(
+        &app,
+        Method::POST,
+        "/v1/sandboxes",
+        JSON,
+        br#"{"metadata":{"a":"1"}}"#,
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::CREATED);
+    assert_eq!(r.json()["metadata"]["a"], "1");
+    let m = call(
+        &app,
+        Method::POST,
+        "/v1/sandboxes",
+        JSON,
+        br#"{"limits":{"memory_bytes":4294967296}}"#,
+    )
+    .await
+    .error(422, "limit_exceeded");
+    assert!(m.contains("memory_bytes"), "{m}");
+    call(
+        &app,
+        Method::POST,
+        "/v1/sandboxes",
+        JSON,
+        br#"{"template":"full"}"#,
+    )
+    .await
+    .error(503, "capacity");
+}
+
+#[tokio::test]
+async fn bad_json_is_a_400_naming_the_field() {
+    let (app, _) = app();
+    let m = call(
+        &app,
+        Method::POST,
+        "/v1/sandboxes",
+        JSON,
+        br#"{"templat":"base"}"#,
+    )
+    .await
+    .error(400, "bad_request");
+    assert!(m.contains("templat"), "{m}");
+    let m = call(
+        &app,
+        Method::POST,
+        "/v1/sandboxes",
+        JSON,
+        br#"{"limits":{"cpus":"two"}}"#,
+    )
+    .await
+    .error(400, "bad_request");
+    assert!(m.contains("limits.cpus"), "{m}");
+    call(&app, Method::POST, "/v1/sandboxes", JSON, b"{not json")
+        .await
+        .error(400, "bad_request");
+    call(&app, Method::POST, "/v1/sandboxes", JSON, b"")
+        .await
+        .error(400, "bad_request");
+    call(&app, Method::POST, "/v1/sandboxes", JSON, b"[]")
+        .await
+        .error(400, "bad_request");
+    let m = call(
+        &app,
+        Method::POST,
+        "/v1/sandboxes/known/timeout",
+        JSON,
+        b"{}",
+    )
+    .await
+    .error(400, "bad_request");
+    assert!(m.contains("timeout_secs"), "{m}");
+    let m = call(
+        &app,
+        Method::POST,
+        "/v1/sandboxes/known/timeout",
+        JSON,
+        br#"{"timeout_secs":-1}"#,
+    )
+    .await
+    .error(400, "bad_request");
+    assert!(m.contains("timeout_secs"), "{m}");
+}
+
+#[tokio::test]
+async fn json_needs_its_content_type_and_a_bounded_size() {
+    let (app, _) = app();
+    call(
+        &app,
+        Method::POST,
+        "/v1/sandboxes",
+        Some("text/plain"),
+        b"{}",
+    )
+    .await
+    .error(415, "unsupported_media_type");
+    call(&app, Method::POST, "/v1/sandboxes", None, b"{}")
+        .await
+        .error(415, "unsupported_media_type");
+    let mut big = br#"{"template":""#.to_vec();
+    big.extend(std::iter::repeat_n(b'a', 2 << 20));
+    big.extend(br#""}"#);
+    call(&app, Method::POST, "/v1/sandboxes", JSON, &big)
+        .await
+        .error(413, "too_large");
+}
+
+#[tokio::test]
+async fn sandbox_ids_are_validated_and_unknown_ones_are_404() {
+    let (app, _) = app();
+    let m = call(&app, Method::GET, "/v1/sandboxes/NOT-VALID", None, b"")
+        .await
+        .error(400, "bad_request");
+    assert!(m.starts_with("id:"), "{m}");
+    call(&app, Method::GET, "/v1/sandboxes/%2e%2e", None, b"")
+        .await
+        .error(400, "bad_request");
+    call(&app, Method::GET, "/v1/sandboxes/nosuch", None, b"")
+        .await
+        .error(404, "not_found");
+    call(&app, Method::DELETE, "/v1/sandboxes/nosuch", None, b"")
+        .await
+        .error(404, "not_found");
+    call(
+        &app,
+        Method::POST,
+        "/v1/sandboxes/nosuch/timeout",
+        JSON,
+        br#"{"timeout_secs":5}"#,
+    )
+    .await
+    .error(404, "not_found");
+    call(
+        &app,
+        Method::POST,
+        "/v1/sandboxes/stopped/timeout",
+        JSON,
+        br#"{"timeout_secs":5}"#,
+    )
+    .await
+    .error(409, "conflict");
+    let r = call(&app, Method::GET, "/v1/sandboxes/known", None, b"").await;
+    assert_eq!(r.status, StatusCode::OK);
+    assert_eq!(r.json()["id"], "known");
+}
+
+#[tokio::test]
+async fn list_filters_are_parsed_and_checked() {
+    let (app, fake) = app();
+    let r = call(
+        &app,
+        Method::GET,
+        "/v1/sandboxes?state=running&metadata=a%3D1&metadata.b=2",
+        None,
+        b"",
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::OK);
+    assert_eq!(r.json().as_array().unwrap().len(), 1);
+    let (state, md) = fake.last_list.lock().unwrap().clone().unwrap();
+    assert_eq!(state, Some(SandboxState::Running));
+    assert_eq!(md.get("a").unwrap(), "1");
+    assert_eq!(md.get("b").unwrap(), "2");
+    let m = call(&app, Method::GET, "/v1/sandboxes?state=zombie", None, b"")
+        .await
+        .error(400, "bad_request");
+    assert!(m.starts_with("state"), "{m}");
+    call(&app, Method::GET, "/v1/sandboxes?limit=3", None, b"")
+        .await
+        .error(400, "bad_request");
+    call(
+        &app,
+        Method::GET,
+        "/v1/sandboxes?metadata=novalue",
+        None,
+        b"",
+    )
+    .await
+    .error(400, "bad_request");
+}
+
+#[tokio::test]
+async fn exec_input_is_validated() {
+    let (app, _) = app();
+    let m = call(
+        &app,
+        Method::POST,
+        "/v1/sandboxes/known/exec",
+        JSON,
+        br#"{"cmd":[]}"#,
+    )
+    .await
+    .error(400, "bad_request");
+    assert!(m.starts_with("cmd"), "{m}");
+    let m = call(
+        &app,
+        Method::POST,
+        "/v1/sandboxes/known/exec",
+        JSON,
+        br#"{"cmd":["ls"],"tty":"big"}"#,
+    )
+    .await
+    .error(400, "bad_request");
+    assert!(m.starts_with("tty"), "{m}");
+    call(
+        &app,
+        Method::POST,
+        "/v1/sandboxes/known/exec",
+        JSON,
+        br#"{"command":"ls"}"#,
+    )
+    .await
+    .error(400, "bad_request");
+    call(
+        &app,
+        Method::POST,
+        "/v1/sandboxes/known/exec",
+        JSON,
+        br#"{"cmd":["ls"],"max_output_bytes":1099511627776}"#,
+    )
+    .await
+    .error(422, "limit_exceeded");
+    call(
+        &app,
+        Method::POST,
+        "/v1/sandboxes/nosuch/exec",
+        JSON,
+        br#"{"cmd":["ls"]}"#,
+    )
+    .await
+    .error(404, "not_found");
+    call(
+        &app,
+        Method::POST,
+        "/v1/sandboxes/stopped/exec",
+        JSON,
+        br#"{"cmd":["ls"]}"#,
+    )
+    .await
+    .error(409, "conflict");
+    // Not a WebSocket handshake.
+    call(&app, Method::GET, "/v1/sandboxes/known/exec/ws", None, b"")
+        .await
+        .error(400, "bad_request");
+}
+
+#[tokio::test]
+async fn file_endpoints_check_their_input() {
+    let (app, _) = app();
+    let m = call(&app, Method::GET, "/v1/sandboxes/known/files", None, b"")
+        .await
+        .error(400, "bad_request");
+    assert!(m.contains("path"), "{m}");
+    call(
+        &app,
+        Method::GET,
+        "/v1/sandboxes/known/files?path=",
+        None,
+        b"",
+    )
+    .await
+    .error(400, "bad_request");
+    call(
+        &app,
+        Method::GET,
+        "/v1/sandboxes/known/files?path=/a&mode=x",
+        None,
+        b"",
+    )
+    .await
+    .error(400, "bad_request");
+    call(
+        &app,
+        Method::GET,
+        "/v1/sandboxes/known/files/stat?path=/a%00b",
+        None,
+        b"",
+    )
+    .await
+    .error(400, "bad_request");
+    let m = call(
+        &app,
+        Method::GET,
+        "/v1/sandboxes/known/files/list?path=/&depth=0",
+        None,
+        b"",
+    )
+    .await
+    .error(400, "bad_request");
+    assert!(m.starts_with("depth"), "{m}");
+    call(
+        &app,
+        Method::GET,
+        "/v1/sandboxes/known/files/list?path=/&depth=x",
+        None,
+        b"",
+    )
+    .await
+    .error(400, "bad_request");
+    call(
+        &app,
+        Method::POST,
+        "/v1/sandboxes/known/files/mkdir",
+        JSON,
+        br#"{"dir":"/a"}"#,
+    )
+    .await
+    .error(400, "bad_request");
+    call(
+        &app,
+        Method::POST,
+        "/v1/sandboxes/known/files/move",
+        JSON,
+        br#"{"from":"/a"}"#,
+    )
+    .await
+    .error(400, "bad_request");
+    call(
+        &app,
+        Method::GET,
+        "/v1/sandboxes/known/files/watch?path=/&recursive=maybe",
+        None,
+        b"",
+    )
+    .await
+    .error(400, "bad_request");
+    call(
+        &app,
+        Method::PUT,
+        "/v1/sandboxes/nosuch/files?path=/a",
+        None,
+        b"x",
+    )
+    .await
+    .error(404, "not_found");
+    call(
+        &app,
+        Method::DELETE,
+        "/v1/sandboxes/nosuch/files?path=/a",
+        None,
+        b"",
+    )
+    .await
+    .error(404, "not_found");
+    call(
+        &app,
+        Method::GET,
+        "/v1/sandboxes/stopped/files?path=/a",
+        None,
+        b"",
+    )
+    .await
+    .error(409, "conflict");
+}
+
+#[tokio::test]
+async fn unknown_routes_methods_and_panics_answer_json() {
+    let (app, _) = app();
+    call(&app, Method::GET, "/v2/nothing", None, b"")
+        .await
+        .error(404, "not_found");
+    call(&app, Method::PATCH, "/v1/sandboxes", None, b"")
+        .await
+        .error(405, "method_not_allowed");
+    call(&app, Method::GET, "/v1/sandboxes/panics", None, b"")
+        .await
+        .error(500, "internal");
+    // The server still answers after a panic.
+    let r = call(&app, Method::GET, "/health", None, b"").await;
+    assert_eq!(r.status, StatusCode::OK);
+}
