@@ -11,7 +11,20 @@
 //!   cgroup), for restart recovery.
 
 use rampart_types::{Limits, SandboxId};
-use std::path::PathBuf;
+use serde::{Deserialize, Serialize};
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+pub mod cgroup;
+pub mod disk;
+pub mod jailer;
+pub mod seccomp;
+pub mod sys;
+pub mod template;
+
+/// Environment variable telling the agent which inherited fd is its listening Unix socket.
+pub const AGENT_FD_ENV: &str = "RAMPART_AGENT_FD";
 
 /// Errors of the jail tier.
 #[derive(Debug, thiserror::Error)]
@@ -116,13 +129,133 @@ pub struct Usage {
 pub struct Jail {
     cfg: JailConfig,
     features: HostFeatures,
+    cgroups: cgroup::Cgroups,
+}
+
+/// What `Jail::launch` sends to `rampart-jailer` on its stdin (one JSON document).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JailerSpec {
+    /// `<state_dir>/<id>`.
+    pub sandbox_dir: PathBuf,
+    /// The template's root filesystem (lower layer of `/`).
+    pub rootfs: PathBuf,
+    /// The host directory used as lower layer of `/usr`.
+    pub usr_source: PathBuf,
+    /// The sandbox's ext4 disk image.
+    pub disk_image: PathBuf,
+    /// First host uid/gid of the sandbox's range of 65536.
+    pub uid_base: u32,
+    /// Host name inside.
+    pub hostname: String,
+    /// Environment of the agent.
+    pub env: Vec<(String, String)>,
+    /// RLIMIT_NOFILE.
+    pub open_files: u64,
+    /// `cgroup.procs` files the sandbox's init is written to.
+    pub cgroup_procs: Vec<PathBuf>,
+    /// The agent binary.
+    pub agent_bin: PathBuf,
+    /// Where the agent's socket is bound.
+    pub agent_socket: PathBuf,
+}
+
+/// The jailer's one-line answer on stdout.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct JailerResult {
+    /// Host pid of the sandbox's PID 1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pid: Option<i32>,
+    /// Why it failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+fn io(step: String) -> impl FnOnce(std::io::Error) -> JailError {
+    move |source| JailError::Sys { step, source }
+}
+
+/// Checks that the host offers what the tier needs.
+fn probe_kernel() -> Result<(), JailError> {
+    let need = |feature: &'static str, ok: bool, detail: &str| {
+        if ok {
+            Ok(())
+        } else {
+            Err(JailError::MissingFeature {
+                feature,
+                detail: detail.to_owned(),
+            })
+        }
+    };
+    need(
+        "root",
+        nix::unistd::geteuid().is_root(),
+        "the namespace tier must run as root",
+    )?;
+    for ns in ["user", "pid", "net", "ipc", "uts", "mnt", "cgroup"] {
+        need(
+            "namespaces",
+            Path::new(&format!("/proc/self/ns/{ns}")).exists(),
+            &format!("no {ns} namespace"),
+        )?;
+    }
+    let maxns = std::fs::read_to_string("/proc/sys/user/max_user_namespaces").unwrap_or_default();
+    need(
+        "user namespaces",
+        maxns.trim().parse::<u64>().unwrap_or(0) > 0,
+        "user.max_user_namespaces is 0",
+    )?;
+    let fss = std::fs::read_to_string("/proc/filesystems").unwrap_or_default();
+    for fs in ["overlay", "ext4", "proc", "tmpfs", "devpts"] {
+        need(
+            "filesystems",
+            fss.split_whitespace().any(|f| f == fs),
+            &format!("kernel lacks {fs}"),
+        )?;
+    }
+    need(
+        "loop devices",
+        Path::new("/dev/loop-control").exists(),
+        "no /dev/loop-control",
+    )?;
+    let seccomp = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    need(
+        "seccomp",
+        seccomp.lines().any(|l| l.starts_with("Seccomp:")),
+        "kernel without seccomp",
+    )?;
+    Ok(())
+}
+
+fn landlock_abi() -> Option<u32> {
+    // SAFETY: landlock_create_ruleset(NULL, 0, LANDLOCK_CREATE_RULESET_VERSION) only queries.
+    let v = unsafe {
+        libc::syscall(
+            libc::SYS_landlock_create_ruleset,
+            std::ptr::null::<u8>(),
+            0usize,
+            1u32,
+        )
+    };
+    (v > 0).then_some(v as u32)
 }
 
 impl Jail {
     /// Probes the host and prepares the tier.
     pub fn new(cfg: JailConfig) -> Result<Jail, JailError> {
-        let _ = &cfg;
-        unimplemented!("jail probe")
+        probe_kernel()?;
+        let cg = cgroup::probe(&cfg.cgroup_subtree)?;
+        std::fs::create_dir_all(&cfg.state_dir)
+            .map_err(io(format!("mkdir {}", cfg.state_dir.display())))?;
+        let features = HostFeatures {
+            cgroup: cg.version,
+            landlock_abi: landlock_abi(),
+        };
+        Ok(Jail {
+            cfg,
+            features,
+            cgroups: cg,
+        })
     }
     /// What the probe found.
     pub fn features(&self) -> &HostFeatures {
@@ -132,35 +265,168 @@ impl Jail {
     pub fn config(&self) -> &JailConfig {
         &self.cfg
     }
+    /// The directory of a sandbox.
+    pub fn sandbox_dir(&self, id: &SandboxId) -> PathBuf {
+        self.cfg.state_dir.join(id.as_str())
+    }
+    /// The cgroup directories of a sandbox (one per controller on v1).
+    pub fn cgroup_dirs(&self, id: &SandboxId) -> Vec<PathBuf> {
+        self.cgroups.dirs(id.as_str())
+    }
+    fn cache_dir(&self) -> PathBuf {
+        match self.cfg.state_dir.parent() {
+            Some(p) => p.join("cache"),
+            None => self.cfg.state_dir.join(".cache"),
+        }
+    }
+
     /// Builds and starts a sandbox. Blocking.
     pub fn launch(&self, spec: &LaunchSpec) -> Result<Launched, JailError> {
-        let _ = spec;
-        unimplemented!("launch")
+        let r = self.try_launch(spec);
+        if r.is_err() {
+            let _ = self.destroy(&spec.id);
+        }
+        r
     }
+
+    fn try_launch(&self, spec: &LaunchSpec) -> Result<Launched, JailError> {
+        let rootfs = spec.template_dir.join("rootfs");
+        if !rootfs.join("usr").is_dir() || !rootfs.join("etc").is_dir() {
+            return Err(JailError::Template(format!(
+                "{} is not a built template (no rootfs/usr, rootfs/etc)",
+                spec.template_dir.display()
+            )));
+        }
+        if spec.uid_base == 0 || spec.uid_base.checked_add(65536).is_none() {
+            return Err(JailError::Init(format!(
+                "uid_base {} is not a valid unprivileged range",
+                spec.uid_base
+            )));
+        }
+        if spec.hostname.is_empty() || spec.hostname.len() > 64 {
+            return Err(JailError::Init("hostname must be 1 to 64 bytes".into()));
+        }
+        let dir = self.sandbox_dir(&spec.id);
+        std::fs::create_dir(&dir).map_err(io(format!("mkdir {}", dir.display())))?;
+        let image = dir.join("disk.img");
+        let cached = disk::cached_image(&self.cache_dir(), spec.limits.disk_bytes)?;
+        disk::sparse_copy(&cached, &image)?;
+        self.cgroups.create(spec.id.as_str(), &spec.limits)?;
+        let js = JailerSpec {
+            sandbox_dir: dir.clone(),
+            rootfs,
+            usr_source: PathBuf::from("/usr"),
+            disk_image: image,
+            uid_base: spec.uid_base,
+            hostname: spec.hostname.clone(),
+            env: spec.env.clone(),
+            open_files: spec.limits.open_files,
+            cgroup_procs: self.cgroups.procs_files(spec.id.as_str()),
+            agent_bin: self.cfg.agent_bin.clone(),
+            agent_socket: dir.join("agent.sock"),
+        };
+        let pid = run_jailer(&self.cfg.jailer_bin, &js)?;
+        Ok(Launched {
+            pid,
+            agent_socket: js.agent_socket,
+        })
+    }
+
     /// Kills and removes every trace of a sandbox. Idempotent. Blocking.
     pub fn destroy(&self, id: &SandboxId) -> Result<(), JailError> {
-        let _ = id;
-        unimplemented!("destroy")
+        self.cgroups.destroy(id.as_str())?;
+        let dir = self.sandbox_dir(id);
+        let image = dir.join("disk.img");
+        // The disk's loop device detaches itself once the sandbox's mount namespaces are gone,
+        // which the kernel finishes a moment after the last process exits.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while loop_backing(&image) && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(2));
+        }
+        match std::fs::remove_dir_all(&dir) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(io(format!("remove {}", dir.display()))(e)),
+        }
     }
+
     /// Ids with any trace left on the host (directory or cgroup).
     pub fn leftovers(&self) -> Result<Vec<SandboxId>, JailError> {
-        unimplemented!("leftovers")
+        let mut ids = self.cgroups.list();
+        let rd = std::fs::read_dir(&self.cfg.state_dir)
+            .map_err(io(format!("read {}", self.cfg.state_dir.display())))?;
+        for e in rd.flatten() {
+            if let Some(n) = e.file_name().to_str() {
+                ids.push(n.to_owned());
+            }
+        }
+        ids.sort();
+        ids.dedup();
+        Ok(ids
+            .into_iter()
+            .filter_map(|s| SandboxId::parse(&s).ok())
+            .collect())
     }
+
     /// Current usage of a sandbox's cgroup.
     pub fn usage(&self, id: &SandboxId) -> Result<Usage, JailError> {
-        let _ = id;
-        unimplemented!("usage")
+        self.cgroups.usage(id.as_str())
     }
 }
 
-/// Templates: building the `base` template.
-pub mod template {
-    use super::JailError;
-    use std::path::Path;
+/// Whether a loop device is still backed by `image`.
+pub fn loop_backing(image: &Path) -> bool {
+    let Ok(rd) = std::fs::read_dir("/sys/block") else {
+        return false;
+    };
+    let want = image.to_string_lossy();
+    rd.flatten().any(|e| {
+        e.file_name().to_string_lossy().starts_with("loop")
+            && std::fs::read_to_string(e.path().join("loop/backing_file"))
+                .map(|s| {
+                    let s = s.trim();
+                    s == want || s.strip_suffix(" (deleted)") == Some(&want)
+                })
+                .unwrap_or(false)
+    })
+}
 
-    /// Builds the `base` template into `dest` (made atomically: built in a temp dir, renamed).
-    pub fn build_base(dest: &Path) -> Result<(), JailError> {
-        let _ = dest;
-        unimplemented!("build_base")
+fn run_jailer(bin: &Path, spec: &JailerSpec) -> Result<i32, JailError> {
+    let body = serde_json::to_vec(spec)
+        .map_err(|e| JailError::Init(format!("encode jailer spec: {e}")))?;
+    let mut cmd = Command::new(bin);
+    cmd.stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    // SAFETY: the pre-exec hook only calls prctl, which is async-signal-safe.
+    unsafe {
+        std::os::unix::process::CommandExt::pre_exec(&mut cmd, || {
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+            Ok(())
+        });
+    }
+    let mut child = cmd
+        .spawn()
+        .map_err(io(format!("spawn {}", bin.display())))?;
+    if let Some(mut sin) = child.stdin.take() {
+        let _ = sin.write_all(&body);
+    }
+    let mut out = String::new();
+    let mut err = String::new();
+    if let Some(mut so) = child.stdout.take() {
+        let _ = so.read_to_string(&mut out);
+    }
+    if let Some(mut se) = child.stderr.take() {
+        let _ = se.read_to_string(&mut err);
+    }
+    let status = child.wait().map_err(io("wait for jailer".into()))?;
+    let res: Option<JailerResult> = out.lines().rev().find_map(|l| serde_json::from_str(l).ok());
+    match res {
+        Some(JailerResult { pid: Some(pid), .. }) if status.success() => Ok(pid),
+        Some(JailerResult { error: Some(e), .. }) => Err(JailError::Init(e)),
+        _ => Err(JailError::Init(format!(
+            "jailer failed ({status}): {}",
+            err.trim()
+        ))),
     }
 }

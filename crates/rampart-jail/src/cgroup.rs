@@ -1,0 +1,273 @@
+//! Per-sandbox cgroups, v1 (one directory per controller) or v2 (unified).
+
+use crate::{sys, CgroupVersion, JailError, Usage};
+use rampart_types::Limits;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+/// v1 controllers a sandbox is placed in.
+pub const V1_CONTROLLERS: [&str; 4] = ["memory", "pids", "cpu", "cpuacct"];
+/// v2 controllers needed.
+pub const V2_CONTROLLERS: [&str; 3] = ["memory", "pids", "cpu"];
+const CFS_PERIOD_US: u64 = 100_000;
+
+/// Where the cgroup hierarchies live.
+#[derive(Debug, Clone)]
+pub struct Cgroups {
+    /// The version in use.
+    pub version: CgroupVersion,
+    /// `/sys/fs/cgroup` (v1) or the unified mount point (v2).
+    pub root: PathBuf,
+    /// Rampart's subtree name.
+    pub subtree: String,
+}
+
+fn read_trim(p: &Path) -> Option<String> {
+    std::fs::read_to_string(p).ok().map(|s| s.trim().to_owned())
+}
+
+/// Finds a usable hierarchy: v2 when the unified hierarchy offers memory, pids and cpu,
+/// else v1 when those controllers (and cpuacct) are mounted.
+pub fn probe(subtree: &str) -> Result<Cgroups, JailError> {
+    for root in ["/sys/fs/cgroup", "/sys/fs/cgroup/unified"] {
+        let root = Path::new(root);
+        if let Some(c) = read_trim(&root.join("cgroup.controllers")) {
+            let have: Vec<&str> = c.split_whitespace().collect();
+            if V2_CONTROLLERS.iter().all(|k| have.contains(k)) {
+                return Ok(Cgroups {
+                    version: CgroupVersion::V2,
+                    root: root.into(),
+                    subtree: subtree.into(),
+                });
+            }
+        }
+    }
+    let root = Path::new("/sys/fs/cgroup");
+    for c in V1_CONTROLLERS {
+        if !root.join(c).join("cgroup.procs").exists() {
+            return Err(JailError::MissingFeature {
+                feature: "cgroup controllers (memory, pids, cpu)",
+                detail: format!(
+                    "no cgroup v2 hierarchy with memory+pids+cpu, and no v1 {c} controller"
+                ),
+            });
+        }
+    }
+    Ok(Cgroups {
+        version: CgroupVersion::V1,
+        root: root.into(),
+        subtree: subtree.into(),
+    })
+}
+
+fn io(step: String) -> impl FnOnce(std::io::Error) -> JailError {
+    move |source| JailError::Sys { step, source }
+}
+
+impl Cgroups {
+    /// The directories of a sandbox's cgroup (one per controller on v1).
+    pub fn dirs(&self, id: &str) -> Vec<PathBuf> {
+        match self.version {
+            CgroupVersion::V2 => vec![self.root.join(&self.subtree).join(id)],
+            CgroupVersion::V1 => V1_CONTROLLERS
+                .iter()
+                .map(|c| self.root.join(c).join(&self.subtree).join(id))
+                .collect(),
+        }
+    }
+
+    /// The `cgroup.procs` files a sandbox's first process is written to.
+    pub fn procs_files(&self, id: &str) -> Vec<PathBuf> {
+        self.dirs(id)
+            .into_iter()
+            .map(|d| d.join("cgroup.procs"))
+            .collect()
+    }
+
+    fn subtree_dirs(&self) -> Vec<PathBuf> {
+        match self.version {
+            CgroupVersion::V2 => vec![self.root.join(&self.subtree)],
+            CgroupVersion::V1 => V1_CONTROLLERS
+                .iter()
+                .map(|c| self.root.join(c).join(&self.subtree))
+                .collect(),
+        }
+    }
+
+    /// Creates the sandbox's cgroup and writes its limits.
+    pub fn create(&self, id: &str, limits: &Limits) -> Result<(), JailError> {
+        let quota = ((limits.cpus * CFS_PERIOD_US as f64).round() as u64).max(1000);
+        match self.version {
+            CgroupVersion::V2 => {
+                let sub = self.root.join(&self.subtree);
+                if !sub.exists() {
+                    std::fs::create_dir(&sub)
+                        .or_else(|e| {
+                            if e.kind() == std::io::ErrorKind::AlreadyExists {
+                                Ok(())
+                            } else {
+                                Err(e)
+                            }
+                        })
+                        .map_err(io(format!("mkdir {}", sub.display())))?;
+                }
+                let want = "+memory +pids +cpu";
+                let _ = std::fs::write(self.root.join("cgroup.subtree_control"), want);
+                sys::write_file(&sub.join("cgroup.subtree_control"), want)?;
+                let d = sub.join(id);
+                std::fs::create_dir(&d).map_err(io(format!("mkdir {}", d.display())))?;
+                sys::write_file(&d.join("memory.max"), &limits.memory_bytes.to_string())?;
+                if d.join("memory.swap.max").exists() {
+                    sys::write_file(&d.join("memory.swap.max"), "0")?;
+                }
+                sys::write_file(&d.join("pids.max"), &limits.pids.to_string())?;
+                sys::write_file(&d.join("cpu.max"), &format!("{quota} {CFS_PERIOD_US}"))?;
+            }
+            CgroupVersion::V1 => {
+                for (c, d) in V1_CONTROLLERS.iter().zip(self.dirs(id)) {
+                    std::fs::create_dir_all(&d).map_err(io(format!("mkdir {}", d.display())))?;
+                    match *c {
+                        "memory" => {
+                            sys::write_file(
+                                &d.join("memory.limit_in_bytes"),
+                                &limits.memory_bytes.to_string(),
+                            )?;
+                            let sw = d.join("memory.memsw.limit_in_bytes");
+                            if sw.exists() {
+                                sys::write_file(&sw, &limits.memory_bytes.to_string())?;
+                            }
+                            let _ = std::fs::write(d.join("memory.swappiness"), "0");
+                        }
+                        "pids" => sys::write_file(&d.join("pids.max"), &limits.pids.to_string())?,
+                        "cpu" => {
+                            sys::write_file(
+                                &d.join("cpu.cfs_period_us"),
+                                &CFS_PERIOD_US.to_string(),
+                            )?;
+                            sys::write_file(&d.join("cpu.cfs_quota_us"), &quota.to_string())?;
+                        }
+                        _ => {}
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Pids in the sandbox's cgroup.
+    pub fn pids(&self, id: &str) -> Vec<i32> {
+        let mut out = Vec::new();
+        for d in self.dirs(id) {
+            if let Ok(s) = std::fs::read_to_string(d.join("cgroup.procs")) {
+                out.extend(s.split_whitespace().filter_map(|p| p.parse::<i32>().ok()));
+            }
+        }
+        out.sort_unstable();
+        out.dedup();
+        out
+    }
+
+    /// Kills every process of the cgroup, waits until it is empty, removes its directories.
+    /// Fine when the cgroup does not exist.
+    pub fn destroy(&self, id: &str) -> Result<(), JailError> {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        if self.version == CgroupVersion::V2 {
+            let k = self.dirs(id)[0].join("cgroup.kill");
+            if k.exists() {
+                let _ = std::fs::write(&k, "1");
+            }
+        }
+        loop {
+            let pids = self.pids(id);
+            if pids.is_empty() {
+                break;
+            }
+            for p in pids {
+                // SAFETY: kill(2) with a pid read from the sandbox's own cgroup.
+                unsafe { libc::kill(p, libc::SIGKILL) };
+            }
+            if Instant::now() > deadline {
+                return Err(JailError::Sys {
+                    step: format!("kill processes of cgroup {id}"),
+                    source: std::io::Error::from_raw_os_error(libc::EBUSY),
+                });
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        for d in self.dirs(id) {
+            loop {
+                match std::fs::remove_dir(&d) {
+                    Ok(()) => break,
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => break,
+                    // A just-killed task can linger in the cgroup for a moment.
+                    Err(e)
+                        if e.raw_os_error() == Some(libc::EBUSY) && Instant::now() < deadline =>
+                    {
+                        std::thread::sleep(Duration::from_millis(2));
+                    }
+                    Err(e) => return Err(io(format!("rmdir {}", d.display()))(e)),
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Names of the sandbox cgroups under the subtree.
+    pub fn list(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        for d in self.subtree_dirs() {
+            if let Ok(rd) = std::fs::read_dir(&d) {
+                for e in rd.flatten() {
+                    if e.path().is_dir() {
+                        if let Some(n) = e.file_name().to_str() {
+                            out.push(n.to_owned());
+                        }
+                    }
+                }
+            }
+        }
+        out.sort();
+        out.dedup();
+        out
+    }
+
+    /// Reads the usage counters.
+    pub fn usage(&self, id: &str) -> Result<Usage, JailError> {
+        let dirs = self.dirs(id);
+        if !dirs[0].exists() {
+            return Err(JailError::Sys {
+                step: format!("cgroup of {id}"),
+                source: std::io::Error::from_raw_os_error(libc::ENOENT),
+            });
+        }
+        let num = |p: PathBuf| {
+            read_trim(&p)
+                .and_then(|s| s.parse::<u64>().ok())
+                .unwrap_or(0)
+        };
+        Ok(match self.version {
+            CgroupVersion::V2 => {
+                let d = &dirs[0];
+                let cpu = read_trim(&d.join("cpu.stat"))
+                    .and_then(|s| {
+                        s.lines().find_map(|l| {
+                            l.strip_prefix("usage_usec ").and_then(|v| v.parse().ok())
+                        })
+                    })
+                    .unwrap_or(0);
+                Usage {
+                    memory_bytes: num(d.join("memory.current")),
+                    memory_peak_bytes: num(d.join("memory.peak")),
+                    cpu_usec: cpu,
+                    pids: num(d.join("pids.current")),
+                }
+            }
+            CgroupVersion::V1 => Usage {
+                memory_bytes: num(dirs[0].join("memory.usage_in_bytes")),
+                memory_peak_bytes: num(dirs[0].join("memory.max_usage_in_bytes")),
+                cpu_usec: num(dirs[3].join("cpuacct.usage")) / 1000,
+                pids: num(dirs[1].join("pids.current")),
+            },
+        })
+    }
+}

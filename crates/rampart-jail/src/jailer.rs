@@ -1,0 +1,512 @@
+//! The jailer: a fresh single-threaded host-root process that builds one sandbox and starts
+//! its PID 1. Every mount it makes lives in a private mount namespace (never the host's), so
+//! nothing can leak into the host mount table; the mounts vanish with the sandbox.
+
+use crate::{seccomp, sys, JailError, JailerSpec, AGENT_FD_ENV};
+use std::ffi::CString;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+
+/// Capabilities root inside a sandbox keeps (the container default set, without NET_RAW).
+pub const KEPT_CAPS: [u32; 13] = [
+    0,  // CHOWN
+    1,  // DAC_OVERRIDE
+    3,  // FOWNER
+    4,  // FSETID
+    5,  // KILL
+    6,  // SETGID
+    7,  // SETUID
+    8,  // SETPCAP
+    10, // NET_BIND_SERVICE
+    18, // SYS_CHROOT
+    27, // MKNOD
+    29, // AUDIT_WRITE
+    31, // SETFCAP
+];
+
+fn io(step: String) -> impl FnOnce(std::io::Error) -> JailError {
+    move |source| JailError::Sys { step, source }
+}
+
+fn mkdir(p: &Path, mode: u32) -> Result<(), JailError> {
+    match std::fs::create_dir(p) {
+        Ok(()) => std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode))
+            .map_err(io(format!("chmod {}", p.display()))),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
+        Err(e) => Err(io(format!("mkdir {}", p.display()))(e)),
+    }
+}
+
+fn chown(p: &Path, uid: u32, gid: u32) -> Result<(), JailError> {
+    std::os::unix::fs::chown(p, Some(uid), Some(gid)).map_err(io(format!("chown {}", p.display())))
+}
+
+fn pipe() -> Result<(OwnedFd, OwnedFd), JailError> {
+    let mut fds = [0 as RawFd; 2];
+    // SAFETY: `fds` is a valid 2-element array.
+    let rc = unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) };
+    sys::check(rc.into(), || "pipe2".into())?;
+    // SAFETY: both fds were just created and are owned by nobody else.
+    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+}
+
+/// The fixed layout of a sandbox directory.
+#[derive(Debug)]
+pub struct Layout {
+    /// Mount point of the sandbox's ext4 disk.
+    pub disk_mnt: PathBuf,
+    /// Mount point of the idmapped template rootfs.
+    pub lower_root: PathBuf,
+    /// Mount point of the idmapped host /usr.
+    pub lower_usr: PathBuf,
+    /// The sandbox's root (the overlay).
+    pub root: PathBuf,
+}
+
+impl Layout {
+    /// The layout under `dir`.
+    pub fn new(dir: &Path) -> Layout {
+        Layout {
+            disk_mnt: dir.join("mnt"),
+            lower_root: dir.join("lower"),
+            lower_usr: dir.join("lowerusr"),
+            root: dir.join("root"),
+        }
+    }
+}
+
+/// Builds the sandbox described by `spec` and returns the host pid of its PID 1.
+/// Must run in a single-threaded process (it forks without exec).
+pub fn run(spec: &JailerSpec) -> Result<i32, JailError> {
+    let lay = Layout::new(&spec.sandbox_dir);
+    let (ub, gb) = (spec.uid_base, spec.uid_base);
+
+    // a. A private mount namespace: nothing from here on reaches the host.
+    // SAFETY: plain syscall.
+    let rc = unsafe { libc::unshare(libc::CLONE_NEWNS) };
+    sys::check(rc.into(), || "unshare mount namespace".into())?;
+    sys::mount(
+        None,
+        Path::new("/"),
+        None,
+        libc::MS_REC | libc::MS_PRIVATE,
+        None,
+    )?;
+
+    // b. The disk.
+    for d in [&lay.disk_mnt, &lay.lower_root, &lay.lower_usr, &lay.root] {
+        mkdir(d, 0o700)?;
+    }
+    let (dev, loopfd) = sys::loop_attach(&spec.disk_image)?;
+    sys::mount(
+        Some(&dev),
+        &lay.disk_mnt,
+        Some("ext4"),
+        libc::MS_NOATIME,
+        Some("noinit_itable,errors=remount-ro"),
+    )?;
+    drop(loopfd);
+    let up = |n: &str| lay.disk_mnt.join(n);
+    for (n, owner) in [
+        ("upper", ub),
+        ("work", 0),
+        ("usr-upper", ub),
+        ("usr-work", 0),
+    ] {
+        mkdir(&up(n), 0o755)?;
+        if owner != 0 {
+            chown(&up(n), owner, gb)?;
+        }
+    }
+
+    // e (early, so the child inherits them). The agent binary and its listening socket.
+    let agent = std::fs::File::open(&spec.agent_bin)
+        .map_err(io(format!("open agent {}", spec.agent_bin.display())))?;
+    let _ = std::fs::remove_file(&spec.agent_socket);
+    let listener = std::os::unix::net::UnixListener::bind(&spec.agent_socket)
+        .map_err(io(format!("bind {}", spec.agent_socket.display())))?;
+    std::fs::set_permissions(&spec.agent_socket, std::fs::Permissions::from_mode(0o600))
+        .map_err(io("chmod agent socket".into()))?;
+    let devnull = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/null")
+        .map_err(io("open /dev/null".into()))?;
+    // rlimits are set here, as host root may raise the hard limit; the child inherits them.
+    set_rlimit(libc::RLIMIT_NOFILE, spec.open_files)?;
+    set_rlimit(libc::RLIMIT_CORE, 0)?;
+    let filter = seccomp::compile(&seccomp::default_policy())?;
+
+    // c. The sandbox's PID 1, in new user, pid, net, ipc and uts namespaces.
+    let (go_rd, go_wr) = pipe()?;
+    let (err_rd, err_wr) = pipe()?;
+    let flags = libc::CLONE_NEWUSER
+        | libc::CLONE_NEWPID
+        | libc::CLONE_NEWNET
+        | libc::CLONE_NEWIPC
+        | libc::CLONE_NEWUTS;
+    // SAFETY: a fork-like clone (no new stack) of this single-threaded process; the child
+    // only runs `child` and never returns from it.
+    let pid = unsafe {
+        libc::syscall(
+            libc::SYS_clone,
+            (flags | libc::SIGCHLD) as libc::c_ulong,
+            0usize,
+            0usize,
+            0usize,
+            0usize,
+        )
+    };
+    let pid = sys::check(pid, || "clone sandbox init".into())? as i32;
+    if pid == 0 {
+        drop(go_wr);
+        drop(err_rd);
+        let ctx = Child {
+            spec,
+            root: &lay.root,
+            agent: agent.as_raw_fd(),
+            sock: listener.as_raw_fd(),
+            devnull: devnull.as_raw_fd(),
+            filter: &filter,
+        };
+        child(ctx, go_rd, err_wr);
+    }
+    drop(go_rd);
+    drop(err_wr);
+    let kill_child = |e: JailError| {
+        // SAFETY: `pid` is our own child.
+        unsafe {
+            libc::kill(pid, libc::SIGKILL);
+            libc::waitpid(pid, std::ptr::null_mut(), 0);
+        }
+        e
+    };
+    let setup = || -> Result<(), JailError> {
+        let map = format!("0 {ub} 65536\n");
+        sys::write_file(Path::new(&format!("/proc/{pid}/uid_map")), &map)?;
+        sys::write_file(
+            Path::new(&format!("/proc/{pid}/gid_map")),
+            &format!("0 {gb} 65536\n"),
+        )?;
+        for f in &spec.cgroup_procs {
+            sys::write_file(f, &pid.to_string())?;
+        }
+        // d. Idmapped lower layers and the overlays.
+        let userns = std::fs::File::open(format!("/proc/{pid}/ns/user"))
+            .map_err(io("open child user namespace".into()))?;
+        sys::idmapped_bind(&spec.rootfs, &lay.lower_root, userns.as_raw_fd())?;
+        sys::idmapped_bind(&spec.usr_source, &lay.lower_usr, userns.as_raw_fd())?;
+        let ovl = |lower: &Path, upper: &str, work: &str, at: &Path| {
+            let opts = format!(
+                "lowerdir={},upperdir={},workdir={},index=off,metacopy=off,redirect_dir=off,xino=off",
+                lower.display(),
+                up(upper).display(),
+                up(work).display()
+            );
+            sys::mount(Some("overlay"), at, Some("overlay"), 0, Some(&opts))
+        };
+        ovl(&lay.lower_root, "upper", "work", &lay.root)?;
+        let usr = lay.root.join("usr");
+        if !usr.is_dir() {
+            return Err(JailError::Template(format!(
+                "{} has no usr/ directory",
+                spec.rootfs.display()
+            )));
+        }
+        ovl(&lay.lower_usr, "usr-upper", "usr-work", &usr)?;
+        // The overlays hold their own references to the layers.
+        sys::umount2(&lay.lower_root, libc::MNT_DETACH)?;
+        sys::umount2(&lay.lower_usr, libc::MNT_DETACH)?;
+        sys::umount2(&lay.disk_mnt, libc::MNT_DETACH)?;
+        Ok(())
+    };
+    setup().map_err(kill_child)?;
+    // f. Go.
+    // SAFETY: writing one byte from a valid buffer to our pipe.
+    let n = unsafe { libc::write(go_wr.as_raw_fd(), b"g".as_ptr().cast(), 1) };
+    if n != 1 {
+        return Err(kill_child(sys::last("signal sandbox init")));
+    }
+    drop(go_wr);
+    // g. EOF = exec succeeded (close-on-exec); anything else is the child's error.
+    let mut msg = Vec::new();
+    let mut f = std::fs::File::from(err_rd);
+    let _ = std::io::Read::read_to_end(&mut f, &mut msg);
+    if !msg.is_empty() {
+        return Err(kill_child(JailError::Init(
+            String::from_utf8_lossy(&msg).into_owned(),
+        )));
+    }
+    let mut status = 0;
+    // SAFETY: non-blocking check on our own child.
+    let r = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
+    if r == pid {
+        return Err(JailError::Init(format!(
+            "sandbox init exited at start (status {status:#x})"
+        )));
+    }
+    Ok(pid)
+}
+
+fn set_rlimit(res: libc::__rlimit_resource_t, v: u64) -> Result<(), JailError> {
+    let l = libc::rlimit {
+        rlim_cur: v,
+        rlim_max: v,
+    };
+    // SAFETY: valid rlimit struct.
+    let rc = unsafe { libc::setrlimit(res, &l) };
+    sys::check(rc.into(), || format!("setrlimit {res} {v}"))?;
+    Ok(())
+}
+
+struct Child<'a> {
+    spec: &'a JailerSpec,
+    root: &'a Path,
+    agent: RawFd,
+    sock: RawFd,
+    devnull: RawFd,
+    filter: &'a [libc::sock_filter],
+}
+
+fn child(ctx: Child<'_>, go: OwnedFd, err: OwnedFd) -> ! {
+    let mut b = [0u8; 1];
+    // SAFETY: reading one byte into a valid buffer.
+    let n = unsafe { libc::read(go.as_raw_fd(), b.as_mut_ptr().cast(), 1) };
+    if n != 1 {
+        // The jailer gave up (or died): leave quietly.
+        // SAFETY: _exit never returns.
+        unsafe { libc::_exit(1) };
+    }
+    let e = match child_setup(&ctx) {
+        Ok(never) => match never {},
+        Err(e) => e,
+    };
+    let m = e.to_string();
+    // SAFETY: writing our message to our pipe, then exiting without running destructors.
+    unsafe {
+        libc::write(err.as_raw_fd(), m.as_ptr().cast(), m.len());
+        libc::_exit(1)
+    }
+}
+
+enum Never {}
+
+fn c(s: &str) -> CString {
+    CString::new(s).unwrap_or_default()
+}
+
+fn child_setup(ctx: &Child<'_>) -> Result<Never, JailError> {
+    let r = ctx.root;
+    // Root of the new user namespace.
+    // SAFETY: plain syscalls on our own credentials.
+    unsafe {
+        sys::check(libc::setresgid(0, 0, 0).into(), || "setresgid".into())?;
+        sys::check(libc::setgroups(0, std::ptr::null()).into(), || {
+            "setgroups".into()
+        })?;
+        sys::check(libc::setresuid(0, 0, 0).into(), || "setresuid".into())?;
+        sys::check(
+            libc::unshare(libc::CLONE_NEWNS | libc::CLONE_NEWCGROUP).into(),
+            || "unshare mount+cgroup".into(),
+        )?;
+    }
+    // A mount of our own (the copied ones are locked): pivot_root needs it.
+    sys::mount(
+        Some(&r.to_string_lossy()),
+        r,
+        None,
+        libc::MS_BIND | libc::MS_REC,
+        None,
+    )?;
+    let nsne = libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC;
+    sys::mount(Some("proc"), &r.join("proc"), Some("proc"), nsne, None)?;
+    // /dev
+    let dev = r.join("dev");
+    sys::mount(
+        Some("tmpfs"),
+        &dev,
+        Some("tmpfs"),
+        libc::MS_NOSUID | libc::MS_NOEXEC,
+        Some("mode=755,size=1m,nr_inodes=1024"),
+    )?;
+    for n in ["null", "zero", "full", "random", "urandom", "tty"] {
+        let p = dev.join(n);
+        std::fs::File::create(&p).map_err(io(format!("create {}", p.display())))?;
+        sys::mount(Some(&format!("/dev/{n}")), &p, None, libc::MS_BIND, None)?;
+    }
+    let pts = dev.join("pts");
+    mkdir(&pts, 0o755)?;
+    sys::mount(
+        Some("devpts"),
+        &pts,
+        Some("devpts"),
+        libc::MS_NOSUID | libc::MS_NOEXEC,
+        Some("newinstance,ptmxmode=0666,mode=0620,gid=5"),
+    )?;
+    let shm = dev.join("shm");
+    mkdir(&shm, 0o1777)?;
+    sys::mount(
+        Some("shm"),
+        &shm,
+        Some("tmpfs"),
+        nsne,
+        Some("mode=1777,size=65536k"),
+    )?;
+    for (l, t) in [
+        ("ptmx", "pts/ptmx"),
+        ("fd", "/proc/self/fd"),
+        ("stdin", "/proc/self/fd/0"),
+        ("stdout", "/proc/self/fd/1"),
+        ("stderr", "/proc/self/fd/2"),
+    ] {
+        std::os::unix::fs::symlink(t, dev.join(l)).map_err(io(format!("symlink /dev/{l}")))?;
+    }
+    // /sys read-only, or absent (an empty directory) when the kernel refuses it.
+    let sysd = r.join("sys");
+    if sysd.is_dir()
+        && sys::mount(
+            Some("sysfs"),
+            &sysd,
+            Some("sysfs"),
+            nsne | libc::MS_RDONLY,
+            None,
+        )
+        .is_ok()
+    {
+        let fw = sysd.join("firmware");
+        if fw.is_dir() {
+            sys::mount(
+                Some("tmpfs"),
+                &fw,
+                Some("tmpfs"),
+                nsne | libc::MS_RDONLY,
+                Some("size=0"),
+            )?;
+        }
+    }
+    // Mask sensitive /proc paths as container runtimes do.
+    let proc_ = r.join("proc");
+    for f in [
+        "kcore",
+        "keys",
+        "timer_list",
+        "sched_debug",
+        "latency_stats",
+        "timer_stats",
+        "kallsyms",
+    ] {
+        let p = proc_.join(f);
+        if p.exists() && !p.is_dir() {
+            sys::mount(Some("/dev/null"), &p, None, libc::MS_BIND, None)?;
+        }
+    }
+    for d in ["acpi", "scsi", "asound"] {
+        let p = proc_.join(d);
+        if p.is_dir() {
+            sys::mount(
+                Some("tmpfs"),
+                &p,
+                Some("tmpfs"),
+                nsne | libc::MS_RDONLY,
+                Some("size=0"),
+            )?;
+        }
+    }
+    for d in ["sys", "sysrq-trigger", "irq", "bus", "fs"] {
+        let p = proc_.join(d);
+        if p.exists() {
+            let s = p.to_string_lossy().into_owned();
+            sys::mount(Some(&s), &p, None, libc::MS_BIND | libc::MS_REC, None)?;
+            sys::mount(
+                None,
+                &p,
+                None,
+                libc::MS_BIND | libc::MS_REMOUNT | libc::MS_RDONLY | nsne,
+                None,
+            )?;
+        }
+    }
+    // Host name and loopback.
+    let h = &ctx.spec.hostname;
+    // SAFETY: valid buffer and length.
+    let rc = unsafe { libc::sethostname(h.as_ptr().cast(), h.len()) };
+    sys::check(rc.into(), || "sethostname".into())?;
+    loopback_up()?;
+    // Into the new root; the old one is detached and gone.
+    std::env::set_current_dir(r).map_err(io("chdir root".into()))?;
+    let dot = c(".");
+    // SAFETY: valid strings; pivot_root(".", ".") stacks the old root under the new one.
+    let rc = unsafe { libc::syscall(libc::SYS_pivot_root, dot.as_ptr(), dot.as_ptr()) };
+    sys::check(rc, || "pivot_root".into())?;
+    sys::umount2(Path::new("."), libc::MNT_DETACH)?;
+    std::env::set_current_dir("/").map_err(io("chdir /".into()))?;
+    // Capabilities: cut the bounding set (what the agent keeps after exec).
+    let last: u32 = std::fs::read_to_string("/proc/sys/kernel/cap_last_cap")
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(40);
+    for cap in 0..=last {
+        if !KEPT_CAPS.contains(&cap) {
+            // SAFETY: plain prctl.
+            let rc = unsafe { libc::prctl(libc::PR_CAPBSET_DROP, cap as libc::c_ulong, 0, 0, 0) };
+            sys::check(rc.into(), || format!("drop capability {cap}"))?;
+        }
+    }
+    // SAFETY: plain prctl / umask / fd calls on fds we hold.
+    unsafe {
+        libc::prctl(
+            libc::PR_CAP_AMBIENT,
+            libc::PR_CAP_AMBIENT_CLEAR_ALL,
+            0,
+            0,
+            0,
+        );
+        libc::umask(0o022);
+        for t in 0..3 {
+            sys::check(libc::dup2(ctx.devnull, t).into(), || {
+                "dup2 /dev/null".into()
+            })?;
+        }
+        sys::check(libc::fcntl(ctx.sock, libc::F_SETFD, 0).into(), || {
+            "clear cloexec on agent socket".into()
+        })?;
+    }
+    let mut env: Vec<CString> = ctx
+        .spec
+        .env
+        .iter()
+        .filter(|(k, _)| k != AGENT_FD_ENV && !k.contains('=') && !k.is_empty())
+        .filter_map(|(k, v)| CString::new(format!("{k}={v}")).ok())
+        .collect();
+    env.push(c(&format!("{AGENT_FD_ENV}={}", ctx.sock)));
+    let argv = [c("rampart-agent")];
+    seccomp::install(ctx.filter)?;
+    Err(sys::fexecve(ctx.agent, &argv, &env))
+}
+
+fn loopback_up() -> Result<(), JailError> {
+    // SAFETY: socket(2).
+    let s = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
+    let s = sys::check(s.into(), || "socket for loopback".into())? as RawFd;
+    // SAFETY: `s` is our new fd.
+    let s = unsafe { OwnedFd::from_raw_fd(s) };
+    // SAFETY: an all-zero ifreq is valid.
+    let mut ifr: libc::ifreq = unsafe { std::mem::zeroed() };
+    for (i, b) in b"lo".iter().enumerate() {
+        ifr.ifr_name[i] = *b as libc::c_char;
+    }
+    // SAFETY: valid ifreq for SIOCGIFFLAGS/SIOCSIFFLAGS.
+    unsafe {
+        sys::check(
+            libc::ioctl(s.as_raw_fd(), libc::SIOCGIFFLAGS, &mut ifr).into(),
+            || "SIOCGIFFLAGS lo".into(),
+        )?;
+        ifr.ifr_ifru.ifru_flags |= libc::IFF_UP as libc::c_short;
+        sys::check(
+            libc::ioctl(s.as_raw_fd(), libc::SIOCSIFFLAGS, &ifr).into(),
+            || "SIOCSIFFLAGS lo".into(),
+        )?;
+    }
+    Ok(())
+}

@@ -1,0 +1,270 @@
+//! Thin wrappers over the raw system calls the jail needs, each returning a typed error.
+
+use crate::JailError;
+use std::ffi::{CStr, CString};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+
+/// Turns a path into a C string, refusing interior NULs.
+pub fn cpath(p: &Path) -> Result<CString, JailError> {
+    CString::new(p.as_os_str().as_bytes()).map_err(|_| JailError::Sys {
+        step: format!("path {}", p.display()),
+        source: std::io::Error::from_raw_os_error(libc::EINVAL),
+    })
+}
+
+/// Builds a [`JailError::Sys`] from `errno`.
+pub fn last(step: impl Into<String>) -> JailError {
+    JailError::Sys {
+        step: step.into(),
+        source: std::io::Error::last_os_error(),
+    }
+}
+
+/// Checks a libc return value (`-1` = error).
+pub fn check(rc: libc::c_long, step: impl FnOnce() -> String) -> Result<libc::c_long, JailError> {
+    if rc < 0 {
+        Err(JailError::Sys {
+            step: step(),
+            source: std::io::Error::last_os_error(),
+        })
+    } else {
+        Ok(rc)
+    }
+}
+
+/// `mount(2)`.
+pub fn mount(
+    src: Option<&str>,
+    target: &Path,
+    fstype: Option<&str>,
+    flags: libc::c_ulong,
+    data: Option<&str>,
+) -> Result<(), JailError> {
+    let src_c = src.map(|s| CString::new(s).unwrap_or_default());
+    let fs_c = fstype.map(|s| CString::new(s).unwrap_or_default());
+    let data_c = data.map(|s| CString::new(s).unwrap_or_default());
+    let t = cpath(target)?;
+    // SAFETY: every pointer is either null or a valid NUL-terminated string that outlives the call.
+    let rc = unsafe {
+        libc::mount(
+            src_c.as_ref().map_or(std::ptr::null(), |c| c.as_ptr()),
+            t.as_ptr(),
+            fs_c.as_ref().map_or(std::ptr::null(), |c| c.as_ptr()),
+            flags,
+            data_c
+                .as_ref()
+                .map_or(std::ptr::null(), |c| c.as_ptr().cast()),
+        )
+    };
+    check(rc.into(), || {
+        format!(
+            "mount {} on {} ({})",
+            src.unwrap_or("-"),
+            target.display(),
+            fstype.unwrap_or("bind")
+        )
+    })?;
+    Ok(())
+}
+
+/// `umount2(2)`.
+pub fn umount2(target: &Path, flags: libc::c_int) -> Result<(), JailError> {
+    let t = cpath(target)?;
+    // SAFETY: `t` is a valid NUL-terminated string.
+    let rc = unsafe { libc::umount2(t.as_ptr(), flags) };
+    check(rc.into(), || format!("umount {}", target.display()))?;
+    Ok(())
+}
+
+/// `struct mount_attr` of `mount_setattr(2)`.
+#[repr(C)]
+struct MountAttr {
+    attr_set: u64,
+    attr_clr: u64,
+    propagation: u64,
+    userns_fd: u64,
+}
+
+/// Makes an idmapped, read-only clone of the tree at `src` (mapped through the user
+/// namespace `userns`) and attaches it at `dst`.
+pub fn idmapped_bind(src: &Path, dst: &Path, userns: RawFd) -> Result<(), JailError> {
+    let s = cpath(src)?;
+    // SAFETY: `s` is a valid string; open_tree returns a new fd or -1.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_open_tree,
+            libc::AT_FDCWD,
+            s.as_ptr(),
+            (libc::OPEN_TREE_CLONE | libc::OPEN_TREE_CLOEXEC) as libc::c_uint,
+        )
+    };
+    let fd = check(rc, || format!("open_tree {}", src.display()))?;
+    // SAFETY: `fd` is a fresh fd we own.
+    let tree = unsafe { OwnedFd::from_raw_fd(fd as RawFd) };
+    let attr = MountAttr {
+        attr_set: libc::MOUNT_ATTR_IDMAP | libc::MOUNT_ATTR_RDONLY | libc::MOUNT_ATTR_NODEV,
+        attr_clr: 0,
+        propagation: 0,
+        userns_fd: userns as u64,
+    };
+    let empty = c"";
+    // SAFETY: `attr` is a valid mount_attr and its size is passed; `empty` is a valid string.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_mount_setattr,
+            tree.as_raw_fd(),
+            empty.as_ptr(),
+            libc::AT_EMPTY_PATH as libc::c_uint,
+            &attr as *const MountAttr,
+            std::mem::size_of::<MountAttr>(),
+        )
+    };
+    check(rc, || format!("mount_setattr idmap {}", src.display()))?;
+    let d = cpath(dst)?;
+    // SAFETY: valid fd and strings.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_move_mount,
+            tree.as_raw_fd(),
+            empty.as_ptr(),
+            libc::AT_FDCWD,
+            d.as_ptr(),
+            libc::MOVE_MOUNT_F_EMPTY_PATH,
+        )
+    };
+    check(rc, || {
+        format!("move_mount {} -> {}", src.display(), dst.display())
+    })?;
+    Ok(())
+}
+
+const LOOP_CTL_GET_FREE: libc::c_ulong = 0x4C82;
+const LOOP_CONFIGURE: libc::c_ulong = 0x4C0A;
+const LO_FLAGS_AUTOCLEAR: u32 = 4;
+
+#[repr(C)]
+struct LoopInfo64 {
+    lo_device: u64,
+    lo_inode: u64,
+    lo_rdevice: u64,
+    lo_offset: u64,
+    lo_sizelimit: u64,
+    lo_number: u32,
+    lo_encrypt_type: u32,
+    lo_encrypt_key_size: u32,
+    lo_flags: u32,
+    lo_file_name: [u8; 64],
+    lo_crypt_name: [u8; 64],
+    lo_encrypt_key: [u8; 32],
+    lo_init: [u64; 2],
+}
+
+#[repr(C)]
+struct LoopConfig {
+    fd: u32,
+    block_size: u32,
+    info: LoopInfo64,
+    reserved: [u64; 8],
+}
+
+/// Attaches `image` to a free loop device with autoclear (the device detaches itself when the
+/// last user closes it). Returns the device path and an open fd on it.
+pub fn loop_attach(image: &Path) -> Result<(String, OwnedFd), JailError> {
+    let img = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(image)
+        .map_err(|e| JailError::Sys {
+            step: format!("open {}", image.display()),
+            source: e,
+        })?;
+    let ctl = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/loop-control")
+        .map_err(|e| JailError::Sys {
+            step: "open /dev/loop-control".into(),
+            source: e,
+        })?;
+    // A free device can be taken by someone else between GET_FREE and CONFIGURE (EBUSY): retry.
+    for _ in 0..64 {
+        // SAFETY: LOOP_CTL_GET_FREE takes no argument and returns a device number.
+        let n = unsafe { libc::ioctl(ctl.as_raw_fd(), LOOP_CTL_GET_FREE as _) };
+        check(n.into(), || "LOOP_CTL_GET_FREE".into())?;
+        let dev = format!("/dev/loop{n}");
+        let f = match std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&dev)
+        {
+            Ok(f) => f,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(e) => {
+                return Err(JailError::Sys {
+                    step: format!("open {dev}"),
+                    source: e,
+                })
+            }
+        };
+        // SAFETY: an all-zero LoopConfig is valid (plain integers and arrays).
+        let mut cfg: LoopConfig = unsafe { std::mem::zeroed() };
+        cfg.fd = img.as_raw_fd() as u32;
+        cfg.info.lo_flags = LO_FLAGS_AUTOCLEAR;
+        let name = image.as_os_str().as_bytes();
+        let k = name.len().min(63);
+        cfg.info.lo_file_name[..k].copy_from_slice(&name[..k]);
+        // SAFETY: `cfg` is a valid loop_config for the duration of the call.
+        let rc = unsafe {
+            libc::ioctl(
+                f.as_raw_fd(),
+                LOOP_CONFIGURE as _,
+                &cfg as *const LoopConfig,
+            )
+        };
+        if rc == 0 {
+            return Ok((dev, OwnedFd::from(f)));
+        }
+        let err = std::io::Error::last_os_error();
+        if err.raw_os_error() != Some(libc::EBUSY) {
+            return Err(JailError::Sys {
+                step: format!("LOOP_CONFIGURE {dev}"),
+                source: err,
+            });
+        }
+    }
+    Err(JailError::Sys {
+        step: "find a free loop device".into(),
+        source: std::io::Error::from_raw_os_error(libc::EBUSY),
+    })
+}
+
+/// Writes `data` to an existing file (for /proc and cgroup files).
+pub fn write_file(path: &Path, data: &str) -> Result<(), JailError> {
+    std::fs::write(path, data).map_err(|e| JailError::Sys {
+        step: format!("write {:?} to {}", data.trim(), path.display()),
+        source: e,
+    })
+}
+
+/// `fexecve`: never returns on success.
+pub fn fexecve(fd: RawFd, argv: &[CString], env: &[CString]) -> JailError {
+    let mut a: Vec<*const libc::c_char> = argv.iter().map(|c| c.as_ptr()).collect();
+    a.push(std::ptr::null());
+    let mut e: Vec<*const libc::c_char> = env.iter().map(|c| c.as_ptr()).collect();
+    e.push(std::ptr::null());
+    let empty: &CStr = c"";
+    // SAFETY: argv and envp are NULL-terminated arrays of valid strings that outlive the call.
+    unsafe {
+        libc::syscall(
+            libc::SYS_execveat,
+            fd,
+            empty.as_ptr(),
+            a.as_ptr(),
+            e.as_ptr(),
+            libc::AT_EMPTY_PATH,
+        )
+    };
+    last("execveat agent")
+}
