@@ -1,11 +1,25 @@
 //! The sandbox manager.
 //!
 //! CONTRACT (used by rampart-server; keep these signatures).
+//!
+//! The manager owns the lifecycle of every sandbox: it validates requests, records each step
+//! in the store before it happens, drives the isolation tier (through the [`Isolation`]
+//! trait), talks to each sandbox's agent, destroys sandboxes at their deadline (the reaper),
+//! notices at once when a sandbox's PID 1 dies (a pidfd per sandbox; the daemon is a child
+//! subreaper so it also reaps them), and on start re-attaches to the sandboxes a previous run
+//! left running and removes every trace of the rest.
+
+mod isolation;
+mod manager;
+mod metrics;
+mod proc;
+pub mod validate;
+
+pub use isolation::{Isolation, IsolationError, LaunchSpec, Launched, Usage};
 
 use rampart_agent::client::{AgentClient, ClientError};
 use rampart_types::{
-    CreateSandbox, ExecEvent, ExecRequest, LimitError, Limits, SandboxId, SandboxInfo,
-    SandboxState,
+    CreateSandbox, ExecEvent, ExecRequest, LimitError, Limits, SandboxId, SandboxInfo, SandboxState,
 };
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -88,7 +102,9 @@ pub struct Exec {
 
 impl std::fmt::Debug for Exec {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Exec").field("pid", &self.pid).finish_non_exhaustive()
+        f.debug_struct("Exec")
+            .field("pid", &self.pid)
+            .finish_non_exhaustive()
     }
 }
 
@@ -125,25 +141,44 @@ impl ExecControl {
 /// The manager. Cheap to share (`Arc`).
 #[derive(Debug)]
 pub struct Manager {
-    _private: (),
+    inner: Arc<manager::Inner>,
 }
 
 impl Manager {
     /// Probes the host, opens the store, builds the `base` template if missing, recovers
     /// sandboxes left by a previous run (re-attach the live, clean the rest), starts the reaper.
     pub async fn start(cfg: CoreConfig) -> Result<Arc<Manager>, CoreError> {
-        let _ = cfg;
-        unimplemented!()
+        let jail_cfg = rampart_jail::JailConfig {
+            state_dir: cfg.data_dir.join("sandboxes"),
+            jailer_bin: cfg.jailer_bin.clone(),
+            agent_bin: cfg.agent_bin.clone(),
+            cgroup_subtree: "rampart".to_owned(),
+        };
+        std::fs::create_dir_all(&jail_cfg.state_dir).map_err(|e| {
+            CoreError::Internal(format!("creating {}: {e}", jail_cfg.state_dir.display()))
+        })?;
+        let jail = tokio::task::spawn_blocking(move || rampart_jail::Jail::new(jail_cfg))
+            .await
+            .map_err(|e| CoreError::Internal(format!("host probe: {e}")))?
+            .map_err(|e| CoreError::Internal(e.to_string()))?;
+        Self::start_with(cfg, Arc::new(jail)).await
+    }
+
+    /// Like [`Manager::start`], with a given isolation tier.
+    pub async fn start_with(
+        cfg: CoreConfig,
+        isolation: Arc<dyn Isolation>,
+    ) -> Result<Arc<Manager>, CoreError> {
+        let inner = manager::Inner::start(cfg, isolation).await?;
+        Ok(Arc::new(Manager { inner }))
     }
     /// Creates a sandbox and returns once its agent answers.
     pub async fn create(&self, req: CreateSandbox) -> Result<SandboxInfo, CoreError> {
-        let _ = req;
-        unimplemented!()
+        self.inner.create(req).await
     }
     /// One sandbox (any state, including destroyed ones kept for history).
     pub fn get(&self, id: &SandboxId) -> Result<SandboxInfo, CoreError> {
-        let _ = id;
-        unimplemented!()
+        self.inner.get(id)
     }
     /// Sandboxes matching a state (alive ones when None) and all the given metadata pairs.
     pub fn list(
@@ -151,23 +186,22 @@ impl Manager {
         state: Option<SandboxState>,
         metadata: &BTreeMap<String, String>,
     ) -> Result<Vec<SandboxInfo>, CoreError> {
-        let _ = (state, metadata);
-        unimplemented!()
+        self.inner.list(state, metadata)
     }
     /// Destroys a sandbox; returns its final record.
     pub async fn destroy(&self, id: &SandboxId) -> Result<SandboxInfo, CoreError> {
-        let _ = id;
-        unimplemented!()
+        self.inner
+            .clone()
+            .destroy(id, manager::EndReason::Request)
+            .await
     }
     /// Sets the deadline to now + `secs`.
     pub async fn set_timeout(&self, id: &SandboxId, secs: u64) -> Result<SandboxInfo, CoreError> {
-        let _ = (id, secs);
-        unimplemented!()
+        self.inner.set_timeout(id, secs)
     }
     /// The agent client of a running sandbox (for the file API).
     pub fn agent(&self, id: &SandboxId) -> Result<AgentClient, CoreError> {
-        let _ = id;
-        unimplemented!()
+        self.inner.agent(id)
     }
     /// Runs a command. `Exec::events` yields output, then exactly one `Exit` or `Error`
     /// (the `Start` event is already consumed into `Exec::pid`). Applies the request's timeout
@@ -180,13 +214,24 @@ impl Manager {
         req: ExecRequest,
         keep_stdin_open: bool,
     ) -> Result<Exec, CoreError> {
-        let _ = (id, req, keep_stdin_open);
-        unimplemented!()
+        self.inner.exec(id, req, keep_stdin_open).await
+    }
+    /// Current resource usage of a running sandbox.
+    pub async fn usage(&self, id: &SandboxId) -> Result<Usage, CoreError> {
+        self.inner.usage(id).await
     }
     /// Prometheus text exposition of the daemon's metrics.
     pub fn metrics_text(&self) -> String {
-        unimplemented!()
+        self.inner.metrics_text()
     }
     /// Stops the reaper; sandboxes keep running (a restarted daemon re-attaches).
-    pub async fn shutdown(&self) {}
+    pub async fn shutdown(&self) {
+        self.inner.stop_tasks();
+    }
+}
+
+impl Drop for Manager {
+    fn drop(&mut self) {
+        self.inner.stop_tasks();
+    }
 }

@@ -1,0 +1,74 @@
+//! The `Isolation` trait: what every isolation tier implements.
+//!
+//! The manager only talks to a tier through this trait, so a second tier (a microVM) is one
+//! more implementation running the same agent. Every method blocks; the manager calls them on
+//! a blocking thread.
+
+use rampart_jail::{Jail, JailError};
+use rampart_types::SandboxId;
+use std::path::Path;
+
+pub use rampart_jail::{LaunchSpec, Launched, Usage};
+
+/// Errors of a tier.
+#[derive(Debug, thiserror::Error)]
+pub enum IsolationError {
+    /// The host lacks a feature the tier needs; the message names it.
+    #[error("{0}")]
+    Unsupported(String),
+    /// The tier failed; the message says where.
+    #[error("{0}")]
+    Failed(String),
+}
+
+impl From<JailError> for IsolationError {
+    fn from(e: JailError) -> Self {
+        match e {
+            JailError::MissingFeature { .. } => IsolationError::Unsupported(e.to_string()),
+            other => IsolationError::Failed(other.to_string()),
+        }
+    }
+}
+
+/// An isolation tier. All methods block.
+pub trait Isolation: Send + Sync + std::fmt::Debug {
+    /// Short name of the tier, e.g. `namespace`.
+    fn name(&self) -> &'static str;
+    /// Builds the template `name` into `dest` (which does not exist yet).
+    fn prepare_template(&self, name: &str, dest: &Path) -> Result<(), IsolationError>;
+    /// Builds and starts a sandbox; returns once its agent accepts connections.
+    /// On error nothing of the sandbox remains.
+    fn launch(&self, spec: &LaunchSpec) -> Result<Launched, IsolationError>;
+    /// Kills and removes every trace of a sandbox. Idempotent.
+    fn destroy(&self, id: &SandboxId) -> Result<(), IsolationError>;
+    /// Ids that still have a trace on the host.
+    fn leftovers(&self) -> Result<Vec<SandboxId>, IsolationError>;
+    /// Resource usage of a sandbox.
+    fn usage(&self, id: &SandboxId) -> Result<Usage, IsolationError>;
+}
+
+impl Isolation for Jail {
+    fn name(&self) -> &'static str {
+        "namespace"
+    }
+    fn prepare_template(&self, name: &str, dest: &Path) -> Result<(), IsolationError> {
+        match name {
+            "base" => Ok(rampart_jail::template::build_base(dest)?),
+            other => Err(IsolationError::Failed(format!(
+                "unknown template {other:?}"
+            ))),
+        }
+    }
+    fn launch(&self, spec: &LaunchSpec) -> Result<Launched, IsolationError> {
+        Ok(Jail::launch(self, spec)?)
+    }
+    fn destroy(&self, id: &SandboxId) -> Result<(), IsolationError> {
+        Ok(Jail::destroy(self, id)?)
+    }
+    fn leftovers(&self) -> Result<Vec<SandboxId>, IsolationError> {
+        Ok(Jail::leftovers(self)?)
+    }
+    fn usage(&self, id: &SandboxId) -> Result<Usage, IsolationError> {
+        Ok(Jail::usage(self, id)?)
+    }
+}

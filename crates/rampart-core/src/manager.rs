@@ -1,0 +1,984 @@
+//! The manager's state and its background tasks (reaper, PID 1 watchers).
+
+use crate::isolation::{Isolation, IsolationError, LaunchSpec, Usage};
+use crate::metrics::Metrics;
+use crate::proc::{self, ExitStatus};
+use crate::validate::{self, check_create, check_exec, check_timeout};
+use crate::{CoreConfig, CoreError, Exec, ExecControl};
+use base64::Engine;
+use futures::stream::{BoxStream, StreamExt};
+use prometheus::Histogram;
+use rampart_agent::client::{AgentClient, ClientError, ProcessEvent};
+use rampart_store::{now_ms, NewSandbox, SandboxRecord, SandboxStore, SqliteStore, StoreError};
+use rampart_types::{CreateSandbox, ExecEvent, ExecRequest, SandboxId, SandboxInfo, SandboxState};
+use std::collections::{BTreeMap, HashMap};
+use std::os::fd::OwnedFd;
+use std::path::PathBuf;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+use tokio::sync::Notify;
+use tokio::task::AbortHandle;
+use tokio::time::Instant;
+use tracing::{debug, error, info, warn};
+
+/// Size of each sandbox's uid range.
+const UID_RANGE: u64 = 65536;
+/// How long a new (or re-attached) sandbox's agent has to answer its first health check.
+const HEALTH_DEADLINE: Duration = Duration::from_secs(5);
+/// How long a re-attach waits for an agent on start.
+const REATTACH_HEALTH_DEADLINE: Duration = Duration::from_secs(2);
+/// After a failed destroy, when the reaper tries again.
+const DESTROY_RETRY: Duration = Duration::from_secs(10);
+/// After core kills a timed-out process, how long it waits for the agent's end event.
+const KILL_GRACE: Duration = Duration::from_secs(5);
+/// Ended sandboxes are kept in the store this long for history.
+const HISTORY_MS: i64 = 7 * 24 * 3600 * 1000;
+/// Chunk size for stdin sent to the agent.
+const STDIN_CHUNK: usize = 64 * 1024;
+/// Environment every sandbox starts with (a request's env overrides it).
+const BASE_ENV: &[(&str, &str)] = &[
+    (
+        "PATH",
+        "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+    ),
+    ("LANG", "C.UTF-8"),
+];
+
+/// Why a sandbox ended.
+#[derive(Debug, Clone)]
+pub(crate) enum EndReason {
+    /// `DELETE` through the API.
+    Request,
+    /// Its deadline passed.
+    Expired,
+    /// Its PID 1 exited by itself.
+    Died(String),
+}
+
+impl EndReason {
+    fn label(&self) -> &'static str {
+        match self {
+            EndReason::Request => "request",
+            EndReason::Expired => "expired",
+            EndReason::Died(_) => "died",
+        }
+    }
+    fn message(&self) -> String {
+        match self {
+            EndReason::Request => "destroyed by request".to_owned(),
+            EndReason::Expired => "timeout expired".to_owned(),
+            EndReason::Died(how) => format!("the sandbox's init exited unexpectedly ({how})"),
+        }
+    }
+}
+
+/// What the manager keeps in memory about a running sandbox.
+#[derive(Debug)]
+struct Live {
+    client: AgentClient,
+    pid: i32,
+    deadline: Option<Instant>,
+    stopping: bool,
+    watcher: Option<AbortHandle>,
+}
+
+/// The manager's shared state.
+#[derive(Debug)]
+pub(crate) struct Inner {
+    cfg: CoreConfig,
+    store: Arc<dyn SandboxStore>,
+    iso: Arc<dyn Isolation>,
+    state_dir: PathBuf,
+    templates_dir: PathBuf,
+    live: Mutex<HashMap<SandboxId, Live>>,
+    locks: Mutex<HashMap<SandboxId, Arc<tokio::sync::Mutex<()>>>>,
+    wake_reaper: Notify,
+    metrics: Metrics,
+    tasks: Mutex<Vec<AbortHandle>>,
+    stopped: AtomicBool,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // The data behind these locks stays consistent at every await-free step, so a poisoned
+    // lock (a panic elsewhere) is taken over rather than spreading the panic.
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn db(e: StoreError) -> CoreError {
+    CoreError::Internal(format!("state store: {e}"))
+}
+
+fn iso_err(what: &str, e: IsolationError) -> CoreError {
+    match e {
+        IsolationError::Unsupported(m) => CoreError::Internal(m),
+        IsolationError::Failed(m) => CoreError::Internal(format!("{what}: {m}")),
+    }
+}
+
+fn join_err(what: &str, e: tokio::task::JoinError) -> CoreError {
+    CoreError::Internal(format!("{what}: task failed: {e}"))
+}
+
+/// RFC 3339 of a unix-ms time.
+pub(crate) fn rfc3339(ms: i64) -> String {
+    time::OffsetDateTime::from_unix_timestamp_nanos(i128::from(ms) * 1_000_000)
+        .ok()
+        .and_then(|t| {
+            t.format(&time::format_description::well_known::Rfc3339)
+                .ok()
+        })
+        .unwrap_or_else(|| ms.to_string())
+}
+
+/// The API view of a stored sandbox (never env values).
+pub(crate) fn info_of(rec: &SandboxRecord) -> SandboxInfo {
+    SandboxInfo {
+        id: rec.id.clone(),
+        template: rec.template.clone(),
+        state: rec.state,
+        limits: rec.limits.clone(),
+        metadata: rec.metadata.clone(),
+        env_names: rec.env.keys().cloned().collect(),
+        created_at: rfc3339(rec.created_at_ms),
+        expires_at: rfc3339(rec.expires_at_ms),
+        ended_at: rec.ended_at_ms.map(rfc3339),
+        reason: rec.reason.clone(),
+    }
+}
+
+/// The instant of a unix-ms deadline.
+fn instant_of(ms: i64) -> Instant {
+    let left = ms.saturating_sub(now_ms()).max(0) as u64;
+    Instant::now() + Duration::from_millis(left)
+}
+
+/// The environment a sandbox starts with: the base, overridden and extended by the request's.
+pub(crate) fn launch_env(req: &BTreeMap<String, String>) -> Vec<(String, String)> {
+    let mut env: Vec<(String, String)> = BASE_ENV
+        .iter()
+        .filter(|(k, _)| !req.contains_key(*k))
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect();
+    env.extend(req.iter().map(|(k, v)| (k.clone(), v.clone())));
+    env
+}
+
+/// The first host uid of slot `slot`, if the configured ranges hold it.
+pub(crate) fn uid_base(start: u32, slot: u32, slots: u32) -> Option<u32> {
+    if slot >= slots {
+        return None;
+    }
+    let base = u64::from(start) + u64::from(slot) * UID_RANGE;
+    // The whole range must fit below the highest uid.
+    (base + UID_RANGE <= u64::from(u32::MAX)).then_some(base as u32)
+}
+
+/// Polls the agent's health until it answers, with a short backoff, bounded by `within`.
+async fn wait_health(client: &AgentClient, within: Duration) -> Result<(), CoreError> {
+    let deadline = Instant::now() + within;
+    let mut delay = Duration::from_millis(1);
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let err = match tokio::time::timeout(left, client.health()).await {
+            Ok(Ok(())) => return Ok(()),
+            Ok(Err(e)) => e.to_string(),
+            Err(_) => "no answer".to_owned(),
+        };
+        if Instant::now() + delay >= deadline {
+            return Err(CoreError::Internal(format!(
+                "the sandbox's agent did not answer within {} ms: {err}",
+                within.as_millis()
+            )));
+        }
+        tokio::time::sleep(delay).await;
+        delay = (delay * 2).min(Duration::from_millis(50));
+    }
+}
+
+impl Inner {
+    /// Opens everything, recovers, starts the reaper.
+    pub(crate) async fn start(
+        cfg: CoreConfig,
+        iso: Arc<dyn Isolation>,
+    ) -> Result<Arc<Inner>, CoreError> {
+        if cfg.uid_slots == 0
+            || uid_base(cfg.uid_range_start, cfg.uid_slots - 1, cfg.uid_slots).is_none()
+        {
+            return Err(CoreError::Internal(format!(
+                "uid ranges do not fit: {} slots of {UID_RANGE} from uid {}",
+                cfg.uid_slots, cfg.uid_range_start
+            )));
+        }
+        if cfg.uid_range_start == 0 {
+            return Err(CoreError::Internal(
+                "uid_range_start must not be 0: sandbox root must never be host root".into(),
+            ));
+        }
+        let state_dir = cfg.data_dir.join("sandboxes");
+        let templates_dir = cfg.data_dir.join("templates");
+        for d in [&cfg.data_dir, &state_dir, &templates_dir] {
+            std::fs::create_dir_all(d)
+                .map_err(|e| CoreError::Internal(format!("creating {}: {e}", d.display())))?;
+        }
+        let store = SqliteStore::open(&cfg.data_dir.join("state.db")).map_err(db)?;
+        for name in validate::TEMPLATES {
+            let dest = templates_dir.join(name);
+            if !dest.exists() {
+                info!(template = name, dest = %dest.display(), "building template");
+                let iso2 = iso.clone();
+                tokio::task::spawn_blocking(move || iso2.prepare_template(name, &dest))
+                    .await
+                    .map_err(|e| join_err("building template", e))?
+                    .map_err(|e| iso_err(&format!("building template {name}"), e))?;
+            }
+        }
+        if let Err(e) = proc::set_child_subreaper() {
+            warn!("cannot become a child subreaper ({e}); sandbox init processes will be reaped by the system");
+        }
+        let metrics = Metrics::new().map_err(|e| CoreError::Internal(format!("metrics: {e}")))?;
+        let inner = Arc::new(Inner {
+            cfg,
+            store: Arc::new(store),
+            iso,
+            state_dir,
+            templates_dir,
+            live: Mutex::new(HashMap::new()),
+            locks: Mutex::new(HashMap::new()),
+            wake_reaper: Notify::new(),
+            metrics,
+            tasks: Mutex::new(Vec::new()),
+            stopped: AtomicBool::new(false),
+        });
+        inner.recover().await?;
+        match inner.store.prune_ended(now_ms() - HISTORY_MS) {
+            Ok(n) if n > 0 => info!(count = n, "forgot old ended sandboxes"),
+            Ok(_) => {}
+            Err(e) => warn!("pruning history: {e}"),
+        }
+        let reaper = tokio::spawn(reaper(inner.clone()));
+        lock(&inner.tasks).push(reaper.abort_handle());
+        Ok(inner)
+    }
+
+    /// Stops the background tasks; sandboxes keep running.
+    pub(crate) fn stop_tasks(&self) {
+        self.stopped.store(true, Ordering::SeqCst);
+        for t in lock(&self.tasks).drain(..) {
+            t.abort();
+        }
+        for l in lock(&self.live).values_mut() {
+            if let Some(w) = l.watcher.take() {
+                w.abort();
+            }
+        }
+    }
+
+    fn op_lock(&self, id: &SandboxId) -> Arc<tokio::sync::Mutex<()>> {
+        lock(&self.locks).entry(id.clone()).or_default().clone()
+    }
+
+    /// Re-attaches to the sandboxes that still run; cleans up the rest and any leftover.
+    async fn recover(self: &Arc<Self>) -> Result<(), CoreError> {
+        let alive = self.store.alive().map_err(db)?;
+        for rec in alive {
+            if rec.state == SandboxState::Running && self.try_reattach(&rec).await {
+                info!(id = %rec.id, "re-attached to running sandbox");
+                continue;
+            }
+            let (state, reason) = if rec.state == SandboxState::Creating {
+                (
+                    SandboxState::Failed,
+                    "daemon restarted while the sandbox was being created",
+                )
+            } else {
+                (
+                    SandboxState::Destroyed,
+                    "daemon restarted; sandbox was not running",
+                )
+            };
+            // If its init is our (dead) child, reap it so no zombie stays behind.
+            if let (Some(pid), Some(start)) = (rec.pid, rec.pid_start_time) {
+                if let Ok(fd) = proc::pidfd_open(pid) {
+                    if proc::proc_stat(pid).is_some_and(|s| s.start_time == start) {
+                        let _ = proc::try_reap(&fd);
+                    }
+                }
+            }
+            if let Err(e) = self.iso_destroy(&rec.id).await {
+                error!(id = %rec.id, "recovery could not clean up sandbox: {e}");
+                continue;
+            }
+            self.store
+                .set_state(&rec.id, state, Some(now_ms()), Some(reason))
+                .map_err(db)?;
+            self.metrics
+                .destroyed
+                .with_label_values(&["recovery"])
+                .inc();
+            info!(id = %rec.id, reason, "cleaned up sandbox left by a previous run");
+        }
+        let iso = self.iso.clone();
+        let leftovers = tokio::task::spawn_blocking(move || iso.leftovers())
+            .await
+            .map_err(|e| join_err("listing leftovers", e))?
+            .map_err(|e| iso_err("listing leftovers", e))?;
+        for id in leftovers {
+            if lock(&self.live).contains_key(&id) {
+                continue;
+            }
+            let ours = self.store.get(&id).map_err(db)?.is_some()
+                || self.state_dir.join(id.as_str()).exists();
+            if !ours {
+                warn!(id = %id, "a sandbox trace unknown to this daemon's store is left alone (another daemon's?)");
+                continue;
+            }
+            match self.iso_destroy(&id).await {
+                Ok(()) => info!(id = %id, "removed leftover sandbox traces"),
+                Err(e) => error!(id = %id, "could not remove leftover sandbox traces: {e}"),
+            }
+        }
+        Ok(())
+    }
+
+    /// Re-attaches to a sandbox recorded as running if its init is the same live process and
+    /// its agent answers.
+    async fn try_reattach(self: &Arc<Self>, rec: &SandboxRecord) -> bool {
+        let (Some(pid), Some(start), Some(sock)) =
+            (rec.pid, rec.pid_start_time, rec.agent_socket.as_ref())
+        else {
+            return false;
+        };
+        // Open the pidfd first: if the start time matches afterwards, the fd is that process.
+        let Ok(fd) = proc::pidfd_open(pid) else {
+            return false;
+        };
+        if !proc::is_same_live_process(pid, start) {
+            return false;
+        }
+        let client = AgentClient::new(PathBuf::from(sock));
+        if let Err(e) = wait_health(&client, REATTACH_HEALTH_DEADLINE).await {
+            warn!(id = %rec.id, "sandbox process lives but its agent does not answer: {e}");
+            return false;
+        }
+        self.register(&rec.id, client, pid, fd, rec.expires_at_ms);
+        true
+    }
+
+    /// Keeps a running sandbox in memory, watches its init and arms its deadline.
+    fn register(
+        self: &Arc<Self>,
+        id: &SandboxId,
+        client: AgentClient,
+        pid: i32,
+        pidfd: OwnedFd,
+        expires_at_ms: i64,
+    ) {
+        let mut live = lock(&self.live);
+        live.insert(
+            id.clone(),
+            Live {
+                client,
+                pid,
+                deadline: Some(instant_of(expires_at_ms)),
+                stopping: false,
+                watcher: None,
+            },
+        );
+        // Spawned after the insert: an init that died at once still finds its entry.
+        let watcher = tokio::spawn(watch_init(self.clone(), id.clone(), pidfd));
+        if let Some(l) = live.get_mut(id) {
+            l.watcher = Some(watcher.abort_handle());
+        }
+        drop(live);
+        self.wake_reaper.notify_one();
+    }
+
+    async fn iso_destroy(&self, id: &SandboxId) -> Result<(), CoreError> {
+        let iso = self.iso.clone();
+        let id2 = id.clone();
+        tokio::task::spawn_blocking(move || iso.destroy(&id2))
+            .await
+            .map_err(|e| join_err("destroy", e))?
+            .map_err(|e| iso_err("destroy", e))
+    }
+
+    /// The error for a sandbox that is not running.
+    fn not_running(&self, id: &SandboxId) -> CoreError {
+        match self.store.get(id) {
+            Ok(None) => CoreError::NotFound(id.to_string()),
+            Ok(Some(rec)) => {
+                let state = if rec.state == SandboxState::Running {
+                    // Running in the store but being torn down here.
+                    SandboxState::Stopping
+                } else {
+                    rec.state
+                };
+                CoreError::WrongState {
+                    id: id.to_string(),
+                    state: state.as_str().to_owned(),
+                }
+            }
+            Err(e) => db(e),
+        }
+    }
+
+    pub(crate) async fn create(
+        self: &Arc<Self>,
+        req: CreateSandbox,
+    ) -> Result<SandboxInfo, CoreError> {
+        let t0 = Instant::now();
+        let cfg = &self.cfg;
+        let v = match check_create(
+            &req,
+            &cfg.default_limits,
+            &cfg.max_limits,
+            cfg.default_timeout_secs,
+            cfg.max_timeout_secs,
+        ) {
+            Ok(v) => v,
+            Err(e) => {
+                self.metrics.creates.with_label_values(&["rejected"]).inc();
+                return Err(e);
+            }
+        };
+        let created = now_ms();
+        let new = NewSandbox {
+            id: SandboxId::generate(),
+            template: v.template,
+            limits: v.limits,
+            env: req.env,
+            metadata: req.metadata,
+            created_at_ms: created,
+            expires_at_ms: created.saturating_add((v.timeout_secs as i64).saturating_mul(1000)),
+        };
+        let id = new.id.clone();
+        let op = self.op_lock(&id);
+        let _guard = op.lock().await;
+        let slot = match self
+            .store
+            .insert_creating(&new, cfg.max_sandboxes, cfg.uid_slots)
+        {
+            Ok(s) => s,
+            Err(e @ (StoreError::Full { .. } | StoreError::NoFreeSlot { .. })) => {
+                self.metrics.creates.with_label_values(&["rejected"]).inc();
+                lock(&self.locks).remove(&id);
+                return Err(CoreError::Capacity(e.to_string()));
+            }
+            Err(e) => {
+                self.metrics.creates.with_label_values(&["error"]).inc();
+                lock(&self.locks).remove(&id);
+                return Err(db(e));
+            }
+        };
+        let res = self.launch(&new, slot).await;
+        lock(&self.locks).remove(&id);
+        match res {
+            Ok(info) => {
+                self.metrics.creates.with_label_values(&["ok"]).inc();
+                self.metrics
+                    .create_seconds
+                    .observe(t0.elapsed().as_secs_f64());
+                info!(id = %id, slot, ms = t0.elapsed().as_millis() as u64, "sandbox created");
+                Ok(info)
+            }
+            Err(e) => {
+                self.metrics.creates.with_label_values(&["error"]).inc();
+                warn!(id = %id, "sandbox create failed: {e}");
+                if let Err(de) = self.iso_destroy(&id).await {
+                    error!(id = %id, "cleaning up a failed create: {de}");
+                }
+                if let Err(se) = self.store.set_state(
+                    &id,
+                    SandboxState::Failed,
+                    Some(now_ms()),
+                    Some(&e.to_string()),
+                ) {
+                    error!(id = %id, "recording a failed create: {se}");
+                }
+                Err(e)
+            }
+        }
+    }
+
+    async fn launch(
+        self: &Arc<Self>,
+        new: &NewSandbox,
+        slot: u32,
+    ) -> Result<SandboxInfo, CoreError> {
+        let uid_base = uid_base(self.cfg.uid_range_start, slot, self.cfg.uid_slots)
+            .ok_or_else(|| CoreError::Capacity(format!("uid slot {slot} is out of range")))?;
+        let spec = LaunchSpec {
+            id: new.id.clone(),
+            template_dir: self.templates_dir.join(&new.template),
+            uid_base,
+            limits: new.limits.clone(),
+            hostname: new.id.to_string(),
+            env: launch_env(&new.env),
+        };
+        let iso = self.iso.clone();
+        let launched = tokio::task::spawn_blocking(move || iso.launch(&spec))
+            .await
+            .map_err(|e| join_err("launch", e))?
+            .map_err(|e| iso_err("launch", e))?;
+        let pid = launched.pid;
+        let pidfd = proc::pidfd_open(pid).map_err(|e| {
+            CoreError::Internal(format!("the sandbox's init (pid {pid}) is gone: {e}"))
+        })?;
+        let start = proc::proc_stat(pid)
+            .filter(|s| !matches!(s.state, 'Z' | 'X' | 'x'))
+            .ok_or_else(|| {
+                CoreError::Internal(format!("the sandbox's init (pid {pid}) exited at start"))
+            })?
+            .start_time;
+        let client = AgentClient::new(launched.agent_socket.clone());
+        wait_health(&client, HEALTH_DEADLINE).await?;
+        let sock = launched.agent_socket.to_string_lossy().into_owned();
+        self.store
+            .set_running(&new.id, pid, start, &sock)
+            .map_err(db)?;
+        self.register(&new.id, client, pid, pidfd, new.expires_at_ms);
+        Ok(SandboxInfo {
+            id: new.id.clone(),
+            template: new.template.clone(),
+            state: SandboxState::Running,
+            limits: new.limits.clone(),
+            metadata: new.metadata.clone(),
+            env_names: new.env.keys().cloned().collect(),
+            created_at: rfc3339(new.created_at_ms),
+            expires_at: rfc3339(new.expires_at_ms),
+            ended_at: None,
+            reason: None,
+        })
+    }
+
+    pub(crate) fn get(&self, id: &SandboxId) -> Result<SandboxInfo, CoreError> {
+        match self.store.get(id).map_err(db)? {
+            Some(rec) => Ok(info_of(&rec)),
+            None => Err(CoreError::NotFound(id.to_string())),
+        }
+    }
+
+    pub(crate) fn list(
+        &self,
+        state: Option<SandboxState>,
+        metadata: &BTreeMap<String, String>,
+    ) -> Result<Vec<SandboxInfo>, CoreError> {
+        Ok(self
+            .store
+            .list(state, metadata)
+            .map_err(db)?
+            .iter()
+            .map(info_of)
+            .collect())
+    }
+
+    pub(crate) async fn destroy(
+        self: Arc<Self>,
+        id: &SandboxId,
+        why: EndReason,
+    ) -> Result<SandboxInfo, CoreError> {
+        let op = self.op_lock(id);
+        let _guard = op.lock().await;
+        let rec = self
+            .store
+            .get(id)
+            .map_err(db)?
+            .ok_or_else(|| CoreError::NotFound(id.to_string()))?;
+        if !rec.state.is_alive() {
+            return Ok(info_of(&rec));
+        }
+        if let Some(l) = lock(&self.live).get_mut(id) {
+            l.stopping = true;
+            l.deadline = None;
+        }
+        if rec.state != SandboxState::Stopping {
+            self.store
+                .set_state(id, SandboxState::Stopping, None, None)
+                .map_err(db)?;
+        }
+        if let Err(e) = self.iso_destroy(id).await {
+            error!(id = %id, "destroy failed: {e}; will retry");
+            if let Some(l) = lock(&self.live).get_mut(id) {
+                l.deadline = Some(Instant::now() + DESTROY_RETRY);
+            }
+            self.wake_reaper.notify_one();
+            return Err(e);
+        }
+        // The init watcher (if it has not fired yet) reaps the dead init and then sees no
+        // entry; it is not aborted so that no zombie is left.
+        lock(&self.live).remove(id);
+        let reason = why.message();
+        self.store
+            .set_state(id, SandboxState::Destroyed, Some(now_ms()), Some(&reason))
+            .map_err(db)?;
+        self.metrics
+            .destroyed
+            .with_label_values(&[why.label()])
+            .inc();
+        lock(&self.locks).remove(id);
+        info!(id = %id, reason, "sandbox destroyed");
+        self.get(id)
+    }
+
+    pub(crate) fn set_timeout(&self, id: &SandboxId, secs: u64) -> Result<SandboxInfo, CoreError> {
+        check_timeout("timeout_secs", secs, self.cfg.max_timeout_secs)?;
+        {
+            let mut live = lock(&self.live);
+            match live.get_mut(id) {
+                Some(l) if !l.stopping => {
+                    l.deadline = Some(Instant::now() + Duration::from_secs(secs));
+                }
+                _ => {
+                    drop(live);
+                    return Err(self.not_running(id));
+                }
+            }
+            let expires = now_ms().saturating_add((secs as i64).saturating_mul(1000));
+            self.store.set_expiry(id, expires).map_err(db)?;
+        }
+        self.wake_reaper.notify_one();
+        self.get(id)
+    }
+
+    pub(crate) fn agent(&self, id: &SandboxId) -> Result<AgentClient, CoreError> {
+        match lock(&self.live).get(id) {
+            Some(l) if !l.stopping => return Ok(l.client.clone()),
+            _ => {}
+        }
+        Err(self.not_running(id))
+    }
+
+    pub(crate) async fn usage(&self, id: &SandboxId) -> Result<Usage, CoreError> {
+        self.agent(id)?;
+        let iso = self.iso.clone();
+        let id2 = id.clone();
+        tokio::task::spawn_blocking(move || iso.usage(&id2))
+            .await
+            .map_err(|e| join_err("usage", e))?
+            .map_err(|e| iso_err("usage", e))
+    }
+
+    pub(crate) async fn exec(
+        &self,
+        id: &SandboxId,
+        req: ExecRequest,
+        keep_stdin_open: bool,
+    ) -> Result<Exec, CoreError> {
+        let client = self.agent(id)?;
+        let v = check_exec(&req, keep_stdin_open)?;
+        self.metrics.execs.inc();
+        let t0 = Instant::now();
+        let feed_stdin = v.opts.stdin;
+        let mut stream = client.start(v.opts).await?;
+        let pid = match stream.next().await {
+            Some(Ok(ProcessEvent::Start { pid })) => pid,
+            Some(Ok(other)) => {
+                return Err(CoreError::Agent(ClientError::Protocol(format!(
+                    "expected the process's start event, got {other:?}"
+                ))))
+            }
+            Some(Err(e)) => return Err(e.into()),
+            None => {
+                return Err(CoreError::Agent(ClientError::Protocol(
+                    "the agent ended the stream before the process started".into(),
+                )))
+            }
+        };
+        let control = ExecControl {
+            client,
+            pid,
+            pty: v.pty,
+        };
+        if feed_stdin && (v.stdin.is_some() || !keep_stdin_open) {
+            tokio::spawn(feed(
+                control.clone(),
+                v.stdin.unwrap_or_default(),
+                !keep_stdin_open,
+            ));
+        }
+        let events = exec_events(ExecState {
+            inner: stream,
+            control: control.clone(),
+            timer: v
+                .timeout
+                .map(|t| Box::pin(tokio::time::sleep_until(t0 + t))),
+            timeout: v.timeout,
+            killed: false,
+            timed_out: false,
+            t0,
+            done: false,
+            hist: self.metrics.exec_seconds.clone(),
+        });
+        Ok(Exec {
+            pid,
+            events,
+            control,
+        })
+    }
+
+    pub(crate) fn metrics_text(&self) -> String {
+        match self.store.counts() {
+            Ok(counts) => {
+                for s in SandboxState::ALL {
+                    let n = counts.get(&s).copied().unwrap_or(0);
+                    self.metrics
+                        .sandboxes
+                        .with_label_values(&[s.as_str()])
+                        .set(i64::try_from(n).unwrap_or(i64::MAX));
+                }
+            }
+            Err(e) => warn!("metrics: counting sandboxes: {e}"),
+        }
+        self.metrics.text()
+    }
+
+    fn next_deadline(&self) -> Option<Instant> {
+        lock(&self.live).values().filter_map(|l| l.deadline).min()
+    }
+
+    fn take_expired(&self) -> Vec<SandboxId> {
+        let now = Instant::now();
+        let mut out = Vec::new();
+        for (id, l) in lock(&self.live).iter_mut() {
+            if l.deadline.is_some_and(|d| d <= now) {
+                l.deadline = None;
+                out.push(id.clone());
+            }
+        }
+        out
+    }
+}
+
+/// Sends `data` to a process's stdin in chunks, then closes it if asked.
+async fn feed(control: ExecControl, data: Vec<u8>, close: bool) {
+    let data = bytes::Bytes::from(data);
+    let mut off = 0;
+    while off < data.len() {
+        let end = (off + STDIN_CHUNK).min(data.len());
+        if let Err(e) = control.send_stdin(data.slice(off..end)).await {
+            debug!(pid = control.pid, "sending stdin stopped: {e}");
+            return;
+        }
+        off = end;
+    }
+    if close {
+        if let Err(e) = control.close_stdin().await {
+            debug!(pid = control.pid, "closing stdin: {e}");
+        }
+    }
+}
+
+/// Sleeps until the earliest deadline (or a change of deadlines) and destroys what expired.
+async fn reaper(inner: Arc<Inner>) {
+    loop {
+        let next = inner.next_deadline();
+        let changed = inner.wake_reaper.notified();
+        match next {
+            Some(t) => {
+                tokio::select! {
+                    () = tokio::time::sleep_until(t) => {}
+                    () = changed => {}
+                }
+            }
+            None => changed.await,
+        }
+        if inner.stopped.load(Ordering::SeqCst) {
+            return;
+        }
+        for id in inner.take_expired() {
+            let inner2 = inner.clone();
+            tokio::spawn(async move {
+                info!(id = %id, "deadline passed; destroying");
+                if let Err(e) = inner2.destroy(&id, EndReason::Expired).await {
+                    warn!(id = %id, "reaper: {e}");
+                }
+            });
+        }
+    }
+}
+
+/// Waits for a sandbox's init to exit, reaps it, and destroys the sandbox unless that exit
+/// was ours.
+async fn watch_init(inner: Arc<Inner>, id: SandboxId, pidfd: OwnedFd) {
+    let how = match proc::wait_exit(pidfd).await {
+        Ok(Some(ExitStatus::Code(c))) => format!("exit status {c}"),
+        Ok(Some(ExitStatus::Signal(s))) => format!("killed by signal {s}"),
+        Ok(None) => "status unknown".to_owned(),
+        Err(e) => {
+            warn!(id = %id, "cannot watch the sandbox's init: {e}");
+            return;
+        }
+    };
+    if inner.stopped.load(Ordering::SeqCst) {
+        return;
+    }
+    let unexpected = lock(&inner.live).get(&id).is_some_and(|l| !l.stopping);
+    if unexpected {
+        let pid = lock(&inner.live).get(&id).map(|l| l.pid);
+        warn!(id = %id, pid, how, "the sandbox's init exited by itself; destroying the sandbox");
+        let inner2 = inner.clone();
+        tokio::spawn(async move {
+            if let Err(e) = inner2.destroy(&id, EndReason::Died(how)).await {
+                warn!(id = %id, "cleaning up a dead sandbox: {e}");
+            }
+        });
+    }
+}
+
+/// State of one exec's event stream.
+struct ExecState {
+    inner: BoxStream<'static, Result<ProcessEvent, ClientError>>,
+    control: ExecControl,
+    timer: Option<Pin<Box<tokio::time::Sleep>>>,
+    timeout: Option<Duration>,
+    killed: bool,
+    timed_out: bool,
+    t0: Instant,
+    done: bool,
+    hist: Histogram,
+}
+
+enum Step {
+    Event(Option<Result<ProcessEvent, ClientError>>),
+    Timer,
+}
+
+fn b64(b: &[u8]) -> String {
+    base64::engine::general_purpose::STANDARD.encode(b)
+}
+
+impl ExecState {
+    fn exit(&mut self, exit_code: Option<i32>, signal: Option<i32>) -> ExecEvent {
+        self.done = true;
+        let elapsed = self.t0.elapsed();
+        self.hist.observe(elapsed.as_secs_f64());
+        // The agent's own (backstop) timeout may have killed it first.
+        let timed_out =
+            self.timed_out || (signal == Some(9) && self.timeout.is_some_and(|t| elapsed >= t));
+        ExecEvent::Exit {
+            exit_code,
+            signal,
+            timed_out,
+            duration_ms: elapsed.as_millis() as u64,
+        }
+    }
+
+    fn lost(&mut self, message: String) -> ExecEvent {
+        if self.timed_out {
+            return self.exit(None, Some(9));
+        }
+        self.done = true;
+        self.hist.observe(self.t0.elapsed().as_secs_f64());
+        ExecEvent::Error { message }
+    }
+
+    async fn next_event(&mut self) -> Option<ExecEvent> {
+        if self.done {
+            return None;
+        }
+        loop {
+            let step = {
+                let timer = async {
+                    match self.timer.as_mut() {
+                        Some(t) => t.await,
+                        None => std::future::pending().await,
+                    }
+                };
+                tokio::select! {
+                    ev = self.inner.next() => Step::Event(ev),
+                    () = timer => Step::Timer,
+                }
+            };
+            match step {
+                Step::Timer if !self.killed => {
+                    self.killed = true;
+                    self.timed_out = true;
+                    if let Err(e) = self.control.signal(true).await {
+                        debug!(pid = self.control.pid, "killing a timed-out process: {e}");
+                    }
+                    self.timer = Some(Box::pin(tokio::time::sleep(KILL_GRACE)));
+                }
+                Step::Timer => {
+                    // Killed, but the agent never reported the end.
+                    self.timer = None;
+                    return Some(self.exit(None, Some(9)));
+                }
+                Step::Event(None) => {
+                    return Some(self.lost(
+                        "the process's output ended without an exit status; the sandbox may have stopped"
+                            .into(),
+                    ));
+                }
+                Step::Event(Some(Err(e))) => {
+                    return Some(self.lost(format!("lost the process: {e}")));
+                }
+                Step::Event(Some(Ok(ev))) => match ev {
+                    ProcessEvent::Start { .. } => {}
+                    ProcessEvent::Stdout(b) => return Some(ExecEvent::Stdout { data: b64(&b) }),
+                    ProcessEvent::Stderr(b) => return Some(ExecEvent::Stderr { data: b64(&b) }),
+                    ProcessEvent::Pty(b) => return Some(ExecEvent::Pty { data: b64(&b) }),
+                    ProcessEvent::End {
+                        exit_code,
+                        exited,
+                        status,
+                        error,
+                    } => {
+                        if let Some(err) = error.filter(|e| !e.is_empty()) {
+                            debug!(pid = self.control.pid, status, "process ended with: {err}");
+                        }
+                        let (code, sig) = validate::exit_of(exit_code, exited, &status);
+                        return Some(self.exit(code, sig));
+                    }
+                },
+            }
+        }
+    }
+}
+
+fn exec_events(st: ExecState) -> BoxStream<'static, ExecEvent> {
+    futures::stream::unfold(st, |mut st| async move {
+        let ev = st.next_event().await?;
+        Some((ev, st))
+    })
+    .boxed()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn uid_bases_do_not_overlap_or_overflow() {
+        assert_eq!(uid_base(100_000, 0, 10), Some(100_000));
+        assert_eq!(uid_base(100_000, 1, 10), Some(165_536));
+        assert_eq!(uid_base(100_000, 10, 10), None);
+        assert_eq!(uid_base(u32::MAX - 65535, 0, 1), None);
+        assert_eq!(uid_base(u32::MAX - 65536, 0, 1), Some(u32::MAX - 65536));
+        assert_eq!(
+            uid_base(u32::MAX - 65536 * 2, 0, 1),
+            Some(u32::MAX - 65536 * 2)
+        );
+    }
+
+    #[test]
+    fn env_overrides_the_base() {
+        let req: BTreeMap<String, String> = [
+            ("LANG".to_string(), "fr_FR.UTF-8".to_string()),
+            ("X".to_string(), "1".to_string()),
+        ]
+        .into();
+        let env = launch_env(&req);
+        assert!(env.iter().any(|(k, _)| k == "PATH"));
+        assert_eq!(env.iter().filter(|(k, _)| k == "LANG").count(), 1);
+        assert!(env.contains(&("LANG".to_string(), "fr_FR.UTF-8".to_string())));
+        assert!(env.contains(&("X".to_string(), "1".to_string())));
+    }
+
+    #[test]
+    fn times_are_rfc3339() {
+        assert_eq!(rfc3339(0), "1970-01-01T00:00:00Z");
+        assert_eq!(rfc3339(1_500), "1970-01-01T00:00:01.5Z");
+    }
+}

@@ -1,0 +1,87 @@
+//! The daemon's Prometheus metrics.
+
+use prometheus::{
+    Encoder, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGaugeVec, Opts, Registry,
+    TextEncoder,
+};
+
+/// Every metric, in the manager's own registry.
+#[derive(Debug)]
+pub(crate) struct Metrics {
+    registry: Registry,
+    pub sandboxes: IntGaugeVec,
+    pub creates: IntCounterVec,
+    pub create_seconds: Histogram,
+    pub execs: IntCounter,
+    pub exec_seconds: Histogram,
+    pub destroyed: IntCounterVec,
+}
+
+impl Metrics {
+    pub(crate) fn new() -> Result<Metrics, prometheus::Error> {
+        let registry = Registry::new();
+        let sandboxes = IntGaugeVec::new(
+            Opts::new(
+                "rampart_sandboxes",
+                "Sandboxes known to the store, by state.",
+            ),
+            &["state"],
+        )?;
+        let creates = IntCounterVec::new(
+            Opts::new(
+                "rampart_sandbox_creates_total",
+                "Sandbox creations, by result.",
+            ),
+            &["result"],
+        )?;
+        let create_seconds = Histogram::with_opts(
+            HistogramOpts::new(
+                "rampart_sandbox_create_seconds",
+                "Time from a create request to a running sandbox.",
+            )
+            .buckets(vec![
+                0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+            ]),
+        )?;
+        let execs = IntCounter::new("rampart_execs_total", "Commands started in sandboxes.")?;
+        let exec_seconds = Histogram::with_opts(
+            HistogramOpts::new(
+                "rampart_exec_seconds",
+                "Wall time of commands, from start to exit.",
+            )
+            .buckets(vec![
+                0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 30.0, 120.0, 600.0,
+            ]),
+        )?;
+        let destroyed = IntCounterVec::new(
+            Opts::new(
+                "rampart_sandboxes_destroyed_total",
+                "Sandboxes destroyed, by reason.",
+            ),
+            &["reason"],
+        )?;
+        registry.register(Box::new(sandboxes.clone()))?;
+        registry.register(Box::new(creates.clone()))?;
+        registry.register(Box::new(create_seconds.clone()))?;
+        registry.register(Box::new(execs.clone()))?;
+        registry.register(Box::new(exec_seconds.clone()))?;
+        registry.register(Box::new(destroyed.clone()))?;
+        Ok(Metrics {
+            registry,
+            sandboxes,
+            creates,
+            create_seconds,
+            execs,
+            exec_seconds,
+            destroyed,
+        })
+    }
+
+    pub(crate) fn text(&self) -> String {
+        let mut buf = Vec::new();
+        if let Err(e) = TextEncoder::new().encode(&self.registry.gather(), &mut buf) {
+            return format!("# error encoding metrics: {e}\n");
+        }
+        String::from_utf8_lossy(&buf).into_owned()
+    }
+}

@@ -1,0 +1,517 @@
+//! Pure checks of requests, and pure mappings of agent answers.
+
+use crate::CoreError;
+use base64::Engine;
+use rampart_agent::client::StartOptions;
+use rampart_types::{CreateSandbox, ExecRequest, LimitError, Limits};
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+/// Templates this daemon serves.
+pub const TEMPLATES: &[&str] = &["base"];
+/// Most environment variables per sandbox or exec.
+pub const MAX_ENV_VARS: usize = 1024;
+/// Most bytes of environment (names and values) per sandbox or exec.
+pub const MAX_ENV_BYTES: usize = 128 * 1024;
+/// Most metadata pairs.
+pub const MAX_METADATA_PAIRS: usize = 64;
+/// Longest metadata key, bytes.
+pub const MAX_METADATA_KEY: usize = 128;
+/// Longest metadata value, bytes.
+pub const MAX_METADATA_VALUE: usize = 1024;
+/// Most bytes of stdin given inline in an exec request.
+pub const MAX_INLINE_STDIN: usize = 16 * 1024 * 1024;
+
+fn bad(field: &str, message: impl Into<String>) -> CoreError {
+    CoreError::BadRequest {
+        field: field.to_owned(),
+        message: message.into(),
+    }
+}
+
+/// Checks environment variables: names non-empty without `=` or NUL, values without NUL.
+pub fn check_env(field: &str, env: &BTreeMap<String, String>) -> Result<(), CoreError> {
+    if env.len() > MAX_ENV_VARS {
+        return Err(bad(field, format!("at most {MAX_ENV_VARS} variables")));
+    }
+    let mut total = 0usize;
+    for (k, v) in env {
+        if k.is_empty() {
+            return Err(bad(field, "a variable name is empty"));
+        }
+        if k.contains('=') || k.contains('\0') {
+            return Err(bad(
+                field,
+                format!("variable name {k:?} contains '=' or NUL"),
+            ));
+        }
+        if v.contains('\0') {
+            return Err(bad(field, format!("value of {k} contains NUL")));
+        }
+        total += k.len() + v.len() + 2;
+    }
+    if total > MAX_ENV_BYTES {
+        return Err(bad(
+            field,
+            format!("more than {MAX_ENV_BYTES} bytes in all"),
+        ));
+    }
+    Ok(())
+}
+
+/// Checks metadata sizes.
+pub fn check_metadata(md: &BTreeMap<String, String>) -> Result<(), CoreError> {
+    if md.len() > MAX_METADATA_PAIRS {
+        return Err(bad(
+            "metadata",
+            format!("at most {MAX_METADATA_PAIRS} pairs"),
+        ));
+    }
+    for (k, v) in md {
+        if k.is_empty() || k.len() > MAX_METADATA_KEY {
+            return Err(bad(
+                "metadata",
+                format!("keys must be 1 to {MAX_METADATA_KEY} bytes"),
+            ));
+        }
+        if v.len() > MAX_METADATA_VALUE {
+            return Err(bad(
+                "metadata",
+                format!("value of {k:?} is longer than {MAX_METADATA_VALUE} bytes"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Checks a timeout in seconds against the daemon's maximum.
+pub fn check_timeout(field: &'static str, secs: u64, max: u64) -> Result<(), CoreError> {
+    if secs == 0 {
+        return Err(bad(field, "must be at least 1 second"));
+    }
+    if secs > max {
+        return Err(CoreError::Limit(LimitError::AboveMaximum {
+            field,
+            value: secs.to_string(),
+            max: max.to_string(),
+        }));
+    }
+    Ok(())
+}
+
+/// A create request, checked.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ValidCreate {
+    /// Template name.
+    pub template: String,
+    /// Resolved limits.
+    pub limits: Limits,
+    /// Lifetime.
+    pub timeout_secs: u64,
+}
+
+/// Checks a create request against the daemon's limits.
+pub fn check_create(
+    req: &CreateSandbox,
+    defaults: &Limits,
+    max: &Limits,
+    default_timeout: u64,
+    max_timeout: u64,
+) -> Result<ValidCreate, CoreError> {
+    let template = req.template.clone().unwrap_or_else(|| "base".to_owned());
+    if !TEMPLATES.contains(&template.as_str()) {
+        return Err(bad(
+            "template",
+            format!(
+                "unknown template {template:?}; available: {}",
+                TEMPLATES.join(", ")
+            ),
+        ));
+    }
+    check_env("env", &req.env)?;
+    check_metadata(&req.metadata)?;
+    let timeout_secs = req.timeout_secs.unwrap_or(default_timeout);
+    check_timeout("timeout_secs", timeout_secs, max_timeout)?;
+    let limits = req.limits.resolve(defaults, max)?;
+    Ok(ValidCreate {
+        template,
+        limits,
+        timeout_secs,
+    })
+}
+
+/// An exec request, checked and turned into agent options.
+#[derive(Debug, Clone)]
+pub struct ValidExec {
+    /// What to ask the agent.
+    pub opts: StartOptions,
+    /// Bytes to write to stdin after start.
+    pub stdin: Option<Vec<u8>>,
+    /// Whether the process has a PTY.
+    pub pty: bool,
+    /// The exec's timeout, enforced by core.
+    pub timeout: Option<Duration>,
+}
+
+/// Extra time the agent's own timeout gets beyond core's, so core's kill comes first and the
+/// agent's is only a backstop.
+pub const AGENT_TIMEOUT_MARGIN: Duration = Duration::from_secs(2);
+
+/// Checks an exec request.
+pub fn check_exec(req: &ExecRequest, keep_stdin_open: bool) -> Result<ValidExec, CoreError> {
+    let (cmd, args) = match req.cmd.split_first() {
+        Some((c, a)) => (c, a),
+        None => return Err(bad("cmd", "must name a program")),
+    };
+    if cmd.is_empty() {
+        return Err(bad("cmd", "the program name is empty"));
+    }
+    if req.cmd.iter().any(|a| a.contains('\0')) {
+        return Err(bad("cmd", "contains NUL"));
+    }
+    check_env("env", &req.env)?;
+    if let Some(cwd) = &req.cwd {
+        if cwd.is_empty() || cwd.contains('\0') {
+            return Err(bad("cwd", "must be a non-empty path without NUL"));
+        }
+    }
+    if let Some(user) = &req.user {
+        if user.is_empty() || user.contains('\0') || user.contains('/') {
+            return Err(bad("user", "must be a user name"));
+        }
+    }
+    let stdin = match (&req.stdin, &req.stdin_base64) {
+        (Some(_), Some(_)) => {
+            return Err(bad("stdin", "give stdin or stdin_base64, not both"));
+        }
+        (Some(s), None) => Some(s.as_bytes().to_vec()),
+        (None, Some(b)) => Some(
+            base64::engine::general_purpose::STANDARD
+                .decode(b.as_bytes())
+                .map_err(|e| bad("stdin_base64", format!("not valid base64: {e}")))?,
+        ),
+        (None, None) => None,
+    };
+    if stdin.as_ref().is_some_and(|s| s.len() > MAX_INLINE_STDIN) {
+        return Err(CoreError::TooLarge(format!(
+            "stdin: more than {MAX_INLINE_STDIN} bytes inline; stream it instead"
+        )));
+    }
+    if let Some([cols, rows]) = req.tty {
+        if cols == 0 || rows == 0 {
+            return Err(bad("tty", "columns and rows must be at least 1"));
+        }
+    }
+    let timeout = match req.timeout_secs {
+        Some(0) => return Err(bad("timeout_secs", "must be at least 1 second")),
+        Some(s) => Some(Duration::from_secs(s)),
+        None => None,
+    };
+    let opts = StartOptions {
+        cmd: cmd.clone(),
+        args: args.to_vec(),
+        envs: req.env.clone(),
+        cwd: req.cwd.clone(),
+        user: req.user.clone(),
+        stdin: stdin.is_some() || keep_stdin_open,
+        pty: req.tty.map(|[c, r]| (c, r)),
+        tag: None,
+        timeout: timeout.map(|t| t + AGENT_TIMEOUT_MARGIN),
+    };
+    Ok(ValidExec {
+        opts,
+        stdin,
+        pty: req.tty.is_some(),
+        timeout,
+    })
+}
+
+/// Linux signal numbers by the names Go's `os.ProcessState.String()` (envd) prints, and the
+/// usual short and `SIG` names.
+const SIGNALS: &[(i32, &[&str])] = &[
+    (1, &["hangup", "hup"]),
+    (2, &["interrupt", "int"]),
+    (3, &["quit"]),
+    (4, &["illegal instruction", "ill"]),
+    (5, &["trace/breakpoint trap", "trap"]),
+    (6, &["aborted", "abort", "abrt", "iot"]),
+    (7, &["bus error", "bus"]),
+    (8, &["floating point exception", "fpe"]),
+    (9, &["killed", "kill"]),
+    (10, &["user defined signal 1", "usr1"]),
+    (11, &["segmentation fault", "segv"]),
+    (12, &["user defined signal 2", "usr2"]),
+    (13, &["broken pipe", "pipe"]),
+    (14, &["alarm clock", "alrm"]),
+    (15, &["terminated", "term"]),
+    (16, &["stack fault", "stkflt"]),
+    (17, &["child exited", "chld"]),
+    (18, &["continued", "cont"]),
+    (19, &["stopped (signal)", "stop"]),
+    (20, &["stopped", "tstp"]),
+    (21, &["stopped (tty input)", "ttin"]),
+    (22, &["stopped (tty output)", "ttou"]),
+    (23, &["urgent i/o condition", "urg"]),
+    (24, &["cpu time limit exceeded", "xcpu"]),
+    (25, &["file size limit exceeded", "xfsz"]),
+    (26, &["virtual timer expired", "vtalrm"]),
+    (27, &["profiling timer expired", "prof"]),
+    (28, &["window changed", "winch"]),
+    (29, &["i/o possible", "io", "poll"]),
+    (30, &["power failure", "pwr"]),
+    (31, &["bad system call", "sys"]),
+];
+
+/// The signal number in an end status such as `signal: killed`, `signal: 9`,
+/// `signal: SIGKILL` or `killed by signal 9`; None if the status names no signal.
+pub fn parse_signal(status: &str) -> Option<i32> {
+    let s = status.trim().to_ascii_lowercase();
+    let rest = if let Some(r) = s.strip_prefix("signal:") {
+        r
+    } else if let Some(r) = s.strip_prefix("killed by signal") {
+        r
+    } else if let Some(r) = s.strip_prefix("signal") {
+        r
+    } else {
+        return None;
+    };
+    let rest = rest.trim();
+    let rest = rest.strip_suffix("(core dumped)").unwrap_or(rest).trim();
+    if let Ok(n) = rest.parse::<i32>() {
+        return (1..=64).contains(&n).then_some(n);
+    }
+    let name = rest.strip_prefix("sig").unwrap_or(rest);
+    SIGNALS
+        .iter()
+        .find(|(_, names)| names.contains(&rest) || names.contains(&name))
+        .map(|(n, _)| *n)
+}
+
+/// The exit code in an end status such as `exit status 3`.
+pub fn parse_exit_status(status: &str) -> Option<i32> {
+    status
+        .trim()
+        .strip_prefix("exit status")?
+        .trim()
+        .parse()
+        .ok()
+}
+
+/// `(exit_code, signal)` of an agent's end event: exactly one is set when known.
+pub fn exit_of(exit_code: i32, exited: bool, status: &str) -> (Option<i32>, Option<i32>) {
+    if exited {
+        return (Some(exit_code), None);
+    }
+    if let Some(sig) = parse_signal(status) {
+        return (None, Some(sig));
+    }
+    if let Some(code) = parse_exit_status(status) {
+        return (Some(code), None);
+    }
+    // The agent said it did not exit normally but gave no readable status: a shell-style
+    // code above 128 still names the signal.
+    if exit_code > 128 && exit_code <= 128 + 64 {
+        return (None, Some(exit_code - 128));
+    }
+    (Some(exit_code), None)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rampart_types::LimitsRequest;
+
+    fn max() -> Limits {
+        Limits {
+            cpus: 2.0,
+            memory_bytes: 4 << 30,
+            pids: 4096,
+            disk_bytes: 10 << 30,
+            open_files: 65536,
+        }
+    }
+
+    fn create(req: CreateSandbox) -> Result<ValidCreate, CoreError> {
+        check_create(&req, &Limits::default(), &max(), 300, 3600)
+    }
+
+    fn field_of(e: CoreError) -> String {
+        match e {
+            CoreError::BadRequest { field, .. } => field,
+            CoreError::Limit(l) => format!("limit:{}", l.field()),
+            CoreError::TooLarge(_) => "too_large".into(),
+            other => format!("other:{other}"),
+        }
+    }
+
+    #[test]
+    fn create_defaults() {
+        let v = create(CreateSandbox::default()).unwrap();
+        assert_eq!(v.template, "base");
+        assert_eq!(v.timeout_secs, 300);
+        assert_eq!(v.limits, Limits::default());
+    }
+
+    #[test]
+    fn create_refusals_name_the_field() {
+        let e = create(CreateSandbox {
+            template: Some("ubuntu".into()),
+            ..Default::default()
+        });
+        assert_eq!(field_of(e.unwrap_err()), "template");
+        for name in ["", "A=B", "A\0"] {
+            let e = create(CreateSandbox {
+                env: [(name.to_string(), "v".to_string())].into(),
+                ..Default::default()
+            });
+            assert_eq!(field_of(e.unwrap_err()), "env", "{name:?}");
+        }
+        let e = create(CreateSandbox {
+            metadata: [("k".to_string(), "v".repeat(5000))].into(),
+            ..Default::default()
+        });
+        assert_eq!(field_of(e.unwrap_err()), "metadata");
+        let e = create(CreateSandbox {
+            timeout_secs: Some(0),
+            ..Default::default()
+        });
+        assert_eq!(field_of(e.unwrap_err()), "timeout_secs");
+        let e = create(CreateSandbox {
+            timeout_secs: Some(3601),
+            ..Default::default()
+        });
+        assert_eq!(field_of(e.unwrap_err()), "limit:timeout_secs");
+        let e = create(CreateSandbox {
+            limits: LimitsRequest {
+                memory_bytes: Some(8 << 30),
+                ..Default::default()
+            },
+            ..Default::default()
+        });
+        assert_eq!(field_of(e.unwrap_err()), "limit:memory_bytes");
+    }
+
+    fn exec(req: ExecRequest) -> Result<ValidExec, CoreError> {
+        check_exec(&req, false)
+    }
+
+    #[test]
+    fn exec_maps_to_start_options() {
+        let v = check_exec(
+            &ExecRequest {
+                cmd: vec!["sh".into(), "-c".into(), "cat".into()],
+                stdin_base64: Some("aGk=".into()),
+                tty: Some([80, 24]),
+                timeout_secs: Some(5),
+                user: Some("root".into()),
+                ..Default::default()
+            },
+            false,
+        )
+        .unwrap();
+        assert_eq!(v.opts.cmd, "sh");
+        assert_eq!(v.opts.args, vec!["-c", "cat"]);
+        assert!(v.opts.stdin);
+        assert_eq!(v.stdin.as_deref(), Some(&b"hi"[..]));
+        assert_eq!(v.opts.pty, Some((80, 24)));
+        assert!(v.pty);
+        assert_eq!(v.timeout, Some(Duration::from_secs(5)));
+        assert_eq!(
+            v.opts.timeout,
+            Some(Duration::from_secs(5) + AGENT_TIMEOUT_MARGIN)
+        );
+        assert_eq!(v.opts.user.as_deref(), Some("root"));
+
+        let v = exec(ExecRequest {
+            cmd: vec!["true".into()],
+            ..Default::default()
+        })
+        .unwrap();
+        assert!(!v.opts.stdin);
+        assert!(v.stdin.is_none());
+        let v = check_exec(
+            &ExecRequest {
+                cmd: vec!["cat".into()],
+                ..Default::default()
+            },
+            true,
+        )
+        .unwrap();
+        assert!(v.opts.stdin);
+    }
+
+    #[test]
+    fn exec_refusals_name_the_field() {
+        let e = exec(ExecRequest::default()).unwrap_err();
+        assert_eq!(field_of(e), "cmd");
+        let e = exec(ExecRequest {
+            cmd: vec!["".into()],
+            ..Default::default()
+        })
+        .unwrap_err();
+        assert_eq!(field_of(e), "cmd");
+        let e = exec(ExecRequest {
+            cmd: vec!["cat".into()],
+            stdin: Some("a".into()),
+            stdin_base64: Some("YQ==".into()),
+            ..Default::default()
+        })
+        .unwrap_err();
+        assert_eq!(field_of(e), "stdin");
+        let e = exec(ExecRequest {
+            cmd: vec!["cat".into()],
+            stdin_base64: Some("!!!".into()),
+            ..Default::default()
+        })
+        .unwrap_err();
+        assert_eq!(field_of(e), "stdin_base64");
+        let e = exec(ExecRequest {
+            cmd: vec!["cat".into()],
+            tty: Some([0, 24]),
+            ..Default::default()
+        })
+        .unwrap_err();
+        assert_eq!(field_of(e), "tty");
+        let e = exec(ExecRequest {
+            cmd: vec!["cat".into()],
+            timeout_secs: Some(0),
+            ..Default::default()
+        })
+        .unwrap_err();
+        assert_eq!(field_of(e), "timeout_secs");
+        let e = exec(ExecRequest {
+            cmd: vec!["cat".into()],
+            env: [("X=Y".to_string(), String::new())].into(),
+            ..Default::default()
+        })
+        .unwrap_err();
+        assert_eq!(field_of(e), "env");
+    }
+
+    #[test]
+    fn signals_parse() {
+        assert_eq!(parse_signal("signal: killed"), Some(9));
+        assert_eq!(parse_signal("signal: terminated"), Some(15));
+        assert_eq!(
+            parse_signal("signal: segmentation fault (core dumped)"),
+            Some(11)
+        );
+        assert_eq!(parse_signal("signal: interrupt"), Some(2));
+        assert_eq!(parse_signal("signal: 9"), Some(9));
+        assert_eq!(parse_signal("signal: SIGKILL"), Some(9));
+        assert_eq!(parse_signal("killed by signal 15"), Some(15));
+        assert_eq!(parse_signal("exit status 1"), None);
+        assert_eq!(parse_signal("signal: nonsense"), None);
+        assert_eq!(parse_signal("signal: 999"), None);
+        assert_eq!(parse_signal(""), None);
+    }
+
+    #[test]
+    fn exits_map() {
+        assert_eq!(exit_of(3, true, "exit status 3"), (Some(3), None));
+        assert_eq!(exit_of(0, false, "signal: killed"), (None, Some(9)));
+        assert_eq!(exit_of(0, false, "exit status 2"), (Some(2), None));
+        assert_eq!(exit_of(137, false, ""), (None, Some(9)));
+        assert_eq!(exit_of(-1, false, ""), (Some(-1), None));
+    }
+}
