@@ -282,6 +282,20 @@ impl Jail {
 
     /// Builds and starts a sandbox. Blocking.
     pub fn launch(&self, spec: &LaunchSpec) -> Result<Launched, JailError> {
+        let dir = self.sandbox_dir(&spec.id);
+        if dir.exists()
+            || self
+                .cgroups
+                .dirs(spec.id.as_str())
+                .iter()
+                .any(|d| d.exists())
+        {
+            // Never touch a sandbox that already exists under this id.
+            return Err(JailError::Init(format!(
+                "sandbox {} already exists",
+                spec.id
+            )));
+        }
         let r = self.try_launch(spec);
         if r.is_err() {
             let _ = self.destroy(&spec.id);

@@ -4,30 +4,12 @@ use rampart_types::{Limits, SandboxId};
 use std::io::{Read, Write};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
-
-struct Env {
-    base: PathBuf,
-    template: PathBuf,
-}
 
 fn skip_reason() -> Option<String> {
     if !nix::unistd::geteuid().is_root() {
         return Some("needs root".into());
     }
     None
-}
-
-/// A template shared by the tests of this binary.
-fn env() -> &'static Env {
-    static E: OnceLock<Env> = OnceLock::new();
-    E.get_or_init(|| {
-        let base = PathBuf::from(format!("/var/tmp/rampart-jail-test-{}", std::process::id()));
-        std::fs::create_dir_all(&base).unwrap();
-        let template = base.join("templates/base");
-        template::build_base(&template).unwrap();
-        Env { base, template }
-    })
 }
 
 fn agent_bin() -> PathBuf {
@@ -39,23 +21,57 @@ fn agent_bin() -> PathBuf {
         .join("examples/test_agent")
 }
 
-fn jail(tag: &str) -> Jail {
-    // SAFETY: plain prctl; like the daemon, adopt the sandbox inits when the jailer exits.
-    unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1) };
-    let e = env();
-    Jail::new(JailConfig {
-        state_dir: e.base.join(format!("sandboxes-{tag}")),
-        jailer_bin: PathBuf::from(env!("CARGO_BIN_EXE_rampart-jailer")),
-        agent_bin: agent_bin(),
-        cgroup_subtree: format!("rampart-test-{}-{tag}", std::process::id()),
-    })
-    .unwrap()
+/// One test's world: a template, a state dir and a cgroup subtree, all removed on drop.
+struct TestEnv {
+    base: PathBuf,
+    template: PathBuf,
+    jail: Jail,
 }
 
-fn spec(uid_slot: u32, limits: Limits) -> LaunchSpec {
+impl TestEnv {
+    fn new(tag: &str) -> TestEnv {
+        // SAFETY: plain prctl; like the daemon, adopt the sandbox inits when the jailer exits.
+        unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1) };
+        let base = PathBuf::from(format!(
+            "/var/tmp/rampart-jail-test-{}-{tag}",
+            std::process::id()
+        ));
+        std::fs::create_dir_all(&base).unwrap();
+        let template = base.join("templates/base");
+        template::build_base(&template).unwrap();
+        let jail = Jail::new(JailConfig {
+            state_dir: base.join("sandboxes"),
+            jailer_bin: PathBuf::from(env!("CARGO_BIN_EXE_rampart-jailer")),
+            agent_bin: agent_bin(),
+            cgroup_subtree: format!("rampart-test-{}-{tag}", std::process::id()),
+        })
+        .unwrap();
+        TestEnv {
+            base,
+            template,
+            jail,
+        }
+    }
+}
+
+impl Drop for TestEnv {
+    fn drop(&mut self) {
+        if let Ok(ids) = self.jail.leftovers() {
+            for id in ids {
+                let _ = self.jail.destroy(&id);
+            }
+        }
+        for d in self.jail.cgroup_dirs(&SandboxId::parse("x").unwrap()) {
+            let _ = std::fs::remove_dir(d.parent().unwrap());
+        }
+        let _ = std::fs::remove_dir_all(&self.base);
+    }
+}
+
+fn spec(t: &TestEnv, uid_slot: u32, limits: Limits) -> LaunchSpec {
     LaunchSpec {
         id: SandboxId::generate(),
-        template_dir: env().template.clone(),
+        template_dir: t.template.clone(),
         uid_base: 2_000_000 + ((std::process::id() % 50) * 10 + uid_slot) * 65536,
         limits,
         hostname: "sbx".into(),
@@ -98,20 +114,14 @@ fn assert_gone(j: &Jail, id: &SandboxId, pid: i32) {
     assert!(!j.leftovers().unwrap().contains(id));
 }
 
-fn cleanup_subtree(j: &Jail) {
-    for d in j.cgroup_dirs(&SandboxId::parse("x").unwrap()) {
-        let _ = std::fs::remove_dir(d.parent().unwrap());
-    }
-    let _ = std::fs::remove_dir_all(&j.config().state_dir);
-}
-
 #[test]
 fn launch_isolates_and_destroy_leaves_nothing() {
     if let Some(r) = skip_reason() {
         eprintln!("skipped: {r}");
         return;
     }
-    let j = jail("basic");
+    let t = TestEnv::new("basic");
+    let j = &t.jail;
     let limits = Limits {
         memory_bytes: 256 << 20,
         pids: 200,
@@ -119,14 +129,8 @@ fn launch_isolates_and_destroy_leaves_nothing() {
         disk_bytes: 64 << 20,
         open_files: 2048,
     };
-    let s = spec(0, limits.clone());
-    let l = match j.launch(&s) {
-        Ok(l) => l,
-        Err(e) => {
-            cleanup_subtree(&j);
-            panic!("launch: {e}");
-        }
-    };
+    let s = spec(&t, 0, limits.clone());
+    let l = j.launch(&s).unwrap();
     let pid = l.pid;
     // PID 1 and root inside, mapped to the asked range outside.
     assert_eq!(
@@ -195,9 +199,8 @@ fn launch_isolates_and_destroy_leaves_nothing() {
         "a sandbox mount leaked to the host"
     );
     j.destroy(&s.id).unwrap();
-    assert_gone(&j, &s.id, pid);
+    assert_gone(j, &s.id, pid);
     j.destroy(&s.id).unwrap();
-    cleanup_subtree(&j);
 }
 
 #[test]
@@ -206,8 +209,10 @@ fn disk_quota_gives_enospc_and_sudo_works() {
         eprintln!("skipped: {r}");
         return;
     }
-    let j = jail("disk");
+    let t = TestEnv::new("disk");
+    let j = &t.jail;
     let s = spec(
+        &t,
         1,
         Limits {
             disk_bytes: 32 << 20,
@@ -226,8 +231,7 @@ fn disk_quota_gives_enospc_and_sudo_works() {
     assert_eq!(c, 0, "{o}");
     assert_eq!(o.trim(), "1000\n0", "{o}");
     j.destroy(&s.id).unwrap();
-    assert_gone(&j, &s.id, l.pid);
-    cleanup_subtree(&j);
+    assert_gone(j, &s.id, l.pid);
 }
 
 #[test]
@@ -236,8 +240,9 @@ fn failed_launch_leaves_nothing() {
         eprintln!("skipped: {r}");
         return;
     }
-    let j = jail("fail");
-    let mut s = spec(2, Limits::default());
+    let t = TestEnv::new("fail");
+    let j = &t.jail;
+    let mut s = spec(&t, 2, Limits::default());
     s.template_dir = PathBuf::from("/nonexistent/template");
     assert!(j.launch(&s).is_err());
     assert!(j.leftovers().unwrap().is_empty());
@@ -247,10 +252,68 @@ fn failed_launch_leaves_nothing() {
         ..j.config().clone()
     })
     .unwrap();
-    let s = spec(3, Limits::default());
+    let s = spec(&t, 3, Limits::default());
     let e = j2.launch(&s).unwrap_err();
     assert!(e.to_string().contains("agent"), "{e}");
     assert!(j2.leftovers().unwrap().is_empty());
     assert!(!j2.sandbox_dir(&s.id).exists());
-    cleanup_subtree(&j);
+}
+
+#[test]
+fn sandbox_blocks_escapes_from_inside() {
+    if let Some(r) = skip_reason() {
+        eprintln!("skipped: {r}");
+        return;
+    }
+    let t = TestEnv::new("contain");
+    let j = &t.jail;
+    let s = spec(&t, 4, Limits::default());
+    let l = j.launch(&s).unwrap();
+    let sh = |cmd: &str| run(&l.agent_socket, 0, cmd).0;
+    // Seccomp filter on, capability bounding set cut (no SYS_ADMIN, NET_RAW, SYS_MODULE...).
+    let st = sh("grep -E '^(Seccomp|CapBnd|CapEff|NoNewPrivs):' /proc/self/status");
+    assert!(st.contains("Seccomp:\t2"), "{st}");
+    assert!(st.contains("CapBnd:\t00000000a80405fb"), "{st}");
+    assert!(st.contains("CapEff:\t00000000a80405fb"), "{st}");
+    // Denied syscalls.
+    let o = sh("unshare -U true; echo userns=$?; unshare -m true; echo mountns=$?; mount -t tmpfs x /mnt; echo mount=$?");
+    assert!(
+        o.contains("userns=1") && o.contains("mountns=1") && o.contains("mount=32"),
+        "{o}"
+    );
+    // Masked /proc, read-only /proc/sys and /sys, no host files, loopback only.
+    let o = sh("echo 1 > /proc/sys/kernel/hostname; echo procsys=$?; touch /sys/x; echo sys=$?; ls /sys/firmware | wc -l; cat /proc/net/dev | tail -n +3 | cut -d: -f1 | tr -d ' '; ls /proc/1/root/ | head -3; cat /proc/mounts | wc -l");
+    assert!(!o.contains("procsys=0") && o.contains("sys=1"), "{o}");
+    assert!(o.contains("\n0\nlo\n"), "only loopback: {o}");
+    // Masked files read as empty (bound over by /dev/null).
+    let o = sh("for f in kcore keys timer_list sched_debug; do [ -e /proc/$f ] && echo $f=$(wc -c < /proc/$f); done; true");
+    for l in o.lines().filter(|l| l.contains('=')) {
+        assert!(l.ends_with("=0"), "{o}");
+    }
+    // Raw sockets need CAP_NET_RAW, which is gone.
+    let o = sh("python3 -c 'import socket; socket.socket(socket.AF_INET, socket.SOCK_RAW, 1)' 2>&1; echo raw=$?");
+    assert!(o.contains("raw=1") && o.contains("PermissionError"), "{o}");
+    // No host path outside the template is reachable.
+    assert!(
+        sh("ls /var/tmp /work 2>&1").contains("No such file"),
+        "host dirs visible"
+    );
+    j.destroy(&s.id).unwrap();
+    assert_gone(j, &s.id, l.pid);
+}
+
+#[test]
+fn relaunching_a_live_id_is_refused_and_keeps_it() {
+    if let Some(r) = skip_reason() {
+        eprintln!("skipped: {r}");
+        return;
+    }
+    let t = TestEnv::new("dup");
+    let j = &t.jail;
+    let s = spec(&t, 5, Limits::default());
+    let l = j.launch(&s).unwrap();
+    assert!(j.launch(&s).is_err());
+    assert_eq!(run(&l.agent_socket, 0, "echo alive").0.trim(), "alive");
+    j.destroy(&s.id).unwrap();
+    assert_gone(j, &s.id, l.pid);
 }
