@@ -1,9 +1,22 @@
 //! Host-side client of the agent, over its Unix socket.
 //!
 //! CONTRACT (used by rampart-core; keep these signatures).
+//!
+//! One connection per call (a Unix socket connect plus an HTTP/1.1 handshake: tens of
+//! microseconds), so the client is `Clone` + cheap and holds no pool.
 
-use bytes::Bytes;
+use crate::connect::{self, Code};
+use crate::proto;
+use bytes::{Bytes, BytesMut};
 use futures::stream::BoxStream;
+use futures::StreamExt as _;
+use http_body_util::combinators::UnsyncBoxBody;
+use http_body_util::{BodyExt as _, Full, StreamBody};
+use hyper::body::{Frame, Incoming};
+use hyper::header::{HeaderValue, AUTHORIZATION, CONTENT_TYPE};
+use hyper::{Request, Response};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -65,9 +78,10 @@ pub enum ProcessEvent {
     Stderr(Bytes),
     /// PTY bytes.
     Pty(Bytes),
-    /// Ended.
+    /// Ended. When the agent killed the process at its deadline (`StartOptions::timeout`),
+    /// the stream yields `Err(ClientError::Rpc { code: "deadline_exceeded", .. })` right after.
     End {
-        /// Exit code (0 when killed by a signal; see `status`).
+        /// Exit code (-1 when killed by a signal, as envd reports it; see `status`).
         exit_code: i32,
         /// Whether it exited normally.
         exited: bool,
@@ -131,6 +145,171 @@ pub struct AgentClient {
     socket: PathBuf,
 }
 
+type ReqBody = UnsyncBoxBody<Bytes, std::io::Error>;
+
+fn full_body(b: impl Into<Bytes>) -> ReqBody {
+    Full::new(b.into()).map_err(|never| match never {}).boxed_unsync()
+}
+
+/// Percent-encode a query value (everything but unreserved characters).
+fn enc(s: &str) -> String {
+    let mut o = String::with_capacity(s.len());
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'~' | b'/') {
+            o.push(b as char);
+        } else {
+            o.push_str(&format!("%{b:02X}"));
+        }
+    }
+    o
+}
+
+fn files_uri(path: &str, user: Option<&str>) -> String {
+    let mut u = format!("/files?path={}", enc(path));
+    if let Some(user) = user {
+        u.push_str("&username=");
+        u.push_str(&enc(user));
+    }
+    u
+}
+
+fn basic(user: &str) -> Option<HeaderValue> {
+    use base64::Engine as _;
+    let v = format!("Basic {}", base64::engine::general_purpose::STANDARD.encode(format!("{user}:")));
+    HeaderValue::from_str(&v).ok()
+}
+
+/// Build the error of a non-200 answer from its body.
+fn error_from(status: u16, body: &[u8]) -> ClientError {
+    #[derive(serde::Deserialize)]
+    struct E {
+        code: serde_json::Value,
+        #[serde(default)]
+        message: String,
+    }
+    if let Ok(e) = serde_json::from_slice::<E>(body) {
+        let code = match e.code {
+            serde_json::Value::String(s) => s,
+            serde_json::Value::Number(n) => {
+                Code::from_http_status(n.as_u64().and_then(|n| u16::try_from(n).ok()).unwrap_or(status))
+                    .as_str()
+                    .to_string()
+            }
+            _ => Code::from_http_status(status).as_str().to_string(),
+        };
+        return ClientError::Rpc { code, message: e.message };
+    }
+    ClientError::Rpc {
+        code: Code::from_http_status(status).as_str().to_string(),
+        message: String::from_utf8_lossy(body).into_owned(),
+    }
+}
+
+fn entry(e: proto::EntryInfo) -> EntryInfo {
+    let kind = match e.file_type {
+        proto::FileType::File => FileKind::File,
+        proto::FileType::Directory => FileKind::Directory,
+        proto::FileType::Symlink => FileKind::Symlink,
+        proto::FileType::Unspecified if e.is_symlink || e.symlink_target.is_some() => FileKind::Symlink,
+        proto::FileType::Unspecified => FileKind::Other,
+    };
+    EntryInfo {
+        name: e.name,
+        kind,
+        path: e.path,
+        size: u64::try_from(e.size).unwrap_or(0),
+        mode: e.mode,
+        permissions: e.permissions,
+        owner: e.owner,
+        group: e.group,
+        modified_time: e.modified_time.unwrap_or_default(),
+        symlink_target: e.symlink_target,
+    }
+}
+
+fn proc_event(ev: proto::ProcessEvent) -> Option<ProcessEvent> {
+    if let Some(s) = ev.start {
+        return Some(ProcessEvent::Start { pid: s.pid });
+    }
+    if let Some(d) = ev.data {
+        if let Some(b) = d.stdout {
+            return Some(ProcessEvent::Stdout(b));
+        }
+        if let Some(b) = d.stderr {
+            return Some(ProcessEvent::Stderr(b));
+        }
+        if let Some(b) = d.pty {
+            return Some(ProcessEvent::Pty(b));
+        }
+        return None;
+    }
+    if let Some(e) = ev.end {
+        return Some(ProcessEvent::End { exit_code: e.exit_code, exited: e.exited, status: e.status, error: e.error });
+    }
+    None
+}
+
+/// Messages of a server stream: payloads, then `Err` if the end-of-stream carried an error.
+fn envelopes(body: Incoming) -> BoxStream<'static, Result<Bytes, ClientError>> {
+    struct St {
+        body: Incoming,
+        buf: BytesMut,
+        done: bool,
+    }
+    futures::stream::unfold(St { body, buf: BytesMut::new(), done: false }, |mut st| async move {
+        if st.done {
+            return None;
+        }
+        loop {
+            match connect::take_envelope(&mut st.buf) {
+                Err(e) => {
+                    st.done = true;
+                    return Some((Err(ClientError::Protocol(e.to_string())), st));
+                }
+                Ok(Some((flags, payload))) => {
+                    if flags & connect::FLAG_END_STREAM == 0 {
+                        return Some((Ok(payload), st));
+                    }
+                    st.done = true;
+                    #[derive(serde::Deserialize)]
+                    struct End {
+                        error: Option<EndErr>,
+                    }
+                    #[derive(serde::Deserialize)]
+                    struct EndErr {
+                        #[serde(default)]
+                        code: String,
+                        #[serde(default)]
+                        message: String,
+                    }
+                    return match serde_json::from_slice::<End>(&payload) {
+                        Ok(End { error: None }) => None,
+                        Ok(End { error: Some(e) }) => Some((Err(ClientError::Rpc { code: e.code, message: e.message }), st)),
+                        Err(e) => Some((Err(ClientError::Protocol(format!("bad end-of-stream: {e}"))), st)),
+                    };
+                }
+                Ok(None) => {}
+            }
+            match st.body.frame().await {
+                None => {
+                    st.done = true;
+                    return Some((Err(ClientError::Unreachable("stream ended without end-of-stream".into())), st));
+                }
+                Some(Err(e)) => {
+                    st.done = true;
+                    return Some((Err(ClientError::Unreachable(format!("stream broken: {e}"))), st));
+                }
+                Some(Ok(f)) => {
+                    if let Ok(d) = f.into_data() {
+                        st.buf.extend_from_slice(&d);
+                    }
+                }
+            }
+        }
+    })
+    .boxed()
+}
+
 impl AgentClient {
     /// A client for the agent listening on `socket`. Does not connect yet.
     pub fn new(socket: PathBuf) -> Self {
@@ -140,42 +319,223 @@ impl AgentClient {
     pub fn socket(&self) -> &std::path::Path {
         &self.socket
     }
+
+    async fn send(&self, req: Request<ReqBody>) -> Result<Response<Incoming>, ClientError> {
+        let stream = tokio::net::UnixStream::connect(&self.socket)
+            .await
+            .map_err(|e| ClientError::Unreachable(format!("{}: {e}", self.socket.display())))?;
+        let (mut sender, conn) = hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+            .await
+            .map_err(|e| ClientError::Unreachable(format!("handshake: {e}")))?;
+        tokio::spawn(async move {
+            let _ = conn.await;
+        });
+        sender.send_request(req).await.map_err(|e| ClientError::Unreachable(format!("request failed: {e}")))
+    }
+
+    fn request(method: &str, uri: &str, content_type: &'static str, user: Option<&str>) -> hyper::http::request::Builder {
+        let mut b = Request::builder()
+            .method(method)
+            .uri(uri)
+            .header("host", "agent")
+            .header(CONTENT_TYPE, content_type)
+            .header("connect-protocol-version", "1");
+        if let Some(v) = user.and_then(basic) {
+            b = b.header(AUTHORIZATION, v);
+        }
+        b
+    }
+
+    async fn read_all(resp: Response<Incoming>) -> Result<(u16, Bytes), ClientError> {
+        let status = resp.status().as_u16();
+        let body = resp
+            .into_body()
+            .collect()
+            .await
+            .map_err(|e| ClientError::Unreachable(format!("reading answer: {e}")))?
+            .to_bytes();
+        Ok((status, body))
+    }
+
+    async fn unary<Q: Serialize, A: DeserializeOwned>(
+        &self,
+        procedure: &str,
+        user: Option<&str>,
+        msg: &Q,
+    ) -> Result<A, ClientError> {
+        let body = serde_json::to_vec(msg).map_err(|e| ClientError::Protocol(e.to_string()))?;
+        let req = Self::request("POST", &format!("/{procedure}"), "application/json", user)
+            .body(full_body(body))
+            .map_err(|e| ClientError::Protocol(e.to_string()))?;
+        let (status, body) = Self::read_all(self.send(req).await?).await?;
+        if status != 200 {
+            return Err(error_from(status, &body));
+        }
+        serde_json::from_slice(&body).map_err(|e| ClientError::Protocol(format!("{procedure}: {e}")))
+    }
+
+    async fn server_stream<Q: Serialize>(
+        &self,
+        procedure: &str,
+        user: Option<&str>,
+        msg: &Q,
+        timeout: Option<Duration>,
+    ) -> Result<BoxStream<'static, Result<Bytes, ClientError>>, ClientError> {
+        let mut b = Self::request("POST", &format!("/{procedure}"), "application/connect+json", user)
+            .header("connect-content-encoding", "identity")
+            .header("connect-accept-encoding", "identity");
+        if let Some(t) = timeout {
+            b = b.header("connect-timeout-ms", t.as_millis().max(1).to_string());
+        }
+        let req = b
+            .body(full_body(connect::message_envelope(msg)))
+            .map_err(|e| ClientError::Protocol(e.to_string()))?;
+        let resp = self.send(req).await?;
+        if resp.status() != 200 {
+            let (status, body) = Self::read_all(resp).await?;
+            return Err(error_from(status, &body));
+        }
+        let ct = resp.headers().get(CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or_default();
+        if ct != "application/connect+json" {
+            return Err(ClientError::Protocol(format!("unexpected content-type {ct:?}")));
+        }
+        Ok(envelopes(resp.into_body()))
+    }
+
     /// `GET /health`; Ok when the agent answers 2xx.
     pub async fn health(&self) -> Result<(), ClientError> {
-        unimplemented!()
+        let req = Request::get("/health")
+            .header("host", "agent")
+            .body(full_body(Bytes::new()))
+            .map_err(|e| ClientError::Protocol(e.to_string()))?;
+        let (status, body) = Self::read_all(self.send(req).await?).await?;
+        if (200..300).contains(&status) {
+            Ok(())
+        } else {
+            Err(error_from(status, &body))
+        }
     }
+
+    /// `GET /info`: the agent's crate version and protocol version.
+    pub async fn info(&self) -> Result<proto::AgentInfo, ClientError> {
+        let req = Request::get("/info")
+            .header("host", "agent")
+            .body(full_body(Bytes::new()))
+            .map_err(|e| ClientError::Protocol(e.to_string()))?;
+        let (status, body) = Self::read_all(self.send(req).await?).await?;
+        if status != 200 {
+            return Err(error_from(status, &body));
+        }
+        serde_json::from_slice(&body).map_err(|e| ClientError::Protocol(e.to_string()))
+    }
+
     /// `process.Process/Start`: the returned stream yields `Start` first, then output, then `End`.
     pub async fn start(
         &self,
         opts: StartOptions,
     ) -> Result<BoxStream<'static, Result<ProcessEvent, ClientError>>, ClientError> {
-        let _ = opts;
-        unimplemented!()
+        let req = proto::StartRequest {
+            process: Some(proto::ProcessConfig { cmd: opts.cmd, args: opts.args, envs: opts.envs, cwd: opts.cwd }),
+            pty: opts.pty.map(|(cols, rows)| proto::Pty {
+                size: Some(proto::PtySize { cols: u32::from(cols), rows: u32::from(rows) }),
+            }),
+            tag: opts.tag,
+            stdin: Some(opts.stdin),
+        };
+        let stream = self.server_stream("process.Process/Start", opts.user.as_deref(), &req, opts.timeout).await?;
+        Self::process_events(stream).await
     }
+
+    /// `process.Process/Connect`: reattach to a running process by pid; yields `Start` first,
+    /// then live output, then `End`.
+    pub async fn connect(
+        &self,
+        pid: u32,
+    ) -> Result<BoxStream<'static, Result<ProcessEvent, ClientError>>, ClientError> {
+        let req = proto::SelectorRequest { process: Some(proto::ProcessSelector { pid: Some(pid), tag: None }) };
+        let stream = self.server_stream("process.Process/Connect", None, &req, None).await?;
+        Self::process_events(stream).await
+    }
+
+    /// `process.Process/List`: `(pid, tag, config)` of every running process.
+    pub async fn list(&self) -> Result<Vec<proto::ProcessInfo>, ClientError> {
+        let r: proto::ListResponse = self.unary("process.Process/List", None, &proto::Empty {}).await?;
+        Ok(r.processes)
+    }
+
+    async fn process_events(
+        mut stream: BoxStream<'static, Result<Bytes, ClientError>>,
+    ) -> Result<BoxStream<'static, Result<ProcessEvent, ClientError>>, ClientError> {
+        // The first message must be the start event; errors before it fail the call itself.
+        let first = loop {
+            match stream.next().await {
+                None => return Err(ClientError::Protocol("stream ended before the start event".into())),
+                Some(Err(e)) => return Err(e),
+                Some(Ok(p)) => {
+                    let r: proto::ProcessEventResponse =
+                        serde_json::from_slice(&p).map_err(|e| ClientError::Protocol(e.to_string()))?;
+                    match r.event.and_then(proc_event) {
+                        Some(ev @ ProcessEvent::Start { .. }) => break ev,
+                        Some(_) => return Err(ClientError::Protocol("first event is not start".into())),
+                        None => continue,
+                    }
+                }
+            }
+        };
+        let rest = stream.filter_map(|m| async move {
+            match m {
+                Err(e) => Some(Err(e)),
+                Ok(p) => match serde_json::from_slice::<proto::ProcessEventResponse>(&p) {
+                    Err(e) => Some(Err(ClientError::Protocol(e.to_string()))),
+                    Ok(r) => r.event.and_then(proc_event).map(Ok),
+                },
+            }
+        });
+        Ok(futures::stream::once(async move { Ok(first) }).chain(rest).boxed())
+    }
+
+    fn selector(pid: u32) -> Option<proto::ProcessSelector> {
+        Some(proto::ProcessSelector { pid: Some(pid), tag: None })
+    }
+
     /// `process.Process/SendInput` (stdin, or PTY input when the process has a PTY).
     pub async fn send_input(&self, pid: u32, data: Bytes, pty: bool) -> Result<(), ClientError> {
-        let _ = (pid, data, pty);
-        unimplemented!()
+        let input = if pty {
+            proto::ProcessInput { pty: Some(data), stdin: None }
+        } else {
+            proto::ProcessInput { stdin: Some(data), pty: None }
+        };
+        let req = proto::SendInputRequest { process: Self::selector(pid), input: Some(input) };
+        let _: proto::Empty = self.unary("process.Process/SendInput", None, &req).await?;
+        Ok(())
     }
     /// `process.Process/CloseStdin`.
     pub async fn close_stdin(&self, pid: u32) -> Result<(), ClientError> {
-        let _ = pid;
-        unimplemented!()
+        let req = proto::SelectorRequest { process: Self::selector(pid) };
+        let _: proto::Empty = self.unary("process.Process/CloseStdin", None, &req).await?;
+        Ok(())
     }
     /// `process.Process/SendSignal` with SIGKILL (`kill = true`) or SIGTERM.
     pub async fn signal(&self, pid: u32, kill: bool) -> Result<(), ClientError> {
-        let _ = (pid, kill);
-        unimplemented!()
+        let signal = if kill { proto::Signal::Sigkill } else { proto::Signal::Sigterm };
+        let req = proto::SendSignalRequest { process: Self::selector(pid), signal };
+        let _: proto::Empty = self.unary("process.Process/SendSignal", None, &req).await?;
+        Ok(())
     }
     /// `process.Process/Update`: resize a PTY.
     pub async fn resize(&self, pid: u32, cols: u16, rows: u16) -> Result<(), ClientError> {
-        let _ = (pid, cols, rows);
-        unimplemented!()
+        let req = proto::UpdateRequest {
+            process: Self::selector(pid),
+            pty: Some(proto::Pty { size: Some(proto::PtySize { cols: u32::from(cols), rows: u32::from(rows) }) }),
+        };
+        let _: proto::Empty = self.unary("process.Process/Update", None, &req).await?;
+        Ok(())
     }
     /// `filesystem.Filesystem/Stat`.
     pub async fn stat(&self, path: &str, user: Option<&str>) -> Result<EntryInfo, ClientError> {
-        let _ = (path, user);
-        unimplemented!()
+        let r: proto::EntryResponse =
+            self.unary("filesystem.Filesystem/Stat", user, &proto::PathRequest { path: path.into() }).await?;
+        r.entry.map(entry).ok_or_else(|| ClientError::Protocol("Stat answered no entry".into()))
     }
     /// `filesystem.Filesystem/ListDir` with a depth (>= 1).
     pub async fn list_dir(
@@ -184,13 +544,15 @@ impl AgentClient {
         depth: u32,
         user: Option<&str>,
     ) -> Result<Vec<EntryInfo>, ClientError> {
-        let _ = (path, depth, user);
-        unimplemented!()
+        let req = proto::ListDirRequest { path: path.into(), depth: depth.max(1) };
+        let r: proto::ListDirResponse = self.unary("filesystem.Filesystem/ListDir", user, &req).await?;
+        Ok(r.entries.into_iter().map(entry).collect())
     }
     /// `filesystem.Filesystem/MakeDir` (creates parents; `already_exists` if it exists).
     pub async fn make_dir(&self, path: &str, user: Option<&str>) -> Result<EntryInfo, ClientError> {
-        let _ = (path, user);
-        unimplemented!()
+        let r: proto::EntryResponse =
+            self.unary("filesystem.Filesystem/MakeDir", user, &proto::PathRequest { path: path.into() }).await?;
+        r.entry.map(entry).ok_or_else(|| ClientError::Protocol("MakeDir answered no entry".into()))
     }
     /// `filesystem.Filesystem/Move`.
     pub async fn rename(
@@ -199,13 +561,15 @@ impl AgentClient {
         to: &str,
         user: Option<&str>,
     ) -> Result<EntryInfo, ClientError> {
-        let _ = (from, to, user);
-        unimplemented!()
+        let req = proto::MoveRequest { source: from.into(), destination: to.into() };
+        let r: proto::EntryResponse = self.unary("filesystem.Filesystem/Move", user, &req).await?;
+        r.entry.map(entry).ok_or_else(|| ClientError::Protocol("Move answered no entry".into()))
     }
     /// `filesystem.Filesystem/Remove` (recursive; no error if missing).
     pub async fn remove(&self, path: &str, user: Option<&str>) -> Result<(), ClientError> {
-        let _ = (path, user);
-        unimplemented!()
+        let _: proto::Empty =
+            self.unary("filesystem.Filesystem/Remove", user, &proto::PathRequest { path: path.into() }).await?;
+        Ok(())
     }
     /// `GET /files?path=`: the file's bytes as a stream (never buffered whole).
     pub async fn read_file(
@@ -213,8 +577,22 @@ impl AgentClient {
         path: &str,
         user: Option<&str>,
     ) -> Result<BoxStream<'static, Result<Bytes, ClientError>>, ClientError> {
-        let _ = (path, user);
-        unimplemented!()
+        let req = Request::get(files_uri(path, user))
+            .header("host", "agent")
+            .body(full_body(Bytes::new()))
+            .map_err(|e| ClientError::Protocol(e.to_string()))?;
+        let resp = self.send(req).await?;
+        if resp.status() != 200 {
+            let (status, body) = Self::read_all(resp).await?;
+            return Err(error_from(status, &body));
+        }
+        let s = http_body_util::BodyStream::new(resp.into_body()).filter_map(|f| async move {
+            match f {
+                Ok(f) => f.into_data().ok().map(Ok),
+                Err(e) => Some(Err(ClientError::Unreachable(format!("download broken: {e}")))),
+            }
+        });
+        Ok(s.boxed())
     }
     /// `POST /files?path=` with `application/octet-stream`: writes the stream to the file,
     /// creating parent directories. Returns the written entry's path.
@@ -224,8 +602,23 @@ impl AgentClient {
         user: Option<&str>,
         body: BoxStream<'static, Result<Bytes, std::io::Error>>,
     ) -> Result<String, ClientError> {
-        let _ = (path, user, body);
-        unimplemented!()
+        let body = StreamBody::new(body.map(|r| r.map(Frame::data))).boxed_unsync();
+        let req = Request::post(files_uri(path, user))
+            .header("host", "agent")
+            .header(CONTENT_TYPE, "application/octet-stream")
+            .body(body)
+            .map_err(|e| ClientError::Protocol(e.to_string()))?;
+        let (status, body) = Self::read_all(self.send(req).await?).await?;
+        if status != 200 {
+            return Err(error_from(status, &body));
+        }
+        let entries: Vec<proto::WrittenEntry> =
+            serde_json::from_slice(&body).map_err(|e| ClientError::Protocol(e.to_string()))?;
+        entries
+            .into_iter()
+            .next()
+            .map(|e| e.path)
+            .ok_or_else(|| ClientError::Protocol("upload answered no entry".into()))
     }
     /// `filesystem.Filesystem/WatchDir`: a stream of changes under `path` (recursive if asked),
     /// which ends when dropped.
@@ -235,7 +628,39 @@ impl AgentClient {
         recursive: bool,
         user: Option<&str>,
     ) -> Result<BoxStream<'static, Result<FsEvent, ClientError>>, ClientError> {
-        let _ = (path, recursive, user);
-        unimplemented!()
+        let req = proto::WatchRequest { path: path.into(), recursive, ..Default::default() };
+        let mut stream = self.server_stream("filesystem.Filesystem/WatchDir", user, &req, None).await?;
+        // Wait for the start message: the watch is in place once it arrives.
+        match stream.next().await {
+            None => return Err(ClientError::Protocol("watch ended before its start".into())),
+            Some(Err(e)) => return Err(e),
+            Some(Ok(p)) => {
+                let r: proto::WatchDirResponse =
+                    serde_json::from_slice(&p).map_err(|e| ClientError::Protocol(e.to_string()))?;
+                if r.start.is_none() {
+                    return Err(ClientError::Protocol("first watch message is not start".into()));
+                }
+            }
+        }
+        let s = stream.filter_map(|m| async move {
+            match m {
+                Err(e) => Some(Err(e)),
+                Ok(p) => match serde_json::from_slice::<proto::WatchDirResponse>(&p) {
+                    Err(e) => Some(Err(ClientError::Protocol(e.to_string()))),
+                    Ok(r) => r.filesystem.map(|f| {
+                        let kind = match f.event_type {
+                            proto::EventType::Create => "create",
+                            proto::EventType::Write => "write",
+                            proto::EventType::Remove => "remove",
+                            proto::EventType::Rename => "rename",
+                            proto::EventType::Chmod => "chmod",
+                            proto::EventType::Unspecified => "unknown",
+                        };
+                        Ok(FsEvent { name: f.name, kind: kind.to_string() })
+                    }),
+                },
+            }
+        });
+        Ok(s.boxed())
     }
 }

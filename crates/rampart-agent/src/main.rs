@@ -1,4 +1,152 @@
 //! `rampart-agent`: PID 1 of a sandbox.
+//!
+//! Usage: `rampart-agent [--listen <socket path>] [--default-user <name>]`.
+//! With `RAMPART_AGENT_FD=<n>` in the environment, fd `n` is an already bound and listening
+//! Unix stream socket (inherited from the jailer) and is used instead of `--listen`.
+
+use rampart_agent::server::{self, process::Table, watch::Watchers, Config, State};
+use std::os::fd::{FromRawFd, OwnedFd};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Startup failures.
+#[derive(Debug, thiserror::Error)]
+enum StartError {
+    /// Bad command line.
+    #[error("usage: rampart-agent [--listen <socket path>] [--default-user <name>] ({0})")]
+    Usage(String),
+    /// RAMPART_AGENT_FD is not a number.
+    #[error("RAMPART_AGENT_FD is not a file descriptor number: {0:?}")]
+    BadFd(String),
+    /// Neither RAMPART_AGENT_FD nor --listen.
+    #[error("no socket: set RAMPART_AGENT_FD or pass --listen <path>")]
+    NoSocket,
+    /// Socket setup failed.
+    #[error("socket: {0}")]
+    Socket(#[from] std::io::Error),
+}
+
+struct Args {
+    listen: Option<String>,
+    default_user: String,
+}
+
+fn parse_args() -> Result<Args, StartError> {
+    let mut args = std::env::args().skip(1);
+    let mut out = Args { listen: None, default_user: "user".into() };
+    while let Some(a) = args.next() {
+        match a.as_str() {
+            "--listen" => out.listen = Some(args.next().ok_or_else(|| StartError::Usage("--listen needs a path".into()))?),
+            "--default-user" => {
+                out.default_user = args.next().ok_or_else(|| StartError::Usage("--default-user needs a name".into()))?
+            }
+            "--version" => {
+                println!("rampart-agent {} (protocol {})", server::VERSION, rampart_agent::proto::PROTOCOL_VERSION);
+                std::process::exit(0);
+            }
+            other => return Err(StartError::Usage(format!("unknown argument {other:?}"))),
+        }
+    }
+    Ok(out)
+}
+
+fn listener(args: &Args) -> Result<std::os::unix::net::UnixListener, StartError> {
+    if let Some(v) = std::env::var_os("RAMPART_AGENT_FD") {
+        let s = v.to_string_lossy().into_owned();
+        let fd: i32 = s.trim().parse().map_err(|_| StartError::BadFd(s.clone()))?;
+        if fd < 3 {
+            return Err(StartError::BadFd(s));
+        }
+        // SAFETY: the jailer hands this fd over to us by contract; nothing else in this process
+        // owns it, and it is wrapped exactly once.
+        let owned = unsafe { OwnedFd::from_raw_fd(fd) };
+        nix::fcntl::fcntl(fd, nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC))
+            .map_err(std::io::Error::from)?;
+        let l = std::os::unix::net::UnixListener::from(owned);
+        l.set_nonblocking(true)?;
+        return Ok(l);
+    }
+    let path = args.listen.as_ref().ok_or(StartError::NoSocket)?;
+    let _ = std::fs::remove_file(path);
+    let l = std::os::unix::net::UnixListener::bind(path)?;
+    l.set_nonblocking(true)?;
+    Ok(l)
+}
+
 fn main() {
-    unimplemented!()
+    if let Err(e) = real_main() {
+        eprintln!("rampart-agent: {e}");
+        std::process::exit(2);
+    }
+}
+
+fn real_main() -> Result<(), StartError> {
+    let args = parse_args()?;
+    let std_listener = listener(&args)?;
+    // Children must not see the jailer's variables.
+    let base_env: Vec<_> = std::env::vars_os()
+        .filter(|(k, _)| !k.to_string_lossy().starts_with("RAMPART_"))
+        .collect();
+    let rampart_vars: Vec<_> =
+        std::env::vars_os().map(|(k, _)| k).filter(|k| k.to_string_lossy().starts_with("RAMPART_")).collect();
+    for k in rampart_vars {
+        std::env::remove_var(k);
+    }
+    // SAFETY: umask and getpid have no preconditions.
+    let is_pid1 = unsafe {
+        libc::umask(0o022);
+        libc::getpid() == 1
+    };
+    if !is_pid1 {
+        // Orphans of our children come to us, as they would to PID 1.
+        // SAFETY: prctl with PR_SET_CHILD_SUBREAPER takes an integer argument only.
+        unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
+    }
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    rt.block_on(async move {
+        use tokio::signal::unix::{signal, SignalKind};
+        let mut sigchld = signal(SignalKind::child())?;
+        let mut sigterm = signal(SignalKind::terminate())?;
+        let mut sigint = signal(SignalKind::interrupt())?;
+        let listener = tokio::net::UnixListener::from_std(std_listener)?;
+        let procs = Arc::new(Table::default());
+        let state = Arc::new(State {
+            config: Config { default_user: args.default_user, base_env },
+            procs: procs.clone(),
+            watchers: Watchers::default(),
+        });
+        let reaper = procs.clone();
+        tokio::spawn(async move {
+            reaper.reap(); // anything that exited before the handler was installed
+            while sigchld.recv().await.is_some() {
+                reaper.reap();
+            }
+        });
+        tokio::spawn(server::serve(listener, state));
+        tokio::select! {
+            _ = sigterm.recv() => {}
+            _ = sigint.recv() => {}
+        }
+        shutdown(&procs, is_pid1).await;
+        Ok::<(), StartError>(())
+    })?;
+    Ok(())
+}
+
+/// Ask every process to end, give them a moment, then kill what is left.
+async fn shutdown(procs: &Table, is_pid1: bool) {
+    procs.signal_all(libc::SIGTERM);
+    if is_pid1 {
+        // SAFETY: kill(-1) signals every process we may signal (all of the sandbox but us).
+        unsafe { libc::kill(-1, libc::SIGTERM) };
+    }
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(2);
+    while !procs.is_empty() && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    procs.signal_all(libc::SIGKILL);
+    if is_pid1 {
+        // SAFETY: as above.
+        unsafe { libc::kill(-1, libc::SIGKILL) };
+    }
 }

@@ -1,0 +1,152 @@
+//! Users and groups of the sandbox, from its own `/etc/passwd` and `/etc/group`.
+
+use crate::connect::{Code, RpcError};
+use std::collections::HashMap;
+
+/// A resolved user.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct User {
+    /// Name.
+    pub name: String,
+    /// Uid.
+    pub uid: u32,
+    /// Primary gid.
+    pub gid: u32,
+    /// Home directory.
+    pub home: String,
+    /// Login shell.
+    pub shell: String,
+    /// Supplementary gids (primary included).
+    pub groups: Vec<u32>,
+}
+
+/// A snapshot of the user and group databases.
+#[derive(Debug, Default)]
+pub struct UserDb {
+    users: Vec<(String, u32, u32, String, String)>,
+    groups: Vec<(String, u32, Vec<String>)>,
+}
+
+impl UserDb {
+    /// Read `/etc/passwd` and `/etc/group` (missing files are empty databases).
+    pub fn load() -> UserDb {
+        Self::parse(
+            &std::fs::read_to_string("/etc/passwd").unwrap_or_default(),
+            &std::fs::read_to_string("/etc/group").unwrap_or_default(),
+        )
+    }
+
+    /// Parse the two files' contents.
+    pub fn parse(passwd: &str, group: &str) -> UserDb {
+        let mut db = UserDb::default();
+        for line in passwd.lines() {
+            let f: Vec<&str> = line.split(':').collect();
+            if f.len() < 7 || line.starts_with('#') {
+                continue;
+            }
+            let (Ok(uid), Ok(gid)) = (f[2].parse(), f[3].parse()) else { continue };
+            db.users.push((f[0].to_string(), uid, gid, f[5].to_string(), f[6].to_string()));
+        }
+        for line in group.lines() {
+            let f: Vec<&str> = line.split(':').collect();
+            if f.len() < 4 || line.starts_with('#') {
+                continue;
+            }
+            let Ok(gid) = f[2].parse() else { continue };
+            let members = f[3].split(',').filter(|s| !s.is_empty()).map(str::to_string).collect();
+            db.groups.push((f[0].to_string(), gid, members));
+        }
+        db
+    }
+
+    /// Look a user up by name.
+    pub fn user(&self, name: &str) -> Option<User> {
+        let (name, uid, gid, home, shell) = self.users.iter().find(|u| u.0 == name)?.clone();
+        let mut groups = vec![gid];
+        for (_, g, members) in &self.groups {
+            if members.iter().any(|m| *m == name) && !groups.contains(g) {
+                groups.push(*g);
+            }
+        }
+        Some(User { name, uid, gid, home, shell, groups })
+    }
+
+    /// Uid -> name map (falls back to the number).
+    pub fn uid_names(&self) -> HashMap<u32, String> {
+        let mut m = HashMap::new();
+        for u in &self.users {
+            m.entry(u.1).or_insert_with(|| u.0.clone());
+        }
+        m
+    }
+
+    /// Gid -> name map.
+    pub fn gid_names(&self) -> HashMap<u32, String> {
+        let mut m = HashMap::new();
+        for g in &self.groups {
+            m.entry(g.1).or_insert_with(|| g.0.clone());
+        }
+        m
+    }
+}
+
+/// Resolve a request's user name (`None` => the default user).
+pub fn resolve(name: Option<&str>, default_user: &str) -> Result<User, RpcError> {
+    let name = match name {
+        Some(n) if !n.is_empty() => n,
+        _ => default_user,
+    };
+    let user = UserDb::load()
+        .user(name)
+        .ok_or_else(|| RpcError::new(Code::Unauthenticated, format!("invalid user: '{name}'")))?;
+    // SAFETY: geteuid has no preconditions.
+    let euid = unsafe { libc::geteuid() };
+    if euid != 0 && user.uid != euid {
+        return Err(RpcError::new(
+            Code::PermissionDenied,
+            format!("the agent does not run as root and cannot act as user '{name}'"),
+        ));
+    }
+    Ok(user)
+}
+
+/// Names for uids and gids, loaded once per request.
+#[derive(Debug)]
+pub struct Names {
+    uids: HashMap<u32, String>,
+    gids: HashMap<u32, String>,
+}
+
+impl Names {
+    /// Load from the databases.
+    pub fn load() -> Names {
+        let db = UserDb::load();
+        Names { uids: db.uid_names(), gids: db.gid_names() }
+    }
+    /// Owner name of a uid.
+    pub fn user(&self, uid: u32) -> String {
+        self.uids.get(&uid).cloned().unwrap_or_else(|| uid.to_string())
+    }
+    /// Group name of a gid.
+    pub fn group(&self, gid: u32) -> String {
+        self.gids.get(&gid).cloned().unwrap_or_else(|| gid.to_string())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_databases() {
+        let db = UserDb::parse(
+            "root:x:0:0:root:/root:/bin/bash\nuser:x:1000:1000::/home/user:/bin/bash\nbad line\n",
+            "root:x:0:\nuser:x:1000:\nsudo:x:27:user,other\n",
+        );
+        let u = db.user("user").expect("user");
+        assert_eq!((u.uid, u.gid, u.home.as_str()), (1000, 1000, "/home/user"));
+        assert_eq!(u.groups, vec![1000, 27]);
+        assert!(db.user("nobody").is_none());
+        assert_eq!(db.gid_names().get(&27).map(String::as_str), Some("sudo"));
+    }
+}
