@@ -148,7 +148,9 @@ pub struct AgentClient {
 type ReqBody = UnsyncBoxBody<Bytes, std::io::Error>;
 
 fn full_body(b: impl Into<Bytes>) -> ReqBody {
-    Full::new(b.into()).map_err(|never| match never {}).boxed_unsync()
+    Full::new(b.into())
+        .map_err(|never| match never {})
+        .boxed_unsync()
 }
 
 /// Percent-encode a query value (everything but unreserved characters).
@@ -175,7 +177,10 @@ fn files_uri(path: &str, user: Option<&str>) -> String {
 
 fn basic(user: &str) -> Option<HeaderValue> {
     use base64::Engine as _;
-    let v = format!("Basic {}", base64::engine::general_purpose::STANDARD.encode(format!("{user}:")));
+    let v = format!(
+        "Basic {}",
+        base64::engine::general_purpose::STANDARD.encode(format!("{user}:"))
+    );
     HeaderValue::from_str(&v).ok()
 }
 
@@ -190,14 +195,19 @@ fn error_from(status: u16, body: &[u8]) -> ClientError {
     if let Ok(e) = serde_json::from_slice::<E>(body) {
         let code = match e.code {
             serde_json::Value::String(s) => s,
-            serde_json::Value::Number(n) => {
-                Code::from_http_status(n.as_u64().and_then(|n| u16::try_from(n).ok()).unwrap_or(status))
-                    .as_str()
-                    .to_string()
-            }
+            serde_json::Value::Number(n) => Code::from_http_status(
+                n.as_u64()
+                    .and_then(|n| u16::try_from(n).ok())
+                    .unwrap_or(status),
+            )
+            .as_str()
+            .to_string(),
             _ => Code::from_http_status(status).as_str().to_string(),
         };
-        return ClientError::Rpc { code, message: e.message };
+        return ClientError::Rpc {
+            code,
+            message: e.message,
+        };
     }
     ClientError::Rpc {
         code: Code::from_http_status(status).as_str().to_string(),
@@ -210,7 +220,9 @@ fn entry(e: proto::EntryInfo) -> EntryInfo {
         proto::FileType::File => FileKind::File,
         proto::FileType::Directory => FileKind::Directory,
         proto::FileType::Symlink => FileKind::Symlink,
-        proto::FileType::Unspecified if e.is_symlink || e.symlink_target.is_some() => FileKind::Symlink,
+        proto::FileType::Unspecified if e.is_symlink || e.symlink_target.is_some() => {
+            FileKind::Symlink
+        }
         proto::FileType::Unspecified => FileKind::Other,
     };
     EntryInfo {
@@ -244,7 +256,12 @@ fn proc_event(ev: proto::ProcessEvent) -> Option<ProcessEvent> {
         return None;
     }
     if let Some(e) = ev.end {
-        return Some(ProcessEvent::End { exit_code: e.exit_code, exited: e.exited, status: e.status, error: e.error });
+        return Some(ProcessEvent::End {
+            exit_code: e.exit_code,
+            exited: e.exited,
+            status: e.status,
+            error: e.error,
+        });
     }
     None
 }
@@ -256,57 +273,81 @@ fn envelopes(body: Incoming) -> BoxStream<'static, Result<Bytes, ClientError>> {
         buf: BytesMut,
         done: bool,
     }
-    futures::stream::unfold(St { body, buf: BytesMut::new(), done: false }, |mut st| async move {
-        if st.done {
-            return None;
-        }
-        loop {
-            match connect::take_envelope(&mut st.buf) {
-                Err(e) => {
-                    st.done = true;
-                    return Some((Err(ClientError::Protocol(e.to_string())), st));
-                }
-                Ok(Some((flags, payload))) => {
-                    if flags & connect::FLAG_END_STREAM == 0 {
-                        return Some((Ok(payload), st));
-                    }
-                    st.done = true;
-                    #[derive(serde::Deserialize)]
-                    struct End {
-                        error: Option<EndErr>,
-                    }
-                    #[derive(serde::Deserialize)]
-                    struct EndErr {
-                        #[serde(default)]
-                        code: String,
-                        #[serde(default)]
-                        message: String,
-                    }
-                    return match serde_json::from_slice::<End>(&payload) {
-                        Ok(End { error: None }) => None,
-                        Ok(End { error: Some(e) }) => Some((Err(ClientError::Rpc { code: e.code, message: e.message }), st)),
-                        Err(e) => Some((Err(ClientError::Protocol(format!("bad end-of-stream: {e}"))), st)),
-                    };
-                }
-                Ok(None) => {}
+    futures::stream::unfold(
+        St {
+            body,
+            buf: BytesMut::new(),
+            done: false,
+        },
+        |mut st| async move {
+            if st.done {
+                return None;
             }
-            match st.body.frame().await {
-                None => {
-                    st.done = true;
-                    return Some((Err(ClientError::Unreachable("stream ended without end-of-stream".into())), st));
+            loop {
+                match connect::take_envelope(&mut st.buf) {
+                    Err(e) => {
+                        st.done = true;
+                        return Some((Err(ClientError::Protocol(e.to_string())), st));
+                    }
+                    Ok(Some((flags, payload))) => {
+                        if flags & connect::FLAG_END_STREAM == 0 {
+                            return Some((Ok(payload), st));
+                        }
+                        st.done = true;
+                        #[derive(serde::Deserialize)]
+                        struct End {
+                            error: Option<EndErr>,
+                        }
+                        #[derive(serde::Deserialize)]
+                        struct EndErr {
+                            #[serde(default)]
+                            code: String,
+                            #[serde(default)]
+                            message: String,
+                        }
+                        return match serde_json::from_slice::<End>(&payload) {
+                            Ok(End { error: None }) => None,
+                            Ok(End { error: Some(e) }) => Some((
+                                Err(ClientError::Rpc {
+                                    code: e.code,
+                                    message: e.message,
+                                }),
+                                st,
+                            )),
+                            Err(e) => Some((
+                                Err(ClientError::Protocol(format!("bad end-of-stream: {e}"))),
+                                st,
+                            )),
+                        };
+                    }
+                    Ok(None) => {}
                 }
-                Some(Err(e)) => {
-                    st.done = true;
-                    return Some((Err(ClientError::Unreachable(format!("stream broken: {e}"))), st));
-                }
-                Some(Ok(f)) => {
-                    if let Ok(d) = f.into_data() {
-                        st.buf.extend_from_slice(&d);
+                match st.body.frame().await {
+                    None => {
+                        st.done = true;
+                        return Some((
+                            Err(ClientError::Unreachable(
+                                "stream ended without end-of-stream".into(),
+                            )),
+                            st,
+                        ));
+                    }
+                    Some(Err(e)) => {
+                        st.done = true;
+                        return Some((
+                            Err(ClientError::Unreachable(format!("stream broken: {e}"))),
+                            st,
+                        ));
+                    }
+                    Some(Ok(f)) => {
+                        if let Ok(d) = f.into_data() {
+                            st.buf.extend_from_slice(&d);
+                        }
                     }
                 }
             }
-        }
-    })
+        },
+    )
     .boxed()
 }
 
@@ -324,16 +365,25 @@ impl AgentClient {
         let stream = tokio::net::UnixStream::connect(&self.socket)
             .await
             .map_err(|e| ClientError::Unreachable(format!("{}: {e}", self.socket.display())))?;
-        let (mut sender, conn) = hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
-            .await
-            .map_err(|e| ClientError::Unreachable(format!("handshake: {e}")))?;
+        let (mut sender, conn) =
+            hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+                .await
+                .map_err(|e| ClientError::Unreachable(format!("handshake: {e}")))?;
         tokio::spawn(async move {
             let _ = conn.await;
         });
-        sender.send_request(req).await.map_err(|e| ClientError::Unreachable(format!("request failed: {e}")))
+        sender
+            .send_request(req)
+            .await
+            .map_err(|e| ClientError::Unreachable(format!("request failed: {e}")))
     }
 
-    fn request(method: &str, uri: &str, content_type: &'static str, user: Option<&str>) -> hyper::http::request::Builder {
+    fn request(
+        method: &str,
+        uri: &str,
+        content_type: &'static str,
+        user: Option<&str>,
+    ) -> hyper::http::request::Builder {
         let mut b = Request::builder()
             .method(method)
             .uri(uri)
@@ -371,7 +421,8 @@ impl AgentClient {
         if status != 200 {
             return Err(error_from(status, &body));
         }
-        serde_json::from_slice(&body).map_err(|e| ClientError::Protocol(format!("{procedure}: {e}")))
+        serde_json::from_slice(&body)
+            .map_err(|e| ClientError::Protocol(format!("{procedure}: {e}")))
     }
 
     async fn server_stream<Q: Serialize>(
@@ -381,9 +432,14 @@ impl AgentClient {
         msg: &Q,
         timeout: Option<Duration>,
     ) -> Result<BoxStream<'static, Result<Bytes, ClientError>>, ClientError> {
-        let mut b = Self::request("POST", &format!("/{procedure}"), "application/connect+json", user)
-            .header("connect-content-encoding", "identity")
-            .header("connect-accept-encoding", "identity");
+        let mut b = Self::request(
+            "POST",
+            &format!("/{procedure}"),
+            "application/connect+json",
+            user,
+        )
+        .header("connect-content-encoding", "identity")
+        .header("connect-accept-encoding", "identity");
         if let Some(t) = timeout {
             b = b.header("connect-timeout-ms", t.as_millis().max(1).to_string());
         }
@@ -395,9 +451,15 @@ impl AgentClient {
             let (status, body) = Self::read_all(resp).await?;
             return Err(error_from(status, &body));
         }
-        let ct = resp.headers().get(CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or_default();
+        let ct = resp
+            .headers()
+            .get(CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default();
         if ct != "application/connect+json" {
-            return Err(ClientError::Protocol(format!("unexpected content-type {ct:?}")));
+            return Err(ClientError::Protocol(format!(
+                "unexpected content-type {ct:?}"
+            )));
         }
         Ok(envelopes(resp.into_body()))
     }
@@ -435,14 +497,29 @@ impl AgentClient {
         opts: StartOptions,
     ) -> Result<BoxStream<'static, Result<ProcessEvent, ClientError>>, ClientError> {
         let req = proto::StartRequest {
-            process: Some(proto::ProcessConfig { cmd: opts.cmd, args: opts.args, envs: opts.envs, cwd: opts.cwd }),
+            process: Some(proto::ProcessConfig {
+                cmd: opts.cmd,
+                args: opts.args,
+                envs: opts.envs,
+                cwd: opts.cwd,
+            }),
             pty: opts.pty.map(|(cols, rows)| proto::Pty {
-                size: Some(proto::PtySize { cols: u32::from(cols), rows: u32::from(rows) }),
+                size: Some(proto::PtySize {
+                    cols: u32::from(cols),
+                    rows: u32::from(rows),
+                }),
             }),
             tag: opts.tag,
             stdin: Some(opts.stdin),
         };
-        let stream = self.server_stream("process.Process/Start", opts.user.as_deref(), &req, opts.timeout).await?;
+        let stream = self
+            .server_stream(
+                "process.Process/Start",
+                opts.user.as_deref(),
+                &req,
+                opts.timeout,
+            )
+            .await?;
         Self::process_events(stream).await
     }
 
@@ -452,14 +529,23 @@ impl AgentClient {
         &self,
         pid: u32,
     ) -> Result<BoxStream<'static, Result<ProcessEvent, ClientError>>, ClientError> {
-        let req = proto::SelectorRequest { process: Some(proto::ProcessSelector { pid: Some(pid), tag: None }) };
-        let stream = self.server_stream("process.Process/Connect", None, &req, None).await?;
+        let req = proto::SelectorRequest {
+            process: Some(proto::ProcessSelector {
+                pid: Some(pid),
+                tag: None,
+            }),
+        };
+        let stream = self
+            .server_stream("process.Process/Connect", None, &req, None)
+            .await?;
         Self::process_events(stream).await
     }
 
     /// `process.Process/List`: `(pid, tag, config)` of every running process.
     pub async fn list(&self) -> Result<Vec<proto::ProcessInfo>, ClientError> {
-        let r: proto::ListResponse = self.unary("process.Process/List", None, &proto::Empty {}).await?;
+        let r: proto::ListResponse = self
+            .unary("process.Process/List", None, &proto::Empty {})
+            .await?;
         Ok(r.processes)
     }
 
@@ -469,14 +555,20 @@ impl AgentClient {
         // The first message must be the start event; errors before it fail the call itself.
         let first = loop {
             match stream.next().await {
-                None => return Err(ClientError::Protocol("stream ended before the start event".into())),
+                None => {
+                    return Err(ClientError::Protocol(
+                        "stream ended before the start event".into(),
+                    ))
+                }
                 Some(Err(e)) => return Err(e),
                 Some(Ok(p)) => {
-                    let r: proto::ProcessEventResponse =
-                        serde_json::from_slice(&p).map_err(|e| ClientError::Protocol(e.to_string()))?;
+                    let r: proto::ProcessEventResponse = serde_json::from_slice(&p)
+                        .map_err(|e| ClientError::Protocol(e.to_string()))?;
                     match r.event.and_then(proc_event) {
                         Some(ev @ ProcessEvent::Start { .. }) => break ev,
-                        Some(_) => return Err(ClientError::Protocol("first event is not start".into())),
+                        Some(_) => {
+                            return Err(ClientError::Protocol("first event is not start".into()))
+                        }
                         None => continue,
                     }
                 }
@@ -491,34 +583,57 @@ impl AgentClient {
                 },
             }
         });
-        Ok(futures::stream::once(async move { Ok(first) }).chain(rest).boxed())
+        Ok(futures::stream::once(async move { Ok(first) })
+            .chain(rest)
+            .boxed())
     }
 
     fn selector(pid: u32) -> Option<proto::ProcessSelector> {
-        Some(proto::ProcessSelector { pid: Some(pid), tag: None })
+        Some(proto::ProcessSelector {
+            pid: Some(pid),
+            tag: None,
+        })
     }
 
     /// `process.Process/SendInput` (stdin, or PTY input when the process has a PTY).
     pub async fn send_input(&self, pid: u32, data: Bytes, pty: bool) -> Result<(), ClientError> {
         let input = if pty {
-            proto::ProcessInput { pty: Some(data), stdin: None }
+            proto::ProcessInput {
+                pty: Some(data),
+                stdin: None,
+            }
         } else {
-            proto::ProcessInput { stdin: Some(data), pty: None }
+            proto::ProcessInput {
+                stdin: Some(data),
+                pty: None,
+            }
         };
-        let req = proto::SendInputRequest { process: Self::selector(pid), input: Some(input) };
+        let req = proto::SendInputRequest {
+            process: Self::selector(pid),
+            input: Some(input),
+        };
         let _: proto::Empty = self.unary("process.Process/SendInput", None, &req).await?;
         Ok(())
     }
     /// `process.Process/CloseStdin`.
     pub async fn close_stdin(&self, pid: u32) -> Result<(), ClientError> {
-        let req = proto::SelectorRequest { process: Self::selector(pid) };
+        let req = proto::SelectorRequest {
+            process: Self::selector(pid),
+        };
         let _: proto::Empty = self.unary("process.Process/CloseStdin", None, &req).await?;
         Ok(())
     }
     /// `process.Process/SendSignal` with SIGKILL (`kill = true`) or SIGTERM.
     pub async fn signal(&self, pid: u32, kill: bool) -> Result<(), ClientError> {
-        let signal = if kill { proto::Signal::Sigkill } else { proto::Signal::Sigterm };
-        let req = proto::SendSignalRequest { process: Self::selector(pid), signal };
+        let signal = if kill {
+            proto::Signal::Sigkill
+        } else {
+            proto::Signal::Sigterm
+        };
+        let req = proto::SendSignalRequest {
+            process: Self::selector(pid),
+            signal,
+        };
         let _: proto::Empty = self.unary("process.Process/SendSignal", None, &req).await?;
         Ok(())
     }
@@ -526,16 +641,28 @@ impl AgentClient {
     pub async fn resize(&self, pid: u32, cols: u16, rows: u16) -> Result<(), ClientError> {
         let req = proto::UpdateRequest {
             process: Self::selector(pid),
-            pty: Some(proto::Pty { size: Some(proto::PtySize { cols: u32::from(cols), rows: u32::from(rows) }) }),
+            pty: Some(proto::Pty {
+                size: Some(proto::PtySize {
+                    cols: u32::from(cols),
+                    rows: u32::from(rows),
+                }),
+            }),
         };
         let _: proto::Empty = self.unary("process.Process/Update", None, &req).await?;
         Ok(())
     }
     /// `filesystem.Filesystem/Stat`.
     pub async fn stat(&self, path: &str, user: Option<&str>) -> Result<EntryInfo, ClientError> {
-        let r: proto::EntryResponse =
-            self.unary("filesystem.Filesystem/Stat", user, &proto::PathRequest { path: path.into() }).await?;
-        r.entry.map(entry).ok_or_else(|| ClientError::Protocol("Stat answered no entry".into()))
+        let r: proto::EntryResponse = self
+            .unary(
+                "filesystem.Filesystem/Stat",
+                user,
+                &proto::PathRequest { path: path.into() },
+            )
+            .await?;
+        r.entry
+            .map(entry)
+            .ok_or_else(|| ClientError::Protocol("Stat answered no entry".into()))
     }
     /// `filesystem.Filesystem/ListDir` with a depth (>= 1).
     pub async fn list_dir(
@@ -544,15 +671,27 @@ impl AgentClient {
         depth: u32,
         user: Option<&str>,
     ) -> Result<Vec<EntryInfo>, ClientError> {
-        let req = proto::ListDirRequest { path: path.into(), depth: depth.max(1) };
-        let r: proto::ListDirResponse = self.unary("filesystem.Filesystem/ListDir", user, &req).await?;
+        let req = proto::ListDirRequest {
+            path: path.into(),
+            depth: depth.max(1),
+        };
+        let r: proto::ListDirResponse = self
+            .unary("filesystem.Filesystem/ListDir", user, &req)
+            .await?;
         Ok(r.entries.into_iter().map(entry).collect())
     }
     /// `filesystem.Filesystem/MakeDir` (creates parents; `already_exists` if it exists).
     pub async fn make_dir(&self, path: &str, user: Option<&str>) -> Result<EntryInfo, ClientError> {
-        let r: proto::EntryResponse =
-            self.unary("filesystem.Filesystem/MakeDir", user, &proto::PathRequest { path: path.into() }).await?;
-        r.entry.map(entry).ok_or_else(|| ClientError::Protocol("MakeDir answered no entry".into()))
+        let r: proto::EntryResponse = self
+            .unary(
+                "filesystem.Filesystem/MakeDir",
+                user,
+                &proto::PathRequest { path: path.into() },
+            )
+            .await?;
+        r.entry
+            .map(entry)
+            .ok_or_else(|| ClientError::Protocol("MakeDir answered no entry".into()))
     }
     /// `filesystem.Filesystem/Move`.
     pub async fn rename(
@@ -561,14 +700,24 @@ impl AgentClient {
         to: &str,
         user: Option<&str>,
     ) -> Result<EntryInfo, ClientError> {
-        let req = proto::MoveRequest { source: from.into(), destination: to.into() };
+        let req = proto::MoveRequest {
+            source: from.into(),
+            destination: to.into(),
+        };
         let r: proto::EntryResponse = self.unary("filesystem.Filesystem/Move", user, &req).await?;
-        r.entry.map(entry).ok_or_else(|| ClientError::Protocol("Move answered no entry".into()))
+        r.entry
+            .map(entry)
+            .ok_or_else(|| ClientError::Protocol("Move answered no entry".into()))
     }
     /// `filesystem.Filesystem/Remove` (recursive; no error if missing).
     pub async fn remove(&self, path: &str, user: Option<&str>) -> Result<(), ClientError> {
-        let _: proto::Empty =
-            self.unary("filesystem.Filesystem/Remove", user, &proto::PathRequest { path: path.into() }).await?;
+        let _: proto::Empty = self
+            .unary(
+                "filesystem.Filesystem/Remove",
+                user,
+                &proto::PathRequest { path: path.into() },
+            )
+            .await?;
         Ok(())
     }
     /// `GET /files?path=`: the file's bytes as a stream (never buffered whole).
@@ -589,7 +738,9 @@ impl AgentClient {
         let s = http_body_util::BodyStream::new(resp.into_body()).filter_map(|f| async move {
             match f {
                 Ok(f) => f.into_data().ok().map(Ok),
-                Err(e) => Some(Err(ClientError::Unreachable(format!("download broken: {e}")))),
+                Err(e) => Some(Err(ClientError::Unreachable(format!(
+                    "download broken: {e}"
+                )))),
             }
         });
         Ok(s.boxed())
@@ -628,8 +779,14 @@ impl AgentClient {
         recursive: bool,
         user: Option<&str>,
     ) -> Result<BoxStream<'static, Result<FsEvent, ClientError>>, ClientError> {
-        let req = proto::WatchRequest { path: path.into(), recursive, ..Default::default() };
-        let mut stream = self.server_stream("filesystem.Filesystem/WatchDir", user, &req, None).await?;
+        let req = proto::WatchRequest {
+            path: path.into(),
+            recursive,
+            ..Default::default()
+        };
+        let mut stream = self
+            .server_stream("filesystem.Filesystem/WatchDir", user, &req, None)
+            .await?;
         // Wait for the start message: the watch is in place once it arrives.
         match stream.next().await {
             None => return Err(ClientError::Protocol("watch ended before its start".into())),
@@ -638,7 +795,9 @@ impl AgentClient {
                 let r: proto::WatchDirResponse =
                     serde_json::from_slice(&p).map_err(|e| ClientError::Protocol(e.to_string()))?;
                 if r.start.is_none() {
-                    return Err(ClientError::Protocol("first watch message is not start".into()));
+                    return Err(ClientError::Protocol(
+                        "first watch message is not start".into(),
+                    ));
                 }
             }
         }
@@ -656,7 +815,10 @@ impl AgentClient {
                             proto::EventType::Chmod => "chmod",
                             proto::EventType::Unspecified => "unknown",
                         };
-                        Ok(FsEvent { name: f.name, kind: kind.to_string() })
+                        Ok(FsEvent {
+                            name: f.name,
+                            kind: kind.to_string(),
+                        })
                     }),
                 },
             }

@@ -125,7 +125,10 @@ pub struct RpcError {
 impl RpcError {
     /// A new error.
     pub fn new(code: Code, message: impl Into<String>) -> Self {
-        RpcError { code, message: message.into() }
+        RpcError {
+            code,
+            message: message.into(),
+        }
     }
     /// `{"code":"…","message":"…"}`.
     pub fn to_json(&self) -> Bytes {
@@ -134,9 +137,12 @@ impl RpcError {
             code: &'a str,
             message: &'a str,
         }
-        serde_json::to_vec(&E { code: self.code.as_str(), message: &self.message })
-            .unwrap_or_default()
-            .into()
+        serde_json::to_vec(&E {
+            code: self.code.as_str(),
+            message: &self.message,
+        })
+        .unwrap_or_default()
+        .into()
     }
 }
 
@@ -151,7 +157,10 @@ pub fn envelope(flags: u8, payload: &[u8]) -> Bytes {
 
 /// Encode a message envelope holding `msg` as JSON.
 pub fn message_envelope<T: Serialize>(msg: &T) -> Bytes {
-    envelope(0, &serde_json::to_vec(msg).unwrap_or_else(|_| b"{}".to_vec()))
+    envelope(
+        0,
+        &serde_json::to_vec(msg).unwrap_or_else(|_| b"{}".to_vec()),
+    )
 }
 
 /// Encode the end-of-stream envelope: `{}` or `{"error":{…}}`.

@@ -33,15 +33,29 @@ struct Args {
 
 fn parse_args() -> Result<Args, StartError> {
     let mut args = std::env::args().skip(1);
-    let mut out = Args { listen: None, default_user: "user".into() };
+    let mut out = Args {
+        listen: None,
+        default_user: "user".into(),
+    };
     while let Some(a) = args.next() {
         match a.as_str() {
-            "--listen" => out.listen = Some(args.next().ok_or_else(|| StartError::Usage("--listen needs a path".into()))?),
+            "--listen" => {
+                out.listen = Some(
+                    args.next()
+                        .ok_or_else(|| StartError::Usage("--listen needs a path".into()))?,
+                )
+            }
             "--default-user" => {
-                out.default_user = args.next().ok_or_else(|| StartError::Usage("--default-user needs a name".into()))?
+                out.default_user = args
+                    .next()
+                    .ok_or_else(|| StartError::Usage("--default-user needs a name".into()))?
             }
             "--version" => {
-                println!("rampart-agent {} (protocol {})", server::VERSION, rampart_agent::proto::PROTOCOL_VERSION);
+                println!(
+                    "rampart-agent {} (protocol {})",
+                    server::VERSION,
+                    rampart_agent::proto::PROTOCOL_VERSION
+                );
                 std::process::exit(0);
             }
             other => return Err(StartError::Usage(format!("unknown argument {other:?}"))),
@@ -60,8 +74,11 @@ fn listener(args: &Args) -> Result<std::os::unix::net::UnixListener, StartError>
         // SAFETY: the jailer hands this fd over to us by contract; nothing else in this process
         // owns it, and it is wrapped exactly once.
         let owned = unsafe { OwnedFd::from_raw_fd(fd) };
-        nix::fcntl::fcntl(fd, nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC))
-            .map_err(std::io::Error::from)?;
+        nix::fcntl::fcntl(
+            fd,
+            nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC),
+        )
+        .map_err(std::io::Error::from)?;
         let l = std::os::unix::net::UnixListener::from(owned);
         l.set_nonblocking(true)?;
         return Ok(l);
@@ -87,8 +104,10 @@ fn real_main() -> Result<(), StartError> {
     let base_env: Vec<_> = std::env::vars_os()
         .filter(|(k, _)| !k.to_string_lossy().starts_with("RAMPART_"))
         .collect();
-    let rampart_vars: Vec<_> =
-        std::env::vars_os().map(|(k, _)| k).filter(|k| k.to_string_lossy().starts_with("RAMPART_")).collect();
+    let rampart_vars: Vec<_> = std::env::vars_os()
+        .map(|(k, _)| k)
+        .filter(|k| k.to_string_lossy().starts_with("RAMPART_"))
+        .collect();
     for k in rampart_vars {
         std::env::remove_var(k);
     }
@@ -102,7 +121,9 @@ fn real_main() -> Result<(), StartError> {
         // SAFETY: prctl with PR_SET_CHILD_SUBREAPER takes an integer argument only.
         unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
     }
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
     rt.block_on(async move {
         use tokio::signal::unix::{signal, SignalKind};
         let mut sigchld = signal(SignalKind::child())?;
@@ -111,7 +132,10 @@ fn real_main() -> Result<(), StartError> {
         let listener = tokio::net::UnixListener::from_std(std_listener)?;
         let procs = Arc::new(Table::default());
         let state = Arc::new(State {
-            config: Config { default_user: args.default_user, base_env },
+            config: Config {
+                default_user: args.default_user,
+                base_env,
+            },
             procs: procs.clone(),
             watchers: Watchers::default(),
         });

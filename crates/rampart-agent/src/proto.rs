@@ -60,7 +60,8 @@ fn num_i64<E: de::Error>(v: NumOrStr) -> Result<i64, E> {
 fn de_u32<'de, D: Deserializer<'de>>(d: D) -> Result<u32, D::Error> {
     match Option::<NumOrStr>::deserialize(d)? {
         None => Ok(0),
-        Some(v) => u32::try_from(num_i64::<D::Error>(v)?).map_err(|_| de::Error::custom("uint32 out of range")),
+        Some(v) => u32::try_from(num_i64::<D::Error>(v)?)
+            .map_err(|_| de::Error::custom("uint32 out of range")),
     }
 }
 fn de_opt_u32<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u32>, D::Error> {
@@ -74,7 +75,8 @@ fn de_opt_u32<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u32>, D::Error> 
 fn de_i32<'de, D: Deserializer<'de>>(d: D) -> Result<i32, D::Error> {
     match Option::<NumOrStr>::deserialize(d)? {
         None => Ok(0),
-        Some(v) => i32::try_from(num_i64::<D::Error>(v)?).map_err(|_| de::Error::custom("int32 out of range")),
+        Some(v) => i32::try_from(num_i64::<D::Error>(v)?)
+            .map_err(|_| de::Error::custom("int32 out of range")),
     }
 }
 fn de_i64<'de, D: Deserializer<'de>>(d: D) -> Result<i64, D::Error> {
@@ -107,7 +109,9 @@ mod b64 {
         } else {
             base64::engine::general_purpose::STANDARD_NO_PAD
         };
-        eng.decode(s).map(|v| Some(v.into())).map_err(de::Error::custom)
+        eng.decode(s)
+            .map(|v| Some(v.into()))
+            .map_err(de::Error::custom)
     }
 }
 
@@ -161,10 +165,18 @@ pub struct Pty {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
 pub struct PtySize {
     /// Columns.
-    #[serde(default, deserialize_with = "de_u32", skip_serializing_if = "is_zero_u32")]
+    #[serde(
+        default,
+        deserialize_with = "de_u32",
+        skip_serializing_if = "is_zero_u32"
+    )]
     pub cols: u32,
     /// Rows.
-    #[serde(default, deserialize_with = "de_u32", skip_serializing_if = "is_zero_u32")]
+    #[serde(
+        default,
+        deserialize_with = "de_u32",
+        skip_serializing_if = "is_zero_u32"
+    )]
     pub rows: u32,
 }
 
@@ -172,13 +184,25 @@ pub struct PtySize {
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct ProcessConfig {
     /// Program.
-    #[serde(default, deserialize_with = "null_default", skip_serializing_if = "String::is_empty")]
+    #[serde(
+        default,
+        deserialize_with = "null_default",
+        skip_serializing_if = "String::is_empty"
+    )]
     pub cmd: String,
     /// Arguments.
-    #[serde(default, deserialize_with = "null_default", skip_serializing_if = "Vec::is_empty")]
+    #[serde(
+        default,
+        deserialize_with = "null_default",
+        skip_serializing_if = "Vec::is_empty"
+    )]
     pub args: Vec<String>,
     /// Extra environment.
-    #[serde(default, deserialize_with = "null_default", skip_serializing_if = "BTreeMap::is_empty")]
+    #[serde(
+        default,
+        deserialize_with = "null_default",
+        skip_serializing_if = "BTreeMap::is_empty"
+    )]
     pub envs: BTreeMap<String, String>,
     /// Working directory.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -189,7 +213,11 @@ pub struct ProcessConfig {
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct ProcessSelector {
     /// Pid.
-    #[serde(default, deserialize_with = "de_opt_u32", skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        deserialize_with = "de_opt_u32",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub pid: Option<u32>,
     /// Tag.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -203,7 +231,11 @@ pub struct ProcessInfo {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub config: Option<ProcessConfig>,
     /// Pid.
-    #[serde(default, deserialize_with = "de_u32", skip_serializing_if = "is_zero_u32")]
+    #[serde(
+        default,
+        deserialize_with = "de_u32",
+        skip_serializing_if = "is_zero_u32"
+    )]
     pub pid: u32,
     /// Tag.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -214,7 +246,11 @@ pub struct ProcessInfo {
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct ListResponse {
     /// Running processes.
-    #[serde(default, deserialize_with = "null_default", skip_serializing_if = "Vec::is_empty")]
+    #[serde(
+        default,
+        deserialize_with = "null_default",
+        skip_serializing_if = "Vec::is_empty"
+    )]
     pub processes: Vec<ProcessInfo>,
 }
 
@@ -250,7 +286,11 @@ pub struct UpdateRequest {
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct StartEvent {
     /// Pid.
-    #[serde(default, deserialize_with = "de_u32", skip_serializing_if = "is_zero_u32")]
+    #[serde(
+        default,
+        deserialize_with = "de_u32",
+        skip_serializing_if = "is_zero_u32"
+    )]
     pub pid: u32,
 }
 
@@ -273,13 +313,26 @@ pub struct DataEvent {
 #[serde(rename_all = "camelCase")]
 pub struct EndEvent {
     /// Exit code (-1 when killed by a signal, like Go's `ProcessState.ExitCode`).
-    #[serde(default, alias = "exit_code", deserialize_with = "de_i32", skip_serializing_if = "is_zero_i32")]
+    #[serde(
+        default,
+        alias = "exit_code",
+        deserialize_with = "de_i32",
+        skip_serializing_if = "is_zero_i32"
+    )]
     pub exit_code: i32,
     /// Exited normally.
-    #[serde(default, deserialize_with = "null_default", skip_serializing_if = "is_false")]
+    #[serde(
+        default,
+        deserialize_with = "null_default",
+        skip_serializing_if = "is_false"
+    )]
     pub exited: bool,
     /// `exit status N`, `signal: killed`, ...
-    #[serde(default, deserialize_with = "null_default", skip_serializing_if = "String::is_empty")]
+    #[serde(
+        default,
+        deserialize_with = "null_default",
+        skip_serializing_if = "String::is_empty"
+    )]
     pub status: String,
     /// Error text.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -436,40 +489,86 @@ proto_enum! {
 #[serde(rename_all = "camelCase")]
 pub struct EntryInfo {
     /// Base name.
-    #[serde(default, deserialize_with = "null_default", skip_serializing_if = "String::is_empty")]
+    #[serde(
+        default,
+        deserialize_with = "null_default",
+        skip_serializing_if = "String::is_empty"
+    )]
     pub name: String,
     /// Type (of the target for a symlink).
     #[serde(rename = "type", default, skip_serializing_if = "FileType::is_default")]
     pub file_type: FileType,
     /// Absolute path.
-    #[serde(default, deserialize_with = "null_default", skip_serializing_if = "String::is_empty")]
+    #[serde(
+        default,
+        deserialize_with = "null_default",
+        skip_serializing_if = "String::is_empty"
+    )]
     pub path: String,
     /// Size (int64, a JSON string).
-    #[serde(default, deserialize_with = "de_i64", serialize_with = "ser_i64_str", skip_serializing_if = "is_zero_i64")]
+    #[serde(
+        default,
+        deserialize_with = "de_i64",
+        serialize_with = "ser_i64_str",
+        skip_serializing_if = "is_zero_i64"
+    )]
     pub size: i64,
     /// Permission bits.
-    #[serde(default, deserialize_with = "de_u32", skip_serializing_if = "is_zero_u32")]
+    #[serde(
+        default,
+        deserialize_with = "de_u32",
+        skip_serializing_if = "is_zero_u32"
+    )]
     pub mode: u32,
     /// `ls -l` style (Go `FileMode.String`).
-    #[serde(default, deserialize_with = "null_default", skip_serializing_if = "String::is_empty")]
+    #[serde(
+        default,
+        deserialize_with = "null_default",
+        skip_serializing_if = "String::is_empty"
+    )]
     pub permissions: String,
     /// Owner name.
-    #[serde(default, deserialize_with = "null_default", skip_serializing_if = "String::is_empty")]
+    #[serde(
+        default,
+        deserialize_with = "null_default",
+        skip_serializing_if = "String::is_empty"
+    )]
     pub owner: String,
     /// Group name.
-    #[serde(default, deserialize_with = "null_default", skip_serializing_if = "String::is_empty")]
+    #[serde(
+        default,
+        deserialize_with = "null_default",
+        skip_serializing_if = "String::is_empty"
+    )]
     pub group: String,
     /// RFC 3339 modification time.
-    #[serde(default, alias = "modified_time", skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        alias = "modified_time",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub modified_time: Option<String>,
     /// Resolved absolute target, only for symlinks.
-    #[serde(default, alias = "symlink_target", skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        alias = "symlink_target",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub symlink_target: Option<String>,
     /// `user.e2b.*` xattrs.
-    #[serde(default, deserialize_with = "null_default", skip_serializing_if = "BTreeMap::is_empty")]
+    #[serde(
+        default,
+        deserialize_with = "null_default",
+        skip_serializing_if = "BTreeMap::is_empty"
+    )]
     pub metadata: BTreeMap<String, String>,
     /// Whether the entry is a symlink.
-    #[serde(default, alias = "is_symlink", deserialize_with = "null_default", skip_serializing_if = "is_false")]
+    #[serde(
+        default,
+        alias = "is_symlink",
+        deserialize_with = "null_default",
+        skip_serializing_if = "is_false"
+    )]
     pub is_symlink: bool,
 }
 
@@ -477,7 +576,11 @@ pub struct EntryInfo {
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct PathRequest {
     /// Path.
-    #[serde(default, deserialize_with = "null_default", skip_serializing_if = "String::is_empty")]
+    #[serde(
+        default,
+        deserialize_with = "null_default",
+        skip_serializing_if = "String::is_empty"
+    )]
     pub path: String,
 }
 
@@ -485,10 +588,18 @@ pub struct PathRequest {
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct MoveRequest {
     /// From.
-    #[serde(default, deserialize_with = "null_default", skip_serializing_if = "String::is_empty")]
+    #[serde(
+        default,
+        deserialize_with = "null_default",
+        skip_serializing_if = "String::is_empty"
+    )]
     pub source: String,
     /// To.
-    #[serde(default, deserialize_with = "null_default", skip_serializing_if = "String::is_empty")]
+    #[serde(
+        default,
+        deserialize_with = "null_default",
+        skip_serializing_if = "String::is_empty"
+    )]
     pub destination: String,
 }
 
@@ -504,10 +615,18 @@ pub struct EntryResponse {
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct ListDirRequest {
     /// Directory.
-    #[serde(default, deserialize_with = "null_default", skip_serializing_if = "String::is_empty")]
+    #[serde(
+        default,
+        deserialize_with = "null_default",
+        skip_serializing_if = "String::is_empty"
+    )]
     pub path: String,
     /// Depth (0 => 1).
-    #[serde(default, deserialize_with = "de_u32", skip_serializing_if = "is_zero_u32")]
+    #[serde(
+        default,
+        deserialize_with = "de_u32",
+        skip_serializing_if = "is_zero_u32"
+    )]
     pub depth: u32,
 }
 
@@ -515,7 +634,11 @@ pub struct ListDirRequest {
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct ListDirResponse {
     /// Entries, lexical depth-first.
-    #[serde(default, deserialize_with = "null_default", skip_serializing_if = "Vec::is_empty")]
+    #[serde(
+        default,
+        deserialize_with = "null_default",
+        skip_serializing_if = "Vec::is_empty"
+    )]
     pub entries: Vec<EntryInfo>,
 }
 
@@ -524,16 +647,34 @@ pub struct ListDirResponse {
 #[serde(rename_all = "camelCase")]
 pub struct WatchRequest {
     /// Directory.
-    #[serde(default, deserialize_with = "null_default", skip_serializing_if = "String::is_empty")]
+    #[serde(
+        default,
+        deserialize_with = "null_default",
+        skip_serializing_if = "String::is_empty"
+    )]
     pub path: String,
     /// Watch subdirectories too.
-    #[serde(default, deserialize_with = "null_default", skip_serializing_if = "is_false")]
+    #[serde(
+        default,
+        deserialize_with = "null_default",
+        skip_serializing_if = "is_false"
+    )]
     pub recursive: bool,
     /// Attach an entry to each event.
-    #[serde(default, alias = "include_entry", deserialize_with = "null_default", skip_serializing_if = "is_false")]
+    #[serde(
+        default,
+        alias = "include_entry",
+        deserialize_with = "null_default",
+        skip_serializing_if = "is_false"
+    )]
     pub include_entry: bool,
     /// Accepted and ignored.
-    #[serde(default, alias = "allow_network_mounts", deserialize_with = "null_default", skip_serializing_if = "is_false")]
+    #[serde(
+        default,
+        alias = "allow_network_mounts",
+        deserialize_with = "null_default",
+        skip_serializing_if = "is_false"
+    )]
     pub allow_network_mounts: bool,
 }
 
@@ -541,10 +682,18 @@ pub struct WatchRequest {
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct FilesystemEvent {
     /// Path relative to the watched directory.
-    #[serde(default, deserialize_with = "null_default", skip_serializing_if = "String::is_empty")]
+    #[serde(
+        default,
+        deserialize_with = "null_default",
+        skip_serializing_if = "String::is_empty"
+    )]
     pub name: String,
     /// Kind.
-    #[serde(rename = "type", default, skip_serializing_if = "EventType::is_default")]
+    #[serde(
+        rename = "type",
+        default,
+        skip_serializing_if = "EventType::is_default"
+    )]
     pub event_type: EventType,
     /// Entry, when asked for and still present.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -570,7 +719,12 @@ pub struct WatchDirResponse {
 #[serde(rename_all = "camelCase")]
 pub struct WatcherId {
     /// Watcher id.
-    #[serde(default, alias = "watcher_id", deserialize_with = "null_default", skip_serializing_if = "String::is_empty")]
+    #[serde(
+        default,
+        alias = "watcher_id",
+        deserialize_with = "null_default",
+        skip_serializing_if = "String::is_empty"
+    )]
     pub watcher_id: String,
 }
 
@@ -578,7 +732,11 @@ pub struct WatcherId {
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct WatcherEvents {
     /// Events since the last call.
-    #[serde(default, deserialize_with = "null_default", skip_serializing_if = "Vec::is_empty")]
+    #[serde(
+        default,
+        deserialize_with = "null_default",
+        skip_serializing_if = "Vec::is_empty"
+    )]
     pub events: Vec<FilesystemEvent>,
 }
 
@@ -625,9 +783,9 @@ pub fn rfc3339(secs: i64, nanos: u32) -> String {
     let y = if m <= 2 { y + 1 } else { y };
     let frac = if nanos == 0 {
         String::new()
-    } else if nanos % 1_000_000 == 0 {
+    } else if nanos.is_multiple_of(1_000_000) {
         format!(".{:03}", nanos / 1_000_000)
-    } else if nanos % 1_000 == 0 {
+    } else if nanos.is_multiple_of(1_000) {
         format!(".{:06}", nanos / 1_000)
     } else {
         format!(".{nanos:09}")
@@ -653,26 +811,54 @@ mod tests {
     #[test]
     fn snapshot_process_messages() {
         let start = ProcessEventResponse {
-            event: Some(ProcessEvent { start: Some(StartEvent { pid: 1234 }), ..Default::default() }),
+            event: Some(ProcessEvent {
+                start: Some(StartEvent { pid: 1234 }),
+                ..Default::default()
+            }),
         };
         assert_eq!(j(&start), r#"{"event":{"start":{"pid":1234}}}"#);
         let data = ProcessEventResponse {
             event: Some(ProcessEvent {
-                data: Some(DataEvent { stdout: Some("hello\n".into()), ..Default::default() }),
+                data: Some(DataEvent {
+                    stdout: Some("hello\n".into()),
+                    ..Default::default()
+                }),
                 ..Default::default()
             }),
         };
         assert_eq!(j(&data), r#"{"event":{"data":{"stdout":"aGVsbG8K"}}}"#);
-        let pty = DataEvent { pty: Some("x".into()), ..Default::default() };
-        assert_eq!(j(&pty), r#"{"pty":"eA=="}"#);
-        let end0 = ProcessEvent {
-            end: Some(EndEvent { exit_code: 0, exited: true, status: "exit status 0".into(), error: None }),
+        let pty = DataEvent {
+            pty: Some("x".into()),
             ..Default::default()
         };
-        assert_eq!(j(&end0), r#"{"end":{"exited":true,"status":"exit status 0"}}"#);
-        let killed = EndEvent { exit_code: -1, exited: false, status: "signal: killed".into(), error: Some(String::new()) };
-        assert_eq!(j(&killed), r#"{"exitCode":-1,"status":"signal: killed","error":""}"#);
-        let ka = ProcessEvent { keepalive: Some(Empty {}), ..Default::default() };
+        assert_eq!(j(&pty), r#"{"pty":"eA=="}"#);
+        let end0 = ProcessEvent {
+            end: Some(EndEvent {
+                exit_code: 0,
+                exited: true,
+                status: "exit status 0".into(),
+                error: None,
+            }),
+            ..Default::default()
+        };
+        assert_eq!(
+            j(&end0),
+            r#"{"end":{"exited":true,"status":"exit status 0"}}"#
+        );
+        let killed = EndEvent {
+            exit_code: -1,
+            exited: false,
+            status: "signal: killed".into(),
+            error: Some(String::new()),
+        };
+        assert_eq!(
+            j(&killed),
+            r#"{"exitCode":-1,"status":"signal: killed","error":""}"#
+        );
+        let ka = ProcessEvent {
+            keepalive: Some(Empty {}),
+            ..Default::default()
+        };
         assert_eq!(j(&ka), r#"{"keepalive":{}}"#);
         let list = ListResponse {
             processes: vec![ProcessInfo {
@@ -711,7 +897,9 @@ mod tests {
             is_symlink: false,
         };
         assert_eq!(
-            j(&EntryResponse { entry: Some(e.clone()) }),
+            j(&EntryResponse {
+                entry: Some(e.clone())
+            }),
             r#"{"entry":{"name":"a.txt","type":"FILE_TYPE_FILE","path":"/home/user/a.txt","size":"2","mode":420,"permissions":"-rw-r--r--","owner":"user","group":"user","modifiedTime":"2025-01-01T00:00:00.123Z","metadata":{"k":"v"}}}"#
         );
         let link = EntryInfo {
@@ -733,32 +921,59 @@ mod tests {
             r#"{"name":"l","type":"FILE_TYPE_DIRECTORY","path":"/l","size":"4","mode":493,"permissions":"Lrwxrwxrwx","owner":"root","group":"root","modifiedTime":"1970-01-01T00:00:00Z","symlinkTarget":"/d","isSymlink":true}"#
         );
         let ev = WatchDirResponse {
-            filesystem: Some(FilesystemEvent { name: "n/f".into(), event_type: EventType::Write, entry: None }),
+            filesystem: Some(FilesystemEvent {
+                name: "n/f".into(),
+                event_type: EventType::Write,
+                entry: None,
+            }),
             ..Default::default()
         };
-        assert_eq!(j(&ev), r#"{"filesystem":{"name":"n/f","type":"EVENT_TYPE_WRITE"}}"#);
-        let st = WatchDirResponse { start: Some(Empty {}), ..Default::default() };
+        assert_eq!(
+            j(&ev),
+            r#"{"filesystem":{"name":"n/f","type":"EVENT_TYPE_WRITE"}}"#
+        );
+        let st = WatchDirResponse {
+            start: Some(Empty {}),
+            ..Default::default()
+        };
         assert_eq!(j(&st), r#"{"start":{}}"#);
-        assert_eq!(j(&WatcherId { watcher_id: "w1".into() }), r#"{"watcherId":"w1"}"#);
+        assert_eq!(
+            j(&WatcherId {
+                watcher_id: "w1".into()
+            }),
+            r#"{"watcherId":"w1"}"#
+        );
         assert_eq!(j(&WatcherEvents::default()), "{}");
         assert_eq!(j(&ListDirResponse::default()), "{}");
-        let w = WrittenEntry { name: "a".into(), entry_type: "file".into(), path: "/a".into(), metadata: None };
+        let w = WrittenEntry {
+            name: "a".into(),
+            entry_type: "file".into(),
+            path: "/a".into(),
+            metadata: None,
+        };
         assert_eq!(j(&vec![w]), r#"[{"name":"a","type":"file","path":"/a"}]"#);
         assert_eq!(
-            j(&AgentInfo { version: "0.1.0".into(), protocol: PROTOCOL_VERSION }),
+            j(&AgentInfo {
+                version: "0.1.0".into(),
+                protocol: PROTOCOL_VERSION
+            }),
             r#"{"version":"0.1.0","protocol":1}"#
         );
     }
 
     #[test]
     fn lenient_input() {
-        let r: SendSignalRequest = serde_json::from_str(r#"{"process":{"pid":"12"},"signal":9}"#).expect("parse");
+        let r: SendSignalRequest =
+            serde_json::from_str(r#"{"process":{"pid":"12"},"signal":9}"#).expect("parse");
         assert_eq!(r.signal, Signal::Sigkill);
         assert_eq!(r.process.and_then(|p| p.pid), Some(12));
         let r: WatchRequest =
-            serde_json::from_str("{\n  \"path\": \"/x\",\n  \"include_entry\": true, \"zzz\": 1}").expect("parse");
+            serde_json::from_str("{\n  \"path\": \"/x\",\n  \"include_entry\": true, \"zzz\": 1}")
+                .expect("parse");
         assert!(r.include_entry);
-        let r: StartRequest = serde_json::from_str(r#"{"process":{"cmd":"ls","args":null},"stdin":null}"#).expect("parse");
+        let r: StartRequest =
+            serde_json::from_str(r#"{"process":{"cmd":"ls","args":null},"stdin":null}"#)
+                .expect("parse");
         assert_eq!(r.stdin, None);
         let e: EndEvent = serde_json::from_str(r#"{"exit_code":"3"}"#).expect("parse");
         assert_eq!(e.exit_code, 3);

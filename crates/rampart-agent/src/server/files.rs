@@ -27,7 +27,9 @@ pub fn parse_query(q: &str) -> Vec<(String, String)> {
             match b[i] {
                 b'+' => out.push(b' '),
                 b'%' if i + 2 < b.len() => {
-                    let h = std::str::from_utf8(&b[i + 1..i + 3]).ok().and_then(|h| u8::from_str_radix(h, 16).ok());
+                    let h = std::str::from_utf8(&b[i + 1..i + 3])
+                        .ok()
+                        .and_then(|h| u8::from_str_radix(h, 16).ok());
                     match h {
                         Some(v) => {
                             out.push(v);
@@ -52,7 +54,9 @@ pub fn parse_query(q: &str) -> Vec<(String, String)> {
 }
 
 fn query(req: &Request<Incoming>) -> BTreeMap<String, String> {
-    parse_query(req.uri().query().unwrap_or_default()).into_iter().collect()
+    parse_query(req.uri().query().unwrap_or_default())
+        .into_iter()
+        .collect()
 }
 
 fn status_for(code: Code) -> u16 {
@@ -63,9 +67,12 @@ fn status_for(code: Code) -> u16 {
     }
 }
 
-fn user_for(state: &State, q: &BTreeMap<String, String>) -> Result<User, Response<Body>> {
-    users::resolve(q.get("username").map(String::as_str), &state.config.default_user)
-        .map_err(|e| http_error(status_for(e.code), &e.message))
+fn user_for(state: &State, q: &BTreeMap<String, String>) -> Result<User, Box<Response<Body>>> {
+    users::resolve(
+        q.get("username").map(String::as_str),
+        &state.config.default_user,
+    )
+    .map_err(|e| Box::new(http_error(status_for(e.code), &e.message)))
 }
 
 /// `GET /files?path=&username=`.
@@ -73,7 +80,7 @@ pub fn download(state: &Arc<State>, req: Request<Incoming>) -> Response<Body> {
     let q = query(&req);
     let user = match user_for(state, &q) {
         Ok(u) => u,
-        Err(r) => return r,
+        Err(r) => return *r,
     };
     let Some(path) = q.get("path").filter(|p| !p.is_empty()) else {
         return http_error(400, "the path query parameter is required");
@@ -97,12 +104,22 @@ pub fn download(state: &Arc<State>, req: Request<Incoming>) -> Response<Body> {
         return http_error(400, &format!("path '{}' is a directory", p.display()));
     }
     if !meta.is_file() {
-        return http_error(400, &format!("path '{}' is not a regular file", p.display()));
+        return http_error(
+            400,
+            &format!("path '{}' is not a regular file", p.display()),
+        );
     }
     let len = meta.len();
-    let mut r = Response::new(Body::File { file, remaining: len });
-    r.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("application/octet-stream"));
-    r.headers_mut().insert(CONTENT_LENGTH, HeaderValue::from(len));
+    let mut r = Response::new(Body::File {
+        file,
+        remaining: len,
+    });
+    r.headers_mut().insert(
+        CONTENT_TYPE,
+        HeaderValue::from_static("application/octet-stream"),
+    );
+    r.headers_mut()
+        .insert(CONTENT_LENGTH, HeaderValue::from(len));
     r
 }
 
@@ -115,12 +132,19 @@ fn io_up(e: &std::io::Error, what: &str, p: &Path) -> UpErr {
         _ => match e.kind() {
             ErrorKind::PermissionDenied => 403,
             ErrorKind::AlreadyExists | ErrorKind::InvalidInput | ErrorKind::InvalidData => 400,
-            _ if e.raw_os_error() == Some(libc::EISDIR) || e.raw_os_error() == Some(libc::ENOTDIR) => 400,
+            _ if e.raw_os_error() == Some(libc::EISDIR)
+                || e.raw_os_error() == Some(libc::ENOTDIR) =>
+            {
+                400
+            }
             _ => 500,
         },
     };
     if status == 507 {
-        return UpErr(507, format!("not enough disk space to write '{}'", p.display()));
+        return UpErr(
+            507,
+            format!("not enough disk space to write '{}'", p.display()),
+        );
     }
     UpErr(status, format!("{what} '{}': {e}", p.display()))
 }
@@ -139,10 +163,14 @@ enum Out {
 impl Sink {
     fn open(path: PathBuf, user: &User, gzip: bool) -> Result<Sink, UpErr> {
         if let Some(parent) = path.parent() {
-            make_dirs(parent, user).map_err(|e| io_up(&e, "creating parent directories of", &path))?;
+            make_dirs(parent, user)
+                .map_err(|e| io_up(&e, "creating parent directories of", &path))?;
         }
         if std::fs::metadata(&path).is_ok_and(|m| m.is_dir()) {
-            return Err(UpErr(400, format!("path '{}' is a directory", path.display())));
+            return Err(UpErr(
+                400,
+                format!("path '{}' is a directory", path.display()),
+            ));
         }
         let f = std::fs::OpenOptions::new()
             .write(true)
@@ -152,7 +180,11 @@ impl Sink {
             .open(&path)
             .map_err(|e| io_up(&e, "opening", &path))?;
         chown_to(&path, user).map_err(|e| io_up(&e, "chown", &path))?;
-        let out = if gzip { Out::Gzip(Box::new(flate2::write::MultiGzDecoder::new(f))) } else { Out::Plain(f) };
+        let out = if gzip {
+            Out::Gzip(Box::new(flate2::write::MultiGzDecoder::new(f)))
+        } else {
+            Out::Plain(f)
+        };
         Ok(Sink { path, out })
     }
 
@@ -177,7 +209,10 @@ impl Sink {
 
     fn err(&self, e: &std::io::Error) -> UpErr {
         if e.kind() == ErrorKind::InvalidInput || e.kind() == ErrorKind::InvalidData {
-            return UpErr(400, format!("invalid gzip body for '{}': {e}", self.path.display()));
+            return UpErr(
+                400,
+                format!("invalid gzip body for '{}': {e}", self.path.display()),
+            );
         }
         io_up(e, "writing", &self.path)
     }
@@ -185,16 +220,28 @@ impl Sink {
 
 fn written(path: &Path, metadata: &BTreeMap<String, String>) -> WrittenEntry {
     WrittenEntry {
-        name: path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default(),
+        name: path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default(),
         entry_type: "file".into(),
         path: path.to_string_lossy().into_owned(),
-        metadata: if metadata.is_empty() { None } else { Some(metadata.clone()) },
+        metadata: if metadata.is_empty() {
+            None
+        } else {
+            Some(metadata.clone())
+        },
     }
 }
 
 fn apply_metadata(path: &Path, metadata: &BTreeMap<String, String>) -> Result<(), UpErr> {
     for (k, v) in metadata {
-        write_metadata(path, k, v).map_err(|e| UpErr(500, format!("setting metadata '{k}' on '{}': {e}", path.display())))?;
+        write_metadata(path, k, v).map_err(|e| {
+            UpErr(
+                500,
+                format!("setting metadata '{k}' on '{}': {e}", path.display()),
+            )
+        })?;
     }
     Ok(())
 }
@@ -204,7 +251,7 @@ pub async fn upload(state: &Arc<State>, req: Request<Incoming>) -> Response<Body
     let q = query(&req);
     let user = match user_for(state, &q) {
         Ok(u) => u,
-        Err(r) => return r,
+        Err(r) => return *r,
     };
     match upload_inner(&q, &user, req).await {
         Ok(entries) => json(&entries),
@@ -218,18 +265,33 @@ async fn upload_inner(
     req: Request<Incoming>,
 ) -> Result<Vec<WrittenEntry>, UpErr> {
     let h = req.headers();
-    let ct = h.get(CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or_default().to_string();
-    let encoding =
-        h.get(hyper::header::CONTENT_ENCODING).and_then(|v| v.to_str().ok()).unwrap_or("identity").trim().to_ascii_lowercase();
+    let ct = h
+        .get(CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_string();
+    let encoding = h
+        .get(hyper::header::CONTENT_ENCODING)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("identity")
+        .trim()
+        .to_ascii_lowercase();
     let gzip = match encoding.as_str() {
         "" | "identity" => false,
         "gzip" | "x-gzip" => true,
-        other => return Err(UpErr(400, format!("unsupported content-encoding '{other}'"))),
+        other => {
+            return Err(UpErr(
+                400,
+                format!("unsupported content-encoding '{other}'"),
+            ))
+        }
     };
     let mut metadata = BTreeMap::new();
     for (k, v) in h {
         if let Some(key) = k.as_str().strip_prefix("x-metadata-") {
-            let v = v.to_str().map_err(|_| UpErr(400, format!("metadata '{key}' is not valid text")))?;
+            let v = v
+                .to_str()
+                .map_err(|_| UpErr(400, format!("metadata '{key}' is not valid text")))?;
             metadata.insert(key.to_ascii_lowercase(), v.to_string());
         }
     }
@@ -238,16 +300,19 @@ async fn upload_inner(
 
     if ct.to_ascii_lowercase().starts_with("multipart/form-data") {
         if gzip {
-            return Err(UpErr(400, "gzip content-encoding is only supported for octet-stream uploads".into()));
+            return Err(UpErr(
+                400,
+                "gzip content-encoding is only supported for octet-stream uploads".into(),
+            ));
         }
-        let boundary = multer::parse_boundary(&ct).map_err(|e| UpErr(400, format!("bad multipart content-type: {e}")))?;
-        let stream = http_body_util::BodyStream::new(body)
-            .filter_map(|f| async move {
-                match f {
-                    Ok(f) => f.into_data().ok().map(Ok::<Bytes, hyper::Error>),
-                    Err(e) => Some(Err(e)),
-                }
-            });
+        let boundary = multer::parse_boundary(&ct)
+            .map_err(|e| UpErr(400, format!("bad multipart content-type: {e}")))?;
+        let stream = http_body_util::BodyStream::new(body).filter_map(|f| async move {
+            match f {
+                Ok(f) => f.into_data().ok().map(Ok::<Bytes, hyper::Error>),
+                Err(e) => Some(Err(e)),
+            }
+        });
         let mut mp = multer::Multipart::new(stream, boundary);
         let mut out = Vec::new();
         let mut first = true;
@@ -263,7 +328,12 @@ async fn upload_inner(
             let target = match (&qpath, field.file_name()) {
                 (Some(p), _) if first => p.clone(),
                 (_, Some(f)) if !f.is_empty() => f.to_string(),
-                _ => return Err(UpErr(400, "a file part has no filename and no path was given".into())),
+                _ => {
+                    return Err(UpErr(
+                        400,
+                        "a file part has no filename and no path was given".into(),
+                    ))
+                }
             };
             first = false;
             let path = super::resolve_path(&target, &user.home);
@@ -287,7 +357,10 @@ async fn upload_inner(
     }
 
     let Some(target) = qpath else {
-        return Err(UpErr(400, "the path query parameter is required for a raw upload".into()));
+        return Err(UpErr(
+            400,
+            "the path query parameter is required for a raw upload".into(),
+        ));
     };
     let path = super::resolve_path(&target, &user.home);
     let mut sink = Sink::open(path, user, gzip)?;

@@ -4,7 +4,8 @@ use super::users::{self, Names, User};
 use super::{Ctx, State};
 use crate::connect::{Code, RpcError};
 use crate::proto::{
-    rfc3339, EntryInfo, EntryResponse, Empty, FileType, ListDirRequest, ListDirResponse, MoveRequest, PathRequest,
+    rfc3339, Empty, EntryInfo, EntryResponse, FileType, ListDirRequest, ListDirResponse,
+    MoveRequest, PathRequest,
 };
 use std::collections::BTreeMap;
 use std::io::ErrorKind;
@@ -19,15 +20,19 @@ pub fn io_err(e: &std::io::Error, what: &str, path: &Path) -> RpcError {
         ErrorKind::PermissionDenied => Code::PermissionDenied,
         ErrorKind::AlreadyExists => Code::AlreadyExists,
         _ => match e.raw_os_error() {
-            Some(libc::ENOTDIR) | Some(libc::EISDIR) | Some(libc::ENOTEMPTY) | Some(libc::EINVAL) => {
-                Code::InvalidArgument
-            }
+            Some(libc::ENOTDIR)
+            | Some(libc::EISDIR)
+            | Some(libc::ENOTEMPTY)
+            | Some(libc::EINVAL) => Code::InvalidArgument,
             Some(libc::ENOSPC) | Some(libc::EDQUOT) => Code::ResourceExhausted,
             _ => Code::Internal,
         },
     };
     let msg = if code == Code::NotFound {
-        format!("file not found: {what} {}: no such file or directory", path.display())
+        format!(
+            "file not found: {what} {}: no such file or directory",
+            path.display()
+        )
     } else {
         format!("{what} {}: {e}", path.display())
     };
@@ -61,7 +66,11 @@ pub fn go_mode_string(mode: u32) -> String {
     }
     const RWX: &[u8; 9] = b"rwxrwxrwx";
     for (i, c) in RWX.iter().enumerate() {
-        s.push(if mode & (1 << (8 - i)) != 0 { *c as char } else { '-' });
+        s.push(if mode & (1 << (8 - i)) != 0 {
+            *c as char
+        } else {
+            '-'
+        });
     }
     s
 }
@@ -69,7 +78,9 @@ pub fn go_mode_string(mode: u32) -> String {
 /// The `user.e2b.*` xattrs of a path, prefix stripped.
 pub fn read_metadata(path: &Path) -> BTreeMap<String, String> {
     let mut out = BTreeMap::new();
-    let Ok(c) = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()) else { return out };
+    let Ok(c) = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()) else {
+        return out;
+    };
     let mut names = vec![0u8; 4096];
     // SAFETY: the buffer pointer and length describe a live, writable allocation.
     let n = unsafe { libc::llistxattr(c.as_ptr(), names.as_mut_ptr().cast(), names.len()) };
@@ -78,16 +89,30 @@ pub fn read_metadata(path: &Path) -> BTreeMap<String, String> {
     }
     names.truncate(n as usize);
     for name in names.split(|b| *b == 0).filter(|n| !n.is_empty()) {
-        let Some(key) = name.strip_prefix(b"user.e2b.") else { continue };
-        let Ok(cname) = std::ffi::CString::new(name) else { continue };
+        let Some(key) = name.strip_prefix(b"user.e2b.") else {
+            continue;
+        };
+        let Ok(cname) = std::ffi::CString::new(name) else {
+            continue;
+        };
         let mut val = vec![0u8; 65536];
         // SAFETY: valid C strings and a live, writable buffer of the given length.
-        let m = unsafe { libc::lgetxattr(c.as_ptr(), cname.as_ptr(), val.as_mut_ptr().cast(), val.len()) };
+        let m = unsafe {
+            libc::lgetxattr(
+                c.as_ptr(),
+                cname.as_ptr(),
+                val.as_mut_ptr().cast(),
+                val.len(),
+            )
+        };
         if m < 0 {
             continue;
         }
         val.truncate(m as usize);
-        out.insert(String::from_utf8_lossy(key).into_owned(), String::from_utf8_lossy(&val).into_owned());
+        out.insert(
+            String::from_utf8_lossy(key).into_owned(),
+            String::from_utf8_lossy(&val).into_owned(),
+        );
     }
     out
 }
@@ -97,7 +122,15 @@ pub fn write_metadata(path: &Path, key: &str, value: &str) -> std::io::Result<()
     let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes())?;
     let name = std::ffi::CString::new(format!("user.e2b.{key}"))?;
     // SAFETY: valid C strings and a value buffer of the given length.
-    let r = unsafe { libc::setxattr(c.as_ptr(), name.as_ptr(), value.as_ptr().cast(), value.len(), 0) };
+    let r = unsafe {
+        libc::setxattr(
+            c.as_ptr(),
+            name.as_ptr(),
+            value.as_ptr().cast(),
+            value.len(),
+            0,
+        )
+    };
     if r < 0 {
         return Err(std::io::Error::last_os_error());
     }
@@ -118,13 +151,19 @@ fn file_type_of(m: &std::fs::Metadata) -> FileType {
 pub fn entry_info(path: &Path, names: &Names) -> std::io::Result<EntryInfo> {
     let lm = std::fs::symlink_metadata(path)?;
     let mut e = EntryInfo {
-        name: path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "/".into()),
+        name: path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "/".into()),
         path: path.to_string_lossy().into_owned(),
         size: lm.size() as i64,
         permissions: go_mode_string(lm.mode()),
         owner: names.user(lm.uid()),
         group: names.group(lm.gid()),
-        modified_time: Some(rfc3339(lm.mtime(), u32::try_from(lm.mtime_nsec()).unwrap_or(0))),
+        modified_time: Some(rfc3339(
+            lm.mtime(),
+            u32::try_from(lm.mtime_nsec()).unwrap_or(0),
+        )),
         metadata: read_metadata(path),
         ..Default::default()
     };
@@ -141,7 +180,11 @@ pub fn entry_info(path: &Path, names: &Names) -> std::io::Result<EntryInfo> {
             Err(_) => {
                 // Dangling: the target as written, made absolute.
                 let t = std::fs::read_link(path).unwrap_or_default();
-                let abs = if t.is_absolute() { t } else { path.parent().unwrap_or(Path::new("/")).join(t) };
+                let abs = if t.is_absolute() {
+                    t
+                } else {
+                    path.parent().unwrap_or(Path::new("/")).join(t)
+                };
                 e.symlink_target = Some(abs.to_string_lossy().into_owned());
             }
         }
@@ -168,7 +211,12 @@ pub fn make_dirs(dir: &Path, user: &User) -> std::io::Result<()> {
     loop {
         match std::fs::symlink_metadata(&cur) {
             Ok(m) if m.is_dir() => break,
-            Ok(m) if m.file_type().is_symlink() && std::fs::metadata(&cur).is_ok_and(|m| m.is_dir()) => break,
+            Ok(m)
+                if m.file_type().is_symlink()
+                    && std::fs::metadata(&cur).is_ok_and(|m| m.is_dir()) =>
+            {
+                break
+            }
             Ok(_) => {
                 return Err(std::io::Error::new(
                     ErrorKind::AlreadyExists,
@@ -211,16 +259,26 @@ pub fn stat(state: &Arc<State>, ctx: &Ctx, req: PathRequest) -> Result<EntryResp
 }
 
 /// `MakeDir`.
-pub fn make_dir(state: &Arc<State>, ctx: &Ctx, req: PathRequest) -> Result<EntryResponse, RpcError> {
+pub fn make_dir(
+    state: &Arc<State>,
+    ctx: &Ctx,
+    req: PathRequest,
+) -> Result<EntryResponse, RpcError> {
     let (user, p) = user_path(state, ctx, &req.path)?;
     match std::fs::symlink_metadata(&p) {
         Ok(m) if m.is_dir() => {
-            return Err(RpcError::new(Code::AlreadyExists, format!("directory already exists: {}", p.display())))
+            return Err(RpcError::new(
+                Code::AlreadyExists,
+                format!("directory already exists: {}", p.display()),
+            ))
         }
         Ok(_) => {
             return Err(RpcError::new(
                 Code::AlreadyExists,
-                format!("path already exists and is not a directory: {}", p.display()),
+                format!(
+                    "path already exists and is not a directory: {}",
+                    p.display()
+                ),
             ))
         }
         Err(_) => {}
@@ -260,12 +318,19 @@ pub fn remove(state: &Arc<State>, ctx: &Ctx, req: PathRequest) -> Result<Empty, 
 }
 
 /// `ListDir`: lexical depth-first, entries up to `depth` levels below `path`.
-pub fn list_dir(state: &Arc<State>, ctx: &Ctx, req: ListDirRequest) -> Result<ListDirResponse, RpcError> {
+pub fn list_dir(
+    state: &Arc<State>,
+    ctx: &Ctx,
+    req: ListDirRequest,
+) -> Result<ListDirResponse, RpcError> {
     let (_, p) = user_path(state, ctx, &req.path)?;
     let depth = req.depth.max(1);
     let m = std::fs::metadata(&p).map_err(|e| io_err(&e, "list", &p))?;
     if !m.is_dir() {
-        return Err(RpcError::new(Code::InvalidArgument, format!("path is not a directory: {}", p.display())));
+        return Err(RpcError::new(
+            Code::InvalidArgument,
+            format!("path is not a directory: {}", p.display()),
+        ));
     }
     // A symlinked directory is listed under the path that was asked for.
     let names = Names::load();
@@ -274,12 +339,23 @@ pub fn list_dir(state: &Arc<State>, ctx: &Ctx, req: ListDirRequest) -> Result<Li
     Ok(ListDirResponse { entries })
 }
 
-fn walk(dir: &Path, level: u32, depth: u32, names: &Names, out: &mut Vec<EntryInfo>) -> std::io::Result<()> {
-    let mut children: Vec<_> = std::fs::read_dir(dir)?.filter_map(|e| e.ok()).map(|e| e.file_name()).collect();
+fn walk(
+    dir: &Path,
+    level: u32,
+    depth: u32,
+    names: &Names,
+    out: &mut Vec<EntryInfo>,
+) -> std::io::Result<()> {
+    let mut children: Vec<_> = std::fs::read_dir(dir)?
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name())
+        .collect();
     children.sort();
     for name in children {
         let path = dir.join(&name);
-        let Ok(info) = entry_info(&path, names) else { continue }; // vanished meanwhile
+        let Ok(info) = entry_info(&path, names) else {
+            continue;
+        }; // vanished meanwhile
         let recurse = level < depth && !info.is_symlink && info.file_type == FileType::Directory;
         out.push(info);
         if recurse {
@@ -299,7 +375,13 @@ mod tests {
         assert_eq!(go_mode_string(libc::S_IFREG | 0o644), "-rw-r--r--");
         assert_eq!(go_mode_string(libc::S_IFDIR | 0o755), "drwxr-xr-x");
         assert_eq!(go_mode_string(libc::S_IFLNK | 0o777), "Lrwxrwxrwx");
-        assert_eq!(go_mode_string(libc::S_IFDIR | libc::S_ISVTX | 0o777), "dtrwxrwxrwx");
-        assert_eq!(go_mode_string(libc::S_IFREG | libc::S_ISUID | 0o755), "urwxr-xr-x");
+        assert_eq!(
+            go_mode_string(libc::S_IFDIR | libc::S_ISVTX | 0o777),
+            "dtrwxrwxrwx"
+        );
+        assert_eq!(
+            go_mode_string(libc::S_IFREG | libc::S_ISUID | 0o755),
+            "urwxr-xr-x"
+        );
     }
 }

@@ -118,7 +118,8 @@ impl hyper::body::Body for Body {
 pub fn full(status: u16, content_type: &'static str, body: impl Into<Bytes>) -> Response<Body> {
     let mut r = Response::new(Body::Full(Some(body.into())));
     *r.status_mut() = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-    r.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
+    r.headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
     r
 }
 
@@ -144,13 +145,20 @@ pub fn http_error(status: u16, message: &str) -> Response<Body> {
 /// A server-streaming response fed by `rx` (already-encoded envelopes).
 pub fn stream_response(rx: mpsc::Receiver<Bytes>) -> Response<Body> {
     let mut r = Response::new(Body::Channel(rx));
-    r.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("application/connect+json"));
+    r.headers_mut().insert(
+        CONTENT_TYPE,
+        HeaderValue::from_static("application/connect+json"),
+    );
     r
 }
 
 /// A server stream that fails at once: 200 + an end-of-stream envelope with the error.
 pub fn stream_error(e: &RpcError) -> Response<Body> {
-    full(200, "application/connect+json", connect::end_envelope(Some(e)))
+    full(
+        200,
+        "application/connect+json",
+        connect::end_envelope(Some(e)),
+    )
 }
 
 /// Per-request facts from the headers.
@@ -173,26 +181,49 @@ fn ctx_of(req: &Request<Incoming>) -> Result<Ctx, RpcError> {
             let b64 = v
                 .strip_prefix("Basic ")
                 .or_else(|| v.strip_prefix("basic "))
-                .ok_or_else(|| RpcError::new(Code::Unauthenticated, "unsupported authorization scheme"))?;
+                .ok_or_else(|| {
+                    RpcError::new(Code::Unauthenticated, "unsupported authorization scheme")
+                })?;
             use base64::Engine as _;
             let raw = base64::engine::general_purpose::STANDARD
                 .decode(b64.trim())
-                .map_err(|_| RpcError::new(Code::Unauthenticated, "malformed basic authorization"))?;
-            let s = String::from_utf8(raw)
-                .map_err(|_| RpcError::new(Code::Unauthenticated, "malformed basic authorization"))?;
+                .map_err(|_| {
+                    RpcError::new(Code::Unauthenticated, "malformed basic authorization")
+                })?;
+            let s = String::from_utf8(raw).map_err(|_| {
+                RpcError::new(Code::Unauthenticated, "malformed basic authorization")
+            })?;
             Some(s.split(':').next().unwrap_or_default().to_string())
         }
     };
-    let num = |name: &str| h.get(name).and_then(|v| v.to_str().ok()).and_then(|v| v.trim().parse::<u64>().ok());
-    let timeout = num("connect-timeout-ms").filter(|&t| t > 0).map(Duration::from_millis);
-    let keepalive = Duration::from_secs(num("keepalive-ping-interval").filter(|&t| t > 0).unwrap_or(90));
-    Ok(Ctx { user, timeout, keepalive })
+    let num = |name: &str| {
+        h.get(name)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.trim().parse::<u64>().ok())
+    };
+    let timeout = num("connect-timeout-ms")
+        .filter(|&t| t > 0)
+        .map(Duration::from_millis);
+    let keepalive = Duration::from_secs(
+        num("keepalive-ping-interval")
+            .filter(|&t| t > 0)
+            .unwrap_or(90),
+    );
+    Ok(Ctx {
+        user,
+        timeout,
+        keepalive,
+    })
 }
 
 /// Serve one HTTP request.
-pub async fn handle(state: Arc<State>, req: Request<Incoming>) -> Result<Response<Body>, std::convert::Infallible> {
+pub async fn handle(
+    state: Arc<State>,
+    req: Request<Incoming>,
+) -> Result<Response<Body>, std::convert::Infallible> {
     let mut resp = route(state, req).await;
-    resp.headers_mut().insert("x-rampart-agent-version", HeaderValue::from_static(VERSION));
+    resp.headers_mut()
+        .insert("x-rampart-agent-version", HeaderValue::from_static(VERSION));
     Ok(resp)
 }
 
@@ -204,12 +235,15 @@ async fn route(state: Arc<State>, req: Request<Incoming>) -> Response<Body> {
             *r.status_mut() = StatusCode::NO_CONTENT;
             r
         }
-        (&Method::GET, "/info") => {
-            json(&crate::proto::AgentInfo { version: VERSION.into(), protocol: crate::proto::PROTOCOL_VERSION })
-        }
+        (&Method::GET, "/info") => json(&crate::proto::AgentInfo {
+            version: VERSION.into(),
+            protocol: crate::proto::PROTOCOL_VERSION,
+        }),
         (&Method::GET, "/files") => files::download(&state, req),
         (&Method::POST, "/files") => files::upload(&state, req).await,
-        (&Method::POST, p) if p.starts_with("/process.Process/") || p.starts_with("/filesystem.Filesystem/") => {
+        (&Method::POST, p)
+            if p.starts_with("/process.Process/") || p.starts_with("/filesystem.Filesystem/") =>
+        {
             rpc(state, req, p.to_string()).await
         }
         (_, "/health" | "/info" | "/files") => http_error(405, "method not allowed"),
@@ -232,9 +266,15 @@ pub async fn read_body(body: Incoming, limit: usize) -> Result<Bytes, RpcError> 
         Ok(c) => Ok(c.to_bytes()),
         Err(e) => {
             if e.is::<http_body_util::LengthLimitError>() {
-                Err(RpcError::new(Code::ResourceExhausted, "request body too large"))
+                Err(RpcError::new(
+                    Code::ResourceExhausted,
+                    "request body too large",
+                ))
             } else {
-                Err(RpcError::new(Code::InvalidArgument, format!("reading request body: {e}")))
+                Err(RpcError::new(
+                    Code::InvalidArgument,
+                    format!("reading request body: {e}"),
+                ))
             }
         }
     }
@@ -243,9 +283,11 @@ pub async fn read_body(body: Incoming, limit: usize) -> Result<Bytes, RpcError> 
 fn parse<T: DeserializeOwned>(b: &[u8]) -> Result<T, RpcError> {
     // An empty unary body is the empty message.
     if b.iter().all(u8::is_ascii_whitespace) {
-        return serde_json::from_slice(b"{}").map_err(|e| RpcError::new(Code::InvalidArgument, e.to_string()));
+        return serde_json::from_slice(b"{}")
+            .map_err(|e| RpcError::new(Code::InvalidArgument, e.to_string()));
     }
-    serde_json::from_slice(b).map_err(|e| RpcError::new(Code::InvalidArgument, format!("invalid request: {e}")))
+    serde_json::from_slice(b)
+        .map_err(|e| RpcError::new(Code::InvalidArgument, format!("invalid request: {e}")))
 }
 
 /// Read the single enveloped message of a server-streaming request.
@@ -254,18 +296,25 @@ async fn read_stream_request<T: DeserializeOwned>(body: Incoming) -> Result<T, R
     let mut buf = BytesMut::from(&raw[..]);
     match connect::take_envelope(&mut buf) {
         Ok(Some((flags, payload))) if flags & connect::FLAG_END_STREAM == 0 => parse(&payload),
-        Ok(_) => Err(RpcError::new(Code::InvalidArgument, "request has no message envelope")),
+        Ok(_) => Err(RpcError::new(
+            Code::InvalidArgument,
+            "request has no message envelope",
+        )),
         Err(e) => Err(RpcError::new(Code::InvalidArgument, e.to_string())),
     }
 }
 
-const SERVER_STREAMS: [&str; 3] =
-    ["/process.Process/Start", "/process.Process/Connect", "/filesystem.Filesystem/WatchDir"];
+const SERVER_STREAMS: [&str; 3] = [
+    "/process.Process/Start",
+    "/process.Process/Connect",
+    "/filesystem.Filesystem/WatchDir",
+];
 
 async fn rpc(state: Arc<State>, req: Request<Incoming>, path: String) -> Response<Body> {
     let ct = content_type(&req);
     let base_ct = ct.split(';').next().unwrap_or_default().trim().to_string();
-    let streaming = SERVER_STREAMS.contains(&path.as_str()) || path == "/process.Process/StreamInput";
+    let streaming =
+        SERVER_STREAMS.contains(&path.as_str()) || path == "/process.Process/StreamInput";
     let bad_encoding = |name: &str| {
         req.headers()
             .get(name)
@@ -277,22 +326,36 @@ async fn rpc(state: Arc<State>, req: Request<Incoming>, path: String) -> Respons
             return full(
                 415,
                 "application/json",
-                RpcError::new(Code::InvalidArgument, format!("unsupported content-type {ct:?}")).to_json(),
+                RpcError::new(
+                    Code::InvalidArgument,
+                    format!("unsupported content-type {ct:?}"),
+                )
+                .to_json(),
             );
         }
         if bad_encoding("connect-content-encoding") {
-            return stream_error(&RpcError::new(Code::Unimplemented, "only identity encoding is supported"));
+            return stream_error(&RpcError::new(
+                Code::Unimplemented,
+                "only identity encoding is supported",
+            ));
         }
     } else {
         if base_ct != "application/json" {
             return full(
                 415,
                 "application/json",
-                RpcError::new(Code::InvalidArgument, format!("unsupported content-type {ct:?}")).to_json(),
+                RpcError::new(
+                    Code::InvalidArgument,
+                    format!("unsupported content-type {ct:?}"),
+                )
+                .to_json(),
             );
         }
         if bad_encoding("content-encoding") {
-            return rpc_error(&RpcError::new(Code::Unimplemented, "only identity encoding is supported"));
+            return rpc_error(&RpcError::new(
+                Code::Unimplemented,
+                "only identity encoding is supported",
+            ));
         }
     }
     let ctx = match ctx_of(&req) {
@@ -329,26 +392,48 @@ async fn rpc(state: Arc<State>, req: Request<Incoming>, path: String) -> Respons
     result.unwrap_or_else(|e| rpc_error(&e))
 }
 
-async fn unary(state: &Arc<State>, ctx: &Ctx, path: &str, raw: &[u8]) -> Result<Response<Body>, RpcError> {
+async fn unary(
+    state: &Arc<State>,
+    ctx: &Ctx,
+    path: &str,
+    raw: &[u8],
+) -> Result<Response<Body>, RpcError> {
     use crate::proto::*;
     Ok(match path {
         "/process.Process/List" => json(&state.procs.list()),
-        "/process.Process/SendInput" => json(&process::send_input(state, parse::<SendInputRequest>(raw)?).await?),
-        "/process.Process/CloseStdin" => json(&process::close_stdin(state, parse::<SelectorRequest>(raw)?).await?),
-        "/process.Process/SendSignal" => json(&process::send_signal(state, parse::<SendSignalRequest>(raw)?)?),
+        "/process.Process/SendInput" => {
+            json(&process::send_input(state, parse::<SendInputRequest>(raw)?).await?)
+        }
+        "/process.Process/CloseStdin" => {
+            json(&process::close_stdin(state, parse::<SelectorRequest>(raw)?).await?)
+        }
+        "/process.Process/SendSignal" => json(&process::send_signal(
+            state,
+            parse::<SendSignalRequest>(raw)?,
+        )?),
         "/process.Process/Update" => json(&process::update(state, parse::<UpdateRequest>(raw)?)?),
         "/filesystem.Filesystem/Stat" => json(&fs::stat(state, ctx, parse::<PathRequest>(raw)?)?),
-        "/filesystem.Filesystem/MakeDir" => json(&fs::make_dir(state, ctx, parse::<PathRequest>(raw)?)?),
-        "/filesystem.Filesystem/Move" => json(&fs::rename(state, ctx, parse::<MoveRequest>(raw)?)?),
-        "/filesystem.Filesystem/ListDir" => json(&fs::list_dir(state, ctx, parse::<ListDirRequest>(raw)?)?),
-        "/filesystem.Filesystem/Remove" => json(&fs::remove(state, ctx, parse::<PathRequest>(raw)?)?),
-        "/filesystem.Filesystem/CreateWatcher" => {
-            json(&watch::create_watcher(state, ctx, parse::<WatchRequest>(raw)?)?)
+        "/filesystem.Filesystem/MakeDir" => {
+            json(&fs::make_dir(state, ctx, parse::<PathRequest>(raw)?)?)
         }
+        "/filesystem.Filesystem/Move" => json(&fs::rename(state, ctx, parse::<MoveRequest>(raw)?)?),
+        "/filesystem.Filesystem/ListDir" => {
+            json(&fs::list_dir(state, ctx, parse::<ListDirRequest>(raw)?)?)
+        }
+        "/filesystem.Filesystem/Remove" => {
+            json(&fs::remove(state, ctx, parse::<PathRequest>(raw)?)?)
+        }
+        "/filesystem.Filesystem/CreateWatcher" => json(&watch::create_watcher(
+            state,
+            ctx,
+            parse::<WatchRequest>(raw)?,
+        )?),
         "/filesystem.Filesystem/GetWatcherEvents" => {
             json(&watch::get_watcher_events(state, parse::<WatcherId>(raw)?)?)
         }
-        "/filesystem.Filesystem/RemoveWatcher" => json(&watch::remove_watcher(state, parse::<WatcherId>(raw)?)?),
+        "/filesystem.Filesystem/RemoveWatcher" => {
+            json(&watch::remove_watcher(state, parse::<WatcherId>(raw)?)?)
+        }
         _ => {
             let e = RpcError::new(Code::Unimplemented, format!("unknown procedure {path}"));
             return Ok(full(404, "application/json", e.to_json()));
@@ -422,8 +507,14 @@ mod tests {
 
     #[test]
     fn paths_resolve() {
-        assert_eq!(resolve_path("a/b", "/home/user"), std::path::Path::new("/home/user/a/b"));
-        assert_eq!(resolve_path("/x/../y/./z", "/h"), std::path::Path::new("/y/z"));
+        assert_eq!(
+            resolve_path("a/b", "/home/user"),
+            std::path::Path::new("/home/user/a/b")
+        );
+        assert_eq!(
+            resolve_path("/x/../y/./z", "/h"),
+            std::path::Path::new("/y/z")
+        );
         assert_eq!(resolve_path("", "/h"), std::path::Path::new("/h"));
         assert_eq!(resolve_path("../../..", "/h"), std::path::Path::new("/"));
         assert_eq!(resolve_path("~/f", "/h"), std::path::Path::new("/h/f"));

@@ -3,9 +3,9 @@
 use super::{spawn_stream, users, Body, Ctx, State};
 use crate::connect::{self, Code, RpcError};
 use crate::proto::{
-    DataEvent, EndEvent, Empty, ListResponse, ProcessConfig, ProcessEvent, ProcessEventResponse, ProcessInfo,
-    ProcessInput, ProcessSelector, SelectorRequest, SendInputRequest, SendSignalRequest, Signal, StartEvent,
-    StartRequest, StreamInputRequest, UpdateRequest,
+    DataEvent, Empty, EndEvent, ListResponse, ProcessConfig, ProcessEvent, ProcessEventResponse,
+    ProcessInfo, ProcessInput, ProcessSelector, SelectorRequest, SendInputRequest,
+    SendSignalRequest, Signal, StartEvent, StartRequest, StreamInputRequest, UpdateRequest,
 };
 use bytes::{Bytes, BytesMut};
 use hyper::body::Incoming;
@@ -86,29 +86,38 @@ impl Table {
         let procs = lock(&self.procs);
         let mut v: Vec<ProcessInfo> = procs
             .values()
-            .map(|p| ProcessInfo { config: Some(p.config.clone()), pid: p.pid, tag: p.tag.clone() })
+            .map(|p| ProcessInfo {
+                config: Some(p.config.clone()),
+                pid: p.pid,
+                tag: p.tag.clone(),
+            })
             .collect();
         v.sort_by_key(|p| p.pid);
         ListResponse { processes: v }
     }
 
     fn find(&self, sel: Option<&ProcessSelector>) -> Result<Arc<Proc>, RpcError> {
-        let sel = sel.ok_or_else(|| RpcError::new(Code::InvalidArgument, "process selector is required"))?;
+        let sel = sel
+            .ok_or_else(|| RpcError::new(Code::InvalidArgument, "process selector is required"))?;
         let procs = lock(&self.procs);
         if let Some(pid) = sel.pid {
-            return procs
-                .get(&pid)
-                .cloned()
-                .ok_or_else(|| RpcError::new(Code::NotFound, format!("process with pid {pid} not found")));
+            return procs.get(&pid).cloned().ok_or_else(|| {
+                RpcError::new(Code::NotFound, format!("process with pid {pid} not found"))
+            });
         }
         if let Some(tag) = &sel.tag {
             return procs
                 .values()
                 .find(|p| p.tag.as_deref() == Some(tag))
                 .cloned()
-                .ok_or_else(|| RpcError::new(Code::NotFound, format!("process with tag {tag} not found")));
+                .ok_or_else(|| {
+                    RpcError::new(Code::NotFound, format!("process with tag {tag} not found"))
+                });
         }
-        Err(RpcError::new(Code::InvalidArgument, "process selector needs a pid or a tag"))
+        Err(RpcError::new(
+            Code::InvalidArgument,
+            "process selector needs a pid or a tag",
+        ))
     }
 
     /// Send `sig` to every supervised process group (used at shutdown).
@@ -130,7 +139,9 @@ impl Table {
 }
 
 fn kill_group(pid: u32, sig: i32) -> bool {
-    let Ok(pid) = i32::try_from(pid) else { return false };
+    let Ok(pid) = i32::try_from(pid) else {
+        return false;
+    };
     // SAFETY: kill has no memory-safety preconditions; a negative pid names the process group
     // that the child leads (it called setsid or setpgid before exec).
     let r = unsafe { libc::kill(-pid, sig) };
@@ -200,20 +211,29 @@ impl Proc {
         let data = input.pty.as_ref().or(input.stdin.as_ref());
         let Some(data) = data else { return Ok(()) };
         if let Some(pty) = &self.pty {
-            return write_pty(pty, data).await.map_err(|e| RpcError::new(Code::Internal, format!("writing to pty: {e}")));
+            return write_pty(pty, data)
+                .await
+                .map_err(|e| RpcError::new(Code::Internal, format!("writing to pty: {e}")));
         }
         if input.stdin.is_none() {
-            return Err(RpcError::new(Code::FailedPrecondition, "the process has no pty"));
+            return Err(RpcError::new(
+                Code::FailedPrecondition,
+                "the process has no pty",
+            ));
         }
         let mut stdin = self.stdin.lock().await;
         let Some(w) = stdin.as_mut() else {
-            return Err(RpcError::new(Code::FailedPrecondition, "stdin is not enabled or was closed"));
+            return Err(RpcError::new(
+                Code::FailedPrecondition,
+                "stdin is not enabled or was closed",
+            ));
         };
         match w.write_all(data).await {
             Ok(()) => Ok(()),
-            Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => {
-                Err(RpcError::new(Code::FailedPrecondition, "stdin was closed by the process"))
-            }
+            Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Err(RpcError::new(
+                Code::FailedPrecondition,
+                "stdin was closed by the process",
+            )),
             Err(e) => Err(RpcError::new(Code::Internal, format!("writing stdin: {e}"))),
         }
     }
@@ -222,7 +242,9 @@ impl Proc {
 async fn write_pty(fd: &AsyncFd<OwnedFd>, mut data: &[u8]) -> std::io::Result<()> {
     while !data.is_empty() {
         let mut guard = fd.writable().await?;
-        match guard.try_io(|inner| nix::unistd::write(inner.get_ref(), data).map_err(std::io::Error::from)) {
+        match guard
+            .try_io(|inner| nix::unistd::write(inner.get_ref(), data).map_err(std::io::Error::from))
+        {
             Ok(Ok(n)) => data = &data[n..],
             Ok(Err(e)) => return Err(e),
             Err(_would_block) => continue,
@@ -232,7 +254,11 @@ async fn write_pty(fd: &AsyncFd<OwnedFd>, mut data: &[u8]) -> std::io::Result<()
 }
 
 /// Build a child's environment: the agent's, the user's basics, then the request's.
-fn child_env(state: &State, user: &users::User, extra: &std::collections::BTreeMap<String, String>) -> Vec<(String, String)> {
+fn child_env(
+    state: &State,
+    user: &users::User,
+    extra: &std::collections::BTreeMap<String, String>,
+) -> Vec<(String, String)> {
     let mut env: Vec<(String, String)> = state
         .config
         .base_env
@@ -247,10 +273,20 @@ fn child_env(state: &State, user: &users::User, extra: &std::collections::BTreeM
     set("HOME", user.home.clone());
     set("USER", user.name.clone());
     set("LOGNAME", user.name.clone());
-    set("SHELL", if user.shell.is_empty() { "/bin/sh".into() } else { user.shell.clone() });
+    set(
+        "SHELL",
+        if user.shell.is_empty() {
+            "/bin/sh".into()
+        } else {
+            user.shell.clone()
+        },
+    );
     let has_path = state.config.base_env.iter().any(|(k, _)| k == "PATH");
     if !has_path {
-        set("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".into());
+        set(
+            "PATH",
+            "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".into(),
+        );
     }
     for (k, v) in extra {
         set(k, v.clone());
@@ -284,10 +320,17 @@ enum Outputs {
 }
 
 /// Spawn a process as asked; returns it and its first subscription.
-fn spawn(state: &Arc<State>, ctx: &Ctx, req: StartRequest) -> Result<(Arc<Proc>, mpsc::Receiver<Ev>), RpcError> {
+fn spawn(
+    state: &Arc<State>,
+    ctx: &Ctx,
+    req: StartRequest,
+) -> Result<(Arc<Proc>, mpsc::Receiver<Ev>), RpcError> {
     let config = req.process.unwrap_or_default();
     if config.cmd.is_empty() {
-        return Err(RpcError::new(Code::InvalidArgument, "process.cmd is required"));
+        return Err(RpcError::new(
+            Code::InvalidArgument,
+            "process.cmd is required",
+        ));
     }
     let user = users::resolve(ctx.user.as_deref(), &state.config.default_user)?;
     let cwd = super::resolve_path(config.cwd.as_deref().unwrap_or(""), &user.home);
@@ -295,8 +338,18 @@ fn spawn(state: &Arc<State>, ctx: &Ctx, req: StartRequest) -> Result<(Arc<Proc>,
         .map_err(|_| RpcError::new(Code::InvalidArgument, "cwd contains a NUL byte"))?;
     match std::fs::metadata(&cwd) {
         Ok(m) if m.is_dir() => {}
-        Ok(_) => return Err(RpcError::new(Code::InvalidArgument, format!("cwd '{}' is not a directory", cwd.display()))),
-        Err(_) => return Err(RpcError::new(Code::InvalidArgument, format!("cwd '{}' does not exist", cwd.display()))),
+        Ok(_) => {
+            return Err(RpcError::new(
+                Code::InvalidArgument,
+                format!("cwd '{}' is not a directory", cwd.display()),
+            ))
+        }
+        Err(_) => {
+            return Err(RpcError::new(
+                Code::InvalidArgument,
+                format!("cwd '{}' does not exist", cwd.display()),
+            ))
+        }
     }
     let env = child_env(state, &user, &config.envs);
     let mut cmd = Command::new(&config.cmd);
@@ -304,8 +357,11 @@ fn spawn(state: &Arc<State>, ctx: &Ctx, req: StartRequest) -> Result<(Arc<Proc>,
 
     // SAFETY: geteuid has no preconditions.
     let switch = unsafe { libc::geteuid() } == 0;
-    let ids: Option<(libc::uid_t, libc::gid_t, Vec<libc::gid_t>)> =
-        if switch { Some((user.uid, user.gid, user.groups.clone())) } else { None };
+    let ids: Option<(libc::uid_t, libc::gid_t, Vec<libc::gid_t>)> = if switch {
+        Some((user.uid, user.gid, user.groups.clone()))
+    } else {
+        None
+    };
 
     let use_pty = req.pty.is_some();
     let mut outputs;
@@ -315,9 +371,14 @@ fn spawn(state: &Arc<State>, ctx: &Ctx, req: StartRequest) -> Result<(Arc<Proc>,
         let ws = winsize(pty.size);
         let r = nix::pty::openpty(Some(&ws), None)
             .map_err(|e| RpcError::new(Code::Internal, format!("openpty: {e}")))?;
-        set_cloexec_nonblock(&r.master, true).map_err(|e| RpcError::new(Code::Internal, format!("pty: {e}")))?;
-        set_cloexec_nonblock(&r.slave, false).map_err(|e| RpcError::new(Code::Internal, format!("pty: {e}")))?;
-        let dup = |fd: &OwnedFd| fd.try_clone().map_err(|e| RpcError::new(Code::Internal, format!("dup: {e}")));
+        set_cloexec_nonblock(&r.master, true)
+            .map_err(|e| RpcError::new(Code::Internal, format!("pty: {e}")))?;
+        set_cloexec_nonblock(&r.slave, false)
+            .map_err(|e| RpcError::new(Code::Internal, format!("pty: {e}")))?;
+        let dup = |fd: &OwnedFd| {
+            fd.try_clone()
+                .map_err(|e| RpcError::new(Code::Internal, format!("dup: {e}")))
+        };
         cmd.stdin(Stdio::from(dup(&r.slave)?));
         cmd.stdout(Stdio::from(dup(&r.slave)?));
         cmd.stderr(Stdio::from(dup(&r.slave)?));
@@ -330,37 +391,41 @@ fn spawn(state: &Arc<State>, ctx: &Ctx, req: StartRequest) -> Result<(Arc<Proc>,
         pty_master = Some(master.clone());
         outputs = Outputs::Pty(master);
     } else {
-        cmd.stdin(if req.stdin.unwrap_or(true) { Stdio::piped() } else { Stdio::null() });
+        cmd.stdin(if req.stdin.unwrap_or(true) {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        });
         cmd.stdout(Stdio::piped());
         cmd.stderr(Stdio::piped());
         outputs = Outputs::Pipes(None, None);
     }
 
     let pre_exec = move || {
-            // SAFETY: plain async-signal-safe syscalls on valid arguments (pointers into owned,
-            // live buffers prepared before the fork); no allocation, no locks.
-            unsafe {
-                if use_pty {
-                    if libc::setsid() < 0 || libc::ioctl(0, libc::TIOCSCTTY, 0) < 0 {
-                        return Err(std::io::Error::last_os_error());
-                    }
-                } else if libc::setpgid(0, 0) < 0 {
+        // SAFETY: plain async-signal-safe syscalls on valid arguments (pointers into owned,
+        // live buffers prepared before the fork); no allocation, no locks.
+        unsafe {
+            if use_pty {
+                if libc::setsid() < 0 || libc::ioctl(0, libc::TIOCSCTTY, 0) < 0 {
                     return Err(std::io::Error::last_os_error());
                 }
-                if let Some((uid, gid, groups)) = &ids {
-                    if libc::setgroups(groups.len(), groups.as_ptr()) < 0
-                        || libc::setgid(*gid) < 0
-                        || libc::setuid(*uid) < 0
-                    {
-                        return Err(std::io::Error::last_os_error());
-                    }
-                }
-                if libc::chdir(cwd_c.as_ptr()) < 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                libc::umask(0o022);
+            } else if libc::setpgid(0, 0) < 0 {
+                return Err(std::io::Error::last_os_error());
             }
-            Ok(())
+            if let Some((uid, gid, groups)) = &ids {
+                if libc::setgroups(groups.len(), groups.as_ptr()) < 0
+                    || libc::setgid(*gid) < 0
+                    || libc::setuid(*uid) < 0
+                {
+                    return Err(std::io::Error::last_os_error());
+                }
+            }
+            if libc::chdir(cwd_c.as_ptr()) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            libc::umask(0o022);
+        }
+        Ok(())
     };
     // SAFETY: the closure runs in the forked child before exec and only makes async-signal-safe
     // syscalls (see above).
@@ -371,7 +436,10 @@ fn spawn(state: &Arc<State>, ctx: &Ctx, req: StartRequest) -> Result<(Arc<Proc>,
     let mut child = {
         let mut waiters = lock(&state.procs.waiters);
         let child = cmd.spawn().map_err(|e| {
-            RpcError::new(Code::InvalidArgument, format!("error starting process '{}': {e}", config.cmd))
+            RpcError::new(
+                Code::InvalidArgument,
+                format!("error starting process '{}': {e}", config.cmd),
+            )
         })?;
         waiters.insert(child.id(), exit_tx);
         child
@@ -383,7 +451,11 @@ fn spawn(state: &Arc<State>, ctx: &Ctx, req: StartRequest) -> Result<(Arc<Proc>,
         let conv = |fd: OwnedFd| pipe::Receiver::from_owned_fd(fd).ok();
         *out = child.stdout.take().map(OwnedFd::from).and_then(conv);
         *err = child.stderr.take().map(OwnedFd::from).and_then(conv);
-        stdin_w = child.stdin.take().map(OwnedFd::from).and_then(|fd| pipe::Sender::from_owned_fd(fd).ok());
+        stdin_w = child
+            .stdin
+            .take()
+            .map(OwnedFd::from)
+            .and_then(|fd| pipe::Sender::from_owned_fd(fd).ok());
     }
     drop(child); // Never waited through std: the reaper owns the status.
 
@@ -396,7 +468,9 @@ fn spawn(state: &Arc<State>, ctx: &Ctx, req: StartRequest) -> Result<(Arc<Proc>,
         subs: Mutex::new(Some(Vec::new())),
         timed_out: AtomicBool::new(false),
     });
-    let first = proc.subscribe().ok_or_else(|| RpcError::new(Code::Internal, "process ended at once"))?;
+    let first = proc
+        .subscribe()
+        .ok_or_else(|| RpcError::new(Code::Internal, "process ended at once"))?;
     lock(&state.procs.procs).insert(pid, proc.clone());
 
     let timer = ctx.timeout.map(|t| {
@@ -429,7 +503,9 @@ async fn read_pty(fd: &AsyncFd<OwnedFd>, buf: &mut BytesMut) -> Option<Bytes> {
     loop {
         let mut guard = fd.readable().await.ok()?;
         let mut tmp = [0u8; CHUNK];
-        match guard.try_io(|inner| nix::unistd::read(inner.as_raw_fd(), &mut tmp).map_err(std::io::Error::from)) {
+        match guard.try_io(|inner| {
+            nix::unistd::read(inner.as_raw_fd(), &mut tmp).map_err(std::io::Error::from)
+        }) {
             Ok(Ok(0)) | Ok(Err(_)) => return None, // EIO: every slave fd is closed.
             Ok(Ok(n)) => {
                 buf.extend_from_slice(&tmp[..n]);
@@ -526,9 +602,19 @@ async fn supervise(
     let end = match status {
         Some(st) => {
             let (exit_code, exited, status) = describe(&st);
-            EndEvent { exit_code, exited, status, error: None }
+            EndEvent {
+                exit_code,
+                exited,
+                status,
+                error: None,
+            }
         }
-        None => EndEvent { exit_code: -1, exited: false, status: "unknown".into(), error: Some("lost the exit status".into()) },
+        None => EndEvent {
+            exit_code: -1,
+            exited: false,
+            status: "unknown".into(),
+            error: Some("lost the exit status".into()),
+        },
     };
     let subs = {
         let mut procs = lock(&table.procs);
@@ -546,9 +632,17 @@ fn event_envelope(ev: ProcessEvent) -> Bytes {
 }
 
 /// Pump a subscription into a server stream.
-fn pump(pid: u32, mut rx: mpsc::Receiver<Ev>, keepalive: Duration, deadline: Option<Duration>) -> Response<Body> {
+fn pump(
+    pid: u32,
+    mut rx: mpsc::Receiver<Ev>,
+    keepalive: Duration,
+    deadline: Option<Duration>,
+) -> Response<Body> {
     spawn_stream(move |tx| async move {
-        let start = ProcessEvent { start: Some(StartEvent { pid }), ..Default::default() };
+        let start = ProcessEvent {
+            start: Some(StartEvent { pid }),
+            ..Default::default()
+        };
         if tx.send(event_envelope(start)).await.is_err() {
             return;
         }
@@ -604,11 +698,18 @@ pub fn start(state: &Arc<State>, ctx: &Ctx, req: StartRequest) -> Result<Respons
 }
 
 /// `Connect`.
-pub fn connect(state: &Arc<State>, ctx: &Ctx, req: SelectorRequest) -> Result<Response<Body>, RpcError> {
+pub fn connect(
+    state: &Arc<State>,
+    ctx: &Ctx,
+    req: SelectorRequest,
+) -> Result<Response<Body>, RpcError> {
     let proc = state.procs.find(req.process.as_ref())?;
-    let rx = proc
-        .subscribe()
-        .ok_or_else(|| RpcError::new(Code::NotFound, format!("process with pid {} not found", proc.pid)))?;
+    let rx = proc.subscribe().ok_or_else(|| {
+        RpcError::new(
+            Code::NotFound,
+            format!("process with pid {} not found", proc.pid),
+        )
+    })?;
     Ok(pump(proc.pid, rx, ctx.keepalive, ctx.timeout))
 }
 
@@ -624,7 +725,9 @@ pub async fn close_stdin(state: &Arc<State>, req: SelectorRequest) -> Result<Emp
     let proc = state.procs.find(req.process.as_ref())?;
     if let Some(pty) = &proc.pty {
         // A terminal has no separate stdin to close: send end-of-file (^D).
-        write_pty(pty, b"\x04").await.map_err(|e| RpcError::new(Code::Internal, format!("writing to pty: {e}")))?;
+        write_pty(pty, b"\x04")
+            .await
+            .map_err(|e| RpcError::new(Code::Internal, format!("writing to pty: {e}")))?;
         return Ok(Empty {});
     }
     *proc.stdin.lock().await = None;
@@ -637,10 +740,15 @@ pub fn send_signal(state: &Arc<State>, req: SendSignalRequest) -> Result<Empty, 
     let sig = match req.signal {
         Signal::Sigkill => libc::SIGKILL,
         Signal::Sigterm => libc::SIGTERM,
-        Signal::Unspecified => return Err(RpcError::new(Code::InvalidArgument, "signal is required")),
+        Signal::Unspecified => {
+            return Err(RpcError::new(Code::InvalidArgument, "signal is required"))
+        }
     };
     if !kill_group(proc.pid, sig) {
-        return Err(RpcError::new(Code::NotFound, format!("process with pid {} not found", proc.pid)));
+        return Err(RpcError::new(
+            Code::NotFound,
+            format!("process with pid {} not found", proc.pid),
+        ));
     }
     Ok(Empty {})
 }
@@ -648,15 +756,29 @@ pub fn send_signal(state: &Arc<State>, req: SendSignalRequest) -> Result<Empty, 
 /// `Update` (PTY resize).
 pub fn update(state: &Arc<State>, req: UpdateRequest) -> Result<Empty, RpcError> {
     let proc = state.procs.find(req.process.as_ref())?;
-    let Some(pty) = req.pty else { return Ok(Empty {}) };
+    let Some(pty) = req.pty else {
+        return Ok(Empty {});
+    };
     let Some(master) = &proc.pty else {
-        return Err(RpcError::new(Code::FailedPrecondition, "the process has no pty"));
+        return Err(RpcError::new(
+            Code::FailedPrecondition,
+            "the process has no pty",
+        ));
     };
     let ws = winsize(pty.size);
     // SAFETY: TIOCSWINSZ reads one winsize from a valid pointer; the fd is an open pty master.
-    let r = unsafe { libc::ioctl(master.as_raw_fd(), libc::TIOCSWINSZ, &ws as *const libc::winsize) };
+    let r = unsafe {
+        libc::ioctl(
+            master.as_raw_fd(),
+            libc::TIOCSWINSZ,
+            &ws as *const libc::winsize,
+        )
+    };
     if r < 0 {
-        return Err(RpcError::new(Code::Internal, format!("resize: {}", std::io::Error::last_os_error())));
+        return Err(RpcError::new(
+            Code::Internal,
+            format!("resize: {}", std::io::Error::last_os_error()),
+        ));
     }
     Ok(Empty {})
 }
@@ -668,8 +790,8 @@ pub async fn stream_input(state: &Arc<State>, mut body: Incoming) -> Response<Bo
     let mut proc: Option<Arc<Proc>> = None;
     let result: Result<(), RpcError> = async {
         loop {
-            while let Some((flags, payload)) =
-                connect::take_envelope(&mut buf).map_err(|e| RpcError::new(Code::InvalidArgument, e.to_string()))?
+            while let Some((flags, payload)) = connect::take_envelope(&mut buf)
+                .map_err(|e| RpcError::new(Code::InvalidArgument, e.to_string()))?
             {
                 if flags & connect::FLAG_END_STREAM != 0 {
                     return Ok(());
@@ -678,9 +800,9 @@ pub async fn stream_input(state: &Arc<State>, mut body: Incoming) -> Response<Bo
                 if let Some(s) = msg.start {
                     proc = Some(state.procs.find(s.process.as_ref())?);
                 } else if let Some(d) = msg.data {
-                    let p = proc
-                        .as_ref()
-                        .ok_or_else(|| RpcError::new(Code::FailedPrecondition, "the first message must be start"))?;
+                    let p = proc.as_ref().ok_or_else(|| {
+                        RpcError::new(Code::FailedPrecondition, "the first message must be start")
+                    })?;
                     p.write_input(&d.input.unwrap_or_default()).await?;
                 }
             }
@@ -691,7 +813,12 @@ pub async fn stream_input(state: &Arc<State>, mut body: Incoming) -> Response<Bo
                     }
                     return Ok(());
                 }
-                Some(Err(e)) => return Err(RpcError::new(Code::Canceled, format!("reading request: {e}"))),
+                Some(Err(e)) => {
+                    return Err(RpcError::new(
+                        Code::Canceled,
+                        format!("reading request: {e}"),
+                    ))
+                }
                 Some(Ok(f)) => {
                     if let Ok(d) = f.into_data() {
                         buf.extend_from_slice(&d);
@@ -719,13 +846,24 @@ mod tests {
     #[test]
     fn statuses_like_go() {
         let p = Pid::from_raw(1);
-        assert_eq!(describe(&WaitStatus::Exited(p, 3)), (3, true, "exit status 3".into()));
         assert_eq!(
-            describe(&WaitStatus::Signaled(p, nix::sys::signal::Signal::SIGKILL, false)),
+            describe(&WaitStatus::Exited(p, 3)),
+            (3, true, "exit status 3".into())
+        );
+        assert_eq!(
+            describe(&WaitStatus::Signaled(
+                p,
+                nix::sys::signal::Signal::SIGKILL,
+                false
+            )),
             (-1, false, "signal: killed".into())
         );
         assert_eq!(
-            describe(&WaitStatus::Signaled(p, nix::sys::signal::Signal::SIGSEGV, true)),
+            describe(&WaitStatus::Signaled(
+                p,
+                nix::sys::signal::Signal::SIGSEGV,
+                true
+            )),
             (-1, false, "signal: segmentation fault (core dumped)".into())
         );
     }

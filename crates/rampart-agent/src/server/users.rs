@@ -44,8 +44,16 @@ impl UserDb {
             if f.len() < 7 || line.starts_with('#') {
                 continue;
             }
-            let (Ok(uid), Ok(gid)) = (f[2].parse(), f[3].parse()) else { continue };
-            db.users.push((f[0].to_string(), uid, gid, f[5].to_string(), f[6].to_string()));
+            let (Ok(uid), Ok(gid)) = (f[2].parse(), f[3].parse()) else {
+                continue;
+            };
+            db.users.push((
+                f[0].to_string(),
+                uid,
+                gid,
+                f[5].to_string(),
+                f[6].to_string(),
+            ));
         }
         for line in group.lines() {
             let f: Vec<&str> = line.split(':').collect();
@@ -53,7 +61,11 @@ impl UserDb {
                 continue;
             }
             let Ok(gid) = f[2].parse() else { continue };
-            let members = f[3].split(',').filter(|s| !s.is_empty()).map(str::to_string).collect();
+            let members = f[3]
+                .split(',')
+                .filter(|s| !s.is_empty())
+                .map(str::to_string)
+                .collect();
             db.groups.push((f[0].to_string(), gid, members));
         }
         db
@@ -64,11 +76,18 @@ impl UserDb {
         let (name, uid, gid, home, shell) = self.users.iter().find(|u| u.0 == name)?.clone();
         let mut groups = vec![gid];
         for (_, g, members) in &self.groups {
-            if members.iter().any(|m| *m == name) && !groups.contains(g) {
+            if members.contains(&name) && !groups.contains(g) {
                 groups.push(*g);
             }
         }
-        Some(User { name, uid, gid, home, shell, groups })
+        Some(User {
+            name,
+            uid,
+            gid,
+            home,
+            shell,
+            groups,
+        })
     }
 
     /// Uid -> name map (falls back to the number).
@@ -121,15 +140,24 @@ impl Names {
     /// Load from the databases.
     pub fn load() -> Names {
         let db = UserDb::load();
-        Names { uids: db.uid_names(), gids: db.gid_names() }
+        Names {
+            uids: db.uid_names(),
+            gids: db.gid_names(),
+        }
     }
     /// Owner name of a uid.
     pub fn user(&self, uid: u32) -> String {
-        self.uids.get(&uid).cloned().unwrap_or_else(|| uid.to_string())
+        self.uids
+            .get(&uid)
+            .cloned()
+            .unwrap_or_else(|| uid.to_string())
     }
     /// Group name of a gid.
     pub fn group(&self, gid: u32) -> String {
-        self.gids.get(&gid).cloned().unwrap_or_else(|| gid.to_string())
+        self.gids
+            .get(&gid)
+            .cloned()
+            .unwrap_or_else(|| gid.to_string())
     }
 }
 

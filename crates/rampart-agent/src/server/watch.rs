@@ -4,7 +4,9 @@ use super::fs::{entry_info, io_err, user_path};
 use super::users::Names;
 use super::{spawn_stream, Body, Ctx, State};
 use crate::connect::{self, Code, RpcError};
-use crate::proto::{Empty, EventType, FilesystemEvent, WatchDirResponse, WatchRequest, WatcherEvents, WatcherId};
+use crate::proto::{
+    Empty, EventType, FilesystemEvent, WatchDirResponse, WatchRequest, WatcherEvents, WatcherId,
+};
 use hyper::Response;
 use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify, WatchDescriptor};
 use std::collections::HashMap;
@@ -54,16 +56,26 @@ impl Watch {
     fn new(root: PathBuf, recursive: bool, include_entry: bool) -> Result<Watch, RpcError> {
         let m = std::fs::metadata(&root).map_err(|e| io_err(&e, "watch", &root))?;
         if !m.is_dir() {
-            return Err(RpcError::new(Code::InvalidArgument, format!("path {} is not a directory", root.display())));
+            return Err(RpcError::new(
+                Code::InvalidArgument,
+                format!("path {} is not a directory", root.display()),
+            ));
         }
         let ino = Inotify::init(InitFlags::IN_NONBLOCK | InitFlags::IN_CLOEXEC)
             .map_err(|e| RpcError::new(Code::Internal, format!("inotify: {e}")))?;
         // SAFETY: the AsyncFd owns the Inotify, whose fd stays open and the same until dropped.
         let fd = unsafe { AsyncFd::register(InoFd(ino)) }
             .map_err(|e| RpcError::new(Code::Internal, format!("inotify: {}", e)))?;
-        let mut w = Watch { fd, root: root.clone(), wds: HashMap::new(), recursive, include_entry };
-        w.add(&root, Path::new(""))
-            .map_err(|e| RpcError::new(Code::Internal, format!("watching {}: {e}", root.display())))?;
+        let mut w = Watch {
+            fd,
+            root: root.clone(),
+            wds: HashMap::new(),
+            recursive,
+            include_entry,
+        };
+        w.add(&root, Path::new("")).map_err(|e| {
+            RpcError::new(Code::Internal, format!("watching {}: {e}", root.display()))
+        })?;
         Ok(w)
     }
 
@@ -88,19 +100,32 @@ impl Watch {
     async fn next(&mut self) -> std::io::Result<Vec<FilesystemEvent>> {
         loop {
             let mut guard = self.fd.readable().await?;
-            let events = match guard.try_io(|inner| inner.get_ref().0.read_events().map_err(std::io::Error::from)) {
+            let events = match guard.try_io(|inner| {
+                inner
+                    .get_ref()
+                    .0
+                    .read_events()
+                    .map_err(std::io::Error::from)
+            }) {
                 Ok(r) => r?,
                 Err(_would_block) => continue,
             };
             drop(guard);
             let mut out = Vec::new();
-            let names = if self.include_entry { Some(Names::load()) } else { None };
+            let names = if self.include_entry {
+                Some(Names::load())
+            } else {
+                None
+            };
             for ev in events {
                 if ev.mask.contains(AddWatchFlags::IN_IGNORED) {
                     self.wds.remove(&ev.wd);
                     continue;
                 }
-                let (Some(name), Some(dir)) = (ev.name.as_ref(), self.wds.get(&ev.wd).cloned()) else { continue };
+                let (Some(name), Some(dir)) = (ev.name.as_ref(), self.wds.get(&ev.wd).cloned())
+                else {
+                    continue;
+                };
                 let rel = dir.join(name);
                 let m = ev.mask;
                 let kind = if m.intersects(AddWatchFlags::IN_CREATE | AddWatchFlags::IN_MOVED_TO) {
@@ -119,8 +144,14 @@ impl Watch {
                 } else {
                     continue;
                 };
-                let entry = names.as_ref().and_then(|n| entry_info(&self.root.join(&rel), n).ok());
-                out.push(FilesystemEvent { name: rel.to_string_lossy().into_owned(), event_type: kind, entry });
+                let entry = names
+                    .as_ref()
+                    .and_then(|n| entry_info(&self.root.join(&rel), n).ok());
+                out.push(FilesystemEvent {
+                    name: rel.to_string_lossy().into_owned(),
+                    event_type: kind,
+                    entry,
+                });
             }
             if !out.is_empty() {
                 return Ok(out);
@@ -130,14 +161,25 @@ impl Watch {
 }
 
 /// `WatchDir` (server streaming).
-pub fn watch_dir(state: &Arc<State>, ctx: &Ctx, req: WatchRequest) -> Result<Response<Body>, RpcError> {
+pub fn watch_dir(
+    state: &Arc<State>,
+    ctx: &Ctx,
+    req: WatchRequest,
+) -> Result<Response<Body>, RpcError> {
     let (_, root) = user_path(state, ctx, &req.path)?;
     let mut w = Watch::new(root, req.recursive, req.include_entry)?;
     let keepalive = ctx.keepalive;
     let deadline = ctx.timeout.map(|t| tokio::time::Instant::now() + t);
     Ok(spawn_stream(move |tx| async move {
         let msg = |r: WatchDirResponse| connect::message_envelope(&r);
-        if tx.send(msg(WatchDirResponse { start: Some(Empty {}), ..Default::default() })).await.is_err() {
+        if tx
+            .send(msg(WatchDirResponse {
+                start: Some(Empty {}),
+                ..Default::default()
+            }))
+            .await
+            .is_err()
+        {
             return;
         }
         loop {
@@ -191,7 +233,11 @@ struct PollWatcher {
 }
 
 /// `CreateWatcher`.
-pub fn create_watcher(state: &Arc<State>, ctx: &Ctx, req: WatchRequest) -> Result<WatcherId, RpcError> {
+pub fn create_watcher(
+    state: &Arc<State>,
+    ctx: &Ctx,
+    req: WatchRequest,
+) -> Result<WatcherId, RpcError> {
     let (_, root) = user_path(state, ctx, &req.path)?;
     let mut w = Watch::new(root, req.recursive, req.include_entry)?;
     let events: Arc<Mutex<Vec<FilesystemEvent>>> = Arc::default();
@@ -206,7 +252,10 @@ pub fn create_watcher(state: &Arc<State>, ctx: &Ctx, req: WatchRequest) -> Resul
             }
         }
     });
-    let id = format!("w{}", state.watchers.next.fetch_add(1, Ordering::Relaxed) + 1);
+    let id = format!(
+        "w{}",
+        state.watchers.next.fetch_add(1, Ordering::Relaxed) + 1
+    );
     lock(&state.watchers.map).insert(id.clone(), PollWatcher { events, task });
     Ok(WatcherId { watcher_id: id })
 }
@@ -214,9 +263,12 @@ pub fn create_watcher(state: &Arc<State>, ctx: &Ctx, req: WatchRequest) -> Resul
 /// `GetWatcherEvents`: the events since the last call.
 pub fn get_watcher_events(state: &Arc<State>, req: WatcherId) -> Result<WatcherEvents, RpcError> {
     let map = lock(&state.watchers.map);
-    let w = map
-        .get(&req.watcher_id)
-        .ok_or_else(|| RpcError::new(Code::NotFound, format!("watcher '{}' not found", req.watcher_id)))?;
+    let w = map.get(&req.watcher_id).ok_or_else(|| {
+        RpcError::new(
+            Code::NotFound,
+            format!("watcher '{}' not found", req.watcher_id),
+        )
+    })?;
     let events = std::mem::take(&mut *lock(&w.events));
     Ok(WatcherEvents { events })
 }
@@ -225,7 +277,12 @@ pub fn get_watcher_events(state: &Arc<State>, req: WatcherId) -> Result<WatcherE
 pub fn remove_watcher(state: &Arc<State>, req: WatcherId) -> Result<Empty, RpcError> {
     let w = lock(&state.watchers.map)
         .remove(&req.watcher_id)
-        .ok_or_else(|| RpcError::new(Code::NotFound, format!("watcher '{}' not found", req.watcher_id)))?;
+        .ok_or_else(|| {
+            RpcError::new(
+                Code::NotFound,
+                format!("watcher '{}' not found", req.watcher_id),
+            )
+        })?;
     w.task.abort();
     Ok(Empty {})
 }
