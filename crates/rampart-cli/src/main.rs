@@ -1,1 +1,94 @@
-fn main() {}
+//! `rampart`: the Rampart daemon (`rampart serve`) and the client commands that talk to it.
+
+mod client;
+mod commands;
+mod term;
+
+use clap::{Parser, Subcommand};
+use std::process::ExitCode;
+
+/// Rampart: sandboxes for AI agents.
+#[derive(Debug, Parser)]
+#[command(name = "rampart", version, about, propagate_version = true)]
+struct Cli {
+    /// The daemon's address (client commands).
+    #[arg(
+        long,
+        global = true,
+        env = "RAMPART_HOST",
+        default_value = "http://127.0.0.1:3000"
+    )]
+    host: String,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run the daemon.
+    Serve(commands::serve::ServeArgs),
+    /// Create a sandbox and print its id.
+    Create(commands::sandbox::CreateArgs),
+    /// Run a command in a sandbox; exits with the command's exit code.
+    Exec(commands::exec::ExecArgs),
+    /// Create a sandbox, run a command in it, destroy it; exits with the command's exit code.
+    Run(commands::run::RunArgs),
+    /// List sandboxes.
+    #[command(alias = "list")]
+    Ls(commands::sandbox::LsArgs),
+    /// Destroy sandboxes.
+    #[command(alias = "destroy")]
+    Rm(commands::sandbox::RmArgs),
+    /// Show a sandbox.
+    Info(commands::sandbox::InfoArgs),
+    /// Copy a file into or out of a sandbox (`ID:/path` on one side, `-` for stdin/stdout).
+    Cp(commands::cp::CpArgs),
+    /// Open an interactive shell (bash -l under a PTY) in a sandbox.
+    Shell(commands::exec::ShellArgs),
+    /// Set a sandbox's deadline to SECS seconds from now.
+    Timeout(commands::sandbox::TimeoutArgs),
+    // `bench` (hidden) is wired here by the lead: `Bench(bench::BenchArgs)`.
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("rampart: cannot start the async runtime: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    let host = cli.host;
+    // Like `docker run`: 125 when rampart itself fails, so it is not taken for the command's.
+    let failure = match cli.command {
+        Command::Exec(_) | Command::Run(_) | Command::Shell(_) => 125,
+        _ => 1,
+    };
+    let result = rt.block_on(async move {
+        match cli.command {
+            Command::Serve(a) => commands::serve::run(a).await,
+            Command::Create(a) => commands::sandbox::create(&host, a).await,
+            Command::Exec(a) => commands::exec::exec(&host, a).await,
+            Command::Run(a) => commands::run::run(&host, a).await,
+            Command::Ls(a) => commands::sandbox::ls(&host, a).await,
+            Command::Rm(a) => commands::sandbox::rm(&host, a).await,
+            Command::Info(a) => commands::sandbox::info(&host, a).await,
+            Command::Cp(a) => commands::cp::cp(&host, a).await,
+            Command::Shell(a) => commands::exec::shell(&host, a).await,
+            Command::Timeout(a) => commands::sandbox::timeout(&host, a).await,
+        }
+    });
+    // Do not wait for tasks still blocked on stdin.
+    rt.shutdown_background();
+    match result {
+        Ok(code) => ExitCode::from(code),
+        Err(e) => {
+            eprintln!("rampart: {e:#}");
+            ExitCode::from(failure)
+        }
+    }
+}

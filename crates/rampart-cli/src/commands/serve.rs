@@ -1,0 +1,409 @@
+//! `rampart serve`: the daemon.
+
+use anyhow::{anyhow, bail, Context, Result};
+use clap::{Args, ValueEnum};
+use rampart_core::{CoreConfig, Manager};
+use rampart_types::limits::parse_size;
+use rampart_types::Limits;
+use serde::Deserialize;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// Default listen address: loopback only.
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:3000";
+/// How long shutdown waits for open connections (streams, shells) before leaving.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
+
+/// Log output format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// `rampart serve`.
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    /// Address to listen on (the API has no authentication: keep it on loopback).
+    #[arg(long, value_name = "ADDR")]
+    listen: Option<String>,
+    /// Data directory (state.db, templates, sandboxes). Default: /var/lib/rampart for root,
+    /// else $XDG_DATA_HOME/rampart.
+    #[arg(long, value_name = "DIR")]
+    data_dir: Option<PathBuf>,
+    /// TOML config file: defaults and maxima of limits, timeouts, max sandboxes, uid range.
+    #[arg(long, value_name = "FILE", env = "RAMPART_CONFIG")]
+    config: Option<PathBuf>,
+    /// The `rampart-jailer` binary (default: next to this executable).
+    #[arg(long, value_name = "PATH", env = "RAMPART_JAILER_BIN")]
+    jailer_bin: Option<PathBuf>,
+    /// The `rampart-agent` binary (default: next to this executable).
+    #[arg(long, value_name = "PATH", env = "RAMPART_AGENT_BIN")]
+    agent_bin: Option<PathBuf>,
+    /// Log format (the level comes from RUST_LOG, default `info`).
+    #[arg(long, value_enum, default_value = "text")]
+    log_format: LogFormat,
+}
+
+/// A size in a config file: bytes (`536870912`) or text (`"512M"`).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+enum SizeValue {
+    Bytes(u64),
+    Text(String),
+}
+
+impl SizeValue {
+    fn bytes(&self, field: &str) -> Result<u64> {
+        match self {
+            SizeValue::Bytes(b) => Ok(*b),
+            SizeValue::Text(t) => parse_size(t)
+                .ok_or_else(|| anyhow!("{field}: cannot read {t:?} as a size (e.g. 512M, 2G)")),
+        }
+    }
+}
+
+/// Limits in a config file; unset fields keep the built-in value.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct LimitsConfig {
+    cpus: Option<f64>,
+    memory: Option<SizeValue>,
+    pids: Option<u64>,
+    disk: Option<SizeValue>,
+    open_files: Option<u64>,
+}
+
+impl LimitsConfig {
+    fn apply(&self, section: &str, mut l: Limits) -> Result<Limits> {
+        if let Some(c) = self.cpus {
+            if !(c.is_finite() && c > 0.0) {
+                bail!("{section}.cpus: must be a positive number");
+            }
+            l.cpus = c;
+        }
+        if let Some(m) = &self.memory {
+            l.memory_bytes = m.bytes(&format!("{section}.memory"))?;
+        }
+        if let Some(p) = self.pids {
+            l.pids = p;
+        }
+        if let Some(d) = &self.disk {
+            l.disk_bytes = d.bytes(&format!("{section}.disk"))?;
+        }
+        if let Some(o) = self.open_files {
+            l.open_files = o;
+        }
+        Ok(l)
+    }
+}
+
+/// The config file.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileConfig {
+    listen: Option<String>,
+    data_dir: Option<PathBuf>,
+    jailer_bin: Option<PathBuf>,
+    agent_bin: Option<PathBuf>,
+    max_sandboxes: Option<usize>,
+    default_timeout_secs: Option<u64>,
+    max_timeout_secs: Option<u64>,
+    uid_range_start: Option<u32>,
+    uid_slots: Option<u32>,
+    #[serde(default)]
+    default_limits: LimitsConfig,
+    #[serde(default)]
+    max_limits: LimitsConfig,
+}
+
+fn read_config(path: &Path) -> Result<FileConfig> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("cannot read the config file {}", path.display()))?;
+    toml::from_str(&text).with_context(|| format!("config file {}", path.display()))
+}
+
+fn host_memory_bytes() -> Option<u64> {
+    let meminfo = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = meminfo.lines().find(|l| l.starts_with("MemTotal:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    kib.checked_mul(1024)
+}
+
+/// The built-in maxima: the host's CPUs and RAM, 32768 pids, 64 GiB disk, 1M open files.
+fn builtin_max_limits() -> Limits {
+    let cpus = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1) as f64;
+    Limits {
+        cpus,
+        memory_bytes: host_memory_bytes().unwrap_or(4 << 30),
+        pids: 32768,
+        disk_bytes: 64 << 30,
+        open_files: 1 << 20,
+    }
+}
+
+fn default_data_dir() -> Result<PathBuf> {
+    if nix::unistd::geteuid().is_root() {
+        return Ok(PathBuf::from("/var/lib/rampart"));
+    }
+    if let Some(x) = std::env::var_os("XDG_DATA_HOME").filter(|x| !x.is_empty()) {
+        return Ok(PathBuf::from(x).join("rampart"));
+    }
+    let home = std::env::var_os("HOME")
+        .filter(|h| !h.is_empty())
+        .ok_or_else(|| anyhow!("neither XDG_DATA_HOME nor HOME is set: pass --data-dir"))?;
+    Ok(PathBuf::from(home).join(".local/share/rampart"))
+}
+
+/// Finds a helper binary: the flag/env/config value, else next to this executable.
+fn helper_bin(name: &str, given: Option<PathBuf>, flag: &str) -> Result<PathBuf> {
+    let path = match given {
+        Some(p) => p,
+        None => {
+            let exe = std::env::current_exe().context("cannot locate the rampart executable")?;
+            exe.parent()
+                .map(|d| d.join(name))
+                .ok_or_else(|| anyhow!("no directory for {name}"))?
+        }
+    };
+    if !path.is_file() {
+        bail!(
+            "{name} not found at {}: build it (`cargo build -p {}`) or pass {flag}",
+            path.display(),
+            if name == "rampart-agent" {
+                "rampart-agent"
+            } else {
+                "rampart-jail"
+            }
+        );
+    }
+    Ok(path)
+}
+
+/// Everything `serve` runs with, resolved from flags, the config file and defaults.
+#[derive(Debug)]
+struct Resolved {
+    listen: SocketAddr,
+    core: CoreConfig,
+}
+
+fn resolve(a: &ServeArgs) -> Result<Resolved> {
+    let file = match &a.config {
+        Some(p) => read_config(p)?,
+        None => FileConfig::default(),
+    };
+    let listen_text = a
+        .listen
+        .clone()
+        .or(file.listen.clone())
+        .unwrap_or(DEFAULT_LISTEN.into());
+    let listen: SocketAddr = listen_text
+        .parse()
+        .map_err(|_| anyhow!("--listen: {listen_text:?} is not an address like 127.0.0.1:3000"))?;
+    let data_dir = match a.data_dir.clone().or(file.data_dir.clone()) {
+        Some(d) => d,
+        None => default_data_dir()?,
+    };
+    let jailer_bin = helper_bin(
+        "rampart-jailer",
+        a.jailer_bin.clone().or(file.jailer_bin.clone()),
+        "--jailer-bin",
+    )?;
+    let agent_bin = helper_bin(
+        "rampart-agent",
+        a.agent_bin.clone().or(file.agent_bin.clone()),
+        "--agent-bin",
+    )?;
+
+    let default_limits = file
+        .default_limits
+        .apply("default_limits", Limits::default())?;
+    let max_limits = file.max_limits.apply("max_limits", builtin_max_limits())?;
+    let checks: [(&str, f64, f64); 5] = [
+        ("cpus", default_limits.cpus, max_limits.cpus),
+        (
+            "memory",
+            default_limits.memory_bytes as f64,
+            max_limits.memory_bytes as f64,
+        ),
+        ("pids", default_limits.pids as f64, max_limits.pids as f64),
+        (
+            "disk",
+            default_limits.disk_bytes as f64,
+            max_limits.disk_bytes as f64,
+        ),
+        (
+            "open_files",
+            default_limits.open_files as f64,
+            max_limits.open_files as f64,
+        ),
+    ];
+    for (field, d, m) in checks {
+        if d > m {
+            bail!("default_limits.{field} ({d}) is above max_limits.{field} ({m})");
+        }
+    }
+    let default_timeout_secs = file.default_timeout_secs.unwrap_or(300);
+    let max_timeout_secs = file.max_timeout_secs.unwrap_or(24 * 3600);
+    if default_timeout_secs == 0 || default_timeout_secs > max_timeout_secs {
+        bail!(
+            "default_timeout_secs ({default_timeout_secs}) must be at least 1 and at most \
+             max_timeout_secs ({max_timeout_secs})"
+        );
+    }
+    let uid_range_start = file.uid_range_start.unwrap_or(0x7000_0000);
+    let uid_slots = file.uid_slots.unwrap_or(4096);
+    let end = u64::from(uid_range_start) + u64::from(uid_slots) * 65536;
+    if uid_slots == 0 || end > u64::from(u32::MAX) || uid_range_start < 65536 {
+        bail!(
+            "uid_range_start ({uid_range_start}) and uid_slots ({uid_slots}): the ranges must lie \
+             between 65536 and 2^32-1, with at least one slot"
+        );
+    }
+    let max_sandboxes = file.max_sandboxes.unwrap_or(1000);
+    if max_sandboxes == 0 {
+        bail!("max_sandboxes must be at least 1");
+    }
+    Ok(Resolved {
+        listen,
+        core: CoreConfig {
+            data_dir,
+            jailer_bin,
+            agent_bin,
+            default_limits,
+            max_limits,
+            default_timeout_secs,
+            max_timeout_secs,
+            max_sandboxes,
+            uid_range_start,
+            uid_slots,
+        },
+    })
+}
+
+fn init_logging(format: LogFormat) {
+    use tracing_subscriber::EnvFilter;
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    let _ = match format {
+        LogFormat::Json => builder.json().try_init(),
+        LogFormat::Text => builder.try_init(),
+    };
+}
+
+async fn shutdown_signal() -> &'static str {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = match signal(SignalKind::terminate()) {
+        Ok(s) => s,
+        Err(_) => {
+            let _ = tokio::signal::ctrl_c().await;
+            return "SIGINT";
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => "SIGINT",
+        _ = term.recv() => "SIGTERM",
+    }
+}
+
+/// `rampart serve`.
+pub async fn run(a: ServeArgs) -> Result<u8> {
+    init_logging(a.log_format);
+    let r = resolve(&a)?;
+    std::fs::create_dir_all(&r.core.data_dir).with_context(|| {
+        format!(
+            "cannot create the data directory {}",
+            r.core.data_dir.display()
+        )
+    })?;
+    let listener = tokio::net::TcpListener::bind(r.listen)
+        .await
+        .with_context(|| format!("cannot listen on {}", r.listen))?;
+    let data_dir = r.core.data_dir.clone();
+    let manager = Manager::start(r.core)
+        .await
+        .map_err(|e| anyhow!("cannot start the daemon: {e}"))?;
+    tracing::info!(
+        listen = %r.listen,
+        data_dir = %data_dir.display(),
+        version = rampart_server::VERSION,
+        "rampart listening on http://{}",
+        r.listen
+    );
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let mut server = tokio::spawn(rampart_server::serve_with_shutdown(
+        listener,
+        manager.clone(),
+        async move {
+            let _ = stop_rx.await;
+        },
+    ));
+    let outcome = tokio::select! {
+        sig = shutdown_signal() => {
+            tracing::info!("{sig}: shutting down; sandboxes keep running and are re-attached at the next start");
+            let _ = stop_tx.send(());
+            match tokio::time::timeout(SHUTDOWN_GRACE, &mut server).await {
+                Ok(Ok(r)) => r.context("the HTTP server failed"),
+                Ok(Err(e)) => Err(anyhow!("the HTTP server task failed: {e}")),
+                Err(_) => {
+                    tracing::info!("connections still open after {SHUTDOWN_GRACE:?}; leaving them");
+                    server.abort();
+                    Ok(())
+                }
+            }
+        }
+        r = &mut server => match r {
+            Ok(r) => r.context("the HTTP server failed"),
+            Err(e) => Err(anyhow!("the HTTP server task failed: {e}")),
+        },
+    };
+    manager.shutdown().await;
+    outcome.map(|()| 0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn config_files_parse_and_refuse_unknown_keys() {
+        let c: FileConfig = toml::from_str(
+            r#"
+            max_sandboxes = 10
+            [default_limits]
+            memory = "256M"
+            cpus = 0.5
+            [max_limits]
+            memory = 1073741824
+            "#,
+        )
+        .unwrap();
+        let d = c
+            .default_limits
+            .apply("default_limits", Limits::default())
+            .unwrap();
+        assert_eq!(d.memory_bytes, 256 << 20);
+        assert_eq!(d.cpus, 0.5);
+        let m = c
+            .max_limits
+            .apply("max_limits", builtin_max_limits())
+            .unwrap();
+        assert_eq!(m.memory_bytes, 1 << 30);
+        assert!(toml::from_str::<FileConfig>("max_sandbox = 3").is_err());
+        assert!(toml::from_str::<FileConfig>("[default_limits]\nmem = 1").is_err());
+    }
+
+    #[test]
+    fn builtin_maxima_cover_the_defaults() {
+        let m = builtin_max_limits();
+        let d = Limits::default();
+        assert!(m.cpus >= 1.0 && m.pids >= d.pids && m.disk_bytes >= d.disk_bytes);
+    }
+}
