@@ -537,3 +537,46 @@ async fn files_as_another_user_are_owned_by_it() {
         .expect("stat");
     assert_eq!(d.owner, "nobody");
 }
+
+#[tokio::test]
+async fn disk_full_is_507_resource_exhausted() {
+    let a = Agent::start().await;
+    let dir = a.scratch();
+    let mnt = format!("{dir}/small");
+    std::fs::create_dir_all(&mnt).expect("mkdir");
+    let ok = std::process::Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=64k", "tmpfs", &mnt])
+        .status()
+        .is_ok_and(|s| s.success());
+    if !ok {
+        eprintln!("skip: cannot mount a small tmpfs here");
+        return;
+    }
+    struct Unmount(String);
+    impl Drop for Unmount {
+        fn drop(&mut self) {
+            let _ = std::process::Command::new("umount").arg(&self.0).status();
+        }
+    }
+    let _guard = Unmount(mnt.clone());
+    let data = vec![7u8; 1 << 20];
+    let r = raw(
+        &a.sock(),
+        "POST",
+        &format!("/files?path={mnt}/big.bin"),
+        &[("content-type", "application/octet-stream")],
+        data.clone(),
+    )
+    .await;
+    assert_eq!(r.status, 507, "{}", String::from_utf8_lossy(&r.body));
+    assert!(String::from_utf8_lossy(&r.body).starts_with(r#"{"code":507,"#));
+    let w = a
+        .client
+        .write_file(
+            &format!("{mnt}/big2.bin"),
+            None,
+            futures::stream::iter([Ok(Bytes::from(data))]).boxed(),
+        )
+        .await;
+    assert_eq!(code_of(w), "resource_exhausted");
+}

@@ -470,3 +470,73 @@ async fn unreachable_when_no_agent() {
     let c = rampart_agent::client::AgentClient::new(dir.path().join("none.sock"));
     assert!(matches!(c.health().await, Err(ClientError::Unreachable(_))));
 }
+
+#[tokio::test]
+async fn sigterm_stops_children_and_agent() {
+    let mut a = Agent::start().await;
+    let mut s = a.client.start(sh("exec sleep 100")).await.expect("start");
+    let Some(Ok(ProcessEvent::Start { pid })) = s.next().await else {
+        panic!("no start")
+    };
+    assert!(alive(pid));
+    // SAFETY: signalling the agent child this test started, by its pid.
+    unsafe { libc::kill(a.pid() as i32, libc::SIGTERM) };
+    let st = a.wait_exit().await;
+    assert!(st.success(), "{st:?}");
+    wait_for(|| !alive(pid), "child gone").await;
+}
+
+#[tokio::test]
+async fn inherited_listening_socket_fd() {
+    use std::os::fd::AsRawFd as _;
+    use std::os::unix::process::CommandExt as _;
+    let dir = tempfile::tempdir().expect("tmp");
+    let sock = dir.path().join("inherited.sock");
+    let l = std::os::unix::net::UnixListener::bind(&sock).expect("bind");
+    let fd = l.as_raw_fd();
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_rampart-agent"));
+    cmd.env("RAMPART_AGENT_FD", fd.to_string())
+        .env("RAMPART_OTHER", "x")
+        .args(["--default-user", "root"]);
+    let clear_cloexec = move || {
+        // SAFETY: fcntl on an fd number in the forked child; async-signal-safe.
+        if unsafe { libc::fcntl(fd, libc::F_SETFD, 0) } < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(())
+    };
+    // SAFETY: the closure only calls fcntl (async-signal-safe).
+    unsafe { cmd.pre_exec(clear_cloexec) };
+    let mut child = cmd.spawn().expect("spawn");
+    drop(l);
+    let client = rampart_agent::client::AgentClient::new(sock);
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while client.health().await.is_err() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "agent on inherited fd not healthy"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let o = run(
+        &client,
+        sh("env | grep -c '^RAMPART_' || true; ls -l /proc/self/fd | grep -c socket || true"),
+    )
+    .await;
+    assert_eq!(String::from_utf8_lossy(&o.stdout), "0\n0\n");
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
+#[tokio::test]
+async fn children_get_default_sigpipe() {
+    let a = Agent::start().await;
+    let o = run(&a.client, sh("yes | head -c 4")).await;
+    assert_eq!(o.stdout, b"y\ny\n");
+    // `yes` must die of SIGPIPE, not complain about EPIPE on stderr.
+    assert!(
+        !String::from_utf8_lossy(&o.stderr).contains("Broken pipe"),
+        "{:?}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+}

@@ -48,6 +48,18 @@ impl Agent {
         self.child.id()
     }
 
+    /// Wait (polling, with a deadline) for the agent to exit.
+    pub async fn wait_exit(&mut self) -> std::process::ExitStatus {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Some(st) = self.child.try_wait().expect("try_wait") {
+                return st;
+            }
+            assert!(Instant::now() < deadline, "agent did not exit");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
     /// A scratch directory for a test's files.
     pub fn scratch(&self) -> String {
         let p = self.dir.path().join("work");
@@ -193,6 +205,17 @@ pub fn split_envelopes(mut b: &[u8]) -> Vec<(u8, String)> {
     }
     assert!(b.is_empty(), "trailing bytes in stream");
     out
+}
+
+/// Whether a pid names a live (non-zombie) process.
+pub fn alive(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Err(_) => false,
+        Ok(s) => s
+            .rsplit_once(") ")
+            .map(|(_, rest)| !rest.starts_with('Z'))
+            .unwrap_or(false),
+    }
 }
 
 /// Wait until `f` holds, polling, with a deadline.
