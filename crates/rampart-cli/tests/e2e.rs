@@ -1,0 +1,572 @@
+//! Full-stack tests (tier 2): a real `rampart serve` on a free loopback port with a fresh data
+//! directory, driven through the real `rampart` CLI binary and plain HTTP. Covers lifecycle,
+//! exec (streaming, stdin, timeouts, signals, exit codes, output caps, disconnects), files
+//! (`cp` and the file API), `run`, and bad input on every endpoint.
+//!
+//! One daemon serves the whole test binary. It runs under a small shell wrapper whose stdin is
+//! a pipe held by this process: when the test process exits the pipe closes and the wrapper
+//! stops the daemon (by its pid) and removes the temp dir. Every sandbox a test creates is
+//! destroyed by a guard when the test ends (also on panic).
+//!
+//! Needs root and `rampart-jailer`, `rampart-agent` built next to `rampart`; otherwise each test
+//! prints `skipped: <reason>` and returns. Run:
+//! `cargo build --workspace --bins && cargo test -p rampart-cli --test e2e`.
+
+use reqwest::blocking::{Client, Response};
+use serde_json::{json, Value};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::{Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+struct Daemon {
+    host: String,
+    pid: i32,
+    root: PathBuf,
+    log: PathBuf,
+    _wrapper: Mutex<Child>,
+}
+
+enum Setup {
+    Skip(String),
+    Fail(String),
+}
+
+static DAEMON: OnceLock<Result<Daemon, Setup>> = OnceLock::new();
+
+const WRAPPER: &str = r#"
+"$RAMPART_BIN" serve --listen "$ADDR" --data-dir "$DATA" </dev/null >>"$LOG" 2>&1 &
+pid=$!
+echo "$pid"
+read -r _ || true
+kill -TERM "$pid" 2>/dev/null
+i=0
+while kill -0 "$pid" 2>/dev/null && [ "$i" -lt 100 ]; do sleep 0.1; i=$((i+1)); done
+kill -KILL "$pid" 2>/dev/null
+wait "$pid" 2>/dev/null
+if grep -qF " $ROOT/" /proc/self/mountinfo; then
+  echo "e2e: mounts left under $ROOT; not removing it" >>"$LOG"
+else
+  rm -rf --one-file-system "$ROOT"
+fi
+"#;
+
+fn rampart_bin() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_rampart"))
+}
+
+fn token() -> String {
+    format!(
+        "{}{}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.subsec_nanos())
+            .unwrap_or(0)
+    )
+}
+
+fn process_alive(pid: i32) -> bool {
+    Path::new(&format!("/proc/{pid}")).exists()
+        && !std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .map(|s| s.rsplit(')').next().unwrap_or("").trim_start().starts_with('Z'))
+            .unwrap_or(true)
+}
+
+fn start_daemon() -> Result<Daemon, Setup> {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    if unsafe { libc::geteuid() } != 0 {
+        return Err(Setup::Skip("not root (sandboxes need namespaces and cgroups)".into()));
+    }
+    let bin = rampart_bin();
+    let dir = bin.parent().map(Path::to_path_buf).unwrap_or_default();
+    for b in ["rampart-jailer", "rampart-agent"] {
+        if !dir.join(b).is_file() {
+            return Err(Setup::Skip(format!(
+                "{} is not built (run `cargo build --workspace --bins` first)",
+                dir.join(b).display()
+            )));
+        }
+    }
+    let root = std::env::temp_dir().join(format!("rampart-e2e-{}", token()));
+    let data = root.join("data");
+    std::fs::create_dir_all(&data).map_err(|e| Setup::Fail(format!("mkdir: {e}")))?;
+    let log = root.join("daemon.log");
+    let port = TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map_err(|e| Setup::Fail(format!("free port: {e}")))?
+        .port();
+    let addr = format!("127.0.0.1:{port}");
+    let mut child = Command::new("sh")
+        .arg("-c")
+        .arg(WRAPPER)
+        .env("RAMPART_BIN", &bin)
+        .env("ADDR", &addr)
+        .env("DATA", &data)
+        .env("LOG", &log)
+        .env("ROOT", &root)
+        .env("RUST_LOG", std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .map_err(|e| Setup::Fail(format!("spawn the daemon wrapper: {e}")))?;
+    let mut line = String::new();
+    let stdout = child.stdout.take().ok_or_else(|| Setup::Fail("no wrapper stdout".into()))?;
+    BufReader::new(stdout)
+        .read_line(&mut line)
+        .map_err(|e| Setup::Fail(format!("read the daemon pid: {e}")))?;
+    let pid: i32 =
+        line.trim().parse().map_err(|_| Setup::Fail(format!("bad daemon pid line {line:?}")))?;
+    let d = Daemon { host: format!("http://{addr}"), pid, root, log, _wrapper: Mutex::new(child) };
+    // The first start may build the `base` template: allow time, but watch the process.
+    let deadline = Instant::now() + Duration::from_secs(180);
+    let client = Client::builder().timeout(Duration::from_secs(5)).build().unwrap();
+    loop {
+        if let Ok(r) = client.get(format!("{}/health", d.host)).send() {
+            if r.status().as_u16() == 200 {
+                eprintln!("e2e: daemon pid {} on {} ({})", d.pid, d.host, d.root.display());
+                return Ok(d);
+            }
+        }
+        if !process_alive(d.pid) {
+            return Err(Setup::Fail(format!(
+                "the daemon exited before answering /health\n{}",
+                d.log_tail()
+            )));
+        }
+        if Instant::now() > deadline {
+            // SAFETY: kill(2) on the pid of the daemon this test started.
+            unsafe { libc::kill(d.pid, libc::SIGKILL) };
+            return Err(Setup::Fail(format!("no /health within 180 s\n{}", d.log_tail())));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// The shared daemon, or `None` (after printing why) when the test must be skipped.
+fn daemon() -> Option<&'static Daemon> {
+    match DAEMON.get_or_init(start_daemon) {
+        Ok(d) => Some(d),
+        Err(Setup::Skip(why)) => {
+            eprintln!("skipped: {why}");
+            None
+        }
+        Err(Setup::Fail(msg)) => panic!("could not start the daemon: {msg}"),
+    }
+}
+
+impl Daemon {
+    fn log_tail(&self) -> String {
+        let s = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let lines: Vec<&str> = s.lines().collect();
+        let from = lines.len().saturating_sub(40);
+        format!("--- daemon log (last lines) ---\n{}", lines[from..].join("\n"))
+    }
+
+    fn http(&self) -> Client {
+        Client::builder().timeout(Duration::from_secs(120)).build().unwrap()
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.host)
+    }
+
+    /// Runs the CLI against this daemon.
+    fn cli(&self, args: &[&str]) -> Output {
+        self.cli_stdin(args, None)
+    }
+
+    fn cli_stdin(&self, args: &[&str], stdin: Option<&[u8]>) -> Output {
+        let mut c = Command::new(rampart_bin());
+        c.args(args)
+            .env("RAMPART_HOST", &self.host)
+            .stdin(if stdin.is_some() { Stdio::piped() } else { Stdio::null() })
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let mut child = c.spawn().expect("spawn rampart");
+        if let Some(data) = stdin {
+            let mut i = child.stdin.take().unwrap();
+            i.write_all(data).unwrap();
+        }
+        child.wait_with_output().expect("wait rampart")
+    }
+
+    /// A sandbox through the API, destroyed when the guard drops.
+    fn sandbox(&'static self, body: Value) -> Sandbox {
+        let r = self
+            .http()
+            .post(self.url("/v1/sandboxes"))
+            .json(&body)
+            .send()
+            .unwrap_or_else(|e| panic!("create: {e}\n{}", self.log_tail()));
+        let status = r.status().as_u16();
+        let v: Value = r.json().unwrap();
+        assert_eq!(status, 201, "create: {v}\n{}", self.log_tail());
+        Sandbox { d: self, id: v["id"].as_str().unwrap().to_owned() }
+    }
+}
+
+struct Sandbox {
+    d: &'static Daemon,
+    id: String,
+}
+
+impl Drop for Sandbox {
+    fn drop(&mut self) {
+        let _ = self.d.http().delete(self.d.url(&format!("/v1/sandboxes/{}", self.id))).send();
+    }
+}
+
+impl Sandbox {
+    fn path(&self, rest: &str) -> String {
+        self.d.url(&format!("/v1/sandboxes/{}{rest}", self.id))
+    }
+
+    fn exec(&self, body: Value) -> (u16, Value) {
+        let r = self.d.http().post(self.path("/exec")).json(&body).send().unwrap();
+        let s = r.status().as_u16();
+        (s, r.json().unwrap())
+    }
+}
+
+fn out(o: &Output) -> String {
+    format!(
+        "code {:?}\n--- stdout\n{}\n--- stderr\n{}",
+        o.status.code(),
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+/// Asserts an API error answer.
+fn api_error(r: Response, status: u16, code: &str) -> String {
+    let s = r.status().as_u16();
+    let text = r.text().unwrap_or_default();
+    assert_eq!(s, status, "{text}");
+    let v: Value = serde_json::from_str(&text).unwrap_or_else(|_| panic!("not JSON: {text}"));
+    assert_eq!(v["error"]["code"], code, "{v}");
+    v["error"]["message"].as_str().unwrap().to_owned()
+}
+
+/// Polls `f` until it is true or the deadline passes.
+fn eventually(what: &str, secs: u64, mut f: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    while Instant::now() < deadline {
+        if f() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    panic!("{what}: not within {secs} s");
+}
+
+#[test]
+fn cli_says_what_to_do_when_the_daemon_is_down() {
+    let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let o = Command::new(rampart_bin())
+        .args(["--host", &format!("http://127.0.0.1:{port}"), "ls"])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1), "{}", out(&o));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("rampart serve"), "{}", out(&o));
+    let o = Command::new(rampart_bin())
+        .args(["--host", &format!("http://127.0.0.1:{port}"), "exec", "abc", "--", "true"])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(125), "{}", out(&o));
+}
+
+#[test]
+fn health_metrics_and_openapi() {
+    let Some(d) = daemon() else { return };
+    let h: Value = d.http().get(d.url("/health")).send().unwrap().json().unwrap();
+    assert_eq!(h["status"], "ok");
+    let m = d.http().get(d.url("/metrics")).send().unwrap().text().unwrap();
+    assert!(m.contains("rampart_http_requests_total"), "{m}");
+    let o: Value = d.http().get(d.url("/v1/openapi.json")).send().unwrap().json().unwrap();
+    assert!(o["paths"]["/v1/sandboxes/{id}/exec"].is_object());
+}
+
+#[test]
+fn lifecycle_through_the_cli() {
+    let Some(d) = daemon() else { return };
+    let tag = format!("life{}", token());
+    let o = d.cli(&["create", "--memory", "256M", "--cpus", "0.5", "--metadata", &format!("t={tag}"), "--json"]);
+    assert_eq!(o.status.code(), Some(0), "{}", out(&o));
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+    let id = v["id"].as_str().unwrap().to_owned();
+    let _guard = Sandbox { d, id: id.clone() };
+    assert_eq!(v["limits"]["memory_bytes"], 256 << 20);
+    assert_eq!(v["state"], "running");
+
+    let o = d.cli(&["ls"]);
+    assert_eq!(o.status.code(), Some(0), "{}", out(&o));
+    let table = String::from_utf8_lossy(&o.stdout);
+    assert!(table.starts_with("ID"), "{table}");
+    assert!(table.contains(&id), "{table}");
+    let o = d.cli(&["ls", "--json", "--metadata", &format!("t={tag}")]);
+    let list: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(list.as_array().unwrap().len(), 1, "{list}");
+
+    let o = d.cli(&["info", &id]);
+    assert_eq!(o.status.code(), Some(0), "{}", out(&o));
+    assert!(String::from_utf8_lossy(&o.stdout).contains("running"), "{}", out(&o));
+
+    let o = d.cli(&["timeout", &id, "600"]);
+    assert_eq!(o.status.code(), Some(0), "{}", out(&o));
+
+    let o = d.cli(&["rm", &id]);
+    assert_eq!(o.status.code(), Some(0), "{}", out(&o));
+    let o = d.cli(&["ls", "--json", "--metadata", &format!("t={tag}")]);
+    let list: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(list.as_array().unwrap().len(), 0, "{list}");
+    let o = d.cli(&["exec", &id, "--", "true"]);
+    assert_eq!(o.status.code(), Some(125), "{}", out(&o));
+
+    let o = d.cli(&["info", "nosuchsandbox"]);
+    assert_eq!(o.status.code(), Some(1), "{}", out(&o));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("rampart ls"), "{}", out(&o));
+    let o = d.cli(&["create", "--memory", "lots"]);
+    assert_eq!(o.status.code(), Some(1), "{}", out(&o));
+}
+
+#[test]
+fn exec_exit_codes_output_timeouts_and_signals() {
+    let Some(d) = daemon() else { return };
+    let sb = d.sandbox(json!({}));
+    let id = sb.id.as_str();
+    let o = d.cli(&["exec", id, "--", "sh", "-c", "echo out; echo err >&2; exit 7"]);
+    assert_eq!(o.status.code(), Some(7), "{}", out(&o));
+    assert_eq!(String::from_utf8_lossy(&o.stdout), "out\n");
+    assert_eq!(String::from_utf8_lossy(&o.stderr), "err\n");
+
+    let o = d.cli(&["exec", id, "--env", "X=42", "--cwd", "/tmp", "--", "sh", "-c", "echo $X $(pwd) $(id -un)"]);
+    assert_eq!(o.status.code(), Some(0), "{}", out(&o));
+    assert_eq!(String::from_utf8_lossy(&o.stdout), "42 /tmp user\n");
+    let o = d.cli(&["exec", id, "--user", "root", "--", "id", "-u"]);
+    assert_eq!(String::from_utf8_lossy(&o.stdout), "0\n", "{}", out(&o));
+
+    let o = d.cli(&["exec", id, "--timeout", "1", "--", "sleep", "60"]);
+    assert_eq!(o.status.code(), Some(124), "{}", out(&o));
+    let o = d.cli(&["exec", id, "--", "sh", "-c", "kill -9 $$"]);
+    assert_eq!(o.status.code(), Some(137), "{}", out(&o));
+    let o = d.cli(&["exec", id, "--", "no-such-program-here"]);
+    assert_ne!(o.status.code(), Some(0), "{}", out(&o));
+
+    let o = d.cli_stdin(&["exec", "--stdin", id, "--", "sh", "-c", "cat; echo done"], Some(b"hello\n"));
+    assert_eq!(o.status.code(), Some(0), "{}", out(&o));
+    assert_eq!(String::from_utf8_lossy(&o.stdout), "hello\ndone\n");
+    let o = d.cli_stdin(&["exec", "--tty", id, "--", "sh", "-c", "test -t 0 && echo tty"], Some(b""));
+    assert_eq!(o.status.code(), Some(0), "{}", out(&o));
+    assert!(String::from_utf8_lossy(&o.stdout).contains("tty"), "{}", out(&o));
+
+    // Large output through the CLI arrives whole.
+    let o = d.cli(&["exec", id, "--", "head", "-c", "3000000", "/dev/zero"]);
+    assert_eq!(o.status.code(), Some(0));
+    assert_eq!(o.stdout.len(), 3_000_000);
+}
+
+#[test]
+fn waited_and_streamed_exec_over_http() {
+    let Some(d) = daemon() else { return };
+    let sb = d.sandbox(json!({}));
+    let (s, v) = sb.exec(json!({"cmd": ["sh", "-c", "printf abc; printf e >&2; exit 3"]}));
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(v["exit_code"], 3);
+    assert_eq!(v["stdout"], "abc");
+    assert_eq!(v["stderr"], "e");
+    assert_eq!(v["stdout_truncated"], false);
+
+    let (s, v) = sb.exec(json!({"cmd": ["head", "-c", "100000", "/dev/zero"], "max_output_bytes": 10}));
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(v["stdout"].as_str().unwrap().len(), 10);
+    assert_eq!(v["stdout_truncated"], true);
+    assert_eq!(v["exit_code"], 0);
+
+    let (s, v) = sb.exec(json!({"cmd": ["cat"], "stdin": "piped"}));
+    assert_eq!((s, v["stdout"].as_str()), (200, Some("piped")), "{v}");
+    let (s, v) = sb.exec(json!({"cmd": ["sleep", "30"], "timeout_secs": 1}));
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(v["timed_out"], true, "{v}");
+
+    let r = d
+        .http()
+        .post(sb.path("/exec"))
+        .json(&json!({"cmd": ["sh", "-c", "echo one; echo two >&2"], "stream": true}))
+        .send()
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+    assert!(r.headers()["content-type"].to_str().unwrap().contains("ndjson"));
+    let text = r.text().unwrap();
+    let events: Vec<Value> = text.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(events.first().unwrap()["type"], "start", "{text}");
+    assert_eq!(events.last().unwrap()["type"], "exit", "{text}");
+    assert_eq!(events.last().unwrap()["exit_code"], 0, "{text}");
+    assert!(events.iter().any(|e| e["type"] == "stdout"), "{text}");
+    assert!(events.iter().any(|e| e["type"] == "stderr"), "{text}");
+}
+
+#[test]
+fn a_client_that_goes_away_takes_its_process_with_it() {
+    let Some(d) = daemon() else { return };
+    let sb = d.sandbox(json!({}));
+    let marker = format!("{}", 100000 + std::process::id() % 100000);
+    let body = json!({"cmd": ["sleep", marker], "stream": true}).to_string();
+    let addr = d.host.trim_start_matches("http://");
+    let mut s = TcpStream::connect(addr).unwrap();
+    write!(
+        s,
+        "POST /v1/sandboxes/{}/exec HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        sb.id,
+        body.len()
+    )
+    .unwrap();
+    let mut first = [0u8; 64];
+    let n = s.read(&mut first).unwrap();
+    assert!(String::from_utf8_lossy(&first[..n]).starts_with("HTTP/1.1 200"));
+    let running = |sb: &Sandbox| {
+        let (_, v) = sb.exec(json!({"cmd": ["sh", "-c", format!("ps -eo args | grep -c '^sleep {marker}$'")]}));
+        v["stdout"].as_str().unwrap_or("").trim() != "0"
+    };
+    eventually("the streamed process starts", 30, || running(&sb));
+    drop(s);
+    eventually("the process is killed after the disconnect", 30, || !running(&sb));
+}
+
+#[test]
+fn files_through_cp_and_the_api() {
+    let Some(d) = daemon() else { return };
+    let sb = d.sandbox(json!({}));
+    let id = sb.id.as_str();
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("blob.bin");
+    let data: Vec<u8> = (0..3_000_000u32).map(|i| (i.wrapping_mul(2654435761) >> 13) as u8).collect();
+    std::fs::write(&src, &data).unwrap();
+
+    let o = d.cli(&["cp", src.to_str().unwrap(), &format!("{id}:/home/user/deep/er/blob.bin")]);
+    assert_eq!(o.status.code(), Some(0), "{}", out(&o));
+    let back = tmp.path().join("back.bin");
+    let o = d.cli(&["cp", &format!("{id}:/home/user/deep/er/blob.bin"), back.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(0), "{}", out(&o));
+    assert!(std::fs::read(&back).unwrap() == data, "round trip differs");
+    // Into a directory, and to stdout.
+    let o = d.cli(&["cp", src.to_str().unwrap(), &format!("{id}:/tmp/")]);
+    assert_eq!(o.status.code(), Some(0), "{}", out(&o));
+    let o = d.cli_stdin(&["cp", "-", &format!("{id}:/tmp/from-stdin")], Some(b"stdin bytes"));
+    assert_eq!(o.status.code(), Some(0), "{}", out(&o));
+    let o = d.cli(&["cp", &format!("{id}:/tmp/from-stdin"), "-"]);
+    assert_eq!(o.stdout, b"stdin bytes", "{}", out(&o));
+    let o = d.cli(&["cp", &format!("{id}:/tmp/nothing-here"), "-"]);
+    assert_eq!(o.status.code(), Some(1), "{}", out(&o));
+
+    let http = d.http();
+    let st: Value = http
+        .get(sb.path("/files/stat?path=/tmp/blob.bin"))
+        .send()
+        .unwrap()
+        .json()
+        .unwrap();
+    assert_eq!(st["size"], 3_000_000, "{st}");
+    assert_eq!(st["type"], "file");
+
+    let r = http.put(sb.path("/files?path=/tmp/a/b/c.txt")).body("hi").send().unwrap();
+    assert_eq!(r.status().as_u16(), 201);
+    let r = http.put(sb.path("/files?path=/tmp/a/b/c.txt")).body("hello").send().unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+    assert_eq!(http.get(sb.path("/files?path=/tmp/a/b/c.txt")).send().unwrap().text().unwrap(), "hello");
+    let l: Value = http.get(sb.path("/files/list?path=/tmp/a&depth=2")).send().unwrap().json().unwrap();
+    let names: Vec<&str> = l["entries"].as_array().unwrap().iter().map(|e| e["name"].as_str().unwrap()).collect();
+    assert!(names.contains(&"b") && names.contains(&"c.txt"), "{l}");
+    let r = http.post(sb.path("/files/mkdir")).json(&json!({"path": "/tmp/newdir/x"})).send().unwrap();
+    assert_eq!(r.status().as_u16(), 201);
+    let r = http.post(sb.path("/files/mkdir")).json(&json!({"path": "/tmp/newdir/x"})).send().unwrap();
+    api_error(r, 409, "conflict");
+    let r = http
+        .post(sb.path("/files/move"))
+        .json(&json!({"from": "/tmp/a/b/c.txt", "to": "/tmp/newdir/c.txt"}))
+        .send()
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+    let r = http.delete(sb.path("/files?path=/tmp/newdir")).send().unwrap();
+    assert_eq!(r.status().as_u16(), 204);
+    api_error(http.get(sb.path("/files?path=/tmp/newdir/c.txt")).send().unwrap(), 404, "not_found");
+    api_error(http.delete(sb.path("/files?path=/tmp/newdir")).send().unwrap(), 404, "not_found");
+    api_error(http.get(sb.path("/files/stat?path=/nope")).send().unwrap(), 404, "not_found");
+}
+
+#[test]
+fn run_creates_runs_and_destroys() {
+    let Some(d) = daemon() else { return };
+    let tag = format!("run{}", token());
+    let o = d.cli(&["run", "--metadata", &format!("t={tag}"), "--", "sh", "-c", "echo inside; exit 3"]);
+    assert_eq!(o.status.code(), Some(3), "{}", out(&o));
+    assert_eq!(String::from_utf8_lossy(&o.stdout), "inside\n");
+    let left: Value = d
+        .http()
+        .get(d.url(&format!("/v1/sandboxes?metadata=t%3D{tag}")))
+        .send()
+        .unwrap()
+        .json()
+        .unwrap();
+    assert_eq!(left.as_array().unwrap().len(), 0, "run left a sandbox: {left}");
+}
+
+#[test]
+fn bad_input_on_every_endpoint() {
+    let Some(d) = daemon() else { return };
+    let http = d.http();
+    let sb = d.sandbox(json!({}));
+    let post = |path: &str, body: &str| {
+        http.post(d.url(path)).header("content-type", "application/json").body(body.to_owned()).send().unwrap()
+    };
+    // 400: malformed JSON, unknown fields, wrong types, missing body, bad ids, bad queries.
+    api_error(post("/v1/sandboxes", "{"), 400, "bad_request");
+    let m = api_error(post("/v1/sandboxes", r#"{"limits":{"memory":1}}"#), 400, "bad_request");
+    assert!(m.contains("limits"), "{m}");
+    api_error(post("/v1/sandboxes", ""), 400, "bad_request");
+    api_error(post(&format!("/v1/sandboxes/{}/exec", sb.id), r#"{"cmd":"ls"}"#), 400, "bad_request");
+    api_error(post(&format!("/v1/sandboxes/{}/exec", sb.id), r#"{"cmd":[]}"#), 400, "bad_request");
+    api_error(post(&format!("/v1/sandboxes/{}/timeout", sb.id), r#"{"secs":1}"#), 400, "bad_request");
+    api_error(post(&format!("/v1/sandboxes/{}/files/mkdir", sb.id), "{}"), 400, "bad_request");
+    api_error(post(&format!("/v1/sandboxes/{}/files/move", sb.id), r#"{"from":"/a"}"#), 400, "bad_request");
+    api_error(http.get(d.url("/v1/sandboxes/BAD..ID")).send().unwrap(), 400, "bad_request");
+    api_error(http.get(d.url("/v1/sandboxes?state=zombie")).send().unwrap(), 400, "bad_request");
+    api_error(http.get(sb.path("/files")).send().unwrap(), 400, "bad_request");
+    api_error(http.get(sb.path("/files/list?path=/&depth=0")).send().unwrap(), 400, "bad_request");
+    // 404: unknown sandbox on every endpoint.
+    let gone = "nosuchsandbox0000000";
+    for (m, p) in [
+        ("GET", format!("/v1/sandboxes/{gone}")),
+        ("DELETE", format!("/v1/sandboxes/{gone}")),
+        ("GET", format!("/v1/sandboxes/{gone}/files?path=/tmp")),
+        ("GET", format!("/v1/sandboxes/{gone}/files/stat?path=/tmp")),
+        ("GET", format!("/v1/sandboxes/{gone}/files/list?path=/tmp")),
+        ("DELETE", format!("/v1/sandboxes/{gone}/files?path=/tmp/x")),
+    ] {
+        let r = http.request(m.parse().unwrap(), d.url(&p)).send().unwrap();
+        api_error(r, 404, "not_found");
+    }
+    api_error(post(&format!("/v1/sandboxes/{gone}/exec"), r#"{"cmd":["true"]}"#), 404, "not_found");
+    api_error(post(&format!("/v1/sandboxes/{gone}/timeout"), r#"{"timeout_secs":5}"#), 404, "not_found");
+    api_error(post(&format!("/v1/sandboxes/{gone}/files/mkdir"), r#"{"path":"/tmp/x"}"#), 404, "not_found");
+    // 413: a JSON body above 1 MiB.
+    let big = format!(r#"{{"template":"{}"}}"#, "a".repeat(2 << 20));
+    api_error(post("/v1/sandboxes", &big), 413, "too_large");
+    // 422: limits above the daemon's maximum.
+    api_error(post("/v1/sandboxes", r#"{"limits":{"memory_bytes":1125899906842624}}"#), 422, "limit_exceeded");
+    api_error(post("/v1/sandboxes", r#"{"limits":{"pids":100000000}}"#), 422, "limit_exceeded");
+    api_error(post("/v1/sandboxes", r#"{"timeout_secs":100000000}"#), 422, "limit_exceeded");
+    // 409: a destroyed sandbox.
+    let dead = d.sandbox(json!({}));
+    let r = http.delete(dead.path("")).send().unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+    let final_info: Value = r.json().unwrap();
+    assert_eq!(final_info["state"], "destroyed", "{final_info}");
+    api_error(post(&format!("/v1/sandboxes/{}/exec", dead.id), r#"{"cmd":["true"]}"#), 409, "conflict");
+    api_error(http.get(dead.path("/files/stat?path=/tmp")).send().unwrap(), 409, "conflict");
+    // The daemon is still fine.
+    assert_eq!(http.get(d.url("/health")).send().unwrap().status().as_u16(), 200);
+}
