@@ -540,3 +540,54 @@ async fn children_get_default_sigpipe() {
         String::from_utf8_lossy(&o.stderr)
     );
 }
+
+#[tokio::test]
+async fn huge_and_short_connect_deadlines() {
+    let a = Agent::start().await;
+    let body = envelope(
+        0,
+        br#"{"process":{"cmd":"/bin/sh","args":["-c","echo ok"]},"stdin":false}"#,
+    );
+    let r = raw(
+        &a.sock(),
+        "POST",
+        "/process.Process/Start",
+        &[
+            ("content-type", "application/connect+json"),
+            ("connect-timeout-ms", "18446744073709551615"),
+        ],
+        body,
+    )
+    .await;
+    let env = split_envelopes(&r.body);
+    assert_eq!(env.last(), Some(&(2, "{}".to_string())), "{env:?}");
+    // Connect with a short deadline to a process that keeps running: the stream ends with
+    // deadline_exceeded and the process lives on.
+    let mut s = a.client.start(sh("exec sleep 100")).await.expect("start");
+    let Some(Ok(ProcessEvent::Start { pid })) = s.next().await else {
+        panic!("no start")
+    };
+    let body = envelope(0, format!(r#"{{"process":{{"pid":{pid}}}}}"#).as_bytes());
+    let r = raw(
+        &a.sock(),
+        "POST",
+        "/process.Process/Connect",
+        &[
+            ("content-type", "application/connect+json"),
+            ("connect-timeout-ms", "100"),
+        ],
+        body,
+    )
+    .await;
+    let env = split_envelopes(&r.body);
+    assert!(env[0].1.starts_with(r#"{"event":{"start""#));
+    assert_eq!(env.last().map(|e| e.0), Some(2));
+    assert!(
+        env.last()
+            .is_some_and(|e| e.1.contains("deadline_exceeded")),
+        "{env:?}"
+    );
+    assert!(alive(pid));
+    a.client.signal(pid, true).await.expect("kill");
+    let _ = collect(s).await;
+}

@@ -21,7 +21,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 use tokio::io::unix::AsyncFd;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 use tokio::net::unix::pipe;
 use tokio::sync::{mpsc, oneshot};
 
@@ -490,16 +490,23 @@ fn spawn(
     Ok((proc, first))
 }
 
-async fn read_pipe(r: &mut Option<pipe::Receiver>, buf: &mut BytesMut) -> Option<Bytes> {
-    let p = r.as_mut()?;
-    buf.reserve(CHUNK);
-    match p.read_buf(buf).await {
-        Ok(0) | Err(_) => None,
-        Ok(_) => Some(buf.split().freeze()),
+/// Read one chunk (up to 32 KiB); `None` at EOF. No buffer is held while waiting.
+async fn read_pipe(r: &Option<pipe::Receiver>) -> Option<Bytes> {
+    let p = r.as_ref()?;
+    loop {
+        p.readable().await.ok()?;
+        let mut tmp = [0u8; CHUNK];
+        match p.try_read(&mut tmp) {
+            Ok(0) => return None,
+            Ok(n) => return Some(Bytes::copy_from_slice(&tmp[..n])),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(_) => return None,
+        }
     }
 }
 
-async fn read_pty(fd: &AsyncFd<OwnedFd>, buf: &mut BytesMut) -> Option<Bytes> {
+async fn read_pty(fd: &AsyncFd<OwnedFd>) -> Option<Bytes> {
     loop {
         let mut guard = fd.readable().await.ok()?;
         let mut tmp = [0u8; CHUNK];
@@ -507,10 +514,7 @@ async fn read_pty(fd: &AsyncFd<OwnedFd>, buf: &mut BytesMut) -> Option<Bytes> {
             nix::unistd::read(inner.as_raw_fd(), &mut tmp).map_err(std::io::Error::from)
         }) {
             Ok(Ok(0)) | Ok(Err(_)) => return None, // EIO: every slave fd is closed.
-            Ok(Ok(n)) => {
-                buf.extend_from_slice(&tmp[..n]);
-                return Some(buf.split().freeze());
-            }
+            Ok(Ok(n)) => return Some(Bytes::copy_from_slice(&tmp[..n])),
             Err(_would_block) => continue,
         }
     }
@@ -546,8 +550,6 @@ async fn supervise(
     mut exit_rx: oneshot::Receiver<WaitStatus>,
     timer: Option<tokio::task::JoinHandle<()>>,
 ) {
-    let mut b1 = BytesMut::new();
-    let mut b2 = BytesMut::new();
     let status = loop {
         match &mut outputs {
             Outputs::Pipes(out, err) => {
@@ -555,11 +557,11 @@ async fn supervise(
                     break (&mut exit_rx).await.ok();
                 }
                 tokio::select! {
-                    r = read_pipe(out, &mut b1), if out.is_some() => match r {
+                    r = read_pipe(out), if out.is_some() => match r {
                         Some(b) => proc.broadcast(data(0, b)).await,
                         None => *out = None,
                     },
-                    r = read_pipe(err, &mut b2), if err.is_some() => match r {
+                    r = read_pipe(err), if err.is_some() => match r {
                         Some(b) => proc.broadcast(data(1, b)).await,
                         None => *err = None,
                     },
@@ -569,7 +571,7 @@ async fn supervise(
             Outputs::Pty(fd) => {
                 let fd = fd.clone();
                 tokio::select! {
-                    r = read_pty(&fd, &mut b1) => match r {
+                    r = read_pty(&fd) => match r {
                         Some(b) => proc.broadcast(data(2, b)).await,
                         None => break (&mut exit_rx).await.ok(),
                     },
@@ -646,7 +648,7 @@ fn pump(
         if tx.send(event_envelope(start)).await.is_err() {
             return;
         }
-        let deadline = deadline.map(|d| tokio::time::Instant::now() + d);
+        let deadline = deadline.and_then(|d| tokio::time::Instant::now().checked_add(d));
         loop {
             let until_deadline = async {
                 match deadline {

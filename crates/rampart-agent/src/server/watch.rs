@@ -169,7 +169,9 @@ pub fn watch_dir(
     let (_, root) = user_path(state, ctx, &req.path)?;
     let mut w = Watch::new(root, req.recursive, req.include_entry)?;
     let keepalive = ctx.keepalive;
-    let deadline = ctx.timeout.map(|t| tokio::time::Instant::now() + t);
+    let deadline = ctx
+        .timeout
+        .and_then(|t| tokio::time::Instant::now().checked_add(t));
     Ok(spawn_stream(move |tx| async move {
         let msg = |r: WatchDirResponse| connect::message_envelope(&r);
         if tx
@@ -210,7 +212,8 @@ pub fn watch_dir(
                     }
                 }
                 _ = until_deadline => {
-                    let _ = tx.send(connect::end_envelope(None)).await;
+                    let err = RpcError::new(Code::DeadlineExceeded, "watch deadline (connect-timeout-ms) elapsed");
+                    let _ = tx.send(connect::end_envelope(Some(&err))).await;
                     return;
                 }
                 _ = tx.closed() => return,
