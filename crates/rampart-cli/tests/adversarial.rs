@@ -19,6 +19,7 @@ use serde_json::Value;
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -414,6 +415,13 @@ const WRAPPER: &str = r#"
 pid=$!
 echo "$pid"
 read -r _ || true
+# The test process is gone. Sandboxes outlive their daemon by design, so delete any a test
+# left behind (e.g. after an interrupted run) while the daemon still answers.
+if command -v curl >/dev/null 2>&1; then
+  for id in $(curl -s -m 10 "http://$ADDR/v1/sandboxes" | grep -o '"id":"[a-z0-9]*"' | cut -d'"' -f4); do
+    curl -s -m 60 -o /dev/null -X DELETE "http://$ADDR/v1/sandboxes/$id"
+  done
+fi
 kill -TERM "$pid" 2>/dev/null
 i=0
 while kill -0 "$pid" 2>/dev/null && [ "$i" -lt 100 ]; do sleep 0.1; i=$((i+1)); done
@@ -469,6 +477,9 @@ fn start_daemon() -> Result<Daemon, Setup> {
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
+        // Its own process group: a ^C to the test run does not kill the wrapper before it
+        // has cleaned up.
+        .process_group(0)
         .spawn()
         .map_err(|e| Setup::Fail(format!("spawn daemon wrapper: {e}")))?;
     let mut line = String::new();
