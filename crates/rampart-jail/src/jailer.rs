@@ -168,6 +168,7 @@ pub fn run(spec: &JailerSpec) -> Result<i32, JailError> {
             agent: agent.as_raw_fd(),
             sock: listener.as_raw_fd(),
             devnull: devnull.as_raw_fd(),
+            go: go_rd.as_raw_fd(),
             filter: &filter,
         };
         child(ctx, go_rd, err_wr);
@@ -182,16 +183,26 @@ pub fn run(spec: &JailerSpec) -> Result<i32, JailError> {
         }
         e
     };
-    let setup = || -> Result<(), JailError> {
+    let setup_ids = || -> Result<(), JailError> {
         let map = format!("0 {ub} 65536\n");
         sys::write_file(Path::new(&format!("/proc/{pid}/uid_map")), &map)?;
         sys::write_file(
             Path::new(&format!("/proc/{pid}/gid_map")),
             &format!("0 {gb} 65536\n"),
         )?;
-        for f in &spec.cgroup_procs {
+        Ok(())
+    };
+    setup_ids().map_err(kill_child)?;
+    // Joining a v1 cgroup waits for an RCU grace period (about 10 ms here): do it on a
+    // thread (the child is already forked, so threads are fine now) while the mounts go on.
+    let procs = spec.cgroup_procs.clone();
+    let cg = std::thread::spawn(move || -> Result<(), JailError> {
+        for f in &procs {
             sys::write_file(f, &pid.to_string())?;
         }
+        Ok(())
+    });
+    let setup = || -> Result<(), JailError> {
         // d. Idmapped lower layers and the overlays.
         let userns = std::fs::File::open(format!("/proc/{pid}/ns/user"))
             .map_err(io("open child user namespace".into()))?;
@@ -225,6 +236,16 @@ pub fn run(spec: &JailerSpec) -> Result<i32, JailError> {
     // f. Go.
     // SAFETY: writing one byte from a valid buffer to our pipe.
     let n = unsafe { libc::write(go_wr.as_raw_fd(), b"g".as_ptr().cast(), 1) };
+    if n != 1 {
+        return Err(kill_child(sys::last("signal sandbox init")));
+    }
+    // The child may exec (become untrusted) only inside its cgroup.
+    let joined = cg
+        .join()
+        .unwrap_or_else(|_| Err(JailError::Init("cgroup thread panicked".into())));
+    joined.map_err(kill_child)?;
+    // SAFETY: as above.
+    let n = unsafe { libc::write(go_wr.as_raw_fd(), b"c".as_ptr().cast(), 1) };
     if n != 1 {
         return Err(kill_child(sys::last("signal sandbox init")));
     }
@@ -266,6 +287,7 @@ struct Child<'a> {
     agent: RawFd,
     sock: RawFd,
     devnull: RawFd,
+    go: RawFd,
     filter: &'a [libc::sock_filter],
 }
 
@@ -306,10 +328,9 @@ fn child_setup(ctx: &Child<'_>) -> Result<Never, JailError> {
             "setgroups".into()
         })?;
         sys::check(libc::setresuid(0, 0, 0).into(), || "setresuid".into())?;
-        sys::check(
-            libc::unshare(libc::CLONE_NEWNS | libc::CLONE_NEWCGROUP).into(),
-            || "unshare mount+cgroup".into(),
-        )?;
+        sys::check(libc::unshare(libc::CLONE_NEWNS).into(), || {
+            "unshare mount namespace".into()
+        })?;
     }
     // A mount of our own (the copied ones are locked): pivot_root needs it.
     sys::mount(
@@ -481,6 +502,16 @@ fn child_setup(ctx: &Child<'_>) -> Result<Never, JailError> {
         .collect();
     env.push(c(&format!("{AGENT_FD_ENV}={}", ctx.sock)));
     let argv = [c("rampart-agent")];
+    // Wait until the jailer has put us in the sandbox's cgroup, then make it our cgroup root.
+    let mut b = [0u8; 1];
+    // SAFETY: reading one byte into a valid buffer.
+    let n = unsafe { libc::read(ctx.go, b.as_mut_ptr().cast(), 1) };
+    if n != 1 || b[0] != b'c' {
+        return Err(JailError::Init("jailer did not confirm the cgroup".into()));
+    }
+    // SAFETY: plain syscall.
+    let rc = unsafe { libc::unshare(libc::CLONE_NEWCGROUP) };
+    sys::check(rc.into(), || "unshare cgroup namespace".into())?;
     seccomp::install(ctx.filter)?;
     Err(sys::fexecve(ctx.agent, &argv, &env))
 }
