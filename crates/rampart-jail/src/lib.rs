@@ -9,6 +9,21 @@
 //!   removes the cgroup and the sandbox directory. Idempotent; fine on a half-built sandbox.
 //! - [`Jail::leftovers`] lists the ids that still have any trace on the host (directory or
 //!   cgroup), for restart recovery.
+//!
+//! How a sandbox is built (see [`jailer`]): `launch` creates the cgroup (v2 if the unified
+//! hierarchy offers memory+pids+cpu, else v1) and a sparse copy of a cached empty ext4 image
+//! (the disk quota), then spawns `rampart-jailer` with a [`JailerSpec`] on stdin. The jailer
+//! works in a private mount namespace: loop-mounts the image, mounts overlays for `/` (lower:
+//! the template rootfs) and `/usr` (lower: the host's `/usr`), both lowers idmapped through
+//! the sandbox's user namespace, and clones PID 1 into new user, pid, net, ipc and uts
+//! namespaces. PID 1 unshares mount and cgroup namespaces, mounts `/proc` (masked), `/dev`,
+//! `/sys` (read-only), pivots, cuts the capability bounding set, installs the seccomp filter
+//! of [`seccomp::default_policy`] (without `no_new_privs`, so setuid `sudo` works inside)
+//! and execs the agent with its listening socket in [`AGENT_FD_ENV`].
+//!
+//! Not used: Landlock. After `pivot_root` the sandbox's filesystem view holds only its own
+//! overlay, `/proc`, `/sys` (read-only) and a minimal `/dev`; a Landlock ruleset would only
+//! restate that, and would stop root inside from administering its own root filesystem.
 
 use rampart_types::{Limits, SandboxId};
 use serde::{Deserialize, Serialize};

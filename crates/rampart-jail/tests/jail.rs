@@ -317,3 +317,40 @@ fn relaunching_a_live_id_is_refused_and_keeps_it() {
     j.destroy(&s.id).unwrap();
     assert_gone(j, &s.id, l.pid);
 }
+
+#[test]
+fn real_agent_serves_health_as_pid1() {
+    if let Some(r) = skip_reason() {
+        eprintln!("skipped: {r}");
+        return;
+    }
+    let bin = agent_bin()
+        .parent()
+        .unwrap()
+        .parent()
+        .unwrap()
+        .join("rampart-agent");
+    if !bin.exists() {
+        eprintln!(
+            "skipped: {} not built (cargo build -p rampart-agent)",
+            bin.display()
+        );
+        return;
+    }
+    let mut t = TestEnv::new("agent");
+    t.jail = Jail::new(JailConfig {
+        agent_bin: bin,
+        ..t.jail.config().clone()
+    })
+    .unwrap();
+    let s = spec(&t, 6, Limits::default());
+    let l = t.jail.launch(&s).unwrap();
+    let mut c = std::os::unix::net::UnixStream::connect(&l.agent_socket).unwrap();
+    c.write_all(b"GET /health HTTP/1.1\r\nHost: sandbox\r\nConnection: close\r\n\r\n")
+        .unwrap();
+    let mut out = String::new();
+    let _ = c.read_to_string(&mut out);
+    assert!(out.starts_with("HTTP/1.1 2"), "{out}");
+    t.jail.destroy(&s.id).unwrap();
+    assert_gone(&t.jail, &s.id, l.pid);
+}
