@@ -90,6 +90,36 @@ pub struct CoreConfig {
     pub uid_slots: u32,
 }
 
+impl CoreConfig {
+    /// A configuration with the documented defaults: default limits of 1 vCPU, 512 MiB,
+    /// 1024 pids, 2 GiB disk; maxima of every host CPU, 8 GiB, 32768 pids, 50 GiB disk;
+    /// 300 s default and 24 h maximum timeouts; 1024 sandboxes; uid ranges from host uid
+    /// 2^29 (536870912), one of 65536 per sandbox slot.
+    pub fn with_defaults(data_dir: PathBuf, jailer_bin: PathBuf, agent_bin: PathBuf) -> Self {
+        let cpus = std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1) as f64;
+        CoreConfig {
+            data_dir,
+            jailer_bin,
+            agent_bin,
+            default_limits: Limits::default(),
+            max_limits: Limits {
+                cpus,
+                memory_bytes: 8 << 30,
+                pids: 32768,
+                disk_bytes: 50 << 30,
+                open_files: 1 << 20,
+            },
+            default_timeout_secs: 300,
+            max_timeout_secs: 24 * 3600,
+            max_sandboxes: 1024,
+            uid_range_start: 1 << 29,
+            uid_slots: 1024,
+        }
+    }
+}
+
 /// A started process.
 pub struct Exec {
     /// Its pid inside the sandbox.
@@ -138,6 +168,9 @@ impl ExecControl {
     }
 }
 
+/// Name of the cgroup subtree holding the sandboxes' cgroups.
+pub const DEFAULT_CGROUP_SUBTREE: &str = "rampart";
+
 /// The manager. Cheap to share (`Arc`).
 #[derive(Debug)]
 pub struct Manager {
@@ -148,11 +181,20 @@ impl Manager {
     /// Probes the host, opens the store, builds the `base` template if missing, recovers
     /// sandboxes left by a previous run (re-attach the live, clean the rest), starts the reaper.
     pub async fn start(cfg: CoreConfig) -> Result<Arc<Manager>, CoreError> {
+        Self::start_with_cgroup_subtree(cfg, DEFAULT_CGROUP_SUBTREE).await
+    }
+
+    /// Like [`Manager::start`], with the sandboxes' cgroups under `subtree` instead of
+    /// [`DEFAULT_CGROUP_SUBTREE`] (so that tests, or two daemons, do not see each other's).
+    pub async fn start_with_cgroup_subtree(
+        cfg: CoreConfig,
+        subtree: &str,
+    ) -> Result<Arc<Manager>, CoreError> {
         let jail_cfg = rampart_jail::JailConfig {
             state_dir: cfg.data_dir.join("sandboxes"),
             jailer_bin: cfg.jailer_bin.clone(),
             agent_bin: cfg.agent_bin.clone(),
-            cgroup_subtree: "rampart".to_owned(),
+            cgroup_subtree: subtree.to_owned(),
         };
         std::fs::create_dir_all(&jail_cfg.state_dir).map_err(|e| {
             CoreError::Internal(format!("creating {}: {e}", jail_cfg.state_dir.display()))

@@ -266,15 +266,10 @@ const SIGNALS: &[(i32, &[&str])] = &[
 /// `signal: SIGKILL` or `killed by signal 9`; None if the status names no signal.
 pub fn parse_signal(status: &str) -> Option<i32> {
     let s = status.trim().to_ascii_lowercase();
-    let rest = if let Some(r) = s.strip_prefix("signal:") {
-        r
-    } else if let Some(r) = s.strip_prefix("killed by signal") {
-        r
-    } else if let Some(r) = s.strip_prefix("signal") {
-        r
-    } else {
-        return None;
-    };
+    let rest = s
+        .strip_prefix("signal:")
+        .or_else(|| s.strip_prefix("killed by signal"))
+        .or_else(|| s.strip_prefix("signal"))?;
     let rest = rest.trim();
     let rest = rest.strip_suffix("(core dumped)").unwrap_or(rest).trim();
     if let Ok(n) = rest.parse::<i32>() {

@@ -1,0 +1,515 @@
+//! Integration tests of the manager with the real namespace tier and agent (needs root and
+//! the built `rampart-jailer` and `rampart-agent` binaries: `cargo build -p rampart-agent -p
+//! rampart-jail`). Each test prints why it skips when something is missing.
+
+use base64::Engine;
+use futures::StreamExt;
+use rampart_core::{CoreConfig, CoreError, Exec, Manager};
+use rampart_store::SandboxStore;
+use rampart_types::{CreateSandbox, ExecEvent, ExecRequest, SandboxId, SandboxInfo, SandboxState};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// One test's world: a data dir, a cgroup subtree and a uid range of its own.
+struct World {
+    dir: PathBuf,
+    subtree: String,
+    cfg: CoreConfig,
+}
+
+fn bins() -> Result<(PathBuf, PathBuf), String> {
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    // target/debug/deps/<test> -> target/debug
+    let dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .ok_or("cannot locate the target directory")?
+        .to_path_buf();
+    let jailer = dir.join("rampart-jailer");
+    let agent = dir.join("rampart-agent");
+    for b in [&jailer, &agent] {
+        if !b.exists() {
+            return Err(format!(
+                "{} is not built (cargo build -p rampart-agent -p rampart-jail)",
+                b.display()
+            ));
+        }
+    }
+    Ok((jailer, agent))
+}
+
+impl World {
+    fn new(tag: &str, index: u32) -> Result<World, String> {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(
+                tracing_subscriber::EnvFilter::try_from_default_env()
+                    .unwrap_or_else(|_| "info".into()),
+            )
+            .with_test_writer()
+            .try_init();
+        if !nix_is_root() {
+            return Err("needs root".into());
+        }
+        let (jailer, agent) = bins()?;
+        let pid = std::process::id();
+        let dir = PathBuf::from(format!("/var/tmp/rampart-core-test-{pid}-{tag}"));
+        let _ = std::fs::remove_dir_all(&dir);
+        let mut cfg = CoreConfig::with_defaults(dir.clone(), jailer, agent);
+        // Ranges of their own, away from other test binaries' (jail tests use 2_000_000+).
+        cfg.uid_slots = 4;
+        cfg.uid_range_start = 1_000_000_000 + ((pid % 200) * 10 + index) * 4 * 65536;
+        cfg.max_timeout_secs = 3600;
+        Ok(World {
+            dir,
+            subtree: format!("rampart-coretest-{pid}-{tag}"),
+            cfg,
+        })
+    }
+
+    async fn start(&self) -> Result<Arc<Manager>, String> {
+        match Manager::start_with_cgroup_subtree(self.cfg.clone(), &self.subtree).await {
+            Ok(m) => Ok(m),
+            Err(e) if e.to_string().contains("missing a required kernel feature") => {
+                Err(format!("host lacks a feature: {e}"))
+            }
+            Err(e) => panic!("manager start failed: {e}"),
+        }
+    }
+
+    fn store(&self) -> rampart_store::SqliteStore {
+        rampart_store::SqliteStore::open(&self.dir.join("state.db")).unwrap()
+    }
+
+    /// Every host trace of a sandbox: its directory, its cgroups, mounts naming it.
+    fn traces(&self, id: &SandboxId) -> Vec<String> {
+        let mut out = Vec::new();
+        let sdir = self.dir.join("sandboxes").join(id.as_str());
+        if sdir.exists() {
+            out.push(sdir.display().to_string());
+        }
+        if let Ok(rd) = std::fs::read_dir("/sys/fs/cgroup") {
+            for c in rd.flatten() {
+                let p = c.path().join(&self.subtree).join(id.as_str());
+                if p.exists() {
+                    out.push(p.display().to_string());
+                }
+            }
+        }
+        if let Ok(m) = std::fs::read_to_string("/proc/self/mountinfo") {
+            out.extend(
+                m.lines()
+                    .filter(|l| l.contains(id.as_str()))
+                    .map(str::to_owned),
+            );
+        }
+        out
+    }
+}
+
+impl Drop for World {
+    fn drop(&mut self) {
+        // Remove whatever a failed test left, with a jail of the same configuration.
+        if let Ok(jail) = rampart_jail::Jail::new(rampart_jail::JailConfig {
+            state_dir: self.dir.join("sandboxes"),
+            jailer_bin: self.cfg.jailer_bin.clone(),
+            agent_bin: self.cfg.agent_bin.clone(),
+            cgroup_subtree: self.subtree.clone(),
+        }) {
+            for id in jail.leftovers().unwrap_or_default() {
+                let _ = jail.destroy(&id);
+            }
+        }
+        if let Ok(rd) = std::fs::read_dir("/sys/fs/cgroup") {
+            for c in rd.flatten() {
+                let _ = std::fs::remove_dir(c.path().join(&self.subtree));
+            }
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn nix_is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
+macro_rules! world_or_skip {
+    ($tag:expr, $index:expr) => {
+        match World::new($tag, $index) {
+            Ok(w) => w,
+            Err(why) => {
+                eprintln!("SKIP {}: {why}", $tag);
+                return;
+            }
+        }
+    };
+}
+
+macro_rules! start_or_skip {
+    ($w:expr) => {
+        match $w.start().await {
+            Ok(m) => m,
+            Err(why) => {
+                eprintln!("SKIP: {why}");
+                return;
+            }
+        }
+    };
+}
+
+#[derive(Debug, Default)]
+struct Ran {
+    stdout: Vec<u8>,
+    stderr: Vec<u8>,
+    pty: Vec<u8>,
+    exit_code: Option<i32>,
+    signal: Option<i32>,
+    timed_out: bool,
+    error: Option<String>,
+}
+
+async fn collect(mut exec: Exec) -> Ran {
+    let b64 = base64::engine::general_purpose::STANDARD;
+    let mut r = Ran::default();
+    let mut ended = 0;
+    while let Some(ev) = exec.events.next().await {
+        match ev {
+            ExecEvent::Stdout { data } => r.stdout.extend(b64.decode(data).unwrap()),
+            ExecEvent::Stderr { data } => r.stderr.extend(b64.decode(data).unwrap()),
+            ExecEvent::Pty { data } => r.pty.extend(b64.decode(data).unwrap()),
+            ExecEvent::Start { .. } => panic!("start is consumed into Exec::pid"),
+            ExecEvent::Exit {
+                exit_code,
+                signal,
+                timed_out,
+                ..
+            } => {
+                ended += 1;
+                r.exit_code = exit_code;
+                r.signal = signal;
+                r.timed_out = timed_out;
+            }
+            ExecEvent::Error { message } => {
+                ended += 1;
+                r.error = Some(message);
+            }
+        }
+    }
+    assert_eq!(ended, 1, "exactly one final event: {r:?}");
+    r
+}
+
+fn cmd(args: &[&str]) -> ExecRequest {
+    ExecRequest {
+        cmd: args.iter().map(|s| s.to_string()).collect(),
+        ..Default::default()
+    }
+}
+
+async fn run(m: &Manager, id: &SandboxId, req: ExecRequest) -> Ran {
+    collect(m.exec(id, req, false).await.expect("exec")).await
+}
+
+/// Waits (polling, bounded) until the sandbox is in `state`.
+async fn wait_state(
+    m: &Manager,
+    id: &SandboxId,
+    state: SandboxState,
+    within: Duration,
+) -> SandboxInfo {
+    let deadline = Instant::now() + within;
+    loop {
+        let info = m.get(id).unwrap();
+        if info.state == state {
+            return info;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "sandbox {id} stayed {:?}, wanted {state:?}",
+            info.state
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lifecycle_exec_and_destroy_leave_nothing() {
+    let w = world_or_skip!("life", 0);
+    let m = start_or_skip!(w);
+    let info = m
+        .create(CreateSandbox {
+            env: [("GREETING".to_string(), "hello".to_string())].into(),
+            metadata: [("team".to_string(), "core".to_string())].into(),
+            ..Default::default()
+        })
+        .await
+        .expect("create");
+    let id = info.id.clone();
+    assert_eq!(info.state, SandboxState::Running);
+    assert_eq!(info.env_names, vec!["GREETING"]);
+
+    let r = run(&m, &id, cmd(&["echo", "hi"])).await;
+    assert_eq!(r.exit_code, Some(0), "{r:?}");
+    assert_eq!(r.stdout, b"hi\n");
+
+    let r = run(
+        &m,
+        &id,
+        cmd(&["sh", "-c", "echo $GREETING; echo oops >&2; exit 3"]),
+    )
+    .await;
+    assert_eq!(r.exit_code, Some(3), "{r:?}");
+    assert_eq!(r.signal, None);
+    assert_eq!(r.stdout, b"hello\n");
+    assert_eq!(r.stderr, b"oops\n");
+
+    let r = run(
+        &m,
+        &id,
+        ExecRequest {
+            stdin: Some("abc".into()),
+            ..cmd(&["cat"])
+        },
+    )
+    .await;
+    assert_eq!(r.stdout, b"abc", "{r:?}");
+    let r = run(
+        &m,
+        &id,
+        ExecRequest {
+            stdin_base64: Some("AAEC/w==".into()),
+            ..cmd(&["od", "-An", "-tx1"])
+        },
+    )
+    .await;
+    assert_eq!(
+        String::from_utf8_lossy(&r.stdout).trim(),
+        "00 01 02 ff",
+        "{r:?}"
+    );
+
+    // Interactive stdin, then a signal.
+    let exec = m.exec(&id, cmd(&["cat"]), true).await.expect("exec cat");
+    let control = exec.control.clone();
+    control
+        .send_stdin(bytes::Bytes::from_static(b"ping\n"))
+        .await
+        .unwrap();
+    control.close_stdin().await.unwrap();
+    let r = collect(exec).await;
+    assert_eq!(r.stdout, b"ping\n");
+    assert_eq!(r.exit_code, Some(0));
+
+    let exec = m
+        .exec(&id, cmd(&["sleep", "60"]), false)
+        .await
+        .expect("exec sleep");
+    exec.control.signal(false).await.unwrap();
+    let r = collect(exec).await;
+    assert_eq!(
+        (r.exit_code, r.signal, r.timed_out),
+        (None, Some(15), false),
+        "{r:?}"
+    );
+
+    // Core's own timeout.
+    let r = run(
+        &m,
+        &id,
+        ExecRequest {
+            timeout_secs: Some(1),
+            ..cmd(&["sleep", "60"])
+        },
+    )
+    .await;
+    assert!(r.timed_out, "{r:?}");
+    assert_eq!(r.signal, Some(9));
+    assert_eq!(r.exit_code, None);
+
+    // A PTY.
+    let r = run(
+        &m,
+        &id,
+        ExecRequest {
+            tty: Some([80, 24]),
+            ..cmd(&["tty"])
+        },
+    )
+    .await;
+    assert!(
+        String::from_utf8_lossy(&r.pty).contains("/dev/pts/"),
+        "{r:?}"
+    );
+
+    // Bad input.
+    assert!(matches!(
+        m.exec(&id, cmd(&[]), false).await,
+        Err(CoreError::BadRequest { field, .. }) if field == "cmd"
+    ));
+    let missing = SandboxId::parse("nosuchsandbox").unwrap();
+    assert!(matches!(
+        m.exec(&missing, cmd(&["true"]), false).await,
+        Err(CoreError::NotFound(_))
+    ));
+
+    // Listing and metadata filters.
+    let team: BTreeMap<_, _> = [("team".to_string(), "core".to_string())].into();
+    assert_eq!(m.list(None, &team).unwrap().len(), 1);
+    let other: BTreeMap<_, _> = [("team".to_string(), "x".to_string())].into();
+    assert!(m.list(None, &other).unwrap().is_empty());
+
+    let usage = m.usage(&id).await.expect("usage");
+    assert!(usage.pids >= 1, "{usage:?}");
+
+    let done = m.destroy(&id).await.expect("destroy");
+    assert_eq!(done.state, SandboxState::Destroyed);
+    assert!(done.ended_at.is_some());
+    assert_eq!(w.traces(&id), Vec::<String>::new());
+    // Idempotent, and a destroyed sandbox refuses work with 409.
+    assert_eq!(m.destroy(&id).await.unwrap().state, SandboxState::Destroyed);
+    assert!(matches!(
+        m.exec(&id, cmd(&["true"]), false).await,
+        Err(CoreError::WrongState { .. })
+    ));
+    assert!(matches!(
+        m.set_timeout(&id, 10).await,
+        Err(CoreError::WrongState { .. })
+    ));
+
+    let text = m.metrics_text();
+    for name in [
+        "rampart_sandboxes{state=\"destroyed\"} 1",
+        "rampart_sandbox_creates_total{result=\"ok\"} 1",
+        "rampart_sandbox_create_seconds",
+        "rampart_execs_total",
+        "rampart_exec_seconds",
+        "rampart_sandboxes_destroyed_total{reason=\"request\"} 1",
+    ] {
+        assert!(text.contains(name), "metrics lack {name}:\n{text}");
+    }
+    m.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn expiry_destroys_and_timeout_extends() {
+    let w = world_or_skip!("expiry", 1);
+    let m = start_or_skip!(w);
+    let a = m
+        .create(CreateSandbox {
+            timeout_secs: Some(1),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let b = m
+        .create(CreateSandbox {
+            timeout_secs: Some(1),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    // Extend b before it expires; a expires.
+    m.set_timeout(&b.id, 600).await.unwrap();
+    let gone = wait_state(&m, &a.id, SandboxState::Destroyed, Duration::from_secs(30)).await;
+    assert_eq!(gone.reason.as_deref(), Some("timeout expired"));
+    assert_eq!(w.traces(&a.id), Vec::<String>::new());
+    assert_eq!(m.get(&b.id).unwrap().state, SandboxState::Running);
+    assert_eq!(run(&m, &b.id, cmd(&["true"])).await.exit_code, Some(0));
+    // Shortening it wakes the reaper.
+    m.set_timeout(&b.id, 1).await.unwrap();
+    wait_state(&m, &b.id, SandboxState::Destroyed, Duration::from_secs(30)).await;
+    assert_eq!(w.traces(&b.id), Vec::<String>::new());
+    assert!(matches!(
+        m.set_timeout(&b.id, 100_000).await,
+        Err(CoreError::Limit(_))
+    ));
+    m.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dying_init_is_noticed_and_cleaned() {
+    let w = world_or_skip!("died", 2);
+    let m = start_or_skip!(w);
+    let s = m.create(CreateSandbox::default()).await.unwrap();
+    let pid = w.store().get(&s.id).unwrap().unwrap().pid.unwrap();
+    // SAFETY: kill of the sandbox's init, a process this test's manager started.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGKILL) }, 0);
+    let info = wait_state(&m, &s.id, SandboxState::Destroyed, Duration::from_secs(30)).await;
+    assert!(info.reason.unwrap_or_default().contains("unexpectedly"));
+    assert_eq!(w.traces(&s.id), Vec::<String>::new());
+    // Reaped: no zombie left behind.
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    assert!(!stat.contains(") Z "), "zombie left: {stat}");
+    m.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn capacity_and_bad_requests_are_refused() {
+    let mut w = world_or_skip!("cap", 3);
+    w.cfg.max_sandboxes = 1;
+    let m = start_or_skip!(w);
+    assert!(matches!(
+        m.create(CreateSandbox { template: Some("nope".into()), ..Default::default() }).await,
+        Err(CoreError::BadRequest { field, .. }) if field == "template"
+    ));
+    let s = m.create(CreateSandbox::default()).await.unwrap();
+    assert!(matches!(
+        m.create(CreateSandbox::default()).await,
+        Err(CoreError::Capacity(_))
+    ));
+    m.destroy(&s.id).await.unwrap();
+    let s2 = m.create(CreateSandbox::default()).await.unwrap();
+    m.destroy(&s2.id).await.unwrap();
+    m.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restart_reattaches_the_living_and_cleans_the_dead() {
+    let w = world_or_skip!("restart", 4);
+    let m = start_or_skip!(w);
+    let alive = m
+        .create(CreateSandbox {
+            timeout_secs: Some(600),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let dead = m
+        .create(CreateSandbox {
+            timeout_secs: Some(600),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    // Leave a process running in the living one to see it survive.
+    let r = run(&m, &alive.id, cmd(&["sh", "-c", "echo kept > /tmp/mark"])).await;
+    assert_eq!(r.exit_code, Some(0));
+    m.shutdown().await;
+    drop(m);
+
+    // While no daemon runs, one sandbox dies.
+    let dead_pid = w.store().get(&dead.id).unwrap().unwrap().pid.unwrap();
+    // SAFETY: kill of a sandbox init this test's manager started.
+    assert_eq!(unsafe { libc::kill(dead_pid, libc::SIGKILL) }, 0);
+
+    let m = start_or_skip!(w);
+    assert_eq!(m.get(&alive.id).unwrap().state, SandboxState::Running);
+    let r = run(&m, &alive.id, cmd(&["cat", "/tmp/mark"])).await;
+    assert_eq!(r.stdout, b"kept\n", "{r:?}");
+    let d = m.get(&dead.id).unwrap();
+    assert_eq!(d.state, SandboxState::Destroyed);
+    assert_eq!(
+        d.reason.as_deref(),
+        Some("daemon restarted; sandbox was not running")
+    );
+    assert_eq!(w.traces(&dead.id), Vec::<String>::new());
+    let stat = std::fs::read_to_string(format!("/proc/{dead_pid}/stat")).unwrap_or_default();
+    assert!(!stat.contains(") Z "), "zombie left: {stat}");
+
+    // A leftover directory unknown to any record is cleaned too on the next start.
+    m.destroy(&alive.id).await.unwrap();
+    assert_eq!(w.traces(&alive.id), Vec::<String>::new());
+    m.shutdown().await;
+}
