@@ -570,3 +570,98 @@ fn bad_input_on_every_endpoint() {
     // The daemon is still fine.
     assert_eq!(http.get(d.url("/health")).send().unwrap().status().as_u16(), 200);
 }
+
+#[test]
+fn interrupting_an_interactive_exec_signals_the_process() {
+    let Some(d) = daemon() else { return };
+    let sb = d.sandbox(json!({}));
+    let mut child = Command::new(rampart_bin())
+        .args(["exec", "--stdin", &sb.id, "--", "sh", "-c", "echo ready; exec sleep 100"])
+        .env("RAMPART_HOST", &d.host)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdout = BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    stdout.read_line(&mut line).unwrap();
+    assert_eq!(line, "ready\n");
+    // SAFETY: kill(2) on the CLI process this test started.
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), Some(128 + 15), "SIGINT is forwarded as SIGTERM");
+}
+
+#[test]
+fn watch_streams_changes_and_sse_streams_exec_events() {
+    let Some(d) = daemon() else { return };
+    let sb = d.sandbox(json!({}));
+    let http = d.http();
+    let r = http.post(sb.path("/files/mkdir")).json(&json!({"path": "/tmp/watched"})).send().unwrap();
+    assert_eq!(r.status().as_u16(), 201);
+    let resp = http.get(sb.path("/files/watch?path=/tmp/watched")).send().unwrap();
+    assert_eq!(resp.status().as_u16(), 200);
+    let (tx, rx) = std::sync::mpsc::channel::<Value>();
+    std::thread::spawn(move || {
+        for line in BufReader::new(resp).lines() {
+            let Ok(line) = line else { break };
+            let Ok(v) = serde_json::from_str::<Value>(&line) else { break };
+            if tx.send(v).is_err() {
+                break;
+            }
+        }
+    });
+    let r = http.put(sb.path("/files?path=/tmp/watched/new.txt")).body("x").send().unwrap();
+    assert!(r.status().is_success());
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut seen = Vec::new();
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match rx.recv_timeout(left) {
+            Ok(v) if v["name"] == "new.txt" => break,
+            Ok(v) => seen.push(v),
+            Err(_) => panic!("no watch event for new.txt; saw {seen:?}"),
+        }
+    }
+
+    let text = http
+        .post(sb.path("/exec"))
+        .header("accept", "text/event-stream")
+        .json(&json!({"cmd": ["echo", "sse"]}))
+        .send()
+        .unwrap()
+        .text()
+        .unwrap();
+    assert!(text.contains("event: start"), "{text}");
+    assert!(text.contains("event: exit"), "{text}");
+}
+
+#[test]
+fn an_interrupted_run_still_destroys_its_sandbox() {
+    let Some(d) = daemon() else { return };
+    let tag = format!("runint{}", token());
+    let mut child = Command::new(rampart_bin())
+        .args(["run", "--metadata", &format!("t={tag}"), "--", "sh", "-c", "echo ready; exec sleep 100"])
+        .env("RAMPART_HOST", &d.host)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdout = BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    stdout.read_line(&mut line).unwrap();
+    assert_eq!(line, "ready\n");
+    // SAFETY: kill(2) on the CLI process this test started.
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    assert_eq!(child.wait().unwrap().code(), Some(130));
+    let left: Value = d
+        .http()
+        .get(d.url(&format!("/v1/sandboxes?metadata=t%3D{tag}")))
+        .send()
+        .unwrap()
+        .json()
+        .unwrap();
+    assert_eq!(left.as_array().unwrap().len(), 0, "run left a sandbox: {left}");
+}

@@ -303,7 +303,7 @@ pub(crate) async fn exec(
     State(st): State<AppState>,
     SandboxPath(id): SandboxPath,
     headers: HeaderMap,
-    ApiJson(req): ApiJson<ExecRequest>,
+    ApiJson(req): ApiJson<ExecRequest, { crate::EXEC_BODY_LIMIT }>,
 ) -> Result<Response, ApiError> {
     let cap = validate(&req)?;
     let mode = mode(&headers, &req);

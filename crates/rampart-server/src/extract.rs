@@ -2,19 +2,22 @@
 //! axum's plain-text rejections.
 
 use crate::error::ApiError;
+use axum::body::Body;
 use axum::extract::{FromRequest, FromRequestParts, Path, Request};
 use axum::http::header::CONTENT_TYPE;
 use axum::http::request::Parts;
 use axum::http::StatusCode;
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
+use futures::StreamExt;
 use rampart_types::SandboxId;
 use serde::de::DeserializeOwned;
+use std::time::Duration;
 
 /// A JSON body: `Content-Type: application/json` required (a browser cannot send it across
 /// origins without a preflight, which this API never answers), unknown fields and wrong types
 /// refused with the path of the offending field, the size bounded by `DefaultBodyLimit`.
 #[derive(Debug, Clone)]
-pub struct ApiJson<T>(pub T);
+pub struct ApiJson<T, const LIMIT: usize = { crate::JSON_BODY_LIMIT }>(pub T);
 
 /// Whether a content type is JSON (`application/json`, `application/x+json; charset=...`).
 fn is_json(content_type: &str) -> bool {
@@ -25,6 +28,39 @@ fn is_json(content_type: &str) -> bool {
         .trim()
         .to_ascii_lowercase();
     mime == "application/json" || (mime.starts_with("application/") && mime.ends_with("+json"))
+}
+
+/// After a body turns out too large, read (and discard) at most this much more of it, so the
+/// client, still sending, gets the 413 rather than a reset connection.
+const DRAIN_MAX: usize = 32 << 20;
+/// ... and for at most this long.
+const DRAIN_TIME: Duration = Duration::from_secs(5);
+
+/// Reads a whole body of at most `limit` bytes (413 beyond).
+async fn read_bounded(body: Body, limit: usize) -> Result<Bytes, ApiError> {
+    let mut stream = body.into_data_stream();
+    let mut buf = BytesMut::new();
+    while let Some(chunk) = stream.next().await {
+        let chunk = chunk
+            .map_err(|e| ApiError::bad_request(format!("could not read the request body: {e}")))?;
+        if buf.len() + chunk.len() > limit {
+            let drain = async {
+                let mut drained = 0usize;
+                while let Some(Ok(c)) = stream.next().await {
+                    drained += c.len();
+                    if drained > DRAIN_MAX {
+                        break;
+                    }
+                }
+            };
+            let _ = tokio::time::timeout(DRAIN_TIME, drain).await;
+            return Err(ApiError::too_large(format!(
+                "the request body is above this endpoint's limit of {limit} bytes"
+            )));
+        }
+        buf.extend_from_slice(&chunk);
+    }
+    Ok(buf.freeze())
 }
 
 /// Parses JSON, naming the field path in the error.
@@ -42,29 +78,20 @@ pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
     Ok(value)
 }
 
-impl<S, T> FromRequest<S> for ApiJson<T>
+impl<S, T, const LIMIT: usize> FromRequest<S> for ApiJson<T, LIMIT>
 where
     S: Send + Sync,
     T: DeserializeOwned,
 {
     type Rejection = ApiError;
 
-    async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
+    async fn from_request(req: Request, _state: &S) -> Result<Self, ApiError> {
         let content_type = req
             .headers()
             .get(CONTENT_TYPE)
             .and_then(|v| v.to_str().ok())
             .map(str::to_owned);
-        let bytes = Bytes::from_request(req, state).await.map_err(|e| {
-            if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
-                ApiError::too_large("request body is above this endpoint's limit")
-            } else {
-                ApiError::bad_request(format!(
-                    "could not read the request body: {}",
-                    e.body_text()
-                ))
-            }
-        })?;
+        let bytes = read_bounded(req.into_body(), LIMIT).await?;
         if bytes.iter().all(u8::is_ascii_whitespace) {
             return Err(ApiError::bad_request(
                 "a JSON request body is required (Content-Type: application/json)",

@@ -17,7 +17,6 @@ pub use error::ApiError;
 pub use exec::{collect_output, OutputCollector};
 pub use openapi::openapi;
 
-use axum::extract::DefaultBodyLimit;
 use axum::http::{StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -34,7 +33,8 @@ use tower_http::trace::TraceLayer;
 
 /// Limit on JSON request bodies (1 MiB).
 pub const JSON_BODY_LIMIT: usize = 1 << 20;
-/// Limit on the body of an exec request, which may carry stdin (16 MiB).
+/// Limit on the body of an exec request, which may carry stdin (16 MiB). File uploads have
+/// no limit but the sandbox's disk.
 pub const EXEC_BODY_LIMIT: usize = 16 << 20;
 
 /// What the HTTP layer needs from the sandbox manager. [`Manager`] implements it; tests use a
@@ -135,8 +135,6 @@ pub fn router_with_backend(backend: Arc<dyn Backend>) -> Router {
         backend,
         http_metrics: Arc::new(metrics::HttpMetrics::new()),
     };
-    let json_limit = DefaultBodyLimit::max(JSON_BODY_LIMIT);
-
     let v1 = Router::new()
         .route("/sandboxes", post(sandboxes::create).get(sandboxes::list))
         .route(
@@ -144,29 +142,16 @@ pub fn router_with_backend(backend: Arc<dyn Backend>) -> Router {
             get(sandboxes::get_one).delete(sandboxes::destroy),
         )
         .route("/sandboxes/{id}/timeout", post(sandboxes::set_timeout))
-        .layer(json_limit)
-        .route(
-            "/sandboxes/{id}/exec",
-            post(exec::exec).layer(DefaultBodyLimit::max(EXEC_BODY_LIMIT)),
-        )
+        .route("/sandboxes/{id}/exec", post(exec::exec))
         .route("/sandboxes/{id}/exec/ws", get(exec::exec_ws))
         .route(
             "/sandboxes/{id}/files",
-            get(files::read)
-                .put(files::write)
-                .delete(files::remove)
-                .layer(DefaultBodyLimit::disable()),
+            get(files::read).put(files::write).delete(files::remove),
         )
         .route("/sandboxes/{id}/files/stat", get(files::stat))
         .route("/sandboxes/{id}/files/list", get(files::list))
-        .route(
-            "/sandboxes/{id}/files/mkdir",
-            post(files::mkdir).layer(json_limit),
-        )
-        .route(
-            "/sandboxes/{id}/files/move",
-            post(files::rename).layer(json_limit),
-        )
+        .route("/sandboxes/{id}/files/mkdir", post(files::mkdir))
+        .route("/sandboxes/{id}/files/move", post(files::rename))
         .route("/sandboxes/{id}/files/watch", get(files::watch))
         .route("/openapi.json", get(openapi::serve_openapi));
 

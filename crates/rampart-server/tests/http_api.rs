@@ -363,6 +363,19 @@ async fn json_needs_its_content_type_and_a_bounded_size() {
     call(&app, Method::POST, "/v1/sandboxes", JSON, &big)
         .await
         .error(413, "too_large");
+    // An exec may carry up to 16 MiB (stdin).
+    let exec = |n: usize| {
+        let mut b = br#"{"cmd":["cat"],"stdin":""#.to_vec();
+        b.extend(std::iter::repeat_n(b'a', n));
+        b.extend(br#""}"#);
+        b
+    };
+    call(&app, Method::POST, "/v1/sandboxes/known/exec", JSON, &exec(2 << 20))
+        .await
+        .error(500, "internal");
+    call(&app, Method::POST, "/v1/sandboxes/known/exec", JSON, &exec(17 << 20))
+        .await
+        .error(413, "too_large");
 }
 
 #[tokio::test]

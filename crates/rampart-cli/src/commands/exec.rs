@@ -296,6 +296,9 @@ async fn run_interactive(
     let mut stdin_open = forward_stdin;
     let mut winch = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::window_change())
         .context("cannot watch terminal resizes")?;
+    // One stream for the whole session, so no interrupt is lost between loop iterations.
+    let mut sigint = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())
+        .context("cannot watch interrupts")?;
     let mut interrupts = 0u32;
 
     loop {
@@ -332,7 +335,7 @@ async fn run_interactive(
                     tx.send(input_message(&ExecInput::Resize { cols, rows })).await.context("exec WebSocket")?;
                 }
             }
-            _ = tokio::signal::ctrl_c() => {
+            _ = sigint.recv() => {
                 // SIGTERM first, SIGKILL on the second interrupt.
                 interrupts += 1;
                 let kill = interrupts > 1;

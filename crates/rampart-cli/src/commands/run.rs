@@ -3,7 +3,7 @@
 use super::exec::{run_command, ExecFlags};
 use super::sandbox::{create_sandbox, destroy_sandbox, CreateFlags};
 use crate::client::Client;
-use anyhow::Result;
+use anyhow::{Context, Result};
 use clap::Args;
 
 /// `rampart run`.
@@ -45,13 +45,22 @@ pub async fn run(host: &str, a: RunArgs) -> Result<u8> {
         tty: a.tty,
         timeout: a.exec_timeout,
     };
+    // Watch SIGINT and SIGTERM before the sandbox exists: one that arrives during the create
+    // is acted on right after it, so the sandbox is still destroyed.
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut sigint = signal(SignalKind::interrupt()).context("cannot watch interrupts")?;
+    let mut sigterm = signal(SignalKind::terminate()).context("cannot watch SIGTERM")?;
     let info = create_sandbox(&client, &req).await?;
     let id = info.id.to_string();
     let outcome = tokio::select! {
         r = run_command(&client, &id, &flags, a.cmd) => r,
-        _ = tokio::signal::ctrl_c() => {
+        _ = sigint.recv() => {
             eprintln!("rampart: interrupted; destroying sandbox {id}");
             Ok(130)
+        }
+        _ = sigterm.recv() => {
+            eprintln!("rampart: terminated; destroying sandbox {id}");
+            Ok(143)
         }
     };
     if let Err(e) = destroy_sandbox(&client, &id).await {

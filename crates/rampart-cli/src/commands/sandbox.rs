@@ -218,8 +218,13 @@ fn relative(ts: &str, now: OffsetDateTime) -> String {
     };
     let secs = (t - now).whole_seconds();
     let a = secs.unsigned_abs();
+    if a == 0 {
+        return "now".into();
+    }
     let d = if a < 60 {
         format!("{a}s")
+    } else if a < 600 {
+        format!("{}m{}s", a / 60, a % 60)
     } else if a < 3600 {
         format!("{}m", a / 60)
     } else if a < 86400 {
@@ -344,6 +349,16 @@ pub async fn timeout(host: &str, a: TimeoutArgs) -> Result<u8> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn times_print_relative() {
+        let now = OffsetDateTime::parse("2026-01-01T00:10:00Z", &Rfc3339).unwrap();
+        assert_eq!(relative("2026-01-01T00:10:00.300Z", now), "now");
+        assert_eq!(relative("2026-01-01T00:09:30Z", now), "30s ago");
+        assert_eq!(relative("2026-01-01T00:14:59Z", now), "in 4m59s");
+        assert_eq!(relative("2026-01-01T02:10:00Z", now), "in 2h0m");
+        assert_eq!(relative("garbage", now), "garbage");
+    }
 
     #[test]
     fn sizes_print() {
