@@ -517,6 +517,7 @@ impl Inner {
             hostname: new.id.to_string(),
             env: launch_env(&new.env),
         };
+        let t0 = Instant::now();
         let iso = self.iso.clone();
         let launched = tokio::task::spawn_blocking(move || iso.launch(&spec))
             .await
@@ -532,13 +533,22 @@ impl Inner {
                 CoreError::Internal(format!("the sandbox's init (pid {pid}) exited at start"))
             })?
             .start_time;
+        let launched_at = Instant::now();
         let client = AgentClient::new(launched.agent_socket.clone());
         wait_health(&client, HEALTH_DEADLINE).await?;
+        let healthy_at = Instant::now();
         let sock = launched.agent_socket.to_string_lossy().into_owned();
         self.store
             .set_running(&new.id, pid, start, &sock)
             .map_err(db)?;
         self.register(&new.id, client, pid, pidfd, new.expires_at_ms);
+        debug!(
+            id = %new.id,
+            launch_us = (launched_at - t0).as_micros() as u64,
+            health_us = (healthy_at - launched_at).as_micros() as u64,
+            record_us = healthy_at.elapsed().as_micros() as u64,
+            "create phases"
+        );
         Ok(SandboxInfo {
             id: new.id.clone(),
             template: new.template.clone(),

@@ -363,10 +363,19 @@ async fn lifecycle_exec_and_destroy_leave_nothing() {
     let usage = m.usage(&id).await.expect("usage");
     assert!(usage.pids >= 1, "{usage:?}");
 
+    let init_pid = w.store().get(&id).unwrap().unwrap().pid.unwrap();
     let done = m.destroy(&id).await.expect("destroy");
     assert_eq!(done.state, SandboxState::Destroyed);
     assert!(done.ended_at.is_some());
     assert_eq!(w.traces(&id), Vec::<String>::new());
+    // Its init is reaped (by the watcher, just after the destroy).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while std::fs::read_to_string(format!("/proc/{init_pid}/stat"))
+        .is_ok_and(|s| s.contains(") Z "))
+    {
+        assert!(Instant::now() < deadline, "init {init_pid} left a zombie");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     // Idempotent, and a destroyed sandbox refuses work with 409.
     assert_eq!(m.destroy(&id).await.unwrap().state, SandboxState::Destroyed);
     assert!(matches!(
@@ -494,7 +503,17 @@ async fn restart_reattaches_the_living_and_cleans_the_dead() {
     // SAFETY: kill of a sandbox init this test's manager started.
     assert_eq!(unsafe { libc::kill(dead_pid, libc::SIGKILL) }, 0);
 
+    // And a half-made sandbox no record knows: a directory and a cgroup.
+    let stray = SandboxId::parse("strayleftover1").unwrap();
+    std::fs::create_dir(w.dir.join("sandboxes").join(stray.as_str())).unwrap();
+    let stray_cg = PathBuf::from("/sys/fs/cgroup/pids")
+        .join(&w.subtree)
+        .join(stray.as_str());
+    let _ = std::fs::create_dir(&stray_cg);
+    assert!(!w.traces(&stray).is_empty());
+
     let m = start_or_skip!(w);
+    assert_eq!(w.traces(&stray), Vec::<String>::new());
     assert_eq!(m.get(&alive.id).unwrap().state, SandboxState::Running);
     let r = run(&m, &alive.id, cmd(&["cat", "/tmp/mark"])).await;
     assert_eq!(r.stdout, b"kept\n", "{r:?}");
@@ -508,7 +527,6 @@ async fn restart_reattaches_the_living_and_cleans_the_dead() {
     let stat = std::fs::read_to_string(format!("/proc/{dead_pid}/stat")).unwrap_or_default();
     assert!(!stat.contains(") Z "), "zombie left: {stat}");
 
-    // A leftover directory unknown to any record is cleaned too on the next start.
     m.destroy(&alive.id).await.unwrap();
     assert_eq!(w.traces(&alive.id), Vec::<String>::new());
     m.shutdown().await;
