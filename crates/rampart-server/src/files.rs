@@ -114,7 +114,7 @@ fn is_not_found(e: &ClientError) -> bool {
 #[utoipa::path(get, path = "/v1/sandboxes/{id}/files", tag = "files",
     params(("id" = String, Path, description = "Sandbox id"), PathQuery),
     responses(
-        (status = 200, description = "The file's bytes", content_type = "application/octet-stream", body = Vec<u8>),
+        (status = 200, description = "The file's bytes, streamed", content(("application/octet-stream"))),
         (status = 400, description = "Bad path (e.g. a directory)", body = ApiErrorBody),
         (status = 404, description = "No such sandbox or file", body = ApiErrorBody),
         (status = 409, description = "The sandbox is not running", body = ApiErrorBody),
@@ -141,8 +141,8 @@ pub(crate) async fn read(
 /// parent directories; answers the file's entry (201 if it is new, 200 if replaced).
 #[utoipa::path(put, path = "/v1/sandboxes/{id}/files", tag = "files",
     params(("id" = String, Path, description = "Sandbox id"), PathQuery),
-    request_body(content = Vec<u8>, content_type = "application/octet-stream",
-        description = "The file's new content"),
+    request_body(description = "The file's new content (raw bytes, streamed)",
+        content(("application/octet-stream"))),
     responses(
         (status = 201, description = "Created", body = FileEntry),
         (status = 200, description = "Replaced", body = FileEntry),
