@@ -41,6 +41,10 @@ const WRAPPER: &str = r#"
 pid=$!
 echo "$pid"
 read -r _ || true
+# Sandboxes a killed test process could not destroy: through the API, before the daemon goes.
+for id in $(curl -s -m 10 "http://$ADDR/v1/sandboxes" | grep -o '"id":"[a-z0-9]*"' | cut -d'"' -f4); do
+  curl -s -m 30 -X DELETE "http://$ADDR/v1/sandboxes/$id" >/dev/null
+done
 kill -TERM "$pid" 2>/dev/null
 i=0
 while kill -0 "$pid" 2>/dev/null && [ "$i" -lt 100 ]; do sleep 0.1; i=$((i+1)); done
