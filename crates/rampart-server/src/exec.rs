@@ -398,7 +398,27 @@ async fn ws_send(socket: &mut WebSocket, ev: &ExecEvent) -> Result<(), axum::Err
 
 async fn ws_fail(mut socket: WebSocket, message: String) {
     let _ = ws_send(&mut socket, &ExecEvent::Error { message }).await;
-    let _ = socket.send(Message::Close(None)).await;
+    ws_close(socket).await;
+}
+
+/// How long the closing handshake waits for the client's Close.
+const WS_CLOSE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Closes with a handshake: sends Close, then reads (discarding) until the client's Close.
+/// Dropping the socket with client data still unread would reset the connection, and a reset
+/// can destroy the last events before the client has read them.
+async fn ws_close(mut socket: WebSocket) {
+    if socket.send(Message::Close(None)).await.is_err() {
+        return;
+    }
+    let drain = async {
+        while let Some(Ok(m)) = socket.recv().await {
+            if matches!(m, Message::Close(_)) {
+                break;
+            }
+        }
+    };
+    let _ = tokio::time::timeout(WS_CLOSE_TIMEOUT, drain).await;
 }
 
 async fn ws_session(st: AppState, id: SandboxId, mut socket: WebSocket) {
@@ -475,7 +495,7 @@ async fn ws_session(st: AppState, id: SandboxId, mut socket: WebSocket) {
             }
         }
     }
-    let _ = socket.send(Message::Close(None)).await;
+    ws_close(socket).await;
 }
 
 enum InputError {
