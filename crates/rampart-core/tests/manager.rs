@@ -531,3 +531,80 @@ async fn restart_reattaches_the_living_and_cleans_the_dead() {
     assert_eq!(w.traces(&alive.id), Vec::<String>::new());
     m.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_creates_get_their_own_uid_ranges() {
+    let w = world_or_skip!("conc", 5);
+    let m = start_or_skip!(w);
+    // The world has 4 uid slots: 4 concurrent creates succeed, a fifth gets 503.
+    let creates: Vec<_> = (0..4)
+        .map(|_| {
+            let m = m.clone();
+            tokio::spawn(async move { m.create(CreateSandbox::default()).await })
+        })
+        .collect();
+    let mut ids = Vec::new();
+    for c in creates {
+        ids.push(c.await.unwrap().expect("create").id);
+    }
+    assert!(matches!(
+        m.create(CreateSandbox::default()).await,
+        Err(CoreError::Capacity(_))
+    ));
+    let store = w.store();
+    let mut slots: Vec<u32> = ids
+        .iter()
+        .map(|id| store.get(id).unwrap().unwrap().uid_slot)
+        .collect();
+    slots.sort();
+    assert_eq!(slots, vec![0, 1, 2, 3]);
+    // Each sees root inside as a different host uid.
+    let mut host_uids = Vec::new();
+    for id in &ids {
+        let pid = store.get(id).unwrap().unwrap().pid.unwrap();
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+        let uid = status
+            .lines()
+            .find(|l| l.starts_with("Uid:"))
+            .unwrap()
+            .to_owned();
+        host_uids.push(uid);
+        let r = run(
+            &m,
+            id,
+            ExecRequest {
+                user: Some("root".into()),
+                ..cmd(&["id", "-u"])
+            },
+        )
+        .await;
+        assert_eq!(r.stdout, b"0\n", "{r:?}");
+    }
+    host_uids.sort();
+    host_uids.dedup();
+    assert_eq!(host_uids.len(), 4);
+    assert_eq!(
+        m.list(Some(SandboxState::Running), &BTreeMap::new())
+            .unwrap()
+            .len(),
+        4
+    );
+    let destroys: Vec<_> = ids
+        .iter()
+        .cloned()
+        .map(|id| {
+            let m = m.clone();
+            tokio::spawn(async move { m.destroy(&id).await })
+        })
+        .collect();
+    for d in destroys {
+        assert_eq!(
+            d.await.unwrap().expect("destroy").state,
+            SandboxState::Destroyed
+        );
+    }
+    for id in &ids {
+        assert_eq!(w.traces(id), Vec::<String>::new());
+    }
+    m.shutdown().await;
+}
