@@ -1,5 +1,6 @@
 //! `rampart`: the Rampart daemon (`rampart serve`) and the client commands that talk to it.
 
+mod bench;
 mod client;
 mod commands;
 mod term;
@@ -47,11 +48,23 @@ enum Command {
     Shell(commands::exec::ShellArgs),
     /// Set a sandbox's deadline to SECS seconds from now.
     Timeout(commands::sandbox::TimeoutArgs),
-    // `bench` (hidden) is wired here by the lead: `Bench(bench::BenchArgs)`.
+    /// Measure Rampart side by side with bwrap, runc and unshare on this machine.
+    Bench(bench::BenchArgs),
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    // The benchmark drives the API with blocking clients from plain threads, outside any
+    // async runtime.
+    if let Command::Bench(args) = cli.command {
+        return match bench::run(args) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("rampart bench: {e:#}");
+                ExitCode::from(1)
+            }
+        };
+    }
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -80,6 +93,7 @@ fn main() -> ExitCode {
             Command::Cp(a) => commands::cp::cp(&host, a).await,
             Command::Shell(a) => commands::exec::shell(&host, a).await,
             Command::Timeout(a) => commands::sandbox::timeout(&host, a).await,
+            Command::Bench(_) => unreachable!("bench runs before the runtime starts"),
         }
     });
     // Do not wait for tasks still blocked on stdin.

@@ -1,0 +1,421 @@
+//! `rampart bench`: Rampart measured side by side with its peers on this machine, in one run.
+//!
+//! Peers: `bwrap --unshare-all` (bubblewrap), `runc run` of an OCI bundle over the same `/usr`
+//! (Docker's runtime) and `unshare -U -m -p -n -i -u --fork` (util-linux). Rampart is measured
+//! through its HTTP API, as a user sees it: create -> first exec result -> destroy, the exec
+//! round trip on a warm sandbox, create+destroy throughput at concurrency 8, and memory per
+//! idle sandbox. These machines are shared and noisy: the ratios are the result, absolute
+//! times only a hint.
+
+use anyhow::{bail, Context, Result};
+use serde_json::{json, Value};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// Options of `rampart bench`.
+#[derive(Debug, clap::Args)]
+pub struct BenchArgs {
+    /// Iterations of each latency measurement.
+    #[arg(long, default_value_t = 50)]
+    pub iterations: usize,
+    /// Sandboxes kept alive for the memory measurement.
+    #[arg(long, default_value_t = 200)]
+    pub idle: usize,
+    /// create+destroy cycles for the throughput measurement.
+    #[arg(long, default_value_t = 200)]
+    pub cycles: usize,
+    /// Concurrency of the throughput measurement.
+    #[arg(long, default_value_t = 8)]
+    pub concurrency: usize,
+    /// Use this running daemon instead of starting a private one.
+    #[arg(long)]
+    pub daemon: Option<String>,
+    /// Write the results as JSON to this file too.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+}
+
+/// Latency samples of one measurement.
+#[derive(Debug, Clone)]
+struct Samples {
+    name: String,
+    ms: Vec<f64>,
+}
+
+impl Samples {
+    fn new(name: &str) -> Self {
+        Samples { name: name.to_owned(), ms: Vec::new() }
+    }
+    fn push(&mut self, d: Duration) {
+        self.ms.push(d.as_secs_f64() * 1000.0);
+    }
+    fn pct(&self, p: f64) -> f64 {
+        if self.ms.is_empty() {
+            return f64::NAN;
+        }
+        let mut v = self.ms.clone();
+        v.sort_by(|a, b| a.total_cmp(b));
+        let idx = ((p / 100.0) * (v.len() - 1) as f64).round() as usize;
+        v[idx.min(v.len() - 1)]
+    }
+}
+
+/// A daemon started by the bench, removed at the end.
+struct PrivateDaemon {
+    child: std::process::Child,
+    data_dir: PathBuf,
+}
+
+impl Drop for PrivateDaemon {
+    fn drop(&mut self) {
+        // SIGTERM the daemon we started (by pid), then remove its data dir. Sandboxes were
+        // destroyed by the bench itself.
+        // SAFETY: kill(2) on the pid of our own child process; no memory is touched.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.data_dir);
+    }
+}
+
+fn free_port() -> Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+fn start_private_daemon() -> Result<(String, PrivateDaemon)> {
+    let exe = std::env::current_exe()?;
+    let port = free_port()?;
+    let data_dir = std::env::temp_dir().join(format!("rampart-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&data_dir)?;
+    let child = Command::new(&exe)
+        .args(["serve", "--listen", &format!("127.0.0.1:{port}"), "--data-dir"])
+        .arg(&data_dir)
+        .env("RUST_LOG", "warn")
+        .stdin(Stdio::null())
+        .spawn()
+        .context("starting a private daemon")?;
+    let daemon = PrivateDaemon { child, data_dir };
+    let url = format!("http://127.0.0.1:{port}");
+    Ok((url, daemon))
+}
+
+fn wait_healthy(client: &reqwest::blocking::Client, url: &str) -> Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        if let Ok(r) = client.get(format!("{url}/health")).send() {
+            if r.status().is_success() {
+                return Ok(());
+            }
+        }
+        if Instant::now() > deadline {
+            bail!("the daemon at {url} did not become healthy within 120 s");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn time_cmd(cmd: &mut Command) -> Result<Duration> {
+    let t = Instant::now();
+    let out = cmd.stdout(Stdio::null()).stderr(Stdio::piped()).output()?;
+    let d = t.elapsed();
+    if !out.status.success() {
+        bail!("{:?} failed: {}", cmd, String::from_utf8_lossy(&out.stderr).trim());
+    }
+    Ok(d)
+}
+
+fn which(name: &str) -> Option<PathBuf> {
+    std::env::var_os("PATH").and_then(|p| {
+        std::env::split_paths(&p).map(|d| d.join(name)).find(|c| c.is_file())
+    })
+}
+
+/// An OCI bundle for runc: a rootfs of usr-merge symlinks with the host `/usr` bound read-only,
+/// the same files the bwrap and Rampart runs see.
+fn runc_bundle(dir: &Path) -> Result<()> {
+    let rootfs = dir.join("rootfs");
+    std::fs::create_dir_all(rootfs.join("usr"))?;
+    for d in ["proc", "dev", "sys", "tmp"] {
+        std::fs::create_dir_all(rootfs.join(d))?;
+    }
+    for l in ["bin", "sbin", "lib", "lib64"] {
+        if Path::new("/usr").join(l).exists() {
+            let _ = std::os::unix::fs::symlink(format!("usr/{l}"), rootfs.join(l));
+        }
+    }
+    let status = Command::new("runc")
+        .args(["spec", "--bundle"])
+        .arg(dir)
+        .status()
+        .context("runc spec")?;
+    if !status.success() {
+        bail!("runc spec failed");
+    }
+    let path = dir.join("config.json");
+    let mut spec: Value = serde_json::from_slice(&std::fs::read(&path)?)?;
+    spec["process"]["terminal"] = json!(false);
+    spec["process"]["args"] = json!(["true"]);
+    spec["root"]["readonly"] = json!(true);
+    spec["mounts"]
+        .as_array_mut()
+        .context("config.json has no mounts")?
+        .push(json!({"destination": "/usr", "type": "bind", "source": "/usr",
+                     "options": ["rbind", "ro"]}));
+    std::fs::write(&path, serde_json::to_vec_pretty(&spec)?)?;
+    Ok(())
+}
+
+fn measure_peers(iterations: usize) -> Result<Vec<Samples>> {
+    let mut out = Vec::new();
+    if which("bwrap").is_some() {
+        let mut s = Samples::new("bwrap --unshare-all, /usr ro, true");
+        for _ in 0..iterations {
+            s.push(time_cmd(Command::new("bwrap").args([
+                "--unshare-all", "--ro-bind", "/usr", "/usr", "--symlink", "usr/bin", "/bin",
+                "--symlink", "usr/lib", "/lib", "--symlink", "usr/lib64", "/lib64", "--proc",
+                "/proc", "--dev", "/dev", "true",
+            ]))?);
+        }
+        out.push(s);
+    } else {
+        eprintln!("bench: bwrap not found (apt install bubblewrap); skipping that peer");
+    }
+    if which("unshare").is_some() {
+        let mut s = Samples::new("unshare -U -m -p -n -i -u --fork true");
+        for _ in 0..iterations {
+            s.push(time_cmd(
+                Command::new("unshare").args(["-U", "-m", "-p", "-n", "-i", "-u", "--fork", "true"]),
+            )?);
+        }
+        out.push(s);
+    }
+    if which("runc").is_some() {
+        let dir = tempfile_dir("rampart-bench-runc")?;
+        let res = (|| -> Result<Samples> {
+            runc_bundle(&dir)?;
+            let mut s = Samples::new("runc run (OCI bundle, /usr ro), true");
+            for i in 0..iterations {
+                let name = format!("rampart-bench-{}-{i}", std::process::id());
+                s.push(time_cmd(
+                    Command::new("runc").args(["run", "--bundle"]).arg(&dir).arg(&name),
+                )?);
+            }
+            Ok(s)
+        })();
+        let _ = std::fs::remove_dir_all(&dir);
+        match res {
+            Ok(s) => out.push(s),
+            Err(e) => eprintln!("bench: runc could not run here, skipping that peer: {e:#}"),
+        }
+    } else {
+        eprintln!("bench: runc not found (apt install runc); skipping that peer");
+    }
+    Ok(out)
+}
+
+fn tempfile_dir(prefix: &str) -> Result<PathBuf> {
+    let d = std::env::temp_dir().join(format!("{prefix}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d)?;
+    Ok(d)
+}
+
+struct Api {
+    client: reqwest::blocking::Client,
+    url: String,
+}
+
+impl Api {
+    fn create(&self) -> Result<String> {
+        let r = self.client.post(format!("{}/v1/sandboxes", self.url)).json(&json!({})).send()?;
+        let status = r.status();
+        let v: Value = r.json()?;
+        if !status.is_success() {
+            bail!("create: {status}: {v}");
+        }
+        Ok(v["id"].as_str().context("create: no id")?.to_owned())
+    }
+    fn exec_true(&self, id: &str) -> Result<()> {
+        let r = self
+            .client
+            .post(format!("{}/v1/sandboxes/{id}/exec", self.url))
+            .json(&json!({"cmd": ["true"]}))
+            .send()?;
+        let status = r.status();
+        let v: Value = r.json()?;
+        if !status.is_success() || v["exit_code"] != json!(0) {
+            bail!("exec: {status}: {v}");
+        }
+        Ok(())
+    }
+    fn destroy(&self, id: &str) -> Result<()> {
+        let r = self.client.delete(format!("{}/v1/sandboxes/{id}", self.url)).send()?;
+        if !r.status().is_success() {
+            bail!("destroy: {}: {}", r.status(), r.text().unwrap_or_default());
+        }
+        Ok(())
+    }
+}
+
+fn mem_used_bytes() -> Result<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo")?;
+    let field = |name: &str| -> Option<u64> {
+        text.lines()
+            .find(|l| l.starts_with(name))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|v| v.parse::<u64>().ok())
+            .map(|kb| kb * 1024)
+    };
+    let total = field("MemTotal:").context("MemTotal")?;
+    let avail = field("MemAvailable:").context("MemAvailable")?;
+    Ok(total - avail)
+}
+
+/// Runs the benchmark and prints the report.
+pub fn run(args: BenchArgs) -> Result<()> {
+    let client = reqwest::blocking::Client::builder()
+        .timeout(Duration::from_secs(120))
+        .pool_max_idle_per_host(args.concurrency.max(1))
+        .build()?;
+    let mut _private = None;
+    let url = match &args.daemon {
+        Some(u) => u.trim_end_matches('/').to_owned(),
+        None => {
+            let (u, d) = start_private_daemon()?;
+            _private = Some(d);
+            u
+        }
+    };
+    wait_healthy(&client, &url)?;
+    let api = Api { client, url };
+
+    eprintln!("bench: peers ({} iterations each)...", args.iterations);
+    let peers = measure_peers(args.iterations)?;
+
+    eprintln!("bench: rampart create -> first exec -> destroy...");
+    // Warm-up: the first create builds the cached disk image of this size.
+    let id = api.create()?;
+    api.exec_true(&id)?;
+    api.destroy(&id)?;
+    let mut cycle = Samples::new("rampart create + first exec result");
+    let mut full = Samples::new("rampart create + first exec + destroy");
+    for _ in 0..args.iterations {
+        let t = Instant::now();
+        let id = api.create()?;
+        api.exec_true(&id)?;
+        cycle.push(t.elapsed());
+        api.destroy(&id)?;
+        full.push(t.elapsed());
+    }
+
+    eprintln!("bench: exec round trip on a warm sandbox...");
+    let id = api.create()?;
+    let mut rtt = Samples::new("rampart exec round trip (warm, `true`)");
+    for _ in 0..args.iterations.max(100) {
+        let t = Instant::now();
+        api.exec_true(&id)?;
+        rtt.push(t.elapsed());
+    }
+    api.destroy(&id)?;
+
+    eprintln!("bench: {} create+destroy at concurrency {}...", args.cycles, args.concurrency);
+    let per = args.cycles.div_ceil(args.concurrency.max(1));
+    let t = Instant::now();
+    std::thread::scope(|s| -> Result<()> {
+        let handles: Vec<_> = (0..args.concurrency.max(1))
+            .map(|_| {
+                s.spawn(|| -> Result<()> {
+                    for _ in 0..per {
+                        let id = api.create()?;
+                        api.destroy(&id)?;
+                    }
+                    Ok(())
+                })
+            })
+            .collect();
+        for h in handles {
+            h.join().map_err(|_| anyhow::anyhow!("bench worker panicked"))??;
+        }
+        Ok(())
+    })?;
+    let done = per * args.concurrency.max(1);
+    let rate = done as f64 / t.elapsed().as_secs_f64();
+
+    eprintln!("bench: memory with {} idle sandboxes...", args.idle);
+    let before = mem_used_bytes()?;
+    let mut ids = Vec::with_capacity(args.idle);
+    let mut mem_err = None;
+    for _ in 0..args.idle {
+        match api.create() {
+            Ok(id) => ids.push(id),
+            Err(e) => {
+                mem_err = Some(e);
+                break;
+            }
+        }
+    }
+    // Touch each once so every agent has served a request (as an idle sandbox in use has).
+    for id in &ids {
+        api.exec_true(id)?;
+    }
+    let after = mem_used_bytes()?;
+    let alive = ids.len();
+    for id in &ids {
+        let _ = api.destroy(id);
+    }
+    if let Some(e) = mem_err {
+        eprintln!("bench: stopped at {alive} idle sandboxes: {e:#}");
+    }
+    let per_idle = (after.saturating_sub(before)) as f64 / alive.max(1) as f64;
+
+    // Report.
+    let bwrap_p50 = peers.iter().find(|s| s.name.starts_with("bwrap")).map(|s| s.pct(50.0));
+    println!("\n## Latency (ms), {} iterations\n", args.iterations);
+    println!("| what | p50 | p99 | p50 vs bwrap |");
+    println!("|---|---:|---:|---:|");
+    let mut rows: Vec<&Samples> = peers.iter().collect();
+    rows.extend([&cycle, &full, &rtt]);
+    for s in &rows {
+        let ratio = bwrap_p50.map(|b| format!("{:.2}x", s.pct(50.0) / b)).unwrap_or("-".into());
+        println!("| {} | {:.2} | {:.2} | {} |", s.name, s.pct(50.0), s.pct(99.0), ratio);
+    }
+    println!("\n## Throughput and density\n");
+    println!("| what | value |");
+    println!("|---|---:|");
+    println!("| create+destroy per second, concurrency {} | {:.1} |", args.concurrency, rate);
+    println!(
+        "| host memory per idle sandbox ({} alive) | {:.2} MiB |",
+        alive,
+        per_idle / (1024.0 * 1024.0)
+    );
+    println!("\n## Targets\n");
+    if let Some(b) = bwrap_p50 {
+        let r = cycle.pct(50.0) / b;
+        println!("- create + first exec p50 <= 3x bwrap: {:.2}x ({})", r, pass(r <= 3.0));
+    }
+    println!("- exec round trip p50 < 1 ms: {:.3} ms ({})", rtt.pct(50.0), pass(rtt.pct(50.0) < 1.0));
+    println!("- >= 100 create+destroy per second: {:.1} ({})", rate, pass(rate >= 100.0));
+    let mib = per_idle / (1024.0 * 1024.0);
+    println!("- <= 4 MiB per idle sandbox: {:.2} MiB ({})", mib, pass(mib <= 4.0));
+
+    if let Some(path) = &args.json {
+        let to_json = |s: &Samples| json!({"name": s.name, "p50_ms": s.pct(50.0), "p99_ms": s.pct(99.0)});
+        let v = json!({
+            "latency": rows.iter().map(|s| to_json(s)).collect::<Vec<_>>(),
+            "creates_per_second": rate,
+            "concurrency": args.concurrency,
+            "idle_sandboxes": alive,
+            "bytes_per_idle_sandbox": per_idle,
+        });
+        std::fs::write(path, serde_json::to_vec_pretty(&v)?)?;
+    }
+    Ok(())
+}
+
+fn pass(ok: bool) -> &'static str {
+    if ok {
+        "met"
+    } else {
+        "NOT met"
+    }
+}
