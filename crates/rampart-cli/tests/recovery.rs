@@ -1,0 +1,209 @@
+//! Restart recovery (tier 2): `kill -9` of a real daemon with sandboxes alive, one of which dies
+//! while the daemon is down; a new daemon on the same data directory must re-attach the live
+//! one (files and processes intact) and remove every trace of the dead one: no directory,
+//! cgroup, loop device, mount or process. The traces are listed before and after.
+//!
+//! Needs root and the `rampart-jailer` / `rampart-agent` binaries next to `rampart`; otherwise
+//! it prints `skipped: <reason>`.
+
+use reqwest::blocking::Client;
+use serde_json::{json, Value};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+const SUBTREE: &str = "rampart";
+
+fn skip_reason() -> Option<String> {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    if unsafe { libc::geteuid() } != 0 {
+        return Some("not root (sandboxes need namespaces and cgroups)".into());
+    }
+    let dir = Path::new(env!("CARGO_BIN_EXE_rampart")).parent()?.to_path_buf();
+    for b in ["rampart-jailer", "rampart-agent"] {
+        if !dir.join(b).is_file() {
+            return Some(format!("{b} is not built (run `cargo build --workspace --bins`)"));
+        }
+    }
+    None
+}
+
+/// A daemon this test started; SIGKILLed (by pid) when dropped.
+struct Daemon {
+    child: Child,
+    url: String,
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn start(data: &Path, port: u16) -> Daemon {
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(data.with_extension("log"))
+        .unwrap();
+    let child = Command::new(env!("CARGO_BIN_EXE_rampart"))
+        .args(["serve", "--listen", &format!("127.0.0.1:{port}"), "--data-dir"])
+        .arg(data)
+        .stdin(Stdio::null())
+        .stdout(log.try_clone().unwrap())
+        .stderr(log)
+        .spawn()
+        .expect("spawn rampart serve");
+    let d = Daemon { child, url: format!("http://127.0.0.1:{port}") };
+    let c = client();
+    let deadline = Instant::now() + Duration::from_secs(180);
+    while !c
+        .get(format!("{}/health", d.url))
+        .send()
+        .map(|r| r.status().is_success())
+        .unwrap_or(false)
+    {
+        assert!(Instant::now() < deadline, "daemon did not answer /health within 180 s");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    d
+}
+
+fn client() -> Client {
+    Client::builder().timeout(Duration::from_secs(60)).build().unwrap()
+}
+
+fn create(d: &Daemon) -> String {
+    let r = client()
+        .post(format!("{}/v1/sandboxes", d.url))
+        .json(&json!({"timeout_secs": 600}))
+        .send()
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 201);
+    r.json::<Value>().unwrap()["id"].as_str().unwrap().to_owned()
+}
+
+fn exec(d: &Daemon, id: &str, script: &str) -> Value {
+    let r = client()
+        .post(format!("{}/v1/sandboxes/{id}/exec", d.url))
+        .json(&json!({"cmd": ["bash", "-c", script]}))
+        .send()
+        .unwrap();
+    let status = r.status().as_u16();
+    let v: Value = r.json().unwrap();
+    assert_eq!(status, 200, "exec {script:?}: {v}");
+    v
+}
+
+fn state(d: &Daemon, id: &str) -> String {
+    let v: Value = client().get(format!("{}/v1/sandboxes/{id}", d.url)).send().unwrap().json().unwrap();
+    v["state"].as_str().unwrap_or("?").to_owned()
+}
+
+/// Every host-side trace of a sandbox, as human-readable strings.
+fn traces(data: &Path, id: &str) -> Vec<String> {
+    let mut t = Vec::new();
+    let dir = data.join("sandboxes").join(id);
+    if dir.exists() {
+        t.push(format!("dir {}", dir.display()));
+    }
+    for root in [Path::new("/sys/fs/cgroup"), Path::new("/sys/fs/cgroup/unified")] {
+        let Ok(entries) = std::fs::read_dir(root) else { continue };
+        for e in entries.flatten() {
+            let cg = e.path().join(SUBTREE).join(id);
+            if cg.is_dir() {
+                t.push(format!("cgroup {}", cg.display()));
+                for pid in std::fs::read_to_string(cg.join("cgroup.procs")).unwrap_or_default().lines() {
+                    t.push(format!("process {pid} in {}", cg.display()));
+                }
+            }
+        }
+    }
+    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    for l in mountinfo.lines().filter(|l| l.contains(id)) {
+        t.push(format!("mount {l}"));
+    }
+    if let Ok(entries) = std::fs::read_dir("/sys/block") {
+        for e in entries.flatten() {
+            let bf = e.path().join("loop/backing_file");
+            if let Ok(s) = std::fs::read_to_string(&bf) {
+                if s.contains(id) {
+                    t.push(format!("loop {} -> {}", e.file_name().to_string_lossy(), s.trim()));
+                }
+            }
+        }
+    }
+    t
+}
+
+/// Host pids of a sandbox's processes (from its pids-controller cgroup, v1 or v2).
+fn sandbox_pids(id: &str) -> Vec<i32> {
+    for cg in [
+        format!("/sys/fs/cgroup/pids/{SUBTREE}/{id}/cgroup.procs"),
+        format!("/sys/fs/cgroup/{SUBTREE}/{id}/cgroup.procs"),
+    ] {
+        if let Ok(s) = std::fs::read_to_string(&cg) {
+            return s.lines().filter_map(|l| l.trim().parse().ok()).collect();
+        }
+    }
+    Vec::new()
+}
+
+fn wait_until(what: &str, secs: u64, mut f: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    while !f() {
+        assert!(Instant::now() < deadline, "timed out waiting for: {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn kill_9_then_restart_reattaches_the_live_and_cleans_the_dead() {
+    if let Some(why) = skip_reason() {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    let root: PathBuf = std::env::temp_dir().join(format!("rampart-recovery-{}", std::process::id()));
+    let data = root.join("data");
+    std::fs::create_dir_all(&data).unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+
+    let first = start(&data, port);
+    let live = create(&first);
+    let dead = create(&first);
+    exec(&first, &live, "echo kept > /home/user/state.txt; setsid sleep 1000 >/dev/null 2>&1 < /dev/null &");
+    let before_live = traces(&data, &live);
+    let before_dead = traces(&data, &dead);
+    eprintln!("before: live {before_live:#?}\nbefore: dead {before_dead:#?}");
+    assert!(before_live.iter().any(|t| t.starts_with("cgroup")), "no cgroup for a live sandbox?");
+    assert!(before_dead.iter().any(|t| t.starts_with("dir")));
+
+    // kill -9 the daemon: its sandboxes keep running.
+    drop(first);
+    // While it is down, the `dead` sandbox's processes die (we kill them by pid: they are the
+    // processes this test made).
+    for pid in sandbox_pids(&dead) {
+        // SAFETY: kill(2) on pids read from the cgroup of a sandbox this test created.
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+    }
+    wait_until("the dead sandbox's processes are gone", 30, || sandbox_pids(&dead).is_empty());
+
+    let second = start(&data, port);
+    wait_until("the dead sandbox is cleaned", 30, || traces(&data, &dead).is_empty());
+    let after_dead = traces(&data, &dead);
+    eprintln!("after: dead {after_dead:#?}");
+    assert!(after_dead.is_empty(), "leaked: {after_dead:#?}");
+    assert_eq!(state(&second, &dead), "destroyed");
+
+    assert_eq!(state(&second, &live), "running");
+    let v = exec(&second, &live, "cat /home/user/state.txt; pgrep -x sleep >/dev/null && echo sleeping");
+    assert_eq!(v["stdout"], "kept\nsleeping\n", "{v}");
+
+    let r = client().delete(format!("{}/v1/sandboxes/{live}", second.url)).send().unwrap();
+    assert!(r.status().is_success());
+    let after_live = traces(&data, &live);
+    assert!(after_live.is_empty(), "leaked after destroy: {after_live:#?}");
+    drop(second);
+    let _ = std::fs::remove_dir_all(&root);
+}
