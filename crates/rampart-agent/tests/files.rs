@@ -517,7 +517,9 @@ async fn files_as_another_user_are_owned_by_it() {
         eprintln!("skip: no 'nobody' user on this host");
         return;
     }
+    // The file API acts with nobody's permissions: give it a world-writable place.
     let dir = a.scratch();
+    let dir = open_to_everyone(&a, &dir);
     let path = format!("{dir}/owned/by/nobody.txt");
     let w = a
         .client

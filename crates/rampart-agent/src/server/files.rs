@@ -1,12 +1,12 @@
 //! `GET /files` (download) and `POST /files` (upload), streamed both ways.
 
-use super::fs::{chown_to, make_dirs, write_metadata};
+use super::creds::{self, Creds};
+use super::fs::{chown_to, code_of, make_dirs, write_metadata};
 use super::users::{self, User};
 use super::{http_error, json, Body, State};
 use crate::connect::Code;
 use crate::proto::WrittenEntry;
 use bytes::Bytes;
-use futures::StreamExt as _;
 use http_body_util::BodyExt as _;
 use hyper::body::Incoming;
 use hyper::header::{HeaderValue, CONTENT_LENGTH, CONTENT_TYPE};
@@ -16,6 +16,7 @@ use std::io::{ErrorKind, Write as _};
 use std::os::unix::fs::OpenOptionsExt as _;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use tokio::sync::mpsc;
 
 /// Decode a URL query into pairs.
 pub fn parse_query(q: &str) -> Vec<(String, String)> {
@@ -59,24 +60,53 @@ fn query(req: &Request<Incoming>) -> BTreeMap<String, String> {
         .collect()
 }
 
-fn status_for(code: Code) -> u16 {
-    match code {
-        Code::Unauthenticated => 401,
-        Code::PermissionDenied => 403,
-        _ => 400,
-    }
-}
-
 fn user_for(state: &State, q: &BTreeMap<String, String>) -> Result<User, Box<Response<Body>>> {
     users::resolve(
         q.get("username").map(String::as_str),
         &state.config.default_user,
     )
-    .map_err(|e| Box::new(http_error(status_for(e.code), &e.message)))
+    .map_err(|e| Box::new(http_error(http_status(e.code), &e.message)))
 }
 
-/// `GET /files?path=&username=`.
-pub fn download(state: &Arc<State>, req: Request<Incoming>) -> Response<Body> {
+/// The HTTP status of a Connect code on the `/files` endpoints.
+fn http_status(code: Code) -> u16 {
+    match code {
+        Code::NotFound => 404,
+        Code::PermissionDenied => 403,
+        Code::Unauthenticated => 401,
+        Code::AlreadyExists => 409,
+        Code::InvalidArgument | Code::FailedPrecondition | Code::OutOfRange => 400,
+        Code::ResourceExhausted => 507,
+        _ => 500,
+    }
+}
+
+/// Open `p` for download: the file and its length.
+fn open_for_download(p: &Path) -> Result<(std::fs::File, u64), UpErr> {
+    let file = std::fs::File::open(p).map_err(|e| match code_of(&e) {
+        Code::NotFound => UpErr(404, format!("path '{}' does not exist", p.display())),
+        Code::PermissionDenied => {
+            UpErr(403, format!("path '{}': permission denied", p.display()))
+        }
+        c => UpErr(http_status(c), format!("opening '{}': {e}", p.display())),
+    })?;
+    let meta = file
+        .metadata()
+        .map_err(|e| UpErr(500, format!("stat '{}': {e}", p.display())))?;
+    if meta.is_dir() {
+        return Err(UpErr(400, format!("path '{}' is a directory", p.display())));
+    }
+    if !meta.is_file() {
+        return Err(UpErr(
+            400,
+            format!("path '{}' is not a regular file", p.display()),
+        ));
+    }
+    Ok((file, meta.len()))
+}
+
+/// `GET /files?path=&username=`: opened with the user's permissions.
+pub async fn download(state: &Arc<State>, req: Request<Incoming>) -> Response<Body> {
     let q = query(&req);
     let user = match user_for(state, &q) {
         Ok(u) => u,
@@ -86,30 +116,11 @@ pub fn download(state: &Arc<State>, req: Request<Incoming>) -> Response<Body> {
         return http_error(400, "the path query parameter is required");
     };
     let p = super::resolve_path(path, &user.home);
-    let file = match std::fs::File::open(&p) {
-        Ok(f) => f,
-        Err(e) if e.kind() == ErrorKind::NotFound => {
-            return http_error(404, &format!("path '{}' does not exist", p.display()))
-        }
-        Err(e) if e.kind() == ErrorKind::PermissionDenied => {
-            return http_error(403, &format!("path '{}': permission denied", p.display()))
-        }
-        Err(e) => return http_error(500, &format!("opening '{}': {e}", p.display())),
+    let (file, len) = match creds::run(Creds::of(&user), move || open_for_download(&p)).await {
+        Ok(Ok(f)) => f,
+        Ok(Err(UpErr(status, msg))) => return http_error(status, &msg),
+        Err(e) => return http_error(500, &e.message),
     };
-    let meta = match file.metadata() {
-        Ok(m) => m,
-        Err(e) => return http_error(500, &format!("stat '{}': {e}", p.display())),
-    };
-    if meta.is_dir() {
-        return http_error(400, &format!("path '{}' is a directory", p.display()));
-    }
-    if !meta.is_file() {
-        return http_error(
-            400,
-            &format!("path '{}' is not a regular file", p.display()),
-        );
-    }
-    let len = meta.len();
     let mut r = Response::new(Body::File {
         file,
         remaining: len,
@@ -127,26 +138,13 @@ pub fn download(state: &Arc<State>, req: Request<Incoming>) -> Response<Body> {
 struct UpErr(u16, String);
 
 fn io_up(e: &std::io::Error, what: &str, p: &Path) -> UpErr {
-    let status = match e.raw_os_error() {
-        Some(libc::ENOSPC) | Some(libc::EDQUOT) => 507,
-        _ => match e.kind() {
-            ErrorKind::PermissionDenied => 403,
-            ErrorKind::AlreadyExists | ErrorKind::InvalidInput | ErrorKind::InvalidData => 400,
-            _ if e.raw_os_error() == Some(libc::EISDIR)
-                || e.raw_os_error() == Some(libc::ENOTDIR) =>
-            {
-                400
-            }
-            _ => 500,
-        },
-    };
-    if status == 507 {
-        return UpErr(
+    match code_of(e) {
+        Code::ResourceExhausted => UpErr(
             507,
             format!("not enough disk space to write '{}'", p.display()),
-        );
+        ),
+        c => UpErr(http_status(c), format!("{what} '{}': {e}", p.display())),
     }
-    UpErr(status, format!("{what} '{}': {e}", p.display()))
 }
 
 /// A file being written: created (0644), chowned, then filled chunk by chunk.
@@ -172,13 +170,34 @@ impl Sink {
                 format!("path '{}' is a directory", path.display()),
             ));
         }
-        let f = std::fs::OpenOptions::new()
+        // Like `open(O_CREAT)` in the sandbox: a symlink is followed, and a dangling one
+        // creates its target when the target's directory exists.
+        let f = match std::fs::OpenOptions::new()
             .write(true)
             .create(true)
             .truncate(true)
             .mode(0o644)
             .open(&path)
-            .map_err(|e| io_up(&e, "opening", &path))?;
+        {
+            Ok(f) => f,
+            Err(e) if e.kind() == ErrorKind::NotFound => {
+                return Err(match std::fs::read_link(&path) {
+                    Ok(target) => UpErr(
+                        404,
+                        format!(
+                            "'{}' is a symbolic link to '{}', whose directory does not exist",
+                            path.display(),
+                            target.display()
+                        ),
+                    ),
+                    Err(_) => UpErr(
+                        404,
+                        format!("the directory of '{}' does not exist", path.display()),
+                    ),
+                })
+            }
+            Err(e) => return Err(io_up(&e, "opening", &path)),
+        };
         chown_to(&path, user).map_err(|e| io_up(&e, "chown", &path))?;
         let out = if gzip {
             Out::Gzip(Box::new(flate2::write::MultiGzDecoder::new(f)))
@@ -236,14 +255,86 @@ fn written(path: &Path, metadata: &BTreeMap<String, String>) -> WrittenEntry {
 
 fn apply_metadata(path: &Path, metadata: &BTreeMap<String, String>) -> Result<(), UpErr> {
     for (k, v) in metadata {
-        write_metadata(path, k, v).map_err(|e| {
-            UpErr(
-                500,
-                format!("setting metadata '{k}' on '{}': {e}", path.display()),
-            )
-        })?;
+        write_metadata(path, k, v).map_err(|e| io_up(&e, &format!("setting metadata '{k}' on"), path))?;
     }
     Ok(())
+}
+
+/// How long a failed upload keeps reading (and discarding) the rest of the request body, so
+/// that a client still sending sees the answer instead of a broken connection.
+const LINGER: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Forward the request body's data to the upload. Once the upload stops taking it (it failed
+/// and answers), read and discard the rest for at most [`LINGER`], then drop the body, which
+/// closes the connection (the error answer says `connection: close`).
+fn pump(body: Incoming) -> mpsc::Receiver<Result<Bytes, hyper::Error>> {
+    let (tx, rx) = mpsc::channel(4);
+    tokio::spawn(async move {
+        let mut body = body;
+        loop {
+            match body.frame().await {
+                None => return,
+                Some(Err(e)) => {
+                    let _ = tx.send(Err(e)).await;
+                    return;
+                }
+                Some(Ok(f)) => {
+                    if let Ok(d) = f.into_data() {
+                        if tx.send(Ok(d)).await.is_err() {
+                            break;
+                        }
+                    }
+                }
+            }
+        }
+        let deadline = tokio::time::Instant::now() + LINGER;
+        while let Ok(Some(Ok(_))) = tokio::time::timeout_at(deadline, body.frame()).await {}
+    });
+    rx
+}
+
+/// One file being written by a worker thread acting as the user; chunks go through a small
+/// queue, so a slow disk slows the client down and never the agent's other work.
+struct Writer {
+    tx: mpsc::Sender<Bytes>,
+    job: tokio::task::JoinHandle<Result<Result<PathBuf, UpErr>, crate::connect::RpcError>>,
+}
+
+impl Writer {
+    fn start(
+        path: PathBuf,
+        user: &User,
+        gzip: bool,
+        metadata: BTreeMap<String, String>,
+    ) -> Writer {
+        let (tx, mut rx) = mpsc::channel::<Bytes>(4);
+        let u = user.clone();
+        let job = tokio::spawn(creds::run(Creds::of(user), move || {
+            let mut sink = Sink::open(path, &u, gzip)?;
+            while let Some(b) = rx.blocking_recv() {
+                sink.write(&b)?;
+            }
+            let p = sink.finish()?;
+            apply_metadata(&p, &metadata)?;
+            Ok(p)
+        }));
+        Writer { tx, job }
+    }
+
+    /// Queue a chunk; `false` when the writer has stopped (its result says why).
+    async fn send(&self, b: Bytes) -> bool {
+        self.tx.send(b).await.is_ok()
+    }
+
+    /// Close the queue and wait for the file to be complete.
+    async fn finish(self) -> Result<PathBuf, UpErr> {
+        drop(self.tx);
+        match self.job.await {
+            Ok(Ok(r)) => r,
+            Ok(Err(e)) => Err(UpErr(500, e.message)),
+            Err(e) => Err(UpErr(500, format!("the file writer failed: {e}"))),
+        }
+    }
 }
 
 /// `POST /files`: multipart (`file` parts, filename = target) or a raw body with `?path=`.
@@ -255,7 +346,13 @@ pub async fn upload(state: &Arc<State>, req: Request<Incoming>) -> Response<Body
     };
     match upload_inner(&q, &user, req).await {
         Ok(entries) => json(&entries),
-        Err(UpErr(status, msg)) => http_error(status, &msg),
+        Err(UpErr(status, msg)) => {
+            // The rest of the body is discarded (for a while) and the connection not reused.
+            let mut r = http_error(status, &msg);
+            r.headers_mut()
+                .insert(hyper::header::CONNECTION, HeaderValue::from_static("close"));
+            r
+        }
     }
 }
 
@@ -296,7 +393,7 @@ async fn upload_inner(
         }
     }
     let qpath = q.get("path").filter(|p| !p.is_empty()).cloned();
-    let body = req.into_body();
+    let mut body = pump(req.into_body());
 
     if ct.to_ascii_lowercase().starts_with("multipart/form-data") {
         if gzip {
@@ -307,12 +404,7 @@ async fn upload_inner(
         }
         let boundary = multer::parse_boundary(&ct)
             .map_err(|e| UpErr(400, format!("bad multipart content-type: {e}")))?;
-        let stream = http_body_util::BodyStream::new(body).filter_map(|f| async move {
-            match f {
-                Ok(f) => f.into_data().ok().map(Ok::<Bytes, hyper::Error>),
-                Err(e) => Some(Err(e)),
-            }
-        });
+        let stream = futures::stream::poll_fn(move |cx| body.poll_recv(cx));
         let mut mp = multer::Multipart::new(stream, boundary);
         let mut out = Vec::new();
         let mut first = true;
@@ -337,17 +429,27 @@ async fn upload_inner(
             };
             first = false;
             let path = super::resolve_path(&target, &user.home);
-            let mut sink = Sink::open(path, user, false)?;
+            let w = Writer::start(path, user, false, metadata.clone());
             let mut field = field;
+            let mut broken = None;
             loop {
                 match field.chunk().await {
-                    Ok(Some(c)) => sink.write(&c)?,
+                    Ok(Some(c)) => {
+                        if !w.send(c).await {
+                            break;
+                        }
+                    }
                     Ok(None) => break,
-                    Err(e) => return Err(UpErr(400, format!("reading part for '{target}': {e}"))),
+                    Err(e) => {
+                        broken = Some(UpErr(400, format!("reading part for '{target}': {e}")));
+                        break;
+                    }
                 }
             }
-            let p = sink.finish()?;
-            apply_metadata(&p, &metadata)?;
+            let p = w.finish().await?;
+            if let Some(e) = broken {
+                return Err(e);
+            }
             out.push(written(&p, &metadata));
         }
         if out.is_empty() {
@@ -363,21 +465,25 @@ async fn upload_inner(
         ));
     };
     let path = super::resolve_path(&target, &user.home);
-    let mut sink = Sink::open(path, user, gzip)?;
-    let mut body = body;
-    loop {
-        match body.frame().await {
-            None => break,
-            Some(Err(e)) => return Err(UpErr(400, format!("reading body: {e}"))),
-            Some(Ok(f)) => {
-                if let Ok(d) = f.into_data() {
-                    sink.write(&d)?;
+    let w = Writer::start(path, user, gzip, metadata.clone());
+    let mut broken = None;
+    while let Some(chunk) = body.recv().await {
+        match chunk {
+            Ok(d) => {
+                if !w.send(d).await {
+                    break;
                 }
+            }
+            Err(e) => {
+                broken = Some(UpErr(400, format!("reading body: {e}")));
+                break;
             }
         }
     }
-    let p = sink.finish()?;
-    apply_metadata(&p, &metadata)?;
+    let p = w.finish().await?;
+    if let Some(e) = broken {
+        return Err(e);
+    }
     Ok(vec![written(&p, &metadata)])
 }
 

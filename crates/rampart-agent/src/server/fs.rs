@@ -1,5 +1,6 @@
 //! `filesystem.Filesystem` unary calls and entry descriptions.
 
+use super::creds::{self, Creds};
 use super::users::{self, Names, User};
 use super::{Ctx, State};
 use crate::connect::{Code, RpcError};
@@ -13,28 +14,53 @@ use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-/// Map an I/O error on `path` to a Connect error.
-pub fn io_err(e: &std::io::Error, what: &str, path: &Path) -> RpcError {
-    let code = match e.kind() {
-        ErrorKind::NotFound => Code::NotFound,
-        ErrorKind::PermissionDenied => Code::PermissionDenied,
-        ErrorKind::AlreadyExists => Code::AlreadyExists,
-        _ => match e.raw_os_error() {
-            Some(libc::ENOTDIR)
-            | Some(libc::EISDIR)
-            | Some(libc::ENOTEMPTY)
-            | Some(libc::EINVAL) => Code::InvalidArgument,
-            Some(libc::ENOSPC) | Some(libc::EDQUOT) => Code::ResourceExhausted,
+/// The Connect code of an I/O error (user errors never become `internal`).
+pub fn code_of(e: &std::io::Error) -> Code {
+    match e.raw_os_error() {
+        Some(libc::ENOENT) => Code::NotFound,
+        Some(libc::EACCES) | Some(libc::EPERM) | Some(libc::EROFS) => Code::PermissionDenied,
+        Some(libc::EEXIST) | Some(libc::ENOTEMPTY) => Code::AlreadyExists,
+        Some(libc::ENOTDIR)
+        | Some(libc::EISDIR)
+        | Some(libc::EINVAL)
+        | Some(libc::ENAMETOOLONG)
+        | Some(libc::ELOOP)
+        | Some(libc::EXDEV)
+        | Some(libc::EMLINK)
+        | Some(libc::EFBIG) => Code::InvalidArgument,
+        Some(libc::EBUSY) | Some(libc::ETXTBSY) | Some(libc::EOPNOTSUPP) => {
+            Code::FailedPrecondition
+        }
+        Some(libc::ENOSPC) | Some(libc::EDQUOT) => Code::ResourceExhausted,
+        Some(_) => Code::Internal,
+        None => match e.kind() {
+            ErrorKind::NotFound => Code::NotFound,
+            ErrorKind::PermissionDenied => Code::PermissionDenied,
+            ErrorKind::AlreadyExists => Code::AlreadyExists,
+            ErrorKind::NotADirectory
+            | ErrorKind::IsADirectory
+            | ErrorKind::InvalidInput
+            | ErrorKind::InvalidData
+            | ErrorKind::InvalidFilename => Code::InvalidArgument,
+            ErrorKind::StorageFull | ErrorKind::QuotaExceeded => Code::ResourceExhausted,
             _ => Code::Internal,
         },
-    };
-    let msg = if code == Code::NotFound {
-        format!(
+    }
+}
+
+/// Map an I/O error on `path` to a Connect error.
+pub fn io_err(e: &std::io::Error, what: &str, path: &Path) -> RpcError {
+    let code = code_of(e);
+    let msg = match code {
+        Code::NotFound => format!(
             "file not found: {what} {}: no such file or directory",
             path.display()
-        )
-    } else {
-        format!("{what} {}: {e}", path.display())
+        ),
+        Code::ResourceExhausted => format!(
+            "{what} {}: not enough disk space ({e})",
+            path.display()
+        ),
+        _ => format!("{what} {}: {e}", path.display()),
     };
     RpcError::new(code, msg)
 }
@@ -219,7 +245,7 @@ pub fn make_dirs(dir: &Path, user: &User) -> std::io::Result<()> {
             }
             Ok(_) => {
                 return Err(std::io::Error::new(
-                    ErrorKind::AlreadyExists,
+                    ErrorKind::NotADirectory,
                     format!("{} exists and is not a directory", cur.display()),
                 ))
             }
@@ -251,92 +277,175 @@ pub fn user_path(state: &State, ctx: &Ctx, path: &str) -> Result<(User, PathBuf)
     Ok((user, p))
 }
 
+/// Run a filesystem operation with the user's permissions (see [`creds`](super::creds)).
+pub async fn as_user<T, F>(user: &User, f: F) -> Result<T, RpcError>
+where
+    T: Send + 'static,
+    F: FnOnce() -> Result<T, RpcError> + Send + 'static,
+{
+    creds::run(Creds::of(user), f).await?
+}
+
 /// `Stat`.
-pub fn stat(state: &Arc<State>, ctx: &Ctx, req: PathRequest) -> Result<EntryResponse, RpcError> {
-    let (_, p) = user_path(state, ctx, &req.path)?;
-    let e = entry_info(&p, &Names::load()).map_err(|e| io_err(&e, "stat", &p))?;
-    Ok(EntryResponse { entry: Some(e) })
+pub async fn stat(state: &Arc<State>, ctx: &Ctx, req: PathRequest) -> Result<EntryResponse, RpcError> {
+    let (user, p) = user_path(state, ctx, &req.path)?;
+    let names = Names::load();
+    as_user(&user, move || {
+        let e = entry_info(&p, &names).map_err(|e| io_err(&e, "stat", &p))?;
+        Ok(EntryResponse { entry: Some(e) })
+    })
+    .await
 }
 
 /// `MakeDir`.
-pub fn make_dir(
+pub async fn make_dir(
     state: &Arc<State>,
     ctx: &Ctx,
     req: PathRequest,
 ) -> Result<EntryResponse, RpcError> {
     let (user, p) = user_path(state, ctx, &req.path)?;
-    match std::fs::symlink_metadata(&p) {
-        Ok(m) if m.is_dir() => {
-            return Err(RpcError::new(
-                Code::AlreadyExists,
-                format!("directory already exists: {}", p.display()),
-            ))
+    let names = Names::load();
+    let u = user.clone();
+    as_user(&user, move || {
+        match std::fs::symlink_metadata(&p) {
+            Ok(m) if m.is_dir() => {
+                return Err(RpcError::new(
+                    Code::AlreadyExists,
+                    format!("directory already exists: {}", p.display()),
+                ))
+            }
+            Ok(_) => {
+                return Err(RpcError::new(
+                    Code::AlreadyExists,
+                    format!(
+                        "path already exists and is not a directory: {}",
+                        p.display()
+                    ),
+                ))
+            }
+            Err(_) => {}
         }
-        Ok(_) => {
-            return Err(RpcError::new(
-                Code::AlreadyExists,
-                format!(
-                    "path already exists and is not a directory: {}",
-                    p.display()
-                ),
-            ))
-        }
-        Err(_) => {}
-    }
-    make_dirs(&p, &user).map_err(|e| io_err(&e, "mkdir", &p))?;
-    let e = entry_info(&p, &Names::load()).map_err(|e| io_err(&e, "stat", &p))?;
-    Ok(EntryResponse { entry: Some(e) })
+        make_dirs(&p, &u).map_err(|e| io_err(&e, "mkdir", &p))?;
+        let e = entry_info(&p, &names).map_err(|e| io_err(&e, "stat", &p))?;
+        Ok(EntryResponse { entry: Some(e) })
+    })
+    .await
 }
 
 /// `Move`.
-pub fn rename(state: &Arc<State>, ctx: &Ctx, req: MoveRequest) -> Result<EntryResponse, RpcError> {
+pub async fn rename(
+    state: &Arc<State>,
+    ctx: &Ctx,
+    req: MoveRequest,
+) -> Result<EntryResponse, RpcError> {
     let (user, from) = user_path(state, ctx, &req.source)?;
     let to = super::resolve_path(&req.destination, &user.home);
-    std::fs::symlink_metadata(&from).map_err(|e| io_err(&e, "move", &from))?;
-    if let Some(parent) = to.parent() {
-        make_dirs(parent, &user).map_err(|e| io_err(&e, "mkdir", parent))?;
+    let names = Names::load();
+    let u = user.clone();
+    as_user(&user, move || {
+        std::fs::symlink_metadata(&from).map_err(|e| io_err(&e, "move", &from))?;
+        if let Some(parent) = to.parent() {
+            make_dirs(parent, &u).map_err(|e| io_err(&e, "mkdir", parent))?;
+        }
+        match std::fs::rename(&from, &to) {
+            Ok(()) => {}
+            Err(e) if e.raw_os_error() == Some(libc::EXDEV) => move_across(&from, &to)?,
+            Err(e) => return Err(io_err(&e, &format!("move {} to", from.display()), &to)),
+        }
+        let e = entry_info(&to, &names).map_err(|e| io_err(&e, "stat", &to))?;
+        Ok(EntryResponse { entry: Some(e) })
+    })
+    .await
+}
+
+/// A move between two filesystems: copy (to a temporary name next to the destination, then
+/// renamed over it) and remove the source. Files and symlinks only.
+fn move_across(from: &Path, to: &Path) -> Result<(), RpcError> {
+    let m = std::fs::symlink_metadata(from).map_err(|e| io_err(&e, "move", from))?;
+    if m.is_dir() {
+        return Err(RpcError::new(
+            Code::InvalidArgument,
+            format!(
+                "cannot move directory {} to {}: they are on different filesystems",
+                from.display(),
+                to.display()
+            ),
+        ));
     }
-    std::fs::rename(&from, &to).map_err(|e| io_err(&e, "move to", &to))?;
-    let e = entry_info(&to, &Names::load()).map_err(|e| io_err(&e, "stat", &to))?;
-    Ok(EntryResponse { entry: Some(e) })
+    if std::fs::metadata(to).is_ok_and(|t| t.is_dir()) {
+        return Err(RpcError::new(
+            Code::InvalidArgument,
+            format!("cannot move {} over directory {}", from.display(), to.display()),
+        ));
+    }
+    let name = to
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let tmp = to.with_file_name(format!(".{name}.rampart-move-{}", std::process::id()));
+    let copied = if m.file_type().is_symlink() {
+        std::fs::read_link(from).and_then(|t| std::os::unix::fs::symlink(t, &tmp))
+    } else {
+        std::fs::copy(from, &tmp).map(|_| ())
+    };
+    let done = copied
+        .and_then(|()| std::fs::rename(&tmp, to))
+        .map_err(|e| {
+            let _ = std::fs::remove_file(&tmp);
+            io_err(&e, &format!("move {} to", from.display()), to)
+        });
+    done?;
+    std::fs::remove_file(from).map_err(|e| {
+        io_err(
+            &e,
+            &format!("moved to {}, but removing the source", to.display()),
+            from,
+        )
+    })
 }
 
 /// `Remove` (recursive; a missing path is fine).
-pub fn remove(state: &Arc<State>, ctx: &Ctx, req: PathRequest) -> Result<Empty, RpcError> {
-    let (_, p) = user_path(state, ctx, &req.path)?;
-    let r = match std::fs::symlink_metadata(&p) {
-        Err(e) if e.kind() == ErrorKind::NotFound => Ok(()),
-        Err(e) => Err(e),
-        Ok(m) if m.is_dir() => std::fs::remove_dir_all(&p),
-        Ok(_) => std::fs::remove_file(&p),
-    };
-    match r {
-        Ok(()) => Ok(Empty {}),
-        Err(e) if e.kind() == ErrorKind::NotFound => Ok(Empty {}),
-        Err(e) => Err(io_err(&e, "remove", &p)),
-    }
+pub async fn remove(state: &Arc<State>, ctx: &Ctx, req: PathRequest) -> Result<Empty, RpcError> {
+    let (user, p) = user_path(state, ctx, &req.path)?;
+    as_user(&user, move || {
+        let r = match std::fs::symlink_metadata(&p) {
+            Err(e) if e.kind() == ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(e),
+            Ok(m) if m.is_dir() => std::fs::remove_dir_all(&p),
+            Ok(_) => std::fs::remove_file(&p),
+        };
+        match r {
+            Ok(()) => Ok(Empty {}),
+            Err(e) if e.kind() == ErrorKind::NotFound => Ok(Empty {}),
+            Err(e) => Err(io_err(&e, "remove", &p)),
+        }
+    })
+    .await
 }
 
 /// `ListDir`: lexical depth-first, entries up to `depth` levels below `path`.
-pub fn list_dir(
+pub async fn list_dir(
     state: &Arc<State>,
     ctx: &Ctx,
     req: ListDirRequest,
 ) -> Result<ListDirResponse, RpcError> {
-    let (_, p) = user_path(state, ctx, &req.path)?;
+    let (user, p) = user_path(state, ctx, &req.path)?;
     let depth = req.depth.max(1);
-    let m = std::fs::metadata(&p).map_err(|e| io_err(&e, "list", &p))?;
-    if !m.is_dir() {
-        return Err(RpcError::new(
-            Code::InvalidArgument,
-            format!("path is not a directory: {}", p.display()),
-        ));
-    }
-    // A symlinked directory is listed under the path that was asked for.
     let names = Names::load();
-    let mut entries = Vec::new();
-    walk(&p, 1, depth, &names, &mut entries).map_err(|e| io_err(&e, "list", &p))?;
-    Ok(ListDirResponse { entries })
+    as_user(&user, move || {
+        let m = std::fs::metadata(&p).map_err(|e| io_err(&e, "list", &p))?;
+        if !m.is_dir() {
+            return Err(RpcError::new(
+                Code::InvalidArgument,
+                format!("path is not a directory: {}", p.display()),
+            ));
+        }
+        // A symlinked directory is listed under the path that was asked for.
+        let mut entries = Vec::new();
+        walk(&p, 1, depth, &names, &mut entries).map_err(|e| io_err(&e, "list", &p))?;
+        Ok(ListDirResponse { entries })
+    })
+    .await
 }
 
 fn walk(

@@ -1,5 +1,6 @@
 //! The agent's HTTP server: routing, Connect plumbing, PID 1 duties.
 
+pub mod creds;
 pub mod files;
 pub mod fs;
 pub mod process;
@@ -239,7 +240,7 @@ async fn route(state: Arc<State>, req: Request<Incoming>) -> Response<Body> {
             version: VERSION.into(),
             protocol: crate::proto::PROTOCOL_VERSION,
         }),
-        (&Method::GET, "/files") => files::download(&state, req),
+        (&Method::GET, "/files") => files::download(&state, req).await,
         (&Method::POST, "/files") => files::upload(&state, req).await,
         (&Method::POST, p)
             if p.starts_with("/process.Process/") || p.starts_with("/filesystem.Filesystem/") =>
@@ -378,7 +379,7 @@ async fn rpc(state: Arc<State>, req: Request<Incoming>, path: String) -> Respons
                 Err(e) => Err(e),
             },
             _ => match read_stream_request(body).await {
-                Ok(m) => watch::watch_dir(&state, &ctx, m),
+                Ok(m) => watch::watch_dir(&state, &ctx, m).await,
                 Err(e) => Err(e),
             },
         };
@@ -412,22 +413,24 @@ async fn unary(
             parse::<SendSignalRequest>(raw)?,
         )?),
         "/process.Process/Update" => json(&process::update(state, parse::<UpdateRequest>(raw)?)?),
-        "/filesystem.Filesystem/Stat" => json(&fs::stat(state, ctx, parse::<PathRequest>(raw)?)?),
-        "/filesystem.Filesystem/MakeDir" => {
-            json(&fs::make_dir(state, ctx, parse::<PathRequest>(raw)?)?)
+        "/filesystem.Filesystem/Stat" => {
+            json(&fs::stat(state, ctx, parse::<PathRequest>(raw)?).await?)
         }
-        "/filesystem.Filesystem/Move" => json(&fs::rename(state, ctx, parse::<MoveRequest>(raw)?)?),
+        "/filesystem.Filesystem/MakeDir" => {
+            json(&fs::make_dir(state, ctx, parse::<PathRequest>(raw)?).await?)
+        }
+        "/filesystem.Filesystem/Move" => {
+            json(&fs::rename(state, ctx, parse::<MoveRequest>(raw)?).await?)
+        }
         "/filesystem.Filesystem/ListDir" => {
-            json(&fs::list_dir(state, ctx, parse::<ListDirRequest>(raw)?)?)
+            json(&fs::list_dir(state, ctx, parse::<ListDirRequest>(raw)?).await?)
         }
         "/filesystem.Filesystem/Remove" => {
-            json(&fs::remove(state, ctx, parse::<PathRequest>(raw)?)?)
+            json(&fs::remove(state, ctx, parse::<PathRequest>(raw)?).await?)
         }
-        "/filesystem.Filesystem/CreateWatcher" => json(&watch::create_watcher(
-            state,
-            ctx,
-            parse::<WatchRequest>(raw)?,
-        )?),
+        "/filesystem.Filesystem/CreateWatcher" => json(
+            &watch::create_watcher(state, ctx, parse::<WatchRequest>(raw)?).await?,
+        ),
         "/filesystem.Filesystem/GetWatcherEvents" => {
             json(&watch::get_watcher_events(state, parse::<WatcherId>(raw)?)?)
         }

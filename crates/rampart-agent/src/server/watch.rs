@@ -1,15 +1,16 @@
 //! Directory watches over inotify: `WatchDir` (streaming) and the polling watchers.
 
 use super::fs::{entry_info, io_err, user_path};
-use super::users::Names;
+use super::creds::{self, Creds};
+use super::users::{Names, User};
 use super::{spawn_stream, Body, Ctx, State};
 use crate::connect::{self, Code, RpcError};
 use crate::proto::{
     Empty, EventType, FilesystemEvent, WatchDirResponse, WatchRequest, WatcherEvents, WatcherId,
 };
 use hyper::Response;
-use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify, WatchDescriptor};
-use std::collections::HashMap;
+use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify, InotifyEvent, WatchDescriptor};
+use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -32,13 +33,19 @@ impl std::os::fd::AsRawFd for InoFd {
     }
 }
 
-/// A live inotify watch of a directory (and its subdirectories when recursive).
-struct Watch {
-    fd: AsyncFd<InoFd>,
+/// Most paths remembered as reported by a scan (see [`Tree::scanned`]).
+const MAX_SCANNED: usize = 65_536;
+
+/// What a watch knows about the tree it watches.
+#[derive(Debug)]
+struct Tree {
     root: PathBuf,
     wds: HashMap<WatchDescriptor, PathBuf>,
     recursive: bool,
     include_entry: bool,
+    /// Paths reported as created by the scan of a new directory: a file created between the
+    /// directory's watch and its scan is seen by both, so its inotify create event is dropped.
+    scanned: HashSet<PathBuf>,
 }
 
 fn mask() -> AddWatchFlags {
@@ -52,51 +59,167 @@ fn mask() -> AddWatchFlags {
         | AddWatchFlags::IN_ONLYDIR
 }
 
-impl Watch {
-    fn new(root: PathBuf, recursive: bool, include_entry: bool) -> Result<Watch, RpcError> {
-        let m = std::fs::metadata(&root).map_err(|e| io_err(&e, "watch", &root))?;
-        if !m.is_dir() {
-            return Err(RpcError::new(
-                Code::InvalidArgument,
-                format!("path {} is not a directory", root.display()),
-            ));
+impl Tree {
+    fn event(&self, rel: &Path, kind: EventType, names: Option<&Names>) -> FilesystemEvent {
+        FilesystemEvent {
+            name: rel.to_string_lossy().into_owned(),
+            event_type: kind,
+            entry: names.and_then(|n| entry_info(&self.root.join(rel), n).ok()),
         }
-        let ino = Inotify::init(InitFlags::IN_NONBLOCK | InitFlags::IN_CLOEXEC)
-            .map_err(|e| RpcError::new(Code::Internal, format!("inotify: {e}")))?;
-        // SAFETY: the AsyncFd owns the Inotify, whose fd stays open and the same until dropped.
-        let fd = unsafe { AsyncFd::register(InoFd(ino)) }
-            .map_err(|e| RpcError::new(Code::Internal, format!("inotify: {}", e)))?;
-        let mut w = Watch {
-            fd,
-            root: root.clone(),
-            wds: HashMap::new(),
-            recursive,
-            include_entry,
-        };
-        w.add(&root, Path::new("")).map_err(|e| {
-            RpcError::new(Code::Internal, format!("watching {}: {e}", root.display()))
-        })?;
-        Ok(w)
     }
 
     /// Watch `abs` (known as `rel` under the root) and, if recursive, its subdirectories.
-    fn add(&mut self, abs: &Path, rel: &Path) -> nix::Result<()> {
-        let wd = self.fd.get_ref().0.add_watch(abs, mask())?;
+    /// With `out`, every entry already inside is reported as created (a directory that just
+    /// appeared may have been filled before its watch was in place).
+    fn add(
+        &mut self,
+        ino: &Inotify,
+        abs: &Path,
+        rel: &Path,
+        mut out: Option<&mut Vec<FilesystemEvent>>,
+        names: Option<&Names>,
+    ) -> nix::Result<()> {
+        let wd = ino.add_watch(abs, mask())?;
         self.wds.insert(wd, rel.to_path_buf());
-        if self.recursive {
-            if let Ok(rd) = std::fs::read_dir(abs) {
-                for e in rd.flatten() {
-                    if e.file_type().is_ok_and(|t| t.is_dir()) {
-                        // A subdirectory that vanished or is unreadable is skipped.
-                        let _ = self.add(&abs.join(e.file_name()), &rel.join(e.file_name()));
-                    }
+        if !self.recursive {
+            return Ok(());
+        }
+        let Ok(rd) = std::fs::read_dir(abs) else {
+            return Ok(());
+        };
+        let mut children: Vec<(std::ffi::OsString, bool)> = rd
+            .flatten()
+            .map(|e| (e.file_name(), e.file_type().is_ok_and(|t| t.is_dir())))
+            .collect();
+        children.sort();
+        for (name, is_dir) in children {
+            let crel = rel.join(&name);
+            if let Some(o) = out.as_deref_mut() {
+                o.push(self.event(&crel, EventType::Create, names));
+                if self.scanned.len() >= MAX_SCANNED {
+                    self.scanned.clear();
                 }
+                self.scanned.insert(crel.clone());
+            }
+            if is_dir {
+                // A subdirectory that vanished or is unreadable is skipped.
+                let _ = self.add(ino, &abs.join(&name), &crel, out.as_deref_mut(), names);
             }
         }
         Ok(())
     }
 
-    /// Wait for the next batch of events.
+    /// Turn a batch of inotify events into watch events.
+    fn process(
+        &mut self,
+        ino: &Inotify,
+        events: Vec<InotifyEvent>,
+        names: Option<&Names>,
+    ) -> Vec<FilesystemEvent> {
+        let mut out = Vec::new();
+        for ev in events {
+            if ev.mask.contains(AddWatchFlags::IN_IGNORED) {
+                self.wds.remove(&ev.wd);
+                continue;
+            }
+            let (Some(name), Some(dir)) = (ev.name.as_ref(), self.wds.get(&ev.wd).cloned()) else {
+                continue;
+            };
+            let rel = dir.join(name);
+            let m = ev.mask;
+            // Any event after the scan that reported `rel` means no duplicate can follow.
+            let was_scanned = !self.scanned.is_empty() && self.scanned.remove(&rel);
+            if m.intersects(AddWatchFlags::IN_CREATE | AddWatchFlags::IN_MOVED_TO) {
+                if was_scanned {
+                    continue; // already reported (and watched) by the scan
+                }
+                out.push(self.event(&rel, EventType::Create, names));
+                if self.recursive && m.contains(AddWatchFlags::IN_ISDIR) {
+                    let abs = self.root.join(&rel);
+                    let _ = self.add(ino, &abs, &rel, Some(&mut out), names);
+                }
+                continue;
+            }
+            let kind = if m.contains(AddWatchFlags::IN_MODIFY) {
+                EventType::Write
+            } else if m.contains(AddWatchFlags::IN_DELETE) {
+                EventType::Remove
+            } else if m.contains(AddWatchFlags::IN_MOVED_FROM) {
+                EventType::Rename
+            } else if m.contains(AddWatchFlags::IN_ATTRIB) {
+                EventType::Chmod
+            } else {
+                continue;
+            };
+            out.push(self.event(&rel, kind, names));
+        }
+        out
+    }
+}
+
+/// A live inotify watch of a directory (and its subdirectories when recursive).
+struct Watch {
+    fd: AsyncFd<InoFd>,
+    tree: Tree,
+    /// The user whose permissions new subdirectories are watched and described with.
+    creds: Option<Creds>,
+}
+
+fn watch_err(e: nix::errno::Errno, root: &Path) -> RpcError {
+    if e == nix::errno::Errno::ENOSPC {
+        return RpcError::new(
+            Code::ResourceExhausted,
+            format!(
+                "watching {}: the limit of inotify watches is reached",
+                root.display()
+            ),
+        );
+    }
+    let e = std::io::Error::from(e);
+    let r = io_err(&e, "watch", root);
+    if r.code == Code::Internal {
+        return RpcError::new(Code::Internal, format!("watching {}: {e}", root.display()));
+    }
+    r
+}
+
+impl Watch {
+    async fn new(
+        root: PathBuf,
+        recursive: bool,
+        include_entry: bool,
+        user: &User,
+    ) -> Result<Watch, RpcError> {
+        let creds = Creds::of(user);
+        let (ino, tree) = creds::run(creds.clone(), move || {
+            let m = std::fs::metadata(&root).map_err(|e| io_err(&e, "watch", &root))?;
+            if !m.is_dir() {
+                return Err(RpcError::new(
+                    Code::InvalidArgument,
+                    format!("path {} is not a directory", root.display()),
+                ));
+            }
+            let ino = Inotify::init(InitFlags::IN_NONBLOCK | InitFlags::IN_CLOEXEC)
+                .map_err(|e| RpcError::new(Code::Internal, format!("inotify: {e}")))?;
+            let mut tree = Tree {
+                root: root.clone(),
+                wds: HashMap::new(),
+                recursive,
+                include_entry,
+                scanned: HashSet::new(),
+            };
+            tree.add(&ino, &root, Path::new(""), None, None)
+                .map_err(|e| watch_err(e, &root))?;
+            Ok((ino, tree))
+        })
+        .await??;
+        // SAFETY: the AsyncFd owns the Inotify, whose fd stays open and the same until dropped.
+        let fd = unsafe { AsyncFd::register(InoFd(ino)) }
+            .map_err(|e| RpcError::new(Code::Internal, format!("inotify: {}", e)))?;
+        Ok(Watch { fd, tree, creds })
+    }
+
+    /// Wait for the next batch of events. Cancel-safe: nothing is awaited once events are read.
     async fn next(&mut self) -> std::io::Result<Vec<FilesystemEvent>> {
         loop {
             let mut guard = self.fd.readable().await?;
@@ -111,48 +234,20 @@ impl Watch {
                 Err(_would_block) => continue,
             };
             drop(guard);
-            let mut out = Vec::new();
-            let names = if self.include_entry {
-                Some(Names::load())
-            } else {
-                None
-            };
-            for ev in events {
-                if ev.mask.contains(AddWatchFlags::IN_IGNORED) {
-                    self.wds.remove(&ev.wd);
-                    continue;
-                }
-                let (Some(name), Some(dir)) = (ev.name.as_ref(), self.wds.get(&ev.wd).cloned())
-                else {
-                    continue;
-                };
-                let rel = dir.join(name);
-                let m = ev.mask;
-                let kind = if m.intersects(AddWatchFlags::IN_CREATE | AddWatchFlags::IN_MOVED_TO) {
-                    if self.recursive && m.contains(AddWatchFlags::IN_ISDIR) {
-                        let _ = self.add(&self.root.join(&rel), &rel);
-                    }
-                    EventType::Create
-                } else if m.contains(AddWatchFlags::IN_MODIFY) {
-                    EventType::Write
-                } else if m.contains(AddWatchFlags::IN_DELETE) {
-                    EventType::Remove
-                } else if m.contains(AddWatchFlags::IN_MOVED_FROM) {
-                    EventType::Rename
-                } else if m.contains(AddWatchFlags::IN_ATTRIB) {
-                    EventType::Chmod
-                } else {
-                    continue;
-                };
-                let entry = names
-                    .as_ref()
-                    .and_then(|n| entry_info(&self.root.join(&rel), n).ok());
-                out.push(FilesystemEvent {
-                    name: rel.to_string_lossy().into_owned(),
-                    event_type: kind,
-                    entry,
-                });
-            }
+            let names = self.tree.include_entry.then(Names::load);
+            // Describing entries and watching new directories act as the user.
+            let touches_fs = self.tree.include_entry
+                || (self.tree.recursive
+                    && events.iter().any(|e| {
+                        e.mask.contains(AddWatchFlags::IN_ISDIR)
+                            && e.mask
+                                .intersects(AddWatchFlags::IN_CREATE | AddWatchFlags::IN_MOVED_TO)
+                    }));
+            let creds = if touches_fs { self.creds.as_ref() } else { None };
+            let ino = &self.fd.get_ref().0;
+            let tree = &mut self.tree;
+            let out = creds::run_blocking(creds, || tree.process(ino, events, names.as_ref()))
+                .map_err(|e| std::io::Error::other(e.message))?;
             if !out.is_empty() {
                 return Ok(out);
             }
@@ -161,13 +256,13 @@ impl Watch {
 }
 
 /// `WatchDir` (server streaming).
-pub fn watch_dir(
+pub async fn watch_dir(
     state: &Arc<State>,
     ctx: &Ctx,
     req: WatchRequest,
 ) -> Result<Response<Body>, RpcError> {
-    let (_, root) = user_path(state, ctx, &req.path)?;
-    let mut w = Watch::new(root, req.recursive, req.include_entry)?;
+    let (user, root) = user_path(state, ctx, &req.path)?;
+    let mut w = Watch::new(root, req.recursive, req.include_entry, &user).await?;
     let keepalive = ctx.keepalive;
     let deadline = ctx
         .timeout
@@ -236,13 +331,13 @@ struct PollWatcher {
 }
 
 /// `CreateWatcher`.
-pub fn create_watcher(
+pub async fn create_watcher(
     state: &Arc<State>,
     ctx: &Ctx,
     req: WatchRequest,
 ) -> Result<WatcherId, RpcError> {
-    let (_, root) = user_path(state, ctx, &req.path)?;
-    let mut w = Watch::new(root, req.recursive, req.include_entry)?;
+    let (user, root) = user_path(state, ctx, &req.path)?;
+    let mut w = Watch::new(root, req.recursive, req.include_entry, &user).await?;
     let events: Arc<Mutex<Vec<FilesystemEvent>>> = Arc::default();
     let sink = events.clone();
     let task = tokio::spawn(async move {

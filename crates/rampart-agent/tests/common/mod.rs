@@ -68,6 +68,23 @@ impl Agent {
     }
 }
 
+/// Make `dir` (under the agent's temp dir) reachable by every user and give it a
+/// world-writable, sticky subdirectory `pub`, which is returned.
+pub fn open_to_everyone(a: &Agent, dir: &str) -> String {
+    use std::os::unix::fs::PermissionsExt as _;
+    let mut p = std::path::PathBuf::from(dir);
+    while p.starts_with(a.dir.path()) {
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        if !p.pop() {
+            break;
+        }
+    }
+    let public = format!("{dir}/pub");
+    std::fs::create_dir_all(&public).expect("mkdir pub");
+    std::fs::set_permissions(&public, std::fs::Permissions::from_mode(0o1777)).expect("chmod");
+    public
+}
+
 impl Drop for Agent {
     fn drop(&mut self) {
         let _ = self.child.kill();
