@@ -106,6 +106,17 @@ fn entry(e: EntryInfo) -> FileEntry {
     }
 }
 
+/// The error of a file operation that writes: the agent's `resource_exhausted` (ENOSPC or
+/// EDQUOT inside the sandbox) is `507 no_space`; everything else maps as usual.
+fn write_error(e: ClientError) -> ApiError {
+    match e {
+        ClientError::Rpc { code, message } if code == "resource_exhausted" => {
+            ApiError::new(StatusCode::INSUFFICIENT_STORAGE, "no_space", message)
+        }
+        e => ApiError::from(e),
+    }
+}
+
 fn is_not_found(e: &ClientError) -> bool {
     matches!(e, ClientError::Rpc { code, .. } if code == "not_found")
 }
@@ -149,7 +160,8 @@ pub(crate) async fn read(
         (status = 400, description = "Bad path", body = ApiErrorBody),
         (status = 404, description = "No such sandbox", body = ApiErrorBody),
         (status = 409, description = "The sandbox is not running, or the path is a directory", body = ApiErrorBody),
-        (status = 507, description = "The sandbox's disk is full", body = ApiErrorBody),
+        (status = 403, description = "The user may not write there (`permission_denied`)", body = ApiErrorBody),
+        (status = 507, description = "The sandbox's disk is full (`no_space`)", body = ApiErrorBody),
     ))]
 pub(crate) async fn write(
     State(st): State<AppState>,
@@ -171,7 +183,10 @@ pub(crate) async fn write(
         .into_data_stream()
         .map(|r: Result<Bytes, axum::Error>| r.map_err(std::io::Error::other))
         .boxed();
-    let written = agent.write_file(&q.path, user, stream).await?;
+    let written = agent
+        .write_file(&q.path, user, stream)
+        .await
+        .map_err(write_error)?;
     let info = agent.stat(&written, user).await?;
     let status = if existed {
         StatusCode::OK
@@ -257,6 +272,7 @@ pub(crate) async fn list(
         (status = 400, description = "Bad input", body = ApiErrorBody),
         (status = 404, description = "No such sandbox", body = ApiErrorBody),
         (status = 409, description = "It already exists", body = ApiErrorBody),
+        (status = 507, description = "The sandbox's disk is full (`no_space`)", body = ApiErrorBody),
     ))]
 pub(crate) async fn mkdir(
     State(st): State<AppState>,
@@ -266,7 +282,10 @@ pub(crate) async fn mkdir(
     check_path("path", &req.path)?;
     check_user(req.user.as_deref())?;
     let agent = st.backend.agent(&id)?;
-    let info = agent.make_dir(&req.path, req.user.as_deref()).await?;
+    let info = agent
+        .make_dir(&req.path, req.user.as_deref())
+        .await
+        .map_err(write_error)?;
     Ok((StatusCode::CREATED, Json(entry(info))))
 }
 
@@ -291,7 +310,8 @@ pub(crate) async fn rename(
     Ok(Json(entry(
         agent
             .rename(&req.from, &req.to, req.user.as_deref())
-            .await?,
+            .await
+            .map_err(write_error)?,
     )))
 }
 
@@ -339,4 +359,26 @@ pub(crate) async fn watch(
     );
     h.insert(CACHE_CONTROL, HeaderValue::from_static("no-cache"));
     Ok(resp)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_full_disk_is_507_no_space() {
+        let e = write_error(ClientError::Rpc {
+            code: "resource_exhausted".into(),
+            message: "not enough disk space to write '/home/user/big'".into(),
+        });
+        assert_eq!((e.status.as_u16(), e.code), (507, "no_space"));
+        assert!(e.message.contains("disk space"), "{e}");
+        let e = write_error(ClientError::Rpc {
+            code: "permission_denied".into(),
+            message: "m".into(),
+        });
+        assert_eq!((e.status.as_u16(), e.code), (403, "permission_denied"));
+        let e = write_error(ClientError::Unreachable("gone".into()));
+        assert_eq!((e.status.as_u16(), e.code), (502, "agent_unreachable"));
+    }
 }

@@ -83,9 +83,7 @@ where
     F: FnOnce() -> T + Send + 'static,
 {
     match creds {
-        None => tokio::task::spawn_blocking(f)
-            .await
-            .map_err(|_| panicked()),
+        None => tokio::task::spawn_blocking(f).await.map_err(|_| panicked()),
         Some(c) => {
             let (tx, rx) = tokio::sync::oneshot::channel();
             std::thread::Builder::new()
@@ -152,8 +150,8 @@ mod tests {
         }
         let c = Creds::of(&user(65534)).expect("creds");
         // SAFETY: geteuid/getegid have no preconditions.
-        let inside = run_blocking(Some(&c), || unsafe { (libc::geteuid(), libc::getegid()) })
-            .expect("run");
+        let inside =
+            run_blocking(Some(&c), || unsafe { (libc::geteuid(), libc::getegid()) }).expect("run");
         assert_eq!(inside, (65534, 65534));
         // SAFETY: as above.
         assert_eq!(unsafe { libc::geteuid() }, 0);

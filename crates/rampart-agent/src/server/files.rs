@@ -85,9 +85,7 @@ fn http_status(code: Code) -> u16 {
 fn open_for_download(p: &Path) -> Result<(std::fs::File, u64), UpErr> {
     let file = std::fs::File::open(p).map_err(|e| match code_of(&e) {
         Code::NotFound => UpErr(404, format!("path '{}' does not exist", p.display())),
-        Code::PermissionDenied => {
-            UpErr(403, format!("path '{}': permission denied", p.display()))
-        }
+        Code::PermissionDenied => UpErr(403, format!("path '{}': permission denied", p.display())),
         c => UpErr(http_status(c), format!("opening '{}': {e}", p.display())),
     })?;
     let meta = file
@@ -255,7 +253,8 @@ fn written(path: &Path, metadata: &BTreeMap<String, String>) -> WrittenEntry {
 
 fn apply_metadata(path: &Path, metadata: &BTreeMap<String, String>) -> Result<(), UpErr> {
     for (k, v) in metadata {
-        write_metadata(path, k, v).map_err(|e| io_up(&e, &format!("setting metadata '{k}' on"), path))?;
+        write_metadata(path, k, v)
+            .map_err(|e| io_up(&e, &format!("setting metadata '{k}' on"), path))?;
     }
     Ok(())
 }
@@ -301,12 +300,7 @@ struct Writer {
 }
 
 impl Writer {
-    fn start(
-        path: PathBuf,
-        user: &User,
-        gzip: bool,
-        metadata: BTreeMap<String, String>,
-    ) -> Writer {
+    fn start(path: PathBuf, user: &User, gzip: bool, metadata: BTreeMap<String, String>) -> Writer {
         let (tx, mut rx) = mpsc::channel::<Bytes>(4);
         let u = user.clone();
         let job = tokio::spawn(creds::run(Creds::of(user), move || {

@@ -56,10 +56,9 @@ pub fn io_err(e: &std::io::Error, what: &str, path: &Path) -> RpcError {
             "file not found: {what} {}: no such file or directory",
             path.display()
         ),
-        Code::ResourceExhausted => format!(
-            "{what} {}: not enough disk space ({e})",
-            path.display()
-        ),
+        Code::ResourceExhausted => {
+            format!("{what} {}: not enough disk space ({e})", path.display())
+        }
         _ => format!("{what} {}: {e}", path.display()),
     };
     RpcError::new(code, msg)
@@ -287,7 +286,11 @@ where
 }
 
 /// `Stat`.
-pub async fn stat(state: &Arc<State>, ctx: &Ctx, req: PathRequest) -> Result<EntryResponse, RpcError> {
+pub async fn stat(
+    state: &Arc<State>,
+    ctx: &Ctx,
+    req: PathRequest,
+) -> Result<EntryResponse, RpcError> {
     let (user, p) = user_path(state, ctx, &req.path)?;
     let names = Names::load();
     as_user(&user, move || {
@@ -375,7 +378,11 @@ fn move_across(from: &Path, to: &Path) -> Result<(), RpcError> {
     if std::fs::metadata(to).is_ok_and(|t| t.is_dir()) {
         return Err(RpcError::new(
             Code::InvalidArgument,
-            format!("cannot move {} over directory {}", from.display(), to.display()),
+            format!(
+                "cannot move {} over directory {}",
+                from.display(),
+                to.display()
+            ),
         ));
     }
     let name = to

@@ -428,9 +428,9 @@ async fn unary(
         "/filesystem.Filesystem/Remove" => {
             json(&fs::remove(state, ctx, parse::<PathRequest>(raw)?).await?)
         }
-        "/filesystem.Filesystem/CreateWatcher" => json(
-            &watch::create_watcher(state, ctx, parse::<WatchRequest>(raw)?).await?,
-        ),
+        "/filesystem.Filesystem/CreateWatcher" => {
+            json(&watch::create_watcher(state, ctx, parse::<WatchRequest>(raw)?).await?)
+        }
         "/filesystem.Filesystem/GetWatcherEvents" => {
             json(&watch::get_watcher_events(state, parse::<WatcherId>(raw)?)?)
         }

@@ -1,7 +1,7 @@
 //! Directory watches over inotify: `WatchDir` (streaming) and the polling watchers.
 
-use super::fs::{entry_info, io_err, user_path};
 use super::creds::{self, Creds};
+use super::fs::{entry_info, io_err, user_path};
 use super::users::{Names, User};
 use super::{spawn_stream, Body, Ctx, State};
 use crate::connect::{self, Code, RpcError};
@@ -243,7 +243,11 @@ impl Watch {
                             && e.mask
                                 .intersects(AddWatchFlags::IN_CREATE | AddWatchFlags::IN_MOVED_TO)
                     }));
-            let creds = if touches_fs { self.creds.as_ref() } else { None };
+            let creds = if touches_fs {
+                self.creds.as_ref()
+            } else {
+                None
+            };
             let ino = &self.fd.get_ref().0;
             let tree = &mut self.tree;
             let out = creds::run_blocking(creds, || tree.process(ino, events, names.as_ref()))
