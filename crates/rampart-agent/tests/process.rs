@@ -591,3 +591,51 @@ async fn huge_and_short_connect_deadlines() {
     a.client.signal(pid, true).await.expect("kill");
     let _ = collect(s).await;
 }
+
+#[tokio::test]
+async fn spawned_children_start_clean_and_search_path_like_execvp() {
+    let a = Agent::start().await;
+    // No signal blocked; the leader of its own process group.
+    let o = run(
+        &a.client,
+        sh("grep '^SigBlk:' /proc/self/status; cut -d' ' -f5 /proc/$$/stat; echo $$"),
+    )
+    .await;
+    let out = String::from_utf8_lossy(&o.stdout).into_owned();
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines.len(), 3, "{out}");
+    assert_eq!(
+        lines[0].split_whitespace().nth(1),
+        Some("0000000000000000"),
+        "{out}"
+    );
+    assert_eq!(lines[1], lines[2], "not a group leader: {out}");
+
+    // A script without a `#!` line runs through /bin/sh, found along PATH.
+    let dir = a.scratch();
+    let bin = format!("{dir}/bin");
+    std::fs::create_dir_all(&bin).expect("mkdir");
+    let script = format!("{bin}/hello-script");
+    std::fs::write(&script, "echo \"script $1\"\n").expect("write");
+    use std::os::unix::fs::PermissionsExt as _;
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let mut opts = StartOptions {
+        cmd: "hello-script".into(),
+        args: vec!["arg".into()],
+        ..Default::default()
+    };
+    opts.envs
+        .insert("PATH".into(), format!("/nonexistent:{bin}:/usr/bin:/bin"));
+    let o = run(&a.client, opts.clone()).await;
+    assert_eq!(o.stdout, b"script arg\n");
+
+    // Not executable: permission denied, reported as a start error.
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o644)).expect("chmod");
+    match a.client.start(opts).await {
+        Err(ClientError::Rpc { code, message }) => {
+            assert_eq!(code, "invalid_argument");
+            assert!(message.contains("Permission denied"), "{message}");
+        }
+        other => panic!("unexpected {:?}", other.map(|_| ())),
+    }
+}

@@ -1,5 +1,7 @@
 //! `process.Process`: start, supervise, stream, reap.
 
+mod spawn;
+
 use super::{spawn_stream, users, Body, Ctx, State};
 use crate::connect::{self, Code, RpcError};
 use crate::proto::{
@@ -14,9 +16,7 @@ use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::Pid;
 use std::collections::HashMap;
 use std::ffi::CString;
-use std::os::fd::{AsRawFd, OwnedFd};
-use std::os::unix::process::CommandExt as _;
-use std::process::{Command, Stdio};
+use std::os::fd::{AsFd as _, AsRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
@@ -352,112 +352,86 @@ fn spawn(
         }
     }
     let env = child_env(state, &user, &config.envs);
-    let mut cmd = Command::new(&config.cmd);
-    cmd.args(&config.args).env_clear().envs(env);
 
     // SAFETY: geteuid has no preconditions.
     let switch = unsafe { libc::geteuid() } == 0;
-    let ids: Option<(libc::uid_t, libc::gid_t, Vec<libc::gid_t>)> = if switch {
-        Some((user.uid, user.gid, user.groups.clone()))
-    } else {
-        None
-    };
 
-    let use_pty = req.pty.is_some();
-    let mut outputs;
+    let err = |what: &str, e: std::io::Error| RpcError::new(Code::Internal, format!("{what}: {e}"));
     let mut pty_master = None;
-    let mut slave_keep = None;
+    // The child's ends (kept until it has exec'd), the agent's ends of the pipes.
+    let child_ends: [OwnedFd; 3];
+    let mut stdin_w = None;
+    let mut pipe_ends = None;
     if let Some(pty) = &req.pty {
         let ws = winsize(pty.size);
         let r = nix::pty::openpty(Some(&ws), None)
             .map_err(|e| RpcError::new(Code::Internal, format!("openpty: {e}")))?;
-        set_cloexec_nonblock(&r.master, true)
-            .map_err(|e| RpcError::new(Code::Internal, format!("pty: {e}")))?;
-        set_cloexec_nonblock(&r.slave, false)
-            .map_err(|e| RpcError::new(Code::Internal, format!("pty: {e}")))?;
-        let dup = |fd: &OwnedFd| {
-            fd.try_clone()
-                .map_err(|e| RpcError::new(Code::Internal, format!("dup: {e}")))
-        };
-        cmd.stdin(Stdio::from(dup(&r.slave)?));
-        cmd.stdout(Stdio::from(dup(&r.slave)?));
-        cmd.stderr(Stdio::from(dup(&r.slave)?));
-        slave_keep = Some(r.slave);
+        set_cloexec_nonblock(&r.master, true).map_err(|e| err("pty", e))?;
+        set_cloexec_nonblock(&r.slave, false).map_err(|e| err("pty", e))?;
+        let dup = |fd: &OwnedFd| fd.try_clone().map_err(|e| err("dup", e));
+        child_ends = [dup(&r.slave)?, dup(&r.slave)?, r.slave];
         // SAFETY: the AsyncFd takes ownership of the OwnedFd, so the fd stays open and the same
         // for the AsyncFd's whole life.
         let master = unsafe { AsyncFd::register(r.master) }
-            .map_err(|e| RpcError::new(Code::Internal, format!("pty: {}", e)))?;
+            .map_err(|e| RpcError::new(Code::Internal, format!("pty: {e}")))?;
         let master = Arc::new(master);
-        pty_master = Some(master.clone());
-        outputs = Outputs::Pty(master);
+        pty_master = Some(master);
     } else {
-        cmd.stdin(if req.stdin.unwrap_or(true) {
-            Stdio::piped()
+        let pipe = || {
+            nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
+                .map_err(|e| err("pipe", std::io::Error::from(e)))
+        };
+        let stdin_end = if req.stdin.unwrap_or(true) {
+            let (r, w) = pipe()?;
+            stdin_w = Some(w);
+            r
         } else {
-            Stdio::null()
-        });
-        cmd.stdout(Stdio::piped());
-        cmd.stderr(Stdio::piped());
-        outputs = Outputs::Pipes(None, None);
+            std::fs::File::open("/dev/null")
+                .map_err(|e| err("/dev/null", e))?
+                .into()
+        };
+        let (out_r, out_w) = pipe()?;
+        let (err_r, err_w) = pipe()?;
+        child_ends = [stdin_end, out_w, err_w];
+        pipe_ends = Some((out_r, err_r));
     }
-
-    let pre_exec = move || {
-        // SAFETY: plain async-signal-safe syscalls on valid arguments (pointers into owned,
-        // live buffers prepared before the fork); no allocation, no locks.
-        unsafe {
-            if use_pty {
-                if libc::setsid() < 0 || libc::ioctl(0, libc::TIOCSCTTY, 0) < 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-            } else if libc::setpgid(0, 0) < 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            if let Some((uid, gid, groups)) = &ids {
-                if libc::setgroups(groups.len(), groups.as_ptr()) < 0
-                    || libc::setgid(*gid) < 0
-                    || libc::setuid(*uid) < 0
-                {
-                    return Err(std::io::Error::last_os_error());
-                }
-            }
-            if libc::chdir(cwd_c.as_ptr()) < 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            libc::umask(0o022);
-        }
-        Ok(())
+    let spec = spawn::Spec {
+        program: &config.cmd,
+        args: &config.args,
+        env: &env,
+        cwd: &cwd_c,
+        ids: switch.then_some((user.uid, user.gid, user.groups.as_slice())),
+        session: req.pty.is_some(),
+        stdio: [
+            child_ends[0].as_fd(),
+            child_ends[1].as_fd(),
+            child_ends[2].as_fd(),
+        ],
     };
-    // SAFETY: the closure runs in the forked child before exec and only makes async-signal-safe
-    // syscalls (see above).
-    unsafe { cmd.pre_exec(pre_exec) };
 
     // Hold the waiters lock across spawn + registration so the reaper cannot take the status first.
     let (exit_tx, exit_rx) = oneshot::channel();
-    let mut child = {
+    let pid = {
         let mut waiters = lock(&state.procs.waiters);
-        let child = cmd.spawn().map_err(|e| {
+        let pid = spawn::spawn(&spec).map_err(|e| {
             RpcError::new(
                 Code::InvalidArgument,
                 format!("error starting process '{}': {e}", config.cmd),
             )
         })?;
-        waiters.insert(child.id(), exit_tx);
-        child
+        waiters.insert(pid, exit_tx);
+        pid
     };
-    drop(slave_keep);
-    let pid = child.id();
-    let mut stdin_w = None;
-    if let Outputs::Pipes(out, err) = &mut outputs {
-        let conv = |fd: OwnedFd| pipe::Receiver::from_owned_fd(fd).ok();
-        *out = child.stdout.take().map(OwnedFd::from).and_then(conv);
-        *err = child.stderr.take().map(OwnedFd::from).and_then(conv);
-        stdin_w = child
-            .stdin
-            .take()
-            .map(OwnedFd::from)
-            .and_then(|fd| pipe::Sender::from_owned_fd(fd).ok());
-    }
-    drop(child); // Never waited through std: the reaper owns the status.
+    drop(child_ends);
+    let outputs = match (&pty_master, pipe_ends) {
+        (Some(master), _) => Outputs::Pty(master.clone()),
+        (None, Some((out, err))) => {
+            let conv = |fd: OwnedFd| pipe::Receiver::from_owned_fd(fd).ok();
+            Outputs::Pipes(conv(out), conv(err))
+        }
+        (None, None) => Outputs::Pipes(None, None),
+    };
+    let stdin_w = stdin_w.and_then(|fd| pipe::Sender::from_owned_fd(fd).ok());
 
     let proc = Arc::new(Proc {
         pid,
