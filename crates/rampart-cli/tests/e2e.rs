@@ -669,3 +669,133 @@ fn an_interrupted_run_still_destroys_its_sandbox() {
         .unwrap();
     assert_eq!(left.as_array().unwrap().len(), 0, "run left a sandbox: {left}");
 }
+
+#[test]
+fn the_file_api_acts_with_the_users_permissions() {
+    let Some(d) = daemon() else { return };
+    let sb = d.sandbox(json!({}));
+    let http = d.http();
+    let (s, v) = sb.exec(json!({"cmd": ["sh", "-c",
+        "printf secret > /root/secret; chmod 600 /root/secret; ls -ld /etc/shadow; cat /etc/shadow >/dev/null; echo cat=$?"],
+        "user": "root"}));
+    assert_eq!(s, 200, "{v}");
+    assert!(v["stdout"].as_str().unwrap_or_default().contains("cat=0"), "root cannot read /etc/shadow: {v}");
+    // The default user cannot read what `cat` as that user could not.
+    let (_, v) = sb.exec(json!({"cmd": ["sh", "-c", "cat /etc/shadow >/dev/null 2>&1; echo $?"]}));
+    assert_eq!(v["stdout"], "1\n", "the user can cat /etc/shadow: {v}");
+    api_error(http.get(sb.path("/files?path=/etc/shadow")).send().unwrap(), 403, "permission_denied");
+    let r = http.get(sb.path("/files?path=/etc/shadow&user=root")).send().unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+    api_error(http.get(sb.path("/files?path=/root/secret")).send().unwrap(), 403, "permission_denied");
+    api_error(http.get(sb.path("/files/list?path=/root")).send().unwrap(), 403, "permission_denied");
+    api_error(http.get(sb.path("/files/stat?path=/root/secret")).send().unwrap(), 403, "permission_denied");
+    api_error(http.put(sb.path("/files?path=/etc/evil")).body("x").send().unwrap(), 403, "permission_denied");
+    api_error(http.put(sb.path("/files?path=/root/secret")).body("x").send().unwrap(), 403, "permission_denied");
+    api_error(http.delete(sb.path("/files?path=/root/secret")).send().unwrap(), 403, "permission_denied");
+    let r = http.post(sb.path("/files/mkdir")).json(&json!({"path": "/etc/evil.d"})).send().unwrap();
+    api_error(r, 403, "permission_denied");
+    let r = http
+        .post(sb.path("/files/move"))
+        .json(&json!({"from": "/etc/hostname", "to": "/home/user/hostname"}))
+        .send()
+        .unwrap();
+    api_error(r, 403, "permission_denied");
+    api_error(http.get(sb.path("/files/watch?path=/root")).send().unwrap(), 403, "permission_denied");
+    // Root keeps full access; the user's own files are the user's.
+    let r = http.get(sb.path("/files?path=/root/secret&user=root")).send().unwrap();
+    assert_eq!(r.text().unwrap(), "secret");
+    let r = http.put(sb.path("/files?path=/home/user/new/mine.txt")).body("mine").send().unwrap();
+    assert_eq!(r.status().as_u16(), 201);
+    let v: Value = r.json().unwrap();
+    assert_eq!((v["owner"].as_str(), v["group"].as_str()), (Some("user"), Some("user")), "{v}");
+    let (_, v) = sb.exec(json!({"cmd": ["stat", "-c", "%U:%G", "/home/user/new"]}));
+    assert_eq!(v["stdout"], "user:user\n", "{v}");
+}
+
+#[test]
+fn a_put_that_fills_the_disk_is_507_no_space() {
+    let Some(d) = daemon() else { return };
+    let sb = d.sandbox(json!({"limits": {"disk_bytes": 16u64 << 20}}));
+    let http = d.http();
+    for i in 0..3 {
+        // 64 MiB streamed (chunked) into a 16 MiB disk: the answer comes while still sending.
+        let body = reqwest::blocking::Body::new(std::io::repeat(7).take(64 << 20));
+        let r = http.put(sb.path(&format!("/files?path=/home/user/big{i}.bin"))).body(body).send();
+        let r = r.unwrap_or_else(|e| panic!("PUT {i}: no answer: {e}\n{}", d.log_tail()));
+        let m = api_error(r, 507, "no_space");
+        assert!(m.contains("disk space"), "{m}");
+        // With a length, too.
+        let body = reqwest::blocking::Body::sized(std::io::repeat(7).take(64 << 20), 64 << 20);
+        let r = http.put(sb.path(&format!("/files?path=/home/user/sized{i}.bin"))).body(body).send();
+        let r = r.unwrap_or_else(|e| panic!("sized PUT {i}: no answer: {e}\n{}", d.log_tail()));
+        api_error(r, 507, "no_space");
+    }
+    // The sandbox is fine once the space is back.
+    let (_, v) = sb.exec(json!({"cmd": ["sh", "-c", "rm -f /home/user/big* /home/user/sized*; echo ok"]}));
+    assert_eq!(v["stdout"], "ok\n", "{v}");
+    let r = http.put(sb.path("/files?path=/home/user/small.txt")).body("fits").send().unwrap();
+    assert_eq!(r.status().as_u16(), 201);
+}
+
+#[test]
+fn put_through_a_dangling_symlink_and_other_user_errors() {
+    let Some(d) = daemon() else { return };
+    let sb = d.sandbox(json!({}));
+    let http = d.http();
+    let (s, v) = sb.exec(json!({"cmd": ["sh", "-c",
+        "cd /home/user && ln -s /home/user/target.txt link && ln -s /nope/x.txt broken && ln -s loop loop && echo f > file"]}));
+    assert_eq!((s, v["exit_code"].as_i64()), (200, Some(0)), "{v}");
+    // The target is created, like `echo > link` would.
+    let r = http.put(sb.path("/files?path=/home/user/link")).body("through").send().unwrap();
+    assert!(r.status().is_success(), "{}", r.text().unwrap_or_default());
+    let (_, v) = sb.exec(json!({"cmd": ["cat", "/home/user/target.txt"]}));
+    assert_eq!(v["stdout"], "through", "{v}");
+    // Its directory does not exist: 404 with a clear message, never a 500.
+    let m = api_error(http.put(sb.path("/files?path=/home/user/broken")).body("x").send().unwrap(), 404, "not_found");
+    assert!(m.contains("symbolic link"), "{m}");
+    // ENOTDIR, ELOOP, ENAMETOOLONG, EISDIR: 400.
+    for p in ["/home/user/file/x", "/home/user/loop", &format!("/home/user/{}", "n".repeat(300))] {
+        api_error(http.put(sb.path(&format!("/files?path={p}"))).body("x").send().unwrap(), 400, "bad_request");
+    }
+    api_error(http.get(sb.path("/files/stat?path=/home/user/file/x")).send().unwrap(), 400, "bad_request");
+    api_error(http.get(sb.path("/files?path=/home/user/loop/x")).send().unwrap(), 400, "bad_request");
+}
+
+#[test]
+fn a_recursive_watch_sees_a_file_in_a_brand_new_directory() {
+    let Some(d) = daemon() else { return };
+    let sb = d.sandbox(json!({}));
+    let http = d.http();
+    let r = http.post(sb.path("/files/mkdir")).json(&json!({"path": "/tmp/w"})).send().unwrap();
+    assert_eq!(r.status().as_u16(), 201);
+    let resp = http.get(sb.path("/files/watch?path=/tmp/w&recursive=true")).send().unwrap();
+    assert_eq!(resp.status().as_u16(), 200);
+    let (tx, rx) = std::sync::mpsc::channel::<Value>();
+    std::thread::spawn(move || {
+        for line in BufReader::new(resp).lines() {
+            let Ok(line) = line else { break };
+            let Ok(v) = serde_json::from_str::<Value>(&line) else { break };
+            if tx.send(v).is_err() {
+                break;
+            }
+        }
+    });
+    let (s, v) = sb.exec(json!({"cmd": ["sh", "-c",
+        "for i in 1 2 3 4 5 6 7 8; do mkdir -p /tmp/w/d$i/e && echo x > /tmp/w/d$i/e/f; done"]}));
+    assert_eq!((s, v["exit_code"].as_i64()), (200, Some(0)), "{v}");
+    let mut want: Vec<String> = (1..=8).map(|i| format!("d{i}/e/f")).collect();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut seen = Vec::new();
+    while !want.is_empty() {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match rx.recv_timeout(left) {
+            Ok(v) => {
+                if let Some(n) = v["name"].as_str() {
+                    want.retain(|w| w != n);
+                }
+                seen.push(v);
+            }
+            Err(_) => panic!("no watch event for {want:?}; saw {seen:?}"),
+        }
+    }
+}
