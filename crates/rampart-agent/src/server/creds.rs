@@ -92,7 +92,7 @@ where
                     let _ = tx.send(c.assume_rpc().map(|()| f()));
                 })
                 .map_err(|e| {
-                    RpcError::new(Code::Internal, format!("spawning a worker thread: {e}"))
+                    RpcError::new(Code::Internal, format!("cannot start a filesystem worker thread (is the sandbox at its process limit?): {e}"))
                 })?;
             rx.await.map_err(|_| panicked())?
         }
@@ -111,7 +111,7 @@ where
         std::thread::Builder::new()
             .name("rampart-fs-as-user".into())
             .spawn_scoped(s, move || c.assume_rpc().map(|()| f()))
-            .map_err(|e| RpcError::new(Code::Internal, format!("spawning a worker thread: {e}")))?
+            .map_err(|e| RpcError::new(Code::Internal, format!("cannot start a filesystem worker thread (is the sandbox at its process limit?): {e}")))?
             .join()
             .map_err(|_| panicked())?
     })
