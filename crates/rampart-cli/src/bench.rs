@@ -271,6 +271,13 @@ fn mem_used_bytes() -> Result<u64> {
     Ok(total - avail)
 }
 
+/// Memory charged to Rampart's cgroup subtree (all sandboxes), if the host exposes it.
+fn subtree_memory_bytes() -> Option<u64> {
+    ["/sys/fs/cgroup/memory/rampart/memory.usage_in_bytes", "/sys/fs/cgroup/rampart/memory.current"]
+        .iter()
+        .find_map(|p| std::fs::read_to_string(p).ok()?.trim().parse().ok())
+}
+
 /// Runs the benchmark and prints the report.
 pub fn run(args: BenchArgs) -> Result<()> {
     let client = reqwest::blocking::Client::builder()
@@ -343,6 +350,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
 
     eprintln!("bench: memory with {} idle sandboxes...", args.idle);
     let before = mem_used_bytes()?;
+    let cg_before = subtree_memory_bytes();
     let mut ids = Vec::with_capacity(args.idle);
     let mut mem_err = None;
     for _ in 0..args.idle {
@@ -359,6 +367,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
         api.exec_true(id)?;
     }
     let after = mem_used_bytes()?;
+    let cg_after = subtree_memory_bytes();
     let alive = ids.len();
     for id in &ids {
         let _ = api.destroy(id);
@@ -367,6 +376,10 @@ pub fn run(args: BenchArgs) -> Result<()> {
         eprintln!("bench: stopped at {alive} idle sandboxes: {e:#}");
     }
     let per_idle = (after.saturating_sub(before)) as f64 / alive.max(1) as f64;
+    let per_idle_cgroup = match (cg_before, cg_after) {
+        (Some(b), Some(a)) => Some(a.saturating_sub(b) as f64 / alive.max(1) as f64),
+        _ => None,
+    };
 
     // Report.
     let bwrap_p50 = peers.iter().find(|s| s.name.starts_with("bwrap")).map(|s| s.pct(50.0));
@@ -388,6 +401,13 @@ pub fn run(args: BenchArgs) -> Result<()> {
         alive,
         per_idle / (1024.0 * 1024.0)
     );
+    if let Some(c) = per_idle_cgroup {
+        println!(
+            "| memory charged to the sandboxes' cgroups per idle sandbox ({} alive) | {:.2} MiB |",
+            alive,
+            c / (1024.0 * 1024.0)
+        );
+    }
     println!("\n## Targets\n");
     if let Some(b) = bwrap_p50 {
         let r = cycle.pct(50.0) / b;
@@ -395,7 +415,8 @@ pub fn run(args: BenchArgs) -> Result<()> {
     }
     println!("- exec round trip p50 < 1 ms: {:.3} ms ({})", rtt.pct(50.0), pass(rtt.pct(50.0) < 1.0));
     println!("- >= 100 create+destroy per second: {:.1} ({})", rate, pass(rate >= 100.0));
-    let mib = per_idle / (1024.0 * 1024.0);
+    // The larger of the two views, so the target is judged on the worse one.
+    let mib = per_idle.max(per_idle_cgroup.unwrap_or(0.0)) / (1024.0 * 1024.0);
     println!("- <= 4 MiB per idle sandbox: {:.2} MiB ({})", mib, pass(mib <= 4.0));
 
     if let Some(path) = &args.json {
@@ -406,6 +427,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
             "concurrency": args.concurrency,
             "idle_sandboxes": alive,
             "bytes_per_idle_sandbox": per_idle,
+            "cgroup_bytes_per_idle_sandbox": per_idle_cgroup,
         });
         std::fs::write(path, serde_json::to_vec_pretty(&v)?)?;
     }
