@@ -96,7 +96,12 @@ impl Cgroups {
 
     /// Creates the sandbox's cgroup and writes its limits.
     pub fn create(&self, id: &str, limits: &Limits) -> Result<(), JailError> {
-        let quota = ((limits.cpus * CFS_PERIOD_US as f64).round() as u64).max(1000);
+        self.mkdirs(id)?;
+        self.set_limits(id, limits)
+    }
+
+    /// Creates the (empty, unlimited) cgroup directories `name` under the subtree.
+    pub fn mkdirs(&self, name: &str) -> Result<(), JailError> {
         match self.version {
             CgroupVersion::V2 => {
                 let sub = self.root.join(&self.subtree);
@@ -114,8 +119,24 @@ impl Cgroups {
                 let want = "+memory +pids +cpu";
                 let _ = std::fs::write(self.root.join("cgroup.subtree_control"), want);
                 sys::write_file(&sub.join("cgroup.subtree_control"), want)?;
-                let d = sub.join(id);
+                let d = sub.join(name);
                 std::fs::create_dir(&d).map_err(io(format!("mkdir {}", d.display())))?;
+            }
+            CgroupVersion::V1 => {
+                for d in self.dirs(name) {
+                    std::fs::create_dir_all(&d).map_err(io(format!("mkdir {}", d.display())))?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes a sandbox's limits into the cgroup `name`.
+    pub fn set_limits(&self, name: &str, limits: &Limits) -> Result<(), JailError> {
+        let quota = ((limits.cpus * CFS_PERIOD_US as f64).round() as u64).max(1000);
+        match self.version {
+            CgroupVersion::V2 => {
+                let d = self.root.join(&self.subtree).join(name);
                 sys::write_file(&d.join("memory.max"), &limits.memory_bytes.to_string())?;
                 if d.join("memory.swap.max").exists() {
                     sys::write_file(&d.join("memory.swap.max"), "0")?;
@@ -124,8 +145,7 @@ impl Cgroups {
                 sys::write_file(&d.join("cpu.max"), &format!("{quota} {CFS_PERIOD_US}"))?;
             }
             CgroupVersion::V1 => {
-                for (c, d) in V1_CONTROLLERS.iter().zip(self.dirs(id)) {
-                    std::fs::create_dir_all(&d).map_err(io(format!("mkdir {}", d.display())))?;
+                for (c, d) in V1_CONTROLLERS.iter().zip(self.dirs(name)) {
                     match *c {
                         "memory" => {
                             sys::write_file(
@@ -154,6 +174,30 @@ impl Cgroups {
         Ok(())
     }
 
+    /// Renames the cgroup `from` to `to` (same parent) in every hierarchy. Only cgroup v1
+    /// supports this; the processes inside stay where they are and see the new name.
+    /// On error, the directories already renamed are renamed back where possible.
+    pub fn rename(&self, from: &str, to: &str) -> Result<(), JailError> {
+        let (a, b) = (self.dirs(from), self.dirs(to));
+        for (i, (f, t)) in a.iter().zip(&b).enumerate() {
+            if let Err(e) = std::fs::rename(f, t) {
+                for (f2, t2) in a.iter().zip(&b).take(i) {
+                    let _ = std::fs::rename(t2, f2);
+                }
+                return Err(io(format!("rename {} to {}", f.display(), t.display()))(e));
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes `pid` into the cgroup `name` (every hierarchy).
+    pub fn join(&self, name: &str, pid: i32) -> Result<(), JailError> {
+        for f in self.procs_files(name) {
+            sys::write_file(&f, &pid.to_string())?;
+        }
+        Ok(())
+    }
+
     /// Pids in the sandbox's cgroup.
     pub fn pids(&self, id: &str) -> Vec<i32> {
         let mut out = Vec::new();
@@ -171,6 +215,13 @@ impl Cgroups {
     /// Fine when the cgroup does not exist.
     pub fn destroy(&self, id: &str) -> Result<(), JailError> {
         let deadline = Instant::now() + Duration::from_secs(10);
+        // Killed tasks leave the cgroup within microseconds to a few milliseconds: poll with
+        // a short, growing nap.
+        let mut nap = Duration::from_micros(50);
+        let mut snooze = || {
+            std::thread::sleep(nap);
+            nap = (nap * 2).min(Duration::from_millis(2));
+        };
         if self.version == CgroupVersion::V2 {
             let k = self.dirs(id)[0].join("cgroup.kill");
             if k.exists() {
@@ -192,7 +243,7 @@ impl Cgroups {
                     source: std::io::Error::from_raw_os_error(libc::EBUSY),
                 });
             }
-            std::thread::sleep(Duration::from_millis(2));
+            snooze();
         }
         for d in self.dirs(id) {
             loop {
@@ -203,7 +254,7 @@ impl Cgroups {
                     Err(e)
                         if e.raw_os_error() == Some(libc::EBUSY) && Instant::now() < deadline =>
                     {
-                        std::thread::sleep(Duration::from_millis(2));
+                        snooze();
                     }
                     Err(e) => return Err(io(format!("rmdir {}", d.display()))(e)),
                 }
@@ -212,7 +263,7 @@ impl Cgroups {
         Ok(())
     }
 
-    /// Names of the sandbox cgroups under the subtree.
+    /// Names of the cgroups under the subtree (sandboxes' and pool members').
     pub fn list(&self) -> Vec<String> {
         let mut out = Vec::new();
         for d in self.subtree_dirs() {

@@ -146,18 +146,43 @@ pub fn run(spec: &JailerSpec) -> Result<i32, JailError> {
         | libc::CLONE_NEWNET
         | libc::CLONE_NEWIPC
         | libc::CLONE_NEWUTS;
-    // SAFETY: a fork-like clone (no new stack) of this single-threaded process; the child
-    // only runs `child` and never returns from it.
-    let pid = unsafe {
-        libc::syscall(
-            libc::SYS_clone,
-            (flags | libc::SIGCHLD) as libc::c_ulong,
-            0usize,
-            0usize,
-            0usize,
-            0usize,
-        )
+    // On cgroup v2, PID 1 is born in the sandbox's cgroup (no migration).
+    let cgroup_dir = match &spec.clone_into_cgroup {
+        Some(d) => {
+            Some(std::fs::File::open(d).map_err(io(format!("open cgroup {}", d.display())))?)
+        }
+        None => None,
     };
+    let pid = match &cgroup_dir {
+        // SAFETY: a fork-like clone3 (no new stack) of this single-threaded process; `args`
+        // is a valid clone_args of the size passed; the child only runs `child`.
+        Some(cg) => unsafe {
+            let args = sys::CloneArgs {
+                flags: flags as u64 | sys::CLONE_INTO_CGROUP,
+                exit_signal: libc::SIGCHLD as u64,
+                cgroup: cg.as_raw_fd() as u64,
+                ..Default::default()
+            };
+            libc::syscall(
+                libc::SYS_clone3,
+                &args as *const sys::CloneArgs,
+                std::mem::size_of::<sys::CloneArgs>(),
+            )
+        },
+        // SAFETY: a fork-like clone (no new stack) of this single-threaded process; the child
+        // only runs `child` and never returns from it.
+        None => unsafe {
+            libc::syscall(
+                libc::SYS_clone,
+                (flags | libc::SIGCHLD) as libc::c_ulong,
+                0usize,
+                0usize,
+                0usize,
+                0usize,
+            )
+        },
+    };
+    drop(cgroup_dir);
     let pid = sys::check(pid, || "clone sandbox init".into())? as i32;
     if pid == 0 {
         drop(go_wr);
@@ -195,12 +220,16 @@ pub fn run(spec: &JailerSpec) -> Result<i32, JailError> {
     setup_ids().map_err(kill_child)?;
     // Joining a v1 cgroup waits for an RCU grace period (about 10 ms here): do it on a
     // thread (the child is already forked, so threads are fine now) while the mounts go on.
+    // Nothing to join when the jailer was started inside the sandbox's cgroup (the pool) or
+    // PID 1 was cloned into it (v2).
     let procs = spec.cgroup_procs.clone();
-    let cg = std::thread::spawn(move || -> Result<(), JailError> {
-        for f in &procs {
-            sys::write_file(f, &pid.to_string())?;
-        }
-        Ok(())
+    let cg = (!procs.is_empty()).then(|| {
+        std::thread::spawn(move || -> Result<(), JailError> {
+            for f in &procs {
+                sys::write_file(f, &pid.to_string())?;
+            }
+            Ok(())
+        })
     });
     let setup = || -> Result<(), JailError> {
         // d. Idmapped lower layers and the overlays.
@@ -226,10 +255,10 @@ pub fn run(spec: &JailerSpec) -> Result<i32, JailError> {
             )));
         }
         ovl(&lay.lower_usr, "usr-upper", "usr-work", &usr)?;
-        // The overlays hold their own references to the layers.
-        sys::umount2(&lay.lower_root, libc::MNT_DETACH)?;
-        sys::umount2(&lay.lower_usr, libc::MNT_DETACH)?;
-        sys::umount2(&lay.disk_mnt, libc::MNT_DETACH)?;
+        // The layers' own mounts (lower, lowerusr, mnt) are not unmounted: PID 1 leaves
+        // them behind with its old root at pivot_root, and this namespace (the only other
+        // place they exist) dies with the jailer. Unmounting them here would only wait for
+        // RCU grace periods on the launch path.
         Ok(())
     };
     setup().map_err(kill_child)?;
@@ -240,10 +269,12 @@ pub fn run(spec: &JailerSpec) -> Result<i32, JailError> {
         return Err(kill_child(sys::last("signal sandbox init")));
     }
     // The child may exec (become untrusted) only inside its cgroup.
-    let joined = cg
-        .join()
-        .unwrap_or_else(|_| Err(JailError::Init("cgroup thread panicked".into())));
-    joined.map_err(kill_child)?;
+    if let Some(cg) = cg {
+        let joined = cg
+            .join()
+            .unwrap_or_else(|_| Err(JailError::Init("cgroup thread panicked".into())));
+        joined.map_err(kill_child)?;
+    }
     // SAFETY: as above.
     let n = unsafe { libc::write(go_wr.as_raw_fd(), b"c".as_ptr().cast(), 1) };
     if n != 1 {

@@ -29,11 +29,11 @@ use rampart_types::{Limits, SandboxId};
 use serde::{Deserialize, Serialize};
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 
 pub mod cgroup;
 pub mod disk;
 pub mod jailer;
+pub mod pool;
 pub mod seccomp;
 pub mod sys;
 pub mod template;
@@ -145,7 +145,11 @@ pub struct Jail {
     cfg: JailConfig,
     features: HostFeatures,
     cgroups: cgroup::Cgroups,
+    pool: Option<pool::Pool>,
 }
+
+/// Default size of the warm jailer pool (see [`Jail::with_pool`]).
+pub const DEFAULT_POOL_SIZE: usize = 4;
 
 /// What `Jail::launch` sends to `rampart-jailer` on its stdin (one JSON document).
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -167,8 +171,13 @@ pub struct JailerSpec {
     pub env: Vec<(String, String)>,
     /// RLIMIT_NOFILE.
     pub open_files: u64,
-    /// `cgroup.procs` files the sandbox's init is written to.
+    /// `cgroup.procs` files the sandbox's init is written to (none when the jailer already
+    /// runs in the sandbox's cgroup, or with `clone_into_cgroup`).
     pub cgroup_procs: Vec<PathBuf>,
+    /// cgroup v2: the sandbox's cgroup directory, which PID 1 is cloned straight into
+    /// (`clone3` with `CLONE_INTO_CGROUP`, no migration).
+    #[serde(default)]
+    pub clone_into_cgroup: Option<PathBuf>,
     /// The agent binary.
     pub agent_bin: PathBuf,
     /// Where the agent's socket is bound.
@@ -266,11 +275,45 @@ impl Jail {
             cgroup: cg.version,
             landlock_abi: landlock_abi(),
         };
+        pool::remove_stale(&cg);
         Ok(Jail {
             cfg,
             features,
             cgroups: cg,
+            pool: None,
         })
+    }
+
+    /// Keeps `size` jailers warm, each already inside a cgroup of its own, so that a launch
+    /// needs no cgroup migration (see [`pool`]). cgroup v1 only: on v2 PID 1 is cloned
+    /// straight into its cgroup and this is a no-op, as is a size of 0. The members die with
+    /// the daemon (they are spawned by the pool's own thread with `PR_SET_PDEATHSIG`), and
+    /// [`Jail::close_pool`] or dropping the `Jail` removes them.
+    pub fn with_pool(mut self, size: usize) -> Result<Jail, JailError> {
+        if let Some(p) = self.pool.take() {
+            p.close();
+        }
+        if size > 0 && self.features.cgroup == CgroupVersion::V1 {
+            self.pool = Some(pool::Pool::start(
+                self.cgroups.clone(),
+                self.cfg.jailer_bin.clone(),
+                size,
+            )?);
+        }
+        Ok(self)
+    }
+
+    /// The warm pool, if any.
+    pub fn pool(&self) -> Option<&pool::Pool> {
+        self.pool.as_ref()
+    }
+
+    /// Stops the pool's refill and removes its members (processes and cgroups); launches
+    /// go on without it. Idempotent.
+    pub fn close_pool(&self) {
+        if let Some(p) = &self.pool {
+            p.close();
+        }
     }
     /// What the probe found.
     pub fn features(&self) -> &HostFeatures {
@@ -340,8 +383,7 @@ impl Jail {
         let image = dir.join("disk.img");
         let cached = disk::cached_image(&self.cache_dir(), spec.limits.disk_bytes)?;
         disk::sparse_copy(&cached, &image)?;
-        self.cgroups.create(spec.id.as_str(), &spec.limits)?;
-        let js = JailerSpec {
+        let mut js = JailerSpec {
             sandbox_dir: dir.clone(),
             rootfs,
             usr_source: PathBuf::from("/usr"),
@@ -350,28 +392,59 @@ impl Jail {
             hostname: spec.hostname.clone(),
             env: spec.env.clone(),
             open_files: spec.limits.open_files,
-            cgroup_procs: self.cgroups.procs_files(spec.id.as_str()),
+            cgroup_procs: Vec::new(),
+            clone_into_cgroup: None,
             agent_bin: self.cfg.agent_bin.clone(),
             agent_socket: dir.join("agent.sock"),
         };
-        let pid = run_jailer(&self.cfg.jailer_bin, &js)?;
+        let id = spec.id.as_str();
+        let child = match self.take_member(id, &spec.limits) {
+            // The jailer already runs in the sandbox's (limited) cgroup.
+            Some(child) => child,
+            None => {
+                self.cgroups.create(id, &spec.limits)?;
+                match self.cgroups.version {
+                    CgroupVersion::V1 => js.cgroup_procs = self.cgroups.procs_files(id),
+                    CgroupVersion::V2 => {
+                        js.clone_into_cgroup = self.cgroups.dirs(id).into_iter().next()
+                    }
+                }
+                pool::spawn_jailer(&self.cfg.jailer_bin)?
+            }
+        };
+        let pid = run_jailer(child, &js)?;
         Ok(Launched {
             pid,
             agent_socket: js.agent_socket,
         })
     }
 
+    /// Takes a pool member and makes its cgroup the sandbox's: limits first (before any
+    /// sandbox code can run in it), then the rename. None (and nothing left of the member)
+    /// when the pool is empty or that fails.
+    fn take_member(&self, id: &str, limits: &Limits) -> Option<std::process::Child> {
+        let m = self.pool.as_ref()?.take()?;
+        let r = self
+            .cgroups
+            .set_limits(&m.name, limits)
+            .and_then(|()| self.cgroups.rename(&m.name, id));
+        match r {
+            Ok(()) => Some(m.child),
+            Err(e) => {
+                tracing::warn!("using pool member {}: {e}; starting a fresh jailer", m.name);
+                pool::discard(&self.cgroups, m);
+                None
+            }
+        }
+    }
+
     /// Kills and removes every trace of a sandbox. Idempotent. Blocking.
     pub fn destroy(&self, id: &SandboxId) -> Result<(), JailError> {
         self.cgroups.destroy(id.as_str())?;
         let dir = self.sandbox_dir(id);
-        let image = dir.join("disk.img");
-        // The disk's loop device detaches itself once the sandbox's mount namespaces are gone,
-        // which the kernel finishes a moment after the last process exits.
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
-        while loop_backing(&image) && std::time::Instant::now() < deadline {
-            std::thread::sleep(std::time::Duration::from_millis(2));
-        }
+        // No wait for the disk's loop device: it holds the image open (unlinking it is fine)
+        // and detaches itself (autoclear) once the last mount of the disk is gone, which the
+        // kernel finishes a moment after the sandbox's last process has exited.
         match std::fs::remove_dir_all(&dir) {
             Ok(()) => Ok(()),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
@@ -420,42 +493,50 @@ pub fn loop_backing(image: &Path) -> bool {
     })
 }
 
-fn run_jailer(bin: &Path, spec: &JailerSpec) -> Result<i32, JailError> {
+/// Sends the spec to a spawned jailer and reads its answer. The jailer is reaped on a
+/// thread of its own: its exit (tearing down its mount namespace) can take an RCU grace
+/// period, and its answer already says everything.
+fn run_jailer(mut child: std::process::Child, spec: &JailerSpec) -> Result<i32, JailError> {
     let body = serde_json::to_vec(spec)
         .map_err(|e| JailError::Init(format!("encode jailer spec: {e}")))?;
-    let mut cmd = Command::new(bin);
-    cmd.stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    // SAFETY: the pre-exec hook only calls prctl, which is async-signal-safe.
-    unsafe {
-        std::os::unix::process::CommandExt::pre_exec(&mut cmd, || {
-            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-            Ok(())
-        });
-    }
-    let mut child = cmd
-        .spawn()
-        .map_err(io(format!("spawn {}", bin.display())))?;
     if let Some(mut sin) = child.stdin.take() {
         let _ = sin.write_all(&body);
     }
     let mut out = String::new();
-    let mut err = String::new();
     if let Some(mut so) = child.stdout.take() {
         let _ = so.read_to_string(&mut out);
     }
-    if let Some(mut se) = child.stderr.take() {
-        let _ = se.read_to_string(&mut err);
-    }
-    let status = child.wait().map_err(io("wait for jailer".into()))?;
     let res: Option<JailerResult> = out.lines().rev().find_map(|l| serde_json::from_str(l).ok());
     match res {
-        Some(JailerResult { pid: Some(pid), .. }) if status.success() => Ok(pid),
-        Some(JailerResult { error: Some(e), .. }) => Err(JailError::Init(e)),
-        _ => Err(JailError::Init(format!(
-            "jailer failed ({status}): {}",
-            err.trim()
-        ))),
+        Some(JailerResult { pid: Some(pid), .. }) => {
+            reap_later(child);
+            Ok(pid)
+        }
+        Some(JailerResult { error: Some(e), .. }) => {
+            reap_later(child);
+            Err(JailError::Init(e))
+        }
+        _ => {
+            let mut err = String::new();
+            if let Some(mut se) = child.stderr.take() {
+                let _ = se.read_to_string(&mut err);
+            }
+            let status = child.wait().map_err(io("wait for jailer".into()))?;
+            Err(JailError::Init(format!(
+                "jailer failed ({status}): {}",
+                err.trim()
+            )))
+        }
+    }
+}
+
+fn reap_later(mut child: std::process::Child) {
+    let spawned = std::thread::Builder::new()
+        .name("rampart-jailer-reap".into())
+        .spawn(move || {
+            let _ = child.wait();
+        });
+    if let Err(e) = spawned {
+        tracing::warn!("cannot start a thread to reap a jailer: {e}");
     }
 }

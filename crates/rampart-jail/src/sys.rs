@@ -140,6 +140,37 @@ pub fn idmapped_bind(src: &Path, dst: &Path, userns: RawFd) -> Result<(), JailEr
     Ok(())
 }
 
+/// `CLONE_INTO_CGROUP` (clone3 only): the child starts in the cgroup `CloneArgs::cgroup`.
+pub const CLONE_INTO_CGROUP: u64 = 0x2_0000_0000;
+
+/// `struct clone_args` of `clone3(2)` (version 2, with `cgroup`).
+#[repr(C)]
+#[derive(Debug, Default)]
+pub struct CloneArgs {
+    /// Flags (`CLONE_*`).
+    pub flags: u64,
+    /// Where to store a pidfd (`CLONE_PIDFD`).
+    pub pidfd: u64,
+    /// Where to store the child's tid in the child.
+    pub child_tid: u64,
+    /// Where to store the child's tid in the parent.
+    pub parent_tid: u64,
+    /// Signal sent to the parent when the child exits.
+    pub exit_signal: u64,
+    /// Stack (0: fork-like, shares the parent's stack copy-on-write).
+    pub stack: u64,
+    /// Stack size.
+    pub stack_size: u64,
+    /// TLS.
+    pub tls: u64,
+    /// Pids to use (`set_tid`).
+    pub set_tid: u64,
+    /// Number of them.
+    pub set_tid_size: u64,
+    /// Fd of the cgroup directory (`CLONE_INTO_CGROUP`).
+    pub cgroup: u64,
+}
+
 const LOOP_CTL_GET_FREE: libc::c_ulong = 0x4C82;
 const LOOP_CONFIGURE: libc::c_ulong = 0x4C0A;
 const LO_FLAGS_AUTOCLEAR: u32 = 4;

@@ -56,6 +56,7 @@ impl TestEnv {
 
 impl Drop for TestEnv {
     fn drop(&mut self) {
+        self.jail.close_pool();
         if let Ok(ids) = self.jail.leftovers() {
             for id in ids {
                 let _ = self.jail.destroy(&id);
@@ -97,20 +98,41 @@ fn status_field(pid: i32, key: &str) -> String {
         .to_owned()
 }
 
+/// Polls `f` until it holds, for at most 5 s.
+fn eventually(mut f: impl FnMut() -> bool) -> bool {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    loop {
+        if f() {
+            return true;
+        }
+        if std::time::Instant::now() > deadline {
+            return false;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+}
+
 fn assert_gone(j: &Jail, id: &SandboxId, pid: i32) {
     assert!(!j.sandbox_dir(id).exists(), "sandbox dir left");
     for d in j.cgroup_dirs(id) {
         assert!(!d.exists(), "cgroup left: {}", d.display());
     }
+    // The loop device detaches itself once the kernel has torn down the dead sandbox's mounts
+    // (destroy does not wait for that).
     assert!(
-        !rampart_jail::loop_backing(&j.sandbox_dir(id).join("disk.img")),
+        eventually(|| !rampart_jail::loop_backing(&j.sandbox_dir(id).join("disk.img"))),
         "loop device left"
     );
-    // We are the sandbox init's subreaper (as the daemon is): it must be dead, reapable now.
-    let mut st = 0;
-    // SAFETY: waiting for our own (adopted) child.
-    let r = unsafe { libc::waitpid(pid, &mut st, libc::WNOHANG) };
-    assert_eq!(r, pid, "sandbox init {pid} still running or not ours");
+    // We are the sandbox init's subreaper (as the daemon is): it must be dead and reapable.
+    assert!(
+        eventually(|| {
+            let mut st = 0;
+            // SAFETY: waiting for our own (adopted) child.
+            let r = unsafe { libc::waitpid(pid, &mut st, libc::WNOHANG) };
+            r == pid
+        }),
+        "sandbox init {pid} still running or not ours"
+    );
     assert!(!j.leftovers().unwrap().contains(id));
 }
 
@@ -353,4 +375,234 @@ fn real_agent_serves_health_as_pid1() {
     assert!(out.starts_with("HTTP/1.1 2"), "{out}");
     t.jail.destroy(&s.id).unwrap();
     assert_gone(&t.jail, &s.id, l.pid);
+}
+
+fn pooled_env(tag: &str, size: usize) -> Option<TestEnv> {
+    let mut t = TestEnv::new(tag);
+    if t.jail.features().cgroup != CgroupVersion::V1 {
+        eprintln!("skipped: the jailer pool is for cgroup v1 hosts");
+        return None;
+    }
+    let jail = Jail::new(t.jail.config().clone())
+        .unwrap()
+        .with_pool(size)
+        .unwrap();
+    t.jail = jail;
+    let pool = t.jail.pool().expect("a pool on v1");
+    assert!(
+        pool.wait_full(std::time::Duration::from_secs(20)),
+        "pool not filled"
+    );
+    Some(t)
+}
+
+fn proc_alive(pid: i32) -> bool {
+    // A zombie still has /proc/<pid>; look at its state.
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .map(|s| {
+            let st = s.rsplit_once(") ").map(|(_, r)| r).unwrap_or("");
+            !st.starts_with('Z') && !st.starts_with('X')
+        })
+        .unwrap_or(false)
+}
+
+/// Pool cgroup directories under the test's subtree, in every hierarchy.
+fn pool_cgroups(j: &Jail) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for d in j.cgroup_dirs(&SandboxId::parse("x").unwrap()) {
+        if let Ok(rd) = std::fs::read_dir(d.parent().unwrap()) {
+            for e in rd.flatten() {
+                if e.file_name().to_string_lossy().starts_with("pool-") {
+                    out.push(e.path());
+                }
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn pooled_launch_gets_limits_and_its_cgroup_name() {
+    if let Some(r) = skip_reason() {
+        eprintln!("skipped: {r}");
+        return;
+    }
+    let Some(t) = pooled_env("pool", 2) else {
+        return;
+    };
+    let j = &t.jail;
+    let pool = j.pool().unwrap();
+    let before = pool.member_names();
+    let member_pids = pool.member_pids();
+    assert_eq!(before.len(), 2);
+    let limits = Limits {
+        memory_bytes: 200 << 20,
+        pids: 123,
+        cpus: 0.25,
+        disk_bytes: 64 << 20,
+        open_files: 1500,
+    };
+    let s = spec(&t, 7, limits);
+    let l = j.launch(&s).unwrap();
+    // The first member was used: its cgroup is now the sandbox's (renamed in every hierarchy).
+    let used = &before[0];
+    for d in j.cgroup_dirs(&s.id) {
+        assert!(d.is_dir(), "{} missing", d.display());
+        assert!(
+            !d.parent().unwrap().join(used).exists(),
+            "{used} still there"
+        );
+    }
+    let cg = std::fs::read_to_string(format!("/proc/{}/cgroup", l.pid)).unwrap();
+    let want = format!("{}/{}", j.config().cgroup_subtree, s.id);
+    for c in ["memory", "pids", "cpu", "cpuacct"] {
+        assert!(
+            cg.lines().any(|line| line
+                .split(':')
+                .nth(1)
+                .is_some_and(|k| k.split(',').any(|x| x == c))
+                && line.ends_with(&want)),
+            "{c} not in {want}: {cg}"
+        );
+    }
+    let d = j.cgroup_dirs(&s.id);
+    let rd = |p: PathBuf| std::fs::read_to_string(p).unwrap().trim().to_owned();
+    assert_eq!(
+        rd(d[0].join("memory.limit_in_bytes")),
+        (200u64 << 20).to_string()
+    );
+    assert_eq!(rd(d[1].join("pids.max")), "123");
+    assert_eq!(rd(d[2].join("cpu.cfs_quota_us")), "25000");
+    // Inside: the limits hold for the agent's children, which live in the same cgroup.
+    let (o, c) = run(
+        &l.agent_socket,
+        0,
+        "cat /proc/self/cgroup | grep -c ':/$'; ulimit -n",
+    );
+    assert_eq!(c, 0, "{o}");
+    assert!(o.ends_with("1500\n"), "{o}");
+    // The used member's jailer exited; the other member is still waiting.
+    assert!(
+        eventually(|| !proc_alive(member_pids[0])),
+        "used jailer still running"
+    );
+    assert!(proc_alive(member_pids[1]));
+    // The pool refills.
+    assert!(pool.wait_full(std::time::Duration::from_secs(20)));
+    assert!(!pool.member_names().contains(used));
+    j.destroy(&s.id).unwrap();
+    assert_gone(j, &s.id, l.pid);
+}
+
+#[test]
+fn pool_leaves_no_cgroup_or_process_when_closed_or_dropped() {
+    if let Some(r) = skip_reason() {
+        eprintln!("skipped: {r}");
+        return;
+    }
+    let Some(mut t) = pooled_env("poolclose", 3) else {
+        return;
+    };
+    let pids = t.jail.pool().unwrap().member_pids();
+    assert_eq!(pids.len(), 3);
+    assert_eq!(pool_cgroups(&t.jail).len(), 3 * 4);
+    t.jail.close_pool();
+    for p in &pids {
+        assert!(!proc_alive(*p), "pool member {p} survived close");
+    }
+    assert!(
+        pool_cgroups(&t.jail).is_empty(),
+        "{:?}",
+        pool_cgroups(&t.jail)
+    );
+    // Launching still works without the pool.
+    let s = spec(&t, 8, Limits::default());
+    let l = t.jail.launch(&s).unwrap();
+    t.jail.destroy(&s.id).unwrap();
+    assert_gone(&t.jail, &s.id, l.pid);
+    // Dropping a Jail with a pool removes it too.
+    let j2 = Jail::new(t.jail.config().clone())
+        .unwrap()
+        .with_pool(2)
+        .unwrap();
+    assert!(j2
+        .pool()
+        .unwrap()
+        .wait_full(std::time::Duration::from_secs(20)));
+    let pids = j2.pool().unwrap().member_pids();
+    let cfg = j2.config().clone();
+    drop(j2);
+    for p in &pids {
+        assert!(!proc_alive(*p), "pool member {p} survived drop");
+    }
+    t.jail = Jail::new(cfg).unwrap();
+    assert!(pool_cgroups(&t.jail).is_empty());
+}
+
+#[test]
+fn failed_pooled_launch_leaves_nothing() {
+    if let Some(r) = skip_reason() {
+        eprintln!("skipped: {r}");
+        return;
+    }
+    let Some(mut t) = pooled_env("poolfail", 1) else {
+        return;
+    };
+    // A pool whose sandboxes fail late in the jailer (agent binary missing).
+    t.jail = Jail::new(JailConfig {
+        agent_bin: PathBuf::from("/nonexistent/agent"),
+        ..t.jail.config().clone()
+    })
+    .unwrap()
+    .with_pool(1)
+    .unwrap();
+    let pool = t.jail.pool().unwrap();
+    assert!(pool.wait_full(std::time::Duration::from_secs(20)));
+    let member = pool.member_pids()[0];
+    let s = spec(&t, 9, Limits::default());
+    let e = t.jail.launch(&s).unwrap_err();
+    assert!(e.to_string().contains("agent"), "{e}");
+    assert!(t.jail.leftovers().unwrap().is_empty());
+    assert!(!t.jail.sandbox_dir(&s.id).exists());
+    for d in t.jail.cgroup_dirs(&s.id) {
+        assert!(!d.exists(), "cgroup left: {}", d.display());
+    }
+    assert!(
+        eventually(|| !proc_alive(member)),
+        "the used jailer survived"
+    );
+    // Only the refilled member's cgroups remain.
+    assert!(pool.wait_full(std::time::Duration::from_secs(20)));
+    assert_eq!(pool_cgroups(&t.jail).len(), 4);
+}
+
+#[test]
+fn stale_pool_cgroups_are_removed_at_start() {
+    if let Some(r) = skip_reason() {
+        eprintln!("skipped: {r}");
+        return;
+    }
+    let mut t = TestEnv::new("poolstale");
+    if t.jail.features().cgroup != CgroupVersion::V1 {
+        eprintln!("skipped: the jailer pool is for cgroup v1 hosts");
+        return;
+    }
+    // A pool cgroup of a daemon that is gone (pid above pid_max), and one of ours (alive).
+    let dead = "pool-2147483647-1";
+    let ours = format!("pool-{}-1", std::process::id());
+    for d in t.jail.cgroup_dirs(&SandboxId::parse("x").unwrap()) {
+        let sub = d.parent().unwrap();
+        std::fs::create_dir_all(sub.join(dead)).unwrap();
+        std::fs::create_dir_all(sub.join(&ours)).unwrap();
+    }
+    t.jail = Jail::new(t.jail.config().clone()).unwrap();
+    let left: Vec<String> = pool_cgroups(&t.jail)
+        .iter()
+        .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
+        .collect();
+    assert!(!left.iter().any(|n| n == dead), "{left:?}");
+    assert_eq!(left.iter().filter(|n| **n == ours).count(), 4, "{left:?}");
+    for d in t.jail.cgroup_dirs(&SandboxId::parse("x").unwrap()) {
+        std::fs::remove_dir(d.parent().unwrap().join(&ours)).unwrap();
+    }
 }
