@@ -2,8 +2,12 @@
 //!
 //! CONTRACT (used by rampart-core; keep these signatures).
 //!
-//! One connection per call (a Unix socket connect plus an HTTP/1.1 handshake: tens of
-//! microseconds), so the client is `Clone` + cheap and holds no pool.
+//! Connections are kept for reuse: a call takes an idle HTTP/1.1 connection to the agent (or
+//! opens one), drives it in the caller's own task while the answer is read (no connection
+//! task, no cross-thread hand-off), and gives it back once the answer has been read to its
+//! end. An answer dropped half-read closes its connection. A pooled connection that turns out
+//! dead before the request was written is replaced by a new one transparently. The client is
+//! `Clone` and cheap; clones share the pool.
 
 use crate::connect::{self, Code};
 use crate::proto;
@@ -18,7 +22,11 @@ use hyper::{Request, Response};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use std::collections::BTreeMap;
+use std::future::Future as _;
 use std::path::PathBuf;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 /// Errors talking to an agent.
@@ -143,9 +151,114 @@ pub struct FsEvent {
 #[derive(Debug, Clone)]
 pub struct AgentClient {
     socket: PathBuf,
+    pool: Arc<Pool>,
 }
 
 type ReqBody = UnsyncBoxBody<Bytes, std::io::Error>;
+type Conn = hyper::client::conn::http1::Connection<
+    hyper_util::rt::TokioIo<tokio::net::UnixStream>,
+    ReqBody,
+>;
+
+/// Most idle connections kept per agent.
+const MAX_IDLE: usize = 8;
+
+/// One HTTP/1.1 connection to the agent: its request handle and the connection itself, which
+/// whoever holds the lease polls (`None` once it has ended).
+struct Lease {
+    sender: hyper::client::conn::http1::SendRequest<ReqBody>,
+    conn: Option<Pin<Box<Conn>>>,
+}
+
+impl Lease {
+    /// Drive the connection; `false` once it has ended.
+    fn drive(&mut self, cx: &mut Context<'_>) -> bool {
+        if let Some(c) = self.conn.as_mut() {
+            if c.as_mut().poll(cx).is_ready() {
+                self.conn = None;
+            }
+        }
+        self.conn.is_some()
+    }
+}
+
+/// Idle connections to one agent.
+#[derive(Default)]
+struct Pool {
+    idle: Mutex<Vec<Lease>>,
+}
+
+impl std::fmt::Debug for Pool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let n = self.idle.lock().map_or(0, |v| v.len());
+        f.debug_struct("Pool").field("idle", &n).finish()
+    }
+}
+
+impl Pool {
+    fn take(&self) -> Option<Lease> {
+        self.idle.lock().ok()?.pop()
+    }
+    fn put(&self, lease: Lease) {
+        if lease.conn.is_none() {
+            return;
+        }
+        if let Ok(mut idle) = self.idle.lock() {
+            if idle.len() < MAX_IDLE {
+                idle.push(lease);
+            }
+        }
+    }
+}
+
+/// An answer's body that drives its connection while it is read, and hands the connection
+/// back to the pool once read to the end.
+struct Driven {
+    body: Incoming,
+    lease: Option<Lease>,
+    pool: Arc<Pool>,
+}
+
+impl hyper::body::Body for Driven {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        let this = self.get_mut();
+        if let Some(l) = this.lease.as_mut() {
+            l.drive(cx);
+        }
+        let r = Pin::new(&mut this.body).poll_frame(cx);
+        if let Poll::Ready(None) = r {
+            if let Some(l) = this.lease.take() {
+                this.pool.put(l);
+            }
+        }
+        r
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        self.body.size_hint()
+    }
+}
+
+impl Drop for Driven {
+    fn drop(&mut self) {
+        // Reusable only when the answer was read whole; otherwise dropping closes it.
+        if let Some(l) = self.lease.take() {
+            if hyper::body::Body::is_end_stream(&self.body) {
+                self.pool.put(l);
+            }
+        }
+    }
+}
 
 fn full_body(b: impl Into<Bytes>) -> ReqBody {
     Full::new(b.into())
@@ -266,10 +379,22 @@ fn proc_event(ev: proto::ProcessEvent) -> Option<ProcessEvent> {
     None
 }
 
+/// After a stream's last message: take the rest of the body (the chunked terminator, which
+/// the agent writes together with the end-of-stream envelope) so the connection goes back to
+/// the pool. Never waits: what is not here already is left, and the connection is closed.
+async fn finish(body: &mut Driven) {
+    for _ in 0..4 {
+        match futures::poll!(body.frame()) {
+            Poll::Ready(Some(Ok(_))) => continue,
+            Poll::Ready(None) | Poll::Ready(Some(Err(_))) | Poll::Pending => return,
+        }
+    }
+}
+
 /// Messages of a server stream: payloads, then `Err` if the end-of-stream carried an error.
-fn envelopes(body: Incoming) -> BoxStream<'static, Result<Bytes, ClientError>> {
+fn envelopes(body: Driven) -> BoxStream<'static, Result<Bytes, ClientError>> {
     struct St {
-        body: Incoming,
+        body: Driven,
         buf: BytesMut,
         done: bool,
     }
@@ -294,6 +419,7 @@ fn envelopes(body: Incoming) -> BoxStream<'static, Result<Bytes, ClientError>> {
                             return Some((Ok(payload), st));
                         }
                         st.done = true;
+                        finish(&mut st.body).await;
                         #[derive(serde::Deserialize)]
                         struct End {
                             error: Option<EndErr>,
@@ -354,28 +480,87 @@ fn envelopes(body: Incoming) -> BoxStream<'static, Result<Bytes, ClientError>> {
 impl AgentClient {
     /// A client for the agent listening on `socket`. Does not connect yet.
     pub fn new(socket: PathBuf) -> Self {
-        AgentClient { socket }
+        AgentClient {
+            socket,
+            pool: Arc::default(),
+        }
     }
     /// The socket path.
     pub fn socket(&self) -> &std::path::Path {
         &self.socket
     }
 
-    async fn send(&self, req: Request<ReqBody>) -> Result<Response<Incoming>, ClientError> {
+    async fn connect_new(&self) -> Result<Lease, ClientError> {
         let stream = tokio::net::UnixStream::connect(&self.socket)
             .await
             .map_err(|e| ClientError::Unreachable(format!("{}: {e}", self.socket.display())))?;
-        let (mut sender, conn) =
+        let (sender, conn) =
             hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
                 .await
                 .map_err(|e| ClientError::Unreachable(format!("handshake: {e}")))?;
-        tokio::spawn(async move {
-            let _ = conn.await;
-        });
-        sender
-            .send_request(req)
-            .await
-            .map_err(|e| ClientError::Unreachable(format!("request failed: {e}")))
+        Ok(Lease {
+            sender,
+            conn: Some(Box::pin(conn)),
+        })
+    }
+
+    /// Send a request on a pooled (or new) connection, driving it in this task until the
+    /// answer's head arrives; the answer's body keeps driving it.
+    async fn send(&self, mut req: Request<ReqBody>) -> Result<Response<Driven>, ClientError> {
+        loop {
+            let (mut lease, pooled) = match self.pool.take() {
+                Some(l) => (l, true),
+                None => (self.connect_new().await?, false),
+            };
+            // Ready for a request (a pooled one may have died while idle).
+            let ready = futures::future::poll_fn(|cx| {
+                if !lease.drive(cx) {
+                    return Poll::Ready(false);
+                }
+                lease.sender.poll_ready(cx).map(|r| r.is_ok())
+            })
+            .await;
+            if !ready {
+                if pooled {
+                    continue;
+                }
+                return Err(ClientError::Unreachable(
+                    "the agent closed the connection".into(),
+                ));
+            }
+            let mut answer = std::pin::pin!(lease.sender.try_send_request(req));
+            let mut conn = lease.conn.take();
+            let result = futures::future::poll_fn(|cx| {
+                if let Some(c) = conn.as_mut() {
+                    if c.as_mut().poll(cx).is_ready() {
+                        conn = None;
+                    }
+                }
+                answer.as_mut().poll(cx)
+            })
+            .await;
+            lease.conn = conn;
+            match result {
+                Ok(resp) => {
+                    let pool = self.pool.clone();
+                    return Ok(resp.map(|body| Driven {
+                        body,
+                        lease: Some(lease),
+                        pool,
+                    }));
+                }
+                Err(mut e) => match e.take_message() {
+                    // Never written: safe to try again on a fresh connection.
+                    Some(r) if pooled => req = r,
+                    _ => {
+                        return Err(ClientError::Unreachable(format!(
+                            "request failed: {}",
+                            e.error()
+                        )))
+                    }
+                },
+            }
+        }
     }
 
     fn request(
@@ -396,7 +581,7 @@ impl AgentClient {
         b
     }
 
-    async fn read_all(resp: Response<Incoming>) -> Result<(u16, Bytes), ClientError> {
+    async fn read_all(resp: Response<Driven>) -> Result<(u16, Bytes), ClientError> {
         let status = resp.status().as_u16();
         let body = resp
             .into_body()
@@ -574,7 +759,7 @@ impl AgentClient {
                 }
             }
         };
-        let rest = stream.filter_map(|m| async move {
+        fn event(m: Result<Bytes, ClientError>) -> Option<Result<ProcessEvent, ClientError>> {
             match m {
                 Err(e) => Some(Err(e)),
                 Ok(p) => match serde_json::from_slice::<proto::ProcessEventResponse>(&p) {
@@ -582,7 +767,30 @@ impl AgentClient {
                     Ok(r) => r.event.and_then(proc_event).map(Ok),
                 },
             }
-        });
+        }
+        type Stash = Option<Result<Bytes, ClientError>>;
+        let rest =
+            futures::stream::unfold((stream, None::<Stash>), |(mut stream, stash)| async move {
+                // What was taken after the end event, if anything (`Some(None)`: the stream ended).
+                let mut next = stash;
+                loop {
+                    let m = match next.take() {
+                        Some(m) => m?,
+                        None => stream.next().await?,
+                    };
+                    let Some(ev) = event(m) else { continue };
+                    let mut stash = None;
+                    if matches!(ev, Ok(ProcessEvent::End { .. })) {
+                        // The end-of-stream envelope comes in the same write as the end event: take
+                        // it now if it is here, so the connection is back in the pool as soon as
+                        // the caller has the end (callers stop reading there). Never waits.
+                        if let Poll::Ready(m) = futures::poll!(stream.next()) {
+                            stash = Some(m);
+                        }
+                    }
+                    return Some((ev, (stream, stash)));
+                }
+            });
         Ok(futures::stream::once(async move { Ok(first) })
             .chain(rest)
             .boxed())
