@@ -45,6 +45,9 @@ pub trait Isolation: Send + Sync + std::fmt::Debug {
     fn leftovers(&self) -> Result<Vec<SandboxId>, IsolationError>;
     /// Resource usage of a sandbox.
     fn usage(&self, id: &SandboxId) -> Result<Usage, IsolationError>;
+    /// Releases what the tier keeps warm for fast launches (pre-spawned processes and their
+    /// cgroups). Sandboxes keep running; later launches still work, only slower. Blocking.
+    fn shutdown(&self) {}
 }
 
 impl Isolation for Jail {
@@ -70,5 +73,8 @@ impl Isolation for Jail {
     }
     fn usage(&self, id: &SandboxId) -> Result<Usage, IsolationError> {
         Ok(Jail::usage(self, id)?)
+    }
+    fn shutdown(&self) {
+        self.close_pool();
     }
 }

@@ -168,6 +168,23 @@ impl ExecControl {
     }
 }
 
+/// Environment variable setting how many jailers the namespace tier keeps warm (cgroup v1
+/// hosts; 0 disables the pool). Default [`rampart_jail::DEFAULT_POOL_SIZE`].
+pub const JAIL_POOL_ENV: &str = "RAMPART_JAIL_POOL";
+
+fn jail_pool_size() -> usize {
+    match std::env::var(JAIL_POOL_ENV) {
+        Ok(v) => match v.trim().parse::<usize>() {
+            Ok(n) => n.min(64),
+            Err(_) => {
+                tracing::warn!("{JAIL_POOL_ENV}={v:?} is not a number; using the default");
+                rampart_jail::DEFAULT_POOL_SIZE
+            }
+        },
+        Err(_) => rampart_jail::DEFAULT_POOL_SIZE,
+    }
+}
+
 /// Name of the cgroup subtree holding the sandboxes' cgroups.
 pub const DEFAULT_CGROUP_SUBTREE: &str = "rampart";
 
@@ -199,10 +216,13 @@ impl Manager {
         std::fs::create_dir_all(&jail_cfg.state_dir).map_err(|e| {
             CoreError::Internal(format!("creating {}: {e}", jail_cfg.state_dir.display()))
         })?;
-        let jail = tokio::task::spawn_blocking(move || rampart_jail::Jail::new(jail_cfg))
-            .await
-            .map_err(|e| CoreError::Internal(format!("host probe: {e}")))?
-            .map_err(|e| CoreError::Internal(e.to_string()))?;
+        let pool = jail_pool_size();
+        let jail = tokio::task::spawn_blocking(move || {
+            rampart_jail::Jail::new(jail_cfg).and_then(|j| j.with_pool(pool))
+        })
+        .await
+        .map_err(|e| CoreError::Internal(format!("host probe: {e}")))?
+        .map_err(|e| CoreError::Internal(e.to_string()))?;
         Self::start_with(cfg, Arc::new(jail)).await
     }
 

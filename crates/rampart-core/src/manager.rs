@@ -273,6 +273,8 @@ impl Inner {
                 w.abort();
             }
         }
+        // Warm jailers of the tier die now, not with the process (sandboxes keep running).
+        self.iso.shutdown();
     }
 
     fn op_lock(&self, id: &SandboxId) -> Arc<tokio::sync::Mutex<()>> {

@@ -221,29 +221,23 @@ impl Drop for Pool {
     }
 }
 
+/// Makes the member's cgroup and spawns its jailer (not yet inside the cgroup).
 fn spawn_member(sh: &Shared, n: u64) -> Result<Member, JailError> {
     let name = format!("{POOL_PREFIX}{}-{n}", std::process::id());
     sh.cgroups.mkdirs(&name)?;
-    let child = match spawn_jailer(&sh.jailer_bin) {
-        Ok(c) => c,
+    match spawn_jailer(&sh.jailer_bin) {
+        Ok(child) => Ok(Member { name, child }),
         Err(e) => {
             let _ = sh.cgroups.destroy(&name);
-            return Err(e);
+            Err(e)
         }
-    };
-    let m = Member { name, child };
-    // The slow part (an RCU grace period on v1), off the launch path.
-    if let Err(e) = sh.cgroups.join(&m.name, m.child.id() as i32) {
-        discard(&sh.cgroups, m);
-        return Err(e);
     }
-    Ok(m)
 }
 
 fn refill(sh: &Shared) {
     let mut failures: u32 = 0;
     loop {
-        let n = {
+        let (first, missing) = {
             let mut st = lock(&sh.state);
             while !st.closed && st.ready.len() >= sh.size {
                 st = sh.cv.wait(st).unwrap_or_else(|p| p.into_inner());
@@ -251,23 +245,43 @@ fn refill(sh: &Shared) {
             if st.closed {
                 return;
             }
-            st.next += 1;
-            st.next
+            let missing = (sh.size - st.ready.len()) as u64;
+            st.next += missing;
+            (st.next - missing + 1, missing)
         };
-        match spawn_member(sh, n) {
-            Ok(m) => {
-                failures = 0;
-                let mut st = lock(&sh.state);
-                if st.closed {
-                    drop(st);
-                    discard(&sh.cgroups, m);
-                    return;
+        // Spawn the missing members first, then move them into their cgroups one after the
+        // other: only the first write waits for a full RCU grace period (the kernel keeps the
+        // fast path off for a moment after a migration), and that wait is off the launch path.
+        let mut spawned = Vec::new();
+        let mut failed = None;
+        for n in first..first + missing {
+            match spawn_member(sh, n) {
+                Ok(m) => spawned.push(m),
+                Err(e) => {
+                    failed = Some(e);
+                    break;
                 }
-                st.ready.push_back(m);
-                drop(st);
-                sh.cv.notify_all();
             }
-            Err(e) => {
+        }
+        for m in spawned {
+            if let Err(e) = sh.cgroups.join(&m.name, m.child.id() as i32) {
+                discard(&sh.cgroups, m);
+                failed.get_or_insert(e);
+                continue;
+            }
+            let mut st = lock(&sh.state);
+            if st.closed {
+                drop(st);
+                discard(&sh.cgroups, m);
+                continue;
+            }
+            st.ready.push_back(m);
+            drop(st);
+            sh.cv.notify_all();
+        }
+        match failed {
+            None => failures = 0,
+            Some(e) => {
                 failures = failures.saturating_add(1);
                 tracing::warn!("refilling the jailer pool: {e}");
                 // Back off (launches fall back to a fresh jailer meanwhile).
