@@ -8,18 +8,21 @@ use crate::extract::{ApiJson, ApiQuery, SandboxPath};
 use crate::AppState;
 use axum::body::Body;
 use axum::extract::State;
-use axum::http::header::{CACHE_CONTROL, CONTENT_TYPE};
+use axum::http::header::{CACHE_CONTROL, CONNECTION, CONTENT_TYPE};
 use axum::http::{HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use bytes::Bytes;
+use futures::stream::BoxStream;
 use futures::StreamExt;
 use rampart_agent::client::{ClientError, EntryInfo, FileKind};
 use rampart_types::{
-    ApiErrorBody, FileEntry, FileList, FileType, FileWatchEvent, MakeDir, MoveFile,
+    ApiErrorBody, FileEntry, FileList, FileType, FileWatchEvent, MakeDir, MoveFile, SandboxId,
 };
 use serde::Deserialize;
 use std::convert::Infallible;
+use std::time::Duration;
+use tokio::sync::{mpsc, oneshot};
 
 /// Deepest `depth` a listing may ask for.
 pub const MAX_LIST_DEPTH: u32 = 32;
@@ -168,10 +171,31 @@ pub(crate) async fn write(
     SandboxPath(id): SandboxPath,
     ApiQuery(q): ApiQuery<PathQuery>,
     body: Body,
+) -> Response {
+    let (stream, stop) = pump(body);
+    match write_inner(&st, &id, &q, stream).await {
+        Ok(ok) => ok.into_response(),
+        Err(e) => {
+            // The client may still be sending: the rest of its body is read and discarded
+            // for a while, so that it sees this answer rather than a reset connection.
+            let _ = stop.send(());
+            let mut r = e.into_response();
+            r.headers_mut()
+                .insert(CONNECTION, HeaderValue::from_static("close"));
+            r
+        }
+    }
+}
+
+async fn write_inner(
+    st: &AppState,
+    id: &SandboxId,
+    q: &PathQuery,
+    stream: BoxStream<'static, Result<Bytes, std::io::Error>>,
 ) -> Result<(StatusCode, Json<FileEntry>), ApiError> {
     check_path("path", &q.path)?;
     check_user(q.user.as_deref())?;
-    let agent = st.backend.agent(&id)?;
+    let agent = st.backend.agent(id)?;
     let user = q.user.as_deref();
     let existed = match agent.stat(&q.path, user).await {
         Ok(_) => true,
@@ -179,10 +203,6 @@ pub(crate) async fn write(
         // A parent that does not exist yet, or one that is not a directory: let the write say.
         Err(_) => false,
     };
-    let stream = body
-        .into_data_stream()
-        .map(|r: Result<Bytes, axum::Error>| r.map_err(std::io::Error::other))
-        .boxed();
     let written = agent
         .write_file(&q.path, user, stream)
         .await
@@ -194,6 +214,53 @@ pub(crate) async fn write(
         StatusCode::CREATED
     };
     Ok((status, Json(entry(info))))
+}
+
+/// How long a failed upload keeps reading (and discarding) the client's body.
+const LINGER: Duration = Duration::from_secs(5);
+
+/// Forwards an upload's body to the agent. Once `stop` fires (the write failed) or the agent
+/// side stops taking data, the rest is read and discarded for at most [`LINGER`] (a client
+/// that is still sending then reads the error answer instead of a reset), then dropped.
+fn pump(
+    body: Body,
+) -> (
+    BoxStream<'static, Result<Bytes, std::io::Error>>,
+    oneshot::Sender<()>,
+) {
+    let (tx, rx) = mpsc::channel::<Result<Bytes, std::io::Error>>(4);
+    let (stop_tx, mut stop) = oneshot::channel::<()>();
+    tokio::spawn(async move {
+        let mut data = body.into_data_stream();
+        loop {
+            let next = tokio::select! {
+                biased;
+                _ = &mut stop => break,
+                next = data.next() => next,
+            };
+            let Some(chunk) = next else { return };
+            let failed = chunk.is_err();
+            let sent = tokio::select! {
+                biased;
+                _ = &mut stop => break,
+                sent = tx.send(chunk.map_err(std::io::Error::other)) => sent,
+            };
+            if failed {
+                return;
+            }
+            if sent.is_err() {
+                break;
+            }
+        }
+        // Ends the agent's request body; then discard what the client still sends.
+        drop(tx);
+        let deadline = tokio::time::Instant::now() + LINGER;
+        while let Ok(Some(Ok(_))) = tokio::time::timeout_at(deadline, data.next()).await {}
+    });
+    let stream =
+        futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|c| (c, rx)) })
+            .boxed();
+    (stream, stop_tx)
 }
 
 /// `DELETE /v1/sandboxes/{id}/files?path=`: removes a file or a directory tree.
