@@ -2,7 +2,7 @@
 
 mod spawn;
 
-use super::{spawn_stream, users, Body, Ctx, State};
+use super::{users, Body, Ctx, State};
 use crate::connect::{self, Code, RpcError};
 use crate::proto::{
     DataEvent, Empty, EndEvent, ListResponse, ProcessConfig, ProcessEvent, ProcessEventResponse,
@@ -614,14 +614,15 @@ fn pump(
     keepalive: Duration,
     deadline: Option<Duration>,
 ) -> Response<Body> {
-    spawn_stream(move |tx| async move {
-        let start = ProcessEvent {
-            start: Some(StartEvent { pid }),
-            ..Default::default()
-        };
-        if tx.send(event_envelope(start)).await.is_err() {
-            return;
-        }
+    let (tx, body) = mpsc::channel(8);
+    // The start event is queued before the response is returned, so it leaves with the
+    // response head in one write (a fresh channel has room for it).
+    let start = ProcessEvent {
+        start: Some(StartEvent { pid }),
+        ..Default::default()
+    };
+    let _ = tx.try_send(event_envelope(start));
+    tokio::spawn(async move {
         let deadline = deadline.and_then(|d| tokio::time::Instant::now().checked_add(d));
         loop {
             let until_deadline = async {
@@ -663,7 +664,8 @@ fn pump(
                 _ = tx.closed() => return,
             }
         }
-    })
+    });
+    super::stream_response(body)
 }
 
 /// `Start`.

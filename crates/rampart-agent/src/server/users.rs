@@ -36,6 +36,24 @@ impl UserDb {
         )
     }
 
+    /// The databases as [`UserDb::load`] reads them, re-read only when `/etc/passwd` or
+    /// `/etc/group` changed (another inode, size, mtime or ctime) since the last call.
+    pub fn cached() -> std::sync::Arc<UserDb> {
+        type Cache = Option<([Option<Stamp>; 2], std::sync::Arc<UserDb>)>;
+        static CACHE: std::sync::Mutex<Cache> = std::sync::Mutex::new(None);
+        let now = [stamp("/etc/passwd"), stamp("/etc/group")];
+        let mut cache = CACHE.lock().unwrap_or_else(|p| p.into_inner());
+        match &*cache {
+            Some((seen, db)) if *seen == now => db.clone(),
+            _ => {
+                let db = std::sync::Arc::new(Self::load());
+                // A file that changes while being read shows a new stamp next time.
+                *cache = Some((now, db.clone()));
+                db
+            }
+        }
+    }
+
     /// Parse the two files' contents.
     pub fn parse(passwd: &str, group: &str) -> UserDb {
         let mut db = UserDb::default();
@@ -109,13 +127,30 @@ impl UserDb {
     }
 }
 
+/// What identifies one version of a file.
+type Stamp = (u64, u64, u64, i64, i64, i64, i64);
+
+fn stamp(path: &str) -> Option<Stamp> {
+    use std::os::unix::fs::MetadataExt as _;
+    let m = std::fs::metadata(path).ok()?;
+    Some((
+        m.dev(),
+        m.ino(),
+        m.size(),
+        m.mtime(),
+        m.mtime_nsec(),
+        m.ctime(),
+        m.ctime_nsec(),
+    ))
+}
+
 /// Resolve a request's user name (`None` => the default user).
 pub fn resolve(name: Option<&str>, default_user: &str) -> Result<User, RpcError> {
     let name = match name {
         Some(n) if !n.is_empty() => n,
         _ => default_user,
     };
-    let user = UserDb::load()
+    let user = UserDb::cached()
         .user(name)
         .ok_or_else(|| RpcError::new(Code::Unauthenticated, format!("invalid user: '{name}'")))?;
     // SAFETY: geteuid has no preconditions.
