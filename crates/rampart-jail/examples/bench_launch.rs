@@ -1,5 +1,6 @@
 //! Measures launch and destroy latency of the namespace tier (root only):
-//! `cargo run -p rampart-jail --example bench_launch -- [N]`. Uses `test_agent` as PID 1.
+//! `cargo run -p rampart-jail --example bench_launch -- [N] [POOL]` (POOL: warm jailers kept,
+//! default 0; launches are paced so that the pool can refill). Uses `test_agent` as PID 1.
 use rampart_jail::{template, Jail, JailConfig, LaunchSpec};
 use rampart_types::{Limits, SandboxId};
 use std::path::PathBuf;
@@ -10,6 +11,10 @@ fn main() {
         .nth(1)
         .and_then(|a| a.parse().ok())
         .unwrap_or(20);
+    let pool: usize = std::env::args()
+        .nth(2)
+        .and_then(|a| a.parse().ok())
+        .unwrap_or(0);
     let exe = std::env::current_exe().unwrap_or_default();
     let dir = exe.parent().map(PathBuf::from).unwrap_or_default();
     let base = PathBuf::from(format!(
@@ -26,11 +31,15 @@ fn main() {
         agent_bin: dir.join("test_agent"),
         cgroup_subtree: format!("rampart-bench-{}", std::process::id()),
     })
+    .and_then(|j| j.with_pool(pool))
     .expect("jail");
     // SAFETY: plain prctl; adopt the sandbox inits as the daemon does.
     unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1) };
     let (mut up, mut down) = (Vec::new(), Vec::new());
     for i in 0..n {
+        if let Some(p) = jail.pool() {
+            p.wait_full(std::time::Duration::from_secs(10));
+        }
         let spec = LaunchSpec {
             id: SandboxId::generate(),
             template_dir: t.clone(),
@@ -62,6 +71,7 @@ fn main() {
         p(&mut down, 0.5),
         p(&mut down, 0.99)
     );
+    jail.close_pool();
     for d in jail.cgroup_dirs(&SandboxId::parse("x").unwrap_or_else(|_| SandboxId::generate())) {
         let _ = std::fs::remove_dir(d.parent().unwrap_or(&d));
     }
