@@ -411,17 +411,25 @@ fn spawn(
 
     // Hold the waiters lock across spawn + registration so the reaper cannot take the status first.
     let (exit_tx, exit_rx) = oneshot::channel();
-    let pid = {
+    let spawned = {
         let mut waiters = lock(&state.procs.waiters);
-        let pid = spawn::spawn(&spec).map_err(|e| {
+        let spawned = spawn::spawn(&spec).map_err(|e| {
             RpcError::new(
                 Code::InvalidArgument,
                 format!("error starting process '{}': {e}", config.cmd),
             )
         })?;
-        waiters.insert(pid, exit_tx);
-        pid
+        waiters.insert(spawned.pid, exit_tx);
+        spawned
     };
+    let pid = spawned.pid;
+    // Readable once the child has exited: the status is taken then, without waiting for
+    // SIGCHLD to go round the signal handler and the reaper task.
+    let pidfd = spawned.pidfd.and_then(|fd| {
+        // SAFETY: the AsyncFd takes ownership of the OwnedFd, so the fd stays open and the
+        // same for the AsyncFd's whole life.
+        unsafe { AsyncFd::register_with_interest(fd, tokio::io::Interest::READABLE) }.ok()
+    });
     drop(child_ends);
     let outputs = match (&pty_master, pipe_ends) {
         (Some(master), _) => Outputs::Pty(master.clone()),
@@ -460,7 +468,8 @@ fn spawn(
         })
     });
     let table = state.procs.clone();
-    tokio::spawn(supervise(proc.clone(), table, outputs, exit_rx, timer));
+    let exit = Exit { rx: exit_rx, pidfd };
+    tokio::spawn(supervise(proc.clone(), table, outputs, exit, timer));
     Ok((proc, first))
 }
 
@@ -517,18 +526,45 @@ fn data(kind: u8, b: Bytes) -> Ev {
     Ev::Data(d)
 }
 
+/// How a supervisor learns of its process's exit.
+struct Exit {
+    /// The status, from whoever reaps it.
+    rx: oneshot::Receiver<WaitStatus>,
+    /// The process's pidfd, readable once it has exited.
+    pidfd: Option<AsyncFd<OwnedFd>>,
+}
+
+impl Exit {
+    /// The exit status (`None` if it was lost).
+    async fn wait(&mut self, table: &Table) -> Option<WaitStatus> {
+        if let Some(fd) = &self.pidfd {
+            tokio::select! {
+                biased;
+                st = &mut self.rx => return st.ok(),
+                r = fd.readable() => {
+                    if r.is_ok() {
+                        // Exited: reap now (this sends its status to `rx`).
+                        table.reap();
+                    }
+                }
+            }
+        }
+        (&mut self.rx).await.ok()
+    }
+}
+
 async fn supervise(
     proc: Arc<Proc>,
     table: Arc<Table>,
     mut outputs: Outputs,
-    mut exit_rx: oneshot::Receiver<WaitStatus>,
+    mut exit: Exit,
     timer: Option<tokio::task::JoinHandle<()>>,
 ) {
     let status = loop {
         match &mut outputs {
             Outputs::Pipes(out, err) => {
                 if out.is_none() && err.is_none() {
-                    break (&mut exit_rx).await.ok();
+                    break exit.wait(&table).await;
                 }
                 tokio::select! {
                     r = read_pipe(out), if out.is_some() => match r {
@@ -539,7 +575,7 @@ async fn supervise(
                         Some(b) => proc.broadcast(data(1, b)).await,
                         None => *err = None,
                     },
-                    st = &mut exit_rx => break st.ok(),
+                    st = exit.wait(&table) => break st,
                 }
             }
             Outputs::Pty(fd) => {
@@ -547,9 +583,9 @@ async fn supervise(
                 tokio::select! {
                     r = read_pty(&fd) => match r {
                         Some(b) => proc.broadcast(data(2, b)).await,
-                        None => break (&mut exit_rx).await.ok(),
+                        None => break exit.wait(&table).await,
                     },
-                    st = &mut exit_rx => break st.ok(),
+                    st = exit.wait(&table) => break st,
                 }
             }
         }

@@ -42,6 +42,15 @@ pub struct Spec<'a> {
     pub stdio: [BorrowedFd<'a>; 3],
 }
 
+/// A started child.
+#[derive(Debug)]
+pub struct Spawned {
+    /// Its pid.
+    pub pid: u32,
+    /// A pidfd of it (readable once it has exited), when the kernel has `CLONE_PIDFD`.
+    pub pidfd: Option<OwnedFd>,
+}
+
 /// Why a spawn failed: the OS error of the step that failed.
 pub type SpawnError = std::io::Error;
 
@@ -198,9 +207,9 @@ fn above_stdio(fd: BorrowedFd<'_>) -> Result<Option<OwnedFd>, SpawnError> {
     }))
 }
 
-/// Start the child; returns its pid once it has called `execve`. On failure the child has been
-/// reaped already (the caller holds the reaper's lock, so no one else can take its status).
-pub fn spawn(spec: &Spec<'_>) -> Result<u32, SpawnError> {
+/// Start the child; returns once it has called `execve`. On failure the child has been reaped
+/// already (the caller holds the reaper's lock, so no one else can take its status).
+pub fn spawn(spec: &Spec<'_>) -> Result<Spawned, SpawnError> {
     let paths = candidates(spec.program, spec.env)?;
     let mut argv_c = Vec::with_capacity(spec.args.len() + 1);
     argv_c.push(cstring(spec.program)?);
@@ -262,24 +271,41 @@ pub fn spawn(spec: &Spec<'_>) -> Result<u32, SpawnError> {
         libc::sigfillset(&mut all);
         libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut old);
     }
-    // SAFETY: `top` is the end of a live, writable CHILD_STACK-byte buffer that outlives the
-    // child's use of it (CLONE_VFORK: this call returns only once the child has exec'd or
-    // exited); `args` and every buffer it points into live in this frame until then too.
-    let pid = unsafe {
-        libc::clone(
-            child_main,
-            top,
-            libc::CLONE_VM | libc::CLONE_VFORK | libc::SIGCHLD,
-            (&mut args as *mut ChildArgs).cast::<c_void>(),
-        )
+    let mut pidfd: c_int = -1;
+    let clone = |flags: c_int, args: &mut ChildArgs, pidfd: &mut c_int| {
+        // SAFETY: `top` is the end of a live, writable CHILD_STACK-byte buffer that outlives
+        // the child's use of it (CLONE_VFORK: this call returns only once the child has exec'd
+        // or exited); `args` and every buffer it points into live in this frame until then
+        // too; `pidfd` is a live int the kernel writes the pidfd to (CLONE_PIDFD).
+        let pid = unsafe {
+            libc::clone(
+                child_main,
+                top,
+                flags,
+                (args as *mut ChildArgs).cast::<c_void>(),
+                pidfd as *mut c_int,
+            )
+        };
+        (pid, std::io::Error::last_os_error())
     };
-    let clone_err = std::io::Error::last_os_error();
+    let base = libc::CLONE_VM | libc::CLONE_VFORK | libc::SIGCHLD;
+    let (mut pid, mut clone_err) = clone(base | libc::CLONE_PIDFD, &mut args, &mut pidfd);
+    if pid < 0 && clone_err.raw_os_error() == Some(libc::EINVAL) {
+        // A kernel without CLONE_PIDFD (before 5.2): the exit is then seen through SIGCHLD only.
+        pidfd = -1;
+        (pid, clone_err) = clone(base, &mut args, &mut pidfd);
+    }
     // SAFETY: restores this thread's own signal mask saved above.
     unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut()) };
     drop(stack);
     if pid < 0 {
         return Err(clone_err);
     }
+    let pidfd = (pidfd >= 0).then(|| {
+        // SAFETY: the kernel just created this descriptor for us (CLONE_PIDFD); nothing else
+        // owns it.
+        unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(pidfd) }
+    });
     // SAFETY: the child is done with `args` (it exec'd or exited); a volatile read because the
     // compiler cannot see the child's write.
     let err = unsafe { std::ptr::read_volatile(&args.err) };
@@ -289,7 +315,10 @@ pub fn spawn(spec: &Spec<'_>) -> Result<u32, SpawnError> {
         unsafe { libc::waitpid(pid, &mut st, 0) };
         return Err(std::io::Error::from_raw_os_error(err));
     }
-    Ok(pid as u32)
+    Ok(Spawned {
+        pid: pid as u32,
+        pidfd,
+    })
 }
 
 #[cfg(test)]
