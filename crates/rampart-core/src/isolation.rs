@@ -46,7 +46,8 @@ pub trait Isolation: Send + Sync + std::fmt::Debug {
     /// Resource usage of a sandbox.
     fn usage(&self, id: &SandboxId) -> Result<Usage, IsolationError>;
     /// Releases what the tier keeps warm for fast launches (pre-spawned processes and their
-    /// cgroups). Sandboxes keep running; later launches still work, only slower. Blocking.
+    /// cgroups) and finishes the removals of destroyed sandboxes still in progress. Sandboxes
+    /// keep running; later launches still work, only slower. Blocking.
     fn shutdown(&self) {}
 }
 
@@ -76,5 +77,6 @@ impl Isolation for Jail {
     }
     fn shutdown(&self) {
         self.close_pool();
+        self.settle();
     }
 }

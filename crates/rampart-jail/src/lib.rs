@@ -33,6 +33,7 @@ use std::path::{Path, PathBuf};
 pub mod cgroup;
 pub mod disk;
 pub mod jailer;
+pub mod janitor;
 pub mod pool;
 pub mod seccomp;
 pub mod sys;
@@ -146,6 +147,7 @@ pub struct Jail {
     features: HostFeatures,
     cgroups: cgroup::Cgroups,
     pool: Option<pool::Pool>,
+    janitor: janitor::Janitor,
 }
 
 /// Default size of the warm jailer pool (see [`Jail::with_pool`]).
@@ -276,11 +278,14 @@ impl Jail {
             landlock_abi: landlock_abi(),
         };
         pool::remove_stale(&cg);
+        janitor::remove_stale(&cg, &cfg.state_dir);
+        let janitor = janitor::Janitor::new(cg.clone(), cfg.state_dir.clone());
         Ok(Jail {
             cfg,
             features,
             cgroups: cg,
             pool: None,
+            janitor,
         })
     }
 
@@ -439,17 +444,56 @@ impl Jail {
     }
 
     /// Kills and removes every trace of a sandbox. Idempotent. Blocking.
+    ///
+    /// On cgroup v1 it returns once every process of the sandbox has been sent SIGKILL and its
+    /// cgroup and directory are renamed `dying-<id>` (nothing under the id is left); the
+    /// janitor's thread waits for the processes to end and removes both (see [`janitor`];
+    /// [`Jail::settle`] waits for it). Elsewhere it waits for the processes itself.
     pub fn destroy(&self, id: &SandboxId) -> Result<(), JailError> {
-        self.cgroups.destroy(id.as_str())?;
         let dir = self.sandbox_dir(id);
+        let dying = format!("{}{id}", janitor::DYING_PREFIX);
+        let mut handed_over = false;
+        if self.cgroups.version == CgroupVersion::V1
+            && self.cgroups.dirs(id.as_str()).iter().all(|d| d.exists())
+        {
+            // SIGKILL to PID 1 ends its whole pid namespace; the rest of the cgroup too.
+            for p in self.cgroups.pids(id.as_str()) {
+                // SAFETY: kill(2) with a pid read from the sandbox's own cgroup.
+                unsafe { libc::kill(p, libc::SIGKILL) };
+            }
+            match self.cgroups.rename(id.as_str(), &dying) {
+                Ok(()) => handed_over = true,
+                Err(e) => tracing::warn!("destroy {id}: {e}; waiting for its processes"),
+            }
+        }
+        if !handed_over {
+            self.cgroups.destroy(id.as_str())?;
+        }
         // No wait for the disk's loop device: it holds the image open (unlinking it is fine)
         // and detaches itself (autoclear) once the last mount of the disk is gone, which the
         // kernel finishes a moment after the sandbox's last process has exited.
+        if handed_over {
+            let to = self.cfg.state_dir.join(&dying);
+            let moved = match std::fs::rename(&dir, &to) {
+                Ok(()) => Ok(()),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+                Err(e) => Err(e),
+            };
+            self.janitor.push(dying);
+            if moved.is_ok() {
+                return Ok(());
+            }
+        }
         match std::fs::remove_dir_all(&dir) {
             Ok(()) => Ok(()),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
             Err(e) => Err(io(format!("remove {}", dir.display()))(e)),
         }
+    }
+
+    /// Waits until the removals [`Jail::destroy`] handed to the janitor are finished.
+    pub fn settle(&self) {
+        self.janitor.settle();
     }
 
     /// Ids with any trace left on the host (directory or cgroup).

@@ -117,10 +117,22 @@ fn assert_gone(j: &Jail, id: &SandboxId, pid: i32) {
     for d in j.cgroup_dirs(id) {
         assert!(!d.exists(), "cgroup left: {}", d.display());
     }
+    // The rest of the removal (the renamed `dying-<id>` traces) is the janitor's.
+    j.settle();
+    let dying = SandboxId::parse(&format!("dying{id}")).unwrap();
+    let dying_dir = j.config().state_dir.join(format!("dying-{id}"));
+    assert!(!dying_dir.exists(), "{} left", dying_dir.display());
+    for d in j.cgroup_dirs(&dying) {
+        let d = d.with_file_name(format!("dying-{id}"));
+        assert!(!d.exists(), "cgroup left: {}", d.display());
+    }
     // The loop device detaches itself once the kernel has torn down the dead sandbox's mounts
     // (destroy does not wait for that).
     assert!(
-        eventually(|| !rampart_jail::loop_backing(&j.sandbox_dir(id).join("disk.img"))),
+        eventually(
+            || !rampart_jail::loop_backing(&j.sandbox_dir(id).join("disk.img"))
+                && !rampart_jail::loop_backing(&dying_dir.join("disk.img"))
+        ),
         "loop device left"
     );
     // We are the sandbox init's subreaper (as the daemon is): it must be dead and reapable.
@@ -577,7 +589,7 @@ fn failed_pooled_launch_leaves_nothing() {
 }
 
 #[test]
-fn stale_pool_cgroups_are_removed_at_start() {
+fn stale_pool_and_dying_traces_are_removed_at_start() {
     if let Some(r) = skip_reason() {
         eprintln!("skipped: {r}");
         return;
@@ -590,12 +602,21 @@ fn stale_pool_cgroups_are_removed_at_start() {
     // A pool cgroup of a daemon that is gone (pid above pid_max), and one of ours (alive).
     let dead = "pool-2147483647-1";
     let ours = format!("pool-{}-1", std::process::id());
+    // And a destroyed sandbox whose removal a stopped daemon did not finish.
+    let dying = "dying-abc";
     for d in t.jail.cgroup_dirs(&SandboxId::parse("x").unwrap()) {
         let sub = d.parent().unwrap();
         std::fs::create_dir_all(sub.join(dead)).unwrap();
         std::fs::create_dir_all(sub.join(&ours)).unwrap();
+        std::fs::create_dir_all(sub.join(dying)).unwrap();
     }
+    let dying_dir = t.jail.config().state_dir.join(dying);
+    std::fs::create_dir_all(dying_dir.join("mnt")).unwrap();
     t.jail = Jail::new(t.jail.config().clone()).unwrap();
+    assert!(!dying_dir.exists());
+    for d in t.jail.cgroup_dirs(&SandboxId::parse("x").unwrap()) {
+        assert!(!d.parent().unwrap().join(dying).exists());
+    }
     let left: Vec<String> = pool_cgroups(&t.jail)
         .iter()
         .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
