@@ -217,8 +217,10 @@ impl Manager {
             CoreError::Internal(format!("creating {}: {e}", jail_cfg.state_dir.display()))
         })?;
         let pool = jail_pool_size();
+        // Warm jailers have disks of the default size ready.
+        let disk = cfg.default_limits.disk_bytes;
         let jail = tokio::task::spawn_blocking(move || {
-            rampart_jail::Jail::new(jail_cfg).and_then(|j| j.with_pool(pool))
+            rampart_jail::Jail::new(jail_cfg).and_then(|j| j.with_pool(pool, disk))
         })
         .await
         .map_err(|e| CoreError::Internal(format!("host probe: {e}")))?

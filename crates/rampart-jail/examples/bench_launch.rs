@@ -31,7 +31,7 @@ fn main() {
         agent_bin: dir.join("test_agent"),
         cgroup_subtree: format!("rampart-bench-{}", std::process::id()),
     })
-    .and_then(|j| j.with_pool(pool))
+    .and_then(|j| j.with_pool(pool, Limits::default().disk_bytes))
     .expect("jail");
     // SAFETY: plain prctl; adopt the sandbox inits as the daemon does.
     unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1) };

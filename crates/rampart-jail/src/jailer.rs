@@ -76,12 +76,12 @@ impl Layout {
     }
 }
 
-/// Builds the sandbox described by `spec` and returns the host pid of its PID 1.
-/// Must run in a single-threaded process (it forks without exec).
-pub fn run(spec: &JailerSpec) -> Result<i32, JailError> {
-    let lay = Layout::new(&spec.sandbox_dir);
-    let (ub, gb) = (spec.uid_base, spec.uid_base);
-
+/// Steps a and b of a launch, which need no spec: enters a private mount namespace and
+/// mounts the disk image `disk_image` under `dir` (see [`Layout`]), with the directories of
+/// the writable layers. A pool member does this ahead of time; the daemon then renames `dir`
+/// to the sandbox's directory (the mounts follow) before sending the spec.
+pub fn prepare(dir: &Path, disk_image: &Path) -> Result<(), JailError> {
+    let lay = Layout::new(dir);
     // a. A private mount namespace: nothing from here on reaches the host.
     // SAFETY: plain syscall.
     let rc = unsafe { libc::unshare(libc::CLONE_NEWNS) };
@@ -98,7 +98,7 @@ pub fn run(spec: &JailerSpec) -> Result<i32, JailError> {
     for d in [&lay.disk_mnt, &lay.lower_root, &lay.lower_usr, &lay.root] {
         mkdir(d, 0o700)?;
     }
-    let (dev, loopfd) = sys::loop_attach(&spec.disk_image)?;
+    let (dev, loopfd) = sys::loop_attach(disk_image)?;
     sys::mount(
         Some(&dev),
         &lay.disk_mnt,
@@ -107,6 +107,21 @@ pub fn run(spec: &JailerSpec) -> Result<i32, JailError> {
         Some("noinit_itable,errors=remount-ro"),
     )?;
     drop(loopfd);
+    for n in ["upper", "work", "usr-upper", "usr-work"] {
+        mkdir(&lay.disk_mnt.join(n), 0o755)?;
+    }
+    Ok(())
+}
+
+/// Builds the sandbox described by `spec` and returns the host pid of its PID 1. With
+/// `prepared`, [`prepare`] already ran (for the directory now at `spec.sandbox_dir`).
+/// Must run in a single-threaded process (it forks without exec).
+pub fn run(spec: &JailerSpec, prepared: bool) -> Result<i32, JailError> {
+    let lay = Layout::new(&spec.sandbox_dir);
+    let (ub, gb) = (spec.uid_base, spec.uid_base);
+    if !prepared {
+        prepare(&spec.sandbox_dir, &spec.disk_image)?;
+    }
     let up = |n: &str| lay.disk_mnt.join(n);
     for (n, owner) in [
         ("upper", ub),

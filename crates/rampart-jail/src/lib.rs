@@ -186,6 +186,17 @@ pub struct JailerSpec {
     pub agent_socket: PathBuf,
 }
 
+/// What a pool member's jailer gets first on its stdin (one line), before its spec: the
+/// directory and disk image to prepare ([`jailer::prepare`]). It answers `{"ready":true}`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JailerPrepare {
+    /// The directory to prepare (renamed to the sandbox's directory before the spec comes).
+    pub prepare_dir: PathBuf,
+    /// The disk image in it.
+    pub prepare_disk: PathBuf,
+}
+
 /// The jailer's one-line answer on stdout.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct JailerResult {
@@ -195,6 +206,9 @@ pub struct JailerResult {
     /// Why it failed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// The answer to a [`JailerPrepare`]: prepared, waiting for the spec.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ready: Option<bool>,
 }
 
 fn io(step: String) -> impl FnOnce(std::io::Error) -> JailError {
@@ -277,7 +291,7 @@ impl Jail {
             cgroup: cg.version,
             landlock_abi: landlock_abi(),
         };
-        pool::remove_stale(&cg);
+        pool::remove_stale(&cg, &cfg.state_dir);
         janitor::remove_stale(&cg, &cfg.state_dir);
         let janitor = janitor::Janitor::new(cg.clone(), cfg.state_dir.clone());
         Ok(Jail {
@@ -294,16 +308,22 @@ impl Jail {
     /// straight into its cgroup and this is a no-op, as is a size of 0. The members die with
     /// the daemon (they are spawned by the pool's own thread with `PR_SET_PDEATHSIG`), and
     /// [`Jail::close_pool`] or dropping the `Jail` removes them.
-    pub fn with_pool(mut self, size: usize) -> Result<Jail, JailError> {
+    ///
+    /// Members have a disk of `disk_bytes` ready (copied and mounted in the jailer's private
+    /// mount namespace); launches asking for another disk size start a fresh jailer.
+    pub fn with_pool(mut self, size: usize, disk_bytes: u64) -> Result<Jail, JailError> {
         if let Some(p) = self.pool.take() {
             p.close();
         }
         if size > 0 && self.features.cgroup == CgroupVersion::V1 {
-            self.pool = Some(pool::Pool::start(
-                self.cgroups.clone(),
-                self.cfg.jailer_bin.clone(),
+            let cfg = pool::PoolConfig {
                 size,
-            )?);
+                jailer_bin: self.cfg.jailer_bin.clone(),
+                state_dir: self.cfg.state_dir.clone(),
+                cache_dir: self.cache_dir(),
+                disk_bytes,
+            };
+            self.pool = Some(pool::Pool::start(self.cgroups.clone(), cfg)?);
         }
         Ok(self)
     }
@@ -384,15 +404,11 @@ impl Jail {
             return Err(JailError::Init("hostname must be 1 to 64 bytes".into()));
         }
         let dir = self.sandbox_dir(&spec.id);
-        std::fs::create_dir(&dir).map_err(io(format!("mkdir {}", dir.display())))?;
-        let image = dir.join("disk.img");
-        let cached = disk::cached_image(&self.cache_dir(), spec.limits.disk_bytes)?;
-        disk::sparse_copy(&cached, &image)?;
         let mut js = JailerSpec {
             sandbox_dir: dir.clone(),
             rootfs,
             usr_source: PathBuf::from("/usr"),
-            disk_image: image,
+            disk_image: dir.join("disk.img"),
             uid_base: spec.uid_base,
             hostname: spec.hostname.clone(),
             env: spec.env.clone(),
@@ -403,10 +419,14 @@ impl Jail {
             agent_socket: dir.join("agent.sock"),
         };
         let id = spec.id.as_str();
-        let child = match self.take_member(id, &spec.limits) {
-            // The jailer already runs in the sandbox's (limited) cgroup.
+        let child = match self.take_member(id, &spec.limits, &dir) {
+            // The jailer already runs in the sandbox's (limited) cgroup, with its disk mounted
+            // in the sandbox's directory.
             Some(child) => child,
             None => {
+                std::fs::create_dir(&dir).map_err(io(format!("mkdir {}", dir.display())))?;
+                let cached = disk::cached_image(&self.cache_dir(), spec.limits.disk_bytes)?;
+                disk::sparse_copy(&cached, &js.disk_image)?;
                 self.cgroups.create(id, &spec.limits)?;
                 match self.cgroups.version {
                     CgroupVersion::V1 => js.cgroup_procs = self.cgroups.procs_files(id),
@@ -424,15 +444,22 @@ impl Jail {
         })
     }
 
-    /// Takes a pool member and makes its cgroup the sandbox's: limits first (before any
-    /// sandbox code can run in it), then the rename. None (and nothing left of the member)
-    /// when the pool is empty or that fails.
-    fn take_member(&self, id: &str, limits: &Limits) -> Option<std::process::Child> {
-        let m = self.pool.as_ref()?.take()?;
+    /// Takes a pool member with the right disk size and makes it the sandbox's: limits
+    /// first (before any sandbox code can run in its cgroup), then its cgroup and its
+    /// directory are renamed to the sandbox's. None (and nothing left of the member) when the
+    /// pool has none or that fails.
+    fn take_member(&self, id: &str, limits: &Limits, dir: &Path) -> Option<std::process::Child> {
+        let m = self.pool.as_ref()?.take(limits.disk_bytes)?;
         let r = self
             .cgroups
             .set_limits(&m.name, limits)
-            .and_then(|()| self.cgroups.rename(&m.name, id));
+            .and_then(|()| self.cgroups.rename(&m.name, id))
+            .and_then(|()| {
+                sys::rename_noreplace(&m.dir, dir).inspect_err(|_| {
+                    // Back to the member's name, so that discarding it finds everything.
+                    let _ = self.cgroups.rename(id, &m.name);
+                })
+            });
         match r {
             Ok(()) => Some(m.child),
             Err(e) => {

@@ -10,17 +10,25 @@
 //! and PID 1 (its child, which inherits the cgroup at clone) run inside the limited cgroup from
 //! the start, with no migration on the launch path. A background thread refills the pool.
 //!
+//! A member also has its disk ready: the refill copies the disk image (of the pool's disk
+//! size) into `<state_dir>/pool-<daemon pid>-<n>/` and the jailer, given a
+//! [`crate::JailerPrepare`], enters its private mount namespace and mounts it there
+//! ([`crate::jailer::prepare`]). A launch asking for that disk size renames the directory to
+//! the sandbox's (the mounts follow the directory) before sending the spec; other sizes get a
+//! fresh jailer.
+//!
 //! Leaks: members are spawned by the refill thread with `PR_SET_PDEATHSIG` = SIGKILL, so they
 //! die with the daemon (that thread lives as long as the pool). [`Pool::close`] (also run on
-//! drop) kills them and removes their cgroups; [`remove_stale`] removes the pool cgroups of a
-//! dead daemon. The daemon's pid in the name keeps two daemons sharing a subtree apart.
+//! drop) kills them and removes their cgroups and directories; [`remove_stale`] removes those
+//! of a dead daemon. The daemon's pid in the name keeps two daemons sharing a subtree apart.
 //!
 //! cgroup v2 needs no pool: its directories cannot be renamed, and PID 1 is cloned straight
 //! into the sandbox's cgroup instead (`CLONE_INTO_CGROUP`).
 
 use crate::cgroup::Cgroups;
-use crate::JailError;
+use crate::{disk, JailError, JailerPrepare};
 use std::collections::VecDeque;
+use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -33,9 +41,13 @@ pub const POOL_PREFIX: &str = "pool-";
 /// One warm jailer, in its cgroup, waiting for its spec.
 #[derive(Debug)]
 pub struct Member {
-    /// Its cgroup's name under the subtree.
+    /// Its cgroup's name under the subtree (and its directory's under the state directory).
     pub name: String,
-    /// The jailer process (stdin, stdout and stderr piped).
+    /// Its directory, `<state_dir>/<name>`, with the disk mounted (in the jailer's namespace).
+    pub dir: PathBuf,
+    /// Size of its disk.
+    pub disk_bytes: u64,
+    /// The jailer process (stdin, stdout and stderr piped; stdin still open for the spec).
     pub child: Child,
 }
 
@@ -52,7 +64,25 @@ struct Shared {
     cv: Condvar,
     cgroups: Cgroups,
     jailer_bin: PathBuf,
+    state_dir: PathBuf,
+    cache_dir: PathBuf,
+    disk_bytes: u64,
     size: usize,
+}
+
+/// Where and what a pool prepares.
+#[derive(Debug, Clone)]
+pub struct PoolConfig {
+    /// Members kept ready.
+    pub size: usize,
+    /// The `rampart-jailer` binary.
+    pub jailer_bin: PathBuf,
+    /// The sandboxes' state directory (members' directories go there too).
+    pub state_dir: PathBuf,
+    /// Where the formatted empty disk images are cached.
+    pub cache_dir: PathBuf,
+    /// Disk size of the members.
+    pub disk_bytes: u64,
 }
 
 /// The pool.
@@ -85,42 +115,62 @@ pub fn spawn_jailer(bin: &Path) -> Result<Child, JailError> {
     })
 }
 
-/// Kills a member and removes its cgroup (by whatever name it has now).
+/// Kills a member and removes its cgroup and directory (its disk's loop device detaches
+/// itself once the jailer's mount namespace is gone).
 pub fn discard(cgroups: &Cgroups, mut m: Member) {
     let _ = m.child.kill();
     let _ = m.child.wait();
     if let Err(e) = cgroups.destroy(&m.name) {
         tracing::warn!("removing the cgroup of pool member {}: {e}", m.name);
     }
+    match std::fs::remove_dir_all(&m.dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => tracing::warn!("removing {}: {e}", m.dir.display()),
+    }
 }
 
-/// Removes pool cgroups left by daemons that are gone (their members died with them; any
-/// process still inside is killed). Cgroups of a live daemon are left alone.
-pub fn remove_stale(cgroups: &Cgroups) {
-    for name in cgroups.list() {
+/// Removes the pool cgroups and directories left by daemons that are gone (their members
+/// died with them; any process still inside is killed). Those of a live daemon are left
+/// alone.
+pub fn remove_stale(cgroups: &Cgroups, state_dir: &Path) {
+    let stale = |name: &str| {
         let Some(rest) = name.strip_prefix(POOL_PREFIX) else {
-            continue;
+            return false;
         };
         let owner = rest.split('-').next().and_then(|p| p.parse::<i32>().ok());
-        let alive = owner.is_some_and(|p| Path::new(&format!("/proc/{p}")).exists());
-        if alive {
-            continue;
+        !owner.is_some_and(|p| Path::new(&format!("/proc/{p}")).exists())
+    };
+    for name in cgroups.list() {
+        if stale(&name) {
+            if let Err(e) = cgroups.destroy(&name) {
+                tracing::warn!("removing stale pool cgroup {name}: {e}");
+            }
         }
-        if let Err(e) = cgroups.destroy(&name) {
-            tracing::warn!("removing stale pool cgroup {name}: {e}");
+    }
+    if let Ok(rd) = std::fs::read_dir(state_dir) {
+        for e in rd.flatten() {
+            if e.file_name().to_str().is_some_and(stale) {
+                if let Err(err) = std::fs::remove_dir_all(e.path()) {
+                    tracing::warn!("removing stale {}: {err}", e.path().display());
+                }
+            }
         }
     }
 }
 
 impl Pool {
     /// Starts a pool of `size` members, filled in the background.
-    pub fn start(cgroups: Cgroups, jailer_bin: PathBuf, size: usize) -> Result<Pool, JailError> {
+    pub fn start(cgroups: Cgroups, cfg: PoolConfig) -> Result<Pool, JailError> {
         let shared = Arc::new(Shared {
             state: Mutex::new(State::default()),
             cv: Condvar::new(),
             cgroups,
-            jailer_bin,
-            size,
+            jailer_bin: cfg.jailer_bin,
+            state_dir: cfg.state_dir,
+            cache_dir: cfg.cache_dir,
+            disk_bytes: cfg.disk_bytes,
+            size: cfg.size,
         });
         let s2 = shared.clone();
         let thread = std::thread::Builder::new()
@@ -136,8 +186,12 @@ impl Pool {
         })
     }
 
-    /// Takes a live member, if one is ready (never waits for one), and wakes the refill.
-    pub fn take(&self) -> Option<Member> {
+    /// Takes a live member with a disk of `disk_bytes`, if one is ready (never waits for
+    /// one), and wakes the refill.
+    pub fn take(&self, disk_bytes: u64) -> Option<Member> {
+        if disk_bytes != self.shared.disk_bytes {
+            return None;
+        }
         let mut dead = Vec::new();
         let got = {
             let mut st = lock(&self.shared.state);
@@ -221,16 +275,93 @@ impl Drop for Pool {
     }
 }
 
-/// Makes the member's cgroup and spawns its jailer (not yet inside the cgroup).
+/// Makes the member's cgroup and directory (with a copy of the disk image) and spawns its
+/// jailer (not yet inside the cgroup), asking it to prepare.
 fn spawn_member(sh: &Shared, n: u64) -> Result<Member, JailError> {
     let name = format!("{POOL_PREFIX}{}-{n}", std::process::id());
     sh.cgroups.mkdirs(&name)?;
-    match spawn_jailer(&sh.jailer_bin) {
-        Ok(child) => Ok(Member { name, child }),
+    let child = match spawn_jailer(&sh.jailer_bin) {
+        Ok(c) => c,
         Err(e) => {
             let _ = sh.cgroups.destroy(&name);
+            return Err(e);
+        }
+    };
+    let mut m = Member {
+        dir: sh.state_dir.join(&name),
+        name,
+        disk_bytes: sh.disk_bytes,
+        child,
+    };
+    let r = (|| {
+        std::fs::create_dir(&m.dir).map_err(|source| JailError::Sys {
+            step: format!("mkdir {}", m.dir.display()),
+            source,
+        })?;
+        let image = m.dir.join("disk.img");
+        let cached = disk::cached_image(&sh.cache_dir, sh.disk_bytes)?;
+        disk::sparse_copy(&cached, &image)?;
+        let prep = JailerPrepare {
+            prepare_dir: m.dir.clone(),
+            prepare_disk: image,
+        };
+        let mut line = serde_json::to_vec(&prep)
+            .map_err(|e| JailError::Init(format!("encode prepare: {e}")))?;
+        line.push(b'\n');
+        let sin = m
+            .child
+            .stdin
+            .as_mut()
+            .ok_or_else(|| JailError::Init("pool jailer without stdin".into()))?;
+        sin.write_all(&line).map_err(|source| JailError::Sys {
+            step: "send prepare to a pool jailer".into(),
+            source,
+        })
+    })();
+    match r {
+        Ok(()) => Ok(m),
+        Err(e) => {
+            discard(&sh.cgroups, m);
             Err(e)
         }
+    }
+}
+
+/// Reads the member's `{"ready":true}` line (byte by byte: nothing after it may be consumed).
+fn wait_ready(m: &mut Member) -> Result<(), JailError> {
+    let so = m
+        .child
+        .stdout
+        .as_mut()
+        .ok_or_else(|| JailError::Init("pool jailer without stdout".into()))?;
+    let mut line = Vec::new();
+    let mut b = [0u8; 1];
+    loop {
+        match so.read(&mut b) {
+            Ok(0) => break,
+            Ok(_) if b[0] == b'\n' => break,
+            Ok(_) => line.push(b[0]),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(source) => {
+                return Err(JailError::Sys {
+                    step: "read a pool jailer's answer".into(),
+                    source,
+                })
+            }
+        }
+        if line.len() > 64 * 1024 {
+            break;
+        }
+    }
+    match serde_json::from_slice::<crate::JailerResult>(&line) {
+        Ok(r) if r.ready == Some(true) => Ok(()),
+        Ok(crate::JailerResult { error: Some(e), .. }) => {
+            Err(JailError::Init(format!("pool jailer: {e}")))
+        }
+        _ => Err(JailError::Init(format!(
+            "pool jailer answered {:?}",
+            String::from_utf8_lossy(&line)
+        ))),
     }
 }
 
@@ -249,9 +380,10 @@ fn refill(sh: &Shared) {
             st.next += missing;
             (st.next - missing + 1, missing)
         };
-        // Spawn the missing members first, then move them into their cgroups one after the
-        // other: only the first write waits for a full RCU grace period (the kernel keeps the
-        // fast path off for a moment after a migration), and that wait is off the launch path.
+        // Spawn the missing members first (they prepare their disks meanwhile), then move them
+        // into their cgroups one after the other: only the first write waits for a full RCU
+        // grace period (the kernel keeps the fast path off for a moment after a migration),
+        // and that wait is off the launch path.
         let mut spawned = Vec::new();
         let mut failed = None;
         for n in first..first + missing {
@@ -263,8 +395,12 @@ fn refill(sh: &Shared) {
                 }
             }
         }
-        for m in spawned {
-            if let Err(e) = sh.cgroups.join(&m.name, m.child.id() as i32) {
+        for mut m in spawned {
+            let r = sh
+                .cgroups
+                .join(&m.name, m.child.id() as i32)
+                .and_then(|()| wait_ready(&mut m));
+            if let Err(e) = r {
                 discard(&sh.cgroups, m);
                 failed.get_or_insert(e);
                 continue;

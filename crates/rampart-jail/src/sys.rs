@@ -271,6 +271,25 @@ pub fn loop_attach(image: &Path) -> Result<(String, OwnedFd), JailError> {
     })
 }
 
+/// `renameat2(from, to, RENAME_NOREPLACE)`: fails with EEXIST instead of replacing `to`.
+pub fn rename_noreplace(from: &Path, to: &Path) -> Result<(), JailError> {
+    let (f, t) = (cpath(from)?, cpath(to)?);
+    // SAFETY: valid NUL-terminated strings that outlive the call.
+    let rc = unsafe {
+        libc::renameat2(
+            libc::AT_FDCWD,
+            f.as_ptr(),
+            libc::AT_FDCWD,
+            t.as_ptr(),
+            libc::RENAME_NOREPLACE,
+        )
+    };
+    check(rc.into(), || {
+        format!("rename {} to {}", from.display(), to.display())
+    })?;
+    Ok(())
+}
+
 /// Writes `data` to an existing file (for /proc and cgroup files).
 pub fn write_file(path: &Path, data: &str) -> Result<(), JailError> {
     std::fs::write(path, data).map_err(|e| JailError::Sys {

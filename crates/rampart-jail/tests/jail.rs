@@ -389,7 +389,7 @@ fn real_agent_serves_health_as_pid1() {
     assert_gone(&t.jail, &s.id, l.pid);
 }
 
-fn pooled_env(tag: &str, size: usize) -> Option<TestEnv> {
+fn pooled_env(tag: &str, size: usize, disk_bytes: u64) -> Option<TestEnv> {
     let mut t = TestEnv::new(tag);
     if t.jail.features().cgroup != CgroupVersion::V1 {
         eprintln!("skipped: the jailer pool is for cgroup v1 hosts");
@@ -397,7 +397,7 @@ fn pooled_env(tag: &str, size: usize) -> Option<TestEnv> {
     }
     let jail = Jail::new(t.jail.config().clone())
         .unwrap()
-        .with_pool(size)
+        .with_pool(size, disk_bytes)
         .unwrap();
     t.jail = jail;
     let pool = t.jail.pool().expect("a pool on v1");
@@ -406,6 +406,16 @@ fn pooled_env(tag: &str, size: usize) -> Option<TestEnv> {
         "pool not filled"
     );
     Some(t)
+}
+
+/// Pool members' directories in the state directory.
+fn pool_dirs(j: &Jail) -> Vec<PathBuf> {
+    std::fs::read_dir(&j.config().state_dir)
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with("pool-"))
+        .map(|e| e.path())
+        .collect()
 }
 
 fn proc_alive(pid: i32) -> bool {
@@ -439,7 +449,7 @@ fn pooled_launch_gets_limits_and_its_cgroup_name() {
         eprintln!("skipped: {r}");
         return;
     }
-    let Some(t) = pooled_env("pool", 2) else {
+    let Some(t) = pooled_env("pool", 2, 64 << 20) else {
         return;
     };
     let j = &t.jail;
@@ -456,8 +466,11 @@ fn pooled_launch_gets_limits_and_its_cgroup_name() {
     };
     let s = spec(&t, 7, limits);
     let l = j.launch(&s).unwrap();
-    // The first member was used: its cgroup is now the sandbox's (renamed in every hierarchy).
+    // The first member was used: its cgroup is now the sandbox's (renamed in every hierarchy),
+    // and so is its directory, with the disk it had mounted.
     let used = &before[0];
+    assert!(!j.config().state_dir.join(used).exists());
+    assert!(j.sandbox_dir(&s.id).join("disk.img").is_file());
     for d in j.cgroup_dirs(&s.id) {
         assert!(d.is_dir(), "{} missing", d.display());
         assert!(
@@ -512,7 +525,7 @@ fn pool_leaves_no_cgroup_or_process_when_closed_or_dropped() {
         eprintln!("skipped: {r}");
         return;
     }
-    let Some(mut t) = pooled_env("poolclose", 3) else {
+    let Some(mut t) = pooled_env("poolclose", 3, Limits::default().disk_bytes) else {
         return;
     };
     let pids = t.jail.pool().unwrap().member_pids();
@@ -535,7 +548,7 @@ fn pool_leaves_no_cgroup_or_process_when_closed_or_dropped() {
     // Dropping a Jail with a pool removes it too.
     let j2 = Jail::new(t.jail.config().clone())
         .unwrap()
-        .with_pool(2)
+        .with_pool(2, Limits::default().disk_bytes)
         .unwrap();
     assert!(j2
         .pool()
@@ -549,6 +562,33 @@ fn pool_leaves_no_cgroup_or_process_when_closed_or_dropped() {
     }
     t.jail = Jail::new(cfg).unwrap();
     assert!(pool_cgroups(&t.jail).is_empty());
+    assert!(pool_dirs(&t.jail).is_empty());
+}
+
+#[test]
+fn other_disk_sizes_bypass_the_pool() {
+    if let Some(r) = skip_reason() {
+        eprintln!("skipped: {r}");
+        return;
+    }
+    let Some(t) = pooled_env("pooldisk", 1, 64 << 20) else {
+        return;
+    };
+    let before = t.jail.pool().unwrap().member_names();
+    let s = spec(
+        &t,
+        10,
+        Limits {
+            disk_bytes: 48 << 20,
+            ..Limits::default()
+        },
+    );
+    let l = t.jail.launch(&s).unwrap();
+    assert_eq!(t.jail.pool().unwrap().member_names(), before);
+    let md = std::fs::metadata(t.jail.sandbox_dir(&s.id).join("disk.img")).unwrap();
+    assert_eq!(md.len(), 48 << 20);
+    t.jail.destroy(&s.id).unwrap();
+    assert_gone(&t.jail, &s.id, l.pid);
 }
 
 #[test]
@@ -557,7 +597,7 @@ fn failed_pooled_launch_leaves_nothing() {
         eprintln!("skipped: {r}");
         return;
     }
-    let Some(mut t) = pooled_env("poolfail", 1) else {
+    let Some(mut t) = pooled_env("poolfail", 1, Limits::default().disk_bytes) else {
         return;
     };
     // A pool whose sandboxes fail late in the jailer (agent binary missing).
@@ -566,7 +606,7 @@ fn failed_pooled_launch_leaves_nothing() {
         ..t.jail.config().clone()
     })
     .unwrap()
-    .with_pool(1)
+    .with_pool(1, Limits::default().disk_bytes)
     .unwrap();
     let pool = t.jail.pool().unwrap();
     assert!(pool.wait_full(std::time::Duration::from_secs(20)));
@@ -583,9 +623,10 @@ fn failed_pooled_launch_leaves_nothing() {
         eventually(|| !proc_alive(member)),
         "the used jailer survived"
     );
-    // Only the refilled member's cgroups remain.
+    // Only the refilled member's cgroups and directory remain.
     assert!(pool.wait_full(std::time::Duration::from_secs(20)));
     assert_eq!(pool_cgroups(&t.jail).len(), 4);
+    assert_eq!(pool_dirs(&t.jail).len(), 1);
 }
 
 #[test]

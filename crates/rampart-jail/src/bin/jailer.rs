@@ -1,27 +1,49 @@
 //! `rampart-jailer`: prepares one sandbox and starts its agent as PID 1. Spawned by the
 //! daemon (`Jail::launch`), which writes a [`rampart_jail::JailerSpec`] as JSON to its stdin;
 //! it answers with one JSON line on stdout: `{"pid":N}` or `{"error":"..."}`.
-use rampart_jail::{jailer, JailerResult, JailerSpec};
-use std::io::{Read, Write};
+//!
+//! A pool member first gets a [`rampart_jail::JailerPrepare`] line, prepares, answers
+//! `{"ready":true}` and then waits for its spec.
+use rampart_jail::{jailer, JailerPrepare, JailerResult, JailerSpec};
+use std::io::{BufRead, Read, Write};
 
 fn main() {
     let res = (|| {
+        let mut stdin = std::io::stdin().lock();
         let mut input = String::new();
-        std::io::stdin()
+        stdin
+            .read_line(&mut input)
+            .map_err(|e| format!("read spec: {e}"))?;
+        let mut prepared = false;
+        if let Ok(p) = serde_json::from_str::<JailerPrepare>(input.trim()) {
+            jailer::prepare(&p.prepare_dir, &p.prepare_disk).map_err(|e| e.to_string())?;
+            let ready = JailerResult {
+                ready: Some(true),
+                ..JailerResult::default()
+            };
+            let line = serde_json::to_string(&ready).map_err(|e| e.to_string())?;
+            let mut so = std::io::stdout().lock();
+            writeln!(so, "{line}")
+                .and_then(|()| so.flush())
+                .map_err(|e| format!("answer ready: {e}"))?;
+            prepared = true;
+            input.clear();
+        }
+        stdin
             .read_to_string(&mut input)
             .map_err(|e| format!("read spec: {e}"))?;
         let spec: JailerSpec =
             serde_json::from_str(&input).map_err(|e| format!("bad jailer spec: {e}"))?;
-        jailer::run(&spec).map_err(|e| e.to_string())
+        jailer::run(&spec, prepared).map_err(|e| e.to_string())
     })();
     let out = match res {
         Ok(pid) => JailerResult {
             pid: Some(pid),
-            error: None,
+            ..JailerResult::default()
         },
         Err(e) => JailerResult {
-            pid: None,
             error: Some(e),
+            ..JailerResult::default()
         },
     };
     let line = serde_json::to_string(&out).unwrap_or_else(|_| "{\"error\":\"encode\"}".into());
