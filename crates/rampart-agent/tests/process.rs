@@ -610,6 +610,32 @@ async fn spawned_children_start_clean_and_search_path_like_execvp() {
         "{out}"
     );
     assert_eq!(lines[1], lines[2], "not a group leader: {out}");
+    // Not SIGPIPE among the ignored signals (the agent ignores it), nothing blocked.
+    let o = run(
+        &a.client,
+        StartOptions {
+            cmd: "grep".into(),
+            args: vec![
+                "-E".into(),
+                "^Sig(Blk|Ign):".into(),
+                "/proc/self/status".into(),
+            ],
+            ..Default::default()
+        },
+    )
+    .await;
+    let out = String::from_utf8_lossy(&o.stdout).into_owned();
+    let masks: Vec<u64> = out
+        .lines()
+        .filter_map(|l| u64::from_str_radix(l.split_whitespace().nth(1)?, 16).ok())
+        .collect();
+    assert_eq!(masks.len(), 2, "{out}");
+    assert_eq!(masks[0], 0, "blocked: {out}");
+    assert_eq!(
+        masks[1] & (1 << (libc::SIGPIPE - 1)),
+        0,
+        "SIGPIPE ignored: {out}"
+    );
 
     // A script without a `#!` line runs through /bin/sh, found along PATH.
     let dir = a.scratch();

@@ -19,6 +19,7 @@
 
 use std::ffi::{c_int, c_void, CString};
 use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd, RawFd};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 /// Stack of the child until it execs (it only makes system calls).
 const CHILD_STACK: usize = 64 * 1024;
@@ -89,6 +90,8 @@ fn candidates(program: &str, env: &[(String, String)]) -> Result<Vec<CString>, S
 
 /// Everything the child reads, prepared by the parent; the child writes only `err`.
 struct ChildArgs {
+    /// Signals to set to `SIG_DFL` (bit n-1 = signal n).
+    reset: u64,
     stdio: [RawFd; 3],
     session: bool,
     ids: Option<(libc::uid_t, libc::gid_t, *const libc::gid_t, usize)>,
@@ -103,6 +106,56 @@ struct ChildArgs {
     err: c_int,
 }
 
+/// Signals with a handler in the agent (bit n-1 = signal n), as of the end of the last spawn.
+static CAUGHT: AtomicU64 = AtomicU64::new(0);
+/// Whether [`CAUGHT`] was computed yet.
+static CAUGHT_KNOWN: AtomicBool = AtomicBool::new(false);
+
+/// The kernel's `struct sigaction` (x86_64 and aarch64 layout), for the raw system call, which
+/// unlike glibc's wrapper also reaches glibc's own signals 32 and 33.
+#[repr(C)]
+struct KernelSigaction {
+    handler: usize,
+    flags: libc::c_ulong,
+    restorer: usize,
+    mask: u64,
+}
+
+/// `rt_sigaction(sig, new, old)` without glibc in between.
+///
+/// # Safety
+/// `new` and `old` must be null or valid for reads / writes of a `KernelSigaction`.
+unsafe fn raw_sigaction(
+    sig: c_int,
+    new: *const KernelSigaction,
+    old: *mut KernelSigaction,
+) -> libc::c_long {
+    // SAFETY: per this function's contract.
+    unsafe { libc::syscall(libc::SYS_rt_sigaction, sig, new, old, 8usize) }
+}
+
+/// The signals with a handler installed in this process right now. (A vfork child runs in the
+/// agent's memory: such a handler must never run in it, so the child resets these.)
+fn caught_now() -> u64 {
+    let mut mask = 0u64;
+    for sig in 1..=64 {
+        let mut old = KernelSigaction {
+            handler: 0,
+            flags: 0,
+            restorer: 0,
+            mask: 0,
+        };
+        // SAFETY: only reads the disposition into a local struct.
+        if unsafe { raw_sigaction(sig, std::ptr::null(), &mut old) } != 0 {
+            continue;
+        }
+        if old.handler != libc::SIG_DFL && old.handler != libc::SIG_IGN {
+            mask |= 1 << (sig - 1);
+        }
+    }
+    mask
+}
+
 /// The child: see the module docs. Returns only on failure (the clone wrapper then exits).
 extern "C" fn child_main(arg: *mut c_void) -> c_int {
     // SAFETY: `arg` points at the parent's ChildArgs, which lives (and is not touched by the
@@ -112,22 +165,19 @@ extern "C" fn child_main(arg: *mut c_void) -> c_int {
     unsafe {
         let a = &mut *arg.cast::<ChildArgs>();
         let errno = || *libc::__errno_location();
-        // Caught signals back to default (blocked in here, so none can run yet).
-        for sig in 1..=libc::SIGRTMAX() {
-            if sig == libc::SIGKILL || sig == libc::SIGSTOP {
-                continue;
-            }
-            let mut old: libc::sigaction = std::mem::zeroed();
-            if libc::sigaction(sig, std::ptr::null(), &mut old) != 0 {
-                continue;
-            }
-            if sig == libc::SIGPIPE
-                || (old.sa_sigaction != libc::SIG_DFL && old.sa_sigaction != libc::SIG_IGN)
-            {
-                let mut dfl: libc::sigaction = std::mem::zeroed();
-                dfl.sa_sigaction = libc::SIG_DFL;
-                libc::sigaction(sig, &dfl, std::ptr::null_mut());
-            }
+        // Caught signals (and SIGPIPE) back to default; all are blocked in here, so none can
+        // run before that.
+        let mut reset = a.reset;
+        while reset != 0 {
+            let sig = reset.trailing_zeros() as c_int + 1;
+            reset &= reset - 1;
+            let dfl = KernelSigaction {
+                handler: libc::SIG_DFL,
+                flags: 0,
+                restorer: 0,
+                mask: 0,
+            };
+            raw_sigaction(sig, &dfl, std::ptr::null_mut());
         }
         for (target, &fd) in a.stdio.iter().enumerate() {
             // The parent made sure every source is above 2, so none is overwritten here.
@@ -244,7 +294,17 @@ pub fn spawn(spec: &Spec<'_>) -> Result<Spawned, SpawnError> {
         }
     }
 
+    // The handlers to reset in the child: as of the last spawn (queried after it, off the
+    // latency path: the agent's handlers are all installed at startup, and one installed since
+    // is still blocked in the child until just before its execve), or queried now the first
+    // time. SIGPIPE too: the agent ignores it, children get the default.
+    let caught = if CAUGHT_KNOWN.load(Ordering::Acquire) {
+        CAUGHT.load(Ordering::Acquire)
+    } else {
+        caught_now()
+    };
     let mut args = ChildArgs {
+        reset: caught | 1 << (libc::SIGPIPE - 1),
         stdio,
         session: spec.session,
         ids: spec
@@ -297,6 +357,9 @@ pub fn spawn(spec: &Spec<'_>) -> Result<Spawned, SpawnError> {
     }
     // SAFETY: restores this thread's own signal mask saved above.
     unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut()) };
+    // For the next spawn, while this child runs.
+    CAUGHT.store(caught_now(), Ordering::Release);
+    CAUGHT_KNOWN.store(true, Ordering::Release);
     drop(stack);
     if pid < 0 {
         return Err(clone_err);
