@@ -3,6 +3,7 @@
 //! Everything here is plain data: no I/O. Request bodies refuse unknown fields
 //! (`deny_unknown_fields`) so a typo in a policy fails closed instead of being ignored.
 
+pub mod audit;
 pub mod exec;
 pub mod files;
 pub mod id;

@@ -1,0 +1,1 @@
+//! The proof: hash-chained, signed audit log (work in progress).

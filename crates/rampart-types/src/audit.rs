@@ -1,0 +1,448 @@
+//! Audit events: the records of the per-sandbox, hash-chained log.
+//!
+//! These are plain data. Hashing, chaining, signing and verification live in the
+//! `rampart-audit` crate; `docs/proof.md` describes the wire format precisely.
+//!
+//! Every body struct refuses unknown fields, and [`EventBody`] is tagged by `type`: a body
+//! of a type this version does not know is an error, never skipped. Fields whose value is
+//! absent are written as `null` (never omitted) so that one meaning has one encoding.
+
+use crate::SandboxId;
+use serde::{Deserialize, Serialize};
+use std::fmt;
+
+/// A 32-byte SHA-256 value, written as 64 lowercase hex digits.
+///
+/// Used for event hashes, chain links and content digests. A content digest is the plain
+/// SHA-256 of the bytes (what `sha256sum` prints); event and tree hashes are
+/// domain-separated (see `docs/proof.md`).
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
+pub struct Hash(pub [u8; 32]);
+
+/// Errors of parsing a [`Hash`].
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum HashParseError {
+    /// a hash must be 64 lowercase hex digits
+    #[error("a hash must be 64 lowercase hex digits")]
+    Invalid,
+}
+
+impl Hash {
+    /// The all-zero value (never the hash of anything in practice; used as a placeholder).
+    pub const ZERO: Hash = Hash([0; 32]);
+
+    /// Parses 64 lowercase hex digits. Uppercase is refused so a hash has one spelling.
+    pub fn parse(s: &str) -> Result<Self, HashParseError> {
+        let b = s.as_bytes();
+        if b.len() != 64 {
+            return Err(HashParseError::Invalid);
+        }
+        let mut out = [0u8; 32];
+        for (i, pair) in b.chunks_exact(2).enumerate() {
+            let hi = hex_val(pair[0]).ok_or(HashParseError::Invalid)?;
+            let lo = hex_val(pair[1]).ok_or(HashParseError::Invalid)?;
+            out[i] = (hi << 4) | lo;
+        }
+        Ok(Hash(out))
+    }
+
+    /// The raw 32 bytes.
+    pub fn as_bytes(&self) -> &[u8; 32] {
+        &self.0
+    }
+
+    /// Writes the 64 hex digits into `out`.
+    pub fn write_hex(&self, out: &mut String) {
+        const DIGITS: &[u8; 16] = b"0123456789abcdef";
+        for byte in self.0 {
+            out.push(DIGITS[(byte >> 4) as usize] as char);
+            out.push(DIGITS[(byte & 15) as usize] as char);
+        }
+    }
+
+    /// The 64 hex digits.
+    pub fn to_hex(&self) -> String {
+        let mut s = String::with_capacity(64);
+        self.write_hex(&mut s);
+        s
+    }
+
+    /// The first 12 hex digits, for display.
+    pub fn short(&self) -> String {
+        let mut s = self.to_hex();
+        s.truncate(12);
+        s
+    }
+}
+
+fn hex_val(c: u8) -> Option<u8> {
+    match c {
+        b'0'..=b'9' => Some(c - b'0'),
+        b'a'..=b'f' => Some(c - b'a' + 10),
+        _ => None,
+    }
+}
+
+impl fmt::Display for Hash {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.to_hex())
+    }
+}
+
+impl fmt::Debug for Hash {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Hash({})", self.to_hex())
+    }
+}
+
+impl std::str::FromStr for Hash {
+    type Err = HashParseError;
+    fn from_str(s: &str) -> Result<Self, HashParseError> {
+        Hash::parse(s)
+    }
+}
+
+impl Serialize for Hash {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.to_hex())
+    }
+}
+
+impl<'de> Deserialize<'de> for Hash {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl serde::de::Visitor<'_> for V {
+            type Value = Hash;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("64 lowercase hex digits")
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Hash, E> {
+                Hash::parse(v).map_err(E::custom)
+            }
+        }
+        d.deserialize_str(V)
+    }
+}
+
+/// One record of a sandbox's audit log.
+///
+/// `hash` is computed over (`seq`, `time`, `sandbox`, `prev`, `body`); `prev` is the `hash`
+/// of the record before, or the sandbox's genesis value for `seq` 0.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Event {
+    /// Position in the sandbox's log, from 0, without gaps.
+    pub seq: u64,
+    /// When it happened: RFC 3339, UTC, milliseconds (`2026-05-01T12:00:00.123Z`).
+    pub time: String,
+    /// The sandbox whose log this is.
+    pub sandbox: SandboxId,
+    /// The hash of the previous record (the genesis value for `seq` 0).
+    pub prev: Hash,
+    /// This record's hash.
+    pub hash: Hash,
+    /// What happened.
+    pub body: EventBody,
+}
+
+/// What an audit event records, tagged by `type`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum EventBody {
+    /// The sandbox was created.
+    Created(Created),
+    /// A process was started.
+    Exec(Exec),
+    /// A process ended.
+    Exit(Exit),
+    /// A file operation made through the API.
+    File(FileChange),
+    /// The writable layer against the template, at snapshot or destroy.
+    FsDiff(FsDiff),
+    /// A network decision (DNS answer, connection verdict).
+    Network(Network),
+    /// A secret was substituted on the way to a host.
+    SecretUsed(SecretUsed),
+    /// The network policy changed.
+    PolicyChanged(PolicyChanged),
+    /// The sandbox's deadline changed.
+    TimeoutChanged(TimeoutChanged),
+    /// The sandbox was paused.
+    Paused(Empty),
+    /// The sandbox was resumed.
+    Resumed(Empty),
+    /// A snapshot was taken.
+    Snapshot(Snapshot),
+    /// The sandbox was destroyed.
+    Destroyed(Destroyed),
+}
+
+impl EventBody {
+    /// Every `type` this version knows, in declaration order.
+    pub const TYPES: [&'static str; 13] = [
+        "created",
+        "exec",
+        "exit",
+        "file",
+        "fs_diff",
+        "network",
+        "secret_used",
+        "policy_changed",
+        "timeout_changed",
+        "paused",
+        "resumed",
+        "snapshot",
+        "destroyed",
+    ];
+
+    /// The body's `type` tag.
+    pub fn type_name(&self) -> &'static str {
+        match self {
+            EventBody::Created(_) => "created",
+            EventBody::Exec(_) => "exec",
+            EventBody::Exit(_) => "exit",
+            EventBody::File(_) => "file",
+            EventBody::FsDiff(_) => "fs_diff",
+            EventBody::Network(_) => "network",
+            EventBody::SecretUsed(_) => "secret_used",
+            EventBody::PolicyChanged(_) => "policy_changed",
+            EventBody::TimeoutChanged(_) => "timeout_changed",
+            EventBody::Paused(_) => "paused",
+            EventBody::Resumed(_) => "resumed",
+            EventBody::Snapshot(_) => "snapshot",
+            EventBody::Destroyed(_) => "destroyed",
+        }
+    }
+}
+
+/// A body without fields (`paused`, `resumed`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Empty {}
+
+/// `created`: the sandbox as asked for and as built.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Created {
+    /// The creation request (or resolved spec) as JSON. Non-integer numbers are recorded
+    /// as decimal strings (see `docs/proof.md`, "numbers").
+    pub spec: serde_json::Value,
+    /// Template name.
+    pub template: String,
+    /// The template's content digest, as the template store spells it.
+    pub template_digest: String,
+    /// The network policy as JSON, `null` when none.
+    pub policy: serde_json::Value,
+    /// Who asked (the API caller's identity, e.g. a key id; `local` for the Unix socket).
+    pub caller: String,
+}
+
+/// Size and digest of some bytes (process output or input), with the kept copy.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ContentRecord {
+    /// Total size in bytes.
+    pub size: u64,
+    /// SHA-256 of all the bytes.
+    pub digest: Hash,
+    /// SHA-256 of the bytes kept as a blob: all of them when not `truncated`, else the first
+    /// bytes up to the cap. `null` when nothing was kept.
+    pub blob: Option<Hash>,
+    /// Whether the kept blob is only a prefix (the bytes were longer than the cap).
+    pub truncated: bool,
+}
+
+/// `exec`: a process was started.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Exec {
+    /// The daemon's id of this process; the matching `exit` carries it too.
+    pub exec_id: String,
+    /// Program and arguments.
+    pub argv: Vec<String>,
+    /// Working directory, `null` for the user's home.
+    pub cwd: Option<String>,
+    /// The user it runs as.
+    pub user: String,
+    /// Names of the environment variables given (never their values), sorted.
+    pub env_names: Vec<String>,
+    /// Whether stdin was open (input given at start or streamed later).
+    pub stdin: bool,
+    /// Whether it ran under a pseudo-terminal.
+    pub pty: bool,
+    /// The input given at start (the request's stdin), `null` when none.
+    pub input: Option<ContentRecord>,
+}
+
+/// `exit`: a process ended.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Exit {
+    /// The `exec_id` of its `exec` record.
+    pub exec_id: String,
+    /// Exit code, `null` when a signal ended it.
+    pub exit_code: Option<i32>,
+    /// The signal that ended it, if any.
+    pub signal: Option<i32>,
+    /// Whether the exec's timeout killed it.
+    pub timed_out: bool,
+    /// Wall time in milliseconds.
+    pub wall_ms: u64,
+    /// CPU time (user + system) in milliseconds, when known.
+    pub cpu_ms: Option<u64>,
+    /// Peak memory in bytes, when known.
+    pub peak_memory_bytes: Option<u64>,
+    /// Its stdout (or the terminal's output under a PTY).
+    pub stdout: ContentRecord,
+    /// Its stderr.
+    pub stderr: ContentRecord,
+    /// Input streamed to stdin after start (interactive sessions), `null` when none.
+    pub streamed_input: Option<ContentRecord>,
+}
+
+/// The kind of a [`FileChange`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FileOp {
+    /// A file was written (created or replaced).
+    Write,
+    /// A file or directory was moved to `to`.
+    Move,
+    /// A file or directory was removed.
+    Remove,
+    /// A directory was made.
+    Mkdir,
+}
+
+/// `file`: a file operation made through the API.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileChange {
+    /// What was done.
+    pub op: FileOp,
+    /// The path inside the sandbox.
+    pub path: String,
+    /// The destination of a move, else `null`.
+    pub to: Option<String>,
+    /// Bytes written (for `write`), else `null`.
+    pub size: Option<u64>,
+    /// SHA-256 of the bytes written (for `write`), else `null`.
+    pub digest: Option<Hash>,
+}
+
+/// One path of an [`FsDiff`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FsEntry {
+    /// The path inside the sandbox.
+    pub path: String,
+    /// Size in bytes (0 for directories).
+    pub size: u64,
+    /// SHA-256 of a regular file's content (for `removed`: the template's), else `null`.
+    pub digest: Option<Hash>,
+}
+
+/// `fs_diff`: the writable layer against the template.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FsDiff {
+    /// Why it was taken: `snapshot` or `destroy`.
+    pub reason: String,
+    /// Paths that are new.
+    pub added: Vec<FsEntry>,
+    /// Paths whose content or kind changed.
+    pub changed: Vec<FsEntry>,
+    /// Paths of the template that are gone.
+    pub removed: Vec<FsEntry>,
+}
+
+/// `network`: a network decision.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Network {
+    /// `dns` or `connect` (more may come).
+    pub kind: String,
+    /// The host name or address concerned.
+    pub host: String,
+    /// Destination port, when there is one.
+    pub port: Option<u16>,
+    /// `allowed` or `denied`.
+    pub verdict: String,
+    /// Anything else (DNS answers, rule matched...) as JSON; `null` when nothing.
+    pub detail: serde_json::Value,
+}
+
+/// `secret_used`: a secret was substituted on the way to a host (name only, never value).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SecretUsed {
+    /// The secret's name.
+    pub name: String,
+    /// The host it was sent to.
+    pub host: String,
+}
+
+/// `policy_changed`: the network policy now in force.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PolicyChanged {
+    /// The new policy as JSON.
+    pub policy: serde_json::Value,
+}
+
+/// `timeout_changed`: the sandbox's new deadline.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TimeoutChanged {
+    /// The new deadline, RFC 3339 UTC.
+    pub expires_at: String,
+}
+
+/// `snapshot`: a snapshot was taken.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Snapshot {
+    /// The snapshot's name.
+    pub name: String,
+}
+
+/// `destroyed`: the sandbox is gone.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Destroyed {
+    /// Why: `api`, `timeout`, `failed`, `shutdown`...
+    pub reason: String,
+    /// SHA-256 of the final writable-layer manifest, when one was taken.
+    pub manifest_digest: Option<Hash>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hash_hex_round_trip_and_strictness() {
+        let h = Hash([0xab; 32]);
+        assert_eq!(Hash::parse(&h.to_hex()).unwrap(), h);
+        assert!(Hash::parse(&"AB".repeat(32)).is_err());
+        assert!(Hash::parse("ab").is_err());
+        assert!(Hash::parse(&"zz".repeat(32)).is_err());
+        let j = serde_json::to_string(&h).unwrap();
+        assert_eq!(serde_json::from_str::<Hash>(&j).unwrap(), h);
+    }
+
+    #[test]
+    fn bodies_are_tagged_and_strict() {
+        let b = EventBody::Paused(Empty {});
+        assert_eq!(serde_json::to_string(&b).unwrap(), r#"{"type":"paused"}"#);
+        let b: EventBody = serde_json::from_str(r#"{"type":"snapshot","name":"s1"}"#).unwrap();
+        assert_eq!(b.type_name(), "snapshot");
+        assert!(serde_json::from_str::<EventBody>(r#"{"type":"snapshot","name":"s","x":1}"#)
+            .is_err());
+        assert!(serde_json::from_str::<EventBody>(r#"{"type":"paused","x":1}"#).is_err());
+        assert!(serde_json::from_str::<EventBody>(r#"{"type":"teleported"}"#).is_err());
+        for t in EventBody::TYPES {
+            assert!(EventBody::TYPES.contains(&t));
+        }
+    }
+}
