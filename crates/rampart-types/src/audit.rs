@@ -437,8 +437,9 @@ mod tests {
         assert_eq!(serde_json::to_string(&b).unwrap(), r#"{"type":"paused"}"#);
         let b: EventBody = serde_json::from_str(r#"{"type":"snapshot","name":"s1"}"#).unwrap();
         assert_eq!(b.type_name(), "snapshot");
-        assert!(serde_json::from_str::<EventBody>(r#"{"type":"snapshot","name":"s","x":1}"#)
-            .is_err());
+        assert!(
+            serde_json::from_str::<EventBody>(r#"{"type":"snapshot","name":"s","x":1}"#).is_err()
+        );
         assert!(serde_json::from_str::<EventBody>(r#"{"type":"paused","x":1}"#).is_err());
         assert!(serde_json::from_str::<EventBody>(r#"{"type":"teleported"}"#).is_err());
         for t in EventBody::TYPES {

@@ -1,0 +1,469 @@
+//! The per-sandbox hash chain: building it and checking it.
+
+use crate::canonical::{normalize_numbers, EncodeError, StrictValue};
+use crate::error::VerifyError;
+use crate::hash::{event_hash, genesis};
+use crate::merkle::HeadLeaf;
+use rampart_types::audit::{Event, EventBody, Hash};
+use rampart_types::SandboxId;
+use serde::Deserialize;
+use serde_json::Value;
+use time::OffsetDateTime;
+
+/// An audit timestamp: RFC 3339, UTC, exactly three fraction digits
+/// (`2026-05-01T12:00:00.123Z`).
+pub fn format_time(t: OffsetDateTime) -> String {
+    let t = t.to_offset(time::UtcOffset::UTC);
+    format!(
+        "{:04}-{:02}-{:02}T{:02}:{:02}:{:02}.{:03}Z",
+        t.year(),
+        u8::from(t.month()),
+        t.day(),
+        t.hour(),
+        t.minute(),
+        t.second(),
+        t.millisecond()
+    )
+}
+
+/// The current time as an audit timestamp.
+pub fn now() -> String {
+    format_time(OffsetDateTime::now_utc())
+}
+
+/// Whether `s` is an audit timestamp (shape and calendar validity).
+pub fn is_valid_time(s: &str) -> bool {
+    let b = s.as_bytes();
+    if b.len() != 24 {
+        return false;
+    }
+    for (i, &c) in b.iter().enumerate() {
+        let ok = match i {
+            4 | 7 => c == b'-',
+            10 => c == b'T',
+            13 | 16 => c == b':',
+            19 => c == b'.',
+            23 => c == b'Z',
+            _ => c.is_ascii_digit(),
+        };
+        if !ok {
+            return false;
+        }
+    }
+    let num = |r: std::ops::Range<usize>| -> u32 {
+        b[r].iter().fold(0u32, |n, &c| n * 10 + u32::from(c - b'0'))
+    };
+    let (year, month, day) = (num(0..4) as i32, num(5..7) as u8, num(8..10) as u8);
+    let Ok(month) = time::Month::try_from(month) else {
+        return false;
+    };
+    time::Date::from_calendar_date(year, month, day).is_ok()
+        && num(11..13) < 24
+        && num(14..16) < 60
+        && num(17..19) < 60
+}
+
+/// Fills in what the canonical encoding requires of a body: numbers in the free-form JSON
+/// members (`created.spec`, `created.policy`, `network.detail`, `policy_changed.policy`)
+/// that are not safe integers become strings (see [`normalize_numbers`]).
+pub fn normalize_body(body: &mut EventBody) {
+    match body {
+        EventBody::Created(c) => {
+            normalize_numbers(&mut c.spec);
+            normalize_numbers(&mut c.policy);
+        }
+        EventBody::Network(n) => normalize_numbers(&mut n.detail),
+        EventBody::PolicyChanged(p) => normalize_numbers(&mut p.policy),
+        _ => {}
+    }
+}
+
+/// Why [`Chain::advance`] refused an event.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ChainError {
+    /// the event does not extend this chain
+    #[error("event seq {seq} does not extend the chain of {sandbox} at length {length}")]
+    DoesNotExtend {
+        /// The event's seq.
+        seq: u64,
+        /// The chain's sandbox.
+        sandbox: String,
+        /// The chain's length.
+        length: u64,
+    },
+    /// the event cannot be encoded
+    #[error("the event cannot be encoded: {0}")]
+    Encode(#[from] EncodeError),
+}
+
+/// One sandbox's chain: its length and head. Builds events that extend it.
+///
+/// The daemon keeps one per live sandbox. To record something inside a store transaction:
+/// `let e = chain.next_event(body, now())?;` write `e` in the same transaction as the state
+/// change, and once it commits, `chain.advance(&e)?`. (If the transaction fails, the chain
+/// is untouched.) [`Chain::append`] does both when nothing can fail in between.
+/// After a restart, [`Chain::resume`] from the last stored event (`seq + 1`, `hash`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Chain {
+    sandbox: SandboxId,
+    length: u64,
+    head: Hash,
+}
+
+impl Chain {
+    /// An empty chain; its head is the sandbox's genesis value.
+    pub fn new(sandbox: SandboxId) -> Self {
+        let head = genesis(&sandbox);
+        Chain {
+            sandbox,
+            length: 0,
+            head,
+        }
+    }
+
+    /// A chain of `length` events whose last hash is `head` (for `length` 0, pass
+    /// [`genesis`]). Trusts its inputs; verify the stored events first if in doubt.
+    pub fn resume(sandbox: SandboxId, length: u64, head: Hash) -> Self {
+        Chain {
+            sandbox,
+            length,
+            head,
+        }
+    }
+
+    /// The chain that `events` form, after checking them with [`verify_chain`].
+    pub fn from_events(sandbox: SandboxId, events: &[Event]) -> Result<Self, VerifyError> {
+        let summary = verify_chain(&sandbox, events)?;
+        Ok(Chain {
+            sandbox,
+            length: summary.length,
+            head: summary.head,
+        })
+    }
+
+    /// The sandbox.
+    pub fn sandbox(&self) -> &SandboxId {
+        &self.sandbox
+    }
+
+    /// How many events the chain holds (the next event's seq).
+    pub fn len(&self) -> u64 {
+        self.length
+    }
+
+    /// Whether the chain holds no event.
+    pub fn is_empty(&self) -> bool {
+        self.length == 0
+    }
+
+    /// The last event's hash (genesis when empty).
+    pub fn head(&self) -> Hash {
+        self.head
+    }
+
+    /// The Merkle leaf that publishes this chain's current head.
+    pub fn leaf(&self) -> HeadLeaf {
+        HeadLeaf {
+            sandbox: self.sandbox.clone(),
+            length: self.length,
+            head: self.head,
+        }
+    }
+
+    /// The next event, with seq, prev and hash filled in; the chain does not move (see
+    /// [`Chain::advance`]). `time` should come from [`now`]. Free-form JSON members are
+    /// normalized first ([`normalize_body`]).
+    pub fn next_event(&self, mut body: EventBody, time: String) -> Result<Event, EncodeError> {
+        normalize_body(&mut body);
+        let value = serde_json::to_value(&body).map_err(|e| EncodeError::Json(e.to_string()))?;
+        let mut scratch = Vec::with_capacity(512);
+        let hash = event_hash(
+            self.length,
+            &time,
+            self.sandbox.as_str(),
+            &self.head,
+            &value,
+            &mut scratch,
+        )?;
+        Ok(Event {
+            seq: self.length,
+            time,
+            sandbox: self.sandbox.clone(),
+            prev: self.head,
+            hash,
+            body,
+        })
+    }
+
+    /// Moves the chain past `event`, which must have been made by [`Chain::next_event`] on
+    /// this chain in its current state (its hash is recomputed and checked).
+    pub fn advance(&mut self, event: &Event) -> Result<(), ChainError> {
+        let refuse = || ChainError::DoesNotExtend {
+            seq: event.seq,
+            sandbox: self.sandbox.to_string(),
+            length: self.length,
+        };
+        if event.seq != self.length || event.prev != self.head || event.sandbox != self.sandbox {
+            return Err(refuse());
+        }
+        let value =
+            serde_json::to_value(&event.body).map_err(|e| EncodeError::Json(e.to_string()))?;
+        let mut scratch = Vec::with_capacity(512);
+        let hash = event_hash(
+            event.seq,
+            &event.time,
+            event.sandbox.as_str(),
+            &event.prev,
+            &value,
+            &mut scratch,
+        )?;
+        if hash != event.hash {
+            return Err(refuse());
+        }
+        self.length += 1;
+        self.head = event.hash;
+        Ok(())
+    }
+
+    /// [`Chain::next_event`] then [`Chain::advance`].
+    pub fn append(&mut self, body: EventBody, time: String) -> Result<Event, EncodeError> {
+        let event = self.next_event(body, time)?;
+        self.length += 1;
+        self.head = event.hash;
+        Ok(event)
+    }
+}
+
+/// What a verified chain amounts to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChainSummary {
+    /// The sandbox.
+    pub sandbox: SandboxId,
+    /// Number of events.
+    pub length: u64,
+    /// The last event's hash (genesis when empty).
+    pub head: Hash,
+    /// Time of the first event.
+    pub first_time: Option<String>,
+    /// Time of the last event.
+    pub last_time: Option<String>,
+    /// Seqs of events whose time is earlier than the event before (a clock stepped back;
+    /// not an integrity failure, but worth a look).
+    pub time_regressions: Vec<u64>,
+}
+
+/// An event as read from a file, before its body is interpreted: the hash is checked
+/// over exactly what was read.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawEvent {
+    pub seq: u64,
+    pub time: String,
+    pub sandbox: String,
+    pub prev: Hash,
+    pub hash: Hash,
+    pub body: StrictValue,
+}
+
+/// Checks typed events as one sandbox's complete log from seq 0: order, links, hashes,
+/// times. Stops at the first bad record and names it.
+pub fn verify_chain(sandbox: &SandboxId, events: &[Event]) -> Result<ChainSummary, VerifyError> {
+    let mut raw = Vec::with_capacity(events.len());
+    for (i, e) in events.iter().enumerate() {
+        let body = serde_json::to_value(&e.body).map_err(|err| VerifyError::BadRecord {
+            position: i as u64,
+            reason: err.to_string(),
+        })?;
+        raw.push(RawEvent {
+            seq: e.seq,
+            time: e.time.clone(),
+            sandbox: e.sandbox.to_string(),
+            prev: e.prev,
+            hash: e.hash,
+            body: StrictValue(body),
+        });
+    }
+    verify_raw(sandbox, &raw).map(|(summary, _)| summary)
+}
+
+/// Checks raw events and interprets their bodies.
+pub(crate) fn verify_raw(
+    sandbox: &SandboxId,
+    events: &[RawEvent],
+) -> Result<(ChainSummary, Vec<EventBody>), VerifyError> {
+    let mut head = genesis(sandbox);
+    let mut bodies = Vec::with_capacity(events.len());
+    let mut scratch = Vec::with_capacity(1024);
+    let mut regressions = Vec::new();
+    for (i, e) in events.iter().enumerate() {
+        let position = i as u64;
+        if e.sandbox != sandbox.as_str() {
+            return Err(VerifyError::WrongSandbox {
+                seq: e.seq,
+                found: e.sandbox.clone(),
+                expected: sandbox.to_string(),
+            });
+        }
+        if e.seq != position {
+            let later = events[i + 1..].iter().any(|x| x.seq == position);
+            return Err(if e.seq > position && !later {
+                VerifyError::Missing {
+                    seq: position,
+                    found: e.seq,
+                }
+            } else {
+                VerifyError::OutOfOrder {
+                    seq: e.seq,
+                    position,
+                }
+            });
+        }
+        if !is_valid_time(&e.time) {
+            return Err(VerifyError::BadTime {
+                seq: e.seq,
+                time: e.time.clone(),
+            });
+        }
+        if i > 0 && e.time < events[i - 1].time {
+            regressions.push(e.seq);
+        }
+        if e.prev != head {
+            return Err(VerifyError::BrokenLink { seq: e.seq });
+        }
+        let computed = event_hash(e.seq, &e.time, &e.sandbox, &e.prev, &e.body.0, &mut scratch)
+            .map_err(|err| VerifyError::BadBody {
+                seq: e.seq,
+                reason: err.to_string(),
+            })?;
+        if computed != e.hash {
+            return Err(VerifyError::BadHash { seq: e.seq });
+        }
+        bodies.push(interpret(e.seq, &e.body.0)?);
+        head = e.hash;
+    }
+    let summary = ChainSummary {
+        sandbox: sandbox.clone(),
+        length: events.len() as u64,
+        head,
+        first_time: events.first().map(|e| e.time.clone()),
+        last_time: events.last().map(|e| e.time.clone()),
+        time_regressions: regressions,
+    };
+    Ok((summary, bodies))
+}
+
+/// Reads a body as its type, strictly: unknown types and members fail, and the typed body
+/// must encode back to exactly the value read (every member present, `null` spelled out).
+fn interpret(seq: u64, body: &Value) -> Result<EventBody, VerifyError> {
+    let Some(event_type) = body.get("type").and_then(Value::as_str) else {
+        return Err(VerifyError::BadBody {
+            seq,
+            reason: "no \"type\" string".into(),
+        });
+    };
+    if !EventBody::TYPES.contains(&event_type) {
+        return Err(VerifyError::UnknownType {
+            seq,
+            event_type: event_type.to_owned(),
+        });
+    }
+    let typed = EventBody::deserialize(body).map_err(|e| VerifyError::BadBody {
+        seq,
+        reason: e.to_string(),
+    })?;
+    let again = serde_json::to_value(&typed).map_err(|e| VerifyError::BadBody {
+        seq,
+        reason: e.to_string(),
+    })?;
+    if &again != body {
+        return Err(VerifyError::BadBody {
+            seq,
+            reason: "not in canonical form (a member is missing or has a default spelling)".into(),
+        });
+    }
+    Ok(typed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rampart_types::audit::{Empty, Snapshot};
+
+    fn sid(s: &str) -> SandboxId {
+        SandboxId::parse(s).unwrap()
+    }
+
+    #[test]
+    fn times() {
+        assert!(is_valid_time("2026-05-01T12:00:00.123Z"));
+        assert!(!is_valid_time("2026-02-30T12:00:00.123Z"));
+        assert!(!is_valid_time("2026-05-01T24:00:00.123Z"));
+        assert!(!is_valid_time("2026-05-01T12:00:00Z"));
+        assert!(!is_valid_time("2026-05-01 12:00:00.123Z"));
+        assert!(is_valid_time(&now()));
+        let t = OffsetDateTime::from_unix_timestamp_nanos(1_700_000_000_123_456_789).unwrap();
+        assert_eq!(format_time(t), "2023-11-14T22:13:20.123Z");
+    }
+
+    #[test]
+    fn chain_builds_and_verifies() {
+        let mut c = Chain::new(sid("abc"));
+        let g = c.head();
+        let mut events = Vec::new();
+        for i in 0..5 {
+            let body = if i % 2 == 0 {
+                EventBody::Paused(Empty {})
+            } else {
+                EventBody::Snapshot(Snapshot {
+                    name: format!("s{i}"),
+                })
+            };
+            events.push(c.append(body, now()).unwrap());
+        }
+        assert_eq!(events[0].prev, g);
+        assert_eq!(c.len(), 5);
+        let s = verify_chain(&sid("abc"), &events).unwrap();
+        assert_eq!((s.length, s.head), (5, c.head()));
+        assert_eq!(Chain::from_events(sid("abc"), &events).unwrap(), c);
+
+        // next_event does not move the chain; advance checks.
+        let e = c.next_event(EventBody::Resumed(Empty {}), now()).unwrap();
+        assert_eq!(c.len(), 5);
+        let mut forged = e.clone();
+        forged.time = "2000-01-01T00:00:00.000Z".into();
+        assert!(c.advance(&forged).is_err());
+        c.advance(&e).unwrap();
+        assert!(c.advance(&e).is_err());
+        assert_eq!(c.len(), 6);
+
+        let mut bad = events.clone();
+        bad[2].body = EventBody::Snapshot(Snapshot {
+            name: "evil".into(),
+        });
+        assert_eq!(
+            verify_chain(&sid("abc"), &bad),
+            Err(VerifyError::BadHash { seq: 2 })
+        );
+        assert!(matches!(
+            verify_chain(&sid("abd"), &events),
+            Err(VerifyError::WrongSandbox { seq: 0, .. })
+        ));
+    }
+
+    #[test]
+    fn unknown_and_sloppy_bodies_are_named() {
+        let v: Value = serde_json::json!({"type": "teleported"});
+        assert!(matches!(
+            interpret(7, &v),
+            Err(VerifyError::UnknownType { seq: 7, .. })
+        ));
+        let v: Value = serde_json::json!({"type": "destroyed", "reason": "api"});
+        assert!(matches!(
+            interpret(3, &v),
+            Err(VerifyError::BadBody { seq: 3, .. })
+        ));
+        let v: Value =
+            serde_json::json!({"type": "destroyed", "reason": "api", "manifest_digest": null});
+        assert!(interpret(3, &v).is_ok());
+    }
+}

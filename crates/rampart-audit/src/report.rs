@@ -1,0 +1,439 @@
+//! What a verified log says the sandbox did, readable.
+
+use crate::key::PublicKey;
+use rampart_types::audit::{Event, EventBody, FileOp, Hash};
+use rampart_types::SandboxId;
+use std::collections::BTreeMap;
+use std::fmt;
+
+/// A command and how it ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CommandRecord {
+    /// Seq of its `exec` record.
+    pub seq: u64,
+    /// When it started.
+    pub time: String,
+    /// The daemon's exec id.
+    pub exec_id: String,
+    /// Program and arguments.
+    pub argv: Vec<String>,
+    /// The user it ran as.
+    pub user: String,
+    /// Seq of its `exit` record, `None` if it had not ended.
+    pub exit_seq: Option<u64>,
+    /// Exit code.
+    pub exit_code: Option<i32>,
+    /// Signal that ended it.
+    pub signal: Option<i32>,
+    /// Whether its timeout killed it.
+    pub timed_out: bool,
+    /// Wall time in ms.
+    pub wall_ms: Option<u64>,
+}
+
+/// A change to a file: through the API (`write`, `move`, `remove`, `mkdir`) or seen in an
+/// `fs_diff` (`added`, `changed`, `removed`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FileRecord {
+    /// Seq of the record.
+    pub seq: u64,
+    /// What happened.
+    pub op: &'static str,
+    /// The path.
+    pub path: String,
+    /// The destination of a move.
+    pub to: Option<String>,
+}
+
+/// A host the sandbox reached or tried to reach.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct HostRecord {
+    /// Decisions that allowed it.
+    pub allowed: u64,
+    /// Decisions that denied it.
+    pub denied: u64,
+    /// Secrets sent to it (names).
+    pub secrets: Vec<String>,
+}
+
+/// One line of the timeline.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TimelineEntry {
+    /// Seq of the record.
+    pub seq: u64,
+    /// Its time.
+    pub time: String,
+    /// What happened, in words (control characters escaped).
+    pub text: String,
+}
+
+/// What a log says the sandbox did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Activity {
+    /// Commands run, in order.
+    pub commands: Vec<CommandRecord>,
+    /// Files changed, in order.
+    pub files: Vec<FileRecord>,
+    /// Hosts contacted, by name.
+    pub hosts: BTreeMap<String, HostRecord>,
+    /// Every record, in words.
+    pub timeline: Vec<TimelineEntry>,
+}
+
+/// Makes text safe to print on a terminal: control characters (escape sequences included)
+/// are shown escaped, so a recorded argv cannot rewrite the verifier's output.
+pub fn printable(s: &str) -> String {
+    if !s.chars().any(char::is_control) {
+        return s.to_owned();
+    }
+    s.chars()
+        .map(|c| {
+            if c.is_control() {
+                c.escape_default().to_string()
+            } else {
+                c.to_string()
+            }
+        })
+        .collect()
+}
+
+fn shell_words(argv: &[String]) -> String {
+    argv.iter()
+        .map(|a| {
+            let p = printable(a);
+            if !p.is_empty()
+                && p.chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "-_./=:,+@%".contains(c))
+            {
+                p
+            } else {
+                format!("'{}'", p.replace('\'', "'\\''"))
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+fn ended(code: Option<i32>, signal: Option<i32>, timed_out: bool) -> String {
+    let mut s = match (code, signal) {
+        (Some(c), _) => format!("exit {c}"),
+        (None, Some(sig)) => format!("signal {sig}"),
+        (None, None) => "no status".to_owned(),
+    };
+    if timed_out {
+        s.push_str(" (timed out)");
+    }
+    s
+}
+
+fn opt_hash(h: &Option<Hash>) -> String {
+    h.map(|h| h.short()).unwrap_or_else(|| "-".into())
+}
+
+impl Activity {
+    /// The activity of typed events (e.g. for `rampart audit show`).
+    pub fn from_events(events: &[Event]) -> Activity {
+        Activity::from_bodies(events.iter().map(|e| (e.seq, e.time.as_str(), &e.body)))
+    }
+
+    /// The activity of `(seq, time, body)` records in order.
+    pub fn from_bodies<'a>(
+        records: impl IntoIterator<Item = (u64, &'a str, &'a EventBody)>,
+    ) -> Activity {
+        let mut a = Activity::default();
+        let mut open: BTreeMap<String, usize> = BTreeMap::new();
+        for (seq, time, body) in records {
+            let text = match body {
+                EventBody::Created(c) => format!(
+                    "created from template {} ({}) by {}",
+                    printable(&c.template),
+                    printable(&c.template_digest),
+                    printable(&c.caller)
+                ),
+                EventBody::Exec(x) => {
+                    open.insert(x.exec_id.clone(), a.commands.len());
+                    a.commands.push(CommandRecord {
+                        seq,
+                        time: time.to_owned(),
+                        exec_id: x.exec_id.clone(),
+                        argv: x.argv.clone(),
+                        user: x.user.clone(),
+                        exit_seq: None,
+                        exit_code: None,
+                        signal: None,
+                        timed_out: false,
+                        wall_ms: None,
+                    });
+                    let input = x.input.as_ref().map(|r| format!(", input {} B", r.size));
+                    format!(
+                        "exec [{}] as {}: {}{}{}",
+                        printable(&x.exec_id),
+                        printable(&x.user),
+                        shell_words(&x.argv),
+                        if x.pty { " (pty)" } else { "" },
+                        input.unwrap_or_default()
+                    )
+                }
+                EventBody::Exit(x) => {
+                    if let Some(c) = open.remove(&x.exec_id).and_then(|i| a.commands.get_mut(i)) {
+                        c.exit_seq = Some(seq);
+                        c.exit_code = x.exit_code;
+                        c.signal = x.signal;
+                        c.timed_out = x.timed_out;
+                        c.wall_ms = Some(x.wall_ms);
+                    }
+                    format!(
+                        "exit [{}]: {} after {} ms; stdout {} B ({}), stderr {} B ({})",
+                        printable(&x.exec_id),
+                        ended(x.exit_code, x.signal, x.timed_out),
+                        x.wall_ms,
+                        x.stdout.size,
+                        x.stdout.digest.short(),
+                        x.stderr.size,
+                        x.stderr.digest.short()
+                    )
+                }
+                EventBody::File(f) => {
+                    let op = match f.op {
+                        FileOp::Write => "write",
+                        FileOp::Move => "move",
+                        FileOp::Remove => "remove",
+                        FileOp::Mkdir => "mkdir",
+                    };
+                    a.files.push(FileRecord {
+                        seq,
+                        op,
+                        path: f.path.clone(),
+                        to: f.to.clone(),
+                    });
+                    let to = f.to.as_deref().map(|t| format!(" -> {}", printable(t)));
+                    let size = f.size.map(|s| format!(" ({s} B, {})", opt_hash(&f.digest)));
+                    format!(
+                        "file {op} {}{}{}",
+                        printable(&f.path),
+                        to.unwrap_or_default(),
+                        size.unwrap_or_default()
+                    )
+                }
+                EventBody::FsDiff(d) => {
+                    for (op, list) in [
+                        ("added", &d.added),
+                        ("changed", &d.changed),
+                        ("removed", &d.removed),
+                    ] {
+                        for e in list {
+                            a.files.push(FileRecord {
+                                seq,
+                                op,
+                                path: e.path.clone(),
+                                to: None,
+                            });
+                        }
+                    }
+                    format!(
+                        "filesystem at {}: {} added, {} changed, {} removed",
+                        printable(&d.reason),
+                        d.added.len(),
+                        d.changed.len(),
+                        d.removed.len()
+                    )
+                }
+                EventBody::Network(n) => {
+                    let h = a.hosts.entry(n.host.clone()).or_default();
+                    if n.verdict == "allowed" {
+                        h.allowed += 1;
+                    } else {
+                        h.denied += 1;
+                    }
+                    let port = n.port.map(|p| format!(":{p}")).unwrap_or_default();
+                    format!(
+                        "network {} {}{}: {}",
+                        printable(&n.kind),
+                        printable(&n.host),
+                        port,
+                        printable(&n.verdict)
+                    )
+                }
+                EventBody::SecretUsed(s) => {
+                    let h = a.hosts.entry(s.host.clone()).or_default();
+                    if !h.secrets.contains(&s.name) {
+                        h.secrets.push(s.name.clone());
+                    }
+                    format!(
+                        "secret {} sent to {}",
+                        printable(&s.name),
+                        printable(&s.host)
+                    )
+                }
+                EventBody::PolicyChanged(_) => "network policy changed".to_owned(),
+                EventBody::TimeoutChanged(t) => {
+                    format!("deadline set to {}", printable(&t.expires_at))
+                }
+                EventBody::Paused(_) => "paused".to_owned(),
+                EventBody::Resumed(_) => "resumed".to_owned(),
+                EventBody::Snapshot(s) => format!("snapshot {}", printable(&s.name)),
+                EventBody::Destroyed(d) => format!(
+                    "destroyed ({}), final manifest {}",
+                    printable(&d.reason),
+                    opt_hash(&d.manifest_digest)
+                ),
+            };
+            a.timeline.push(TimelineEntry {
+                seq,
+                time: time.to_owned(),
+                text,
+            });
+        }
+        a
+    }
+}
+
+impl fmt::Display for Activity {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(f, "Commands ({}):", self.commands.len())?;
+        for c in &self.commands {
+            let status = match c.exit_seq {
+                Some(_) => ended(c.exit_code, c.signal, c.timed_out),
+                None => "did not end".to_owned(),
+            };
+            writeln!(f, "  #{:<5} {:<16} {}", c.seq, status, shell_words(&c.argv))?;
+        }
+        writeln!(f, "Files changed ({}):", self.files.len())?;
+        for r in &self.files {
+            let to =
+                r.to.as_deref()
+                    .map(|t| format!(" -> {}", printable(t)))
+                    .unwrap_or_default();
+            writeln!(
+                f,
+                "  #{:<5} {:<8} {}{}",
+                r.seq,
+                r.op,
+                printable(&r.path),
+                to
+            )?;
+        }
+        writeln!(f, "Hosts contacted ({}):", self.hosts.len())?;
+        for (host, h) in &self.hosts {
+            let secrets = if h.secrets.is_empty() {
+                String::new()
+            } else {
+                format!(
+                    ", secrets: {}",
+                    h.secrets
+                        .iter()
+                        .map(|s| printable(s))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                )
+            };
+            writeln!(
+                f,
+                "  {} (allowed {}, denied {}{})",
+                printable(host),
+                h.allowed,
+                h.denied,
+                secrets
+            )?;
+        }
+        writeln!(f, "Timeline:")?;
+        for t in &self.timeline {
+            writeln!(f, "  #{:<5} {}  {}", t.seq, printable(&t.time), t.text)?;
+        }
+        Ok(())
+    }
+}
+
+/// The result of [`crate::verify_bundle`]: what was proven, and what the sandbox did.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Report {
+    /// The sandbox.
+    pub sandbox: SandboxId,
+    /// Number of events.
+    pub events: u64,
+    /// The last event's hash.
+    pub chain_head: Hash,
+    /// Time of the first event.
+    pub first_time: Option<String>,
+    /// Time of the last event.
+    pub last_time: Option<String>,
+    /// Index of the chain head's leaf in the node log.
+    pub leaf_index: u64,
+    /// Size of the signed tree.
+    pub tree_size: u64,
+    /// Root of the signed tree.
+    pub tree_root: Hash,
+    /// When the tree head was signed.
+    pub signed_at: String,
+    /// The key that signed it.
+    pub key: PublicKey,
+    /// Whether that key was the trusted key given to the verifier.
+    pub key_pinned: bool,
+    /// Number of blobs checked against their digests.
+    pub blobs_verified: u64,
+    /// Things worth knowing that do not make the bundle invalid.
+    pub warnings: Vec<String>,
+    /// What the sandbox did.
+    pub activity: Activity,
+}
+
+impl fmt::Display for Report {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(f, "VERIFIED: audit log of sandbox {}", self.sandbox)?;
+        writeln!(
+            f,
+            "  {} events, {} .. {}",
+            self.events,
+            self.first_time
+                .as_deref()
+                .map(printable)
+                .unwrap_or_else(|| "-".into()),
+            self.last_time
+                .as_deref()
+                .map(printable)
+                .unwrap_or_else(|| "-".into())
+        )?;
+        writeln!(
+            f,
+            "  chain head {} (leaf {} of {})",
+            self.chain_head, self.leaf_index, self.tree_size
+        )?;
+        writeln!(
+            f,
+            "  tree root  {} signed at {}",
+            self.tree_root,
+            printable(&self.signed_at)
+        )?;
+        writeln!(
+            f,
+            "  node key   {} (id {}){}",
+            self.key,
+            self.key.key_id().short(),
+            if self.key_pinned {
+                ", pinned"
+            } else {
+                ", NOT PINNED"
+            }
+        )?;
+        writeln!(f, "  {} blob(s) verified", self.blobs_verified)?;
+        for w in &self.warnings {
+            writeln!(f, "WARNING: {w}")?;
+        }
+        write!(f, "{}", self.activity)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn printable_escapes_terminal_controls() {
+        assert_eq!(printable("ls"), "ls");
+        assert_eq!(printable("a\x1b[2Jb\n"), "a\\u{1b}[2Jb\\n");
+        assert_eq!(
+            shell_words(&["echo".into(), "a b".into(), "it's".into()]),
+            "echo 'a b' 'it'\\''s'"
+        );
+    }
+}
