@@ -327,16 +327,40 @@ fn spawn_member(sh: &Shared, n: u64) -> Result<Member, JailError> {
     }
 }
 
-/// Reads the member's `{"ready":true}` line (byte by byte: nothing after it may be consumed).
-fn wait_ready(m: &mut Member) -> Result<(), JailError> {
+/// How long a new member may take to prepare.
+const PREPARE_DEADLINE: Duration = Duration::from_secs(10);
+
+/// Reads the member's `{"ready":true}` line (byte by byte: nothing after it may be consumed),
+/// for at most [`PREPARE_DEADLINE`], giving up at once when the pool closes.
+fn wait_ready(sh: &Shared, m: &mut Member) -> Result<(), JailError> {
     let so = m
         .child
         .stdout
         .as_mut()
         .ok_or_else(|| JailError::Init("pool jailer without stdout".into()))?;
+    let deadline = std::time::Instant::now() + PREPARE_DEADLINE;
     let mut line = Vec::new();
     let mut b = [0u8; 1];
     loop {
+        if lock(&sh.state).closed {
+            return Err(JailError::Init("the pool closed".into()));
+        }
+        if std::time::Instant::now() > deadline {
+            return Err(JailError::Init(format!(
+                "pool jailer did not prepare within {} s (an outdated rampart-jailer?)",
+                PREPARE_DEADLINE.as_secs()
+            )));
+        }
+        let mut pfd = libc::pollfd {
+            fd: std::os::fd::AsRawFd::as_raw_fd(so),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd.
+        let n = unsafe { libc::poll(&mut pfd, 1, 100) };
+        if n <= 0 {
+            continue; // timeout or EINTR: check again
+        }
         match so.read(&mut b) {
             Ok(0) => break,
             Ok(_) if b[0] == b'\n' => break,
@@ -399,7 +423,7 @@ fn refill(sh: &Shared) {
             let r = sh
                 .cgroups
                 .join(&m.name, m.child.id() as i32)
-                .and_then(|()| wait_ready(&mut m));
+                .and_then(|()| wait_ready(sh, &mut m));
             if let Err(e) = r {
                 discard(&sh.cgroups, m);
                 failed.get_or_insert(e);

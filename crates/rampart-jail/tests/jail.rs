@@ -668,3 +668,42 @@ fn stale_pool_and_dying_traces_are_removed_at_start() {
         std::fs::remove_dir(d.parent().unwrap().join(&ours)).unwrap();
     }
 }
+
+#[test]
+fn a_jailer_that_never_prepares_does_not_block_close() {
+    if let Some(r) = skip_reason() {
+        eprintln!("skipped: {r}");
+        return;
+    }
+    let mut t = TestEnv::new("poolhang");
+    if t.jail.features().cgroup != CgroupVersion::V1 {
+        eprintln!("skipped: the jailer pool is for cgroup v1 hosts");
+        return;
+    }
+    // `tail` reads its stdin and never answers the prepare line.
+    let Some(tail) = ["/usr/bin/tail", "/bin/tail"]
+        .iter()
+        .map(PathBuf::from)
+        .find(|p| p.exists())
+    else {
+        eprintln!("skipped: no tail");
+        return;
+    };
+    t.jail = Jail::new(JailConfig {
+        jailer_bin: tail,
+        ..t.jail.config().clone()
+    })
+    .unwrap()
+    .with_pool(2, Limits::default().disk_bytes)
+    .unwrap();
+    // Wait until the refill has members in preparation.
+    assert!(eventually(|| pool_dirs(&t.jail).len() == 2));
+    assert_eq!(t.jail.pool().unwrap().ready(), 0);
+    t.jail.close_pool();
+    assert!(pool_dirs(&t.jail).is_empty(), "{:?}", pool_dirs(&t.jail));
+    assert!(
+        pool_cgroups(&t.jail).is_empty(),
+        "{:?}",
+        pool_cgroups(&t.jail)
+    );
+}
