@@ -1,6 +1,6 @@
 //! Audit bundles: one self-contained file per sandbox, verifiable offline.
 
-use crate::chain::{verify_raw, RawEvent};
+use crate::chain::{ChainVerifier, RawEvent};
 use crate::error::VerifyError;
 use crate::hash::{content_digest, genesis};
 use crate::key::{PublicKey, SignedTreeHead};
@@ -144,6 +144,15 @@ mod erased {
     }
 }
 
+/// Reads only the `seq` of a raw record (to tell a missing record from a reordered one).
+fn seq_of(r: &RawValue) -> Option<u64> {
+    #[derive(Deserialize)]
+    struct Seq {
+        seq: u64,
+    }
+    serde_json::from_str::<Seq>(r.get()).ok().map(|s| s.seq)
+}
+
 /// The content digests of every blob the events refer to (what an exporter should put in
 /// the bundle).
 pub fn referenced_blobs(events: &[Event]) -> BTreeSet<Hash> {
@@ -228,16 +237,24 @@ pub fn verify_bundle(bytes: &[u8], trusted_key: Option<&PublicKey>) -> Result<Re
     }
     b.tree_head.verify(&key)?;
 
-    // The log.
-    let mut raw = Vec::with_capacity(b.events.len());
+    // The log, one record at a time; what is kept of each is its content records and its
+    // line in the activity summary.
+    let mut chain = ChainVerifier::new(sandbox.clone());
+    let mut records: Vec<(u64, &'static str, ContentRecord)> = Vec::new();
+    let mut activity = Activity::default();
     for (i, r) in b.events.iter().enumerate() {
         let e: RawEvent = serde_json::from_str(r.get()).map_err(|err| VerifyError::BadRecord {
             position: i as u64,
             reason: err.to_string(),
         })?;
-        raw.push(e);
+        let later = &b.events[i + 1..];
+        let body = chain.check(&e, |seq| later.iter().any(|r| seq_of(r) == Some(seq)))?;
+        for (name, rec) in content_records(&body) {
+            records.push((e.seq, name, rec.clone()));
+        }
+        activity.push(e.seq, &e.time, &body);
     }
-    let (summary, bodies) = verify_raw(&sandbox, &raw)?;
+    let summary = chain.finish();
     for seq in &summary.time_regressions {
         warnings.push(format!(
             "record seq {seq} is timed before the record before it"
@@ -278,11 +295,9 @@ pub fn verify_bundle(bytes: &[u8], trusted_key: Option<&PublicKey>) -> Result<Re
 
     // The blobs.
     let mut first_use: BTreeMap<Hash, u64> = BTreeMap::new();
-    for (seq, body) in bodies.iter().enumerate() {
-        for (_, r) in content_records(body) {
-            if let Some(d) = r.blob {
-                first_use.entry(d).or_insert(seq as u64);
-            }
+    for (seq, _, r) in &records {
+        if let Some(d) = r.blob {
+            first_use.entry(d).or_insert(*seq);
         }
     }
     let mut blobs: BTreeMap<Hash, Vec<u8>> = BTreeMap::new();
@@ -304,11 +319,8 @@ pub fn verify_bundle(bytes: &[u8], trusted_key: Option<&PublicKey>) -> Result<Re
         blobs.insert(digest, data);
     }
     let mut missing = 0u64;
-    for (seq, body) in bodies.iter().enumerate() {
-        let seq = seq as u64;
-        for (name, r) in content_records(body) {
-            check_content(seq, name, r, &blobs, &mut missing)?;
-        }
+    for (seq, name, r) in &records {
+        check_content(*seq, name, r, &blobs, &mut missing)?;
     }
     if missing > 0 {
         warnings.push(format!(
@@ -322,11 +334,6 @@ pub fn verify_bundle(bytes: &[u8], trusted_key: Option<&PublicKey>) -> Result<Re
         ));
     }
 
-    let activity = Activity::from_bodies(
-        raw.iter()
-            .zip(bodies.iter())
-            .map(|(e, body)| (e.seq, e.time.as_str(), body)),
-    );
     Ok(Report {
         sandbox,
         events: found,

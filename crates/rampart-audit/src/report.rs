@@ -3,7 +3,7 @@
 use crate::key::PublicKey;
 use rampart_types::audit::{Event, EventBody, FileOp, Hash};
 use rampart_types::SandboxId;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 
 /// A command and how it ended.
@@ -78,6 +78,8 @@ pub struct Activity {
     pub hosts: BTreeMap<String, HostRecord>,
     /// Every record, in words.
     pub timeline: Vec<TimelineEntry>,
+    /// Commands without an exit yet: exec id -> index in `commands`.
+    open: HashMap<String, usize>,
 }
 
 /// Makes text safe to print on a terminal: control characters (escape sequences included)
@@ -141,150 +143,156 @@ impl Activity {
         records: impl IntoIterator<Item = (u64, &'a str, &'a EventBody)>,
     ) -> Activity {
         let mut a = Activity::default();
-        let mut open: BTreeMap<String, usize> = BTreeMap::new();
         for (seq, time, body) in records {
-            let text = match body {
-                EventBody::Created(c) => format!(
-                    "created from template {} ({}) by {}",
-                    printable(&c.template),
-                    printable(&c.template_digest),
-                    printable(&c.caller)
-                ),
-                EventBody::Exec(x) => {
-                    open.insert(x.exec_id.clone(), a.commands.len());
-                    a.commands.push(CommandRecord {
-                        seq,
-                        time: time.to_owned(),
-                        exec_id: x.exec_id.clone(),
-                        argv: x.argv.clone(),
-                        user: x.user.clone(),
-                        exit_seq: None,
-                        exit_code: None,
-                        signal: None,
-                        timed_out: false,
-                        wall_ms: None,
-                    });
-                    let input = x.input.as_ref().map(|r| format!(", input {} B", r.size));
-                    format!(
-                        "exec [{}] as {}: {}{}{}",
-                        printable(&x.exec_id),
-                        printable(&x.user),
-                        shell_words(&x.argv),
-                        if x.pty { " (pty)" } else { "" },
-                        input.unwrap_or_default()
-                    )
-                }
-                EventBody::Exit(x) => {
-                    if let Some(c) = open.remove(&x.exec_id).and_then(|i| a.commands.get_mut(i)) {
-                        c.exit_seq = Some(seq);
-                        c.exit_code = x.exit_code;
-                        c.signal = x.signal;
-                        c.timed_out = x.timed_out;
-                        c.wall_ms = Some(x.wall_ms);
-                    }
-                    format!(
-                        "exit [{}]: {} after {} ms; stdout {} B ({}), stderr {} B ({})",
-                        printable(&x.exec_id),
-                        ended(x.exit_code, x.signal, x.timed_out),
-                        x.wall_ms,
-                        x.stdout.size,
-                        x.stdout.digest.short(),
-                        x.stderr.size,
-                        x.stderr.digest.short()
-                    )
-                }
-                EventBody::File(f) => {
-                    let op = match f.op {
-                        FileOp::Write => "write",
-                        FileOp::Move => "move",
-                        FileOp::Remove => "remove",
-                        FileOp::Mkdir => "mkdir",
-                    };
-                    a.files.push(FileRecord {
-                        seq,
-                        op,
-                        path: f.path.clone(),
-                        to: f.to.clone(),
-                    });
-                    let to = f.to.as_deref().map(|t| format!(" -> {}", printable(t)));
-                    let size = f.size.map(|s| format!(" ({s} B, {})", opt_hash(&f.digest)));
-                    format!(
-                        "file {op} {}{}{}",
-                        printable(&f.path),
-                        to.unwrap_or_default(),
-                        size.unwrap_or_default()
-                    )
-                }
-                EventBody::FsDiff(d) => {
-                    for (op, list) in [
-                        ("added", &d.added),
-                        ("changed", &d.changed),
-                        ("removed", &d.removed),
-                    ] {
-                        for e in list {
-                            a.files.push(FileRecord {
-                                seq,
-                                op,
-                                path: e.path.clone(),
-                                to: None,
-                            });
-                        }
-                    }
-                    format!(
-                        "filesystem at {}: {} added, {} changed, {} removed",
-                        printable(&d.reason),
-                        d.added.len(),
-                        d.changed.len(),
-                        d.removed.len()
-                    )
-                }
-                EventBody::Network(n) => {
-                    let h = a.hosts.entry(n.host.clone()).or_default();
-                    if n.verdict == "allowed" {
-                        h.allowed += 1;
-                    } else {
-                        h.denied += 1;
-                    }
-                    let port = n.port.map(|p| format!(":{p}")).unwrap_or_default();
-                    format!(
-                        "network {} {}{}: {}",
-                        printable(&n.kind),
-                        printable(&n.host),
-                        port,
-                        printable(&n.verdict)
-                    )
-                }
-                EventBody::SecretUsed(s) => {
-                    let h = a.hosts.entry(s.host.clone()).or_default();
-                    if !h.secrets.contains(&s.name) {
-                        h.secrets.push(s.name.clone());
-                    }
-                    format!(
-                        "secret {} sent to {}",
-                        printable(&s.name),
-                        printable(&s.host)
-                    )
-                }
-                EventBody::PolicyChanged(_) => "network policy changed".to_owned(),
-                EventBody::TimeoutChanged(t) => {
-                    format!("deadline set to {}", printable(&t.expires_at))
-                }
-                EventBody::Paused(_) => "paused".to_owned(),
-                EventBody::Resumed(_) => "resumed".to_owned(),
-                EventBody::Snapshot(s) => format!("snapshot {}", printable(&s.name)),
-                EventBody::Destroyed(d) => format!(
-                    "destroyed ({}), final manifest {}",
-                    printable(&d.reason),
-                    opt_hash(&d.manifest_digest)
-                ),
-            };
-            a.timeline.push(TimelineEntry {
-                seq,
-                time: time.to_owned(),
-                text,
-            });
+            a.push(seq, time, body);
         }
         a
+    }
+
+    /// Adds the next record.
+    pub fn push(&mut self, seq: u64, time: &str, body: &EventBody) {
+        let a = self;
+        let text = match body {
+            EventBody::Created(c) => format!(
+                "created from template {} ({}) by {}",
+                printable(&c.template),
+                printable(&c.template_digest),
+                printable(&c.caller)
+            ),
+            EventBody::Exec(x) => {
+                a.open.insert(x.exec_id.clone(), a.commands.len());
+                a.commands.push(CommandRecord {
+                    seq,
+                    time: time.to_owned(),
+                    exec_id: x.exec_id.clone(),
+                    argv: x.argv.clone(),
+                    user: x.user.clone(),
+                    exit_seq: None,
+                    exit_code: None,
+                    signal: None,
+                    timed_out: false,
+                    wall_ms: None,
+                });
+                let input = x.input.as_ref().map(|r| format!(", input {} B", r.size));
+                format!(
+                    "exec [{}] as {}: {}{}{}",
+                    printable(&x.exec_id),
+                    printable(&x.user),
+                    shell_words(&x.argv),
+                    if x.pty { " (pty)" } else { "" },
+                    input.unwrap_or_default()
+                )
+            }
+            EventBody::Exit(x) => {
+                let open = a.open.remove(&x.exec_id);
+                if let Some(c) = open.and_then(|i| a.commands.get_mut(i)) {
+                    c.exit_seq = Some(seq);
+                    c.exit_code = x.exit_code;
+                    c.signal = x.signal;
+                    c.timed_out = x.timed_out;
+                    c.wall_ms = Some(x.wall_ms);
+                }
+                format!(
+                    "exit [{}]: {} after {} ms; stdout {} B ({}), stderr {} B ({})",
+                    printable(&x.exec_id),
+                    ended(x.exit_code, x.signal, x.timed_out),
+                    x.wall_ms,
+                    x.stdout.size,
+                    x.stdout.digest.short(),
+                    x.stderr.size,
+                    x.stderr.digest.short()
+                )
+            }
+            EventBody::File(f) => {
+                let op = match f.op {
+                    FileOp::Write => "write",
+                    FileOp::Move => "move",
+                    FileOp::Remove => "remove",
+                    FileOp::Mkdir => "mkdir",
+                };
+                a.files.push(FileRecord {
+                    seq,
+                    op,
+                    path: f.path.clone(),
+                    to: f.to.clone(),
+                });
+                let to = f.to.as_deref().map(|t| format!(" -> {}", printable(t)));
+                let size = f.size.map(|s| format!(" ({s} B, {})", opt_hash(&f.digest)));
+                format!(
+                    "file {op} {}{}{}",
+                    printable(&f.path),
+                    to.unwrap_or_default(),
+                    size.unwrap_or_default()
+                )
+            }
+            EventBody::FsDiff(d) => {
+                for (op, list) in [
+                    ("added", &d.added),
+                    ("changed", &d.changed),
+                    ("removed", &d.removed),
+                ] {
+                    for e in list {
+                        a.files.push(FileRecord {
+                            seq,
+                            op,
+                            path: e.path.clone(),
+                            to: None,
+                        });
+                    }
+                }
+                format!(
+                    "filesystem at {}: {} added, {} changed, {} removed",
+                    printable(&d.reason),
+                    d.added.len(),
+                    d.changed.len(),
+                    d.removed.len()
+                )
+            }
+            EventBody::Network(n) => {
+                let h = a.hosts.entry(n.host.clone()).or_default();
+                if n.verdict == "allowed" {
+                    h.allowed += 1;
+                } else {
+                    h.denied += 1;
+                }
+                let port = n.port.map(|p| format!(":{p}")).unwrap_or_default();
+                format!(
+                    "network {} {}{}: {}",
+                    printable(&n.kind),
+                    printable(&n.host),
+                    port,
+                    printable(&n.verdict)
+                )
+            }
+            EventBody::SecretUsed(s) => {
+                let h = a.hosts.entry(s.host.clone()).or_default();
+                if !h.secrets.contains(&s.name) {
+                    h.secrets.push(s.name.clone());
+                }
+                format!(
+                    "secret {} sent to {}",
+                    printable(&s.name),
+                    printable(&s.host)
+                )
+            }
+            EventBody::PolicyChanged(_) => "network policy changed".to_owned(),
+            EventBody::TimeoutChanged(t) => {
+                format!("deadline set to {}", printable(&t.expires_at))
+            }
+            EventBody::Paused(_) => "paused".to_owned(),
+            EventBody::Resumed(_) => "resumed".to_owned(),
+            EventBody::Snapshot(s) => format!("snapshot {}", printable(&s.name)),
+            EventBody::Destroyed(d) => format!(
+                "destroyed ({}), final manifest {}",
+                printable(&d.reason),
+                opt_hash(&d.manifest_digest)
+            ),
+        };
+        a.timeline.push(TimelineEntry {
+            seq,
+            time: time.to_owned(),
+            text,
+        });
     }
 }
 

@@ -507,3 +507,37 @@ fn print_sample_report() {
     events(&mut v).swap(5, 6);
     println!("error: {}", verify(&v, None).unwrap_err());
 }
+
+#[test]
+fn every_member_of_every_body_is_required() {
+    // One meaning, one spelling: dropping any member of any body (even one that is null)
+    // makes the record unreadable, so the typed reading of a record is exactly what was hashed.
+    let mut f = fixture();
+    let key = f.node.key.public_key();
+    let mut checked = 0;
+    for i in 0..N as usize {
+        let members: Vec<String> = f.bundle["events"][i]["body"]
+            .as_object()
+            .unwrap()
+            .keys()
+            .filter(|k| *k != "type")
+            .cloned()
+            .collect();
+        for m in members {
+            let mut v = f.bundle.clone();
+            events(&mut v)[i]["body"]
+                .as_object_mut()
+                .unwrap()
+                .remove(&m);
+            rehash(&mut v, i);
+            reanchor(&mut f.node, &mut v);
+            let err = verify(&v, Some(&key)).unwrap_err();
+            assert!(
+                matches!(err, VerifyError::BadBody { seq, .. } if seq == i as u64),
+                "seq {i} without {m}: {err}"
+            );
+            checked += 1;
+        }
+    }
+    assert!(checked > 60, "{checked}");
+}

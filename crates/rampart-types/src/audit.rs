@@ -124,6 +124,14 @@ impl<'de> Deserialize<'de> for Hash {
     }
 }
 
+/// Reads an `Option` field that must be present (as `null` when absent): serde would
+/// otherwise take a missing member for `None`, giving one meaning two spellings.
+fn required<'de, D: serde::Deserializer<'de>, T: Deserialize<'de>>(
+    d: D,
+) -> Result<Option<T>, D::Error> {
+    Option::<T>::deserialize(d)
+}
+
 /// One record of a sandbox's audit log.
 ///
 /// `hash` is computed over (`seq`, `time`, `sandbox`, `prev`, `body`); `prev` is the `hash`
@@ -247,6 +255,7 @@ pub struct ContentRecord {
     pub digest: Hash,
     /// SHA-256 of the bytes kept as a blob: all of them when not `truncated`, else the first
     /// bytes up to the cap. `null` when nothing was kept.
+    #[serde(deserialize_with = "required")]
     pub blob: Option<Hash>,
     /// Whether the kept blob is only a prefix (the bytes were longer than the cap).
     pub truncated: bool,
@@ -261,6 +270,7 @@ pub struct Exec {
     /// Program and arguments.
     pub argv: Vec<String>,
     /// Working directory, `null` for the user's home.
+    #[serde(deserialize_with = "required")]
     pub cwd: Option<String>,
     /// The user it runs as.
     pub user: String,
@@ -271,6 +281,7 @@ pub struct Exec {
     /// Whether it ran under a pseudo-terminal.
     pub pty: bool,
     /// The input given at start (the request's stdin), `null` when none.
+    #[serde(deserialize_with = "required")]
     pub input: Option<ContentRecord>,
 }
 
@@ -281,22 +292,27 @@ pub struct Exit {
     /// The `exec_id` of its `exec` record.
     pub exec_id: String,
     /// Exit code, `null` when a signal ended it.
+    #[serde(deserialize_with = "required")]
     pub exit_code: Option<i32>,
     /// The signal that ended it, if any.
+    #[serde(deserialize_with = "required")]
     pub signal: Option<i32>,
     /// Whether the exec's timeout killed it.
     pub timed_out: bool,
     /// Wall time in milliseconds.
     pub wall_ms: u64,
     /// CPU time (user + system) in milliseconds, when known.
+    #[serde(deserialize_with = "required")]
     pub cpu_ms: Option<u64>,
     /// Peak memory in bytes, when known.
+    #[serde(deserialize_with = "required")]
     pub peak_memory_bytes: Option<u64>,
     /// Its stdout (or the terminal's output under a PTY).
     pub stdout: ContentRecord,
     /// Its stderr.
     pub stderr: ContentRecord,
     /// Input streamed to stdin after start (interactive sessions), `null` when none.
+    #[serde(deserialize_with = "required")]
     pub streamed_input: Option<ContentRecord>,
 }
 
@@ -323,10 +339,13 @@ pub struct FileChange {
     /// The path inside the sandbox.
     pub path: String,
     /// The destination of a move, else `null`.
+    #[serde(deserialize_with = "required")]
     pub to: Option<String>,
     /// Bytes written (for `write`), else `null`.
+    #[serde(deserialize_with = "required")]
     pub size: Option<u64>,
     /// SHA-256 of the bytes written (for `write`), else `null`.
+    #[serde(deserialize_with = "required")]
     pub digest: Option<Hash>,
 }
 
@@ -339,6 +358,7 @@ pub struct FsEntry {
     /// Size in bytes (0 for directories).
     pub size: u64,
     /// SHA-256 of a regular file's content (for `removed`: the template's), else `null`.
+    #[serde(deserialize_with = "required")]
     pub digest: Option<Hash>,
 }
 
@@ -365,6 +385,7 @@ pub struct Network {
     /// The host name or address concerned.
     pub host: String,
     /// Destination port, when there is one.
+    #[serde(deserialize_with = "required")]
     pub port: Option<u16>,
     /// `allowed` or `denied`.
     pub verdict: String,
@@ -413,6 +434,7 @@ pub struct Destroyed {
     /// Why: `api`, `timeout`, `failed`, `shutdown`...
     pub reason: String,
     /// SHA-256 of the final writable-layer manifest, when one was taken.
+    #[serde(deserialize_with = "required")]
     pub manifest_digest: Option<Hash>,
 }
 
@@ -442,6 +464,11 @@ mod tests {
         );
         assert!(serde_json::from_str::<EventBody>(r#"{"type":"paused","x":1}"#).is_err());
         assert!(serde_json::from_str::<EventBody>(r#"{"type":"teleported"}"#).is_err());
+        // Absent optional members are refused: `null` must be spelled out.
+        assert!(serde_json::from_str::<EventBody>(r#"{"type":"destroyed","reason":"api"}"#)
+            .is_err());
+        let ok = r#"{"type":"destroyed","reason":"api","manifest_digest":null}"#;
+        assert!(serde_json::from_str::<EventBody>(ok).is_ok());
         for t in EventBody::TYPES {
             assert!(EventBody::TYPES.contains(&t));
         }
