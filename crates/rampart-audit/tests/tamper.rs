@@ -184,11 +184,8 @@ fn flipped_signature_is_detected() {
     let f = fixture();
     let mut v = f.bundle.clone();
     let sig = v["tree_head"]["signature"].as_str().unwrap().to_owned();
-    let flipped = if sig.starts_with('0') {
-        format!("1{}", &sig[1..])
-    } else {
-        format!("0{}", &sig[1..])
-    };
+    let first = if sig.starts_with('0') { "1" } else { "0" };
+    let flipped = format!("{first}{}", &sig[1..]);
     v["tree_head"]["signature"] = json!(flipped);
     assert_eq!(verify(&v, None).unwrap_err(), VerifyError::BadSignature);
     // So is a changed tree head field under an intact signature.
