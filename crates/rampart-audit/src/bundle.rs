@@ -198,7 +198,35 @@ struct BundleIn<'a> {
     anchor: Anchor,
     #[serde(borrow)]
     events: Vec<&'a RawValue>,
+    #[serde(deserialize_with = "unique_map")]
     blobs: BTreeMap<String, String>,
+}
+
+/// A string map that refuses a name given twice (two readers could keep different ones).
+fn unique_map<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> Result<BTreeMap<String, String>, D::Error> {
+    struct V;
+    impl<'de> serde::de::Visitor<'de> for V {
+        type Value = BTreeMap<String, String>;
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("an object of strings")
+        }
+        fn visit_map<A: serde::de::MapAccess<'de>>(
+            self,
+            mut a: A,
+        ) -> Result<Self::Value, A::Error> {
+            let mut m = BTreeMap::new();
+            while let Some((k, v)) = a.next_entry::<String, String>()? {
+                if m.contains_key(&k) {
+                    return Err(serde::de::Error::custom(format!("duplicate blob {k:?}")));
+                }
+                m.insert(k, v);
+            }
+            Ok(m)
+        }
+    }
+    d.deserialize_map(V)
 }
 
 /// Verifies a bundle file, offline. With `trusted_key`, the bundle must be signed by that

@@ -440,6 +440,19 @@ fn ambiguous_json_is_refused() {
         verify_bundle(dup.as_bytes(), None).unwrap_err(),
         VerifyError::BadRecord { position: 1, .. }
     ));
+    // Also for blobs.
+    let (k, b64) = f.bundle["blobs"]
+        .as_object()
+        .unwrap()
+        .iter()
+        .next()
+        .unwrap();
+    let dup = raw.replacen("\"blobs\":{", &format!("\"blobs\":{{\"{k}\":{b64},"), 1);
+    assert!(dup.len() > raw.len());
+    assert!(matches!(
+        verify_bundle(dup.as_bytes(), None).unwrap_err(),
+        VerifyError::Malformed(_)
+    ));
     // A float has no single spelling.
     let mut v = f.bundle.clone();
     events(&mut v)[6]["body"]["detail"]["rtt"] = json!(0.25);
