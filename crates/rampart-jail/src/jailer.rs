@@ -80,7 +80,10 @@ impl Layout {
 /// mounts the disk image `disk_image` under `dir` (see [`Layout`]), with the directories of
 /// the writable layers. A pool member does this ahead of time; the daemon then renames `dir`
 /// to the sandbox's directory (the mounts follow) before sending the spec.
-pub fn prepare(dir: &Path, disk_image: &Path) -> Result<(), JailError> {
+/// Before anything else, the jailer moves itself into the cgroup whose `cgroup.procs` files
+/// are `join` (see [`sys::join_cgroup_self`]), so that PID 1 is born there.
+pub fn prepare(dir: &Path, disk_image: &Path, join: &[PathBuf]) -> Result<(), JailError> {
+    sys::join_cgroup_self(join)?;
     let lay = Layout::new(dir);
     // a. A private mount namespace: nothing from here on reaches the host.
     // SAFETY: plain syscall.
@@ -120,7 +123,7 @@ pub fn run(spec: &JailerSpec, prepared: bool) -> Result<i32, JailError> {
     let lay = Layout::new(&spec.sandbox_dir);
     let (ub, gb) = (spec.uid_base, spec.uid_base);
     if !prepared {
-        prepare(&spec.sandbox_dir, &spec.disk_image)?;
+        prepare(&spec.sandbox_dir, &spec.disk_image, &spec.cgroup_procs)?;
     }
     let up = |n: &str| lay.disk_mnt.join(n);
     for (n, owner) in [
@@ -233,19 +236,6 @@ pub fn run(spec: &JailerSpec, prepared: bool) -> Result<i32, JailError> {
         Ok(())
     };
     setup_ids().map_err(kill_child)?;
-    // Joining a v1 cgroup waits for an RCU grace period (about 10 ms here): do it on a
-    // thread (the child is already forked, so threads are fine now) while the mounts go on.
-    // Nothing to join when the jailer was started inside the sandbox's cgroup (the pool) or
-    // PID 1 was cloned into it (v2).
-    let procs = spec.cgroup_procs.clone();
-    let cg = (!procs.is_empty()).then(|| {
-        std::thread::spawn(move || -> Result<(), JailError> {
-            for f in &procs {
-                sys::write_file(f, &pid.to_string())?;
-            }
-            Ok(())
-        })
-    });
     let setup = || -> Result<(), JailError> {
         // d. Idmapped lower layers and the overlays.
         let userns = std::fs::File::open(format!("/proc/{pid}/ns/user"))
@@ -283,13 +273,8 @@ pub fn run(spec: &JailerSpec, prepared: bool) -> Result<i32, JailError> {
     if n != 1 {
         return Err(kill_child(sys::last("signal sandbox init")));
     }
-    // The child may exec (become untrusted) only inside its cgroup.
-    if let Some(cg) = cg {
-        let joined = cg
-            .join()
-            .unwrap_or_else(|_| Err(JailError::Init("cgroup thread panicked".into())));
-        joined.map_err(kill_child)?;
-    }
+    // The child was born in the sandbox's cgroup (the jailer joined it before the clone, or
+    // cloned it into it); the second byte lets it go on to exec.
     // SAFETY: as above.
     let n = unsafe { libc::write(go_wr.as_raw_fd(), b"c".as_ptr().cast(), 1) };
     if n != 1 {

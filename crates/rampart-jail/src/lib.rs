@@ -5,15 +5,19 @@
 //! - [`Jail::launch`] builds a sandbox and returns once its agent (PID 1) has exec'd and is
 //!   accepting on `agent_socket`. Blocking: callers run it on a blocking thread.
 //!   On any error nothing remains: no mount, cgroup, loop device, directory or process.
-//! - [`Jail::destroy`] kills every process of the sandbox (by its cgroup), waits for them,
-//!   removes the cgroup and the sandbox directory. Idempotent; fine on a half-built sandbox.
+//! - [`Jail::destroy`] kills every process of the sandbox (by its cgroup) and removes the
+//!   cgroup and the sandbox directory; on cgroup v1 the wait for the killed processes to end
+//!   and the removal finish on the janitor's thread, under a `dying-<id>` name (see
+//!   [`janitor`]). Idempotent; fine on a half-built sandbox.
 //! - [`Jail::leftovers`] lists the ids that still have any trace on the host (directory or
 //!   cgroup), for restart recovery.
 //!
 //! How a sandbox is built (see [`jailer`]): `launch` creates the cgroup (v2 if the unified
 //! hierarchy offers memory+pids+cpu, else v1) and a sparse copy of a cached empty ext4 image
-//! (the disk quota), then spawns `rampart-jailer` with a [`JailerSpec`] on stdin. The jailer
-//! works in a private mount namespace: loop-mounts the image, mounts overlays for `/` (lower:
+//! (the disk quota), then spawns `rampart-jailer` with a [`JailerSpec`] on stdin (or takes a
+//! warm one from the [`pool`], which did those steps ahead of time). The jailer moves itself
+//! into the cgroup (v1; on v2 PID 1 is cloned into it), works in a private mount namespace:
+//! loop-mounts the image, mounts overlays for `/` (lower:
 //! the template rootfs) and `/usr` (lower: the host's `/usr`), both lowers idmapped through
 //! the sandbox's user namespace, and clones PID 1 into new user, pid, net, ipc and uts
 //! namespaces. PID 1 unshares mount and cgroup namespaces, mounts `/proc` (masked), `/dev`,
@@ -173,8 +177,8 @@ pub struct JailerSpec {
     pub env: Vec<(String, String)>,
     /// RLIMIT_NOFILE.
     pub open_files: u64,
-    /// `cgroup.procs` files the sandbox's init is written to (none when the jailer already
-    /// runs in the sandbox's cgroup, or with `clone_into_cgroup`).
+    /// `cgroup.procs` files of the sandbox's cgroup, which the jailer joins itself before it
+    /// clones PID 1 (none when it already runs there, or with `clone_into_cgroup`).
     pub cgroup_procs: Vec<PathBuf>,
     /// cgroup v2: the sandbox's cgroup directory, which PID 1 is cloned straight into
     /// (`clone3` with `CLONE_INTO_CGROUP`, no migration).
@@ -195,6 +199,8 @@ pub struct JailerPrepare {
     pub prepare_dir: PathBuf,
     /// The disk image in it.
     pub prepare_disk: PathBuf,
+    /// `cgroup.procs` files of the member's cgroup, which the jailer joins first.
+    pub prepare_cgroup: Vec<PathBuf>,
 }
 
 /// The jailer's one-line answer on stdout.
@@ -303,8 +309,8 @@ impl Jail {
         })
     }
 
-    /// Keeps `size` jailers warm, each already inside a cgroup of its own, so that a launch
-    /// needs no cgroup migration (see [`pool`]). cgroup v1 only: on v2 PID 1 is cloned
+    /// Keeps `size` jailers warm, each already inside a cgroup of its own and with its disk
+    /// mounted, so that a launch skips those steps (see [`pool`]). cgroup v1 only: on v2 PID 1 is cloned
     /// straight into its cgroup and this is a no-op, as is a size of 0. The members die with
     /// the daemon (they are spawned by the pool's own thread with `PR_SET_PDEATHSIG`), and
     /// [`Jail::close_pool`] or dropping the `Jail` removes them.

@@ -1,28 +1,25 @@
 //! A warm pool of jailers (cgroup v1 only).
 //!
-//! On cgroup v1, the first write of a pid into a `cgroup.procs` waits for an RCU grace
-//! period (about 10 ms on a quiet host, more under load), which dominated the launch. A pool
-//! member is a `rampart-jailer` process spawned ahead of time, already moved into a cgroup of
-//! its own, `<subtree>/pool-<daemon pid>-<n>` (created with no limits), and blocked reading its
-//! spec on stdin. A launch takes one, writes the sandbox's limits into its cgroup, renames the
-//! cgroup directory to `<subtree>/<id>` in every hierarchy (`rename(2)` within one parent works
-//! on cgroup v1, and the processes inside stay in it), and only then sends the spec: the jailer
-//! and PID 1 (its child, which inherits the cgroup at clone) run inside the limited cgroup from
-//! the start, with no migration on the launch path. A background thread refills the pool.
-//!
-//! A member also has its disk ready: the refill copies the disk image (of the pool's disk
-//! size) into `<state_dir>/pool-<daemon pid>-<n>/` and the jailer, given a
-//! [`crate::JailerPrepare`], enters its private mount namespace and mounts it there
-//! ([`crate::jailer::prepare`]). A launch asking for that disk size renames the directory to
-//! the sandbox's (the mounts follow the directory) before sending the spec; other sizes get a
-//! fresh jailer.
+//! A pool member is a `rampart-jailer` process started ahead of time that has done every step
+//! of a launch that needs no spec: it moved itself into a cgroup of its own,
+//! `<subtree>/pool-<daemon pid>-<n>` (created with no limits), entered its private mount
+//! namespace and mounted a copy of the empty disk image (of the pool's disk size) in
+//! `<state_dir>/pool-<daemon pid>-<n>/` ([`crate::jailer::prepare`], asked for by a
+//! [`crate::JailerPrepare`] line); it then blocks reading its spec. A launch asking for that
+//! disk size takes one, writes the sandbox's limits into its cgroup, renames the cgroup (in
+//! every hierarchy: `rename(2)` within one parent works on cgroup v1, and the processes inside
+//! stay in it) and the directory (the mounts follow it) to the sandbox's id, and only then
+//! sends the spec: the jailer and PID 1 (its child, born in its cgroup) run inside the limited
+//! cgroup, and the launch skips the jailer's start, the image copy, the loop device, the ext4
+//! mount and the cgroup creation. Other disk sizes get a fresh jailer. A background thread
+//! refills the pool.
 //!
 //! Leaks: members are spawned by the refill thread with `PR_SET_PDEATHSIG` = SIGKILL, so they
 //! die with the daemon (that thread lives as long as the pool). [`Pool::close`] (also run on
 //! drop) kills them and removes their cgroups and directories; [`remove_stale`] removes those
 //! of a dead daemon. The daemon's pid in the name keeps two daemons sharing a subtree apart.
 //!
-//! cgroup v2 needs no pool: its directories cannot be renamed, and PID 1 is cloned straight
+//! cgroup v2 gets no pool: its directories cannot be renamed, and PID 1 is cloned straight
 //! into the sandbox's cgroup instead (`CLONE_INTO_CGROUP`).
 
 use crate::cgroup::Cgroups;
@@ -304,6 +301,7 @@ fn spawn_member(sh: &Shared, n: u64) -> Result<Member, JailError> {
         let prep = JailerPrepare {
             prepare_dir: m.dir.clone(),
             prepare_disk: image,
+            prepare_cgroup: sh.cgroups.procs_files(&m.name),
         };
         let mut line = serde_json::to_vec(&prep)
             .map_err(|e| JailError::Init(format!("encode prepare: {e}")))?;
@@ -404,10 +402,8 @@ fn refill(sh: &Shared) {
             st.next += missing;
             (st.next - missing + 1, missing)
         };
-        // Spawn the missing members first (they prepare their disks meanwhile), then move them
-        // into their cgroups one after the other: only the first write waits for a full RCU
-        // grace period (the kernel keeps the fast path off for a moment after a migration),
-        // and that wait is off the launch path.
+        // Spawn the missing members first, then collect their answers: they join their
+        // cgroups and prepare their disks in parallel.
         let mut spawned = Vec::new();
         let mut failed = None;
         for n in first..first + missing {
@@ -420,10 +416,7 @@ fn refill(sh: &Shared) {
             }
         }
         for mut m in spawned {
-            let r = sh
-                .cgroups
-                .join(&m.name, m.child.id() as i32)
-                .and_then(|()| wait_ready(sh, &mut m));
+            let r = wait_ready(sh, &mut m);
             if let Err(e) = r {
                 discard(&sh.cgroups, m);
                 failed.get_or_insert(e);

@@ -271,6 +271,25 @@ pub fn loop_attach(image: &Path) -> Result<(String, OwnedFd), JailError> {
     })
 }
 
+/// Moves the calling thread into the cgroups whose `cgroup.procs` files are given, by writing
+/// `0` ("me") into the `tasks` file next to each (cgroup v1). For a single-threaded process
+/// that moves the whole process, and unlike a pid written to `cgroup.procs` it does not take
+/// the kernel's global threadgroup lock, whose write side waits for an RCU grace period
+/// (about 10 ms, holding the cgroup mutex meanwhile). Falls back to `cgroup.procs` where
+/// there is no `tasks` file. Only for single-threaded processes.
+pub fn join_cgroup_self(procs_files: &[std::path::PathBuf]) -> Result<(), JailError> {
+    for f in procs_files {
+        let tasks = f.with_file_name("tasks");
+        if tasks.exists() {
+            write_file(&tasks, "0")?;
+        } else {
+            // SAFETY: getpid has no preconditions.
+            write_file(f, &unsafe { libc::getpid() }.to_string())?;
+        }
+    }
+    Ok(())
+}
+
 /// `renameat2(from, to, RENAME_NOREPLACE)`: fails with EEXIST instead of replacing `to`.
 pub fn rename_noreplace(from: &Path, to: &Path) -> Result<(), JailError> {
     let (f, t) = (cpath(from)?, cpath(to)?);

@@ -210,6 +210,20 @@ fn launch_isolates_and_destroy_leaves_nothing() {
             );
             assert_eq!(rd(d[1].join("pids.max")), "200");
             assert_eq!(rd(d[2].join("cpu.cfs_quota_us")), "50000");
+            // PID 1 was born in the sandbox's cgroup, in every hierarchy (the jailer joined
+            // it before the clone).
+            let cg = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap();
+            let want = format!("/{}/{}", j.config().cgroup_subtree, s.id);
+            for c in ["memory", "pids", "cpu", "cpuacct"] {
+                assert!(
+                    cg.lines().any(|l| {
+                        let mut f = l.splitn(3, ':').skip(1);
+                        f.next().is_some_and(|k| k.split(',').any(|x| x == c))
+                            && f.next() == Some(want.as_str())
+                    }),
+                    "{c}: {cg}"
+                );
+            }
         }
         CgroupVersion::V2 => {
             let d = &j.cgroup_dirs(&s.id)[0];

@@ -16,7 +16,8 @@ fn main() {
             .map_err(|e| format!("read spec: {e}"))?;
         let mut prepared = false;
         if let Ok(p) = serde_json::from_str::<JailerPrepare>(input.trim()) {
-            jailer::prepare(&p.prepare_dir, &p.prepare_disk).map_err(|e| e.to_string())?;
+            jailer::prepare(&p.prepare_dir, &p.prepare_disk, &p.prepare_cgroup)
+                .map_err(|e| e.to_string())?;
             let ready = JailerResult {
                 ready: Some(true),
                 ..JailerResult::default()
