@@ -370,6 +370,26 @@ mod tests {
     }
 
     #[test]
+    fn racing_creators_agree_on_one_key() {
+        for _ in 0..20 {
+            let dir = tempfile::tempdir().unwrap();
+            let path = dir.path().join("node.key");
+            let keys: Vec<PublicKey> = std::thread::scope(|s| {
+                let handles: Vec<_> = (0..4)
+                    .map(|_| s.spawn(|| NodeKey::load_or_create(&path).unwrap().public_key()))
+                    .collect();
+                handles.into_iter().map(|h| h.join().unwrap()).collect()
+            });
+            assert!(keys.windows(2).all(|w| w[0] == w[1]));
+            assert_eq!(
+                fs::read_dir(dir.path()).unwrap().count(),
+                1,
+                "no temporary file left"
+            );
+        }
+    }
+
+    #[test]
     fn key_file_is_private_and_reloads() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("node.key");
