@@ -10,6 +10,10 @@
 //!   free slot and inserts in one transaction;
 //! - the count of alive sandboxes never exceeds the `max_alive` given at insert.
 
+mod audit;
+
+pub use audit::{LeafRow, NewEvent, StoredEvent, TreeHeadRow};
+
 use rampart_types::{Limits, SandboxId, SandboxState};
 use rusqlite::{params, Connection, OptionalExtension, Row, TransactionBehavior};
 use std::collections::{BTreeMap, HashMap};
@@ -156,17 +160,67 @@ pub trait SandboxStore: Send + Sync + std::fmt::Debug {
     /// Number of sandboxes in each state (states with none are absent).
     fn counts(&self) -> Result<HashMap<SandboxState, u64>, StoreError>;
     /// Forgets ended sandboxes that ended before `before_ms`. Returns how many.
+    /// (Their audit logs are kept.)
     fn prune_ended(&self, before_ms: i64) -> Result<usize, StoreError>;
+
+    /// [`SandboxStore::set_running`] and, in the same transaction, the audit event `event`.
+    fn set_running_audited(
+        &self,
+        id: &SandboxId,
+        pid: i32,
+        pid_start_time: u64,
+        agent_socket: &str,
+        event: Option<&NewEvent>,
+    ) -> Result<(), StoreError>;
+    /// [`SandboxStore::set_state`] and, in the same transaction, the audit event `event`.
+    fn set_state_audited(
+        &self,
+        id: &SandboxId,
+        state: SandboxState,
+        ended_at_ms: Option<i64>,
+        reason: Option<&str>,
+        event: Option<&NewEvent>,
+    ) -> Result<(), StoreError>;
+    /// [`SandboxStore::set_expiry`] and, in the same transaction, the audit event `event`.
+    fn set_expiry_audited(
+        &self,
+        id: &SandboxId,
+        expires_at_ms: i64,
+        event: Option<&NewEvent>,
+    ) -> Result<(), StoreError>;
+    /// Appends an audit event (and its blobs) in one transaction.
+    fn append_event(&self, event: &NewEvent) -> Result<(), StoreError>;
+    /// A sandbox's audit events with `seq > after` (all when None), in order, at most `limit`.
+    fn events(
+        &self,
+        sandbox: &SandboxId,
+        after: Option<u64>,
+        limit: usize,
+    ) -> Result<Vec<StoredEvent>, StoreError>;
+    /// The last audit event of a sandbox: `(seq, hash)`.
+    fn last_event(&self, sandbox: &SandboxId) -> Result<Option<(u64, String)>, StoreError>;
+    /// A blob by its content digest (hex).
+    fn blob(&self, digest: &str) -> Result<Option<Vec<u8>>, StoreError>;
+    /// Every node-log leaf hash, in index order.
+    fn leaf_hashes(&self) -> Result<Vec<String>, StoreError>;
+    /// The last leaf published for a sandbox.
+    fn last_leaf(&self, sandbox: &SandboxId) -> Result<Option<LeafRow>, StoreError>;
+    /// Appends leaves (their indexes must follow the last stored one) and a signed tree head
+    /// covering them, in one transaction.
+    fn publish(&self, leaves: &[LeafRow], tree_head: &TreeHeadRow) -> Result<(), StoreError>;
+    /// The latest signed tree head.
+    fn latest_tree_head(&self) -> Result<Option<TreeHeadRow>, StoreError>;
 }
 
 /// The current schema version.
-pub const SCHEMA_VERSION: i64 = 1;
+pub const SCHEMA_VERSION: i64 = 2;
 
 const ALIVE_SQL: &str = "('creating','running','stopping')";
 
-const MIGRATIONS: &[(i64, &str)] = &[(
-    1,
-    "CREATE TABLE sandboxes (
+const MIGRATIONS: &[(i64, &str)] = &[
+    (
+        1,
+        "CREATE TABLE sandboxes (
         id TEXT PRIMARY KEY NOT NULL,
         template TEXT NOT NULL,
         state TEXT NOT NULL,
@@ -185,7 +239,9 @@ const MIGRATIONS: &[(i64, &str)] = &[(
     CREATE UNIQUE INDEX sandboxes_alive_slot ON sandboxes(uid_slot)
         WHERE state IN ('creating','running','stopping');
     CREATE INDEX sandboxes_state ON sandboxes(state, created_at);",
-)];
+    ),
+    (2, audit::MIGRATION),
+];
 
 /// The SQLite implementation of [`SandboxStore`].
 #[derive(Debug)]
@@ -443,8 +499,34 @@ impl SandboxStore for SqliteStore {
         pid_start_time: u64,
         agent_socket: &str,
     ) -> Result<(), StoreError> {
-        let conn = self.lock();
-        let n = conn
+        self.set_running_audited(id, pid, pid_start_time, agent_socket, None)
+    }
+
+    fn set_state(
+        &self,
+        id: &SandboxId,
+        state: SandboxState,
+        ended_at_ms: Option<i64>,
+        reason: Option<&str>,
+    ) -> Result<(), StoreError> {
+        self.set_state_audited(id, state, ended_at_ms, reason, None)
+    }
+
+    fn set_expiry(&self, id: &SandboxId, expires_at_ms: i64) -> Result<(), StoreError> {
+        self.set_expiry_audited(id, expires_at_ms, None)
+    }
+
+    fn set_running_audited(
+        &self,
+        id: &SandboxId,
+        pid: i32,
+        pid_start_time: u64,
+        agent_socket: &str,
+        event: Option<&NewEvent>,
+    ) -> Result<(), StoreError> {
+        let mut conn = self.lock();
+        let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+        let n = tx
             .prepare_cached(
                 "UPDATE sandboxes SET state = 'running', pid = ?2, pid_start_time = ?3, \
                  agent_socket = ?4 WHERE id = ?1",
@@ -455,32 +537,100 @@ impl SandboxStore for SqliteStore {
                 pid_start_time as i64,
                 agent_socket
             ])?;
-        changed(n, id)
+        changed(n, id)?;
+        if let Some(e) = event {
+            audit::insert_event(&tx, e)?;
+        }
+        tx.commit()?;
+        Ok(())
     }
 
-    fn set_state(
+    fn set_state_audited(
         &self,
         id: &SandboxId,
         state: SandboxState,
         ended_at_ms: Option<i64>,
         reason: Option<&str>,
+        event: Option<&NewEvent>,
     ) -> Result<(), StoreError> {
-        let conn = self.lock();
-        let n = conn
+        let mut conn = self.lock();
+        let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+        let n = tx
             .prepare_cached(
                 "UPDATE sandboxes SET state = ?2, ended_at = COALESCE(?3, ended_at), \
                  reason = COALESCE(?4, reason) WHERE id = ?1",
             )?
             .execute(params![id.as_str(), state.as_str(), ended_at_ms, reason])?;
-        changed(n, id)
+        changed(n, id)?;
+        if let Some(e) = event {
+            audit::insert_event(&tx, e)?;
+        }
+        tx.commit()?;
+        Ok(())
     }
 
-    fn set_expiry(&self, id: &SandboxId, expires_at_ms: i64) -> Result<(), StoreError> {
-        let conn = self.lock();
-        let n = conn
+    fn set_expiry_audited(
+        &self,
+        id: &SandboxId,
+        expires_at_ms: i64,
+        event: Option<&NewEvent>,
+    ) -> Result<(), StoreError> {
+        let mut conn = self.lock();
+        let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+        let n = tx
             .prepare_cached("UPDATE sandboxes SET expires_at = ?2 WHERE id = ?1")?
             .execute(params![id.as_str(), expires_at_ms])?;
-        changed(n, id)
+        changed(n, id)?;
+        if let Some(e) = event {
+            audit::insert_event(&tx, e)?;
+        }
+        tx.commit()?;
+        Ok(())
+    }
+
+    fn append_event(&self, event: &NewEvent) -> Result<(), StoreError> {
+        let mut conn = self.lock();
+        let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+        audit::insert_event(&tx, event)?;
+        tx.commit()?;
+        Ok(())
+    }
+
+    fn events(
+        &self,
+        sandbox: &SandboxId,
+        after: Option<u64>,
+        limit: usize,
+    ) -> Result<Vec<StoredEvent>, StoreError> {
+        audit::events(&self.lock(), sandbox, after, limit)
+    }
+
+    fn last_event(&self, sandbox: &SandboxId) -> Result<Option<(u64, String)>, StoreError> {
+        audit::last_event(&self.lock(), sandbox)
+    }
+
+    fn blob(&self, digest: &str) -> Result<Option<Vec<u8>>, StoreError> {
+        audit::blob(&self.lock(), digest)
+    }
+
+    fn leaf_hashes(&self) -> Result<Vec<String>, StoreError> {
+        audit::leaf_hashes(&self.lock())
+    }
+
+    fn last_leaf(&self, sandbox: &SandboxId) -> Result<Option<LeafRow>, StoreError> {
+        audit::last_leaf(&self.lock(), sandbox)
+    }
+
+    fn publish(&self, leaves: &[LeafRow], tree_head: &TreeHeadRow) -> Result<(), StoreError> {
+        let mut conn = self.lock();
+        let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+        audit::publish(&tx, leaves, tree_head)?;
+        tx.commit()?;
+        Ok(())
+    }
+
+    fn latest_tree_head(&self) -> Result<Option<TreeHeadRow>, StoreError> {
+        audit::latest_tree_head(&self.lock())
     }
 
     fn get(&self, id: &SandboxId) -> Result<Option<SandboxRecord>, StoreError> {
