@@ -14,6 +14,8 @@ mod audit;
 
 pub use audit::{LeafRow, NewEvent, StoredEvent, TreeHeadRow};
 
+pub mod keys;
+
 use rampart_types::{Limits, SandboxId, SandboxState};
 use rusqlite::{params, Connection, OptionalExtension, Row, TransactionBehavior};
 use std::collections::{BTreeMap, HashMap};

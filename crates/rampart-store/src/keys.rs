@@ -1,0 +1,304 @@
+//! API keys of the E2B-compatible API, and the per-sandbox facts that API adds (the envd
+//! access token, the template name the client asked for).
+//!
+//! Keys have E2B's shape, `e2b_` and 40 lowercase hex digits (every E2B SDK version accepts
+//! it), and are stored only as their SHA-256 digest: the plain key is shown once, when it is
+//! made. The tables live in the daemon's `state.db` next to the sandboxes; [`KeyStore`] creates
+//! them if they are missing (its own migration, independent of the sandbox schema version).
+
+use crate::StoreError;
+use rand::RngCore;
+use rusqlite::{params, Connection, OptionalExtension};
+use sha2::{Digest, Sha256};
+use std::path::Path;
+use std::sync::{Mutex, MutexGuard};
+use std::time::Duration;
+
+/// Prefix of every API key.
+pub const KEY_PREFIX: &str = "e2b_";
+/// Hex digits after the prefix.
+pub const KEY_HEX_LEN: usize = 40;
+
+/// The tables of this module; idempotent.
+const MIGRATION: &str = "CREATE TABLE IF NOT EXISTS api_keys (
+        id TEXT PRIMARY KEY NOT NULL,
+        hash TEXT NOT NULL UNIQUE,
+        name TEXT NOT NULL,
+        hint TEXT NOT NULL,
+        created_at INTEGER NOT NULL,
+        last_used_at INTEGER
+    );
+    CREATE TABLE IF NOT EXISTS e2b_sandboxes (
+        id TEXT PRIMARY KEY NOT NULL,
+        access_token TEXT NOT NULL,
+        template TEXT NOT NULL,
+        created_at INTEGER NOT NULL
+    );";
+
+/// An API key as listed (never the key itself).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct KeyInfo {
+    /// Stable id (12 hex digits), used by `rampart keys rm`.
+    pub id: String,
+    /// Free-form name given at creation.
+    pub name: String,
+    /// The key's first characters, to tell keys apart (`e2b_1a2b…`).
+    pub hint: String,
+    /// Creation time, unix ms.
+    pub created_at_ms: i64,
+    /// Last successful use, unix ms (updated at most once a minute).
+    pub last_used_at_ms: Option<i64>,
+}
+
+/// What the E2B API keeps about one sandbox.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct E2bSandbox {
+    /// The `envdAccessToken` every envd request must carry.
+    pub access_token: String,
+    /// The template id the client asked for (`base`, `code-interpreter-v1`, ...).
+    pub template: String,
+}
+
+/// Whether `key` has the shape of an API key (`e2b_` + 40 lowercase hex digits).
+pub fn is_key_shaped(key: &str) -> bool {
+    key.strip_prefix(KEY_PREFIX).is_some_and(|h| {
+        h.len() == KEY_HEX_LEN && h.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    })
+}
+
+/// Hex SHA-256 of `data`.
+pub fn sha256_hex(data: &[u8]) -> String {
+    let d = Sha256::digest(data);
+    let mut s = String::with_capacity(64);
+    for b in d {
+        s.push_str(&format!("{b:02x}"));
+    }
+    s
+}
+
+/// `n` random bytes as lowercase hex (from the OS-seeded CSPRNG).
+pub fn random_hex(n: usize) -> String {
+    let mut buf = vec![0u8; n];
+    rand::thread_rng().fill_bytes(&mut buf);
+    let mut s = String::with_capacity(2 * n);
+    for b in buf {
+        s.push_str(&format!("{b:02x}"));
+    }
+    s
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
+/// The key store (SQLite). Cheap to share behind an `Arc`.
+#[derive(Debug)]
+pub struct KeyStore {
+    conn: Mutex<Connection>,
+}
+
+impl KeyStore {
+    /// Opens the database at `path` (the daemon's `state.db`), creating the tables if needed.
+    pub fn open(path: &Path) -> Result<KeyStore, StoreError> {
+        let conn = Connection::open(path)?;
+        conn.busy_timeout(Duration::from_secs(10))?;
+        conn.pragma_update(None, "journal_mode", "WAL")?;
+        Self::init(conn)
+    }
+
+    /// An in-memory store (tests).
+    pub fn open_in_memory() -> Result<KeyStore, StoreError> {
+        Self::init(Connection::open_in_memory()?)
+    }
+
+    fn init(conn: Connection) -> Result<KeyStore, StoreError> {
+        conn.execute_batch(MIGRATION)?;
+        Ok(KeyStore {
+            conn: Mutex::new(conn),
+        })
+    }
+
+    fn conn(&self) -> MutexGuard<'_, Connection> {
+        self.conn.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Makes a new key named `name`; returns its listing and the key itself (shown only now).
+    pub fn create_key(&self, name: &str) -> Result<(KeyInfo, String), StoreError> {
+        let key = format!("{KEY_PREFIX}{}", random_hex(KEY_HEX_LEN / 2));
+        let hash = sha256_hex(key.as_bytes());
+        let info = KeyInfo {
+            id: hash[..12].to_owned(),
+            name: name.to_owned(),
+            hint: format!("{}…", &key[..KEY_PREFIX.len() + 6]),
+            created_at_ms: now_ms(),
+            last_used_at_ms: None,
+        };
+        self.conn().execute(
+            "INSERT INTO api_keys (id, hash, name, hint, created_at) VALUES (?1, ?2, ?3, ?4, ?5)",
+            params![info.id, hash, info.name, info.hint, info.created_at_ms],
+        )?;
+        Ok((info, key))
+    }
+
+    /// Every key, oldest first.
+    pub fn list_keys(&self) -> Result<Vec<KeyInfo>, StoreError> {
+        let conn = self.conn();
+        let mut st = conn.prepare(
+            "SELECT id, name, hint, created_at, last_used_at FROM api_keys ORDER BY created_at, id",
+        )?;
+        let rows = st.query_map([], |r| {
+            Ok(KeyInfo {
+                id: r.get(0)?,
+                name: r.get(1)?,
+                hint: r.get(2)?,
+                created_at_ms: r.get(3)?,
+                last_used_at_ms: r.get(4)?,
+            })
+        })?;
+        Ok(rows.collect::<Result<Vec<_>, _>>()?)
+    }
+
+    /// Removes the key with this id. Returns whether one was removed.
+    pub fn remove_key(&self, id: &str) -> Result<bool, StoreError> {
+        if id.is_empty() || !id.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return Ok(false);
+        }
+        let conn = self.conn();
+        let n = conn.execute("DELETE FROM api_keys WHERE id = ?1", params![id])?;
+        Ok(n > 0)
+    }
+
+    /// Whether `key` is a current key. Records the use (at most once a minute per key).
+    pub fn check_key(&self, key: &str) -> Result<bool, StoreError> {
+        if !is_key_shaped(key) {
+            return Ok(false);
+        }
+        let hash = sha256_hex(key.as_bytes());
+        let conn = self.conn();
+        let last: Option<Option<i64>> = conn
+            .query_row(
+                "SELECT last_used_at FROM api_keys WHERE hash = ?1",
+                params![hash],
+                |r| r.get(0),
+            )
+            .optional()?;
+        let Some(last) = last else {
+            return Ok(false);
+        };
+        let now = now_ms();
+        if last.is_none_or(|t| now - t > 60_000) {
+            conn.execute(
+                "UPDATE api_keys SET last_used_at = ?1 WHERE hash = ?2",
+                params![now, hash],
+            )?;
+        }
+        Ok(true)
+    }
+
+    /// Number of keys.
+    pub fn count_keys(&self) -> Result<u64, StoreError> {
+        let n: i64 = self
+            .conn()
+            .query_row("SELECT COUNT(*) FROM api_keys", [], |r| r.get(0))?;
+        Ok(n as u64)
+    }
+
+    /// Records the E2B facts of a new sandbox.
+    pub fn put_sandbox(&self, id: &str, sbx: &E2bSandbox) -> Result<(), StoreError> {
+        self.conn().execute(
+            "INSERT OR REPLACE INTO e2b_sandboxes (id, access_token, template, created_at)
+             VALUES (?1, ?2, ?3, ?4)",
+            params![id, sbx.access_token, sbx.template, now_ms()],
+        )?;
+        Ok(())
+    }
+
+    /// The E2B facts of a sandbox, if it was made through the E2B API.
+    pub fn sandbox(&self, id: &str) -> Result<Option<E2bSandbox>, StoreError> {
+        Ok(self
+            .conn()
+            .query_row(
+                "SELECT access_token, template FROM e2b_sandboxes WHERE id = ?1",
+                params![id],
+                |r| {
+                    Ok(E2bSandbox {
+                        access_token: r.get(0)?,
+                        template: r.get(1)?,
+                    })
+                },
+            )
+            .optional()?)
+    }
+
+    /// Forgets the E2B facts of sandboxes not in `keep` (ended ones).
+    pub fn retain_sandboxes(&self, keep: &[&str]) -> Result<usize, StoreError> {
+        let conn = self.conn();
+        let ids: Vec<String> = {
+            let mut st = conn.prepare("SELECT id FROM e2b_sandboxes")?;
+            let rows = st.query_map([], |r| r.get::<_, String>(0))?;
+            rows.collect::<Result<_, _>>()?
+        };
+        let mut n = 0;
+        for id in ids.iter().filter(|i| !keep.contains(&i.as_str())) {
+            n += conn.execute("DELETE FROM e2b_sandboxes WHERE id = ?1", params![id])?;
+        }
+        Ok(n)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_are_e2b_shaped_hashed_and_checked() {
+        let s = KeyStore::open_in_memory().unwrap();
+        let (info, key) = s.create_key("first").unwrap();
+        assert!(is_key_shaped(&key), "{key}");
+        assert!(key.starts_with(info.hint.trim_end_matches('…')));
+        assert!(s.check_key(&key).unwrap());
+        assert!(!s.check_key("e2b_0000000000000000000000000000000000000000").unwrap());
+        assert!(!s.check_key("nonsense").unwrap());
+        // Only the digest is stored.
+        let stored: String = s
+            .conn()
+            .query_row("SELECT hash FROM api_keys", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(stored, sha256_hex(key.as_bytes()));
+        assert!(!stored.contains(&key[4..]));
+        let listed = s.list_keys().unwrap();
+        assert_eq!(listed.len(), 1);
+        assert_eq!(listed[0].id, info.id);
+        assert!(listed[0].last_used_at_ms.is_some());
+        assert!(!s.remove_key("zz'; DROP TABLE api_keys;--").unwrap());
+        assert!(s.remove_key(&info.id).unwrap());
+        assert!(!s.check_key(&key).unwrap());
+        assert_eq!(s.count_keys().unwrap(), 0);
+    }
+
+    #[test]
+    fn key_shape() {
+        assert!(is_key_shaped("e2b_0123456789abcdef0123456789abcdef01234567"));
+        assert!(!is_key_shaped("e2b_0123456789ABCDEF0123456789abcdef01234567"));
+        assert!(!is_key_shaped("e2b_0123"));
+        assert!(!is_key_shaped("xyz_0123456789abcdef0123456789abcdef01234567"));
+    }
+
+    #[test]
+    fn sandbox_facts_round_trip() {
+        let s = KeyStore::open_in_memory().unwrap();
+        let f = E2bSandbox {
+            access_token: "tok".into(),
+            template: "base".into(),
+        };
+        s.put_sandbox("abc", &f).unwrap();
+        s.put_sandbox("def", &f).unwrap();
+        assert_eq!(s.sandbox("abc").unwrap(), Some(f));
+        assert_eq!(s.retain_sandboxes(&["def"]).unwrap(), 1);
+        assert!(s.sandbox("abc").unwrap().is_none());
+        assert!(s.sandbox("def").unwrap().is_some());
+    }
+}
