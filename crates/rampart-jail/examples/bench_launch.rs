@@ -72,6 +72,7 @@ fn main() {
         p(&mut down, 0.99)
     );
     jail.close_pool();
+    jail.settle();
     for d in jail.cgroup_dirs(&SandboxId::parse("x").unwrap_or_else(|_| SandboxId::generate())) {
         let _ = std::fs::remove_dir(d.parent().unwrap_or(&d));
     }

@@ -62,6 +62,7 @@ impl Drop for TestEnv {
                 let _ = self.jail.destroy(&id);
             }
         }
+        self.jail.settle();
         for d in self.jail.cgroup_dirs(&SandboxId::parse("x").unwrap()) {
             let _ = std::fs::remove_dir(d.parent().unwrap());
         }
