@@ -284,6 +284,10 @@ impl Manager {
     pub async fn usage(&self, id: &SandboxId) -> Result<Usage, CoreError> {
         self.inner.usage(id).await
     }
+    /// The daemon's data directory (`state.db`, `templates/`, `sandboxes/`).
+    pub fn data_dir(&self) -> &std::path::Path {
+        self.inner.data_dir()
+    }
     /// Prometheus text exposition of the daemon's metrics.
     pub fn metrics_text(&self) -> String {
         self.inner.metrics_text()

@@ -730,6 +730,10 @@ impl Inner {
         })
     }
 
+    pub(crate) fn data_dir(&self) -> &std::path::Path {
+        &self.cfg.data_dir
+    }
+
     pub(crate) fn metrics_text(&self) -> String {
         match self.store.counts() {
             Ok(counts) => {
