@@ -9,15 +9,18 @@
 //! subreaper so it also reaps them), and on start re-attaches to the sandboxes a previous run
 //! left running and removes every trace of the rest.
 
+mod audit;
 mod isolation;
 mod manager;
 mod metrics;
 mod proc;
 pub mod validate;
 
+pub use audit::AuditConfig;
 pub use isolation::{Isolation, IsolationError, LaunchSpec, Launched, Usage};
 
 use rampart_agent::client::{AgentClient, ClientError};
+use rampart_types::audit as audit_types;
 use rampart_types::{
     CreateSandbox, ExecEvent, ExecRequest, LimitError, Limits, SandboxId, SandboxInfo, SandboxState,
 };
@@ -88,6 +91,8 @@ pub struct CoreConfig {
     pub uid_range_start: u32,
     /// Number of slots (ranges) available.
     pub uid_slots: u32,
+    /// The audit record: on/off, blob cap, publication interval.
+    pub audit: AuditConfig,
 }
 
 impl CoreConfig {
@@ -116,6 +121,7 @@ impl CoreConfig {
             max_sandboxes: 1024,
             uid_range_start: 1 << 29,
             uid_slots: 1024,
+            audit: AuditConfig::default(),
         }
     }
 }
@@ -144,11 +150,16 @@ pub struct ExecControl {
     client: AgentClient,
     pid: u32,
     pty: bool,
+    /// Input sent after start, hashed for the `exit` record (None when not audited).
+    streamed: Option<Arc<std::sync::Mutex<rampart_audit::ContentHasher>>>,
 }
 
 impl ExecControl {
     /// Sends bytes to its stdin (or PTY).
     pub async fn send_stdin(&self, data: bytes::Bytes) -> Result<(), CoreError> {
+        if let Some(h) = &self.streamed {
+            h.lock().unwrap_or_else(|p| p.into_inner()).update(&data);
+        }
         Ok(self.client.send_input(self.pid, data, self.pty).await?)
     }
     /// Closes its stdin (for a PTY: sends EOT, ^D).
@@ -279,6 +290,114 @@ impl Manager {
         keep_stdin_open: bool,
     ) -> Result<Exec, CoreError> {
         self.inner.exec(id, req, keep_stdin_open).await
+    }
+    /// Writes a file in a running sandbox (streamed), hashing the bytes as they pass, and
+    /// records a `file` event (path, size, digest). Returns the absolute path written.
+    pub async fn write_file(
+        &self,
+        id: &SandboxId,
+        path: &str,
+        user: Option<&str>,
+        body: futures::stream::BoxStream<'static, Result<bytes::Bytes, std::io::Error>>,
+    ) -> Result<String, CoreError> {
+        self.inner.write_file(id, path, user, body).await
+    }
+    /// Removes a file or directory tree in a running sandbox and records it.
+    pub async fn remove_file(
+        &self,
+        id: &SandboxId,
+        path: &str,
+        user: Option<&str>,
+    ) -> Result<(), CoreError> {
+        let agent = self.inner.agent(id)?;
+        agent.stat(path, user).await?;
+        agent.remove(path, user).await?;
+        self.inner.record_file(
+            id,
+            audit_types::FileChange {
+                op: audit_types::FileOp::Remove,
+                path: path.to_owned(),
+                to: None,
+                size: None,
+                digest: None,
+            },
+        )
+    }
+    /// Makes a directory (and its parents) in a running sandbox and records it.
+    pub async fn make_dir(
+        &self,
+        id: &SandboxId,
+        path: &str,
+        user: Option<&str>,
+    ) -> Result<rampart_agent::client::EntryInfo, CoreError> {
+        let agent = self.inner.agent(id)?;
+        let info = agent.make_dir(path, user).await?;
+        self.inner.record_file(
+            id,
+            audit_types::FileChange {
+                op: audit_types::FileOp::Mkdir,
+                path: info.path.clone(),
+                to: None,
+                size: None,
+                digest: None,
+            },
+        )?;
+        Ok(info)
+    }
+    /// Moves `from` to `to` in a running sandbox and records it.
+    pub async fn rename(
+        &self,
+        id: &SandboxId,
+        from: &str,
+        to: &str,
+        user: Option<&str>,
+    ) -> Result<rampart_agent::client::EntryInfo, CoreError> {
+        let agent = self.inner.agent(id)?;
+        let info = agent.rename(from, to, user).await?;
+        self.inner.record_file(
+            id,
+            audit_types::FileChange {
+                op: audit_types::FileOp::Move,
+                path: from.to_owned(),
+                to: Some(info.path.clone()),
+                size: None,
+                digest: None,
+            },
+        )?;
+        Ok(info)
+    }
+    /// A sandbox's audit events with `seq > after` (from the start when None), at most
+    /// `limit`. Works for destroyed sandboxes too.
+    pub fn audit_events(
+        &self,
+        id: &SandboxId,
+        after: Option<u64>,
+        limit: usize,
+    ) -> Result<Vec<audit_types::Event>, CoreError> {
+        self.inner.get(id)?;
+        self.inner.audit.events(id, after, limit)
+    }
+    /// A receiver that changes whenever any audit event is appended (for following a log).
+    pub fn audit_subscribe(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.inner.audit.subscribe()
+    }
+    /// The bundle (`docs/proof.md`) of a sandbox's log: publishes its chain head to the node
+    /// log and signs a tree head first if the chain moved since its last publication.
+    pub async fn audit_bundle(&self, id: &SandboxId) -> Result<Vec<u8>, CoreError> {
+        self.inner.get(id)?;
+        let audit = self.inner.audit.clone();
+        let id = id.clone();
+        tokio::task::spawn_blocking(move || audit.bundle(&id))
+            .await
+            .map_err(|e| CoreError::Internal(format!("bundle: task failed: {e}")))?
+    }
+    /// The node's public key (`ed25519:<hex>`) and its key id (hex).
+    pub fn audit_key(&self) -> (String, String) {
+        self.inner.audit.key()
+    }
+    /// The content digest of a template, as recorded in `created` events.
+    pub fn template_digest(&self, template: &str) -> String {
+        self.inner.audit.template_digest(template)
     }
     /// Current resource usage of a running sandbox.
     pub async fn usage(&self, id: &SandboxId) -> Result<Usage, CoreError> {

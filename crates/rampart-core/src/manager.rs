@@ -1,5 +1,6 @@
 //! The manager's state and its background tasks (reaper, PID 1 watchers).
 
+use crate::audit::{self, Audit};
 use crate::isolation::{Isolation, IsolationError, LaunchSpec, Usage};
 use crate::metrics::Metrics;
 use crate::proc::{self, ExitStatus};
@@ -9,7 +10,9 @@ use base64::Engine;
 use futures::stream::{BoxStream, StreamExt};
 use prometheus::Histogram;
 use rampart_agent::client::{AgentClient, ClientError, ProcessEvent};
+use rampart_audit::{ContentHasher, EventBody};
 use rampart_store::{now_ms, NewSandbox, SandboxRecord, SandboxStore, SqliteStore, StoreError};
+use rampart_types::audit::{Created, Destroyed, Exit, FileChange, FileOp, TimeoutChanged};
 use rampart_types::{CreateSandbox, ExecEvent, ExecRequest, SandboxId, SandboxInfo, SandboxState};
 use std::collections::{BTreeMap, HashMap};
 use std::os::fd::OwnedFd;
@@ -89,6 +92,7 @@ struct Live {
 pub(crate) struct Inner {
     cfg: CoreConfig,
     store: Arc<dyn SandboxStore>,
+    pub(crate) audit: Arc<Audit>,
     iso: Arc<dyn Isolation>,
     state_dir: PathBuf,
     templates_dir: PathBuf,
@@ -222,7 +226,13 @@ impl Inner {
             std::fs::create_dir_all(d)
                 .map_err(|e| CoreError::Internal(format!("creating {}: {e}", d.display())))?;
         }
-        let store = SqliteStore::open(&cfg.data_dir.join("state.db")).map_err(db)?;
+        let store: Arc<dyn SandboxStore> =
+            Arc::new(SqliteStore::open(&cfg.data_dir.join("state.db")).map_err(db)?);
+        let audit = Arc::new(Audit::open(
+            cfg.audit.clone(),
+            store.clone(),
+            &cfg.data_dir,
+        )?);
         for name in validate::TEMPLATES {
             let dest = templates_dir.join(name);
             if !dest.exists() {
@@ -234,13 +244,25 @@ impl Inner {
                     .map_err(|e| iso_err(&format!("building template {name}"), e))?;
             }
         }
+        if audit.enabled() {
+            for name in validate::TEMPLATES {
+                let dir = templates_dir.join(name);
+                let digest = tokio::task::spawn_blocking(move || audit::template_digest(&dir))
+                    .await
+                    .map_err(|e| join_err("template digest", e))?
+                    .map_err(|e| CoreError::Internal(format!("template {name} digest: {e}")))?;
+                info!(template = name, digest, "template content digest");
+                audit.set_template_digest(name, digest);
+            }
+        }
         if let Err(e) = proc::set_child_subreaper() {
             warn!("cannot become a child subreaper ({e}); sandbox init processes will be reaped by the system");
         }
         let metrics = Metrics::new().map_err(|e| CoreError::Internal(format!("metrics: {e}")))?;
         let inner = Arc::new(Inner {
             cfg,
-            store: Arc::new(store),
+            store,
+            audit,
             iso,
             state_dir,
             templates_dir,
@@ -259,6 +281,10 @@ impl Inner {
         }
         let reaper = tokio::spawn(reaper(inner.clone()));
         lock(&inner.tasks).push(reaper.abort_handle());
+        if inner.audit.enabled() {
+            let publisher = tokio::spawn(publisher(inner.audit.clone()));
+            lock(&inner.tasks).push(publisher.abort_handle());
+        }
         Ok(inner)
     }
 
@@ -312,9 +338,7 @@ impl Inner {
                 error!(id = %rec.id, "recovery could not clean up sandbox: {e}");
                 continue;
             }
-            self.store
-                .set_state(&rec.id, state, Some(now_ms()), Some(reason))
-                .map_err(db)?;
+            self.record_end(&rec.id, state, reason, "recovery")?;
             self.metrics
                 .destroyed
                 .with_label_values(&["recovery"])
@@ -424,6 +448,99 @@ impl Inner {
             }
             Err(e) => db(e),
         }
+    }
+
+    /// The `created` body of a sandbox (env names only, never values).
+    fn created_body(&self, new: &NewSandbox) -> EventBody {
+        let spec = serde_json::json!({
+            "template": new.template,
+            "limits": new.limits,
+            "env_names": new.env.keys().collect::<Vec<_>>(),
+            "metadata": new.metadata,
+            "created_at": rfc3339(new.created_at_ms),
+            "expires_at": rfc3339(new.expires_at_ms),
+        });
+        EventBody::Created(Created {
+            spec,
+            template: new.template.clone(),
+            template_digest: self.audit.template_digest(&new.template),
+            policy: serde_json::Value::Null,
+            caller: "local".into(),
+        })
+    }
+
+    /// Records a sandbox's end (`destroyed`, in the transaction of its final state), then
+    /// publishes its chain head to the node log and forgets its chain.
+    fn record_end(
+        &self,
+        id: &SandboxId,
+        state: SandboxState,
+        reason: &str,
+        label: &str,
+    ) -> Result<(), CoreError> {
+        let store = &self.store;
+        let why = format!("{label}: {reason}");
+        self.audit.record(
+            id,
+            true,
+            |_| {
+                EventBody::Destroyed(Destroyed {
+                    reason: why,
+                    manifest_digest: None,
+                })
+            },
+            Vec::new(),
+            |e| store.set_state_audited(id, state, Some(now_ms()), Some(reason), e),
+        )?;
+        if let Err(e) = self.audit.publish(std::slice::from_ref(id)) {
+            error!(id = %id, "publishing the audit chain head: {e}");
+        }
+        self.audit.forget(id);
+        Ok(())
+    }
+
+    /// Records a file operation made through the API.
+    pub(crate) fn record_file(&self, id: &SandboxId, change: FileChange) -> Result<(), CoreError> {
+        self.audit
+            .append(id, |_| EventBody::File(change), Vec::new())
+    }
+
+    /// Writes a file through the agent, hashing the bytes as they pass, and records it.
+    pub(crate) async fn write_file(
+        &self,
+        id: &SandboxId,
+        path: &str,
+        user: Option<&str>,
+        body: BoxStream<'static, Result<bytes::Bytes, std::io::Error>>,
+    ) -> Result<String, CoreError> {
+        let agent = self.agent(id)?;
+        if !self.audit.enabled() {
+            return Ok(agent.write_file(path, user, body).await?);
+        }
+        let hasher = Arc::new(Mutex::new(ContentHasher::new(0)));
+        let h2 = hasher.clone();
+        let body = body
+            .map(move |chunk| {
+                if let Ok(b) = &chunk {
+                    lock(&h2).update(b);
+                }
+                chunk
+            })
+            .boxed();
+        let written = agent.write_file(path, user, body).await?;
+        let hasher = std::mem::replace(&mut *lock(&hasher), ContentHasher::new(0));
+        let (rec, _) = hasher.finish();
+        self.record_file(
+            id,
+            FileChange {
+                op: FileOp::Write,
+                path: written.clone(),
+                to: None,
+                size: Some(rec.size),
+                digest: Some(rec.digest),
+            },
+        )?;
+        Ok(written)
     }
 
     pub(crate) async fn create(
@@ -540,9 +657,15 @@ impl Inner {
         wait_health(&client, HEALTH_DEADLINE).await?;
         let healthy_at = Instant::now();
         let sock = launched.agent_socket.to_string_lossy().into_owned();
-        self.store
-            .set_running(&new.id, pid, start, &sock)
-            .map_err(db)?;
+        let created = self.created_body(new);
+        let store = &self.store;
+        self.audit.record(
+            &new.id,
+            false,
+            |_| created,
+            Vec::new(),
+            |e| store.set_running_audited(&new.id, pid, start, &sock, e),
+        )?;
         self.register(&new.id, client, pid, pidfd, new.expires_at_ms);
         debug!(
             id = %new.id,
@@ -622,9 +745,12 @@ impl Inner {
         // entry; it is not aborted so that no zombie is left.
         lock(&self.live).remove(id);
         let reason = why.message();
-        self.store
-            .set_state(id, SandboxState::Destroyed, Some(now_ms()), Some(&reason))
-            .map_err(db)?;
+        let label = match &why {
+            EndReason::Request => "api",
+            EndReason::Expired => "timeout",
+            EndReason::Died(_) => "died",
+        };
+        self.record_end(id, SandboxState::Destroyed, &reason, label)?;
         self.metrics
             .destroyed
             .with_label_values(&[why.label()])
@@ -648,7 +774,23 @@ impl Inner {
                 }
             }
             let expires = now_ms().saturating_add((secs as i64).saturating_mul(1000));
-            self.store.set_expiry(id, expires).map_err(db)?;
+            let store = &self.store;
+            self.audit.record(
+                id,
+                false,
+                |_| {
+                    EventBody::TimeoutChanged(TimeoutChanged {
+                        expires_at: rampart_audit::format_time(
+                            time::OffsetDateTime::from_unix_timestamp_nanos(
+                                i128::from(expires) * 1_000_000,
+                            )
+                            .unwrap_or(time::OffsetDateTime::UNIX_EPOCH),
+                        ),
+                    })
+                },
+                Vec::new(),
+                |e| store.set_expiry_audited(id, expires, e),
+            )?;
         }
         self.wake_reaper.notify_one();
         self.get(id)
@@ -683,25 +825,39 @@ impl Inner {
         self.metrics.execs.inc();
         let t0 = Instant::now();
         let feed_stdin = v.opts.stdin;
-        let mut stream = client.start(v.opts).await?;
-        let pid = match stream.next().await {
-            Some(Ok(ProcessEvent::Start { pid })) => pid,
-            Some(Ok(other)) => {
-                return Err(CoreError::Agent(ClientError::Protocol(format!(
+        let mut audit = if self.audit.enabled() {
+            Some(self.record_exec(id, &req, &v, feed_stdin)?)
+        } else {
+            None
+        };
+        let started = async {
+            let mut stream = client.start(v.opts).await?;
+            match stream.next().await {
+                Some(Ok(ProcessEvent::Start { pid })) => Ok((stream, pid)),
+                Some(Ok(other)) => Err(CoreError::Agent(ClientError::Protocol(format!(
                     "expected the process's start event, got {other:?}"
-                ))))
-            }
-            Some(Err(e)) => return Err(e.into()),
-            None => {
-                return Err(CoreError::Agent(ClientError::Protocol(
+                )))),
+                Some(Err(e)) => Err(e.into()),
+                None => Err(CoreError::Agent(ClientError::Protocol(
                     "the agent ended the stream before the process started".into(),
-                )))
+                ))),
+            }
+        }
+        .await;
+        let (stream, pid) = match started {
+            Ok(s) => s,
+            Err(e) => {
+                if let Some(a) = audit.take() {
+                    a.finish(None, None, false, t0.elapsed());
+                }
+                return Err(e);
             }
         };
         let control = ExecControl {
             client,
             pid,
             pty: v.pty,
+            streamed: audit.as_ref().map(|a| a.streamed.clone()),
         };
         if feed_stdin && (v.stdin.is_some() || !keep_stdin_open) {
             tokio::spawn(feed(
@@ -722,6 +878,7 @@ impl Inner {
             t0,
             done: false,
             hist: self.metrics.exec_seconds.clone(),
+            audit,
         });
         Ok(Exec {
             pid,
@@ -732,6 +889,53 @@ impl Inner {
 
     pub(crate) fn data_dir(&self) -> &std::path::Path {
         &self.cfg.data_dir
+    }
+
+    /// Records an `exec` (before the process starts) and returns what its `exit` needs.
+    fn record_exec(
+        &self,
+        id: &SandboxId,
+        req: &ExecRequest,
+        v: &validate::ValidExec,
+        stdin_open: bool,
+    ) -> Result<ExecAudit, CoreError> {
+        let cap = self.audit.blob_cap();
+        let (input, blob) = match &v.stdin {
+            Some(b) => {
+                let (r, blob) = audit::content(b, cap);
+                (Some(r), blob)
+            }
+            None => (None, None),
+        };
+        let mut exec_id = String::new();
+        self.audit.append(
+            id,
+            |seq| {
+                exec_id = format!("x{seq}");
+                EventBody::Exec(rampart_types::audit::Exec {
+                    exec_id: exec_id.clone(),
+                    argv: req.cmd.clone(),
+                    cwd: req.cwd.clone(),
+                    user: req.user.clone().unwrap_or_else(|| "user".into()),
+                    env_names: req.env.keys().cloned().collect(),
+                    stdin: stdin_open,
+                    pty: v.pty,
+                    input,
+                })
+            },
+            blob.into_iter().collect(),
+        )?;
+        let usage0 = self.iso.usage(id).ok();
+        Ok(ExecAudit {
+            audit: self.audit.clone(),
+            iso: self.iso.clone(),
+            sandbox: id.clone(),
+            exec_id,
+            usage0,
+            stdout: ContentHasher::new(cap),
+            stderr: ContentHasher::new(cap),
+            streamed: Arc::new(Mutex::new(ContentHasher::new(cap))),
+        })
     }
 
     pub(crate) fn metrics_text(&self) -> String {
@@ -773,14 +977,26 @@ async fn feed(control: ExecControl, data: Vec<u8>, close: bool) {
     let mut off = 0;
     while off < data.len() {
         let end = (off + STDIN_CHUNK).min(data.len());
-        if let Err(e) = control.send_stdin(data.slice(off..end)).await {
+        let sent = control
+            .client
+            .send_input(control.pid, data.slice(off..end), control.pty)
+            .await;
+        if let Err(e) = sent {
             debug!(pid = control.pid, "sending stdin stopped: {e}");
             return;
         }
         off = end;
     }
     if close {
-        if let Err(e) = control.close_stdin().await {
+        let closed = if control.pty {
+            control
+                .client
+                .send_input(control.pid, bytes::Bytes::from_static(b"\x04"), true)
+                .await
+        } else {
+            control.client.close_stdin(control.pid).await
+        };
+        if let Err(e) = closed {
             debug!(pid = control.pid, "closing stdin: {e}");
         }
     }
@@ -811,6 +1027,86 @@ async fn reaper(inner: Arc<Inner>) {
                     warn!(id = %id, "reaper: {e}");
                 }
             });
+        }
+    }
+}
+
+/// Publishes the chain heads of live sandboxes that moved, at the configured interval.
+async fn publisher(audit: Arc<Audit>) {
+    let every = audit.publish_interval().max(Duration::from_secs(1));
+    let mut tick = tokio::time::interval_at(Instant::now() + every, every);
+    loop {
+        tick.tick().await;
+        let a = audit.clone();
+        match tokio::task::spawn_blocking(move || a.publish_live()).await {
+            Ok(Ok(Some(size))) => debug!(tree_size = size, "published audit chain heads"),
+            Ok(Ok(None)) => {}
+            Ok(Err(e)) => warn!("publishing audit chain heads: {e}"),
+            Err(e) => warn!("publishing audit chain heads: task failed: {e}"),
+        }
+    }
+}
+
+/// What an exec's `exit` record needs.
+struct ExecAudit {
+    audit: Arc<Audit>,
+    iso: Arc<dyn Isolation>,
+    sandbox: SandboxId,
+    exec_id: String,
+    usage0: Option<Usage>,
+    stdout: ContentHasher,
+    stderr: ContentHasher,
+    streamed: Arc<Mutex<ContentHasher>>,
+}
+
+impl ExecAudit {
+    /// Records the `exit`. CPU time is the sandbox's (cgroup) CPU time during the exec and
+    /// peak memory the sandbox's peak since it started: the cgroup is per sandbox, not per
+    /// process.
+    fn finish(self, exit_code: Option<i32>, signal: Option<i32>, timed_out: bool, wall: Duration) {
+        let usage1 = self.iso.usage(&self.sandbox).ok();
+        let cpu_ms = match (&self.usage0, &usage1) {
+            (Some(a), Some(b)) => Some(b.cpu_usec.saturating_sub(a.cpu_usec) / 1000),
+            _ => None,
+        };
+        let peak = usage1
+            .as_ref()
+            .map(|u| u.memory_peak_bytes)
+            .filter(|&p| p > 0);
+        let (stdout, out_blob) = self.stdout.finish();
+        let (stderr, err_blob) = self.stderr.finish();
+        let streamed = std::mem::replace(&mut *lock(&self.streamed), ContentHasher::new(0));
+        let (streamed, in_blob) = streamed.finish();
+        let streamed_input = (streamed.size > 0).then_some(streamed);
+        let in_blob = if streamed_input.is_some() {
+            in_blob
+        } else {
+            None
+        };
+        let blobs = [out_blob, err_blob, in_blob]
+            .into_iter()
+            .flatten()
+            .collect();
+        let exec_id = self.exec_id;
+        if let Err(e) = self.audit.append(
+            &self.sandbox,
+            |_| {
+                EventBody::Exit(Exit {
+                    exec_id,
+                    exit_code,
+                    signal,
+                    timed_out,
+                    wall_ms: wall.as_millis() as u64,
+                    cpu_ms,
+                    peak_memory_bytes: peak,
+                    stdout,
+                    stderr,
+                    streamed_input,
+                })
+            },
+            blobs,
+        ) {
+            error!(id = %self.sandbox, "recording an exit: {e}");
         }
     }
 }
@@ -854,6 +1150,34 @@ struct ExecState {
     t0: Instant,
     done: bool,
     hist: Histogram,
+    audit: Option<ExecAudit>,
+}
+
+impl Drop for ExecState {
+    /// A stream dropped before the end (the client went away): keep reading the agent's
+    /// events in the background so the `exit` is still recorded.
+    fn drop(&mut self) {
+        if self.done || self.audit.is_none() {
+            return;
+        }
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let mut rest = ExecState {
+            inner: std::mem::replace(&mut self.inner, futures::stream::empty().boxed()),
+            control: self.control.clone(),
+            timer: self.timer.take(),
+            timeout: self.timeout,
+            killed: self.killed,
+            timed_out: self.timed_out,
+            t0: self.t0,
+            done: false,
+            hist: self.hist.clone(),
+            audit: self.audit.take(),
+        };
+        self.done = true;
+        rt.spawn(async move { while rest.next_event().await.is_some() {} });
+    }
 }
 
 enum Step {
@@ -873,6 +1197,9 @@ impl ExecState {
         // The agent's own (backstop) timeout may have killed it first.
         let timed_out =
             self.timed_out || (signal == Some(9) && self.timeout.is_some_and(|t| elapsed >= t));
+        if let Some(a) = self.audit.take() {
+            a.finish(exit_code, signal, timed_out, elapsed);
+        }
         ExecEvent::Exit {
             exit_code,
             signal,
@@ -887,6 +1214,9 @@ impl ExecState {
         }
         self.done = true;
         self.hist.observe(self.t0.elapsed().as_secs_f64());
+        if let Some(a) = self.audit.take() {
+            a.finish(None, None, false, self.t0.elapsed());
+        }
         ExecEvent::Error { message }
     }
 
@@ -932,9 +1262,24 @@ impl ExecState {
                 }
                 Step::Event(Some(Ok(ev))) => match ev {
                     ProcessEvent::Start { .. } => {}
-                    ProcessEvent::Stdout(b) => return Some(ExecEvent::Stdout { data: b64(&b) }),
-                    ProcessEvent::Stderr(b) => return Some(ExecEvent::Stderr { data: b64(&b) }),
-                    ProcessEvent::Pty(b) => return Some(ExecEvent::Pty { data: b64(&b) }),
+                    ProcessEvent::Stdout(b) => {
+                        if let Some(a) = self.audit.as_mut() {
+                            a.stdout.update(&b);
+                        }
+                        return Some(ExecEvent::Stdout { data: b64(&b) });
+                    }
+                    ProcessEvent::Stderr(b) => {
+                        if let Some(a) = self.audit.as_mut() {
+                            a.stderr.update(&b);
+                        }
+                        return Some(ExecEvent::Stderr { data: b64(&b) });
+                    }
+                    ProcessEvent::Pty(b) => {
+                        if let Some(a) = self.audit.as_mut() {
+                            a.stdout.update(&b);
+                        }
+                        return Some(ExecEvent::Pty { data: b64(&b) });
+                    }
                     ProcessEvent::End {
                         exit_code,
                         exited,

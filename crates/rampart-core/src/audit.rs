@@ -1,0 +1,467 @@
+//! The daemon's side of the proof: per-sandbox event chains recorded in the store, the
+//! node's Merkle log of published chain heads and its signed tree heads, bundle export.
+//!
+//! Every event is written in one store transaction, together with the state change it
+//! records when there is one (`created` with `running`, `destroyed` with `destroyed`,
+//! `timeout_changed` with the new deadline). The in-memory chain moves only after the commit.
+
+use crate::CoreError;
+use rampart_audit::canonical::to_canonical;
+use rampart_audit::{
+    now, referenced_blobs, Bundle, Chain, ContentHasher, ContentRecord, Event, EventBody, Hash,
+    HeadLeaf, MerkleLog, NodeKey, SignedTreeHead,
+};
+use rampart_store::{LeafRow, NewEvent, SandboxStore, StoreError, TreeHeadRow};
+use rampart_types::SandboxId;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+/// Audit settings of the daemon.
+#[derive(Debug, Clone)]
+pub struct AuditConfig {
+    /// Record events at all (`false` only for measurements: nothing is recorded then).
+    pub enabled: bool,
+    /// Bytes of each output stream (and of input) kept as a blob; beyond, digest only.
+    pub blob_cap: usize,
+    /// How often live sandboxes' chain heads are published to the node log (if they moved).
+    pub publish_interval: Duration,
+}
+
+impl Default for AuditConfig {
+    /// Enabled, 1 MiB per stream, publish every 60 s.
+    fn default() -> Self {
+        AuditConfig {
+            enabled: true,
+            blob_cap: 1 << 20,
+            publish_interval: Duration::from_secs(60),
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn db(e: StoreError) -> CoreError {
+    CoreError::Internal(format!("state store: {e}"))
+}
+
+fn enc(e: impl std::fmt::Display) -> CoreError {
+    CoreError::Internal(format!("audit record: {e}"))
+}
+
+/// The node log in memory and what it last published per sandbox.
+#[derive(Debug)]
+struct NodeLog {
+    log: MerkleLog,
+    /// Chain length last published, per sandbox seen since start.
+    published: HashMap<SandboxId, u64>,
+}
+
+/// The recorder. One per daemon.
+#[derive(Debug)]
+pub(crate) struct Audit {
+    cfg: AuditConfig,
+    store: Arc<dyn SandboxStore>,
+    key: NodeKey,
+    chains: Mutex<HashMap<SandboxId, Arc<Mutex<Chain>>>>,
+    node: Mutex<NodeLog>,
+    templates: Mutex<HashMap<String, String>>,
+    appended: tokio::sync::watch::Sender<u64>,
+}
+
+impl Audit {
+    /// Loads (or makes, at first start) the node key `<data>/node.key` and the node log.
+    pub(crate) fn open(
+        cfg: AuditConfig,
+        store: Arc<dyn SandboxStore>,
+        data_dir: &Path,
+    ) -> Result<Audit, CoreError> {
+        let key_path = data_dir.join("node.key");
+        let key = NodeKey::load_or_create(&key_path)
+            .map_err(|e| CoreError::Internal(format!("node key {}: {e}", key_path.display())))?;
+        let mut leaves = Vec::new();
+        for h in store.leaf_hashes().map_err(db)? {
+            leaves.push(Hash::parse(&h).map_err(|e| enc(format!("stored leaf {h:?}: {e}")))?);
+        }
+        let (appended, _) = tokio::sync::watch::channel(0);
+        Ok(Audit {
+            cfg,
+            store,
+            key,
+            chains: Mutex::new(HashMap::new()),
+            node: Mutex::new(NodeLog {
+                log: MerkleLog::from_leaves(leaves),
+                published: HashMap::new(),
+            }),
+            templates: Mutex::new(HashMap::new()),
+            appended,
+        })
+    }
+
+    pub(crate) fn enabled(&self) -> bool {
+        self.cfg.enabled
+    }
+
+    pub(crate) fn blob_cap(&self) -> usize {
+        self.cfg.blob_cap
+    }
+
+    pub(crate) fn publish_interval(&self) -> Duration {
+        self.cfg.publish_interval
+    }
+
+    /// The node's public key (`ed25519:<hex>`) and key id.
+    pub(crate) fn key(&self) -> (String, String) {
+        (
+            self.key.public_key().to_string(),
+            self.key.key_id().to_hex(),
+        )
+    }
+
+    /// Remembers a template's content digest.
+    pub(crate) fn set_template_digest(&self, name: &str, digest: String) {
+        lock(&self.templates).insert(name.to_owned(), digest);
+    }
+
+    /// A template's content digest, as computed at start.
+    pub(crate) fn template_digest(&self, name: &str) -> String {
+        lock(&self.templates)
+            .get(name)
+            .cloned()
+            .unwrap_or_else(|| "unknown".into())
+    }
+
+    /// A receiver that changes whenever an event is appended (to any sandbox).
+    pub(crate) fn subscribe(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.appended.subscribe()
+    }
+
+    /// The chain of a sandbox: in memory, or resumed from its last stored event.
+    fn chain(&self, id: &SandboxId) -> Result<Arc<Mutex<Chain>>, CoreError> {
+        if let Some(c) = lock(&self.chains).get(id) {
+            return Ok(c.clone());
+        }
+        let chain = match self.store.last_event(id).map_err(db)? {
+            Some((seq, hash)) => Chain::resume(
+                id.clone(),
+                seq + 1,
+                Hash::parse(&hash).map_err(|e| enc(format!("stored hash {hash:?}: {e}")))?,
+            ),
+            None => Chain::new(id.clone()),
+        };
+        Ok(lock(&self.chains)
+            .entry(id.clone())
+            .or_insert_with(|| Arc::new(Mutex::new(chain)))
+            .clone())
+    }
+
+    /// Records an event made by `body` (given the event's seq) with `blobs`, inside the store
+    /// write `write` (which gets `None` when auditing is off, or when `only_if_started` and
+    /// the sandbox has no event yet). The chain moves only once `write` succeeded.
+    pub(crate) fn record<T>(
+        &self,
+        id: &SandboxId,
+        only_if_started: bool,
+        body: impl FnOnce(u64) -> EventBody,
+        blobs: Vec<Vec<u8>>,
+        write: impl FnOnce(Option<&NewEvent>) -> Result<T, StoreError>,
+    ) -> Result<T, CoreError> {
+        if !self.cfg.enabled {
+            return write(None).map_err(db);
+        }
+        let chain = self.chain(id)?;
+        let mut chain = lock(&chain);
+        if only_if_started && chain.is_empty() {
+            drop(chain);
+            return write(None).map_err(db);
+        }
+        let event = chain.next_event(body(chain.len()), now()).map_err(enc)?;
+        let value = serde_json::to_value(&event).map_err(enc)?;
+        let json = String::from_utf8(to_canonical(&value).map_err(enc)?).map_err(enc)?;
+        let ne = NewEvent {
+            sandbox: id.clone(),
+            seq: event.seq,
+            time: event.time.clone(),
+            hash: event.hash.to_hex(),
+            prev: event.prev.to_hex(),
+            json,
+            blobs: blobs
+                .into_iter()
+                .map(|b| (rampart_audit::content_digest(&b).to_hex(), b))
+                .collect(),
+        };
+        let out = write(Some(&ne)).map_err(db)?;
+        chain.advance(&event).map_err(enc)?;
+        drop(chain);
+        self.appended.send_modify(|n| *n = n.wrapping_add(1));
+        Ok(out)
+    }
+
+    /// Records an event that has no state change of its own.
+    pub(crate) fn append(
+        &self,
+        id: &SandboxId,
+        body: impl FnOnce(u64) -> EventBody,
+        blobs: Vec<Vec<u8>>,
+    ) -> Result<(), CoreError> {
+        let store = self.store.clone();
+        self.record(id, false, body, blobs, |e| match e {
+            Some(e) => store.append_event(e),
+            None => Ok(()),
+        })
+    }
+
+    /// Forgets a sandbox's chain (it is destroyed; its events stay in the store).
+    pub(crate) fn forget(&self, id: &SandboxId) {
+        lock(&self.chains).remove(id);
+    }
+
+    /// The current (length, head) of a sandbox's chain.
+    fn current(&self, id: &SandboxId) -> Result<(u64, Hash), CoreError> {
+        let c = self.chain(id)?;
+        let c = lock(&c);
+        Ok((c.len(), c.head()))
+    }
+
+    /// Publishes the heads of `ids` that moved since their last publication, and signs a
+    /// tree head. Returns the new tree size, if anything was published.
+    pub(crate) fn publish(&self, ids: &[SandboxId]) -> Result<Option<u64>, CoreError> {
+        if !self.cfg.enabled {
+            return Ok(None);
+        }
+        let mut heads = Vec::new();
+        for id in ids {
+            let (len, head) = self.current(id)?;
+            if len > 0 {
+                heads.push((id.clone(), len, head));
+            }
+        }
+        let mut node = lock(&self.node);
+        let mut leaves = Vec::new();
+        let mut log = node.log.clone();
+        for (id, len, head) in heads {
+            let last = match node.published.get(&id) {
+                Some(l) => Some(*l),
+                None => self.store.last_leaf(&id).map_err(db)?.map(|l| l.length),
+            };
+            if last == Some(len) {
+                node.published.insert(id, len);
+                continue;
+            }
+            let leaf = HeadLeaf {
+                sandbox: id.clone(),
+                length: len,
+                head,
+            };
+            let h = leaf.hash();
+            let index = log.push(h);
+            leaves.push(LeafRow {
+                index,
+                leaf_hash: h.to_hex(),
+                sandbox: id,
+                length: len,
+                head: head.to_hex(),
+            });
+        }
+        if leaves.is_empty() {
+            return Ok(None);
+        }
+        let sth = self.key.sign_tree_head(log.size(), log.root(), now());
+        let row = tree_head_row(&sth)?;
+        self.store.publish(&leaves, &row).map_err(db)?;
+        for l in &leaves {
+            node.published.insert(l.sandbox.clone(), l.length);
+        }
+        node.log = log;
+        Ok(Some(sth.tree_size))
+    }
+
+    /// Publishes every live chain that moved (the periodic task).
+    pub(crate) fn publish_live(&self) -> Result<Option<u64>, CoreError> {
+        let ids: Vec<SandboxId> = lock(&self.chains).keys().cloned().collect();
+        self.publish(&ids)
+    }
+
+    /// Stored events of a sandbox, `seq > after`, at most `limit`.
+    pub(crate) fn events(
+        &self,
+        id: &SandboxId,
+        after: Option<u64>,
+        limit: usize,
+    ) -> Result<Vec<Event>, CoreError> {
+        let rows = self.store.events(id, after, limit).map_err(db)?;
+        rows.iter()
+            .map(|r| {
+                serde_json::from_str::<Event>(&r.json)
+                    .map_err(|e| enc(format!("stored event {} of {id}: {e}", r.seq)))
+            })
+            .collect()
+    }
+
+    /// The bundle of a sandbox's whole log, publishing its head first if it moved.
+    pub(crate) fn bundle(&self, id: &SandboxId) -> Result<Vec<u8>, CoreError> {
+        let events = self.events(id, None, usize::MAX)?;
+        let Some(last) = events.last() else {
+            return Err(CoreError::BadRequest {
+                field: "id".into(),
+                message: format!("no audit event was recorded for sandbox {id}"),
+            });
+        };
+        let (len, head) = (events.len() as u64, last.hash);
+        let leaf = HeadLeaf {
+            sandbox: id.clone(),
+            length: len,
+            head,
+        };
+        let mut node = lock(&self.node);
+        let stored = self.store.last_leaf(id).map_err(db)?;
+        let (index, sth) = match stored {
+            Some(l) if l.length == len && l.head == head.to_hex() => {
+                let th = self
+                    .store
+                    .latest_tree_head()
+                    .map_err(db)?
+                    .ok_or_else(|| enc("a leaf is stored but no tree head"))?;
+                let sth: SignedTreeHead = serde_json::from_str(&th.json).map_err(enc)?;
+                (l.index, sth)
+            }
+            _ => {
+                let mut log = node.log.clone();
+                let h = leaf.hash();
+                let index = log.push(h);
+                let sth = self.key.sign_tree_head(log.size(), log.root(), now());
+                let row = LeafRow {
+                    index,
+                    leaf_hash: h.to_hex(),
+                    sandbox: id.clone(),
+                    length: len,
+                    head: head.to_hex(),
+                };
+                self.store
+                    .publish(&[row], &tree_head_row(&sth)?)
+                    .map_err(db)?;
+                node.log = log;
+                node.published.insert(id.clone(), len);
+                (index, sth)
+            }
+        };
+        let proof = node
+            .log
+            .inclusion_proof(index, sth.tree_size)
+            .map_err(enc)?;
+        drop(node);
+        let mut blobs = Vec::new();
+        for digest in referenced_blobs(&events) {
+            if let Some(b) = self.store.blob(&digest.to_hex()).map_err(db)? {
+                blobs.push(b);
+            }
+        }
+        let bundle = Bundle::assemble(
+            id.clone(),
+            events,
+            blobs,
+            index,
+            proof,
+            sth,
+            self.key.public_key(),
+        );
+        Ok(bundle.to_bytes())
+    }
+}
+
+fn tree_head_row(sth: &SignedTreeHead) -> Result<TreeHeadRow, CoreError> {
+    Ok(TreeHeadRow {
+        tree_size: sth.tree_size,
+        root: sth.root_hash.to_hex(),
+        timestamp: sth.timestamp.clone(),
+        json: serde_json::to_string(sth).map_err(enc)?,
+    })
+}
+
+/// The record of some bytes kept up to `cap`, and the blob to store.
+pub(crate) fn content(bytes: &[u8], cap: usize) -> (ContentRecord, Option<Vec<u8>>) {
+    ContentHasher::record(bytes, cap)
+}
+
+/// A content digest of a template: SHA-256 over a manifest of its directory (every path,
+/// kind, mode, size, a regular file's SHA-256, a symlink's target; sorted; mount points and
+/// other file systems not entered) and of the host's package database
+/// (`/var/lib/dpkg/status`), which stands for the host `/usr` the sandboxes see.
+/// Spelled `sha256:<hex>`.
+pub(crate) fn template_digest(dir: &Path) -> std::io::Result<String> {
+    use std::os::unix::fs::MetadataExt;
+    let mut manifest = Vec::new();
+    let root_dev = std::fs::symlink_metadata(dir)?.dev();
+    let mut stack: Vec<PathBuf> = vec![dir.to_path_buf()];
+    let mut entries = Vec::new();
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d)? {
+            let e = e?;
+            let p = e.path();
+            let md = std::fs::symlink_metadata(&p)?;
+            entries.push((p.clone(), md.clone()));
+            if md.is_dir() && md.dev() == root_dev {
+                stack.push(p);
+            }
+        }
+    }
+    entries.sort_by(|a, b| a.0.cmp(&b.0));
+    for (p, md) in entries {
+        let rel = p.strip_prefix(dir).unwrap_or(&p);
+        let ft = md.file_type();
+        let detail = if ft.is_file() {
+            let mut h = ContentHasher::new(0);
+            let mut f = std::fs::File::open(&p)?;
+            let mut buf = vec![0u8; 64 * 1024];
+            loop {
+                let n = std::io::Read::read(&mut f, &mut buf)?;
+                if n == 0 {
+                    break;
+                }
+                h.update(&buf[..n]);
+            }
+            format!("f {} {}", md.len(), h.finish().0.digest)
+        } else if ft.is_symlink() {
+            format!("l {}", std::fs::read_link(&p)?.display())
+        } else if ft.is_dir() {
+            "d".into()
+        } else {
+            "o".into()
+        };
+        manifest.extend_from_slice(
+            format!("{} {:o} {detail}\n", rel.display(), md.mode() & 0o7777).as_bytes(),
+        );
+    }
+    let dpkg = std::fs::read("/var/lib/dpkg/status").unwrap_or_default();
+    manifest.extend_from_slice(
+        format!(
+            "host-dpkg-status {}\n",
+            rampart_audit::content_digest(&dpkg)
+        )
+        .as_bytes(),
+    );
+    Ok(format!(
+        "sha256:{}",
+        rampart_audit::content_digest(&manifest)
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn template_digest_follows_content() {
+        let d = tempfile::tempdir().unwrap();
+        std::fs::create_dir(d.path().join("etc")).unwrap();
+        std::fs::write(d.path().join("etc/hosts"), "a").unwrap();
+        let a = template_digest(d.path()).unwrap();
+        assert!(a.starts_with("sha256:"));
+        assert_eq!(a, template_digest(d.path()).unwrap());
+        std::fs::write(d.path().join("etc/hosts"), "b").unwrap();
+        assert_ne!(a, template_digest(d.path()).unwrap());
+    }
+}
