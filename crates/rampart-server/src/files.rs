@@ -120,6 +120,14 @@ fn write_error(e: ClientError) -> ApiError {
     }
 }
 
+/// [`write_error`] for an agent error that came through core; other errors as they are.
+fn core_write_error(e: rampart_core::CoreError) -> ApiError {
+    match e {
+        rampart_core::CoreError::Agent(e) => write_error(e),
+        other => other.into(),
+    }
+}
+
 fn is_not_found(e: &ClientError) -> bool {
     matches!(e, ClientError::Rpc { code, .. } if code == "not_found")
 }
@@ -203,10 +211,11 @@ async fn write_inner(
         // A parent that does not exist yet, or one that is not a directory: let the write say.
         Err(_) => false,
     };
-    let written = agent
-        .write_file(&q.path, user, stream)
+    let written = st
+        .backend
+        .write_file(id, &q.path, user, stream)
         .await
-        .map_err(write_error)?;
+        .map_err(core_write_error)?;
     let info = agent.stat(&written, user).await?;
     let status = if existed {
         StatusCode::OK
@@ -278,9 +287,9 @@ pub(crate) async fn remove(
 ) -> Result<StatusCode, ApiError> {
     check_path("path", &q.path)?;
     check_user(q.user.as_deref())?;
-    let agent = st.backend.agent(&id)?;
-    agent.stat(&q.path, q.user.as_deref()).await?;
-    agent.remove(&q.path, q.user.as_deref()).await?;
+    st.backend
+        .remove_file(&id, &q.path, q.user.as_deref())
+        .await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -348,11 +357,11 @@ pub(crate) async fn mkdir(
 ) -> Result<(StatusCode, Json<FileEntry>), ApiError> {
     check_path("path", &req.path)?;
     check_user(req.user.as_deref())?;
-    let agent = st.backend.agent(&id)?;
-    let info = agent
-        .make_dir(&req.path, req.user.as_deref())
+    let info = st
+        .backend
+        .make_dir(&id, &req.path, req.user.as_deref())
         .await
-        .map_err(write_error)?;
+        .map_err(core_write_error)?;
     Ok((StatusCode::CREATED, Json(entry(info))))
 }
 
@@ -373,12 +382,11 @@ pub(crate) async fn rename(
     check_path("from", &req.from)?;
     check_path("to", &req.to)?;
     check_user(req.user.as_deref())?;
-    let agent = st.backend.agent(&id)?;
     Ok(Json(entry(
-        agent
-            .rename(&req.from, &req.to, req.user.as_deref())
+        st.backend
+            .rename(&id, &req.from, &req.to, req.user.as_deref())
             .await
-            .map_err(write_error)?,
+            .map_err(core_write_error)?,
     )))
 }
 

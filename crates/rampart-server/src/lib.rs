@@ -5,6 +5,7 @@
 //! [`Backend`] trait, so the HTTP layer is testable without sandboxes) and translates the
 //! answers. Every failure is a JSON `{"error": {"code", "message"}}` with the right status.
 
+mod audit;
 mod error;
 mod exec;
 mod extract;
@@ -13,6 +14,7 @@ mod metrics;
 mod openapi;
 mod sandboxes;
 
+pub use audit::{AuditKey, AuditPage};
 pub use error::ApiError;
 pub use exec::{collect_output, OutputCollector};
 pub use openapi::openapi;
@@ -22,7 +24,9 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use futures::future::BoxFuture;
-use rampart_agent::client::AgentClient;
+use bytes::Bytes;
+use futures::stream::BoxStream;
+use rampart_agent::client::{AgentClient, EntryInfo};
 use rampart_core::{CoreError, Exec, Manager};
 use rampart_types::{CreateSandbox, ExecRequest, Health, SandboxId, SandboxInfo, SandboxState};
 use std::collections::BTreeMap;
@@ -69,6 +73,79 @@ pub trait Backend: Send + Sync + 'static {
     ) -> BoxFuture<'a, Result<Exec, CoreError>>;
     /// See [`Manager::metrics_text`].
     fn metrics_text(&self) -> String;
+    /// See [`Manager::write_file`]. The default writes through the agent without recording.
+    fn write_file<'a>(
+        &'a self,
+        id: &'a SandboxId,
+        path: &'a str,
+        user: Option<&'a str>,
+        body: BoxStream<'static, Result<Bytes, std::io::Error>>,
+    ) -> BoxFuture<'a, Result<String, CoreError>> {
+        Box::pin(async move { Ok(self.agent(id)?.write_file(path, user, body).await?) })
+    }
+    /// See [`Manager::remove_file`]. The default removes through the agent without recording.
+    fn remove_file<'a>(
+        &'a self,
+        id: &'a SandboxId,
+        path: &'a str,
+        user: Option<&'a str>,
+    ) -> BoxFuture<'a, Result<(), CoreError>> {
+        Box::pin(async move {
+            let agent = self.agent(id)?;
+            agent.stat(path, user).await?;
+            Ok(agent.remove(path, user).await?)
+        })
+    }
+    /// See [`Manager::make_dir`]. The default works through the agent without recording.
+    fn make_dir<'a>(
+        &'a self,
+        id: &'a SandboxId,
+        path: &'a str,
+        user: Option<&'a str>,
+    ) -> BoxFuture<'a, Result<EntryInfo, CoreError>> {
+        Box::pin(async move { Ok(self.agent(id)?.make_dir(path, user).await?) })
+    }
+    /// See [`Manager::rename`]. The default works through the agent without recording.
+    fn rename<'a>(
+        &'a self,
+        id: &'a SandboxId,
+        from: &'a str,
+        to: &'a str,
+        user: Option<&'a str>,
+    ) -> BoxFuture<'a, Result<EntryInfo, CoreError>> {
+        Box::pin(async move { Ok(self.agent(id)?.rename(from, to, user).await?) })
+    }
+    /// See [`Manager::audit_events`]. The default keeps no record.
+    fn audit_events(
+        &self,
+        id: &SandboxId,
+        _after: Option<u64>,
+        _limit: usize,
+    ) -> Result<Vec<rampart_types::audit::Event>, CoreError> {
+        self.get(id).map(|_| Vec::new())
+    }
+    /// See [`Manager::audit_subscribe`]. The default has nothing to follow.
+    fn audit_subscribe(&self) -> Option<tokio::sync::watch::Receiver<u64>> {
+        None
+    }
+    /// See [`Manager::audit_bundle`]. The default keeps no record.
+    fn audit_bundle<'a>(&'a self, id: &'a SandboxId) -> BoxFuture<'a, Result<Vec<u8>, CoreError>> {
+        Box::pin(async move {
+            self.get(id)?;
+            Err(CoreError::BadRequest {
+                field: "id".into(),
+                message: "this daemon keeps no audit record".into(),
+            })
+        })
+    }
+    /// See [`Manager::audit_key`]. The default keeps no record.
+    fn audit_key(&self) -> Option<(String, String)> {
+        None
+    }
+    /// Content digests of the templates (see [`Manager::template_digest`]).
+    fn template_digests(&self) -> BTreeMap<String, String> {
+        BTreeMap::new()
+    }
 }
 
 impl Backend for Manager {
@@ -108,6 +185,63 @@ impl Backend for Manager {
     }
     fn metrics_text(&self) -> String {
         Manager::metrics_text(self)
+    }
+    fn write_file<'a>(
+        &'a self,
+        id: &'a SandboxId,
+        path: &'a str,
+        user: Option<&'a str>,
+        body: BoxStream<'static, Result<Bytes, std::io::Error>>,
+    ) -> BoxFuture<'a, Result<String, CoreError>> {
+        Box::pin(Manager::write_file(self, id, path, user, body))
+    }
+    fn remove_file<'a>(
+        &'a self,
+        id: &'a SandboxId,
+        path: &'a str,
+        user: Option<&'a str>,
+    ) -> BoxFuture<'a, Result<(), CoreError>> {
+        Box::pin(Manager::remove_file(self, id, path, user))
+    }
+    fn make_dir<'a>(
+        &'a self,
+        id: &'a SandboxId,
+        path: &'a str,
+        user: Option<&'a str>,
+    ) -> BoxFuture<'a, Result<EntryInfo, CoreError>> {
+        Box::pin(Manager::make_dir(self, id, path, user))
+    }
+    fn rename<'a>(
+        &'a self,
+        id: &'a SandboxId,
+        from: &'a str,
+        to: &'a str,
+        user: Option<&'a str>,
+    ) -> BoxFuture<'a, Result<EntryInfo, CoreError>> {
+        Box::pin(Manager::rename(self, id, from, to, user))
+    }
+    fn audit_events(
+        &self,
+        id: &SandboxId,
+        after: Option<u64>,
+        limit: usize,
+    ) -> Result<Vec<rampart_types::audit::Event>, CoreError> {
+        Manager::audit_events(self, id, after, limit)
+    }
+    fn audit_subscribe(&self) -> Option<tokio::sync::watch::Receiver<u64>> {
+        Some(Manager::audit_subscribe(self))
+    }
+    fn audit_bundle<'a>(&'a self, id: &'a SandboxId) -> BoxFuture<'a, Result<Vec<u8>, CoreError>> {
+        Box::pin(Manager::audit_bundle(self, id))
+    }
+    fn audit_key(&self) -> Option<(String, String)> {
+        Some(Manager::audit_key(self))
+    }
+    fn template_digests(&self) -> BTreeMap<String, String> {
+        rampart_core::validate::TEMPLATES
+            .iter()
+            .map(|t| ((*t).to_owned(), Manager::template_digest(self, t)))
+            .collect()
     }
 }
 
@@ -153,6 +287,9 @@ pub fn router_with_backend(backend: Arc<dyn Backend>) -> Router {
         .route("/sandboxes/{id}/files/mkdir", post(files::mkdir))
         .route("/sandboxes/{id}/files/move", post(files::rename))
         .route("/sandboxes/{id}/files/watch", get(files::watch))
+        .route("/sandboxes/{id}/audit", get(audit::events))
+        .route("/sandboxes/{id}/audit/bundle", get(audit::bundle))
+        .route("/audit/key", get(audit::key))
         .route("/openapi.json", get(openapi::serve_openapi));
 
     Router::new()

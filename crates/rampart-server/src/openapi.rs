@@ -29,6 +29,9 @@ use utoipa::OpenApi;
         crate::files::mkdir,
         crate::files::rename,
         crate::files::watch,
+        crate::audit::events,
+        crate::audit::bundle,
+        crate::audit::key,
     ),
     components(schemas(
         rampart_types::ApiErrorBody,
@@ -50,11 +53,14 @@ use utoipa::OpenApi;
         rampart_types::MoveFile,
         rampart_types::FileWatchEvent,
         rampart_types::Health,
+        crate::audit::AuditPage,
+        crate::audit::AuditKey,
     )),
     tags(
         (name = "sandboxes", description = "Create, list, inspect, destroy sandboxes"),
         (name = "exec", description = "Run commands in a sandbox"),
         (name = "files", description = "Move files in and out of a sandbox"),
+        (name = "audit", description = "The signed record of what ran (docs/proof.md)"),
         (name = "daemon", description = "Health and metrics"),
     )
 )]

@@ -1,0 +1,195 @@
+//! The audit API: a sandbox's event log (paged or followed), its bundle, the node's key.
+
+use crate::error::ApiError;
+use crate::extract::{ApiQuery, SandboxPath};
+use crate::AppState;
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::header::{CACHE_CONTROL, CONTENT_DISPOSITION, CONTENT_TYPE};
+use axum::http::HeaderValue;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use bytes::Bytes;
+use rampart_types::ApiErrorBody;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::convert::Infallible;
+use std::time::Duration;
+
+/// Default page size of `GET /v1/sandboxes/{id}/audit`.
+pub const DEFAULT_AUDIT_PAGE: usize = 1000;
+/// Largest page size.
+pub const MAX_AUDIT_PAGE: usize = 10_000;
+
+/// `?after=&limit=&follow=`.
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub(crate) struct AuditQuery {
+    /// Only events with a larger `seq` (default: from the first).
+    #[serde(default)]
+    after: Option<u64>,
+    /// Most events per page (default 1000, at most 10000).
+    #[serde(default)]
+    limit: Option<usize>,
+    /// `1` or `true`: stream NDJSON, one event per line, as they are appended, until the
+    /// sandbox has ended and its last event was sent (or the client leaves).
+    #[serde(default)]
+    follow: Option<String>,
+}
+
+/// A page of a sandbox's audit log.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct AuditPage {
+    /// Events in order (see `docs/proof.md` for their format).
+    #[schema(value_type = Vec<Object>)]
+    pub events: Vec<rampart_types::audit::Event>,
+    /// The `seq` to pass as `after` for the next page; `null` when this page is empty.
+    pub next_after: Option<u64>,
+}
+
+/// The node's audit key.
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct AuditKey {
+    /// The Ed25519 public key: `ed25519:<64 hex>`.
+    pub public_key: String,
+    /// SHA-256 of the raw public key, hex.
+    pub key_id: String,
+    /// Content digest of each template, as `created` events record it.
+    pub templates: BTreeMap<String, String>,
+}
+
+fn is_true(v: Option<&str>) -> bool {
+    matches!(v, Some("1" | "true" | "yes"))
+}
+
+/// `GET /v1/sandboxes/{id}/audit`: the sandbox's audit events, paged; with `?follow=1`, an
+/// NDJSON stream of them as they are appended.
+#[utoipa::path(get, path = "/v1/sandboxes/{id}/audit", tag = "audit",
+    params(("id" = String, Path, description = "Sandbox id"), AuditQuery),
+    responses(
+        (status = 200, description = "A page of events (or, with follow, NDJSON lines of events)", body = AuditPage),
+        (status = 400, description = "Bad query", body = ApiErrorBody),
+        (status = 404, description = "No such sandbox", body = ApiErrorBody),
+    ))]
+pub(crate) async fn events(
+    State(st): State<AppState>,
+    SandboxPath(id): SandboxPath,
+    ApiQuery(q): ApiQuery<AuditQuery>,
+) -> Result<Response, ApiError> {
+    let limit = q.limit.unwrap_or(DEFAULT_AUDIT_PAGE);
+    if !(1..=MAX_AUDIT_PAGE).contains(&limit) {
+        return Err(ApiError::bad_request(format!(
+            "limit: must be 1 to {MAX_AUDIT_PAGE}"
+        )));
+    }
+    if !is_true(q.follow.as_deref()) {
+        let events = st.backend.audit_events(&id, q.after, limit)?;
+        let next_after = events.last().map(|e| e.seq).or(q.after);
+        return Ok(Json(AuditPage { events, next_after }).into_response());
+    }
+    // Checks the sandbox exists before answering 200.
+    st.backend.get(&id)?;
+    let mut changes = st.backend.audit_subscribe();
+    let backend = st.backend.clone();
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, Infallible>>(16);
+    let mut after = q.after;
+    tokio::spawn(async move {
+        loop {
+            // Mark the current version seen before reading, so no append is missed.
+            if let Some(c) = changes.as_mut() {
+                c.borrow_and_update();
+            }
+            let ended = backend
+                .get(&id)
+                .map(|i| !i.state.is_alive())
+                .unwrap_or(true);
+            let events = match backend.audit_events(&id, after, MAX_AUDIT_PAGE) {
+                Ok(e) => e,
+                Err(e) => {
+                    tracing::debug!(id = %id, "following the audit log: {e}");
+                    return;
+                }
+            };
+            let got = events.len();
+            for e in events {
+                after = Some(e.seq);
+                let mut line = serde_json::to_vec(&e).unwrap_or_default();
+                line.push(b'\n');
+                if tx.send(Ok(Bytes::from(line))).await.is_err() {
+                    return;
+                }
+            }
+            if got == MAX_AUDIT_PAGE {
+                continue;
+            }
+            if ended {
+                return;
+            }
+            // Wake on an append, or re-check the sandbox's state now and then.
+            match changes.as_mut() {
+                Some(c) => {
+                    tokio::select! {
+                        _ = c.changed() => {}
+                        () = tokio::time::sleep(Duration::from_secs(1)) => {}
+                        () = tx.closed() => return,
+                    }
+                }
+                None => tokio::time::sleep(Duration::from_millis(500)).await,
+            }
+        }
+    });
+    let stream =
+        futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|c| (c, rx)) });
+    let mut resp = Body::from_stream(stream).into_response();
+    let h = resp.headers_mut();
+    h.insert(
+        CONTENT_TYPE,
+        HeaderValue::from_static("application/x-ndjson"),
+    );
+    h.insert(CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    Ok(resp)
+}
+
+/// `GET /v1/sandboxes/{id}/audit/bundle`: the sandbox's bundle (events, blobs, signed tree
+/// head, inclusion proof, public key), verifiable offline with `rampart audit verify`.
+/// Publishes the sandbox's chain head first if it moved since its last publication.
+#[utoipa::path(get, path = "/v1/sandboxes/{id}/audit/bundle", tag = "audit",
+    params(("id" = String, Path, description = "Sandbox id")),
+    responses(
+        (status = 200, description = "The bundle (`rampart.audit.bundle.v1`, JSON)", content_type = "application/json"),
+        (status = 400, description = "No audit event was recorded for this sandbox", body = ApiErrorBody),
+        (status = 404, description = "No such sandbox", body = ApiErrorBody),
+    ))]
+pub(crate) async fn bundle(
+    State(st): State<AppState>,
+    SandboxPath(id): SandboxPath,
+) -> Result<Response, ApiError> {
+    let bytes = st.backend.audit_bundle(&id).await?;
+    let mut resp = Body::from(bytes).into_response();
+    let h = resp.headers_mut();
+    h.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    if let Ok(v) = HeaderValue::from_str(&format!("attachment; filename=\"{id}.audit.json\"")) {
+        h.insert(CONTENT_DISPOSITION, v);
+    }
+    Ok(resp)
+}
+
+/// `GET /v1/audit/key`: the node's public key (pin it to verify bundles) and the template
+/// digests.
+#[utoipa::path(get, path = "/v1/audit/key", tag = "audit",
+    responses(
+        (status = 200, description = "The node's audit key", body = AuditKey),
+        (status = 404, description = "This daemon keeps no audit record", body = ApiErrorBody),
+    ))]
+pub(crate) async fn key(State(st): State<AppState>) -> Result<Json<AuditKey>, ApiError> {
+    let (public_key, key_id) = st
+        .backend
+        .audit_key()
+        .ok_or_else(|| ApiError::not_found("this daemon keeps no audit record"))?;
+    Ok(Json(AuditKey {
+        public_key,
+        key_id,
+        templates: st.backend.template_digests(),
+    }))
+}
