@@ -48,6 +48,10 @@ enum Command {
     Shell(commands::exec::ShellArgs),
     /// Set a sandbox's deadline to SECS seconds from now.
     Timeout(commands::sandbox::TimeoutArgs),
+    /// The signed record of what ran in a sandbox: show, export, verify.
+    Audit(commands::audit::AuditArgs),
+    /// Run a recorded session (a bundle) again in a fresh sandbox and compare step by step.
+    Replay(commands::replay::ReplayArgs),
     /// Measure Rampart side by side with bwrap, runc and unshare on this machine.
     Bench(bench::BenchArgs),
 }
@@ -93,6 +97,8 @@ fn main() -> ExitCode {
             Command::Cp(a) => commands::cp::cp(&host, a).await,
             Command::Shell(a) => commands::exec::shell(&host, a).await,
             Command::Timeout(a) => commands::sandbox::timeout(&host, a).await,
+            Command::Audit(a) => commands::audit::audit(&host, a).await,
+            Command::Replay(a) => commands::replay::replay(&host, a).await,
             Command::Bench(_) => unreachable!("bench runs before the runtime starts"),
         }
     });

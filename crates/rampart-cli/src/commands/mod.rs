@@ -1,7 +1,9 @@
 //! The subcommands, one module each. Each returns the process's exit code.
 
+pub mod audit;
 pub mod cp;
 pub mod exec;
+pub mod replay;
 pub mod run;
 pub mod sandbox;
 pub mod serve;

@@ -2,7 +2,7 @@
 
 use anyhow::{anyhow, bail, Context, Result};
 use clap::{Args, ValueEnum};
-use rampart_core::{CoreConfig, Manager};
+use rampart_core::{AuditConfig, CoreConfig, Manager};
 use rampart_types::limits::parse_size;
 use rampart_types::Limits;
 use serde::Deserialize;
@@ -118,6 +118,20 @@ struct FileConfig {
     default_limits: LimitsConfig,
     #[serde(default)]
     max_limits: LimitsConfig,
+    #[serde(default)]
+    audit: AuditFileConfig,
+}
+
+/// `[audit]` of the config file.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct AuditFileConfig {
+    /// Record the audit log (default true; false only for measurements).
+    enabled: Option<bool>,
+    /// Bytes of each output stream kept as a blob (default 1M).
+    blob_cap: Option<SizeValue>,
+    /// Seconds between publications of live sandboxes' chain heads (default 60).
+    publish_interval_secs: Option<u64>,
 }
 
 fn read_config(path: &Path) -> Result<FileConfig> {
@@ -265,6 +279,23 @@ fn resolve(a: &ServeArgs) -> Result<Resolved> {
              between 65536 and 2^32-1, with at least one slot"
         );
     }
+    let mut audit = AuditConfig::default();
+    if let Some(e) = file.audit.enabled {
+        audit.enabled = e;
+    }
+    if let Some(c) = &file.audit.blob_cap {
+        audit.blob_cap = usize::try_from(c.bytes("audit.blob_cap")?)
+            .map_err(|_| anyhow!("audit.blob_cap is too large"))?;
+    }
+    if let Some(s) = file.audit.publish_interval_secs {
+        if s == 0 {
+            bail!("audit.publish_interval_secs must be at least 1");
+        }
+        audit.publish_interval = Duration::from_secs(s);
+    }
+    if !audit.enabled {
+        tracing::warn!("the audit record is disabled by the config file ([audit] enabled = false)");
+    }
     let max_sandboxes = file.max_sandboxes.unwrap_or(1000);
     if max_sandboxes == 0 {
         bail!("max_sandboxes must be at least 1");
@@ -282,6 +313,7 @@ fn resolve(a: &ServeArgs) -> Result<Resolved> {
             max_sandboxes,
             uid_range_start,
             uid_slots,
+            audit,
         },
     })
 }

@@ -1,0 +1,230 @@
+//! `rampart audit show|export|verify|key`: the signed record of what ran in a sandbox.
+
+use crate::client::Client;
+use anyhow::{anyhow, bail, Context, Result};
+use clap::{Args, Subcommand};
+use futures::StreamExt;
+use rampart_audit::{verify_bundle, Activity, Event, PublicKey};
+use reqwest::Method;
+use serde::Deserialize;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+/// `rampart audit`.
+#[derive(Debug, Args)]
+pub struct AuditArgs {
+    #[command(subcommand)]
+    cmd: AuditCmd,
+}
+
+#[derive(Debug, Subcommand)]
+enum AuditCmd {
+    /// Show a sandbox's audit log as a readable timeline.
+    Show(ShowArgs),
+    /// Save a sandbox's bundle (events, blobs, signed tree head, proof, key) to a file.
+    Export(ExportArgs),
+    /// Verify a bundle offline (no daemon needed); exits 1 naming the first bad record.
+    Verify(VerifyArgs),
+    /// Print the daemon's audit public key (pin it when verifying).
+    Key,
+}
+
+/// `rampart audit show`.
+#[derive(Debug, Args)]
+pub struct ShowArgs {
+    /// The sandbox.
+    id: String,
+    /// Keep printing events as they are recorded, until the sandbox ends.
+    #[arg(long, short = 'f')]
+    follow: bool,
+    /// Print the raw events (one JSON object per line) instead of the timeline.
+    #[arg(long)]
+    json: bool,
+}
+
+/// `rampart audit export`.
+#[derive(Debug, Args)]
+pub struct ExportArgs {
+    /// The sandbox.
+    id: String,
+    /// Where to write the bundle (`-` for stdout).
+    #[arg(long, short = 'o', value_name = "FILE")]
+    output: PathBuf,
+}
+
+/// `rampart audit verify`.
+#[derive(Debug, Args)]
+pub struct VerifyArgs {
+    /// The bundle file.
+    file: PathBuf,
+    /// The trusted node key (`ed25519:<hex>`, from `rampart audit key`).
+    #[arg(long, value_name = "PUBKEY", conflicts_with = "key_file")]
+    key: Option<String>,
+    /// A file holding the trusted node key.
+    #[arg(long, value_name = "FILE")]
+    key_file: Option<PathBuf>,
+}
+
+#[derive(Debug, Deserialize)]
+struct Page {
+    events: Vec<Event>,
+}
+
+/// The daemon's answer of `GET /v1/audit/key`.
+#[derive(Debug, Deserialize)]
+pub struct KeyInfo {
+    /// `ed25519:<hex>`.
+    pub public_key: String,
+    /// SHA-256 of the key bytes.
+    pub key_id: String,
+    /// Template digests.
+    #[serde(default)]
+    pub templates: std::collections::BTreeMap<String, String>,
+}
+
+/// Fetches the daemon's key and template digests.
+pub async fn fetch_key(c: &Client) -> Result<KeyInfo> {
+    c.json(c.request(Method::GET, "/v1/audit/key")).await
+}
+
+/// `rampart audit ...`.
+pub async fn audit(host: &str, a: AuditArgs) -> Result<u8> {
+    match a.cmd {
+        AuditCmd::Show(s) => show(host, s).await,
+        AuditCmd::Export(e) => export(host, e).await,
+        AuditCmd::Verify(v) => verify(v),
+        AuditCmd::Key => {
+            let k = fetch_key(&Client::new(host)?).await?;
+            println!("{}", k.public_key);
+            eprintln!("key id: {}", k.key_id);
+            Ok(0)
+        }
+    }
+}
+
+async fn show(host: &str, a: ShowArgs) -> Result<u8> {
+    let c = Client::new(host)?;
+    let mut out = std::io::stdout().lock();
+    if a.follow {
+        let resp = c
+            .send(c.request(
+                Method::GET,
+                &format!("/v1/sandboxes/{}/audit?follow=1", a.id),
+            ))
+            .await?;
+        let mut body = resp.bytes_stream();
+        let mut buf = Vec::new();
+        let mut activity = Activity::default();
+        while let Some(chunk) = body.next().await {
+            buf.extend_from_slice(&chunk.context("reading the audit stream")?);
+            while let Some(nl) = buf.iter().position(|&b| b == b'\n') {
+                let line: Vec<u8> = buf.drain(..=nl).collect();
+                if a.json {
+                    out.write_all(&line)?;
+                    continue;
+                }
+                let e: Event = serde_json::from_slice(&line)
+                    .context("the daemon sent an event that cannot be read")?;
+                let before = activity.timeline.len();
+                activity.push(e.seq, &e.time, &e.body);
+                for t in &activity.timeline[before..] {
+                    writeln!(out, "#{:<5} {}  {}", t.seq, t.time, t.text)?;
+                }
+            }
+            out.flush()?;
+        }
+        return Ok(0);
+    }
+    let mut events = Vec::new();
+    let mut after: Option<u64> = None;
+    loop {
+        let q = match after {
+            Some(a) => format!("?after={a}&limit=10000"),
+            None => "?limit=10000".to_owned(),
+        };
+        let page: Page = c
+            .json(c.request(Method::GET, &format!("/v1/sandboxes/{}/audit{q}", a.id)))
+            .await?;
+        let n = page.events.len();
+        after = page.events.last().map(|e| e.seq).or(after);
+        events.extend(page.events);
+        if n < 10000 {
+            break;
+        }
+    }
+    if a.json {
+        for e in &events {
+            serde_json::to_writer(&mut out, e)?;
+            out.write_all(b"\n")?;
+        }
+        return Ok(0);
+    }
+    write!(out, "{}", Activity::from_events(&events))?;
+    Ok(0)
+}
+
+/// Downloads a sandbox's bundle.
+pub async fn fetch_bundle(c: &Client, id: &str) -> Result<Vec<u8>> {
+    let resp = c
+        .send(c.request(Method::GET, &format!("/v1/sandboxes/{id}/audit/bundle")))
+        .await?;
+    Ok(resp.bytes().await.context("reading the bundle")?.to_vec())
+}
+
+async fn export(host: &str, a: ExportArgs) -> Result<u8> {
+    let c = Client::new(host)?;
+    let bytes = fetch_bundle(&c, &a.id).await?;
+    if a.output.as_os_str() == "-" {
+        std::io::stdout().lock().write_all(&bytes)?;
+    } else {
+        std::fs::write(&a.output, &bytes)
+            .with_context(|| format!("cannot write {}", a.output.display()))?;
+        eprintln!(
+            "wrote {} ({} bytes); check it with `rampart audit verify {} --key $(rampart audit key)`",
+            a.output.display(),
+            bytes.len(),
+            a.output.display()
+        );
+    }
+    Ok(0)
+}
+
+/// Reads the trusted key from `--key` or `--key-file`.
+pub fn trusted_key(key: Option<&str>, key_file: Option<&Path>) -> Result<Option<PublicKey>> {
+    let text = match (key, key_file) {
+        (Some(k), _) => k.trim().to_owned(),
+        (None, Some(f)) => std::fs::read_to_string(f)
+            .with_context(|| format!("cannot read the key file {}", f.display()))?
+            .trim()
+            .to_owned(),
+        (None, None) => return Ok(None),
+    };
+    PublicKey::parse(&text)
+        .map(Some)
+        .map_err(|e| anyhow!("the trusted key {text:?} cannot be read: {e}"))
+}
+
+fn verify(a: VerifyArgs) -> Result<u8> {
+    let key = trusted_key(a.key.as_deref(), a.key_file.as_deref())?;
+    let bytes = std::fs::read(&a.file)
+        .with_context(|| format!("cannot read the bundle {}", a.file.display()))?;
+    match verify_bundle(&bytes, key.as_ref()) {
+        Ok(report) => {
+            print!("{report}");
+            if key.is_none() {
+                eprintln!(
+                    "warning: no trusted key given (--key): this proves only that whoever holds \
+                     the bundle's own key vouches for it"
+                );
+            }
+            Ok(0)
+        }
+        Err(e) => {
+            let at = e
+                .seq()
+                .map(|s| format!(" (record seq {s})"))
+                .unwrap_or_default();
+            bail!("FAILED: {}{at}: {e}", a.file.display())
+        }
+    }
+}
