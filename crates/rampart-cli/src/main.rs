@@ -48,6 +48,8 @@ enum Command {
     Shell(commands::exec::ShellArgs),
     /// Set a sandbox's deadline to SECS seconds from now.
     Timeout(commands::sandbox::TimeoutArgs),
+    /// Manage the API keys of the E2B-compatible API (on the daemon's host).
+    Keys(commands::keys::KeysArgs),
     /// The signed record of what ran in a sandbox: show, export, verify.
     Audit(commands::audit::AuditArgs),
     /// Run a recorded session (a bundle) again in a fresh sandbox and compare step by step.
@@ -65,6 +67,15 @@ fn main() -> ExitCode {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
                 eprintln!("rampart bench: {e:#}");
+                ExitCode::from(1)
+            }
+        };
+    }
+    if let Command::Keys(args) = cli.command {
+        return match commands::keys::run(args) {
+            Ok(code) => ExitCode::from(code),
+            Err(e) => {
+                eprintln!("rampart keys: {e:#}");
                 ExitCode::from(1)
             }
         };
@@ -99,7 +110,9 @@ fn main() -> ExitCode {
             Command::Timeout(a) => commands::sandbox::timeout(&host, a).await,
             Command::Audit(a) => commands::audit::audit(&host, a).await,
             Command::Replay(a) => commands::replay::replay(&host, a).await,
-            Command::Bench(_) => unreachable!("bench runs before the runtime starts"),
+            Command::Bench(_) | Command::Keys(_) => {
+                unreachable!("bench and keys run before the runtime starts")
+            }
         }
     });
     // Do not wait for tasks still blocked on stdin.

@@ -5,6 +5,7 @@
 //! [`Backend`] trait, so the HTTP layer is testable without sandboxes) and translates the
 //! answers. Every failure is a JSON `{"error": {"code", "message"}}` with the right status.
 
+mod e2b;
 mod audit;
 mod error;
 mod exec;
@@ -260,7 +261,7 @@ impl std::fmt::Debug for AppState {
 
 /// The daemon's router over a running [`Manager`].
 pub fn router(manager: Arc<Manager>) -> Router {
-    router_with_backend(manager)
+    e2b::attach(router_with_backend(manager.clone()), manager)
 }
 
 /// The router over any [`Backend`] (tests use a stand-in without sandboxes).

@@ -62,7 +62,9 @@ pub struct E2bSandbox {
 /// Whether `key` has the shape of an API key (`e2b_` + 40 lowercase hex digits).
 pub fn is_key_shaped(key: &str) -> bool {
     key.strip_prefix(KEY_PREFIX).is_some_and(|h| {
-        h.len() == KEY_HEX_LEN && h.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+        h.len() == KEY_HEX_LEN
+            && h.bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
     })
 }
 
@@ -233,6 +235,13 @@ impl KeyStore {
             .optional()?)
     }
 
+    /// Forgets the E2B facts of one sandbox (it ended).
+    pub fn forget_sandbox(&self, id: &str) -> Result<(), StoreError> {
+        self.conn()
+            .execute("DELETE FROM e2b_sandboxes WHERE id = ?1", params![id])?;
+        Ok(())
+    }
+
     /// Forgets the E2B facts of sandboxes not in `keep` (ended ones).
     pub fn retain_sandboxes(&self, keep: &[&str]) -> Result<usize, StoreError> {
         let conn = self.conn();
@@ -260,7 +269,9 @@ mod tests {
         assert!(is_key_shaped(&key), "{key}");
         assert!(key.starts_with(info.hint.trim_end_matches('…')));
         assert!(s.check_key(&key).unwrap());
-        assert!(!s.check_key("e2b_0000000000000000000000000000000000000000").unwrap());
+        assert!(!s
+            .check_key("e2b_0000000000000000000000000000000000000000")
+            .unwrap());
         assert!(!s.check_key("nonsense").unwrap());
         // Only the digest is stored.
         let stored: String = s
@@ -281,10 +292,16 @@ mod tests {
 
     #[test]
     fn key_shape() {
-        assert!(is_key_shaped("e2b_0123456789abcdef0123456789abcdef01234567"));
-        assert!(!is_key_shaped("e2b_0123456789ABCDEF0123456789abcdef01234567"));
+        assert!(is_key_shaped(
+            "e2b_0123456789abcdef0123456789abcdef01234567"
+        ));
+        assert!(!is_key_shaped(
+            "e2b_0123456789ABCDEF0123456789abcdef01234567"
+        ));
         assert!(!is_key_shaped("e2b_0123"));
-        assert!(!is_key_shaped("xyz_0123456789abcdef0123456789abcdef01234567"));
+        assert!(!is_key_shaped(
+            "xyz_0123456789abcdef0123456789abcdef01234567"
+        ));
     }
 
     #[test]

@@ -4,6 +4,7 @@ pub mod audit;
 pub mod cp;
 pub mod exec;
 pub mod replay;
+pub mod keys;
 pub mod run;
 pub mod sandbox;
 pub mod serve;

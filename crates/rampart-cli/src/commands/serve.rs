@@ -161,7 +161,8 @@ fn builtin_max_limits() -> Limits {
     }
 }
 
-fn default_data_dir() -> Result<PathBuf> {
+/// The default data directory: /var/lib/rampart for root, else under $XDG_DATA_HOME.
+pub(crate) fn default_data_dir() -> Result<PathBuf> {
     if nix::unistd::geteuid().is_root() {
         return Ok(PathBuf::from("/var/lib/rampart"));
     }

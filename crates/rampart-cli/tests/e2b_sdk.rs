@@ -1,0 +1,313 @@
+//! Compatibility (tier 4): the unmodified E2B SDKs from PyPI (`e2b==2.63.0`) and npm (`e2b`)
+//! against a real daemon, configured only by `E2B_API_KEY`, `E2B_API_URL` and
+//! `E2B_SANDBOX_URL`.
+//!
+//! `scripts/test` makes the Python virtual environment (`target/e2b-venv`) and the npm
+//! directory (`target/e2b-node`); without them (no registry access) this prints
+//! `skipped: <reason>`. `RAMPART_E2B_VENV` / `RAMPART_E2B_NODE` point elsewhere. The scripts
+//! are in `tests/e2b/`; each prints `PASS name` / `FAIL name: why` per test.
+
+use reqwest::blocking::Client;
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn workspace() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn target_dir() -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace().join("target"))
+}
+
+fn venv_python() -> PathBuf {
+    std::env::var_os("RAMPART_E2B_VENV")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| target_dir().join("e2b-venv"))
+        .join("bin/python")
+}
+
+fn node_dir() -> PathBuf {
+    std::env::var_os("RAMPART_E2B_NODE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| target_dir().join("e2b-node"))
+}
+
+fn skip_reason() -> Option<String> {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    if unsafe { libc::geteuid() } != 0 {
+        return Some("not root (sandboxes need namespaces and cgroups)".into());
+    }
+    let dir = Path::new(env!("CARGO_BIN_EXE_rampart"))
+        .parent()?
+        .to_path_buf();
+    for b in ["rampart-jailer", "rampart-agent"] {
+        if !dir.join(b).is_file() {
+            return Some(format!(
+                "{b} is not built (run `cargo build --workspace --bins`)"
+            ));
+        }
+    }
+    let py = venv_python();
+    let ok = Command::new(&py)
+        .args(["-c", "import e2b, httpx"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false);
+    if !ok {
+        return Some(format!(
+            "no Python venv with e2b at {} (scripts/test makes it with `pip install e2b==2.63.0`; \
+             needs PyPI access)",
+            py.display()
+        ));
+    }
+    None
+}
+
+/// A daemon this test started; stopped (its sandboxes destroyed first) when dropped.
+struct Daemon {
+    child: Child,
+    url: String,
+    root: PathBuf,
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        // Destroy what the scripts left behind, so no sandbox outlives the test.
+        let c = client();
+        if let Ok(r) = c.get(format!("{}/v1/sandboxes", self.url)).send() {
+            if let Ok(Value::Array(list)) = r.json::<Value>() {
+                for s in list {
+                    if let Some(id) = s["id"].as_str() {
+                        let _ = c.delete(format!("{}/v1/sandboxes/{id}", self.url)).send();
+                    }
+                }
+            }
+        }
+        // SAFETY: kill(2) on the pid of the daemon this test spawned (not yet reaped).
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.root);
+    }
+}
+
+fn client() -> Client {
+    Client::builder()
+        .timeout(Duration::from_secs(60))
+        .build()
+        .unwrap()
+}
+
+fn start() -> Daemon {
+    let root = std::env::temp_dir().join(format!("rampart-e2b-sdk-{}", std::process::id()));
+    let data = root.join("data");
+    std::fs::create_dir_all(&data).unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let log = std::fs::File::create(root.join("daemon.log")).unwrap();
+    let child = Command::new(env!("CARGO_BIN_EXE_rampart"))
+        .args([
+            "serve",
+            "--listen",
+            &format!("127.0.0.1:{port}"),
+            "--data-dir",
+        ])
+        .arg(&data)
+        .stdin(Stdio::null())
+        .stdout(log.try_clone().unwrap())
+        .stderr(log)
+        .spawn()
+        .expect("spawn rampart serve");
+    let d = Daemon {
+        child,
+        url: format!("http://127.0.0.1:{port}"),
+        root,
+    };
+    let c = client();
+    let deadline = Instant::now() + Duration::from_secs(180);
+    while !c
+        .get(format!("{}/health", d.url))
+        .send()
+        .map(|r| r.status().is_success())
+        .unwrap_or(false)
+    {
+        assert!(
+            Instant::now() < deadline,
+            "daemon did not answer /health within 180 s"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    d
+}
+
+/// Runs a script with only the three E2B variables (plus PATH/HOME) set; returns
+/// `(passed names, failed lines)`.
+fn run_script(
+    d: &Daemon,
+    key: &str,
+    program: &Path,
+    script: &Path,
+    cwd: &Path,
+) -> (Vec<String>, Vec<String>) {
+    let out = Command::new(program)
+        .arg(script)
+        .current_dir(cwd)
+        .env_clear()
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+        .env(
+            "HOME",
+            std::env::var_os("HOME").unwrap_or_else(|| "/root".into()),
+        )
+        .env("E2B_API_KEY", key)
+        .env("E2B_API_URL", &d.url)
+        .env("E2B_SANDBOX_URL", &d.url)
+        .stdin(Stdio::null())
+        .output()
+        .expect("run the SDK script");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    eprintln!("--- {} ---\n{stdout}{stderr}", script.display());
+    let passed = stdout
+        .lines()
+        .filter_map(|l| l.strip_prefix("PASS "))
+        .map(str::to_owned)
+        .collect::<Vec<_>>();
+    let mut failed = stdout
+        .lines()
+        .filter(|l| l.starts_with("FAIL "))
+        .map(str::to_owned)
+        .collect::<Vec<_>>();
+    if !stdout.contains("SUMMARY ") {
+        failed.push(format!(
+            "{} did not finish: {}",
+            script.display(),
+            out.status
+        ));
+    }
+    (passed, failed)
+}
+
+#[test]
+fn e2b_sdks_run_unmodified_against_rampart() {
+    if let Some(why) = skip_reason() {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    let d = start();
+    let data = d.root.join("data");
+
+    // The daemon made a first key at start, in a 0600 file.
+    let first = data.join("api-key");
+    let meta = std::fs::metadata(&first).expect("the daemon writes <data>/api-key");
+    use std::os::unix::fs::PermissionsExt as _;
+    assert_eq!(meta.permissions().mode() & 0o777, 0o600);
+    let first_key = std::fs::read_to_string(&first).unwrap().trim().to_owned();
+    assert!(
+        first_key.starts_with("e2b_") && first_key.len() == 44,
+        "{first_key}"
+    );
+
+    // `rampart keys create --json` makes another.
+    let out = Command::new(env!("CARGO_BIN_EXE_rampart"))
+        .args([
+            "keys",
+            "create",
+            "--json",
+            "--name",
+            "sdk-test",
+            "--data-dir",
+        ])
+        .arg(&data)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let key = v["key"].as_str().unwrap().to_owned();
+    let key_id = v["id"].as_str().unwrap().to_owned();
+
+    // Control plane: wrong and missing keys are refused with E2B's error shape.
+    let c = client();
+    let r = c.get(format!("{}/v2/sandboxes", d.url)).send().unwrap();
+    assert_eq!(r.status().as_u16(), 401);
+    let body: Value = r.json().unwrap();
+    assert_eq!(body["code"], 401);
+    assert!(body["message"].is_string());
+    let r = c
+        .get(format!("{}/v2/sandboxes", d.url))
+        .header("x-api-key", "e2b_0000000000000000000000000000000000000000")
+        .send()
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 401);
+    let r = c
+        .get(format!("{}/v2/sandboxes", d.url))
+        .header("x-api-key", &first_key)
+        .send()
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+
+    let tests = workspace().join("tests/e2b");
+    let py = venv_python();
+    let mut passed = Vec::new();
+    let mut failed = Vec::new();
+    for script in ["sdk_sync.py", "sdk_async.py"] {
+        let (p, f) = run_script(&d, &key, &py, &tests.join(script), &tests);
+        passed.extend(p);
+        failed.extend(f);
+    }
+    let node_modules = node_dir().join("node_modules/e2b");
+    if node_modules.is_dir() {
+        // ESM resolves `e2b` from the script's own directory: run a copy placed there.
+        let script = node_dir().join("rampart-sdk-test.mjs");
+        std::fs::copy(tests.join("sdk.mjs"), &script).unwrap();
+        let (p, f) = run_script(&d, &key, Path::new("node"), &script, &node_dir());
+        passed.extend(p);
+        failed.extend(f);
+    } else {
+        eprintln!(
+            "JS SDK skipped: no {} (scripts/test runs `npm install e2b`)",
+            node_modules.display()
+        );
+    }
+
+    // `rampart keys rm` revokes at once.
+    let out = Command::new(env!("CARGO_BIN_EXE_rampart"))
+        .args(["keys", "rm", &key_id, "--data-dir"])
+        .arg(&data)
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let r = c
+        .get(format!("{}/v2/sandboxes", d.url))
+        .header("x-api-key", &key)
+        .send()
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 401);
+
+    eprintln!("passed ({}): {passed:?}", passed.len());
+    assert!(
+        failed.is_empty(),
+        "SDK tests failed:\n{}",
+        failed.join("\n")
+    );
+    assert!(!passed.is_empty());
+}

@@ -1,0 +1,633 @@
+//! The E2B control plane: create, connect/resume, get, list, kill, timeout, pause, metrics.
+
+use super::{E2b, E2bError, ENVD_VERSION};
+use axum::body::Bytes;
+use axum::extract::{Path, RawQuery, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use rampart_core::CoreError;
+use rampart_store::keys::{random_hex, E2bSandbox};
+use rampart_types::{CreateSandbox, SandboxId, SandboxInfo, SandboxState};
+use serde::Deserialize;
+use serde_json::{json, Value};
+use std::collections::BTreeMap;
+use time::format_description::well_known::Rfc3339;
+use time::OffsetDateTime;
+
+/// The template every E2B template name maps to.
+const BASE: &str = "base";
+/// E2B's own name for the "client" that runs a sandbox; constant on one host.
+const CLIENT_ID: &str = "rampart";
+/// Most list items per page (E2B's maximum).
+const MAX_PAGE: usize = 100;
+
+/// `NewSandbox` / `NewSandboxV2`. Unknown keys are ignored (SDK versions differ); keys that
+/// ask for something this server cannot do are refused by [`check_unsupported`].
+#[derive(Debug, Default, Deserialize)]
+struct NewSandbox {
+    #[serde(rename = "templateID", default)]
+    template_id: Option<String>,
+    #[serde(default)]
+    timeout: Option<u64>,
+    #[serde(default)]
+    metadata: Option<BTreeMap<String, String>>,
+    #[serde(rename = "envVars", default)]
+    env_vars: Option<BTreeMap<String, String>>,
+    #[serde(rename = "autoPause", default)]
+    auto_pause: Option<bool>,
+    #[serde(rename = "autoResume", default)]
+    auto_resume: Option<Value>,
+    #[serde(default)]
+    network: Option<Value>,
+    #[serde(default)]
+    mcp: Option<Value>,
+    #[serde(rename = "volumeMounts", default)]
+    volume_mounts: Option<Value>,
+}
+
+fn check_unsupported(n: &NewSandbox) -> Result<(), E2bError> {
+    if n.auto_pause == Some(true) {
+        return Err(E2bError::bad_request(
+            "autoPause (lifecycle on_timeout=\"pause\") is not supported by this server: \
+             sandboxes end at their timeout",
+        ));
+    }
+    if n.auto_resume
+        .as_ref()
+        .is_some_and(|v| v.get("enabled").and_then(Value::as_bool) == Some(true))
+    {
+        return Err(E2bError::bad_request(
+            "autoResume is not supported by this server",
+        ));
+    }
+    let set = |v: &Option<Value>| v.as_ref().is_some_and(|v| !v.is_null());
+    if set(&n.network) {
+        return Err(E2bError::bad_request(
+            "network rules are not supported by this server's E2B API yet",
+        ));
+    }
+    if set(&n.mcp) {
+        return Err(E2bError::bad_request("mcp is not supported by this server"));
+    }
+    if n.volume_mounts
+        .as_ref()
+        .is_some_and(|v| v.as_array().is_some_and(|a| !a.is_empty()))
+    {
+        return Err(E2bError::bad_request(
+            "volume mounts are not supported by this server",
+        ));
+    }
+    Ok(())
+}
+
+/// Maps an E2B template id to a Rampart template.
+fn template_of(name: &str) -> Result<&'static str, E2bError> {
+    match name {
+        "" | "base" | "rampart" => Ok(BASE),
+        "code-interpreter-v1" | "code-interpreter" | "code-interpreter-stateful" => {
+            Err(E2bError::bad_request(format!(
+                "template \"{name}\" (the code interpreter) is not supported by this server yet; \
+                 use \"base\""
+            )))
+        }
+        other => Err(E2bError::new(
+            StatusCode::NOT_FOUND,
+            format!("template \"{other}\" not found: this server has the \"base\" template"),
+        )),
+    }
+}
+
+fn parse_body<T: for<'de> Deserialize<'de> + Default>(body: &Bytes) -> Result<T, E2bError> {
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Ok(T::default());
+    }
+    serde_json::from_slice(body).map_err(|e| E2bError::bad_request(format!("invalid body: {e}")))
+}
+
+fn sandbox_id(id: &str) -> Result<SandboxId, E2bError> {
+    SandboxId::parse(id).map_err(|_| E2bError::not_found(id))
+}
+
+fn parse_time(s: &str) -> Option<OffsetDateTime> {
+    OffsetDateTime::parse(s, &Rfc3339).ok()
+}
+
+impl E2b {
+    /// The sandbox and its E2B facts, if the E2B API made it and it is alive.
+    pub(crate) async fn lookup(
+        &self,
+        id: &SandboxId,
+    ) -> Result<Option<(SandboxInfo, E2bSandbox)>, E2bError> {
+        let info = match self.manager.get(id) {
+            Ok(i) => i,
+            Err(CoreError::NotFound(_)) => return Ok(None),
+            Err(e) => return Err(e.into()),
+        };
+        if !matches!(info.state, SandboxState::Running | SandboxState::Creating) {
+            return Ok(None);
+        }
+        let keys = self.keys.clone();
+        let sid = id.as_str().to_owned();
+        let facts = tokio::task::spawn_blocking(move || keys.sandbox(&sid))
+            .await
+            .map_err(|e| E2bError::internal(e.to_string()))??;
+        Ok(facts.map(|f| (info, f)))
+    }
+
+    async fn must(&self, id: &str) -> Result<(SandboxId, SandboxInfo, E2bSandbox), E2bError> {
+        let sid = sandbox_id(id)?;
+        match self.lookup(&sid).await? {
+            Some((i, f)) => Ok((sid, i, f)),
+            None => Err(E2bError::not_found(id)),
+        }
+    }
+
+    /// Whether the sandbox is paused.
+    pub(crate) fn is_paused(&self, _id: &SandboxId) -> bool {
+        false
+    }
+}
+
+fn state_name(st: &E2b, info: &SandboxInfo) -> &'static str {
+    if st.is_paused(&info.id) {
+        "paused"
+    } else {
+        "running"
+    }
+}
+
+/// The `Sandbox` answer of create and connect.
+fn sandbox_json(info: &SandboxInfo, facts: &E2bSandbox) -> Value {
+    json!({
+        "templateID": facts.template,
+        "alias": facts.template,
+        "sandboxID": info.id.as_str(),
+        "clientID": CLIENT_ID,
+        "envdVersion": ENVD_VERSION,
+        "envdAccessToken": facts.access_token,
+        "trafficAccessToken": null,
+        "domain": null,
+    })
+}
+
+/// The `ListedSandbox` / `SandboxDetail` fields.
+fn detail_json(st: &E2b, info: &SandboxInfo, facts: &E2bSandbox, with_token: bool) -> Value {
+    let mut v = json!({
+        "templateID": facts.template,
+        "alias": facts.template,
+        "sandboxID": info.id.as_str(),
+        "clientID": CLIENT_ID,
+        "startedAt": info.created_at,
+        "endAt": info.expires_at,
+        "cpuCount": info.limits.cpus.ceil().max(1.0) as u64,
+        "memoryMB": info.limits.memory_bytes >> 20,
+        "diskSizeMB": info.limits.disk_bytes >> 20,
+        "envdVersion": ENVD_VERSION,
+        "state": state_name(st, info),
+        "metadata": info.metadata,
+        "volumeMounts": [],
+    });
+    if with_token {
+        v["envdAccessToken"] = json!(facts.access_token);
+        v["domain"] = Value::Null;
+        v["lifecycle"] = json!({"autoResume": false, "onTimeout": "kill"});
+    }
+    v
+}
+
+/// `POST /sandboxes`, `POST /v2/sandboxes`: 201 `Sandbox`.
+pub(crate) async fn create(State(st): State<E2b>, body: Bytes) -> Result<Response, E2bError> {
+    let n: NewSandbox = parse_body(&body)?;
+    check_unsupported(&n)?;
+    let requested = n.template_id.clone().unwrap_or_else(|| BASE.into());
+    let template = template_of(&requested)?;
+    let req = CreateSandbox {
+        template: Some(template.to_owned()),
+        env: n.env_vars.unwrap_or_default(),
+        metadata: n.metadata.unwrap_or_default(),
+        timeout_secs: n.timeout,
+        ..Default::default()
+    };
+    let info = st.manager.create(req).await?;
+    let facts = E2bSandbox {
+        access_token: random_hex(32),
+        template: requested,
+    };
+    let keys = st.keys.clone();
+    let (id, f2) = (info.id.as_str().to_owned(), facts.clone());
+    let put = tokio::task::spawn_blocking(move || keys.put_sandbox(&id, &f2)).await;
+    if let Err(e) = put
+        .map_err(|e| E2bError::internal(e.to_string()))
+        .and_then(|r| r.map_err(E2bError::from))
+    {
+        let _ = st.manager.destroy(&info.id).await;
+        return Err(e);
+    }
+    Ok((StatusCode::CREATED, Json(sandbox_json(&info, &facts))).into_response())
+}
+
+/// `GET /sandboxes/{id}`: 200 `SandboxDetail`.
+pub(crate) async fn get_one(
+    State(st): State<E2b>,
+    Path(id): Path<String>,
+) -> Result<Response, E2bError> {
+    let (_, info, facts) = st.must(&id).await?;
+    Ok(Json(detail_json(&st, &info, &facts, true)).into_response())
+}
+
+/// `DELETE /sandboxes/{id}`: 204; 404 when unknown or already ended (the SDK returns False).
+pub(crate) async fn kill(
+    State(st): State<E2b>,
+    Path(id): Path<String>,
+) -> Result<Response, E2bError> {
+    let (sid, _, _) = st.must(&id).await?;
+    match st.manager.destroy(&sid).await {
+        Ok(_) | Err(CoreError::NotFound(_)) => {}
+        Err(e) => return Err(e.into()),
+    }
+    let keys = st.keys.clone();
+    let _ = tokio::task::spawn_blocking(move || keys.forget_sandbox(sid.as_str())).await;
+    Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+#[derive(Debug, Default, Deserialize)]
+struct TimeoutBody {
+    #[serde(default)]
+    timeout: Option<u64>,
+}
+
+/// `POST /sandboxes/{id}/timeout` `{"timeout": secs}`: 204.
+pub(crate) async fn set_timeout(
+    State(st): State<E2b>,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> Result<Response, E2bError> {
+    let b: TimeoutBody = parse_body(&body)?;
+    let secs = b
+        .timeout
+        .ok_or_else(|| E2bError::bad_request("timeout: required (seconds)"))?;
+    let (sid, _, _) = st.must(&id).await?;
+    st.manager.set_timeout(&sid, secs.max(1)).await?;
+    Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+/// `POST /sandboxes/{id}/connect`, `POST /v2/sandboxes/{id}/connect`: 200 `Sandbox` for a
+/// running sandbox, whose deadline is only ever extended (now + timeout if later).
+pub(crate) async fn connect(
+    State(st): State<E2b>,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> Result<Response, E2bError> {
+    let b: TimeoutBody = parse_body(&body)?;
+    let (sid, info, facts) = st.must(&id).await?;
+    if let Some(secs) = b.timeout.filter(|&s| s > 0) {
+        let wanted = OffsetDateTime::now_utc() + time::Duration::seconds(secs as i64);
+        let current = parse_time(&info.expires_at);
+        if current.is_none_or(|c| wanted > c) {
+            st.manager.set_timeout(&sid, secs).await?;
+        }
+    }
+    let info = st.manager.get(&sid)?;
+    Ok(Json(sandbox_json(&info, &facts)).into_response())
+}
+
+/// `POST /sandboxes/{id}/resume` (old SDKs): the sandbox is never paused here, so a running
+/// one answers 409 like E2B's API.
+pub(crate) async fn resume(
+    State(st): State<E2b>,
+    Path(id): Path<String>,
+) -> Result<Response, E2bError> {
+    st.must(&id).await?;
+    Err(E2bError::new(
+        StatusCode::CONFLICT,
+        format!("sandbox \"{id}\" is already running"),
+    ))
+}
+
+/// `POST /sandboxes/{id}/pause`: not supported yet (501, documented).
+pub(crate) async fn pause(
+    State(st): State<E2b>,
+    Path(id): Path<String>,
+) -> Result<Response, E2bError> {
+    st.must(&id).await?;
+    Err(E2bError::new(
+        StatusCode::NOT_IMPLEMENTED,
+        "pause is not supported by this server yet",
+    ))
+}
+
+/// `GET /sandboxes/{id}/metrics`: 200 `[SandboxMetric]`, one sample taken now.
+pub(crate) async fn metrics(
+    State(st): State<E2b>,
+    Path(id): Path<String>,
+) -> Result<Response, E2bError> {
+    let (sid, info, _) = st.must(&id).await?;
+    let usage = st.manager.usage(&sid).await?;
+    let now = OffsetDateTime::now_utc();
+    let started = parse_time(&info.created_at).unwrap_or(now);
+    let elapsed_us = ((now - started).whole_microseconds().max(1)) as f64;
+    let cpus = info.limits.cpus.max(0.01);
+    let pct = (usage.cpu_usec as f64 / elapsed_us / cpus * 100.0).clamp(0.0, 100.0);
+    let disk_used = std::fs::metadata(
+        st.manager
+            .data_dir()
+            .join("sandboxes")
+            .join(sid.as_str())
+            .join("disk.img"),
+    )
+    .map(|m| {
+        use std::os::unix::fs::MetadataExt as _;
+        m.blocks() * 512
+    })
+    .unwrap_or(0);
+    let sample = json!({
+        "timestamp": now.format(&Rfc3339).unwrap_or_default(),
+        "timestampUnix": now.unix_timestamp(),
+        "cpuCount": info.limits.cpus.ceil().max(1.0) as u64,
+        "cpuUsedPct": (pct * 100.0).round() / 100.0,
+        "memUsed": usage.memory_bytes,
+        "memTotal": info.limits.memory_bytes,
+        "memCache": 0,
+        "diskUsed": disk_used.min(info.limits.disk_bytes),
+        "diskTotal": info.limits.disk_bytes,
+    });
+    Ok(Json(json!([sample])).into_response())
+}
+
+/// Decodes E2B's double-encoded metadata filter (`a%20b=c%26d` after the normal query
+/// decoding: unescape, split on `&` and `=`, unescape each side).
+fn metadata_filter(raw: &str) -> Result<BTreeMap<String, String>, E2bError> {
+    let once = pct_decode(raw);
+    let mut out = BTreeMap::new();
+    for pair in once.split('&').filter(|p| !p.is_empty()) {
+        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+        out.insert(pct_decode(k), pct_decode(v));
+    }
+    Ok(out)
+}
+
+/// Percent-decoding (`+` stays `+`, like Go's PathUnescape of the metadata parts).
+fn pct_decode(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'%' && i + 2 < b.len() {
+            let hex = std::str::from_utf8(&b[i + 1..i + 3]).ok();
+            if let Some(v) = hex.and_then(|h| u8::from_str_radix(h, 16).ok()) {
+                out.push(v);
+                i += 3;
+                continue;
+            }
+        }
+        out.push(b[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// The list query.
+#[derive(Debug, Default)]
+struct ListQuery {
+    metadata: BTreeMap<String, String>,
+    states: Option<Vec<String>>,
+    templates: Option<String>,
+    started_after: Option<OffsetDateTime>,
+    started_before: Option<OffsetDateTime>,
+    ascending: bool,
+    limit: usize,
+    next_token: Option<String>,
+}
+
+fn list_query(raw: Option<&str>) -> Result<ListQuery, E2bError> {
+    let pairs: Vec<(String, String)> = serde_urlencoded::from_str(raw.unwrap_or_default())
+        .map_err(|e| E2bError::bad_request(format!("query: {e}")))?;
+    let mut q = ListQuery {
+        limit: MAX_PAGE,
+        ..Default::default()
+    };
+    for (k, v) in pairs {
+        match k.as_str() {
+            "metadata" | "query" => q.metadata.extend(metadata_filter(&v)?),
+            "state" => {
+                let s: Vec<String> = v
+                    .split(',')
+                    .map(|s| s.trim().to_owned())
+                    .filter(|s| !s.is_empty())
+                    .collect();
+                for x in &s {
+                    if x != "running" && x != "paused" {
+                        return Err(E2bError::bad_request(format!(
+                            "state: {x:?} is not running or paused"
+                        )));
+                    }
+                }
+                q.states = Some(s);
+            }
+            "template" => q.templates = Some(v),
+            "startedAfter" | "startedBefore" => {
+                let t = parse_time(&v).ok_or_else(|| {
+                    E2bError::bad_request(format!("{k}: {v:?} is not an RFC 3339 time"))
+                })?;
+                if k == "startedAfter" {
+                    q.started_after = Some(t);
+                } else {
+                    q.started_before = Some(t);
+                }
+            }
+            "order" => match v.as_str() {
+                "asc" => q.ascending = true,
+                "desc" => q.ascending = false,
+                _ => return Err(E2bError::bad_request("order: asc or desc")),
+            },
+            "limit" => {
+                let n: usize = v
+                    .parse()
+                    .map_err(|_| E2bError::bad_request("limit: a positive number"))?;
+                if n == 0 {
+                    return Err(E2bError::bad_request("limit: a positive number"));
+                }
+                q.limit = n.min(MAX_PAGE);
+            }
+            "nextToken" => q.next_token = Some(v).filter(|s| !s.is_empty()),
+            _ => {}
+        }
+    }
+    Ok(q)
+}
+
+/// The paging token: hex of `created_at` and id of the last item of the page.
+fn token_of(info: &SandboxInfo) -> String {
+    let raw = format!("{}\n{}", info.created_at, info.id.as_str());
+    raw.bytes().map(|b| format!("{b:02x}")).collect()
+}
+
+fn untoken(tok: &str) -> Option<(OffsetDateTime, String)> {
+    if !tok.len().is_multiple_of(2) {
+        return None;
+    }
+    let bytes: Option<Vec<u8>> = (0..tok.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(tok.get(i..i + 2)?, 16).ok())
+        .collect();
+    let s = String::from_utf8(bytes?).ok()?;
+    let (t, id) = s.split_once('\n')?;
+    Some((parse_time(t)?, id.to_owned()))
+}
+
+async fn listed(st: &E2b, q: &ListQuery) -> Result<Vec<(SandboxInfo, E2bSandbox)>, E2bError> {
+    let all = st.manager.list(None, &q.metadata)?;
+    let mut out = Vec::new();
+    for info in all {
+        if info.state != SandboxState::Running {
+            continue;
+        }
+        let keys = st.keys.clone();
+        let id = info.id.as_str().to_owned();
+        let Some(facts) = tokio::task::spawn_blocking(move || keys.sandbox(&id))
+            .await
+            .map_err(|e| E2bError::internal(e.to_string()))??
+        else {
+            continue;
+        };
+        let state = state_name(st, &info);
+        if q.states
+            .as_ref()
+            .is_some_and(|s| !s.iter().any(|x| x == state))
+        {
+            continue;
+        }
+        if let Some(t) = &q.templates {
+            if !t
+                .split(',')
+                .any(|t| t == facts.template || t == info.template)
+            {
+                continue;
+            }
+        }
+        let started = parse_time(&info.created_at);
+        if let (Some(a), Some(s)) = (q.started_after, started) {
+            if s < a {
+                continue;
+            }
+        }
+        if let (Some(b), Some(s)) = (q.started_before, started) {
+            if s >= b {
+                continue;
+            }
+        }
+        out.push((info, facts));
+    }
+    let key = |i: &SandboxInfo| (parse_time(&i.created_at), i.id.as_str().to_owned());
+    out.sort_by_key(|a| key(&a.0));
+    if !q.ascending {
+        out.reverse();
+    }
+    Ok(out)
+}
+
+/// `GET /v2/sandboxes`: 200 `[ListedSandbox]`, newest first by default, `X-Next-Token` when
+/// more pages follow.
+pub(crate) async fn list(
+    State(st): State<E2b>,
+    RawQuery(raw): RawQuery,
+) -> Result<Response, E2bError> {
+    let q = list_query(raw.as_deref())?;
+    let items = listed(&st, &q).await?;
+    let start = match q.next_token.as_deref() {
+        None => 0,
+        Some(tok) => {
+            let (t, id) = untoken(tok)
+                .ok_or_else(|| E2bError::bad_request("nextToken: not a token of this server"))?;
+            let after = (Some(t), id);
+            items
+                .iter()
+                .position(|(i, _)| {
+                    let k = (parse_time(&i.created_at), i.id.as_str().to_owned());
+                    if q.ascending {
+                        k > after
+                    } else {
+                        k < after
+                    }
+                })
+                .unwrap_or(items.len())
+        }
+    };
+    let end = (start + q.limit).min(items.len());
+    let page: Vec<Value> = items[start..end]
+        .iter()
+        .map(|(i, f)| detail_json(&st, i, f, false))
+        .collect();
+    let mut headers = HeaderMap::new();
+    if end < items.len() && end > start {
+        if let Ok(v) = HeaderValue::from_str(&token_of(&items[end - 1].0)) {
+            headers.insert("x-next-token", v);
+        }
+    }
+    Ok((headers, Json(Value::Array(page))).into_response())
+}
+
+/// `GET /sandboxes` (old API): every running sandbox, no paging.
+pub(crate) async fn list_v1(
+    State(st): State<E2b>,
+    RawQuery(raw): RawQuery,
+) -> Result<Response, E2bError> {
+    let mut q = list_query(raw.as_deref())?;
+    q.limit = usize::MAX;
+    let items = listed(&st, &q).await?;
+    let page: Vec<Value> = items
+        .iter()
+        .map(|(i, f)| detail_json(&st, i, f, false))
+        .collect();
+    Ok(Json(Value::Array(page)).into_response())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn metadata_filters_decode_twice() {
+        // The query value after the normal decoding.
+        let m = metadata_filter("a%2520b%3Dc%2526d").unwrap();
+        assert_eq!(m.get("a b").map(String::as_str), Some("c&d"));
+        let m = metadata_filter("k%3Dv%26x%3Dy").unwrap();
+        assert_eq!(m.len(), 2);
+        assert_eq!(m["x"], "y");
+        assert_eq!(pct_decode("100%"), "100%");
+        assert_eq!(pct_decode("%zz%41"), "%zzA");
+    }
+
+    #[test]
+    fn list_queries_parse() {
+        let q = list_query(Some(
+            "metadata=a%252520b%3Dc%252526d&state=running%2Cpaused&order=asc&startedAfter=2025-01-02T03%3A04%3A05%2B00%3A00&template=base&limit=1",
+        ))
+        .unwrap();
+        assert_eq!(q.metadata["a b"], "c&d");
+        assert_eq!(
+            q.states.as_deref(),
+            Some(&["running".to_owned(), "paused".to_owned()][..])
+        );
+        assert!(q.ascending && q.limit == 1 && q.started_after.is_some());
+        assert!(list_query(Some("state=dead")).is_err());
+        assert!(list_query(Some("limit=0")).is_err());
+    }
+
+    #[test]
+    fn tokens_round_trip() {
+        let tok = "323032352d30312d30315430303a30303a30305a0a616263";
+        let (t, id) = untoken(tok).unwrap();
+        assert_eq!(id, "abc");
+        assert_eq!(t.unix_timestamp(), 1_735_689_600);
+        assert!(untoken("zz").is_none());
+    }
+
+    #[test]
+    fn templates_map_to_base() {
+        assert_eq!(template_of("base").unwrap(), "base");
+        assert!(template_of("code-interpreter-v1").is_err());
+        assert!(template_of("nope").is_err());
+    }
+}

@@ -1,0 +1,429 @@
+//! The envd side: requests for a sandbox (by the `E2b-Sandbox-Id` / `E2b-Sandbox-Port`
+//! headers, or a `{port}-{id}.<domain>` host) are checked (`X-Access-Token`, or a signature on
+//! `/files`) and streamed to the sandbox's agent over its Unix socket, both ways, unbuffered.
+
+use super::{E2b, E2bError};
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use base64::Engine as _;
+use hyper_util::rt::TokioIo;
+use rampart_store::keys::E2bSandbox;
+use rampart_types::SandboxId;
+use sha2::{Digest, Sha256};
+
+/// envd's port inside an E2B sandbox.
+pub(crate) const ENVD_PORT: u16 = 49983;
+/// The code interpreter's port inside an E2B sandbox.
+pub(crate) const JUPYTER_PORT: u16 = 49999;
+
+/// Where a request is going.
+#[derive(Debug, PartialEq, Eq)]
+struct Target {
+    id: String,
+    port: u16,
+}
+
+/// The target of a request: the routing headers, else the host name `{port}-{id}.<domain>`.
+fn target_of(headers: &HeaderMap) -> Option<Target> {
+    let h = |n: &str| {
+        headers
+            .get(n)
+            .and_then(|v| v.to_str().ok())
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+    };
+    if let Some(id) = h("e2b-sandbox-id") {
+        let port = h("e2b-sandbox-port")
+            .and_then(|p| p.parse().ok())
+            .unwrap_or(ENVD_PORT);
+        return Some(Target {
+            id: id.to_owned(),
+            port,
+        });
+    }
+    let host = h("host")?;
+    let first = host.split(':').next()?.split('.').next()?;
+    if !host.contains('.') {
+        return None;
+    }
+    let (port, id) = first.split_once('-')?;
+    let port: u16 = port.parse().ok()?;
+    if id.is_empty()
+        || !id
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
+    {
+        return None;
+    }
+    Some(Target {
+        id: id.to_owned(),
+        port,
+    })
+}
+
+/// The proxy's answer for a sandbox that is not there (killed, expired, paused, unknown):
+/// 502 like E2B's edge, with "was not found" (the SDK keys on it).
+fn not_found_502(id: &str) -> Response {
+    let body = serde_json::json!({
+        "sandboxId": id,
+        "message": "The sandbox was not found",
+        "code": 502,
+    });
+    let mut r = Response::new(Body::from(body.to_string()));
+    *r.status_mut() = StatusCode::BAD_GATEWAY;
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json; charset=utf-8"),
+    );
+    r.headers_mut()
+        .insert("should-retry", HeaderValue::from_static("false"));
+    r
+}
+
+fn port_closed_502(id: &str, port: u16, why: &str) -> Response {
+    let body = serde_json::json!({
+        "sandboxId": id,
+        "message": format!("The sandbox is running but port is not open ({port}: {why})"),
+        "port": port,
+        "code": 502,
+    });
+    let mut r = Response::new(Body::from(body.to_string()));
+    *r.status_mut() = StatusCode::BAD_GATEWAY;
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json; charset=utf-8"),
+    );
+    r.headers_mut()
+        .insert("should-retry", HeaderValue::from_static("false"));
+    r
+}
+
+/// envd's plain error: `{"code": <status>, "message"}`.
+fn envd_error(status: StatusCode, message: &str) -> Response {
+    let body = serde_json::json!({"code": status.as_u16(), "message": message});
+    let mut r = Response::new(Body::from(body.to_string()));
+    *r.status_mut() = status;
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    r
+}
+
+const UNAUTHORIZED: &str =
+    "unauthorized access, please provide a valid access token or method signing if supported";
+
+/// Constant-time equality of two secrets.
+fn same_secret(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// The signature E2B's SDK puts on download/upload URLs.
+pub(crate) fn signature(
+    path: &str,
+    operation: &str,
+    username: &str,
+    token: &str,
+    expiration: Option<i64>,
+) -> String {
+    let mut raw = format!("{path}:{operation}:{username}:{token}");
+    if let Some(e) = expiration {
+        raw.push_str(&format!(":{e}"));
+    }
+    let digest = Sha256::digest(raw.as_bytes());
+    format!(
+        "v1_{}",
+        base64::engine::general_purpose::STANDARD_NO_PAD.encode(digest)
+    )
+}
+
+/// The signing fields of a `/files` query.
+#[derive(Debug, Default)]
+struct Signed {
+    path: String,
+    username: String,
+    signature: Option<String>,
+    expiration: Option<String>,
+}
+
+fn signed_of(query: Option<&str>) -> Signed {
+    let pairs: Vec<(String, String)> =
+        serde_urlencoded::from_str(query.unwrap_or_default()).unwrap_or_default();
+    let mut s = Signed::default();
+    for (k, v) in pairs {
+        match k.as_str() {
+            "path" => s.path = v,
+            "username" => s.username = v,
+            "signature" => s.signature = Some(v),
+            "signature_expiration" => s.expiration = Some(v),
+            _ => {}
+        }
+    }
+    s
+}
+
+/// Checks a `/files` signature against a sandbox's token: `Ok` if valid and not expired.
+fn check_signature(s: &Signed, op: &str, token: &str) -> Result<(), &'static str> {
+    let Some(sig) = &s.signature else {
+        return Err(UNAUTHORIZED);
+    };
+    let exp = match &s.expiration {
+        None => None,
+        Some(e) => Some(e.trim().parse::<i64>().map_err(|_| UNAUTHORIZED)?),
+    };
+    let want = signature(&s.path, op, &s.username, token, exp);
+    if !same_secret(want.as_bytes(), sig.as_bytes()) {
+        return Err(UNAUTHORIZED);
+    }
+    if let Some(e) = exp {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs() as i64)
+            .unwrap_or(0);
+        if e < now {
+            return Err("signature is already expired");
+        }
+    }
+    Ok(())
+}
+
+fn file_op(req: &Request) -> Option<&'static str> {
+    if req.uri().path() != "/files" {
+        return None;
+    }
+    match *req.method() {
+        axum::http::Method::GET | axum::http::Method::HEAD => Some("read"),
+        axum::http::Method::POST => Some("write"),
+        _ => None,
+    }
+}
+
+/// Authorizes an envd request for a sandbox whose token is `facts.access_token`.
+fn authorize(req: &Request, facts: &E2bSandbox) -> Result<(), Box<Response>> {
+    let path = req.uri().path();
+    if path == "/health" {
+        return Ok(());
+    }
+    match req.headers().get("x-access-token") {
+        Some(v) => {
+            if same_secret(v.as_bytes(), facts.access_token.as_bytes()) {
+                Ok(())
+            } else {
+                Err(Box::new(envd_error(StatusCode::UNAUTHORIZED, UNAUTHORIZED)))
+            }
+        }
+        None => match file_op(req) {
+            Some(op) => check_signature(&signed_of(req.uri().query()), op, &facts.access_token)
+                .map_err(|m| Box::new(envd_error(StatusCode::UNAUTHORIZED, m))),
+            None => Err(Box::new(envd_error(StatusCode::UNAUTHORIZED, UNAUTHORIZED))),
+        },
+    }
+}
+
+/// Middleware in front of every route: requests for a sandbox go to it; others go on.
+pub(crate) async fn dispatch(State(st): State<E2b>, req: Request, next: Next) -> Response {
+    let Some(t) = target_of(req.headers()) else {
+        return next.run(req).await;
+    };
+    to_sandbox(&st, t, req).await
+}
+
+async fn to_sandbox(st: &E2b, t: Target, req: Request) -> Response {
+    let Ok(id) = SandboxId::parse(&t.id) else {
+        return not_found_502(&t.id);
+    };
+    let facts = match st.lookup(&id).await {
+        Ok(Some((_, f))) => f,
+        Ok(None) => return not_found_502(&t.id),
+        Err(e) => return e.into_response(),
+    };
+    if st.is_paused(&id) {
+        return not_found_502(&t.id);
+    }
+    if t.port != ENVD_PORT {
+        let why = if t.port == JUPYTER_PORT {
+            "the code interpreter is not supported by this server yet"
+        } else {
+            "port forwarding is not supported by this server yet"
+        };
+        return port_closed_502(&t.id, t.port, why);
+    }
+    if let Err(r) = authorize(&req, &facts) {
+        return *r;
+    }
+    let socket = match st.manager.agent(&id) {
+        Ok(c) => c.socket().to_path_buf(),
+        Err(_) => return not_found_502(&t.id),
+    };
+    match forward(&socket, req).await {
+        Ok(r) => r,
+        Err(e) => {
+            // The sandbox may have ended while the request was on its way.
+            if matches!(st.lookup(&id).await, Ok(Some(_))) {
+                port_closed_502(&t.id, t.port, &e)
+            } else {
+                not_found_502(&t.id)
+            }
+        }
+    }
+}
+
+/// Headers that belong to one hop, or to the proxy.
+fn strip(headers: &mut HeaderMap) {
+    for h in [
+        "connection",
+        "keep-alive",
+        "proxy-connection",
+        "te",
+        "trailer",
+        "upgrade",
+        "transfer-encoding",
+        "host",
+        "x-access-token",
+        "e2b-sandbox-id",
+        "e2b-sandbox-port",
+        "e2b-traffic-access-token",
+        "x-api-key",
+    ] {
+        headers.remove(h);
+    }
+}
+
+/// Sends `req` to the agent listening on `socket` and streams the answer back.
+async fn forward(socket: &std::path::Path, req: Request) -> Result<Response, String> {
+    let stream = tokio::net::UnixStream::connect(socket)
+        .await
+        .map_err(|e| format!("connecting to the agent: {e}"))?;
+    let (mut sender, conn) = hyper::client::conn::http1::Builder::new()
+        .handshake::<_, Body>(TokioIo::new(stream))
+        .await
+        .map_err(|e| format!("agent handshake: {e}"))?;
+    tokio::spawn(async move {
+        if let Err(e) = conn.await {
+            tracing::debug!("envd proxy connection: {e}");
+        }
+    });
+    let (mut parts, body) = req.into_parts();
+    strip(&mut parts.headers);
+    parts
+        .headers
+        .insert(header::HOST, HeaderValue::from_static("localhost"));
+    let path_q = parts
+        .uri
+        .path_and_query()
+        .map(|p| p.as_str().to_owned())
+        .unwrap_or_else(|| "/".into());
+    parts.uri = path_q
+        .parse()
+        .map_err(|e| format!("request path {path_q:?}: {e}"))?;
+    parts.version = axum::http::Version::HTTP_11;
+    let resp = sender
+        .send_request(Request::from_parts(parts, body))
+        .await
+        .map_err(|e| format!("agent request: {e}"))?;
+    let (mut parts, body) = resp.into_parts();
+    strip(&mut parts.headers);
+    parts.headers.remove("x-rampart-agent-version");
+    Ok(Response::from_parts(parts, Body::new(body)))
+}
+
+/// `GET`/`POST /files` without routing headers: a signed download/upload URL as built from
+/// `E2B_SANDBOX_URL`. The sandbox is the one whose token makes the signature valid.
+pub(crate) async fn signed_files(State(st): State<E2b>, req: Request) -> Response {
+    let Some(op) = file_op(&req) else {
+        return envd_error(StatusCode::METHOD_NOT_ALLOWED, "method not allowed");
+    };
+    let s = signed_of(req.uri().query());
+    if s.signature.is_none() {
+        return envd_error(
+            StatusCode::UNAUTHORIZED,
+            "a /files request needs the E2b-Sandbox-Id header or a signed URL",
+        );
+    }
+    let alive = match st.manager.list(None, &Default::default()) {
+        Ok(l) => l,
+        Err(e) => return E2bError::from(e).into_response(),
+    };
+    let mut expired = false;
+    for info in alive {
+        let Ok(Some((_, facts))) = st.lookup(&info.id).await else {
+            continue;
+        };
+        match check_signature(&s, op, &facts.access_token) {
+            Ok(()) => {
+                let t = Target {
+                    id: info.id.as_str().to_owned(),
+                    port: ENVD_PORT,
+                };
+                return to_sandbox(&st, t, req).await;
+            }
+            Err(m) if m != UNAUTHORIZED => expired = true,
+            Err(_) => {}
+        }
+    }
+    if expired {
+        envd_error(StatusCode::UNAUTHORIZED, "signature is already expired")
+    } else {
+        envd_error(StatusCode::UNAUTHORIZED, UNAUTHORIZED)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn targets_come_from_headers_or_host() {
+        let mut h = HeaderMap::new();
+        h.insert("host", HeaderValue::from_static("127.0.0.1:3000"));
+        assert_eq!(target_of(&h), None);
+        h.insert("host", HeaderValue::from_static("49983-abc123.example.com"));
+        assert_eq!(
+            target_of(&h),
+            Some(Target {
+                id: "abc123".into(),
+                port: 49983
+            })
+        );
+        h.insert("e2b-sandbox-id", HeaderValue::from_static("xyz"));
+        h.insert("e2b-sandbox-port", HeaderValue::from_static("49999"));
+        assert_eq!(
+            target_of(&h),
+            Some(Target {
+                id: "xyz".into(),
+                port: 49999
+            })
+        );
+    }
+
+    #[test]
+    fn signatures_match_the_sdk() {
+        // As computed by e2b/sandbox/signature.py for these inputs.
+        let s = signature("/home/user/a.txt", "read", "", "tok", None);
+        assert!(s.starts_with("v1_") && !s.ends_with('='));
+        let q = format!(
+            "path=%2Fhome%2Fuser%2Fa.txt&signature={}",
+            s.replace('+', "%2B").replace('/', "%2F")
+        );
+        assert!(check_signature(&signed_of(Some(&q)), "read", "tok").is_ok());
+        assert_eq!(
+            check_signature(&signed_of(Some(&q)), "write", "tok"),
+            Err(UNAUTHORIZED)
+        );
+        let old = signature("/a", "read", "", "tok", Some(1));
+        let q = format!(
+            "path=%2Fa&signature={}&signature_expiration=1",
+            old.replace('+', "%2B").replace('/', "%2F")
+        );
+        assert_eq!(
+            check_signature(&signed_of(Some(&q)), "read", "tok"),
+            Err("signature is already expired")
+        );
+    }
+}

@@ -1,0 +1,204 @@
+//! The E2B-compatible API: the control plane (`/sandboxes`, `/v2/sandboxes`, ...) and the
+//! envd proxy, served on the daemon's own port next to `/v1`.
+//!
+//! The unmodified E2B SDKs reach it with three variables: `E2B_API_URL` and
+//! `E2B_SANDBOX_URL` both set to the daemon's address, and `E2B_API_KEY` set to a key of the
+//! key store (`rampart keys create`). Control-plane requests carry `X-API-KEY`; envd
+//! requests carry `E2b-Sandbox-Id` / `E2b-Sandbox-Port` (or a `{port}-{id}.<domain>` host)
+//! and `X-Access-Token`, and are streamed to the sandbox's agent, which speaks envd's protocol.
+//! `docs/e2b.md` lists what is supported.
+
+mod api;
+mod envd;
+
+use axum::extract::{Request, State};
+use axum::http::{HeaderValue, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Router;
+use rampart_core::Manager;
+use rampart_store::keys::KeyStore;
+use std::sync::Arc;
+
+/// The envd version the control plane reports. The SDK gates features on it; 0.6.4 is the
+/// last threshold of `e2b` 2.63 (network-mount watches), so every gated feature is on.
+pub(crate) const ENVD_VERSION: &str = "0.6.4";
+
+/// The file in the data directory holding the key made at first start.
+pub const API_KEY_FILE: &str = "api-key";
+
+/// State of the E2B handlers.
+#[derive(Clone)]
+pub(crate) struct E2b {
+    pub(crate) manager: Arc<Manager>,
+    pub(crate) keys: Arc<KeyStore>,
+}
+
+impl std::fmt::Debug for E2b {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("E2b").finish_non_exhaustive()
+    }
+}
+
+/// An error of the control plane: `{"code": <status>, "message"}` (what the SDK parses).
+#[derive(Debug)]
+pub(crate) struct E2bError {
+    status: StatusCode,
+    message: String,
+}
+
+impl E2bError {
+    pub(crate) fn new(status: StatusCode, message: impl Into<String>) -> Self {
+        E2bError {
+            status,
+            message: message.into(),
+        }
+    }
+    pub(crate) fn not_found(id: &str) -> Self {
+        Self::new(
+            StatusCode::NOT_FOUND,
+            format!("sandbox \"{id}\" doesn't exist or you don't have access to it"),
+        )
+    }
+    pub(crate) fn bad_request(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, message)
+    }
+    pub(crate) fn internal(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::INTERNAL_SERVER_ERROR, message)
+    }
+}
+
+impl From<rampart_core::CoreError> for E2bError {
+    fn from(e: rampart_core::CoreError) -> Self {
+        use rampart_core::CoreError as C;
+        let status = match &e {
+            C::NotFound(_) => StatusCode::NOT_FOUND,
+            C::BadRequest { .. } | C::Limit(_) => StatusCode::BAD_REQUEST,
+            C::WrongState { .. } => StatusCode::CONFLICT,
+            C::Capacity(_) => StatusCode::TOO_MANY_REQUESTS,
+            C::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+            C::Agent(_) => StatusCode::BAD_GATEWAY,
+            C::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        };
+        E2bError::new(status, e.to_string())
+    }
+}
+
+impl From<rampart_store::StoreError> for E2bError {
+    fn from(e: rampart_store::StoreError) -> Self {
+        E2bError::internal(format!("key store: {e}"))
+    }
+}
+
+impl IntoResponse for E2bError {
+    fn into_response(self) -> Response {
+        let body = serde_json::json!({"code": self.status.as_u16(), "message": self.message});
+        let mut r = (self.status, axum::Json(body)).into_response();
+        // The SDK retries 429/502/503/504 unless told not to; these answers will not change.
+        r.headers_mut()
+            .insert("should-retry", HeaderValue::from_static("false"));
+        r
+    }
+}
+
+/// Opens the key store in the daemon's `state.db`; at first start (no key yet) makes one key,
+/// writes it to `<data>/api-key` (mode 0600) and logs where it is.
+fn open_keys(data_dir: &std::path::Path) -> Result<KeyStore, String> {
+    let keys = KeyStore::open(&data_dir.join("state.db")).map_err(|e| e.to_string())?;
+    if keys.count_keys().map_err(|e| e.to_string())? == 0 {
+        let (_, key) = keys.create_key("default").map_err(|e| e.to_string())?;
+        let path = data_dir.join(API_KEY_FILE);
+        write_secret(&path, &format!("{key}\n"))
+            .map_err(|e| format!("writing {}: {e}", path.display()))?;
+        tracing::info!(
+            path = %path.display(),
+            "made the first E2B API key; it is in {} (set E2B_API_KEY to it)",
+            path.display()
+        );
+    }
+    Ok(keys)
+}
+
+/// Writes `text` to a new file of mode 0600 (replacing any old one).
+fn write_secret(path: &std::path::Path, text: &str) -> std::io::Result<()> {
+    use std::io::Write as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let tmp = path.with_extension("tmp");
+    let _ = std::fs::remove_file(&tmp);
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&tmp)?;
+    f.write_all(text.as_bytes())?;
+    f.sync_all()?;
+    std::fs::rename(&tmp, path)
+}
+
+/// Adds the E2B API to `inner` (the daemon's router). If the key store cannot be opened the
+/// E2B paths answer 503 saying why, and `/v1` is unaffected.
+pub(crate) fn attach(inner: Router, manager: Arc<Manager>) -> Router {
+    let keys = match open_keys(manager.data_dir()) {
+        Ok(k) => Arc::new(k),
+        Err(e) => {
+            tracing::error!("the E2B API is off: cannot open its key store: {e}");
+            let msg = format!("the E2B API is unavailable: {e}");
+            let off = move || {
+                let msg = msg.clone();
+                async move { E2bError::new(StatusCode::SERVICE_UNAVAILABLE, msg) }
+            };
+            return inner
+                .route("/sandboxes", axum::routing::any(off.clone()))
+                .route("/v2/sandboxes", axum::routing::any(off));
+        }
+    };
+    let st = E2b { manager, keys };
+    let api = Router::new()
+        .route("/sandboxes", post(api::create).get(api::list_v1))
+        .route("/v2/sandboxes", post(api::create).get(api::list))
+        .route("/sandboxes/{id}", get(api::get_one).delete(api::kill))
+        .route("/sandboxes/{id}/timeout", post(api::set_timeout))
+        .route("/sandboxes/{id}/connect", post(api::connect))
+        .route("/v2/sandboxes/{id}/connect", post(api::connect))
+        .route("/sandboxes/{id}/resume", post(api::resume))
+        .route("/sandboxes/{id}/pause", post(api::pause))
+        .route("/sandboxes/{id}/metrics", get(api::metrics))
+        .route_layer(axum::middleware::from_fn_with_state(st.clone(), api_key))
+        // Signed download/upload URLs opened without the routing headers.
+        .route("/files", get(envd::signed_files).post(envd::signed_files))
+        .with_state(st.clone());
+    inner
+        .merge(api)
+        .layer(axum::middleware::from_fn_with_state(st, envd::dispatch))
+}
+
+/// Checks `X-API-KEY` against the key store.
+async fn api_key(State(st): State<E2b>, req: Request, next: Next) -> Response {
+    let key = req
+        .headers()
+        .get("x-api-key")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .trim()
+        .to_owned();
+    if key.is_empty() {
+        return E2bError::new(
+            StatusCode::UNAUTHORIZED,
+            "missing API key: set E2B_API_KEY (see `rampart keys create`)",
+        )
+        .into_response();
+    }
+    let keys = st.keys.clone();
+    let ok = tokio::task::spawn_blocking(move || keys.check_key(&key)).await;
+    match ok {
+        Ok(Ok(true)) => next.run(req).await,
+        Ok(Ok(false)) => E2bError::new(
+            StatusCode::UNAUTHORIZED,
+            "invalid API key: use a key from `rampart keys create`",
+        )
+        .into_response(),
+        Ok(Err(e)) => E2bError::from(e).into_response(),
+        Err(e) => E2bError::internal(format!("checking the API key: {e}")).into_response(),
+    }
+}

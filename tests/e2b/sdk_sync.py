@@ -1,0 +1,474 @@
+"""The unmodified `e2b` Python SDK (sync API) against a Rampart daemon.
+
+Configured only by E2B_API_KEY, E2B_API_URL and E2B_SANDBOX_URL. Mirrors what the SDK's own
+test suite checks (tests/sync/sandbox_sync/*, tests/sync/api_sync/*).
+"""
+
+import gzip as gz
+import io
+import os
+import time
+import uuid
+
+import httpx
+
+from harness import run, test, wait_for
+from e2b import (
+    CommandExitException,
+    FileNotFoundException,
+    FilesystemEventType,
+    FileType,
+    NotFoundException,
+    PtySize,
+    Sandbox,
+    SandboxException,
+    SandboxQuery,
+    SandboxState,
+    TimeoutException,
+)
+from e2b.exceptions import SandboxNotFoundException
+
+RUN = "t" + uuid.uuid4().hex[:10]
+_shared = None
+
+
+def sbx() -> Sandbox:
+    """One sandbox shared by the command/file/PTY tests."""
+    global _shared
+    if _shared is None:
+        _shared = Sandbox.create(metadata={"suite": RUN, "kind": "shared"}, timeout=600)
+    return _shared
+
+
+# --- lifecycle -------------------------------------------------------------------------
+
+
+@test
+def create_with_metadata_env_and_timeout():
+    s = Sandbox.create(
+        "base", timeout=120, metadata={"suite": RUN, "who": "create"}, envs={"FOO": "bar baz"}
+    )
+    try:
+        assert s.sandbox_id
+        info = s.get_info()
+        assert info.sandbox_id == s.sandbox_id
+        assert info.metadata["who"] == "create", info.metadata
+        assert info.state == SandboxState.RUNNING
+        left = (info.end_at - info.started_at).total_seconds()
+        assert 100 <= left <= 140, left
+        r = s.commands.run("echo $FOO")
+        assert r.stdout == "bar baz\n", r.stdout
+        assert s.is_running()
+    finally:
+        assert s.kill() is True
+    assert not s.is_running()
+    assert Sandbox.kill(s.sandbox_id) is False
+
+
+@test
+def kill_unknown_returns_false():
+    assert Sandbox.kill("nosuchsandbox0000000") is False
+
+
+@test
+def get_info_unknown_raises_not_found():
+    try:
+        Sandbox.get_info("nosuchsandbox0000000")
+    except SandboxNotFoundException:
+        return
+    raise AssertionError("no SandboxNotFoundException")
+
+
+@test
+def list_filters_and_paging():
+    tag = RUN + "-list"
+    made = [Sandbox.create(metadata={"suite": tag, "n": str(i)}, timeout=120) for i in range(3)]
+    try:
+        p = Sandbox.list(query=SandboxQuery(metadata={"suite": tag}))
+        items = p.next_items()
+        assert not p.has_next
+        ids = [i.sandbox_id for i in items]
+        # Newest first by default.
+        assert ids == [m.sandbox_id for m in reversed(made)], (ids, [m.sandbox_id for m in made])
+        # Paging with limit=1.
+        p = Sandbox.list(query=SandboxQuery(metadata={"suite": tag}), limit=1)
+        seen = []
+        while p.has_next:
+            page = p.next_items()
+            assert len(page) <= 1
+            seen += [i.sandbox_id for i in page]
+        assert sorted(seen) == sorted(ids), seen
+        # State filter.
+        p = Sandbox.list(query=SandboxQuery(metadata={"suite": tag}, state=[SandboxState.RUNNING]))
+        assert len(p.next_items()) == 3
+        # Metadata with characters that need escaping.
+        odd = Sandbox.create(metadata={"suite": tag, "a b": "c&d=e"}, timeout=60)
+        made.append(odd)
+        p = Sandbox.list(query=SandboxQuery(metadata={"a b": "c&d=e"}))
+        assert [i.sandbox_id for i in p.next_items()] == [odd.sandbox_id]
+        # A killed sandbox is not listed.
+        made[0].kill()
+        p = Sandbox.list(query=SandboxQuery(metadata={"suite": tag}, state=[SandboxState.RUNNING]))
+        got = [i.sandbox_id for i in p.next_items()]
+        assert made[0].sandbox_id not in got and len(got) == 3, got
+    finally:
+        for m in made:
+            m.kill()
+
+
+@test
+def set_timeout_then_expiry():
+    s = Sandbox.create(metadata={"suite": RUN}, timeout=60)
+    try:
+        s.set_timeout(3)
+        wait_for(lambda: not s.is_running(), timeout=30, what="the sandbox to expire")
+        assert Sandbox.kill(s.sandbox_id) is False
+    finally:
+        s.kill()
+
+
+@test
+def connect_extends_never_shortens():
+    s = Sandbox.create(metadata={"suite": RUN}, timeout=300)
+    try:
+        end = s.get_info().end_at
+        c = Sandbox.connect(s.sandbox_id, timeout=10)
+        assert c.sandbox_id == s.sandbox_id
+        assert c.get_info().end_at >= end
+        r = c.commands.run("echo hi")
+        assert r.stdout == "hi\n"
+        c2 = Sandbox.connect(s.sandbox_id, timeout=1200)
+        assert c2.get_info().end_at > end
+    finally:
+        s.kill()
+    try:
+        Sandbox.connect(s.sandbox_id)
+    except SandboxNotFoundException:
+        pass
+    else:
+        raise AssertionError("connect to a killed sandbox succeeded")
+
+
+@test
+def metrics():
+    s = sbx()
+    m = wait_for(lambda: s.get_metrics(), what="metrics")
+    assert m[0].mem_total > 0 and m[0].cpu_count >= 1 and m[0].mem_used > 0, m
+
+
+@test
+def pause_is_reported_clearly():
+    s = Sandbox.create(metadata={"suite": RUN}, timeout=60)
+    try:
+        try:
+            s.pause()
+        except SandboxException as e:
+            assert "pause" in str(e), e
+        else:
+            # Pause is supported: a paused sandbox is not running; connect resumes it.
+            assert not s.is_running()
+            c = Sandbox.connect(s.sandbox_id)
+            assert c.is_running()
+            assert c.commands.run("echo back").stdout == "back\n"
+    finally:
+        s.kill()
+
+
+# --- commands --------------------------------------------------------------------------
+
+
+@test
+def commands_run():
+    s = sbx()
+    r = s.commands.run("echo hello; echo err >&2; exit 0")
+    assert r.exit_code == 0 and r.stdout == "hello\n" and r.stderr == "err\n", r
+    r = s.commands.run('echo "a\'b\\"c $((1+2))"')
+    assert r.stdout == "a'b\"c 3\n", r.stdout
+    r = s.commands.run("printf 'l1\\nl2\\nl3'")
+    assert r.stdout == "l1\nl2\nl3"
+    try:
+        s.commands.run("exit 3")
+    except CommandExitException as e:
+        assert e.exit_code == 3
+    else:
+        raise AssertionError("no CommandExitException")
+    r = s.commands.run("pwd; whoami")
+    assert r.stdout == "/home/user\nuser\n", r.stdout
+    r = s.commands.run("whoami", user="root")
+    assert r.stdout == "root\n"
+    r = s.commands.run("pwd", cwd="/tmp")
+    assert r.stdout == "/tmp\n"
+
+
+@test
+def commands_broken_utf8():
+    r = sbx().commands.run(r"printf '\xff\xfeok\xe2\x82'")
+    assert "\ufffd" in r.stdout and "ok" in r.stdout, repr(r.stdout)
+
+
+@test
+def commands_env_vars():
+    s = sbx()
+    r = s.commands.run("echo $A-$B", envs={"A": "1", "B": "two"})
+    assert r.stdout == "1-two\n"
+    r = s.commands.run("echo ${A:-unset}")
+    assert r.stdout == "unset\n", "per-command envs leaked"
+    r = s.commands.run("python3 -c 'import os; print(os.environ[\"X\"])'", envs={"X": "py"})
+    assert r.stdout == "py\n"
+
+
+@test
+def commands_timeout_raises():
+    try:
+        sbx().commands.run("sleep 10", timeout=2)
+    except TimeoutException:
+        return
+    raise AssertionError("no TimeoutException")
+
+
+@test
+def commands_background_list_kill():
+    s = sbx()
+    h1 = s.commands.run("sleep 30", background=True)
+    h2 = s.commands.run("sleep 31", background=True)
+    pids = [p.pid for p in s.commands.list()]
+    assert h1.pid in pids and h2.pid in pids, pids
+    assert s.commands.kill(h1.pid) is True
+    h2.kill()
+    r = s.commands.run(f"kill -0 {h1.pid} 2>/dev/null && echo alive || echo gone")
+    assert r.stdout == "gone\n", r.stdout
+    assert s.commands.kill(999999) is False
+
+
+@test
+def commands_stdin_and_close():
+    s = sbx()
+    h = s.commands.run("cat", background=True, stdin=True)
+    s.commands.send_stdin(h.pid, "hello stdin\n")
+    s.commands.close_stdin(h.pid)
+    r = h.wait()
+    assert r.exit_code == 0 and r.stdout == "hello stdin\n", r
+
+
+@test
+def commands_connect():
+    s = sbx()
+    h = s.commands.run("for i in 1 2 3; do echo $i; sleep 0.3; done", background=True)
+    h.disconnect()
+    c = s.commands.connect(h.pid)
+    r = c.wait()
+    assert r.exit_code == 0
+    assert "3" in r.stdout, r.stdout
+    try:
+        s.commands.connect(999999)
+    except NotFoundException:
+        return
+    raise AssertionError("connect to an unknown pid succeeded")
+
+
+@test
+def commands_streaming_callbacks():
+    out = []
+    r = sbx().commands.run("for i in 1 2 3; do echo $i; done", on_stdout=out.append)
+    assert "".join(out) == "1\n2\n3\n" and r.stdout == "1\n2\n3\n"
+
+
+# --- PTY -------------------------------------------------------------------------------
+
+
+@test
+def pty_input_resize_exit():
+    s = sbx()
+    data = bytearray()
+    h = s.pty.create(PtySize(rows=24, cols=80), envs={"ABC": "xyz"}, timeout=60)
+    s.pty.send_stdin(h.pid, b"echo val=$ABC; tput cols\n")
+    for _, _, pty in h:
+        if pty:
+            data.extend(pty)
+        if b"val=xyz" in data and b"80" in data.split(b"val=xyz", 1)[1]:
+            break
+    s.pty.resize(h.pid, PtySize(rows=30, cols=100))
+    later = bytearray()
+    s.pty.send_stdin(h.pid, b"tput cols; exit\n")
+    r = h.wait(on_pty=lambda d: later.extend(d))
+    assert r.exit_code == 0, r
+    assert b"100" in later, bytes(later)
+
+
+@test
+def pty_kill():
+    s = sbx()
+    h = s.pty.create(PtySize(rows=24, cols=80))
+    assert s.pty.kill(h.pid) is True
+    try:
+        h.wait()
+    except CommandExitException:
+        pass
+
+
+# --- files -----------------------------------------------------------------------------
+
+
+@test
+def files_read_write_text_bytes():
+    s = sbx()
+    info = s.files.write("rw/a.txt", "hello text")
+    assert info.path == "/home/user/rw/a.txt", info
+    assert s.files.read("rw/a.txt") == "hello text"
+    blob = bytes(range(256)) * 10
+    s.files.write("/home/user/rw/b.bin", blob)
+    assert s.files.read("/home/user/rw/b.bin", format="bytes") == blob
+    s.files.write("rw/a.txt", "over")
+    assert s.files.read("rw/a.txt") == "over"
+    s.files.write("rw/io.txt", io.StringIO("from io"))
+    assert s.files.read("rw/io.txt") == "from io"
+    s.files.write("rw/empty.txt", "")
+    assert s.files.read("rw/empty.txt") == ""
+    stream = s.files.read("rw/b.bin", format="stream")
+    assert b"".join(stream) == blob
+    try:
+        s.files.read("rw/missing.txt")
+    except FileNotFoundException:
+        pass
+    else:
+        raise AssertionError("no FileNotFoundException")
+    infos = s.files.write_files(
+        [{"path": "rw/m1.txt", "data": "one"}, {"path": "rw/m2.txt", "data": b"two"}]
+    )
+    assert [i.path for i in infos] == ["/home/user/rw/m1.txt", "/home/user/rw/m2.txt"], infos
+
+
+@test
+def files_gzip_octet_and_metadata():
+    s = sbx()
+    s.files.write("gz/a.txt", "zipped " * 100, gzip=True)
+    assert s.files.read("gz/a.txt") == "zipped " * 100
+    assert s.files.read("gz/a.txt", gzip=True) == "zipped " * 100
+    s.files.write("gz/o.bin", b"octets", use_octet_stream=True)
+    assert s.files.read("gz/o.bin", format="bytes") == b"octets"
+    s.files.write("gz/meta.txt", "m", metadata={"owner": "me"})
+    info = s.files.get_info("gz/meta.txt")
+    assert info.metadata.get("owner") == "me", info
+
+
+@test
+def files_list_depth_and_order():
+    s = sbx()
+    s.files.make_dir("ls/b/c")
+    s.files.write("ls/a.txt", "a")
+    s.files.write("ls/b/x.txt", "x")
+    s.files.write("ls/b/c/y.txt", "y")
+    one = [e.path for e in s.files.list("ls")]
+    assert one == ["/home/user/ls/a.txt", "/home/user/ls/b"], one
+    three = [e.path for e in s.files.list("ls", depth=3)]
+    assert three == [
+        "/home/user/ls/a.txt",
+        "/home/user/ls/b",
+        "/home/user/ls/b/c",
+        "/home/user/ls/b/c/y.txt",
+        "/home/user/ls/b/x.txt",
+    ], three
+    e = {x.name: x for x in s.files.list("ls")}
+    assert e["a.txt"].type == FileType.FILE and e["a.txt"].mode == 0o644
+    assert e["b"].type == FileType.DIR and e["b"].mode == 0o755
+    assert e["a.txt"].owner == "user" and e["a.txt"].group == "user"
+    assert e["a.txt"].permissions == "-rw-r--r--", e["a.txt"].permissions
+
+
+@test
+def files_stat_symlink_exists_mkdir_remove_rename():
+    s = sbx()
+    s.files.write("st/f.txt", "12345")
+    i = s.files.get_info("st/f.txt")
+    assert i.type == FileType.FILE and i.size == 5 and i.symlink_target is None, i
+    s.commands.run("ln -sf /home/user/st/f.txt /home/user/st/link")
+    i = s.files.get_info("st/link")
+    # envd >= 0.6 reports the link with is_symlink, which SDK 2.63 maps to SYMLINK.
+    assert i.type == FileType.SYMLINK and i.symlink_target == "/home/user/st/f.txt", i
+    assert s.files.exists("st/f.txt") and not s.files.exists("st/none")
+    assert s.files.make_dir("st/d") is True
+    assert s.files.make_dir("st/d") is False
+    moved = s.files.rename("st/f.txt", "st/g.txt")
+    assert moved.path == "/home/user/st/g.txt"
+    assert not s.files.exists("st/f.txt") and s.files.read("st/g.txt") == "12345"
+    s.files.remove("st/d")
+    assert not s.files.exists("st/d")
+    try:
+        s.files.get_info("st/nothing")
+    except FileNotFoundException:
+        pass
+    else:
+        raise AssertionError("no FileNotFoundException")
+
+
+@test
+def files_watch():
+    s = sbx()
+    s.files.make_dir("w/sub")
+    h = s.files.watch_dir("w", recursive=True)
+    s.files.write("w/new.txt", "data")
+    s.files.write("w/sub/deep.txt", "deep")
+    events = []
+
+    def got():
+        events.extend(h.get_new_events())
+        names = {(e.name, e.type) for e in events}
+        return ("new.txt", FilesystemEventType.WRITE) in names and (
+            "sub/deep.txt",
+            FilesystemEventType.WRITE,
+        ) in names
+
+    wait_for(got, what=f"watch events (have {events})")
+    h.stop()
+    try:
+        s.files.watch_dir("w/nothing-here")
+    except FileNotFoundException:
+        pass
+    else:
+        raise AssertionError("watching a missing dir succeeded")
+
+
+@test
+def files_signed_urls():
+    s = sbx()
+    s.files.write("url/down.txt", "signed content")
+    url = s.download_url("url/down.txt")
+    assert "signature=" in url, url
+    r = httpx.get(url)
+    assert r.status_code == 200 and r.text == "signed content", (r.status_code, r.text)
+    up = s.upload_url("url/up.txt")
+    r = httpx.post(up, files={"file": ("up.txt", b"uploaded")})
+    assert r.status_code == 200, (r.status_code, r.text)
+    assert s.files.read("url/up.txt") == "uploaded"
+    # Expired signature: exact payload.
+    url = s.download_url("url/down.txt", use_signature_expiration=-120)
+    r = httpx.get(url)
+    assert r.status_code == 401, r.status_code
+    assert r.json() == {"code": 401, "message": "signature is already expired"}, r.text
+    # Tampered signature.
+    r = httpx.get(s.download_url("url/down.txt").replace("down.txt", "other.txt"))
+    assert r.status_code == 401
+
+
+@test
+def envd_requires_the_access_token():
+    s = sbx()
+    base = os.environ["E2B_SANDBOX_URL"]
+    h = {"E2b-Sandbox-Id": s.sandbox_id, "E2b-Sandbox-Port": "49983"}
+    r = httpx.get(f"{base}/files", params={"path": "/etc/hostname"}, headers=h)
+    assert r.status_code == 401, r.status_code
+    assert r.json()["code"] == 401
+    r = httpx.get(f"{base}/health", headers=h)
+    assert r.status_code == 204, r.status_code
+    r = httpx.get(f"{base}/health", headers={"E2b-Sandbox-Id": "nosuchsandbox0000000"})
+    assert r.status_code == 502 and "was not found" in r.json()["message"], r.text
+
+
+@test
+def zz_cleanup_shared():
+    if _shared is not None:
+        assert _shared.kill() is True
+
+
+if __name__ == "__main__":
+    run()
