@@ -1,0 +1,61 @@
+// The unmodified `e2b` JavaScript SDK (npm) against a Rampart daemon: create / run / write /
+// read / kill. Configured only by E2B_API_KEY, E2B_API_URL and E2B_SANDBOX_URL. Prints
+// `PASS name` / `FAIL name: why` per test and `SUMMARY passed=N failed=M`, like harness.py.
+import { Sandbox } from 'e2b'
+
+let passed = 0
+let failed = 0
+
+async function test(name, fn) {
+  try {
+    await fn()
+    passed++
+    console.log(`PASS ${name}`)
+  } catch (e) {
+    failed++
+    console.log(`FAIL ${name}: ${e && e.stack ? e.stack.replace(/\n/g, '\n    ') : e}`)
+  }
+}
+
+function check(cond, what) {
+  if (!cond) throw new Error(`assertion failed: ${what}`)
+}
+
+await test('js_create_run_write_read_kill', async () => {
+  const sbx = await Sandbox.create({ metadata: { suite: 'js' }, envs: { JS_VAR: 'from-js' }, timeoutMs: 120_000 })
+  try {
+    const r = await sbx.commands.run('echo hello $JS_VAR')
+    check(r.exitCode === 0 && r.stdout === 'hello from-js\n', `stdout ${JSON.stringify(r.stdout)}`)
+    const w = await sbx.files.write('js/a.txt', 'written by js')
+    check(w.path === '/home/user/js/a.txt', `path ${w.path}`)
+    const text = await sbx.files.read('js/a.txt')
+    check(text === 'written by js', `read ${JSON.stringify(text)}`)
+    const ls = await sbx.files.list('js')
+    check(ls.length === 1 && ls[0].name === 'a.txt', `list ${JSON.stringify(ls)}`)
+    const info = await sbx.getInfo()
+    check(info.metadata.suite === 'js', `metadata ${JSON.stringify(info.metadata)}`)
+    check(await sbx.isRunning(), 'isRunning')
+  } finally {
+    await sbx.kill()
+  }
+  check(!(await sbx.isRunning()), 'still running after kill')
+  check((await Sandbox.kill(sbx.sandboxId)) === false, 'second kill returned true')
+})
+
+await test('js_background_and_stdin', async () => {
+  const sbx = await Sandbox.create({ timeoutMs: 60_000 })
+  try {
+    const h = await sbx.commands.run('cat', { background: true, stdin: true })
+    await sbx.commands.sendStdin(h.pid, 'via stdin\n')
+    await sbx.commands.closeStdin(h.pid)
+    const r = await h.wait()
+    check(r.stdout === 'via stdin\n', `stdout ${JSON.stringify(r.stdout)}`)
+    const list = await Sandbox.list({ query: { state: ['running'] } }).nextItems()
+    check(list.some((s) => s.sandboxId === sbx.sandboxId), 'not listed')
+  } finally {
+    await sbx.kill()
+  }
+})
+
+console.log(`SUMMARY passed=${passed} failed=${failed}`)
+process.exit(failed ? 1 : 0)
