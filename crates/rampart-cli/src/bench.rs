@@ -34,6 +34,16 @@ pub struct BenchArgs {
     /// Write the results as JSON to this file too.
     #[arg(long)]
     pub json: Option<PathBuf>,
+    /// Execs per mode and round of the audit on/off measurement.
+    #[arg(long, default_value_t = 300)]
+    pub audit_execs: usize,
+    /// Events in the generated bundle of the verification-speed measurement.
+    #[arg(long, default_value_t = 100_000)]
+    pub verify_events: u64,
+    /// Only the audit measurements (exec throughput with the audit log on and off,
+    /// verification speed).
+    #[arg(long)]
+    pub audit_only: bool,
 }
 
 /// Latency samples of one measurement.
@@ -83,12 +93,27 @@ fn free_port() -> Result<u16> {
 }
 
 fn start_private_daemon() -> Result<(String, PrivateDaemon)> {
+    start_private_daemon_with("main", None)
+}
+
+/// A private daemon with its own data directory (`rampart-bench-<pid>-<name>`) and, if
+/// given, a config file of this text.
+fn start_private_daemon_with(name: &str, config: Option<&str>) -> Result<(String, PrivateDaemon)> {
     let exe = std::env::current_exe()?;
     let port = free_port()?;
-    let data_dir = std::env::temp_dir().join(format!("rampart-bench-{}", std::process::id()));
+    let data_dir =
+        std::env::temp_dir().join(format!("rampart-bench-{}-{name}", std::process::id()));
     std::fs::create_dir_all(&data_dir)?;
-    let child = Command::new(&exe)
-        .args(["serve", "--listen", &format!("127.0.0.1:{port}"), "--data-dir"])
+    let mut cmd = Command::new(&exe);
+    if let Some(text) = config {
+        let path = data_dir.join("bench.toml");
+        std::fs::write(&path, text)?;
+        cmd.arg("serve").arg("--config").arg(path);
+    } else {
+        cmd.arg("serve");
+    }
+    let child = cmd
+        .args(["--listen", &format!("127.0.0.1:{port}"), "--data-dir"])
         .arg(&data_dir)
         .env("RUST_LOG", "warn")
         .stdin(Stdio::null())
@@ -294,7 +319,16 @@ pub fn run(args: BenchArgs) -> Result<()> {
         }
     };
     wait_healthy(&client, &url)?;
-    let api = Api { client, url };
+    if args.audit_only {
+        drop(_private);
+        let audit = measure_audit(&client, &args)?;
+        print_audit(&audit);
+        if let Some(path) = &args.json {
+            std::fs::write(path, serde_json::to_vec_pretty(&audit.to_json())?)?;
+        }
+        return Ok(());
+    }
+    let api = Api { client: client.clone(), url };
 
     eprintln!("bench: peers ({} iterations each)...", args.iterations);
     let peers = measure_peers(args.iterations)?;
@@ -408,6 +442,10 @@ pub fn run(args: BenchArgs) -> Result<()> {
             c / (1024.0 * 1024.0)
         );
     }
+    drop(api);
+    drop(_private);
+    let audit = measure_audit(&client, &args)?;
+    print_audit(&audit);
     println!("\n## Targets\n");
     if let Some(b) = bwrap_p50 {
         let r = cycle.pct(50.0) / b;
@@ -418,6 +456,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
     // The larger of the two views, so the target is judged on the worse one.
     let mib = per_idle.max(per_idle_cgroup.unwrap_or(0.0)) / (1024.0 * 1024.0);
     println!("- <= 4 MiB per idle sandbox: {:.2} MiB ({})", mib, pass(mib <= 4.0));
+    audit.print_targets();
 
     if let Some(path) = &args.json {
         let to_json = |s: &Samples| json!({"name": s.name, "p50_ms": s.pct(50.0), "p99_ms": s.pct(99.0)});
@@ -428,6 +467,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
             "idle_sandboxes": alive,
             "bytes_per_idle_sandbox": per_idle,
             "cgroup_bytes_per_idle_sandbox": per_idle_cgroup,
+            "audit": audit.to_json(),
         });
         std::fs::write(path, serde_json::to_vec_pretty(&v)?)?;
     }
@@ -440,4 +480,176 @@ fn pass(ok: bool) -> &'static str {
     } else {
         "NOT met"
     }
+}
+
+/// Results of the audit measurements.
+#[derive(Debug, Clone)]
+struct AuditBench {
+    /// Execs per second with the audit log on.
+    on_rate: f64,
+    /// Execs per second with it off.
+    off_rate: f64,
+    /// Execs per mode.
+    execs: usize,
+    /// Events verified per second.
+    verify_rate: f64,
+    /// Events in the generated bundle.
+    verify_events: u64,
+    /// Size of the generated bundle.
+    bundle_bytes: usize,
+}
+
+impl AuditBench {
+    /// How much slower execs are with the audit log on (0.03 = 3 % slower).
+    fn slowdown(&self) -> f64 {
+        self.off_rate / self.on_rate - 1.0
+    }
+    fn to_json(&self) -> Value {
+        json!({
+            "exec_per_second_audit_on": self.on_rate,
+            "exec_per_second_audit_off": self.off_rate,
+            "execs_per_mode": self.execs,
+            "slowdown": self.slowdown(),
+            "verify_events_per_second": self.verify_rate,
+            "verify_events": self.verify_events,
+            "bundle_bytes": self.bundle_bytes,
+        })
+    }
+    fn print_targets(&self) {
+        let pct = self.slowdown() * 100.0;
+        println!(
+            "- exec throughput with the audit log at most 5% slower: {:.1}% ({})",
+            pct,
+            pass(pct <= 5.0)
+        );
+        println!(
+            "- verification >= 100,000 events/s: {:.0} ({})",
+            self.verify_rate,
+            pass(self.verify_rate >= 100_000.0)
+        );
+    }
+}
+
+fn print_audit(a: &AuditBench) {
+    println!("\n## Audit\n");
+    println!("| what | value |");
+    println!("|---|---:|");
+    println!("| exec/s, warm sandbox, audit log on ({} execs) | {:.1} |", a.execs, a.on_rate);
+    println!("| exec/s, warm sandbox, audit log off ({} execs) | {:.1} |", a.execs, a.off_rate);
+    println!("| on / off | {:.3} |", a.on_rate / a.off_rate);
+    println!(
+        "| bundle verification, events/s ({} events, {:.1} MiB) | {:.0} |",
+        a.verify_events,
+        a.bundle_bytes as f64 / (1024.0 * 1024.0),
+        a.verify_rate
+    );
+}
+
+/// Exec throughput with the audit log on and off (two private daemons, one per mode, run in
+/// alternating rounds so that noise hits both), and verification speed of a generated bundle.
+fn measure_audit(client: &reqwest::blocking::Client, args: &BenchArgs) -> Result<AuditBench> {
+    eprintln!("bench: exec throughput with the audit log on and off...");
+    let (on_url, _on) = start_private_daemon_with("audit-on", None)?;
+    let (off_url, _off) = start_private_daemon_with("audit-off", Some("[audit]\nenabled = false\n"))?;
+    wait_healthy(client, &on_url)?;
+    wait_healthy(client, &off_url)?;
+    let on = Api { client: client.clone(), url: on_url };
+    let off = Api { client: client.clone(), url: off_url };
+    let on_id = on.create()?;
+    let off_id = off.create()?;
+    for _ in 0..20 {
+        on.exec_true(&on_id)?;
+        off.exec_true(&off_id)?;
+    }
+    let rounds = 5;
+    let per = args.audit_execs.div_ceil(rounds).max(1);
+    let (mut t_on, mut t_off) = (Duration::ZERO, Duration::ZERO);
+    for r in 0..rounds {
+        // Alternate which mode goes first.
+        let order: [(&Api, &str, bool); 2] = if r % 2 == 0 {
+            [(&on, &on_id, true), (&off, &off_id, false)]
+        } else {
+            [(&off, &off_id, false), (&on, &on_id, true)]
+        };
+        for (api, id, is_on) in order {
+            let t = Instant::now();
+            for _ in 0..per {
+                api.exec_true(id)?;
+            }
+            if is_on {
+                t_on += t.elapsed();
+            } else {
+                t_off += t.elapsed();
+            }
+        }
+    }
+    let execs = per * rounds;
+    on.destroy(&on_id)?;
+    off.destroy(&off_id)?;
+    let on_rate = execs as f64 / t_on.as_secs_f64();
+    let off_rate = execs as f64 / t_off.as_secs_f64();
+
+    eprintln!("bench: verifying a generated {}-event bundle...", args.verify_events);
+    let bytes = generated_bundle(args.verify_events)?;
+    let t = Instant::now();
+    let report = rampart_audit::verify_bundle(&bytes, None)
+        .map_err(|e| anyhow::anyhow!("the generated bundle does not verify: {e}"))?;
+    let took = t.elapsed();
+    Ok(AuditBench {
+        on_rate,
+        off_rate,
+        execs,
+        verify_rate: report.events as f64 / took.as_secs_f64(),
+        verify_events: report.events,
+        bundle_bytes: bytes.len(),
+    })
+}
+
+/// A bundle of `n` events (exec/exit pairs with small output blobs), signed by a fresh key.
+fn generated_bundle(n: u64) -> Result<Vec<u8>> {
+    use rampart_audit::{Bundle, Chain, ContentHasher, EventBody, MerkleLog, NodeKey};
+    use rampart_types::audit::{Exec, Exit};
+    let id = rampart_types::SandboxId::generate();
+    let mut chain = Chain::new(id.clone());
+    let mut events = Vec::with_capacity(n as usize);
+    let mut blobs = Vec::new();
+    let time = rampart_audit::now();
+    for i in 0..n {
+        let body = if i % 2 == 0 {
+            EventBody::Exec(Exec {
+                exec_id: format!("x{i}"),
+                argv: vec!["sh".into(), "-c".into(), format!("echo step {i}")],
+                cwd: None,
+                user: "user".into(),
+                env_names: vec![],
+                stdin: false,
+                pty: false,
+                input: None,
+            })
+        } else {
+            let out = format!("step {}\n", i - 1).into_bytes();
+            let (stdout, blob) = ContentHasher::record(&out, 1 << 20);
+            blobs.extend(blob);
+            let (stderr, _) = ContentHasher::record(b"", 1 << 20);
+            EventBody::Exit(Exit {
+                exec_id: format!("x{}", i - 1),
+                exit_code: Some(0),
+                signal: None,
+                timed_out: false,
+                wall_ms: 1,
+                cpu_ms: Some(0),
+                peak_memory_bytes: None,
+                stdout,
+                stderr,
+                streamed_input: None,
+            })
+        };
+        events.push(chain.append(body, time.clone())?);
+    }
+    let key = NodeKey::generate();
+    let mut log = MerkleLog::new();
+    let index = log.push(chain.leaf().hash());
+    let sth = key.sign_tree_head(log.size(), log.root(), rampart_audit::now());
+    let proof = log.inclusion_proof(index, sth.tree_size)?;
+    Ok(Bundle::assemble(id, events, blobs, index, proof, sth, key.public_key()).to_bytes())
 }
