@@ -273,6 +273,26 @@ def commands_streaming_callbacks():
     assert "".join(out) == "1\n2\n3\n" and r.stdout == "1\n2\n3\n"
 
 
+@test
+def commands_sandbox_killed_during_run():
+    import threading
+
+    s = Sandbox.create(metadata={"suite": RUN}, timeout=60)
+    started = threading.Event()
+
+    def killer():
+        started.wait(20)
+        Sandbox.kill(s.sandbox_id)
+
+    threading.Thread(target=killer, daemon=True).start()
+    try:
+        s.commands.run("echo up; sleep 30", on_stdout=lambda _: started.set())
+    except TimeoutException as e:
+        assert "sandbox was killed or reached its end of life" in str(e), e
+    else:
+        raise AssertionError("the command outlived its sandbox")
+
+
 # --- PTY -------------------------------------------------------------------------------
 
 

@@ -317,6 +317,15 @@ pub(crate) async fn pause(
     ))
 }
 
+/// Every other E2B path (snapshots, fork, templates, volumes, network, logs): 404 in E2B's
+/// error shape, so the SDK raises its own exception (or returns `False` where 404 means so).
+pub(crate) async fn unsupported(uri: axum::http::Uri) -> E2bError {
+    E2bError::new(
+        StatusCode::NOT_FOUND,
+        format!("{} is not supported by this server", uri.path()),
+    )
+}
+
 /// `GET /sandboxes/{id}/metrics`: 200 `[SandboxMetric]`, one sample taken now.
 pub(crate) async fn metrics(
     State(st): State<E2b>,

@@ -164,6 +164,19 @@ pub(crate) fn attach(inner: Router, manager: Arc<Manager>) -> Router {
         .route("/sandboxes/{id}/resume", post(api::resume))
         .route("/sandboxes/{id}/pause", post(api::pause))
         .route("/sandboxes/{id}/metrics", get(api::metrics))
+        .route(
+            "/sandboxes/{id}/{*rest}",
+            axum::routing::any(api::unsupported),
+        )
+        .route(
+            "/v2/sandboxes/{id}/{*rest}",
+            axum::routing::any(api::unsupported),
+        )
+        .route("/snapshots", axum::routing::any(api::unsupported))
+        .route("/templates", axum::routing::any(api::unsupported))
+        .route("/templates/{*rest}", axum::routing::any(api::unsupported))
+        .route("/volumes", axum::routing::any(api::unsupported))
+        .route("/volumes/{*rest}", axum::routing::any(api::unsupported))
         .route_layer(axum::middleware::from_fn_with_state(st.clone(), api_key))
         // Signed download/upload URLs opened without the routing headers.
         .route("/files", get(envd::signed_files).post(envd::signed_files))
