@@ -174,6 +174,7 @@ fn run_script(
             "HOME",
             std::env::var_os("HOME").unwrap_or_else(|| "/root".into()),
         )
+        .env("PYTHONDONTWRITEBYTECODE", "1")
         .env("E2B_API_KEY", key)
         .env("E2B_API_URL", &d.url)
         .env("E2B_SANDBOX_URL", &d.url)
