@@ -337,3 +337,74 @@ pub fn fexecve(fd: RawFd, argv: &[CString], env: &[CString]) -> JailError {
     };
     last("execveat agent")
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The clone3 + CLONE_INTO_CGROUP plumbing used on cgroup v2 hosts, on whatever v2
+    /// hierarchy is mounted (controllers are not needed for the placement itself).
+    #[test]
+    fn clone_into_cgroup_places_the_child() {
+        if !nix::unistd::geteuid().is_root() {
+            eprintln!("skipped: needs root");
+            return;
+        }
+        let root = ["/sys/fs/cgroup/unified", "/sys/fs/cgroup"]
+            .into_iter()
+            .map(std::path::PathBuf::from)
+            .find(|p| p.join("cgroup.controllers").exists());
+        let Some(root) = root else {
+            eprintln!("skipped: no cgroup v2 hierarchy mounted");
+            return;
+        };
+        let name = format!("rampart-clone3-test-{}", std::process::id());
+        let dir = root.join(&name);
+        if let Err(e) = std::fs::create_dir(&dir) {
+            eprintln!("skipped: cannot make a v2 cgroup: {e}");
+            return;
+        }
+        let cg = std::fs::File::open(&dir).unwrap();
+        let mut fds = [0; 2];
+        // SAFETY: valid 2-element array.
+        assert_eq!(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) }, 0);
+        let args = CloneArgs {
+            flags: CLONE_INTO_CGROUP,
+            exit_signal: libc::SIGCHLD as u64,
+            cgroup: cg.as_raw_fd() as u64,
+            ..Default::default()
+        };
+        // SAFETY: fork-like clone3; the child only calls read(2) and _exit(2), which are
+        // async-signal-safe.
+        let pid = unsafe {
+            libc::syscall(
+                libc::SYS_clone3,
+                &args as *const CloneArgs,
+                std::mem::size_of::<CloneArgs>(),
+            )
+        };
+        if pid == 0 {
+            let mut b = [0u8; 1];
+            // SAFETY: see above. The child closes its copy of the write end, so that the
+            // parent's close ends the read.
+            unsafe {
+                libc::close(fds[1]);
+                libc::read(fds[0], b.as_mut_ptr().cast(), 1);
+                libc::_exit(0);
+            }
+        }
+        assert!(pid > 0, "clone3: {}", std::io::Error::last_os_error());
+        let seen = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap();
+        // SAFETY: closing our pipe ends the child; then reap it.
+        unsafe {
+            libc::close(fds[1]);
+            libc::close(fds[0]);
+            libc::waitpid(pid as i32, std::ptr::null_mut(), 0);
+        }
+        let _ = std::fs::remove_dir(&dir);
+        assert!(
+            seen.lines().any(|l| l == format!("0::/{name}")),
+            "child not in {name}: {seen}"
+        );
+    }
+}
