@@ -286,10 +286,7 @@ enum Body<'a> {
 
 fn dechunk(mut b: &[u8]) -> Vec<u8> {
     let mut out = Vec::new();
-    loop {
-        let Some(i) = b.windows(2).position(|w| w == b"\r\n") else {
-            break;
-        };
+    while let Some(i) = b.windows(2).position(|w| w == b"\r\n") {
         let line = String::from_utf8_lossy(&b[..i]);
         let size_str = line.split(';').next().unwrap_or("").trim();
         let Ok(size) = usize::from_str_radix(size_str, 16) else {
@@ -1236,7 +1233,7 @@ fn sandbox_blocks_file_api_symlink_race() {
                     };
                     *counts.entry(kind).or_default() += 1;
                 }
-                if i % 10 == 0 {
+                if i.is_multiple_of(10) {
                     let r = sb.files("GET", "/list", "/home/user/race", Body::None);
                     assert_no_leak(
                         "GET files/list?path=/home/user/race during the race",
