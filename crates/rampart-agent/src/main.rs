@@ -116,6 +116,12 @@ fn real_main() -> Result<(), StartError> {
         libc::umask(0o022);
         libc::getpid() == 1
     };
+    // Non-dumpable on purpose, and from the start: processes in the sandbox, even its root,
+    // cannot ptrace the agent or read its memory, environment or descriptors through
+    // /proc/1/*. (Switching credentials in a CLONE_VM child would make it so anyway after the
+    // first exec as another user; this keeps the behaviour the same from the first request.)
+    // SAFETY: prctl with PR_SET_DUMPABLE takes an integer argument only.
+    unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) };
     if !is_pid1 {
         // Orphans of our children come to us, as they would to PID 1.
         // SAFETY: prctl with PR_SET_CHILD_SUBREAPER takes an integer argument only.
