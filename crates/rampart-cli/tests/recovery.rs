@@ -19,10 +19,14 @@ fn skip_reason() -> Option<String> {
     if unsafe { libc::geteuid() } != 0 {
         return Some("not root (sandboxes need namespaces and cgroups)".into());
     }
-    let dir = Path::new(env!("CARGO_BIN_EXE_rampart")).parent()?.to_path_buf();
+    let dir = Path::new(env!("CARGO_BIN_EXE_rampart"))
+        .parent()?
+        .to_path_buf();
     for b in ["rampart-jailer", "rampart-agent"] {
         if !dir.join(b).is_file() {
-            return Some(format!("{b} is not built (run `cargo build --workspace --bins`)"));
+            return Some(format!(
+                "{b} is not built (run `cargo build --workspace --bins`)"
+            ));
         }
     }
     None
@@ -48,14 +52,22 @@ fn start(data: &Path, port: u16) -> Daemon {
         .open(data.with_extension("log"))
         .unwrap();
     let child = Command::new(env!("CARGO_BIN_EXE_rampart"))
-        .args(["serve", "--listen", &format!("127.0.0.1:{port}"), "--data-dir"])
+        .args([
+            "serve",
+            "--listen",
+            &format!("127.0.0.1:{port}"),
+            "--data-dir",
+        ])
         .arg(data)
         .stdin(Stdio::null())
         .stdout(log.try_clone().unwrap())
         .stderr(log)
         .spawn()
         .expect("spawn rampart serve");
-    let d = Daemon { child, url: format!("http://127.0.0.1:{port}") };
+    let d = Daemon {
+        child,
+        url: format!("http://127.0.0.1:{port}"),
+    };
     let c = client();
     let deadline = Instant::now() + Duration::from_secs(180);
     while !c
@@ -64,14 +76,20 @@ fn start(data: &Path, port: u16) -> Daemon {
         .map(|r| r.status().is_success())
         .unwrap_or(false)
     {
-        assert!(Instant::now() < deadline, "daemon did not answer /health within 180 s");
+        assert!(
+            Instant::now() < deadline,
+            "daemon did not answer /health within 180 s"
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
     d
 }
 
 fn client() -> Client {
-    Client::builder().timeout(Duration::from_secs(60)).build().unwrap()
+    Client::builder()
+        .timeout(Duration::from_secs(60))
+        .build()
+        .unwrap()
 }
 
 fn create(d: &Daemon) -> String {
@@ -81,7 +99,10 @@ fn create(d: &Daemon) -> String {
         .send()
         .unwrap();
     assert_eq!(r.status().as_u16(), 201);
-    r.json::<Value>().unwrap()["id"].as_str().unwrap().to_owned()
+    r.json::<Value>().unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_owned()
 }
 
 fn exec(d: &Daemon, id: &str, script: &str) -> Value {
@@ -97,24 +118,45 @@ fn exec(d: &Daemon, id: &str, script: &str) -> Value {
 }
 
 fn state(d: &Daemon, id: &str) -> String {
-    let v: Value = client().get(format!("{}/v1/sandboxes/{id}", d.url)).send().unwrap().json().unwrap();
+    let v: Value = client()
+        .get(format!("{}/v1/sandboxes/{id}", d.url))
+        .send()
+        .unwrap()
+        .json()
+        .unwrap();
     v["state"].as_str().unwrap_or("?").to_owned()
 }
 
-/// Every host-side trace of a sandbox, as human-readable strings.
+/// Every host-side trace of a sandbox, as human-readable strings. A destroyed sandbox's
+/// directory and cgroups are renamed `dying-<id>` until the jail's janitor has reaped its
+/// killed processes and removed them: those count as traces too.
 fn traces(data: &Path, id: &str) -> Vec<String> {
     let mut t = Vec::new();
-    let dir = data.join("sandboxes").join(id);
-    if dir.exists() {
-        t.push(format!("dir {}", dir.display()));
+    let names = [id.to_owned(), format!("dying-{id}")];
+    for name in &names {
+        let dir = data.join("sandboxes").join(name);
+        if dir.exists() {
+            t.push(format!("dir {}", dir.display()));
+        }
     }
-    for root in [Path::new("/sys/fs/cgroup"), Path::new("/sys/fs/cgroup/unified")] {
-        let Ok(entries) = std::fs::read_dir(root) else { continue };
-        for e in entries.flatten() {
-            let cg = e.path().join(SUBTREE).join(id);
+    for root in [
+        Path::new("/sys/fs/cgroup"),
+        Path::new("/sys/fs/cgroup/unified"),
+    ] {
+        let Ok(entries) = std::fs::read_dir(root) else {
+            continue;
+        };
+        for (e, name) in entries
+            .flatten()
+            .flat_map(|e| names.iter().map(move |n| (e.path(), n)))
+        {
+            let cg = e.join(SUBTREE).join(name);
             if cg.is_dir() {
                 t.push(format!("cgroup {}", cg.display()));
-                for pid in std::fs::read_to_string(cg.join("cgroup.procs")).unwrap_or_default().lines() {
+                for pid in std::fs::read_to_string(cg.join("cgroup.procs"))
+                    .unwrap_or_default()
+                    .lines()
+                {
                     t.push(format!("process {pid} in {}", cg.display()));
                 }
             }
@@ -129,7 +171,11 @@ fn traces(data: &Path, id: &str) -> Vec<String> {
             let bf = e.path().join("loop/backing_file");
             if let Ok(s) = std::fs::read_to_string(&bf) {
                 if s.contains(id) {
-                    t.push(format!("loop {} -> {}", e.file_name().to_string_lossy(), s.trim()));
+                    t.push(format!(
+                        "loop {} -> {}",
+                        e.file_name().to_string_lossy(),
+                        s.trim()
+                    ));
                 }
             }
         }
@@ -164,19 +210,31 @@ fn kill_9_then_restart_reattaches_the_live_and_cleans_the_dead() {
         eprintln!("skipped: {why}");
         return;
     }
-    let root: PathBuf = std::env::temp_dir().join(format!("rampart-recovery-{}", std::process::id()));
+    let root: PathBuf =
+        std::env::temp_dir().join(format!("rampart-recovery-{}", std::process::id()));
     let data = root.join("data");
     std::fs::create_dir_all(&data).unwrap();
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
 
     let first = start(&data, port);
     let live = create(&first);
     let dead = create(&first);
-    exec(&first, &live, "echo kept > /home/user/state.txt; setsid sleep 1000 >/dev/null 2>&1 < /dev/null &");
+    exec(
+        &first,
+        &live,
+        "echo kept > /home/user/state.txt; setsid sleep 1000 >/dev/null 2>&1 < /dev/null &",
+    );
     let before_live = traces(&data, &live);
     let before_dead = traces(&data, &dead);
     eprintln!("before: live {before_live:#?}\nbefore: dead {before_dead:#?}");
-    assert!(before_live.iter().any(|t| t.starts_with("cgroup")), "no cgroup for a live sandbox?");
+    assert!(
+        before_live.iter().any(|t| t.starts_with("cgroup")),
+        "no cgroup for a live sandbox?"
+    );
     assert!(before_dead.iter().any(|t| t.starts_with("dir")));
 
     // kill -9 the daemon: its sandboxes keep running.
@@ -187,23 +245,41 @@ fn kill_9_then_restart_reattaches_the_live_and_cleans_the_dead() {
         // SAFETY: kill(2) on pids read from the cgroup of a sandbox this test created.
         unsafe { libc::kill(pid, libc::SIGKILL) };
     }
-    wait_until("the dead sandbox's processes are gone", 30, || sandbox_pids(&dead).is_empty());
+    wait_until("the dead sandbox's processes are gone", 30, || {
+        sandbox_pids(&dead).is_empty()
+    });
 
     let second = start(&data, port);
-    wait_until("the dead sandbox is cleaned", 30, || traces(&data, &dead).is_empty());
+    wait_until("the dead sandbox is cleaned", 30, || {
+        traces(&data, &dead).is_empty()
+    });
     let after_dead = traces(&data, &dead);
     eprintln!("after: dead {after_dead:#?}");
     assert!(after_dead.is_empty(), "leaked: {after_dead:#?}");
     assert_eq!(state(&second, &dead), "destroyed");
 
     assert_eq!(state(&second, &live), "running");
-    let v = exec(&second, &live, "cat /home/user/state.txt; pgrep -x sleep >/dev/null && echo sleeping");
+    let v = exec(
+        &second,
+        &live,
+        "cat /home/user/state.txt; pgrep -x sleep >/dev/null && echo sleeping",
+    );
     assert_eq!(v["stdout"], "kept\nsleeping\n", "{v}");
 
-    let r = client().delete(format!("{}/v1/sandboxes/{live}", second.url)).send().unwrap();
+    let r = client()
+        .delete(format!("{}/v1/sandboxes/{live}", second.url))
+        .send()
+        .unwrap();
     assert!(r.status().is_success());
+    // Destroy returns once every process is SIGKILLed; the janitor then removes the rest.
+    wait_until("the destroyed sandbox's traces are gone", 30, || {
+        traces(&data, &live).is_empty()
+    });
     let after_live = traces(&data, &live);
-    assert!(after_live.is_empty(), "leaked after destroy: {after_live:#?}");
+    assert!(
+        after_live.is_empty(),
+        "leaked after destroy: {after_live:#?}"
+    );
     drop(second);
     let _ = std::fs::remove_dir_all(&root);
 }
