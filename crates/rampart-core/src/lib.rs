@@ -62,6 +62,9 @@ pub enum CoreError {
     /// The agent answered an error (mapped by its Connect code) or is unreachable (502).
     #[error(transparent)]
     Agent(#[from] ClientError),
+    /// The host lacks a kernel feature the isolation tier needs (the message names it).
+    #[error("this host cannot run sandboxes: {0}")]
+    Unsupported(String),
     /// 500: anything else; the message says what.
     #[error("internal error: {0}")]
     Internal(String),
@@ -235,7 +238,10 @@ impl Manager {
         })
         .await
         .map_err(|e| CoreError::Internal(format!("host probe: {e}")))?
-        .map_err(|e| CoreError::Internal(e.to_string()))?;
+        .map_err(|e| match e {
+            rampart_jail::JailError::MissingFeature { .. } => CoreError::Unsupported(e.to_string()),
+            other => CoreError::Internal(other.to_string()),
+        })?;
         Self::start_with(cfg, Arc::new(jail)).await
     }
 

@@ -116,7 +116,7 @@ fn db(e: StoreError) -> CoreError {
 
 fn iso_err(what: &str, e: IsolationError) -> CoreError {
     match e {
-        IsolationError::Unsupported(m) => CoreError::Internal(m),
+        IsolationError::Unsupported(m) => CoreError::Unsupported(m),
         IsolationError::Failed(m) => CoreError::Internal(format!("{what}: {m}")),
     }
 }

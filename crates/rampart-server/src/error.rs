@@ -121,6 +121,9 @@ impl From<CoreError> for ApiError {
             }
             CoreError::TooLarge(_) => ApiError::too_large(message),
             CoreError::Agent(a) => ApiError::from(a),
+            CoreError::Unsupported(_) => {
+                ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "unsupported", message)
+            }
             CoreError::Internal(_) => ApiError::internal(message),
         }
     }

@@ -79,6 +79,7 @@ impl From<rampart_core::CoreError> for E2bError {
             C::Capacity(_) => StatusCode::TOO_MANY_REQUESTS,
             C::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             C::Agent(_) => StatusCode::BAD_GATEWAY,
+            C::Unsupported(_) => StatusCode::SERVICE_UNAVAILABLE,
             C::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         };
         E2bError::new(status, e.to_string())
