@@ -1033,4 +1033,48 @@ impl AgentClient {
         });
         Ok(s.boxed())
     }
+
+    /// Opens a byte tunnel to `127.0.0.1:port` inside the sandbox (`GET /tunnel/{port}`,
+    /// upgraded to `rampart-tunnel`): whatever is written goes to the port, whatever it sends
+    /// comes back. Uses a connection of its own (never the pool). A port with nothing
+    /// listening gives `ClientError::Rpc { code: "unavailable", message: "port is not open" }`.
+    pub async fn tunnel(&self, port: u16) -> Result<hyper::upgrade::Upgraded, ClientError> {
+        let stream = tokio::net::UnixStream::connect(&self.socket)
+            .await
+            .map_err(|e| ClientError::Unreachable(format!("{}: {e}", self.socket.display())))?;
+        let (mut sender, conn) = hyper::client::conn::http1::handshake::<_, ReqBody>(
+            hyper_util::rt::TokioIo::new(stream),
+        )
+        .await
+        .map_err(|e| ClientError::Unreachable(format!("handshake: {e}")))?;
+        // The connection must be driven until the upgrade has been handed over.
+        tokio::spawn(async move {
+            let _ = conn.with_upgrades().await;
+        });
+        let req = Request::builder()
+            .method("GET")
+            .uri(format!("/tunnel/{port}"))
+            .header("host", "agent")
+            .header(hyper::header::CONNECTION, "upgrade")
+            .header(hyper::header::UPGRADE, "rampart-tunnel")
+            .body(full_body(Bytes::new()))
+            .map_err(|e| ClientError::Protocol(e.to_string()))?;
+        let resp = sender
+            .send_request(req)
+            .await
+            .map_err(|e| ClientError::Unreachable(format!("request failed: {e}")))?;
+        let status = resp.status().as_u16();
+        if status != 101 {
+            let body = resp
+                .into_body()
+                .collect()
+                .await
+                .map(|c| c.to_bytes())
+                .unwrap_or_default();
+            return Err(error_from(status, &body));
+        }
+        hyper::upgrade::on(resp)
+            .await
+            .map_err(|e| ClientError::Unreachable(format!("tunnel upgrade: {e}")))
+    }
 }

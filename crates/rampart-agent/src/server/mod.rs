@@ -4,6 +4,7 @@ pub mod creds;
 pub mod files;
 pub mod fs;
 pub mod process;
+pub mod tunnel;
 pub mod users;
 pub mod watch;
 
@@ -242,6 +243,10 @@ async fn route(state: Arc<State>, req: Request<Incoming>) -> Response<Body> {
         }),
         (&Method::GET, "/files") => files::download(&state, req).await,
         (&Method::POST, "/files") => files::upload(&state, req).await,
+        (_, p) if p.starts_with(tunnel::PREFIX) => {
+            let rest = p[tunnel::PREFIX.len()..].to_string();
+            tunnel::tunnel(req, &rest).await
+        }
         (&Method::POST, p)
             if p.starts_with("/process.Process/") || p.starts_with("/filesystem.Filesystem/") =>
         {
@@ -474,6 +479,7 @@ pub async fn serve(listener: tokio::net::UnixListener, state: Arc<State>) {
             let _ = hyper::server::conn::http1::Builder::new()
                 .keep_alive(true)
                 .serve_connection(io, svc)
+                .with_upgrades()
                 .await;
         });
     }
