@@ -7,6 +7,11 @@ use std::time::{Duration, Instant};
 
 /// v1 controllers a sandbox is placed in.
 pub const V1_CONTROLLERS: [&str; 4] = ["memory", "pids", "cpu", "cpuacct"];
+/// The v1 freezer controller: a sandbox is placed in it too when the host mounts it (pause
+/// and resume need it); its directory comes last in [`Cgroups::dirs`].
+pub const V1_FREEZER: &str = "freezer";
+/// How long a freeze may take before it is given up (and undone).
+pub const FREEZE_DEADLINE: Duration = Duration::from_secs(5);
 /// v2 controllers needed.
 pub const V2_CONTROLLERS: [&str; 3] = ["memory", "pids", "cpu"];
 const CFS_PERIOD_US: u64 = 100_000;
@@ -20,6 +25,19 @@ pub struct Cgroups {
     pub root: PathBuf,
     /// Rampart's subtree name.
     pub subtree: String,
+    /// v1: the freezer controller is mounted and sandboxes are placed in it.
+    pub v1_freezer: bool,
+}
+
+/// A cgroup's freezer state as the kernel reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FreezerState {
+    /// Every task is frozen.
+    Frozen,
+    /// Freezing is under way (some tasks still run).
+    Freezing,
+    /// Not frozen.
+    Thawed,
 }
 
 fn read_trim(p: &Path) -> Option<String> {
@@ -38,6 +56,7 @@ pub fn probe(subtree: &str) -> Result<Cgroups, JailError> {
                     version: CgroupVersion::V2,
                     root: root.into(),
                     subtree: subtree.into(),
+                    v1_freezer: false,
                 });
             }
         }
@@ -57,6 +76,7 @@ pub fn probe(subtree: &str) -> Result<Cgroups, JailError> {
         version: CgroupVersion::V1,
         root: root.into(),
         subtree: subtree.into(),
+        v1_freezer: root.join(V1_FREEZER).join("cgroup.procs").exists(),
     })
 }
 
@@ -65,14 +85,149 @@ fn io(step: String) -> impl FnOnce(std::io::Error) -> JailError {
 }
 
 impl Cgroups {
-    /// The directories of a sandbox's cgroup (one per controller on v1).
+    /// The v1 controllers a sandbox is placed in: [`V1_CONTROLLERS`], then the freezer if
+    /// the host has it.
+    pub fn v1_controllers(&self) -> Vec<&'static str> {
+        let mut c = V1_CONTROLLERS.to_vec();
+        if self.v1_freezer {
+            c.push(V1_FREEZER);
+        }
+        c
+    }
+
+    /// The directories of a sandbox's cgroup (one per controller on v1, in the order of
+    /// [`Cgroups::v1_controllers`]).
     pub fn dirs(&self, id: &str) -> Vec<PathBuf> {
         match self.version {
             CgroupVersion::V2 => vec![self.root.join(&self.subtree).join(id)],
-            CgroupVersion::V1 => V1_CONTROLLERS
+            CgroupVersion::V1 => self
+                .v1_controllers()
                 .iter()
                 .map(|c| self.root.join(c).join(&self.subtree).join(id))
                 .collect(),
+        }
+    }
+
+    /// The file that freezes the cgroup `name`: v1 `freezer.state`, v2 `cgroup.freeze`.
+    fn freeze_file(&self, name: &str) -> Option<PathBuf> {
+        match self.version {
+            CgroupVersion::V2 => Some(
+                self.root
+                    .join(&self.subtree)
+                    .join(name)
+                    .join("cgroup.freeze"),
+            ),
+            CgroupVersion::V1 => self.v1_freezer.then(|| {
+                self.root
+                    .join(V1_FREEZER)
+                    .join(&self.subtree)
+                    .join(name)
+                    .join("freezer.state")
+            }),
+        }
+    }
+
+    /// The freezer state of the cgroup `name`. An error when the cgroup (or the freezer) is
+    /// missing.
+    pub fn freezer_state(&self, name: &str) -> Result<FreezerState, JailError> {
+        let f = self
+            .freeze_file(name)
+            .ok_or_else(|| JailError::MissingFeature {
+                feature: "cgroup freezer",
+                detail: "the v1 freezer controller is not mounted".into(),
+            })?;
+        match self.version {
+            CgroupVersion::V1 => {
+                let s = std::fs::read_to_string(&f).map_err(io(format!("read {}", f.display())))?;
+                Ok(match s.trim() {
+                    "FROZEN" => FreezerState::Frozen,
+                    "FREEZING" => FreezerState::Freezing,
+                    _ => FreezerState::Thawed,
+                })
+            }
+            CgroupVersion::V2 => {
+                let want =
+                    std::fs::read_to_string(&f).map_err(io(format!("read {}", f.display())))?;
+                let ev = f.with_file_name("cgroup.events");
+                let events =
+                    std::fs::read_to_string(&ev).map_err(io(format!("read {}", ev.display())))?;
+                let frozen = events.lines().any(|l| l.trim() == "frozen 1");
+                Ok(match (want.trim() == "1", frozen) {
+                    (_, true) => FreezerState::Frozen,
+                    (true, false) => FreezerState::Freezing,
+                    (false, false) => FreezerState::Thawed,
+                })
+            }
+        }
+    }
+
+    /// Freezes every task of the cgroup `name` and waits (polling, at most `within`) until
+    /// the kernel reports it frozen. On failure or timeout the cgroup is thawed again.
+    pub fn freeze(&self, name: &str, within: Duration) -> Result<(), JailError> {
+        let f = self
+            .freeze_file(name)
+            .ok_or_else(|| JailError::MissingFeature {
+                feature: "cgroup freezer",
+                detail: "the v1 freezer controller is not mounted".into(),
+            })?;
+        let on = match self.version {
+            CgroupVersion::V1 => "FROZEN",
+            CgroupVersion::V2 => "1",
+        };
+        sys::write_file(&f, on)?;
+        let deadline = Instant::now() + within;
+        let mut nap = Duration::from_micros(20);
+        loop {
+            match self.freezer_state(name) {
+                Ok(FreezerState::Frozen) => return Ok(()),
+                Ok(_) if Instant::now() < deadline => {
+                    std::thread::sleep(nap);
+                    nap = (nap * 2).min(Duration::from_millis(5));
+                }
+                Ok(_) => {
+                    let _ = self.thaw(name);
+                    return Err(JailError::Sys {
+                        step: format!("freeze cgroup {name}: still freezing after {within:?}"),
+                        source: std::io::Error::from_raw_os_error(libc::ETIMEDOUT),
+                    });
+                }
+                Err(e) => {
+                    let _ = self.thaw(name);
+                    return Err(e);
+                }
+            }
+        }
+    }
+
+    /// Thaws the cgroup `name`: its tasks continue where they were. Returns at once (a thaw
+    /// takes effect when the write returns).
+    pub fn thaw(&self, name: &str) -> Result<(), JailError> {
+        let f = self
+            .freeze_file(name)
+            .ok_or_else(|| JailError::MissingFeature {
+                feature: "cgroup freezer",
+                detail: "the v1 freezer controller is not mounted".into(),
+            })?;
+        let off = match self.version {
+            CgroupVersion::V1 => "THAWED",
+            CgroupVersion::V2 => "0",
+        };
+        sys::write_file(&f, off)
+    }
+
+    /// Thaws the cgroup `name` if it exists and has a freezer; errors are ignored (used
+    /// when tearing down, after SIGKILL: on cgroup v1 a frozen task only dies once thawed).
+    pub fn thaw_quiet(&self, name: &str) {
+        if let Some(f) = self.freeze_file(name) {
+            if f.exists() {
+                let _ = std::fs::write(
+                    &f,
+                    match self.version {
+                        CgroupVersion::V1 => "THAWED",
+                        CgroupVersion::V2 => "0",
+                    },
+                );
+            }
         }
     }
 
@@ -87,7 +242,8 @@ impl Cgroups {
     fn subtree_dirs(&self) -> Vec<PathBuf> {
         match self.version {
             CgroupVersion::V2 => vec![self.root.join(&self.subtree)],
-            CgroupVersion::V1 => V1_CONTROLLERS
+            CgroupVersion::V1 => self
+                .v1_controllers()
                 .iter()
                 .map(|c| self.root.join(c).join(&self.subtree))
                 .collect(),
@@ -237,6 +393,9 @@ impl Cgroups {
                 // SAFETY: kill(2) with a pid read from the sandbox's own cgroup.
                 unsafe { libc::kill(p, libc::SIGKILL) };
             }
+            // A frozen (paused) task only acts on its SIGKILL once thawed (cgroup v1); thawed
+            // after the kill, it dies before running any more of its own code.
+            self.thaw_quiet(id);
             if Instant::now() > deadline {
                 return Err(JailError::Sys {
                     step: format!("kill processes of cgroup {id}"),

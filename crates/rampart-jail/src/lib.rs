@@ -9,6 +9,9 @@
 //!   cgroup and the sandbox directory; on cgroup v1 the wait for the killed processes to end
 //!   and the removal finish on the janitor's thread, under a `dying-<id>` name (see
 //!   [`janitor`]). Idempotent; fine on a half-built sandbox.
+//! - [`Jail::freeze`] / [`Jail::thaw`] pause and resume every process of a sandbox (its
+//!   cgroup's freezer; on v1 sandboxes are placed in the freezer hierarchy too);
+//!   [`Jail::is_frozen`] tells. Destroy works on a frozen sandbox (it thaws after SIGKILL).
 //! - [`Jail::leftovers`] lists the ids that still have any trace on the host (directory or
 //!   cgroup), for restart recovery.
 //!
@@ -494,6 +497,9 @@ impl Jail {
                 // SAFETY: kill(2) with a pid read from the sandbox's own cgroup.
                 unsafe { libc::kill(p, libc::SIGKILL) };
             }
+            // A paused sandbox: its frozen tasks act on the SIGKILL only once thawed, and
+            // being killed already, run none of their own code again.
+            self.cgroups.thaw_quiet(id.as_str());
             match self.cgroups.rename(id.as_str(), &dying) {
                 Ok(()) => handed_over = true,
                 Err(e) => tracing::warn!("destroy {id}: {e}; waiting for its processes"),
@@ -550,6 +556,24 @@ impl Jail {
     /// Current usage of a sandbox's cgroup.
     pub fn usage(&self, id: &SandboxId) -> Result<Usage, JailError> {
         self.cgroups.usage(id.as_str())
+    }
+
+    /// Pauses a sandbox: freezes every task of its cgroup (v1 freezer, v2 `cgroup.freeze`)
+    /// and returns once the kernel reports the cgroup frozen (at most
+    /// [`cgroup::FREEZE_DEADLINE`]; on timeout it is thawed again and this fails). Frozen
+    /// tasks use no CPU and keep their memory. Idempotent. Blocking.
+    pub fn freeze(&self, id: &SandboxId) -> Result<(), JailError> {
+        self.cgroups.freeze(id.as_str(), cgroup::FREEZE_DEADLINE)
+    }
+
+    /// Resumes a paused sandbox: every task continues where it was. Idempotent.
+    pub fn thaw(&self, id: &SandboxId) -> Result<(), JailError> {
+        self.cgroups.thaw(id.as_str())
+    }
+
+    /// Whether a sandbox's cgroup is frozen (fully: a freeze still in progress is `false`).
+    pub fn is_frozen(&self, id: &SandboxId) -> Result<bool, JailError> {
+        Ok(self.cgroups.freezer_state(id.as_str())? == cgroup::FreezerState::Frozen)
     }
 }
 

@@ -495,7 +495,11 @@ fn pooled_launch_gets_limits_and_its_cgroup_name() {
     }
     let cg = std::fs::read_to_string(format!("/proc/{}/cgroup", l.pid)).unwrap();
     let want = format!("{}/{}", j.config().cgroup_subtree, s.id);
-    for c in ["memory", "pids", "cpu", "cpuacct"] {
+    let mut controllers = vec!["memory", "pids", "cpu", "cpuacct"];
+    if Path::new("/sys/fs/cgroup/freezer/cgroup.procs").exists() {
+        controllers.push("freezer");
+    }
+    for c in controllers {
         assert!(
             cg.lines().any(|line| line
                 .split(':')
@@ -545,7 +549,8 @@ fn pool_leaves_no_cgroup_or_process_when_closed_or_dropped() {
     };
     let pids = t.jail.pool().unwrap().member_pids();
     assert_eq!(pids.len(), 3);
-    assert_eq!(pool_cgroups(&t.jail).len(), 3 * 4);
+    let hierarchies = t.jail.cgroup_dirs(&SandboxId::parse("x").unwrap()).len();
+    assert_eq!(pool_cgroups(&t.jail).len(), 3 * hierarchies);
     t.jail.close_pool();
     for p in &pids {
         assert!(!proc_alive(*p), "pool member {p} survived close");
@@ -640,7 +645,9 @@ fn failed_pooled_launch_leaves_nothing() {
     );
     // Only the refilled member's cgroups and directory remain.
     assert!(pool.wait_full(std::time::Duration::from_secs(20)));
-    assert_eq!(pool_cgroups(&t.jail).len(), 4);
+    // One cgroup per controller hierarchy.
+    let hierarchies = t.jail.cgroup_dirs(&s.id).len();
+    assert_eq!(pool_cgroups(&t.jail).len(), hierarchies);
     assert_eq!(pool_dirs(&t.jail).len(), 1);
 }
 
@@ -678,7 +685,12 @@ fn stale_pool_and_dying_traces_are_removed_at_start() {
         .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
         .collect();
     assert!(!left.iter().any(|n| n == dead), "{left:?}");
-    assert_eq!(left.iter().filter(|n| **n == ours).count(), 4, "{left:?}");
+    let hierarchies = t.jail.cgroup_dirs(&SandboxId::parse("x").unwrap()).len();
+    assert_eq!(
+        left.iter().filter(|n| **n == ours).count(),
+        hierarchies,
+        "{left:?}"
+    );
     for d in t.jail.cgroup_dirs(&SandboxId::parse("x").unwrap()) {
         std::fs::remove_dir(d.parent().unwrap().join(&ours)).unwrap();
     }
@@ -721,4 +733,70 @@ fn a_jailer_that_never_prepares_does_not_block_close() {
         "{:?}",
         pool_cgroups(&t.jail)
     );
+}
+
+#[test]
+fn freeze_stops_a_spinner_thaw_resumes_it_and_destroy_of_a_frozen_sandbox_leaves_nothing() {
+    if let Some(r) = skip_reason() {
+        eprintln!("skipped: {r}");
+        return;
+    }
+    let t = TestEnv::new("freeze");
+    let j = &t.jail;
+    if j.features().cgroup == CgroupVersion::V1
+        && !Path::new("/sys/fs/cgroup/freezer/cgroup.procs").exists()
+    {
+        eprintln!("skipped: no v1 freezer controller");
+        return;
+    }
+    let s = spec(&t, 11, Limits::default());
+    let l = j.launch(&s).unwrap();
+    assert!(!j.is_frozen(&s.id).unwrap());
+    let (o, c) = run(
+        &l.agent_socket,
+        0,
+        "sh -c 'while :; do :; done' </dev/null >/dev/null 2>&1 &",
+    );
+    assert_eq!(c, 0, "{o}");
+    let cpu = || j.usage(&s.id).unwrap().cpu_usec;
+    let c0 = cpu();
+    assert!(
+        eventually(|| cpu() > c0 + 50_000),
+        "the spinner does not spin"
+    );
+
+    let t0 = std::time::Instant::now();
+    j.freeze(&s.id).unwrap();
+    let took = t0.elapsed();
+    assert!(j.is_frozen(&s.id).unwrap());
+    // Idempotent.
+    j.freeze(&s.id).unwrap();
+    let c1 = cpu();
+    // A window of real time: a running spinner would use most of it.
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let c2 = cpu();
+    assert!(
+        c2 - c1 < 1_000,
+        "frozen sandbox used {} us of CPU in 300 ms",
+        c2 - c1
+    );
+    // Memory is kept: every process is still there.
+    assert!(j.usage(&s.id).unwrap().pids >= 2);
+    let t1 = std::time::Instant::now();
+    j.thaw(&s.id).unwrap();
+    let thaw_took = t1.elapsed();
+    assert!(!j.is_frozen(&s.id).unwrap());
+    assert!(
+        eventually(|| cpu() > c2 + 50_000),
+        "the spinner did not continue after thaw"
+    );
+    // The agent (PID 1) answers again.
+    let (o, c) = run(&l.agent_socket, 0, "echo back");
+    assert_eq!((o.as_str(), c), ("back\n", 0));
+    eprintln!("freeze {took:?}, thaw {thaw_took:?}");
+
+    // Destroying a frozen sandbox kills everything and leaves nothing.
+    j.freeze(&s.id).unwrap();
+    j.destroy(&s.id).unwrap();
+    assert_gone(j, &s.id, l.pid);
 }

@@ -15,5 +15,7 @@ pub use exec::{ExecEvent, ExecRequest, ExecResult};
 pub use files::{FileEntry, FileList, FileType, FileWatchEvent, Health, MakeDir, MoveFile};
 pub use id::{IdError, SandboxId};
 pub use interactive::ExecInput;
-pub use limits::{Limits, LimitsRequest, LimitError};
-pub use sandbox::{ApiError, ApiErrorBody, CreateSandbox, SandboxInfo, SandboxState, SetTimeout};
+pub use limits::{LimitError, Limits, LimitsRequest};
+pub use sandbox::{
+    ApiError, ApiErrorBody, CreateSandbox, OnTimeout, SandboxInfo, SandboxState, SetTimeout,
+};

@@ -23,6 +23,42 @@ pub struct CreateSandbox {
     /// Seconds until the sandbox is destroyed; the daemon's default (300) when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeout_secs: Option<u64>,
+    /// What happens at the deadline: `destroy` (the default) or `pause`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub on_timeout: Option<OnTimeout>,
+}
+
+/// What the reaper does with a sandbox whose deadline passed.
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize, utoipa::ToSchema,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum OnTimeout {
+    /// Destroy it (the default).
+    #[default]
+    Destroy,
+    /// Pause it (its processes are frozen, memory kept); a paused sandbox whose deadline
+    /// passes again is destroyed.
+    Pause,
+}
+
+impl OnTimeout {
+    /// The wire name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OnTimeout::Destroy => "destroy",
+            OnTimeout::Pause => "pause",
+        }
+    }
+
+    /// Parses a wire name.
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "destroy" => Some(OnTimeout::Destroy),
+            "pause" => Some(OnTimeout::Pause),
+            _ => None,
+        }
+    }
 }
 
 /// Body of `POST /v1/sandboxes/{id}/timeout`: the new deadline, counted from now.
@@ -41,6 +77,9 @@ pub enum SandboxState {
     Creating,
     /// Its agent answers; commands and files work.
     Running,
+    /// Its processes are frozen (no CPU, memory kept); resume continues them. Commands and
+    /// files answer 409 until then.
+    Paused,
     /// Being torn down.
     Stopping,
     /// Gone; kept in the store for history.
@@ -55,6 +94,7 @@ impl SandboxState {
         match self {
             SandboxState::Creating => "creating",
             SandboxState::Running => "running",
+            SandboxState::Paused => "paused",
             SandboxState::Stopping => "stopping",
             SandboxState::Destroyed => "destroyed",
             SandboxState::Failed => "failed",
@@ -66,6 +106,7 @@ impl SandboxState {
         Some(match s {
             "creating" => SandboxState::Creating,
             "running" => SandboxState::Running,
+            "paused" => SandboxState::Paused,
             "stopping" => SandboxState::Stopping,
             "destroyed" => SandboxState::Destroyed,
             "failed" => SandboxState::Failed,
@@ -74,9 +115,10 @@ impl SandboxState {
     }
 
     /// All states, in lifecycle order.
-    pub const ALL: [SandboxState; 5] = [
+    pub const ALL: [SandboxState; 6] = [
         SandboxState::Creating,
         SandboxState::Running,
+        SandboxState::Paused,
         SandboxState::Stopping,
         SandboxState::Destroyed,
         SandboxState::Failed,
@@ -84,7 +126,13 @@ impl SandboxState {
 
     /// Whether a sandbox in this state may still hold host resources.
     pub fn is_alive(self) -> bool {
-        matches!(self, SandboxState::Creating | SandboxState::Running | SandboxState::Stopping)
+        matches!(
+            self,
+            SandboxState::Creating
+                | SandboxState::Running
+                | SandboxState::Paused
+                | SandboxState::Stopping
+        )
     }
 }
 
