@@ -5,9 +5,9 @@
 //! manager codes against; [`SqliteStore`] implements it with SQLite in WAL mode.
 //!
 //! Invariants the store enforces itself:
-//! - a uid slot is held by at most one *alive* sandbox (`creating`, `running`, `stopping`):
-//!   a partial unique index guards it, and [`SandboxStore::insert_creating`] picks the lowest
-//!   free slot and inserts in one transaction;
+//! - a uid slot is held by at most one *alive* sandbox (`creating`, `running`, `paused`,
+//!   `stopping`): a partial unique index guards it, and [`SandboxStore::insert_creating`] picks
+//!   the lowest free slot and inserts in one transaction;
 //! - the count of alive sandboxes never exceeds the `max_alive` given at insert.
 
 mod audit;
@@ -16,7 +16,7 @@ pub use audit::{LeafRow, NewEvent, StoredEvent, TreeHeadRow};
 
 pub mod keys;
 
-use rampart_types::{Limits, SandboxId, SandboxState};
+use rampart_types::{Limits, OnTimeout, SandboxId, SandboxState};
 use rusqlite::{params, Connection, OptionalExtension, Row, TransactionBehavior};
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
@@ -96,6 +96,8 @@ pub struct SandboxRecord {
     pub ended_at_ms: Option<i64>,
     /// Why it failed or ended.
     pub reason: Option<String>,
+    /// What the reaper does at the deadline.
+    pub on_timeout: OnTimeout,
 }
 
 /// What [`SandboxStore::insert_creating`] records.
@@ -146,6 +148,8 @@ pub trait SandboxStore: Send + Sync + std::fmt::Debug {
     ) -> Result<(), StoreError>;
     /// Sets the deadline.
     fn set_expiry(&self, id: &SandboxId, expires_at_ms: i64) -> Result<(), StoreError>;
+    /// Sets what the reaper does at the deadline (`destroy` until set).
+    fn set_on_timeout(&self, id: &SandboxId, on_timeout: OnTimeout) -> Result<(), StoreError>;
     /// One sandbox.
     fn get(&self, id: &SandboxId) -> Result<Option<SandboxRecord>, StoreError>;
     /// Sandboxes in `state` (alive ones when None) carrying every pair of `metadata`,
@@ -155,7 +159,7 @@ pub trait SandboxStore: Send + Sync + std::fmt::Debug {
         state: Option<SandboxState>,
         metadata: &BTreeMap<String, String>,
     ) -> Result<Vec<SandboxRecord>, StoreError>;
-    /// Every alive sandbox (`creating`, `running`, `stopping`).
+    /// Every alive sandbox (`creating`, `running`, `paused`, `stopping`).
     fn alive(&self) -> Result<Vec<SandboxRecord>, StoreError> {
         self.list(None, &BTreeMap::new())
     }
@@ -215,9 +219,9 @@ pub trait SandboxStore: Send + Sync + std::fmt::Debug {
 }
 
 /// The current schema version.
-pub const SCHEMA_VERSION: i64 = 2;
+pub const SCHEMA_VERSION: i64 = 3;
 
-const ALIVE_SQL: &str = "('creating','running','stopping')";
+const ALIVE_SQL: &str = "('creating','running','paused','stopping')";
 
 const MIGRATIONS: &[(i64, &str)] = &[
     (
@@ -243,6 +247,14 @@ const MIGRATIONS: &[(i64, &str)] = &[
     CREATE INDEX sandboxes_state ON sandboxes(state, created_at);",
     ),
     (2, audit::MIGRATION),
+    (
+        3,
+        // Pause: a paused sandbox is alive and keeps its uid slot; what expiry does.
+        "ALTER TABLE sandboxes ADD COLUMN on_timeout TEXT NOT NULL DEFAULT 'destroy';
+    DROP INDEX sandboxes_alive_slot;
+    CREATE UNIQUE INDEX sandboxes_alive_slot ON sandboxes(uid_slot)
+        WHERE state IN ('creating','running','paused','stopping');",
+    ),
 ];
 
 /// The SQLite implementation of [`SandboxStore`].
@@ -343,7 +355,7 @@ pub fn lowest_free_slot(taken: &[u32], slots: u32) -> Option<u32> {
 }
 
 const COLUMNS: &str = "id, template, state, limits, env, metadata, uid_slot, pid, pid_start_time, \
-                       agent_socket, created_at, expires_at, ended_at, reason";
+                       agent_socket, created_at, expires_at, ended_at, reason, on_timeout";
 
 fn corrupt(id: &str, detail: impl std::fmt::Display) -> StoreError {
     StoreError::Corrupt {
@@ -368,6 +380,7 @@ struct RawRow {
     expires_at: i64,
     ended_at: Option<i64>,
     reason: Option<String>,
+    on_timeout: String,
 }
 
 fn raw_row(r: &Row<'_>) -> rusqlite::Result<RawRow> {
@@ -386,6 +399,7 @@ fn raw_row(r: &Row<'_>) -> rusqlite::Result<RawRow> {
         expires_at: r.get(11)?,
         ended_at: r.get(12)?,
         reason: r.get(13)?,
+        on_timeout: r.get(14)?,
     })
 }
 
@@ -418,6 +432,12 @@ impl RawRow {
             expires_at_ms: self.expires_at,
             ended_at_ms: self.ended_at,
             reason: self.reason,
+            on_timeout: OnTimeout::parse(&self.on_timeout).ok_or_else(|| {
+                corrupt(
+                    &self.id,
+                    format!("unknown on_timeout {:?}", self.on_timeout),
+                )
+            })?,
         })
     }
 }
@@ -516,6 +536,14 @@ impl SandboxStore for SqliteStore {
 
     fn set_expiry(&self, id: &SandboxId, expires_at_ms: i64) -> Result<(), StoreError> {
         self.set_expiry_audited(id, expires_at_ms, None)
+    }
+
+    fn set_on_timeout(&self, id: &SandboxId, on_timeout: OnTimeout) -> Result<(), StoreError> {
+        let n = self.lock().execute(
+            "UPDATE sandboxes SET on_timeout = ?2 WHERE id = ?1",
+            params![id.as_str(), on_timeout.as_str()],
+        )?;
+        changed(n, id)
     }
 
     fn set_running_audited(
@@ -809,6 +837,39 @@ mod tests {
         assert!(matches!(
             s.insert_creating(&new("c", &[]), 2, 10),
             Err(StoreError::Full { alive: 2 })
+        ));
+    }
+
+    #[test]
+    fn paused_is_alive_keeps_its_slot_and_on_timeout_is_kept() {
+        let s = SqliteStore::open_in_memory().unwrap();
+        s.insert_creating(&new("a", &[]), 10, 10).unwrap();
+        assert_eq!(
+            s.get(&id("a")).unwrap().unwrap().on_timeout,
+            OnTimeout::Destroy
+        );
+        s.set_on_timeout(&id("a"), OnTimeout::Pause).unwrap();
+        s.set_running(&id("a"), 1, 2, "/s").unwrap();
+        s.set_state(&id("a"), SandboxState::Paused, None, None)
+            .unwrap();
+        let a = s.get(&id("a")).unwrap().unwrap();
+        assert_eq!(
+            (a.state, a.on_timeout),
+            (SandboxState::Paused, OnTimeout::Pause)
+        );
+        assert_eq!(a.ended_at_ms, None);
+        assert_eq!(s.alive().unwrap().len(), 1);
+        // Its slot stays taken.
+        assert_eq!(s.insert_creating(&new("b", &[]), 10, 10).unwrap(), 1);
+        assert_eq!(
+            s.list(Some(SandboxState::Paused), &BTreeMap::new())
+                .unwrap()
+                .len(),
+            1
+        );
+        assert!(matches!(
+            s.set_on_timeout(&id("zz"), OnTimeout::Pause),
+            Err(StoreError::NotFound(_))
         ));
     }
 
