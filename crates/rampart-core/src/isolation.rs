@@ -45,6 +45,28 @@ pub trait Isolation: Send + Sync + std::fmt::Debug {
     fn leftovers(&self) -> Result<Vec<SandboxId>, IsolationError>;
     /// Resource usage of a sandbox.
     fn usage(&self, id: &SandboxId) -> Result<Usage, IsolationError>;
+    /// Freezes every process of a sandbox (pause): returns once they are all frozen.
+    /// Frozen processes use no CPU and keep their memory. Idempotent.
+    fn freeze(&self, id: &SandboxId) -> Result<(), IsolationError> {
+        let _ = id;
+        Err(IsolationError::Unsupported(format!(
+            "the {} tier cannot pause sandboxes",
+            self.name()
+        )))
+    }
+    /// Thaws a frozen sandbox (resume): every process continues where it was. Idempotent.
+    fn thaw(&self, id: &SandboxId) -> Result<(), IsolationError> {
+        let _ = id;
+        Err(IsolationError::Unsupported(format!(
+            "the {} tier cannot resume sandboxes",
+            self.name()
+        )))
+    }
+    /// Whether a sandbox's processes are (all) frozen.
+    fn is_frozen(&self, id: &SandboxId) -> Result<bool, IsolationError> {
+        let _ = id;
+        Ok(false)
+    }
     /// Releases what the tier keeps warm for fast launches (pre-spawned processes and their
     /// cgroups) and finishes the removals of destroyed sandboxes still in progress. Sandboxes
     /// keep running; later launches still work, only slower. Blocking.
@@ -74,6 +96,15 @@ impl Isolation for Jail {
     }
     fn usage(&self, id: &SandboxId) -> Result<Usage, IsolationError> {
         Ok(Jail::usage(self, id)?)
+    }
+    fn freeze(&self, id: &SandboxId) -> Result<(), IsolationError> {
+        Ok(Jail::freeze(self, id)?)
+    }
+    fn thaw(&self, id: &SandboxId) -> Result<(), IsolationError> {
+        Ok(Jail::thaw(self, id)?)
+    }
+    fn is_frozen(&self, id: &SandboxId) -> Result<bool, IsolationError> {
+        Ok(Jail::is_frozen(self, id)?)
     }
     fn shutdown(&self) {
         self.close_pool();

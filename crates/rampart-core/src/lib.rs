@@ -276,6 +276,19 @@ impl Manager {
             .destroy(id, manager::EndReason::Request)
             .await
     }
+    /// Pauses a running sandbox: every process is frozen (no CPU used, memory kept) and
+    /// commands and files answer 409 until [`Manager::resume`]. Its deadline still applies
+    /// (expiry destroys it, or with `on_timeout: pause` leaves it paused without a deadline).
+    /// Survives a daemon restart. Pausing a paused sandbox changes nothing.
+    pub async fn pause(&self, id: &SandboxId) -> Result<SandboxInfo, CoreError> {
+        self.inner.pause(id).await
+    }
+    /// Resumes a paused sandbox: every process continues where it was. If its deadline
+    /// passed while paused, the new one is now + the default timeout. Resuming a running
+    /// sandbox changes nothing.
+    pub async fn resume(&self, id: &SandboxId) -> Result<SandboxInfo, CoreError> {
+        self.inner.resume(id).await
+    }
     /// Sets the deadline to now + `secs`.
     pub async fn set_timeout(&self, id: &SandboxId, secs: u64) -> Result<SandboxInfo, CoreError> {
         self.inner.set_timeout(id, secs)

@@ -12,8 +12,10 @@ use prometheus::Histogram;
 use rampart_agent::client::{AgentClient, ClientError, ProcessEvent};
 use rampart_audit::{ContentHasher, EventBody};
 use rampart_store::{now_ms, NewSandbox, SandboxRecord, SandboxStore, SqliteStore, StoreError};
-use rampart_types::audit::{Created, Destroyed, Exit, FileChange, FileOp, TimeoutChanged};
-use rampart_types::{CreateSandbox, ExecEvent, ExecRequest, SandboxId, SandboxInfo, SandboxState};
+use rampart_types::audit::{Created, Destroyed, Empty, Exit, FileChange, FileOp, TimeoutChanged};
+use rampart_types::{
+    CreateSandbox, ExecEvent, ExecRequest, OnTimeout, SandboxId, SandboxInfo, SandboxState,
+};
 use std::collections::{BTreeMap, HashMap};
 use std::os::fd::OwnedFd;
 use std::path::PathBuf;
@@ -77,14 +79,25 @@ impl EndReason {
     }
 }
 
-/// What the manager keeps in memory about a running sandbox.
+/// What the manager keeps in memory about a running (or paused) sandbox.
 #[derive(Debug)]
 struct Live {
     client: AgentClient,
     pid: i32,
     deadline: Option<Instant>,
     stopping: bool,
+    /// Frozen (or being frozen): its agent cannot answer, so nothing talks to it.
+    paused: bool,
+    /// What expiry does.
+    on_timeout: OnTimeout,
     watcher: Option<AbortHandle>,
+}
+
+/// What the reaper does with an expired sandbox.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Expiry {
+    Destroy,
+    Pause,
 }
 
 /// The manager's shared state.
@@ -315,6 +328,10 @@ impl Inner {
                 info!(id = %rec.id, "re-attached to running sandbox");
                 continue;
             }
+            if rec.state == SandboxState::Paused && self.try_reattach_paused(&rec).await {
+                info!(id = %rec.id, "re-attached to paused sandbox");
+                continue;
+            }
             let (state, reason) = if rec.state == SandboxState::Creating {
                 (
                     SandboxState::Failed,
@@ -383,16 +400,107 @@ impl Inner {
         if !proc::is_same_live_process(pid, start) {
             return false;
         }
+        // A pause or resume interrupted by the daemon's end can leave the cgroup frozen: the
+        // store has the last word, and it says running.
+        if self.frozen(&rec.id).await == Some(true) {
+            if let Err(e) = self.iso_freeze(&rec.id, false).await {
+                warn!(id = %rec.id, "cannot thaw a running sandbox's frozen processes: {e}");
+                return false;
+            }
+        }
         let client = AgentClient::new(PathBuf::from(sock));
         if let Err(e) = wait_health(&client, REATTACH_HEALTH_DEADLINE).await {
             warn!(id = %rec.id, "sandbox process lives but its agent does not answer: {e}");
             return false;
         }
-        self.register(&rec.id, client, pid, fd, rec.expires_at_ms);
+        self.register(
+            &rec.id,
+            client,
+            pid,
+            fd,
+            rec.expires_at_ms,
+            false,
+            rec.on_timeout,
+        );
         true
     }
 
-    /// Keeps a running sandbox in memory, watches its init and arms its deadline.
+    /// Re-attaches to a sandbox recorded as paused if its init is the same live process and
+    /// its cgroup is frozen (a frozen agent cannot answer a health check). A cgroup found
+    /// thawed (a resume cut short) is frozen again: the store says paused.
+    async fn try_reattach_paused(self: &Arc<Self>, rec: &SandboxRecord) -> bool {
+        let (Some(pid), Some(start), Some(sock)) =
+            (rec.pid, rec.pid_start_time, rec.agent_socket.as_ref())
+        else {
+            return false;
+        };
+        let Ok(fd) = proc::pidfd_open(pid) else {
+            return false;
+        };
+        if !proc::is_same_live_process(pid, start) {
+            return false;
+        }
+        match self.frozen(&rec.id).await {
+            Some(true) => {}
+            Some(false) => {
+                if let Err(e) = self.iso_freeze(&rec.id, true).await {
+                    warn!(id = %rec.id, "cannot freeze a paused sandbox again: {e}");
+                    return false;
+                }
+            }
+            None => {
+                warn!(id = %rec.id, "paused sandbox without a freezer cgroup");
+                return false;
+            }
+        }
+        let client = AgentClient::new(PathBuf::from(sock));
+        self.register(
+            &rec.id,
+            client,
+            pid,
+            fd,
+            rec.expires_at_ms,
+            true,
+            rec.on_timeout,
+        );
+        true
+    }
+
+    /// Whether the sandbox's cgroup is frozen (None when the tier cannot tell).
+    async fn frozen(&self, id: &SandboxId) -> Option<bool> {
+        let iso = self.iso.clone();
+        let id2 = id.clone();
+        tokio::task::spawn_blocking(move || iso.is_frozen(&id2))
+            .await
+            .ok()?
+            .ok()
+    }
+
+    /// Freezes (`freeze`) or thaws the sandbox's processes.
+    async fn iso_freeze(&self, id: &SandboxId, freeze: bool) -> Result<(), CoreError> {
+        let iso = self.iso.clone();
+        let id2 = id.clone();
+        tokio::task::spawn_blocking(move || {
+            if freeze {
+                iso.freeze(&id2)
+            } else {
+                iso.thaw(&id2)
+            }
+        })
+        .await
+        .map_err(|e| join_err("freeze", e))?
+        .map_err(|e| match e {
+            IsolationError::Unsupported(m) => CoreError::WrongState {
+                id: id.to_string(),
+                state: format!("running ({m})"),
+            },
+            e => iso_err(if freeze { "pause" } else { "resume" }, e),
+        })
+    }
+
+    /// Keeps a running (or paused) sandbox in memory, watches its init and arms its
+    /// deadline.
+    #[allow(clippy::too_many_arguments)]
     fn register(
         self: &Arc<Self>,
         id: &SandboxId,
@@ -400,6 +508,8 @@ impl Inner {
         pid: i32,
         pidfd: OwnedFd,
         expires_at_ms: i64,
+        paused: bool,
+        on_timeout: OnTimeout,
     ) {
         let mut live = lock(&self.live);
         live.insert(
@@ -409,6 +519,8 @@ impl Inner {
                 pid,
                 deadline: Some(instant_of(expires_at_ms)),
                 stopping: false,
+                paused,
+                on_timeout,
                 watcher: None,
             },
         );
@@ -591,7 +703,14 @@ impl Inner {
                 return Err(db(e));
             }
         };
-        let res = self.launch(&new, slot).await;
+        let on_timeout = req.on_timeout.unwrap_or_default();
+        let res = match on_timeout {
+            OnTimeout::Destroy => self.launch(&new, slot, on_timeout).await,
+            OnTimeout::Pause => match self.store.set_on_timeout(&id, on_timeout) {
+                Ok(()) => self.launch(&new, slot, on_timeout).await,
+                Err(e) => Err(db(e)),
+            },
+        };
         lock(&self.locks).remove(&id);
         match res {
             Ok(info) => {
@@ -625,6 +744,7 @@ impl Inner {
         self: &Arc<Self>,
         new: &NewSandbox,
         slot: u32,
+        on_timeout: OnTimeout,
     ) -> Result<SandboxInfo, CoreError> {
         let uid_base = uid_base(self.cfg.uid_range_start, slot, self.cfg.uid_slots)
             .ok_or_else(|| CoreError::Capacity(format!("uid slot {slot} is out of range")))?;
@@ -666,7 +786,15 @@ impl Inner {
             Vec::new(),
             |e| store.set_running_audited(&new.id, pid, start, &sock, e),
         )?;
-        self.register(&new.id, client, pid, pidfd, new.expires_at_ms);
+        self.register(
+            &new.id,
+            client,
+            pid,
+            pidfd,
+            new.expires_at_ms,
+            false,
+            on_timeout,
+        );
         debug!(
             id = %new.id,
             launch_us = (launched_at - t0).as_micros() as u64,
@@ -798,14 +926,131 @@ impl Inner {
 
     pub(crate) fn agent(&self, id: &SandboxId) -> Result<AgentClient, CoreError> {
         match lock(&self.live).get(id) {
-            Some(l) if !l.stopping => return Ok(l.client.clone()),
+            Some(l) if !l.stopping && !l.paused => return Ok(l.client.clone()),
+            Some(l) if !l.stopping => {
+                return Err(CoreError::WrongState {
+                    id: id.to_string(),
+                    state: SandboxState::Paused.as_str().to_owned(),
+                })
+            }
             _ => {}
         }
         Err(self.not_running(id))
     }
 
+    /// Pauses a running sandbox: freezes its processes, then records `paused` (state and
+    /// audit event in one transaction). Nothing talks to its agent until it is resumed.
+    /// Pausing a paused sandbox changes nothing.
+    pub(crate) async fn pause(&self, id: &SandboxId) -> Result<SandboxInfo, CoreError> {
+        let op = self.op_lock(id);
+        let _guard = op.lock().await;
+        {
+            let mut live = lock(&self.live);
+            match live.get_mut(id) {
+                Some(l) if !l.stopping && l.paused => {
+                    drop(live);
+                    return self.get(id);
+                }
+                // From now on new requests get 409 (a frozen agent would not answer them).
+                Some(l) if !l.stopping => l.paused = true,
+                _ => {
+                    drop(live);
+                    return Err(self.not_running(id));
+                }
+            }
+        }
+        let unpause = || {
+            if let Some(l) = lock(&self.live).get_mut(id) {
+                l.paused = false;
+            }
+        };
+        let t0 = Instant::now();
+        if let Err(e) = self.iso_freeze(id, true).await {
+            unpause();
+            return Err(e);
+        }
+        let frozen_at = Instant::now();
+        let store = &self.store;
+        let recorded = self.audit.record(
+            id,
+            false,
+            |_| EventBody::Paused(Empty {}),
+            Vec::new(),
+            |e| store.set_state_audited(id, SandboxState::Paused, None, None, e),
+        );
+        if let Err(e) = recorded {
+            // Not recorded: it is not paused.
+            let _ = self.iso_freeze(id, false).await;
+            unpause();
+            return Err(e);
+        }
+        self.metrics.pauses.inc();
+        debug!(
+            id = %id,
+            freeze_us = (frozen_at - t0).as_micros() as u64,
+            record_us = frozen_at.elapsed().as_micros() as u64,
+            "sandbox paused"
+        );
+        self.get(id)
+    }
+
+    /// Resumes a paused sandbox: thaws its processes (they continue where they were), then
+    /// records `running` (and `resumed`). A deadline that passed while it was paused (it was
+    /// paused by its expiry) is moved to now + the default timeout. Resuming a running
+    /// sandbox changes nothing.
+    pub(crate) async fn resume(&self, id: &SandboxId) -> Result<SandboxInfo, CoreError> {
+        let op = self.op_lock(id);
+        let _guard = op.lock().await;
+        match lock(&self.live).get(id) {
+            Some(l) if !l.stopping && l.paused => {}
+            Some(l) if !l.stopping => return self.get(id),
+            _ => return Err(self.not_running(id)),
+        }
+        let t0 = Instant::now();
+        self.iso_freeze(id, false).await?;
+        let thawed_at = Instant::now();
+        let store = &self.store;
+        let recorded = self.audit.record(
+            id,
+            false,
+            |_| EventBody::Resumed(Empty {}),
+            Vec::new(),
+            |e| store.set_state_audited(id, SandboxState::Running, None, None, e),
+        );
+        if let Err(e) = recorded {
+            // Still paused as far as the store knows: freeze again.
+            if let Err(fe) = self.iso_freeze(id, true).await {
+                error!(id = %id, "resume not recorded ({e}) and freezing again failed: {fe}");
+            }
+            return Err(e);
+        }
+        let expired = {
+            let mut live = lock(&self.live);
+            match live.get_mut(id) {
+                Some(l) => {
+                    l.paused = false;
+                    l.deadline.is_none()
+                }
+                None => false,
+            }
+        };
+        self.metrics.resumes.inc();
+        debug!(
+            id = %id,
+            thaw_us = (thawed_at - t0).as_micros() as u64,
+            record_us = thawed_at.elapsed().as_micros() as u64,
+            "sandbox resumed"
+        );
+        if expired {
+            return self.set_timeout(id, self.cfg.default_timeout_secs);
+        }
+        self.get(id)
+    }
+
     pub(crate) async fn usage(&self, id: &SandboxId) -> Result<Usage, CoreError> {
-        self.agent(id)?;
+        if lock(&self.live).get(id).is_none_or(|l| l.stopping) {
+            return Err(self.not_running(id));
+        }
         let iso = self.iso.clone();
         let id2 = id.clone();
         tokio::task::spawn_blocking(move || iso.usage(&id2))
@@ -958,13 +1203,20 @@ impl Inner {
         lock(&self.live).values().filter_map(|l| l.deadline).min()
     }
 
-    fn take_expired(&self) -> Vec<SandboxId> {
+    /// The sandboxes whose deadline passed (their deadlines are disarmed) and what to do:
+    /// destroy, or pause a running one created with `on_timeout: pause` (a paused one of
+    /// those just stays paused, without a deadline, until resumed or destroyed).
+    fn take_expired(&self) -> Vec<(SandboxId, Expiry)> {
         let now = Instant::now();
         let mut out = Vec::new();
         for (id, l) in lock(&self.live).iter_mut() {
             if l.deadline.is_some_and(|d| d <= now) {
                 l.deadline = None;
-                out.push(id.clone());
+                match (l.on_timeout, l.paused) {
+                    (OnTimeout::Destroy, _) => out.push((id.clone(), Expiry::Destroy)),
+                    (OnTimeout::Pause, false) => out.push((id.clone(), Expiry::Pause)),
+                    (OnTimeout::Pause, true) => {}
+                }
             }
         }
         out
@@ -1019,10 +1271,18 @@ async fn reaper(inner: Arc<Inner>) {
         if inner.stopped.load(Ordering::SeqCst) {
             return;
         }
-        for id in inner.take_expired() {
+        for (id, what) in inner.take_expired() {
             let inner2 = inner.clone();
             tokio::spawn(async move {
-                info!(id = %id, "deadline passed; destroying");
+                if what == Expiry::Pause {
+                    info!(id = %id, "deadline passed; pausing (on_timeout: pause)");
+                    match inner2.pause(&id).await {
+                        Ok(_) => return,
+                        Err(e) => warn!(id = %id, "reaper: pausing failed ({e}); destroying"),
+                    }
+                } else {
+                    info!(id = %id, "deadline passed; destroying");
+                }
                 if let Err(e) = inner2.destroy(&id, EndReason::Expired).await {
                     warn!(id = %id, "reaper: {e}");
                 }

@@ -15,6 +15,8 @@ pub(crate) struct Metrics {
     pub execs: IntCounter,
     pub exec_seconds: Histogram,
     pub destroyed: IntCounterVec,
+    pub pauses: IntCounter,
+    pub resumes: IntCounter,
 }
 
 impl Metrics {
@@ -60,6 +62,10 @@ impl Metrics {
             ),
             &["reason"],
         )?;
+        let pauses = IntCounter::new("rampart_sandbox_pauses_total", "Sandboxes paused.")?;
+        let resumes = IntCounter::new("rampart_sandbox_resumes_total", "Sandboxes resumed.")?;
+        registry.register(Box::new(pauses.clone()))?;
+        registry.register(Box::new(resumes.clone()))?;
         registry.register(Box::new(sandboxes.clone()))?;
         registry.register(Box::new(creates.clone()))?;
         registry.register(Box::new(create_seconds.clone()))?;
@@ -74,6 +80,8 @@ impl Metrics {
             execs,
             exec_seconds,
             destroyed,
+            pauses,
+            resumes,
         })
     }
 

@@ -608,3 +608,138 @@ async fn concurrent_creates_get_their_own_uid_ranges() {
     }
     m.shutdown().await;
 }
+
+/// Reads the counter a background loop in the sandbox keeps in /tmp/count.
+async fn counter(m: &Manager, id: &SandboxId) -> u64 {
+    let r = run(m, id, cmd(&["cat", "/tmp/count"])).await;
+    String::from_utf8_lossy(&r.stdout)
+        .trim()
+        .parse()
+        .unwrap_or(0)
+}
+
+/// Waits (polling, bounded) until the counter is above `above`; returns it.
+async fn counter_above(m: &Manager, id: &SandboxId, above: u64) -> u64 {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let c = counter(m, id).await;
+        if c > above {
+            return c;
+        }
+        assert!(Instant::now() < deadline, "counter stuck at {c}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pause_freezes_resume_continues_and_a_paused_sandbox_survives_a_restart() {
+    let w = world_or_skip!("pause", 6);
+    let m = start_or_skip!(w);
+    let s = m
+        .create(CreateSandbox {
+            timeout_secs: Some(600),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let bg = "i=0; while :; do i=$((i+1)); echo $i > /tmp/count; sleep 0.02; done";
+    let r = run(
+        &m,
+        &s.id,
+        cmd(&["sh", "-c", &format!("({bg}) </dev/null >/dev/null 2>&1 &")]),
+    )
+    .await;
+    assert_eq!(r.exit_code, Some(0), "{r:?}");
+    let c0 = counter_above(&m, &s.id, 0).await;
+
+    let info = m.pause(&s.id).await.unwrap();
+    assert_eq!(info.state, SandboxState::Paused);
+    assert_eq!(m.get(&s.id).unwrap().state, SandboxState::Paused);
+    // Pausing again changes nothing.
+    assert_eq!(m.pause(&s.id).await.unwrap().state, SandboxState::Paused);
+    let e = m.exec(&s.id, cmd(&["true"]), false).await.unwrap_err();
+    assert!(
+        matches!(&e, CoreError::WrongState { state, .. } if state == "paused"),
+        "{e}"
+    );
+    assert!(matches!(m.agent(&s.id), Err(CoreError::WrongState { .. })));
+    // No CPU used while paused.
+    let u1 = m.usage(&s.id).await.unwrap().cpu_usec;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let u2 = m.usage(&s.id).await.unwrap().cpu_usec;
+    assert!(u2 - u1 < 1000, "paused sandbox used {} us of CPU", u2 - u1);
+
+    // The daemon goes away and comes back: the sandbox is re-attached as paused (the CLI's
+    // recovery test does this with kill -9).
+    m.shutdown().await;
+    drop(m);
+    let m = start_or_skip!(w);
+    assert_eq!(m.get(&s.id).unwrap().state, SandboxState::Paused);
+    assert!(m.exec(&s.id, cmd(&["true"]), false).await.is_err());
+
+    let info = m.resume(&s.id).await.unwrap();
+    assert_eq!(info.state, SandboxState::Running);
+    // Resuming a running sandbox changes nothing.
+    assert_eq!(m.resume(&s.id).await.unwrap().state, SandboxState::Running);
+    // The loop went on from where it was (not restarted).
+    let c1 = counter(&m, &s.id).await;
+    assert!(c1 >= c0, "counter went back: {c0} -> {c1}");
+    counter_above(&m, &s.id, c1).await;
+
+    let kinds: Vec<&str> = m
+        .audit_events(&s.id, None, 1000)
+        .unwrap()
+        .iter()
+        .map(|e| e.body.type_name())
+        .collect();
+    let p = kinds.iter().position(|k| *k == "paused").expect("paused");
+    let r = kinds.iter().position(|k| *k == "resumed").expect("resumed");
+    assert!(p < r, "{kinds:?}");
+
+    // Destroying a paused sandbox leaves nothing.
+    m.pause(&s.id).await.unwrap();
+    m.destroy(&s.id).await.unwrap();
+    assert_eq!(w.traces(&s.id), Vec::<String>::new());
+    m.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_timeout_pause_pauses_at_expiry_and_a_paused_sandbox_still_expires() {
+    let w = world_or_skip!("pauseexp", 7);
+    let m = start_or_skip!(w);
+    let a = m
+        .create(CreateSandbox {
+            timeout_secs: Some(1),
+            on_timeout: Some(rampart_types::OnTimeout::Pause),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let b = m
+        .create(CreateSandbox {
+            timeout_secs: Some(2),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    m.pause(&b.id).await.unwrap();
+    wait_state(&m, &a.id, SandboxState::Paused, Duration::from_secs(30)).await;
+    // b was paused by hand and its deadline destroys it.
+    let gone = wait_state(&m, &b.id, SandboxState::Destroyed, Duration::from_secs(30)).await;
+    assert_eq!(gone.reason.as_deref(), Some("timeout expired"));
+    assert_eq!(w.traces(&b.id), Vec::<String>::new());
+    // a stays paused (its record survives a restart with on_timeout).
+    assert_eq!(
+        w.store().get(&a.id).unwrap().unwrap().on_timeout,
+        rampart_types::OnTimeout::Pause
+    );
+    assert_eq!(m.get(&a.id).unwrap().state, SandboxState::Paused);
+    // Resumed, it gets a fresh deadline and works.
+    let info = m.resume(&a.id).await.unwrap();
+    assert_eq!(info.state, SandboxState::Running);
+    assert!(info.expires_at > m.get(&a.id).unwrap().created_at);
+    assert_eq!(run(&m, &a.id, cmd(&["true"])).await.exit_code, Some(0));
+    m.destroy(&a.id).await.unwrap();
+    assert_eq!(w.traces(&a.id), Vec::<String>::new());
+    m.shutdown().await;
+}
