@@ -15,8 +15,10 @@ use std::collections::BTreeMap;
 use time::format_description::well_known::Rfc3339;
 use time::OffsetDateTime;
 
-/// The template every E2B template name maps to.
+/// The template of E2B's `base` (and of an empty template id).
 const BASE: &str = "base";
+/// The template of E2B's code interpreter (`e2b-code-interpreter`'s default).
+const CODE_INTERPRETER: &str = "code-interpreter-v1";
 /// E2B's own name for the "client" that runs a sandbox; constant on one host.
 const CLIENT_ID: &str = "rampart";
 /// Most list items per page (E2B's maximum).
@@ -86,14 +88,14 @@ fn template_of(name: &str) -> Result<&'static str, E2bError> {
     match name {
         "" | "base" | "rampart" => Ok(BASE),
         "code-interpreter-v1" | "code-interpreter" | "code-interpreter-stateful" => {
-            Err(E2bError::bad_request(format!(
-                "template \"{name}\" (the code interpreter) is not supported by this server yet; \
-                 use \"base\""
-            )))
+            Ok(CODE_INTERPRETER)
         }
         other => Err(E2bError::new(
             StatusCode::NOT_FOUND,
-            format!("template \"{other}\" not found: this server has the \"base\" template"),
+            format!(
+                "template \"{other}\" not found: this server has the \"base\" and \
+                 \"code-interpreter-v1\" templates"
+            ),
         )),
     }
 }
@@ -166,7 +168,8 @@ fn sandbox_json(info: &SandboxInfo, facts: &E2bSandbox) -> Value {
         "clientID": CLIENT_ID,
         "envdVersion": ENVD_VERSION,
         "envdAccessToken": facts.access_token,
-        "trafficAccessToken": null,
+        // The code-interpreter SDK sends this on its calls to port 49999; the same token.
+        "trafficAccessToken": facts.access_token,
         "domain": null,
     })
 }
@@ -636,7 +639,10 @@ mod tests {
     #[test]
     fn templates_map_to_base() {
         assert_eq!(template_of("base").unwrap(), "base");
-        assert!(template_of("code-interpreter-v1").is_err());
+        assert_eq!(
+            template_of("code-interpreter-v1").unwrap(),
+            "code-interpreter-v1"
+        );
         assert!(template_of("nope").is_err());
     }
 }

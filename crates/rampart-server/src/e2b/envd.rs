@@ -247,12 +247,7 @@ async fn to_sandbox(st: &E2b, t: Target, req: Request) -> Response {
         return not_found_502(&t.id);
     }
     if t.port != ENVD_PORT {
-        let why = if t.port == JUPYTER_PORT {
-            "the code interpreter is not supported by this server yet"
-        } else {
-            "port forwarding is not supported by this server yet"
-        };
-        return port_closed_502(&t.id, t.port, why);
+        return to_port(st, &id, t, &facts, req).await;
     }
     if let Err(r) = authorize(&req, &facts) {
         return *r;
@@ -272,6 +267,146 @@ async fn to_sandbox(st: &E2b, t: Target, req: Request) -> Response {
             }
         }
     }
+}
+
+/// Authorizes a request for a port other than envd's: the sandbox's token in
+/// `X-Access-Token` (as `run_code` sends it) or in `E2B-Traffic-Access-Token` (as every
+/// code-interpreter call sends the `trafficAccessToken` of create/connect, which is the same
+/// token).
+fn authorize_port(req: &Request, facts: &E2bSandbox) -> Result<(), Box<Response>> {
+    let ok = ["x-access-token", "e2b-traffic-access-token"]
+        .iter()
+        .filter_map(|h| req.headers().get(*h))
+        .any(|v| same_secret(v.as_bytes(), facts.access_token.as_bytes()));
+    if ok {
+        Ok(())
+    } else {
+        Err(Box::new(envd_error(StatusCode::UNAUTHORIZED, UNAUTHORIZED)))
+    }
+}
+
+/// A request for another port (the code interpreter's 49999, or any server in the sandbox):
+/// sent over a tunnel through the agent to `127.0.0.1:{port}` inside the sandbox, the answer
+/// streamed back. Nothing listening there answers 502 "port is not open".
+async fn to_port(
+    st: &E2b,
+    id: &SandboxId,
+    t: Target,
+    facts: &E2bSandbox,
+    req: Request,
+) -> Response {
+    if let Err(r) = authorize_port(&req, facts) {
+        return *r;
+    }
+    let agent = match st.manager.agent(id) {
+        Ok(c) => c,
+        Err(_) => return not_found_502(&t.id),
+    };
+    let up = match agent.tunnel(t.port).await {
+        Ok(up) => up,
+        Err(e) => {
+            return if matches!(st.lookup(id).await, Ok(Some(_))) {
+                let why = match &e {
+                    rampart_agent::client::ClientError::Rpc { message, .. } => message.clone(),
+                    other => other.to_string(),
+                };
+                let why = if t.port == JUPYTER_PORT && why == "port is not open" {
+                    "nothing listens on it; the code interpreter runs in sandboxes of the \
+                     code-interpreter-v1 template"
+                        .to_owned()
+                } else {
+                    why
+                };
+                port_closed_502(&t.id, t.port, &why)
+            } else {
+                not_found_502(&t.id)
+            };
+        }
+    };
+    match forward_over(up, t.port, req).await {
+        Ok(r) => r,
+        Err(e) => port_closed_502(&t.id, t.port, &e),
+    }
+}
+
+/// Whether a request (or answer) asks for a protocol upgrade (e.g. a WebSocket).
+fn is_upgrade(headers: &HeaderMap) -> bool {
+    headers.contains_key(header::UPGRADE)
+        && headers
+            .get_all(header::CONNECTION)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .any(|v| {
+                v.split(',')
+                    .any(|t| t.trim().eq_ignore_ascii_case("upgrade"))
+            })
+}
+
+/// Sends `req` to the server at the other end of the tunnel `up` and streams its answer back.
+/// An upgrade (a WebSocket) is passed through: after both sides agree (101), bytes are
+/// relayed both ways.
+async fn forward_over(
+    up: hyper::upgrade::Upgraded,
+    port: u16,
+    mut req: Request,
+) -> Result<Response, String> {
+    let (mut sender, conn) = hyper::client::conn::http1::Builder::new()
+        .handshake::<_, Body>(up)
+        .await
+        .map_err(|e| format!("handshake with the sandbox's server: {e}"))?;
+    tokio::spawn(async move {
+        if let Err(e) = conn.with_upgrades().await {
+            tracing::debug!("port proxy connection: {e}");
+        }
+    });
+    let upgrade = is_upgrade(req.headers());
+    let client_upgrade = upgrade.then(|| hyper::upgrade::on(&mut req));
+    let (mut parts, body) = req.into_parts();
+    let keep: Vec<(header::HeaderName, HeaderValue)> = if upgrade {
+        [header::CONNECTION, header::UPGRADE]
+            .into_iter()
+            .filter_map(|h| parts.headers.get(&h).cloned().map(|v| (h, v)))
+            .collect()
+    } else {
+        Vec::new()
+    };
+    strip(&mut parts.headers);
+    parts.headers.extend(keep);
+    let host = HeaderValue::from_str(&format!("localhost:{port}"))
+        .unwrap_or(HeaderValue::from_static("localhost"));
+    parts.headers.insert(header::HOST, host);
+    let path_q = parts
+        .uri
+        .path_and_query()
+        .map(|p| p.as_str().to_owned())
+        .unwrap_or_else(|| "/".into());
+    parts.uri = path_q
+        .parse()
+        .map_err(|e| format!("request path {path_q:?}: {e}"))?;
+    parts.version = axum::http::Version::HTTP_11;
+    let mut resp = sender
+        .send_request(Request::from_parts(parts, body))
+        .await
+        .map_err(|e| format!("the sandbox's server: {e}"))?;
+    if resp.status() == StatusCode::SWITCHING_PROTOCOLS {
+        let Some(client_upgrade) = client_upgrade else {
+            return Err("the sandbox's server switched protocols unasked".into());
+        };
+        let server_upgrade = hyper::upgrade::on(&mut resp);
+        tokio::spawn(async move {
+            let (Ok(c), Ok(s)) = (client_upgrade.await, server_upgrade.await) else {
+                return;
+            };
+            let mut c = TokioIo::new(c);
+            let mut s = TokioIo::new(s);
+            let _ = tokio::io::copy_bidirectional(&mut c, &mut s).await;
+        });
+        let (parts, _) = resp.into_parts();
+        return Ok(Response::from_parts(parts, Body::empty()));
+    }
+    let (mut parts, body) = resp.into_parts();
+    strip(&mut parts.headers);
+    Ok(Response::from_parts(parts, Body::new(body)))
 }
 
 /// Headers that belong to one hop, or to the proxy.
