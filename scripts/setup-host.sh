@@ -7,7 +7,9 @@ set -euo pipefail
 # promises inside a sandbox (bash, python3, curl, git, tput, coreutils, sudo).
 # Benchmarks compare against bubblewrap, runc and util-linux's unshare.
 pkgs=(e2fsprogs util-linux bash coreutils python3 curl git ncurses-bin sudo ca-certificates
-      procps iproute2 bubblewrap runc)
+      procps iproute2 bubblewrap runc
+      # The code-interpreter-v1 template's IPython kernel (seen in every sandbox's /usr).
+      python3-ipykernel python3-jupyter-client python3-matplotlib python3-numpy)
 
 missing=()
 for p in "${pkgs[@]}"; do

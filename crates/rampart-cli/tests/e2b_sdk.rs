@@ -204,6 +204,22 @@ fn run_script(
     (passed, failed)
 }
 
+/// Why the code-interpreter template cannot run here, if it cannot.
+fn kernel_missing() -> Option<String> {
+    let ok = Command::new("/usr/bin/python3")
+        .args(["-c", "import ipykernel, jupyter_client, matplotlib"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false);
+    (!ok).then(|| {
+        "the host's /usr/bin/python3 lacks ipykernel, jupyter_client or matplotlib \
+         (scripts/setup-host.sh installs them)"
+            .to_owned()
+    })
+}
+
 #[test]
 fn e2b_sdks_run_unmodified_against_rampart() {
     if let Some(why) = skip_reason() {
@@ -274,6 +290,17 @@ fn e2b_sdks_run_unmodified_against_rampart() {
         let (p, f) = run_script(&d, &key, &py, &tests.join(script), &tests);
         passed.extend(p);
         failed.extend(f);
+    }
+    // The code interpreter (`e2b-code-interpreter`, template code-interpreter-v1) needs the
+    // host's IPython kernel, which every sandbox sees in its /usr (scripts/setup-host.sh).
+    match kernel_missing() {
+        None => {
+            let script = tests.join("code_interpreter.py");
+            let (p, f) = run_script(&d, &key, &py, &script, &tests);
+            passed.extend(p);
+            failed.extend(f);
+        }
+        Some(why) => eprintln!("code interpreter skipped: {why}"),
     }
     let node_modules = node_dir().join("node_modules/e2b");
     if node_modules.is_dir() {

@@ -79,7 +79,8 @@ impl Isolation for Jail {
     }
     fn prepare_template(&self, name: &str, dest: &Path) -> Result<(), IsolationError> {
         match name {
-            "base" => Ok(rampart_jail::template::build_base(dest)?),
+            // The code interpreter's server is added by core (`interpreter::install`).
+            "base" | crate::interpreter::TEMPLATE => Ok(rampart_jail::template::build_base(dest)?),
             other => Err(IsolationError::Failed(format!(
                 "unknown template {other:?}"
             ))),

@@ -10,6 +10,7 @@
 //! left running and removes every trace of the rest.
 
 mod audit;
+mod interpreter;
 mod isolation;
 mod manager;
 mod metrics;

@@ -1,6 +1,7 @@
 //! The manager's state and its background tasks (reaper, PID 1 watchers).
 
 use crate::audit::{self, Audit};
+use crate::interpreter;
 use crate::isolation::{Isolation, IsolationError, LaunchSpec, Usage};
 use crate::metrics::Metrics;
 use crate::proc::{self, ExitStatus};
@@ -257,6 +258,11 @@ impl Inner {
                     .map_err(|e| iso_err(&format!("building template {name}"), e))?;
             }
         }
+        let ci = templates_dir.join(interpreter::TEMPLATE);
+        tokio::task::spawn_blocking(move || interpreter::install(&ci))
+            .await
+            .map_err(|e| join_err("installing the code interpreter", e))?
+            .map_err(|e| CoreError::Internal(format!("installing the code interpreter: {e}")))?;
         if audit.enabled() {
             for name in validate::TEMPLATES {
                 let dir = templates_dir.join(name);
@@ -775,6 +781,9 @@ impl Inner {
         let launched_at = Instant::now();
         let client = AgentClient::new(launched.agent_socket.clone());
         wait_health(&client, HEALTH_DEADLINE).await?;
+        if new.template == interpreter::TEMPLATE {
+            interpreter::start(&client).await?;
+        }
         let healthy_at = Instant::now();
         let sock = launched.agent_socket.to_string_lossy().into_owned();
         let created = self.created_body(new);

@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 /// Templates this daemon serves.
-pub const TEMPLATES: &[&str] = &["base"];
+pub const TEMPLATES: &[&str] = &["base", crate::interpreter::TEMPLATE];
 /// Most environment variables per sandbox or exec.
 pub const MAX_ENV_VARS: usize = 1024;
 /// Most bytes of environment (names and values) per sandbox or exec.

@@ -1,0 +1,175 @@
+//! The `code-interpreter-v1` template: the `base` template plus E2B's code-interpreter API,
+//! served by `templates/code-interpreter/server.py` (embedded here) over IPython kernels.
+//!
+//! The template's rootfs is `base`'s with the server at [`SERVER_PATH`]; the kernel itself
+//! (`python3-ipykernel`, `python3-jupyter-client`, `python3-matplotlib`, `python3-numpy`)
+//! comes from the host's `/usr`, which every sandbox sees (`scripts/setup-host.sh` installs
+//! it). At create, core starts the server through the agent as `user`, tagged [`TAG`], and
+//! answers only once it listens on [`PORT`] (it listens after its default kernel is ready).
+
+use crate::CoreError;
+use futures::StreamExt as _;
+use rampart_agent::client::{AgentClient, ClientError, ProcessEvent, StartOptions};
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+/// The template's name.
+pub const TEMPLATE: &str = "code-interpreter-v1";
+/// The port the server listens on inside the sandbox (E2B's `JUPYTER_PORT`).
+pub const PORT: u16 = 49999;
+/// The tag of the server's process (`commands.list()` shows it).
+pub const TAG: &str = "code-interpreter";
+/// Where the server is inside the sandbox.
+pub const SERVER_PATH: &str = "/opt/rampart/code-interpreter/server.py";
+/// The server's source.
+const SERVER: &str = include_str!("../templates/code-interpreter/server.py");
+/// How long a create waits for the server (and its first kernel) to listen.
+const READY_DEADLINE: Duration = Duration::from_secs(60);
+/// Most bytes of the server's output kept to explain a failed start.
+const OUTPUT_TAIL: usize = 4096;
+
+/// Puts the current server into the template at `template_dir` (built from `base`), if it
+/// is not there already or differs (a newer daemon): `rootfs/opt/rampart/code-interpreter/
+/// server.py`, owned by root, mode 0644. Blocking.
+pub(crate) fn install(template_dir: &Path) -> std::io::Result<()> {
+    install_from(template_dir, Path::new("/etc"))
+}
+
+/// Host `/etc` files the kernel's libraries need that `base` does not copy: Debian's
+/// matplotlib reads its defaults only from `/etc/matplotlibrc`.
+const ETC_FILES: &[&str] = &["matplotlibrc"];
+
+/// [`install`] with the host's `/etc` given (for tests).
+fn install_from(template_dir: &Path, host_etc: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt as _;
+    for name in ETC_FILES {
+        let Ok(want) = std::fs::read(host_etc.join(name)) else {
+            continue;
+        };
+        let dest = template_dir.join("rootfs/etc").join(name);
+        if std::fs::read(&dest).is_ok_and(|b| b == want) {
+            continue;
+        }
+        std::fs::create_dir_all(template_dir.join("rootfs/etc"))?;
+        let tmp = dest.with_extension("tmp");
+        std::fs::write(&tmp, &want)?;
+        std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o644))?;
+        std::fs::rename(&tmp, &dest)?;
+    }
+    let rel = SERVER_PATH.trim_start_matches('/');
+    let dest = template_dir.join("rootfs").join(rel);
+    if std::fs::read(&dest).is_ok_and(|b| b == SERVER.as_bytes()) {
+        return Ok(());
+    }
+    let dir = dest
+        .parent()
+        .ok_or_else(|| std::io::Error::other("server path has no parent"))?;
+    std::fs::create_dir_all(dir)?;
+    let mut d = template_dir.join("rootfs");
+    for part in Path::new(rel)
+        .parent()
+        .into_iter()
+        .flat_map(Path::components)
+    {
+        d.push(part);
+        std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o755))?;
+    }
+    let tmp = dest.with_extension("py.tmp");
+    std::fs::write(&tmp, SERVER)?;
+    std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o644))?;
+    std::fs::rename(&tmp, &dest)
+}
+
+fn keep_tail(buf: &mut Vec<u8>, b: &[u8]) {
+    buf.extend_from_slice(b);
+    if buf.len() > OUTPUT_TAIL {
+        buf.drain(..buf.len() - OUTPUT_TAIL);
+    }
+}
+
+/// Starts the server in a sandbox whose agent answers, and waits until it listens (through
+/// the agent's port tunnel). Fails with the server's output if it exits or does not listen
+/// within a minute.
+pub(crate) async fn start(client: &AgentClient) -> Result<(), CoreError> {
+    let opts = StartOptions {
+        cmd: "/usr/bin/python3".into(),
+        args: vec![SERVER_PATH.into()],
+        user: Some("user".into()),
+        cwd: Some("/home/user".into()),
+        tag: Some(TAG.into()),
+        ..Default::default()
+    };
+    let mut events = client.start(opts).await?;
+    let deadline = Instant::now() + READY_DEADLINE;
+    let mut output = Vec::new();
+    let mut delay = Duration::from_millis(20);
+    loop {
+        match client.tunnel(PORT).await {
+            Ok(_) => return Ok(()),
+            // Not listening yet.
+            Err(ClientError::Rpc { .. }) => {}
+            Err(e) => return Err(e.into()),
+        }
+        if Instant::now() >= deadline {
+            return Err(CoreError::Internal(format!(
+                "the code interpreter did not listen on port {PORT} within {} s: {}",
+                READY_DEADLINE.as_secs(),
+                String::from_utf8_lossy(&output).trim()
+            )));
+        }
+        // Wait `delay`, meanwhile reading the server's output: its end means it failed.
+        let pause = tokio::time::sleep(delay);
+        tokio::pin!(pause);
+        loop {
+            tokio::select! {
+                () = &mut pause => break,
+                ev = events.next() => match ev {
+                    Some(Ok(ProcessEvent::Stdout(b) | ProcessEvent::Stderr(b))) => {
+                        keep_tail(&mut output, &b);
+                    }
+                    Some(Ok(ProcessEvent::End { status, .. })) => {
+                        return Err(CoreError::Internal(format!(
+                            "the code interpreter exited ({status}): {}",
+                            String::from_utf8_lossy(&output).trim()
+                        )));
+                    }
+                    Some(Ok(_)) => {}
+                    Some(Err(e)) => return Err(e.into()),
+                    None => {
+                        return Err(CoreError::Internal(format!(
+                            "the code interpreter's output ended before it listened: {}",
+                            String::from_utf8_lossy(&output).trim()
+                        )));
+                    }
+                }
+            }
+        }
+        delay = (delay * 2).min(Duration::from_millis(200));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn install_writes_the_server_once() {
+        let d = tempfile::tempdir().unwrap();
+        let etc = tempfile::tempdir().unwrap();
+        std::fs::write(etc.path().join("matplotlibrc"), "backend: agg\n").unwrap();
+        std::fs::create_dir_all(d.path().join("rootfs/opt")).unwrap();
+        install_from(d.path(), etc.path()).unwrap();
+        let p = d
+            .path()
+            .join("rootfs")
+            .join(SERVER_PATH.trim_start_matches('/'));
+        assert_eq!(std::fs::read_to_string(&p).unwrap(), SERVER);
+        let rc = d.path().join("rootfs/etc/matplotlibrc");
+        assert_eq!(std::fs::read_to_string(&rc).unwrap(), "backend: agg\n");
+        // A stale copy is replaced.
+        std::fs::write(&p, "old").unwrap();
+        install_from(d.path(), etc.path()).unwrap();
+        assert_eq!(std::fs::read_to_string(&p).unwrap(), SERVER);
+        assert!(SERVER.contains("/execute") && SERVER.contains("/contexts"));
+    }
+}
