@@ -46,6 +46,10 @@ enum Command {
     Cp(commands::cp::CpArgs),
     /// Open an interactive shell (bash -l under a PTY) in a sandbox.
     Shell(commands::exec::ShellArgs),
+    /// Pause sandboxes: freeze every process (no CPU used, memory kept).
+    Pause(commands::sandbox::PauseArgs),
+    /// Resume paused sandboxes: every process continues where it was.
+    Resume(commands::sandbox::PauseArgs),
     /// Set a sandbox's deadline to SECS seconds from now.
     Timeout(commands::sandbox::TimeoutArgs),
     /// Manage the API keys of the E2B-compatible API (on the daemon's host).
@@ -108,6 +112,8 @@ fn main() -> ExitCode {
             Command::Cp(a) => commands::cp::cp(&host, a).await,
             Command::Shell(a) => commands::exec::shell(&host, a).await,
             Command::Timeout(a) => commands::sandbox::timeout(&host, a).await,
+            Command::Pause(a) => commands::sandbox::pause(&host, a, false).await,
+            Command::Resume(a) => commands::sandbox::pause(&host, a, true).await,
             Command::Audit(a) => commands::audit::audit(&host, a).await,
             Command::Replay(a) => commands::replay::replay(&host, a).await,
             Command::Bench(_) | Command::Keys(_) => {

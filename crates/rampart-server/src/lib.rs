@@ -147,6 +147,32 @@ pub trait Backend: Send + Sync + 'static {
     fn template_digests(&self) -> BTreeMap<String, String> {
         BTreeMap::new()
     }
+    /// See [`Manager::pause`]. The default cannot pause.
+    fn pause<'a>(&'a self, id: &'a SandboxId) -> BoxFuture<'a, Result<SandboxInfo, CoreError>> {
+        Box::pin(async move {
+            let info = self.get(id)?;
+            Err(CoreError::WrongState {
+                id: id.to_string(),
+                state: format!(
+                    "{} (this daemon cannot pause sandboxes)",
+                    info.state.as_str()
+                ),
+            })
+        })
+    }
+    /// See [`Manager::resume`]. The default cannot resume.
+    fn resume<'a>(&'a self, id: &'a SandboxId) -> BoxFuture<'a, Result<SandboxInfo, CoreError>> {
+        Box::pin(async move {
+            let info = self.get(id)?;
+            Err(CoreError::WrongState {
+                id: id.to_string(),
+                state: format!(
+                    "{} (this daemon cannot resume sandboxes)",
+                    info.state.as_str()
+                ),
+            })
+        })
+    }
 }
 
 impl Backend for Manager {
@@ -175,6 +201,12 @@ impl Backend for Manager {
     }
     fn agent(&self, id: &SandboxId) -> Result<AgentClient, CoreError> {
         Manager::agent(self, id)
+    }
+    fn pause<'a>(&'a self, id: &'a SandboxId) -> BoxFuture<'a, Result<SandboxInfo, CoreError>> {
+        Box::pin(Manager::pause(self, id))
+    }
+    fn resume<'a>(&'a self, id: &'a SandboxId) -> BoxFuture<'a, Result<SandboxInfo, CoreError>> {
+        Box::pin(Manager::resume(self, id))
     }
     fn exec<'a>(
         &'a self,
@@ -277,6 +309,8 @@ pub fn router_with_backend(backend: Arc<dyn Backend>) -> Router {
             get(sandboxes::get_one).delete(sandboxes::destroy),
         )
         .route("/sandboxes/{id}/timeout", post(sandboxes::set_timeout))
+        .route("/sandboxes/{id}/pause", post(sandboxes::pause))
+        .route("/sandboxes/{id}/resume", post(sandboxes::resume))
         .route("/sandboxes/{id}/exec", post(exec::exec))
         .route("/sandboxes/{id}/exec/ws", get(exec::exec_ws))
         .route(

@@ -137,6 +137,41 @@ pub(crate) async fn set_timeout(
     Ok(Json(st.backend.set_timeout(&id, req.timeout_secs).await?))
 }
 
+/// `POST /v1/sandboxes/{id}/pause`: freezes every process of the sandbox (no CPU used,
+/// memory kept); commands and files answer 409 until it is resumed. Idempotent.
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/pause", tag = "sandboxes",
+    params(("id" = String, Path, description = "Sandbox id")),
+    responses(
+        (status = 200, description = "Paused (or already paused)", body = SandboxInfo),
+        (status = 400, description = "Malformed id", body = ApiErrorBody),
+        (status = 404, description = "No such sandbox", body = ApiErrorBody),
+        (status = 409, description = "The sandbox is neither running nor paused", body = ApiErrorBody),
+    ))]
+pub(crate) async fn pause(
+    State(st): State<AppState>,
+    SandboxPath(id): SandboxPath,
+) -> Result<Json<SandboxInfo>, ApiError> {
+    Ok(Json(st.backend.pause(&id).await?))
+}
+
+/// `POST /v1/sandboxes/{id}/resume`: every process of a paused sandbox continues where it
+/// was. Idempotent. If its deadline passed while it was paused (`on_timeout: pause`), the new
+/// deadline is now + the daemon's default timeout.
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/resume", tag = "sandboxes",
+    params(("id" = String, Path, description = "Sandbox id")),
+    responses(
+        (status = 200, description = "Running again (or was running)", body = SandboxInfo),
+        (status = 400, description = "Malformed id", body = ApiErrorBody),
+        (status = 404, description = "No such sandbox", body = ApiErrorBody),
+        (status = 409, description = "The sandbox is neither running nor paused", body = ApiErrorBody),
+    ))]
+pub(crate) async fn resume(
+    State(st): State<AppState>,
+    SandboxPath(id): SandboxPath,
+) -> Result<Json<SandboxInfo>, ApiError> {
+    Ok(Json(st.backend.resume(&id).await?))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

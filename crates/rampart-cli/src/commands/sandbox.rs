@@ -5,7 +5,7 @@ use crate::client::Client;
 use anyhow::{anyhow, Result};
 use clap::Args;
 use rampart_types::limits::parse_size;
-use rampart_types::{CreateSandbox, LimitsRequest, SandboxInfo, SetTimeout};
+use rampart_types::{CreateSandbox, LimitsRequest, OnTimeout, SandboxInfo, SetTimeout};
 use reqwest::Method;
 use time::format_description::well_known::Rfc3339;
 use time::OffsetDateTime;
@@ -19,6 +19,9 @@ pub struct CreateFlags {
     /// Seconds until the sandbox is destroyed (the daemon's default: 300).
     #[arg(long, value_name = "SECS")]
     pub timeout: Option<u64>,
+    /// Pause the sandbox at its deadline instead of destroying it.
+    #[arg(long)]
+    pub pause_on_timeout: bool,
     /// Memory limit, e.g. 512M, 2G.
     #[arg(long, value_name = "SIZE")]
     pub memory: Option<String>,
@@ -67,6 +70,7 @@ impl CreateFlags {
             env: parse_pairs("--env", &self.env)?,
             metadata: parse_pairs("--metadata", &self.metadata)?,
             timeout_secs: self.timeout,
+            on_timeout: self.pause_on_timeout.then_some(OnTimeout::Pause),
         })
     }
 }
@@ -110,7 +114,7 @@ pub async fn create(host: &str, a: CreateArgs) -> Result<u8> {
 /// `rampart ls`.
 #[derive(Debug, Args)]
 pub struct LsArgs {
-    /// Only sandboxes in this state (creating, running, stopping, destroyed, failed).
+    /// Only sandboxes in this state (creating, running, paused, stopping, destroyed, failed).
     #[arg(long)]
     state: Option<String>,
     /// Only sandboxes with this label (repeatable).
@@ -346,6 +350,38 @@ pub async fn timeout(host: &str, a: TimeoutArgs) -> Result<u8> {
     Ok(0)
 }
 
+/// `rampart pause` and `rampart resume`.
+#[derive(Debug, Args)]
+pub struct PauseArgs {
+    /// Sandbox ids.
+    #[arg(required = true)]
+    ids: Vec<String>,
+}
+
+/// Pauses (`resume` false) or resumes a sandbox through the API.
+pub async fn pause_sandbox(client: &Client, id: &str, resume: bool) -> Result<SandboxInfo> {
+    let verb = if resume { "resume" } else { "pause" };
+    client
+        .json(client.request(Method::POST, &format!("/v1/sandboxes/{id}/{verb}")))
+        .await
+}
+
+/// `rampart pause` / `rampart resume`: each id in turn; exits 1 if any failed.
+pub async fn pause(host: &str, a: PauseArgs, resume: bool) -> Result<u8> {
+    let client = Client::new(host)?;
+    let mut code = 0;
+    for id in &a.ids {
+        match pause_sandbox(&client, id, resume).await {
+            Ok(s) => println!("{} {}", s.id, s.state.as_str()),
+            Err(e) => {
+                eprintln!("rampart: {id}: {e:#}");
+                code = 1;
+            }
+        }
+    }
+    Ok(code)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -372,6 +408,7 @@ mod tests {
         let f = CreateFlags {
             template: None,
             timeout: Some(60),
+            pause_on_timeout: false,
             memory: Some("256M".into()),
             cpus: Some(0.5),
             pids: None,

@@ -8,7 +8,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use rampart_core::CoreError;
 use rampart_store::keys::{random_hex, E2bSandbox};
-use rampart_types::{CreateSandbox, SandboxId, SandboxInfo, SandboxState};
+use rampart_types::{CreateSandbox, OnTimeout, SandboxId, SandboxInfo, SandboxState};
 use serde::Deserialize;
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
@@ -49,12 +49,6 @@ struct NewSandbox {
 }
 
 fn check_unsupported(n: &NewSandbox) -> Result<(), E2bError> {
-    if n.auto_pause == Some(true) {
-        return Err(E2bError::bad_request(
-            "autoPause (lifecycle on_timeout=\"pause\") is not supported by this server: \
-             sandboxes end at their timeout",
-        ));
-    }
     if n.auto_resume
         .as_ref()
         .is_some_and(|v| v.get("enabled").and_then(Value::as_bool) == Some(true))
@@ -126,7 +120,10 @@ impl E2b {
             Err(CoreError::NotFound(_)) => return Ok(None),
             Err(e) => return Err(e.into()),
         };
-        if !matches!(info.state, SandboxState::Running | SandboxState::Creating) {
+        if !matches!(
+            info.state,
+            SandboxState::Running | SandboxState::Creating | SandboxState::Paused
+        ) {
             return Ok(None);
         }
         let keys = self.keys.clone();
@@ -145,14 +142,14 @@ impl E2b {
         }
     }
 
-    /// Whether the sandbox is paused.
-    pub(crate) fn is_paused(&self, _id: &SandboxId) -> bool {
-        false
+    /// Whether the sandbox is paused (its envd answers 502 then, like E2B's edge).
+    pub(crate) fn is_paused(&self, id: &SandboxId) -> bool {
+        matches!(self.manager.get(id), Ok(i) if i.state == SandboxState::Paused)
     }
 }
 
-fn state_name(st: &E2b, info: &SandboxInfo) -> &'static str {
-    if st.is_paused(&info.id) {
+fn state_name(info: &SandboxInfo) -> &'static str {
+    if info.state == SandboxState::Paused {
         "paused"
     } else {
         "running"
@@ -175,7 +172,7 @@ fn sandbox_json(info: &SandboxInfo, facts: &E2bSandbox) -> Value {
 }
 
 /// The `ListedSandbox` / `SandboxDetail` fields.
-fn detail_json(st: &E2b, info: &SandboxInfo, facts: &E2bSandbox, with_token: bool) -> Value {
+fn detail_json(_st: &E2b, info: &SandboxInfo, facts: &E2bSandbox, with_token: bool) -> Value {
     let mut v = json!({
         "templateID": facts.template,
         "alias": facts.template,
@@ -187,7 +184,7 @@ fn detail_json(st: &E2b, info: &SandboxInfo, facts: &E2bSandbox, with_token: boo
         "memoryMB": info.limits.memory_bytes >> 20,
         "diskSizeMB": info.limits.disk_bytes >> 20,
         "envdVersion": ENVD_VERSION,
-        "state": state_name(st, info),
+        "state": state_name(info),
         "metadata": info.metadata,
         "volumeMounts": [],
     });
@@ -210,6 +207,8 @@ pub(crate) async fn create(State(st): State<E2b>, body: Bytes) -> Result<Respons
         env: n.env_vars.unwrap_or_default(),
         metadata: n.metadata.unwrap_or_default(),
         timeout_secs: n.timeout,
+        // autoPause: at its timeout the sandbox is paused instead of killed.
+        on_timeout: (n.auto_pause == Some(true)).then_some(OnTimeout::Pause),
         ..Default::default()
     };
     let info = st.manager.create(req).await?;
@@ -276,7 +275,8 @@ pub(crate) async fn set_timeout(
 }
 
 /// `POST /sandboxes/{id}/connect`, `POST /v2/sandboxes/{id}/connect`: 200 `Sandbox` for a
-/// running sandbox, whose deadline is only ever extended (now + timeout if later).
+/// running sandbox, whose deadline is only ever extended (now + timeout if later); a paused
+/// one is resumed first and answers 201.
 pub(crate) async fn connect(
     State(st): State<E2b>,
     Path(id): Path<String>,
@@ -284,40 +284,97 @@ pub(crate) async fn connect(
 ) -> Result<Response, E2bError> {
     let b: TimeoutBody = parse_body(&body)?;
     let (sid, info, facts) = st.must(&id).await?;
-    if let Some(secs) = b.timeout.filter(|&s| s > 0) {
+    let (status, info) = if info.state == SandboxState::Paused {
+        (StatusCode::CREATED, st.manager.resume(&sid).await?)
+    } else {
+        (StatusCode::OK, info)
+    };
+    extend(&st, &sid, &info, b.timeout).await?;
+    let info = st.manager.get(&sid)?;
+    Ok((status, Json(sandbox_json(&info, &facts))).into_response())
+}
+
+/// Moves the deadline to now + `timeout` if that is later than the current one.
+async fn extend(
+    st: &E2b,
+    sid: &SandboxId,
+    info: &SandboxInfo,
+    timeout: Option<u64>,
+) -> Result<(), E2bError> {
+    if let Some(secs) = timeout.filter(|&s| s > 0) {
         let wanted = OffsetDateTime::now_utc() + time::Duration::seconds(secs as i64);
         let current = parse_time(&info.expires_at);
         if current.is_none_or(|c| wanted > c) {
-            st.manager.set_timeout(&sid, secs).await?;
+            st.manager.set_timeout(sid, secs).await?;
         }
     }
-    let info = st.manager.get(&sid)?;
-    Ok(Json(sandbox_json(&info, &facts)).into_response())
+    Ok(())
 }
 
-/// `POST /sandboxes/{id}/resume` (old SDKs): the sandbox is never paused here, so a running
-/// one answers 409 like E2B's API.
+/// `POST /sandboxes/{id}/resume` (old SDKs): 201 `Sandbox` for a paused sandbox, resumed
+/// (with the body's `timeout`, if any, extending its deadline); 409 for a running one, like
+/// E2B's API.
 pub(crate) async fn resume(
     State(st): State<E2b>,
     Path(id): Path<String>,
+    body: Bytes,
 ) -> Result<Response, E2bError> {
-    st.must(&id).await?;
-    Err(E2bError::new(
-        StatusCode::CONFLICT,
-        format!("sandbox \"{id}\" is already running"),
-    ))
+    let b: TimeoutBody = parse_body(&body)?;
+    let (sid, info, facts) = st.must(&id).await?;
+    if info.state != SandboxState::Paused {
+        return Err(E2bError::new(
+            StatusCode::CONFLICT,
+            format!("sandbox \"{id}\" is already running"),
+        ));
+    }
+    let info = st.manager.resume(&sid).await?;
+    extend(&st, &sid, &info, b.timeout).await?;
+    let info = st.manager.get(&sid)?;
+    Ok((StatusCode::CREATED, Json(sandbox_json(&info, &facts))).into_response())
 }
 
-/// `POST /sandboxes/{id}/pause`: not supported yet (501, documented).
+#[derive(Debug, Default, Deserialize)]
+struct PauseBody {
+    /// `false` (`mode="filesystem"`) asks to drop memory; this server always keeps it (the
+    /// processes are frozen, not stopped), which resumes to the same state either way.
+    #[serde(default)]
+    #[allow(dead_code)]
+    memory: Option<bool>,
+    /// `strict=True`: refuse (503) when the sandbox's envd does not answer.
+    #[serde(rename = "requireHealthyGuest", default)]
+    require_healthy_guest: Option<bool>,
+}
+
+/// `POST /sandboxes/{id}/pause`: 204 once every process of the sandbox is frozen (memory
+/// kept; envd answers 502 until it is resumed by connect); 409 when already paused (the SDK
+/// returns `False`).
 pub(crate) async fn pause(
     State(st): State<E2b>,
     Path(id): Path<String>,
+    body: Bytes,
 ) -> Result<Response, E2bError> {
-    st.must(&id).await?;
-    Err(E2bError::new(
-        StatusCode::NOT_IMPLEMENTED,
-        "pause is not supported by this server yet",
-    ))
+    let b: PauseBody = parse_body(&body)?;
+    let (sid, info, _) = st.must(&id).await?;
+    if info.state == SandboxState::Paused {
+        return Err(E2bError::new(
+            StatusCode::CONFLICT,
+            format!("sandbox \"{id}\" is already paused"),
+        ));
+    }
+    if b.require_healthy_guest == Some(true) {
+        let agent = st.manager.agent(&sid)?;
+        let healthy = tokio::time::timeout(std::time::Duration::from_secs(2), agent.health())
+            .await
+            .is_ok_and(|r| r.is_ok());
+        if !healthy {
+            return Err(E2bError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!("sandbox \"{id}\": envd does not respond; not paused"),
+            ));
+        }
+    }
+    st.manager.pause(&sid).await?;
+    Ok(StatusCode::NO_CONTENT.into_response())
 }
 
 /// Every other E2B path (snapshots, fork, templates, volumes, network, logs): 404 in E2B's
@@ -492,7 +549,7 @@ async fn listed(st: &E2b, q: &ListQuery) -> Result<Vec<(SandboxInfo, E2bSandbox)
     let all = st.manager.list(None, &q.metadata)?;
     let mut out = Vec::new();
     for info in all {
-        if info.state != SandboxState::Running {
+        if !matches!(info.state, SandboxState::Running | SandboxState::Paused) {
             continue;
         }
         let keys = st.keys.clone();
@@ -503,7 +560,7 @@ async fn listed(st: &E2b, q: &ListQuery) -> Result<Vec<(SandboxInfo, E2bSandbox)
         else {
             continue;
         };
-        let state = state_name(st, &info);
+        let state = state_name(&info);
         if q.states
             .as_ref()
             .is_some_and(|s| !s.iter().any(|x| x == state))
