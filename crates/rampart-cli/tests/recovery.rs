@@ -283,3 +283,133 @@ fn kill_9_then_restart_reattaches_the_live_and_cleans_the_dead() {
     drop(second);
     let _ = std::fs::remove_dir_all(&root);
 }
+
+fn post(d: &Daemon, path: &str, body: Value) -> (u16, Value) {
+    let r = client()
+        .post(format!("{}{path}", d.url))
+        .json(&body)
+        .send()
+        .unwrap();
+    let status = r.status().as_u16();
+    (status, r.json().unwrap_or(Value::Null))
+}
+
+fn count(d: &Daemon, id: &str) -> u64 {
+    exec(d, id, "cat /tmp/count")["stdout"]
+        .as_str()
+        .unwrap_or("")
+        .trim()
+        .parse()
+        .unwrap_or(0)
+}
+
+#[test]
+fn a_paused_sandbox_survives_kill_9_and_resumes_where_it_was() {
+    if let Some(why) = skip_reason() {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    let root: PathBuf = std::env::temp_dir().join(format!("rampart-pause-{}", std::process::id()));
+    let data = root.join("data");
+    std::fs::create_dir_all(&data).unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+
+    let first = start(&data, port);
+    let id = create(&first);
+    exec(
+        &first,
+        &id,
+        "setsid bash -c 'i=0; while :; do i=$((i+1)); echo $i > /tmp/count; sleep 0.05; done' \
+         >/dev/null 2>&1 < /dev/null &",
+    );
+    wait_until("the counter starts", 30, || count(&first, &id) > 0);
+    let (s, v) = post(&first, &format!("/v1/sandboxes/{id}/pause"), json!({}));
+    assert_eq!((s, v["state"].as_str()), (200, Some("paused")), "{v}");
+    let before = traces(&data, &id);
+    // exec and files answer 409 while paused.
+    let (s, v) = post(
+        &first,
+        &format!("/v1/sandboxes/{id}/exec"),
+        json!({"cmd": ["true"]}),
+    );
+    assert_eq!(s, 409, "{v}");
+    assert_eq!(v["error"]["code"], "conflict", "{v}");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap_or("")
+            .contains("paused"),
+        "{v}"
+    );
+
+    // kill -9 the daemon; a new one re-attaches the sandbox, still paused.
+    drop(first);
+    let second = start(&data, port);
+    assert_eq!(state(&second, &id), "paused");
+    assert_eq!(traces(&data, &id), before, "the paused sandbox changed");
+    let (s, _) = post(
+        &second,
+        &format!("/v1/sandboxes/{id}/exec"),
+        json!({"cmd": ["true"]}),
+    );
+    assert_eq!(s, 409);
+
+    // `rampart resume` (the CLI) continues every process where it was.
+    let out = Command::new(env!("CARGO_BIN_EXE_rampart"))
+        .args(["--host", &second.url, "resume", &id])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        format!("{id} running\n")
+    );
+    let n = count(&second, &id);
+    assert!(n > 0);
+    wait_until("the counter goes on after resume", 30, || {
+        count(&second, &id) > n
+    });
+
+    // `rampart pause` and expiry with on_timeout=pause.
+    let out = Command::new(env!("CARGO_BIN_EXE_rampart"))
+        .args(["--host", &second.url, "pause", &id])
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        format!("{id} paused\n")
+    );
+    let (s, v) = post(
+        &second,
+        "/v1/sandboxes",
+        json!({"timeout_secs": 1, "on_timeout": "pause"}),
+    );
+    assert_eq!(s, 201, "{v}");
+    let auto = v["id"].as_str().unwrap().to_owned();
+    wait_until("on_timeout=pause pauses at expiry", 30, || {
+        state(&second, &auto) == "paused"
+    });
+    let (s, v) = post(&second, &format!("/v1/sandboxes/{auto}/resume"), json!({}));
+    assert_eq!((s, v["state"].as_str()), (200, Some("running")), "{v}");
+    assert_eq!(exec(&second, &auto, "echo ok")["stdout"], "ok\n");
+    // Unknown fields stay refused.
+    let (s, _) = post(&second, "/v1/sandboxes", json!({"on_timeout": "hibernate"}));
+    assert_eq!(s, 400);
+
+    for sid in [&id, &auto] {
+        let r = client()
+            .delete(format!("{}/v1/sandboxes/{sid}", second.url))
+            .send()
+            .unwrap();
+        assert!(r.status().is_success());
+        wait_until("the destroyed sandbox's traces are gone", 30, || {
+            traces(&data, sid).is_empty()
+        });
+    }
+    drop(second);
+    let _ = std::fs::remove_dir_all(&root);
+}
