@@ -44,6 +44,9 @@ pub struct BenchArgs {
     /// verification speed).
     #[arg(long)]
     pub audit_only: bool,
+    /// Only the pause and resume latency measurement.
+    #[arg(long)]
+    pub pause_only: bool,
 }
 
 /// Latency samples of one measurement.
@@ -273,6 +276,17 @@ impl Api {
         }
         Ok(())
     }
+    /// `POST /v1/sandboxes/{id}/pause` or `/resume`; checks the state it answers.
+    fn pause(&self, id: &str, resume: bool) -> Result<()> {
+        let (verb, want) = if resume { ("resume", "running") } else { ("pause", "paused") };
+        let r = self.client.post(format!("{}/v1/sandboxes/{id}/{verb}", self.url)).send()?;
+        let status = r.status();
+        let v: Value = r.json()?;
+        if !status.is_success() || v["state"] != json!(want) {
+            bail!("{verb}: {status}: {v}");
+        }
+        Ok(())
+    }
     fn destroy(&self, id: &str) -> Result<()> {
         let r = self.client.delete(format!("{}/v1/sandboxes/{id}", self.url)).send()?;
         if !r.status().is_success() {
@@ -329,6 +343,11 @@ pub fn run(args: BenchArgs) -> Result<()> {
         return Ok(());
     }
     let api = Api { client: client.clone(), url };
+    if args.pause_only {
+        let (pause, resume) = measure_pause(&api, args.iterations)?;
+        print_pause(&pause, &resume);
+        return Ok(());
+    }
 
     eprintln!("bench: peers ({} iterations each)...", args.iterations);
     let peers = measure_peers(args.iterations)?;
@@ -358,6 +377,8 @@ pub fn run(args: BenchArgs) -> Result<()> {
         rtt.push(t.elapsed());
     }
     api.destroy(&id)?;
+
+    let (pause, resume) = measure_pause(&api, args.iterations)?;
 
     eprintln!("bench: {} create+destroy at concurrency {}...", args.cycles, args.concurrency);
     let per = args.cycles.div_ceil(args.concurrency.max(1));
@@ -421,7 +442,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
     println!("| what | p50 | p99 | p50 vs bwrap |");
     println!("|---|---:|---:|---:|");
     let mut rows: Vec<&Samples> = peers.iter().collect();
-    rows.extend([&cycle, &full, &rtt]);
+    rows.extend([&cycle, &full, &rtt, &pause, &resume]);
     for s in &rows {
         let ratio = bwrap_p50.map(|b| format!("{:.2}x", s.pct(50.0) / b)).unwrap_or("-".into());
         println!("| {} | {:.2} | {:.2} | {} |", s.name, s.pct(50.0), s.pct(99.0), ratio);
@@ -452,6 +473,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
         println!("- create + first exec p50 <= 3x bwrap: {:.2}x ({})", r, pass(r <= 3.0));
     }
     println!("- exec round trip p50 < 1 ms: {:.3} ms ({})", rtt.pct(50.0), pass(rtt.pct(50.0) < 1.0));
+    println!("- resume p50 < 5 ms: {:.3} ms ({})", resume.pct(50.0), pass(resume.pct(50.0) < 5.0));
     println!("- >= 100 create+destroy per second: {:.1} ({})", rate, pass(rate >= 100.0));
     // The larger of the two views, so the target is judged on the worse one.
     let mib = per_idle.max(per_idle_cgroup.unwrap_or(0.0)) / (1024.0 * 1024.0);
@@ -472,6 +494,48 @@ pub fn run(args: BenchArgs) -> Result<()> {
         std::fs::write(path, serde_json::to_vec_pretty(&v)?)?;
     }
     Ok(())
+}
+
+/// Pause and resume latency through the API (request to answer: the sandbox's cgroup frozen
+/// or thawed and the state recorded) of a warm sandbox running a few processes.
+fn measure_pause(api: &Api, iterations: usize) -> Result<(Samples, Samples)> {
+    eprintln!("bench: pause / resume of a warm sandbox...");
+    let id = api.create()?;
+    let r = api
+        .client
+        .post(format!("{}/v1/sandboxes/{id}/exec", api.url))
+        .json(&json!({"cmd": ["sh", "-c", "for i in 1 2 3 4; do sleep 1000 & done; exit 0"]}))
+        .send()?;
+    if !r.status().is_success() {
+        bail!("exec: {}", r.status());
+    }
+    let mut pause = Samples::new("rampart pause (API, warm sandbox, 6 processes)");
+    let mut resume = Samples::new("rampart resume (API, warm sandbox, 6 processes)");
+    let res = (|| -> Result<()> {
+        for _ in 0..iterations.max(20) {
+            let t = Instant::now();
+            api.pause(&id, false)?;
+            pause.push(t.elapsed());
+            let t = Instant::now();
+            api.pause(&id, true)?;
+            resume.push(t.elapsed());
+        }
+        // Still alive and working after all that.
+        api.exec_true(&id)
+    })();
+    api.destroy(&id)?;
+    res?;
+    Ok((pause, resume))
+}
+
+fn print_pause(pause: &Samples, resume: &Samples) {
+    println!("\n## Pause and resume (ms), {} iterations\n", pause.ms.len());
+    println!("| what | p50 | p99 |");
+    println!("|---|---:|---:|");
+    for s in [pause, resume] {
+        println!("| {} | {:.3} | {:.3} |", s.name, s.pct(50.0), s.pct(99.0));
+    }
+    println!("\n- resume p50 < 5 ms: {:.3} ms ({})", resume.pct(50.0), pass(resume.pct(50.0) < 5.0));
 }
 
 fn pass(ok: bool) -> &'static str {
