@@ -800,3 +800,81 @@ fn freeze_stops_a_spinner_thaw_resumes_it_and_destroy_of_a_frozen_sandbox_leaves
     j.destroy(&s.id).unwrap();
     assert_gone(j, &s.id, l.pid);
 }
+
+/// CPU ticks (user + system) a process has used.
+fn cpu_ticks(pid: u32) -> u64 {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let rest = s.rsplit_once(") ").map(|(_, r)| r).unwrap_or("");
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    // Fields 14 and 15 of stat (utime, stime), counted from after the command name.
+    f.get(11).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0)
+        + f.get(12).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0)
+}
+
+#[test]
+fn v2_freeze_thaw_and_destroy_of_a_frozen_cgroup() {
+    if let Some(r) = skip_reason() {
+        eprintln!("skipped: {r}");
+        return;
+    }
+    // The v2 hierarchy: the host's unified mount (this host runs v1 for sandboxes) or /.
+    let Some(root) = ["/sys/fs/cgroup/unified", "/sys/fs/cgroup"]
+        .into_iter()
+        .map(Path::new)
+        .find(|r| r.join("cgroup.procs").exists() && r.join("cgroup.subtree_control").exists())
+    else {
+        eprintln!("skipped: no cgroup v2 hierarchy");
+        return;
+    };
+    let cg = rampart_jail::cgroup::Cgroups {
+        version: CgroupVersion::V2,
+        root: root.into(),
+        subtree: format!("rampart-test-{}-v2freeze", std::process::id()),
+        v1_freezer: false,
+    };
+    let name = "spin";
+    let dir = cg.dirs(name).remove(0);
+    std::fs::create_dir_all(&dir).unwrap();
+    if !dir.join("cgroup.freeze").exists() {
+        eprintln!("skipped: no cgroup.freeze (kernel older than 5.2)");
+        let _ = std::fs::remove_dir(&dir);
+        let _ = std::fs::remove_dir(dir.parent().unwrap());
+        return;
+    }
+    let mut child = std::process::Command::new("sh")
+        .args(["-c", "while :; do :; done"])
+        .spawn()
+        .unwrap();
+    std::fs::write(dir.join("cgroup.procs"), child.id().to_string()).unwrap();
+    let pid = child.id();
+    let t0 = cpu_ticks(pid);
+    assert!(
+        eventually(|| cpu_ticks(pid) > t0 + 5),
+        "the spinner does not spin"
+    );
+    cg.freeze(name, std::time::Duration::from_secs(5)).unwrap();
+    assert_eq!(
+        cg.freezer_state(name).unwrap(),
+        rampart_jail::cgroup::FreezerState::Frozen
+    );
+    let t1 = cpu_ticks(pid);
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    assert!(cpu_ticks(pid) <= t1 + 1, "a frozen task ran");
+    cg.thaw(name).unwrap();
+    assert_eq!(
+        cg.freezer_state(name).unwrap(),
+        rampart_jail::cgroup::FreezerState::Thawed
+    );
+    let t2 = cpu_ticks(pid);
+    assert!(
+        eventually(|| cpu_ticks(pid) > t2 + 5),
+        "no progress after thaw"
+    );
+    // Destroy of a frozen cgroup kills its tasks and removes it.
+    cg.freeze(name, std::time::Duration::from_secs(5)).unwrap();
+    cg.destroy(name).unwrap();
+    let st = child.wait().unwrap();
+    assert_eq!(std::os::unix::process::ExitStatusExt::signal(&st), Some(9));
+    assert!(!dir.exists());
+    let _ = std::fs::remove_dir(dir.parent().unwrap());
+}
