@@ -11,16 +11,16 @@
 //! - the count of alive sandboxes never exceeds the `max_alive` given at insert.
 
 mod audit;
+pub mod keys;
+mod wal;
 
 pub use audit::{LeafRow, NewEvent, StoredEvent, TreeHeadRow};
-
-pub mod keys;
 
 use rampart_types::{Limits, OnTimeout, SandboxId, SandboxState};
 use rusqlite::{params, Connection, OptionalExtension, Row, TransactionBehavior};
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 /// Errors of the store.
@@ -63,6 +63,9 @@ pub enum StoreError {
     /// No sandbox with this id.
     #[error("sandbox {0} not found")]
     NotFound(String),
+    /// A thread of the store could not be started.
+    #[error("starting a store thread: {0}")]
+    Thread(std::io::Error),
 }
 
 /// A sandbox as stored.
@@ -260,14 +263,19 @@ const MIGRATIONS: &[(i64, &str)] = &[
 /// The SQLite implementation of [`SandboxStore`].
 #[derive(Debug)]
 pub struct SqliteStore {
-    conn: Mutex<Connection>,
+    conn: Arc<Mutex<Connection>>,
+    /// Checkpoints the write-ahead log off the commit path (file databases).
+    checkpointer: Option<wal::Checkpointer>,
 }
 
 impl SqliteStore {
     /// Opens (creating if needed) the database at `path` and migrates it to [`SCHEMA_VERSION`].
     pub fn open(path: &Path) -> Result<SqliteStore, StoreError> {
         let conn = Connection::open(path)?;
-        Self::init(conn)
+        let mut store = Self::init(conn)?;
+        // Without the thread, SQLite keeps checkpointing inside commits: slower, not wrong.
+        store.checkpointer = wal::Checkpointer::start(path, store.conn.clone()).ok();
+        Ok(store)
     }
 
     /// An in-memory database (tests).
@@ -278,8 +286,9 @@ impl SqliteStore {
     fn init(mut conn: Connection) -> Result<SqliteStore, StoreError> {
         conn.busy_timeout(Duration::from_secs(5))?;
         // WAL: readers never block the writer; NORMAL: a commit does not fsync (the WAL is
-        // synced at checkpoints), which keeps a create cheap. A power loss may lose the last
-        // commits, which restart recovery tolerates (it reconciles with the host).
+        // synced at checkpoints), which keeps a create cheap. A commit survives the daemon's
+        // death (kill -9); a power loss may lose the last commits, which restart recovery
+        // tolerates (it reconciles with the host). See `wal` for the details.
         conn.pragma_update(None, "journal_mode", "WAL")?;
         conn.pragma_update(None, "synchronous", "NORMAL")?;
         conn.pragma_update(None, "foreign_keys", "ON")?;
@@ -312,7 +321,8 @@ impl SqliteStore {
         }
         tx.commit()?;
         Ok(SqliteStore {
-            conn: Mutex::new(conn),
+            conn: Arc::new(Mutex::new(conn)),
+            checkpointer: None,
         })
     }
 
@@ -323,6 +333,13 @@ impl SqliteStore {
             [],
             |r| r.get(0),
         )?)
+    }
+
+    /// Counts a commit towards the next background checkpoint.
+    fn committed(&self) {
+        if let Some(c) = &self.checkpointer {
+            c.committed();
+        }
     }
 
     fn lock(&self) -> MutexGuard<'_, Connection> {
@@ -619,10 +636,10 @@ impl SandboxStore for SqliteStore {
     }
 
     fn append_event(&self, event: &NewEvent) -> Result<(), StoreError> {
-        let mut conn = self.lock();
-        let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-        audit::insert_event(&tx, event)?;
-        tx.commit()?;
+        let conn = self.lock();
+        wal::write_txn(&conn, |c| audit::insert_event(c, event))?;
+        drop(conn);
+        self.committed();
         Ok(())
     }
 
