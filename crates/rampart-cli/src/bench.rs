@@ -58,7 +58,10 @@ struct Samples {
 
 impl Samples {
     fn new(name: &str) -> Self {
-        Samples { name: name.to_owned(), ms: Vec::new() }
+        Samples {
+            name: name.to_owned(),
+            ms: Vec::new(),
+        }
     }
     fn push(&mut self, d: Duration) {
         self.ms.push(d.as_secs_f64() * 1000.0);
@@ -92,7 +95,9 @@ impl Drop for PrivateDaemon {
 }
 
 fn free_port() -> Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
 }
 
 fn start_private_daemon() -> Result<(String, PrivateDaemon)> {
@@ -147,14 +152,20 @@ fn time_cmd(cmd: &mut Command) -> Result<Duration> {
     let out = cmd.stdout(Stdio::null()).stderr(Stdio::piped()).output()?;
     let d = t.elapsed();
     if !out.status.success() {
-        bail!("{:?} failed: {}", cmd, String::from_utf8_lossy(&out.stderr).trim());
+        bail!(
+            "{:?} failed: {}",
+            cmd,
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
     }
     Ok(d)
 }
 
 fn which(name: &str) -> Option<PathBuf> {
     std::env::var_os("PATH").and_then(|p| {
-        std::env::split_paths(&p).map(|d| d.join(name)).find(|c| c.is_file())
+        std::env::split_paths(&p)
+            .map(|d| d.join(name))
+            .find(|c| c.is_file())
     })
 }
 
@@ -187,8 +198,10 @@ fn runc_bundle(dir: &Path) -> Result<()> {
     spec["mounts"]
         .as_array_mut()
         .context("config.json has no mounts")?
-        .push(json!({"destination": "/usr", "type": "bind", "source": "/usr",
-                     "options": ["rbind", "ro"]}));
+        .push(
+            json!({"destination": "/usr", "type": "bind", "source": "/usr",
+                     "options": ["rbind", "ro"]}),
+        );
     std::fs::write(&path, serde_json::to_vec_pretty(&spec)?)?;
     Ok(())
 }
@@ -199,9 +212,24 @@ fn measure_peers(iterations: usize) -> Result<Vec<Samples>> {
         let mut s = Samples::new("bwrap --unshare-all, /usr ro, true");
         for _ in 0..iterations {
             s.push(time_cmd(Command::new("bwrap").args([
-                "--unshare-all", "--ro-bind", "/usr", "/usr", "--symlink", "usr/bin", "/bin",
-                "--symlink", "usr/lib", "/lib", "--symlink", "usr/lib64", "/lib64", "--proc",
-                "/proc", "--dev", "/dev", "true",
+                "--unshare-all",
+                "--ro-bind",
+                "/usr",
+                "/usr",
+                "--symlink",
+                "usr/bin",
+                "/bin",
+                "--symlink",
+                "usr/lib",
+                "/lib",
+                "--symlink",
+                "usr/lib64",
+                "/lib64",
+                "--proc",
+                "/proc",
+                "--dev",
+                "/dev",
+                "true",
             ]))?);
         }
         out.push(s);
@@ -212,7 +240,8 @@ fn measure_peers(iterations: usize) -> Result<Vec<Samples>> {
         let mut s = Samples::new("unshare -U -m -p -n -i -u --fork true");
         for _ in 0..iterations {
             s.push(time_cmd(
-                Command::new("unshare").args(["-U", "-m", "-p", "-n", "-i", "-u", "--fork", "true"]),
+                Command::new("unshare")
+                    .args(["-U", "-m", "-p", "-n", "-i", "-u", "--fork", "true"]),
             )?);
         }
         out.push(s);
@@ -225,7 +254,10 @@ fn measure_peers(iterations: usize) -> Result<Vec<Samples>> {
             for i in 0..iterations {
                 let name = format!("rampart-bench-{}-{i}", std::process::id());
                 s.push(time_cmd(
-                    Command::new("runc").args(["run", "--bundle"]).arg(&dir).arg(&name),
+                    Command::new("runc")
+                        .args(["run", "--bundle"])
+                        .arg(&dir)
+                        .arg(&name),
                 )?);
             }
             Ok(s)
@@ -255,7 +287,11 @@ struct Api {
 
 impl Api {
     fn create(&self) -> Result<String> {
-        let r = self.client.post(format!("{}/v1/sandboxes", self.url)).json(&json!({})).send()?;
+        let r = self
+            .client
+            .post(format!("{}/v1/sandboxes", self.url))
+            .json(&json!({}))
+            .send()?;
         let status = r.status();
         let v: Value = r.json()?;
         if !status.is_success() {
@@ -278,8 +314,15 @@ impl Api {
     }
     /// `POST /v1/sandboxes/{id}/pause` or `/resume`; checks the state it answers.
     fn pause(&self, id: &str, resume: bool) -> Result<()> {
-        let (verb, want) = if resume { ("resume", "running") } else { ("pause", "paused") };
-        let r = self.client.post(format!("{}/v1/sandboxes/{id}/{verb}", self.url)).send()?;
+        let (verb, want) = if resume {
+            ("resume", "running")
+        } else {
+            ("pause", "paused")
+        };
+        let r = self
+            .client
+            .post(format!("{}/v1/sandboxes/{id}/{verb}", self.url))
+            .send()?;
         let status = r.status();
         let v: Value = r.json()?;
         if !status.is_success() || v["state"] != json!(want) {
@@ -288,7 +331,10 @@ impl Api {
         Ok(())
     }
     fn destroy(&self, id: &str) -> Result<()> {
-        let r = self.client.delete(format!("{}/v1/sandboxes/{id}", self.url)).send()?;
+        let r = self
+            .client
+            .delete(format!("{}/v1/sandboxes/{id}", self.url))
+            .send()?;
         if !r.status().is_success() {
             bail!("destroy: {}: {}", r.status(), r.text().unwrap_or_default());
         }
@@ -312,9 +358,12 @@ fn mem_used_bytes() -> Result<u64> {
 
 /// Memory charged to Rampart's cgroup subtree (all sandboxes), if the host exposes it.
 fn subtree_memory_bytes() -> Option<u64> {
-    ["/sys/fs/cgroup/memory/rampart/memory.usage_in_bytes", "/sys/fs/cgroup/rampart/memory.current"]
-        .iter()
-        .find_map(|p| std::fs::read_to_string(p).ok()?.trim().parse().ok())
+    [
+        "/sys/fs/cgroup/memory/rampart/memory.usage_in_bytes",
+        "/sys/fs/cgroup/rampart/memory.current",
+    ]
+    .iter()
+    .find_map(|p| std::fs::read_to_string(p).ok()?.trim().parse().ok())
 }
 
 /// Runs the benchmark and prints the report.
@@ -342,7 +391,10 @@ pub fn run(args: BenchArgs) -> Result<()> {
         }
         return Ok(());
     }
-    let api = Api { client: client.clone(), url };
+    let api = Api {
+        client: client.clone(),
+        url,
+    };
     if args.pause_only {
         let (pause, resume) = measure_pause(&api, args.iterations)?;
         print_pause(&pause, &resume);
@@ -380,7 +432,10 @@ pub fn run(args: BenchArgs) -> Result<()> {
 
     let (pause, resume) = measure_pause(&api, args.iterations)?;
 
-    eprintln!("bench: {} create+destroy at concurrency {}...", args.cycles, args.concurrency);
+    eprintln!(
+        "bench: {} create+destroy at concurrency {}...",
+        args.cycles, args.concurrency
+    );
     let per = args.cycles.div_ceil(args.concurrency.max(1));
     let t = Instant::now();
     std::thread::scope(|s| -> Result<()> {
@@ -396,7 +451,8 @@ pub fn run(args: BenchArgs) -> Result<()> {
             })
             .collect();
         for h in handles {
-            h.join().map_err(|_| anyhow::anyhow!("bench worker panicked"))??;
+            h.join()
+                .map_err(|_| anyhow::anyhow!("bench worker panicked"))??;
         }
         Ok(())
     })?;
@@ -437,20 +493,34 @@ pub fn run(args: BenchArgs) -> Result<()> {
     };
 
     // Report.
-    let bwrap_p50 = peers.iter().find(|s| s.name.starts_with("bwrap")).map(|s| s.pct(50.0));
+    let bwrap_p50 = peers
+        .iter()
+        .find(|s| s.name.starts_with("bwrap"))
+        .map(|s| s.pct(50.0));
     println!("\n## Latency (ms), {} iterations\n", args.iterations);
     println!("| what | p50 | p99 | p50 vs bwrap |");
     println!("|---|---:|---:|---:|");
     let mut rows: Vec<&Samples> = peers.iter().collect();
     rows.extend([&cycle, &full, &rtt, &pause, &resume]);
     for s in &rows {
-        let ratio = bwrap_p50.map(|b| format!("{:.2}x", s.pct(50.0) / b)).unwrap_or("-".into());
-        println!("| {} | {:.2} | {:.2} | {} |", s.name, s.pct(50.0), s.pct(99.0), ratio);
+        let ratio = bwrap_p50
+            .map(|b| format!("{:.2}x", s.pct(50.0) / b))
+            .unwrap_or("-".into());
+        println!(
+            "| {} | {:.2} | {:.2} | {} |",
+            s.name,
+            s.pct(50.0),
+            s.pct(99.0),
+            ratio
+        );
     }
     println!("\n## Throughput and density\n");
     println!("| what | value |");
     println!("|---|---:|");
-    println!("| create+destroy per second, concurrency {} | {:.1} |", args.concurrency, rate);
+    println!(
+        "| create+destroy per second, concurrency {} | {:.1} |",
+        args.concurrency, rate
+    );
     println!(
         "| host memory per idle sandbox ({} alive) | {:.2} MiB |",
         alive,
@@ -463,6 +533,15 @@ pub fn run(args: BenchArgs) -> Result<()> {
             c / (1024.0 * 1024.0)
         );
     }
+    let key_file = _private.as_ref().map(|d| d.data_dir.join("api-key"));
+    let e2b = measure_e2b_sdk(&api.url, key_file.as_deref(), args.iterations.min(30));
+    if let Some(s) = &e2b {
+        println!("\n## Through the unmodified E2B Python SDK (e2b==2.63.0)\n");
+        println!("| what | p50 ms | p99 ms |");
+        println!("|---|---:|---:|");
+        println!("| {} | {:.1} | {:.1} |", s.name, s.pct(50.0), s.pct(99.0));
+        println!("| E2B's published sandbox start time (cloud) | about 150 | - |");
+    }
     drop(api);
     drop(_private);
     let audit = measure_audit(&client, &args)?;
@@ -470,18 +549,39 @@ pub fn run(args: BenchArgs) -> Result<()> {
     println!("\n## Targets\n");
     if let Some(b) = bwrap_p50 {
         let r = cycle.pct(50.0) / b;
-        println!("- create + first exec p50 <= 3x bwrap: {:.2}x ({})", r, pass(r <= 3.0));
+        println!(
+            "- create + first exec p50 <= 3x bwrap: {:.2}x ({})",
+            r,
+            pass(r <= 3.0)
+        );
     }
-    println!("- exec round trip p50 < 1 ms: {:.3} ms ({})", rtt.pct(50.0), pass(rtt.pct(50.0) < 1.0));
-    println!("- resume p50 < 5 ms: {:.3} ms ({})", resume.pct(50.0), pass(resume.pct(50.0) < 5.0));
-    println!("- >= 100 create+destroy per second: {:.1} ({})", rate, pass(rate >= 100.0));
+    println!(
+        "- exec round trip p50 < 1 ms: {:.3} ms ({})",
+        rtt.pct(50.0),
+        pass(rtt.pct(50.0) < 1.0)
+    );
+    println!(
+        "- resume p50 < 5 ms: {:.3} ms ({})",
+        resume.pct(50.0),
+        pass(resume.pct(50.0) < 5.0)
+    );
+    println!(
+        "- >= 100 create+destroy per second: {:.1} ({})",
+        rate,
+        pass(rate >= 100.0)
+    );
     // The larger of the two views, so the target is judged on the worse one.
     let mib = per_idle.max(per_idle_cgroup.unwrap_or(0.0)) / (1024.0 * 1024.0);
-    println!("- <= 4 MiB per idle sandbox: {:.2} MiB ({})", mib, pass(mib <= 4.0));
+    println!(
+        "- <= 4 MiB per idle sandbox: {:.2} MiB ({})",
+        mib,
+        pass(mib <= 4.0)
+    );
     audit.print_targets();
 
     if let Some(path) = &args.json {
-        let to_json = |s: &Samples| json!({"name": s.name, "p50_ms": s.pct(50.0), "p99_ms": s.pct(99.0)});
+        let to_json =
+            |s: &Samples| json!({"name": s.name, "p50_ms": s.pct(50.0), "p99_ms": s.pct(99.0)});
         let v = json!({
             "latency": rows.iter().map(|s| to_json(s)).collect::<Vec<_>>(),
             "creates_per_second": rate,
@@ -494,6 +594,66 @@ pub fn run(args: BenchArgs) -> Result<()> {
         std::fs::write(path, serde_json::to_vec_pretty(&v)?)?;
     }
     Ok(())
+}
+
+/// `Sandbox.create()` + `commands.run("true")` + `kill()` through the unmodified E2B Python
+/// SDK, from the venv `scripts/e2b-sdks.sh` makes under `target/`. `None` (with the reason on
+/// stderr) when the venv or an API key is missing.
+fn measure_e2b_sdk(url: &str, key_file: Option<&Path>, iterations: usize) -> Option<Samples> {
+    const SCRIPT: &str = r#"
+import sys, time
+from e2b import Sandbox
+n = int(sys.argv[1])
+Sandbox.create().kill()  # warm-up
+for _ in range(n):
+    t = time.perf_counter()
+    sbx = Sandbox.create()
+    sbx.commands.run("true")
+    sbx.kill()
+    print((time.perf_counter() - t) * 1000.0, flush=True)
+"#;
+    let exe = std::env::current_exe().ok()?;
+    let python = exe.parent()?.parent()?.join("e2b-venv/bin/python");
+    if !python.is_file() {
+        eprintln!(
+            "bench: no E2B SDK venv at {} (scripts/e2b-sdks.sh makes it); skipping the SDK row",
+            python.display()
+        );
+        return None;
+    }
+    let key = match key_file.and_then(|f| std::fs::read_to_string(f).ok()) {
+        Some(k) => k.trim().to_owned(),
+        None => match std::env::var("E2B_API_KEY") {
+            Ok(k) => k,
+            Err(_) => {
+                eprintln!("bench: no API key for the E2B SDK row (set E2B_API_KEY); skipping it");
+                return None;
+            }
+        },
+    };
+    eprintln!("bench: {iterations} create + run + kill through the E2B Python SDK...");
+    let out = Command::new(&python)
+        .args(["-c", SCRIPT, &iterations.to_string()])
+        .env_clear()
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+        .env("E2B_API_KEY", key)
+        .env("E2B_API_URL", url)
+        .env("E2B_SANDBOX_URL", url)
+        .output()
+        .ok()?;
+    if !out.status.success() {
+        eprintln!(
+            "bench: the E2B SDK run failed: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+        return None;
+    }
+    let mut s = Samples::new("e2b SDK: Sandbox.create() + commands.run(\"true\") + kill()");
+    s.ms = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.trim().parse().ok())
+        .collect();
+    (!s.ms.is_empty()).then_some(s)
 }
 
 /// Pause and resume latency through the API (request to answer: the sandbox's cgroup frozen
@@ -529,13 +689,20 @@ fn measure_pause(api: &Api, iterations: usize) -> Result<(Samples, Samples)> {
 }
 
 fn print_pause(pause: &Samples, resume: &Samples) {
-    println!("\n## Pause and resume (ms), {} iterations\n", pause.ms.len());
+    println!(
+        "\n## Pause and resume (ms), {} iterations\n",
+        pause.ms.len()
+    );
     println!("| what | p50 | p99 |");
     println!("|---|---:|---:|");
     for s in [pause, resume] {
         println!("| {} | {:.3} | {:.3} |", s.name, s.pct(50.0), s.pct(99.0));
     }
-    println!("\n- resume p50 < 5 ms: {:.3} ms ({})", resume.pct(50.0), pass(resume.pct(50.0) < 5.0));
+    println!(
+        "\n- resume p50 < 5 ms: {:.3} ms ({})",
+        resume.pct(50.0),
+        pass(resume.pct(50.0) < 5.0)
+    );
 }
 
 fn pass(ok: bool) -> &'static str {
@@ -598,8 +765,14 @@ fn print_audit(a: &AuditBench) {
     println!("\n## Audit\n");
     println!("| what | value |");
     println!("|---|---:|");
-    println!("| exec/s, warm sandbox, audit log on ({} execs) | {:.1} |", a.execs, a.on_rate);
-    println!("| exec/s, warm sandbox, audit log off ({} execs) | {:.1} |", a.execs, a.off_rate);
+    println!(
+        "| exec/s, warm sandbox, audit log on ({} execs) | {:.1} |",
+        a.execs, a.on_rate
+    );
+    println!(
+        "| exec/s, warm sandbox, audit log off ({} execs) | {:.1} |",
+        a.execs, a.off_rate
+    );
     println!("| on / off | {:.3} |", a.on_rate / a.off_rate);
     println!(
         "| bundle verification, events/s ({} events, {:.1} MiB) | {:.0} |",
@@ -614,11 +787,18 @@ fn print_audit(a: &AuditBench) {
 fn measure_audit(client: &reqwest::blocking::Client, args: &BenchArgs) -> Result<AuditBench> {
     eprintln!("bench: exec throughput with the audit log on and off...");
     let (on_url, _on) = start_private_daemon_with("audit-on", None)?;
-    let (off_url, _off) = start_private_daemon_with("audit-off", Some("[audit]\nenabled = false\n"))?;
+    let (off_url, _off) =
+        start_private_daemon_with("audit-off", Some("[audit]\nenabled = false\n"))?;
     wait_healthy(client, &on_url)?;
     wait_healthy(client, &off_url)?;
-    let on = Api { client: client.clone(), url: on_url };
-    let off = Api { client: client.clone(), url: off_url };
+    let on = Api {
+        client: client.clone(),
+        url: on_url,
+    };
+    let off = Api {
+        client: client.clone(),
+        url: off_url,
+    };
     let on_id = on.create()?;
     let off_id = off.create()?;
     for _ in 0..20 {
@@ -653,7 +833,10 @@ fn measure_audit(client: &reqwest::blocking::Client, args: &BenchArgs) -> Result
     let on_rate = execs as f64 / t_on.as_secs_f64();
     let off_rate = execs as f64 / t_off.as_secs_f64();
 
-    eprintln!("bench: verifying a generated {}-event bundle...", args.verify_events);
+    eprintln!(
+        "bench: verifying a generated {}-event bundle...",
+        args.verify_events
+    );
     let bytes = generated_bundle(args.verify_events)?;
     let t = Instant::now();
     let report = rampart_audit::verify_bundle(&bytes, None)
