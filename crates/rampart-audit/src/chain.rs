@@ -2,7 +2,7 @@
 
 use crate::canonical::{normalize_numbers, EncodeError, StrictValue};
 use crate::error::VerifyError;
-use crate::hash::{event_hash, genesis};
+use crate::hash::{event_canonical_bytes, event_hash, genesis, sha256, EVENT_DOMAIN};
 use crate::merkle::HeadLeaf;
 use rampart_types::audit::{Event, EventBody, Hash};
 use rampart_types::SandboxId;
@@ -193,6 +193,58 @@ impl Chain {
             hash,
             body,
         })
+    }
+
+    /// [`Chain::next_event`], with the event's canonical JSON (the bytes
+    /// [`crate::canonical::to_canonical`] makes of the whole event), both from one encoding of
+    /// the body: the canonical event is the hashed object with `"hash"` inserted between
+    /// `"body"` and `"prev"` (the keys are sorted).
+    pub fn next_event_json(
+        &self,
+        mut body: EventBody,
+        time: String,
+    ) -> Result<(Event, String), EncodeError> {
+        normalize_body(&mut body);
+        let value = serde_json::to_value(&body).map_err(|e| EncodeError::Json(e.to_string()))?;
+        let mut buf = Vec::with_capacity(1024);
+        buf.extend_from_slice(EVENT_DOMAIN);
+        event_canonical_bytes(
+            self.length,
+            &time,
+            self.sandbox.as_str(),
+            &self.head,
+            &value,
+            &mut buf,
+        )?;
+        let hash = sha256(&buf);
+        let hashed = &buf[EVENT_DOMAIN.len()..];
+        // What follows the body: `,"prev":"<hex>","sandbox":..,"seq":..,"time":..}`. Nothing
+        // after it can hold this text (an id, digits, a timestamp), so the last one is it.
+        const PREV: &[u8] = b",\"prev\":\"";
+        let split = hashed
+            .windows(PREV.len())
+            .rposition(|w| w == PREV)
+            .ok_or_else(|| EncodeError::Json("no prev in the encoded event".into()))?;
+        let mut json = String::with_capacity(hashed.len() + 80);
+        // The canonical encoder writes UTF-8 text.
+        json.push_str(
+            std::str::from_utf8(&hashed[..split]).map_err(|e| EncodeError::Json(e.to_string()))?,
+        );
+        json.push_str(",\"hash\":\"");
+        hash.write_hex(&mut json);
+        json.push('"');
+        json.push_str(
+            std::str::from_utf8(&hashed[split..]).map_err(|e| EncodeError::Json(e.to_string()))?,
+        );
+        let event = Event {
+            seq: self.length,
+            time,
+            sandbox: self.sandbox.clone(),
+            prev: self.head,
+            hash,
+            body,
+        };
+        Ok((event, json))
     }
 
     /// Moves the chain past `event`, which must have been made by [`Chain::next_event`] on
@@ -438,6 +490,34 @@ mod tests {
         assert!(is_valid_time(&now()));
         let t = OffsetDateTime::from_unix_timestamp_nanos(1_700_000_000_123_456_789).unwrap();
         assert_eq!(format_time(t), "2023-11-14T22:13:20.123Z");
+    }
+
+    #[test]
+    fn next_event_json_is_the_canonical_event() {
+        use crate::canonical::to_canonical;
+        use rampart_types::audit::Exec;
+        let mut c = Chain::new(sid("abc"));
+        let bodies = [
+            EventBody::Paused(Empty {}),
+            EventBody::Exec(Exec {
+                exec_id: "x1".into(),
+                // Text that looks like the member after the body does not confuse it.
+                argv: vec!["echo".into(), ",\"prev\":\"".into(), "é\u{1}\"".into()],
+                cwd: None,
+                user: "user".into(),
+                env_names: vec!["A".into()],
+                stdin: false,
+                pty: false,
+                input: None,
+            }),
+        ];
+        for body in bodies {
+            let (event, json) = c.next_event_json(body.clone(), now()).unwrap();
+            assert_eq!(event, c.next_event(body, event.time.clone()).unwrap());
+            let value = serde_json::to_value(&event).unwrap();
+            assert_eq!(json.as_bytes(), to_canonical(&value).unwrap());
+            c.advance(&event).unwrap();
+        }
     }
 
     #[test]

@@ -5,8 +5,8 @@
 //! records when there is one (`created` with `running`, `destroyed` with `destroyed`,
 //! `timeout_changed` with the new deadline). The in-memory chain moves only after the commit.
 
+use crate::isolation::{CounterFiles, CpuFormat};
 use crate::CoreError;
-use rampart_audit::canonical::to_canonical;
 use rampart_audit::{
     now, referenced_blobs, Bundle, Chain, ContentHasher, ContentRecord, Event, EventBody, Hash,
     HeadLeaf, MerkleLog, NodeKey, SignedTreeHead,
@@ -14,6 +14,8 @@ use rampart_audit::{
 use rampart_store::{LeafRow, NewEvent, SandboxStore, StoreError, TreeHeadRow};
 use rampart_types::SandboxId;
 use std::collections::HashMap;
+use std::fs::File;
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -70,6 +72,59 @@ pub(crate) struct Audit {
     node: Mutex<NodeLog>,
     templates: Mutex<HashMap<String, String>>,
     appended: tokio::sync::watch::Sender<u64>,
+    /// Open counter files per sandbox (None: the tier has none, or they did not open).
+    meters: Mutex<HashMap<SandboxId, Option<Arc<Meter>>>>,
+}
+
+/// A sandbox's CPU time and peak memory counters, kept open and re-read with `pread` at
+/// offset 0 (which makes a cgroup file produce its current value again): one system call per
+/// value, instead of a path walk, an open, a stat, two reads and a close.
+#[derive(Debug)]
+pub(crate) struct Meter {
+    cpu: File,
+    cpu_format: CpuFormat,
+    peak_memory: Option<File>,
+}
+
+impl Meter {
+    fn open(files: &CounterFiles) -> std::io::Result<Meter> {
+        Ok(Meter {
+            cpu: File::open(&files.cpu)?,
+            cpu_format: files.cpu_format,
+            peak_memory: files.peak_memory.as_ref().and_then(|p| File::open(p).ok()),
+        })
+    }
+
+    /// The first bytes of `f`, as text.
+    fn read(f: &File, buf: &mut [u8]) -> Option<usize> {
+        f.read_at(buf, 0).ok()
+    }
+
+    /// CPU time so far, microseconds.
+    pub(crate) fn cpu_usec(&self) -> Option<u64> {
+        let mut buf = [0u8; 512];
+        let n = Self::read(&self.cpu, &mut buf)?;
+        let text = std::str::from_utf8(&buf[..n]).ok()?;
+        match self.cpu_format {
+            CpuFormat::Nanoseconds => text.trim().parse::<u64>().ok().map(|ns| ns / 1000),
+            CpuFormat::StatUsageUsec => text
+                .lines()
+                .find_map(|l| l.strip_prefix("usage_usec "))
+                .and_then(|v| v.trim().parse().ok()),
+        }
+    }
+
+    /// Peak memory, bytes (None when unknown or zero).
+    pub(crate) fn peak_memory_bytes(&self) -> Option<u64> {
+        let mut buf = [0u8; 64];
+        let n = Self::read(self.peak_memory.as_ref()?, &mut buf)?;
+        std::str::from_utf8(&buf[..n])
+            .ok()?
+            .trim()
+            .parse::<u64>()
+            .ok()
+            .filter(|&p| p > 0)
+    }
 }
 
 impl Audit {
@@ -98,6 +153,7 @@ impl Audit {
             }),
             templates: Mutex::new(HashMap::new()),
             appended,
+            meters: Mutex::new(HashMap::new()),
         })
     }
 
@@ -178,9 +234,10 @@ impl Audit {
             drop(chain);
             return write(None).map_err(db);
         }
-        let event = chain.next_event(body(chain.len()), now()).map_err(enc)?;
-        let value = serde_json::to_value(&event).map_err(enc)?;
-        let json = String::from_utf8(to_canonical(&value).map_err(enc)?).map_err(enc)?;
+        // One encoding of the body gives both the hash and the stored canonical JSON.
+        let (event, json) = chain
+            .next_event_json(body(chain.len()), now())
+            .map_err(enc)?;
         let ne = NewEvent {
             sandbox: id.clone(),
             seq: event.seq,
@@ -216,9 +273,26 @@ impl Audit {
         })
     }
 
-    /// Forgets a sandbox's chain (it is destroyed; its events stay in the store).
+    /// Forgets a sandbox's chain (it is destroyed; its events stay in the store) and closes
+    /// its counter files.
     pub(crate) fn forget(&self, id: &SandboxId) {
         lock(&self.chains).remove(id);
+        lock(&self.meters).remove(id);
+    }
+
+    /// The counter files of a sandbox, opened at its first exec from `files` (None when it
+    /// has none or they cannot be opened: the caller reads the tier's usage instead).
+    pub(crate) fn meter(
+        &self,
+        id: &SandboxId,
+        files: impl FnOnce() -> Option<CounterFiles>,
+    ) -> Option<Arc<Meter>> {
+        if let Some(m) = lock(&self.meters).get(id) {
+            return m.clone();
+        }
+        let m = files().and_then(|f| Meter::open(&f).ok()).map(Arc::new);
+        lock(&self.meters).insert(id.clone(), m.clone());
+        m
     }
 
     /// The current (length, head) of a sandbox's chain.
@@ -454,6 +528,37 @@ pub(crate) fn template_digest(dir: &Path) -> std::io::Result<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn meter_rereads_its_files_from_the_start() {
+        let d = tempfile::tempdir().unwrap();
+        let (cpu, peak) = (d.path().join("cpu"), d.path().join("peak"));
+        std::fs::write(&cpu, "2500000\n").unwrap();
+        std::fs::write(&peak, "4096\n").unwrap();
+        let m = Meter::open(&CounterFiles {
+            cpu: cpu.clone(),
+            cpu_format: CpuFormat::Nanoseconds,
+            peak_memory: Some(peak.clone()),
+        })
+        .unwrap();
+        assert_eq!(m.cpu_usec(), Some(2500));
+        assert_eq!(m.cpu_usec(), Some(2500));
+        assert_eq!(m.peak_memory_bytes(), Some(4096));
+        std::fs::write(&cpu, "7000000\n").unwrap();
+        std::fs::write(&peak, "0\n").unwrap();
+        assert_eq!(m.cpu_usec(), Some(7000));
+        assert_eq!(m.peak_memory_bytes(), None);
+
+        std::fs::write(&cpu, "usage_usec 1234\nuser_usec 1000\nsystem_usec 234\n").unwrap();
+        let m = Meter::open(&CounterFiles {
+            cpu,
+            cpu_format: CpuFormat::StatUsageUsec,
+            peak_memory: Some(d.path().join("missing")),
+        })
+        .unwrap();
+        assert_eq!(m.cpu_usec(), Some(1234));
+        assert_eq!(m.peak_memory_bytes(), None);
+    }
 
     #[test]
     fn template_digest_follows_content() {

@@ -4,9 +4,9 @@
 //! more implementation running the same agent. Every method blocks; the manager calls them on
 //! a blocking thread.
 
-use rampart_jail::{Jail, JailError};
+use rampart_jail::{CgroupVersion, Jail, JailError};
 use rampart_types::SandboxId;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 pub use rampart_jail::{LaunchSpec, Launched, Usage};
 
@@ -28,6 +28,27 @@ impl From<JailError> for IsolationError {
             other => IsolationError::Failed(other.to_string()),
         }
     }
+}
+
+/// How a CPU time counter file spells its value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CpuFormat {
+    /// One number, nanoseconds (cgroup v1 `cpuacct.usage`).
+    Nanoseconds,
+    /// A `usage_usec <n>` line among others, microseconds (cgroup v2 `cpu.stat`).
+    StatUsageUsec,
+}
+
+/// The files holding the counters an exec's audit record reads at its start and end, for a
+/// reader that keeps them open and re-reads them from offset 0.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CounterFiles {
+    /// The sandbox's CPU time.
+    pub cpu: PathBuf,
+    /// How `cpu` spells it.
+    pub cpu_format: CpuFormat,
+    /// The sandbox's peak memory in bytes (one number), if the host keeps it.
+    pub peak_memory: Option<PathBuf>,
 }
 
 /// An isolation tier. All methods block.
@@ -67,6 +88,11 @@ pub trait Isolation: Send + Sync + std::fmt::Debug {
         let _ = id;
         Ok(false)
     }
+    /// The counter files of a sandbox (see [`CounterFiles`]), when the tier has such files;
+    /// otherwise (the default) the exec record reads [`Isolation::usage`].
+    fn counter_files(&self, _id: &SandboxId) -> Option<CounterFiles> {
+        None
+    }
     /// Releases what the tier keeps warm for fast launches (pre-spawned processes and their
     /// cgroups) and finishes the removals of destroyed sandboxes still in progress. Sandboxes
     /// keep running; later launches still work, only slower. Blocking.
@@ -97,6 +123,31 @@ impl Isolation for Jail {
     }
     fn usage(&self, id: &SandboxId) -> Result<Usage, IsolationError> {
         Ok(Jail::usage(self, id)?)
+    }
+    fn counter_files(&self, id: &SandboxId) -> Option<CounterFiles> {
+        let dirs = self.cgroup_dirs(id);
+        match self.features().cgroup {
+            CgroupVersion::V2 => {
+                let d = dirs.first()?;
+                let peak = d.join("memory.peak");
+                Some(CounterFiles {
+                    cpu: d.join("cpu.stat"),
+                    cpu_format: CpuFormat::StatUsageUsec,
+                    peak_memory: peak.exists().then_some(peak),
+                })
+            }
+            CgroupVersion::V1 => Some(CounterFiles {
+                cpu: dirs
+                    .iter()
+                    .map(|d| d.join("cpuacct.usage"))
+                    .find(|p| p.exists())?,
+                cpu_format: CpuFormat::Nanoseconds,
+                peak_memory: dirs
+                    .iter()
+                    .map(|d| d.join("memory.max_usage_in_bytes"))
+                    .find(|p| p.exists()),
+            }),
+        }
     }
     fn freeze(&self, id: &SandboxId) -> Result<(), IsolationError> {
         Ok(Jail::freeze(self, id)?)

@@ -1179,13 +1179,18 @@ impl Inner {
             },
             blob.into_iter().collect(),
         )?;
-        let usage0 = self.iso.usage(id).ok();
+        let meter = self.audit.meter(id, || self.iso.counter_files(id));
+        let cpu0 = match &meter {
+            Some(m) => m.cpu_usec(),
+            None => self.iso.usage(id).ok().map(|u| u.cpu_usec),
+        };
         Ok(ExecAudit {
             audit: self.audit.clone(),
             iso: self.iso.clone(),
             sandbox: id.clone(),
             exec_id,
-            usage0,
+            meter,
+            cpu0,
             stdout: ContentHasher::new(cap),
             stderr: ContentHasher::new(cap),
             streamed: Arc::new(Mutex::new(ContentHasher::new(cap))),
@@ -1322,7 +1327,10 @@ struct ExecAudit {
     iso: Arc<dyn Isolation>,
     sandbox: SandboxId,
     exec_id: String,
-    usage0: Option<Usage>,
+    /// The sandbox's counter files (None: read the tier's usage).
+    meter: Option<Arc<audit::Meter>>,
+    /// The sandbox's CPU time when the exec started, microseconds.
+    cpu0: Option<u64>,
     stdout: ContentHasher,
     stderr: ContentHasher,
     streamed: Arc<Mutex<ContentHasher>>,
@@ -1333,15 +1341,20 @@ impl ExecAudit {
     /// peak memory the sandbox's peak since it started: the cgroup is per sandbox, not per
     /// process.
     fn finish(self, exit_code: Option<i32>, signal: Option<i32>, timed_out: bool, wall: Duration) {
-        let usage1 = self.iso.usage(&self.sandbox).ok();
-        let cpu_ms = match (&self.usage0, &usage1) {
-            (Some(a), Some(b)) => Some(b.cpu_usec.saturating_sub(a.cpu_usec) / 1000),
+        let (cpu1, peak) = match &self.meter {
+            Some(m) => (m.cpu_usec(), m.peak_memory_bytes()),
+            None => match self.iso.usage(&self.sandbox) {
+                Ok(u) => (
+                    Some(u.cpu_usec),
+                    Some(u.memory_peak_bytes).filter(|&p| p > 0),
+                ),
+                Err(_) => (None, None),
+            },
+        };
+        let cpu_ms = match (self.cpu0, cpu1) {
+            (Some(a), Some(b)) => Some(b.saturating_sub(a) / 1000),
             _ => None,
         };
-        let peak = usage1
-            .as_ref()
-            .map(|u| u.memory_peak_bytes)
-            .filter(|&p| p > 0);
         let (stdout, out_blob) = self.stdout.finish();
         let (stderr, err_blob) = self.stderr.finish();
         let streamed = std::mem::replace(&mut *lock(&self.streamed), ContentHasher::new(0));

@@ -743,3 +743,33 @@ async fn on_timeout_pause_pauses_at_expiry_and_a_paused_sandbox_still_expires() 
     assert_eq!(w.traces(&a.id), Vec::<String>::new());
     m.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exit_records_carry_fresh_cpu_and_peak_memory() {
+    use rampart_types::audit::EventBody;
+    let w = world_or_skip!("meter", 8);
+    let m = start_or_skip!(w);
+    let s = m.create(CreateSandbox::default()).await.unwrap();
+    // Two execs that burn CPU: the second's CPU time is read afresh from the kept-open
+    // counter files, not the first's value again.
+    let burn = "i=0; while [ $i -lt 100000 ]; do i=$((i+1)); done";
+    for _ in 0..2 {
+        assert_eq!(run(&m, &s.id, cmd(&["sh", "-c", burn])).await.exit_code, Some(0));
+    }
+    let exits: Vec<_> = m
+        .audit_events(&s.id, None, 1000)
+        .unwrap()
+        .into_iter()
+        .filter_map(|e| match e.body {
+            EventBody::Exit(x) => Some(x),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(exits.len(), 2);
+    for x in &exits {
+        assert!(x.cpu_ms.is_some_and(|c| c > 0), "{x:?}");
+        assert!(x.peak_memory_bytes.is_some_and(|p| p > 0), "{x:?}");
+    }
+    m.destroy(&s.id).await.unwrap();
+    m.shutdown().await;
+}
