@@ -24,10 +24,14 @@ fn skip_reason() -> Option<String> {
     if unsafe { libc::geteuid() } != 0 {
         return Some("not root (sandboxes need namespaces and cgroups)".into());
     }
-    let dir = Path::new(env!("CARGO_BIN_EXE_rampart")).parent()?.to_path_buf();
+    let dir = Path::new(env!("CARGO_BIN_EXE_rampart"))
+        .parent()?
+        .to_path_buf();
     for b in ["rampart-jailer", "rampart-agent"] {
         if !dir.join(b).is_file() {
-            return Some(format!("{b} is not built (run `cargo build --workspace --bins`)"));
+            return Some(format!(
+                "{b} is not built (run `cargo build --workspace --bins`)"
+            ));
         }
     }
     None
@@ -47,7 +51,11 @@ impl Drop for Daemon {
 }
 
 fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
 }
 
 fn start(data: &Path, port: u16) -> Daemon {
@@ -57,7 +65,12 @@ fn start(data: &Path, port: u16) -> Daemon {
         .open(data.with_extension("log"))
         .unwrap();
     let child = Command::new(env!("CARGO_BIN_EXE_rampart"))
-        .args(["serve", "--listen", &format!("127.0.0.1:{port}"), "--data-dir"])
+        .args([
+            "serve",
+            "--listen",
+            &format!("127.0.0.1:{port}"),
+            "--data-dir",
+        ])
         .arg(data)
         .env("RAMPART_JAIL_POOL", "1")
         .stdin(Stdio::null())
@@ -65,7 +78,10 @@ fn start(data: &Path, port: u16) -> Daemon {
         .stderr(log)
         .spawn()
         .expect("spawn rampart serve");
-    let d = Daemon { child, url: format!("http://127.0.0.1:{port}") };
+    let d = Daemon {
+        child,
+        url: format!("http://127.0.0.1:{port}"),
+    };
     let c = client();
     let deadline = Instant::now() + Duration::from_secs(180);
     while !c
@@ -74,14 +90,20 @@ fn start(data: &Path, port: u16) -> Daemon {
         .map(|r| r.status().is_success())
         .unwrap_or(false)
     {
-        assert!(Instant::now() < deadline, "daemon did not answer /health within 180 s");
+        assert!(
+            Instant::now() < deadline,
+            "daemon did not answer /health within 180 s"
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
     d
 }
 
 fn client() -> Client {
-    Client::builder().timeout(Duration::from_secs(60)).build().unwrap()
+    Client::builder()
+        .timeout(Duration::from_secs(60))
+        .build()
+        .unwrap()
 }
 
 fn temp(name: &str) -> PathBuf {
@@ -98,11 +120,18 @@ fn create(d: &Daemon) -> String {
         .send()
         .unwrap();
     assert_eq!(r.status().as_u16(), 201);
-    r.json::<Value>().unwrap()["id"].as_str().unwrap().to_owned()
+    r.json::<Value>().unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_owned()
 }
 
 fn exec(d: &Daemon, id: &str, body: Value) -> Value {
-    let r = client().post(format!("{}/v1/sandboxes/{id}/exec", d.url)).json(&body).send().unwrap();
+    let r = client()
+        .post(format!("{}/v1/sandboxes/{id}/exec", d.url))
+        .json(&body)
+        .send()
+        .unwrap();
     let status = r.status().as_u16();
     let v: Value = r.json().unwrap();
     assert_eq!(status, 200, "exec {body}: {v}");
@@ -110,12 +139,20 @@ fn exec(d: &Daemon, id: &str, body: Value) -> Value {
 }
 
 fn destroy(d: &Daemon, id: &str) {
-    let r = client().delete(format!("{}/v1/sandboxes/{id}", d.url)).send().unwrap();
+    let r = client()
+        .delete(format!("{}/v1/sandboxes/{id}", d.url))
+        .send()
+        .unwrap();
     assert!(r.status().is_success(), "destroy: {}", r.status());
 }
 
 fn key(d: &Daemon) -> String {
-    let v: Value = client().get(format!("{}/v1/audit/key", d.url)).send().unwrap().json().unwrap();
+    let v: Value = client()
+        .get(format!("{}/v1/audit/key", d.url))
+        .send()
+        .unwrap()
+        .json()
+        .unwrap();
     v["public_key"].as_str().unwrap().to_owned()
 }
 
@@ -129,11 +166,19 @@ fn cli(d: &Daemon, args: &[&str]) -> Output {
 }
 
 fn offline(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_rampart")).args(args).env("RAMPART_HOST", "http://127.0.0.1:9").output().unwrap()
+    Command::new(env!("CARGO_BIN_EXE_rampart"))
+        .args(args)
+        .env("RAMPART_HOST", "http://127.0.0.1:9")
+        .output()
+        .unwrap()
 }
 
 fn text(o: &Output) -> String {
-    format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
 }
 
 #[test]
@@ -146,7 +191,11 @@ fn a_session_exports_verifies_and_a_flipped_byte_is_named() {
     let root = temp("session");
     let d = start(&root.join("data"), free_port());
     let id = create(&d);
-    let v = exec(&d, &id, json!({"cmd": ["sh", "-c", "tr a-z A-Z; echo err >&2"], "stdin": "hello audit\n"}));
+    let v = exec(
+        &d,
+        &id,
+        json!({"cmd": ["sh", "-c", "tr a-z A-Z; echo err >&2"], "stdin": "hello audit\n"}),
+    );
     assert_eq!(v["stdout"], "HELLO AUDIT\n");
     let c = client();
     let put = c
@@ -161,38 +210,83 @@ fn a_session_exports_verifies_and_a_flipped_byte_is_named() {
         .send()
         .unwrap();
     assert!(mv.status().is_success());
-    let mk = c.post(format!("{}/v1/sandboxes/{id}/files/mkdir", d.url)).json(&json!({"path": "/tmp/dir"})).send().unwrap();
+    let mk = c
+        .post(format!("{}/v1/sandboxes/{id}/files/mkdir", d.url))
+        .json(&json!({"path": "/tmp/dir"}))
+        .send()
+        .unwrap();
     assert!(mk.status().is_success());
-    let rm = c.delete(format!("{}/v1/sandboxes/{id}/files?path=/tmp/b.txt", d.url)).send().unwrap();
+    let rm = c
+        .delete(format!("{}/v1/sandboxes/{id}/files?path=/tmp/b.txt", d.url))
+        .send()
+        .unwrap();
     assert!(rm.status().is_success());
-    let t = c.post(format!("{}/v1/sandboxes/{id}/timeout", d.url)).json(&json!({"timeout_secs": 900})).send().unwrap();
+    let t = c
+        .post(format!("{}/v1/sandboxes/{id}/timeout", d.url))
+        .json(&json!({"timeout_secs": 900}))
+        .send()
+        .unwrap();
     assert!(t.status().is_success());
     destroy(&d, &id);
 
     // The paged log holds each kind of record, and never an env value.
-    let page: Value = c.get(format!("{}/v1/sandboxes/{id}/audit", d.url)).send().unwrap().json().unwrap();
+    let page: Value = c
+        .get(format!("{}/v1/sandboxes/{id}/audit", d.url))
+        .send()
+        .unwrap()
+        .json()
+        .unwrap();
     let types: Vec<String> = page["events"]
         .as_array()
         .unwrap()
         .iter()
         .map(|e| e["body"]["type"].as_str().unwrap().to_owned())
         .collect();
-    assert_eq!(types, ["created", "exec", "exit", "file", "file", "file", "file", "timeout_changed", "destroyed"], "{page}");
+    assert_eq!(
+        types,
+        [
+            "created",
+            "exec",
+            "exit",
+            "file",
+            "file",
+            "file",
+            "file",
+            "timeout_changed",
+            "destroyed"
+        ],
+        "{page}"
+    );
     let all = page.to_string();
     assert!(all.contains("SECRET_TOKEN") && !all.contains("do-not-record"));
-    let second: Value = c.get(format!("{}/v1/sandboxes/{id}/audit?after=7&limit=1", d.url)).send().unwrap().json().unwrap();
+    let second: Value = c
+        .get(format!("{}/v1/sandboxes/{id}/audit?after=7&limit=1", d.url))
+        .send()
+        .unwrap()
+        .json()
+        .unwrap();
     assert_eq!(second["events"][0]["seq"], 8);
 
     let bundle = root.join("bundle.json");
-    let o = cli(&d, &["audit", "export", &id, "-o", bundle.to_str().unwrap()]);
+    let o = cli(
+        &d,
+        &["audit", "export", &id, "-o", bundle.to_str().unwrap()],
+    );
     assert!(o.status.success(), "{}", text(&o));
     let k = key(&d);
     let o = offline(&["audit", "verify", bundle.to_str().unwrap(), "--key", &k]);
     let out = text(&o);
     assert!(o.status.success(), "{out}");
-    assert!(out.contains("VERIFIED") && out.contains("tr a-z A-Z"), "{out}");
+    assert!(
+        out.contains("VERIFIED") && out.contains("tr a-z A-Z"),
+        "{out}"
+    );
     let shown = cli(&d, &["audit", "show", &id]);
-    assert!(shown.status.success() && text(&shown).contains("/tmp/b.txt"), "{}", text(&shown));
+    assert!(
+        shown.status.success() && text(&shown).contains("/tmp/b.txt"),
+        "{}",
+        text(&shown)
+    );
 
     // Another key: refused.
     let other = "ed25519:".to_owned() + &"11".repeat(32);
@@ -266,7 +360,12 @@ fn kill_9_mid_burst_keeps_every_acknowledged_exec() {
     drop(d);
 
     let d = start(&data, port);
-    let page: Value = client().get(format!("{}/v1/sandboxes/{id}/audit?limit=10000", d.url)).send().unwrap().json().unwrap();
+    let page: Value = client()
+        .get(format!("{}/v1/sandboxes/{id}/audit?limit=10000", d.url))
+        .send()
+        .unwrap()
+        .json()
+        .unwrap();
     let events = page["events"].as_array().unwrap();
     let mut exited = std::collections::HashSet::new();
     let mut argv_of = std::collections::HashMap::new();
@@ -274,7 +373,10 @@ fn kill_9_mid_burst_keeps_every_acknowledged_exec() {
         let b = &e["body"];
         match b["type"].as_str().unwrap() {
             "exec" => {
-                argv_of.insert(b["exec_id"].as_str().unwrap().to_owned(), b["argv"][1].as_str().unwrap_or("").to_owned());
+                argv_of.insert(
+                    b["exec_id"].as_str().unwrap().to_owned(),
+                    b["argv"][1].as_str().unwrap_or("").to_owned(),
+                );
             }
             "exit" => {
                 exited.insert(argv_of[b["exec_id"].as_str().unwrap()].clone());
@@ -283,14 +385,26 @@ fn kill_9_mid_burst_keeps_every_acknowledged_exec() {
         }
     }
     for m in &acked {
-        assert!(exited.contains(m), "acknowledged exec {m} has no exit record");
+        assert!(
+            exited.contains(m),
+            "acknowledged exec {m} has no exit record"
+        );
     }
     // Still recording after the restart (the sandbox was re-attached), and the chain verifies.
     exec(&d, &id, json!({"cmd": ["echo", "after-restart"]}));
     let bundle = root.join("bundle.json");
-    let o = cli(&d, &["audit", "export", &id, "-o", bundle.to_str().unwrap()]);
+    let o = cli(
+        &d,
+        &["audit", "export", &id, "-o", bundle.to_str().unwrap()],
+    );
     assert!(o.status.success(), "{}", text(&o));
-    let o = offline(&["audit", "verify", bundle.to_str().unwrap(), "--key", &key(&d)]);
+    let o = offline(&[
+        "audit",
+        "verify",
+        bundle.to_str().unwrap(),
+        "--key",
+        &key(&d),
+    ]);
     assert!(o.status.success(), "{}", text(&o));
     destroy(&d, &id);
     let _ = std::fs::remove_dir_all(&root);
@@ -306,11 +420,22 @@ fn replay_matches_deterministic_steps_and_names_the_divergent_one() {
     let root = temp("replay");
     let d = start(&root.join("data"), free_port());
     let id = create(&d);
-    exec(&d, &id, json!({"cmd": ["sh", "-c", "echo one; seq 1 5 | sort -r"]}));
-    exec(&d, &id, json!({"cmd": ["sha256sum"], "stdin": "recorded input\n"}));
+    exec(
+        &d,
+        &id,
+        json!({"cmd": ["sh", "-c", "echo one; seq 1 5 | sort -r"]}),
+    );
+    exec(
+        &d,
+        &id,
+        json!({"cmd": ["sha256sum"], "stdin": "recorded input\n"}),
+    );
     exec(&d, &id, json!({"cmd": ["sh", "-c", "exit 3"]}));
     let bundle_ok = root.join("ok.json");
-    let o = cli(&d, &["audit", "export", &id, "-o", bundle_ok.to_str().unwrap()]);
+    let o = cli(
+        &d,
+        &["audit", "export", &id, "-o", bundle_ok.to_str().unwrap()],
+    );
     assert!(o.status.success(), "{}", text(&o));
     let k = key(&d);
     let o = cli(&d, &["replay", bundle_ok.to_str().unwrap(), "--key", &k]);
@@ -321,12 +446,18 @@ fn replay_matches_deterministic_steps_and_names_the_divergent_one() {
     exec(&d, &id, json!({"cmd": ["sh", "-c", "date +%N"]}));
     destroy(&d, &id);
     let bundle = root.join("divergent.json");
-    let o = cli(&d, &["audit", "export", &id, "-o", bundle.to_str().unwrap()]);
+    let o = cli(
+        &d,
+        &["audit", "export", &id, "-o", bundle.to_str().unwrap()],
+    );
     assert!(o.status.success(), "{}", text(&o));
     let o = cli(&d, &["replay", bundle.to_str().unwrap(), "--key", &k]);
     let out = text(&o);
     assert_eq!(o.status.code(), Some(1), "{out}");
-    let line = out.lines().find(|l| l.contains("date +%N")).unwrap_or_default();
+    let line = out
+        .lines()
+        .find(|l| l.contains("date +%N"))
+        .unwrap_or_default();
     assert!(line.contains("DIVERGENT"), "{out}");
     assert!(out.contains("3 of 4 steps match"), "{out}");
     let _ = std::fs::remove_dir_all(&root);

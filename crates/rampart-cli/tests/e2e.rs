@@ -75,14 +75,22 @@ fn token() -> String {
 fn process_alive(pid: i32) -> bool {
     Path::new(&format!("/proc/{pid}")).exists()
         && !std::fs::read_to_string(format!("/proc/{pid}/stat"))
-            .map(|s| s.rsplit(')').next().unwrap_or("").trim_start().starts_with('Z'))
+            .map(|s| {
+                s.rsplit(')')
+                    .next()
+                    .unwrap_or("")
+                    .trim_start()
+                    .starts_with('Z')
+            })
             .unwrap_or(true)
 }
 
 fn start_daemon() -> Result<Daemon, Setup> {
     // SAFETY: geteuid has no preconditions and cannot fail.
     if unsafe { libc::geteuid() } != 0 {
-        return Err(Setup::Skip("not root (sandboxes need namespaces and cgroups)".into()));
+        return Err(Setup::Skip(
+            "not root (sandboxes need namespaces and cgroups)".into(),
+        ));
     }
     let bin = rampart_bin();
     let dir = bin.parent().map(Path::to_path_buf).unwrap_or_default();
@@ -111,27 +119,49 @@ fn start_daemon() -> Result<Daemon, Setup> {
         .env("DATA", &data)
         .env("LOG", &log)
         .env("ROOT", &root)
-        .env("RUST_LOG", std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()))
+        .env(
+            "RUST_LOG",
+            std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()),
+        )
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
         .spawn()
         .map_err(|e| Setup::Fail(format!("spawn the daemon wrapper: {e}")))?;
     let mut line = String::new();
-    let stdout = child.stdout.take().ok_or_else(|| Setup::Fail("no wrapper stdout".into()))?;
+    let stdout = child
+        .stdout
+        .take()
+        .ok_or_else(|| Setup::Fail("no wrapper stdout".into()))?;
     BufReader::new(stdout)
         .read_line(&mut line)
         .map_err(|e| Setup::Fail(format!("read the daemon pid: {e}")))?;
-    let pid: i32 =
-        line.trim().parse().map_err(|_| Setup::Fail(format!("bad daemon pid line {line:?}")))?;
-    let d = Daemon { host: format!("http://{addr}"), pid, root, log, _wrapper: Mutex::new(child) };
+    let pid: i32 = line
+        .trim()
+        .parse()
+        .map_err(|_| Setup::Fail(format!("bad daemon pid line {line:?}")))?;
+    let d = Daemon {
+        host: format!("http://{addr}"),
+        pid,
+        root,
+        log,
+        _wrapper: Mutex::new(child),
+    };
     // The first start may build the `base` template: allow time, but watch the process.
     let deadline = Instant::now() + Duration::from_secs(180);
-    let client = Client::builder().timeout(Duration::from_secs(5)).build().unwrap();
+    let client = Client::builder()
+        .timeout(Duration::from_secs(5))
+        .build()
+        .unwrap();
     loop {
         if let Ok(r) = client.get(format!("{}/health", d.host)).send() {
             if r.status().as_u16() == 200 {
-                eprintln!("e2e: daemon pid {} on {} ({})", d.pid, d.host, d.root.display());
+                eprintln!(
+                    "e2e: daemon pid {} on {} ({})",
+                    d.pid,
+                    d.host,
+                    d.root.display()
+                );
                 return Ok(d);
             }
         }
@@ -144,7 +174,10 @@ fn start_daemon() -> Result<Daemon, Setup> {
         if Instant::now() > deadline {
             // SAFETY: kill(2) on the pid of the daemon this test started.
             unsafe { libc::kill(d.pid, libc::SIGKILL) };
-            return Err(Setup::Fail(format!("no /health within 180 s\n{}", d.log_tail())));
+            return Err(Setup::Fail(format!(
+                "no /health within 180 s\n{}",
+                d.log_tail()
+            )));
         }
         std::thread::sleep(Duration::from_millis(50));
     }
@@ -167,11 +200,17 @@ impl Daemon {
         let s = std::fs::read_to_string(&self.log).unwrap_or_default();
         let lines: Vec<&str> = s.lines().collect();
         let from = lines.len().saturating_sub(40);
-        format!("--- daemon log (last lines) ---\n{}", lines[from..].join("\n"))
+        format!(
+            "--- daemon log (last lines) ---\n{}",
+            lines[from..].join("\n")
+        )
     }
 
     fn http(&self) -> Client {
-        Client::builder().timeout(Duration::from_secs(120)).build().unwrap()
+        Client::builder()
+            .timeout(Duration::from_secs(120))
+            .build()
+            .unwrap()
     }
 
     fn url(&self, path: &str) -> String {
@@ -187,7 +226,11 @@ impl Daemon {
         let mut c = Command::new(rampart_bin());
         c.args(args)
             .env("RAMPART_HOST", &self.host)
-            .stdin(if stdin.is_some() { Stdio::piped() } else { Stdio::null() })
+            .stdin(if stdin.is_some() {
+                Stdio::piped()
+            } else {
+                Stdio::null()
+            })
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
         let mut child = c.spawn().expect("spawn rampart");
@@ -209,7 +252,10 @@ impl Daemon {
         let status = r.status().as_u16();
         let v: Value = r.json().unwrap();
         assert_eq!(status, 201, "create: {v}\n{}", self.log_tail());
-        Sandbox { d: self, id: v["id"].as_str().unwrap().to_owned() }
+        Sandbox {
+            d: self,
+            id: v["id"].as_str().unwrap().to_owned(),
+        }
     }
 }
 
@@ -220,7 +266,11 @@ struct Sandbox {
 
 impl Drop for Sandbox {
     fn drop(&mut self) {
-        let _ = self.d.http().delete(self.d.url(&format!("/v1/sandboxes/{}", self.id))).send();
+        let _ = self
+            .d
+            .http()
+            .delete(self.d.url(&format!("/v1/sandboxes/{}", self.id)))
+            .send();
     }
 }
 
@@ -230,7 +280,13 @@ impl Sandbox {
     }
 
     fn exec(&self, body: Value) -> (u16, Value) {
-        let r = self.d.http().post(self.path("/exec")).json(&body).send().unwrap();
+        let r = self
+            .d
+            .http()
+            .post(self.path("/exec"))
+            .json(&body)
+            .send()
+            .unwrap();
         let s = r.status().as_u16();
         (s, r.json().unwrap())
     }
@@ -269,15 +325,30 @@ fn eventually(what: &str, secs: u64, mut f: impl FnMut() -> bool) {
 
 #[test]
 fn cli_says_what_to_do_when_the_daemon_is_down() {
-    let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let port = TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
     let o = Command::new(rampart_bin())
         .args(["--host", &format!("http://127.0.0.1:{port}"), "ls"])
         .output()
         .unwrap();
     assert_eq!(o.status.code(), Some(1), "{}", out(&o));
-    assert!(String::from_utf8_lossy(&o.stderr).contains("rampart serve"), "{}", out(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("rampart serve"),
+        "{}",
+        out(&o)
+    );
     let o = Command::new(rampart_bin())
-        .args(["--host", &format!("http://127.0.0.1:{port}"), "exec", "abc", "--", "true"])
+        .args([
+            "--host",
+            &format!("http://127.0.0.1:{port}"),
+            "exec",
+            "abc",
+            "--",
+            "true",
+        ])
         .output()
         .unwrap();
     assert_eq!(o.status.code(), Some(125), "{}", out(&o));
@@ -286,11 +357,29 @@ fn cli_says_what_to_do_when_the_daemon_is_down() {
 #[test]
 fn health_metrics_and_openapi() {
     let Some(d) = daemon() else { return };
-    let h: Value = d.http().get(d.url("/health")).send().unwrap().json().unwrap();
+    let h: Value = d
+        .http()
+        .get(d.url("/health"))
+        .send()
+        .unwrap()
+        .json()
+        .unwrap();
     assert_eq!(h["status"], "ok");
-    let m = d.http().get(d.url("/metrics")).send().unwrap().text().unwrap();
+    let m = d
+        .http()
+        .get(d.url("/metrics"))
+        .send()
+        .unwrap()
+        .text()
+        .unwrap();
     assert!(m.contains("rampart_http_requests_total"), "{m}");
-    let o: Value = d.http().get(d.url("/v1/openapi.json")).send().unwrap().json().unwrap();
+    let o: Value = d
+        .http()
+        .get(d.url("/v1/openapi.json"))
+        .send()
+        .unwrap()
+        .json()
+        .unwrap();
     assert!(o["paths"]["/v1/sandboxes/{id}/exec"].is_object());
 }
 
@@ -298,7 +387,16 @@ fn health_metrics_and_openapi() {
 fn lifecycle_through_the_cli() {
     let Some(d) = daemon() else { return };
     let tag = format!("life{}", token());
-    let o = d.cli(&["create", "--memory", "256M", "--cpus", "0.5", "--metadata", &format!("t={tag}"), "--json"]);
+    let o = d.cli(&[
+        "create",
+        "--memory",
+        "256M",
+        "--cpus",
+        "0.5",
+        "--metadata",
+        &format!("t={tag}"),
+        "--json",
+    ]);
     assert_eq!(o.status.code(), Some(0), "{}", out(&o));
     let v: Value = serde_json::from_slice(&o.stdout).unwrap();
     let id = v["id"].as_str().unwrap().to_owned();
@@ -317,7 +415,11 @@ fn lifecycle_through_the_cli() {
 
     let o = d.cli(&["info", &id]);
     assert_eq!(o.status.code(), Some(0), "{}", out(&o));
-    assert!(String::from_utf8_lossy(&o.stdout).contains("running"), "{}", out(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stdout).contains("running"),
+        "{}",
+        out(&o)
+    );
 
     let o = d.cli(&["timeout", &id, "600"]);
     assert_eq!(o.status.code(), Some(0), "{}", out(&o));
@@ -332,7 +434,11 @@ fn lifecycle_through_the_cli() {
 
     let o = d.cli(&["info", "nosuchsandbox"]);
     assert_eq!(o.status.code(), Some(1), "{}", out(&o));
-    assert!(String::from_utf8_lossy(&o.stderr).contains("rampart ls"), "{}", out(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("rampart ls"),
+        "{}",
+        out(&o)
+    );
     let o = d.cli(&["create", "--memory", "lots"]);
     assert_eq!(o.status.code(), Some(1), "{}", out(&o));
 }
@@ -342,12 +448,30 @@ fn exec_exit_codes_output_timeouts_and_signals() {
     let Some(d) = daemon() else { return };
     let sb = d.sandbox(json!({}));
     let id = sb.id.as_str();
-    let o = d.cli(&["exec", id, "--", "sh", "-c", "echo out; echo err >&2; exit 7"]);
+    let o = d.cli(&[
+        "exec",
+        id,
+        "--",
+        "sh",
+        "-c",
+        "echo out; echo err >&2; exit 7",
+    ]);
     assert_eq!(o.status.code(), Some(7), "{}", out(&o));
     assert_eq!(String::from_utf8_lossy(&o.stdout), "out\n");
     assert_eq!(String::from_utf8_lossy(&o.stderr), "err\n");
 
-    let o = d.cli(&["exec", id, "--env", "X=42", "--cwd", "/tmp", "--", "sh", "-c", "echo $X $(pwd) $(id -un)"]);
+    let o = d.cli(&[
+        "exec",
+        id,
+        "--env",
+        "X=42",
+        "--cwd",
+        "/tmp",
+        "--",
+        "sh",
+        "-c",
+        "echo $X $(pwd) $(id -un)",
+    ]);
     assert_eq!(o.status.code(), Some(0), "{}", out(&o));
     assert_eq!(String::from_utf8_lossy(&o.stdout), "42 /tmp user\n");
     let o = d.cli(&["exec", id, "--user", "root", "--", "id", "-u"]);
@@ -360,12 +484,30 @@ fn exec_exit_codes_output_timeouts_and_signals() {
     let o = d.cli(&["exec", id, "--", "no-such-program-here"]);
     assert_ne!(o.status.code(), Some(0), "{}", out(&o));
 
-    let o = d.cli_stdin(&["exec", "--stdin", id, "--", "sh", "-c", "cat; echo done"], Some(b"hello\n"));
+    let o = d.cli_stdin(
+        &["exec", "--stdin", id, "--", "sh", "-c", "cat; echo done"],
+        Some(b"hello\n"),
+    );
     assert_eq!(o.status.code(), Some(0), "{}", out(&o));
     assert_eq!(String::from_utf8_lossy(&o.stdout), "hello\ndone\n");
-    let o = d.cli_stdin(&["exec", "--tty", id, "--", "sh", "-c", "test -t 0 && echo tty"], Some(b""));
+    let o = d.cli_stdin(
+        &[
+            "exec",
+            "--tty",
+            id,
+            "--",
+            "sh",
+            "-c",
+            "test -t 0 && echo tty",
+        ],
+        Some(b""),
+    );
     assert_eq!(o.status.code(), Some(0), "{}", out(&o));
-    assert!(String::from_utf8_lossy(&o.stdout).contains("tty"), "{}", out(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stdout).contains("tty"),
+        "{}",
+        out(&o)
+    );
 
     // Large output through the CLI arrives whole.
     let o = d.cli(&["exec", id, "--", "head", "-c", "3000000", "/dev/zero"]);
@@ -384,7 +526,8 @@ fn waited_and_streamed_exec_over_http() {
     assert_eq!(v["stderr"], "e");
     assert_eq!(v["stdout_truncated"], false);
 
-    let (s, v) = sb.exec(json!({"cmd": ["head", "-c", "100000", "/dev/zero"], "max_output_bytes": 10}));
+    let (s, v) =
+        sb.exec(json!({"cmd": ["head", "-c", "100000", "/dev/zero"], "max_output_bytes": 10}));
     assert_eq!(s, 200, "{v}");
     assert_eq!(v["stdout"].as_str().unwrap().len(), 10);
     assert_eq!(v["stdout_truncated"], true);
@@ -403,9 +546,15 @@ fn waited_and_streamed_exec_over_http() {
         .send()
         .unwrap();
     assert_eq!(r.status().as_u16(), 200);
-    assert!(r.headers()["content-type"].to_str().unwrap().contains("ndjson"));
+    assert!(r.headers()["content-type"]
+        .to_str()
+        .unwrap()
+        .contains("ndjson"));
     let text = r.text().unwrap();
-    let events: Vec<Value> = text.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let events: Vec<Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
     assert_eq!(events.first().unwrap()["type"], "start", "{text}");
     assert_eq!(events.last().unwrap()["type"], "exit", "{text}");
     assert_eq!(events.last().unwrap()["exit_code"], 0, "{text}");
@@ -432,12 +581,16 @@ fn a_client_that_goes_away_takes_its_process_with_it() {
     let n = s.read(&mut first).unwrap();
     assert!(String::from_utf8_lossy(&first[..n]).starts_with("HTTP/1.1 200"));
     let running = |sb: &Sandbox| {
-        let (_, v) = sb.exec(json!({"cmd": ["sh", "-c", format!("ps -eo args | grep -c '^sleep {marker}$'")]}));
+        let (_, v) = sb.exec(
+            json!({"cmd": ["sh", "-c", format!("ps -eo args | grep -c '^sleep {marker}$'")]}),
+        );
         v["stdout"].as_str().unwrap_or("").trim() != "0"
     };
     eventually("the streamed process starts", 30, || running(&sb));
     drop(s);
-    eventually("the process is killed after the disconnect", 30, || !running(&sb));
+    eventually("the process is killed after the disconnect", 30, || {
+        !running(&sb)
+    });
 }
 
 #[test]
@@ -447,19 +600,32 @@ fn files_through_cp_and_the_api() {
     let id = sb.id.as_str();
     let tmp = tempfile::tempdir().unwrap();
     let src = tmp.path().join("blob.bin");
-    let data: Vec<u8> = (0..3_000_000u32).map(|i| (i.wrapping_mul(2654435761) >> 13) as u8).collect();
+    let data: Vec<u8> = (0..3_000_000u32)
+        .map(|i| (i.wrapping_mul(2654435761) >> 13) as u8)
+        .collect();
     std::fs::write(&src, &data).unwrap();
 
-    let o = d.cli(&["cp", src.to_str().unwrap(), &format!("{id}:/home/user/deep/er/blob.bin")]);
+    let o = d.cli(&[
+        "cp",
+        src.to_str().unwrap(),
+        &format!("{id}:/home/user/deep/er/blob.bin"),
+    ]);
     assert_eq!(o.status.code(), Some(0), "{}", out(&o));
     let back = tmp.path().join("back.bin");
-    let o = d.cli(&["cp", &format!("{id}:/home/user/deep/er/blob.bin"), back.to_str().unwrap()]);
+    let o = d.cli(&[
+        "cp",
+        &format!("{id}:/home/user/deep/er/blob.bin"),
+        back.to_str().unwrap(),
+    ]);
     assert_eq!(o.status.code(), Some(0), "{}", out(&o));
     assert!(std::fs::read(&back).unwrap() == data, "round trip differs");
     // Into a directory, and to stdout.
     let o = d.cli(&["cp", src.to_str().unwrap(), &format!("{id}:/tmp/")]);
     assert_eq!(o.status.code(), Some(0), "{}", out(&o));
-    let o = d.cli_stdin(&["cp", "-", &format!("{id}:/tmp/from-stdin")], Some(b"stdin bytes"));
+    let o = d.cli_stdin(
+        &["cp", "-", &format!("{id}:/tmp/from-stdin")],
+        Some(b"stdin bytes"),
+    );
     assert_eq!(o.status.code(), Some(0), "{}", out(&o));
     let o = d.cli(&["cp", &format!("{id}:/tmp/from-stdin"), "-"]);
     assert_eq!(o.stdout, b"stdin bytes", "{}", out(&o));
@@ -476,17 +642,50 @@ fn files_through_cp_and_the_api() {
     assert_eq!(st["size"], 3_000_000, "{st}");
     assert_eq!(st["type"], "file");
 
-    let r = http.put(sb.path("/files?path=/tmp/a/b/c.txt")).body("hi").send().unwrap();
+    let r = http
+        .put(sb.path("/files?path=/tmp/a/b/c.txt"))
+        .body("hi")
+        .send()
+        .unwrap();
     assert_eq!(r.status().as_u16(), 201);
-    let r = http.put(sb.path("/files?path=/tmp/a/b/c.txt")).body("hello").send().unwrap();
+    let r = http
+        .put(sb.path("/files?path=/tmp/a/b/c.txt"))
+        .body("hello")
+        .send()
+        .unwrap();
     assert_eq!(r.status().as_u16(), 200);
-    assert_eq!(http.get(sb.path("/files?path=/tmp/a/b/c.txt")).send().unwrap().text().unwrap(), "hello");
-    let l: Value = http.get(sb.path("/files/list?path=/tmp/a&depth=2")).send().unwrap().json().unwrap();
-    let names: Vec<&str> = l["entries"].as_array().unwrap().iter().map(|e| e["name"].as_str().unwrap()).collect();
+    assert_eq!(
+        http.get(sb.path("/files?path=/tmp/a/b/c.txt"))
+            .send()
+            .unwrap()
+            .text()
+            .unwrap(),
+        "hello"
+    );
+    let l: Value = http
+        .get(sb.path("/files/list?path=/tmp/a&depth=2"))
+        .send()
+        .unwrap()
+        .json()
+        .unwrap();
+    let names: Vec<&str> = l["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["name"].as_str().unwrap())
+        .collect();
     assert!(names.contains(&"b") && names.contains(&"c.txt"), "{l}");
-    let r = http.post(sb.path("/files/mkdir")).json(&json!({"path": "/tmp/newdir/x"})).send().unwrap();
+    let r = http
+        .post(sb.path("/files/mkdir"))
+        .json(&json!({"path": "/tmp/newdir/x"}))
+        .send()
+        .unwrap();
     assert_eq!(r.status().as_u16(), 201);
-    let r = http.post(sb.path("/files/mkdir")).json(&json!({"path": "/tmp/newdir/x"})).send().unwrap();
+    let r = http
+        .post(sb.path("/files/mkdir"))
+        .json(&json!({"path": "/tmp/newdir/x"}))
+        .send()
+        .unwrap();
     api_error(r, 409, "conflict");
     let r = http
         .post(sb.path("/files/move"))
@@ -494,18 +693,45 @@ fn files_through_cp_and_the_api() {
         .send()
         .unwrap();
     assert_eq!(r.status().as_u16(), 200);
-    let r = http.delete(sb.path("/files?path=/tmp/newdir")).send().unwrap();
+    let r = http
+        .delete(sb.path("/files?path=/tmp/newdir"))
+        .send()
+        .unwrap();
     assert_eq!(r.status().as_u16(), 204);
-    api_error(http.get(sb.path("/files?path=/tmp/newdir/c.txt")).send().unwrap(), 404, "not_found");
-    api_error(http.delete(sb.path("/files?path=/tmp/newdir")).send().unwrap(), 404, "not_found");
-    api_error(http.get(sb.path("/files/stat?path=/nope")).send().unwrap(), 404, "not_found");
+    api_error(
+        http.get(sb.path("/files?path=/tmp/newdir/c.txt"))
+            .send()
+            .unwrap(),
+        404,
+        "not_found",
+    );
+    api_error(
+        http.delete(sb.path("/files?path=/tmp/newdir"))
+            .send()
+            .unwrap(),
+        404,
+        "not_found",
+    );
+    api_error(
+        http.get(sb.path("/files/stat?path=/nope")).send().unwrap(),
+        404,
+        "not_found",
+    );
 }
 
 #[test]
 fn run_creates_runs_and_destroys() {
     let Some(d) = daemon() else { return };
     let tag = format!("run{}", token());
-    let o = d.cli(&["run", "--metadata", &format!("t={tag}"), "--", "sh", "-c", "echo inside; exit 3"]);
+    let o = d.cli(&[
+        "run",
+        "--metadata",
+        &format!("t={tag}"),
+        "--",
+        "sh",
+        "-c",
+        "echo inside; exit 3",
+    ]);
     assert_eq!(o.status.code(), Some(3), "{}", out(&o));
     assert_eq!(String::from_utf8_lossy(&o.stdout), "inside\n");
     let left: Value = d
@@ -515,7 +741,11 @@ fn run_creates_runs_and_destroys() {
         .unwrap()
         .json()
         .unwrap();
-    assert_eq!(left.as_array().unwrap().len(), 0, "run left a sandbox: {left}");
+    assert_eq!(
+        left.as_array().unwrap().len(),
+        0,
+        "run left a sandbox: {left}"
+    );
 }
 
 #[test]
@@ -524,22 +754,73 @@ fn bad_input_on_every_endpoint() {
     let http = d.http();
     let sb = d.sandbox(json!({}));
     let post = |path: &str, body: &str| {
-        http.post(d.url(path)).header("content-type", "application/json").body(body.to_owned()).send().unwrap()
+        http.post(d.url(path))
+            .header("content-type", "application/json")
+            .body(body.to_owned())
+            .send()
+            .unwrap()
     };
     // 400: malformed JSON, unknown fields, wrong types, missing body, bad ids, bad queries.
     api_error(post("/v1/sandboxes", "{"), 400, "bad_request");
-    let m = api_error(post("/v1/sandboxes", r#"{"limits":{"memory":1}}"#), 400, "bad_request");
+    let m = api_error(
+        post("/v1/sandboxes", r#"{"limits":{"memory":1}}"#),
+        400,
+        "bad_request",
+    );
     assert!(m.contains("limits"), "{m}");
     api_error(post("/v1/sandboxes", ""), 400, "bad_request");
-    api_error(post(&format!("/v1/sandboxes/{}/exec", sb.id), r#"{"cmd":"ls"}"#), 400, "bad_request");
-    api_error(post(&format!("/v1/sandboxes/{}/exec", sb.id), r#"{"cmd":[]}"#), 400, "bad_request");
-    api_error(post(&format!("/v1/sandboxes/{}/timeout", sb.id), r#"{"secs":1}"#), 400, "bad_request");
-    api_error(post(&format!("/v1/sandboxes/{}/files/mkdir", sb.id), "{}"), 400, "bad_request");
-    api_error(post(&format!("/v1/sandboxes/{}/files/move", sb.id), r#"{"from":"/a"}"#), 400, "bad_request");
-    api_error(http.get(d.url("/v1/sandboxes/BAD..ID")).send().unwrap(), 400, "bad_request");
-    api_error(http.get(d.url("/v1/sandboxes?state=zombie")).send().unwrap(), 400, "bad_request");
-    api_error(http.get(sb.path("/files")).send().unwrap(), 400, "bad_request");
-    api_error(http.get(sb.path("/files/list?path=/&depth=0")).send().unwrap(), 400, "bad_request");
+    api_error(
+        post(&format!("/v1/sandboxes/{}/exec", sb.id), r#"{"cmd":"ls"}"#),
+        400,
+        "bad_request",
+    );
+    api_error(
+        post(&format!("/v1/sandboxes/{}/exec", sb.id), r#"{"cmd":[]}"#),
+        400,
+        "bad_request",
+    );
+    api_error(
+        post(&format!("/v1/sandboxes/{}/timeout", sb.id), r#"{"secs":1}"#),
+        400,
+        "bad_request",
+    );
+    api_error(
+        post(&format!("/v1/sandboxes/{}/files/mkdir", sb.id), "{}"),
+        400,
+        "bad_request",
+    );
+    api_error(
+        post(
+            &format!("/v1/sandboxes/{}/files/move", sb.id),
+            r#"{"from":"/a"}"#,
+        ),
+        400,
+        "bad_request",
+    );
+    api_error(
+        http.get(d.url("/v1/sandboxes/BAD..ID")).send().unwrap(),
+        400,
+        "bad_request",
+    );
+    api_error(
+        http.get(d.url("/v1/sandboxes?state=zombie"))
+            .send()
+            .unwrap(),
+        400,
+        "bad_request",
+    );
+    api_error(
+        http.get(sb.path("/files")).send().unwrap(),
+        400,
+        "bad_request",
+    );
+    api_error(
+        http.get(sb.path("/files/list?path=/&depth=0"))
+            .send()
+            .unwrap(),
+        400,
+        "bad_request",
+    );
     // 404: unknown sandbox on every endpoint.
     let gone = "nosuchsandbox0000000";
     for (m, p) in [
@@ -553,26 +834,73 @@ fn bad_input_on_every_endpoint() {
         let r = http.request(m.parse().unwrap(), d.url(&p)).send().unwrap();
         api_error(r, 404, "not_found");
     }
-    api_error(post(&format!("/v1/sandboxes/{gone}/exec"), r#"{"cmd":["true"]}"#), 404, "not_found");
-    api_error(post(&format!("/v1/sandboxes/{gone}/timeout"), r#"{"timeout_secs":5}"#), 404, "not_found");
-    api_error(post(&format!("/v1/sandboxes/{gone}/files/mkdir"), r#"{"path":"/tmp/x"}"#), 404, "not_found");
+    api_error(
+        post(&format!("/v1/sandboxes/{gone}/exec"), r#"{"cmd":["true"]}"#),
+        404,
+        "not_found",
+    );
+    api_error(
+        post(
+            &format!("/v1/sandboxes/{gone}/timeout"),
+            r#"{"timeout_secs":5}"#,
+        ),
+        404,
+        "not_found",
+    );
+    api_error(
+        post(
+            &format!("/v1/sandboxes/{gone}/files/mkdir"),
+            r#"{"path":"/tmp/x"}"#,
+        ),
+        404,
+        "not_found",
+    );
     // 413: a JSON body above 1 MiB.
     let big = format!(r#"{{"template":"{}"}}"#, "a".repeat(2 << 20));
     api_error(post("/v1/sandboxes", &big), 413, "too_large");
     // 422: limits above the daemon's maximum.
-    api_error(post("/v1/sandboxes", r#"{"limits":{"memory_bytes":1125899906842624}}"#), 422, "limit_exceeded");
-    api_error(post("/v1/sandboxes", r#"{"limits":{"pids":100000000}}"#), 422, "limit_exceeded");
-    api_error(post("/v1/sandboxes", r#"{"timeout_secs":100000000}"#), 422, "limit_exceeded");
+    api_error(
+        post(
+            "/v1/sandboxes",
+            r#"{"limits":{"memory_bytes":1125899906842624}}"#,
+        ),
+        422,
+        "limit_exceeded",
+    );
+    api_error(
+        post("/v1/sandboxes", r#"{"limits":{"pids":100000000}}"#),
+        422,
+        "limit_exceeded",
+    );
+    api_error(
+        post("/v1/sandboxes", r#"{"timeout_secs":100000000}"#),
+        422,
+        "limit_exceeded",
+    );
     // 409: a destroyed sandbox.
     let dead = d.sandbox(json!({}));
     let r = http.delete(dead.path("")).send().unwrap();
     assert_eq!(r.status().as_u16(), 200);
     let final_info: Value = r.json().unwrap();
     assert_eq!(final_info["state"], "destroyed", "{final_info}");
-    api_error(post(&format!("/v1/sandboxes/{}/exec", dead.id), r#"{"cmd":["true"]}"#), 409, "conflict");
-    api_error(http.get(dead.path("/files/stat?path=/tmp")).send().unwrap(), 409, "conflict");
+    api_error(
+        post(
+            &format!("/v1/sandboxes/{}/exec", dead.id),
+            r#"{"cmd":["true"]}"#,
+        ),
+        409,
+        "conflict",
+    );
+    api_error(
+        http.get(dead.path("/files/stat?path=/tmp")).send().unwrap(),
+        409,
+        "conflict",
+    );
     // The daemon is still fine.
-    assert_eq!(http.get(d.url("/health")).send().unwrap().status().as_u16(), 200);
+    assert_eq!(
+        http.get(d.url("/health")).send().unwrap().status().as_u16(),
+        200
+    );
 }
 
 #[test]
@@ -580,7 +908,15 @@ fn interrupting_an_interactive_exec_signals_the_process() {
     let Some(d) = daemon() else { return };
     let sb = d.sandbox(json!({}));
     let mut child = Command::new(rampart_bin())
-        .args(["exec", "--stdin", &sb.id, "--", "sh", "-c", "echo ready; exec sleep 100"])
+        .args([
+            "exec",
+            "--stdin",
+            &sb.id,
+            "--",
+            "sh",
+            "-c",
+            "echo ready; exec sleep 100",
+        ])
         .env("RAMPART_HOST", &d.host)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -594,7 +930,11 @@ fn interrupting_an_interactive_exec_signals_the_process() {
     // SAFETY: kill(2) on the CLI process this test started.
     unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
     let status = child.wait().unwrap();
-    assert_eq!(status.code(), Some(128 + 15), "SIGINT is forwarded as SIGTERM");
+    assert_eq!(
+        status.code(),
+        Some(128 + 15),
+        "SIGINT is forwarded as SIGTERM"
+    );
 }
 
 #[test]
@@ -602,21 +942,34 @@ fn watch_streams_changes_and_sse_streams_exec_events() {
     let Some(d) = daemon() else { return };
     let sb = d.sandbox(json!({}));
     let http = d.http();
-    let r = http.post(sb.path("/files/mkdir")).json(&json!({"path": "/tmp/watched"})).send().unwrap();
+    let r = http
+        .post(sb.path("/files/mkdir"))
+        .json(&json!({"path": "/tmp/watched"}))
+        .send()
+        .unwrap();
     assert_eq!(r.status().as_u16(), 201);
-    let resp = http.get(sb.path("/files/watch?path=/tmp/watched")).send().unwrap();
+    let resp = http
+        .get(sb.path("/files/watch?path=/tmp/watched"))
+        .send()
+        .unwrap();
     assert_eq!(resp.status().as_u16(), 200);
     let (tx, rx) = std::sync::mpsc::channel::<Value>();
     std::thread::spawn(move || {
         for line in BufReader::new(resp).lines() {
             let Ok(line) = line else { break };
-            let Ok(v) = serde_json::from_str::<Value>(&line) else { break };
+            let Ok(v) = serde_json::from_str::<Value>(&line) else {
+                break;
+            };
             if tx.send(v).is_err() {
                 break;
             }
         }
     });
-    let r = http.put(sb.path("/files?path=/tmp/watched/new.txt")).body("x").send().unwrap();
+    let r = http
+        .put(sb.path("/files?path=/tmp/watched/new.txt"))
+        .body("x")
+        .send()
+        .unwrap();
     assert!(r.status().is_success());
     let deadline = Instant::now() + Duration::from_secs(30);
     let mut seen = Vec::new();
@@ -646,7 +999,15 @@ fn an_interrupted_run_still_destroys_its_sandbox() {
     let Some(d) = daemon() else { return };
     let tag = format!("runint{}", token());
     let mut child = Command::new(rampart_bin())
-        .args(["run", "--metadata", &format!("t={tag}"), "--", "sh", "-c", "echo ready; exec sleep 100"])
+        .args([
+            "run",
+            "--metadata",
+            &format!("t={tag}"),
+            "--",
+            "sh",
+            "-c",
+            "echo ready; exec sleep 100",
+        ])
         .env("RAMPART_HOST", &d.host)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -667,7 +1028,11 @@ fn an_interrupted_run_still_destroys_its_sandbox() {
         .unwrap()
         .json()
         .unwrap();
-    assert_eq!(left.as_array().unwrap().len(), 0, "run left a sandbox: {left}");
+    assert_eq!(
+        left.as_array().unwrap().len(),
+        0,
+        "run left a sandbox: {left}"
+    );
 }
 
 #[test]
@@ -679,20 +1044,70 @@ fn the_file_api_acts_with_the_users_permissions() {
         "printf secret > /root/secret; chmod 600 /root/secret; ls -ld /etc/shadow; cat /etc/shadow >/dev/null; echo cat=$?"],
         "user": "root"}));
     assert_eq!(s, 200, "{v}");
-    assert!(v["stdout"].as_str().unwrap_or_default().contains("cat=0"), "root cannot read /etc/shadow: {v}");
+    assert!(
+        v["stdout"].as_str().unwrap_or_default().contains("cat=0"),
+        "root cannot read /etc/shadow: {v}"
+    );
     // The default user cannot read what `cat` as that user could not.
     let (_, v) = sb.exec(json!({"cmd": ["sh", "-c", "cat /etc/shadow >/dev/null 2>&1; echo $?"]}));
     assert_eq!(v["stdout"], "1\n", "the user can cat /etc/shadow: {v}");
-    api_error(http.get(sb.path("/files?path=/etc/shadow")).send().unwrap(), 403, "permission_denied");
-    let r = http.get(sb.path("/files?path=/etc/shadow&user=root")).send().unwrap();
+    api_error(
+        http.get(sb.path("/files?path=/etc/shadow")).send().unwrap(),
+        403,
+        "permission_denied",
+    );
+    let r = http
+        .get(sb.path("/files?path=/etc/shadow&user=root"))
+        .send()
+        .unwrap();
     assert_eq!(r.status().as_u16(), 200);
-    api_error(http.get(sb.path("/files?path=/root/secret")).send().unwrap(), 403, "permission_denied");
-    api_error(http.get(sb.path("/files/list?path=/root")).send().unwrap(), 403, "permission_denied");
-    api_error(http.get(sb.path("/files/stat?path=/root/secret")).send().unwrap(), 403, "permission_denied");
-    api_error(http.put(sb.path("/files?path=/etc/evil")).body("x").send().unwrap(), 403, "permission_denied");
-    api_error(http.put(sb.path("/files?path=/root/secret")).body("x").send().unwrap(), 403, "permission_denied");
-    api_error(http.delete(sb.path("/files?path=/root/secret")).send().unwrap(), 403, "permission_denied");
-    let r = http.post(sb.path("/files/mkdir")).json(&json!({"path": "/etc/evil.d"})).send().unwrap();
+    api_error(
+        http.get(sb.path("/files?path=/root/secret"))
+            .send()
+            .unwrap(),
+        403,
+        "permission_denied",
+    );
+    api_error(
+        http.get(sb.path("/files/list?path=/root")).send().unwrap(),
+        403,
+        "permission_denied",
+    );
+    api_error(
+        http.get(sb.path("/files/stat?path=/root/secret"))
+            .send()
+            .unwrap(),
+        403,
+        "permission_denied",
+    );
+    api_error(
+        http.put(sb.path("/files?path=/etc/evil"))
+            .body("x")
+            .send()
+            .unwrap(),
+        403,
+        "permission_denied",
+    );
+    api_error(
+        http.put(sb.path("/files?path=/root/secret"))
+            .body("x")
+            .send()
+            .unwrap(),
+        403,
+        "permission_denied",
+    );
+    api_error(
+        http.delete(sb.path("/files?path=/root/secret"))
+            .send()
+            .unwrap(),
+        403,
+        "permission_denied",
+    );
+    let r = http
+        .post(sb.path("/files/mkdir"))
+        .json(&json!({"path": "/etc/evil.d"}))
+        .send()
+        .unwrap();
     api_error(r, 403, "permission_denied");
     let r = http
         .post(sb.path("/files/move"))
@@ -700,14 +1115,29 @@ fn the_file_api_acts_with_the_users_permissions() {
         .send()
         .unwrap();
     api_error(r, 403, "permission_denied");
-    api_error(http.get(sb.path("/files/watch?path=/root")).send().unwrap(), 403, "permission_denied");
+    api_error(
+        http.get(sb.path("/files/watch?path=/root")).send().unwrap(),
+        403,
+        "permission_denied",
+    );
     // Root keeps full access; the user's own files are the user's.
-    let r = http.get(sb.path("/files?path=/root/secret&user=root")).send().unwrap();
+    let r = http
+        .get(sb.path("/files?path=/root/secret&user=root"))
+        .send()
+        .unwrap();
     assert_eq!(r.text().unwrap(), "secret");
-    let r = http.put(sb.path("/files?path=/home/user/new/mine.txt")).body("mine").send().unwrap();
+    let r = http
+        .put(sb.path("/files?path=/home/user/new/mine.txt"))
+        .body("mine")
+        .send()
+        .unwrap();
     assert_eq!(r.status().as_u16(), 201);
     let v: Value = r.json().unwrap();
-    assert_eq!((v["owner"].as_str(), v["group"].as_str()), (Some("user"), Some("user")), "{v}");
+    assert_eq!(
+        (v["owner"].as_str(), v["group"].as_str()),
+        (Some("user"), Some("user")),
+        "{v}"
+    );
     let (_, v) = sb.exec(json!({"cmd": ["stat", "-c", "%U:%G", "/home/user/new"]}));
     assert_eq!(v["stdout"], "user:user\n", "{v}");
 }
@@ -720,20 +1150,31 @@ fn a_put_that_fills_the_disk_is_507_no_space() {
     for i in 0..3 {
         // 64 MiB streamed (chunked) into a 16 MiB disk: the answer comes while still sending.
         let body = reqwest::blocking::Body::new(std::io::repeat(7).take(64 << 20));
-        let r = http.put(sb.path(&format!("/files?path=/home/user/big{i}.bin"))).body(body).send();
+        let r = http
+            .put(sb.path(&format!("/files?path=/home/user/big{i}.bin")))
+            .body(body)
+            .send();
         let r = r.unwrap_or_else(|e| panic!("PUT {i}: no answer: {e}\n{}", d.log_tail()));
         let m = api_error(r, 507, "no_space");
         assert!(m.contains("disk space"), "{m}");
         // With a length, too.
         let body = reqwest::blocking::Body::sized(std::io::repeat(7).take(64 << 20), 64 << 20);
-        let r = http.put(sb.path(&format!("/files?path=/home/user/sized{i}.bin"))).body(body).send();
+        let r = http
+            .put(sb.path(&format!("/files?path=/home/user/sized{i}.bin")))
+            .body(body)
+            .send();
         let r = r.unwrap_or_else(|e| panic!("sized PUT {i}: no answer: {e}\n{}", d.log_tail()));
         api_error(r, 507, "no_space");
     }
     // The sandbox is fine once the space is back.
-    let (_, v) = sb.exec(json!({"cmd": ["sh", "-c", "rm -f /home/user/big* /home/user/sized*; echo ok"]}));
+    let (_, v) =
+        sb.exec(json!({"cmd": ["sh", "-c", "rm -f /home/user/big* /home/user/sized*; echo ok"]}));
     assert_eq!(v["stdout"], "ok\n", "{v}");
-    let r = http.put(sb.path("/files?path=/home/user/small.txt")).body("fits").send().unwrap();
+    let r = http
+        .put(sb.path("/files?path=/home/user/small.txt"))
+        .body("fits")
+        .send()
+        .unwrap();
     assert_eq!(r.status().as_u16(), 201);
 }
 
@@ -746,19 +1187,53 @@ fn put_through_a_dangling_symlink_and_other_user_errors() {
         "cd /home/user && ln -s /home/user/target.txt link && ln -s /nope/x.txt broken && ln -s loop loop && echo f > file"]}));
     assert_eq!((s, v["exit_code"].as_i64()), (200, Some(0)), "{v}");
     // The target is created, like `echo > link` would.
-    let r = http.put(sb.path("/files?path=/home/user/link")).body("through").send().unwrap();
+    let r = http
+        .put(sb.path("/files?path=/home/user/link"))
+        .body("through")
+        .send()
+        .unwrap();
     assert!(r.status().is_success(), "{}", r.text().unwrap_or_default());
     let (_, v) = sb.exec(json!({"cmd": ["cat", "/home/user/target.txt"]}));
     assert_eq!(v["stdout"], "through", "{v}");
     // Its directory does not exist: 404 with a clear message, never a 500.
-    let m = api_error(http.put(sb.path("/files?path=/home/user/broken")).body("x").send().unwrap(), 404, "not_found");
+    let m = api_error(
+        http.put(sb.path("/files?path=/home/user/broken"))
+            .body("x")
+            .send()
+            .unwrap(),
+        404,
+        "not_found",
+    );
     assert!(m.contains("symbolic link"), "{m}");
     // ENOTDIR, ELOOP, ENAMETOOLONG, EISDIR: 400.
-    for p in ["/home/user/file/x", "/home/user/loop", &format!("/home/user/{}", "n".repeat(300))] {
-        api_error(http.put(sb.path(&format!("/files?path={p}"))).body("x").send().unwrap(), 400, "bad_request");
+    for p in [
+        "/home/user/file/x",
+        "/home/user/loop",
+        &format!("/home/user/{}", "n".repeat(300)),
+    ] {
+        api_error(
+            http.put(sb.path(&format!("/files?path={p}")))
+                .body("x")
+                .send()
+                .unwrap(),
+            400,
+            "bad_request",
+        );
     }
-    api_error(http.get(sb.path("/files/stat?path=/home/user/file/x")).send().unwrap(), 400, "bad_request");
-    api_error(http.get(sb.path("/files?path=/home/user/loop/x")).send().unwrap(), 400, "bad_request");
+    api_error(
+        http.get(sb.path("/files/stat?path=/home/user/file/x"))
+            .send()
+            .unwrap(),
+        400,
+        "bad_request",
+    );
+    api_error(
+        http.get(sb.path("/files?path=/home/user/loop/x"))
+            .send()
+            .unwrap(),
+        400,
+        "bad_request",
+    );
 }
 
 #[test]
@@ -766,15 +1241,24 @@ fn a_recursive_watch_sees_a_file_in_a_brand_new_directory() {
     let Some(d) = daemon() else { return };
     let sb = d.sandbox(json!({}));
     let http = d.http();
-    let r = http.post(sb.path("/files/mkdir")).json(&json!({"path": "/tmp/w"})).send().unwrap();
+    let r = http
+        .post(sb.path("/files/mkdir"))
+        .json(&json!({"path": "/tmp/w"}))
+        .send()
+        .unwrap();
     assert_eq!(r.status().as_u16(), 201);
-    let resp = http.get(sb.path("/files/watch?path=/tmp/w&recursive=true")).send().unwrap();
+    let resp = http
+        .get(sb.path("/files/watch?path=/tmp/w&recursive=true"))
+        .send()
+        .unwrap();
     assert_eq!(resp.status().as_u16(), 200);
     let (tx, rx) = std::sync::mpsc::channel::<Value>();
     std::thread::spawn(move || {
         for line in BufReader::new(resp).lines() {
             let Ok(line) = line else { break };
-            let Ok(v) = serde_json::from_str::<Value>(&line) else { break };
+            let Ok(v) = serde_json::from_str::<Value>(&line) else {
+                break;
+            };
             if tx.send(v).is_err() {
                 break;
             }

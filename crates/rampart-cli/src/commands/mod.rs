@@ -3,8 +3,8 @@
 pub mod audit;
 pub mod cp;
 pub mod exec;
-pub mod replay;
 pub mod keys;
+pub mod replay;
 pub mod run;
 pub mod sandbox;
 pub mod serve;
