@@ -754,7 +754,10 @@ async fn exit_records_carry_fresh_cpu_and_peak_memory() {
     // counter files, not the first's value again.
     let burn = "i=0; while [ $i -lt 100000 ]; do i=$((i+1)); done";
     for _ in 0..2 {
-        assert_eq!(run(&m, &s.id, cmd(&["sh", "-c", burn])).await.exit_code, Some(0));
+        assert_eq!(
+            run(&m, &s.id, cmd(&["sh", "-c", burn])).await.exit_code,
+            Some(0)
+        );
     }
     let exits: Vec<_> = m
         .audit_events(&s.id, None, 1000)

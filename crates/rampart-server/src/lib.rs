@@ -5,8 +5,8 @@
 //! [`Backend`] trait, so the HTTP layer is testable without sandboxes) and translates the
 //! answers. Every failure is a JSON `{"error": {"code", "message"}}` with the right status.
 
-mod e2b;
 mod audit;
+mod e2b;
 mod error;
 mod exec;
 mod extract;
@@ -24,8 +24,8 @@ use axum::http::{StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use futures::future::BoxFuture;
 use bytes::Bytes;
+use futures::future::BoxFuture;
 use futures::stream::BoxStream;
 use rampart_agent::client::{AgentClient, EntryInfo};
 use rampart_core::{CoreError, Exec, Manager};

@@ -370,12 +370,24 @@ async fn json_needs_its_content_type_and_a_bounded_size() {
         b.extend(br#""}"#);
         b
     };
-    call(&app, Method::POST, "/v1/sandboxes/known/exec", JSON, &exec(2 << 20))
-        .await
-        .error(500, "internal");
-    call(&app, Method::POST, "/v1/sandboxes/known/exec", JSON, &exec(17 << 20))
-        .await
-        .error(413, "too_large");
+    call(
+        &app,
+        Method::POST,
+        "/v1/sandboxes/known/exec",
+        JSON,
+        &exec(2 << 20),
+    )
+    .await
+    .error(500, "internal");
+    call(
+        &app,
+        Method::POST,
+        "/v1/sandboxes/known/exec",
+        JSON,
+        &exec(17 << 20),
+    )
+    .await
+    .error(413, "too_large");
 }
 
 #[tokio::test]

@@ -465,8 +465,9 @@ mod tests {
         assert!(serde_json::from_str::<EventBody>(r#"{"type":"paused","x":1}"#).is_err());
         assert!(serde_json::from_str::<EventBody>(r#"{"type":"teleported"}"#).is_err());
         // Absent optional members are refused: `null` must be spelled out.
-        assert!(serde_json::from_str::<EventBody>(r#"{"type":"destroyed","reason":"api"}"#)
-            .is_err());
+        assert!(
+            serde_json::from_str::<EventBody>(r#"{"type":"destroyed","reason":"api"}"#).is_err()
+        );
         let ok = r#"{"type":"destroyed","reason":"api","manifest_digest":null}"#;
         assert!(serde_json::from_str::<EventBody>(ok).is_ok());
         for t in EventBody::TYPES {

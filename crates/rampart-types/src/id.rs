@@ -41,7 +41,9 @@ impl SandboxId {
     pub fn parse(s: &str) -> Result<Self, IdError> {
         if s.is_empty()
             || s.len() > 64
-            || !s.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
+            || !s
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
         {
             return Err(IdError::Invalid);
         }

@@ -104,10 +104,18 @@ impl LimitsRequest {
             open_files: self.open_files.unwrap_or(defaults.open_files),
         };
         fn small<T: ToString>(field: &'static str, v: T, min: T) -> LimitError {
-            LimitError::TooSmall { field, value: v.to_string(), min: min.to_string() }
+            LimitError::TooSmall {
+                field,
+                value: v.to_string(),
+                min: min.to_string(),
+            }
         }
         fn big<T: ToString>(field: &'static str, v: T, max: T) -> LimitError {
-            LimitError::AboveMaximum { field, value: v.to_string(), max: max.to_string() }
+            LimitError::AboveMaximum {
+                field,
+                value: v.to_string(),
+                max: max.to_string(),
+            }
         }
         if !(l.cpus.is_finite() && l.cpus >= 0.01) {
             return Err(small("cpus", l.cpus, 0.01));
@@ -146,7 +154,9 @@ impl LimitsRequest {
 /// Parses a human size such as `512M`, `2G`, `1.5GiB`, `1048576`.
 pub fn parse_size(s: &str) -> Option<u64> {
     let s = s.trim();
-    let split = s.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(s.len());
+    let split = s
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(s.len());
     let (num, unit) = s.split_at(split);
     let n: f64 = num.parse().ok()?;
     let mult: u64 = match unit.trim().to_ascii_lowercase().as_str() {
@@ -166,28 +176,43 @@ mod tests {
     use super::*;
 
     fn max() -> Limits {
-        Limits { cpus: 2.0, memory_bytes: 4 << 30, pids: 4096, disk_bytes: 10 << 30, open_files: 65536 }
+        Limits {
+            cpus: 2.0,
+            memory_bytes: 4 << 30,
+            pids: 4096,
+            disk_bytes: 10 << 30,
+            open_files: 65536,
+        }
     }
 
     #[test]
     fn defaults_fill_unset_fields() {
-        let l = LimitsRequest { pids: Some(100), ..Default::default() }
-            .resolve(&Limits::default(), &max())
-            .unwrap();
+        let l = LimitsRequest {
+            pids: Some(100),
+            ..Default::default()
+        }
+        .resolve(&Limits::default(), &max())
+        .unwrap();
         assert_eq!(l.pids, 100);
         assert_eq!(l.memory_bytes, 512 << 20);
     }
 
     #[test]
     fn above_maximum_names_the_field() {
-        let e = LimitsRequest { memory_bytes: Some(8 << 30), ..Default::default() }
-            .resolve(&Limits::default(), &max())
-            .unwrap_err();
+        let e = LimitsRequest {
+            memory_bytes: Some(8 << 30),
+            ..Default::default()
+        }
+        .resolve(&Limits::default(), &max())
+        .unwrap_err();
         assert_eq!(e.field(), "memory_bytes");
         assert!(matches!(e, LimitError::AboveMaximum { .. }));
-        let e = LimitsRequest { cpus: Some(f64::NAN), ..Default::default() }
-            .resolve(&Limits::default(), &max())
-            .unwrap_err();
+        let e = LimitsRequest {
+            cpus: Some(f64::NAN),
+            ..Default::default()
+        }
+        .resolve(&Limits::default(), &max())
+        .unwrap_err();
         assert_eq!(e.field(), "cpus");
     }
 
