@@ -235,7 +235,7 @@ mod tests {
         for _ in 0..CHECKPOINT_EVERY {
             let w = lock(&writer);
             write_txn(&w, |c| {
-                Ok(c.execute("INSERT INTO t VALUES (zeroblob(100))", [])?)
+                Ok(c.execute("INSERT INTO t VALUES (zeroblob(1000))", [])?)
             })
             .unwrap();
             drop(w);
