@@ -10,101 +10,19 @@
 //! Needs root and the `rampart-jailer` / `rampart-agent` binaries next to `rampart`; otherwise
 //! it prints `skipped: <reason>`. The tests run one at a time (each starts its own daemon).
 
-use reqwest::blocking::Client;
+mod support;
+
 use serde_json::{json, Value};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::path::PathBuf;
+use std::process::{Command, Output};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
+use support::{client, free_port, skip_reason, start, Daemon};
 
 static SERIAL: Mutex<()> = Mutex::new(());
 
-fn skip_reason() -> Option<String> {
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    if unsafe { libc::geteuid() } != 0 {
-        return Some("not root (sandboxes need namespaces and cgroups)".into());
-    }
-    let dir = Path::new(env!("CARGO_BIN_EXE_rampart"))
-        .parent()?
-        .to_path_buf();
-    for b in ["rampart-jailer", "rampart-agent"] {
-        if !dir.join(b).is_file() {
-            return Some(format!(
-                "{b} is not built (run `cargo build --workspace --bins`)"
-            ));
-        }
-    }
-    None
-}
-
-/// A daemon this test started; SIGKILLed (by pid) when dropped.
-struct Daemon {
-    child: Child,
-    url: String,
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-fn start(data: &Path, port: u16) -> Daemon {
-    let log = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(data.with_extension("log"))
-        .unwrap();
-    let child = Command::new(env!("CARGO_BIN_EXE_rampart"))
-        .args([
-            "serve",
-            "--listen",
-            &format!("127.0.0.1:{port}"),
-            "--data-dir",
-        ])
-        .arg(data)
-        .env("RAMPART_JAIL_POOL", "1")
-        .stdin(Stdio::null())
-        .stdout(log.try_clone().unwrap())
-        .stderr(log)
-        .spawn()
-        .expect("spawn rampart serve");
-    let d = Daemon {
-        child,
-        url: format!("http://127.0.0.1:{port}"),
-    };
-    let c = client();
-    let deadline = Instant::now() + Duration::from_secs(180);
-    while !c
-        .get(format!("{}/health", d.url))
-        .send()
-        .map(|r| r.status().is_success())
-        .unwrap_or(false)
-    {
-        assert!(
-            Instant::now() < deadline,
-            "daemon did not answer /health within 180 s"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    d
-}
-
-fn client() -> Client {
-    Client::builder()
-        .timeout(Duration::from_secs(60))
-        .build()
-        .unwrap()
-}
+/// One warm jailer is enough for these tests.
+const POOL: &[(&str, &str)] = &[("RAMPART_JAIL_POOL", "1")];
 
 fn temp(name: &str) -> PathBuf {
     let root = std::env::temp_dir().join(format!("rampart-audit-{name}-{}", std::process::id()));
@@ -189,7 +107,7 @@ fn a_session_exports_verifies_and_a_flipped_byte_is_named() {
         return;
     }
     let root = temp("session");
-    let d = start(&root.join("data"), free_port());
+    let d = start(&root.join("data"), free_port(), POOL);
     let id = create(&d);
     let v = exec(
         &d,
@@ -317,7 +235,7 @@ fn kill_9_mid_burst_keeps_every_acknowledged_exec() {
     let root = temp("crash");
     let data = root.join("data");
     let port = free_port();
-    let mut d = start(&data, port);
+    let mut d = start(&data, port, POOL);
     let id = create(&d);
     let url = d.url.clone();
     let acked = std::sync::Arc::new(Mutex::new(Vec::<String>::new()));
@@ -359,7 +277,7 @@ fn kill_9_mid_burst_keeps_every_acknowledged_exec() {
     eprintln!("{} execs acknowledged before the kill", acked.len());
     drop(d);
 
-    let d = start(&data, port);
+    let d = start(&data, port, POOL);
     let page: Value = client()
         .get(format!("{}/v1/sandboxes/{id}/audit?limit=10000", d.url))
         .send()
@@ -418,7 +336,7 @@ fn replay_matches_deterministic_steps_and_names_the_divergent_one() {
         return;
     }
     let root = temp("replay");
-    let d = start(&root.join("data"), free_port());
+    let d = start(&root.join("data"), free_port(), POOL);
     let id = create(&d);
     exec(
         &d,

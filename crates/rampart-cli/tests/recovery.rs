@@ -6,91 +6,14 @@
 //! Needs root and the `rampart-jailer` / `rampart-agent` binaries next to `rampart`; otherwise
 //! it prints `skipped: <reason>`.
 
-use reqwest::blocking::Client;
+mod support;
+
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
+use support::{client, skip_reason, start, wait_until, Daemon};
 
 const SUBTREE: &str = "rampart";
-
-fn skip_reason() -> Option<String> {
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    if unsafe { libc::geteuid() } != 0 {
-        return Some("not root (sandboxes need namespaces and cgroups)".into());
-    }
-    let dir = Path::new(env!("CARGO_BIN_EXE_rampart"))
-        .parent()?
-        .to_path_buf();
-    for b in ["rampart-jailer", "rampart-agent"] {
-        if !dir.join(b).is_file() {
-            return Some(format!(
-                "{b} is not built (run `cargo build --workspace --bins`)"
-            ));
-        }
-    }
-    None
-}
-
-/// A daemon this test started; SIGKILLed (by pid) when dropped.
-struct Daemon {
-    child: Child,
-    url: String,
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn start(data: &Path, port: u16) -> Daemon {
-    let log = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(data.with_extension("log"))
-        .unwrap();
-    let child = Command::new(env!("CARGO_BIN_EXE_rampart"))
-        .args([
-            "serve",
-            "--listen",
-            &format!("127.0.0.1:{port}"),
-            "--data-dir",
-        ])
-        .arg(data)
-        .stdin(Stdio::null())
-        .stdout(log.try_clone().unwrap())
-        .stderr(log)
-        .spawn()
-        .expect("spawn rampart serve");
-    let d = Daemon {
-        child,
-        url: format!("http://127.0.0.1:{port}"),
-    };
-    let c = client();
-    let deadline = Instant::now() + Duration::from_secs(180);
-    while !c
-        .get(format!("{}/health", d.url))
-        .send()
-        .map(|r| r.status().is_success())
-        .unwrap_or(false)
-    {
-        assert!(
-            Instant::now() < deadline,
-            "daemon did not answer /health within 180 s"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    d
-}
-
-fn client() -> Client {
-    Client::builder()
-        .timeout(Duration::from_secs(60))
-        .build()
-        .unwrap()
-}
 
 fn create(d: &Daemon) -> String {
     let r = client()
@@ -196,14 +119,6 @@ fn sandbox_pids(id: &str) -> Vec<i32> {
     Vec::new()
 }
 
-fn wait_until(what: &str, secs: u64, mut f: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(secs);
-    while !f() {
-        assert!(Instant::now() < deadline, "timed out waiting for: {what}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
 #[test]
 fn kill_9_then_restart_reattaches_the_live_and_cleans_the_dead() {
     if let Some(why) = skip_reason() {
@@ -220,7 +135,7 @@ fn kill_9_then_restart_reattaches_the_live_and_cleans_the_dead() {
         .unwrap()
         .port();
 
-    let first = start(&data, port);
+    let first = start(&data, port, &[]);
     let live = create(&first);
     let dead = create(&first);
     exec(
@@ -249,7 +164,7 @@ fn kill_9_then_restart_reattaches_the_live_and_cleans_the_dead() {
         sandbox_pids(&dead).is_empty()
     });
 
-    let second = start(&data, port);
+    let second = start(&data, port, &[]);
     wait_until("the dead sandbox is cleaned", 30, || {
         traces(&data, &dead).is_empty()
     });
@@ -318,7 +233,7 @@ fn a_paused_sandbox_survives_kill_9_and_resumes_where_it_was() {
         .unwrap()
         .port();
 
-    let first = start(&data, port);
+    let first = start(&data, port, &[]);
     let id = create(&first);
     exec(
         &first,
@@ -348,7 +263,7 @@ fn a_paused_sandbox_survives_kill_9_and_resumes_where_it_was() {
 
     // kill -9 the daemon; a new one re-attaches the sandbox, still paused.
     drop(first);
-    let second = start(&data, port);
+    let second = start(&data, port, &[]);
     assert_eq!(state(&second, &id), "paused");
     assert_eq!(traces(&data, &id), before, "the paused sandbox changed");
     let (s, _) = post(
