@@ -130,6 +130,7 @@ pub fn check_create(
     }
     check_env("env", &req.env)?;
     check_metadata(&req.metadata)?;
+    check_not_yet(req)?;
     let timeout_secs = req.timeout_secs.unwrap_or(default_timeout);
     check_timeout("timeout_secs", timeout_secs, max_timeout)?;
     let limits = req.limits.resolve(defaults, max)?;
@@ -138,6 +139,31 @@ pub fn check_create(
         limits,
         timeout_secs,
     })
+}
+
+/// Refuses (fail closed) the create fields whose implementation has not landed, so a policy
+/// is never silently ignored. Each is removed from here when it is enforced.
+fn check_not_yet(req: &CreateSandbox) -> Result<(), CoreError> {
+    if req
+        .network
+        .as_ref()
+        .is_some_and(|n| n.mode != rampart_types::NetworkMode::None)
+    {
+        return Err(bad(
+            "network",
+            "network modes other than none are not supported yet",
+        ));
+    }
+    if !req.secrets.is_empty() {
+        return Err(bad("secrets", "secrets are not supported yet"));
+    }
+    if req.snapshot.is_some() {
+        return Err(bad("snapshot", "snapshots are not supported yet"));
+    }
+    if !req.volumes.is_empty() {
+        return Err(bad("volumes", "volumes are not supported yet"));
+    }
+    Ok(())
 }
 
 /// An exec request, checked and turned into agent options.

@@ -9,6 +9,8 @@ pub mod files;
 pub mod id;
 pub mod interactive;
 pub mod limits;
+pub mod network;
+pub mod persist;
 pub mod sandbox;
 
 pub use exec::{ExecEvent, ExecRequest, ExecResult};
@@ -16,6 +18,13 @@ pub use files::{FileEntry, FileList, FileType, FileWatchEvent, Health, MakeDir, 
 pub use id::{IdError, SandboxId};
 pub use interactive::ExecInput;
 pub use limits::{LimitError, Limits, LimitsRequest};
+pub use network::{
+    NetEventKind, NetLogEntry, NetworkLimits, NetworkMode, NetworkPolicy, SecretInfo,
+    SecretInjection, SecretSpec, Verdict,
+};
+pub use persist::{
+    CreateSnapshot, CreateVolume, ForkResult, ForkSandbox, SnapshotInfo, VolumeInfo, VolumeMount,
+};
 pub use sandbox::{
     ApiError, ApiErrorBody, CreateSandbox, OnTimeout, SandboxInfo, SandboxState, SetTimeout,
 };

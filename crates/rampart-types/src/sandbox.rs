@@ -1,6 +1,6 @@
 //! Sandbox lifecycle types and the API error body.
 
-use crate::{Limits, LimitsRequest, SandboxId};
+use crate::{Limits, LimitsRequest, NetworkPolicy, SandboxId, SecretSpec, VolumeMount};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
@@ -26,6 +26,19 @@ pub struct CreateSandbox {
     /// What happens at the deadline: `destroy` (the default) or `pause`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub on_timeout: Option<OnTimeout>,
+    /// Network policy; `none` (loopback only) when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<NetworkPolicy>,
+    /// Secrets the egress proxy injects; the sandbox sees placeholders only.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub secrets: Vec<SecretSpec>,
+    /// Snapshot to start from (its files over its template); `template` must be absent or
+    /// the snapshot's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub snapshot: Option<String>,
+    /// Volumes to mount.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub volumes: Vec<VolumeMount>,
 }
 
 /// What the reaper does with a sandbox whose deadline passed.

@@ -116,7 +116,7 @@ pub fn create_request(template: &str, spec: &Value) -> CreateSandbox {
         env: BTreeMap::new(),
         metadata: [("rampart.replay".to_string(), "1".to_string())].into(),
         timeout_secs: Some(3600),
-        on_timeout: None,
+        ..CreateSandbox::default()
     }
 }
 

@@ -71,6 +71,7 @@ impl CreateFlags {
             metadata: parse_pairs("--metadata", &self.metadata)?,
             timeout_secs: self.timeout,
             on_timeout: self.pause_on_timeout.then_some(OnTimeout::Pause),
+            ..CreateSandbox::default()
         })
     }
 }

@@ -1,0 +1,198 @@
+//! Network policy of a sandbox, its secrets, and the records of its network log.
+//!
+//! The policy is data: the daemon enforces it on the host side (nftables, a per-sandbox DNS
+//! resolver, an egress proxy), where the sandbox cannot reach. See `docs/network.md`.
+
+use serde::{Deserialize, Serialize};
+
+/// How much network a sandbox gets.
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize, utoipa::ToSchema,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum NetworkMode {
+    /// Loopback only (the default of the native API).
+    #[default]
+    None,
+    /// Only what `allow` names (and `deny` does not).
+    Allowlist,
+    /// Everything except `deny` and the always-blocked addresses.
+    Open,
+}
+
+impl NetworkMode {
+    /// The wire name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            NetworkMode::None => "none",
+            NetworkMode::Allowlist => "allowlist",
+            NetworkMode::Open => "open",
+        }
+    }
+}
+
+/// Per-sandbox egress limits; absent fields mean no limit.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct NetworkLimits {
+    /// Egress bandwidth cap in megabits per second.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub egress_mbps: Option<u32>,
+    /// New outbound connections allowed per second.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub connections_per_second: Option<u32>,
+}
+
+/// A sandbox's network policy (`network` in the create body, `PUT /v1/sandboxes/{id}/network`).
+///
+/// Rules are strings: a domain (`pypi.org`), a wildcard domain (`*.github.com`: any name
+/// below github.com, not github.com itself), an IP address or CIDR (`10.1.2.0/24`), each
+/// optionally with `:port`. Deny wins over allow; an empty allowlist allows nothing. Cloud
+/// metadata, link-local, loopback, the host's addresses, the daemon and other sandboxes stay
+/// unreachable whatever the policy; private ranges only when a rule names them.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct NetworkPolicy {
+    /// `none`, `allowlist` or `open`.
+    #[serde(default)]
+    pub mode: NetworkMode,
+    /// Allowed destinations (used by `allowlist`).
+    #[serde(default)]
+    pub allow: Vec<String>,
+    /// Denied destinations (win over `allow`, and apply in `open` mode).
+    #[serde(default)]
+    pub deny: Vec<String>,
+    /// Egress limits.
+    #[serde(default)]
+    pub limits: NetworkLimits,
+}
+
+/// How the egress proxy places a secret on requests to its hosts.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+pub enum SecretInjection {
+    /// Sets a header: `template` is its value with `{value}` standing for the secret, e.g.
+    /// `Bearer {value}`.
+    Header {
+        /// Header name, e.g. `Authorization`.
+        name: String,
+        /// Header value template; must contain `{value}`.
+        template: String,
+    },
+    /// HTTP basic auth with this user name and the secret as password.
+    Basic {
+        /// The user name.
+        username: String,
+    },
+    /// Replaces the placeholder wherever the sandbox put it in the request headers.
+    Placeholder,
+}
+
+/// A secret given at create or through `/v1/secrets`. Its value never enters the sandbox: the
+/// sandbox sees a placeholder (in the env var `env`, when set) and the egress proxy swaps in
+/// the value on requests to `hosts` only.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SecretSpec {
+    /// Name (letters, digits, `_`, `-`); what audit records and logs show.
+    pub name: String,
+    /// The secret value. Write-only: never returned by any API.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub value: String,
+    /// Hosts (domain rules as in the policy) the secret may be sent to.
+    pub hosts: Vec<String>,
+    /// Where it goes on the request.
+    pub inject: SecretInjection,
+    /// Environment variable that holds the placeholder inside the sandbox.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub env: Option<String>,
+}
+
+impl std::fmt::Debug for SecretSpec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SecretSpec")
+            .field("name", &self.name)
+            .field("value", &"<redacted>")
+            .field("hosts", &self.hosts)
+            .field("inject", &self.inject)
+            .field("env", &self.env)
+            .finish()
+    }
+}
+
+/// A secret as the API shows it: everything but the value, plus the placeholder.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct SecretInfo {
+    /// Name.
+    pub name: String,
+    /// Hosts it is bound to.
+    pub hosts: Vec<String>,
+    /// Where it goes.
+    pub inject: SecretInjection,
+    /// The placeholder the sandbox sees.
+    pub placeholder: String,
+    /// The env var holding the placeholder, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub env: Option<String>,
+}
+
+/// What a network log entry records.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum NetEventKind {
+    /// A DNS query and the answer given.
+    Dns,
+    /// A connection attempt and its verdict.
+    Connect,
+    /// A connection ended (bytes counted).
+    Close,
+    /// A secret was injected into a request.
+    SecretUsed,
+}
+
+/// A verdict of the policy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Verdict {
+    /// Let through.
+    Allow,
+    /// Refused.
+    Deny,
+}
+
+/// One entry of `GET /v1/sandboxes/{id}/network/log`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct NetLogEntry {
+    /// Sequence number within the sandbox's log, from 1.
+    pub seq: u64,
+    /// RFC 3339 time.
+    pub time: String,
+    /// What happened.
+    pub kind: NetEventKind,
+    /// The name asked for or seen (DNS name, SNI or Host), if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// DNS record type (`A`, `AAAA`, `TXT`, ...) for DNS entries.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub qtype: Option<String>,
+    /// Addresses answered (DNS) or the destination address (connections).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub addrs: Vec<String>,
+    /// Destination port.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub port: Option<u16>,
+    /// The verdict.
+    pub verdict: Verdict,
+    /// The rule that decided (`allow:pypi.org`, `deny:evil.example.com`, `default`,
+    /// `blocked:metadata`, ...).
+    pub rule: String,
+    /// Bytes sent by the sandbox (close entries).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bytes_out: Option<u64>,
+    /// Bytes received by the sandbox (close entries).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bytes_in: Option<u64>,
+    /// Secret name (secret_used entries).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secret: Option<String>,
+}
