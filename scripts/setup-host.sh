@@ -8,6 +8,8 @@ set -euo pipefail
 # Benchmarks compare against bubblewrap, runc and util-linux's unshare.
 pkgs=(e2fsprogs util-linux bash coreutils python3 curl git ncurses-bin sudo ca-certificates
       procps iproute2 bubblewrap runc
+      # Per-sandbox networks: the daemon loads its table through `nft -j -f -`.
+      nftables
       # The code-interpreter-v1 template's IPython kernel (seen in every sandbox's /usr).
       python3-ipykernel python3-jupyter-client python3-matplotlib python3-numpy)
 
