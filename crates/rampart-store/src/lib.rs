@@ -12,9 +12,11 @@
 
 mod audit;
 pub mod keys;
+mod network;
 mod wal;
 
 pub use audit::{LeafRow, NewEvent, StoredEvent, TreeHeadRow};
+pub use network::StoredNetwork;
 
 use rampart_types::{Limits, OnTimeout, SandboxId, SandboxState};
 use rusqlite::{params, Connection, OptionalExtension, Row, TransactionBehavior};
@@ -219,10 +221,20 @@ pub trait SandboxStore: Send + Sync + std::fmt::Debug {
     fn publish(&self, leaves: &[LeafRow], tree_head: &TreeHeadRow) -> Result<(), StoreError>;
     /// The latest signed tree head.
     fn latest_tree_head(&self) -> Result<Option<TreeHeadRow>, StoreError>;
+    /// Records (replaces) a sandbox's network policy and secrets.
+    fn set_network(&self, id: &SandboxId, net: &StoredNetwork) -> Result<(), StoreError>;
+    /// Replaces a sandbox's network policy (keeping its secrets).
+    fn set_network_policy(
+        &self,
+        id: &SandboxId,
+        policy: &rampart_types::NetworkPolicy,
+    ) -> Result<(), StoreError>;
+    /// A sandbox's network policy and secrets, if it has a network.
+    fn network(&self, id: &SandboxId) -> Result<Option<StoredNetwork>, StoreError>;
 }
 
 /// The current schema version.
-pub const SCHEMA_VERSION: i64 = 3;
+pub const SCHEMA_VERSION: i64 = 6;
 
 const ALIVE_SQL: &str = "('creating','running','paused','stopping')";
 
@@ -258,6 +270,7 @@ const MIGRATIONS: &[(i64, &str)] = &[
     CREATE UNIQUE INDEX sandboxes_alive_slot ON sandboxes(uid_slot)
         WHERE state IN ('creating','running','paused','stopping');",
     ),
+    (6, network::MIGRATION_6),
 ];
 
 /// The SQLite implementation of [`SandboxStore`].
@@ -680,6 +693,26 @@ impl SandboxStore for SqliteStore {
         audit::latest_tree_head(&self.lock())
     }
 
+    fn set_network(&self, id: &SandboxId, net: &StoredNetwork) -> Result<(), StoreError> {
+        network::set(&self.lock(), id, net)?;
+        self.committed();
+        Ok(())
+    }
+
+    fn set_network_policy(
+        &self,
+        id: &SandboxId,
+        policy: &rampart_types::NetworkPolicy,
+    ) -> Result<(), StoreError> {
+        network::set_policy(&self.lock(), id, policy)?;
+        self.committed();
+        Ok(())
+    }
+
+    fn network(&self, id: &SandboxId) -> Result<Option<StoredNetwork>, StoreError> {
+        network::get(&self.lock(), id)
+    }
+
     fn get(&self, id: &SandboxId) -> Result<Option<SandboxRecord>, StoreError> {
         let conn = self.lock();
         let raw = conn
@@ -744,6 +777,8 @@ impl SandboxStore for SqliteStore {
                 "DELETE FROM sandboxes WHERE state IN ('destroyed','failed') AND ended_at < ?1",
             )?
             .execute([before_ms])?;
+        conn.prepare_cached("DELETE FROM sandbox_network WHERE id NOT IN (SELECT id FROM sandboxes)")?
+            .execute([])?;
         Ok(n)
     }
 }
