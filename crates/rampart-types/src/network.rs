@@ -196,3 +196,24 @@ pub struct NetLogEntry {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub secret: Option<String>,
 }
+
+/// `GET /v1/sandboxes/{id}/network`: the policy in force and, for a sandbox with a network,
+/// its addresses.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct NetworkInfo {
+    /// The policy in force (`mode: none` for a sandbox without network).
+    pub policy: NetworkPolicy,
+    /// The sandbox's address on its `eth0`, while it has a network.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub address: Option<String>,
+    /// Its gateway: the host side of its link, where its DNS and connections go.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gateway: Option<String>,
+}
+
+/// A page of `GET /v1/sandboxes/{id}/network/log`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct NetLogPage {
+    /// Entries with `seq` above the `after` asked for, oldest first.
+    pub entries: Vec<NetLogEntry>,
+}
