@@ -1,0 +1,789 @@
+//! Host-side enforcement of a sandbox's network policy.
+//!
+//! The network wiring (rampart-net) sends every TCP connection a sandbox opens to this crate's
+//! egress proxy (nftables `redirect` to `proxy_port`) and every DNS query (udp/tcp 53) to its
+//! resolver (`dns_port`). Here each is matched to the sandbox by its source address and judged
+//! by the sandbox's [`NetworkPolicy`]:
+//!
+//! - the **resolver** answers only names the policy allows (forwarding them upstream),
+//!   NXDOMAIN otherwise, and pins the addresses it answered to the name (per sandbox);
+//! - the **proxy** reads the original destination (`SO_ORIGINAL_DST`), refuses always-blocked
+//!   addresses, reads the TLS SNI or HTTP Host of the first bytes, and lets the connection
+//!   through only if the name is allowed *and* the destination is an address the resolver
+//!   answered for it (or an IP/CIDR rule allows the address), then splices both ways;
+//! - for hosts a **secret** is bound to, the proxy terminates TLS with a leaf certificate from
+//!   the sandbox's own CA and puts the secret into each HTTP/1.1 request's headers;
+//! - every decision goes into the sandbox's **network log** and to the event hook.
+//!
+//! # Public API (for rampart-core)
+//!
+//! ```text
+//! Egress::start(EgressConfig) -> Result<Egress, EgressError>          (inside a tokio runtime)
+//! egress.attach(id, sandbox_ip, gateway_ip, NetworkPolicy, Vec<SecretSpec>) -> Result<Attachment>
+//! egress.set_policy(id, NetworkPolicy) -> Result<()>     (new connections at once; live ones cut)
+//! egress.set_secrets(id, Vec<SecretSpec>) -> Result<Vec<SecretInfo>>
+//! egress.detach(id) -> bool                              (cuts its connections, removes its CA)
+//! egress.log(id, after_seq, limit) -> Option<Vec<NetLogEntry>>
+//! egress.subscribe(id) -> Option<broadcast::Receiver<NetLogEntry>>       (for `?follow=1`)
+//! egress.take_events() -> Option<mpsc::Receiver<NetEvent>>              (audit hook, once)
+//! egress.refresh_host_addrs() -> Result<()>; egress.proxy_port(); egress.dns_port()
+//! validate_policy(&NetworkPolicy) -> Result<(), RuleError>             (for create/PUT checks)
+//! validate_secrets(&[SecretSpec]) -> Result<(), EgressError>
+//! ```
+//!
+//! Secret values live only in this process's memory: they are in no log entry, error, `Debug`
+//! output or [`SecretInfo`]. The sandbox sees `rampart-secret-<name>-<random>` placeholders.
+
+#![deny(missing_docs)]
+
+mod dns;
+mod limits;
+mod netlog;
+pub mod peek;
+pub mod policy;
+mod proxy;
+mod secrets;
+mod tls;
+
+use std::collections::HashMap;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
+
+use ipnet::IpNet;
+use rampart_types::network::{NetLogEntry, NetworkPolicy, SecretInfo, SecretSpec};
+use tokio::sync::{broadcast, mpsc};
+use tokio_util::sync::CancellationToken;
+
+pub use netlog::NetEvent;
+pub use policy::{Decision, RuleError};
+
+use crate::limits::Limiters;
+use crate::netlog::NetLog;
+use crate::policy::{Blocklist, CompiledPolicy};
+use crate::secrets::BoundSecret;
+use crate::tls::SandboxCa;
+
+/// Errors of the egress crate. Never contain a secret value.
+#[derive(Debug, thiserror::Error)]
+pub enum EgressError {
+    /// A policy rule did not parse.
+    #[error(transparent)]
+    Rule(#[from] RuleError),
+    /// A secret spec is not acceptable.
+    #[error("invalid secret {name:?}: {reason}")]
+    InvalidSecret {
+        /// The secret's name.
+        name: String,
+        /// Why.
+        reason: String,
+    },
+    /// Two secrets share a name or an env var.
+    #[error("duplicate secret name or env var {0:?}")]
+    DuplicateSecret(String),
+    /// No sandbox with this id is attached.
+    #[error("sandbox {0} is not attached to the egress proxy")]
+    NotAttached(String),
+    /// The id is already attached, or its address is in use by another attached sandbox.
+    #[error("sandbox {0} is already attached, or its address is in use")]
+    AlreadyAttached(String),
+    /// The sandbox id cannot be used as a file name.
+    #[error("invalid sandbox id {0:?}")]
+    InvalidId(String),
+    /// A configuration value is wrong.
+    #[error("egress config: {0}")]
+    Config(String),
+    /// Certificates or TLS configuration.
+    #[error("tls: {0}")]
+    Tls(String),
+    /// An I/O error, with what was being done.
+    #[error("{what}: {source}")]
+    Io {
+        /// What was being done.
+        what: String,
+        /// The error.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl EgressError {
+    pub(crate) fn io(what: &str, source: std::io::Error) -> Self {
+        EgressError::Io {
+            what: what.to_string(),
+            source,
+        }
+    }
+}
+
+/// How the egress service runs.
+#[derive(Debug, Clone)]
+pub struct EgressConfig {
+    /// Addresses the proxy and the resolver listen on (default `0.0.0.0`; connections from
+    /// peers that are not an attached sandbox are closed, queries get NXDOMAIN).
+    pub listen: Vec<IpAddr>,
+    /// TCP port of the egress proxy (default 15001; 0 picks a free port, see
+    /// [`Egress::proxy_port`]).
+    pub proxy_port: u16,
+    /// UDP and TCP port of the resolver (default 15053; 0 picks a free port).
+    pub dns_port: u16,
+    /// Upstream resolvers; empty means the `nameserver`s of the host's `/etc/resolv.conf`.
+    pub upstream_dns: Vec<SocketAddr>,
+    /// Extra PEM roots trusted for upstream TLS of intercepted connections (tests).
+    pub extra_upstream_roots: Vec<String>,
+    /// Where per-sandbox CA keys and secret placeholders are kept (mode 0700 directory).
+    pub state_dir: PathBuf,
+    /// Extra CIDRs that are always blocked (the sandbox address pool, the daemon's network).
+    pub blocked: Vec<String>,
+    /// Entries kept per sandbox network log.
+    pub log_capacity: usize,
+    /// How long the proxy waits for a connection's first bytes before treating it as raw TCP.
+    pub peek_timeout: Duration,
+}
+
+impl Default for EgressConfig {
+    fn default() -> Self {
+        EgressConfig {
+            listen: vec![IpAddr::V4(Ipv4Addr::UNSPECIFIED)],
+            proxy_port: 15001,
+            dns_port: 15053,
+            upstream_dns: Vec::new(),
+            extra_upstream_roots: Vec::new(),
+            state_dir: PathBuf::from("/var/lib/rampart/egress"),
+            blocked: Vec::new(),
+            log_capacity: 10_000,
+            peek_timeout: Duration::from_secs(5),
+        }
+    }
+}
+
+/// What a sandbox needs from its attachment.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Attachment {
+    /// The sandbox's CA certificate (PEM), for its trust store. Its key never leaves the daemon.
+    pub ca_cert_pem: String,
+    /// Environment variables to set in the sandbox: `(env, placeholder)` of each secret with
+    /// an `env`.
+    pub env: Vec<(String, String)>,
+    /// The secrets as the API shows them (placeholders, no values).
+    pub secrets: Vec<SecretInfo>,
+}
+
+impl std::fmt::Debug for Attachment {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Attachment")
+            .field("env", &self.env)
+            .field("secrets", &self.secrets)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Checks a policy's rules without attaching anything (the first bad rule is the error).
+pub fn validate_policy(policy: &NetworkPolicy) -> Result<(), RuleError> {
+    CompiledPolicy::compile(policy).map(|_| ())
+}
+
+/// Checks secret specs without attaching anything.
+pub fn validate_secrets(specs: &[SecretSpec]) -> Result<(), EgressError> {
+    build_secrets(specs, &HashMap::new()).map(|_| ())
+}
+
+fn build_secrets(
+    specs: &[SecretSpec],
+    placeholders: &HashMap<String, String>,
+) -> Result<Vec<Arc<BoundSecret>>, EgressError> {
+    let mut seen = std::collections::HashSet::new();
+    let mut out = Vec::new();
+    for s in specs {
+        if !seen.insert(format!("name:{}", s.name)) {
+            return Err(EgressError::DuplicateSecret(s.name.clone()));
+        }
+        if let Some(env) = &s.env {
+            if !seen.insert(format!("env:{env}")) {
+                return Err(EgressError::DuplicateSecret(env.clone()));
+            }
+        }
+        out.push(Arc::new(BoundSecret::new(
+            s,
+            placeholders.get(&s.name).cloned(),
+        )?));
+    }
+    Ok(out)
+}
+
+/// A live proxied connection (to cut it when the policy changes).
+#[derive(Debug)]
+pub(crate) struct LiveConn {
+    pub ip: IpAddr,
+    pub port: u16,
+    pub name: Option<String>,
+    pub cancel: CancellationToken,
+    /// The rule that cut it, if it was cut.
+    pub cut: Mutex<Option<String>>,
+}
+
+/// One attached sandbox.
+#[derive(Debug)]
+pub(crate) struct Sandbox {
+    pub ip: IpAddr,
+    pub policy: RwLock<Arc<CompiledPolicy>>,
+    pub limiters: RwLock<Arc<Limiters>>,
+    pub secrets: RwLock<Arc<Vec<Arc<BoundSecret>>>>,
+    pub ca: SandboxCa,
+    pins: Mutex<HashMap<IpAddr, HashMap<String, Instant>>>,
+    pub log: NetLog,
+    pub conns: Mutex<HashMap<u64, Arc<LiveConn>>>,
+    pub gone: CancellationToken,
+}
+
+/// Pins live at least this long, whatever the TTL.
+const MIN_PIN: Duration = Duration::from_secs(60);
+/// And at most this long.
+const MAX_PIN: Duration = Duration::from_secs(24 * 3600);
+/// At most this many pinned addresses per sandbox.
+const MAX_PINS: usize = 65_536;
+
+impl Sandbox {
+    pub fn policy(&self) -> Arc<CompiledPolicy> {
+        self.policy
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+    pub fn secrets(&self) -> Arc<Vec<Arc<BoundSecret>>> {
+        self.secrets
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+    pub fn limiters(&self) -> Arc<Limiters> {
+        self.limiters
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Records that the resolver answered `name` with `addrs` (TTL in seconds).
+    pub fn pin(&self, name: &str, addrs: &[IpAddr], ttl: u32) {
+        let life = Duration::from_secs(ttl as u64).clamp(MIN_PIN, MAX_PIN);
+        let until = Instant::now() + life;
+        let mut pins = self.pins.lock().unwrap_or_else(|e| e.into_inner());
+        if pins.len() + addrs.len() > MAX_PINS {
+            let now = Instant::now();
+            pins.retain(|_, names| {
+                names.retain(|_, t| *t > now);
+                !names.is_empty()
+            });
+        }
+        for a in addrs {
+            if pins.len() >= MAX_PINS && !pins.contains_key(a) {
+                break;
+            }
+            let names = pins.entry(policy::canonical(*a)).or_default();
+            let e = names.entry(name.to_string()).or_insert(until);
+            if *e < until {
+                *e = until;
+            }
+        }
+    }
+
+    pub fn is_pinned(&self, ip: IpAddr, name: &str) -> bool {
+        let pins = self.pins.lock().unwrap_or_else(|e| e.into_inner());
+        pins.get(&policy::canonical(ip))
+            .and_then(|n| n.get(name))
+            .is_some_and(|t| *t > Instant::now())
+    }
+
+    pub fn pinned_names(&self, ip: IpAddr) -> Vec<String> {
+        let pins = self.pins.lock().unwrap_or_else(|e| e.into_inner());
+        let now = Instant::now();
+        pins.get(&policy::canonical(ip))
+            .map(|n| {
+                n.iter()
+                    .filter(|(_, t)| **t > now)
+                    .map(|(k, _)| k.clone())
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// The verdict for a connection under the current policy.
+    pub fn decide(
+        &self,
+        blocklist: &Blocklist,
+        ip: IpAddr,
+        port: u16,
+        name: Option<&str>,
+    ) -> Decision {
+        self.policy().decide_conn(
+            policy::ConnQuery { ip, port, name },
+            blocklist,
+            &|n| self.is_pinned(ip, n),
+            &|| self.pinned_names(ip),
+        )
+    }
+}
+
+/// Daemon-wide state shared by the listeners.
+#[derive(Debug)]
+pub(crate) struct Inner {
+    pub sandboxes: RwLock<HashMap<String, Arc<Sandbox>>>,
+    pub by_ip: RwLock<HashMap<IpAddr, Arc<Sandbox>>>,
+    pub blocklist: RwLock<Arc<Blocklist>>,
+    pub client_tls: Arc<rustls::ClientConfig>,
+    pub upstream_dns: Vec<SocketAddr>,
+    pub events: Option<mpsc::Sender<NetEvent>>,
+    pub next_conn: AtomicU64,
+    pub extra_blocked: Vec<IpNet>,
+    pub state_dir: PathBuf,
+    pub log_capacity: usize,
+    pub peek_timeout: Duration,
+}
+
+impl Inner {
+    pub fn by_ip(&self, ip: IpAddr) -> Option<Arc<Sandbox>> {
+        self.by_ip
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&policy::canonical(ip))
+            .cloned()
+    }
+    pub fn blocklist(&self) -> Arc<Blocklist> {
+        self.blocklist
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+    fn rebuild_blocklist(&self, host: Option<Vec<IpAddr>>) {
+        let sandboxes: Vec<IpAddr> = self
+            .by_ip
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .keys()
+            .copied()
+            .collect();
+        let mut bl = self.blocklist.write().unwrap_or_else(|e| e.into_inner());
+        let host = host.unwrap_or_else(|| bl.host.clone());
+        *bl = Arc::new(Blocklist {
+            host,
+            extra: self.extra_blocked.clone(),
+            sandboxes,
+        });
+    }
+}
+
+/// The running egress service: the proxy and resolver listeners plus the attached sandboxes.
+/// Dropping it stops the listeners and cuts every connection.
+#[derive(Debug)]
+pub struct Egress {
+    inner: Arc<Inner>,
+    stop: CancellationToken,
+    events_rx: Mutex<Option<mpsc::Receiver<NetEvent>>>,
+    proxy_port: u16,
+    dns_port: u16,
+}
+
+impl Drop for Egress {
+    fn drop(&mut self) {
+        self.stop.cancel();
+        for sb in self
+            .inner
+            .sandboxes
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+        {
+            sb.gone.cancel();
+        }
+    }
+}
+
+/// The addresses of the host's interfaces (this network namespace's).
+pub fn host_addrs() -> Result<Vec<IpAddr>, EgressError> {
+    let addrs = nix::ifaddrs::getifaddrs()
+        .map_err(|e| EgressError::io("getifaddrs", std::io::Error::from(e)))?;
+    let mut out = Vec::new();
+    for a in addrs {
+        let Some(sa) = a.address else { continue };
+        if let Some(v4) = sa.as_sockaddr_in() {
+            out.push(IpAddr::V4(v4.ip()));
+        } else if let Some(v6) = sa.as_sockaddr_in6() {
+            out.push(IpAddr::V6(v6.ip()));
+        }
+    }
+    out.sort();
+    out.dedup();
+    Ok(out)
+}
+
+/// The `nameserver`s of a resolv.conf, on port 53.
+pub fn resolv_conf_nameservers(path: &Path) -> Vec<SocketAddr> {
+    let Ok(text) = std::fs::read_to_string(path) else {
+        return Vec::new();
+    };
+    text.lines()
+        .filter_map(|l| {
+            let mut it = l.split_whitespace();
+            (it.next() == Some("nameserver"))
+                .then(|| it.next())
+                .flatten()
+        })
+        .filter_map(|a| a.split('%').next()?.parse::<IpAddr>().ok())
+        .map(|ip| SocketAddr::new(ip, 53))
+        .collect()
+}
+
+fn valid_id(id: &str) -> bool {
+    !id.is_empty()
+        && id.len() <= 128
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+}
+
+impl Egress {
+    /// Binds the proxy and the resolver and starts serving (must be called inside a tokio
+    /// runtime). Reads the host's addresses and resolvers.
+    pub async fn start(cfg: EgressConfig) -> Result<Egress, EgressError> {
+        let extra_blocked = cfg
+            .blocked
+            .iter()
+            .map(|s| {
+                s.parse::<IpNet>()
+                    .or_else(|_| s.parse::<IpAddr>().map(IpNet::from))
+                    .map_err(|_| EgressError::Config(format!("blocked: {s:?} is not a CIDR")))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let upstream_dns = if cfg.upstream_dns.is_empty() {
+            resolv_conf_nameservers(Path::new("/etc/resolv.conf"))
+        } else {
+            cfg.upstream_dns.clone()
+        };
+        if cfg.listen.is_empty() {
+            return Err(EgressError::Config("no listen address".into()));
+        }
+        std::fs::create_dir_all(&cfg.state_dir).map_err(|e| EgressError::io("state dir", e))?;
+        {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(&cfg.state_dir, std::fs::Permissions::from_mode(0o700))
+                .map_err(|e| EgressError::io("state dir", e))?;
+        }
+        let client_tls = tls::upstream_client_config(&cfg.extra_upstream_roots)?;
+        let (etx, erx) = mpsc::channel(8192);
+        let inner = Arc::new(Inner {
+            sandboxes: RwLock::new(HashMap::new()),
+            by_ip: RwLock::new(HashMap::new()),
+            blocklist: RwLock::new(Arc::new(Blocklist::default())),
+            client_tls,
+            upstream_dns,
+            events: Some(etx),
+            next_conn: AtomicU64::new(1),
+            extra_blocked,
+            state_dir: cfg.state_dir.clone(),
+            log_capacity: cfg.log_capacity,
+            peek_timeout: cfg.peek_timeout,
+        });
+        inner.rebuild_blocklist(Some(host_addrs()?));
+        let stop = CancellationToken::new();
+        let mut proxy_port = cfg.proxy_port;
+        let mut dns_port = cfg.dns_port;
+        for ip in &cfg.listen {
+            let l = tokio::net::TcpListener::bind(SocketAddr::new(*ip, proxy_port))
+                .await
+                .map_err(|e| EgressError::io(&format!("bind proxy {ip}:{proxy_port}"), e))?;
+            proxy_port = l
+                .local_addr()
+                .map_err(|e| EgressError::io("proxy", e))?
+                .port();
+            tokio::spawn(proxy::serve(l, inner.clone(), stop.clone()));
+            let u = tokio::net::UdpSocket::bind(SocketAddr::new(*ip, dns_port))
+                .await
+                .map_err(|e| EgressError::io(&format!("bind dns udp {ip}:{dns_port}"), e))?;
+            dns_port = u
+                .local_addr()
+                .map_err(|e| EgressError::io("dns", e))?
+                .port();
+            let t = tokio::net::TcpListener::bind(SocketAddr::new(*ip, dns_port))
+                .await
+                .map_err(|e| EgressError::io(&format!("bind dns tcp {ip}:{dns_port}"), e))?;
+            tokio::spawn(dns::serve_udp(Arc::new(u), inner.clone(), stop.clone()));
+            tokio::spawn(dns::serve_tcp(t, inner.clone(), stop.clone()));
+        }
+        // Host addresses change (links come and go): refresh them now and then.
+        {
+            let inner = inner.clone();
+            let stop = stop.clone();
+            tokio::spawn(async move {
+                loop {
+                    tokio::select! {
+                        _ = stop.cancelled() => return,
+                        _ = tokio::time::sleep(Duration::from_secs(30)) => {}
+                    }
+                    if let Ok(h) = host_addrs() {
+                        inner.rebuild_blocklist(Some(h));
+                    }
+                }
+            });
+        }
+        Ok(Egress {
+            inner,
+            stop,
+            events_rx: Mutex::new(Some(erx)),
+            proxy_port,
+            dns_port,
+        })
+    }
+
+    /// The port the proxy listens on.
+    pub fn proxy_port(&self) -> u16 {
+        self.proxy_port
+    }
+
+    /// The port the resolver listens on (UDP and TCP).
+    pub fn dns_port(&self) -> u16 {
+        self.dns_port
+    }
+
+    /// Re-reads the host's addresses (always blocked). Also done on every attach and every
+    /// 30 seconds.
+    pub fn refresh_host_addrs(&self) -> Result<(), EgressError> {
+        self.inner.rebuild_blocklist(Some(host_addrs()?));
+        Ok(())
+    }
+
+    /// The event hook: every log entry of every sandbox, for the audit log. Can be taken once;
+    /// entries are dropped (not blocked on) when the receiver lags by 8192.
+    pub fn take_events(&self) -> Option<mpsc::Receiver<NetEvent>> {
+        self.events_rx
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+    }
+
+    fn sandbox(&self, id: &str) -> Result<Arc<Sandbox>, EgressError> {
+        self.inner
+            .sandboxes
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(id)
+            .cloned()
+            .ok_or_else(|| EgressError::NotAttached(id.to_string()))
+    }
+
+    fn state_dir(&self, id: &str) -> PathBuf {
+        self.inner.state_dir.join(id)
+    }
+
+    fn load_placeholders(&self, id: &str) -> HashMap<String, String> {
+        std::fs::read(self.state_dir(id).join("placeholders.json"))
+            .ok()
+            .and_then(|b| serde_json::from_slice(&b).ok())
+            .unwrap_or_default()
+    }
+
+    fn save_placeholders(&self, id: &str, secrets: &[Arc<BoundSecret>]) -> Result<(), EgressError> {
+        let map: HashMap<&str, &str> = secrets
+            .iter()
+            .map(|s| (s.name.as_str(), s.placeholder.as_str()))
+            .collect();
+        let data = serde_json::to_vec(&map).map_err(|e| EgressError::Config(e.to_string()))?;
+        let path = self.state_dir(id).join("placeholders.json");
+        let tmp = path.with_extension("tmp");
+        std::fs::write(&tmp, data)
+            .and_then(|_| std::fs::rename(&tmp, &path))
+            .map_err(|e| EgressError::io("write placeholders", e))
+    }
+
+    /// Starts enforcing `policy` for the sandbox at `sandbox_ip`. `gateway_ip` (the host side
+    /// of its link) is blocked like every host address. A sandbox attached again with the
+    /// same id after a daemon restart keeps its CA and its placeholders (from `state_dir`).
+    pub fn attach(
+        &self,
+        id: &str,
+        sandbox_ip: IpAddr,
+        gateway_ip: IpAddr,
+        policy: NetworkPolicy,
+        secrets: Vec<SecretSpec>,
+    ) -> Result<Attachment, EgressError> {
+        if !valid_id(id) {
+            return Err(EgressError::InvalidId(id.to_string()));
+        }
+        let compiled = CompiledPolicy::compile(&policy)?;
+        let sandbox_ip = policy::canonical(sandbox_ip);
+        {
+            let sbs = self
+                .inner
+                .sandboxes
+                .read()
+                .unwrap_or_else(|e| e.into_inner());
+            let ips = self.inner.by_ip.read().unwrap_or_else(|e| e.into_inner());
+            if sbs.contains_key(id) || ips.contains_key(&sandbox_ip) {
+                return Err(EgressError::AlreadyAttached(id.to_string()));
+            }
+        }
+        let dir = self.state_dir(id);
+        let fresh = !dir.exists();
+        let result = (|| {
+            let bound = build_secrets(&secrets, &self.load_placeholders(id))?;
+            let ca = SandboxCa::load_or_create(id, &dir)?;
+            self.save_placeholders(id, &bound)?;
+            Ok::<_, EgressError>((bound, ca))
+        })();
+        let (bound, ca) = match result {
+            Ok(v) => v,
+            Err(e) => {
+                if fresh {
+                    let _ = std::fs::remove_dir_all(&dir);
+                }
+                return Err(e);
+            }
+        };
+        let att = Attachment {
+            ca_cert_pem: ca.cert_pem().to_string(),
+            env: bound
+                .iter()
+                .filter_map(|s| s.env.clone().map(|e| (e, s.placeholder.clone())))
+                .collect(),
+            secrets: bound.iter().map(|s| s.info()).collect(),
+        };
+        let sb = Arc::new(Sandbox {
+            ip: sandbox_ip,
+            limiters: RwLock::new(Arc::new(Limiters::from_policy(&policy.limits))),
+            policy: RwLock::new(Arc::new(compiled)),
+            secrets: RwLock::new(Arc::new(bound)),
+            ca,
+            pins: Mutex::new(HashMap::new()),
+            log: NetLog::new(id, self.inner.log_capacity, self.inner.events.clone()),
+            conns: Mutex::new(HashMap::new()),
+            gone: self.stop.child_token(),
+        });
+        {
+            let mut sbs = self
+                .inner
+                .sandboxes
+                .write()
+                .unwrap_or_else(|e| e.into_inner());
+            let mut ips = self.inner.by_ip.write().unwrap_or_else(|e| e.into_inner());
+            if sbs.contains_key(id) || ips.contains_key(&sandbox_ip) {
+                return Err(EgressError::AlreadyAttached(id.to_string()));
+            }
+            sbs.insert(id.to_string(), sb.clone());
+            ips.insert(sandbox_ip, sb);
+        }
+        let mut host = host_addrs().unwrap_or_else(|_| self.inner.blocklist().host.clone());
+        let gw = policy::canonical(gateway_ip);
+        if !host.contains(&gw) {
+            host.push(gw);
+        }
+        self.inner.rebuild_blocklist(Some(host));
+        Ok(att)
+    }
+
+    /// Replaces the policy: new connections and queries obey it at once, and every live
+    /// connection the new policy denies is cut (its close entry names the rule).
+    pub fn set_policy(&self, id: &str, policy: NetworkPolicy) -> Result<(), EgressError> {
+        let sb = self.sandbox(id)?;
+        let compiled = Arc::new(CompiledPolicy::compile(&policy)?);
+        *sb.limiters.write().unwrap_or_else(|e| e.into_inner()) =
+            Arc::new(Limiters::from_policy(&policy.limits));
+        *sb.policy.write().unwrap_or_else(|e| e.into_inner()) = compiled;
+        let bl = self.inner.blocklist();
+        let conns: Vec<Arc<LiveConn>> = sb
+            .conns
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+            .cloned()
+            .collect();
+        for c in conns {
+            let d = sb.decide(&bl, c.ip, c.port, c.name.as_deref());
+            if !d.allowed() {
+                *c.cut.lock().unwrap_or_else(|e| e.into_inner()) = Some(d.rule);
+                c.cancel.cancel();
+            }
+        }
+        Ok(())
+    }
+
+    /// Replaces the secrets. A secret that keeps its name keeps its placeholder. Live
+    /// intercepted connections use the new set from their next request.
+    pub fn set_secrets(
+        &self,
+        id: &str,
+        secrets: Vec<SecretSpec>,
+    ) -> Result<Vec<SecretInfo>, EgressError> {
+        let sb = self.sandbox(id)?;
+        let old: HashMap<String, String> = sb
+            .secrets()
+            .iter()
+            .map(|s| (s.name.clone(), s.placeholder.clone()))
+            .collect();
+        let bound = build_secrets(&secrets, &old)?;
+        self.save_placeholders(id, &bound)?;
+        let info = bound.iter().map(|s| s.info()).collect();
+        *sb.secrets.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(bound);
+        Ok(info)
+    }
+
+    /// The secrets of a sandbox as the API shows them.
+    pub fn secrets(&self, id: &str) -> Option<Vec<SecretInfo>> {
+        self.sandbox(id)
+            .ok()
+            .map(|sb| sb.secrets().iter().map(|s| s.info()).collect())
+    }
+
+    /// The policy in force for a sandbox.
+    pub fn policy(&self, id: &str) -> Option<NetworkPolicy> {
+        self.sandbox(id).ok().map(|sb| sb.policy().source.clone())
+    }
+
+    /// Stops enforcing for `id`: cuts its connections, forgets it and removes its CA and
+    /// placeholders from `state_dir`. Returns whether it was attached. Also removes the state
+    /// of an id that is not attached (cleanup after a restart).
+    pub fn detach(&self, id: &str) -> bool {
+        let sb = {
+            let mut sbs = self
+                .inner
+                .sandboxes
+                .write()
+                .unwrap_or_else(|e| e.into_inner());
+            let mut ips = self.inner.by_ip.write().unwrap_or_else(|e| e.into_inner());
+            let sb = sbs.remove(id);
+            if let Some(sb) = &sb {
+                ips.remove(&sb.ip);
+            }
+            sb
+        };
+        if let Some(sb) = &sb {
+            sb.gone.cancel();
+        }
+        if valid_id(id) {
+            let _ = std::fs::remove_dir_all(self.state_dir(id));
+        }
+        self.inner.rebuild_blocklist(None);
+        sb.is_some()
+    }
+
+    /// Log entries of a sandbox with `seq > after_seq`, at most `limit` (oldest first).
+    /// `None` if the sandbox is not attached.
+    pub fn log(&self, id: &str, after_seq: u64, limit: usize) -> Option<Vec<NetLogEntry>> {
+        self.sandbox(id)
+            .ok()
+            .map(|sb| sb.log.read(after_seq, limit))
+    }
+
+    /// New log entries of a sandbox as they happen (for `?follow=1`). A receiver that lags
+    /// gets `RecvError::Lagged` and can catch up with [`Egress::log`].
+    pub fn subscribe(&self, id: &str) -> Option<broadcast::Receiver<NetLogEntry>> {
+        self.sandbox(id).ok().map(|sb| sb.log.subscribe())
+    }
+
+    /// How many entries of `id` the event hook dropped because its receiver lagged.
+    pub fn dropped_events(&self, id: &str) -> u64 {
+        self.sandbox(id)
+            .map(|sb| sb.log.dropped_events())
+            .unwrap_or(0)
+    }
+}
