@@ -40,12 +40,43 @@ pub(crate) const MIGRATION: &str = "
         sth TEXT NOT NULL
     );";
 
+/// Migration 4: events move to `audit_log`, a rowid table keyed by one integer,
+/// `(chain number << 32) | seq`, where `audit_chains` gives each sandbox its chain number.
+///
+/// Why: the events of migration 2 lived in a `WITHOUT ROWID` table keyed `(sandbox, seq)`,
+/// an index b-tree of ~1 KB rows (four to a page), whose every split rebalances three
+/// siblings and their parent: 4 to 13 pages written to the WAL for one exec's `exit`. With
+/// an integer key, the events of the newest chain are appended at the right edge of the
+/// tree, where SQLite splits by starting a new page (one leaf page per commit, three when
+/// it fills); the rows no longer repeat `time` and `prev`, which the event JSON holds.
+/// Existing rows are moved, chain numbers given in order of each chain's first event.
+pub(crate) const MIGRATION_4: &str = "
+    CREATE TABLE audit_chains (
+        num INTEGER PRIMARY KEY NOT NULL,
+        sandbox TEXT NOT NULL UNIQUE
+    );
+    INSERT INTO audit_chains (sandbox)
+        SELECT sandbox FROM audit_events GROUP BY sandbox ORDER BY MIN(time), sandbox;
+    CREATE TABLE audit_log (
+        key INTEGER PRIMARY KEY NOT NULL,
+        hash TEXT NOT NULL,
+        event TEXT NOT NULL
+    );
+    INSERT INTO audit_log (key, hash, event)
+        SELECT (c.num << 32) | e.seq, e.hash, e.event
+        FROM audit_events e JOIN audit_chains c ON c.sandbox = e.sandbox
+        ORDER BY 1;
+    DROP TABLE audit_events;";
+
+/// Sequence numbers of one chain fit in the low 32 bits of an `audit_log` key.
+const SEQ_BITS: u32 = 32;
+
 /// An audit event to insert, with the blobs it refers to.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NewEvent {
     /// The sandbox whose log it extends.
     pub sandbox: SandboxId,
-    /// Its position (must be the next one: the primary key refuses a duplicate).
+    /// Its position (must be the next one: the primary key refuses a duplicate; below 2^32).
     pub seq: u64,
     /// Its time (RFC 3339).
     pub time: String,
@@ -113,23 +144,42 @@ fn i64_of(v: u64) -> Result<i64, StoreError> {
     i64::try_from(v).map_err(|e| corrupt("audit", e))
 }
 
+/// The chain number of a sandbox (None if it has no event yet).
+fn chain_num(conn: &Connection, sandbox: &SandboxId) -> Result<Option<i64>, StoreError> {
+    Ok(conn
+        .prepare_cached("SELECT num FROM audit_chains WHERE sandbox = ?1")?
+        .query_row([sandbox.as_str()], |r| r.get::<_, i64>(0))
+        .optional()?)
+}
+
+/// The range of `audit_log` keys of chain `num`: `[lo, hi]`.
+fn key_range(num: i64) -> (i64, i64) {
+    let lo = num << SEQ_BITS;
+    (lo, lo | ((1i64 << SEQ_BITS) - 1))
+}
+
 pub(crate) fn insert_event(conn: &Connection, e: &NewEvent) -> Result<(), StoreError> {
     for (digest, bytes) in &e.blobs {
         conn.prepare_cached("INSERT OR IGNORE INTO audit_blobs (digest, bytes) VALUES (?1, ?2)")?
             .execute(params![digest, bytes])?;
     }
-    conn.prepare_cached(
-        "INSERT INTO audit_events (sandbox, seq, time, hash, prev, event) \
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
-    )?
-    .execute(params![
-        e.sandbox.as_str(),
-        i64_of(e.seq)?,
-        e.time,
-        e.hash,
-        e.prev,
-        e.json
-    ])?;
+    let seq = u32::try_from(e.seq).map_err(|_| {
+        corrupt(
+            e.sandbox.as_str(),
+            format!("event seq {} is past the last one a chain can hold", e.seq),
+        )
+    })?;
+    let num = match chain_num(conn, &e.sandbox)? {
+        Some(n) => n,
+        None => {
+            conn.prepare_cached("INSERT INTO audit_chains (sandbox) VALUES (?1)")?
+                .execute([e.sandbox.as_str()])?;
+            conn.last_insert_rowid()
+        }
+    };
+    // A key already taken (the same seq twice) is refused by the primary key.
+    conn.prepare_cached("INSERT INTO audit_log (key, hash, event) VALUES (?1, ?2, ?3)")?
+        .execute(params![key_range(num).0 | i64::from(seq), e.hash, e.json])?;
     Ok(())
 }
 
@@ -139,16 +189,22 @@ pub(crate) fn events(
     after: Option<u64>,
     limit: usize,
 ) -> Result<Vec<StoredEvent>, StoreError> {
-    let after = match after {
-        Some(a) => i64_of(a)?,
-        None => -1,
+    let Some(num) = chain_num(conn, sandbox)? else {
+        return Ok(Vec::new());
+    };
+    let (lo, hi) = key_range(num);
+    let from = match after {
+        // Past the last possible seq: nothing.
+        Some(a) if a >= (1u64 << SEQ_BITS) - 1 => return Ok(Vec::new()),
+        Some(a) => lo + i64_of(a)? + 1,
+        None => lo,
     };
     let limit = i64::try_from(limit).unwrap_or(i64::MAX);
     let mut stmt = conn.prepare_cached(
-        "SELECT seq, hash, event FROM audit_events WHERE sandbox = ?1 AND seq > ?2 \
-         ORDER BY seq LIMIT ?3",
+        "SELECT key, hash, event FROM audit_log WHERE key >= ?1 AND key <= ?2 \
+         ORDER BY key LIMIT ?3",
     )?;
-    let rows = stmt.query_map(params![sandbox.as_str(), after, limit], |r| {
+    let rows = stmt.query_map(params![from, hi, limit], |r| {
         Ok((
             r.get::<_, i64>(0)?,
             r.get::<_, String>(1)?,
@@ -157,9 +213,9 @@ pub(crate) fn events(
     })?;
     let mut out = Vec::new();
     for row in rows {
-        let (seq, hash, json) = row?;
+        let (key, hash, json) = row?;
         out.push(StoredEvent {
-            seq: u64_of(sandbox.as_str(), seq)?,
+            seq: u64_of(sandbox.as_str(), key - lo)?,
             hash,
             json,
         });
@@ -171,15 +227,20 @@ pub(crate) fn last_event(
     conn: &Connection,
     sandbox: &SandboxId,
 ) -> Result<Option<(u64, String)>, StoreError> {
+    let Some(num) = chain_num(conn, sandbox)? else {
+        return Ok(None);
+    };
+    let (lo, hi) = key_range(num);
     let row = conn
         .prepare_cached(
-            "SELECT seq, hash FROM audit_events WHERE sandbox = ?1 ORDER BY seq DESC LIMIT 1",
+            "SELECT key, hash FROM audit_log WHERE key >= ?1 AND key <= ?2 \
+             ORDER BY key DESC LIMIT 1",
         )?
-        .query_row([sandbox.as_str()], |r| {
+        .query_row(params![lo, hi], |r| {
             Ok((r.get::<_, i64>(0)?, r.get::<_, String>(1)?))
         })
         .optional()?;
-    row.map(|(s, h)| Ok((u64_of(sandbox.as_str(), s)?, h)))
+    row.map(|(k, h)| Ok((u64_of(sandbox.as_str(), k - lo)?, h)))
         .transpose()
 }
 
@@ -352,6 +413,61 @@ mod tests {
         assert_eq!(s.events(&id, None, 100).unwrap().len(), 3);
         assert_eq!(s.blob("d1").unwrap().as_deref(), Some(&b"bytes"[..]));
         assert_eq!(s.blob("d2").unwrap(), None);
+    }
+
+    #[test]
+    fn migration_4_moves_events_of_older_databases() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("state.db");
+        let (a, b) = (SandboxId::parse("a1").unwrap(), SandboxId::parse("b2").unwrap());
+        {
+            // A database as schema 3 left it, with two interleaved chains.
+            let conn = Connection::open(&path).unwrap();
+            conn.execute_batch(
+                "CREATE TABLE migrations (version INTEGER PRIMARY KEY NOT NULL, \
+                 applied_at INTEGER NOT NULL);",
+            )
+            .unwrap();
+            for (v, sql) in crate::MIGRATIONS.iter().filter(|(v, _)| *v <= 3) {
+                conn.execute_batch(sql).unwrap();
+                conn.execute("INSERT INTO migrations VALUES (?1, 0)", [v])
+                    .unwrap();
+            }
+            for (id, seq, time) in [(&b, 0, "t1"), (&a, 0, "t2"), (&b, 1, "t3"), (&a, 1, "t4")] {
+                conn.execute(
+                    "INSERT INTO audit_events (sandbox, seq, time, hash, prev, event) \
+                     VALUES (?1, ?2, ?3, ?4, 'p', ?5)",
+                    params![
+                        id.as_str(),
+                        seq,
+                        time,
+                        format!("h{id}{seq}"),
+                        format!("{{\"seq\":{seq}}}")
+                    ],
+                )
+                .unwrap();
+            }
+        }
+        let s = SqliteStore::open(&path).unwrap();
+        assert_eq!(s.schema_version().unwrap(), crate::SCHEMA_VERSION);
+        for id in [&a, &b] {
+            let evs = s.events(id, None, 100).unwrap();
+            assert_eq!(evs.iter().map(|e| e.seq).collect::<Vec<_>>(), vec![0, 1]);
+            assert_eq!(evs[1].hash, format!("h{id}1"));
+            assert_eq!(evs[1].json, "{\"seq\":1}");
+            assert_eq!(s.last_event(id).unwrap(), Some((1, format!("h{id}1"))));
+        }
+        // The chains go on where they were, and a new sandbox gets a chain of its own.
+        s.append_event(&ev(&a, 2)).unwrap();
+        assert!(s.append_event(&ev(&b, 1)).is_err());
+        let c = SandboxId::parse("c3").unwrap();
+        s.append_event(&ev(&c, 0)).unwrap();
+        assert_eq!(s.last_event(&a).unwrap(), Some((2, "h2".into())));
+        assert_eq!(s.events(&a, Some(1), 10).unwrap().len(), 1);
+        assert_eq!(s.events(&b, Some(1), 10).unwrap().len(), 0);
+        assert_eq!(s.events(&c, None, 10).unwrap().len(), 1);
+        assert_eq!(s.events(&c, Some(u64::MAX), 10).unwrap().len(), 0);
+        assert_eq!(s.last_event(&SandboxId::parse("d4").unwrap()).unwrap(), None);
     }
 
     #[test]

@@ -10,8 +10,10 @@
 //!   the lowest free slot and inserts in one transaction;
 //! - the count of alive sandboxes never exceeds the `max_alive` given at insert.
 
+pub mod access;
 mod audit;
 pub mod keys;
+pub mod persist;
 mod network;
 mod wal;
 
@@ -270,6 +272,9 @@ const MIGRATIONS: &[(i64, &str)] = &[
     CREATE UNIQUE INDEX sandboxes_alive_slot ON sandboxes(uid_slot)
         WHERE state IN ('creating','running','paused','stopping');",
     ),
+    (4, audit::MIGRATION_4),
+    // Snapshots, volumes, create requests (`persist`; idempotent, also run at its open).
+    (5, persist::MIGRATION),
     (6, network::MIGRATION_6),
 ];
 
