@@ -29,6 +29,7 @@ enum StartError {
 struct Args {
     listen: Option<String>,
     default_user: String,
+    default_cwd: Option<String>,
 }
 
 fn parse_args() -> Result<Args, StartError> {
@@ -36,6 +37,7 @@ fn parse_args() -> Result<Args, StartError> {
     let mut out = Args {
         listen: None,
         default_user: "user".into(),
+        default_cwd: None,
     };
     while let Some(a) = args.next() {
         match a.as_str() {
@@ -49,6 +51,12 @@ fn parse_args() -> Result<Args, StartError> {
                 out.default_user = args
                     .next()
                     .ok_or_else(|| StartError::Usage("--default-user needs a name".into()))?
+            }
+            "--default-cwd" => {
+                out.default_cwd = Some(
+                    args.next()
+                        .ok_or_else(|| StartError::Usage("--default-cwd needs a path".into()))?,
+                )
             }
             "--version" => {
                 println!(
@@ -140,6 +148,7 @@ fn real_main() -> Result<(), StartError> {
         let state = Arc::new(State {
             config: Config {
                 default_user: args.default_user,
+                default_cwd: args.default_cwd,
                 base_env,
             },
             procs: procs.clone(),

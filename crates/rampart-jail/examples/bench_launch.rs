@@ -47,6 +47,9 @@ fn main() {
             limits: Limits::default(),
             hostname: "bench".into(),
             env: vec![],
+            layers: vec![],
+            build: None,
+            agent_args: vec![],
         };
         let t0 = Instant::now();
         let l = jail.launch(&spec).expect("launch");

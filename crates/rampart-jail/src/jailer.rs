@@ -126,6 +126,12 @@ pub fn run(spec: &JailerSpec, prepared: bool) -> Result<i32, JailError> {
         prepare(&spec.sandbox_dir, &spec.disk_image, &spec.cgroup_procs)?;
     }
     let up = |n: &str| lay.disk_mnt.join(n);
+    if let Some(b) = &spec.build {
+        // A build step: the upper layer is a host directory that becomes the new layer.
+        mkdir(&b.upper, 0o755)?;
+        chown(&b.upper, ub, gb)?;
+        mkdir(&b.work, 0o700)?;
+    }
     for (n, owner) in [
         ("upper", ub),
         ("work", 0),
@@ -159,11 +165,15 @@ pub fn run(spec: &JailerSpec, prepared: bool) -> Result<i32, JailError> {
     // c. The sandbox's PID 1, in new user, pid, net, ipc and uts namespaces.
     let (go_rd, go_wr) = pipe()?;
     let (err_rd, err_wr) = pipe()?;
-    let flags = libc::CLONE_NEWUSER
+    let mut flags = libc::CLONE_NEWUSER
         | libc::CLONE_NEWPID
         | libc::CLONE_NEWNET
         | libc::CLONE_NEWIPC
         | libc::CLONE_NEWUTS;
+    if spec.build.as_ref().is_some_and(|b| b.host_network) {
+        // Template builds only (an operator action): the host's network namespace.
+        flags &= !libc::CLONE_NEWNET;
+    }
     // On cgroup v2, PID 1 is born in the sandbox's cgroup (no migration).
     let cgroup_dir = match &spec.clone_into_cgroup {
         Some(d) => {
@@ -240,8 +250,6 @@ pub fn run(spec: &JailerSpec, prepared: bool) -> Result<i32, JailError> {
         // d. Idmapped lower layers and the overlays.
         let userns = std::fs::File::open(format!("/proc/{pid}/ns/user"))
             .map_err(io("open child user namespace".into()))?;
-        sys::idmapped_bind(&spec.rootfs, &lay.lower_root, userns.as_raw_fd())?;
-        sys::idmapped_bind(&spec.usr_source, &lay.lower_usr, userns.as_raw_fd())?;
         let ovl = |lower: &Path, upper: &str, work: &str, at: &Path| {
             let opts = format!(
                 "lowerdir={},upperdir={},workdir={},index=off,metacopy=off,redirect_dir=off,xino=off",
@@ -251,6 +259,32 @@ pub fn run(spec: &JailerSpec, prepared: bool) -> Result<i32, JailError> {
             );
             sys::mount(Some("overlay"), at, Some("overlay"), 0, Some(&opts))
         };
+        if !spec.layers.is_empty() {
+            // A layered template: every layer idmapped, stacked (top first in lowerdir);
+            // no host /usr.
+            let mut lowers = Vec::with_capacity(spec.layers.len());
+            for (i, l) in spec.layers.iter().enumerate() {
+                let at = spec.sandbox_dir.join(format!("l{i}"));
+                mkdir(&at, 0o700)?;
+                sys::idmapped_bind(l, &at, userns.as_raw_fd())?;
+                lowers.push(at.display().to_string());
+            }
+            lowers.reverse();
+            let (upper, work) = match &spec.build {
+                Some(b) => (b.upper.clone(), b.work.clone()),
+                None => (up("upper"), up("work")),
+            };
+            let opts = format!(
+                "lowerdir={},upperdir={},workdir={},index=off,metacopy=off,redirect_dir=off,xino=off",
+                lowers.join(":"),
+                upper.display(),
+                work.display()
+            );
+            sys::mount(Some("overlay"), &lay.root, Some("overlay"), 0, Some(&opts))?;
+            return Ok(());
+        }
+        sys::idmapped_bind(&spec.rootfs, &lay.lower_root, userns.as_raw_fd())?;
+        sys::idmapped_bind(&spec.usr_source, &lay.lower_usr, userns.as_raw_fd())?;
         ovl(&lay.lower_root, "upper", "work", &lay.root)?;
         let usr = lay.root.join("usr");
         if !usr.is_dir() {
@@ -484,7 +518,32 @@ fn child_setup(ctx: &Child<'_>) -> Result<Never, JailError> {
     // SAFETY: valid buffer and length.
     let rc = unsafe { libc::sethostname(h.as_ptr().cast(), h.len()) };
     sys::check(rc.into(), || "sethostname".into())?;
-    loopback_up()?;
+    if ctx.spec.build.as_ref().is_some_and(|b| b.host_network) {
+        // The host's network namespace: not ours to configure.
+    } else {
+        loopback_up()?;
+    }
+    if let Some(rc) = ctx.spec.build.as_ref().and_then(|b| b.resolv_conf.as_ref()) {
+        // Build sandboxes: the host's resolver configuration, read-only.
+        let t = r.join("etc/resolv.conf");
+        let md = std::fs::symlink_metadata(&t);
+        if md.as_ref().is_ok_and(|m| m.is_file()) || md.is_err() {
+            if md.is_err() && r.join("etc").is_dir() {
+                std::fs::File::create(&t).map_err(io(format!("create {}", t.display())))?;
+            }
+            if t.is_file() {
+                let s = rc.to_string_lossy().into_owned();
+                sys::mount(Some(&s), &t, None, libc::MS_BIND, None)?;
+                sys::mount(
+                    None,
+                    &t,
+                    None,
+                    libc::MS_BIND | libc::MS_REMOUNT | libc::MS_RDONLY | nsne,
+                    None,
+                )?;
+            }
+        }
+    }
     // Into the new root; the old one is detached and gone.
     std::env::set_current_dir(r).map_err(io("chdir root".into()))?;
     let dot = c(".");
@@ -532,7 +591,8 @@ fn child_setup(ctx: &Child<'_>) -> Result<Never, JailError> {
         .filter_map(|(k, v)| CString::new(format!("{k}={v}")).ok())
         .collect();
     env.push(c(&format!("{AGENT_FD_ENV}={}", ctx.sock)));
-    let argv = [c("rampart-agent")];
+    let mut argv = vec![c("rampart-agent")];
+    argv.extend(ctx.spec.agent_args.iter().map(|a| c(a)));
     // Wait until the jailer has put us in the sandbox's cgroup, then make it our cgroup root.
     let mut b = [0u8; 1];
     // SAFETY: reading one byte into a valid buffer.

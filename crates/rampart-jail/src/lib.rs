@@ -123,6 +123,33 @@ pub struct LaunchSpec {
     pub hostname: String,
     /// Environment the agent starts with (inherited by every process it starts).
     pub env: Vec<(String, String)>,
+    /// Layered root (built templates, see `rampart-image`): the host directories of the
+    /// template's layers, bottom first, each in overlayfs format. When non-empty they are
+    /// the overlay's lower layers (each idmapped like the `base` rootfs), `template_dir` is
+    /// not used and the host's `/usr` is NOT mounted.
+    pub layers: Vec<PathBuf>,
+    /// Build sandboxes only (see [`BuildMounts`]); `None` for every sandbox of the API.
+    pub build: Option<BuildMounts>,
+    /// Extra arguments of the agent (e.g. `--default-user NAME`).
+    pub agent_args: Vec<String>,
+}
+
+/// How a template build step's sandbox differs from an API sandbox. Builds are an operator
+/// action from a trusted spec; nothing the API accepts can ask for this.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct BuildMounts {
+    /// The overlay's upper directory on the host (it becomes the new layer); owned by the
+    /// sandbox's root through the launch.
+    pub upper: PathBuf,
+    /// The overlay's work directory (same file system as `upper`).
+    pub work: PathBuf,
+    /// Share the host's network namespace (apt and pip need the network). The sandbox's
+    /// user namespace does not own it, so it cannot reconfigure it; it can open sockets.
+    pub host_network: bool,
+    /// A host file bound read-only over `/etc/resolv.conf` (created empty in the upper if
+    /// the template has none; the builder removes that empty file from the layer).
+    pub resolv_conf: Option<PathBuf>,
 }
 
 /// A launched sandbox.
@@ -191,6 +218,15 @@ pub struct JailerSpec {
     pub agent_bin: PathBuf,
     /// Where the agent's socket is bound.
     pub agent_socket: PathBuf,
+    /// Layered root: lower layers, bottom first (see [`LaunchSpec::layers`]).
+    #[serde(default)]
+    pub layers: Vec<PathBuf>,
+    /// Build sandbox mounts (see [`BuildMounts`]).
+    #[serde(default)]
+    pub build: Option<BuildMounts>,
+    /// Extra agent arguments.
+    #[serde(default)]
+    pub agent_args: Vec<String>,
 }
 
 /// What a pool member's jailer gets first on its stdin (one line), before its spec: the
@@ -397,7 +433,13 @@ impl Jail {
 
     fn try_launch(&self, spec: &LaunchSpec) -> Result<Launched, JailError> {
         let rootfs = spec.template_dir.join("rootfs");
-        if !rootfs.join("usr").is_dir() || !rootfs.join("etc").is_dir() {
+        if let Some(l) = spec.layers.iter().find(|l| !l.is_dir()) {
+            return Err(JailError::Template(format!(
+                "layer {} is missing",
+                l.display()
+            )));
+        }
+        if spec.layers.is_empty() && (!rootfs.join("usr").is_dir() || !rootfs.join("etc").is_dir()) {
             return Err(JailError::Template(format!(
                 "{} is not a built template (no rootfs/usr, rootfs/etc)",
                 spec.template_dir.display()
@@ -426,6 +468,9 @@ impl Jail {
             clone_into_cgroup: None,
             agent_bin: self.cfg.agent_bin.clone(),
             agent_socket: dir.join("agent.sock"),
+            layers: spec.layers.clone(),
+            build: spec.build.clone(),
+            agent_args: spec.agent_args.clone(),
         };
         let id = spec.id.as_str();
         let child = match self.take_member(id, &spec.limits, &dir) {

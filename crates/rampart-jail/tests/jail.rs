@@ -78,6 +78,9 @@ fn spec(t: &TestEnv, uid_slot: u32, limits: Limits) -> LaunchSpec {
         limits,
         hostname: "sbx".into(),
         env: vec![("FOO".into(), "bar".into())],
+        layers: vec![],
+        build: None,
+        agent_args: vec![],
     }
 }
 

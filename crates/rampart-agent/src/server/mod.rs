@@ -35,6 +35,8 @@ const MAX_UNARY: usize = 16 << 20;
 pub struct Config {
     /// User for requests that name none.
     pub default_user: String,
+    /// Working directory of processes that name none (None: the user's home).
+    pub default_cwd: Option<String>,
     /// Environment every child starts from (the agent's, without `RAMPART_*`).
     pub base_env: Vec<(OsString, OsString)>,
 }

@@ -333,7 +333,14 @@ fn spawn(
         ));
     }
     let user = users::resolve(ctx.user.as_deref(), &state.config.default_user)?;
-    let cwd = super::resolve_path(config.cwd.as_deref().unwrap_or(""), &user.home);
+    let cwd = super::resolve_path(
+        config
+            .cwd
+            .as_deref()
+            .or(state.config.default_cwd.as_deref())
+            .unwrap_or(""),
+        &user.home,
+    );
     let cwd_c = CString::new(cwd.as_os_str().as_encoded_bytes())
         .map_err(|_| RpcError::new(Code::InvalidArgument, "cwd contains a NUL byte"))?;
     match std::fs::metadata(&cwd) {

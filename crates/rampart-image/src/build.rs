@@ -1,0 +1,886 @@
+//! The builder: base, steps, the step cache, and the build sandbox on the jail.
+//!
+//! Cache keys (hex SHA-256 of length-prefixed fields, see [`crate::digest::KeyHasher`]):
+//! - `debian:` base: suite, variant, sorted extra packages, mirror.
+//! - OCI layer: the layer blob's digest (a layer is extracted on its own, so its key does
+//!   not depend on the layers below).
+//! - a step: the key of the layer chain below it, the step's kind and inputs (packages,
+//!   command, copy destination and every copied file's relative path, type, mode and
+//!   content digest), and the metadata in effect (user, workdir, env) for steps that run.
+//!
+//! A step whose key is in the store is not run again ("cached"); a change to one step
+//! changes its key and so the keys of every layer step after it.
+
+use crate::digest::KeyHasher;
+use crate::oci;
+use crate::spec::{Base, Spec, Step};
+use crate::store::{remove_tree, Manifest, Store, TemplateConfig, SCHEMA};
+use crate::{io, ImageError};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::io::{BufRead, Read};
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Environment of build steps, under the template's own.
+pub const BUILD_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
+/// A progress event.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(tag = "event", rename_all = "snake_case")]
+pub enum BuildEvent {
+    /// A step begins (index 0 = the base).
+    Step {
+        /// Index (0 = base).
+        index: usize,
+        /// Total steps including the base.
+        total: usize,
+        /// Kind.
+        kind: String,
+        /// Description.
+        describe: String,
+    },
+    /// Output of the running step.
+    Output {
+        /// Text (lossy UTF-8).
+        text: String,
+    },
+    /// A step ended.
+    StepDone {
+        /// Index.
+        index: usize,
+        /// Whether its layer came from the cache.
+        cached: bool,
+        /// Seconds taken.
+        secs: f64,
+    },
+}
+
+/// One step in a build's report.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct StepReport {
+    /// Index (0 = base).
+    pub index: usize,
+    /// Kind (`base`, `apt`, ...).
+    pub kind: String,
+    /// Description.
+    pub describe: String,
+    /// Layer keys made or reused (none for metadata steps).
+    pub layers: Vec<String>,
+    /// Whether every layer came from the cache.
+    pub cached: bool,
+    /// Seconds taken.
+    pub secs: f64,
+}
+
+/// What a build made.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct BuildReport {
+    /// The name.
+    pub name: String,
+    /// The template id.
+    pub id: String,
+    /// The manifest.
+    pub manifest: Manifest,
+    /// Steps.
+    pub steps: Vec<StepReport>,
+    /// Seconds in all.
+    pub secs: f64,
+}
+
+/// A command to run in a build sandbox.
+#[derive(Debug, Clone)]
+pub struct RunRequest {
+    /// Lower layers, bottom first.
+    pub layers: Vec<PathBuf>,
+    /// The upper directory (becomes the layer).
+    pub upper: PathBuf,
+    /// The overlay work directory.
+    pub work: PathBuf,
+    /// Shell command (`/bin/sh -c`).
+    pub command: String,
+    /// User.
+    pub user: String,
+    /// Working directory.
+    pub cwd: Option<String>,
+    /// Environment.
+    pub env: BTreeMap<String, String>,
+}
+
+/// Runs build steps in sandboxes. [`JailRunner`] is the real one.
+pub trait StepRunner: std::fmt::Debug {
+    /// Runs `req`, passing output to `out`; returns the exit code. Must stop (leaving no
+    /// process or mount) when `cancel` is set, returning [`ImageError::Interrupted`].
+    /// After it returns, `req.upper` holds the layer with owners as seen in the sandbox.
+    fn run(
+        &self,
+        req: &RunRequest,
+        out: &mut dyn FnMut(&[u8]),
+        cancel: &AtomicBool,
+    ) -> Result<i32, ImageError>;
+}
+
+/// Build options.
+#[derive(Debug, Clone, Default)]
+pub struct BuildOptions {
+    /// Ignore cached step layers (rebuild every step; the base is still reused).
+    pub no_cache: bool,
+}
+
+/// The key of a chain of layers.
+pub fn chain_key(layers: &[String]) -> String {
+    let mut k = KeyHasher::new("rampart layer chain v1");
+    for l in layers {
+        k.str(l);
+    }
+    k.finish()
+}
+
+/// The cache key of the `debian:` base.
+pub fn debian_key(suite: &str, variant: &str, packages: &[String], mirror: &str) -> String {
+    let mut p = packages.to_vec();
+    p.sort();
+    p.dedup();
+    let mut k = KeyHasher::new("rampart debian base v1");
+    k.str(suite).str(variant).str(mirror);
+    for x in &p {
+        k.str(x);
+    }
+    k.finish()
+}
+
+fn config_fields(k: &mut KeyHasher, c: &TemplateConfig) {
+    k.str(c.user.as_deref().unwrap_or(""));
+    k.str(c.workdir.as_deref().unwrap_or(""));
+    for (n, v) in &c.env {
+        k.str(n).str(v);
+    }
+}
+
+/// The cache key of a layer step on `chain` under metadata `config`; `spec_dir` is where
+/// `copy` sources are read from.
+pub fn step_key(
+    chain: &[String],
+    step: &Step,
+    config: &TemplateConfig,
+    spec_dir: &Path,
+) -> Result<String, ImageError> {
+    let mut k = KeyHasher::new("rampart step v1");
+    k.str(&chain_key(chain)).str(step.kind());
+    match step {
+        Step::Apt(p) | Step::Pip(p) => {
+            for x in p {
+                k.str(x);
+            }
+            config_fields(&mut k, config);
+        }
+        Step::Run(c) => {
+            k.str(c);
+            config_fields(&mut k, config);
+        }
+        Step::Copy { src, dest } => {
+            k.str(dest);
+            hash_tree(&mut k, &spec_dir.join(src), Path::new(""))?;
+        }
+        Step::Env(_) | Step::User(_) | Step::Workdir(_) => {}
+    }
+    Ok(k.finish())
+}
+
+/// Hashes a file tree: relative paths, types, modes, link targets, contents.
+fn hash_tree(k: &mut KeyHasher, p: &Path, rel: &Path) -> Result<(), ImageError> {
+    let md = std::fs::symlink_metadata(p).map_err(io(format!("copy source {}", p.display())))?;
+    k.str(&rel.to_string_lossy());
+    k.field(&(md.mode() & 0o7777).to_le_bytes());
+    let ft = md.file_type();
+    if ft.is_symlink() {
+        let t = std::fs::read_link(p).map_err(io(format!("readlink {}", p.display())))?;
+        k.str("l").str(&t.to_string_lossy());
+    } else if ft.is_dir() {
+        k.str("d");
+        let mut names: Vec<_> = std::fs::read_dir(p)
+            .map_err(io(format!("read {}", p.display())))?
+            .flatten()
+            .map(|e| e.file_name())
+            .collect();
+        names.sort();
+        for n in names {
+            hash_tree(k, &p.join(&n), &rel.join(&n))?;
+        }
+    } else if ft.is_file() {
+        k.str("f").field(&md.len().to_le_bytes());
+        let mut f = std::fs::File::open(p).map_err(io(format!("open {}", p.display())))?;
+        let mut buf = vec![0u8; 1 << 16];
+        loop {
+            let n = f.read(&mut buf).map_err(io(format!("read {}", p.display())))?;
+            if n == 0 {
+                break;
+            }
+            k.raw(&buf[..n]);
+        }
+    } else {
+        return Err(ImageError::Spec(crate::SpecError {
+            field: "copy.src".into(),
+            message: format!("{} is not a file, directory or symlink", p.display()),
+        }));
+    }
+    Ok(())
+}
+
+/// Copies `src` into `fs` at `dest` (absolute inside the image), files owned by root,
+/// modes kept, parent directories 0755.
+fn copy_into(fs: &Path, src: &Path, dest: &str) -> Result<(), ImageError> {
+    let mut d = fs.to_path_buf();
+    let comps: Vec<&str> = dest.split('/').filter(|c| !c.is_empty() && *c != ".").collect();
+    let Some((last, parents)) = comps.split_last() else {
+        // dest = "/": copy a directory's contents into the root.
+        return copy_tree(src, fs, true);
+    };
+    for c in parents {
+        d.push(c);
+        if !d.exists() {
+            std::fs::create_dir(&d).map_err(io(format!("mkdir {}", d.display())))?;
+            std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o755))
+                .map_err(io(format!("chmod {}", d.display())))?;
+        }
+    }
+    copy_tree(src, &d.join(last), false)
+}
+
+fn copy_tree(src: &Path, dst: &Path, merge: bool) -> Result<(), ImageError> {
+    let md = std::fs::symlink_metadata(src).map_err(io(format!("stat {}", src.display())))?;
+    let ft = md.file_type();
+    if ft.is_symlink() {
+        let t = std::fs::read_link(src).map_err(io(format!("readlink {}", src.display())))?;
+        std::os::unix::fs::symlink(t, dst).map_err(io(format!("symlink {}", dst.display())))?;
+        std::os::unix::fs::lchown(dst, Some(0), Some(0))
+            .map_err(io(format!("chown {}", dst.display())))?;
+        return Ok(());
+    }
+    if ft.is_dir() {
+        if !(merge && dst.is_dir()) {
+            std::fs::create_dir(dst).map_err(io(format!("mkdir {}", dst.display())))?;
+        }
+        for e in std::fs::read_dir(src)
+            .map_err(io(format!("read {}", src.display())))?
+            .flatten()
+        {
+            copy_tree(&e.path(), &dst.join(e.file_name()), false)?;
+        }
+    } else if ft.is_file() {
+        std::fs::copy(src, dst).map_err(io(format!("copy {}", src.display())))?;
+    } else {
+        return Ok(());
+    }
+    std::os::unix::fs::lchown(dst, Some(0), Some(0))
+        .map_err(io(format!("chown {}", dst.display())))?;
+    std::fs::set_permissions(dst, std::fs::Permissions::from_mode(md.mode() & 0o7777))
+        .map_err(io(format!("chmod {}", dst.display())))
+}
+
+/// Turns a build sandbox's upper directory into a layer: owners moved from the sandbox's
+/// uid range back to the image's (`uid_base + n` -> `n`; setuid/setgid bits restored after
+/// the chown), overlayfs bookkeeping xattrs other than `opaque` dropped, and the empty
+/// `/etc/resolv.conf` mount point removed.
+pub fn finish_upper(upper: &Path, uid_base: u32, had_resolv_conf: bool) -> Result<(), ImageError> {
+    let rc = upper.join("etc/resolv.conf");
+    if !had_resolv_conf {
+        if let Ok(md) = std::fs::symlink_metadata(&rc) {
+            if md.is_file() && md.len() == 0 {
+                let _ = std::fs::remove_file(&rc);
+            }
+        }
+    }
+    shift_tree(upper, uid_base)
+}
+
+fn shift_tree(p: &Path, base: u32) -> Result<(), ImageError> {
+    let md = std::fs::symlink_metadata(p).map_err(io(format!("stat {}", p.display())))?;
+    let shift = |id: u32| {
+        if id >= base && id - base < 65536 {
+            Some(id - base)
+        } else {
+            None
+        }
+    };
+    let (u, g) = (shift(md.uid()), shift(md.gid()));
+    if u.is_some() || g.is_some() {
+        std::os::unix::fs::lchown(p, u, g).map_err(io(format!("chown {}", p.display())))?;
+        if !md.file_type().is_symlink() && md.mode() & 0o6000 != 0 {
+            std::fs::set_permissions(p, std::fs::Permissions::from_mode(md.mode() & 0o7777))
+                .map_err(io(format!("chmod {}", p.display())))?;
+        }
+    }
+    strip_overlay_xattrs(p);
+    if md.is_dir() {
+        for e in std::fs::read_dir(p)
+            .map_err(io(format!("read {}", p.display())))?
+            .flatten()
+        {
+            shift_tree(&e.path(), base)?;
+        }
+    }
+    Ok(())
+}
+
+fn strip_overlay_xattrs(p: &Path) {
+    use std::os::unix::ffi::OsStrExt;
+    let Ok(c) = std::ffi::CString::new(p.as_os_str().as_bytes()) else {
+        return;
+    };
+    let mut buf = vec![0u8; 4096];
+    // SAFETY: valid C string and buffer of the given length.
+    let n = unsafe { libc::llistxattr(c.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+    if n <= 0 {
+        return;
+    }
+    for name in buf[..n as usize].split(|b| *b == 0) {
+        if name.starts_with(b"trusted.overlay.") && name != b"trusted.overlay.opaque" {
+            if let Ok(k) = std::ffi::CString::new(name) {
+                // SAFETY: valid C strings.
+                unsafe { libc::lremovexattr(c.as_ptr(), k.as_ptr()) };
+            }
+        }
+    }
+}
+
+/// Whether any layer of `layers` (bottom first) has `/etc/resolv.conf` as its top-most
+/// entry that is not a whiteout (an approximation of the merged view).
+fn chain_has(layers: &[PathBuf], rel: &str) -> bool {
+    for l in layers.iter().rev() {
+        if let Ok(md) = std::fs::symlink_metadata(l.join(rel)) {
+            use std::os::unix::fs::FileTypeExt;
+            return !(md.file_type().is_char_device() && md.rdev() == 0);
+        }
+    }
+    false
+}
+
+/// The builder.
+#[derive(Debug)]
+pub struct Builder<'a> {
+    store: &'a Store,
+    runner: &'a dyn StepRunner,
+    /// Set to stop the build.
+    pub cancel: Arc<AtomicBool>,
+    /// The uid base the runner's sandboxes use (to shift owners back).
+    pub uid_base: u32,
+}
+
+impl<'a> Builder<'a> {
+    /// A builder over `store`, running steps with `runner` (whose sandboxes map root to
+    /// `uid_base`).
+    pub fn new(store: &'a Store, runner: &'a dyn StepRunner, uid_base: u32) -> Builder<'a> {
+        Builder {
+            store,
+            runner,
+            cancel: Arc::new(AtomicBool::new(false)),
+            uid_base,
+        }
+    }
+
+    fn check_cancel(&self) -> Result<(), ImageError> {
+        if self.cancel.load(Ordering::SeqCst) {
+            Err(ImageError::Interrupted)
+        } else {
+            Ok(())
+        }
+    }
+
+    /// Builds `spec` as `name` (the caller holds the store's lock). On failure or
+    /// interruption nothing half-made remains: layers are made in `tmp/` and renamed into
+    /// place only when complete, and the name is set last.
+    pub fn build(
+        &self,
+        spec: &Spec,
+        name: &str,
+        opts: &BuildOptions,
+        events: &mut dyn FnMut(BuildEvent),
+    ) -> Result<BuildReport, ImageError> {
+        crate::check_name(name)?;
+        let t_all = Instant::now();
+        let total = spec.steps.len() + 1;
+        let mut report = Vec::new();
+        let mut chain = vec![self.store.ensure_skeleton()?];
+        let mut config = TemplateConfig::default();
+        // The base.
+        let t0 = Instant::now();
+        let describe = match &spec.from {
+            Base::Debian { suite, variant, .. } => format!("debian:{suite} ({})", variant.as_str()),
+            Base::Oci(p) => format!("oci:{}", p.display()),
+            Base::Template(n) => format!("template:{n}"),
+        };
+        events(BuildEvent::Step {
+            index: 0,
+            total,
+            kind: "base".into(),
+            describe: describe.clone(),
+        });
+        let mut base_layers = Vec::new();
+        let mut base_cached = true;
+        match &spec.from {
+            Base::Debian {
+                suite,
+                variant,
+                packages,
+                mirror,
+            } => {
+                let key = debian_key(suite, variant.as_str(), packages, mirror);
+                if !self.store.has_layer(&key) {
+                    base_cached = false;
+                    let tmp = self.store.tmp_dir("debian")?;
+                    let fs = tmp.path().join("fs");
+                    mmdebstrap(suite, variant.as_str(), packages, mirror, &fs, &self.cancel, events)?;
+                    self.store.commit_layer(&fs, &key, &describe)?;
+                }
+                base_layers.push(key);
+                config.user = Some("root".into());
+                config.env.insert("PATH".into(), BUILD_PATH.into());
+            }
+            Base::Oci(p) => {
+                let img = oci::open(p, self.store)?;
+                for l in &img.layers {
+                    self.check_cancel()?;
+                    if !self.store.has_layer(&l.key) {
+                        base_cached = false;
+                        let tmp = self.store.tmp_dir("oci-layer")?;
+                        let fs = tmp.path().join("fs");
+                        std::fs::create_dir(&fs).map_err(io("mkdir layer"))?;
+                        let st = oci::extract_layer(l, &fs)?;
+                        events(BuildEvent::Output {
+                            text: format!(
+                                "layer {}: {} entries, {} whiteouts, {} opaque directories\n",
+                                l.digest.as_deref().unwrap_or("?"),
+                                st.entries,
+                                st.whiteouts,
+                                st.opaque_dirs
+                            ),
+                        });
+                        self.store.commit_layer(
+                            &fs,
+                            &l.key,
+                            &format!("oci layer {}", l.digest.as_deref().unwrap_or("?")),
+                        )?;
+                    }
+                    base_layers.push(l.key.clone());
+                }
+                config = img.config;
+            }
+            Base::Template(n) => {
+                let (_, m) = self.store.resolve(n)?;
+                self.store.layer_paths(&m)?;
+                // Its chain starts with the skeleton already.
+                chain.clear();
+                base_layers = m.layers;
+                config = m.config;
+            }
+        }
+        chain.extend(base_layers.iter().cloned());
+        let secs = t0.elapsed().as_secs_f64();
+        events(BuildEvent::StepDone {
+            index: 0,
+            cached: base_cached,
+            secs,
+        });
+        report.push(StepReport {
+            index: 0,
+            kind: "base".into(),
+            describe,
+            layers: base_layers,
+            cached: base_cached,
+            secs,
+        });
+        // The steps.
+        for (i, step) in spec.steps.iter().enumerate() {
+            self.check_cancel()?;
+            let index = i + 1;
+            let t0 = Instant::now();
+            events(BuildEvent::Step {
+                index,
+                total,
+                kind: step.kind().into(),
+                describe: step.describe(),
+            });
+            let mut layers = Vec::new();
+            let mut cached = true;
+            match step {
+                Step::Env(e) => config.env.extend(e.clone()),
+                Step::User(u) => config.user = Some(u.clone()),
+                Step::Workdir(w) => config.workdir = Some(w.clone()),
+                _ => {
+                    let key = step_key(&chain, step, &config, &spec.dir)?;
+                    if opts.no_cache || !self.store.has_layer(&key) {
+                        cached = false;
+                        self.make_step_layer(index, step, &chain, &config, &spec.dir, &key, events)?;
+                    }
+                    chain.push(key.clone());
+                    layers.push(key);
+                }
+            }
+            let secs = t0.elapsed().as_secs_f64();
+            events(BuildEvent::StepDone { index, cached, secs });
+            report.push(StepReport {
+                index,
+                kind: step.kind().into(),
+                describe: step.describe(),
+                layers,
+                cached,
+                secs,
+            });
+        }
+        self.check_cancel()?;
+        if let Some(s) = &spec.start {
+            config.start = Some(s.clone());
+        }
+        let manifest = Manifest {
+            schema: SCHEMA,
+            layers: chain,
+            config,
+        };
+        let id = self.store.put_manifest(&manifest)?;
+        self.store.tag(name, &id)?;
+        Ok(BuildReport {
+            name: name.to_owned(),
+            id,
+            manifest,
+            steps: report,
+            secs: t_all.elapsed().as_secs_f64(),
+        })
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn make_step_layer(
+        &self,
+        index: usize,
+        step: &Step,
+        chain: &[String],
+        config: &TemplateConfig,
+        spec_dir: &Path,
+        key: &str,
+        events: &mut dyn FnMut(BuildEvent),
+    ) -> Result<(), ImageError> {
+        let tmp = self.store.tmp_dir(&format!("step{index}"))?;
+        let fs = tmp.path().join("fs");
+        let fail = |message: String| ImageError::Step {
+            index,
+            kind: step.kind().into(),
+            message,
+        };
+        let command = match step {
+            Step::Copy { src, dest } => {
+                std::fs::create_dir(&fs).map_err(io("mkdir layer"))?;
+                std::fs::set_permissions(&fs, std::fs::Permissions::from_mode(0o755))
+                    .map_err(io("chmod layer"))?;
+                copy_into(&fs, &spec_dir.join(src), dest).map_err(|e| fail(e.to_string()))?;
+                self.store.commit_layer(&fs, key, &step.describe())?;
+                return Ok(());
+            }
+            Step::Apt(p) => format!(
+                "set -e; export DEBIAN_FRONTEND=noninteractive; apt-get update -q; \
+                 apt-get install -y -q --no-install-recommends {}; apt-get clean; \
+                 rm -rf /var/lib/apt/lists/*",
+                p.join(" ")
+            ),
+            Step::Pip(p) => format!(
+                "set -e; if python3 -m pip --version >/dev/null 2>&1; then \
+                 python3 -m pip install --no-cache-dir --break-system-packages --root-user-action=ignore {pk} \
+                 || python3 -m pip install --no-cache-dir {pk}; \
+                 else echo 'pip: python3 -m pip is not available in the image' >&2; exit 127; fi",
+                pk = p.join(" ")
+            ),
+            Step::Run(c) => c.clone(),
+            Step::Env(_) | Step::User(_) | Step::Workdir(_) => return Ok(()),
+        };
+        let layer_paths: Vec<PathBuf> = chain.iter().map(|k| self.store.layer_fs(k)).collect();
+        let had_rc = chain_has(&layer_paths, "etc/resolv.conf");
+        let mut env = BTreeMap::new();
+        env.insert("PATH".to_owned(), BUILD_PATH.to_owned());
+        env.insert("HOME".to_owned(), "/root".to_owned());
+        env.extend(config.env.clone());
+        // apt and pip run as root; `run` as the template's user so far.
+        let user = match step {
+            Step::Run(_) => config.user.clone().unwrap_or_else(|| "root".into()),
+            _ => "root".into(),
+        };
+        let req = RunRequest {
+            layers: layer_paths,
+            upper: fs.clone(),
+            work: tmp.path().join("work"),
+            command,
+            user,
+            cwd: match step {
+                Step::Run(_) => config.workdir.clone(),
+                _ => Some("/".into()),
+            },
+            env,
+        };
+        let mut out = |b: &[u8]| {
+            events(BuildEvent::Output {
+                text: String::from_utf8_lossy(b).into_owned(),
+            })
+        };
+        let code = self.runner.run(&req, &mut out, &self.cancel)?;
+        self.check_cancel()?;
+        if code != 0 {
+            return Err(fail(format!("exited with status {code}")));
+        }
+        finish_upper(&fs, self.uid_base, had_rc)?;
+        let _ = remove_tree(&tmp.path().join("work"));
+        self.store.commit_layer(&fs, key, &step.describe())?;
+        Ok(())
+    }
+}
+
+/// Runs mmdebstrap (in a private mount namespace of its own, so that its mounts of `/proc`
+/// and `/dev` in the new tree die with it), streaming its output; kills it on cancel.
+fn mmdebstrap(
+    suite: &str,
+    variant: &str,
+    packages: &[String],
+    mirror: &str,
+    dest: &Path,
+    cancel: &AtomicBool,
+    events: &mut dyn FnMut(BuildEvent),
+) -> Result<(), ImageError> {
+    let fail = |message: String| ImageError::Step {
+        index: 0,
+        kind: "base".into(),
+        message,
+    };
+    let mut cmd = std::process::Command::new("unshare");
+    cmd.args(["--mount", "--propagation", "private", "--", "mmdebstrap"])
+        .arg("--mode=root")
+        .arg(format!("--variant={variant}"))
+        .arg("--format=directory");
+    if !packages.is_empty() {
+        cmd.arg(format!("--include={}", packages.join(",")));
+    }
+    cmd.arg(suite).arg(dest).arg(mirror);
+    cmd.stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let mut child = cmd.spawn().map_err(|e| {
+        fail(format!(
+            "cannot run mmdebstrap ({e}); install it (scripts/setup-host.sh does)"
+        ))
+    })?;
+    let (tx, rx) = std::sync::mpsc::channel::<String>();
+    let mut readers = Vec::new();
+    for r in [
+        child.stdout.take().map(|s| Box::new(s) as Box<dyn Read + Send>),
+        child.stderr.take().map(|s| Box::new(s) as Box<dyn Read + Send>),
+    ]
+    .into_iter()
+    .flatten()
+    {
+        let tx = tx.clone();
+        readers.push(std::thread::spawn(move || {
+            let mut br = std::io::BufReader::new(r);
+            let mut line = String::new();
+            while br.read_line(&mut line).unwrap_or(0) > 0 {
+                let _ = tx.send(std::mem::take(&mut line));
+            }
+        }));
+    }
+    drop(tx);
+    let mut tail = String::new();
+    let status = loop {
+        match rx.recv_timeout(Duration::from_millis(100)) {
+            Ok(l) => {
+                tail.push_str(&l);
+                if tail.len() > 4096 {
+                    tail.drain(..tail.len() - 4096);
+                }
+                events(BuildEvent::Output { text: l });
+                continue;
+            }
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {}
+        }
+        if cancel.load(Ordering::SeqCst) {
+            // Our own child, by pid: SIGTERM lets mmdebstrap clean up, then SIGKILL.
+            let pid = child.id() as i32;
+            // SAFETY: kill(2) of our own child process.
+            unsafe { libc::kill(pid, libc::SIGTERM) };
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while Instant::now() < deadline {
+                if let Ok(Some(_)) = child.try_wait() {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(ImageError::Interrupted);
+        }
+        if let Some(st) = child.try_wait().map_err(io("wait for mmdebstrap"))? {
+            break st;
+        }
+    };
+    for r in readers {
+        let _ = r.join();
+    }
+    while let Ok(l) = rx.try_recv() {
+        events(BuildEvent::Output { text: l });
+    }
+    if !status.success() {
+        return Err(fail(format!("mmdebstrap failed ({status}): {}", tail.trim())));
+    }
+    Ok(())
+}
+
+pub use runner::{JailRunner, DEFAULT_BUILD_UID_BASE};
+
+mod runner {
+    use super::{RunRequest, StepRunner};
+    use crate::ImageError;
+    use futures::StreamExt as _;
+    use rampart_agent::client::{AgentClient, ProcessEvent, StartOptions};
+    use rampart_jail::{BuildMounts, Jail, JailConfig, LaunchSpec};
+    use rampart_types::{Limits, SandboxId};
+    use std::path::{Path, PathBuf};
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::time::{Duration, Instant};
+
+    /// Default first host uid of build sandboxes: above the daemon's default sandbox
+    /// ranges (`2^29 + 1024 * 65536`); one range, builds run one at a time (store lock).
+    pub const DEFAULT_BUILD_UID_BASE: u32 = 1 << 30;
+
+    /// Runs build steps in jail sandboxes: the template so far as idmapped lower layers, a
+    /// host directory as the upper layer, the host's network (apt, pip), its own cgroup
+    /// subtree `rampart-build` and state directory `<data>/images/build`.
+    #[derive(Debug)]
+    pub struct JailRunner {
+        jail: Jail,
+        uid_base: u32,
+        limits: Limits,
+    }
+
+    impl JailRunner {
+        /// Sets up the build tier and removes leftovers of an interrupted earlier build.
+        pub fn new(
+            data: &Path,
+            jailer_bin: PathBuf,
+            agent_bin: PathBuf,
+            uid_base: u32,
+        ) -> Result<JailRunner, ImageError> {
+            let jail = Jail::new(JailConfig {
+                state_dir: data.join("images").join("build"),
+                jailer_bin,
+                agent_bin,
+                cgroup_subtree: "rampart-build".into(),
+            })
+            .map_err(|e| ImageError::Sandbox(e.to_string()))?;
+            for id in jail.leftovers().unwrap_or_default() {
+                let _ = jail.destroy(&id);
+            }
+            jail.settle();
+            Ok(JailRunner {
+                jail,
+                uid_base,
+                limits: Limits {
+                    cpus: 2.0,
+                    memory_bytes: 2 << 30,
+                    pids: 4096,
+                    disk_bytes: 256 << 20,
+                    open_files: 65536,
+                },
+            })
+        }
+
+        /// The uid base of its sandboxes.
+        pub fn uid_base(&self) -> u32 {
+            self.uid_base
+        }
+    }
+
+    impl StepRunner for JailRunner {
+        fn run(
+            &self,
+            req: &RunRequest,
+            out: &mut dyn FnMut(&[u8]),
+            cancel: &AtomicBool,
+        ) -> Result<i32, ImageError> {
+            let id = SandboxId::generate();
+            let spec = LaunchSpec {
+                id: id.clone(),
+                template_dir: PathBuf::new(),
+                uid_base: self.uid_base,
+                limits: self.limits.clone(),
+                hostname: "rampart-build".into(),
+                env: req.env.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
+                layers: req.layers.clone(),
+                build: Some(BuildMounts {
+                    upper: req.upper.clone(),
+                    work: req.work.clone(),
+                    host_network: true,
+                    resolv_conf: Some(PathBuf::from("/etc/resolv.conf"))
+                        .filter(|p| p.is_file()),
+                }),
+                agent_args: vec!["--default-user".into(), "root".into()],
+            };
+            let r = (|| {
+                let launched = self
+                    .jail
+                    .launch(&spec)
+                    .map_err(|e| ImageError::Sandbox(e.to_string()))?;
+                let rt = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .map_err(crate::io("start a runtime"))?;
+                rt.block_on(run_in(launched.agent_socket, req, out, cancel))
+            })();
+            let _ = self.jail.destroy(&id);
+            self.jail.settle();
+            r
+        }
+    }
+
+    async fn run_in(
+        sock: PathBuf,
+        req: &RunRequest,
+        out: &mut dyn FnMut(&[u8]),
+        cancel: &AtomicBool,
+    ) -> Result<i32, ImageError> {
+        let client = AgentClient::new(sock);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while client.health().await.is_err() {
+            if Instant::now() > deadline {
+                return Err(ImageError::Sandbox("the build sandbox's agent did not answer".into()));
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let opts = StartOptions {
+            cmd: "/bin/sh".into(),
+            args: vec!["-c".into(), req.command.clone()],
+            envs: req.env.clone(),
+            cwd: req.cwd.clone(),
+            user: Some(req.user.clone()),
+            ..Default::default()
+        };
+        let mut events = client
+            .start(opts)
+            .await
+            .map_err(|e| ImageError::Sandbox(format!("start the step: {e}")))?;
+        let mut tick = tokio::time::interval(Duration::from_millis(100));
+        loop {
+            tokio::select! {
+                ev = events.next() => match ev {
+                    Some(Ok(ProcessEvent::Stdout(b) | ProcessEvent::Stderr(b) | ProcessEvent::Pty(b))) => out(&b),
+                    Some(Ok(ProcessEvent::End { exit_code, .. })) => return Ok(exit_code),
+                    Some(Ok(_)) => {}
+                    Some(Err(e)) => return Err(ImageError::Sandbox(format!("step output: {e}"))),
+                    None => return Err(ImageError::Sandbox("the step's output ended without an exit".into())),
+                },
+                _ = tick.tick() => {
+                    if cancel.load(Ordering::SeqCst) {
+                        return Err(ImageError::Interrupted);
+                    }
+                }
+            }
+        }
+    }
+}

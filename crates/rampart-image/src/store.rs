@@ -1,0 +1,520 @@
+//! The layer store under `<data>/images/`.
+//!
+//! ```text
+//! images/
+//!   lock                      flock(2): builds, rm and gc take it exclusively
+//!   layers/<key>/fs/          a layer: a directory in overlayfs format (whiteouts are 0/0
+//!                             character devices, opaque directories carry
+//!                             trusted.overlay.opaque=y), owners as seen inside (root = 0)
+//!   layers/<key>/layer.json   what made it, when, its size
+//!   manifests/<id>.json       a template: ordered layer keys (bottom first) + metadata;
+//!                             id = SHA-256 of this file's bytes
+//!   names/<name>.json         name -> id
+//!   tmp/                      layers being made (renamed into layers/ when complete)
+//!   build/ cache/             the build sandboxes' jail state
+//! ```
+//!
+//! A layer's key is the cache key of what made it (see [`crate::build`]); a layer never
+//! changes once renamed into place.
+
+use crate::digest::{is_hex64, sha256_hex};
+use crate::spec::StartSpec;
+use crate::{io, ImageError};
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, BTreeSet};
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+/// The current manifest schema.
+pub const SCHEMA: u32 = 1;
+
+/// A template's metadata: what sandboxes of it start with.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TemplateConfig {
+    /// Default user of execs and file operations (none: the agent's default, `user`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user: Option<String>,
+    /// Default working directory of execs (none: the user's home).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workdir: Option<String>,
+    /// Environment of every process.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub env: BTreeMap<String, String>,
+    /// Started at create.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start: Option<StartSpec>,
+}
+
+/// A template: ordered layers and metadata. Its id is the SHA-256 of its JSON.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Manifest {
+    /// [`SCHEMA`].
+    pub schema: u32,
+    /// Layer keys, bottom first.
+    pub layers: Vec<String>,
+    /// Metadata.
+    pub config: TemplateConfig,
+}
+
+impl Manifest {
+    /// The canonical bytes (the id is their digest).
+    pub fn to_bytes(&self) -> Vec<u8> {
+        serde_json::to_vec(self).unwrap_or_default()
+    }
+    /// The template id.
+    pub fn id(&self) -> String {
+        sha256_hex(&self.to_bytes())
+    }
+}
+
+/// What made a layer.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct LayerInfo {
+    /// Its key.
+    pub key: String,
+    /// A description of the step or source.
+    pub source: String,
+    /// When it was made (RFC 3339).
+    pub created_at: String,
+    /// Bytes of file content.
+    pub size_bytes: u64,
+}
+
+/// A name's record.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct NameRecord {
+    /// The name.
+    pub name: String,
+    /// The template id.
+    pub id: String,
+    /// When the name was (last) set.
+    pub created_at: String,
+}
+
+/// One template as listed.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct TemplateEntry {
+    /// Name.
+    pub name: String,
+    /// Id (manifest digest).
+    pub id: String,
+    /// When built.
+    pub created_at: String,
+    /// Layer keys, bottom first.
+    pub layers: Vec<String>,
+    /// Sum of the layers' sizes.
+    pub size_bytes: u64,
+    /// Metadata.
+    pub config: TemplateConfig,
+}
+
+/// What [`Store::gc`] removed.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct GcReport {
+    /// Layers removed.
+    pub layers: Vec<String>,
+    /// Manifests removed (no name points at them).
+    pub manifests: Vec<String>,
+    /// Bytes of layer content freed.
+    pub bytes: u64,
+}
+
+/// The store.
+#[derive(Debug, Clone)]
+pub struct Store {
+    root: PathBuf,
+}
+
+/// An exclusive hold on the store's lock; released on drop.
+#[derive(Debug)]
+pub struct StoreLock {
+    _f: std::fs::File,
+}
+
+/// A temporary directory under `images/tmp/`, removed on drop unless kept.
+#[derive(Debug)]
+pub struct TmpDir {
+    path: PathBuf,
+}
+
+impl TmpDir {
+    /// Its path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+impl Drop for TmpDir {
+    fn drop(&mut self) {
+        let _ = remove_tree(&self.path);
+    }
+}
+
+/// Removes a directory tree (making directories writable first, as a layer may hold
+/// read-only ones); missing is fine.
+pub fn remove_tree(p: &Path) -> std::io::Result<()> {
+    match std::fs::remove_dir_all(p) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(_) => {
+            chmod_dirs(p);
+            match std::fs::remove_dir_all(p) {
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+                r => r,
+            }
+        }
+    }
+}
+
+fn chmod_dirs(p: &Path) {
+    if let Ok(md) = std::fs::symlink_metadata(p) {
+        if md.is_dir() {
+            let _ = std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o700));
+            if let Ok(rd) = std::fs::read_dir(p) {
+                for e in rd.flatten() {
+                    chmod_dirs(&e.path());
+                }
+            }
+        }
+    }
+}
+
+/// Now, RFC 3339.
+pub fn now_rfc3339() -> String {
+    time::OffsetDateTime::now_utc()
+        .format(&time::format_description::well_known::Rfc3339)
+        .unwrap_or_default()
+}
+
+/// Writes a file atomically (temp + rename).
+fn write_atomic(p: &Path, data: &[u8]) -> Result<(), ImageError> {
+    let tmp = p.with_extension(format!("tmp.{}", std::process::id()));
+    std::fs::write(&tmp, data).map_err(io(format!("write {}", tmp.display())))?;
+    std::fs::rename(&tmp, p).map_err(|e| {
+        let _ = std::fs::remove_file(&tmp);
+        io(format!("rename {}", p.display()))(e)
+    })
+}
+
+/// Bytes of regular file content under `p` (hard links counted once per name).
+pub fn tree_size(p: &Path) -> u64 {
+    let mut n = 0;
+    if let Ok(rd) = std::fs::read_dir(p) {
+        for e in rd.flatten() {
+            if let Ok(md) = e.path().symlink_metadata() {
+                if md.is_dir() {
+                    n += tree_size(&e.path());
+                } else if md.is_file() {
+                    n += md.size();
+                }
+            }
+        }
+    }
+    n
+}
+
+/// The key of the skeleton layer at the bottom of every template: the mount points the
+/// jail needs (`proc`, `dev`, `sys`, `tmp`, ...), overridden by anything above.
+pub fn skeleton_key() -> String {
+    sha256_hex(b"rampart skeleton layer v1")
+}
+
+impl Store {
+    /// Opens (creating) the store of the data directory `data`.
+    pub fn open(data: &Path) -> Result<Store, ImageError> {
+        let root = data.join("images");
+        for d in ["layers", "manifests", "names", "tmp"] {
+            let p = root.join(d);
+            std::fs::create_dir_all(&p).map_err(io(format!("mkdir {}", p.display())))?;
+        }
+        Ok(Store { root })
+    }
+
+    /// Opens the store only if it exists (no directories are created).
+    pub fn open_existing(data: &Path) -> Option<Store> {
+        let root = data.join("images");
+        root.join("manifests").is_dir().then_some(Store { root })
+    }
+
+    /// `<data>/images`.
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// Takes the store's lock (builds, rm, gc); fails at once if another process holds it.
+    pub fn lock(&self) -> Result<StoreLock, ImageError> {
+        let p = self.root.join("lock");
+        let f = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&p)
+            .map_err(io(format!("open {}", p.display())))?;
+        // SAFETY: flock on an fd we own.
+        let rc = unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+        if rc != 0 {
+            return Err(ImageError::Locked(p.display().to_string()));
+        }
+        Ok(StoreLock { _f: f })
+    }
+
+    /// Removes what an interrupted build left in `tmp/` (call with the lock held).
+    pub fn clean_tmp(&self) {
+        if let Ok(rd) = std::fs::read_dir(self.root.join("tmp")) {
+            for e in rd.flatten() {
+                let _ = remove_tree(&e.path());
+            }
+        }
+    }
+
+    /// A fresh temporary directory (removed on drop).
+    pub fn tmp_dir(&self, label: &str) -> Result<TmpDir, ImageError> {
+        use std::sync::atomic::{AtomicU64, Ordering};
+        static N: AtomicU64 = AtomicU64::new(0);
+        let p = self.root.join("tmp").join(format!(
+            "{label}.{}.{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        ));
+        std::fs::create_dir(&p).map_err(io(format!("mkdir {}", p.display())))?;
+        Ok(TmpDir { path: p })
+    }
+
+    /// The directory of layer `key` (its `fs/`).
+    pub fn layer_fs(&self, key: &str) -> PathBuf {
+        self.root.join("layers").join(key).join("fs")
+    }
+
+    /// Whether layer `key` is complete in the store.
+    pub fn has_layer(&self, key: &str) -> bool {
+        self.root.join("layers").join(key).join("layer.json").is_file()
+    }
+
+    /// The record of layer `key`.
+    pub fn layer_info(&self, key: &str) -> Option<LayerInfo> {
+        let b = std::fs::read(self.root.join("layers").join(key).join("layer.json")).ok()?;
+        serde_json::from_slice(&b).ok()
+    }
+
+    /// Moves a finished layer (`fs`, a directory on the store's file system) into place as
+    /// `key`. If another build made the same layer meanwhile, that one is kept.
+    pub fn commit_layer(&self, fs: &Path, key: &str, source: &str) -> Result<(), ImageError> {
+        if !is_hex64(key) {
+            return Err(ImageError::Corrupt(format!("bad layer key {key:?}")));
+        }
+        if self.has_layer(key) {
+            return Ok(());
+        }
+        let staging = self.tmp_dir(&format!("commit-{}", &key[..12]))?;
+        let sfs = staging.path().join("fs");
+        std::fs::rename(fs, &sfs).map_err(io(format!("move {}", fs.display())))?;
+        let info = LayerInfo {
+            key: key.to_owned(),
+            source: source.to_owned(),
+            created_at: now_rfc3339(),
+            size_bytes: tree_size(&sfs),
+        };
+        std::fs::write(
+            staging.path().join("layer.json"),
+            serde_json::to_vec_pretty(&info).unwrap_or_default(),
+        )
+        .map_err(io("write layer.json"))?;
+        let dest = self.root.join("layers").join(key);
+        // A half-made directory (no layer.json: impossible through this path, but a crash
+        // of an older version) is replaced.
+        let _ = remove_tree(&dest);
+        std::fs::rename(staging.path(), &dest)
+            .map_err(io(format!("rename layer into {}", dest.display())))?;
+        Ok(())
+    }
+
+    /// Makes the skeleton layer if missing; returns its key.
+    pub fn ensure_skeleton(&self) -> Result<String, ImageError> {
+        let key = skeleton_key();
+        if self.has_layer(&key) {
+            return Ok(key);
+        }
+        let t = self.tmp_dir("skeleton")?;
+        let fs = t.path().join("fs");
+        for (d, mode) in [
+            ("", 0o755),
+            ("proc", 0o555),
+            ("dev", 0o755),
+            ("sys", 0o555),
+            ("tmp", 0o1777),
+            ("run", 0o755),
+            ("etc", 0o755),
+            ("root", 0o700),
+            ("home", 0o755),
+        ] {
+            let p = fs.join(d);
+            std::fs::create_dir_all(&p).map_err(io(format!("mkdir {}", p.display())))?;
+            std::fs::set_permissions(&p, std::fs::Permissions::from_mode(mode))
+                .map_err(io(format!("chmod {}", p.display())))?;
+        }
+        self.commit_layer(&fs, &key, "rampart skeleton (mount points)")?;
+        Ok(key)
+    }
+
+    /// Stores a manifest; returns its id.
+    pub fn put_manifest(&self, m: &Manifest) -> Result<String, ImageError> {
+        let id = m.id();
+        let p = self.root.join("manifests").join(format!("{id}.json"));
+        if !p.is_file() {
+            write_atomic(&p, &m.to_bytes())?;
+        }
+        Ok(id)
+    }
+
+    /// Reads a manifest by id, checking its digest.
+    pub fn manifest(&self, id: &str) -> Result<Manifest, ImageError> {
+        if !is_hex64(id) {
+            return Err(ImageError::Corrupt(format!("bad template id {id:?}")));
+        }
+        let p = self.root.join("manifests").join(format!("{id}.json"));
+        let b = std::fs::read(&p).map_err(io(format!("read {}", p.display())))?;
+        if sha256_hex(&b) != id {
+            return Err(ImageError::Corrupt(format!("{} does not match its id", p.display())));
+        }
+        serde_json::from_slice(&b)
+            .map_err(|e| ImageError::Corrupt(format!("{}: {e}", p.display())))
+    }
+
+    /// Points `name` at template `id`.
+    pub fn tag(&self, name: &str, id: &str) -> Result<(), ImageError> {
+        crate::check_name(name)?;
+        let rec = NameRecord {
+            name: name.to_owned(),
+            id: id.to_owned(),
+            created_at: now_rfc3339(),
+        };
+        write_atomic(
+            &self.root.join("names").join(format!("{name}.json")),
+            &serde_json::to_vec_pretty(&rec).unwrap_or_default(),
+        )
+    }
+
+    /// The record of `name`, if it exists.
+    pub fn name(&self, name: &str) -> Option<NameRecord> {
+        crate::check_name(name).ok()?;
+        let b = std::fs::read(self.root.join("names").join(format!("{name}.json"))).ok()?;
+        serde_json::from_slice(&b).ok()
+    }
+
+    /// Resolves a name to its id and manifest.
+    pub fn resolve(&self, name: &str) -> Result<(String, Manifest), ImageError> {
+        let rec = self
+            .name(name)
+            .ok_or_else(|| ImageError::UnknownTemplate(name.to_owned()))?;
+        let m = self.manifest(&rec.id)?;
+        Ok((rec.id, m))
+    }
+
+    /// The host directories of a manifest's layers, bottom first; fails if one is missing.
+    pub fn layer_paths(&self, m: &Manifest) -> Result<Vec<PathBuf>, ImageError> {
+        m.layers
+            .iter()
+            .map(|k| {
+                if self.has_layer(k) {
+                    Ok(self.layer_fs(k))
+                } else {
+                    Err(ImageError::Corrupt(format!("layer {k} is missing")))
+                }
+            })
+            .collect()
+    }
+
+    /// Every named template, sorted by name.
+    pub fn list(&self) -> Vec<TemplateEntry> {
+        let mut out = Vec::new();
+        let Ok(rd) = std::fs::read_dir(self.root.join("names")) else {
+            return out;
+        };
+        for e in rd.flatten() {
+            let f = e.file_name().to_string_lossy().into_owned();
+            let Some(name) = f.strip_suffix(".json") else {
+                continue;
+            };
+            let Some(rec) = self.name(name) else { continue };
+            let Ok(m) = self.manifest(&rec.id) else { continue };
+            let size_bytes = m
+                .layers
+                .iter()
+                .filter_map(|k| self.layer_info(k))
+                .map(|i| i.size_bytes)
+                .sum();
+            out.push(TemplateEntry {
+                name: rec.name,
+                id: rec.id,
+                created_at: rec.created_at,
+                layers: m.layers,
+                size_bytes,
+                config: m.config,
+            });
+        }
+        out.sort_by(|a, b| a.name.cmp(&b.name));
+        out
+    }
+
+    /// Removes a name (its manifest and layers stay until [`Store::gc`]).
+    pub fn remove(&self, name: &str) -> Result<(), ImageError> {
+        if self.name(name).is_none() {
+            return Err(ImageError::UnknownTemplate(name.to_owned()));
+        }
+        let p = self.root.join("names").join(format!("{name}.json"));
+        std::fs::remove_file(&p).map_err(io(format!("remove {}", p.display())))
+    }
+
+    /// Removes manifests no name points at and layers no remaining manifest uses (call with
+    /// the lock held). Layers are first renamed into `tmp/` so that a crash mid-removal
+    /// leaves no half layer under `layers/`.
+    pub fn gc(&self) -> Result<GcReport, ImageError> {
+        let mut rep = GcReport::default();
+        let named: BTreeSet<String> = std::fs::read_dir(self.root.join("names"))
+            .map_err(io("read names"))?
+            .flatten()
+            .filter_map(|e| {
+                let f = e.file_name().to_string_lossy().into_owned();
+                self.name(f.strip_suffix(".json")?).map(|r| r.id)
+            })
+            .collect();
+        let mut keep: BTreeSet<String> = BTreeSet::new();
+        for e in std::fs::read_dir(self.root.join("manifests"))
+            .map_err(io("read manifests"))?
+            .flatten()
+        {
+            let f = e.file_name().to_string_lossy().into_owned();
+            let Some(id) = f.strip_suffix(".json") else {
+                continue;
+            };
+            if named.contains(id) {
+                if let Ok(m) = self.manifest(id) {
+                    keep.extend(m.layers);
+                }
+            } else {
+                std::fs::remove_file(e.path()).map_err(io(format!("remove manifest {id}")))?;
+                rep.manifests.push(id.to_owned());
+            }
+        }
+        for e in std::fs::read_dir(self.root.join("layers"))
+            .map_err(io("read layers"))?
+            .flatten()
+        {
+            let key = e.file_name().to_string_lossy().into_owned();
+            if keep.contains(&key) {
+                continue;
+            }
+            rep.bytes += self.layer_info(&key).map(|i| i.size_bytes).unwrap_or(0);
+            let grave = self.root.join("tmp").join(format!("gc-{key}"));
+            std::fs::rename(e.path(), &grave).map_err(io(format!("move layer {key}")))?;
+            remove_tree(&grave).map_err(io(format!("remove layer {key}")))?;
+            rep.layers.push(key);
+        }
+        rep.layers.sort();
+        rep.manifests.sort();
+        Ok(rep)
+    }
+}

@@ -1,0 +1,548 @@
+//! rampart-image: spec errors, OCI layouts made by hand (whiteouts, an opaque directory),
+//! hostile archives refused, cache keys, and the builder's cache and failure behaviour with
+//! a fake step runner (the real one, on the jail, is exercised by
+//! `crates/rampart-cli/tests/templates.rs`).
+
+use rampart_image::build::{
+    step_key, BuildEvent, BuildOptions, Builder, RunRequest, StepRunner,
+};
+use rampart_image::extract::apply_layer;
+use rampart_image::spec::{Base, Ready};
+use rampart_image::{ImageError, Spec, Step, Store, TemplateConfig};
+use sha2::Digest as _;
+use std::io::Write;
+use std::os::unix::fs::{FileTypeExt, MetadataExt};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicBool;
+
+fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
+// ---------- specs ----------
+
+fn parse(s: &str) -> Result<Spec, rampart_image::SpecError> {
+    Spec::parse(s, Path::new("/specdir"))
+}
+
+#[test]
+fn spec_parses_every_step_kind() {
+    let s = parse(
+        r#"
+name = "demo"
+from = "debian:bookworm"
+[debian]
+variant = "minbase"
+packages = ["ca-certificates"]
+[[steps]]
+apt = ["python3", "curl"]
+[[steps]]
+pip = ["requests==2.31.0"]
+[[steps]]
+copy = { src = "app", dest = "/opt/app" }
+[[steps]]
+run = "echo hi"
+[[steps]]
+env = { A = "1" }
+[[steps]]
+user = "user"
+[[steps]]
+workdir = "/home/user"
+[start]
+cmd = ["python3", "-m", "http.server"]
+ready = { port = 8000, timeout_secs = 5 }
+"#,
+    )
+    .unwrap();
+    assert_eq!(s.name.as_deref(), Some("demo"));
+    assert!(matches!(s.from, Base::Debian { ref suite, .. } if suite == "bookworm"));
+    let kinds: Vec<_> = s.steps.iter().map(Step::kind).collect();
+    assert_eq!(kinds, ["apt", "pip", "copy", "run", "env", "user", "workdir"]);
+    assert_eq!(s.start.as_ref().unwrap().ready, Some(Ready::Port(8000)));
+    assert_eq!(s.start.as_ref().unwrap().timeout_secs, 5);
+    let o = parse("from = \"oci:img\"").unwrap();
+    assert_eq!(o.from, Base::Oci(PathBuf::from("/specdir/img")));
+}
+
+#[test]
+fn spec_errors_name_the_field() {
+    let cases: &[(&str, &str)] = &[
+        ("", "from"),
+        ("from = \"ubuntu:jammy\"", "from"),
+        ("from = \"debian:bookworm\"\nfoo = 1", "foo"),
+        ("from = \"oci:x\"\n[debian]\nvariant = \"apt\"", "debian"),
+        ("from = \"debian:bookworm\"\n[debian]\nvariant = \"full\"", "debian.variant"),
+        ("from = \"oci:x\"\n[[steps]]\ncpy = \"a\"", "steps[1]"),
+        ("from = \"oci:x\"\n[[steps]]\napt = []", "steps[1].apt"),
+        ("from = \"oci:x\"\n[[steps]]\napt = [\"foo; rm -rf /\"]", "steps[1].apt"),
+        ("from = \"oci:x\"\n[[steps]]\nrun = \"true\"\n[[steps]]\ncopy = { src = \"../etc\", dest = \"/x\" }", "steps[2].copy.src"),
+        ("from = \"oci:x\"\n[[steps]]\ncopy = { src = \"a\", dest = \"rel\" }", "steps[1].copy.dest"),
+        ("from = \"oci:x\"\n[[steps]]\npip = [\"--index-url=evil\"]", "steps[1].pip"),
+        ("from = \"oci:x\"\n[[steps]]\nworkdir = \"x\"", "steps[1].workdir"),
+        ("from = \"oci:x\"\n[[steps]]\nrun = \"a\"\napt = [\"b\"]", "steps[1]"),
+        ("from = \"oci:x\"\n[start]\ncmd = \"x\"\nready = { port = 0 }", "start.ready.port"),
+        ("from = \"oci:x\"\n[start]\nready = { port = 80 }", "start.cmd"),
+        ("name = \"Bad Name\"\nfrom = \"oci:x\"", "name"),
+        ("name = \"base\"\nfrom = \"oci:x\"", "name"),
+        ("from = [", "toml"),
+    ];
+    for (text, field) in cases {
+        let e = parse(text).expect_err(text);
+        assert_eq!(&e.field, field, "{text:?}: {e}");
+    }
+}
+
+// ---------- tars ----------
+
+/// A tar entry for the hand-made archives.
+enum E<'a> {
+    Dir(&'a str, u32),
+    File(&'a str, &'a [u8], u32),
+    Symlink(&'a str, &'a str),
+    Hardlink(&'a str, &'a str),
+    /// A raw name (bypassing the tar crate's own `..` check), regular file.
+    RawFile(&'a [u8], &'a [u8]),
+}
+
+fn tar_of(entries: &[E]) -> Vec<u8> {
+    let mut b = tar::Builder::new(Vec::new());
+    for e in entries {
+        let mut h = tar::Header::new_gnu();
+        h.set_uid(0);
+        h.set_gid(0);
+        h.set_mtime(1_700_000_000);
+        match e {
+            E::Dir(p, m) => {
+                h.set_entry_type(tar::EntryType::Directory);
+                h.set_mode(*m);
+                h.set_size(0);
+                b.append_data(&mut h, p, &[][..]).unwrap();
+            }
+            E::File(p, d, m) => {
+                h.set_entry_type(tar::EntryType::Regular);
+                h.set_mode(*m);
+                h.set_size(d.len() as u64);
+                b.append_data(&mut h, p, *d).unwrap();
+            }
+            E::Symlink(p, t) => {
+                h.set_entry_type(tar::EntryType::Symlink);
+                h.set_mode(0o777);
+                h.set_size(0);
+                b.append_link(&mut h, p, t).unwrap();
+            }
+            E::Hardlink(p, t) => {
+                h.set_entry_type(tar::EntryType::Link);
+                h.set_mode(0o644);
+                h.set_size(0);
+                // Raw link name: the tar crate refuses `..` itself.
+                let name = &mut h.as_old_mut().linkname;
+                name[..t.len()].copy_from_slice(t.as_bytes());
+                let name = &mut h.as_old_mut().name;
+                name[..p.len()].copy_from_slice(p.as_bytes());
+                h.set_cksum();
+                b.append(&h, &[][..]).unwrap();
+            }
+            E::RawFile(p, d) => {
+                h.set_entry_type(tar::EntryType::Regular);
+                h.set_mode(0o644);
+                h.set_size(d.len() as u64);
+                let name = &mut h.as_old_mut().name;
+                name[..p.len()].copy_from_slice(p);
+                h.set_cksum();
+                b.append(&h, *d).unwrap();
+            }
+        }
+    }
+    b.into_inner().unwrap()
+}
+
+fn gzip(b: &[u8]) -> Vec<u8> {
+    let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    e.write_all(b).unwrap();
+    e.finish().unwrap()
+}
+
+fn sha(b: &[u8]) -> String {
+    let d = sha2::Sha256::digest(b);
+    d.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+/// Writes an OCI image layout with these layer blobs (bottom first) and config.
+pub fn write_layout(dir: &Path, layers: &[Vec<u8>], config: serde_json::Value) {
+    let blobs = dir.join("blobs/sha256");
+    std::fs::create_dir_all(&blobs).unwrap();
+    let put = |b: &[u8]| {
+        let h = sha(b);
+        std::fs::write(blobs.join(&h), b).unwrap();
+        (format!("sha256:{h}"), b.len())
+    };
+    let mut descs = Vec::new();
+    for l in layers {
+        let (d, n) = put(l);
+        let gz = l.starts_with(&[0x1f, 0x8b]);
+        descs.push(serde_json::json!({
+            "mediaType": if gz { "application/vnd.oci.image.layer.v1.tar+gzip" } else { "application/vnd.oci.image.layer.v1.tar" },
+            "digest": d, "size": n }));
+    }
+    let cfg = serde_json::to_vec(&serde_json::json!({
+        "architecture": "amd64", "os": "linux", "config": config,
+        "rootfs": {"type": "layers", "diff_ids": []}
+    }))
+    .unwrap();
+    let (cd, cn) = put(&cfg);
+    let man = serde_json::to_vec(&serde_json::json!({
+        "schemaVersion": 2,
+        "mediaType": "application/vnd.oci.image.manifest.v1+json",
+        "config": {"mediaType": "application/vnd.oci.image.config.v1+json", "digest": cd, "size": cn},
+        "layers": descs,
+    }))
+    .unwrap();
+    let (md, mn) = put(&man);
+    std::fs::write(dir.join("oci-layout"), br#"{"imageLayoutVersion":"1.0.0"}"#).unwrap();
+    std::fs::write(
+        dir.join("index.json"),
+        serde_json::to_vec(&serde_json::json!({
+            "schemaVersion": 2,
+            "manifests": [{"mediaType": "application/vnd.oci.image.manifest.v1+json", "digest": md, "size": mn}]
+        }))
+        .unwrap(),
+    )
+    .unwrap();
+}
+
+fn whiteout_layers() -> Vec<Vec<u8>> {
+    let l1 = tar_of(&[
+        E::Dir("etc/", 0o755),
+        E::File("etc/keep", b"keep", 0o644),
+        E::File("etc/gone", b"gone", 0o644),
+        E::Dir("opt/", 0o755),
+        E::Dir("opt/app/", 0o755),
+        E::File("opt/app/old1", b"1", 0o644),
+        E::File("opt/app/old2", b"2", 0o644),
+        E::File("bin/tool", b"#!/bin/sh\n", 0o4755),
+        E::Symlink("etc/link", "/etc/keep"),
+        E::Hardlink("etc/keep2", "etc/keep"),
+    ]);
+    let l2 = tar_of(&[
+        E::File("etc/.wh.gone", b"", 0o644),
+        E::File("opt/app/.wh..wh..opq", b"", 0o644),
+        E::File("opt/app/new", b"new", 0o600),
+        E::File("etc/added", b"added", 0o640),
+    ]);
+    vec![gzip(&l1), l2]
+}
+
+#[test]
+fn oci_layers_are_extracted_in_overlay_format() {
+    if !is_root() {
+        eprintln!("skipped: needs root (owners, trusted xattrs)");
+        return;
+    }
+    let d = tempfile::tempdir().unwrap();
+    let img = d.path().join("img");
+    write_layout(
+        &img,
+        &whiteout_layers(),
+        serde_json::json!({"Env": ["A=1", "PATH=/usr/bin:/bin"], "User": "1000:1000", "WorkingDir": "/opt/app", "Cmd": ["/bin/sh"]}),
+    );
+    let store = Store::open(&d.path().join("data")).unwrap();
+    let image = rampart_image::oci::open(&img, &store).unwrap();
+    assert_eq!(image.layers.len(), 2);
+    assert_eq!(image.config.env.get("A").map(String::as_str), Some("1"));
+    assert_eq!(image.config.user.as_deref(), Some("1000"));
+    assert_eq!(image.config.workdir.as_deref(), Some("/opt/app"));
+    assert_eq!(image.config.start.as_ref().unwrap().cmd, ["/bin/sh"]);
+    let mut dirs = Vec::new();
+    for (i, l) in image.layers.iter().enumerate() {
+        let out = d.path().join(format!("l{i}"));
+        std::fs::create_dir(&out).unwrap();
+        rampart_image::oci::extract_layer(l, &out).unwrap();
+        dirs.push(out);
+    }
+    // Layer 1: modes (setuid kept), owners, links.
+    let tool = std::fs::metadata(dirs[0].join("bin/tool")).unwrap();
+    assert_eq!(tool.mode() & 0o7777, 0o4755);
+    assert_eq!(tool.uid(), 0);
+    assert_eq!(
+        std::fs::read_link(dirs[0].join("etc/link")).unwrap(),
+        Path::new("/etc/keep")
+    );
+    assert_eq!(
+        std::fs::metadata(dirs[0].join("etc/keep2")).unwrap().ino(),
+        std::fs::metadata(dirs[0].join("etc/keep")).unwrap().ino()
+    );
+    // Layer 2: an overlayfs whiteout and an opaque directory.
+    let wh = std::fs::symlink_metadata(dirs[1].join("etc/gone")).unwrap();
+    assert!(wh.file_type().is_char_device() && wh.rdev() == 0);
+    assert!(!dirs[1].join("etc/.wh.gone").exists());
+    assert_eq!(xattr(&dirs[1].join("opt/app"), "trusted.overlay.opaque"), Some(b"y".to_vec()));
+    // The merged view, through a real overlay in a mount namespace of this thread.
+    let merged = d.path().join("merged");
+    std::fs::create_dir(&merged).unwrap();
+    let dirs2 = dirs.clone();
+    let m2 = merged.clone();
+    let listing = std::thread::spawn(move || {
+        // SAFETY: unshare of this thread's mount namespace only.
+        let rc = unsafe { libc::unshare(libc::CLONE_NEWNS) };
+        assert_eq!(rc, 0);
+        run(&["mount", "--make-rprivate", "/"]);
+        run(&[
+            "mount",
+            "-t",
+            "overlay",
+            "overlay",
+            "-o",
+            &format!("ro,lowerdir={}:{}", dirs2[1].display(), dirs2[0].display()),
+            m2.to_str().unwrap(),
+        ]);
+        let mut names: Vec<String> = Vec::new();
+        for sub in ["etc", "opt/app"] {
+            let mut v: Vec<String> = std::fs::read_dir(m2.join(sub))
+                .unwrap()
+                .map(|e| format!("{sub}/{}", e.unwrap().file_name().to_string_lossy()))
+                .collect();
+            v.sort();
+            names.extend(v);
+        }
+        names
+        // The namespace (and the mount) ends with this thread.
+    })
+    .join()
+    .unwrap();
+    assert_eq!(
+        listing,
+        [
+            "etc/added",
+            "etc/keep",
+            "etc/keep2",
+            "etc/link",
+            "opt/app/new"
+        ]
+    );
+}
+
+fn run(args: &[&str]) {
+    let st = std::process::Command::new(args[0])
+        .args(&args[1..])
+        .status()
+        .unwrap();
+    assert!(st.success(), "{args:?}");
+}
+
+fn xattr(p: &Path, k: &str) -> Option<Vec<u8>> {
+    let c = std::ffi::CString::new(p.to_str().unwrap()).unwrap();
+    let k = std::ffi::CString::new(k).unwrap();
+    let mut buf = [0u8; 64];
+    // SAFETY: valid C strings and buffer.
+    let n = unsafe { libc::lgetxattr(c.as_ptr(), k.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+    (n >= 0).then(|| buf[..n as usize].to_vec())
+}
+
+#[test]
+fn hostile_archives_are_refused_and_write_nothing_outside() {
+    if !is_root() {
+        eprintln!("skipped: needs root (owners)");
+        return;
+    }
+    let d = tempfile::tempdir().unwrap();
+    let outside = d.path().join("outside");
+    std::fs::create_dir(&outside).unwrap();
+    let outside_s = outside.to_str().unwrap().to_owned();
+    let cases: Vec<(&str, Vec<u8>)> = vec![
+        ("dotdot path", tar_of(&[E::RawFile(b"../evil", b"x")])),
+        ("nested dotdot", tar_of(&[E::RawFile(b"a/../../evil", b"x")])),
+        (
+            "absolute symlink then write-through",
+            tar_of(&[
+                E::Symlink("link", &outside_s),
+                E::File("link/pwned", b"x", 0o644),
+            ]),
+        ),
+        (
+            "relative symlink climbing out",
+            tar_of(&[E::Dir("a/", 0o755), E::Symlink("a/up", "../../..")]),
+        ),
+        ("hard link out", tar_of(&[E::Hardlink("h", "../../etc/passwd")])),
+    ];
+    for (what, t) in cases {
+        let dest = d.path().join(format!("dest-{}", what.replace(' ', "-")));
+        std::fs::create_dir(&dest).unwrap();
+        let r = apply_layer(&t[..], &dest);
+        assert!(
+            matches!(r, Err(ImageError::Refused { .. })),
+            "{what}: {r:?}"
+        );
+        assert_eq!(
+            std::fs::read_dir(&outside).unwrap().count(),
+            0,
+            "{what}: wrote outside"
+        );
+        assert!(!d.path().join("evil").exists(), "{what}");
+    }
+    // A directory entry replaces a symlink of the same name (never follows it).
+    let dest = d.path().join("replaced");
+    std::fs::create_dir(&dest).unwrap();
+    apply_layer(
+        &tar_of(&[
+            E::Symlink("etc", &outside_s),
+            E::Dir("etc/", 0o755),
+            E::File("etc/passwd", b"x", 0o644),
+        ])[..],
+        &dest,
+    )
+    .unwrap();
+    assert!(std::fs::symlink_metadata(dest.join("etc")).unwrap().is_dir());
+    assert_eq!(std::fs::read_dir(&outside).unwrap().count(), 0);
+    // An absolute symlink alone is fine (it resolves inside the sandbox's root).
+    let dest = d.path().join("ok");
+    std::fs::create_dir(&dest).unwrap();
+    apply_layer(&tar_of(&[E::Symlink("etc/mtab", "/proc/self/mounts")])[..], &dest).unwrap();
+}
+
+#[test]
+fn a_tampered_blob_is_refused() {
+    if !is_root() {
+        eprintln!("skipped: needs root");
+        return;
+    }
+    let d = tempfile::tempdir().unwrap();
+    let img = d.path().join("img");
+    write_layout(&img, &[tar_of(&[E::File("a", b"a", 0o644)])], serde_json::json!({}));
+    // Corrupt the layer blob in place.
+    let blobs = img.join("blobs/sha256");
+    let store = Store::open(&d.path().join("data")).unwrap();
+    let image = rampart_image::oci::open(&img, &store).unwrap();
+    let p = blobs.join(image.layers[0].digest.as_ref().unwrap().trim_start_matches("sha256:"));
+    let mut b = std::fs::read(&p).unwrap();
+    // The file's content (after the 512-byte header): the tar still parses.
+    b[512] ^= 1;
+    std::fs::write(&p, b).unwrap();
+    let out = d.path().join("x");
+    std::fs::create_dir(&out).unwrap();
+    let e = rampart_image::oci::extract_layer(&image.layers[0], &out).unwrap_err();
+    assert!(e.to_string().contains("digest"), "{e}");
+}
+
+// ---------- cache keys ----------
+
+#[test]
+fn cache_keys_follow_inputs() {
+    let d = tempfile::tempdir().unwrap();
+    std::fs::create_dir(d.path().join("app")).unwrap();
+    std::fs::write(d.path().join("app/a.txt"), "one").unwrap();
+    let copy = Step::Copy {
+        src: "app".into(),
+        dest: "/opt/app".into(),
+    };
+    let chain = vec!["a".repeat(64)];
+    let cfg = TemplateConfig::default();
+    let k1 = step_key(&chain, &copy, &cfg, d.path()).unwrap();
+    assert_eq!(k1, step_key(&chain, &copy, &cfg, d.path()).unwrap());
+    std::fs::write(d.path().join("app/a.txt"), "two").unwrap();
+    let k2 = step_key(&chain, &copy, &cfg, d.path()).unwrap();
+    assert_ne!(k1, k2, "content changes the key");
+    let chain2 = vec!["b".repeat(64)];
+    assert_ne!(k2, step_key(&chain2, &copy, &cfg, d.path()).unwrap(), "the chain below changes it");
+    let run = Step::Run("echo hi".into());
+    let r1 = step_key(&chain, &run, &cfg, d.path()).unwrap();
+    let mut cfg2 = cfg.clone();
+    cfg2.user = Some("user".into());
+    assert_ne!(r1, step_key(&chain, &run, &cfg2, d.path()).unwrap(), "the user changes a run");
+    assert_ne!(r1, step_key(&chain, &Step::Run("echo ho".into()), &cfg, d.path()).unwrap());
+    assert_eq!(
+        rampart_image::build::debian_key("bookworm", "apt", &["b".into(), "a".into()], "m"),
+        rampart_image::build::debian_key("bookworm", "apt", &["a".into(), "b".into()], "m"),
+    );
+}
+
+// ---------- the builder, with a fake runner ----------
+
+/// Writes `/ran/<n>` into the upper directory for each run; fails commands containing "FAIL".
+#[derive(Debug, Default)]
+struct FakeRunner {
+    runs: std::sync::Mutex<Vec<String>>,
+}
+
+impl StepRunner for FakeRunner {
+    fn run(&self, req: &RunRequest, out: &mut dyn FnMut(&[u8]), _c: &AtomicBool) -> Result<i32, ImageError> {
+        let mut runs = self.runs.lock().unwrap();
+        runs.push(req.command.clone());
+        std::fs::create_dir_all(req.upper.join("ran")).unwrap();
+        std::fs::write(req.upper.join(format!("ran/{}", runs.len())), &req.command).unwrap();
+        out(b"fake output\n");
+        Ok(if req.command.contains("FAIL") { 1 } else { 0 })
+    }
+}
+
+#[test]
+fn rebuild_reuses_layers_up_to_the_changed_step_and_failures_leave_nothing() {
+    if !is_root() {
+        eprintln!("skipped: needs root (owners)");
+        return;
+    }
+    let d = tempfile::tempdir().unwrap();
+    let img = d.path().join("img");
+    write_layout(&img, &whiteout_layers(), serde_json::json!({"User": "root"}));
+    std::fs::write(d.path().join("hello.txt"), "hello").unwrap();
+    let spec_text = |run2: &str| {
+        format!(
+            "from = \"oci:img\"\n[[steps]]\nrun = \"echo one\"\n[[steps]]\ncopy = {{ src = \"hello.txt\", dest = \"/srv/hello.txt\" }}\n[[steps]]\nenv = {{ X = \"1\" }}\n[[steps]]\nrun = \"{run2}\"\n"
+        )
+    };
+    let store = Store::open(&d.path().join("data")).unwrap();
+    let fake = FakeRunner::default();
+    let b = Builder::new(&store, &fake, 100_000);
+    let mut evs = Vec::new();
+    let spec = Spec::parse(&spec_text("echo two"), d.path()).unwrap();
+    let r1 = b.build(&spec, "t", &BuildOptions::default(), &mut |e| evs.push(e)).unwrap();
+    // Metadata steps (env) make no layer and count as cached.
+    assert!(
+        r1.steps.iter().filter(|s| s.kind != "env").all(|s| !s.cached),
+        "{:?}",
+        r1.steps
+    );
+    assert!(evs.iter().any(|e| matches!(e, BuildEvent::Output { text } if text.contains("fake output"))));
+    assert_eq!(r1.manifest.config.env.get("X").map(String::as_str), Some("1"));
+    // skeleton + 2 OCI layers + run + copy + run
+    assert_eq!(r1.manifest.layers.len(), 6);
+    // Same spec: everything cached, same id.
+    let r2 = b.build(&spec, "t", &BuildOptions::default(), &mut |_| {}).unwrap();
+    assert!(r2.steps.iter().all(|s| s.cached));
+    assert_eq!(r1.id, r2.id);
+    // Change the copied file: base and the first run are reused, the rest redone.
+    std::fs::write(d.path().join("hello.txt"), "hello again").unwrap();
+    let r3 = b.build(&spec, "t", &BuildOptions::default(), &mut |_| {}).unwrap();
+    let cached: Vec<bool> = r3.steps.iter().map(|s| s.cached).collect();
+    assert_eq!(cached, [true, true, false, true, false]);
+    assert_ne!(r3.id, r1.id);
+    assert_eq!(fake.runs.lock().unwrap().len(), 3);
+    // A second template sharing the steps shares the layers.
+    let r4 = b.build(&spec, "t2", &BuildOptions::default(), &mut |_| {}).unwrap();
+    assert_eq!(r4.manifest.layers, r3.manifest.layers);
+    assert_eq!(store.list().len(), 2);
+    // A failing step: no new layer, nothing in tmp, the name not moved.
+    let layers_before = std::fs::read_dir(store.root().join("layers")).unwrap().count();
+    let bad = Spec::parse(&spec_text("FAIL"), d.path()).unwrap();
+    let e = b.build(&bad, "t", &BuildOptions::default(), &mut |_| {}).unwrap_err();
+    assert!(matches!(e, ImageError::Step { index: 4, .. }), "{e}");
+    assert_eq!(std::fs::read_dir(store.root().join("layers")).unwrap().count(), layers_before);
+    assert_eq!(std::fs::read_dir(store.root().join("tmp")).unwrap().count(), 0);
+    assert_eq!(store.resolve("t").unwrap().0, r3.id);
+    // Interrupted before a step: nothing kept either.
+    b.cancel.store(true, std::sync::atomic::Ordering::SeqCst);
+    let e = b.build(&spec, "t3", &BuildOptions::default(), &mut |_| {}).unwrap_err();
+    assert!(matches!(e, ImageError::Interrupted));
+    assert!(store.name("t3").is_none());
+    assert_eq!(std::fs::read_dir(store.root().join("tmp")).unwrap().count(), 0);
+    // rm + gc: t's old layers (from r1) and now t2's go once unreferenced.
+    store.remove("t2").unwrap();
+    let g = store.gc().unwrap();
+    assert!(!g.layers.is_empty(), "r1's last two layers are unreferenced");
+    for k in &r3.manifest.layers {
+        assert!(store.has_layer(k), "t's layers stay");
+    }
+    store.remove("t").unwrap();
+    store.gc().unwrap();
+    assert_eq!(std::fs::read_dir(store.root().join("layers")).unwrap().count(), 0);
+}
