@@ -1,0 +1,205 @@
+//! Access to a sandbox's exposed ports: the per-sandbox access token that opens them and the
+//! ports a sandbox made public (reachable without it).
+//!
+//! The tables live in the daemon's `state.db`; [`AccessStore`] creates them if they are
+//! missing (its own idempotent migration, like [`crate::keys`], independent of the sandbox
+//! schema version). A sandbox made through the E2B API keeps its E2B access token in
+//! [`crate::keys`]; callers look there when this store has none.
+
+use crate::keys::random_hex;
+use crate::StoreError;
+use rusqlite::{params, Connection, OptionalExtension};
+use std::path::Path;
+use std::sync::{Mutex, MutexGuard};
+use std::time::Duration;
+
+/// Random bytes in a token (64 hex digits).
+pub const TOKEN_BYTES: usize = 32;
+
+const MIGRATION: &str = "CREATE TABLE IF NOT EXISTS sandbox_tokens (
+        id TEXT PRIMARY KEY NOT NULL,
+        token TEXT NOT NULL,
+        created_at INTEGER NOT NULL
+    );
+    CREATE TABLE IF NOT EXISTS sandbox_public_ports (
+        id TEXT NOT NULL,
+        port INTEGER NOT NULL,
+        PRIMARY KEY (id, port)
+    );";
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
+/// The port-access store (SQLite). Cheap to share behind an `Arc`.
+#[derive(Debug)]
+pub struct AccessStore {
+    conn: Mutex<Connection>,
+}
+
+impl AccessStore {
+    /// Opens the database at `path` (the daemon's `state.db`), creating the tables if needed.
+    pub fn open(path: &Path) -> Result<AccessStore, StoreError> {
+        let conn = Connection::open(path)?;
+        conn.busy_timeout(Duration::from_secs(10))?;
+        conn.pragma_update(None, "journal_mode", "WAL")?;
+        conn.pragma_update(None, "synchronous", "NORMAL")?;
+        Self::init(conn)
+    }
+
+    /// An in-memory store (tests, daemons without a data directory).
+    pub fn open_in_memory() -> Result<AccessStore, StoreError> {
+        Self::init(Connection::open_in_memory()?)
+    }
+
+    fn init(conn: Connection) -> Result<AccessStore, StoreError> {
+        conn.execute_batch(MIGRATION)?;
+        Ok(AccessStore {
+            conn: Mutex::new(conn),
+        })
+    }
+
+    fn conn(&self) -> MutexGuard<'_, Connection> {
+        self.conn.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Makes a fresh token for sandbox `id`, replacing any old one, and records `public`
+    /// as its public ports (in one transaction). Returns the token.
+    pub fn issue(&self, id: &str, public: &[u16]) -> Result<String, StoreError> {
+        let token = random_hex(TOKEN_BYTES);
+        let mut conn = self.conn();
+        let tx = conn.transaction()?;
+        tx.execute(
+            "INSERT OR REPLACE INTO sandbox_tokens (id, token, created_at) VALUES (?1, ?2, ?3)",
+            params![id, token, now_ms()],
+        )?;
+        tx.execute(
+            "DELETE FROM sandbox_public_ports WHERE id = ?1",
+            params![id],
+        )?;
+        for p in public {
+            tx.execute(
+                "INSERT OR IGNORE INTO sandbox_public_ports (id, port) VALUES (?1, ?2)",
+                params![id, p],
+            )?;
+        }
+        tx.commit()?;
+        Ok(token)
+    }
+
+    /// The token of sandbox `id`, if one was issued.
+    pub fn token(&self, id: &str) -> Result<Option<String>, StoreError> {
+        Ok(self
+            .conn()
+            .query_row(
+                "SELECT token FROM sandbox_tokens WHERE id = ?1",
+                params![id],
+                |r| r.get(0),
+            )
+            .optional()?)
+    }
+
+    /// Makes `port` of sandbox `id` public (`true`) or private again (`false`).
+    pub fn set_public(&self, id: &str, port: u16, public: bool) -> Result<(), StoreError> {
+        let conn = self.conn();
+        if public {
+            conn.execute(
+                "INSERT OR IGNORE INTO sandbox_public_ports (id, port) VALUES (?1, ?2)",
+                params![id, port],
+            )?;
+        } else {
+            conn.execute(
+                "DELETE FROM sandbox_public_ports WHERE id = ?1 AND port = ?2",
+                params![id, port],
+            )?;
+        }
+        Ok(())
+    }
+
+    /// Whether `port` of sandbox `id` is public.
+    pub fn is_public(&self, id: &str, port: u16) -> Result<bool, StoreError> {
+        Ok(self
+            .conn()
+            .query_row(
+                "SELECT 1 FROM sandbox_public_ports WHERE id = ?1 AND port = ?2",
+                params![id, port],
+                |_| Ok(()),
+            )
+            .optional()?
+            .is_some())
+    }
+
+    /// The public ports of sandbox `id`, ascending.
+    pub fn public_ports(&self, id: &str) -> Result<Vec<u16>, StoreError> {
+        let conn = self.conn();
+        let mut st =
+            conn.prepare("SELECT port FROM sandbox_public_ports WHERE id = ?1 ORDER BY port")?;
+        let rows = st.query_map(params![id], |r| r.get::<_, u16>(0))?;
+        Ok(rows.collect::<Result<_, _>>()?)
+    }
+
+    /// Forgets the token and public ports of sandbox `id` (it ended).
+    pub fn forget(&self, id: &str) -> Result<(), StoreError> {
+        let mut conn = self.conn();
+        let tx = conn.transaction()?;
+        tx.execute("DELETE FROM sandbox_tokens WHERE id = ?1", params![id])?;
+        tx.execute(
+            "DELETE FROM sandbox_public_ports WHERE id = ?1",
+            params![id],
+        )?;
+        tx.commit()?;
+        Ok(())
+    }
+
+    /// Forgets every sandbox not in `keep` (ended ones); returns how many were forgotten.
+    pub fn retain(&self, keep: &[&str]) -> Result<usize, StoreError> {
+        let ids: Vec<String> = {
+            let conn = self.conn();
+            let mut st = conn.prepare(
+                "SELECT id FROM sandbox_tokens UNION SELECT id FROM sandbox_public_ports",
+            )?;
+            let rows = st.query_map([], |r| r.get::<_, String>(0))?;
+            rows.collect::<Result<_, _>>()?
+        };
+        let mut n = 0;
+        for id in ids.iter().filter(|i| !keep.contains(&i.as_str())) {
+            self.forget(id)?;
+            n += 1;
+        }
+        Ok(n)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tokens_and_public_ports() {
+        let s = AccessStore::open_in_memory().unwrap();
+        assert_eq!(s.token("a").unwrap(), None);
+        let t = s.issue("a", &[8080, 3000, 8080]).unwrap();
+        assert_eq!(t.len(), 2 * TOKEN_BYTES);
+        assert_eq!(s.token("a").unwrap().as_deref(), Some(t.as_str()));
+        assert_eq!(s.public_ports("a").unwrap(), vec![3000, 8080]);
+        let t2 = s.issue("b", &[]).unwrap();
+        assert_ne!(t, t2);
+        assert!(s.is_public("a", 3000).unwrap());
+        assert!(!s.is_public("b", 3000).unwrap());
+        s.set_public("b", 3000, true).unwrap();
+        s.set_public("b", 3000, true).unwrap();
+        assert!(s.is_public("b", 3000).unwrap());
+        s.set_public("a", 3000, false).unwrap();
+        assert_eq!(s.public_ports("a").unwrap(), vec![8080]);
+        assert_eq!(s.retain(&["b"]).unwrap(), 1);
+        assert_eq!(s.token("a").unwrap(), None);
+        assert!(s.public_ports("a").unwrap().is_empty());
+        assert_eq!(s.token("b").unwrap().as_deref(), Some(t2.as_str()));
+        s.forget("b").unwrap();
+        assert_eq!(s.token("b").unwrap(), None);
+        assert!(!s.is_public("b", 3000).unwrap());
+    }
+}
