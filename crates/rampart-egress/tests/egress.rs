@@ -1,0 +1,635 @@
+//! The egress proxy and resolver against a private "internet" in network namespaces.
+//! Needs root, `ip` and `nft`; skips with a printed reason otherwise.
+
+mod support;
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use hickory_proto::op::ResponseCode;
+use hickory_proto::rr::RecordType;
+use rampart_egress::{Egress, EgressConfig};
+use rampart_types::network::{
+    NetEventKind, NetLogEntry, NetworkMode, NetworkPolicy, SecretInjection, SecretSpec, Verdict,
+};
+use support::*;
+
+/// Any address: the sandbox's DNS traffic is redirected to the resolver whatever it names.
+const ANY_DNS: &str = "192.0.2.53:53";
+const SECRET_VALUE: &str = "sk-live-9f8e7d6c5b4a";
+
+struct Ctx {
+    egress: Egress,
+    sb: String,
+    seen: Arc<Seen>,
+    test_ca: String,
+    egress_ca_pem: String,
+}
+
+impl Ctx {
+    /// Runs a blocking client function inside the sandbox netns.
+    async fn sandbox<T: Send + 'static>(&self, f: impl FnOnce() -> T + Send + 'static) -> T {
+        in_ns(&self.sb, f).await
+    }
+    fn log(&self) -> Vec<NetLogEntry> {
+        self.egress.log("sbx1", 0, 100_000).expect("attached")
+    }
+    /// The last log entry of `kind` for `name` (waits for it: entries land as the proxy acts).
+    async fn entry(
+        &self,
+        kind: NetEventKind,
+        name: Option<&str>,
+        addr: Option<&str>,
+    ) -> NetLogEntry {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Some(e) = self.log().into_iter().rev().find(|e| {
+                e.kind == kind
+                    && name.is_none_or(|n| e.name.as_deref() == Some(n))
+                    && addr.is_none_or(|a| e.addrs.iter().any(|x| x == a))
+            }) {
+                return e;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no {kind:?} entry for {name:?} {addr:?}: {:#?}",
+                self.log()
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+}
+
+fn policy(mode: NetworkMode, allow: &[&str], deny: &[&str]) -> NetworkPolicy {
+    NetworkPolicy {
+        mode,
+        allow: allow.iter().map(|s| s.to_string()).collect(),
+        deny: deny.iter().map(|s| s.to_string()).collect(),
+        ..Default::default()
+    }
+}
+
+fn secret() -> SecretSpec {
+    SecretSpec {
+        name: "api_token".into(),
+        value: SECRET_VALUE.into(),
+        hosts: vec!["api.test".into()],
+        inject: SecretInjection::Header {
+            name: "Authorization".into(),
+            template: "Bearer {value}".into(),
+        },
+        env: Some("API_TOKEN".into()),
+    }
+}
+
+/// Builds the network, starts the egress service in the router netns with `sbx1` attached
+/// at the sandbox address, and runs `f`.
+fn scenario<F, Fut>(f: F)
+where
+    F: FnOnce(Ctx) -> Fut + Send + 'static,
+    Fut: Future<Output = ()>,
+{
+    let Some(net) = TestNet::new() else { return };
+    let pki = test_pki();
+    let seen = start_world(&net.inet, &pki);
+    let (rt_ns, sb_ns) = (net.rt.clone(), net.sb.clone());
+    let test_ca = pki.ca_pem.clone();
+    let result = std::thread::spawn(move || {
+        enter(&rt_ns);
+        let state = tempfile::tempdir().unwrap();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async move {
+            let egress = Egress::start(EgressConfig {
+                proxy_port: PROXY_PORT,
+                dns_port: DNS_PORT,
+                upstream_dns: vec![DNS_SERVER.parse().unwrap()],
+                extra_upstream_roots: vec![test_ca.clone()],
+                state_dir: state.path().join("egress"),
+                blocked: vec!["203.0.113.0/24".into()],
+                ..Default::default()
+            })
+            .await
+            .expect("start egress");
+            let att = egress
+                .attach(
+                    "sbx1",
+                    SANDBOX_IP.parse().unwrap(),
+                    GATEWAY_IP.parse().unwrap(),
+                    policy(
+                        NetworkMode::Allowlist,
+                        &["allowed.test", "api.test", "*.wild.test"],
+                        &["denied.test"],
+                    ),
+                    vec![secret()],
+                )
+                .expect("attach");
+            assert!(att.ca_cert_pem.contains("BEGIN CERTIFICATE"));
+            assert_eq!(att.env.len(), 1);
+            assert_eq!(att.env[0].0, "API_TOKEN");
+            assert!(att.env[0].1.starts_with("rampart-secret-api_token-"));
+            assert!(!format!("{att:?}").contains(SECRET_VALUE));
+            f(Ctx {
+                egress,
+                sb: sb_ns,
+                seen,
+                test_ca,
+                egress_ca_pem: att.ca_cert_pem.clone(),
+            })
+            .await;
+        });
+    })
+    .join();
+    drop(net);
+    if let Err(p) = result {
+        std::panic::resume_unwind(p);
+    }
+}
+
+#[test]
+fn allowed_names_resolve_and_connect_others_get_nxdomain_and_nothing() {
+    scenario(|cx| async move {
+        // Allowed name: resolves (through the upstream) and connects, HTTP and HTTPS.
+        let (code, addrs) = cx
+            .sandbox(|| dns_query(ANY_DNS, "allowed.test", RecordType::A, false))
+            .await;
+        assert_eq!(code, ResponseCode::NoError);
+        assert_eq!(addrs, vec![WEB1.parse::<std::net::IpAddr>().unwrap()]);
+        let e = cx
+            .entry(NetEventKind::Dns, Some("allowed.test"), None)
+            .await;
+        assert_eq!(
+            (e.verdict, e.rule.as_str()),
+            (Verdict::Allow, "allow:allowed.test")
+        );
+        assert_eq!(e.addrs, vec![WEB1.to_string()]);
+        assert_eq!(e.qtype.as_deref(), Some("A"));
+
+        let body = cx
+            .sandbox(|| http_get(WEB1, "allowed.test", &[]))
+            .await
+            .unwrap();
+        assert!(body.starts_with("HTTP/1.1 200"), "{body}");
+        let e = cx
+            .entry(NetEventKind::Connect, Some("allowed.test"), Some(WEB1))
+            .await;
+        assert_eq!(
+            (e.verdict, e.rule.as_str(), e.port),
+            (Verdict::Allow, "allow:allowed.test", Some(80))
+        );
+        let close = cx
+            .entry(NetEventKind::Close, Some("allowed.test"), Some(WEB1))
+            .await;
+        assert!(
+            close.bytes_out.unwrap() > 0 && close.bytes_in.unwrap() > 0,
+            "{close:?}"
+        );
+
+        // HTTPS passes through untouched: the client trusts only the test CA.
+        let ca = cx.test_ca.clone();
+        let body = cx
+            .sandbox(move || https_get(WEB1, "allowed.test", &ca, &[]))
+            .await
+            .unwrap();
+        assert!(body.starts_with("HTTP/1.1 200"), "{body}");
+
+        // A wildcard rule.
+        let (code, _) = cx
+            .sandbox(|| dns_query(ANY_DNS, "a.wild.test", RecordType::A, true))
+            .await;
+        assert_eq!(code, ResponseCode::NoError);
+        assert_eq!(
+            cx.entry(NetEventKind::Dns, Some("a.wild.test"), None)
+                .await
+                .rule,
+            "allow:*.wild.test"
+        );
+
+        // Denied and unlisted names: NXDOMAIN, never asked upstream, and no connection.
+        for (name, rule) in [
+            ("denied.test", "deny:denied.test"),
+            ("unlisted.test", "default"),
+        ] {
+            let (code, addrs) = cx
+                .sandbox(move || dns_query(ANY_DNS, name, RecordType::A, false))
+                .await;
+            assert_eq!(code, ResponseCode::NXDomain, "{name}");
+            assert!(addrs.is_empty());
+            let e = cx.entry(NetEventKind::Dns, Some(name), None).await;
+            assert_eq!((e.verdict, e.rule.as_str()), (Verdict::Deny, rule));
+            let got = cx.sandbox(move || http_get(WEB3, name, &[])).await;
+            let text = got.unwrap_or_default();
+            assert!(text.starts_with("HTTP/1.1 403"), "{name}: {text}");
+            let e = cx
+                .entry(NetEventKind::Connect, Some(name), Some(WEB3))
+                .await;
+            assert_eq!((e.verdict, e.rule.as_str()), (Verdict::Deny, rule));
+        }
+        let asked = cx.seen.dns.lock().unwrap().clone();
+        assert!(
+            !asked
+                .iter()
+                .any(|n| n == "denied.test" || n == "unlisted.test"),
+            "{asked:?}"
+        );
+
+        // A raw IP that no allowed name resolved to is dropped; so is a nameless
+        // connection to an address an allowed name did resolve to.
+        let got = cx
+            .sandbox(|| http_get(WEB3, WEB3, &[]))
+            .await
+            .unwrap_or_default();
+        assert!(!got.contains("200 OK"), "{got}");
+        let e = cx.entry(NetEventKind::Connect, None, Some(WEB3)).await;
+        assert_eq!((e.verdict, e.rule.as_str()), (Verdict::Deny, "default"));
+        let got = cx
+            .sandbox(|| tcp_exchange(format!("{WEB1}:80").parse().unwrap(), b"\x00\x01raw bytes"))
+            .await
+            .unwrap_or_default();
+        assert!(got.is_empty(), "{got}");
+
+        // SNI for a name that is not allowed, on an allowed (pinned) address: refused.
+        let (code, _) = cx
+            .sandbox(|| dns_query(ANY_DNS, "api.test", RecordType::A, false))
+            .await;
+        assert_eq!(code, ResponseCode::NoError);
+        for (sni, rule) in [
+            ("other.test", "default"),
+            ("denied.test", "deny:denied.test"),
+        ] {
+            let ca = cx.test_ca.clone();
+            let r = cx.sandbox(move || https_get(WEB2, sni, &ca, &[])).await;
+            assert!(r.is_err(), "{sni}: {r:?}");
+            let e = cx.entry(NetEventKind::Connect, Some(sni), Some(WEB2)).await;
+            assert_eq!((e.verdict, e.rule.as_str()), (Verdict::Deny, rule));
+        }
+        // An allowed name on an address it did not resolve to: refused.
+        let ca = cx.test_ca.clone();
+        let r = cx
+            .sandbox(move || https_get(WEB3, "allowed.test", &ca, &[]))
+            .await;
+        assert!(r.is_err(), "{r:?}");
+        let e = cx
+            .entry(NetEventKind::Connect, Some("allowed.test"), Some(WEB3))
+            .await;
+        assert_eq!(
+            (e.verdict, e.rule.as_str()),
+            (Verdict::Deny, "not-resolved:allowed.test")
+        );
+
+        // Metadata, the host's own addresses: refused whatever the policy.
+        cx.egress
+            .set_policy("sbx1", policy(NetworkMode::Open, &[], &[]))
+            .unwrap();
+        for (ip, rule) in [
+            ("169.254.169.254", "blocked:metadata"),
+            (GATEWAY_IP, "blocked:host"),
+            (HOST_OTHER_IP, "blocked:host"),
+        ] {
+            let got = cx
+                .sandbox(move || http_get(ip, "allowed.test", &[]))
+                .await
+                .unwrap_or_default();
+            assert!(got.is_empty(), "{ip}: {got}");
+            let e = cx.entry(NetEventKind::Connect, None, Some(ip)).await;
+            assert_eq!((e.verdict, e.rule.as_str()), (Verdict::Deny, rule), "{ip}");
+        }
+        // ... while open mode lets the raw IP through.
+        let got = cx.sandbox(|| http_get(WEB3, WEB3, &[])).await.unwrap();
+        assert!(got.starts_with("HTTP/1.1 200"), "{got}");
+        assert_eq!(
+            cx.entry(NetEventKind::Connect, None, Some(WEB3)).await.rule,
+            "open"
+        );
+
+        // Mode none: nothing resolves.
+        cx.egress
+            .set_policy("sbx1", policy(NetworkMode::None, &["allowed.test"], &[]))
+            .unwrap();
+        let (code, _) = cx
+            .sandbox(|| dns_query(ANY_DNS, "allowed.test", RecordType::A, false))
+            .await;
+        assert_eq!(code, ResponseCode::NXDomain);
+        assert_eq!(
+            cx.entry(NetEventKind::Dns, Some("allowed.test"), None)
+                .await
+                .rule,
+            "mode:none"
+        );
+
+        // The log is followable and paginates.
+        let all = cx.log();
+        assert!(all.windows(2).all(|w| w[0].seq < w[1].seq));
+        let after = cx.egress.log("sbx1", all[2].seq, 2).unwrap();
+        assert_eq!(after.len(), 2);
+        assert_eq!(after[0].seq, all[3].seq);
+    });
+}
+
+#[test]
+fn dns_tunnelling_to_a_name_not_allowed_reaches_nothing() {
+    scenario(|cx| async move {
+        let mut rx = cx.egress.subscribe("sbx1").unwrap();
+        let names: Vec<String> = (0..60)
+            .map(|i| format!("{:016x}{i}.exfil.tunnel.test", rand::random::<u64>()))
+            .collect();
+        let n2 = names.clone();
+        let codes = cx
+            .sandbox(move || {
+                n2.iter()
+                    .enumerate()
+                    .map(|(i, n)| {
+                        let t = if i % 2 == 0 {
+                            RecordType::TXT
+                        } else {
+                            RecordType::A
+                        };
+                        dns_query(ANY_DNS, n, t, i % 3 == 0)
+                    })
+                    .collect::<Vec<_>>()
+            })
+            .await;
+        for (code, addrs) in codes {
+            assert_eq!(code, ResponseCode::NXDomain);
+            assert!(addrs.is_empty());
+        }
+        // Every query was logged as denied, and the test DNS server saw none of them.
+        let mut logged = 0;
+        while logged < names.len() {
+            let e = tokio::time::timeout(Duration::from_secs(10), rx.recv())
+                .await
+                .unwrap()
+                .unwrap();
+            if e.kind == NetEventKind::Dns {
+                assert_eq!((e.verdict, e.rule.as_str()), (Verdict::Deny, "default"));
+                logged += 1;
+            }
+        }
+        let asked = cx.seen.dns.lock().unwrap().clone();
+        assert!(
+            !asked.iter().any(|n| n.ends_with("tunnel.test")),
+            "{asked:?}"
+        );
+        // An allowed name's TXT goes upstream (allowed names are answered whatever the type).
+        let (code, _) = cx
+            .sandbox(|| dns_query(ANY_DNS, "allowed.test", RecordType::TXT, false))
+            .await;
+        assert_eq!(code, ResponseCode::NoError);
+        assert!(cx
+            .seen
+            .dns
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|n| n == "allowed.test"));
+    });
+}
+
+#[test]
+fn policy_update_applies_to_the_next_connection_and_cuts_live_ones() {
+    scenario(|cx| async move {
+        let (code, _) = cx
+            .sandbox(|| dns_query(ANY_DNS, "allowed.test", RecordType::A, false))
+            .await;
+        assert_eq!(code, ResponseCode::NoError);
+        // A live streaming connection.
+        let (started_tx, started_rx) = tokio::sync::oneshot::channel();
+        let stream = tokio::spawn(cx.sandbox_stream(started_tx));
+        started_rx.await.unwrap();
+        cx.egress
+            .set_policy("sbx1", policy(NetworkMode::Allowlist, &["api.test"], &[]))
+            .unwrap();
+        // The live connection ends (the proxy cut it).
+        let read_after = tokio::time::timeout(Duration::from_secs(20), stream)
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(read_after, "stream did not end after the policy change");
+        let e = cx
+            .entry(NetEventKind::Close, Some("allowed.test"), Some(WEB1))
+            .await;
+        assert_eq!((e.verdict, e.rule.as_str()), (Verdict::Deny, "default"));
+        // The next connection obeys the new policy.
+        let got = cx
+            .sandbox(|| http_get(WEB1, "allowed.test", &[]))
+            .await
+            .unwrap_or_default();
+        assert!(got.starts_with("HTTP/1.1 403"), "{got}");
+        // And back.
+        cx.egress
+            .set_policy(
+                "sbx1",
+                policy(NetworkMode::Allowlist, &["allowed.test"], &[]),
+            )
+            .unwrap();
+        let got = cx
+            .sandbox(|| http_get(WEB1, "allowed.test", &[]))
+            .await
+            .unwrap();
+        assert!(got.starts_with("HTTP/1.1 200"), "{got}");
+        // A bad rule is refused by name and changes nothing.
+        let err = cx
+            .egress
+            .set_policy("sbx1", policy(NetworkMode::Allowlist, &["bad rule!"], &[]))
+            .unwrap_err();
+        assert!(err.to_string().contains("\"bad rule!\""), "{err}");
+        assert_eq!(
+            cx.egress.policy("sbx1").unwrap().allow,
+            vec!["allowed.test".to_string()]
+        );
+    });
+}
+
+impl Ctx {
+    /// Opens `GET /stream` to allowed.test in the sandbox; signals once bytes flow; resolves
+    /// to true when the stream ends (EOF or reset).
+    fn sandbox_stream(
+        &self,
+        started: tokio::sync::oneshot::Sender<()>,
+    ) -> impl Future<Output = bool> + Send + 'static {
+        let sb = self.sb.clone();
+        async move {
+            in_ns(&sb, move || {
+                use std::io::{Read, Write};
+                let mut s = std::net::TcpStream::connect(format!("{WEB1}:80")).unwrap();
+                s.write_all(b"GET /stream HTTP/1.1\r\nHost: allowed.test\r\n\r\n")
+                    .unwrap();
+                s.set_read_timeout(Some(Duration::from_secs(15))).unwrap();
+                let mut buf = [0u8; 4096];
+                let mut total = 0;
+                let mut started = Some(started);
+                loop {
+                    match s.read(&mut buf) {
+                        Ok(0) => return true,
+                        Ok(n) => {
+                            total += n;
+                            if total > 100 {
+                                if let Some(tx) = started.take() {
+                                    let _ = tx.send(());
+                                }
+                            }
+                        }
+                        Err(e)
+                            if e.kind() == std::io::ErrorKind::WouldBlock
+                                || e.kind() == std::io::ErrorKind::TimedOut =>
+                        {
+                            return false
+                        }
+                        Err(_) => return true,
+                    }
+                }
+            })
+            .await
+        }
+    }
+}
+
+#[test]
+fn a_secret_reaches_only_its_bound_host_in_the_configured_header() {
+    scenario(|cx| async move {
+        let placeholder = cx.egress.secrets("sbx1").unwrap()[0].placeholder.clone();
+        assert!(!placeholder.contains(SECRET_VALUE));
+        for name in ["api.test", "allowed.test"] {
+            let (code, _) = cx
+                .sandbox(move || dns_query(ANY_DNS, name, RecordType::A, false))
+                .await;
+            assert_eq!(code, ResponseCode::NoError);
+        }
+        // HTTPS to the bound host: the sandbox trusts its own CA; the server sees the value
+        // in the configured header.
+        let sandbox_ca = cx.egress_ca();
+        let ph = placeholder.clone();
+        let body = cx
+            .sandbox(move || {
+                https_get(
+                    WEB2,
+                    "api.test",
+                    &sandbox_ca,
+                    &[("Authorization", &format!("Bearer {ph}"))],
+                )
+            })
+            .await
+            .unwrap();
+        assert!(
+            body.contains(&format!("Authorization: Bearer {SECRET_VALUE}\r\n")),
+            "{body}"
+        );
+        assert!(!body.contains(&placeholder));
+        let e = cx
+            .entry(NetEventKind::SecretUsed, Some("api.test"), None)
+            .await;
+        assert_eq!(e.secret.as_deref(), Some("api_token"));
+        // Without any header from the sandbox, the header is set all the same.
+        let sandbox_ca = cx.egress_ca();
+        let body = cx
+            .sandbox(move || https_get(WEB2, "api.test", &sandbox_ca, &[]))
+            .await
+            .unwrap();
+        assert!(
+            body.contains(&format!("Authorization: Bearer {SECRET_VALUE}\r\n")),
+            "{body}"
+        );
+        // Plain HTTP to the bound host: injected as well.
+        let body = cx
+            .sandbox(|| http_get(WEB2, "api.test", &[]))
+            .await
+            .unwrap();
+        assert!(
+            body.contains(&format!("Authorization: Bearer {SECRET_VALUE}\r\n")),
+            "{body}"
+        );
+
+        // Another allowed host sees the placeholder, over HTTPS (not intercepted: the test
+        // CA verifies) and HTTP.
+        let ca = cx.test_ca.clone();
+        let ph = placeholder.clone();
+        let body = cx
+            .sandbox(move || {
+                https_get(
+                    WEB1,
+                    "allowed.test",
+                    &ca,
+                    &[("Authorization", &format!("Bearer {ph}"))],
+                )
+            })
+            .await
+            .unwrap();
+        assert!(
+            body.contains(&format!("Authorization: Bearer {placeholder}")),
+            "{body}"
+        );
+        assert!(!body.contains(SECRET_VALUE));
+        let ph = placeholder.clone();
+        let body = cx
+            .sandbox(move || http_get(WEB1, "allowed.test", &[("X-Key", &ph)]))
+            .await
+            .unwrap();
+        assert!(
+            body.contains(&placeholder) && !body.contains(SECRET_VALUE),
+            "{body}"
+        );
+
+        // A second request for another host on the bound host's connection is refused.
+        let got = cx
+            .sandbox(|| {
+                tcp_exchange(
+                    format!("{WEB2}:80").parse().unwrap(),
+                    b"GET / HTTP/1.1\r\nHost: api.test\r\n\r\nGET / HTTP/1.1\r\nHost: other.test\r\n\r\n",
+                )
+            })
+            .await
+            .unwrap_or_default();
+        assert!(got.matches("HTTP/1.1 200").count() <= 1, "{got}");
+        let e = cx
+            .entry(NetEventKind::Connect, Some("other.test"), None)
+            .await;
+        assert_eq!(
+            (e.verdict, e.rule.as_str()),
+            (Verdict::Deny, "misdirected:api.test")
+        );
+
+        // The value is in no log entry, no API answer, no Debug output.
+        let log = serde_json::to_string(&cx.log()).unwrap();
+        assert!(!log.contains(SECRET_VALUE));
+        let info = serde_json::to_string(&cx.egress.secrets("sbx1").unwrap()).unwrap();
+        assert!(!info.contains(SECRET_VALUE));
+        assert!(!format!("{:?}", cx.egress).contains(SECRET_VALUE));
+        assert!(!format!("{:?}", secret()).contains(SECRET_VALUE));
+
+        // New secrets keep the placeholder of a secret that keeps its name.
+        let mut s = secret();
+        s.value = "rotated-value".into();
+        let info = cx.egress.set_secrets("sbx1", vec![s]).unwrap();
+        assert_eq!(info[0].placeholder, placeholder);
+        let body = cx
+            .sandbox(|| http_get(WEB2, "api.test", &[]))
+            .await
+            .unwrap();
+        assert!(
+            body.contains("Authorization: Bearer rotated-value\r\n"),
+            "{body}"
+        );
+
+        // Detach forgets the sandbox: its connections get nothing.
+        assert!(cx.egress.detach("sbx1"));
+        let got = cx
+            .sandbox(|| http_get(WEB1, "allowed.test", &[]))
+            .await
+            .unwrap_or_default();
+        assert!(got.is_empty(), "{got}");
+        let (code, _) = cx
+            .sandbox(|| dns_query(ANY_DNS, "allowed.test", RecordType::A, false))
+            .await;
+        assert_eq!(code, ResponseCode::NXDomain);
+    });
+}
+
+impl Ctx {
+    /// The sandbox's CA (what its trust store would hold).
+    fn egress_ca(&self) -> String {
+        self.egress_ca_pem.clone()
+    }
+}

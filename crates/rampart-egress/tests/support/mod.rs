@@ -1,0 +1,576 @@
+//! A small private "internet" in network namespaces for the egress tests.
+//!
+//! ```text
+//!  sandbox netns (sb)          router netns (rt): the "host"          internet netns (in)
+//!  eth0 203.0.113.2  <-veth->  vsb 203.0.113.1   vin 198.51.100.1 <-veth-> eth0 198.51.100.2/.3/.4
+//!  default via .1              nft: tcp -> :15001, dns -> :15053       DNS :53, HTTP :80, HTTPS :443
+//!                              Egress runs here
+//! ```
+#![allow(dead_code)]
+
+use std::collections::HashMap;
+use std::io::{Read, Write};
+use std::net::{IpAddr, SocketAddr, TcpStream, UdpSocket};
+use std::process::Command;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use hickory_proto::op::{Message, MessageType, OpCode, Query, ResponseCode};
+use hickory_proto::rr::rdata::{A, TXT};
+use hickory_proto::rr::{Name, RData, Record, RecordType};
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer, ServerName};
+
+pub const PROXY_PORT: u16 = 15001;
+pub const DNS_PORT: u16 = 15053;
+pub const SANDBOX_IP: &str = "203.0.113.2";
+pub const GATEWAY_IP: &str = "203.0.113.1";
+pub const HOST_OTHER_IP: &str = "198.51.100.1";
+pub const WEB1: &str = "198.51.100.2";
+pub const WEB2: &str = "198.51.100.3";
+pub const WEB3: &str = "198.51.100.4";
+pub const DNS_SERVER: &str = "198.51.100.2:53";
+
+/// The test zone: name -> address. Everything below `tunnel.test` answers TXT and A.
+pub fn zone() -> HashMap<&'static str, &'static str> {
+    HashMap::from([
+        ("allowed.test", WEB1),
+        ("api.test", WEB2),
+        ("other.test", WEB2), // shares api.test's address (a CDN)
+        ("denied.test", WEB3),
+        ("unlisted.test", WEB3),
+        ("a.wild.test", WEB1),
+    ])
+}
+
+fn run(args: &[&str]) -> Result<(), String> {
+    let out = Command::new(args[0])
+        .args(&args[1..])
+        .output()
+        .map_err(|e| format!("{}: {e}", args[0]))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "{:?}: {}",
+            args,
+            String::from_utf8_lossy(&out.stderr).trim()
+        ))
+    }
+}
+
+/// The three namespaces; removed on drop.
+pub struct TestNet {
+    pub sb: String,
+    pub rt: String,
+    pub inet: String,
+}
+
+static COUNTER: AtomicUsize = AtomicUsize::new(0);
+
+impl TestNet {
+    /// Builds the namespaces, or `None` with a printed reason when this host cannot.
+    pub fn new() -> Option<TestNet> {
+        if Command::new("nft").arg("--version").output().is_err() {
+            eprintln!("SKIP: nft (nftables) is not installed");
+            return None;
+        }
+        remove_stale();
+        let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+        let p = std::process::id();
+        let net = TestNet {
+            sb: format!("reg{p}x{n}sb"),
+            rt: format!("reg{p}x{n}rt"),
+            inet: format!("reg{p}x{n}in"),
+        };
+        if let Err(e) = run(&["ip", "netns", "add", &net.sb]) {
+            eprintln!("SKIP: cannot make a network namespace: {e}");
+            return None;
+        }
+        if let Err(e) = net.setup() {
+            panic!("cannot build the test network: {e}");
+        }
+        Some(net)
+    }
+
+    fn setup(&self) -> Result<(), String> {
+        let (sb, rt, inet) = (&self.sb, &self.rt, &self.inet);
+        for ns in [sb, rt, inet] {
+            if ns != sb {
+                run(&["ip", "netns", "add", ns])?;
+            }
+            run(&["ip", "-n", ns, "link", "set", "lo", "up"])?;
+        }
+        run(&[
+            "ip", "-n", rt, "link", "add", "vsb", "type", "veth", "peer", "name", "eth0", "netns",
+            sb,
+        ])?;
+        run(&[
+            "ip", "-n", rt, "link", "add", "vin", "type", "veth", "peer", "name", "eth0", "netns",
+            inet,
+        ])?;
+        run(&[
+            "ip",
+            "-n",
+            rt,
+            "addr",
+            "add",
+            "203.0.113.1/24",
+            "dev",
+            "vsb",
+        ])?;
+        run(&[
+            "ip",
+            "-n",
+            rt,
+            "addr",
+            "add",
+            "198.51.100.1/24",
+            "dev",
+            "vin",
+        ])?;
+        run(&["ip", "-n", rt, "link", "set", "vsb", "up"])?;
+        run(&["ip", "-n", rt, "link", "set", "vin", "up"])?;
+        run(&[
+            "ip",
+            "-n",
+            sb,
+            "addr",
+            "add",
+            "203.0.113.2/24",
+            "dev",
+            "eth0",
+        ])?;
+        run(&["ip", "-n", sb, "link", "set", "eth0", "up"])?;
+        run(&[
+            "ip",
+            "-n",
+            sb,
+            "route",
+            "add",
+            "default",
+            "via",
+            "203.0.113.1",
+        ])?;
+        for a in ["198.51.100.2/24", "198.51.100.3/24", "198.51.100.4/24"] {
+            run(&["ip", "-n", inet, "addr", "add", a, "dev", "eth0"])?;
+        }
+        run(&["ip", "-n", inet, "link", "set", "eth0", "up"])?;
+        run(&[
+            "ip",
+            "-n",
+            inet,
+            "route",
+            "add",
+            "default",
+            "via",
+            "198.51.100.1",
+        ])?;
+        let rules = format!(
+            "table inet t {{
+               chain pre {{ type nat hook prerouting priority dstnat; policy accept;
+                 iifname \"vsb\" udp dport 53 redirect to :{DNS_PORT}
+                 iifname \"vsb\" tcp dport 53 redirect to :{DNS_PORT}
+                 iifname \"vsb\" meta l4proto tcp redirect to :{PROXY_PORT}
+               }}
+               chain forward_drop {{ type filter hook forward priority 0; policy drop; }}
+             }}"
+        );
+        let mut child = Command::new("ip")
+            .args(["netns", "exec", rt, "nft", "-f", "-"])
+            .stdin(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .map_err(|e| e.to_string())?;
+        child
+            .stdin
+            .take()
+            .ok_or("no stdin")?
+            .write_all(rules.as_bytes())
+            .map_err(|e| e.to_string())?;
+        let out = child.wait_with_output().map_err(|e| e.to_string())?;
+        if !out.status.success() {
+            return Err(format!("nft: {}", String::from_utf8_lossy(&out.stderr)));
+        }
+        Ok(())
+    }
+}
+
+/// Removes namespaces left by a test process that was killed (`reg<pid>x...`).
+fn remove_stale() {
+    let Ok(dir) = std::fs::read_dir("/var/run/netns") else {
+        return;
+    };
+    for e in dir.flatten() {
+        let name = e.file_name().to_string_lossy().to_string();
+        let Some(rest) = name.strip_prefix("reg") else {
+            continue;
+        };
+        let Some((pid, _)) = rest.split_once('x') else {
+            continue;
+        };
+        if pid.parse::<u32>().is_ok() && !std::path::Path::new(&format!("/proc/{pid}")).exists() {
+            let _ = run(&["ip", "netns", "del", &name]);
+        }
+    }
+}
+
+impl Drop for TestNet {
+    fn drop(&mut self) {
+        for ns in [&self.sb, &self.rt, &self.inet] {
+            let _ = run(&["ip", "netns", "del", ns]);
+        }
+    }
+}
+
+/// Moves the calling thread into netns `ns`.
+pub fn enter(ns: &str) {
+    let f = std::fs::File::open(format!("/var/run/netns/{ns}")).expect("open netns");
+    nix::sched::setns(f, nix::sched::CloneFlags::CLONE_NEWNET).expect("setns");
+}
+
+/// Runs `f` on a new thread inside netns `ns` and waits for it (from async code).
+pub async fn in_ns<T: Send + 'static>(ns: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let ns = ns.to_string();
+    std::thread::spawn(move || {
+        enter(&ns);
+        let _ = tx.send(f());
+    });
+    rx.await.expect("netns thread panicked")
+}
+
+fn provider() -> Arc<rustls::crypto::CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+/// The test CA and a server certificate for every test name.
+pub struct TestPki {
+    pub ca_pem: String,
+    pub server: Arc<rustls::ServerConfig>,
+}
+
+pub fn test_pki() -> TestPki {
+    let ca_key = rcgen::KeyPair::generate().unwrap();
+    let mut ca = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    ca.distinguished_name
+        .push(rcgen::DnType::CommonName, "rampart egress test CA");
+    ca.key_usages = vec![rcgen::KeyUsagePurpose::KeyCertSign];
+    let ca = ca.self_signed(&ca_key).unwrap();
+    let names: Vec<String> = zone().keys().map(|s| s.to_string()).collect();
+    let key = rcgen::KeyPair::generate().unwrap();
+    let leaf = rcgen::CertificateParams::new(names)
+        .unwrap()
+        .signed_by(&key, &ca, &ca_key)
+        .unwrap();
+    let mut server = rustls::ServerConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(
+            vec![leaf.der().clone(), ca.der().clone()],
+            PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.serialize_der())),
+        )
+        .unwrap();
+    server.alpn_protocols = vec![b"http/1.1".to_vec()];
+    TestPki {
+        ca_pem: ca.pem(),
+        server: Arc::new(server),
+    }
+}
+
+/// What the internet saw.
+#[derive(Default)]
+pub struct Seen {
+    /// Every DNS question name that reached the test DNS server.
+    pub dns: Mutex<Vec<String>>,
+}
+
+/// Starts the DNS, HTTP and HTTPS servers in netns `inet`; they live until the process ends.
+pub fn start_world(inet: &str, pki: &TestPki) -> Arc<Seen> {
+    let seen = Arc::new(Seen::default());
+    let (tx, rx) = std::sync::mpsc::channel();
+    let s2 = seen.clone();
+    let server_cfg = pki.server.clone();
+    let ns = inet.to_string();
+    std::thread::spawn(move || {
+        enter(&ns);
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async move {
+            let udp = tokio::net::UdpSocket::bind("0.0.0.0:53").await.unwrap();
+            let http = tokio::net::TcpListener::bind("0.0.0.0:80").await.unwrap();
+            let https = tokio::net::TcpListener::bind("0.0.0.0:443").await.unwrap();
+            tokio::spawn(dns_server(udp, s2));
+            tokio::spawn(async move {
+                loop {
+                    let (s, _) = http.accept().await.unwrap();
+                    tokio::spawn(echo_http(s));
+                }
+            });
+            let acceptor = tokio_rustls::TlsAcceptor::from(server_cfg);
+            tokio::spawn(async move {
+                loop {
+                    let (s, _) = https.accept().await.unwrap();
+                    let acceptor = acceptor.clone();
+                    tokio::spawn(async move {
+                        if let Ok(t) = acceptor.accept(s).await {
+                            echo_http(t).await;
+                        }
+                    });
+                }
+            });
+            tx.send(()).unwrap();
+            std::future::pending::<()>().await;
+        });
+    });
+    rx.recv().unwrap();
+    seen
+}
+
+async fn dns_server(sock: tokio::net::UdpSocket, seen: Arc<Seen>) {
+    let zone = zone();
+    let mut buf = vec![0u8; 4096];
+    loop {
+        let (n, peer) = sock.recv_from(&mut buf).await.unwrap();
+        let Ok(q) = Message::from_vec(&buf[..n]) else {
+            continue;
+        };
+        let mut r = Message::new();
+        r.set_id(q.id())
+            .set_message_type(MessageType::Response)
+            .set_op_code(OpCode::Query)
+            .set_recursion_available(true);
+        for query in q.queries() {
+            r.add_query(query.clone());
+            let name = query.name().to_ascii().trim_end_matches('.').to_lowercase();
+            seen.dns.lock().unwrap().push(name.clone());
+            if let Some(ip) = zone.get(name.as_str()) {
+                if query.query_type() == RecordType::A {
+                    r.add_answer(Record::from_rdata(
+                        query.name().clone(),
+                        300,
+                        RData::A(A(ip.parse().unwrap())),
+                    ));
+                }
+            } else if name.ends_with(".tunnel.test") {
+                r.add_answer(Record::from_rdata(
+                    query.name().clone(),
+                    300,
+                    RData::TXT(TXT::new(vec!["leaked".into()])),
+                ));
+            } else {
+                r.set_response_code(ResponseCode::NXDomain);
+            }
+        }
+        let _ = sock.send_to(&r.to_vec().unwrap(), peer).await;
+    }
+}
+
+/// An HTTP/1.1 server answering each request with its head as the body; `GET /stream` sends a
+/// line every 20 ms forever.
+async fn echo_http<S>(s: S)
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
+    let (r, mut w) = tokio::io::split(s);
+    let mut r = tokio::io::BufReader::new(r);
+    loop {
+        let mut head = String::new();
+        loop {
+            let mut line = String::new();
+            if r.read_line(&mut line).await.unwrap_or(0) == 0 {
+                return;
+            }
+            head.push_str(&line);
+            if line == "\r\n" {
+                break;
+            }
+        }
+        let len = head
+            .lines()
+            .find_map(|l| {
+                l.to_ascii_lowercase()
+                    .strip_prefix("content-length:")
+                    .map(|v| v.trim().parse::<usize>().unwrap_or(0))
+            })
+            .unwrap_or(0);
+        let mut body = vec![0u8; len];
+        if r.read_exact(&mut body).await.is_err() {
+            return;
+        }
+        if head.starts_with("GET /stream") {
+            let _ = w
+                .write_all(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n\r\n")
+                .await;
+            loop {
+                if w.write_all(b"tick\n").await.is_err() {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+        let resp = format!(
+            "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: keep-alive\r\n\r\n{head}",
+            head.len()
+        );
+        if w.write_all(resp.as_bytes()).await.is_err() {
+            return;
+        }
+    }
+}
+
+// ---- blocking clients (run them inside the sandbox netns with `in_ns`) ----
+
+/// A DNS query over UDP (or TCP) to `server`; returns the rcode and the A addresses.
+pub fn dns_query(
+    server: &str,
+    name: &str,
+    qtype: RecordType,
+    tcp: bool,
+) -> (ResponseCode, Vec<IpAddr>) {
+    let mut m = Message::new();
+    let id: u16 = rand::random();
+    m.set_id(id)
+        .set_message_type(MessageType::Query)
+        .set_op_code(OpCode::Query)
+        .set_recursion_desired(true)
+        .add_query(Query::query(Name::from_ascii(name).unwrap(), qtype));
+    let bytes = m.to_vec().unwrap();
+    let resp = if tcp {
+        let mut s = TcpStream::connect(server).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let mut out = (bytes.len() as u16).to_be_bytes().to_vec();
+        out.extend_from_slice(&bytes);
+        s.write_all(&out).unwrap();
+        let mut len = [0u8; 2];
+        s.read_exact(&mut len).unwrap();
+        let mut buf = vec![0u8; u16::from_be_bytes(len) as usize];
+        s.read_exact(&mut buf).unwrap();
+        buf
+    } else {
+        let s = UdpSocket::bind("0.0.0.0:0").unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        s.connect(server).unwrap();
+        s.send(&bytes).unwrap();
+        let mut buf = vec![0u8; 4096];
+        let n = s.recv(&mut buf).unwrap();
+        buf.truncate(n);
+        buf
+    };
+    let r = Message::from_vec(&resp).unwrap();
+    assert_eq!(r.id(), id);
+    let addrs = r
+        .answers()
+        .iter()
+        .filter_map(|rec| match rec.data() {
+            RData::A(a) => Some(IpAddr::V4(a.0)),
+            _ => None,
+        })
+        .collect();
+    (r.response_code(), addrs)
+}
+
+/// Sends `request` on a plain TCP connection and returns what came back before EOF (or
+/// an error string). An empty answer means the proxy closed the connection.
+pub fn tcp_exchange(addr: SocketAddr, request: &[u8]) -> Result<String, String> {
+    let mut s =
+        TcpStream::connect_timeout(&addr, Duration::from_secs(10)).map_err(|e| e.to_string())?;
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    s.write_all(request).map_err(|e| e.to_string())?;
+    let mut out = Vec::new();
+    let mut buf = [0u8; 8192];
+    loop {
+        match s.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => {
+                out.extend_from_slice(&buf[..n]);
+                // One response is enough: stop at the end of its body.
+                if let Some(text) = complete_response(&out) {
+                    return Ok(text);
+                }
+            }
+            Err(e) if out.is_empty() => return Err(e.to_string()),
+            Err(_) => break,
+        }
+    }
+    Ok(String::from_utf8_lossy(&out).to_string())
+}
+
+fn complete_response(b: &[u8]) -> Option<String> {
+    let text = String::from_utf8_lossy(b).to_string();
+    let (head, body) = text.split_once("\r\n\r\n")?;
+    let len: usize = head.lines().find_map(|l| {
+        l.to_ascii_lowercase()
+            .strip_prefix("content-length:")
+            .map(|v| v.trim().parse().unwrap_or(0))
+    })?;
+    (body.len() >= len).then_some(text)
+}
+
+/// A GET over plain HTTP with the given Host and extra headers.
+pub fn http_get(ip: &str, host: &str, headers: &[(&str, &str)]) -> Result<String, String> {
+    let mut req = format!("GET / HTTP/1.1\r\nHost: {host}\r\n");
+    for (k, v) in headers {
+        req.push_str(&format!("{k}: {v}\r\n"));
+    }
+    req.push_str("\r\n");
+    tcp_exchange(format!("{ip}:80").parse().unwrap(), req.as_bytes())
+}
+
+/// A GET over HTTPS to `ip:443` with SNI `sni`, trusting only `roots_pem`.
+pub fn https_get(
+    ip: &str,
+    sni: &str,
+    roots_pem: &str,
+    headers: &[(&str, &str)],
+) -> Result<String, String> {
+    let mut roots = rustls::RootCertStore::empty();
+    for c in rustls::pki_types::pem::PemObject::pem_slice_iter(roots_pem.as_bytes()) {
+        let c: CertificateDer<'static> = c.unwrap();
+        roots.add(c).unwrap();
+    }
+    let cfg = rustls::ClientConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    let conn = rustls::ClientConnection::new(
+        Arc::new(cfg),
+        ServerName::try_from(sni.to_string()).unwrap(),
+    )
+    .unwrap();
+    let sock = TcpStream::connect_timeout(
+        &format!("{ip}:443").parse().unwrap(),
+        Duration::from_secs(10),
+    )
+    .map_err(|e| e.to_string())?;
+    sock.set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let mut tls = rustls::StreamOwned::new(conn, sock);
+    let mut req = format!("GET / HTTP/1.1\r\nHost: {sni}\r\n");
+    for (k, v) in headers {
+        req.push_str(&format!("{k}: {v}\r\n"));
+    }
+    req.push_str("\r\n");
+    tls.write_all(req.as_bytes()).map_err(|e| e.to_string())?;
+    let mut out = Vec::new();
+    let mut buf = [0u8; 8192];
+    loop {
+        match tls.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => {
+                out.extend_from_slice(&buf[..n]);
+                if let Some(text) = complete_response(&out) {
+                    return Ok(text);
+                }
+            }
+            Err(e) => return Err(e.to_string()),
+        }
+    }
+    Ok(String::from_utf8_lossy(&out).to_string())
+}
