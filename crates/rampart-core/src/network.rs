@@ -1,0 +1,572 @@
+//! Sandbox networks in the manager: the wiring (`rampart-net`: veth, addresses, the nftables
+//! table) and the enforcement (`rampart-egress`: DNS resolver, egress proxy, network log).
+//!
+//! Create with `network.mode != none`: the sandbox is attached to the egress proxy (its
+//! address is a function of its uid slot, so this happens before launch and the secrets'
+//! placeholders and the CA variables go into its environment), launched, wired (veth into
+//! its PID 1's network namespace) and, once its agent answers, given `/etc/resolv.conf`
+//! (nameserver: its gateway), `/etc/hosts` and, when it has secrets, the egress CA in its
+//! trust store. Any failure tears all of it down with the rest of the sandbox. Destroy
+//! detaches and unwires before the sandbox is killed. A restart re-attaches the live ones
+//! (re-wiring a link that went missing) and removes links and egress state of the others.
+//!
+//! The network of a daemon is unavailable (creates with a network answer 503, the rest
+//! works) when it is disabled, when another daemon on the host holds the same table, or when
+//! the proxy, the resolver or the table cannot be set up; the reason is logged and returned.
+
+use crate::manager::Inner;
+use crate::CoreError;
+use futures::StreamExt;
+use rampart_agent::client::AgentClient;
+use rampart_egress::{Attachment, Egress, EgressConfig};
+use rampart_net::{Net, NetConfig, NetHandle};
+use rampart_store::{SandboxRecord, StoredNetwork};
+use rampart_types::network::NetworkInfo;
+use rampart_types::{NetLogEntry, NetworkMode, NetworkPolicy, SandboxId, SandboxState, SecretSpec};
+use std::net::{IpAddr, SocketAddr};
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use tracing::{info, warn};
+
+/// Where the sandbox's trust store is.
+const CA_BUNDLE: &str = "/etc/ssl/certs/ca-certificates.crt";
+/// The egress CA alone, inside the sandbox.
+const CA_FILE: &str = "/usr/local/share/ca-certificates/rampart-egress.crt";
+/// Directory of the host-wide locks that keep two daemons off one table.
+const LOCK_DIR: &str = "/run/rampart";
+
+/// Network configuration of the daemon.
+#[derive(Debug, Clone)]
+pub struct NetworkConfig {
+    /// Whether sandboxes may have a network at all.
+    pub enabled: bool,
+    /// The sandbox address block (`10.201.0.0/16`), handed out as /31 pairs by uid slot.
+    pub pool: String,
+    /// Prefix of the host-side link names (`rsv`).
+    pub link_prefix: String,
+    /// The nftables table (`inet rampart`).
+    pub table: String,
+    /// Port of the DNS resolver (15053; 0: any free port).
+    pub dns_port: u16,
+    /// Port of the egress proxy (15001; 0: any free port).
+    pub proxy_port: u16,
+    /// Upstream DNS servers (empty: the host's `/etc/resolv.conf`).
+    pub upstream_dns: Vec<SocketAddr>,
+    /// Extra PEM roots the proxy trusts upstream (tests).
+    pub extra_upstream_roots: Vec<String>,
+}
+
+impl Default for NetworkConfig {
+    fn default() -> Self {
+        NetworkConfig {
+            enabled: true,
+            pool: rampart_net::DEFAULT_POOL.into(),
+            link_prefix: rampart_net::DEFAULT_LINK_PREFIX.into(),
+            table: rampart_net::DEFAULT_TABLE.into(),
+            dns_port: rampart_net::DEFAULT_DNS_PORT,
+            proxy_port: rampart_net::DEFAULT_PROXY_PORT,
+            upstream_dns: Vec::new(),
+            extra_upstream_roots: Vec::new(),
+        }
+    }
+}
+
+/// The daemon's network side.
+#[derive(Debug)]
+pub(crate) struct Network {
+    /// The wiring, when this daemon owns its table and link prefix (held lock).
+    net: Option<Net>,
+    /// The enforcement, when it started.
+    egress: Option<Egress>,
+    /// Why creates with a network are refused, if they are.
+    unavailable: Option<String>,
+    egress_dir: PathBuf,
+    _lock: Option<std::fs::File>,
+}
+
+/// What a create with a network has set up before launch.
+#[derive(Debug)]
+pub(crate) struct Prepared {
+    handle: NetHandle,
+    attachment: Attachment,
+    with_ca: bool,
+}
+
+impl Prepared {
+    /// Variables the sandbox starts with: secret placeholders and, with secrets, where the
+    /// trust store is.
+    pub(crate) fn env(&self) -> Vec<(String, String)> {
+        let mut env = self.attachment.env.clone();
+        if self.with_ca {
+            for k in ["SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE"] {
+                env.push((k.into(), CA_BUNDLE.into()));
+            }
+            env.push(("NODE_EXTRA_CA_CERTS".into(), CA_FILE.into()));
+        }
+        env
+    }
+}
+
+fn takes_lock(table: &str) -> Result<std::fs::File, String> {
+    std::fs::create_dir_all(LOCK_DIR).map_err(|e| format!("creating {LOCK_DIR}: {e}"))?;
+    let path = Path::new(LOCK_DIR).join(format!("net-{table}.lock"));
+    let f = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .map_err(|e| format!("opening {}: {e}", path.display()))?;
+    // SAFETY: flock(2) on an fd we own; LOCK_NB makes it return at once.
+    let r = unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+    if r != 0 {
+        return Err(format!(
+            "another daemon on this host uses the network table {table:?} ({} is locked); \
+             give this one its own table, link prefix and pool",
+            path.display()
+        ));
+    }
+    Ok(f)
+}
+
+impl Network {
+    /// Sets up what it can; never fails (the reason goes into `unavailable`).
+    pub(crate) async fn start(cfg: &NetworkConfig, data_dir: &Path) -> Network {
+        let mut n = Network {
+            net: None,
+            egress: None,
+            unavailable: None,
+            egress_dir: data_dir.join("egress"),
+            _lock: None,
+        };
+        if !cfg.enabled {
+            n.unavailable = Some("networking is disabled in the daemon's configuration".into());
+            return n;
+        }
+        if let Err(e) = n.try_start(cfg).await {
+            warn!("sandbox networks are unavailable: {e}");
+            n.unavailable = Some(e);
+        }
+        n
+    }
+
+    async fn try_start(&mut self, cfg: &NetworkConfig) -> Result<(), String> {
+        let pool = rampart_net::AddressPool::parse(&cfg.pool).map_err(|e| e.to_string())?;
+        let mut net_cfg = NetConfig {
+            pool,
+            link_prefix: cfg.link_prefix.clone(),
+            table: cfg.table.clone(),
+            dns_port: cfg.dns_port.max(1),
+            proxy_port: cfg.proxy_port.max(2),
+        };
+        Net::new(net_cfg.clone()).map_err(|e| e.to_string())?;
+        self._lock = Some(takes_lock(&cfg.table)?);
+        let egress = Egress::start(EgressConfig {
+            proxy_port: cfg.proxy_port,
+            dns_port: cfg.dns_port,
+            upstream_dns: cfg.upstream_dns.clone(),
+            extra_upstream_roots: cfg.extra_upstream_roots.clone(),
+            state_dir: self.egress_dir.clone(),
+            blocked: vec![pool.to_string()],
+            ..EgressConfig::default()
+        })
+        .await;
+        let egress = match egress {
+            Ok(e) => e,
+            Err(e) => {
+                // The links of this table are still ours to clean up.
+                self.net = Net::new(net_cfg).ok();
+                return Err(format!("starting the egress proxy: {e}"));
+            }
+        };
+        net_cfg.dns_port = egress.dns_port();
+        net_cfg.proxy_port = egress.proxy_port();
+        let net = Net::new(net_cfg).map_err(|e| e.to_string())?;
+        let n2 = net.clone();
+        let installed = tokio::task::spawn_blocking(move || n2.install_firewall())
+            .await
+            .map_err(|e| format!("installing the firewall: {e}"))?;
+        self.net = Some(net);
+        installed.map_err(|e| e.to_string())?;
+        info!(
+            pool = %cfg.pool,
+            table = %cfg.table,
+            proxy_port = egress.proxy_port(),
+            dns_port = egress.dns_port(),
+            "sandbox networks ready"
+        );
+        self.egress = Some(egress);
+        Ok(())
+    }
+
+    /// Whether creates with a network work.
+    pub(crate) fn available(&self) -> bool {
+        self.unavailable.is_none()
+    }
+
+    fn ready(&self) -> Result<(&Net, &Egress), CoreError> {
+        match (&self.net, &self.egress, &self.unavailable) {
+            (Some(n), Some(e), None) => Ok((n, e)),
+            (_, _, why) => Err(CoreError::Unsupported(format!(
+                "sandbox networks are unavailable on this daemon: {}",
+                why.as_deref().unwrap_or("not started")
+            ))),
+        }
+    }
+
+    /// The egress service (None when networks are unavailable).
+    pub(crate) fn egress(&self) -> Option<&Egress> {
+        self.egress.as_ref().filter(|_| self.unavailable.is_none())
+    }
+
+    /// The handle of a slot, when the wiring is configured.
+    pub(crate) fn handle(&self, slot: u32) -> Option<NetHandle> {
+        self.net.as_ref()?.handle(slot).ok()
+    }
+
+    /// Checks a create's network fields. None: the sandbox gets no network.
+    pub(crate) fn check(
+        &self,
+        policy: Option<&NetworkPolicy>,
+        secrets: &[SecretSpec],
+    ) -> Result<Option<StoredNetwork>, CoreError> {
+        let policy = policy.cloned().unwrap_or_default();
+        if policy.mode == NetworkMode::None {
+            if !secrets.is_empty() {
+                return Err(bad(
+                    "secrets",
+                    "secrets need a network: set network.mode to allowlist or open",
+                ));
+            }
+            if !policy.allow.is_empty() || !policy.deny.is_empty() {
+                return Err(bad(
+                    "network",
+                    "allow and deny rules need network.mode allowlist or open",
+                ));
+            }
+            return Ok(None);
+        }
+        rampart_egress::validate_policy(&policy).map_err(|e| bad("network", &e.to_string()))?;
+        rampart_egress::validate_secrets(secrets).map_err(|e| bad("secrets", &e.to_string()))?;
+        self.ready()?;
+        Ok(Some(StoredNetwork {
+            policy,
+            secrets: secrets.to_vec(),
+        }))
+    }
+
+    /// Attaches a sandbox to the egress proxy (before launch: its address is its slot's).
+    pub(crate) fn prepare(
+        &self,
+        id: &SandboxId,
+        slot: u32,
+        net: &StoredNetwork,
+    ) -> Result<Prepared, CoreError> {
+        let (wiring, egress) = self.ready()?;
+        let handle = wiring
+            .handle(slot)
+            .map_err(|e| CoreError::Capacity(e.to_string()))?;
+        let attachment = egress
+            .attach(
+                id.as_str(),
+                IpAddr::V4(handle.address),
+                IpAddr::V4(handle.gateway),
+                net.policy.clone(),
+                net.secrets.clone(),
+            )
+            .map_err(|e| CoreError::Internal(format!("attaching to the egress proxy: {e}")))?;
+        Ok(Prepared {
+            handle,
+            attachment,
+            with_ca: !net.secrets.is_empty(),
+        })
+    }
+
+    /// Wires the sandbox's network namespace (its PID 1 is `pid`).
+    pub(crate) async fn wire(&self, slot: u32, pid: i32) -> Result<NetHandle, CoreError> {
+        let (wiring, _) = self.ready()?;
+        let w = wiring.clone();
+        tokio::task::spawn_blocking(move || w.wire(pid, slot))
+            .await
+            .map_err(|e| CoreError::Internal(format!("wiring the network: task failed: {e}")))?
+            .map_err(|e| CoreError::Internal(format!("wiring the network: {e}")))
+    }
+
+    /// Files the sandbox needs once its agent answers: resolv.conf, hosts and, with secrets,
+    /// the egress CA in its trust store.
+    pub(crate) async fn configure_inside(
+        &self,
+        client: &AgentClient,
+        p: &Prepared,
+        hostname: &str,
+        template_dir: &Path,
+    ) -> Result<(), CoreError> {
+        let resolv = format!("nameserver {}\noptions edns0\n", p.handle.gateway);
+        let hosts = format!(
+            "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n{}\t{hostname}\n",
+            p.handle.address
+        );
+        let mut files = vec![
+            ("/etc/resolv.conf".to_owned(), resolv.into_bytes()),
+            ("/etc/hosts".to_owned(), hosts.into_bytes()),
+        ];
+        if p.with_ca {
+            let ca = p.attachment.ca_cert_pem.clone();
+            let tmpl = template_dir.join("rootfs/etc/ssl/certs/ca-certificates.crt");
+            let mut bundle = tokio::fs::read(&tmpl)
+                .await
+                .or(std::fs::read(CA_BUNDLE))
+                .unwrap_or_default();
+            if !bundle.is_empty() && !bundle.ends_with(b"\n") {
+                bundle.push(b'\n');
+            }
+            bundle.extend_from_slice(ca.as_bytes());
+            files.push((CA_BUNDLE.to_owned(), bundle));
+            files.push((CA_FILE.to_owned(), ca.into_bytes()));
+        }
+        let writes = files.into_iter().map(|(path, data)| {
+            let client = client.clone();
+            async move {
+                let body =
+                    futures::stream::once(async move { Ok(bytes::Bytes::from(data)) }).boxed();
+                client
+                    .write_file(&path, Some("root"), body)
+                    .await
+                    .map_err(|e| CoreError::Internal(format!("writing {path} in the sandbox: {e}")))
+            }
+        });
+        for r in futures::future::join_all(writes).await {
+            r?;
+        }
+        Ok(())
+    }
+
+    /// Detaches a sandbox from the egress proxy and removes its link. Idempotent.
+    pub(crate) async fn teardown(&self, id: &SandboxId, slot: u32) {
+        if let Some(e) = &self.egress {
+            e.detach(id.as_str());
+        }
+        let Some(net) = self.net.clone() else {
+            return;
+        };
+        match tokio::task::spawn_blocking(move || net.unwire(slot)).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => warn!(id = %id, "removing the sandbox's link: {e}"),
+            Err(e) => warn!(id = %id, "removing the sandbox's link: task failed: {e}"),
+        }
+    }
+}
+
+fn bad(field: &str, message: &str) -> CoreError {
+    CoreError::BadRequest {
+        field: field.into(),
+        message: message.into(),
+    }
+}
+
+fn networked(net: &Option<StoredNetwork>) -> bool {
+    net.as_ref().is_some_and(|n| n.policy.mode != NetworkMode::None)
+}
+
+impl Inner {
+    /// Tears down the network of a sandbox that has one (by its stored policy).
+    pub(crate) async fn network_teardown(&self, id: &SandboxId, slot: u32) {
+        match self.store().network(id) {
+            Ok(n) if networked(&n) => self.network.teardown(id, slot).await,
+            Ok(_) => {}
+            Err(e) => {
+                warn!(id = %id, "reading the sandbox's network settings: {e}; tearing down anyway");
+                self.network.teardown(id, slot).await;
+            }
+        }
+    }
+
+    /// After a restart: attaches a re-attached sandbox to the egress proxy again and re-wires
+    /// its link if it went missing.
+    pub(crate) async fn network_reattach(&self, rec: &SandboxRecord) {
+        let net = match self.store().network(&rec.id) {
+            Ok(n) if networked(&n) => n,
+            Ok(_) => return,
+            Err(e) => {
+                warn!(id = %rec.id, "reading the sandbox's network settings: {e}");
+                return;
+            }
+        };
+        let Some(net) = net else { return };
+        let prepared = match self.network.prepare(&rec.id, rec.uid_slot, &net) {
+            Ok(p) => p,
+            Err(e) => {
+                warn!(id = %rec.id, "re-attaching to the egress proxy: {e}; its connections are refused");
+                return;
+            }
+        };
+        let link = std::path::Path::new("/sys/class/net").join(&prepared.handle.host_if);
+        if !link.exists() {
+            if let Some(pid) = rec.pid {
+                match self.network.wire(rec.uid_slot, pid).await {
+                    Ok(_) => info!(id = %rec.id, "re-wired a sandbox whose link was missing"),
+                    Err(e) => warn!(id = %rec.id, "re-wiring the sandbox: {e}"),
+                }
+            }
+        }
+    }
+
+    /// After a restart: removes links and egress state of sandboxes that are not alive.
+    pub(crate) async fn network_leftovers(&self) {
+        let alive: Vec<SandboxRecord> = match self.store().alive() {
+            Ok(a) => a,
+            Err(e) => {
+                warn!("listing alive sandboxes for network cleanup: {e}");
+                return;
+            }
+        };
+        let slots: Vec<u32> = alive.iter().map(|r| r.uid_slot).collect();
+        if let Some(net) = self.network.net.clone() {
+            let removed = tokio::task::spawn_blocking(move || -> Vec<String> {
+                let mut done = Vec::new();
+                match net.leftovers(&slots) {
+                    Ok(links) => {
+                        for l in links {
+                            match net.remove_link(&l) {
+                                Ok(()) => done.push(l),
+                                Err(e) => warn!(link = %l, "removing a leftover link: {e}"),
+                            }
+                        }
+                    }
+                    Err(e) => warn!("listing leftover links: {e}"),
+                }
+                done
+            })
+            .await
+            .unwrap_or_default();
+            for l in removed {
+                info!(link = %l, "removed a leftover sandbox link");
+            }
+        }
+        if let (Some(e), Ok(rd)) = (&self.network.egress, std::fs::read_dir(&self.network.egress_dir)) {
+            for ent in rd.flatten() {
+                let name = ent.file_name().to_string_lossy().into_owned();
+                if !alive.iter().any(|r| r.id.as_str() == name) {
+                    e.detach(&name);
+                }
+            }
+        }
+    }
+
+    /// `GET /v1/sandboxes/{id}/network`.
+    pub(crate) fn network_info(&self, id: &SandboxId) -> Result<NetworkInfo, CoreError> {
+        let rec = self
+            .store()
+            .get(id)
+            .map_err(store_err)?
+            .ok_or_else(|| CoreError::NotFound(id.to_string()))?;
+        let stored = self.store().network(id).map_err(store_err)?;
+        let policy = stored.as_ref().map(|n| n.policy.clone()).unwrap_or_default();
+        let handle = (rec.state.is_alive() && policy.mode != NetworkMode::None)
+            .then(|| self.network.handle(rec.uid_slot))
+            .flatten();
+        Ok(NetworkInfo {
+            policy,
+            address: handle.as_ref().map(|h| h.address.to_string()),
+            gateway: handle.as_ref().map(|h| h.gateway.to_string()),
+        })
+    }
+
+    /// `PUT /v1/sandboxes/{id}/network`: replaces the policy of a running sandbox. Between
+    /// two modes with a network the egress proxy applies it at once (live connections it now
+    /// denies are cut); from `none` the sandbox is wired now, and to `none` unwired.
+    pub(crate) async fn set_network(
+        self: &Arc<Self>,
+        id: &SandboxId,
+        policy: NetworkPolicy,
+    ) -> Result<NetworkInfo, CoreError> {
+        let op = self.op_lock(id);
+        let _guard = op.lock().await;
+        let client = self.agent(id)?;
+        let rec = self
+            .store()
+            .get(id)
+            .map_err(store_err)?
+            .ok_or_else(|| CoreError::NotFound(id.to_string()))?;
+        if rec.state != SandboxState::Running {
+            return Err(CoreError::WrongState {
+                id: id.to_string(),
+                state: rec.state.as_str().into(),
+            });
+        }
+        let old = self.store().network(id).map_err(store_err)?;
+        let secrets = old.as_ref().map(|n| n.secrets.clone()).unwrap_or_default();
+        let was = networked(&old);
+        let new = self.network.check(Some(&policy), &[])?;
+        match (was, new.is_some()) {
+            (true, true) => {
+                let (_, egress) = self.network.ready()?;
+                egress
+                    .set_policy(id.as_str(), policy.clone())
+                    .map_err(|e| CoreError::Internal(format!("egress policy: {e}")))?;
+            }
+            (false, true) => {
+                let stored = StoredNetwork {
+                    policy: policy.clone(),
+                    secrets: Vec::new(),
+                };
+                let p = self.network.prepare(id, rec.uid_slot, &stored)?;
+                let pid = rec
+                    .pid
+                    .ok_or_else(|| CoreError::Internal("running sandbox without a pid".into()))?;
+                let wired = match self.network.wire(rec.uid_slot, pid).await {
+                    Ok(_) => {
+                        self.network
+                            .configure_inside(
+                                &client,
+                                &p,
+                                id.as_str(),
+                                &self.templates_dir().join(&rec.template),
+                            )
+                            .await
+                    }
+                    Err(e) => Err(e),
+                };
+                if let Err(e) = wired {
+                    self.network.teardown(id, rec.uid_slot).await;
+                    return Err(e);
+                }
+            }
+            (true, false) => self.network.teardown(id, rec.uid_slot).await,
+            (false, false) => {}
+        }
+        self.store()
+            .set_network(id, &StoredNetwork { policy, secrets })
+            .map_err(store_err)?;
+        self.network_info(id)
+    }
+
+    /// `GET /v1/sandboxes/{id}/network/log`: entries with `seq > after`, at most `limit`.
+    /// Empty for a sandbox without network, or once it has ended.
+    pub(crate) fn network_log(
+        &self,
+        id: &SandboxId,
+        after: u64,
+        limit: usize,
+    ) -> Result<Vec<NetLogEntry>, CoreError> {
+        self.get(id)?;
+        Ok(self
+            .network
+            .egress()
+            .and_then(|e| e.log(id.as_str(), after, limit))
+            .unwrap_or_default())
+    }
+
+    /// New network log entries of a sandbox as they happen (None: no network log).
+    pub(crate) fn network_subscribe(
+        &self,
+        id: &SandboxId,
+    ) -> Result<Option<tokio::sync::broadcast::Receiver<NetLogEntry>>, CoreError> {
+        self.get(id)?;
+        Ok(self.network.egress().and_then(|e| e.subscribe(id.as_str())))
+    }
+}
+
+fn store_err(e: rampart_store::StoreError) -> CoreError {
+    CoreError::Internal(format!("state store: {e}"))
+}

@@ -1,0 +1,175 @@
+//! The network API: a sandbox's policy (read, replace) and its network log (paged or
+//! followed).
+
+use crate::error::ApiError;
+use crate::extract::{ApiJson, ApiQuery, SandboxPath};
+use crate::AppState;
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::header::{CACHE_CONTROL, CONTENT_TYPE};
+use axum::http::HeaderValue;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use bytes::Bytes;
+use rampart_types::network::{NetLogPage, NetworkInfo};
+use rampart_types::{ApiErrorBody, NetworkPolicy};
+use serde::Deserialize;
+use std::convert::Infallible;
+use std::time::Duration;
+use tokio::sync::broadcast::error::RecvError;
+
+/// Default page size of `GET /v1/sandboxes/{id}/network/log`.
+pub const DEFAULT_NET_LOG_PAGE: usize = 1000;
+/// Largest page size.
+pub const MAX_NET_LOG_PAGE: usize = 10_000;
+
+/// `?after=&limit=&follow=`.
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub(crate) struct NetLogQuery {
+    /// Only entries with a larger `seq` (default: from the first kept).
+    #[serde(default)]
+    after: Option<u64>,
+    /// Most entries per page (default 1000, at most 10000).
+    #[serde(default)]
+    limit: Option<usize>,
+    /// `1` or `true`: stream NDJSON, one entry per line, as they happen, until the sandbox
+    /// has ended (or the client leaves).
+    #[serde(default)]
+    follow: Option<String>,
+}
+
+/// `GET /v1/sandboxes/{id}/network`: the policy in force and the sandbox's addresses.
+#[utoipa::path(get, path = "/v1/sandboxes/{id}/network", tag = "network",
+    params(("id" = String, Path, description = "Sandbox id")),
+    responses(
+        (status = 200, description = "The policy and addresses", body = NetworkInfo),
+        (status = 404, description = "No such sandbox", body = ApiErrorBody),
+    ))]
+pub(crate) async fn get(
+    State(st): State<AppState>,
+    SandboxPath(id): SandboxPath,
+) -> Result<Json<NetworkInfo>, ApiError> {
+    Ok(Json(st.backend.network(&id)?))
+}
+
+/// `PUT /v1/sandboxes/{id}/network`: replaces the policy of a running sandbox. New
+/// connections obey it at once; live connections it denies are cut. Changing from or to
+/// mode `none` adds or removes the sandbox's network link.
+#[utoipa::path(put, path = "/v1/sandboxes/{id}/network", tag = "network",
+    params(("id" = String, Path, description = "Sandbox id")),
+    request_body = NetworkPolicy,
+    responses(
+        (status = 200, description = "The policy now in force", body = NetworkInfo),
+        (status = 400, description = "Bad policy (unknown key, bad rule)", body = ApiErrorBody),
+        (status = 404, description = "No such sandbox", body = ApiErrorBody),
+        (status = 409, description = "The sandbox is not running", body = ApiErrorBody),
+        (status = 503, description = "Sandbox networks are unavailable on this daemon", body = ApiErrorBody),
+    ))]
+pub(crate) async fn put(
+    State(st): State<AppState>,
+    SandboxPath(id): SandboxPath,
+    ApiJson(policy): ApiJson<NetworkPolicy>,
+) -> Result<Json<NetworkInfo>, ApiError> {
+    Ok(Json(st.backend.set_network(&id, policy).await?))
+}
+
+fn is_true(v: Option<&str>) -> bool {
+    matches!(v, Some("1" | "true" | "yes"))
+}
+
+/// `GET /v1/sandboxes/{id}/network/log`: every DNS answer and connection decision of the
+/// sandbox (time, name, address, port, verdict, the rule that decided, bytes), paged; with
+/// `?follow=1`, an NDJSON stream of entries as they happen.
+#[utoipa::path(get, path = "/v1/sandboxes/{id}/network/log", tag = "network",
+    params(("id" = String, Path, description = "Sandbox id"), NetLogQuery),
+    responses(
+        (status = 200, description = "A page of entries (or, with follow, NDJSON lines of entries)", body = NetLogPage),
+        (status = 400, description = "Bad query", body = ApiErrorBody),
+        (status = 404, description = "No such sandbox", body = ApiErrorBody),
+    ))]
+pub(crate) async fn log(
+    State(st): State<AppState>,
+    SandboxPath(id): SandboxPath,
+    ApiQuery(q): ApiQuery<NetLogQuery>,
+) -> Result<Response, ApiError> {
+    let limit = q.limit.unwrap_or(DEFAULT_NET_LOG_PAGE);
+    if !(1..=MAX_NET_LOG_PAGE).contains(&limit) {
+        return Err(ApiError::bad_request(format!(
+            "limit: must be 1 to {MAX_NET_LOG_PAGE}"
+        )));
+    }
+    let after = q.after.unwrap_or(0);
+    if !is_true(q.follow.as_deref()) {
+        let entries = st.backend.network_log(&id, after, limit)?;
+        return Ok(Json(NetLogPage { entries }).into_response());
+    }
+    // Subscribe before reading the backlog, so no entry falls between the two.
+    let mut sub = st.backend.network_subscribe(&id)?;
+    let backend = st.backend.clone();
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, Infallible>>(64);
+    tokio::spawn(async move {
+        let mut after = after;
+        let line = |e: &rampart_types::NetLogEntry| {
+            let mut l = serde_json::to_vec(e).unwrap_or_default();
+            l.push(b'\n');
+            Bytes::from(l)
+        };
+        loop {
+            // The backlog (or what a lagging receiver missed).
+            loop {
+                let page = match backend.network_log(&id, after, MAX_NET_LOG_PAGE) {
+                    Ok(p) => p,
+                    Err(_) => return,
+                };
+                let n = page.len();
+                for e in &page {
+                    after = e.seq;
+                    if tx.send(Ok(line(e))).await.is_err() {
+                        return;
+                    }
+                }
+                if n < MAX_NET_LOG_PAGE {
+                    break;
+                }
+            }
+            let Some(rx) = sub.as_mut() else {
+                return;
+            };
+            loop {
+                let got = tokio::select! {
+                    r = rx.recv() => Some(r),
+                    () = tokio::time::sleep(Duration::from_secs(1)) => None,
+                    () = tx.closed() => return,
+                };
+                match got {
+                    Some(Ok(e)) => {
+                        if e.seq <= after {
+                            continue;
+                        }
+                        after = e.seq;
+                        if tx.send(Ok(line(&e))).await.is_err() {
+                            return;
+                        }
+                    }
+                    Some(Err(RecvError::Lagged(_))) => break,
+                    Some(Err(RecvError::Closed)) => return,
+                    None => {
+                        let alive = backend.get(&id).map(|i| i.state.is_alive()).unwrap_or(false);
+                        if !alive {
+                            return;
+                        }
+                    }
+                }
+            }
+        }
+    });
+    let stream =
+        futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|c| (c, rx)) });
+    let mut resp = Body::from_stream(stream).into_response();
+    let h = resp.headers_mut();
+    h.insert(CONTENT_TYPE, HeaderValue::from_static("application/x-ndjson"));
+    h.insert(CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    Ok(resp)
+}
