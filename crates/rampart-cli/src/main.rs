@@ -52,6 +52,9 @@ enum Command {
     Resume(commands::sandbox::PauseArgs),
     /// Set a sandbox's deadline to SECS seconds from now.
     Timeout(commands::sandbox::TimeoutArgs),
+    /// A sandbox's network: `net set ID --net-mode M --allow R --deny R`, `net show ID`,
+    /// `net log ID [--follow]`.
+    Net(commands::net::NetArgs),
     /// Manage the API keys of the E2B-compatible API (on the daemon's host).
     Keys(commands::keys::KeysArgs),
     /// The signed record of what ran in a sandbox: show, export, verify.
@@ -115,6 +118,7 @@ fn main() -> ExitCode {
             Command::Pause(a) => commands::sandbox::pause(&host, a, false).await,
             Command::Resume(a) => commands::sandbox::pause(&host, a, true).await,
             Command::Audit(a) => commands::audit::audit(&host, a).await,
+            Command::Net(a) => commands::net::net(&host, a).await,
             Command::Replay(a) => commands::replay::replay(&host, a).await,
             Command::Bench(_) | Command::Keys(_) => {
                 unreachable!("bench and keys run before the runtime starts")

@@ -14,11 +14,13 @@ mod interpreter;
 mod isolation;
 mod manager;
 mod metrics;
+mod network;
 mod proc;
 pub mod validate;
 
 pub use audit::AuditConfig;
 pub use isolation::{Isolation, IsolationError, LaunchSpec, Launched, Usage};
+pub use network::NetworkConfig;
 
 use rampart_agent::client::{AgentClient, ClientError};
 use rampart_types::audit as audit_types;
@@ -97,6 +99,8 @@ pub struct CoreConfig {
     pub uid_slots: u32,
     /// The audit record: on/off, blob cap, publication interval.
     pub audit: AuditConfig,
+    /// Sandbox networks: address pool, nftables table, egress ports.
+    pub network: NetworkConfig,
 }
 
 impl CoreConfig {
@@ -126,6 +130,7 @@ impl CoreConfig {
             uid_range_start: 1 << 29,
             uid_slots: 1024,
             audit: AuditConfig::default(),
+            network: NetworkConfig::default(),
         }
     }
 }
@@ -430,6 +435,41 @@ impl Manager {
     /// Prometheus text exposition of the daemon's metrics.
     pub fn metrics_text(&self) -> String {
         self.inner.metrics_text()
+    }
+    /// Whether sandboxes can have a network on this daemon (see `docs/network.md`).
+    pub fn network_available(&self) -> bool {
+        self.inner.network.available()
+    }
+    /// A sandbox's network policy and addresses.
+    pub fn network(&self, id: &SandboxId) -> Result<rampart_types::network::NetworkInfo, CoreError> {
+        self.inner.network_info(id)
+    }
+    /// Replaces a running sandbox's network policy; new connections obey it at once and live
+    /// connections it denies are cut. From or to mode `none` the sandbox is (un)wired.
+    pub async fn set_network(
+        &self,
+        id: &SandboxId,
+        policy: rampart_types::NetworkPolicy,
+    ) -> Result<rampart_types::network::NetworkInfo, CoreError> {
+        self.inner.set_network(id, policy).await
+    }
+    /// A sandbox's network log entries with `seq > after`, at most `limit` (empty without a
+    /// network, or once the sandbox has ended).
+    pub fn network_log(
+        &self,
+        id: &SandboxId,
+        after: u64,
+        limit: usize,
+    ) -> Result<Vec<rampart_types::NetLogEntry>, CoreError> {
+        self.inner.network_log(id, after, limit)
+    }
+    /// New network log entries as they happen (None when the sandbox has no network log).
+    pub fn network_subscribe(
+        &self,
+        id: &SandboxId,
+    ) -> Result<Option<tokio::sync::broadcast::Receiver<rampart_types::NetLogEntry>>, CoreError>
+    {
+        self.inner.network_subscribe(id)
     }
     /// Stops the reaper; sandboxes keep running (a restarted daemon re-attaches).
     pub async fn shutdown(&self) {

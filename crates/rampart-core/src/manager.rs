@@ -116,6 +116,8 @@ pub(crate) struct Inner {
     metrics: Metrics,
     tasks: Mutex<Vec<AbortHandle>>,
     stopped: AtomicBool,
+    /// Sandbox networks (wiring and egress).
+    pub(crate) network: crate::network::Network,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -278,6 +280,7 @@ impl Inner {
             warn!("cannot become a child subreaper ({e}); sandbox init processes will be reaped by the system");
         }
         let metrics = Metrics::new().map_err(|e| CoreError::Internal(format!("metrics: {e}")))?;
+        let network = crate::network::Network::start(&cfg.network, &cfg.data_dir).await;
         let inner = Arc::new(Inner {
             cfg,
             store,
@@ -291,6 +294,7 @@ impl Inner {
             metrics,
             tasks: Mutex::new(Vec::new()),
             stopped: AtomicBool::new(false),
+            network,
         });
         inner.recover().await?;
         match inner.store.prune_ended(now_ms() - HISTORY_MS) {
@@ -322,7 +326,7 @@ impl Inner {
         self.iso.shutdown();
     }
 
-    fn op_lock(&self, id: &SandboxId) -> Arc<tokio::sync::Mutex<()>> {
+    pub(crate) fn op_lock(&self, id: &SandboxId) -> Arc<tokio::sync::Mutex<()>> {
         lock(&self.locks).entry(id.clone()).or_default().clone()
     }
 
@@ -332,10 +336,12 @@ impl Inner {
         for rec in alive {
             if rec.state == SandboxState::Running && self.try_reattach(&rec).await {
                 info!(id = %rec.id, "re-attached to running sandbox");
+                self.network_reattach(&rec).await;
                 continue;
             }
             if rec.state == SandboxState::Paused && self.try_reattach_paused(&rec).await {
                 info!(id = %rec.id, "re-attached to paused sandbox");
+                self.network_reattach(&rec).await;
                 continue;
             }
             let (state, reason) = if rec.state == SandboxState::Creating {
@@ -357,6 +363,7 @@ impl Inner {
                     }
                 }
             }
+            self.network_teardown(&rec.id, rec.uid_slot).await;
             if let Err(e) = self.iso_destroy(&rec.id).await {
                 error!(id = %rec.id, "recovery could not clean up sandbox: {e}");
                 continue;
@@ -368,6 +375,7 @@ impl Inner {
                 .inc();
             info!(id = %rec.id, reason, "cleaned up sandbox left by a previous run");
         }
+        self.network_leftovers().await;
         let iso = self.iso.clone();
         let leftovers = tokio::task::spawn_blocking(move || iso.leftovers())
             .await
@@ -680,6 +688,13 @@ impl Inner {
                 return Err(e);
             }
         };
+        let net = match self.network.check(req.network.as_ref(), &req.secrets) {
+            Ok(n) => n,
+            Err(e) => {
+                self.metrics.creates.with_label_values(&["rejected"]).inc();
+                return Err(e);
+            }
+        };
         let created = now_ms();
         let new = NewSandbox {
             id: SandboxId::generate(),
@@ -711,9 +726,9 @@ impl Inner {
         };
         let on_timeout = req.on_timeout.unwrap_or_default();
         let res = match on_timeout {
-            OnTimeout::Destroy => self.launch(&new, slot, on_timeout).await,
+            OnTimeout::Destroy => self.launch(&new, slot, on_timeout, net.as_ref()).await,
             OnTimeout::Pause => match self.store.set_on_timeout(&id, on_timeout) {
-                Ok(()) => self.launch(&new, slot, on_timeout).await,
+                Ok(()) => self.launch(&new, slot, on_timeout, net.as_ref()).await,
                 Err(e) => Err(db(e)),
             },
         };
@@ -730,6 +745,9 @@ impl Inner {
             Err(e) => {
                 self.metrics.creates.with_label_values(&["error"]).inc();
                 warn!(id = %id, "sandbox create failed: {e}");
+                if net.is_some() {
+                    self.network.teardown(&id, slot).await;
+                }
                 if let Err(de) = self.iso_destroy(&id).await {
                     error!(id = %id, "cleaning up a failed create: {de}");
                 }
@@ -751,16 +769,28 @@ impl Inner {
         new: &NewSandbox,
         slot: u32,
         on_timeout: OnTimeout,
+        net: Option<&rampart_store::StoredNetwork>,
     ) -> Result<SandboxInfo, CoreError> {
         let uid_base = uid_base(self.cfg.uid_range_start, slot, self.cfg.uid_slots)
             .ok_or_else(|| CoreError::Capacity(format!("uid slot {slot} is out of range")))?;
+        let prepared = match net {
+            Some(n) => {
+                self.store.set_network(&new.id, n).map_err(db)?;
+                Some(self.network.prepare(&new.id, slot, n)?)
+            }
+            None => None,
+        };
+        let mut env = launch_env(&new.env);
+        if let Some(p) = &prepared {
+            env.extend(p.env());
+        }
         let spec = LaunchSpec {
             id: new.id.clone(),
             template_dir: self.templates_dir.join(&new.template),
             uid_base,
             limits: new.limits.clone(),
             hostname: new.id.to_string(),
-            env: launch_env(&new.env),
+            env,
         };
         let t0 = Instant::now();
         let iso = self.iso.clone();
@@ -778,11 +808,20 @@ impl Inner {
                 CoreError::Internal(format!("the sandbox's init (pid {pid}) exited at start"))
             })?
             .start_time;
+        if prepared.is_some() {
+            self.network.wire(slot, pid).await?;
+        }
         let launched_at = Instant::now();
         let client = AgentClient::new(launched.agent_socket.clone());
         wait_health(&client, HEALTH_DEADLINE).await?;
         if new.template == interpreter::TEMPLATE {
             interpreter::start(&client).await?;
+        }
+        if let Some(p) = &prepared {
+            let tdir = self.templates_dir.join(&new.template);
+            self.network
+                .configure_inside(&client, p, new.id.as_str(), &tdir)
+                .await?;
         }
         let healthy_at = Instant::now();
         let sock = launched.agent_socket.to_string_lossy().into_owned();
@@ -870,6 +909,7 @@ impl Inner {
                 .set_state(id, SandboxState::Stopping, None, None)
                 .map_err(db)?;
         }
+        self.network_teardown(id, rec.uid_slot).await;
         if let Err(e) = self.iso_destroy(id).await {
             error!(id = %id, "destroy failed: {e}; will retry");
             if let Some(l) = lock(&self.live).get_mut(id) {
@@ -1143,6 +1183,14 @@ impl Inner {
 
     pub(crate) fn data_dir(&self) -> &std::path::Path {
         &self.cfg.data_dir
+    }
+
+    pub(crate) fn store(&self) -> &Arc<dyn SandboxStore> {
+        &self.store
+    }
+
+    pub(crate) fn templates_dir(&self) -> &std::path::Path {
+        &self.templates_dir
     }
 
     /// Records an `exec` (before the process starts) and returns what its `exit` needs.

@@ -144,19 +144,6 @@ pub fn check_create(
 /// Refuses (fail closed) the create fields whose implementation has not landed, so a policy
 /// is never silently ignored. Each is removed from here when it is enforced.
 fn check_not_yet(req: &CreateSandbox) -> Result<(), CoreError> {
-    if req
-        .network
-        .as_ref()
-        .is_some_and(|n| n.mode != rampart_types::NetworkMode::None)
-    {
-        return Err(bad(
-            "network",
-            "network modes other than none are not supported yet",
-        ));
-    }
-    if !req.secrets.is_empty() {
-        return Err(bad("secrets", "secrets are not supported yet"));
-    }
     if req.snapshot.is_some() {
         return Err(bad("snapshot", "snapshots are not supported yet"));
     }

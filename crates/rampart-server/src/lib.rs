@@ -12,6 +12,7 @@ mod exec;
 mod extract;
 mod files;
 mod metrics;
+mod network;
 mod openapi;
 mod sandboxes;
 
@@ -173,6 +174,50 @@ pub trait Backend: Send + Sync + 'static {
             })
         })
     }
+    /// See [`Manager::network`]. The default has no networks.
+    fn network(&self, id: &SandboxId) -> Result<rampart_types::network::NetworkInfo, CoreError> {
+        self.get(id)?;
+        Ok(rampart_types::network::NetworkInfo {
+            policy: rampart_types::NetworkPolicy::default(),
+            address: None,
+            gateway: None,
+        })
+    }
+    /// See [`Manager::set_network`]. The default has no networks.
+    fn set_network<'a>(
+        &'a self,
+        id: &'a SandboxId,
+        _policy: rampart_types::NetworkPolicy,
+    ) -> BoxFuture<'a, Result<rampart_types::network::NetworkInfo, CoreError>> {
+        Box::pin(async move {
+            self.get(id)?;
+            Err(CoreError::Unsupported(
+                "sandbox networks are unavailable on this daemon".into(),
+            ))
+        })
+    }
+    /// See [`Manager::network_log`]. The default has no log.
+    fn network_log(
+        &self,
+        id: &SandboxId,
+        _after: u64,
+        _limit: usize,
+    ) -> Result<Vec<rampart_types::NetLogEntry>, CoreError> {
+        self.get(id).map(|_| Vec::new())
+    }
+    /// See [`Manager::network_subscribe`]. The default has nothing to follow.
+    #[allow(clippy::type_complexity)]
+    fn network_subscribe(
+        &self,
+        id: &SandboxId,
+    ) -> Result<Option<tokio::sync::broadcast::Receiver<rampart_types::NetLogEntry>>, CoreError>
+    {
+        self.get(id).map(|_| None)
+    }
+    /// See [`Manager::network_available`]. The default has no networks.
+    fn network_available(&self) -> bool {
+        false
+    }
 }
 
 impl Backend for Manager {
@@ -270,6 +315,34 @@ impl Backend for Manager {
     fn audit_key(&self) -> Option<(String, String)> {
         Some(Manager::audit_key(self))
     }
+    fn network(&self, id: &SandboxId) -> Result<rampart_types::network::NetworkInfo, CoreError> {
+        Manager::network(self, id)
+    }
+    fn set_network<'a>(
+        &'a self,
+        id: &'a SandboxId,
+        policy: rampart_types::NetworkPolicy,
+    ) -> BoxFuture<'a, Result<rampart_types::network::NetworkInfo, CoreError>> {
+        Box::pin(Manager::set_network(self, id, policy))
+    }
+    fn network_log(
+        &self,
+        id: &SandboxId,
+        after: u64,
+        limit: usize,
+    ) -> Result<Vec<rampart_types::NetLogEntry>, CoreError> {
+        Manager::network_log(self, id, after, limit)
+    }
+    fn network_subscribe(
+        &self,
+        id: &SandboxId,
+    ) -> Result<Option<tokio::sync::broadcast::Receiver<rampart_types::NetLogEntry>>, CoreError>
+    {
+        Manager::network_subscribe(self, id)
+    }
+    fn network_available(&self) -> bool {
+        Manager::network_available(self)
+    }
     fn template_digests(&self) -> BTreeMap<String, String> {
         rampart_core::validate::TEMPLATES
             .iter()
@@ -322,6 +395,8 @@ pub fn router_with_backend(backend: Arc<dyn Backend>) -> Router {
         .route("/sandboxes/{id}/files/mkdir", post(files::mkdir))
         .route("/sandboxes/{id}/files/move", post(files::rename))
         .route("/sandboxes/{id}/files/watch", get(files::watch))
+        .route("/sandboxes/{id}/network", get(network::get).put(network::put))
+        .route("/sandboxes/{id}/network/log", get(network::log))
         .route("/sandboxes/{id}/audit", get(audit::events))
         .route("/sandboxes/{id}/audit/bundle", get(audit::bundle))
         .route("/audit/key", get(audit::key))

@@ -43,6 +43,9 @@ pub struct CreateFlags {
     /// Label (repeatable), usable as a filter of `ls`.
     #[arg(long = "metadata", short = 'm', value_name = "K=V")]
     pub metadata: Vec<String>,
+    /// Network: --net-mode, --allow, --deny.
+    #[command(flatten)]
+    pub net: super::net::NetFlags,
 }
 
 fn size(flag: &str, v: &Option<String>) -> Result<Option<u64>> {
@@ -71,6 +74,7 @@ impl CreateFlags {
             metadata: parse_pairs("--metadata", &self.metadata)?,
             timeout_secs: self.timeout,
             on_timeout: self.pause_on_timeout.then_some(OnTimeout::Pause),
+            network: self.net.policy()?,
             ..CreateSandbox::default()
         })
     }

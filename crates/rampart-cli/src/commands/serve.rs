@@ -120,6 +120,9 @@ struct FileConfig {
     max_limits: LimitsConfig,
     #[serde(default)]
     audit: AuditFileConfig,
+    /// Sandbox networks (see `docs/network.md`).
+    #[serde(default)]
+    network: super::net::NetworkFileConfig,
 }
 
 /// `[audit]` of the config file.
@@ -315,6 +318,7 @@ fn resolve(a: &ServeArgs) -> Result<Resolved> {
             uid_range_start,
             uid_slots,
             audit,
+            network: super::net::resolve_network(&file.network)?,
         },
     })
 }

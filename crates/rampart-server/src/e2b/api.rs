@@ -42,6 +42,10 @@ struct NewSandbox {
     auto_resume: Option<Value>,
     #[serde(default)]
     network: Option<Value>,
+    /// `false`: no network (mode `none`); otherwise the sandbox gets an `open` network when
+    /// this daemon has sandbox networks (E2B sandboxes have internet by default).
+    #[serde(default)]
+    allow_internet_access: Option<bool>,
     #[serde(default)]
     mcp: Option<Value>,
     #[serde(rename = "volumeMounts", default)]
@@ -209,6 +213,11 @@ pub(crate) async fn create(State(st): State<E2b>, body: Bytes) -> Result<Respons
         timeout_secs: n.timeout,
         // autoPause: at its timeout the sandbox is paused instead of killed.
         on_timeout: (n.auto_pause == Some(true)).then_some(OnTimeout::Pause),
+        network: (n.allow_internet_access != Some(false) && st.manager.network_available())
+            .then(|| rampart_types::NetworkPolicy {
+                mode: rampart_types::NetworkMode::Open,
+                ..Default::default()
+            }),
         ..Default::default()
     };
     let info = st.manager.create(req).await?;
