@@ -98,6 +98,23 @@ fn listener(args: &Args) -> Result<std::os::unix::net::UnixListener, StartError>
     Ok(l)
 }
 
+/// The jailer hands PID 1 a descriptor of the sandbox's disk root (`RAMPART_DISK_FD`) for
+/// the host to reach through `/proc/1/fd` (see rampart-jail's `persist`). The agent keeps it
+/// open, never uses it, and marks it close-on-exec so no process it starts inherits it.
+fn keep_disk_fd() {
+    let Some(fd) = std::env::var("RAMPART_DISK_FD")
+        .ok()
+        .and_then(|v| v.trim().parse::<i32>().ok())
+        .filter(|fd| *fd > 2)
+    else {
+        return;
+    };
+    let _ = nix::fcntl::fcntl(
+        fd,
+        nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC),
+    );
+}
+
 fn main() {
     if let Err(e) = real_main() {
         eprintln!("rampart-agent: {e}");
@@ -108,6 +125,7 @@ fn main() {
 fn real_main() -> Result<(), StartError> {
     let args = parse_args()?;
     let std_listener = listener(&args)?;
+    keep_disk_fd();
     // Children must not see the jailer's variables.
     let base_env: Vec<_> = std::env::vars_os()
         .filter(|(k, _)| !k.to_string_lossy().starts_with("RAMPART_"))

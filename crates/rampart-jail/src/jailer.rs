@@ -143,6 +143,17 @@ pub fn run(spec: &JailerSpec, prepared: bool) -> Result<i32, JailError> {
             chown(&up(n), owner, gb)?;
         }
     }
+    // A disk cloned from another sandbox: its files move to this sandbox's uid range.
+    if let Some(from) = spec.shift_uids_from {
+        crate::persist::shift_uids(&lay.disk_mnt, from, ub)?;
+    }
+    if spec.build.is_none() {
+        crate::persist::write_machine_id(&lay.disk_mnt, ub)?;
+    }
+    // The disk's root, which PID 1 keeps for the host (see `persist`; close-on-exec here,
+    // cleared in the child just before it execs the agent).
+    let disk_root = std::fs::File::open(&lay.disk_mnt)
+        .map_err(io(format!("open {}", lay.disk_mnt.display())))?;
 
     // e (early, so the child inherits them). The agent binary and its listening socket.
     let agent = std::fs::File::open(&spec.agent_bin)
@@ -223,6 +234,7 @@ pub fn run(spec: &JailerSpec, prepared: bool) -> Result<i32, JailError> {
             devnull: devnull.as_raw_fd(),
             go: go_rd.as_raw_fd(),
             filter: &filter,
+            disk: disk_root.as_raw_fd(),
         };
         child(ctx, go_rd, err_wr);
     }
@@ -301,6 +313,14 @@ pub fn run(spec: &JailerSpec, prepared: bool) -> Result<i32, JailError> {
         Ok(())
     };
     setup().map_err(kill_child)?;
+    if !spec.volumes.is_empty() {
+        let vols = || -> Result<(), JailError> {
+            let userns = std::fs::File::open(format!("/proc/{pid}/ns/user"))
+                .map_err(io("open child user namespace".into()))?;
+            crate::persist::mount_volumes(spec, &lay.root, userns.as_raw_fd())
+        };
+        vols().map_err(kill_child)?;
+    }
     // f. Go.
     // SAFETY: writing one byte from a valid buffer to our pipe.
     let n = unsafe { libc::write(go_wr.as_raw_fd(), b"g".as_ptr().cast(), 1) };
@@ -354,6 +374,8 @@ struct Child<'a> {
     devnull: RawFd,
     go: RawFd,
     filter: &'a [libc::sock_filter],
+    /// The disk's root, kept by the agent (see `persist`).
+    disk: RawFd,
 }
 
 fn child(ctx: Child<'_>, go: OwnedFd, err: OwnedFd) -> ! {
@@ -582,15 +604,24 @@ fn child_setup(ctx: &Child<'_>) -> Result<Never, JailError> {
         sys::check(libc::fcntl(ctx.sock, libc::F_SETFD, 0).into(), || {
             "clear cloexec on agent socket".into()
         })?;
+        sys::check(libc::fcntl(ctx.disk, libc::F_SETFD, 0).into(), || {
+            "clear cloexec on the disk's root".into()
+        })?;
     }
     let mut env: Vec<CString> = ctx
         .spec
         .env
         .iter()
-        .filter(|(k, _)| k != AGENT_FD_ENV && !k.contains('=') && !k.is_empty())
+        .filter(|(k, _)| {
+            k != AGENT_FD_ENV
+                && k != crate::persist::DISK_FD_ENV
+                && !k.contains('=')
+                && !k.is_empty()
+        })
         .filter_map(|(k, v)| CString::new(format!("{k}={v}")).ok())
         .collect();
     env.push(c(&format!("{AGENT_FD_ENV}={}", ctx.sock)));
+    env.push(c(&format!("{}={}", crate::persist::DISK_FD_ENV, ctx.disk)));
     let mut argv = vec![c("rampart-agent")];
     argv.extend(ctx.spec.agent_args.iter().map(|a| c(a)));
     // Wait until the jailer has put us in the sandbox's cgroup, then make it our cgroup root.

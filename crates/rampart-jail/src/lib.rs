@@ -41,8 +41,10 @@ pub mod cgroup;
 pub mod disk;
 pub mod jailer;
 pub mod janitor;
+pub mod persist;
 pub mod pool;
 pub mod seccomp;
+pub mod store;
 pub mod sys;
 pub mod template;
 
@@ -227,6 +229,13 @@ pub struct JailerSpec {
     /// Extra agent arguments.
     #[serde(default)]
     pub agent_args: Vec<String>,
+    /// The disk was cloned from a sandbox whose uid range starts here: its files' owners are
+    /// moved to this sandbox's range first (see [`persist::shift_uids`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shift_uids_from: Option<u32>,
+    /// Volumes to mount (see [`persist::mount_volumes`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub volumes: Vec<persist::JailerVolume>,
 }
 
 /// What a pool member's jailer gets first on its stdin (one line), before its spec: the
@@ -410,6 +419,16 @@ impl Jail {
 
     /// Builds and starts a sandbox. Blocking.
     pub fn launch(&self, spec: &LaunchSpec) -> Result<Launched, JailError> {
+        self.launch_with(spec, &persist::LaunchExtras::default())
+    }
+
+    /// Like [`Jail::launch`], starting from a disk image and/or with volumes (see
+    /// [`persist`]). Blocking.
+    pub fn launch_with(
+        &self,
+        spec: &LaunchSpec,
+        extras: &persist::LaunchExtras,
+    ) -> Result<Launched, JailError> {
         let dir = self.sandbox_dir(&spec.id);
         if dir.exists()
             || self
@@ -424,14 +443,18 @@ impl Jail {
                 spec.id
             )));
         }
-        let r = self.try_launch(spec);
+        let r = self.try_launch(spec, extras);
         if r.is_err() {
             let _ = self.destroy(&spec.id);
         }
         r
     }
 
-    fn try_launch(&self, spec: &LaunchSpec) -> Result<Launched, JailError> {
+    fn try_launch(
+        &self,
+        spec: &LaunchSpec,
+        extras: &persist::LaunchExtras,
+    ) -> Result<Launched, JailError> {
         let rootfs = spec.template_dir.join("rootfs");
         if let Some(l) = spec.layers.iter().find(|l| !l.is_dir()) {
             return Err(JailError::Template(format!(
@@ -439,7 +462,8 @@ impl Jail {
                 l.display()
             )));
         }
-        if spec.layers.is_empty() && (!rootfs.join("usr").is_dir() || !rootfs.join("etc").is_dir()) {
+        if spec.layers.is_empty() && (!rootfs.join("usr").is_dir() || !rootfs.join("etc").is_dir())
+        {
             return Err(JailError::Template(format!(
                 "{} is not a built template (no rootfs/usr, rootfs/etc)",
                 spec.template_dir.display()
@@ -471,16 +495,38 @@ impl Jail {
             layers: spec.layers.clone(),
             build: spec.build.clone(),
             agent_args: spec.agent_args.clone(),
+            shift_uids_from: None,
+            volumes: Vec::new(),
         };
         let id = spec.id.as_str();
-        let child = match self.take_member(id, &spec.limits, &dir) {
+        let member = match extras.disk {
+            // A pool member's disk is an empty one.
+            None => self.take_member(id, &spec.limits, &dir),
+            Some(_) => None,
+        };
+        let mut holds = Vec::new();
+        if !extras.volumes.is_empty() {
+            let (v, h) = self.attach_volumes(extras)?;
+            js.volumes = v;
+            holds = h;
+        }
+        let child = match member {
             // The jailer already runs in the sandbox's (limited) cgroup, with its disk mounted
             // in the sandbox's directory.
             Some(child) => child,
             None => {
                 std::fs::create_dir(&dir).map_err(io(format!("mkdir {}", dir.display())))?;
-                let cached = disk::cached_image(&self.cache_dir(), spec.limits.disk_bytes)?;
-                disk::sparse_copy(&cached, &js.disk_image)?;
+                match &extras.disk {
+                    Some(src) => {
+                        // The disk keeps the size it was made with.
+                        store::clone_file(&src.image, &js.disk_image)?;
+                        js.shift_uids_from = Some(src.uid_base);
+                    }
+                    None => {
+                        let cached = disk::cached_image(&self.cache_dir(), spec.limits.disk_bytes)?;
+                        store::clone_file(&cached, &js.disk_image)?;
+                    }
+                }
                 self.cgroups.create(id, &spec.limits)?;
                 match self.cgroups.version {
                     CgroupVersion::V1 => js.cgroup_procs = self.cgroups.procs_files(id),
@@ -492,6 +538,7 @@ impl Jail {
             }
         };
         let pid = run_jailer(child, &js)?;
+        drop(holds);
         Ok(Launched {
             pid,
             agent_socket: js.agent_socket,

@@ -297,7 +297,7 @@ fn spawn_member(sh: &Shared, n: u64) -> Result<Member, JailError> {
         })?;
         let image = m.dir.join("disk.img");
         let cached = disk::cached_image(&sh.cache_dir, sh.disk_bytes)?;
-        disk::sparse_copy(&cached, &image)?;
+        crate::store::clone_file(&cached, &image)?;
         let prep = JailerPrepare {
             prepare_dir: m.dir.clone(),
             prepare_disk: image,

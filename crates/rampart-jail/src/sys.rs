@@ -87,6 +87,62 @@ struct MountAttr {
     userns_fd: u64,
 }
 
+/// Makes a clone of the mount at `src` with the mount attributes `attr_set` (which may
+/// include `MOUNT_ATTR_IDMAP`, through the user namespace `userns`) and attaches it on the
+/// directory open as `dst` (no path lookup at the destination).
+pub fn idmapped_bind_fd(
+    src: &Path,
+    dst: RawFd,
+    userns: RawFd,
+    attr_set: u64,
+) -> Result<(), JailError> {
+    let s = cpath(src)?;
+    // SAFETY: `s` is a valid string; open_tree returns a new fd or -1.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_open_tree,
+            libc::AT_FDCWD,
+            s.as_ptr(),
+            (libc::OPEN_TREE_CLONE | libc::OPEN_TREE_CLOEXEC) as libc::c_uint,
+        )
+    };
+    let fd = check(rc, || format!("open_tree {}", src.display()))?;
+    // SAFETY: `fd` is a fresh fd we own.
+    let tree = unsafe { OwnedFd::from_raw_fd(fd as RawFd) };
+    let attr = MountAttr {
+        attr_set,
+        attr_clr: 0,
+        propagation: 0,
+        userns_fd: userns as u64,
+    };
+    let empty = c"";
+    // SAFETY: `attr` is a valid mount_attr and its size is passed; `empty` is a valid string.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_mount_setattr,
+            tree.as_raw_fd(),
+            empty.as_ptr(),
+            libc::AT_EMPTY_PATH as libc::c_uint,
+            &attr as *const MountAttr,
+            std::mem::size_of::<MountAttr>(),
+        )
+    };
+    check(rc, || format!("mount_setattr {}", src.display()))?;
+    // SAFETY: valid fds and an empty string; both ends are given as fds.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_move_mount,
+            tree.as_raw_fd(),
+            empty.as_ptr(),
+            dst,
+            empty.as_ptr(),
+            (libc::MOVE_MOUNT_F_EMPTY_PATH | libc::MOVE_MOUNT_T_EMPTY_PATH) as libc::c_uint,
+        )
+    };
+    check(rc, || format!("move_mount {}", src.display()))?;
+    Ok(())
+}
+
 /// Makes an idmapped, read-only clone of the tree at `src` (mapped through the user
 /// namespace `userns`) and attaches it at `dst`.
 pub fn idmapped_bind(src: &Path, dst: &Path, userns: RawFd) -> Result<(), JailError> {

@@ -1,0 +1,522 @@
+//! Persistence in the namespace tier: consistent copies of a sandbox's disk (snapshots,
+//! fork), launches from such a copy, the host's access to a running sandbox's writable
+//! layer, and volumes.
+//!
+//! - **Upper-layer access.** The jailer opens the root directory of the sandbox's ext4 disk
+//!   (which holds `upper/` and `usr-upper/`, the writable layers of `/` and `/usr`, and their
+//!   overlay work directories) before it clones PID 1; PID 1 keeps that descriptor across
+//!   `pivot_root` and the exec of the agent (`RAMPART_DISK_FD`; the agent marks it
+//!   close-on-exec at once and never uses it; it is non-dumpable, so nothing in the sandbox
+//!   can reach it through `/proc/1/fd`). [`Jail::upper_root`] reopens it from the host as
+//!   `/proc/<pid1>/fd/<n>`: a descriptor of the disk's root, which also pins the filesystem
+//!   while it is open.
+//! - **Consistent point.** [`Jail::snapshot_disk`] freezes the sandbox's cgroup (unless it is
+//!   paused already), `syncfs`es its disk through that descriptor (every dirty page of the
+//!   ext4 reaches the image file), clones the image (`FICLONE` on the store, else a sparse
+//!   copy) and thaws.
+//! - **Ids.** Files on a sandbox's disk carry host ids of the sandbox's own uid range. A
+//!   launch from another sandbox's disk gives the jailer `shift_uids_from`: before anything
+//!   runs it moves every owner in the old range to the same offset of the new one (keeping
+//!   set-id bits and file capabilities, whose v3 root id is moved too). Cost: one `lchown` per
+//!   file of the writable layers. POSIX ACL entries naming uids are not moved.
+//! - **Volumes.** A volume is an ext4 image `<store>/volumes/<name>.img` (its size is the
+//!   quota: a full volume gives ENOSPC) with its root owned by 1000:1000. It is attached to at
+//!   most one loop device at a time, shared by every sandbox that mounts it (mounting one
+//!   block device again shares its superblock; two loop devices over one image would be two
+//!   writers of one filesystem). The jailer mounts it in its private mount namespace and
+//!   attaches an idmapped clone (through the sandbox's user namespace, so on-disk 1000 is
+//!   uid 1000 inside whatever the sandbox's host range) at the requested path, read-only when
+//!   asked; the path is resolved component by component without following symlinks.
+
+use crate::{store, sys, Jail, JailError, JailerSpec};
+use serde::{Deserialize, Serialize};
+use std::ffi::CString;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+/// Environment variable telling the agent which inherited fd is its disk's root (which it
+/// keeps, close-on-exec, and never uses).
+pub const DISK_FD_ENV: &str = "RAMPART_DISK_FD";
+
+fn io(step: String) -> impl FnOnce(std::io::Error) -> JailError {
+    move |source| JailError::Sys { step, source }
+}
+
+/// A disk image to start from instead of an empty disk.
+#[derive(Debug, Clone)]
+pub struct DiskSource {
+    /// The image (cloned, never modified).
+    pub image: PathBuf,
+    /// First host uid of the range its files belong to (the sandbox it was taken from).
+    pub uid_base: u32,
+}
+
+/// A volume to mount.
+#[derive(Debug, Clone)]
+pub struct VolumeSpec {
+    /// The volume's ext4 image.
+    pub image: PathBuf,
+    /// Absolute path inside the sandbox.
+    pub path: String,
+    /// Read-only mount.
+    pub read_only: bool,
+}
+
+/// What a launch takes beyond its [`LaunchSpec`].
+#[derive(Debug, Clone, Default)]
+pub struct LaunchExtras {
+    /// Start from this disk.
+    pub disk: Option<DiskSource>,
+    /// Volumes.
+    pub volumes: Vec<VolumeSpec>,
+}
+
+impl LaunchExtras {
+    /// Nothing beyond a plain launch.
+    pub fn is_empty(&self) -> bool {
+        self.disk.is_none() && self.volumes.is_empty()
+    }
+}
+
+/// A volume in a [`JailerSpec`]: an attached loop device to mount at `path`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JailerVolume {
+    /// `/dev/loopN`, attached to the volume's image.
+    pub device: String,
+    /// Absolute path inside the sandbox.
+    pub path: String,
+    /// Read-only.
+    #[serde(default)]
+    pub read_only: bool,
+}
+
+/// Serializes volume attachment (find-or-attach of a loop device must not race).
+static ATTACH: Mutex<()> = Mutex::new(());
+
+/// Opens the loop device attached to `image`, attaching one (autoclear) if none is. The
+/// returned fd keeps the device attached until the jailer has mounted it.
+fn attach_volume(image: &Path) -> Result<(String, OwnedFd), JailError> {
+    let _g = ATTACH.lock().unwrap_or_else(|p| p.into_inner());
+    for dev in store::loops_of(image) {
+        let Ok(f) = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&dev)
+        else {
+            continue;
+        };
+        // Still bound to the image now that we hold it open (it cannot be cleared while open)?
+        if store::loops_of(image).contains(&dev) {
+            return Ok((dev.to_string_lossy().into_owned(), OwnedFd::from(f)));
+        }
+    }
+    sys::loop_attach(image)
+}
+
+/// Whether a volume's image is attached (mounted by some sandbox, or just released).
+pub fn volume_in_use(image: &Path) -> bool {
+    !store::loops_of(image).is_empty()
+}
+
+/// Makes a volume image of `size_mib` MiB at `image` (which must not exist), formatted ext4
+/// with its root owned by 1000:1000. Nothing is left on error.
+pub fn create_volume(image: &Path, size_mib: u64) -> Result<(), JailError> {
+    let dir = image.parent().unwrap_or(Path::new("."));
+    std::fs::create_dir_all(dir).map_err(io(format!("mkdir {}", dir.display())))?;
+    let tmp = dir.join(format!(
+        ".tmp-{}-{}",
+        std::process::id(),
+        image.file_name().unwrap_or_default().to_string_lossy()
+    ));
+    let r = (|| {
+        let f = std::fs::File::create(&tmp).map_err(io(format!("create {}", tmp.display())))?;
+        f.set_len(size_mib << 20)
+            .map_err(io(format!("size {}", tmp.display())))?;
+        drop(f);
+        let out = std::process::Command::new("mkfs.ext4")
+            .args([
+                "-q",
+                "-F",
+                "-m",
+                "0",
+                "-E",
+                "root_owner=1000:1000,lazy_itable_init=1,lazy_journal_init=1,nodiscard",
+            ])
+            .arg(&tmp)
+            .output()
+            .map_err(io("run mkfs.ext4".into()))?;
+        if !out.status.success() {
+            return Err(JailError::Init(format!(
+                "mkfs.ext4: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            )));
+        }
+        sys::rename_noreplace(&tmp, image)
+    })();
+    if r.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    r
+}
+
+/// Bytes allocated to a file on the host.
+pub fn allocated_bytes(p: &Path) -> u64 {
+    std::fs::metadata(p).map(|m| m.blocks() * 512).unwrap_or(0)
+}
+
+impl Jail {
+    /// The store's root (the parent of the state directory).
+    pub fn store_root(&self) -> PathBuf {
+        self.config()
+            .state_dir
+            .parent()
+            .map(Path::to_path_buf)
+            .unwrap_or_else(|| self.config().state_dir.clone())
+    }
+
+    /// A sandbox's disk image.
+    pub fn disk_image(&self, id: &rampart_types::SandboxId) -> PathBuf {
+        self.sandbox_dir(id).join("disk.img")
+    }
+
+    /// A descriptor (`O_RDONLY | O_DIRECTORY`, close-on-exec) of the root of a running (or
+    /// paused) sandbox's disk: `upper/` is the writable layer of `/`, `usr-upper/` that of
+    /// `/usr` (overlayfs upper directories: a deleted lower file is a 0/0 character device, an
+    /// opaque directory has the `trusted.overlay.opaque` xattr `y`). Owners are host ids of
+    /// the sandbox's range. Holding it pins the filesystem. Blocking (cheap).
+    pub fn upper_root(&self, id: &rampart_types::SandboxId) -> Result<OwnedFd, JailError> {
+        let pid1 = self.pid1(id)?;
+        let fds = format!("/proc/{pid1}/fd");
+        let rd = std::fs::read_dir(&fds).map_err(io(format!("read {fds}")))?;
+        for e in rd.flatten() {
+            let p = e.path();
+            let Ok(m) = std::fs::metadata(&p) else {
+                continue;
+            };
+            // The ext4 root (inode 2) of a loop device (major 7).
+            if m.is_dir() && m.ino() == 2 && libc::major(m.dev()) == 7 {
+                let f = std::fs::OpenOptions::new()
+                    .read(true)
+                    .custom_flags(libc::O_DIRECTORY | libc::O_CLOEXEC)
+                    .open(&p)
+                    .map_err(io(format!("open {}", p.display())))?;
+                return Ok(OwnedFd::from(f));
+            }
+        }
+        Err(JailError::Init(format!(
+            "sandbox {id} does not hold its disk's root (started by an older Rampart?)"
+        )))
+    }
+
+    /// Host pid of a sandbox's PID 1 (the task of its cgroup that is pid 1 of its namespace).
+    fn pid1(&self, id: &rampart_types::SandboxId) -> Result<i32, JailError> {
+        let dirs = self.cgroup_dirs(id);
+        let mut pids = Vec::new();
+        for d in &dirs {
+            if let Ok(s) = std::fs::read_to_string(d.join("cgroup.procs")) {
+                pids.extend(s.lines().filter_map(|l| l.trim().parse::<i32>().ok()));
+            }
+        }
+        pids.sort_unstable();
+        pids.dedup();
+        for p in pids {
+            let Ok(st) = std::fs::read_to_string(format!("/proc/{p}/status")) else {
+                continue;
+            };
+            let ns = st.lines().find_map(|l| l.strip_prefix("NSpid:"));
+            if let Some(ns) = ns {
+                let f: Vec<&str> = ns.split_whitespace().collect();
+                if f.len() >= 2 && f.last() == Some(&"1") {
+                    return Ok(p);
+                }
+            }
+        }
+        Err(JailError::Init(format!("sandbox {id} has no running init")))
+    }
+
+    /// Takes a consistent copy of a sandbox's disk at `dest` (which must not exist): freezes
+    /// the sandbox (unless it is frozen already), flushes its filesystem, clones the image,
+    /// thaws. Returns the bytes the copy shares or holds (allocated). On error `dest` does not
+    /// exist and the sandbox is as it was. Blocking.
+    pub fn snapshot_disk(
+        &self,
+        id: &rampart_types::SandboxId,
+        dest: &Path,
+    ) -> Result<u64, JailError> {
+        let was_frozen = self.is_frozen(id)?;
+        if !was_frozen {
+            self.freeze(id)?;
+        }
+        let r = (|| {
+            let root = self.upper_root(id)?;
+            // SAFETY: syncfs on a descriptor we own.
+            let rc = unsafe { libc::syncfs(root.as_raw_fd()) };
+            sys::check(rc.into(), || format!("syncfs of sandbox {id}'s disk"))?;
+            store::clone_file(&self.disk_image(id), dest)
+        })();
+        if !was_frozen {
+            if let Err(e) = self.thaw(id) {
+                let _ = std::fs::remove_file(dest);
+                return Err(e);
+            }
+        }
+        r.map(|()| allocated_bytes(dest))
+    }
+
+    /// Attaches (or finds attached) each volume's loop device for a launch: the devices to
+    /// mount and the descriptors that keep them attached until the jailer has mounted them.
+    pub(crate) fn attach_volumes(
+        &self,
+        extras: &LaunchExtras,
+    ) -> Result<(Vec<JailerVolume>, Vec<OwnedFd>), JailError> {
+        let mut vols = Vec::new();
+        let mut holds = Vec::new();
+        for v in &extras.volumes {
+            let (device, hold) = attach_volume(&v.image)?;
+            holds.push(hold);
+            vols.push(JailerVolume {
+                device,
+                path: v.path.clone(),
+                read_only: v.read_only,
+            });
+        }
+        Ok((vols, holds))
+    }
+}
+
+/// In the jailer: moves every owner (uid and gid) in `[from, from + 65536)` under the
+/// writable layers of the disk mounted at `disk_mnt` to the same offset from `to`.
+pub fn shift_uids(disk_mnt: &Path, from: u32, to: u32) -> Result<(), JailError> {
+    if from == to {
+        return Ok(());
+    }
+    let map = |id: u32| -> u32 {
+        if id >= from && id - from < 65536 {
+            to + (id - from)
+        } else {
+            id
+        }
+    };
+    let mut stack: Vec<PathBuf> = ["upper", "usr-upper"]
+        .iter()
+        .map(|n| disk_mnt.join(n))
+        .filter(|p| p.is_dir())
+        .collect();
+    // The roots themselves, then everything under them (no recursion: depth is unbounded).
+    for root in stack.clone() {
+        shift_one(&root, &map)?;
+    }
+    while let Some(d) = stack.pop() {
+        let rd = std::fs::read_dir(&d).map_err(io(format!("read {}", d.display())))?;
+        for e in rd {
+            let e = e.map_err(io(format!("read {}", d.display())))?;
+            let p = e.path();
+            let is_dir = shift_one(&p, &map)?;
+            if is_dir {
+                stack.push(p);
+            }
+        }
+    }
+    Ok(())
+}
+
+const XATTR_CAPS: &std::ffi::CStr = c"security.capability";
+
+/// Shifts one file's owner; returns whether it is a directory (not a symlink to one).
+fn shift_one(p: &Path, map: &impl Fn(u32) -> u32) -> Result<bool, JailError> {
+    let m = std::fs::symlink_metadata(p).map_err(io(format!("stat {}", p.display())))?;
+    let (u, g) = (map(m.uid()), map(m.gid()));
+    let ft = m.file_type();
+    if u == m.uid() && g == m.gid() {
+        return Ok(ft.is_dir());
+    }
+    let c = sys::cpath(p)?;
+    // File capabilities and set-id bits are cleared by chown: keep them.
+    let mut caps = [0u8; 24];
+    let caps_len = if ft.is_file() {
+        // SAFETY: valid path and buffer of the given size.
+        unsafe {
+            libc::lgetxattr(
+                c.as_ptr(),
+                XATTR_CAPS.as_ptr(),
+                caps.as_mut_ptr().cast(),
+                caps.len(),
+            )
+        }
+    } else {
+        -1
+    };
+    // SAFETY: valid path.
+    let rc = unsafe { libc::lchown(c.as_ptr(), u, g) };
+    sys::check(rc.into(), || format!("chown {}", p.display()))?;
+    if ft.is_file() && m.mode() & 0o6000 != 0 {
+        // SAFETY: valid path.
+        let rc = unsafe { libc::chmod(c.as_ptr(), m.mode() & 0o7777) };
+        sys::check(rc.into(), || format!("chmod {}", p.display()))?;
+    }
+    if caps_len > 0 {
+        let n = caps_len as usize;
+        // v3 (24 bytes, magic 0x03000000 in the top byte): the root id follows the sets.
+        if n == 24 && caps[3] == 0x03 {
+            let root = u32::from_le_bytes([caps[20], caps[21], caps[22], caps[23]]);
+            caps[20..24].copy_from_slice(&map(root).to_le_bytes());
+        }
+        // SAFETY: valid path and buffer.
+        let rc =
+            unsafe { libc::lsetxattr(c.as_ptr(), XATTR_CAPS.as_ptr(), caps.as_ptr().cast(), n, 0) };
+        sys::check(rc.into(), || {
+            format!("restore capabilities of {}", p.display())
+        })?;
+    }
+    Ok(ft.is_dir())
+}
+
+/// In the jailer: gives the sandbox a machine id of its own (`/etc/machine-id`, 32 hex
+/// digits, mode 0444, owned by root inside), written into the writable layer before the
+/// overlay is mounted. Skipped when the layer's `etc` is not a plain directory.
+pub fn write_machine_id(disk_mnt: &Path, uid_base: u32) -> Result<(), JailError> {
+    let upper = disk_mnt.join("upper");
+    let up = open_dir(&upper, None)?;
+    let etc = c"etc";
+    // SAFETY: valid dirfd and name.
+    let rc = unsafe { libc::mkdirat(up.as_raw_fd(), etc.as_ptr(), 0o755) };
+    if rc == 0 {
+        // SAFETY: as above.
+        let rc = unsafe {
+            libc::fchownat(
+                up.as_raw_fd(),
+                etc.as_ptr(),
+                uid_base,
+                uid_base,
+                libc::AT_SYMLINK_NOFOLLOW,
+            )
+        };
+        sys::check(rc.into(), || "chown upper/etc".into())?;
+    }
+    let Ok(etcfd) = open_dir_at(&up, etc) else {
+        return Ok(()); // a whiteout, a symlink, a file: leave the sandbox's choice alone
+    };
+    let mut raw = [0u8; 16];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut raw))
+        .map_err(io("read /dev/urandom".into()))?;
+    let hex: String = raw.iter().map(|b| format!("{b:02x}")).collect();
+    let name = c"machine-id";
+    // SAFETY: valid dirfd and name; a missing file is fine.
+    unsafe { libc::unlinkat(etcfd.as_raw_fd(), name.as_ptr(), 0) };
+    // SAFETY: valid dirfd and name; O_EXCL|O_NOFOLLOW never follows a planted link.
+    let fd = unsafe {
+        libc::openat(
+            etcfd.as_raw_fd(),
+            name.as_ptr(),
+            libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+            0o444,
+        )
+    };
+    let fd = sys::check(fd.into(), || "create etc/machine-id".into())? as RawFd;
+    // SAFETY: a new fd we own.
+    let f = unsafe { std::fs::File::from_raw_fd(fd) };
+    std::io::Write::write_all(&mut &f, format!("{hex}\n").as_bytes())
+        .map_err(io("write etc/machine-id".into()))?;
+    // SAFETY: fchown on our fd.
+    let rc = unsafe { libc::fchown(f.as_raw_fd(), uid_base, uid_base) };
+    sys::check(rc.into(), || "chown etc/machine-id".into())?;
+    Ok(())
+}
+
+fn open_dir(p: &Path, _: Option<()>) -> Result<OwnedFd, JailError> {
+    let c = sys::cpath(p)?;
+    // SAFETY: valid path.
+    let fd = unsafe {
+        libc::open(
+            c.as_ptr(),
+            libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+        )
+    };
+    let fd = sys::check(fd.into(), || format!("open {}", p.display()))? as RawFd;
+    // SAFETY: a new fd we own.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+fn open_dir_at(dir: &OwnedFd, name: &std::ffi::CStr) -> Result<OwnedFd, JailError> {
+    // SAFETY: valid dirfd and name.
+    let fd = unsafe {
+        libc::openat(
+            dir.as_raw_fd(),
+            name.as_ptr(),
+            libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+        )
+    };
+    let fd = sys::check(fd.into(), || format!("open {name:?}"))? as RawFd;
+    // SAFETY: a new fd we own.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// In the jailer, once the sandbox's root overlay is mounted at `root`: mounts each volume
+/// (its device first at `<sandbox_dir>/vol<i>`, then an idmapped clone through the user
+/// namespace `userns` at its path under `root`, made component by component as directories
+/// owned by root inside, never following a symlink).
+pub fn mount_volumes(spec: &JailerSpec, root: &Path, userns: RawFd) -> Result<(), JailError> {
+    for (i, v) in spec.volumes.iter().enumerate() {
+        let raw = spec.sandbox_dir.join(format!("vol{i}"));
+        match std::fs::create_dir(&raw) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(io(format!("mkdir {}", raw.display()))(e)),
+        }
+        sys::mount(
+            Some(&v.device),
+            &raw,
+            Some("ext4"),
+            libc::MS_NOATIME | libc::MS_NODEV | libc::MS_NOSUID,
+            Some("errors=remount-ro"),
+        )?;
+        let target = mountpoint(root, &v.path, spec.uid_base)?;
+        let mut set = libc::MOUNT_ATTR_IDMAP | libc::MOUNT_ATTR_NODEV | libc::MOUNT_ATTR_NOSUID;
+        if v.read_only {
+            set |= libc::MOUNT_ATTR_RDONLY;
+        }
+        sys::idmapped_bind_fd(&raw, target.as_raw_fd(), userns, set)
+            .map_err(|e| JailError::Init(format!("volume at {}: {e}", v.path)))?;
+    }
+    Ok(())
+}
+
+/// Opens (making what is missing) the directory `path` under `root` without following any
+/// symlink: every component must be a directory.
+fn mountpoint(root: &Path, path: &str, uid_base: u32) -> Result<OwnedFd, JailError> {
+    let mut cur = open_dir(root, None)?;
+    for comp in path.split('/').filter(|c| !c.is_empty()) {
+        if comp == "." || comp == ".." {
+            return Err(JailError::Init(format!(
+                "volume path {path:?} is not normal"
+            )));
+        }
+        let name = CString::new(comp.as_bytes())
+            .map_err(|_| JailError::Init(format!("volume path {path:?} has a NUL")))?;
+        // SAFETY: valid dirfd and name.
+        let rc = unsafe { libc::mkdirat(cur.as_raw_fd(), name.as_ptr(), 0o755) };
+        if rc == 0 {
+            // SAFETY: valid dirfd and name.
+            let rc = unsafe {
+                libc::fchownat(
+                    cur.as_raw_fd(),
+                    name.as_ptr(),
+                    uid_base,
+                    uid_base,
+                    libc::AT_SYMLINK_NOFOLLOW,
+                )
+            };
+            sys::check(rc.into(), || format!("chown mount point {comp}"))?;
+        }
+        cur = open_dir_at(&cur, &name).map_err(|_| {
+            JailError::Init(format!(
+                "volume path {path:?}: {comp:?} is not a directory (symlinks are not followed)"
+            ))
+        })?;
+    }
+    Ok(cur)
+}
