@@ -61,6 +61,8 @@ enum Command {
     Audit(commands::audit::AuditArgs),
     /// Run a recorded session (a bundle) again in a fresh sandbox and compare step by step.
     Replay(commands::replay::ReplayArgs),
+    /// Templates: build from a spec, ls, inspect, rm, gc (on the daemon's data directory).
+    Template(commands::template::TemplateArgs),
     /// Measure Rampart side by side with bwrap, runc and unshare on this machine.
     Bench(bench::BenchArgs),
 }
@@ -74,6 +76,15 @@ fn main() -> ExitCode {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
                 eprintln!("rampart bench: {e:#}");
+                ExitCode::from(1)
+            }
+        };
+    }
+    if let Command::Template(args) = cli.command {
+        return match commands::template::run(args) {
+            Ok(code) => ExitCode::from(code),
+            Err(e) => {
+                eprintln!("rampart template: {e:#}");
                 ExitCode::from(1)
             }
         };
@@ -120,7 +131,7 @@ fn main() -> ExitCode {
             Command::Audit(a) => commands::audit::audit(&host, a).await,
             Command::Net(a) => commands::net::net(&host, a).await,
             Command::Replay(a) => commands::replay::replay(&host, a).await,
-            Command::Bench(_) | Command::Keys(_) => {
+            Command::Bench(_) | Command::Keys(_) | Command::Template(_) => {
                 unreachable!("bench and keys run before the runtime starts")
             }
         }

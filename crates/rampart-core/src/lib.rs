@@ -16,6 +16,7 @@ mod manager;
 mod metrics;
 mod network;
 mod proc;
+mod templates;
 pub mod validate;
 
 pub use audit::AuditConfig;

@@ -5,7 +5,7 @@ use crate::interpreter;
 use crate::isolation::{Isolation, IsolationError, LaunchSpec, Usage};
 use crate::metrics::Metrics;
 use crate::proc::{self, ExitStatus};
-use crate::validate::{self, check_create, check_exec, check_timeout};
+use crate::validate::{self, check_exec, check_timeout};
 use crate::{CoreConfig, CoreError, Exec, ExecControl};
 use base64::Engine;
 use futures::stream::{BoxStream, StreamExt};
@@ -675,12 +675,13 @@ impl Inner {
     ) -> Result<SandboxInfo, CoreError> {
         let t0 = Instant::now();
         let cfg = &self.cfg;
-        let v = match check_create(
+        let v = match validate::check_create_with(
             &req,
             &cfg.default_limits,
             &cfg.max_limits,
             cfg.default_timeout_secs,
             cfg.max_timeout_secs,
+            &|n| crate::templates::is_built(&cfg.data_dir, n),
         ) {
             Ok(v) => v,
             Err(e) => {
@@ -773,6 +774,12 @@ impl Inner {
     ) -> Result<SandboxInfo, CoreError> {
         let uid_base = uid_base(self.cfg.uid_range_start, slot, self.cfg.uid_slots)
             .ok_or_else(|| CoreError::Capacity(format!("uid slot {slot} is out of range")))?;
+        // A built template (rampart-image): its layers, metadata and start command.
+        let image = if validate::TEMPLATES.contains(&new.template.as_str()) {
+            None
+        } else {
+            crate::templates::resolve(&self.cfg.data_dir, &new.template)?
+        };
         let prepared = match net {
             Some(n) => {
                 self.store.set_network(&new.id, n).map_err(db)?;
@@ -780,7 +787,7 @@ impl Inner {
             }
             None => None,
         };
-        let mut env = launch_env(&new.env);
+        let mut env = launch_env(&crate::templates::merged_env(image.as_ref(), &new.env));
         if let Some(p) = &prepared {
             env.extend(p.env());
         }
@@ -791,6 +798,9 @@ impl Inner {
             limits: new.limits.clone(),
             hostname: new.id.to_string(),
             env,
+            layers: image.as_ref().map(|i| i.layers.clone()).unwrap_or_default(),
+            build: None,
+            agent_args: crate::templates::agent_args(image.as_ref()),
         };
         let t0 = Instant::now();
         let iso = self.iso.clone();
@@ -816,6 +826,11 @@ impl Inner {
         wait_health(&client, HEALTH_DEADLINE).await?;
         if new.template == interpreter::TEMPLATE {
             interpreter::start(&client).await?;
+        }
+        if let Some(i) = &image {
+            crate::templates::start(&client, i).await?;
+            self.audit
+                .set_template_digest(&new.template, format!("sha256:{}", i.id));
         }
         if let Some(p) = &prepared {
             let tdir = self.templates_dir.join(&new.template);

@@ -118,8 +118,21 @@ pub fn check_create(
     default_timeout: u64,
     max_timeout: u64,
 ) -> Result<ValidCreate, CoreError> {
+    check_create_with(req, defaults, max, default_timeout, max_timeout, &|_| false)
+}
+
+/// [`check_create`] that also accepts the template names `built` knows (templates built
+/// into the image store, see `rampart-image`).
+pub fn check_create_with(
+    req: &CreateSandbox,
+    defaults: &Limits,
+    max: &Limits,
+    default_timeout: u64,
+    max_timeout: u64,
+    built: &dyn Fn(&str) -> bool,
+) -> Result<ValidCreate, CoreError> {
     let template = req.template.clone().unwrap_or_else(|| "base".to_owned());
-    if !TEMPLATES.contains(&template.as_str()) {
+    if !TEMPLATES.contains(&template.as_str()) && !built(&template) {
         return Err(bad(
             "template",
             format!(

@@ -786,7 +786,7 @@ mod runner {
                     memory_bytes: 2 << 30,
                     pids: 4096,
                     disk_bytes: 256 << 20,
-                    open_files: 65536,
+                    open_files: 4096,
                 },
             })
         }

@@ -9,6 +9,7 @@ pub mod replay;
 pub mod run;
 pub mod sandbox;
 pub mod serve;
+pub mod template;
 
 use anyhow::{anyhow, Result};
 use std::collections::BTreeMap;

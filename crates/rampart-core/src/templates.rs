@@ -1,0 +1,174 @@
+//! Built templates (`rampart-image`'s store under `<data>/images/`) at create: name
+//! resolution (the store is read at each create, so a template built while the daemon runs
+//! is usable at once), the launch environment and agent arguments from the template's
+//! metadata (user, workdir, env), and its start command with its readiness check.
+
+use crate::CoreError;
+use futures::StreamExt as _;
+use rampart_agent::client::{AgentClient, ClientError, ProcessEvent, StartOptions};
+use rampart_image::spec::Ready;
+use rampart_image::{Store, TemplateConfig};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+/// The tag of a template's start process (`commands.list()` shows it).
+pub const START_TAG: &str = "template-start";
+/// Most bytes of the start command's output kept to explain a failed start.
+const OUTPUT_TAIL: usize = 4096;
+
+/// A built template, resolved for a launch.
+#[derive(Debug, Clone)]
+pub(crate) struct Resolved {
+    /// The template id (manifest digest).
+    pub id: String,
+    /// Host directories of its layers, bottom first.
+    pub layers: Vec<PathBuf>,
+    /// Its metadata.
+    pub config: TemplateConfig,
+}
+
+/// Whether `name` is a built template in `data`'s store.
+pub(crate) fn is_built(data: &Path, name: &str) -> bool {
+    Store::open_existing(data).is_some_and(|s| s.name(name).is_some())
+}
+
+/// Resolves a built template (`None` when `name` is not one).
+pub(crate) fn resolve(data: &Path, name: &str) -> Result<Option<Resolved>, CoreError> {
+    let Some(store) = Store::open_existing(data) else {
+        return Ok(None);
+    };
+    if store.name(name).is_none() {
+        return Ok(None);
+    }
+    let (id, m) = store
+        .resolve(name)
+        .map_err(|e| CoreError::Internal(format!("template {name}: {e}")))?;
+    let layers = store
+        .layer_paths(&m)
+        .map_err(|e| CoreError::Internal(format!("template {name}: {e}")))?;
+    Ok(Some(Resolved {
+        id,
+        layers,
+        config: m.config,
+    }))
+}
+
+/// The request's environment over the template's (the daemon's base under both).
+pub(crate) fn merged_env(
+    t: Option<&Resolved>,
+    req: &BTreeMap<String, String>,
+) -> BTreeMap<String, String> {
+    let mut env = t.map(|t| t.config.env.clone()).unwrap_or_default();
+    env.extend(req.iter().map(|(k, v)| (k.clone(), v.clone())));
+    env
+}
+
+/// Agent arguments for the template's default user and working directory.
+pub(crate) fn agent_args(t: Option<&Resolved>) -> Vec<String> {
+    let mut a = Vec::new();
+    if let Some(t) = t {
+        a.extend(["--default-user".to_owned(), t.config.user.clone().unwrap_or_else(|| "root".into())]);
+        if let Some(w) = &t.config.workdir {
+            a.extend(["--default-cwd".to_owned(), w.clone()]);
+        }
+    }
+    a
+}
+
+fn keep_tail(buf: &mut Vec<u8>, b: &[u8]) {
+    buf.extend_from_slice(b);
+    if buf.len() > OUTPUT_TAIL {
+        buf.drain(..buf.len() - OUTPUT_TAIL);
+    }
+}
+
+/// Runs `cmd` (shell) to its end as `user`; whether it exited 0.
+async fn probe_cmd(client: &AgentClient, cmd: &str, user: Option<String>) -> Result<bool, CoreError> {
+    let opts = StartOptions {
+        cmd: "/bin/sh".into(),
+        args: vec!["-c".into(), cmd.to_owned()],
+        user,
+        timeout: Some(Duration::from_secs(10)),
+        ..Default::default()
+    };
+    let mut ev = client.start(opts).await?;
+    while let Some(e) = ev.next().await {
+        if let Ok(ProcessEvent::End { exit_code, .. }) = e {
+            return Ok(exit_code == 0);
+        }
+    }
+    Ok(false)
+}
+
+/// Starts the template's start command (if any) as its user in its workdir, and waits for
+/// its readiness check: a TCP port that accepts (through the agent's port tunnel) or a
+/// command that exits 0, polled until the template's timeout. Fails with the command's
+/// output if it exits first or is not ready in time.
+pub(crate) async fn start(client: &AgentClient, t: &Resolved) -> Result<(), CoreError> {
+    let Some(s) = &t.config.start else {
+        return Ok(());
+    };
+    let Some((cmd, args)) = s.cmd.split_first() else {
+        return Ok(());
+    };
+    let opts = StartOptions {
+        cmd: cmd.clone(),
+        args: args.to_vec(),
+        user: t.config.user.clone(),
+        cwd: t.config.workdir.clone(),
+        tag: Some(START_TAG.into()),
+        ..Default::default()
+    };
+    let mut events = client.start(opts).await?;
+    let Some(ready) = &s.ready else {
+        return Ok(());
+    };
+    let deadline = Instant::now() + Duration::from_secs(s.timeout_secs);
+    let mut output = Vec::new();
+    let mut delay = Duration::from_millis(20);
+    loop {
+        let ok = match ready {
+            Ready::Port(p) => match client.tunnel(*p).await {
+                Ok(_) => true,
+                Err(ClientError::Rpc { .. }) => false,
+                Err(e) => return Err(e.into()),
+            },
+            Ready::Cmd(c) => probe_cmd(client, c, t.config.user.clone()).await?,
+        };
+        if ok {
+            return Ok(());
+        }
+        if Instant::now() >= deadline {
+            return Err(CoreError::Internal(format!(
+                "the template's start command was not ready within {} s: {}",
+                s.timeout_secs,
+                String::from_utf8_lossy(&output).trim()
+            )));
+        }
+        let pause = tokio::time::sleep(delay);
+        tokio::pin!(pause);
+        loop {
+            tokio::select! {
+                () = &mut pause => break,
+                ev = events.next() => match ev {
+                    Some(Ok(ProcessEvent::Stdout(b) | ProcessEvent::Stderr(b))) => keep_tail(&mut output, &b),
+                    Some(Ok(ProcessEvent::End { status, .. })) => {
+                        return Err(CoreError::Internal(format!(
+                            "the template's start command exited ({status}) before it was ready: {}",
+                            String::from_utf8_lossy(&output).trim()
+                        )));
+                    }
+                    Some(Ok(_)) => {}
+                    Some(Err(e)) => return Err(e.into()),
+                    None => {
+                        // Output ended; keep polling the check until the deadline.
+                        (&mut pause).await;
+                        break;
+                    }
+                }
+            }
+        }
+        delay = (delay * 2).min(Duration::from_millis(200));
+    }
+}
