@@ -14,6 +14,7 @@ mod interpreter;
 mod isolation;
 mod manager;
 mod metrics;
+pub mod persist;
 mod network;
 mod proc;
 mod templates;
@@ -228,8 +229,15 @@ impl Manager {
         cfg: CoreConfig,
         subtree: &str,
     ) -> Result<Arc<Manager>, CoreError> {
+        // The copy-on-write store (snapshots, fork, volumes): `<data>` or a loop-mounted XFS
+        // image at `<data>/store` (rampart_jail::store); sandbox directories live on it.
+        let data = cfg.data_dir.clone();
+        let store = tokio::task::spawn_blocking(move || rampart_jail::store::Store::open(&data))
+            .await
+            .map_err(|e| CoreError::Internal(format!("store: {e}")))?
+            .map_err(|e| CoreError::Internal(format!("store: {e}")))?;
         let jail_cfg = rampart_jail::JailConfig {
-            state_dir: cfg.data_dir.join("sandboxes"),
+            state_dir: store.sandboxes_dir(),
             jailer_bin: cfg.jailer_bin.clone(),
             agent_bin: cfg.agent_bin.clone(),
             cgroup_subtree: subtree.to_owned(),

@@ -104,10 +104,10 @@ enum Expiry {
 /// The manager's shared state.
 #[derive(Debug)]
 pub(crate) struct Inner {
-    cfg: CoreConfig,
-    store: Arc<dyn SandboxStore>,
+    pub(crate) cfg: CoreConfig,
+    pub(crate) store: Arc<dyn SandboxStore>,
     pub(crate) audit: Arc<Audit>,
-    iso: Arc<dyn Isolation>,
+    pub(crate) iso: Arc<dyn Isolation>,
     state_dir: PathBuf,
     templates_dir: PathBuf,
     live: Mutex<HashMap<SandboxId, Live>>,
@@ -116,6 +116,8 @@ pub(crate) struct Inner {
     metrics: Metrics,
     tasks: Mutex<Vec<AbortHandle>>,
     stopped: AtomicBool,
+    /// Snapshots, fork, volumes.
+    pub(crate) persist: crate::persist::Persist,
     /// Sandbox networks (wiring and egress).
     pub(crate) network: crate::network::Network,
 }
@@ -236,7 +238,11 @@ impl Inner {
                 "uid_range_start must not be 0: sandbox root must never be host root".into(),
             ));
         }
-        let state_dir = cfg.data_dir.join("sandboxes");
+        // Sandbox directories live on the tier's store when it has one (rampart_jail::store).
+        let state_dir = iso
+            .store_root()
+            .map(|r| r.join("sandboxes"))
+            .unwrap_or_else(|| cfg.data_dir.join("sandboxes"));
         let templates_dir = cfg.data_dir.join("templates");
         for d in [&cfg.data_dir, &state_dir, &templates_dir] {
             std::fs::create_dir_all(d)
@@ -281,6 +287,8 @@ impl Inner {
         }
         let metrics = Metrics::new().map_err(|e| CoreError::Internal(format!("metrics: {e}")))?;
         let network = crate::network::Network::start(&cfg.network, &cfg.data_dir).await;
+        let persist = crate::persist::Persist::open(&cfg.data_dir.join("state.db"))?;
+        persist.clean(iso.store_root().as_deref());
         let inner = Arc::new(Inner {
             cfg,
             store,
@@ -294,6 +302,7 @@ impl Inner {
             metrics,
             tasks: Mutex::new(Vec::new()),
             stopped: AtomicBool::new(false),
+            persist,
             network,
         });
         inner.recover().await?;
@@ -671,10 +680,18 @@ impl Inner {
 
     pub(crate) async fn create(
         self: &Arc<Self>,
-        req: CreateSandbox,
+        mut req: CreateSandbox,
     ) -> Result<SandboxInfo, CoreError> {
         let t0 = Instant::now();
         let cfg = &self.cfg;
+        // Snapshot and volumes (fills the template from the snapshot).
+        let staged = match crate::persist::prepare_create(self, &mut req) {
+            Ok(s) => s,
+            Err(e) => {
+                self.metrics.creates.with_label_values(&["rejected"]).inc();
+                return Err(e);
+            }
+        };
         let v = match validate::check_create_with(
             &req,
             &cfg.default_limits,
@@ -707,6 +724,7 @@ impl Inner {
             expires_at_ms: created.saturating_add((v.timeout_secs as i64).saturating_mul(1000)),
         };
         let id = new.id.clone();
+        let _busy = self.persist.stage(&id, staged);
         let op = self.op_lock(&id);
         let _guard = op.lock().await;
         let slot = match self
@@ -734,6 +752,7 @@ impl Inner {
             },
         };
         lock(&self.locks).remove(&id);
+        self.persist.unstage(&id);
         match res {
             Ok(info) => {
                 self.metrics.creates.with_label_values(&["ok"]).inc();
@@ -804,7 +823,8 @@ impl Inner {
         };
         let t0 = Instant::now();
         let iso = self.iso.clone();
-        let launched = tokio::task::spawn_blocking(move || iso.launch(&spec))
+        let extras = self.persist.take_staged(&new.id);
+        let launched = tokio::task::spawn_blocking(move || iso.launch_with(&spec, &extras))
             .await
             .map_err(|e| join_err("launch", e))?
             .map_err(|e| iso_err("launch", e))?;

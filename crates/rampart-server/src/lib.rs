@@ -14,16 +14,19 @@ mod files;
 mod metrics;
 mod network;
 mod openapi;
+mod ports;
+mod proxy;
 mod sandboxes;
 
 pub use audit::{AuditKey, AuditPage};
 pub use error::ApiError;
 pub use exec::{collect_output, OutputCollector};
 pub use openapi::openapi;
+pub use ports::{valid_domain, ServerOptions, DEFAULT_DOMAIN, TOKEN_HEADER, TOKEN_PARAM};
 
 use axum::http::{StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{any, get, post};
 use axum::{Json, Router};
 use bytes::Bytes;
 use futures::future::BoxFuture;
@@ -356,6 +359,7 @@ impl Backend for Manager {
 pub(crate) struct AppState {
     pub(crate) backend: Arc<dyn Backend>,
     pub(crate) http_metrics: Arc<metrics::HttpMetrics>,
+    pub(crate) ports: Arc<ports::Ports>,
 }
 
 impl std::fmt::Debug for AppState {
@@ -366,15 +370,51 @@ impl std::fmt::Debug for AppState {
 
 /// The daemon's router over a running [`Manager`].
 pub fn router(manager: Arc<Manager>) -> Router {
-    e2b::attach(router_with_backend(manager.clone()), manager)
+    router_with_options(manager, &ServerOptions::default())
+}
+
+/// The daemon's router over a running [`Manager`], with `opts`. Port access (tokens, public
+/// ports) is kept in the daemon's `state.db`; if it cannot be opened, in memory (logged).
+pub fn router_with_options(manager: Arc<Manager>, opts: &ServerOptions) -> Router {
+    let alive: Vec<String> = manager
+        .list(None, &BTreeMap::new())
+        .map(|l| l.into_iter().map(|i| i.id.as_str().to_owned()).collect())
+        .unwrap_or_default();
+    let alive: Vec<&str> = alive.iter().map(String::as_str).collect();
+    let ports = match ports::Ports::open(manager.data_dir(), opts, &alive) {
+        Ok(p) => p,
+        Err(e) => {
+            tracing::error!("cannot open the port access tables, keeping them in memory: {e}");
+            ports::Ports::in_memory(opts)
+        }
+    };
+    let state = app_state(manager.clone(), ports);
+    let app = e2b::attach(v1_router(state.clone()), manager);
+    app.layer(axum::middleware::from_fn_with_state(
+        state,
+        ports::host_route,
+    ))
 }
 
 /// The router over any [`Backend`] (tests use a stand-in without sandboxes).
 pub fn router_with_backend(backend: Arc<dyn Backend>) -> Router {
-    let state = AppState {
+    let opts = ServerOptions::default();
+    let state = app_state(backend, ports::Ports::in_memory(&opts));
+    v1_router(state.clone()).layer(axum::middleware::from_fn_with_state(
+        state,
+        ports::host_route,
+    ))
+}
+
+fn app_state(backend: Arc<dyn Backend>, ports: ports::Ports) -> AppState {
+    AppState {
         backend,
         http_metrics: Arc::new(metrics::HttpMetrics::new()),
-    };
+        ports: Arc::new(ports),
+    }
+}
+
+fn v1_router(state: AppState) -> Router {
     let v1 = Router::new()
         .route("/sandboxes", post(sandboxes::create).get(sandboxes::list))
         .route(
@@ -399,6 +439,16 @@ pub fn router_with_backend(backend: Arc<dyn Backend>) -> Router {
         .route("/sandboxes/{id}/network/log", get(network::log))
         .route("/sandboxes/{id}/audit", get(audit::events))
         .route("/sandboxes/{id}/audit/bundle", get(audit::bundle))
+        .route("/sandboxes/{id}/ports", get(ports::list))
+        .route("/sandboxes/{id}/ports/{port}", any(ports::proxy))
+        .route("/sandboxes/{id}/ports/{port}/", any(ports::proxy))
+        .route("/sandboxes/{id}/ports/{port}/{*rest}", any(ports::proxy))
+        .route(
+            "/sandboxes/{id}/ports/{port}/public",
+            post(ports::make_public)
+                .delete(ports::make_private)
+                .fallback(ports::proxy),
+        )
         .route("/audit/key", get(audit::key))
         .route("/openapi.json", get(openapi::serve_openapi));
 
@@ -424,7 +474,17 @@ pub async fn serve_with_shutdown(
     manager: Arc<Manager>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    axum::serve(listener, router(manager))
+    serve_with_options(listener, manager, ServerOptions::default(), shutdown).await
+}
+
+/// [`serve_with_shutdown`] with `opts`.
+pub async fn serve_with_options(
+    listener: tokio::net::TcpListener,
+    manager: Arc<Manager>,
+    opts: ServerOptions,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    axum::serve(listener, router_with_options(manager, &opts))
         .with_graceful_shutdown(shutdown)
         .await
 }

@@ -37,6 +37,10 @@ use utoipa::OpenApi;
         crate::audit::events,
         crate::audit::bundle,
         crate::audit::key,
+        crate::ports::list,
+        crate::ports::make_public,
+        crate::ports::make_private,
+        crate::ports::proxy,
     ),
     components(schemas(
         rampart_types::ApiErrorBody,
@@ -59,6 +63,8 @@ use utoipa::OpenApi;
         rampart_types::MoveFile,
         rampart_types::FileWatchEvent,
         rampart_types::Health,
+        rampart_types::PortInfo,
+        rampart_types::PortList,
         rampart_types::NetworkPolicy,
         rampart_types::NetworkMode,
         rampart_types::NetworkLimits,
@@ -76,6 +82,7 @@ use utoipa::OpenApi;
         (name = "files", description = "Move files in and out of a sandbox"),
         (name = "network", description = "A sandbox's network policy and log (docs/network.md)"),
         (name = "audit", description = "The signed record of what ran (docs/proof.md)"),
+        (name = "ports", description = "Servers inside a sandbox, reached through the daemon"),
         (name = "daemon", description = "Health and metrics"),
     )
 )]

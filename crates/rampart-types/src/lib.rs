@@ -11,6 +11,7 @@ pub mod interactive;
 pub mod limits;
 pub mod network;
 pub mod persist;
+pub mod ports;
 pub mod sandbox;
 
 pub use exec::{ExecEvent, ExecRequest, ExecResult};
@@ -25,6 +26,7 @@ pub use network::{
 pub use persist::{
     CreateSnapshot, CreateVolume, ForkResult, ForkSandbox, SnapshotInfo, VolumeInfo, VolumeMount,
 };
+pub use ports::{PortInfo, PortList};
 pub use sandbox::{
     ApiError, ApiErrorBody, CreateSandbox, OnTimeout, SandboxInfo, SandboxState, SetTimeout,
 };

@@ -3,6 +3,7 @@
 //! `/files`) and streamed to the sandbox's agent over its Unix socket, both ways, unbuffered.
 
 use super::{E2b, E2bError};
+use crate::proxy::same_secret;
 use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
@@ -115,14 +116,6 @@ fn envd_error(status: StatusCode, message: &str) -> Response {
 
 const UNAUTHORIZED: &str =
     "unauthorized access, please provide a valid access token or method signing if supported";
-
-/// Constant-time equality of two secrets.
-fn same_secret(a: &[u8], b: &[u8]) -> bool {
-    if a.len() != b.len() {
-        return false;
-    }
-    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
-}
 
 /// The signature E2B's SDK puts on download/upload URLs.
 pub(crate) fn signature(
@@ -323,111 +316,24 @@ async fn to_port(
             };
         }
     };
-    match forward_over(up, t.port, req).await {
+    match crate::proxy::forward_over(up, t.port, req, &PRIVATE).await {
         Ok(r) => r,
         Err(e) => port_closed_502(&t.id, t.port, &e),
     }
 }
 
-/// Whether a request (or answer) asks for a protocol upgrade (e.g. a WebSocket).
-fn is_upgrade(headers: &HeaderMap) -> bool {
-    headers.contains_key(header::UPGRADE)
-        && headers
-            .get_all(header::CONNECTION)
-            .iter()
-            .filter_map(|v| v.to_str().ok())
-            .any(|v| {
-                v.split(',')
-                    .any(|t| t.trim().eq_ignore_ascii_case("upgrade"))
-            })
-}
+/// The proxy's own headers (routing, credentials), never forwarded either way.
+const PRIVATE: [&str; 5] = [
+    "x-access-token",
+    "e2b-sandbox-id",
+    "e2b-sandbox-port",
+    "e2b-traffic-access-token",
+    "x-api-key",
+];
 
-/// Sends `req` to the server at the other end of the tunnel `up` and streams its answer back.
-/// An upgrade (a WebSocket) is passed through: after both sides agree (101), bytes are
-/// relayed both ways.
-async fn forward_over(
-    up: hyper::upgrade::Upgraded,
-    port: u16,
-    mut req: Request,
-) -> Result<Response, String> {
-    let (mut sender, conn) = hyper::client::conn::http1::Builder::new()
-        .handshake::<_, Body>(up)
-        .await
-        .map_err(|e| format!("handshake with the sandbox's server: {e}"))?;
-    tokio::spawn(async move {
-        if let Err(e) = conn.with_upgrades().await {
-            tracing::debug!("port proxy connection: {e}");
-        }
-    });
-    let upgrade = is_upgrade(req.headers());
-    let client_upgrade = upgrade.then(|| hyper::upgrade::on(&mut req));
-    let (mut parts, body) = req.into_parts();
-    let keep: Vec<(header::HeaderName, HeaderValue)> = if upgrade {
-        [header::CONNECTION, header::UPGRADE]
-            .into_iter()
-            .filter_map(|h| parts.headers.get(&h).cloned().map(|v| (h, v)))
-            .collect()
-    } else {
-        Vec::new()
-    };
-    strip(&mut parts.headers);
-    parts.headers.extend(keep);
-    let host = HeaderValue::from_str(&format!("localhost:{port}"))
-        .unwrap_or(HeaderValue::from_static("localhost"));
-    parts.headers.insert(header::HOST, host);
-    let path_q = parts
-        .uri
-        .path_and_query()
-        .map(|p| p.as_str().to_owned())
-        .unwrap_or_else(|| "/".into());
-    parts.uri = path_q
-        .parse()
-        .map_err(|e| format!("request path {path_q:?}: {e}"))?;
-    parts.version = axum::http::Version::HTTP_11;
-    let mut resp = sender
-        .send_request(Request::from_parts(parts, body))
-        .await
-        .map_err(|e| format!("the sandbox's server: {e}"))?;
-    if resp.status() == StatusCode::SWITCHING_PROTOCOLS {
-        let Some(client_upgrade) = client_upgrade else {
-            return Err("the sandbox's server switched protocols unasked".into());
-        };
-        let server_upgrade = hyper::upgrade::on(&mut resp);
-        tokio::spawn(async move {
-            let (Ok(c), Ok(s)) = (client_upgrade.await, server_upgrade.await) else {
-                return;
-            };
-            let mut c = TokioIo::new(c);
-            let mut s = TokioIo::new(s);
-            let _ = tokio::io::copy_bidirectional(&mut c, &mut s).await;
-        });
-        let (parts, _) = resp.into_parts();
-        return Ok(Response::from_parts(parts, Body::empty()));
-    }
-    let (mut parts, body) = resp.into_parts();
-    strip(&mut parts.headers);
-    Ok(Response::from_parts(parts, Body::new(body)))
-}
-
-/// Headers that belong to one hop, or to the proxy.
+/// Removes the headers that belong to one hop, or to the proxy.
 fn strip(headers: &mut HeaderMap) {
-    for h in [
-        "connection",
-        "keep-alive",
-        "proxy-connection",
-        "te",
-        "trailer",
-        "upgrade",
-        "transfer-encoding",
-        "host",
-        "x-access-token",
-        "e2b-sandbox-id",
-        "e2b-sandbox-port",
-        "e2b-traffic-access-token",
-        "x-api-key",
-    ] {
-        headers.remove(h);
-    }
+    crate::proxy::strip(headers, &PRIVATE);
 }
 
 /// Sends `req` to the agent listening on `socket` and streams the answer back.
@@ -449,15 +355,7 @@ async fn forward(socket: &std::path::Path, req: Request) -> Result<Response, Str
     parts
         .headers
         .insert(header::HOST, HeaderValue::from_static("localhost"));
-    let path_q = parts
-        .uri
-        .path_and_query()
-        .map(|p| p.as_str().to_owned())
-        .unwrap_or_else(|| "/".into());
-    parts.uri = path_q
-        .parse()
-        .map_err(|e| format!("request path {path_q:?}: {e}"))?;
-    parts.version = axum::http::Version::HTTP_11;
+    crate::proxy::origin_form(&mut parts)?;
     let resp = sender
         .send_request(Request::from_parts(parts, body))
         .await
