@@ -12,6 +12,8 @@ pkgs=(e2fsprogs util-linux bash coreutils python3 curl git ncurses-bin sudo ca-c
       nftables
       # `rampart template build` with from = "debian:SUITE" (the base is made by mmdebstrap).
       mmdebstrap
+      # The copy-on-write store (snapshots, fork, volumes) when <data> has no reflink.
+      xfsprogs
       # The code-interpreter-v1 template's IPython kernel (seen in every sandbox's /usr).
       python3-ipykernel python3-jupyter-client python3-matplotlib python3-numpy)
 
