@@ -663,9 +663,9 @@ impl AgentClient {
         }
     }
 
-    /// `GET /info`: the agent's crate version and protocol version.
-    pub async fn info(&self) -> Result<proto::AgentInfo, ClientError> {
-        let req = Request::get("/info")
+    /// `GET path`, expecting 200 and a JSON body.
+    async fn get_json<T: serde::de::DeserializeOwned>(&self, path: &str) -> Result<T, ClientError> {
+        let req = Request::get(path)
             .header("host", "agent")
             .body(full_body(Bytes::new()))
             .map_err(|e| ClientError::Protocol(e.to_string()))?;
@@ -674,6 +674,21 @@ impl AgentClient {
             return Err(error_from(status, &body));
         }
         serde_json::from_slice(&body).map_err(|e| ClientError::Protocol(e.to_string()))
+    }
+
+    /// `GET /info`: the agent's crate version and protocol version.
+    pub async fn info(&self) -> Result<proto::AgentInfo, ClientError> {
+        self.get_json("/info").await
+    }
+
+    /// `GET /tunnel/`: the TCP ports listening inside the sandbox on an address the tunnel
+    /// reaches (`127.0.0.1`, `0.0.0.0`, `::`), ascending.
+    pub async fn listening_ports(&self) -> Result<Vec<u16>, ClientError> {
+        #[derive(serde::Deserialize)]
+        struct Listening {
+            listening: Vec<u16>,
+        }
+        Ok(self.get_json::<Listening>("/tunnel/").await?.listening)
     }
 
     /// `process.Process/Start`: the returned stream yields `Start` first, then output, then `End`.

@@ -52,6 +52,8 @@ enum Command {
     Resume(commands::sandbox::PauseArgs),
     /// Set a sandbox's deadline to SECS seconds from now.
     Timeout(commands::sandbox::TimeoutArgs),
+    /// Print the URLs of a port of a sandbox (path and host form); --public opens it to all.
+    Port(commands::port::PortArgs),
     /// A sandbox's network: `net set ID --net-mode M --allow R --deny R`, `net show ID`,
     /// `net log ID [--follow]`.
     Net(commands::net::NetArgs),
@@ -126,6 +128,7 @@ fn main() -> ExitCode {
             Command::Cp(a) => commands::cp::cp(&host, a).await,
             Command::Shell(a) => commands::exec::shell(&host, a).await,
             Command::Timeout(a) => commands::sandbox::timeout(&host, a).await,
+            Command::Port(a) => commands::port::port(&host, a).await,
             Command::Pause(a) => commands::sandbox::pause(&host, a, false).await,
             Command::Resume(a) => commands::sandbox::pause(&host, a, true).await,
             Command::Audit(a) => commands::audit::audit(&host, a).await,

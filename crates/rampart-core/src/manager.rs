@@ -167,6 +167,7 @@ pub(crate) fn info_of(rec: &SandboxRecord) -> SandboxInfo {
         expires_at: rfc3339(rec.expires_at_ms),
         ended_at: rec.ended_at_ms.map(rfc3339),
         reason: rec.reason.clone(),
+        access_token: None,
     }
 }
 
@@ -896,6 +897,7 @@ impl Inner {
             expires_at: rfc3339(new.expires_at_ms),
             ended_at: None,
             reason: None,
+            access_token: None,
         })
     }
 

@@ -13,7 +13,7 @@ use std::collections::BTreeMap;
 #[utoipa::path(post, path = "/v1/sandboxes", tag = "sandboxes",
     request_body = CreateSandbox,
     responses(
-        (status = 201, description = "Created and running", body = SandboxInfo),
+        (status = 201, description = "Created and running; with its `access_token`", body = SandboxInfo),
         (status = 400, description = "Bad input; the message names the field", body = ApiErrorBody),
         (status = 413, description = "Body above 1 MiB", body = ApiErrorBody),
         (status = 422, description = "A limit above the daemon's maximum", body = ApiErrorBody),
@@ -23,7 +23,20 @@ pub(crate) async fn create(
     State(st): State<AppState>,
     ApiJson(req): ApiJson<CreateSandbox>,
 ) -> Result<(StatusCode, Json<SandboxInfo>), ApiError> {
-    let info = st.backend.create(req).await?;
+    crate::ports::check_public_ports(&req.public_ports)?;
+    let public = req.public_ports.clone();
+    let mut info = st.backend.create(req).await?;
+    // The token that opens its ports; a sandbox without one is not left behind.
+    match st.ports.issue(&info.id, &public).await {
+        Ok(t) => info.access_token = Some(t),
+        Err(e) => {
+            if let Err(d) = st.backend.destroy(&info.id).await {
+                tracing::error!(id = %info.id, "destroying a sandbox whose token could not be stored: {d}");
+            }
+            st.ports.forget(&info.id).await;
+            return Err(e);
+        }
+    }
     Ok((StatusCode::CREATED, Json(info)))
 }
 
@@ -91,7 +104,7 @@ pub(crate) async fn list(
 #[utoipa::path(get, path = "/v1/sandboxes/{id}", tag = "sandboxes",
     params(("id" = String, Path, description = "Sandbox id")),
     responses(
-        (status = 200, description = "The sandbox (any state)", body = SandboxInfo),
+        (status = 200, description = "The sandbox (any state; with its `access_token` while running or paused)", body = SandboxInfo),
         (status = 400, description = "Malformed id", body = ApiErrorBody),
         (status = 404, description = "No such sandbox", body = ApiErrorBody),
     ))]
@@ -99,7 +112,11 @@ pub(crate) async fn get_one(
     State(st): State<AppState>,
     SandboxPath(id): SandboxPath,
 ) -> Result<Json<SandboxInfo>, ApiError> {
-    Ok(Json(st.backend.get(&id)?))
+    let mut info = st.backend.get(&id)?;
+    if matches!(info.state, SandboxState::Running | SandboxState::Paused) {
+        info.access_token = Some(st.ports.ensure_token(&id).await?);
+    }
+    Ok(Json(info))
 }
 
 /// `DELETE /v1/sandboxes/{id}`: destroys the sandbox, answers its final record.
@@ -115,7 +132,9 @@ pub(crate) async fn destroy(
     State(st): State<AppState>,
     SandboxPath(id): SandboxPath,
 ) -> Result<Json<SandboxInfo>, ApiError> {
-    Ok(Json(st.backend.destroy(&id).await?))
+    let info = st.backend.destroy(&id).await?;
+    st.ports.forget(&id).await;
+    Ok(Json(info))
 }
 
 /// `POST /v1/sandboxes/{id}/timeout`: sets the deadline to now + `timeout_secs`.

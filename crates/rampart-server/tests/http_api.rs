@@ -37,6 +37,7 @@ fn info(id: &str, metadata: BTreeMap<String, String>) -> SandboxInfo {
         expires_at: "2026-01-01T00:05:00Z".into(),
         ended_at: None,
         reason: None,
+        access_token: None,
     }
 }
 

@@ -39,6 +39,10 @@ pub struct CreateSandbox {
     /// Volumes to mount.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub volumes: Vec<VolumeMount>,
+    /// Ports (1-65535) reachable through the daemon without the sandbox's access token
+    /// (`/v1/sandboxes/{id}/ports/{port}/...`, `{port}-{id}.<domain>`); other ports need it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub public_ports: Vec<u16>,
 }
 
 /// What the reaper does with a sandbox whose deadline passed.
@@ -174,6 +178,10 @@ pub struct SandboxInfo {
     /// Why it failed or ended, if it did.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
+    /// The token that opens its exposed ports (`X-Rampart-Token`); only in the answers of
+    /// create and of `GET /v1/sandboxes/{id}` while it is alive.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub access_token: Option<String>,
 }
 
 /// The error body of every `/v1` endpoint: `{"error": {"code", "message"}}`.

@@ -6,6 +6,9 @@
 //!
 //! A port outside 1..=65535 answers 400; nothing listening answers 502
 //! `{"code":502,"message":"port is not open"}` (before the upgrade, so the caller can tell).
+//!
+//! `GET /tunnel/` (no port) answers `{"listening": [ports]}`: the TCP ports listening inside
+//! on an address the tunnel reaches (`127.0.0.1`, `0.0.0.0`, `::`), ascending.
 
 use super::{http_error, Body};
 use hyper::body::Incoming;
@@ -37,8 +40,44 @@ pub fn parse_port(rest: &str) -> Option<u16> {
     rest.parse::<u16>().ok().filter(|&p| p != 0)
 }
 
+/// The listening ports of a `/proc/net/tcp` or `tcp6` table whose address the tunnel
+/// reaches (`127.0.0.1`, `0.0.0.0`, `::`, `::ffff:127.0.0.1`).
+pub fn parse_listening(table: &str) -> Vec<u16> {
+    const REACHABLE: [&str; 4] = [
+        "0100007F",
+        "00000000",
+        "00000000000000000000000000000000",
+        "0000000000000000FFFF00000100007F",
+    ];
+    table
+        .lines()
+        .skip(1)
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            let (addr, port) = f.get(1)?.split_once(':')?;
+            (f.get(3) == Some(&"0A") && REACHABLE.contains(&addr))
+                .then(|| u16::from_str_radix(port, 16).ok())
+                .flatten()
+        })
+        .collect()
+}
+
+/// `GET /tunnel/`: `{"listening": [ports]}` from this network namespace's TCP tables.
+async fn listening() -> Response<Body> {
+    let mut ports = std::collections::BTreeSet::new();
+    for table in ["/proc/net/tcp", "/proc/net/tcp6"] {
+        if let Ok(t) = tokio::fs::read_to_string(table).await {
+            ports.extend(parse_listening(&t));
+        }
+    }
+    super::json(&serde_json::json!({ "listening": ports }))
+}
+
 /// Serves `/tunnel/{port}` (`rest` is what follows the prefix).
 pub async fn tunnel(mut req: Request<Incoming>, rest: &str) -> Response<Body> {
+    if rest.is_empty() && req.method() == Method::GET && !wants_tunnel(&req) {
+        return listening().await;
+    }
     if req.method() != Method::GET {
         return http_error(405, "method not allowed: the tunnel is opened with GET");
     }
@@ -82,6 +121,22 @@ pub async fn tunnel(mut req: Request<Incoming>, rest: &str) -> Response<Body> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn listening_ports_parse() {
+        let tcp = "  sl  local_address rem_address   st tx_queue rx_queue
+   0: 00000000:1F40 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 1
+   1: 0100007F:0050 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 2
+   2: 0100007F:0051 0100007F:1234 01 00000000:00000000 00:00000000 00000000     0        0 3
+   3: 0200000A:0052 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 4
+";
+        assert_eq!(parse_listening(tcp), vec![8000, 80]);
+        let tcp6 = "  sl  local_address remote_address st
+   0: 00000000000000000000000000000000:1F90 00000000000000000000000000000000:0000 0A
+   1: 00000000000000000000000001000000:1F91 00000000000000000000000000000000:0000 0A
+";
+        assert_eq!(parse_listening(tcp6), vec![8080]);
+    }
 
     #[test]
     fn ports_parse() {

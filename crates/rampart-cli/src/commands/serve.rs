@@ -46,6 +46,10 @@ pub struct ServeArgs {
     /// Log format (the level comes from RUST_LOG, default `info`).
     #[arg(long, value_enum, default_value = "text")]
     log_format: LogFormat,
+    /// Domain of host-name routing to sandbox ports: `{port}-{id}.<DOMAIN>` (default
+    /// `localhost`).
+    #[arg(long, value_name = "DOMAIN")]
+    domain: Option<String>,
 }
 
 /// A size in a config file: bytes (`536870912`) or text (`"512M"`).
@@ -120,6 +124,8 @@ struct FileConfig {
     max_limits: LimitsConfig,
     #[serde(default)]
     audit: AuditFileConfig,
+    /// Domain of host-name routing to sandbox ports.
+    domain: Option<String>,
     /// Sandbox networks (see `docs/network.md`).
     #[serde(default)]
     network: super::net::NetworkFileConfig,
@@ -208,6 +214,7 @@ fn helper_bin(name: &str, given: Option<PathBuf>, flag: &str) -> Result<PathBuf>
 struct Resolved {
     listen: SocketAddr,
     core: CoreConfig,
+    server: rampart_server::ServerOptions,
 }
 
 fn resolve(a: &ServeArgs) -> Result<Resolved> {
@@ -304,8 +311,20 @@ fn resolve(a: &ServeArgs) -> Result<Resolved> {
     if max_sandboxes == 0 {
         bail!("max_sandboxes must be at least 1");
     }
+    let domain = a
+        .domain
+        .clone()
+        .or(file.domain.clone())
+        .unwrap_or(rampart_server::DEFAULT_DOMAIN.into());
+    if !rampart_server::valid_domain(&domain) {
+        bail!(
+            "domain {domain:?}: expected a lowercase DNS name such as localhost or \
+             sandboxes.example.com"
+        );
+    }
     Ok(Resolved {
         listen,
+        server: rampart_server::ServerOptions { domain },
         core: CoreConfig {
             data_dir,
             jailer_bin,
@@ -376,9 +395,10 @@ pub async fn run(a: ServeArgs) -> Result<u8> {
         r.listen
     );
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let mut server = tokio::spawn(rampart_server::serve_with_shutdown(
+    let mut server = tokio::spawn(rampart_server::serve_with_options(
         listener,
         manager.clone(),
+        r.server.clone(),
         async move {
             let _ = stop_rx.await;
         },

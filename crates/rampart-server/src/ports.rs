@@ -1,0 +1,889 @@
+//! Exposed ports: a server listening on port P inside a sandbox, reached from outside through
+//! the daemon, by path (`/v1/sandboxes/{id}/ports/{P}/...`) or by host name
+//! (`{P}-{id}.<domain>`, on the daemon's own listener, before the `/v1` router). HTTP is
+//! streamed both ways and upgrades (WebSocket) are relayed, over the agent's port tunnel
+//! (see [`crate::proxy`]).
+//!
+//! Every port is private to the holder of the sandbox's access token (made at create and
+//! returned by create and `GET /v1/sandboxes/{id}`; an E2B sandbox's is its E2B access
+//! token), given as `X-Rampart-Token`, `Authorization: Bearer`, or for browsers a
+//! `rampart_token` query parameter (then kept in a cookie of that name). A port the sandbox
+//! made public (`POST /v1/sandboxes/{id}/ports/{P}/public`, or `public_ports` at create)
+//! needs no token. The daemon's own credentials never reach the server inside.
+
+use crate::error::ApiError;
+use crate::extract::{QueryPairs, SandboxPath};
+use crate::AppState;
+use axum::extract::{FromRequestParts, OriginalUri, Path, Request, State};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use rampart_agent::client::ClientError;
+use rampart_store::access::AccessStore;
+use rampart_store::keys::KeyStore;
+use rampart_store::StoreError;
+use rampart_types::{ApiErrorBody, PortInfo, PortList, SandboxId, SandboxState};
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+/// The header that carries a sandbox's access token.
+pub const TOKEN_HEADER: &str = "x-rampart-token";
+/// The query parameter and cookie that carry a sandbox's access token (browsers).
+pub const TOKEN_PARAM: &str = "rampart_token";
+/// The default domain of host-name routing (`{port}-{id}.localhost`).
+pub const DEFAULT_DOMAIN: &str = "localhost";
+/// envd's port inside an E2B sandbox: its host names stay with the E2B proxy.
+const ENVD_PORT: u16 = 49983;
+/// Most ports a create may make public.
+const MAX_PUBLIC_PORTS: usize = 100;
+
+/// Options of the daemon's HTTP server.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServerOptions {
+    /// The domain of host-name routing: `{port}-{id}.<domain>` reaches port `port` of sandbox
+    /// `id`. Lowercase; `localhost` by default.
+    pub domain: String,
+}
+
+impl Default for ServerOptions {
+    fn default() -> Self {
+        ServerOptions {
+            domain: DEFAULT_DOMAIN.into(),
+        }
+    }
+}
+
+/// Whether `domain` can be the domain of host-name routing: lowercase DNS labels
+/// (`a-z`, `0-9`, `-`) separated by dots.
+pub fn valid_domain(domain: &str) -> bool {
+    !domain.is_empty()
+        && domain.len() <= 200
+        && domain.split('.').all(|l| {
+            !l.is_empty()
+                && l.len() <= 63
+                && !l.starts_with('-')
+                && !l.ends_with('-')
+                && l.bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        })
+}
+
+/// What the port proxy keeps: the domain, the tokens and public ports, and (on a daemon) the
+/// E2B key store, whose sandboxes' tokens open their ports too.
+pub(crate) struct Ports {
+    domain: String,
+    access: Arc<AccessStore>,
+    e2b: Option<Arc<KeyStore>>,
+}
+
+impl std::fmt::Debug for Ports {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Ports")
+            .field("domain", &self.domain)
+            .finish_non_exhaustive()
+    }
+}
+
+fn store_error(e: StoreError) -> ApiError {
+    ApiError::internal(format!("port access store: {e}"))
+}
+
+/// Runs a store call on a blocking thread.
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, StoreError> + Send + 'static,
+) -> Result<T, ApiError> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| ApiError::internal(format!("port access store: {e}")))?
+        .map_err(store_error)
+}
+
+impl Ports {
+    /// Keeps everything in memory (a router over a stand-in backend).
+    pub(crate) fn in_memory(opts: &ServerOptions) -> Ports {
+        let access = match AccessStore::open_in_memory() {
+            Ok(s) => s,
+            // An in-memory SQLite database only fails to open when out of memory.
+            Err(e) => panic!("cannot open an in-memory SQLite database: {e}"),
+        };
+        Ports {
+            domain: opts.domain.clone(),
+            access: Arc::new(access),
+            e2b: None,
+        }
+    }
+
+    /// Opens the tables in the daemon's `state.db` and forgets the sandboxes not in `alive`.
+    pub(crate) fn open(
+        data_dir: &std::path::Path,
+        opts: &ServerOptions,
+        alive: &[&str],
+    ) -> Result<Ports, StoreError> {
+        let db = data_dir.join("state.db");
+        let access = AccessStore::open(&db)?;
+        let n = access.retain(alive)?;
+        if n > 0 {
+            tracing::debug!("forgot the port access of {n} ended sandboxes");
+        }
+        let e2b = KeyStore::open(&db)?;
+        Ok(Ports {
+            domain: opts.domain.clone(),
+            access: Arc::new(access),
+            e2b: Some(Arc::new(e2b)),
+        })
+    }
+
+    /// The token of a sandbox: its own, else its E2B access token, else none.
+    pub(crate) async fn token(&self, id: &SandboxId) -> Result<Option<String>, ApiError> {
+        let access = self.access.clone();
+        let e2b = self.e2b.clone();
+        let sid = id.as_str().to_owned();
+        blocking(move || {
+            if let Some(t) = access.token(&sid)? {
+                return Ok(Some(t));
+            }
+            match e2b {
+                Some(k) => Ok(k.sandbox(&sid)?.map(|f| f.access_token)),
+                None => Ok(None),
+            }
+        })
+        .await
+    }
+
+    /// The token of a sandbox, made now if it has none (a sandbox made before tokens were).
+    pub(crate) async fn ensure_token(&self, id: &SandboxId) -> Result<String, ApiError> {
+        if let Some(t) = self.token(id).await? {
+            return Ok(t);
+        }
+        let access = self.access.clone();
+        let sid = id.as_str().to_owned();
+        blocking(move || access.issue(&sid, &[])).await
+    }
+
+    /// Makes the token of a new sandbox and records its public ports.
+    pub(crate) async fn issue(&self, id: &SandboxId, public: &[u16]) -> Result<String, ApiError> {
+        let access = self.access.clone();
+        let sid = id.as_str().to_owned();
+        let public = public.to_vec();
+        blocking(move || access.issue(&sid, &public)).await
+    }
+
+    /// Forgets an ended sandbox.
+    pub(crate) async fn forget(&self, id: &SandboxId) {
+        let access = self.access.clone();
+        let sid = id.as_str().to_owned();
+        if let Err(e) = blocking(move || access.forget(&sid)).await {
+            tracing::warn!(id = %id, "forgetting the port access of an ended sandbox: {e}");
+        }
+    }
+
+    async fn is_public(&self, id: &SandboxId, port: u16) -> Result<bool, ApiError> {
+        let access = self.access.clone();
+        let sid = id.as_str().to_owned();
+        blocking(move || access.is_public(&sid, port)).await
+    }
+
+    async fn public_ports(&self, id: &SandboxId) -> Result<Vec<u16>, ApiError> {
+        let access = self.access.clone();
+        let sid = id.as_str().to_owned();
+        blocking(move || access.public_ports(&sid)).await
+    }
+
+    async fn set_public(&self, id: &SandboxId, port: u16, public: bool) -> Result<(), ApiError> {
+        let access = self.access.clone();
+        let sid = id.as_str().to_owned();
+        blocking(move || access.set_public(&sid, port, public)).await
+    }
+}
+
+/// Checks the `public_ports` of a create request: 1-65535, at most 100.
+pub(crate) fn check_public_ports(ports: &[u16]) -> Result<(), ApiError> {
+    if ports.contains(&0) {
+        return Err(ApiError::bad_request(
+            "public_ports: port 0 is not a port; use 1-65535",
+        ));
+    }
+    if ports.len() > MAX_PUBLIC_PORTS {
+        return Err(ApiError::bad_request(format!(
+            "public_ports: at most {MAX_PUBLIC_PORTS} ports"
+        )));
+    }
+    Ok(())
+}
+
+/// Parses a `{port}` path segment: 1-65535.
+fn parse_port(raw: &str) -> Result<u16, ApiError> {
+    match raw.parse::<u16>() {
+        Ok(p) if p > 0 && raw.bytes().all(|b| b.is_ascii_digit()) => Ok(p),
+        _ => Err(ApiError::bad_request(format!(
+            "port: {raw:?} is not a port; use 1-65535"
+        ))),
+    }
+}
+
+/// The sandbox of a port request, if it can serve one: 404 when unknown or ended, 409 when
+/// not running.
+async fn running(st: &AppState, id: &SandboxId) -> Result<(), ApiError> {
+    let info = st.backend.get(id)?;
+    match info.state {
+        SandboxState::Running => Ok(()),
+        SandboxState::Paused | SandboxState::Creating => Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "conflict",
+            format!(
+                "sandbox {id} is {}; its ports answer once it runs{}",
+                info.state.as_str(),
+                if info.state == SandboxState::Paused {
+                    " (POST /v1/sandboxes/{id}/resume)"
+                } else {
+                    ""
+                }
+            ),
+        )),
+        _ => {
+            st.ports.forget(id).await;
+            Err(ApiError::not_found(format!(
+                "sandbox {id} has ended ({}); its ports are gone",
+                info.state.as_str()
+            )))
+        }
+    }
+}
+
+/// Where a credential was found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Source {
+    Header,
+    Bearer,
+    Query,
+    Cookie,
+}
+
+/// The candidate tokens of a request, with where each came from.
+fn credentials(headers: &HeaderMap, query: Option<&str>) -> Vec<(String, Source)> {
+    let mut out = Vec::new();
+    for h in [TOKEN_HEADER, "x-access-token", "e2b-traffic-access-token"] {
+        for v in headers.get_all(h) {
+            if let Ok(v) = v.to_str() {
+                out.push((v.trim().to_owned(), Source::Header));
+            }
+        }
+    }
+    for v in headers.get_all(header::AUTHORIZATION) {
+        if let Some(t) = v.to_str().ok().and_then(bearer) {
+            out.push((t.to_owned(), Source::Bearer));
+        }
+    }
+    if let Some(q) = query {
+        let pairs: Vec<(String, String)> = serde_urlencoded::from_str(q).unwrap_or_default();
+        for (k, v) in pairs {
+            if k == TOKEN_PARAM {
+                out.push((v, Source::Query));
+            }
+        }
+    }
+    for v in headers.get_all(header::COOKIE) {
+        let Ok(v) = v.to_str() else { continue };
+        for c in v.split(';') {
+            if let Some((k, val)) = c.trim().split_once('=') {
+                if k == TOKEN_PARAM {
+                    out.push((val.to_owned(), Source::Cookie));
+                }
+            }
+        }
+    }
+    out
+}
+
+/// The token of `Authorization: Bearer <token>`.
+fn bearer(v: &str) -> Option<&str> {
+    let (scheme, rest) = v.trim().split_once(' ')?;
+    scheme.eq_ignore_ascii_case("bearer").then(|| rest.trim())
+}
+
+/// Whether a request carries a Rampart credential (not only E2B's headers).
+fn has_rampart_credential(headers: &HeaderMap, query: Option<&str>) -> bool {
+    headers.contains_key(TOKEN_HEADER)
+        || credentials(headers, query)
+            .iter()
+            .any(|(_, s)| *s != Source::Header)
+}
+
+/// What authorization decided: whether to set the cookie (the token came in the query).
+#[derive(Debug, Default)]
+struct Granted {
+    set_cookie: Option<String>,
+}
+
+/// Authorizes a request for `port` of `id`: a public port needs nothing; otherwise one of
+/// the request's credentials must be the sandbox's token (401 without any, 403 when none is).
+async fn authorize(
+    st: &AppState,
+    id: &SandboxId,
+    port: u16,
+    headers: &HeaderMap,
+    query: Option<&str>,
+) -> Result<Granted, ApiError> {
+    if st.ports.is_public(id, port).await? {
+        return Ok(Granted::default());
+    }
+    let given = credentials(headers, query);
+    if given.is_empty() {
+        return Err(ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            "unauthorized",
+            format!(
+                "port {port} of sandbox {id} is private: send the sandbox's access token (in \
+                 the answer of create and of GET /v1/sandboxes/{id}) as the X-Rampart-Token \
+                 header, as Authorization: Bearer, or as ?{TOKEN_PARAM}= (browsers; it is then \
+                 kept in a cookie), or make the port public (POST \
+                 /v1/sandboxes/{id}/ports/{port}/public)"
+            ),
+        ));
+    }
+    let Some(token) = st.ports.token(id).await? else {
+        return Err(ApiError::new(
+            StatusCode::FORBIDDEN,
+            "forbidden",
+            format!("sandbox {id} has no access token; its private ports cannot be opened"),
+        ));
+    };
+    match given
+        .iter()
+        .find(|(t, _)| crate::proxy::same_secret(t.as_bytes(), token.as_bytes()))
+    {
+        Some((_, Source::Query)) => Ok(Granted {
+            set_cookie: Some(token),
+        }),
+        Some(_) => Ok(Granted::default()),
+        None => Err(ApiError::new(
+            StatusCode::FORBIDDEN,
+            "forbidden",
+            format!("the access token given does not open sandbox {id}"),
+        )),
+    }
+}
+
+/// Removes the daemon's credentials from a request that goes to the sandbox: the token
+/// headers, a bearer token that is the sandbox's, the `rampart_token` cookie and query
+/// parameter.
+fn scrub(req: &mut Request, token: Option<&str>) {
+    let h = req.headers_mut();
+    h.remove(TOKEN_HEADER);
+    let ours = |v: &HeaderValue| {
+        let t = v.to_str().ok().and_then(bearer);
+        matches!((t, token), (Some(t), Some(k)) if crate::proxy::same_secret(t.as_bytes(), k.as_bytes()))
+    };
+    if h.get_all(header::AUTHORIZATION).iter().any(ours) {
+        h.remove(header::AUTHORIZATION);
+    }
+    let cookies: Vec<String> = h
+        .get_all(header::COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(';'))
+        .map(str::trim)
+        .filter(|c| !c.is_empty() && c.split_once('=').map(|(k, _)| k) != Some(TOKEN_PARAM))
+        .map(str::to_owned)
+        .collect();
+    h.remove(header::COOKIE);
+    if !cookies.is_empty() {
+        if let Ok(v) = HeaderValue::from_str(&cookies.join("; ")) {
+            h.insert(header::COOKIE, v);
+        }
+    }
+}
+
+/// `rest` (a path starting with `/`, or empty) and the query without `rampart_token`.
+fn path_and_query(rest: &str, query: Option<&str>) -> String {
+    let mut out = if rest.is_empty() {
+        "/".to_owned()
+    } else {
+        rest.to_owned()
+    };
+    let kept: Vec<&str> = query
+        .unwrap_or_default()
+        .split('&')
+        .filter(|kv| !kv.is_empty() && kv.split('=').next() != Some(TOKEN_PARAM))
+        .collect();
+    if !kept.is_empty() {
+        out.push('?');
+        out.push_str(&kept.join("&"));
+    }
+    out
+}
+
+/// Sends `req` (already authorized, its URI the path and query for the server inside) to
+/// `port` of `id` through the agent's tunnel.
+async fn relay(st: &AppState, id: &SandboxId, port: u16, req: Request) -> Response {
+    let agent = match st.backend.agent(id) {
+        Ok(a) => a,
+        Err(e) => return ApiError::from(e).into_response(),
+    };
+    let up = match agent.tunnel(port).await {
+        Ok(up) => up,
+        Err(ClientError::Rpc { message, .. }) if message.starts_with("port is not open") => {
+            return ApiError::new(
+                StatusCode::BAD_GATEWAY,
+                "port_closed",
+                format!(
+                    "nothing listens on port {port} in sandbox {id} (the daemon connects to \
+                     127.0.0.1:{port} inside; a server bound to another address is not reached)"
+                ),
+            )
+            .into_response()
+        }
+        Err(e) => {
+            return match running(st, id).await {
+                Err(gone) => gone.into_response(),
+                Ok(()) => ApiError::new(
+                    StatusCode::BAD_GATEWAY,
+                    "agent_error",
+                    format!("cannot reach port {port} in sandbox {id}: {e}"),
+                )
+                .into_response(),
+            }
+        }
+    };
+    match crate::proxy::forward_over(up, port, req, &[]).await {
+        Ok(r) => r,
+        Err(e) => ApiError::new(
+            StatusCode::BAD_GATEWAY,
+            "port_error",
+            format!("port {port} of sandbox {id}: {e}"),
+        )
+        .into_response(),
+    }
+}
+
+/// Checks, scrubs, rewrites and relays one request for `port` of `id`; `rest` is the path
+/// for the server inside; `cookie_path` the path of the cookie set when the token came in
+/// the query.
+async fn serve_port(
+    st: &AppState,
+    id: &SandboxId,
+    port: u16,
+    rest: &str,
+    cookie_path: &str,
+    mut req: Request,
+) -> Response {
+    if let Err(e) = running(st, id).await {
+        return e.into_response();
+    }
+    let query = req.uri().query().map(str::to_owned);
+    let granted = match authorize(st, id, port, req.headers(), query.as_deref()).await {
+        Ok(g) => g,
+        Err(e) => return e.into_response(),
+    };
+    let token = match st.ports.token(id).await {
+        Ok(t) => t,
+        Err(e) => return e.into_response(),
+    };
+    scrub(&mut req, token.as_deref());
+    let pq = path_and_query(rest, query.as_deref());
+    match pq.parse() {
+        Ok(uri) => *req.uri_mut() = uri,
+        Err(e) => return ApiError::bad_request(format!("path {pq:?}: {e}")).into_response(),
+    }
+    let mut resp = relay(st, id, port, req).await;
+    if let Some(t) = granted.set_cookie {
+        let c = format!("{TOKEN_PARAM}={t}; Path={cookie_path}; HttpOnly; SameSite=Lax");
+        if let Ok(v) = HeaderValue::from_str(&c) {
+            resp.headers_mut().append(header::SET_COOKIE, v);
+        }
+    }
+    resp
+}
+
+/// `ANY /v1/sandboxes/{id}/ports/{port}/...`: relayed to port `port` inside the sandbox
+/// (the path after the port, with the query; `/` when none).
+#[utoipa::path(get, path = "/v1/sandboxes/{id}/ports/{port}/{path}", tag = "ports",
+    params(
+        ("id" = String, Path, description = "Sandbox id"),
+        ("port" = u16, Path, description = "Port inside the sandbox (1-65535)"),
+        ("path" = String, Path, description = "Path for the server inside (any method)"),
+        ("rampart_token" = Option<String>, Query, description = "The sandbox's access token \
+            (browsers; kept in a cookie); or the X-Rampart-Token header, or Authorization: \
+            Bearer. Not needed for a public port"),
+    ),
+    responses(
+        (status = 200, description = "The answer of the server inside, streamed (any status; \
+            101 for an upgrade such as a WebSocket)"),
+        (status = 401, description = "A private port and no token given", body = ApiErrorBody),
+        (status = 403, description = "The token given is not the sandbox's", body = ApiErrorBody),
+        (status = 404, description = "No such sandbox, or it has ended", body = ApiErrorBody),
+        (status = 409, description = "The sandbox is paused", body = ApiErrorBody),
+        (status = 502, description = "Nothing listens on the port", body = ApiErrorBody),
+    ))]
+pub(crate) async fn proxy(State(st): State<AppState>, req: Request) -> Response {
+    let (mut parts, body) = req.into_parts();
+    let params = match Path::<Vec<(String, String)>>::from_request_parts(&mut parts, &()).await {
+        Ok(Path(p)) => p,
+        Err(e) => return ApiError::bad_request(e.body_text()).into_response(),
+    };
+    let original = parts
+        .extensions
+        .get::<OriginalUri>()
+        .map(|o| o.0.clone())
+        .unwrap_or_else(|| parts.uri.clone());
+    let req = Request::from_parts(parts, body);
+    let get = |k: &str| {
+        params
+            .iter()
+            .find(|(n, _)| n == k)
+            .map(|(_, v)| v.as_str())
+            .unwrap_or_default()
+    };
+    let id = match SandboxId::parse(get("id")) {
+        Ok(id) => id,
+        Err(e) => return ApiError::bad_request(format!("id: {e}")).into_response(),
+    };
+    let port = match parse_port(get("port")) {
+        Ok(p) => p,
+        Err(e) => return e.into_response(),
+    };
+    // The path after `/sandboxes/{id}/ports/{port}`, as sent (not decoded).
+    let path = original.path();
+    let prefix = format!("/sandboxes/{}/ports/{}", id.as_str(), get("port"));
+    let (cookie_path, rest) = match path.find(&prefix) {
+        Some(i) => (&path[..i + prefix.len()], &path[i + prefix.len()..]),
+        None => (path, ""),
+    };
+    let cookie_path = cookie_path.to_owned();
+    let rest = rest.to_owned();
+    serve_port(&st, &id, port, &rest, &cookie_path, req).await
+}
+
+/// What a host name routes to.
+#[derive(Debug, PartialEq, Eq)]
+struct HostTarget {
+    port: u16,
+    id: String,
+}
+
+/// Parses `{port}-{id}.<domain>[:listen port]`.
+fn host_target(host: &str, domain: &str) -> Option<HostTarget> {
+    let name = match host.rsplit_once(':') {
+        Some((n, p)) if p.bytes().all(|b| b.is_ascii_digit()) => n,
+        _ => host,
+    };
+    let name = name.trim_end_matches('.').to_ascii_lowercase();
+    let label = name.strip_suffix(domain)?.strip_suffix('.')?;
+    let (port, id) = label.split_once('-')?;
+    let port = parse_port(port).ok()?;
+    if id.is_empty() || id.contains('.') {
+        return None;
+    }
+    Some(HostTarget {
+        port,
+        id: id.to_owned(),
+    })
+}
+
+/// Middleware in front of the whole router: a request whose `Host` is
+/// `{port}-{id}.<domain>` goes to that port of that sandbox. Left to the E2B proxy: envd's
+/// port, requests with E2B's routing header, and E2B-token requests without a Rampart
+/// credential to a private port (so the E2B SDKs see E2B's answers).
+pub(crate) async fn host_route(State(st): State<AppState>, req: Request, next: Next) -> Response {
+    let host = req
+        .headers()
+        .get(header::HOST)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned)
+        .or_else(|| req.uri().authority().map(|a| a.as_str().to_owned()));
+    let Some(t) = host.and_then(|h| host_target(&h, &st.ports.domain)) else {
+        return next.run(req).await;
+    };
+    if t.port == ENVD_PORT || req.headers().contains_key("e2b-sandbox-id") {
+        return next.run(req).await;
+    }
+    let Ok(id) = SandboxId::parse(&t.id) else {
+        return ApiError::not_found(format!("no sandbox {:?}", t.id)).into_response();
+    };
+    let e2b_token = ["x-access-token", "e2b-traffic-access-token"]
+        .iter()
+        .any(|h| req.headers().contains_key(*h));
+    if e2b_token && !has_rampart_credential(req.headers(), req.uri().query()) {
+        match st.ports.is_public(&id, t.port).await {
+            Ok(true) => {}
+            Ok(false) => return next.run(req).await,
+            Err(e) => return e.into_response(),
+        }
+    }
+    let rest = req.uri().path().to_owned();
+    serve_port(&st, &id, t.port, &rest, "/", req).await
+}
+
+/// The base URL a client reached the daemon at: `X-Forwarded-Proto` or `http`, and `Host`.
+fn base_of(headers: &HeaderMap) -> (String, String) {
+    let scheme = headers
+        .get("x-forwarded-proto")
+        .and_then(|v| v.to_str().ok())
+        .filter(|s| *s == "https" || *s == "http")
+        .unwrap_or("http")
+        .to_owned();
+    let host = headers
+        .get(header::HOST)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("127.0.0.1:3000")
+        .to_owned();
+    (scheme, host)
+}
+
+/// The ports listening inside a sandbox on an address the tunnel reaches (asked of its
+/// agent; none when it does not answer).
+async fn listening(st: &AppState, id: &SandboxId) -> BTreeSet<u16> {
+    let Ok(agent) = st.backend.agent(id) else {
+        return BTreeSet::new();
+    };
+    match agent.listening_ports().await {
+        Ok(p) => p.into_iter().collect(),
+        Err(e) => {
+            tracing::debug!(id = %id, "listing the listening ports: {e}");
+            BTreeSet::new()
+        }
+    }
+}
+
+fn port_info(
+    (scheme, host): &(String, String),
+    domain: &str,
+    id: &SandboxId,
+    port: u16,
+    listening: bool,
+    public: bool,
+) -> PortInfo {
+    let listen_port = host
+        .rsplit_once(':')
+        .filter(|(_, p)| p.bytes().all(|b| b.is_ascii_digit()))
+        .map(|(_, p)| format!(":{p}"))
+        .unwrap_or_default();
+    PortInfo {
+        port,
+        listening,
+        public,
+        url: format!("{scheme}://{host}/v1/sandboxes/{id}/ports/{port}/"),
+        host_url: format!("{scheme}://{port}-{id}.{domain}{listen_port}/"),
+    }
+}
+
+/// `GET /v1/sandboxes/{id}/ports`: the ports that listen inside or are public, with their
+/// URLs; `?port=P` adds port P whatever its state.
+#[utoipa::path(get, path = "/v1/sandboxes/{id}/ports", tag = "ports",
+    params(
+        ("id" = String, Path, description = "Sandbox id"),
+        ("port" = Option<u16>, Query, description = "Also list this port"),
+    ),
+    responses(
+        (status = 200, description = "The sandbox's ports", body = PortList),
+        (status = 400, description = "Malformed id or port", body = ApiErrorBody),
+        (status = 404, description = "No such sandbox, or it has ended", body = ApiErrorBody),
+    ))]
+pub(crate) async fn list(
+    State(st): State<AppState>,
+    SandboxPath(id): SandboxPath,
+    QueryPairs(q): QueryPairs,
+    headers: HeaderMap,
+) -> Result<Json<PortList>, ApiError> {
+    let mut extra = Vec::new();
+    for (k, v) in q {
+        match k.as_str() {
+            "port" => extra.push(parse_port(&v)?),
+            _ => {
+                return Err(ApiError::bad_request(format!(
+                    "{k}: unknown query parameter; expected port"
+                )))
+            }
+        }
+    }
+    let info = st.backend.get(&id)?;
+    if !matches!(
+        info.state,
+        SandboxState::Running | SandboxState::Paused | SandboxState::Creating
+    ) {
+        return Err(ApiError::not_found(format!(
+            "sandbox {id} has ended ({}); its ports are gone",
+            info.state.as_str()
+        )));
+    }
+    let public: BTreeSet<u16> = st.ports.public_ports(&id).await?.into_iter().collect();
+    let listen = if info.state == SandboxState::Running {
+        listening(&st, &id).await
+    } else {
+        BTreeSet::new()
+    };
+    let base = base_of(&headers);
+    let all: BTreeSet<u16> = public
+        .iter()
+        .chain(listen.iter())
+        .chain(extra.iter())
+        .copied()
+        .collect();
+    let ports = all
+        .into_iter()
+        .map(|p| {
+            port_info(
+                &base,
+                &st.ports.domain,
+                &id,
+                p,
+                listen.contains(&p),
+                public.contains(&p),
+            )
+        })
+        .collect();
+    Ok(Json(PortList {
+        id: id.as_str().to_owned(),
+        ports,
+    }))
+}
+
+async fn set_public(
+    st: &AppState,
+    id: &SandboxId,
+    raw_port: &str,
+    headers: &HeaderMap,
+    public: bool,
+) -> Result<Json<PortInfo>, ApiError> {
+    let port = parse_port(raw_port)?;
+    running(st, id).await.or_else(|e| {
+        // A paused sandbox's ports can still be made public or private.
+        if e.status == StatusCode::CONFLICT {
+            Ok(())
+        } else {
+            Err(e)
+        }
+    })?;
+    st.ports.set_public(id, port, public).await?;
+    Ok(Json(port_info(
+        &base_of(headers),
+        &st.ports.domain,
+        id,
+        port,
+        false,
+        public,
+    )))
+}
+
+/// `POST /v1/sandboxes/{id}/ports/{port}/public`: the port is reachable without the
+/// sandbox's token from now on. Other methods on this path are relayed to `/public` inside.
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/ports/{port}/public", tag = "ports",
+    params(
+        ("id" = String, Path, description = "Sandbox id"),
+        ("port" = u16, Path, description = "Port inside the sandbox (1-65535)"),
+    ),
+    responses(
+        (status = 200, description = "The port, now public (`listening` is not checked)", body = PortInfo),
+        (status = 400, description = "Malformed id or port", body = ApiErrorBody),
+        (status = 404, description = "No such sandbox, or it has ended", body = ApiErrorBody),
+    ))]
+pub(crate) async fn make_public(
+    State(st): State<AppState>,
+    Path((id, port)): Path<(String, String)>,
+    headers: HeaderMap,
+) -> Result<Json<PortInfo>, ApiError> {
+    let id = SandboxId::parse(&id).map_err(|e| ApiError::bad_request(format!("id: {e}")))?;
+    set_public(&st, &id, &port, &headers, true).await
+}
+
+/// `DELETE /v1/sandboxes/{id}/ports/{port}/public`: the port needs the token again.
+#[utoipa::path(delete, path = "/v1/sandboxes/{id}/ports/{port}/public", tag = "ports",
+    params(
+        ("id" = String, Path, description = "Sandbox id"),
+        ("port" = u16, Path, description = "Port inside the sandbox (1-65535)"),
+    ),
+    responses(
+        (status = 200, description = "The port, now private", body = PortInfo),
+        (status = 400, description = "Malformed id or port", body = ApiErrorBody),
+        (status = 404, description = "No such sandbox, or it has ended", body = ApiErrorBody),
+    ))]
+pub(crate) async fn make_private(
+    State(st): State<AppState>,
+    Path((id, port)): Path<(String, String)>,
+    headers: HeaderMap,
+) -> Result<Json<PortInfo>, ApiError> {
+    let id = SandboxId::parse(&id).map_err(|e| ApiError::bad_request(format!("id: {e}")))?;
+    set_public(&st, &id, &port, &headers, false).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::body::Body;
+
+    #[test]
+    fn host_names_route() {
+        let t = |h: &str| host_target(h, "localhost");
+        assert_eq!(
+            t("8000-abc123.localhost:3000"),
+            Some(HostTarget {
+                port: 8000,
+                id: "abc123".into()
+            })
+        );
+        assert_eq!(
+            t("8000-ABC123.LOCALHOST"),
+            Some(HostTarget {
+                port: 8000,
+                id: "abc123".into()
+            })
+        );
+        assert_eq!(t("localhost:3000"), None);
+        assert_eq!(t("127.0.0.1:3000"), None);
+        assert_eq!(t("0-abc.localhost"), None);
+        assert_eq!(t("70000-abc.localhost"), None);
+        assert_eq!(t("8000-abc.example.com"), None);
+        assert_eq!(t("8000-abc.evil-localhost"), None);
+        assert_eq!(t("8000-a.b.localhost"), None);
+        assert_eq!(
+            host_target("80-x.sbx.example.com", "sbx.example.com"),
+            Some(HostTarget {
+                port: 80,
+                id: "x".into()
+            })
+        );
+    }
+
+    #[test]
+    fn domains() {
+        assert!(valid_domain("localhost"));
+        assert!(valid_domain("sbx.example.com"));
+        for bad in ["", "Local", "a..b", "-a.b", "a_b", "a.b-", "a b"] {
+            assert!(!valid_domain(bad), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn credentials_are_found_and_scrubbed() {
+        let mut h = HeaderMap::new();
+        h.insert(
+            "cookie",
+            HeaderValue::from_static("a=1; rampart_token=c; b=2"),
+        );
+        h.insert("authorization", HeaderValue::from_static("Bearer tok"));
+        h.insert(TOKEN_HEADER, HeaderValue::from_static("x"));
+        let got = credentials(&h, Some("q=1&rampart_token=qq"));
+        assert!(got.contains(&("x".into(), Source::Header)));
+        assert!(got.contains(&("tok".into(), Source::Bearer)));
+        assert!(got.contains(&("qq".into(), Source::Query)));
+        assert!(got.contains(&("c".into(), Source::Cookie)));
+        let mut req = Request::new(Body::empty());
+        *req.headers_mut() = h;
+        scrub(&mut req, Some("tok"));
+        assert!(!req.headers().contains_key(TOKEN_HEADER));
+        assert!(!req.headers().contains_key("authorization"));
+        assert_eq!(req.headers()["cookie"], "a=1; b=2");
+        // Someone else's bearer token is the server's business.
+        let mut req = Request::new(Body::empty());
+        req.headers_mut()
+            .insert("authorization", HeaderValue::from_static("Bearer app"));
+        scrub(&mut req, Some("tok"));
+        assert_eq!(req.headers()["authorization"], "Bearer app");
+        assert_eq!(path_and_query("", Some("rampart_token=x")), "/");
+        assert_eq!(
+            path_and_query("/a/b", Some("x=1&rampart_token=y&z=%20")),
+            "/a/b?x=1&z=%20"
+        );
+    }
+}
