@@ -27,6 +27,7 @@
 //! egress.subscribe(id) -> Option<broadcast::Receiver<NetLogEntry>>       (for `?follow=1`)
 //! egress.take_events() -> Option<mpsc::Receiver<NetEvent>>              (audit hook, once)
 //! egress.refresh_host_addrs() -> Result<()>; egress.proxy_port(); egress.dns_port()
+//! egress.serve_connection(TcpStream, sandbox_ip, dst).await   (a connection obtained otherwise)
 //! validate_policy(&NetworkPolicy) -> Result<(), RuleError>             (for create/PUT checks)
 //! validate_secrets(&[SecretSpec]) -> Result<(), EgressError>
 //! ```
@@ -36,6 +37,8 @@
 
 #![deny(missing_docs)]
 
+#[cfg(feature = "bench")]
+pub mod bench;
 mod dns;
 mod limits;
 mod netlog;
@@ -778,6 +781,21 @@ impl Egress {
     /// gets `RecvError::Lagged` and can catch up with [`Egress::log`].
     pub fn subscribe(&self, id: &str) -> Option<broadcast::Receiver<NetLogEntry>> {
         self.sandbox(id).ok().map(|sb| sb.log.subscribe())
+    }
+
+    /// Judges and serves one TCP connection as if the sandbox at `sandbox_ip` had opened it
+    /// to `dst` (what the proxy listener does after `SO_ORIGINAL_DST`). For embedders that
+    /// receive connections another way, and for benchmarks. Unknown sandbox: the connection
+    /// is closed.
+    pub async fn serve_connection(
+        &self,
+        client: tokio::net::TcpStream,
+        sandbox_ip: IpAddr,
+        dst: SocketAddr,
+    ) {
+        if let Some(sb) = self.inner.by_ip(sandbox_ip) {
+            proxy::handle_for(&self.inner, sb, client, dst).await;
+        }
     }
 
     /// How many entries of `id` the event hook dropped because its receiver lagged.

@@ -223,15 +223,7 @@ mod tests {
         let ch = client_hello("Api.Example.com");
         assert_eq!(classify(&ch), Peek::Tls(Some("api.example.com".into())));
         for n in 0..ch.len() {
-            assert_eq!(
-                classify(&ch[..n]),
-                if n == 0 {
-                    Peek::NeedMore
-                } else {
-                    Peek::NeedMore
-                },
-                "{n}"
-            );
+            assert_eq!(classify(&ch[..n]), Peek::NeedMore, "{n}");
         }
         // Split across two records.
         let hs = &ch[5..];

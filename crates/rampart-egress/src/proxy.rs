@@ -98,11 +98,10 @@ fn deny(rule: &str) -> crate::Decision {
     }
 }
 
-async fn handle(inner: Arc<Inner>, mut client: TcpStream, peer: SocketAddr) {
+async fn handle(inner: Arc<Inner>, client: TcpStream, peer: SocketAddr) {
     let Some(sb) = inner.by_ip(peer.ip()) else {
         return; // not a sandbox: close
     };
-    let _ = client.set_nodelay(true);
     let dst = match original_dst(&client) {
         Ok(d) => d,
         Err(_) => {
@@ -116,6 +115,17 @@ async fn handle(inner: Arc<Inner>, mut client: TcpStream, peer: SocketAddr) {
             return;
         }
     };
+    handle_for(&inner, sb, client, dst).await
+}
+
+/// Judges and serves a connection of `sb` to `dst`.
+pub(crate) async fn handle_for(
+    inner: &Inner,
+    sb: Arc<Sandbox>,
+    mut client: TcpStream,
+    dst: SocketAddr,
+) {
+    let _ = client.set_nodelay(true);
     let ip = canonical(dst.ip());
     let port = dst.port();
     let bl = inner.blocklist();
@@ -197,7 +207,7 @@ async fn handle(inner: Arc<Inner>, mut client: TcpStream, peer: SocketAddr) {
         .is_some_and(|n| secrets.iter().any(|s| s.bound_to(n, Some(port))));
     let result = match (&peek, &name) {
         (Peek::Tls(_), Some(n)) if bound => {
-            intercept(&inner, &sb, client, pre, dst, n, &counters, &live.cancel).await
+            intercept(inner, &sb, client, pre, dst, n, &counters, &live.cancel).await
         }
         (Peek::Http(_), Some(n)) if bound => match connect(dst).await {
             Ok(up) => {

@@ -340,12 +340,12 @@ mod tests {
             template: "Bearer {value}".into(),
         });
         let head = b"GET /x HTTP/1.1\r\nHost: api.example.com\r\nAuthorization: nope\r\n\r\n";
-        let r = rewrite_head(head, &[s.clone()], "api.example.com", 443).unwrap();
+        let r = rewrite_head(head, std::slice::from_ref(&s), "api.example.com", 443).unwrap();
         let text = String::from_utf8(r.bytes).unwrap();
         assert!(text.contains("Authorization: Bearer s3cr3t\r\n"), "{text}");
         assert!(!text.contains("nope"));
         assert_eq!(r.used, vec!["tok".to_string()]);
-        let r = rewrite_head(head, &[s.clone()], "other.example.com", 443).unwrap();
+        let r = rewrite_head(head, std::slice::from_ref(&s), "other.example.com", 443).unwrap();
         assert!(!String::from_utf8(r.bytes).unwrap().contains("s3cr3t"));
         // A Host header naming another host than the connection gets nothing.
         let head2 = b"GET / HTTP/1.1\r\nHost: evil.com\r\n\r\n";
@@ -360,7 +360,13 @@ mod tests {
             "POST / HTTP/1.1\r\nHost: api.example.com\r\nX-Key: k={}\r\nContent-Length: 3\r\n\r\n",
             s.placeholder
         );
-        let r = rewrite_head(head.as_bytes(), &[s.clone()], "api.example.com", 443).unwrap();
+        let r = rewrite_head(
+            head.as_bytes(),
+            std::slice::from_ref(&s),
+            "api.example.com",
+            443,
+        )
+        .unwrap();
         let text = String::from_utf8(r.bytes).unwrap();
         assert!(text.contains("X-Key: k=s3cr3t\r\n"));
         assert_eq!(r.body, BodyFraming::Length(3));
