@@ -50,6 +50,13 @@ enum Command {
     Pause(commands::sandbox::PauseArgs),
     /// Resume paused sandboxes: every process continues where it was.
     Resume(commands::sandbox::PauseArgs),
+    /// Snapshots of a sandbox's filesystem: `snapshot ID [--name N] [--stop]`, `snapshot ls`,
+    /// `snapshot rm NAME...`.
+    Snapshot(commands::persist::SnapshotArgs),
+    /// Make N sandboxes from one consistent point of a sandbox.
+    Fork(commands::persist::ForkArgs),
+    /// Named volumes with a size quota: create, ls, rm.
+    Volume(commands::persist::VolumeArgs),
     /// Set a sandbox's deadline to SECS seconds from now.
     Timeout(commands::sandbox::TimeoutArgs),
     /// Print the URLs of a port of a sandbox (path and host form); --public opens it to all.
@@ -132,6 +139,9 @@ fn main() -> ExitCode {
             Command::Pause(a) => commands::sandbox::pause(&host, a, false).await,
             Command::Resume(a) => commands::sandbox::pause(&host, a, true).await,
             Command::Audit(a) => commands::audit::audit(&host, a).await,
+            Command::Snapshot(a) => commands::persist::snapshot(&host, a).await,
+            Command::Fork(a) => commands::persist::fork(&host, a).await,
+            Command::Volume(a) => commands::persist::volume(&host, a).await,
             Command::Net(a) => commands::net::net(&host, a).await,
             Command::Replay(a) => commands::replay::replay(&host, a).await,
             Command::Bench(_) | Command::Keys(_) | Command::Template(_) => {

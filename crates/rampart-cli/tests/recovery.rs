@@ -57,7 +57,7 @@ fn traces(data: &Path, id: &str) -> Vec<String> {
     let mut t = Vec::new();
     let names = [id.to_owned(), format!("dying-{id}")];
     for name in &names {
-        let dir = data.join("sandboxes").join(name);
+        let dir = support::sandboxes_dir(data).join(name);
         if dir.exists() {
             t.push(format!("dir {}", dir.display()));
         }

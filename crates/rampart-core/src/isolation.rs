@@ -8,6 +8,7 @@ use rampart_jail::{CgroupVersion, Jail, JailError};
 use rampart_types::SandboxId;
 use std::path::{Path, PathBuf};
 
+pub use rampart_jail::persist::{DiskSource, LaunchExtras, VolumeSpec};
 pub use rampart_jail::{LaunchSpec, Launched, Usage};
 
 /// Errors of a tier.
@@ -93,6 +94,48 @@ pub trait Isolation: Send + Sync + std::fmt::Debug {
     fn counter_files(&self, _id: &SandboxId) -> Option<CounterFiles> {
         None
     }
+    /// Like [`Isolation::launch`], starting from a disk image (a snapshot or a fork's
+    /// consistent point) and/or with volumes. The default refuses anything beyond a launch.
+    fn launch_with(
+        &self,
+        spec: &LaunchSpec,
+        extras: &LaunchExtras,
+    ) -> Result<Launched, IsolationError> {
+        if extras.is_empty() {
+            return self.launch(spec);
+        }
+        Err(IsolationError::Unsupported(format!(
+            "the {} tier has no snapshots or volumes",
+            self.name()
+        )))
+    }
+    /// A descriptor (read-only directory, close-on-exec) of the root of a running or paused
+    /// sandbox's writable disk: `upper/` is the overlayfs upper directory of `/`,
+    /// `usr-upper/` that of `/usr` (whiteouts are 0/0 character devices, opaque directories
+    /// carry `trusted.overlay.opaque=y`; owners are host ids of the sandbox's uid range).
+    /// Use `openat`-family calls relative to it (never follow symlinks found there: they are
+    /// the sandbox's). Holding it pins the filesystem; close it when done. For a consistent
+    /// view, call it while the sandbox is frozen ([`Isolation::freeze`]).
+    fn upper_root(&self, id: &SandboxId) -> Result<std::os::fd::OwnedFd, IsolationError> {
+        let _ = id;
+        Err(IsolationError::Unsupported(format!(
+            "the {} tier gives no access to a sandbox's writable layer",
+            self.name()
+        )))
+    }
+    /// Takes a consistent copy of a sandbox's disk at `dest` (which must not exist): freeze,
+    /// flush, clone, thaw. Returns its allocated bytes. On error `dest` does not exist.
+    fn snapshot_disk(&self, id: &SandboxId, dest: &Path) -> Result<u64, IsolationError> {
+        let _ = (id, dest);
+        Err(IsolationError::Unsupported(format!(
+            "the {} tier cannot snapshot sandboxes",
+            self.name()
+        )))
+    }
+    /// Where snapshots (`snapshots/`) and volumes (`volumes/`) live, if the tier has them.
+    fn store_root(&self) -> Option<PathBuf> {
+        None
+    }
     /// Releases what the tier keeps warm for fast launches (pre-spawned processes and their
     /// cgroups) and finishes the removals of destroyed sandboxes still in progress. Sandboxes
     /// keep running; later launches still work, only slower. Blocking.
@@ -157,6 +200,22 @@ impl Isolation for Jail {
     }
     fn is_frozen(&self, id: &SandboxId) -> Result<bool, IsolationError> {
         Ok(Jail::is_frozen(self, id)?)
+    }
+    fn launch_with(
+        &self,
+        spec: &LaunchSpec,
+        extras: &LaunchExtras,
+    ) -> Result<Launched, IsolationError> {
+        Ok(Jail::launch_with(self, spec, extras)?)
+    }
+    fn upper_root(&self, id: &SandboxId) -> Result<std::os::fd::OwnedFd, IsolationError> {
+        Ok(Jail::upper_root(self, id)?)
+    }
+    fn snapshot_disk(&self, id: &SandboxId, dest: &Path) -> Result<u64, IsolationError> {
+        Ok(Jail::snapshot_disk(self, id, dest)?)
+    }
+    fn store_root(&self) -> Option<PathBuf> {
+        Some(Jail::store_root(self))
     }
     fn shutdown(&self) {
         self.close_pool();

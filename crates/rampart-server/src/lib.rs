@@ -14,6 +14,7 @@ mod files;
 mod metrics;
 mod network;
 mod openapi;
+mod persist;
 mod ports;
 mod proxy;
 mod sandboxes;
@@ -26,7 +27,7 @@ pub use ports::{valid_domain, ServerOptions, DEFAULT_DOMAIN, TOKEN_HEADER, TOKEN
 
 use axum::http::{StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{any, get, post};
+use axum::routing::{any, delete, get, post};
 use axum::{Json, Router};
 use bytes::Bytes;
 use futures::future::BoxFuture;
@@ -151,6 +152,11 @@ pub trait Backend: Send + Sync + 'static {
     fn template_digests(&self) -> BTreeMap<String, String> {
         BTreeMap::new()
     }
+    /// The manager behind this backend, for snapshots, fork and volumes (`persist`); none
+    /// by default.
+    fn manager(&self) -> Option<&Manager> {
+        None
+    }
     /// See [`Manager::pause`]. The default cannot pause.
     fn pause<'a>(&'a self, id: &'a SandboxId) -> BoxFuture<'a, Result<SandboxInfo, CoreError>> {
         Box::pin(async move {
@@ -224,6 +230,9 @@ pub trait Backend: Send + Sync + 'static {
 }
 
 impl Backend for Manager {
+    fn manager(&self) -> Option<&Manager> {
+        Some(self)
+    }
     fn create(&self, req: CreateSandbox) -> BoxFuture<'_, Result<SandboxInfo, CoreError>> {
         Box::pin(Manager::create(self, req))
     }
@@ -424,6 +433,18 @@ fn v1_router(state: AppState) -> Router {
         .route("/sandboxes/{id}/timeout", post(sandboxes::set_timeout))
         .route("/sandboxes/{id}/pause", post(sandboxes::pause))
         .route("/sandboxes/{id}/resume", post(sandboxes::resume))
+        .route("/sandboxes/{id}/snapshots", post(persist::snapshot))
+        .route("/sandboxes/{id}/fork", post(persist::fork))
+        .route("/snapshots", get(persist::list_snapshots))
+        .route(
+            "/snapshots/{name}",
+            get(persist::get_snapshot).delete(persist::delete_snapshot),
+        )
+        .route(
+            "/volumes",
+            post(persist::create_volume).get(persist::list_volumes),
+        )
+        .route("/volumes/{name}", delete(persist::delete_volume))
         .route("/sandboxes/{id}/exec", post(exec::exec))
         .route("/sandboxes/{id}/exec/ws", get(exec::exec_ws))
         .route(

@@ -43,6 +43,12 @@ pub struct CreateFlags {
     /// Label (repeatable), usable as a filter of `ls`.
     #[arg(long = "metadata", short = 'm', value_name = "K=V")]
     pub metadata: Vec<String>,
+    /// Start from this snapshot (its files over its template).
+    #[arg(long, value_name = "NAME")]
+    pub snapshot: Option<String>,
+    /// Mount a volume (repeatable): NAME:/path, or NAME:/path:ro for read-only.
+    #[arg(long = "volume", value_name = "NAME:/PATH[:ro]")]
+    pub volumes: Vec<String>,
     /// Network: --net-mode, --allow, --deny.
     #[command(flatten)]
     pub net: super::net::NetFlags,
@@ -74,6 +80,12 @@ impl CreateFlags {
             metadata: parse_pairs("--metadata", &self.metadata)?,
             timeout_secs: self.timeout,
             on_timeout: self.pause_on_timeout.then_some(OnTimeout::Pause),
+            snapshot: self.snapshot.clone(),
+            volumes: self
+                .volumes
+                .iter()
+                .map(|v| super::persist::parse_volume(v))
+                .collect::<Result<_>>()?,
             network: self.net.policy()?,
             ..CreateSandbox::default()
         })
@@ -421,8 +433,11 @@ mod tests {
             open_files: None,
             env: vec!["A=1".into()],
             metadata: vec!["team=x".into()],
+            snapshot: None,
+            volumes: vec!["data:/data:ro".into()],
         };
         let r = f.request().unwrap();
+        assert!(r.volumes[0].read_only);
         assert_eq!(r.limits.memory_bytes, Some(256 << 20));
         assert_eq!(r.limits.disk_bytes, Some(1 << 30));
         assert_eq!(r.env["A"], "1");

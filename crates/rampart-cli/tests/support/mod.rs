@@ -1,6 +1,9 @@
-//! The daemon harness shared by the CLI's full-stack tests that start their own daemons
-//! (`recovery`, `audit`): start `rampart serve` on a port with a data directory, wait for
-//! `/health`, SIGKILL it (by pid) when the guard drops.
+//! The daemon harness shared by the CLI's full-stack tests that start their own daemons:
+//! [`start`] runs `rampart serve` on a port with a data directory, waits for `/health` and
+//! SIGKILLs it (by pid) when the guard drops (`recovery`, `audit`, `ports`); [`start_tidy`]
+//! does the same in a temp dir and cleans up everything when dropped (`e2b_sdk`); [`shared`]
+//! is one daemon for a whole test binary, cleaned up when the test process exits (`e2e`,
+//! `adversarial`).
 
 #![allow(dead_code)]
 
@@ -32,12 +35,39 @@ pub fn skip_reason() -> Option<String> {
 pub struct Daemon {
     pub child: Child,
     pub url: String,
+    /// Its data directory.
+    pub data: std::path::PathBuf,
 }
 
 impl Drop for Daemon {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        unmount_store(&self.data);
+    }
+}
+
+/// Lazily unmounts the copy-on-write store a daemon mounted at `<data>/store` (when `<data>`
+/// has no reflinks, see rampart-jail's `store`), so a test leaves no mount behind. Sandboxes
+/// still running keep it alive in their own mount namespaces; a daemon started again on the
+/// same data directory mounts it again.
+pub fn unmount_store(data: &Path) {
+    let mnt = data.join("store");
+    let mounted = std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap_or_default()
+        .lines()
+        .any(|l| l.split(' ').nth(4) == Some(&*mnt.to_string_lossy()));
+    if mounted {
+        let _ = Command::new("umount").arg("-l").arg(&mnt).status();
+    }
+}
+
+/// The directory holding the sandboxes' directories under a daemon's data directory.
+pub fn sandboxes_dir(data: &Path) -> std::path::PathBuf {
+    if data.join("store.img").exists() {
+        data.join("store").join("sandboxes")
+    } else {
+        data.join("sandboxes")
     }
 }
 
@@ -75,6 +105,7 @@ pub fn start(data: &Path, port: u16, envs: &[(&str, &str)]) -> Daemon {
     let d = Daemon {
         child,
         url: format!("http://127.0.0.1:{port}"),
+        data: data.to_path_buf(),
     };
     let c = client();
     wait_until("the daemon answers /health", 180, || {
@@ -100,5 +131,280 @@ pub fn wait_until(what: &str, secs: u64, mut f: impl FnMut() -> bool) {
     while !f() {
         assert!(Instant::now() < deadline, "timed out waiting for: {what}");
         std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Random lowercase hex (10 bytes from `/dev/urandom`): unique names for temp dirs, files,
+/// markers.
+pub fn token() -> String {
+    use std::io::Read as _;
+    let mut b = [0u8; 10];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut b))
+        .expect("read /dev/urandom");
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+/// Whether process `pid` exists and is not a zombie.
+pub fn process_alive(pid: i32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(s) => {
+            let state = s
+                .rsplit_once(") ")
+                .and_then(|(_, rest)| rest.chars().next());
+            !matches!(state, Some('Z') | Some('X') | None)
+        }
+        Err(_) => false,
+    }
+}
+
+/// Destroys, through the API, every alive sandbox of the daemon at `url`.
+pub fn destroy_all(url: &str) {
+    let c = client();
+    if let Ok(r) = c.get(format!("{url}/v1/sandboxes")).send() {
+        if let Ok(serde_json::Value::Array(list)) = r.json::<serde_json::Value>() {
+            for s in list {
+                if let Some(id) = s["id"].as_str() {
+                    let _ = c.delete(format!("{url}/v1/sandboxes/{id}")).send();
+                }
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// A daemon in a temp dir of its own that leaves nothing behind (`e2b_sdk`)
+// ---------------------------------------------------------------------------------------------
+
+/// A daemon in `<tmp>/rampart-<name>-<token>/data` (log in `data.log` next to it). When
+/// dropped: its sandboxes are destroyed through the API, it gets SIGTERM (SIGKILL after 20 s),
+/// its store is unmounted and the directory removed.
+pub struct Tidy {
+    /// The daemon.
+    pub daemon: Daemon,
+    /// The directory holding `data/`.
+    pub root: std::path::PathBuf,
+}
+
+impl std::ops::Deref for Tidy {
+    type Target = Daemon;
+    fn deref(&self) -> &Daemon {
+        &self.daemon
+    }
+}
+
+/// Starts a [`Tidy`] daemon on a free port.
+pub fn start_tidy(name: &str) -> Tidy {
+    let root = std::env::temp_dir().join(format!("rampart-{name}-{}", token()));
+    let data = root.join("data");
+    std::fs::create_dir_all(&data).unwrap();
+    let daemon = start(&data, free_port(), &[]);
+    Tidy { daemon, root }
+}
+
+impl Drop for Tidy {
+    fn drop(&mut self) {
+        destroy_all(&self.daemon.url);
+        // SAFETY: kill(2) on the pid of the daemon this test spawned (not yet reaped).
+        unsafe { libc::kill(self.daemon.child.id() as i32, libc::SIGTERM) };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.daemon.child.try_wait() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = self.daemon.child.kill();
+        let _ = self.daemon.child.wait();
+        unmount_store(&self.daemon.data);
+        let _ = std::fs::remove_dir_all(&self.root);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// One daemon shared by a whole test binary (`e2e`, `adversarial`)
+// ---------------------------------------------------------------------------------------------
+
+/// The daemon every test of a test binary shares. It runs under a small shell wrapper whose
+/// stdin is a pipe held by this process: when the test process exits (however it exits) the
+/// pipe closes and the wrapper destroys the sandboxes a test left behind (through the API),
+/// stops the daemon (by its pid), unmounts its store and removes the temp dir.
+pub struct Shared {
+    /// `127.0.0.1:<port>`.
+    pub addr: String,
+    /// `http://127.0.0.1:<port>`.
+    pub url: String,
+    /// The port it listens on.
+    pub port: u16,
+    /// The daemon's pid.
+    pub pid: i32,
+    /// The temp dir holding `data/` and `daemon.log`.
+    pub root: std::path::PathBuf,
+    /// Its data directory.
+    pub data_dir: std::path::PathBuf,
+    /// Its log.
+    pub log: std::path::PathBuf,
+    /// The wrapper; its stdin pipe stays open for the life of this process.
+    _wrapper: std::sync::Mutex<Child>,
+}
+
+/// Why the shared daemon is not there.
+pub enum Setup {
+    /// The host cannot run sandboxes: the tests print this and return.
+    Skip(String),
+    /// The daemon should have started and did not: the tests fail with this.
+    Fail(String),
+}
+
+static SHARED: std::sync::OnceLock<Result<Shared, Setup>> = std::sync::OnceLock::new();
+
+const WRAPPER: &str = r#"
+"$RAMPART_BIN" serve --listen "$ADDR" --data-dir "$DATA" </dev/null >>"$LOG" 2>&1 &
+pid=$!
+echo "$pid"
+read -r _ || true
+# The test process is gone. Sandboxes outlive their daemon by design, so delete any a test
+# left behind (e.g. after an interrupted run) while the daemon still answers.
+if command -v curl >/dev/null 2>&1; then
+  for id in $(curl -s -m 10 "http://$ADDR/v1/sandboxes" | grep -o '"id":"[a-z0-9]*"' | cut -d'"' -f4); do
+    curl -s -m 60 -o /dev/null -X DELETE "http://$ADDR/v1/sandboxes/$id"
+  done
+fi
+kill -TERM "$pid" 2>/dev/null
+i=0
+while kill -0 "$pid" 2>/dev/null && [ "$i" -lt 100 ]; do sleep 0.1; i=$((i+1)); done
+kill -KILL "$pid" 2>/dev/null
+wait "$pid" 2>/dev/null
+if grep -qF " $DATA/store " /proc/self/mountinfo; then
+  umount -l "$DATA/store" 2>/dev/null
+fi
+if grep -qF " $ROOT/" /proc/self/mountinfo; then
+  echo "$NAME: mounts left under $ROOT; not removing it" >>"$LOG"
+else
+  rm -rf --one-file-system "$ROOT"
+fi
+"#;
+
+/// The daemon shared by this test binary, started at the first call (in
+/// `<tmp>/rampart-<name>-<token>`, with `envs` in its environment; later calls get the same
+/// one), or `None` after printing `skipped: <why>` when the host cannot run sandboxes.
+/// Panics if it should have started and did not.
+pub fn shared(name: &str, envs: &[(&str, &str)]) -> Option<&'static Shared> {
+    match SHARED.get_or_init(|| start_shared(name, envs)) {
+        Ok(d) => Some(d),
+        Err(Setup::Skip(why)) => {
+            eprintln!("skipped: {why}");
+            None
+        }
+        Err(Setup::Fail(msg)) => panic!("could not start the daemon: {msg}"),
+    }
+}
+
+fn start_shared(name: &str, envs: &[(&str, &str)]) -> Result<Shared, Setup> {
+    use std::io::BufRead as _;
+    use std::os::unix::process::CommandExt as _;
+    if let Some(why) = skip_reason() {
+        return Err(Setup::Skip(why));
+    }
+    let root = std::env::temp_dir().join(format!("rampart-{name}-{}", token()));
+    let data_dir = root.join("data");
+    std::fs::create_dir_all(&data_dir)
+        .map_err(|e| Setup::Fail(format!("mkdir {}: {e}", data_dir.display())))?;
+    let log = root.join("daemon.log");
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map_err(|e| Setup::Fail(format!("free port: {e}")))?
+        .port();
+    let addr = format!("127.0.0.1:{port}");
+    let mut child = Command::new("sh")
+        .arg("-c")
+        .arg(WRAPPER)
+        .env("RAMPART_BIN", env!("CARGO_BIN_EXE_rampart"))
+        .env("ADDR", &addr)
+        .env("DATA", &data_dir)
+        .env("LOG", &log)
+        .env("ROOT", &root)
+        .env("NAME", name)
+        .envs(envs.iter().copied())
+        .env(
+            "RUST_LOG",
+            std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()),
+        )
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        // Its own process group: a ^C to the test run does not kill the wrapper before it
+        // has cleaned up.
+        .process_group(0)
+        .spawn()
+        .map_err(|e| Setup::Fail(format!("spawn the daemon wrapper: {e}")))?;
+    let mut line = String::new();
+    let stdout = child
+        .stdout
+        .take()
+        .ok_or_else(|| Setup::Fail("no wrapper stdout".into()))?;
+    std::io::BufReader::new(stdout)
+        .read_line(&mut line)
+        .map_err(|e| Setup::Fail(format!("read the daemon pid: {e}")))?;
+    let pid: i32 = line
+        .trim()
+        .parse()
+        .map_err(|_| Setup::Fail(format!("bad daemon pid line {line:?}")))?;
+    let d = Shared {
+        url: format!("http://{addr}"),
+        addr,
+        port,
+        pid,
+        root,
+        data_dir,
+        log,
+        _wrapper: std::sync::Mutex::new(child),
+    };
+    // The first start may build the `base` template: give it time, but watch the process.
+    let deadline = Instant::now() + Duration::from_secs(180);
+    let c = Client::builder()
+        .timeout(Duration::from_secs(5))
+        .build()
+        .map_err(|e| Setup::Fail(format!("HTTP client: {e}")))?;
+    loop {
+        if let Ok(r) = c.get(format!("{}/health", d.url)).send() {
+            if r.status().as_u16() == 200 {
+                eprintln!(
+                    "{name}: daemon pid {} on {} ({})",
+                    d.pid,
+                    d.addr,
+                    d.root.display()
+                );
+                return Ok(d);
+            }
+        }
+        if !process_alive(d.pid) {
+            return Err(Setup::Fail(format!(
+                "the daemon exited before answering /health\n{}",
+                d.log_tail()
+            )));
+        }
+        if Instant::now() > deadline {
+            // SAFETY: kill(2) on the pid of the daemon this test started.
+            unsafe { libc::kill(d.pid, libc::SIGKILL) };
+            return Err(Setup::Fail(format!(
+                "the daemon did not answer /health within 180 s\n{}",
+                d.log_tail()
+            )));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+impl Shared {
+    /// The last 60 lines of the daemon's log, for failure messages.
+    pub fn log_tail(&self) -> String {
+        let s = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let lines: Vec<&str> = s.lines().collect();
+        let from = lines.len().saturating_sub(60);
+        format!(
+            "--- daemon log (last lines) ---\n{}",
+            lines[from..].join("\n")
+        )
     }
 }

@@ -1,0 +1,254 @@
+//! Snapshots, fork and volumes through a real daemon (see docs/persistence.md): a snapshot
+//! then a create from it sees the files (owned as before); a memory snapshot and bad names
+//! are refused and leave nothing; fork gives N sandboxes that see the state and then diverge,
+//! each with its own host name and machine id; a volume's data outlives its sandbox and a
+//! daemon restart, a read-only mount refuses writes, the quota gives ENOSPC, a mounted volume
+//! cannot be removed.
+//!
+//! Needs root and the `rampart-jailer` / `rampart-agent` binaries next to `rampart`; otherwise
+//! it prints `skipped: <reason>`.
+
+mod support;
+
+use serde_json::{json, Value};
+use support::{client, free_port, skip_reason, start, Daemon};
+
+fn post(d: &Daemon, path: &str, body: Value) -> (u16, Value) {
+    let r = client()
+        .post(format!("{}{path}", d.url))
+        .json(&body)
+        .send()
+        .unwrap();
+    let s = r.status().as_u16();
+    (s, r.json().unwrap_or(Value::Null))
+}
+
+fn get(d: &Daemon, path: &str) -> (u16, Value) {
+    let r = client().get(format!("{}{path}", d.url)).send().unwrap();
+    let s = r.status().as_u16();
+    (s, r.json().unwrap_or(Value::Null))
+}
+
+fn delete(d: &Daemon, path: &str) -> (u16, Value) {
+    let r = client().delete(format!("{}{path}", d.url)).send().unwrap();
+    let s = r.status().as_u16();
+    (s, r.json().unwrap_or(Value::Null))
+}
+
+fn create(d: &Daemon, body: Value) -> String {
+    let (s, v) = post(d, "/v1/sandboxes", body);
+    assert_eq!(s, 201, "create: {v}");
+    v["id"].as_str().unwrap().to_owned()
+}
+
+/// Runs a bash script as `user`; returns (exit code, stdout, stderr).
+fn sh(d: &Daemon, id: &str, script: &str) -> (i64, String, String) {
+    let (s, v) = post(
+        d,
+        &format!("/v1/sandboxes/{id}/exec"),
+        json!({"cmd": ["bash", "-c", script], "user": "user"}),
+    );
+    assert_eq!(s, 200, "exec {script:?}: {v}");
+    (
+        v["exit_code"].as_i64().unwrap_or(-1),
+        v["stdout"].as_str().unwrap_or("").to_owned(),
+        v["stderr"].as_str().unwrap_or("").to_owned(),
+    )
+}
+
+fn ok(d: &Daemon, id: &str, script: &str) -> String {
+    let (code, out, err) = sh(d, id, script);
+    assert_eq!(code, 0, "{script:?} in {id}: {out} {err}");
+    out.trim().to_owned()
+}
+
+fn snapshots_dir(data: &std::path::Path) -> std::path::PathBuf {
+    support::sandboxes_dir(data)
+        .parent()
+        .unwrap()
+        .join("snapshots")
+}
+
+fn leftovers(data: &std::path::Path) -> Vec<String> {
+    std::fs::read_dir(snapshots_dir(data))
+        .map(|rd| {
+            rd.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| n.starts_with('.'))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[test]
+fn snapshots_fork_and_volumes() {
+    if let Some(why) = skip_reason() {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("data");
+    let port = free_port();
+    let d = start(&data, port, &[]);
+
+    let a = create(&d, json!({"timeout_secs": 600}));
+    ok(&d, &a, "echo hello > ~/f && mkdir -p ~/dir && echo deep > ~/dir/g && sudo sh -c 'echo r > /root/rf'");
+    let a_mid = ok(&d, &a, "cat /etc/machine-id");
+
+    // Refusals leave nothing behind.
+    let (s, v) = post(
+        &d,
+        &format!("/v1/sandboxes/{a}/snapshots"),
+        json!({"memory": true}),
+    );
+    assert_eq!(s, 400, "{v}");
+    assert!(
+        v["error"]["message"].as_str().unwrap().contains("memory"),
+        "{v}"
+    );
+    let (s, v) = post(
+        &d,
+        &format!("/v1/sandboxes/{a}/snapshots"),
+        json!({"name": "../x"}),
+    );
+    assert_eq!(s, 400, "{v}");
+    assert!(leftovers(&data).is_empty(), "{:?}", leftovers(&data));
+
+    // Snapshot, then a sandbox from it.
+    let (s, v) = post(
+        &d,
+        &format!("/v1/sandboxes/{a}/snapshots"),
+        json!({"name": "s1"}),
+    );
+    assert_eq!(s, 201, "{v}");
+    assert_eq!(v["memory"], false);
+    assert_eq!(v["source"], a.as_str());
+    let (s, _) = post(
+        &d,
+        &format!("/v1/sandboxes/{a}/snapshots"),
+        json!({"name": "s1"}),
+    );
+    assert_eq!(s, 400, "a name in use is refused");
+    let (_, list) = get(&d, "/v1/snapshots");
+    assert!(list.as_array().unwrap().iter().any(|x| x["name"] == "s1"));
+    ok(&d, &a, "echo after > ~/later");
+    let b = create(&d, json!({"snapshot": "s1", "timeout_secs": 600}));
+    assert_eq!(ok(&d, &b, "cat ~/f ~/dir/g"), "hello\ndeep");
+    assert_eq!(ok(&d, &b, "stat -c %U:%G ~/f ~/dir | sort -u"), "user:user");
+    assert_eq!(ok(&d, &b, "sudo cat /root/rf"), "r");
+    assert_eq!(ok(&d, &b, "test -e ~/later && echo yes || echo no"), "no");
+    assert_ne!(ok(&d, &b, "cat /etc/machine-id"), a_mid);
+    let (s, v) = post(&d, "/v1/sandboxes", json!({"snapshot": "nope"}));
+    assert_eq!(s, 400, "{v}");
+
+    // Fork: the state is shared, then each diverges alone.
+    let (s, v) = post(&d, &format!("/v1/sandboxes/{a}/fork"), json!({"count": 2}));
+    assert_eq!(s, 201, "{v}");
+    let forks: Vec<String> = v["sandboxes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x["id"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(forks.len(), 2);
+    let (f1, f2) = (&forks[0], &forks[1]);
+    for f in [f1, f2] {
+        assert_eq!(ok(&d, f, "cat ~/f ~/later"), "hello\nafter");
+        assert_eq!(ok(&d, f, "hostname"), f.as_str());
+    }
+    ok(&d, f1, "echo one > ~/mine");
+    ok(&d, f2, "echo two > ~/mine");
+    assert_eq!(ok(&d, f1, "cat ~/mine"), "one");
+    assert_eq!(ok(&d, f2, "cat ~/mine"), "two");
+    assert_eq!(ok(&d, &a, "test -e ~/mine && echo yes || echo no"), "no");
+    let m1 = ok(&d, f1, "cat /etc/machine-id");
+    let m2 = ok(&d, f2, "cat /etc/machine-id");
+    assert_ne!(m1, m2);
+    assert_ne!(m1, a_mid);
+    assert!(leftovers(&data).is_empty(), "{:?}", leftovers(&data));
+
+    // Volumes.
+    let (s, v) = post(&d, "/v1/volumes", json!({"name": "v1", "size_mib": 64}));
+    assert_eq!(s, 201, "{v}");
+    let c = create(
+        &d,
+        json!({"timeout_secs": 600, "volumes": [{"name": "v1", "path": "/data"}]}),
+    );
+    assert_eq!(ok(&d, &c, "stat -c %U /data"), "user");
+    ok(&d, &c, "echo kept > /data/x && sync");
+    let (code, _, err) = sh(
+        &d,
+        &c,
+        "dd if=/dev/zero of=/data/big bs=1M count=100 2>&1; sync",
+    );
+    let _ = code;
+    let (code, out, _) = sh(&d, &c, "ls -l /data/big; df -m /data | tail -1");
+    assert_eq!(code, 0, "{out} {err}");
+    let (code, out, err2) = sh(&d, &c, "dd if=/dev/zero of=/data/big2 bs=1M count=100 2>&1");
+    assert_ne!(code, 0, "quota not enforced: {out} {err2}");
+    assert!(
+        out.contains("No space left") || err2.contains("No space left"),
+        "{out} {err2}"
+    );
+    ok(&d, &c, "rm -f /data/big /data/big2");
+    let r = create(
+        &d,
+        json!({"timeout_secs": 600, "volumes": [{"name": "v1", "path": "/ro", "read_only": true}]}),
+    );
+    assert_eq!(ok(&d, &r, "cat /ro/x"), "kept");
+    let (code, _, err) = sh(&d, &r, "touch /ro/y");
+    assert_ne!(code, 0);
+    assert!(err.contains("Read-only"), "{err}");
+    let (s, v) = delete(&d, "/v1/volumes/v1");
+    assert_eq!(s, 409, "a mounted volume is not removed: {v}");
+    let (s, v) = post(
+        &d,
+        "/v1/sandboxes",
+        json!({"volumes": [{"name": "v1", "path": "/proc/x"}]}),
+    );
+    assert_eq!(s, 400, "{v}");
+    for id in [&c, &r] {
+        let (s, _) = delete(&d, &format!("/v1/sandboxes/{id}"));
+        assert_eq!(s, 200);
+    }
+
+    // Snapshots and volumes outlive a daemon restart; the volume's data outlives sandboxes.
+    drop(d);
+    let d = start(&data, free_port(), &[]);
+    let (_, list) = get(&d, "/v1/volumes");
+    assert!(
+        list.as_array().unwrap().iter().any(|x| x["name"] == "v1"),
+        "{list}"
+    );
+    let e = create(
+        &d,
+        json!({"timeout_secs": 600, "volumes": [{"name": "v1", "path": "/home/user/v"}]}),
+    );
+    assert_eq!(ok(&d, &e, "cat ~/v/x"), "kept");
+    let (s, _) = delete(&d, &format!("/v1/sandboxes/{e}"));
+    assert_eq!(s, 200);
+    let (s, v) = delete(&d, "/v1/volumes/v1");
+    assert_eq!(s, 204, "{v}");
+
+    // Pause to disk: snapshot with stop destroys the source.
+    let (s, v) = post(
+        &d,
+        &format!("/v1/sandboxes/{b}/snapshots"),
+        json!({"name": "s2", "stop": true}),
+    );
+    assert_eq!(s, 201, "{v}");
+    let (_, v) = get(&d, &format!("/v1/sandboxes/{b}"));
+    assert_eq!(v["state"], "destroyed", "{v}");
+    let g = create(&d, json!({"snapshot": "s2"}));
+    assert_eq!(ok(&d, &g, "cat ~/f"), "hello");
+    for n in ["s1", "s2"] {
+        let (s, v) = delete(&d, &format!("/v1/snapshots/{n}"));
+        assert_eq!(s, 204, "{v}");
+    }
+    let (s, _) = get(&d, "/v1/snapshots/s1");
+    assert_eq!(s, 404);
+    for id in [&a, f1, f2, &g] {
+        let _ = delete(&d, &format!("/v1/sandboxes/{id}"));
+    }
+    assert!(leftovers(&data).is_empty(), "{:?}", leftovers(&data));
+}
