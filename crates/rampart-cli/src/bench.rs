@@ -47,6 +47,10 @@ pub struct BenchArgs {
     /// Only the pause and resume latency measurement.
     #[arg(long)]
     pub pause_only: bool,
+    /// Only the egress measurement: one HTTPS request direct, through the egress proxy's SNI
+    /// check and through the secret-injecting proxy (private network namespaces; root).
+    #[arg(long)]
+    pub egress: bool,
 }
 
 /// Latency samples of one measurement.
@@ -368,6 +372,9 @@ fn subtree_memory_bytes() -> Option<u64> {
 
 /// Runs the benchmark and prints the report.
 pub fn run(args: BenchArgs) -> Result<()> {
+    if args.egress {
+        return run_egress(&args);
+    }
     let client = reqwest::blocking::Client::builder()
         .timeout(Duration::from_secs(120))
         .pool_max_idle_per_host(args.concurrency.max(1))
@@ -899,4 +906,15 @@ fn generated_bundle(n: u64) -> Result<Vec<u8>> {
     let sth = key.sign_tree_head(log.size(), log.root(), rampart_audit::now());
     let proof = log.inclusion_proof(index, sth.tree_size)?;
     Ok(Bundle::assemble(id, events, blobs, index, proof, sth, key.public_key()).to_bytes())
+}
+
+/// `rampart bench --egress`: the egress proxy's added latency (see rampart_egress::bench).
+fn run_egress(args: &BenchArgs) -> Result<()> {
+    eprintln!("bench: egress HTTPS latency ({} requests per path)...", args.iterations);
+    let r = rampart_egress::bench::run(args.iterations).map_err(anyhow::Error::msg)?;
+    println!("{}", r.report());
+    if let Some(path) = &args.json {
+        std::fs::write(path, serde_json::to_vec_pretty(&json!({ "egress": r.to_json() }))?)?;
+    }
+    Ok(())
 }
