@@ -34,8 +34,8 @@ pub struct BenchArgs {
     /// Write the results as JSON to this file too.
     #[arg(long)]
     pub json: Option<PathBuf>,
-    /// Execs per mode and round of the audit on/off measurement.
-    #[arg(long, default_value_t = 300)]
+    /// Execs per mode of the audit on/off measurement (alternating one by one).
+    #[arg(long, default_value_t = 1500)]
     pub audit_execs: usize,
     /// Events in the generated bundle of the verification-speed measurement.
     #[arg(long, default_value_t = 100_000)]
@@ -110,8 +110,16 @@ fn start_private_daemon() -> Result<(String, PrivateDaemon)> {
 
 /// A private daemon with its own data directory (`rampart-bench-<pid>-<name>`) and, if
 /// given, a config file of this text.
+/// Environment variable naming the `rampart` binary the private daemons run (default: this
+/// one), to measure another build's daemon with the same client.
+const BENCH_DAEMON_ENV: &str = "RAMPART_BENCH_DAEMON";
+
 fn start_private_daemon_with(name: &str, config: Option<&str>) -> Result<(String, PrivateDaemon)> {
-    let exe = std::env::current_exe()?;
+    // Another build's daemon can be measured with this build's client (before/after).
+    let exe = match std::env::var_os(BENCH_DAEMON_ENV) {
+        Some(p) => PathBuf::from(p),
+        None => std::env::current_exe()?,
+    };
     let port = free_port()?;
     let data_dir =
         std::env::temp_dir().join(format!("rampart-bench-{}-{name}", std::process::id()));
@@ -727,6 +735,10 @@ struct AuditBench {
     on_rate: f64,
     /// Execs per second with it off.
     off_rate: f64,
+    /// Median exec round trip with the audit log on, ms.
+    p50_on_ms: f64,
+    /// Median exec round trip with it off, ms.
+    p50_off_ms: f64,
     /// Execs per mode.
     execs: usize,
     /// Events verified per second.
@@ -746,6 +758,8 @@ impl AuditBench {
         json!({
             "exec_per_second_audit_on": self.on_rate,
             "exec_per_second_audit_off": self.off_rate,
+            "exec_p50_ms_audit_on": self.p50_on_ms,
+            "exec_p50_ms_audit_off": self.p50_off_ms,
             "execs_per_mode": self.execs,
             "slowdown": self.slowdown(),
             "verify_events_per_second": self.verify_rate,
@@ -782,6 +796,12 @@ fn print_audit(a: &AuditBench) {
     );
     println!("| on / off | {:.3} |", a.on_rate / a.off_rate);
     println!(
+        "| exec round trip p50, audit log on / off, ms | {:.3} / {:.3} ({:.3}) |",
+        a.p50_on_ms,
+        a.p50_off_ms,
+        a.p50_off_ms / a.p50_on_ms
+    );
+    println!(
         "| bundle verification, events/s ({} events, {:.1} MiB) | {:.0} |",
         a.verify_events,
         a.bundle_bytes as f64 / (1024.0 * 1024.0),
@@ -812,29 +832,30 @@ fn measure_audit(client: &reqwest::blocking::Client, args: &BenchArgs) -> Result
         on.exec_true(&on_id)?;
         off.exec_true(&off_id)?;
     }
-    let rounds = 5;
-    let per = args.audit_execs.div_ceil(rounds).max(1);
-    let (mut t_on, mut t_off) = (Duration::ZERO, Duration::ZERO);
-    for r in 0..rounds {
-        // Alternate which mode goes first.
-        let order: [(&Api, &str, bool); 2] = if r % 2 == 0 {
+    // One exec on each daemon in turn, the first of each pair alternating, so that load
+    // from elsewhere on the machine hits both modes alike; each exec timed on its own.
+    let execs = args.audit_execs.max(1);
+    let (mut lat_on, mut lat_off) = (Vec::with_capacity(execs), Vec::with_capacity(execs));
+    for i in 0..execs {
+        let order: [(&Api, &str, bool); 2] = if i % 2 == 0 {
             [(&on, &on_id, true), (&off, &off_id, false)]
         } else {
             [(&off, &off_id, false), (&on, &on_id, true)]
         };
         for (api, id, is_on) in order {
             let t = Instant::now();
-            for _ in 0..per {
-                api.exec_true(id)?;
-            }
+            api.exec_true(id)?;
             if is_on {
-                t_on += t.elapsed();
+                lat_on.push(t.elapsed());
             } else {
-                t_off += t.elapsed();
+                lat_off.push(t.elapsed());
             }
         }
     }
-    let execs = per * rounds;
+    let (t_on, t_off): (Duration, Duration) = (lat_on.iter().sum(), lat_off.iter().sum());
+    lat_on.sort();
+    lat_off.sort();
+    let (p50_on, p50_off) = (lat_on[execs / 2], lat_off[execs / 2]);
     on.destroy(&on_id)?;
     off.destroy(&off_id)?;
     let on_rate = execs as f64 / t_on.as_secs_f64();
@@ -852,6 +873,8 @@ fn measure_audit(client: &reqwest::blocking::Client, args: &BenchArgs) -> Result
     Ok(AuditBench {
         on_rate,
         off_rate,
+        p50_on_ms: p50_on.as_secs_f64() * 1000.0,
+        p50_off_ms: p50_off.as_secs_f64() * 1000.0,
         execs,
         verify_rate: report.events as f64 / took.as_secs_f64(),
         verify_events: report.events,

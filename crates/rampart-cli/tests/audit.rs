@@ -380,3 +380,185 @@ fn replay_matches_deterministic_steps_and_names_the_divergent_one() {
     assert!(out.contains("3 of 4 steps match"), "{out}");
     let _ = std::fs::remove_dir_all(&root);
 }
+
+/// One Connect envelope around `msg`.
+fn envelope(msg: &Value) -> Vec<u8> {
+    let payload = serde_json::to_vec(msg).unwrap();
+    let mut out = vec![0u8];
+    out.extend_from_slice(&(payload.len() as u32).to_be_bytes());
+    out.extend_from_slice(&payload);
+    out
+}
+
+fn sha(b: &[u8]) -> String {
+    rampart_audit::content_digest(b).to_hex()
+}
+
+#[test]
+fn e2b_execs_and_file_operations_are_recorded_with_the_key_as_caller() {
+    if let Some(why) = skip_reason() {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let root = temp("e2b");
+    let d = start(&root.join("data"), free_port(), POOL);
+    let api_key = std::fs::read_to_string(root.join("data/api-key"))
+        .unwrap()
+        .trim()
+        .to_owned();
+    let c = client();
+
+    // A native create names its caller by its loopback address.
+    let native = create(&d);
+    let evs: Value = c
+        .get(format!("{}/v1/sandboxes/{native}/audit", d.url))
+        .send()
+        .unwrap()
+        .json()
+        .unwrap();
+    let caller = evs["events"][0]["body"]["caller"].as_str().unwrap();
+    assert!(caller.starts_with("local from 127.0.0.1:"), "{caller}");
+    destroy(&d, &native);
+
+    let r = c
+        .post(format!("{}/sandboxes", d.url))
+        .header("x-api-key", &api_key)
+        .json(&json!({"templateID": "base", "timeout": 300}))
+        .send()
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 201);
+    let v: Value = r.json().unwrap();
+    let id = v["sandboxID"].as_str().unwrap().to_owned();
+    let token = v["envdAccessToken"].as_str().unwrap().to_owned();
+    let envd = |path: &str| {
+        c.post(format!("{}{path}", d.url))
+            .header("e2b-sandbox-id", &id)
+            .header("x-access-token", &token)
+    };
+
+    // A command through envd's process.Process/Start, as the SDK sends it.
+    let start_req = json!({"process": {"cmd": "/bin/bash",
+        "args": ["-c", "echo out; echo err >&2; exit 3"], "envs": {"SECRET_NAME": "value-not-recorded"},
+        "cwd": "/tmp"}, "stdin": false});
+    let r = envd("/process.Process/Start")
+        .header("content-type", "application/connect+json")
+        .body(envelope(&start_req))
+        .send()
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+    let answer = r.bytes().unwrap();
+    assert!(
+        String::from_utf8_lossy(&answer).contains("\"exitCode\":3"),
+        "{}",
+        String::from_utf8_lossy(&answer)
+    );
+
+    // Uploads (raw and multipart), a move, a directory, a removal.
+    let r = envd("/files?path=/home/user/raw.txt")
+        .header("content-type", "application/octet-stream")
+        .body("raw bytes")
+        .send()
+        .unwrap();
+    assert!(r.status().is_success(), "{}", r.text().unwrap());
+    let multipart = "--XyZ\r\nContent-Disposition: form-data; name=\"file\"; \
+                     filename=\"/home/user/mp.txt\"\r\nContent-Type: application/octet-stream\r\n\r\n\
+                     multi part\r\n--XyZ--\r\n";
+    let r = envd("/files?path=/home/user/mp.txt")
+        .header("content-type", "multipart/form-data; boundary=XyZ")
+        .body(multipart)
+        .send()
+        .unwrap();
+    assert!(r.status().is_success(), "{}", r.text().unwrap());
+    for (rpc, body) in [
+        (
+            "Move",
+            json!({"source": "/home/user/raw.txt", "destination": "/home/user/moved.txt"}),
+        ),
+        ("MakeDir", json!({"path": "/home/user/newdir"})),
+        ("Remove", json!({"path": "/home/user/moved.txt"})),
+    ] {
+        let r = envd(&format!("/filesystem.Filesystem/{rpc}"))
+            .header("content-type", "application/json")
+            .json(&body)
+            .send()
+            .unwrap();
+        assert!(r.status().is_success(), "{rpc}: {}", r.text().unwrap());
+    }
+
+    let log = c
+        .get(format!("{}/v1/sandboxes/{id}/audit", d.url))
+        .send()
+        .unwrap()
+        .text()
+        .unwrap();
+    assert!(!log.contains(&api_key), "the API key is never recorded");
+    assert!(!log.contains("value-not-recorded"));
+    let evs: Value = serde_json::from_str(&log).unwrap();
+    let bodies: Vec<&Value> = evs["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| &e["body"])
+        .collect();
+    let caller = bodies[0]["caller"].as_str().unwrap();
+    assert!(caller.starts_with("e2b-key:"), "{caller}");
+    assert!(caller.contains(" from 127.0.0.1:"), "{caller}");
+    let exec = bodies.iter().find(|b| b["type"] == "exec").unwrap();
+    assert_eq!(
+        exec["argv"],
+        json!(["/bin/bash", "-c", "echo out; echo err >&2; exit 3"])
+    );
+    assert_eq!(exec["env_names"], json!(["SECRET_NAME"]));
+    assert_eq!(exec["cwd"], "/tmp");
+    assert_eq!(exec["user"], "user");
+    assert_eq!(exec["stdin"], false);
+    let exit = bodies.iter().find(|b| b["type"] == "exit").unwrap();
+    assert_eq!(exit["exec_id"], exec["exec_id"]);
+    assert_eq!(exit["exit_code"], 3);
+    assert_eq!(exit["stdout"]["digest"], sha(b"out\n"));
+    assert_eq!(exit["stderr"]["digest"], sha(b"err\n"));
+    let files: Vec<&&Value> = bodies.iter().filter(|b| b["type"] == "file").collect();
+    let ops: Vec<(&str, &str)> = files
+        .iter()
+        .map(|f| (f["op"].as_str().unwrap(), f["path"].as_str().unwrap()))
+        .collect();
+    assert_eq!(
+        ops,
+        vec![
+            ("write", "/home/user/raw.txt"),
+            ("write", "/home/user/mp.txt"),
+            ("move", "/home/user/raw.txt"),
+            ("mkdir", "/home/user/newdir"),
+            ("remove", "/home/user/moved.txt"),
+        ]
+    );
+    assert_eq!(files[0]["digest"], sha(b"raw bytes"));
+    assert_eq!(files[0]["size"], 9);
+    assert_eq!(files[1]["digest"], sha(b"multi part"));
+    assert_eq!(files[2]["to"], "/home/user/moved.txt");
+
+    // The whole record verifies offline.
+    let bundle = root.join("e2b-bundle.json");
+    let o = cli(
+        &d,
+        &["audit", "export", &id, "-o", bundle.to_str().unwrap()],
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    let o = offline(&[
+        "audit",
+        "verify",
+        bundle.to_str().unwrap(),
+        "--key",
+        &key(&d),
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    let r = c
+        .delete(format!("{}/sandboxes/{id}", d.url))
+        .header("x-api-key", &api_key)
+        .send()
+        .unwrap();
+    assert!(r.status().is_success());
+    drop(d);
+    let _ = std::fs::remove_dir_all(&root);
+}

@@ -17,10 +17,12 @@ mod metrics;
 pub mod persist;
 mod network;
 mod proc;
+mod recorder;
 mod templates;
 pub mod validate;
 
 pub use audit::AuditConfig;
+pub use recorder::{with_caller, ExecRecorder, ExecStart, InputSink};
 pub use isolation::{Isolation, IsolationError, LaunchSpec, Launched, Usage};
 pub use network::NetworkConfig;
 

@@ -601,7 +601,7 @@ impl Inner {
             template: new.template.clone(),
             template_digest: self.audit.template_digest(&new.template),
             policy: serde_json::Value::Null,
-            caller: "local".into(),
+            caller: crate::recorder::current_caller(),
         })
     }
 
@@ -1238,29 +1238,46 @@ impl Inner {
         v: &validate::ValidExec,
         stdin_open: bool,
     ) -> Result<ExecAudit, CoreError> {
+        self.record_exec_of(
+            id,
+            rampart_types::audit::Exec {
+                exec_id: String::new(),
+                argv: req.cmd.clone(),
+                cwd: req.cwd.clone(),
+                user: req.user.clone().unwrap_or_else(|| "user".into()),
+                env_names: req.env.keys().cloned().collect(),
+                stdin: stdin_open,
+                pty: v.pty,
+                input: None,
+            },
+            v.stdin.as_deref(),
+        )
+    }
+
+    /// Records `exec` (its `exec_id` and `input` are filled in here, `input` from `stdin`)
+    /// and returns what its `exit` needs.
+    pub(crate) fn record_exec_of(
+        &self,
+        id: &SandboxId,
+        mut exec: rampart_types::audit::Exec,
+        stdin: Option<&[u8]>,
+    ) -> Result<ExecAudit, CoreError> {
         let cap = self.audit.blob_cap();
-        let (input, blob) = match &v.stdin {
+        let (input, blob) = match stdin {
             Some(b) => {
                 let (r, blob) = audit::content(b, cap);
                 (Some(r), blob)
             }
             None => (None, None),
         };
+        exec.input = input;
         let mut exec_id = String::new();
         self.audit.append(
             id,
             |seq| {
                 exec_id = format!("x{seq}");
-                EventBody::Exec(rampart_types::audit::Exec {
-                    exec_id: exec_id.clone(),
-                    argv: req.cmd.clone(),
-                    cwd: req.cwd.clone(),
-                    user: req.user.clone().unwrap_or_else(|| "user".into()),
-                    env_names: req.env.keys().cloned().collect(),
-                    stdin: stdin_open,
-                    pty: v.pty,
-                    input,
-                })
+                exec.exec_id = exec_id.clone();
+                EventBody::Exec(exec)
             },
             blob.into_iter().collect(),
         )?;
@@ -1407,7 +1424,7 @@ async fn publisher(audit: Arc<Audit>) {
 }
 
 /// What an exec's `exit` record needs.
-struct ExecAudit {
+pub(crate) struct ExecAudit {
     audit: Arc<Audit>,
     iso: Arc<dyn Isolation>,
     sandbox: SandboxId,
@@ -1416,16 +1433,22 @@ struct ExecAudit {
     meter: Option<Arc<audit::Meter>>,
     /// The sandbox's CPU time when the exec started, microseconds.
     cpu0: Option<u64>,
-    stdout: ContentHasher,
-    stderr: ContentHasher,
-    streamed: Arc<Mutex<ContentHasher>>,
+    pub(crate) stdout: ContentHasher,
+    pub(crate) stderr: ContentHasher,
+    pub(crate) streamed: Arc<Mutex<ContentHasher>>,
 }
 
 impl ExecAudit {
     /// Records the `exit`. CPU time is the sandbox's (cgroup) CPU time during the exec and
     /// peak memory the sandbox's peak since it started: the cgroup is per sandbox, not per
     /// process.
-    fn finish(self, exit_code: Option<i32>, signal: Option<i32>, timed_out: bool, wall: Duration) {
+    pub(crate) fn finish(
+        self,
+        exit_code: Option<i32>,
+        signal: Option<i32>,
+        timed_out: bool,
+        wall: Duration,
+    ) {
         let (cpu1, peak) = match &self.meter {
             Some(m) => (m.cpu_usec(), m.peak_memory_bytes()),
             None => match self.iso.usage(&self.sandbox) {

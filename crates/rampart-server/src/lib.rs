@@ -6,6 +6,7 @@
 //! answers. Every failure is a JSON `{"error": {"code", "message"}}` with the right status.
 
 mod audit;
+mod caller;
 mod e2b;
 mod error;
 mod exec;
@@ -479,6 +480,7 @@ fn v1_router(state: AppState) -> Router {
         .nest("/v1", v1)
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
+        .layer(axum::middleware::from_fn(caller::scope))
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
             metrics::track,
@@ -505,8 +507,13 @@ pub async fn serve_with_options(
     opts: ServerOptions,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    axum::serve(listener, router_with_options(manager, &opts))
-        .with_graceful_shutdown(shutdown)
+    // With the peer address of each connection (the audit record's caller).
+    axum::serve(
+        listener,
+        router_with_options(manager, &opts)
+            .into_make_service_with_connect_info::<std::net::SocketAddr>(),
+    )
+    .with_graceful_shutdown(shutdown)
         .await
 }
 
@@ -515,7 +522,11 @@ pub async fn serve(
     listener: tokio::net::TcpListener,
     manager: Arc<Manager>,
 ) -> std::io::Result<()> {
-    axum::serve(listener, router(manager)).await
+    axum::serve(
+        listener,
+        router(manager).into_make_service_with_connect_info::<std::net::SocketAddr>(),
+    )
+    .await
 }
 
 /// The daemon's version, as `/health` reports it.

@@ -249,8 +249,13 @@ async fn to_sandbox(st: &E2b, t: Target, req: Request) -> Response {
         Ok(c) => c.socket().to_path_buf(),
         Err(_) => return not_found_502(&t.id),
     };
+    // What must be recorded before the request reaches the agent is committed here.
+    let (req, tap) = match super::record::request(&st.manager, &id, req).await {
+        Ok(x) => x,
+        Err(r) => return r,
+    };
     match forward(&socket, req).await {
-        Ok(r) => r,
+        Ok(r) => super::record::answer(&st.manager, &id, tap, r).await,
         Err(e) => {
             // The sandbox may have ended while the request was on its way.
             if matches!(st.lookup(&id).await, Ok(Some(_))) {

@@ -10,6 +10,7 @@
 
 mod api;
 mod envd;
+mod record;
 
 use axum::extract::{Request, State};
 use axum::http::{HeaderValue, StatusCode};
@@ -204,10 +205,28 @@ async fn api_key(State(st): State<E2b>, req: Request, next: Next) -> Response {
         .into_response();
     }
     let keys = st.keys.clone();
-    let ok = tokio::task::spawn_blocking(move || keys.check_key(&key)).await;
+    // The key's id and name (never the key) name the caller in the audit record.
+    let ok = tokio::task::spawn_blocking(move || {
+        if !keys.check_key(&key)? {
+            return Ok(None);
+        }
+        let id = rampart_store::keys::sha256_hex(key.as_bytes());
+        let id = id.get(..12).unwrap_or_default().to_owned();
+        let name = keys
+            .list_keys()?
+            .into_iter()
+            .find(|k| k.id == id)
+            .map(|k| k.name)
+            .unwrap_or_default();
+        Ok::<_, rampart_store::StoreError>(Some(format!("e2b-key:{id}:{name}")))
+    })
+    .await;
     match ok {
-        Ok(Ok(true)) => next.run(req).await,
-        Ok(Ok(false)) => E2bError::new(
+        Ok(Ok(Some(who))) => {
+            let caller = format!("{who}{}", crate::caller::from(crate::caller::peer(&req)));
+            rampart_core::with_caller(caller, next.run(req)).await
+        }
+        Ok(Ok(None)) => E2bError::new(
             StatusCode::UNAUTHORIZED,
             "invalid API key: use a key from `rampart keys create`",
         )
