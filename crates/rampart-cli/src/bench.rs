@@ -13,6 +13,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+mod persist;
+
 /// Options of `rampart bench`.
 #[derive(Debug, clap::Args)]
 pub struct BenchArgs {
@@ -47,6 +49,10 @@ pub struct BenchArgs {
     /// Only the pause and resume latency measurement.
     #[arg(long)]
     pub pause_only: bool,
+    /// Only the snapshot and fork measurement against the writable layer's size (1 MiB,
+    /// 100 MiB, 1 GiB), next to a plain `cp --sparse` of the same disk image.
+    #[arg(long)]
+    pub persist: bool,
     /// Only the egress measurement: one HTTPS request direct, through the egress proxy's SNI
     /// check and through the secret-injecting proxy (private network namespaces; root).
     #[arg(long)]
@@ -94,6 +100,15 @@ impl Drop for PrivateDaemon {
         // SAFETY: kill(2) on the pid of our own child process; no memory is touched.
         unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
         let _ = self.child.wait();
+        // The copy-on-write store it may have mounted (rampart_jail::store).
+        let store = self.data_dir.join("store");
+        if std::fs::read_to_string("/proc/self/mountinfo")
+            .unwrap_or_default()
+            .lines()
+            .any(|l| l.split(' ').nth(4) == Some(&*store.to_string_lossy()))
+        {
+            let _ = Command::new("umount").arg("-l").arg(&store).status();
+        }
         let _ = std::fs::remove_dir_all(&self.data_dir);
     }
 }
@@ -410,6 +425,10 @@ pub fn run(args: BenchArgs) -> Result<()> {
         client: client.clone(),
         url,
     };
+    if args.persist {
+        let data = _private.as_ref().map(|d| d.data_dir.clone());
+        return persist::run(&api, data.as_deref(), args.iterations);
+    }
     if args.pause_only {
         let (pause, resume) = measure_pause(&api, args.iterations)?;
         print_pause(&pause, &resume);
