@@ -209,7 +209,9 @@ pub(crate) async fn handle_for(
         (Peek::Tls(_), Some(n)) if bound => {
             intercept(inner, &sb, client, pre, dst, n, &counters, &live.cancel).await
         }
-        (Peek::Http(_), Some(n)) if bound => match connect(dst).await {
+        // Plain HTTP with a name is relayed request by request: every request on the
+        // connection must name the same host (and a bound host gets its secrets).
+        (Peek::Http(_), Some(n)) => match connect(dst).await {
             Ok(up) => {
                 let c = Rewind::new(pre, client);
                 http_relay(&sb, c, up, n, port, &counters, &live.cancel).await

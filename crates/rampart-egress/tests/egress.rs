@@ -188,6 +188,25 @@ fn allowed_names_resolve_and_connect_others_get_nxdomain_and_nothing() {
             "{close:?}"
         );
 
+        // Plain HTTP: every request on the connection must name the same host.
+        let got = cx
+            .sandbox(|| {
+                tcp_exchange(
+                    format!("{WEB1}:80").parse().unwrap(),
+                    b"GET / HTTP/1.1\r\nHost: allowed.test\r\n\r\nGET / HTTP/1.1\r\nHost: other.test\r\n\r\n",
+                )
+            })
+            .await
+            .unwrap_or_default();
+        assert!(got.matches("HTTP/1.1 200").count() <= 1, "{got}");
+        let e = cx
+            .entry(NetEventKind::Connect, Some("other.test"), None)
+            .await;
+        assert_eq!(
+            (e.verdict, e.rule.as_str()),
+            (Verdict::Deny, "misdirected:allowed.test")
+        );
+
         // HTTPS passes through untouched: the client trusts only the test CA.
         let ca = cx.test_ca.clone();
         let body = cx
