@@ -57,6 +57,10 @@ pub struct BenchArgs {
     /// check and through the secret-injecting proxy (private network namespaces; root).
     #[arg(long)]
     pub egress: bool,
+    /// Only the template build measurement: cold, warm cache, one step changed (root; a
+    /// private data directory; no network).
+    #[arg(long)]
+    pub templates: bool,
 }
 
 /// Latency samples of one measurement.
@@ -395,6 +399,9 @@ fn subtree_memory_bytes() -> Option<u64> {
 
 /// Runs the benchmark and prints the report.
 pub fn run(args: BenchArgs) -> Result<()> {
+    if args.templates {
+        return crate::commands::template::bench(args.iterations.min(20));
+    }
     if args.egress {
         return run_egress(&args);
     }

@@ -16,6 +16,7 @@ pub mod build;
 pub mod digest;
 pub mod extract;
 pub mod oci;
+pub mod sample;
 pub mod spec;
 pub mod store;
 

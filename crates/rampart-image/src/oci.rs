@@ -276,11 +276,15 @@ fn map_config(c: ImageConfig) -> TemplateConfig {
     let workdir = c.working_dir.filter(|w| w.starts_with('/'));
     let mut cmd: Vec<String> = c.entrypoint.unwrap_or_default();
     cmd.extend(c.cmd.unwrap_or_default());
-    let start = (!cmd.is_empty()).then(|| crate::spec::StartSpec {
-        cmd,
-        ready: None,
-        timeout_secs: crate::spec::DEFAULT_READY_TIMEOUT,
-    });
+    let start = if cmd.is_empty() {
+        None
+    } else {
+        Some(crate::spec::StartSpec {
+            cmd,
+            ready: None,
+            timeout_secs: crate::spec::DEFAULT_READY_TIMEOUT,
+        })
+    };
     TemplateConfig {
         user,
         workdir,

@@ -349,3 +349,86 @@ pub fn build(data: &Path, a: BuildArgs) -> Result<u8> {
         Err(e) => Err(anyhow!(e).context("build failed; nothing was kept")),
     }
 }
+
+fn pct(v: &mut [f64], p: f64) -> f64 {
+    v.sort_by(f64::total_cmp);
+    if v.is_empty() {
+        return 0.0;
+    }
+    v[((v.len() - 1) as f64 * p).round() as usize]
+}
+
+/// `rampart bench --templates`: build times of a small template in a private data
+/// directory: the sample image (host programs, no network) + a copy step + two run steps.
+/// Cold (every step runs), warm (every step cached: the figure the cache is for), and with
+/// only the last step changed (one build sandbox). Ratios against the cold build of the
+/// same run.
+pub fn bench(iterations: usize) -> Result<()> {
+    let root = std::env::temp_dir().join(format!("rampart-bench-templates-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&root);
+    let data = root.join("data");
+    let ctx = root.join("ctx");
+    std::fs::create_dir_all(ctx.join("files"))?;
+    std::fs::create_dir_all(&data)?;
+    let agent = helper("rampart-agent", None)?;
+    rampart_image::sample::write_host_image(&ctx.join("image"), std::slice::from_ref(&agent))?;
+    std::fs::write(ctx.join("files/app.txt"), "app\n")?;
+    let spec_text = |last: &str| {
+        format!(
+            "from = \"oci:image\"\n[[steps]]\ncopy = {{ src = \"files\", dest = \"/opt/app\" }}\n\
+             [[steps]]\nrun = \"mkdir -p /opt/data && echo a > /opt/data/a\"\n\
+             [[steps]]\nrun = \"echo {last} > /opt/data/last\"\n[[steps]]\nuser = \"user\"\n"
+        )
+    };
+    let store = Store::open(&data)?;
+    let runner = JailRunner::new(&data, helper("rampart-jailer", None)?, agent, DEFAULT_BUILD_UID_BASE)?;
+    let builder = Builder::new(&store, &runner, runner.uid_base());
+    let opts = BuildOptions::default();
+    let r = (|| -> Result<()> {
+        let spec = Spec::parse(&spec_text("first"), &ctx)?;
+        eprintln!("bench: template build, cold...");
+        let t = std::time::Instant::now();
+        let rep = builder.build(&spec, "bench", &opts, &mut |_| {})?;
+        let cold = t.elapsed().as_secs_f64() * 1e3;
+        anyhow::ensure!(rep.steps.iter().filter(|s| !s.layers.is_empty()).all(|s| !s.cached));
+        eprintln!("bench: template build, warm cache ({iterations} builds)...");
+        let mut warm = Vec::new();
+        for _ in 0..iterations {
+            let t = std::time::Instant::now();
+            let rep = builder.build(&spec, "bench", &opts, &mut |_| {})?;
+            warm.push(t.elapsed().as_secs_f64() * 1e3);
+            anyhow::ensure!(rep.steps.iter().all(|s| s.cached), "a warm build ran a step");
+        }
+        eprintln!("bench: template build, last step changed ({iterations} builds)...");
+        let mut one = Vec::new();
+        for i in 0..iterations {
+            let spec = Spec::parse(&spec_text(&format!("v{i}")), &ctx)?;
+            let t = std::time::Instant::now();
+            builder.build(&spec, "bench", &opts, &mut |_| {})?;
+            one.push(t.elapsed().as_secs_f64() * 1e3);
+        }
+        let (w50, w90) = (pct(&mut warm, 0.5), pct(&mut warm, 0.9));
+        let (o50, o90) = (pct(&mut one, 0.5), pct(&mut one, 0.9));
+        println!("template build (sample image + copy + 2 run steps; ms)");
+        println!("{:<44} {:>10} {:>10} {:>12}", "", "p50", "p90", "vs cold");
+        println!("{:<44} {:>10.1} {:>10} {:>11.3}x", "cold (every step runs)", cold, "-", 1.0);
+        println!(
+            "{:<44} {:>10.2} {:>10.2} {:>11.4}x",
+            "warm cache (every step cached)",
+            w50,
+            w90,
+            w50 / cold
+        );
+        println!(
+            "{:<44} {:>10.1} {:>10.1} {:>11.3}x",
+            "last step changed (one build sandbox)",
+            o50,
+            o90,
+            o50 / cold
+        );
+        Ok(())
+    })();
+    drop(runner);
+    let _ = std::fs::remove_dir_all(&root);
+    r
+}
