@@ -13,6 +13,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+mod net;
 mod persist;
 
 /// Options of `rampart bench`.
@@ -57,6 +58,10 @@ pub struct BenchArgs {
     /// check and through the secret-injecting proxy (private network namespaces; root).
     #[arg(long)]
     pub egress: bool,
+    /// Only the sandbox-network measurement: create + first exec with network `none` against
+    /// `allowlist`, alternating, on a private daemon with its own nftables table.
+    #[arg(long)]
+    pub net: bool,
     /// Only the template build measurement: cold, warm cache, one step changed (root; a
     /// private data directory; no network).
     #[arg(long)]
@@ -399,6 +404,9 @@ fn subtree_memory_bytes() -> Option<u64> {
 
 /// Runs the benchmark and prints the report.
 pub fn run(args: BenchArgs) -> Result<()> {
+    if args.net {
+        return net::run(&args);
+    }
     if args.templates {
         return crate::commands::template::bench(args.iterations.min(20));
     }
