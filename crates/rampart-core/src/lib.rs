@@ -10,6 +10,7 @@
 //! left running and removes every trace of the rest.
 
 mod audit;
+mod fsdiff;
 mod interpreter;
 mod isolation;
 mod manager;
@@ -22,6 +23,7 @@ mod templates;
 pub mod validate;
 
 pub use audit::AuditConfig;
+pub use fsdiff::{diff_layer, DiffLimits, LayerDiff, Layers};
 pub use recorder::{with_caller, ExecRecorder, ExecStart, InputSink};
 pub use isolation::{Isolation, IsolationError, LaunchSpec, Launched, Usage};
 pub use network::NetworkConfig;
