@@ -3,6 +3,7 @@
 //! never sent anywhere, so DNS tunnelling to such a name carries nothing out.
 
 use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -36,6 +37,14 @@ pub(crate) async fn serve_udp(sock: Arc<UdpSocket>, inner: Arc<Inner>, stop: Can
         let Ok(permit) = sem.clone().try_acquire_owned() else {
             continue; // overloaded: drop, the client retries
         };
+        // One sandbox cannot take every slot: a query over its own limit is dropped.
+        let own = match inner.by_ip(peer.ip()) {
+            Some(sb) => match sb.dns_inflight.clone().try_acquire_owned() {
+                Ok(p) => Some(p),
+                Err(_) => continue,
+            },
+            None => None,
+        };
         let q = buf[..n].to_vec();
         let sock = sock.clone();
         let inner = inner.clone();
@@ -43,6 +52,7 @@ pub(crate) async fn serve_udp(sock: Arc<UdpSocket>, inner: Arc<Inner>, stop: Can
             if let Some(resp) = answer(&inner, peer.ip(), &q, true).await {
                 let _ = sock.send_to(&resp, peer).await;
             }
+            drop(own);
             drop(permit);
         });
     }
@@ -57,13 +67,23 @@ pub(crate) async fn serve_tcp(l: TcpListener, inner: Arc<Inner>, stop: Cancellat
                 Err(_) => continue,
             },
         };
+        // Only sandboxes, and a few connections each.
+        let Some(sb) = inner.by_ip(peer.ip()) else {
+            continue;
+        };
+        if sb.dns_tcp.fetch_add(1, Ordering::Relaxed) >= crate::DNS_TCP_PER_SANDBOX {
+            sb.dns_tcp.fetch_sub(1, Ordering::Relaxed);
+            continue;
+        }
         let inner = inner.clone();
         let stop = stop.clone();
         tokio::spawn(async move {
             tokio::select! {
                 _ = stop.cancelled() => {}
+                _ = sb.gone.cancelled() => {}
                 _ = serve_tcp_conn(s, peer, inner) => {}
             }
+            sb.dns_tcp.fetch_sub(1, Ordering::Relaxed);
         });
     }
 }

@@ -140,7 +140,7 @@ pub struct EgressConfig {
     pub state_dir: PathBuf,
     /// Extra CIDRs that are always blocked (the sandbox address pool, the daemon's network).
     pub blocked: Vec<String>,
-    /// Entries kept per sandbox network log.
+    /// Entries kept per sandbox network log (default 2048; the audit log keeps them all).
     pub log_capacity: usize,
     /// How long the proxy waits for a connection's first bytes before treating it as raw TCP.
     pub peek_timeout: Duration,
@@ -156,7 +156,7 @@ impl Default for EgressConfig {
             extra_upstream_roots: Vec::new(),
             state_dir: PathBuf::from("/var/lib/rampart/egress"),
             blocked: Vec::new(),
-            log_capacity: 10_000,
+            log_capacity: 2048,
             peek_timeout: Duration::from_secs(5),
         }
     }
@@ -239,14 +239,27 @@ pub(crate) struct Sandbox {
     pub log: NetLog,
     pub conns: Mutex<HashMap<u64, Arc<LiveConn>>>,
     pub gone: CancellationToken,
+    /// DNS queries of this sandbox being answered (UDP and TCP).
+    pub dns_inflight: Arc<tokio::sync::Semaphore>,
+    /// Open TCP connections of this sandbox to the resolver.
+    pub dns_tcp: std::sync::atomic::AtomicUsize,
+    /// Connections of this sandbox held by the proxy.
+    pub open_conns: std::sync::atomic::AtomicUsize,
 }
+
+/// At most this many DNS queries of one sandbox in flight (more UDP ones are dropped).
+pub(crate) const DNS_INFLIGHT_PER_SANDBOX: usize = 64;
+/// At most this many TCP connections of one sandbox to the resolver.
+pub(crate) const DNS_TCP_PER_SANDBOX: usize = 16;
+/// At most this many live proxied connections per sandbox (each holds two daemon fds).
+pub(crate) const CONNS_PER_SANDBOX: usize = 1024;
 
 /// Pins live at least this long, whatever the TTL.
 const MIN_PIN: Duration = Duration::from_secs(60);
 /// And at most this long.
 const MAX_PIN: Duration = Duration::from_secs(24 * 3600);
 /// At most this many pinned addresses per sandbox.
-const MAX_PINS: usize = 65_536;
+const MAX_PINS: usize = 16_384;
 
 impl Sandbox {
     pub fn policy(&self) -> Arc<CompiledPolicy> {
@@ -661,6 +674,9 @@ impl Egress {
             log: NetLog::new(id, self.inner.log_capacity, self.inner.events.clone()),
             conns: Mutex::new(HashMap::new()),
             gone: self.stop.child_token(),
+            dns_inflight: Arc::new(tokio::sync::Semaphore::new(DNS_INFLIGHT_PER_SANDBOX)),
+            dns_tcp: std::sync::atomic::AtomicUsize::new(0),
+            open_conns: std::sync::atomic::AtomicUsize::new(0),
         });
         {
             let mut sbs = self

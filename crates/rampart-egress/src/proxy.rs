@@ -77,6 +77,25 @@ fn original_dst(s: &TcpStream) -> io::Result<SocketAddr> {
     }
 }
 
+/// Counts a sandbox's connections held by the proxy (from accept to close).
+struct OpenGuard<'a> {
+    sb: &'a Sandbox,
+    count: usize,
+}
+
+impl<'a> OpenGuard<'a> {
+    fn new(sb: &'a Sandbox) -> Self {
+        let count = sb.open_conns.fetch_add(1, Ordering::Relaxed) + 1;
+        OpenGuard { sb, count }
+    }
+}
+
+impl Drop for OpenGuard<'_> {
+    fn drop(&mut self) {
+        self.sb.open_conns.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
 /// Bytes counted on a connection.
 #[derive(Debug, Default)]
 struct Counters {
@@ -133,6 +152,16 @@ pub(crate) async fn handle_for(
         sb.log.push(conn_draft(
             NetEventKind::Connect,
             &deny(&format!("blocked:{cat}")),
+            ip,
+            port,
+        ));
+        return;
+    }
+    let held = OpenGuard::new(&sb);
+    if held.count > crate::CONNS_PER_SANDBOX {
+        sb.log.push(conn_draft(
+            NetEventKind::Connect,
+            &deny("limit:open_connections"),
             ip,
             port,
         ));
