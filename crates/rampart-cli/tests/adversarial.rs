@@ -3,28 +3,30 @@
 //! expected way, and then checks that the host is still healthy (the daemon answers `/health`
 //! and a fresh exec in another sandbox works).
 //!
-//! One daemon serves the whole test binary: it listens on a free loopback port with a data
-//! directory under a fresh temp dir. It is started through a small shell wrapper whose stdin is
-//! a pipe held by this process; when the test process exits the pipe closes and the wrapper
-//! stops the daemon (by pid) and removes the temp dir if nothing is mounted under it. Every
-//! sandbox is deleted by a guard when its test ends (also on panic).
+//! One daemon serves the whole test binary (`support::shared`): it listens on a free loopback
+//! port with a data directory under a fresh temp dir. It is started through a small shell
+//! wrapper whose stdin is a pipe held by this process; when the test process exits the pipe
+//! closes and the wrapper stops the daemon (by pid) and removes the temp dir if nothing is
+//! mounted under it. Every sandbox is deleted by a guard when its test ends (also on panic).
 //!
 //! Needs root and the binaries `rampart`, `rampart-jailer`, `rampart-agent` built in the same
 //! target directory; otherwise each test prints `skipped: <reason>` and returns.
 //!
 //! Run: `cargo build --workspace --bins && cargo test -p rampart-cli --test adversarial`.
 
+mod support;
+
 use rampart_types::{CreateSandbox, ExecRequest, ExecResult, LimitsRequest};
 use serde_json::Value;
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
+use support::{process_alive, token};
 
 const MIB: u64 = 1 << 20;
 
@@ -81,33 +83,12 @@ const CAP_NAMES: [&str; 41] = [
 // Small helpers
 // ---------------------------------------------------------------------------------------------
 
-/// A random hex token from /dev/urandom.
-fn token() -> String {
-    let mut b = [0u8; 10];
-    std::fs::File::open("/dev/urandom")
-        .and_then(|mut f| f.read_exact(&mut b))
-        .expect("read /dev/urandom");
-    b.iter().map(|x| format!("{x:02x}")).collect()
-}
-
-/// Random decimal digits (for `sleep` arguments used as markers).
 fn digits() -> String {
     token()
         .bytes()
         .map(|c| char::from(b'0' + c % 10))
         .take(9)
         .collect()
-}
-
-fn is_root() -> bool {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("Uid:"))
-                .and_then(|l| l.split_whitespace().nth(2).map(|u| u == "0"))
-        })
-        .unwrap_or(false)
 }
 
 /// A field of /proc/<pid>/status, e.g. `status_field(pid, "VmRSS")`.
@@ -128,18 +109,6 @@ fn rss_bytes(pid: i32, field: &str) -> u64 {
         })
         .map(|kb| kb * 1024)
         .unwrap_or(0)
-}
-
-fn process_alive(pid: i32) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Ok(s) => {
-            let state = s
-                .rsplit_once(") ")
-                .and_then(|(_, rest)| rest.chars().next());
-            !matches!(state, Some('Z') | Some('X') | None)
-        }
-        Err(_) => false,
-    }
 }
 
 /// Bytes available to root on the filesystem holding `dir`.
@@ -386,182 +355,22 @@ fn http(
 // The daemon
 // ---------------------------------------------------------------------------------------------
 
-struct Daemon {
-    addr: String,
-    port: u16,
-    pid: i32,
-    /// The temp dir holding `data/` and the daemon log.
-    root: PathBuf,
-    data_dir: PathBuf,
-    log: PathBuf,
-    /// A value in the daemon's own environment that must never show up inside a sandbox.
-    env_secret: String,
-    /// The wrapper; its stdin pipe stays open for the life of this process.
-    _wrapper: Mutex<Child>,
-}
+/// The daemon every test of this binary shares (see `support::shared`); its environment
+/// holds [`env_secret`].
+type Daemon = support::Shared;
 
-enum Setup {
-    Skip(String),
-    Fail(String),
-}
-
-static DAEMON: OnceLock<Result<Daemon, Setup>> = OnceLock::new();
-
-const WRAPPER: &str = r#"
-"$RAMPART_BIN" serve --listen "$ADDR" --data-dir "$DATA" </dev/null >>"$LOG" 2>&1 &
-pid=$!
-echo "$pid"
-read -r _ || true
-# The test process is gone. Sandboxes outlive their daemon by design, so delete any a test
-# left behind (e.g. after an interrupted run) while the daemon still answers.
-if command -v curl >/dev/null 2>&1; then
-  for id in $(curl -s -m 10 "http://$ADDR/v1/sandboxes" | grep -o '"id":"[a-z0-9]*"' | cut -d'"' -f4); do
-    curl -s -m 60 -o /dev/null -X DELETE "http://$ADDR/v1/sandboxes/$id"
-  done
-fi
-kill -TERM "$pid" 2>/dev/null
-i=0
-while kill -0 "$pid" 2>/dev/null && [ "$i" -lt 100 ]; do sleep 0.1; i=$((i+1)); done
-kill -KILL "$pid" 2>/dev/null
-wait "$pid" 2>/dev/null
-if grep -qF " $ROOT/" /proc/self/mountinfo; then
-  echo "adversarial: mounts left under $ROOT; not removing it" >>"$LOG"
-else
-  rm -rf --one-file-system "$ROOT"
-fi
-"#;
-
-fn start_daemon() -> Result<Daemon, Setup> {
-    if !is_root() {
-        return Err(Setup::Skip(
-            "not root (sandboxes need namespaces, cgroups, loop devices)".into(),
-        ));
-    }
-    let bin = PathBuf::from(env!("CARGO_BIN_EXE_rampart"));
-    let dir = bin.parent().map(Path::to_path_buf).unwrap_or_default();
-    for b in ["rampart-jailer", "rampart-agent"] {
-        if !dir.join(b).is_file() {
-            return Err(Setup::Skip(format!(
-                "{} is not built (run `cargo build --workspace --bins` first)",
-                dir.join(b).display()
-            )));
-        }
-    }
-    let root = std::env::temp_dir().join(format!("rampart-adv-{}", token()));
-    let data_dir = root.join("data");
-    std::fs::create_dir_all(&data_dir)
-        .map_err(|e| Setup::Fail(format!("mkdir {}: {e}", data_dir.display())))?;
-    let log = root.join("daemon.log");
-    let port = TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map_err(|e| Setup::Fail(format!("free port: {e}")))?
-        .port();
-    let addr = format!("127.0.0.1:{port}");
-    let env_secret = format!("RAMPART-DAEMON-ENV-SECRET-{}", token());
-    let mut child = Command::new("sh")
-        .arg("-c")
-        .arg(WRAPPER)
-        .env("RAMPART_BIN", &bin)
-        .env("ADDR", &addr)
-        .env("DATA", &data_dir)
-        .env("LOG", &log)
-        .env("ROOT", &root)
-        .env("RAMPART_ADV_DAEMON_SECRET", &env_secret)
-        .env(
-            "RUST_LOG",
-            std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()),
-        )
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        // Its own process group: a ^C to the test run does not kill the wrapper before it
-        // has cleaned up.
-        .process_group(0)
-        .spawn()
-        .map_err(|e| Setup::Fail(format!("spawn daemon wrapper: {e}")))?;
-    let mut line = String::new();
-    let stdout = child.stdout.take().expect("wrapper stdout");
-    BufReader::new(stdout)
-        .read_line(&mut line)
-        .map_err(|e| Setup::Fail(format!("read daemon pid: {e}")))?;
-    let pid: i32 = line
-        .trim()
-        .parse()
-        .map_err(|_| Setup::Fail(format!("bad daemon pid line {line:?}")))?;
-    let d = Daemon {
-        addr,
-        port,
-        pid,
-        root,
-        data_dir,
-        log,
-        env_secret,
-        _wrapper: Mutex::new(child),
-    };
-    // The first start may build the `base` template: give it time, but watch the process.
-    let deadline = Instant::now() + Duration::from_secs(180);
-    loop {
-        if let Ok(r) = http(
-            &d.addr,
-            "GET",
-            "/health",
-            Body::None,
-            Duration::from_secs(5),
-        ) {
-            if r.status == 200 {
-                eprintln!(
-                    "adversarial: daemon pid {} on {} (data {})",
-                    d.pid,
-                    d.addr,
-                    d.data_dir.display()
-                );
-                return Ok(d);
-            }
-        }
-        if !process_alive(d.pid) {
-            return Err(Setup::Fail(format!(
-                "the daemon exited before answering /health\n{}",
-                d.log_tail()
-            )));
-        }
-        if Instant::now() > deadline {
-            // SIGKILL by pid: it is ours.
-            let _ = Command::new("kill")
-                .arg("-KILL")
-                .arg(d.pid.to_string())
-                .status();
-            return Err(Setup::Fail(format!(
-                "the daemon did not answer /health within 180 s\n{}",
-                d.log_tail()
-            )));
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
+/// A value in the daemon's own environment that must never show up inside a sandbox.
+fn env_secret() -> &'static str {
+    static SECRET: OnceLock<String> = OnceLock::new();
+    SECRET.get_or_init(|| format!("RAMPART-DAEMON-ENV-SECRET-{}", token()))
 }
 
 /// The shared daemon, or `None` (after printing why) when the test must be skipped.
 fn daemon() -> Option<&'static Daemon> {
-    match DAEMON.get_or_init(start_daemon) {
-        Ok(d) => Some(d),
-        Err(Setup::Skip(why)) => {
-            eprintln!("skipped: {why}");
-            None
-        }
-        Err(Setup::Fail(msg)) => panic!("could not start the daemon: {msg}"),
-    }
+    support::shared("adv", &[("RAMPART_ADV_DAEMON_SECRET", env_secret())])
 }
 
 impl Daemon {
-    fn log_tail(&self) -> String {
-        let s = std::fs::read_to_string(&self.log).unwrap_or_default();
-        let lines: Vec<&str> = s.lines().collect();
-        let from = lines.len().saturating_sub(60);
-        format!(
-            "--- daemon log (last lines) ---\n{}",
-            lines[from..].join("\n")
-        )
-    }
-
     fn req(&self, method: &str, path: &str, body: Body<'_>, timeout: Duration) -> Resp {
         http(&self.addr, method, path, body, timeout)
             .unwrap_or_else(|e| panic!("{method} {path}: {e}\n{}", self.log_tail()))
@@ -1364,7 +1173,7 @@ fn sandbox_blocks_proc_view_of_host_processes() {
             // Reversed, so that the probe's own argv does not hold the secrets.
             &[
                 secret.chars().rev().collect(),
-                d.env_secret.chars().rev().collect(),
+                env_secret().chars().rev().collect(),
                 hp.to_string(),
             ],
             60,
@@ -1377,7 +1186,7 @@ fn sandbox_blocks_proc_view_of_host_processes() {
         );
         let v = probe_json(&r);
         assert!(
-            !r.stdout.contains(&secret) && !r.stdout.contains(&d.env_secret),
+            !r.stdout.contains(&secret) && !r.stdout.contains(env_secret()),
             "a host process's environment is readable inside (as {user}):\n{}",
             show(&r)
         );

@@ -7,11 +7,12 @@
 //! `skipped: <reason>`. `RAMPART_E2B_VENV` / `RAMPART_E2B_NODE` point elsewhere. The scripts
 //! are in `tests/e2b/`; each prints `PASS name` / `FAIL name: why` per test.
 
-use reqwest::blocking::Client;
+mod support;
+
 use serde_json::Value;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::{Command, Stdio};
+use support::{client, start_tidy, Tidy};
 
 fn workspace() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
@@ -37,19 +38,8 @@ fn node_dir() -> PathBuf {
 }
 
 fn skip_reason() -> Option<String> {
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    if unsafe { libc::geteuid() } != 0 {
-        return Some("not root (sandboxes need namespaces and cgroups)".into());
-    }
-    let dir = Path::new(env!("CARGO_BIN_EXE_rampart"))
-        .parent()?
-        .to_path_buf();
-    for b in ["rampart-jailer", "rampart-agent"] {
-        if !dir.join(b).is_file() {
-            return Some(format!(
-                "{b} is not built (run `cargo build --workspace --bins`)"
-            ));
-        }
+    if let Some(why) = support::skip_reason() {
+        return Some(why);
     }
     let py = venv_python();
     let ok = Command::new(&py)
@@ -69,97 +59,10 @@ fn skip_reason() -> Option<String> {
     None
 }
 
-/// A daemon this test started; stopped (its sandboxes destroyed first) when dropped.
-struct Daemon {
-    child: Child,
-    url: String,
-    root: PathBuf,
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        // Destroy what the scripts left behind, so no sandbox outlives the test.
-        let c = client();
-        if let Ok(r) = c.get(format!("{}/v1/sandboxes", self.url)).send() {
-            if let Ok(Value::Array(list)) = r.json::<Value>() {
-                for s in list {
-                    if let Some(id) = s["id"].as_str() {
-                        let _ = c.delete(format!("{}/v1/sandboxes/{id}", self.url)).send();
-                    }
-                }
-            }
-        }
-        // SAFETY: kill(2) on the pid of the daemon this test spawned (not yet reaped).
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let _ = std::fs::remove_dir_all(&self.root);
-    }
-}
-
-fn client() -> Client {
-    Client::builder()
-        .timeout(Duration::from_secs(60))
-        .build()
-        .unwrap()
-}
-
-fn start() -> Daemon {
-    let root = std::env::temp_dir().join(format!("rampart-e2b-sdk-{}", std::process::id()));
-    let data = root.join("data");
-    std::fs::create_dir_all(&data).unwrap();
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let log = std::fs::File::create(root.join("daemon.log")).unwrap();
-    let child = Command::new(env!("CARGO_BIN_EXE_rampart"))
-        .args([
-            "serve",
-            "--listen",
-            &format!("127.0.0.1:{port}"),
-            "--data-dir",
-        ])
-        .arg(&data)
-        .stdin(Stdio::null())
-        .stdout(log.try_clone().unwrap())
-        .stderr(log)
-        .spawn()
-        .expect("spawn rampart serve");
-    let d = Daemon {
-        child,
-        url: format!("http://127.0.0.1:{port}"),
-        root,
-    };
-    let c = client();
-    let deadline = Instant::now() + Duration::from_secs(180);
-    while !c
-        .get(format!("{}/health", d.url))
-        .send()
-        .map(|r| r.status().is_success())
-        .unwrap_or(false)
-    {
-        assert!(
-            Instant::now() < deadline,
-            "daemon did not answer /health within 180 s"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    d
-}
-
 /// Runs a script with only the three E2B variables (plus PATH/HOME) set; returns
 /// `(passed names, failed lines)`.
 fn run_script(
-    d: &Daemon,
+    d: &Tidy,
     key: &str,
     program: &Path,
     script: &Path,
@@ -226,8 +129,8 @@ fn e2b_sdks_run_unmodified_against_rampart() {
         eprintln!("skipped: {why}");
         return;
     }
-    let d = start();
-    let data = d.root.join("data");
+    let d = start_tidy("e2b-sdk");
+    let data = d.data.clone();
 
     // The daemon made a first key at start, in a 0600 file.
     let first = data.join("api-key");

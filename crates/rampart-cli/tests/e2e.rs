@@ -3,209 +3,39 @@
 //! exec (streaming, stdin, timeouts, signals, exit codes, output caps, disconnects), files
 //! (`cp` and the file API), `run`, and bad input on every endpoint.
 //!
-//! One daemon serves the whole test binary. It runs under a small shell wrapper whose stdin is
-//! a pipe held by this process: when the test process exits the pipe closes and the wrapper
-//! stops the daemon (by its pid) and removes the temp dir. Every sandbox a test creates is
+//! One daemon serves the whole test binary (`support::shared`). It runs under a small shell
+//! wrapper whose stdin is a pipe held by this process: when the test process exits the pipe
+//! closes and the wrapper stops the daemon (by its pid) and removes the temp dir. Every sandbox a test creates is
 //! destroyed by a guard when the test ends (also on panic).
 //!
 //! Needs root and `rampart-jailer`, `rampart-agent` built next to `rampart`; otherwise each test
 //! prints `skipped: <reason>` and returns. Run:
 //! `cargo build --workspace --bins && cargo test -p rampart-cli --test e2e`.
 
+mod support;
+
 use reqwest::blocking::{Client, Response};
 use serde_json::{json, Value};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
-use std::sync::{Mutex, OnceLock};
+use std::path::PathBuf;
+use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
+use support::{token, wait_until};
 
-struct Daemon {
-    host: String,
-    pid: i32,
-    root: PathBuf,
-    log: PathBuf,
-    _wrapper: Mutex<Child>,
-}
-
-enum Setup {
-    Skip(String),
-    Fail(String),
-}
-
-static DAEMON: OnceLock<Result<Daemon, Setup>> = OnceLock::new();
-
-const WRAPPER: &str = r#"
-"$RAMPART_BIN" serve --listen "$ADDR" --data-dir "$DATA" </dev/null >>"$LOG" 2>&1 &
-pid=$!
-echo "$pid"
-read -r _ || true
-# Sandboxes a killed test process could not destroy: through the API, before the daemon goes.
-for id in $(curl -s -m 10 "http://$ADDR/v1/sandboxes" | grep -o '"id":"[a-z0-9]*"' | cut -d'"' -f4); do
-  curl -s -m 30 -X DELETE "http://$ADDR/v1/sandboxes/$id" >/dev/null
-done
-kill -TERM "$pid" 2>/dev/null
-i=0
-while kill -0 "$pid" 2>/dev/null && [ "$i" -lt 100 ]; do sleep 0.1; i=$((i+1)); done
-kill -KILL "$pid" 2>/dev/null
-wait "$pid" 2>/dev/null
-if grep -qF " $ROOT/" /proc/self/mountinfo; then
-  echo "e2e: mounts left under $ROOT; not removing it" >>"$LOG"
-else
-  rm -rf --one-file-system "$ROOT"
-fi
-"#;
+/// The daemon every test of this binary shares (see `support::shared`).
+type Daemon = support::Shared;
 
 fn rampart_bin() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_rampart"))
 }
 
-fn token() -> String {
-    format!(
-        "{}{}",
-        std::process::id(),
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.subsec_nanos())
-            .unwrap_or(0)
-    )
-}
-
-fn process_alive(pid: i32) -> bool {
-    Path::new(&format!("/proc/{pid}")).exists()
-        && !std::fs::read_to_string(format!("/proc/{pid}/stat"))
-            .map(|s| {
-                s.rsplit(')')
-                    .next()
-                    .unwrap_or("")
-                    .trim_start()
-                    .starts_with('Z')
-            })
-            .unwrap_or(true)
-}
-
-fn start_daemon() -> Result<Daemon, Setup> {
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    if unsafe { libc::geteuid() } != 0 {
-        return Err(Setup::Skip(
-            "not root (sandboxes need namespaces and cgroups)".into(),
-        ));
-    }
-    let bin = rampart_bin();
-    let dir = bin.parent().map(Path::to_path_buf).unwrap_or_default();
-    for b in ["rampart-jailer", "rampart-agent"] {
-        if !dir.join(b).is_file() {
-            return Err(Setup::Skip(format!(
-                "{} is not built (run `cargo build --workspace --bins` first)",
-                dir.join(b).display()
-            )));
-        }
-    }
-    let root = std::env::temp_dir().join(format!("rampart-e2e-{}", token()));
-    let data = root.join("data");
-    std::fs::create_dir_all(&data).map_err(|e| Setup::Fail(format!("mkdir: {e}")))?;
-    let log = root.join("daemon.log");
-    let port = TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map_err(|e| Setup::Fail(format!("free port: {e}")))?
-        .port();
-    let addr = format!("127.0.0.1:{port}");
-    let mut child = Command::new("sh")
-        .arg("-c")
-        .arg(WRAPPER)
-        .env("RAMPART_BIN", &bin)
-        .env("ADDR", &addr)
-        .env("DATA", &data)
-        .env("LOG", &log)
-        .env("ROOT", &root)
-        .env(
-            "RUST_LOG",
-            std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()),
-        )
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .map_err(|e| Setup::Fail(format!("spawn the daemon wrapper: {e}")))?;
-    let mut line = String::new();
-    let stdout = child
-        .stdout
-        .take()
-        .ok_or_else(|| Setup::Fail("no wrapper stdout".into()))?;
-    BufReader::new(stdout)
-        .read_line(&mut line)
-        .map_err(|e| Setup::Fail(format!("read the daemon pid: {e}")))?;
-    let pid: i32 = line
-        .trim()
-        .parse()
-        .map_err(|_| Setup::Fail(format!("bad daemon pid line {line:?}")))?;
-    let d = Daemon {
-        host: format!("http://{addr}"),
-        pid,
-        root,
-        log,
-        _wrapper: Mutex::new(child),
-    };
-    // The first start may build the `base` template: allow time, but watch the process.
-    let deadline = Instant::now() + Duration::from_secs(180);
-    let client = Client::builder()
-        .timeout(Duration::from_secs(5))
-        .build()
-        .unwrap();
-    loop {
-        if let Ok(r) = client.get(format!("{}/health", d.host)).send() {
-            if r.status().as_u16() == 200 {
-                eprintln!(
-                    "e2e: daemon pid {} on {} ({})",
-                    d.pid,
-                    d.host,
-                    d.root.display()
-                );
-                return Ok(d);
-            }
-        }
-        if !process_alive(d.pid) {
-            return Err(Setup::Fail(format!(
-                "the daemon exited before answering /health\n{}",
-                d.log_tail()
-            )));
-        }
-        if Instant::now() > deadline {
-            // SAFETY: kill(2) on the pid of the daemon this test started.
-            unsafe { libc::kill(d.pid, libc::SIGKILL) };
-            return Err(Setup::Fail(format!(
-                "no /health within 180 s\n{}",
-                d.log_tail()
-            )));
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
 /// The shared daemon, or `None` (after printing why) when the test must be skipped.
 fn daemon() -> Option<&'static Daemon> {
-    match DAEMON.get_or_init(start_daemon) {
-        Ok(d) => Some(d),
-        Err(Setup::Skip(why)) => {
-            eprintln!("skipped: {why}");
-            None
-        }
-        Err(Setup::Fail(msg)) => panic!("could not start the daemon: {msg}"),
-    }
+    support::shared("e2e", &[])
 }
 
 impl Daemon {
-    fn log_tail(&self) -> String {
-        let s = std::fs::read_to_string(&self.log).unwrap_or_default();
-        let lines: Vec<&str> = s.lines().collect();
-        let from = lines.len().saturating_sub(40);
-        format!(
-            "--- daemon log (last lines) ---\n{}",
-            lines[from..].join("\n")
-        )
-    }
-
     fn http(&self) -> Client {
         Client::builder()
             .timeout(Duration::from_secs(120))
@@ -214,7 +44,7 @@ impl Daemon {
     }
 
     fn url(&self, path: &str) -> String {
-        format!("{}{path}", self.host)
+        format!("{}{path}", self.url)
     }
 
     /// Runs the CLI against this daemon.
@@ -225,7 +55,7 @@ impl Daemon {
     fn cli_stdin(&self, args: &[&str], stdin: Option<&[u8]>) -> Output {
         let mut c = Command::new(rampart_bin());
         c.args(args)
-            .env("RAMPART_HOST", &self.host)
+            .env("RAMPART_HOST", &self.url)
             .stdin(if stdin.is_some() {
                 Stdio::piped()
             } else {
@@ -309,18 +139,6 @@ fn api_error(r: Response, status: u16, code: &str) -> String {
     let v: Value = serde_json::from_str(&text).unwrap_or_else(|_| panic!("not JSON: {text}"));
     assert_eq!(v["error"]["code"], code, "{v}");
     v["error"]["message"].as_str().unwrap().to_owned()
-}
-
-/// Polls `f` until it is true or the deadline passes.
-fn eventually(what: &str, secs: u64, mut f: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(secs);
-    while Instant::now() < deadline {
-        if f() {
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    panic!("{what}: not within {secs} s");
 }
 
 #[test]
@@ -568,7 +386,7 @@ fn a_client_that_goes_away_takes_its_process_with_it() {
     let sb = d.sandbox(json!({}));
     let marker = format!("{}", 100000 + std::process::id() % 100000);
     let body = json!({"cmd": ["sleep", marker], "stream": true}).to_string();
-    let addr = d.host.trim_start_matches("http://");
+    let addr = d.url.trim_start_matches("http://");
     let mut s = TcpStream::connect(addr).unwrap();
     write!(
         s,
@@ -586,9 +404,9 @@ fn a_client_that_goes_away_takes_its_process_with_it() {
         );
         v["stdout"].as_str().unwrap_or("").trim() != "0"
     };
-    eventually("the streamed process starts", 30, || running(&sb));
+    wait_until("the streamed process starts", 30, || running(&sb));
     drop(s);
-    eventually("the process is killed after the disconnect", 30, || {
+    wait_until("the process is killed after the disconnect", 30, || {
         !running(&sb)
     });
 }
@@ -917,7 +735,7 @@ fn interrupting_an_interactive_exec_signals_the_process() {
             "-c",
             "echo ready; exec sleep 100",
         ])
-        .env("RAMPART_HOST", &d.host)
+        .env("RAMPART_HOST", &d.url)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -1008,7 +826,7 @@ fn an_interrupted_run_still_destroys_its_sandbox() {
             "-c",
             "echo ready; exec sleep 100",
         ])
-        .env("RAMPART_HOST", &d.host)
+        .env("RAMPART_HOST", &d.url)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())

@@ -92,6 +92,23 @@ impl Env {
     fn post(&self, path: &str, body: Value) -> Response {
         self.http.post(self.url(path)).json(&body).send().unwrap()
     }
+    fn get(&self, path: &str) -> Response {
+        self.http.get(self.url(path)).send().unwrap()
+    }
+    fn delete(&self, path: &str) -> Response {
+        self.http.delete(self.url(path)).send().unwrap()
+    }
+    /// `rampart port ID PORT ARGS...` against this daemon: its stdout (it must succeed).
+    fn port_cli(&self, id: &str, port: u16, args: &[&str]) -> String {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_rampart"))
+            .args(["--host", &self.daemon.url, "port", id, &port.to_string()])
+            .args(args)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{err}");
+        String::from_utf8(out.stdout).unwrap()
+    }
     fn create(&self, body: Value) -> (String, String) {
         let r = self.post("/v1/sandboxes", body);
         assert_eq!(r.status(), 201);
@@ -149,11 +166,7 @@ impl Env {
         });
     }
     fn ports(&self, id: &str) -> Value {
-        let r = self
-            .http
-            .get(self.url(&format!("/v1/sandboxes/{id}/ports")))
-            .send()
-            .unwrap();
+        let r = self.get(&format!("/v1/sandboxes/{id}/ports"));
         assert_eq!(r.status(), 200);
         r.json().unwrap()
     }
@@ -252,21 +265,9 @@ fn exposed_ports_work_with_the_token_and_only_with_it() {
     assert_ne!(tok_a, tok_b);
 
     // The token is in GET of one sandbox, not in the list.
-    let one: Value = env
-        .http
-        .get(env.url(&format!("/v1/sandboxes/{a}")))
-        .send()
-        .unwrap()
-        .json()
-        .unwrap();
+    let one: Value = env.get(&format!("/v1/sandboxes/{a}")).json().unwrap();
     assert_eq!(one["access_token"], tok_a.as_str());
-    let all: Value = env
-        .http
-        .get(env.url("/v1/sandboxes"))
-        .send()
-        .unwrap()
-        .json()
-        .unwrap();
+    let all: Value = env.get("/v1/sandboxes").json().unwrap();
     assert!(all
         .as_array()
         .unwrap()
@@ -441,31 +442,12 @@ fn exposed_ports_work_with_the_token_and_only_with_it() {
         let r = hc.get(&url).send().unwrap();
         assert_eq!(r.status(), 200, "{url}");
     }
-    let r = env
-        .http
-        .delete(env.url(&format!("/v1/sandboxes/{a}/ports/{HTTP_PORT}/public")))
-        .send()
-        .unwrap();
+    let r = env.delete(&format!("/v1/sandboxes/{a}/ports/{HTTP_PORT}/public"));
     assert_eq!(r.status(), 200);
     assert_eq!(hc.get(path_a("/index.txt")).send().unwrap().status(), 401);
 
     // `rampart port` prints both URLs; each works as printed (token in the query).
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_rampart"))
-        .args([
-            "--host",
-            &env.daemon.url,
-            "port",
-            &a,
-            &HTTP_PORT.to_string(),
-        ])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let text = String::from_utf8(out.stdout).unwrap();
+    let text = env.port_cli(&a, HTTP_PORT, &[]);
     let urls: Vec<&str> = text.lines().collect();
     assert_eq!(urls.len(), 2, "{text}");
     assert!(urls[0].starts_with(&path_a("/?rampart_token=")), "{text}");
@@ -474,19 +456,7 @@ fn exposed_ports_work_with_the_token_and_only_with_it() {
         let r = hc.get(u.replace("/?", "/index.txt?")).send().unwrap();
         assert_eq!(r.status(), 200, "{u}");
     }
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_rampart"))
-        .args([
-            "--host",
-            &env.daemon.url,
-            "port",
-            &a,
-            &HTTP_PORT.to_string(),
-            "--public",
-        ])
-        .output()
-        .unwrap();
-    assert!(out.status.success());
-    let text = String::from_utf8(out.stdout).unwrap();
+    let text = env.port_cli(&a, HTTP_PORT, &["--public"]);
     assert!(!text.contains("rampart_token"), "{text}");
     let first = text.lines().next().unwrap();
     assert_eq!(
@@ -495,11 +465,7 @@ fn exposed_ports_work_with_the_token_and_only_with_it() {
     );
 
     // After destroy: gone, whatever the token.
-    let r = env
-        .http
-        .delete(env.url(&format!("/v1/sandboxes/{a}")))
-        .send()
-        .unwrap();
+    let r = env.delete(&format!("/v1/sandboxes/{a}"));
     assert_eq!(r.status(), 200);
     for url in [path_a("/index.txt"), host_a("/index.txt")] {
         let r = hc
@@ -509,25 +475,11 @@ fn exposed_ports_work_with_the_token_and_only_with_it() {
             .unwrap();
         assert_eq!(r.status(), 404, "{url}");
     }
-    let r = env
-        .http
-        .get(env.url(&format!("/v1/sandboxes/{a}/ports")))
-        .send()
-        .unwrap();
+    let r = env.get(&format!("/v1/sandboxes/{a}/ports"));
     assert_eq!(r.status(), 404);
-    let gone: Value = env
-        .http
-        .get(env.url(&format!("/v1/sandboxes/{a}")))
-        .send()
-        .unwrap()
-        .json()
-        .unwrap();
+    let gone: Value = env.get(&format!("/v1/sandboxes/{a}")).json().unwrap();
     assert!(gone.get("access_token").is_none(), "{gone}");
-    let r = env
-        .http
-        .delete(env.url(&format!("/v1/sandboxes/{b}")))
-        .send()
-        .unwrap();
+    let r = env.delete(&format!("/v1/sandboxes/{b}"));
     assert_eq!(r.status(), 200);
 }
 
@@ -546,23 +498,11 @@ fn bad_port_requests_are_refused_with_reasons() {
         .starts_with("public_ports"));
     let (id, _) = env.create(json!({"timeout_secs": 60}));
     for p in ["0", "65536", "x"] {
-        let r = env
-            .http
-            .get(env.url(&format!("/v1/sandboxes/{id}/ports/{p}/")))
-            .send()
-            .unwrap();
+        let r = env.get(&format!("/v1/sandboxes/{id}/ports/{p}/"));
         assert_eq!(r.status(), 400, "{p}");
     }
-    let r = env
-        .http
-        .get(env.url("/v1/sandboxes/nosuchsandbox0000000/ports/80/"))
-        .send()
-        .unwrap();
+    let r = env.get("/v1/sandboxes/nosuchsandbox0000000/ports/80/");
     assert_eq!(r.status(), 404);
-    let r = env
-        .http
-        .delete(env.url(&format!("/v1/sandboxes/{id}")))
-        .send()
-        .unwrap();
+    let r = env.delete(&format!("/v1/sandboxes/{id}"));
     assert_eq!(r.status(), 200);
 }

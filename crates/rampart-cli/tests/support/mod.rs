@@ -184,6 +184,8 @@ pub struct Tidy {
     pub daemon: Daemon,
     /// The directory holding `data/`.
     pub root: std::path::PathBuf,
+    /// Its data directory, `<root>/data`.
+    pub data: std::path::PathBuf,
 }
 
 impl std::ops::Deref for Tidy {
@@ -199,7 +201,7 @@ pub fn start_tidy(name: &str) -> Tidy {
     let data = root.join("data");
     std::fs::create_dir_all(&data).unwrap();
     let daemon = start(&data, free_port(), &[]);
-    Tidy { daemon, root }
+    Tidy { daemon, root, data }
 }
 
 impl Drop for Tidy {
@@ -216,7 +218,7 @@ impl Drop for Tidy {
         }
         let _ = self.daemon.child.kill();
         let _ = self.daemon.child.wait();
-        unmount_store(&self.daemon.data);
+        unmount_store(&self.data);
         let _ = std::fs::remove_dir_all(&self.root);
     }
 }
