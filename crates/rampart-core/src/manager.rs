@@ -800,13 +800,20 @@ impl Inner {
         } else {
             crate::templates::resolve(&self.cfg.data_dir, &new.template)?
         };
-        let prepared = match net {
-            Some(n) => {
-                self.store.set_network(&new.id, n).map_err(db)?;
-                Some(self.network.prepare(&new.id, slot, n)?)
+        let mut prepared = None;
+        let mut attaching = None;
+        if let Some(n) = net {
+            self.store.set_network(&new.id, n).map_err(db)?;
+            if n.secrets.is_empty() {
+                // Nothing of the attachment goes into the environment: attach while launching.
+                let (me, id, n) = (self.clone(), new.id.clone(), n.clone());
+                attaching = Some(tokio::task::spawn_blocking(move || {
+                    me.network.prepare(&id, slot, &n)
+                }));
+            } else {
+                prepared = Some(self.network.prepare(&new.id, slot, n)?);
             }
-            None => None,
-        };
+        }
         let mut env = launch_env(&crate::templates::merged_env(image.as_ref(), &new.env));
         if let Some(p) = &prepared {
             env.extend(p.env());
@@ -827,8 +834,13 @@ impl Inner {
         let extras = self.persist.take_staged(&new.id);
         let launched = tokio::task::spawn_blocking(move || iso.launch_with(&spec, &extras))
             .await
-            .map_err(|e| join_err("launch", e))?
-            .map_err(|e| iso_err("launch", e))?;
+            .map_err(|e| join_err("launch", e))
+            .and_then(|r| r.map_err(|e| iso_err("launch", e)));
+        if let Some(t) = attaching {
+            // Awaited even when the launch failed, so that the teardown finds it attached.
+            prepared = Some(t.await.map_err(|e| join_err("egress attach", e))??);
+        }
+        let launched = launched?;
         let pid = launched.pid;
         let pidfd = proc::pidfd_open(pid).map_err(|e| {
             CoreError::Internal(format!("the sandbox's init (pid {pid}) is gone: {e}"))
@@ -839,12 +851,18 @@ impl Inner {
                 CoreError::Internal(format!("the sandbox's init (pid {pid}) exited at start"))
             })?
             .start_time;
-        if prepared.is_some() {
-            self.network.wire(slot, pid).await?;
-        }
         let launched_at = Instant::now();
         let client = AgentClient::new(launched.agent_socket.clone());
-        wait_health(&client, HEALTH_DEADLINE).await?;
+        // The network is wired while the agent comes up.
+        let wiring = async {
+            match &prepared {
+                Some(_) => self.network.wire(slot, pid).await.map(|_| ()),
+                None => Ok(()),
+            }
+        };
+        let (wired, healthy) = tokio::join!(wiring, wait_health(&client, HEALTH_DEADLINE));
+        wired?;
+        healthy?;
         if new.template == interpreter::TEMPLATE {
             interpreter::start(&client).await?;
         }

@@ -27,7 +27,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 /// Where the sandbox's trust store is.
 const CA_BUNDLE: &str = "/etc/ssl/certs/ca-certificates.crt";
@@ -263,6 +263,7 @@ impl Network {
         net: &StoredNetwork,
     ) -> Result<Prepared, CoreError> {
         let (wiring, egress) = self.ready()?;
+        let t0 = std::time::Instant::now();
         let handle = wiring
             .handle(slot)
             .map_err(|e| CoreError::Capacity(e.to_string()))?;
@@ -275,6 +276,7 @@ impl Network {
                 net.secrets.clone(),
             )
             .map_err(|e| CoreError::Internal(format!("attaching to the egress proxy: {e}")))?;
+        debug!(id = %id, attach_us = t0.elapsed().as_micros() as u64, "attached to the egress proxy");
         Ok(Prepared {
             handle,
             attachment,
@@ -286,10 +288,13 @@ impl Network {
     pub(crate) async fn wire(&self, slot: u32, pid: i32) -> Result<NetHandle, CoreError> {
         let (wiring, _) = self.ready()?;
         let w = wiring.clone();
-        tokio::task::spawn_blocking(move || w.wire(pid, slot))
+        let t0 = std::time::Instant::now();
+        let h = tokio::task::spawn_blocking(move || w.wire(pid, slot))
             .await
             .map_err(|e| CoreError::Internal(format!("wiring the network: task failed: {e}")))?
-            .map_err(|e| CoreError::Internal(format!("wiring the network: {e}")))
+            .map_err(|e| CoreError::Internal(format!("wiring the network: {e}")))?;
+        debug!(link = %h.host_if, wire_us = t0.elapsed().as_micros() as u64, "wired");
+        Ok(h)
     }
 
     /// Files the sandbox needs once its agent answers: resolv.conf, hosts and, with secrets,
@@ -335,9 +340,11 @@ impl Network {
                     .map_err(|e| CoreError::Internal(format!("writing {path} in the sandbox: {e}")))
             }
         });
+        let t0 = std::time::Instant::now();
         for r in futures::future::join_all(writes).await {
             r?;
         }
+        debug!(files_us = t0.elapsed().as_micros() as u64, "wrote the network files");
         Ok(())
     }
 
