@@ -385,6 +385,19 @@ fn build_create_rebuild_fail_interrupt() {
     let v: Value = r.json().unwrap();
     assert_eq!(status, 201, "create: {v}");
     let id = v["id"].as_str().unwrap().to_owned();
+    // The API lists it next to the built-in ones.
+    let ts: Value = client().get(format!("{}/v1/templates", d.url)).send().unwrap().json().unwrap();
+    let names: Vec<&str> = ts.as_array().unwrap().iter().map(|t| t["name"].as_str().unwrap()).collect();
+    assert!(names.contains(&"base") && names.contains(&name.as_str()), "{ts}");
+    let t: Value = client()
+        .get(format!("{}/v1/templates/{name}", d.url))
+        .send()
+        .unwrap()
+        .json()
+        .unwrap();
+    assert_eq!(t["kind"], "built");
+    assert_eq!(t["user"], "user");
+    assert_eq!(t["id"], rep["id"]);
     let out = exec(
         &d,
         &id,
@@ -484,6 +497,8 @@ fn build_create_rebuild_fail_interrupt() {
         .send()
         .unwrap();
     assert_eq!(r.status().as_u16(), 400, "a removed template is unknown");
+    let r = client().get(format!("{}/v1/templates/{name}", d.url)).send().unwrap();
+    assert_eq!(r.status().as_u16(), 404);
     drop(d);
     let _ = std::fs::remove_dir_all(&root);
 }

@@ -445,6 +445,16 @@ impl Manager {
     pub fn data_dir(&self) -> &std::path::Path {
         self.inner.data_dir()
     }
+    /// Every template sandboxes can be created from: the built-in ones and those built
+    /// into `<data>/images` (read at each call; see `docs/templates.md`).
+    pub fn templates(&self) -> Vec<rampart_types::TemplateInfo> {
+        templates::list(self.inner.data_dir())
+    }
+    /// One template by name.
+    pub fn template(&self, name: &str) -> Result<rampart_types::TemplateInfo, CoreError> {
+        templates::get(self.inner.data_dir(), name)
+            .ok_or_else(|| CoreError::NotFound(format!("template {name}")))
+    }
     /// Prometheus text exposition of the daemon's metrics.
     pub fn metrics_text(&self) -> String {
         self.inner.metrics_text()

@@ -172,3 +172,50 @@ pub(crate) async fn start(client: &AgentClient, t: &Resolved) -> Result<(), Core
         delay = (delay * 2).min(Duration::from_millis(200));
     }
 }
+
+fn builtin_info(name: &str) -> rampart_types::TemplateInfo {
+    rampart_types::TemplateInfo {
+        name: name.to_owned(),
+        kind: "builtin".into(),
+        id: None,
+        layers: None,
+        size_bytes: None,
+        created_at: None,
+        user: Some("user".into()),
+        workdir: None,
+        env_names: Vec::new(),
+        start: None,
+    }
+}
+
+fn built_info(t: rampart_image::store::TemplateEntry) -> rampart_types::TemplateInfo {
+    rampart_types::TemplateInfo {
+        name: t.name,
+        kind: "built".into(),
+        id: Some(t.id),
+        layers: Some(t.layers.len()),
+        size_bytes: Some(t.size_bytes),
+        created_at: Some(t.created_at),
+        user: t.config.user,
+        workdir: t.config.workdir,
+        env_names: t.config.env.into_keys().collect(),
+        start: t.config.start.map(|s| s.cmd),
+    }
+}
+
+/// Every template: the built-in ones, then the built ones by name.
+pub(crate) fn list(data: &Path) -> Vec<rampart_types::TemplateInfo> {
+    let mut out: Vec<_> = crate::validate::TEMPLATES
+        .iter()
+        .map(|n| builtin_info(n))
+        .collect();
+    if let Some(s) = Store::open_existing(data) {
+        out.extend(s.list().into_iter().map(built_info));
+    }
+    out
+}
+
+/// One template by name.
+pub(crate) fn get(data: &Path, name: &str) -> Option<rampart_types::TemplateInfo> {
+    list(data).into_iter().find(|t| t.name == name)
+}

@@ -19,6 +19,7 @@ mod persist;
 mod ports;
 mod proxy;
 mod sandboxes;
+mod templates;
 
 pub use audit::{AuditKey, AuditPage};
 pub use error::ApiError;
@@ -472,6 +473,8 @@ fn v1_router(state: AppState) -> Router {
                 .fallback(ports::proxy),
         )
         .route("/audit/key", get(audit::key))
+        .route("/templates", get(templates::list))
+        .route("/templates/{name}", get(templates::get_one))
         .route("/openapi.json", get(openapi::serve_openapi));
 
     Router::new()

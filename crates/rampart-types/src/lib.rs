@@ -13,6 +13,7 @@ pub mod network;
 pub mod persist;
 pub mod ports;
 pub mod sandbox;
+pub mod template;
 
 pub use exec::{ExecEvent, ExecRequest, ExecResult};
 pub use files::{FileEntry, FileList, FileType, FileWatchEvent, Health, MakeDir, MoveFile};
@@ -30,3 +31,4 @@ pub use ports::{PortInfo, PortList};
 pub use sandbox::{
     ApiError, ApiErrorBody, CreateSandbox, OnTimeout, SandboxInfo, SandboxState, SetTimeout,
 };
+pub use template::TemplateInfo;

@@ -1,0 +1,45 @@
+//! Templates (read-only; builds are `rampart template build` on the host, see
+//! `docs/templates.md`).
+
+use crate::error::ApiError;
+use crate::AppState;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::Json;
+use rampart_core::CoreError;
+use rampart_types::{ApiErrorBody, TemplateInfo};
+
+fn manager(st: &AppState) -> Result<&rampart_core::Manager, ApiError> {
+    st.backend.manager().ok_or_else(|| {
+        ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "unsupported",
+            "this daemon has no templates",
+        )
+    })
+}
+
+/// `GET /v1/templates`: the built-in templates and the built ones.
+#[utoipa::path(get, path = "/v1/templates", tag = "templates",
+    responses((status = 200, description = "Templates: built-in first, then built ones by name", body = [TemplateInfo])))]
+pub(crate) async fn list(State(st): State<AppState>) -> Result<Json<Vec<TemplateInfo>>, ApiError> {
+    Ok(Json(manager(&st)?.templates()))
+}
+
+/// `GET /v1/templates/{name}`: one template.
+#[utoipa::path(get, path = "/v1/templates/{name}", tag = "templates",
+    params(("name" = String, Path, description = "Template name")),
+    responses(
+        (status = 200, description = "The template", body = TemplateInfo),
+        (status = 404, description = "No such template", body = ApiErrorBody),
+    ))]
+pub(crate) async fn get_one(
+    State(st): State<AppState>,
+    Path(name): Path<String>,
+) -> Result<Json<TemplateInfo>, ApiError> {
+    match manager(&st)?.template(&name) {
+        Ok(t) => Ok(Json(t)),
+        Err(CoreError::NotFound(_)) => Err(ApiError::not_found(format!("template {name} not found"))),
+        Err(e) => Err(e.into()),
+    }
+}
