@@ -300,6 +300,19 @@ fn exposed_ports_work_with_the_token_and_only_with_it() {
         let r = hc.get(&url).bearer_auth(&tok_a).send().unwrap();
         assert_eq!(r.status(), 200, "{url}");
     }
+    // The path form runs pages in an opaque origin (they share the daemon's); the host form
+    // is an origin of its own.
+    let csp = |url: &str| {
+        hc.get(url)
+            .header("X-Rampart-Token", &tok_a)
+            .send()
+            .unwrap()
+            .headers()
+            .get("content-security-policy")
+            .map(|v| v.to_str().unwrap().to_owned())
+    };
+    assert!(csp(&path_a("/index.txt")).unwrap().starts_with("sandbox "));
+    assert_eq!(csp(&host_a("/index.txt")), None);
     // Streamed, byte for byte.
     for url in [path_a("/big.bin"), host_a("/big.bin")] {
         let r = hc

@@ -35,6 +35,9 @@ pub const TOKEN_PARAM: &str = "rampart_token";
 pub const DEFAULT_DOMAIN: &str = "localhost";
 /// envd's port inside an E2B sandbox: its host names stay with the E2B proxy.
 const ENVD_PORT: u16 = 49983;
+/// The policy of every answer of the path form: the page runs, in an opaque origin.
+const PATH_FORM_CSP: &str =
+    "sandbox allow-scripts allow-forms allow-popups allow-modals allow-downloads";
 /// Most ports a create may make public.
 const MAX_PUBLIC_PORTS: usize = 100;
 
@@ -487,6 +490,15 @@ async fn serve_port(
         Err(e) => return ApiError::bad_request(format!("path {pq:?}: {e}")).into_response(),
     }
     let mut resp = relay(st, id, port, req).await;
+    if cookie_path != "/" {
+        // The path form serves the sandbox's pages on the daemon's own origin: a browser must
+        // not let their scripts call `/v1` as that origin (read tokens, exec in sandboxes).
+        // An opaque origin makes those calls cross-origin, which the API never allows.
+        resp.headers_mut().append(
+            header::CONTENT_SECURITY_POLICY,
+            HeaderValue::from_static(PATH_FORM_CSP),
+        );
+    }
     if let Some(t) = granted.set_cookie {
         let c = format!("{TOKEN_PARAM}={t}; Path={cookie_path}; HttpOnly; SameSite=Lax");
         if let Ok(v) = HeaderValue::from_str(&c) {
