@@ -742,3 +742,58 @@ async fn take_point(inner: &Inner, id: &SandboxId, dir: &Path) -> Result<u64, Co
     }
     r
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_checked() {
+        for ok in ["a", "s1", "my-snap_2.x", &"a".repeat(64)] {
+            assert!(check_name("name", ok).is_ok(), "{ok}");
+        }
+        for bad in [
+            "",
+            ".hidden",
+            "-x",
+            "../x",
+            "a/b",
+            "a b",
+            &"a".repeat(65),
+            "é",
+        ] {
+            assert!(check_name("name", bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn volume_paths_are_checked() {
+        for ok in ["/data", "/home/user/work", "/mnt/a.b"] {
+            assert!(check_volume_path(ok).is_ok(), "{ok}");
+        }
+        for bad in [
+            "", "/", "data", "/a/../b", "/a/./b", "/a//b", "/a/", "/proc", "/proc/x", "/dev/x",
+            "/sys",
+        ] {
+            assert!(check_volume_path(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn busy_marks_are_released_on_drop() {
+        let c: Counts = Arc::default();
+        {
+            let mut b = Busy { held: Vec::new() };
+            b.hold(&c, "s");
+            b.hold(&c, "s");
+            assert_eq!(lock(&c).get("s"), Some(&2));
+        }
+        assert!(lock(&c).is_empty());
+    }
+
+    #[test]
+    fn a_memory_snapshot_is_refused_with_the_reason() {
+        assert!(MEMORY_REFUSAL.contains("filesystem only"));
+        assert!(MEMORY_REFUSAL.contains("microVM"));
+    }
+}

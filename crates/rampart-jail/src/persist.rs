@@ -189,6 +189,12 @@ impl Jail {
     /// the sandbox's range. Holding it pins the filesystem. Blocking (cheap).
     pub fn upper_root(&self, id: &rampart_types::SandboxId) -> Result<OwnedFd, JailError> {
         let pid1 = self.pid1(id)?;
+        // The device of the loop attached to this sandbox's disk image: a volume's root (also
+        // an ext4 root on a loop device) that the agent happens to hold open is not it.
+        let want_dev = store::loops_of(&self.disk_image(id))
+            .first()
+            .and_then(|d| std::fs::metadata(d).ok())
+            .map(|m| m.rdev());
         let fds = format!("/proc/{pid1}/fd");
         let rd = std::fs::read_dir(&fds).map_err(io(format!("read {fds}")))?;
         for e in rd.flatten() {
@@ -197,7 +203,11 @@ impl Jail {
                 continue;
             };
             // The ext4 root (inode 2) of a loop device (major 7).
-            if m.is_dir() && m.ino() == 2 && libc::major(m.dev()) == 7 {
+            if m.is_dir()
+                && m.ino() == 2
+                && libc::major(m.dev()) == 7
+                && want_dev.is_none_or(|d| d == m.dev())
+            {
                 let f = std::fs::OpenOptions::new()
                     .read(true)
                     .custom_flags(libc::O_DIRECTORY | libc::O_CLOEXEC)

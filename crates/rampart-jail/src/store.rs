@@ -196,19 +196,23 @@ fn mounted_at(path: &Path) -> Option<(String, String)> {
     })
 }
 
-/// The loop devices backed by `image` (by path, as `/sys/block/loop*/loop/backing_file`).
+/// The loop devices attached to `image`: by its device and inode (`LOOP_GET_STATUS64`),
+/// which still match when the path the loop device shows no longer does (a store that was
+/// unmounted and mounted again shows its files under the old, detached mount).
 pub fn loops_of(image: &Path) -> Vec<PathBuf> {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(m) = std::fs::metadata(image) else {
+        return Vec::new();
+    };
     let Ok(rd) = std::fs::read_dir("/sys/block") else {
         return Vec::new();
     };
-    let want = image.to_string_lossy();
     rd.flatten()
         .filter(|e| e.file_name().to_string_lossy().starts_with("loop"))
-        .filter(|e| {
-            std::fs::read_to_string(e.path().join("loop/backing_file"))
-                .is_ok_and(|s| s.trim() == want)
-        })
+        // Attached devices only (an unattached one has no backing_file).
+        .filter(|e| e.path().join("loop/backing_file").exists())
         .map(|e| PathBuf::from("/dev").join(e.file_name()))
+        .filter(|d| sys::loop_backing_inode(d) == Some((m.dev(), m.ino())))
         .collect()
 }
 

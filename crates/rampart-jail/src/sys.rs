@@ -231,6 +231,24 @@ const LOOP_CTL_GET_FREE: libc::c_ulong = 0x4C82;
 const LOOP_CONFIGURE: libc::c_ulong = 0x4C0A;
 const LO_FLAGS_AUTOCLEAR: u32 = 4;
 
+const LOOP_GET_STATUS64: libc::c_ulong = 0x4C05;
+
+/// The (device, inode) of the file a loop device is attached to, if it is attached.
+pub fn loop_backing_inode(dev: &Path) -> Option<(u64, u64)> {
+    let f = std::fs::File::open(dev).ok()?;
+    // SAFETY: an all-zero LoopInfo64 is valid (plain integers and arrays).
+    let mut info: LoopInfo64 = unsafe { std::mem::zeroed() };
+    // SAFETY: LOOP_GET_STATUS64 fills a loop_info64 we own.
+    let rc = unsafe {
+        libc::ioctl(
+            f.as_raw_fd(),
+            LOOP_GET_STATUS64 as _,
+            &mut info as *mut LoopInfo64,
+        )
+    };
+    (rc == 0).then_some((info.lo_device, info.lo_inode))
+}
+
 #[repr(C)]
 struct LoopInfo64 {
     lo_device: u64,
