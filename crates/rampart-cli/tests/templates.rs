@@ -317,7 +317,11 @@ fn assert_clean(data: &Path) {
                 .filter(|e| e.path().is_dir())
                 .map(|e| e.file_name())
                 .collect();
-            assert!(subs.is_empty(), "build cgroups left in {}: {subs:?}", d.display());
+            assert!(
+                subs.is_empty(),
+                "build cgroups left in {}: {subs:?}",
+                d.display()
+            );
         }
     }
     let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
@@ -362,13 +366,26 @@ fn build_create_rebuild_fail_interrupt() {
     );
     assert!(err.contains("\"event\":\"step\""), "{err}");
     assert_clean(&data);
-    let first_layers: Vec<String> = serde_json::from_value(rep["manifest"]["layers"].clone()).unwrap();
+    let first_layers: Vec<String> =
+        serde_json::from_value(rep["manifest"]["layers"].clone()).unwrap();
 
     // ls / inspect.
-    let o = rampart().args(["template", "ls", "--json", "--data-dir"]).arg(&data).output().unwrap();
+    let o = rampart()
+        .args(["template", "ls", "--json", "--data-dir"])
+        .arg(&data)
+        .output()
+        .unwrap();
     let ls: Value = serde_json::from_slice(&o.stdout).unwrap();
-    assert!(ls.as_array().unwrap().iter().any(|t| t["name"] == name.as_str()));
-    let o = rampart().args(["template", "inspect", &name, "--data-dir"]).arg(&data).output().unwrap();
+    assert!(ls
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|t| t["name"] == name.as_str()));
+    let o = rampart()
+        .args(["template", "inspect", &name, "--data-dir"])
+        .arg(&data)
+        .output()
+        .unwrap();
     let ins: Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(ins["config"]["user"], "user");
     assert_eq!(ins["config"]["env"]["APP"], "demo");
@@ -386,9 +403,22 @@ fn build_create_rebuild_fail_interrupt() {
     assert_eq!(status, 201, "create: {v}");
     let id = v["id"].as_str().unwrap().to_owned();
     // The API lists it next to the built-in ones.
-    let ts: Value = client().get(format!("{}/v1/templates", d.url)).send().unwrap().json().unwrap();
-    let names: Vec<&str> = ts.as_array().unwrap().iter().map(|t| t["name"].as_str().unwrap()).collect();
-    assert!(names.contains(&"base") && names.contains(&name.as_str()), "{ts}");
+    let ts: Value = client()
+        .get(format!("{}/v1/templates", d.url))
+        .send()
+        .unwrap()
+        .json()
+        .unwrap();
+    let names: Vec<&str> = ts
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["name"].as_str().unwrap())
+        .collect();
+    assert!(
+        names.contains(&"base") && names.contains(&name.as_str()),
+        "{ts}"
+    );
     let t: Value = client()
         .get(format!("{}/v1/templates/{name}", d.url))
         .send()
@@ -417,14 +447,21 @@ fn build_create_rebuild_fail_interrupt() {
     // Root still works when asked for, and a write stays in the sandbox.
     let r = client()
         .post(format!("{}/v1/sandboxes/{id}/exec", d.url))
-        .json(&json!({"cmd": ["/bin/sh", "-c", "id -u; echo x > /srv/greeting.txt"], "user": "root"}))
+        .json(
+            &json!({"cmd": ["/bin/sh", "-c", "id -u; echo x > /srv/greeting.txt"], "user": "root"}),
+        )
         .send()
         .unwrap();
     let v: Value = r.json().unwrap();
     assert_eq!(v["stdout"], "0\n", "{v}");
-    let r = client().delete(format!("{}/v1/sandboxes/{id}", d.url)).send().unwrap();
+    let r = client()
+        .delete(format!("{}/v1/sandboxes/{id}", d.url))
+        .send()
+        .unwrap();
     assert!(r.status().is_success());
-    let layer_copy = data.join("images/layers").join(&first_layers[first_layers.len() - 2]);
+    let layer_copy = data
+        .join("images/layers")
+        .join(&first_layers[first_layers.len() - 2]);
     assert_eq!(
         std::fs::read_to_string(layer_copy.join("fs/srv/greeting.txt")).unwrap(),
         "hello from the spec\n",
@@ -440,8 +477,12 @@ fn build_create_rebuild_fail_interrupt() {
     assert_eq!(c[0], ("base".into(), true));
     assert_eq!(c[1], ("copy".into(), true));
     assert_eq!(c[2], ("run".into(), false));
-    let second_layers: Vec<String> = serde_json::from_value(rep2["manifest"]["layers"].clone()).unwrap();
-    assert_eq!(first_layers[..first_layers.len() - 1], second_layers[..second_layers.len() - 1]);
+    let second_layers: Vec<String> =
+        serde_json::from_value(rep2["manifest"]["layers"].clone()).unwrap();
+    assert_eq!(
+        first_layers[..first_layers.len() - 1],
+        second_layers[..second_layers.len() - 1]
+    );
     assert_ne!(first_layers.last(), second_layers.last());
     assert_clean(&data);
 
@@ -451,10 +492,17 @@ fn build_create_rebuild_fail_interrupt() {
     let (code, _, err) = build(&data, &spec_file);
     assert_ne!(code, 0);
     assert!(err.contains("exited with status 3"), "{err}");
-    assert!(err.contains("about to fail"), "the step's output is streamed: {err}");
+    assert!(
+        err.contains("about to fail"),
+        "the step's output is streamed: {err}"
+    );
     assert_eq!(count(&data.join("images/layers")), layers_before);
     assert_clean(&data);
-    let o = rampart().args(["template", "inspect", &name, "--data-dir"]).arg(&data).output().unwrap();
+    let o = rampart()
+        .args(["template", "inspect", &name, "--data-dir"])
+        .arg(&data)
+        .output()
+        .unwrap();
     let ins: Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(ins["id"], rep2["id"]);
 
@@ -471,7 +519,10 @@ fn build_create_rebuild_fail_interrupt() {
         .unwrap();
     let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
     loop {
-        let l = lines.next().expect("build ended before its run step").unwrap();
+        let l = lines
+            .next()
+            .expect("build ended before its run step")
+            .unwrap();
         if l.contains("sleeping") {
             break;
         }
@@ -485,9 +536,17 @@ fn build_create_rebuild_fail_interrupt() {
     assert_clean(&data);
 
     // 6. rm + gc: the template's layers go.
-    let o = rampart().args(["template", "rm", &name, "--data-dir"]).arg(&data).output().unwrap();
+    let o = rampart()
+        .args(["template", "rm", &name, "--data-dir"])
+        .arg(&data)
+        .output()
+        .unwrap();
     assert!(o.status.success());
-    let o = rampart().args(["template", "gc", "--json", "--data-dir"]).arg(&data).output().unwrap();
+    let o = rampart()
+        .args(["template", "gc", "--json", "--data-dir"])
+        .arg(&data)
+        .output()
+        .unwrap();
     let g: Value = serde_json::from_slice(&o.stdout).unwrap();
     assert!(g["layers"].as_array().unwrap().len() >= second_layers.len());
     assert_eq!(count(&data.join("images/layers")), 0);
@@ -497,7 +556,10 @@ fn build_create_rebuild_fail_interrupt() {
         .send()
         .unwrap();
     assert_eq!(r.status().as_u16(), 400, "a removed template is unknown");
-    let r = client().get(format!("{}/v1/templates/{name}", d.url)).send().unwrap();
+    let r = client()
+        .get(format!("{}/v1/templates/{name}", d.url))
+        .send()
+        .unwrap();
     assert_eq!(r.status().as_u16(), 404);
     drop(d);
     let _ = std::fs::remove_dir_all(&root);
@@ -522,7 +584,11 @@ fn debian_bookworm_with_mmdebstrap() {
         eprintln!("skipped: {r}");
         return;
     }
-    if Command::new("mmdebstrap").arg("--version").output().is_err() {
+    if Command::new("mmdebstrap")
+        .arg("--version")
+        .output()
+        .is_err()
+    {
         eprintln!("skipped: mmdebstrap is not installed (scripts/setup-host.sh installs it)");
         return;
     }
@@ -555,17 +621,27 @@ fn debian_bookworm_with_mmdebstrap() {
     let v: Value = r.json().unwrap();
     assert_eq!(status, 201, "{v}");
     let id = v["id"].as_str().unwrap().to_owned();
-    let out = exec(&d, &id, &["bash", "-c", "id -un; cat /etc/built /etc/debian_version"]);
+    let out = exec(
+        &d,
+        &id,
+        &["bash", "-c", "id -un; cat /etc/built /etc/debian_version"],
+    );
     assert!(
         out["stdout"].as_str().unwrap().starts_with("user\nok\n12."),
         "{out}"
     );
-    let _ = client().delete(format!("{}/v1/sandboxes/{id}", d.url)).send();
+    let _ = client()
+        .delete(format!("{}/v1/sandboxes/{id}", d.url))
+        .send();
     wait_until("the sandbox is gone", 30, || {
         client()
             .get(format!("{}/v1/sandboxes/{id}", d.url))
             .send()
-            .map(|r| r.json::<Value>().map(|v| v["state"] != "running").unwrap_or(true))
+            .map(|r| {
+                r.json::<Value>()
+                    .map(|v| v["state"] != "running")
+                    .unwrap_or(true)
+            })
             .unwrap_or(true)
     });
     drop(d);

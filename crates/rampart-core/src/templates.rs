@@ -68,7 +68,10 @@ pub(crate) fn merged_env(
 pub(crate) fn agent_args(t: Option<&Resolved>) -> Vec<String> {
     let mut a = Vec::new();
     if let Some(t) = t {
-        a.extend(["--default-user".to_owned(), t.config.user.clone().unwrap_or_else(|| "root".into())]);
+        a.extend([
+            "--default-user".to_owned(),
+            t.config.user.clone().unwrap_or_else(|| "root".into()),
+        ]);
         if let Some(w) = &t.config.workdir {
             a.extend(["--default-cwd".to_owned(), w.clone()]);
         }
@@ -84,7 +87,11 @@ fn keep_tail(buf: &mut Vec<u8>, b: &[u8]) {
 }
 
 /// Runs `cmd` (shell) to its end as `user`; whether it exited 0.
-async fn probe_cmd(client: &AgentClient, cmd: &str, user: Option<String>) -> Result<bool, CoreError> {
+async fn probe_cmd(
+    client: &AgentClient,
+    cmd: &str,
+    user: Option<String>,
+) -> Result<bool, CoreError> {
     let opts = StartOptions {
         cmd: "/bin/sh".into(),
         args: vec!["-c".into(), cmd.to_owned()],

@@ -215,7 +215,9 @@ fn hash_tree(k: &mut KeyHasher, p: &Path, rel: &Path) -> Result<(), ImageError> 
         let mut f = std::fs::File::open(p).map_err(io(format!("open {}", p.display())))?;
         let mut buf = vec![0u8; 1 << 16];
         loop {
-            let n = f.read(&mut buf).map_err(io(format!("read {}", p.display())))?;
+            let n = f
+                .read(&mut buf)
+                .map_err(io(format!("read {}", p.display())))?;
             if n == 0 {
                 break;
             }
@@ -234,7 +236,10 @@ fn hash_tree(k: &mut KeyHasher, p: &Path, rel: &Path) -> Result<(), ImageError> 
 /// modes kept, parent directories 0755.
 fn copy_into(fs: &Path, src: &Path, dest: &str) -> Result<(), ImageError> {
     let mut d = fs.to_path_buf();
-    let comps: Vec<&str> = dest.split('/').filter(|c| !c.is_empty() && *c != ".").collect();
+    let comps: Vec<&str> = dest
+        .split('/')
+        .filter(|c| !c.is_empty() && *c != ".")
+        .collect();
     let Some((last, parents)) = comps.split_last() else {
         // dest = "/": copy a directory's contents into the root.
         return copy_tree(src, fs, true);
@@ -433,7 +438,15 @@ impl<'a> Builder<'a> {
                     base_cached = false;
                     let tmp = self.store.tmp_dir("debian")?;
                     let fs = tmp.path().join("fs");
-                    mmdebstrap(suite, variant.as_str(), packages, mirror, &fs, &self.cancel, events)?;
+                    mmdebstrap(
+                        suite,
+                        variant.as_str(),
+                        packages,
+                        mirror,
+                        &fs,
+                        &self.cancel,
+                        events,
+                    )?;
                     self.store.commit_layer(&fs, &key, &describe)?;
                 }
                 base_layers.push(key);
@@ -514,14 +527,20 @@ impl<'a> Builder<'a> {
                     let key = step_key(&chain, step, &config, &spec.dir)?;
                     if opts.no_cache || !self.store.has_layer(&key) {
                         cached = false;
-                        self.make_step_layer(index, step, &chain, &config, &spec.dir, &key, events)?;
+                        self.make_step_layer(
+                            index, step, &chain, &config, &spec.dir, &key, events,
+                        )?;
                     }
                     chain.push(key.clone());
                     layers.push(key);
                 }
             }
             let secs = t0.elapsed().as_secs_f64();
-            events(BuildEvent::StepDone { index, cached, secs });
+            events(BuildEvent::StepDone {
+                index,
+                cached,
+                secs,
+            });
             report.push(StepReport {
                 index,
                 kind: step.kind().into(),
@@ -670,8 +689,14 @@ fn mmdebstrap(
     let (tx, rx) = std::sync::mpsc::channel::<String>();
     let mut readers = Vec::new();
     for r in [
-        child.stdout.take().map(|s| Box::new(s) as Box<dyn Read + Send>),
-        child.stderr.take().map(|s| Box::new(s) as Box<dyn Read + Send>),
+        child
+            .stdout
+            .take()
+            .map(|s| Box::new(s) as Box<dyn Read + Send>),
+        child
+            .stderr
+            .take()
+            .map(|s| Box::new(s) as Box<dyn Read + Send>),
     ]
     .into_iter()
     .flatten()
@@ -727,7 +752,10 @@ fn mmdebstrap(
         events(BuildEvent::Output { text: l });
     }
     if !status.success() {
-        return Err(fail(format!("mmdebstrap failed ({status}): {}", tail.trim())));
+        return Err(fail(format!(
+            "mmdebstrap failed ({status}): {}",
+            tail.trim()
+        )));
     }
     Ok(())
 }
@@ -811,14 +839,17 @@ mod runner {
                 uid_base: self.uid_base,
                 limits: self.limits.clone(),
                 hostname: "rampart-build".into(),
-                env: req.env.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
+                env: req
+                    .env
+                    .iter()
+                    .map(|(k, v)| (k.clone(), v.clone()))
+                    .collect(),
                 layers: req.layers.clone(),
                 build: Some(BuildMounts {
                     upper: req.upper.clone(),
                     work: req.work.clone(),
                     host_network: true,
-                    resolv_conf: Some(PathBuf::from("/etc/resolv.conf"))
-                        .filter(|p| p.is_file()),
+                    resolv_conf: Some(PathBuf::from("/etc/resolv.conf")).filter(|p| p.is_file()),
                 }),
                 agent_args: vec!["--default-user".into(), "root".into()],
             };
@@ -849,7 +880,9 @@ mod runner {
         let deadline = Instant::now() + Duration::from_secs(10);
         while client.health().await.is_err() {
             if Instant::now() > deadline {
-                return Err(ImageError::Sandbox("the build sandbox's agent did not answer".into()));
+                return Err(ImageError::Sandbox(
+                    "the build sandbox's agent did not answer".into(),
+                ));
             }
             tokio::time::sleep(Duration::from_millis(5)).await;
         }

@@ -145,10 +145,7 @@ impl Dir {
 /// Walks to the parent directory of `comps` (creating missing directories 0755 root),
 /// refusing any component that is not a real directory.
 fn walk(root: &Dir, comps: &[Vec<u8>], path: &str) -> Result<Dir, ImageError> {
-    let mut cur = Dir(root
-        .0
-        .try_clone()
-        .map_err(io("dup layer directory fd"))?);
+    let mut cur = Dir(root.0.try_clone().map_err(io("dup layer directory fd"))?);
     for c in comps {
         let name = cstr(c, path)?;
         match cur.child(&name) {
@@ -207,15 +204,8 @@ fn set_owner_mode(
         u32::try_from(gid).map_err(|_| refused(path, "gid out of range"))?,
     );
     // SAFETY: valid dirfd and C string.
-    let rc = unsafe {
-        libc::fchownat(
-            dir.fd(),
-            name.as_ptr(),
-            uid,
-            gid,
-            libc::AT_SYMLINK_NOFOLLOW,
-        )
-    };
+    let rc =
+        unsafe { libc::fchownat(dir.fd(), name.as_ptr(), uid, gid, libc::AT_SYMLINK_NOFOLLOW) };
     if rc != 0 {
         return Err(last(format!("chown {path}")));
     }
@@ -247,7 +237,13 @@ fn set_mtime(dir: &Dir, name: &CString, mtime: u64) {
 }
 
 /// Sets an xattr on `name` in `dir` without following symlinks.
-fn set_xattr(dir: &Dir, name: &CString, key: &str, value: &[u8], path: &str) -> Result<(), ImageError> {
+fn set_xattr(
+    dir: &Dir,
+    name: &CString,
+    key: &str,
+    value: &[u8],
+    path: &str,
+) -> Result<(), ImageError> {
     let p = format!("/proc/self/fd/{}", dir.fd());
     let mut full = p.into_bytes();
     full.push(b'/');
@@ -435,9 +431,8 @@ pub fn apply_layer<R: Read>(r: R, dest: &Path) -> Result<ExtractStats, ImageErro
                 let tname = cstr(tlast, &path)?;
                 remove_existing(&dir, &name, false);
                 // SAFETY: valid dirfds and C strings; flags 0 = never follow a symlink.
-                let rc = unsafe {
-                    libc::linkat(tdir.fd(), tname.as_ptr(), dir.fd(), name.as_ptr(), 0)
-                };
+                let rc =
+                    unsafe { libc::linkat(tdir.fd(), tname.as_ptr(), dir.fd(), name.as_ptr(), 0) };
                 if rc != 0 {
                     return Err(last(format!("hard link {path} -> {tpath}")));
                 }
@@ -445,7 +440,8 @@ pub fn apply_layer<R: Read>(r: R, dest: &Path) -> Result<ExtractStats, ImageErro
             T::Fifo => {
                 remove_existing(&dir, &name, false);
                 // SAFETY: valid dirfd and C string.
-                let rc = unsafe { libc::mknodat(dir.fd(), name.as_ptr(), libc::S_IFIFO | 0o600, 0) };
+                let rc =
+                    unsafe { libc::mknodat(dir.fd(), name.as_ptr(), libc::S_IFIFO | 0o600, 0) };
                 if rc != 0 {
                     return Err(last(format!("mkfifo {path}")));
                 }
@@ -491,7 +487,10 @@ mod tests {
 
     #[test]
     fn components_refuse_dotdot() {
-        assert_eq!(components("./a/b").unwrap(), vec![b"a".to_vec(), b"b".to_vec()]);
+        assert_eq!(
+            components("./a/b").unwrap(),
+            vec![b"a".to_vec(), b"b".to_vec()]
+        );
         assert_eq!(components("/a").unwrap(), vec![b"a".to_vec()]);
         assert!(components("a/../../b").is_err());
     }

@@ -165,8 +165,9 @@ fn open_dir(root: &Path, unpacked: Option<TmpDir>) -> Result<OciImage, ImageErro
             }
             break serde_json::from_value(v).map_err(|e| oci(format!("manifest: {e}")))?;
         };
-        let cfg: ImageConfigFile = serde_json::from_slice(&read_blob(root, &manifest.config.digest)?)
-            .map_err(|e| oci(format!("config: {e}")))?;
+        let cfg: ImageConfigFile =
+            serde_json::from_slice(&read_blob(root, &manifest.config.digest)?)
+                .map_err(|e| oci(format!("config: {e}")))?;
         let mut layers = Vec::new();
         for l in &manifest.layers {
             if l.media_type.contains("zstd") {
@@ -206,7 +207,9 @@ fn open_dir(root: &Path, unpacked: Option<TmpDir>) -> Result<OciImage, ImageErro
             let mut f = std::fs::File::open(&p).map_err(io(format!("open {}", p.display())))?;
             let mut buf = vec![0u8; 1 << 16];
             loop {
-                let n = f.read(&mut buf).map_err(io(format!("read {}", p.display())))?;
+                let n = f
+                    .read(&mut buf)
+                    .map_err(io(format!("read {}", p.display())))?;
                 if n == 0 {
                     break;
                 }
@@ -235,7 +238,9 @@ fn safe_join(root: &Path, rel: &str) -> Result<PathBuf, ImageError> {
     let comps = crate::extract::components(rel)?;
     let mut p = root.to_path_buf();
     for c in comps {
-        p.push(std::ffi::OsStr::new(&String::from_utf8_lossy(&c).into_owned()));
+        p.push(std::ffi::OsStr::new(
+            &String::from_utf8_lossy(&c).into_owned(),
+        ));
     }
     Ok(p)
 }
@@ -294,7 +299,10 @@ fn map_config(c: ImageConfig) -> TemplateConfig {
 }
 
 /// Extracts a layer blob into `dest` (empty), checking its digest as it streams.
-pub fn extract_layer(l: &OciLayer, dest: &Path) -> Result<crate::extract::ExtractStats, ImageError> {
+pub fn extract_layer(
+    l: &OciLayer,
+    dest: &Path,
+) -> Result<crate::extract::ExtractStats, ImageError> {
     let f = std::fs::File::open(&l.path).map_err(io(format!("open layer {}", l.path.display())))?;
     let mut hr = HashingReader {
         inner: f,

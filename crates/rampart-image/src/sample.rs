@@ -73,7 +73,14 @@ pub fn write_host_image(dir: &Path, extra: &[PathBuf]) -> Result<(), ImageError>
     let e = |what: &str| io(format!("sample image: {what}"));
     let mut b = tar::Builder::new(Vec::new());
     for d in [
-        "usr/", "usr/bin/", "usr/lib/", "usr/lib64/", "etc/", "tmp/", "root/", "home/",
+        "usr/",
+        "usr/bin/",
+        "usr/lib/",
+        "usr/lib64/",
+        "etc/",
+        "tmp/",
+        "root/",
+        "home/",
     ] {
         let mut h = header(
             tar::EntryType::Directory,
@@ -84,8 +91,14 @@ pub fn write_host_image(dir: &Path, extra: &[PathBuf]) -> Result<(), ImageError>
         b.append_data(&mut h, d, &[][..]).map_err(e("dir"))?;
     }
     let mut h = header(tar::EntryType::Directory, 0o755, 1000, 0);
-    b.append_data(&mut h, "home/user/", &[][..]).map_err(e("dir"))?;
-    for (l, t) in [("bin", "usr/bin"), ("lib", "usr/lib"), ("lib64", "usr/lib64"), ("usr/bin/sh", "dash")] {
+    b.append_data(&mut h, "home/user/", &[][..])
+        .map_err(e("dir"))?;
+    for (l, t) in [
+        ("bin", "usr/bin"),
+        ("lib", "usr/lib"),
+        ("lib64", "usr/lib64"),
+        ("usr/bin/sh", "dash"),
+    ] {
         let mut h = header(tar::EntryType::Symlink, 0o777, 0, 0);
         b.append_link(&mut h, l, t).map_err(e("symlink"))?;
     }

@@ -258,9 +258,12 @@ fn want_str<'a>(field: &str, v: &'a Value) -> Result<&'a str, SpecError> {
 }
 
 fn want_str_list(field: &str, v: &Value) -> Result<Vec<String>, SpecError> {
-    let arr = v
-        .as_array()
-        .ok_or_else(|| err(field, format!("must be a list of strings, not {}", v.type_str())))?;
+    let arr = v.as_array().ok_or_else(|| {
+        err(
+            field,
+            format!("must be a list of strings, not {}", v.type_str()),
+        )
+    })?;
     if arr.is_empty() {
         return Err(err(field, "must not be empty"));
     }
@@ -432,12 +435,16 @@ fn parse_step(field: &str, v: &Value) -> Result<Step, SpecError> {
                 .ok_or_else(|| err(&f, "must be a table { src = ..., dest = ... }"))?;
             for key in c.keys() {
                 if key != "src" && key != "dest" {
-                    return Err(err(format!("{f}.{key}"), "unknown field (expected src, dest)"));
+                    return Err(err(
+                        format!("{f}.{key}"),
+                        "unknown field (expected src, dest)",
+                    ));
                 }
             }
             let src = want_str(
                 &format!("{f}.src"),
-                c.get("src").ok_or_else(|| err(format!("{f}.src"), "missing"))?,
+                c.get("src")
+                    .ok_or_else(|| err(format!("{f}.src"), "missing"))?,
             )?;
             if src.is_empty() || src.starts_with('/') || src.split('/').any(|c| c == "..") {
                 return Err(err(
@@ -506,10 +513,15 @@ fn parse_step(field: &str, v: &Value) -> Result<Step, SpecError> {
 }
 
 fn parse_start(v: &Value) -> Result<StartSpec, SpecError> {
-    let t = v.as_table().ok_or_else(|| err("start", "must be a table"))?;
+    let t = v
+        .as_table()
+        .ok_or_else(|| err("start", "must be a table"))?;
     for k in t.keys() {
         if !["cmd", "ready"].contains(&k.as_str()) {
-            return Err(err(format!("start.{k}"), "unknown field (expected cmd, ready)"));
+            return Err(err(
+                format!("start.{k}"),
+                "unknown field (expected cmd, ready)",
+            ));
         }
     }
     let cmd = match t.get("cmd") {
@@ -520,9 +532,12 @@ fn parse_start(v: &Value) -> Result<StartSpec, SpecError> {
     let mut ready = None;
     let mut timeout_secs = DEFAULT_READY_TIMEOUT;
     if let Some(r) = t.get("ready") {
-        let r = r
-            .as_table()
-            .ok_or_else(|| err("start.ready", "must be a table { port = N } or { cmd = \"...\" }"))?;
+        let r = r.as_table().ok_or_else(|| {
+            err(
+                "start.ready",
+                "must be a table { port = N } or { cmd = \"...\" }",
+            )
+        })?;
         for (k, v) in r {
             match k.as_str() {
                 "port" => {

@@ -290,7 +290,11 @@ impl Store {
 
     /// Whether layer `key` is complete in the store.
     pub fn has_layer(&self, key: &str) -> bool {
-        self.root.join("layers").join(key).join("layer.json").is_file()
+        self.root
+            .join("layers")
+            .join(key)
+            .join("layer.json")
+            .is_file()
     }
 
     /// The record of layer `key`.
@@ -377,10 +381,12 @@ impl Store {
         let p = self.root.join("manifests").join(format!("{id}.json"));
         let b = std::fs::read(&p).map_err(io(format!("read {}", p.display())))?;
         if sha256_hex(&b) != id {
-            return Err(ImageError::Corrupt(format!("{} does not match its id", p.display())));
+            return Err(ImageError::Corrupt(format!(
+                "{} does not match its id",
+                p.display()
+            )));
         }
-        serde_json::from_slice(&b)
-            .map_err(|e| ImageError::Corrupt(format!("{}: {e}", p.display())))
+        serde_json::from_slice(&b).map_err(|e| ImageError::Corrupt(format!("{}: {e}", p.display())))
     }
 
     /// Points `name` at template `id`.
@@ -439,7 +445,9 @@ impl Store {
                 continue;
             };
             let Some(rec) = self.name(name) else { continue };
-            let Ok(m) = self.manifest(&rec.id) else { continue };
+            let Ok(m) = self.manifest(&rec.id) else {
+                continue;
+            };
             let size_bytes = m
                 .layers
                 .iter()

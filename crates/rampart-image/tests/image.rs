@@ -3,9 +3,7 @@
 //! a fake step runner (the real one, on the jail, is exercised by
 //! `crates/rampart-cli/tests/templates.rs`).
 
-use rampart_image::build::{
-    step_key, BuildEvent, BuildOptions, Builder, RunRequest, StepRunner,
-};
+use rampart_image::build::{step_key, BuildEvent, BuildOptions, Builder, RunRequest, StepRunner};
 use rampart_image::extract::apply_layer;
 use rampart_image::spec::{Base, Ready};
 use rampart_image::{ImageError, Spec, Step, Store, TemplateConfig};
@@ -58,7 +56,10 @@ ready = { port = 8000, timeout_secs = 5 }
     assert_eq!(s.name.as_deref(), Some("demo"));
     assert!(matches!(s.from, Base::Debian { ref suite, .. } if suite == "bookworm"));
     let kinds: Vec<_> = s.steps.iter().map(Step::kind).collect();
-    assert_eq!(kinds, ["apt", "pip", "copy", "run", "env", "user", "workdir"]);
+    assert_eq!(
+        kinds,
+        ["apt", "pip", "copy", "run", "env", "user", "workdir"]
+    );
     assert_eq!(s.start.as_ref().unwrap().ready, Some(Ready::Port(8000)));
     assert_eq!(s.start.as_ref().unwrap().timeout_secs, 5);
     let o = parse("from = \"oci:img\"").unwrap();
@@ -276,7 +277,10 @@ fn oci_layers_are_extracted_in_overlay_format() {
     let wh = std::fs::symlink_metadata(dirs[1].join("etc/gone")).unwrap();
     assert!(wh.file_type().is_char_device() && wh.rdev() == 0);
     assert!(!dirs[1].join("etc/.wh.gone").exists());
-    assert_eq!(xattr(&dirs[1].join("opt/app"), "trusted.overlay.opaque"), Some(b"y".to_vec()));
+    assert_eq!(
+        xattr(&dirs[1].join("opt/app"), "trusted.overlay.opaque"),
+        Some(b"y".to_vec())
+    );
     // The merged view, through a real overlay in a mount namespace of this thread.
     let merged = d.path().join("merged");
     std::fs::create_dir(&merged).unwrap();
@@ -351,7 +355,10 @@ fn hostile_archives_are_refused_and_write_nothing_outside() {
     let outside_s = outside.to_str().unwrap().to_owned();
     let cases: Vec<(&str, Vec<u8>)> = vec![
         ("dotdot path", tar_of(&[E::RawFile(b"../evil", b"x")])),
-        ("nested dotdot", tar_of(&[E::RawFile(b"a/../../evil", b"x")])),
+        (
+            "nested dotdot",
+            tar_of(&[E::RawFile(b"a/../../evil", b"x")]),
+        ),
         (
             "absolute symlink then write-through",
             tar_of(&[
@@ -363,7 +370,10 @@ fn hostile_archives_are_refused_and_write_nothing_outside() {
             "relative symlink climbing out",
             tar_of(&[E::Dir("a/", 0o755), E::Symlink("a/up", "../../..")]),
         ),
-        ("hard link out", tar_of(&[E::Hardlink("h", "../../etc/passwd")])),
+        (
+            "hard link out",
+            tar_of(&[E::Hardlink("h", "../../etc/passwd")]),
+        ),
     ];
     for (what, t) in cases {
         let dest = d.path().join(format!("dest-{}", what.replace(' ', "-")));
@@ -392,12 +402,18 @@ fn hostile_archives_are_refused_and_write_nothing_outside() {
         &dest,
     )
     .unwrap();
-    assert!(std::fs::symlink_metadata(dest.join("etc")).unwrap().is_dir());
+    assert!(std::fs::symlink_metadata(dest.join("etc"))
+        .unwrap()
+        .is_dir());
     assert_eq!(std::fs::read_dir(&outside).unwrap().count(), 0);
     // An absolute symlink alone is fine (it resolves inside the sandbox's root).
     let dest = d.path().join("ok");
     std::fs::create_dir(&dest).unwrap();
-    apply_layer(&tar_of(&[E::Symlink("etc/mtab", "/proc/self/mounts")])[..], &dest).unwrap();
+    apply_layer(
+        &tar_of(&[E::Symlink("etc/mtab", "/proc/self/mounts")])[..],
+        &dest,
+    )
+    .unwrap();
 }
 
 #[test]
@@ -408,12 +424,22 @@ fn a_tampered_blob_is_refused() {
     }
     let d = tempfile::tempdir().unwrap();
     let img = d.path().join("img");
-    write_layout(&img, &[tar_of(&[E::File("a", b"a", 0o644)])], serde_json::json!({}));
+    write_layout(
+        &img,
+        &[tar_of(&[E::File("a", b"a", 0o644)])],
+        serde_json::json!({}),
+    );
     // Corrupt the layer blob in place.
     let blobs = img.join("blobs/sha256");
     let store = Store::open(&d.path().join("data")).unwrap();
     let image = rampart_image::oci::open(&img, &store).unwrap();
-    let p = blobs.join(image.layers[0].digest.as_ref().unwrap().trim_start_matches("sha256:"));
+    let p = blobs.join(
+        image.layers[0]
+            .digest
+            .as_ref()
+            .unwrap()
+            .trim_start_matches("sha256:"),
+    );
     let mut b = std::fs::read(&p).unwrap();
     // The file's content (after the 512-byte header): the tar still parses.
     b[512] ^= 1;
@@ -443,13 +469,24 @@ fn cache_keys_follow_inputs() {
     let k2 = step_key(&chain, &copy, &cfg, d.path()).unwrap();
     assert_ne!(k1, k2, "content changes the key");
     let chain2 = vec!["b".repeat(64)];
-    assert_ne!(k2, step_key(&chain2, &copy, &cfg, d.path()).unwrap(), "the chain below changes it");
+    assert_ne!(
+        k2,
+        step_key(&chain2, &copy, &cfg, d.path()).unwrap(),
+        "the chain below changes it"
+    );
     let run = Step::Run("echo hi".into());
     let r1 = step_key(&chain, &run, &cfg, d.path()).unwrap();
     let mut cfg2 = cfg.clone();
     cfg2.user = Some("user".into());
-    assert_ne!(r1, step_key(&chain, &run, &cfg2, d.path()).unwrap(), "the user changes a run");
-    assert_ne!(r1, step_key(&chain, &Step::Run("echo ho".into()), &cfg, d.path()).unwrap());
+    assert_ne!(
+        r1,
+        step_key(&chain, &run, &cfg2, d.path()).unwrap(),
+        "the user changes a run"
+    );
+    assert_ne!(
+        r1,
+        step_key(&chain, &Step::Run("echo ho".into()), &cfg, d.path()).unwrap()
+    );
     assert_eq!(
         rampart_image::build::debian_key("bookworm", "apt", &["b".into(), "a".into()], "m"),
         rampart_image::build::debian_key("bookworm", "apt", &["a".into(), "b".into()], "m"),
@@ -465,7 +502,12 @@ struct FakeRunner {
 }
 
 impl StepRunner for FakeRunner {
-    fn run(&self, req: &RunRequest, out: &mut dyn FnMut(&[u8]), _c: &AtomicBool) -> Result<i32, ImageError> {
+    fn run(
+        &self,
+        req: &RunRequest,
+        out: &mut dyn FnMut(&[u8]),
+        _c: &AtomicBool,
+    ) -> Result<i32, ImageError> {
         let mut runs = self.runs.lock().unwrap();
         runs.push(req.command.clone());
         std::fs::create_dir_all(req.upper.join("ran")).unwrap();
@@ -483,7 +525,11 @@ fn rebuild_reuses_layers_up_to_the_changed_step_and_failures_leave_nothing() {
     }
     let d = tempfile::tempdir().unwrap();
     let img = d.path().join("img");
-    write_layout(&img, &whiteout_layers(), serde_json::json!({"User": "root"}));
+    write_layout(
+        &img,
+        &whiteout_layers(),
+        serde_json::json!({"User": "root"}),
+    );
     std::fs::write(d.path().join("hello.txt"), "hello").unwrap();
     let spec_text = |run2: &str| {
         format!(
@@ -495,54 +541,95 @@ fn rebuild_reuses_layers_up_to_the_changed_step_and_failures_leave_nothing() {
     let b = Builder::new(&store, &fake, 100_000);
     let mut evs = Vec::new();
     let spec = Spec::parse(&spec_text("echo two"), d.path()).unwrap();
-    let r1 = b.build(&spec, "t", &BuildOptions::default(), &mut |e| evs.push(e)).unwrap();
+    let r1 = b
+        .build(&spec, "t", &BuildOptions::default(), &mut |e| evs.push(e))
+        .unwrap();
     // Metadata steps (env) make no layer and count as cached.
     assert!(
-        r1.steps.iter().filter(|s| s.kind != "env").all(|s| !s.cached),
+        r1.steps
+            .iter()
+            .filter(|s| s.kind != "env")
+            .all(|s| !s.cached),
         "{:?}",
         r1.steps
     );
-    assert!(evs.iter().any(|e| matches!(e, BuildEvent::Output { text } if text.contains("fake output"))));
-    assert_eq!(r1.manifest.config.env.get("X").map(String::as_str), Some("1"));
+    assert!(evs
+        .iter()
+        .any(|e| matches!(e, BuildEvent::Output { text } if text.contains("fake output"))));
+    assert_eq!(
+        r1.manifest.config.env.get("X").map(String::as_str),
+        Some("1")
+    );
     // skeleton + 2 OCI layers + run + copy + run
     assert_eq!(r1.manifest.layers.len(), 6);
     // Same spec: everything cached, same id.
-    let r2 = b.build(&spec, "t", &BuildOptions::default(), &mut |_| {}).unwrap();
+    let r2 = b
+        .build(&spec, "t", &BuildOptions::default(), &mut |_| {})
+        .unwrap();
     assert!(r2.steps.iter().all(|s| s.cached));
     assert_eq!(r1.id, r2.id);
     // Change the copied file: base and the first run are reused, the rest redone.
     std::fs::write(d.path().join("hello.txt"), "hello again").unwrap();
-    let r3 = b.build(&spec, "t", &BuildOptions::default(), &mut |_| {}).unwrap();
+    let r3 = b
+        .build(&spec, "t", &BuildOptions::default(), &mut |_| {})
+        .unwrap();
     let cached: Vec<bool> = r3.steps.iter().map(|s| s.cached).collect();
     assert_eq!(cached, [true, true, false, true, false]);
     assert_ne!(r3.id, r1.id);
     assert_eq!(fake.runs.lock().unwrap().len(), 3);
     // A second template sharing the steps shares the layers.
-    let r4 = b.build(&spec, "t2", &BuildOptions::default(), &mut |_| {}).unwrap();
+    let r4 = b
+        .build(&spec, "t2", &BuildOptions::default(), &mut |_| {})
+        .unwrap();
     assert_eq!(r4.manifest.layers, r3.manifest.layers);
     assert_eq!(store.list().len(), 2);
     // A failing step: no new layer, nothing in tmp, the name not moved.
-    let layers_before = std::fs::read_dir(store.root().join("layers")).unwrap().count();
+    let layers_before = std::fs::read_dir(store.root().join("layers"))
+        .unwrap()
+        .count();
     let bad = Spec::parse(&spec_text("FAIL"), d.path()).unwrap();
-    let e = b.build(&bad, "t", &BuildOptions::default(), &mut |_| {}).unwrap_err();
+    let e = b
+        .build(&bad, "t", &BuildOptions::default(), &mut |_| {})
+        .unwrap_err();
     assert!(matches!(e, ImageError::Step { index: 4, .. }), "{e}");
-    assert_eq!(std::fs::read_dir(store.root().join("layers")).unwrap().count(), layers_before);
-    assert_eq!(std::fs::read_dir(store.root().join("tmp")).unwrap().count(), 0);
+    assert_eq!(
+        std::fs::read_dir(store.root().join("layers"))
+            .unwrap()
+            .count(),
+        layers_before
+    );
+    assert_eq!(
+        std::fs::read_dir(store.root().join("tmp")).unwrap().count(),
+        0
+    );
     assert_eq!(store.resolve("t").unwrap().0, r3.id);
     // Interrupted before a step: nothing kept either.
     b.cancel.store(true, std::sync::atomic::Ordering::SeqCst);
-    let e = b.build(&spec, "t3", &BuildOptions::default(), &mut |_| {}).unwrap_err();
+    let e = b
+        .build(&spec, "t3", &BuildOptions::default(), &mut |_| {})
+        .unwrap_err();
     assert!(matches!(e, ImageError::Interrupted));
     assert!(store.name("t3").is_none());
-    assert_eq!(std::fs::read_dir(store.root().join("tmp")).unwrap().count(), 0);
+    assert_eq!(
+        std::fs::read_dir(store.root().join("tmp")).unwrap().count(),
+        0
+    );
     // rm + gc: t's old layers (from r1) and now t2's go once unreferenced.
     store.remove("t2").unwrap();
     let g = store.gc().unwrap();
-    assert!(!g.layers.is_empty(), "r1's last two layers are unreferenced");
+    assert!(
+        !g.layers.is_empty(),
+        "r1's last two layers are unreferenced"
+    );
     for k in &r3.manifest.layers {
         assert!(store.has_layer(k), "t's layers stay");
     }
     store.remove("t").unwrap();
     store.gc().unwrap();
-    assert_eq!(std::fs::read_dir(store.root().join("layers")).unwrap().count(), 0);
+    assert_eq!(
+        std::fs::read_dir(store.root().join("layers"))
+            .unwrap()
+            .count(),
+        0
+    );
 }

@@ -39,7 +39,9 @@ pub(crate) async fn get_one(
 ) -> Result<Json<TemplateInfo>, ApiError> {
     match manager(&st)?.template(&name) {
         Ok(t) => Ok(Json(t)),
-        Err(CoreError::NotFound(_)) => Err(ApiError::not_found(format!("template {name} not found"))),
+        Err(CoreError::NotFound(_)) => {
+            Err(ApiError::not_found(format!("template {name} not found")))
+        }
         Err(e) => Err(e.into()),
     }
 }

@@ -120,7 +120,10 @@ pub fn run(a: TemplateArgs) -> Result<u8> {
                 println!("{}", serde_json::to_string_pretty(&list)?);
                 return Ok(0);
             }
-            println!("{:<24} {:<14} {:>7} {:>10}  CREATED", "NAME", "ID", "LAYERS", "SIZE");
+            println!(
+                "{:<24} {:<14} {:>7} {:>10}  CREATED",
+                "NAME", "ID", "LAYERS", "SIZE"
+            );
             for t in list {
                 println!(
                     "{:<24} {:<14} {:>7} {:>10}  {}",
@@ -134,8 +137,8 @@ pub fn run(a: TemplateArgs) -> Result<u8> {
             Ok(0)
         }
         TemplateCommand::Inspect { name } => {
-            let store = Store::open_existing(&data)
-                .ok_or_else(|| anyhow!("unknown template {name:?}"))?;
+            let store =
+                Store::open_existing(&data).ok_or_else(|| anyhow!("unknown template {name:?}"))?;
             let (id, m) = store.resolve(&name)?;
             let layers: Vec<_> = m
                 .layers
@@ -262,8 +265,10 @@ pub fn build(data: &Path, a: BuildArgs) -> Result<u8> {
     } else {
         let pb = ProgressBar::new(spec.steps.len() as u64 + 1);
         pb.set_style(
-            ProgressStyle::with_template("{spinner} [{elapsed_precise}] {bar:30} {pos}/{len} {msg}")
-                .unwrap_or_else(|_| ProgressStyle::default_bar()),
+            ProgressStyle::with_template(
+                "{spinner} [{elapsed_precise}] {bar:30} {pos}/{len} {msg}",
+            )
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
         );
         pb.enable_steady_tick(Duration::from_millis(120));
         pb
@@ -381,7 +386,12 @@ pub fn bench(iterations: usize) -> Result<()> {
         )
     };
     let store = Store::open(&data)?;
-    let runner = JailRunner::new(&data, helper("rampart-jailer", None)?, agent, DEFAULT_BUILD_UID_BASE)?;
+    let runner = JailRunner::new(
+        &data,
+        helper("rampart-jailer", None)?,
+        agent,
+        DEFAULT_BUILD_UID_BASE,
+    )?;
     let builder = Builder::new(&store, &runner, runner.uid_base());
     let opts = BuildOptions::default();
     let r = (|| -> Result<()> {
@@ -390,14 +400,21 @@ pub fn bench(iterations: usize) -> Result<()> {
         let t = std::time::Instant::now();
         let rep = builder.build(&spec, "bench", &opts, &mut |_| {})?;
         let cold = t.elapsed().as_secs_f64() * 1e3;
-        anyhow::ensure!(rep.steps.iter().filter(|s| !s.layers.is_empty()).all(|s| !s.cached));
+        anyhow::ensure!(rep
+            .steps
+            .iter()
+            .filter(|s| !s.layers.is_empty())
+            .all(|s| !s.cached));
         eprintln!("bench: template build, warm cache ({iterations} builds)...");
         let mut warm = Vec::new();
         for _ in 0..iterations {
             let t = std::time::Instant::now();
             let rep = builder.build(&spec, "bench", &opts, &mut |_| {})?;
             warm.push(t.elapsed().as_secs_f64() * 1e3);
-            anyhow::ensure!(rep.steps.iter().all(|s| s.cached), "a warm build ran a step");
+            anyhow::ensure!(
+                rep.steps.iter().all(|s| s.cached),
+                "a warm build ran a step"
+            );
         }
         eprintln!("bench: template build, last step changed ({iterations} builds)...");
         let mut one = Vec::new();
@@ -411,7 +428,10 @@ pub fn bench(iterations: usize) -> Result<()> {
         let (o50, o90) = (pct(&mut one, 0.5), pct(&mut one, 0.9));
         println!("template build (sample image + copy + 2 run steps; ms)");
         println!("{:<44} {:>10} {:>10} {:>12}", "", "p50", "p90", "vs cold");
-        println!("{:<44} {:>10.1} {:>10} {:>11.3}x", "cold (every step runs)", cold, "-", 1.0);
+        println!(
+            "{:<44} {:>10.1} {:>10} {:>11.3}x",
+            "cold (every step runs)", cold, "-", 1.0
+        );
         println!(
             "{:<44} {:>10.2} {:>10.2} {:>11.4}x",
             "warm cache (every step cached)",
