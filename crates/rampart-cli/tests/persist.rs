@@ -272,6 +272,36 @@ fn snapshots_fork_and_volumes() {
     let (s, v) = delete(&d, "/v1/volumes/v1");
     assert_eq!(s, 204, "{v}");
 
+    // The CLI: volume create|ls|rm, create --volume, snapshot ID|ls|rm, fork -n.
+    let cli = |args: &[&str]| -> String {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_rampart"))
+            .arg("--host")
+            .arg(&d.url)
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "rampart {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).trim().to_owned()
+    };
+    assert_eq!(cli(&["volume", "create", "cv", "--size", "32M"]), "cv");
+    assert!(cli(&["volume", "ls"]).contains("cv"));
+    let h = cli(&["create", "--volume", "cv:/cv:ro", "--timeout", "600"]);
+    let (code, _, _) = sh(&d, &h, "touch /cv/x");
+    assert_ne!(code, 0, "read-only from the CLI's :ro");
+    assert_eq!(cli(&["snapshot", &h, "--name", "cs"]), "cs");
+    assert!(cli(&["snapshot", "ls"]).contains("cs"));
+    let forks = cli(&["fork", &h, "-n", "2"]);
+    assert_eq!(forks.lines().count(), 2, "{forks}");
+    for id in forks.lines().chain([h.as_str()]) {
+        cli(&["rm", id]);
+    }
+    assert_eq!(cli(&["snapshot", "rm", "cs"]), "cs");
+    assert_eq!(cli(&["volume", "rm", "cv"]), "cv");
+
     // Pause to disk: snapshot with stop destroys the source.
     let (s, v) = post(
         &d,

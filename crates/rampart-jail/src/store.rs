@@ -278,7 +278,8 @@ fn make_image(image: &Path) -> Result<(), JailError> {
             .map_err(io(format!("size {}", tmp.display())))?;
         drop(f);
         let out = Command::new("mkfs.xfs")
-            .args(["-q", "-m", "reflink=1", "-K"])
+            // The smallest log mkfs.xfs allows (64 MiB): the part of a sparse store written at once.
+            .args(["-q", "-m", "reflink=1", "-l", "size=64m", "-K"])
             .arg(&tmp)
             .output()
             .map_err(io("run mkfs.xfs (install xfsprogs)".into()))?;
