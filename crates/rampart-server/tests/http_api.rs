@@ -655,3 +655,136 @@ async fn unknown_routes_methods_and_panics_answer_json() {
     let r = call(&app, Method::GET, "/health", None, b"").await;
     assert_eq!(r.status, StatusCode::OK);
 }
+
+/// A request with headers; the answer's status, `set-cookie` and JSON body (or null).
+async fn call_with(
+    app: &axum::Router,
+    method: Method,
+    uri: &str,
+    headers: &[(&str, &str)],
+) -> (StatusCode, Value) {
+    let mut b = Request::builder().method(method).uri(uri);
+    for (k, v) in headers {
+        b = b.header(*k, *v);
+    }
+    let resp = app
+        .clone()
+        .oneshot(b.body(Body::empty()).unwrap())
+        .await
+        .unwrap();
+    let status = resp.status();
+    let body = resp.into_body().collect().await.unwrap().to_bytes();
+    (status, serde_json::from_slice(&body).unwrap_or(Value::Null))
+}
+
+#[tokio::test]
+async fn exposed_ports_need_the_sandboxs_token_unless_public() {
+    let (app, _) = app();
+    let r = call(&app, Method::POST, "/v1/sandboxes", JSON, b"{}").await;
+    assert_eq!(r.status, StatusCode::CREATED);
+    let made = r.json()["access_token"].as_str().unwrap().to_owned();
+    assert_eq!(made.len(), 64);
+    let r = call(
+        &app,
+        Method::POST,
+        "/v1/sandboxes",
+        JSON,
+        br#"{"public_ports":[0]}"#,
+    )
+    .await;
+    assert!(r.error(400, "bad_request").starts_with("public_ports"));
+    let (s, v) = call_with(&app, Method::GET, "/v1/sandboxes/known", &[]).await;
+    assert_eq!(s, StatusCode::OK);
+    let token = v["access_token"].as_str().unwrap().to_owned();
+    assert_ne!(token, made);
+
+    let path = "/v1/sandboxes/known/ports/8000/x?y=1";
+    let host = [("host", "8000-known.localhost:3000")];
+    for (uri, h) in [(path, &[][..]), ("/x", &host[..])] {
+        let (s, v) = call_with(&app, Method::GET, uri, h).await;
+        assert_eq!(s, StatusCode::UNAUTHORIZED, "{uri}: {v}");
+        assert_eq!(v["error"]["code"], "unauthorized");
+        let mut wrong = h.to_vec();
+        wrong.push(("x-rampart-token", &made));
+        let (s, v) = call_with(&app, Method::GET, uri, &wrong).await;
+        assert_eq!(s, StatusCode::FORBIDDEN, "{uri}: {v}");
+        // The right token passes; this stand-in has no agent to tunnel through.
+        let bearer = format!("Bearer {token}");
+        let mut right = h.to_vec();
+        right.push(("authorization", &bearer));
+        let (s, v) = call_with(&app, Method::GET, uri, &right).await;
+        assert_eq!(s, StatusCode::INTERNAL_SERVER_ERROR, "{uri}: {v}");
+        assert!(v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("no agents"));
+    }
+    // Public: no token needed (and the listing says so).
+    let (s, v) = call_with(
+        &app,
+        Method::POST,
+        "/v1/sandboxes/known/ports/8000/public",
+        &[("host", "h:9")],
+    )
+    .await;
+    assert_eq!(s, StatusCode::OK);
+    assert_eq!(v["public"], true);
+    assert_eq!(v["host_url"], "http://8000-known.localhost:9/");
+    let (s, _) = call_with(&app, Method::GET, path, &[]).await;
+    assert_eq!(s, StatusCode::INTERNAL_SERVER_ERROR);
+    let (s, v) = call_with(
+        &app,
+        Method::GET,
+        "/v1/sandboxes/known/ports",
+        &[("host", "h:9")],
+    )
+    .await;
+    assert_eq!(s, StatusCode::OK);
+    assert_eq!(v["ports"][0]["port"], 8000);
+    assert_eq!(
+        v["ports"][0]["url"],
+        "http://h:9/v1/sandboxes/known/ports/8000/"
+    );
+    let (s, _) = call_with(
+        &app,
+        Method::DELETE,
+        "/v1/sandboxes/known/ports/8000/public",
+        &[],
+    )
+    .await;
+    assert_eq!(s, StatusCode::OK);
+    let (s, _) = call_with(&app, Method::GET, path, &[]).await;
+    assert_eq!(s, StatusCode::UNAUTHORIZED);
+
+    // Bad ports, unknown sandboxes, other hosts.
+    for p in ["0", "65536", "http"] {
+        let (s, _) = call_with(
+            &app,
+            Method::GET,
+            &format!("/v1/sandboxes/known/ports/{p}/"),
+            &[],
+        )
+        .await;
+        assert_eq!(s, StatusCode::BAD_REQUEST, "{p}");
+    }
+    let (s, _) = call_with(&app, Method::GET, "/v1/sandboxes/nope/ports/80/", &[]).await;
+    assert_eq!(s, StatusCode::NOT_FOUND);
+    let (s, _) = call_with(
+        &app,
+        Method::GET,
+        "/health",
+        &[("host", "8000-known.example.com")],
+    )
+    .await;
+    assert_eq!(s, StatusCode::OK);
+
+    let r = call(&app, Method::GET, "/v1/openapi.json", None, b"").await;
+    let v = r.json();
+    for p in [
+        "/v1/sandboxes/{id}/ports",
+        "/v1/sandboxes/{id}/ports/{port}/public",
+        "/v1/sandboxes/{id}/ports/{port}/{path}",
+    ] {
+        assert!(v["paths"].get(p).is_some(), "openapi lacks {p}");
+    }
+}
