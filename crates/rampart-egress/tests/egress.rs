@@ -652,3 +652,81 @@ impl Ctx {
         self.egress_ca_pem.clone()
     }
 }
+
+#[test]
+fn connection_rate_and_egress_bandwidth_limits_hold() {
+    scenario(|cx| async move {
+        let (code, _) = cx
+            .sandbox(|| dns_query(ANY_DNS, "allowed.test", RecordType::A, false))
+            .await;
+        assert_eq!(code, ResponseCode::NoError);
+        let mut p = policy(NetworkMode::Allowlist, &["allowed.test"], &[]);
+        p.limits.connections_per_second = Some(1);
+        cx.egress.set_policy("sbx1", p).unwrap();
+        // A bucket of 1 refilled at 1/s admits at most 1 + T connections in T seconds.
+        let (ok, secs) = cx
+            .sandbox(|| {
+                let t = Instant::now();
+                let ok = (0..4)
+                    .filter(|_| {
+                        http_get(WEB1, "allowed.test", &[])
+                            .map(|r| r.starts_with("HTTP/1.1 200"))
+                            .unwrap_or(false)
+                    })
+                    .count();
+                (ok, t.elapsed().as_secs_f64())
+            })
+            .await;
+        assert!(ok >= 1);
+        assert!(
+            ok as f64 <= 1.0 + secs + 0.01,
+            "{ok} connections in {secs} s"
+        );
+        if ok < 4 {
+            let e = cx.entry(NetEventKind::Connect, None, Some(WEB1)).await;
+            assert_eq!(
+                (e.verdict, e.rule.as_str()),
+                (Verdict::Deny, "limit:connections_per_second")
+            );
+        }
+
+        // 2 Mbit/s (250 kB/s, 64 KiB burst): a 512 KiB upload cannot take less than ~1.8 s.
+        let mut p = policy(NetworkMode::Allowlist, &["allowed.test"], &[]);
+        p.limits.egress_mbps = Some(2);
+        cx.egress.set_policy("sbx1", p).unwrap();
+        let (status, secs) = cx
+            .sandbox(|| {
+                let body = vec![b'x'; 512 * 1024];
+                let mut req = format!(
+                    "POST / HTTP/1.1\r\nHost: allowed.test\r\nContent-Length: {}\r\n\r\n",
+                    body.len()
+                )
+                .into_bytes();
+                req.extend_from_slice(&body);
+                let t = Instant::now();
+                let r =
+                    tcp_exchange(format!("{WEB1}:80").parse().unwrap(), &req).unwrap_or_default();
+                (
+                    r.lines().next().unwrap_or("").to_string(),
+                    t.elapsed().as_secs_f64(),
+                )
+            })
+            .await;
+        assert!(status.starts_with("HTTP/1.1 200"), "{status}");
+        let floor = (512.0 * 1024.0 - 65536.0) / 250_000.0;
+        assert!(secs >= floor * 0.95, "512 KiB in {secs} s at 2 Mbit/s");
+        // Its close entry counts every byte sent (it lands once the connection ends).
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !cx
+            .log()
+            .iter()
+            .any(|e| e.kind == NetEventKind::Close && e.bytes_out.unwrap_or(0) >= 512 * 1024)
+        {
+            assert!(
+                Instant::now() < deadline,
+                "no close entry with the upload's bytes"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    });
+}
