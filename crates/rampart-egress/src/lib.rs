@@ -477,6 +477,9 @@ impl Egress {
         } else {
             cfg.upstream_dns.clone()
         };
+        if upstream_dns.is_empty() {
+            tracing::warn!("egress: no upstream DNS resolver (none configured, none in /etc/resolv.conf): allowed names will get SERVFAIL");
+        }
         if cfg.listen.is_empty() {
             return Err(EgressError::Config("no listen address".into()));
         }
