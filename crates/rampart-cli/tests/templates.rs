@@ -402,6 +402,8 @@ fn build_create_rebuild_fail_interrupt() {
     let v: Value = r.json().unwrap();
     assert_eq!(status, 201, "create: {v}");
     let id = v["id"].as_str().unwrap().to_owned();
+    // Its layers are pinned against gc while it lives.
+    assert!(data.join(format!("images/pins/{id}.json")).is_file());
     // The API lists it next to the built-in ones.
     let ts: Value = client()
         .get(format!("{}/v1/templates", d.url))

@@ -800,6 +800,10 @@ impl Inner {
         } else {
             crate::templates::resolve(&self.cfg.data_dir, &new.template)?
         };
+        if let Some(i) = &image {
+            let dir = self.state_dir.join(new.id.as_str());
+            crate::templates::pin(&self.cfg.data_dir, new.id.as_str(), &dir, i)?;
+        }
         let mut prepared = None;
         let mut attaching = None;
         if let Some(n) = net {

@@ -24,6 +24,8 @@ pub(crate) struct Resolved {
     pub id: String,
     /// Host directories of its layers, bottom first.
     pub layers: Vec<PathBuf>,
+    /// Their keys.
+    pub keys: Vec<String>,
     /// Its metadata.
     pub config: TemplateConfig,
 }
@@ -50,8 +52,23 @@ pub(crate) fn resolve(data: &Path, name: &str) -> Result<Option<Resolved>, CoreE
     Ok(Some(Resolved {
         id,
         layers,
+        keys: m.layers,
         config: m.config,
     }))
+}
+
+/// Pins a sandbox's layers against `rampart template gc` while its directory exists.
+pub(crate) fn pin(
+    data: &Path,
+    id: &str,
+    sandbox_dir: &Path,
+    t: &Resolved,
+) -> Result<(), CoreError> {
+    let store = Store::open_existing(data)
+        .ok_or_else(|| CoreError::Internal("the template store vanished".into()))?;
+    store
+        .pin(id, sandbox_dir, &t.keys)
+        .map_err(|e| CoreError::Internal(format!("pinning the template's layers: {e}")))
 }
 
 /// The request's environment over the template's (the daemon's base under both).

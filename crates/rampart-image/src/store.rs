@@ -11,6 +11,8 @@
 //!                             id = SHA-256 of this file's bytes
 //!   names/<name>.json         name -> id
 //!   tmp/                      layers being made (renamed into layers/ when complete)
+//!   pins/<sandbox>.json       layers a sandbox uses and its directory: gc keeps them while
+//!                             that directory exists
 //!   build/ cache/             the build sandboxes' jail state
 //! ```
 //!
@@ -226,7 +228,7 @@ impl Store {
     /// Opens (creating) the store of the data directory `data`.
     pub fn open(data: &Path) -> Result<Store, ImageError> {
         let root = data.join("images");
-        for d in ["layers", "manifests", "names", "tmp"] {
+        for d in ["layers", "manifests", "names", "tmp", "pins"] {
             let p = root.join(d);
             std::fs::create_dir_all(&p).map_err(io(format!("mkdir {}", p.display())))?;
         }
@@ -476,8 +478,51 @@ impl Store {
         std::fs::remove_file(&p).map_err(io(format!("remove {}", p.display())))
     }
 
-    /// Removes manifests no name points at and layers no remaining manifest uses (call with
-    /// the lock held). Layers are first renamed into `tmp/` so that a crash mid-removal
+    /// Records that the sandbox `sandbox`, whose directory is `sandbox_dir`, uses `layers`:
+    /// [`Store::gc`] keeps them while that directory exists (a destroyed sandbox's pin is
+    /// pruned by the next gc).
+    pub fn pin(
+        &self,
+        sandbox: &str,
+        sandbox_dir: &Path,
+        layers: &[String],
+    ) -> Result<(), ImageError> {
+        let dir = self.root.join("pins");
+        std::fs::create_dir_all(&dir).map_err(io("mkdir pins"))?;
+        let v = serde_json::json!({"sandbox_dir": sandbox_dir, "layers": layers});
+        write_atomic(
+            &dir.join(format!("{sandbox}.json")),
+            &serde_json::to_vec(&v).unwrap_or_default(),
+        )
+    }
+
+    /// Layers pinned by live sandboxes; removes the pins of gone ones.
+    fn live_pins(&self) -> BTreeSet<String> {
+        #[derive(Deserialize)]
+        struct Pin {
+            sandbox_dir: PathBuf,
+            layers: Vec<String>,
+        }
+        let mut keep = BTreeSet::new();
+        let Ok(rd) = std::fs::read_dir(self.root.join("pins")) else {
+            return keep;
+        };
+        for e in rd.flatten() {
+            let pin: Option<Pin> = std::fs::read(e.path())
+                .ok()
+                .and_then(|b| serde_json::from_slice(&b).ok());
+            match pin {
+                Some(p) if p.sandbox_dir.exists() => keep.extend(p.layers),
+                _ => {
+                    let _ = std::fs::remove_file(e.path());
+                }
+            }
+        }
+        keep
+    }
+
+    /// Removes manifests no name points at and layers no remaining manifest or live
+    /// sandbox (see [`Store::pin`]) uses (call with the lock held). Layers are first renamed into `tmp/` so that a crash mid-removal
     /// leaves no half layer under `layers/`.
     pub fn gc(&self) -> Result<GcReport, ImageError> {
         let mut rep = GcReport::default();
@@ -489,7 +534,7 @@ impl Store {
                 self.name(f.strip_suffix(".json")?).map(|r| r.id)
             })
             .collect();
-        let mut keep: BTreeSet<String> = BTreeSet::new();
+        let mut keep: BTreeSet<String> = self.live_pins();
         for e in std::fs::read_dir(self.root.join("manifests"))
             .map_err(io("read manifests"))?
             .flatten()

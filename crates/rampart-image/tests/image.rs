@@ -633,3 +633,40 @@ fn rebuild_reuses_layers_up_to_the_changed_step_and_failures_leave_nothing() {
         0
     );
 }
+
+#[test]
+fn gc_keeps_layers_pinned_by_live_sandboxes() {
+    if !is_root() {
+        eprintln!("skipped: needs root (owners)");
+        return;
+    }
+    let d = tempfile::tempdir().unwrap();
+    let img = d.path().join("img");
+    write_layout(&img, &whiteout_layers(), serde_json::json!({}));
+    let store = Store::open(&d.path().join("data")).unwrap();
+    let fake = FakeRunner::default();
+    let b = Builder::new(&store, &fake, 100_000);
+    let spec = Spec::parse("from = \"oci:img\"\n[[steps]]\nrun = \"x\"\n", d.path()).unwrap();
+    let r = b
+        .build(&spec, "p", &BuildOptions::default(), &mut |_| {})
+        .unwrap();
+    let sandbox_dir = d.path().join("sandboxes/abc");
+    std::fs::create_dir_all(&sandbox_dir).unwrap();
+    store.pin("abc", &sandbox_dir, &r.manifest.layers).unwrap();
+    store.remove("p").unwrap();
+    let g = store.gc().unwrap();
+    assert!(g.layers.is_empty(), "a live sandbox's layers stay: {g:?}");
+    for k in &r.manifest.layers {
+        assert!(store.has_layer(k));
+    }
+    // The sandbox is gone: its pin is pruned and the layers go.
+    std::fs::remove_dir(&sandbox_dir).unwrap();
+    let g = store.gc().unwrap();
+    assert_eq!(g.layers.len(), r.manifest.layers.len());
+    assert_eq!(
+        std::fs::read_dir(store.root().join("pins"))
+            .unwrap()
+            .count(),
+        0
+    );
+}
