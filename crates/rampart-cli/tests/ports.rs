@@ -75,16 +75,36 @@ while True:
 const HTTP_PORT: u16 = 8000;
 const WS_PORT: u16 = 8001;
 
+/// A daemon of this test's own; when dropped, its sandboxes are destroyed, then it is
+/// killed, then its directory removed.
 struct Env {
-    _dir: tempfile::TempDir,
-    daemon: support::Daemon,
+    daemon: Option<support::Daemon>,
+    data: std::path::PathBuf,
     port: u16,
     http: Client,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for Env {
+    fn drop(&mut self) {
+        if let Some(d) = self.daemon.take() {
+            support::destroy_all(&d.url);
+        }
+    }
 }
 
 impl Env {
+    fn base(&self) -> &str {
+        &self.daemon.as_ref().expect("a running daemon").url
+    }
     fn url(&self, path: &str) -> String {
-        format!("{}{path}", self.daemon.url)
+        format!("{}{path}", self.base())
+    }
+    /// Kills the daemon with SIGKILL (as a crash would) and starts it again on the same data
+    /// directory and port; sandboxes keep running meanwhile.
+    fn restart(&mut self) {
+        drop(self.daemon.take());
+        self.daemon = Some(support::start(&self.data, self.port, &[]));
     }
     fn host_url(&self, port: u16, id: &str, path: &str) -> String {
         format!("http://{port}-{id}.localhost:{}{path}", self.port)
@@ -101,7 +121,7 @@ impl Env {
     /// `rampart port ID PORT ARGS...` against this daemon: its stdout (it must succeed).
     fn port_cli(&self, id: &str, port: u16, args: &[&str]) -> String {
         let out = std::process::Command::new(env!("CARGO_BIN_EXE_rampart"))
-            .args(["--host", &self.daemon.url, "port", id, &port.to_string()])
+            .args(["--host", self.base(), "port", id, &port.to_string()])
             .args(args)
             .output()
             .unwrap();
@@ -190,13 +210,15 @@ fn setup() -> Option<Env> {
     }
     let dir = tempfile::tempdir().unwrap();
     let port = support::free_port();
-    let daemon = support::start(&dir.path().join("data"), port, &[]);
+    let data = dir.path().join("data");
+    let daemon = support::start(&data, port, &[]);
     let http = support::client();
     Some(Env {
-        _dir: dir,
-        daemon,
+        daemon: Some(daemon),
+        data,
         port,
         http,
+        _dir: dir,
     })
 }
 
@@ -518,4 +540,34 @@ fn bad_port_requests_are_refused_with_reasons() {
     assert_eq!(r.status(), 404);
     let r = env.delete(&format!("/v1/sandboxes/{id}"));
     assert_eq!(r.status(), 200);
+}
+
+#[test]
+fn tokens_and_public_ports_survive_a_daemon_restart() {
+    let Some(mut env) = setup() else { return };
+    let (a, tok) = env.create(json!({"timeout_secs": 600, "public_ports": [WS_PORT]}));
+    env.start_servers(&a);
+    env.restart();
+    support::wait_until("the sandbox is re-attached", 60, || {
+        env.get(&format!("/v1/sandboxes/{a}")).status() == 200
+    });
+    let one: Value = env.get(&format!("/v1/sandboxes/{a}")).json().unwrap();
+    assert_eq!(one["state"], "running", "{one}");
+    assert_eq!(one["access_token"], tok.as_str());
+    let hc = host_client(&env, &[format!("{HTTP_PORT}-{a}.localhost")]);
+    let private = env.host_url(HTTP_PORT, &a, "/index.txt");
+    assert_eq!(hc.get(&private).send().unwrap().status(), 401);
+    let r = hc
+        .get(&private)
+        .header("X-Rampart-Token", &tok)
+        .send()
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.text().unwrap(), "hello from inside\n");
+    let ws = format!(
+        "ws://127.0.0.1:{}/v1/sandboxes/{a}/ports/{WS_PORT}/",
+        env.port
+    );
+    assert_eq!(ws_roundtrip(&env, &ws, &[]).unwrap()["leak"], false);
+    assert_eq!(env.delete(&format!("/v1/sandboxes/{a}")).status(), 200);
 }
