@@ -82,10 +82,20 @@ impl World {
         rampart_store::SqliteStore::open(&self.dir.join("state.db")).unwrap()
     }
 
+    /// The sandboxes' directories: on the copy-on-write store when the daemon made one
+    /// (`<dir>/store`, see rampart_jail::store), else `<dir>/sandboxes`.
+    fn sandboxes_dir(&self) -> PathBuf {
+        if self.dir.join("store.img").exists() {
+            self.dir.join("store").join("sandboxes")
+        } else {
+            self.dir.join("sandboxes")
+        }
+    }
+
     /// Every host trace of a sandbox: its directory, its cgroups, mounts naming it.
     fn traces(&self, id: &SandboxId) -> Vec<String> {
         let mut out = Vec::new();
-        let sdir = self.dir.join("sandboxes").join(id.as_str());
+        let sdir = self.sandboxes_dir().join(id.as_str());
         if sdir.exists() {
             out.push(sdir.display().to_string());
         }
@@ -112,7 +122,7 @@ impl Drop for World {
     fn drop(&mut self) {
         // Remove whatever a failed test left, with a jail of the same configuration.
         if let Ok(jail) = rampart_jail::Jail::new(rampart_jail::JailConfig {
-            state_dir: self.dir.join("sandboxes"),
+            state_dir: self.sandboxes_dir(),
             jailer_bin: self.cfg.jailer_bin.clone(),
             agent_bin: self.cfg.agent_bin.clone(),
             cgroup_subtree: self.subtree.clone(),
@@ -125,6 +135,18 @@ impl Drop for World {
             for c in rd.flatten() {
                 let _ = std::fs::remove_dir(c.path().join(&self.subtree));
             }
+        }
+        // The store the manager mounted (its sandboxes are gone; lazily, in case).
+        let store = self.dir.join("store");
+        if std::fs::read_to_string("/proc/self/mountinfo")
+            .unwrap_or_default()
+            .lines()
+            .any(|l| l.split(' ').nth(4) == Some(&*store.to_string_lossy()))
+        {
+            let _ = std::process::Command::new("umount")
+                .arg("-l")
+                .arg(&store)
+                .status();
         }
         let _ = std::fs::remove_dir_all(&self.dir);
     }
@@ -505,7 +527,7 @@ async fn restart_reattaches_the_living_and_cleans_the_dead() {
 
     // And a half-made sandbox no record knows: a directory and a cgroup.
     let stray = SandboxId::parse("strayleftover1").unwrap();
-    std::fs::create_dir(w.dir.join("sandboxes").join(stray.as_str())).unwrap();
+    std::fs::create_dir(w.sandboxes_dir().join(stray.as_str())).unwrap();
     let stray_cg = PathBuf::from("/sys/fs/cgroup/pids")
         .join(&w.subtree)
         .join(stray.as_str());
