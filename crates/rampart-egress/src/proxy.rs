@@ -193,15 +193,28 @@ pub(crate) async fn handle_for(
         Peek::Tls(n) | Peek::Http(n) => n.clone(),
         _ => None,
     };
-    let d = if name.is_none() {
-        nameless
-    } else {
-        sb.decide(&bl, ip, port, name.as_deref())
-    };
+    // Registered before the verdict, so a policy change from here on cuts it if it must.
+    let conn_id = inner.next_conn.fetch_add(1, Ordering::Relaxed);
+    let live = Arc::new(LiveConn {
+        ip,
+        port,
+        name: name.clone(),
+        cancel: sb.gone.child_token(),
+        cut: std::sync::Mutex::new(None),
+    });
+    sb.conns
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .insert(conn_id, live.clone());
+    let d = sb.decide(&inner.blocklist(), ip, port, name.as_deref());
     let mut dr = conn_draft(NetEventKind::Connect, &d, ip, port);
     dr.name = name.clone();
     sb.log.push(dr);
     if !d.allowed() {
+        sb.conns
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&conn_id);
         if matches!(peek, Peek::Http(_)) {
             let body = format!(
                 "rampart: connection denied by the network policy ({})\n",
@@ -217,18 +230,6 @@ pub(crate) async fn handle_for(
         return;
     }
 
-    let conn_id = inner.next_conn.fetch_add(1, Ordering::Relaxed);
-    let live = Arc::new(LiveConn {
-        ip,
-        port,
-        name: name.clone(),
-        cancel: sb.gone.child_token(),
-        cut: std::sync::Mutex::new(None),
-    });
-    sb.conns
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .insert(conn_id, live.clone());
     let counters = Counters::default();
     let secrets = sb.secrets();
     let bound = name
