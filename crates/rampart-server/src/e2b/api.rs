@@ -205,7 +205,12 @@ pub(crate) async fn create(State(st): State<E2b>, body: Bytes) -> Result<Respons
     let n: NewSandbox = parse_body(&body)?;
     check_unsupported(&n)?;
     let requested = n.template_id.clone().unwrap_or_else(|| BASE.into());
-    let template = template_of(&requested)?;
+    let template = match template_of(&requested) {
+        Ok(t) => t.to_owned(),
+        // A template built with `rampart template build` (docs/templates.md).
+        Err(_) if st.manager.template(&requested).is_ok() => requested.clone(),
+        Err(e) => return Err(e),
+    };
     let req = CreateSandbox {
         template: Some(template.to_owned()),
         env: n.env_vars.unwrap_or_default(),
