@@ -28,8 +28,11 @@
 //! egress.take_events() -> Option<mpsc::Receiver<NetEvent>>              (audit hook, once)
 //! egress.refresh_host_addrs() -> Result<()>; egress.proxy_port(); egress.dns_port()
 //! egress.serve_connection(TcpStream, sandbox_ip, dst).await   (a connection obtained otherwise)
+//! egress.secrets(id) -> Option<Vec<SecretInfo>>; egress.policy(id) -> Option<NetworkPolicy>
+//! egress.dropped_events(id) -> u64                  (entries the event hook lost to a full queue)
 //! validate_policy(&NetworkPolicy) -> Result<(), RuleError>             (for create/PUT checks)
 //! validate_secrets(&[SecretSpec]) -> Result<(), EgressError>
+//! host_addrs(); resolv_conf_nameservers(path)                              (helpers)
 //! ```
 //!
 //! Secret values live only in this process's memory: they are in no log entry, error, `Debug`
