@@ -236,6 +236,12 @@ async fn openapi_lists_every_path() {
         "/v1/sandboxes/{id}/files/mkdir",
         "/v1/sandboxes/{id}/files/move",
         "/v1/sandboxes/{id}/files/watch",
+        "/v1/sandboxes/{id}/snapshots",
+        "/v1/sandboxes/{id}/fork",
+        "/v1/snapshots",
+        "/v1/snapshots/{name}",
+        "/v1/volumes",
+        "/v1/volumes/{name}",
     ] {
         assert!(paths.contains_key(p), "openapi lacks {p}");
     }
@@ -287,6 +293,31 @@ async fn create_answers_201_and_maps_core_errors() {
     )
     .await
     .error(503, "capacity");
+}
+
+#[tokio::test]
+async fn persistence_on_a_backend_without_it_is_a_503() {
+    let (app, _) = app();
+    for (m, uri, body) in [
+        (Method::GET, "/v1/snapshots", &b""[..]),
+        (Method::GET, "/v1/volumes", b""),
+        (Method::POST, "/v1/volumes", br#"{"name":"v","size_mib":64}"#),
+        (Method::DELETE, "/v1/snapshots/s", b""),
+    ] {
+        let r = call(&app, m, uri, Some("application/json"), body).await;
+        assert_eq!(r.status, StatusCode::SERVICE_UNAVAILABLE, "{uri}");
+        assert_eq!(r.json()["error"]["code"], "unsupported");
+    }
+    // Bodies are checked first: unknown fields are refused.
+    let r = call(
+        &app,
+        Method::POST,
+        "/v1/volumes",
+        Some("application/json"),
+        br#"{"name":"v","size_mib":64,"quota":1}"#,
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::BAD_REQUEST);
 }
 
 #[tokio::test]
