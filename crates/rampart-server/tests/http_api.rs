@@ -301,7 +301,11 @@ async fn persistence_on_a_backend_without_it_is_a_503() {
     for (m, uri, body) in [
         (Method::GET, "/v1/snapshots", &b""[..]),
         (Method::GET, "/v1/volumes", b""),
-        (Method::POST, "/v1/volumes", br#"{"name":"v","size_mib":64}"#),
+        (
+            Method::POST,
+            "/v1/volumes",
+            br#"{"name":"v","size_mib":64}"#,
+        ),
         (Method::DELETE, "/v1/snapshots/s", b""),
     ] {
         let r = call(&app, m, uri, Some("application/json"), body).await;
