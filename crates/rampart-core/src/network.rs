@@ -297,24 +297,18 @@ impl Network {
         Ok(h)
     }
 
-    /// Files the sandbox needs once its agent answers: resolv.conf, hosts and, with secrets,
-    /// the egress CA in its trust store.
+    /// Files the sandbox needs once its agent answers: resolv.conf and, with secrets, the
+    /// egress CA in its trust store. (`/etc/hosts` stays the template's: `localhost` and the
+    /// sandbox's name on 127.0.1.1, as on Debian; one write less on the create path.)
     pub(crate) async fn configure_inside(
         &self,
         client: &AgentClient,
         p: &Prepared,
-        hostname: &str,
+        _hostname: &str,
         template_dir: &Path,
     ) -> Result<(), CoreError> {
         let resolv = format!("nameserver {}\noptions edns0\n", p.handle.gateway);
-        let hosts = format!(
-            "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n{}\t{hostname}\n",
-            p.handle.address
-        );
-        let mut files = vec![
-            ("/etc/resolv.conf".to_owned(), resolv.into_bytes()),
-            ("/etc/hosts".to_owned(), hosts.into_bytes()),
-        ];
+        let mut files = vec![("/etc/resolv.conf".to_owned(), resolv.into_bytes())];
         if p.with_ca {
             let ca = p.attachment.ca_cert_pem.clone();
             let tmpl = template_dir.join("rootfs/etc/ssl/certs/ca-certificates.crt");
@@ -576,4 +570,64 @@ impl Inner {
 
 fn store_err(e: rampart_store::StoreError) -> CoreError {
     CoreError::Internal(format!("state store: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rampart_types::SecretInjection;
+
+    fn policy(mode: NetworkMode, allow: &[&str]) -> NetworkPolicy {
+        NetworkPolicy {
+            mode,
+            allow: allow.iter().map(|s| (*s).to_owned()).collect(),
+            ..NetworkPolicy::default()
+        }
+    }
+
+    #[tokio::test]
+    async fn create_fields_are_checked_before_anything_is_set_up() {
+        let dir = std::env::temp_dir().join(format!("rampart-net-check-{}", std::process::id()));
+        let n = Network::start(
+            &NetworkConfig {
+                enabled: false,
+                ..NetworkConfig::default()
+            },
+            &dir,
+        )
+        .await;
+        assert!(!n.available());
+        // No network asked: nothing to do.
+        assert!(n.check(None, &[]).unwrap().is_none());
+        assert!(n
+            .check(Some(&policy(NetworkMode::None, &[])), &[])
+            .unwrap()
+            .is_none());
+        // Rules without a mode that uses them, secrets without a network: refused.
+        assert!(matches!(
+            n.check(Some(&policy(NetworkMode::None, &["pypi.org"])), &[]),
+            Err(CoreError::BadRequest { .. })
+        ));
+        let secret = SecretSpec {
+            name: "tok".into(),
+            value: "v".into(),
+            hosts: vec!["api.example.com".into()],
+            inject: SecretInjection::Placeholder,
+            env: None,
+        };
+        assert!(matches!(
+            n.check(None, std::slice::from_ref(&secret)),
+            Err(CoreError::BadRequest { .. })
+        ));
+        // A bad rule is the caller's error even where networks are unavailable.
+        assert!(matches!(
+            n.check(Some(&policy(NetworkMode::Allowlist, &["no such rule!"])), &[]),
+            Err(CoreError::BadRequest { .. })
+        ));
+        // A good policy on a daemon without networks: unavailable, with the reason.
+        match n.check(Some(&policy(NetworkMode::Allowlist, &["pypi.org"])), &[]) {
+            Err(CoreError::Unsupported(m)) => assert!(m.contains("disabled"), "{m}"),
+            other => panic!("{other:?}"),
+        }
+    }
 }
