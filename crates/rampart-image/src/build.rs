@@ -25,6 +25,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+/// Most layers of a template (each is one overlay lower directory of every sandbox, and the
+/// overlay's mount options must fit in one page).
+pub const MAX_LAYERS: usize = 48;
+
 /// Environment of build steps, under the template's own.
 pub const BUILD_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
@@ -492,6 +496,17 @@ impl<'a> Builder<'a> {
             }
         }
         chain.extend(base_layers.iter().cloned());
+        let planned = chain.len() + spec.steps.iter().filter(|s| s.makes_layer()).count();
+        if planned > MAX_LAYERS {
+            return Err(ImageError::Spec(crate::SpecError {
+                field: "steps".into(),
+                message: format!(
+                    "{planned} layers (base included): a template may have at most \
+                     {MAX_LAYERS} (each is an overlay lower directory and the mount options \
+                     must fit in a page); merge steps"
+                ),
+            }));
+        }
         let secs = t0.elapsed().as_secs_f64();
         events(BuildEvent::StepDone {
             index: 0,
