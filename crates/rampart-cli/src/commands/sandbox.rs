@@ -435,6 +435,7 @@ mod tests {
             metadata: vec!["team=x".into()],
             snapshot: None,
             volumes: vec!["data:/data:ro".into()],
+            net: Default::default(),
         };
         let r = f.request().unwrap();
         assert!(r.volumes[0].read_only);
