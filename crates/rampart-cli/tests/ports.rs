@@ -38,7 +38,7 @@ def serve(c):
     hdrs = {l.split(":", 1)[0].strip().lower(): l.split(":", 1)[1].strip() for l in lines[1:] if ":" in l}
     acc = base64.b64encode(hashlib.sha1((hdrs["sec-websocket-key"] + G).encode()).digest()).decode()
     c.sendall(("HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Accept: " + acc + "\r\n\r\n").encode())
-    leak = "x-rampart-token" in hdrs or "rampart_token" in head.decode().lower()
+    leak = any(h in hdrs for h in ("x-rampart-token", "x-access-token", "authorization")) or "rampart_token" in head.decode().lower()
     c.sendall(frame(1, json.dumps({"path": lines[0].split(" ")[1], "leak": leak, "host": hdrs.get("host")}).encode()))
     def need(n):
         nonlocal buf
@@ -417,9 +417,23 @@ fn exposed_ports_work_with_the_token_and_only_with_it() {
     assert_eq!(g["leak"], false);
     let ws_host = format!("ws://{WS_PORT}-{a}.localhost:{}/echo", env.port);
     let g = ws_roundtrip(&env, &ws_host, &[("x-rampart-token", &tok_a)]).expect("host websocket");
-    assert_eq!(g["path"], "/echo");
     assert_eq!(g["leak"], false);
+    assert_eq!(g["path"], "/echo");
     assert_eq!(g["host"], format!("localhost:{WS_PORT}"));
+    // Every credential form is removed. (On the host form, E2B's X-Access-Token alone is
+    // left to the E2B proxy.)
+    let ws_plain = format!(
+        "ws://127.0.0.1:{}/v1/sandboxes/{a}/ports/{WS_PORT}/echo",
+        env.port
+    );
+    let bearer = format!("Bearer {tok_a}");
+    for h in [
+        ("x-access-token", tok_a.as_str()),
+        ("authorization", &bearer),
+    ] {
+        let g = ws_roundtrip(&env, &ws_plain, &[h]).expect("path-form websocket");
+        assert_eq!(g["leak"], false, "{h:?}");
+    }
     assert_eq!(ws_roundtrip(&env, &ws_host, &[]), Err(401));
     assert_eq!(
         ws_roundtrip(&env, &ws_host, &[("x-rampart-token", &tok_b)]),

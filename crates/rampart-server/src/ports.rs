@@ -373,7 +373,9 @@ async fn authorize(
 /// parameter.
 fn scrub(req: &mut Request, token: Option<&str>) {
     let h = req.headers_mut();
-    h.remove(TOKEN_HEADER);
+    for name in [TOKEN_HEADER, "x-access-token", "e2b-traffic-access-token"] {
+        h.remove(name);
+    }
     let ours = |v: &HeaderValue| {
         let t = v.to_str().ok().and_then(bearer);
         matches!((t, token), (Some(t), Some(k)) if crate::proxy::same_secret(t.as_bytes(), k.as_bytes()))
