@@ -670,3 +670,89 @@ fn gc_keeps_layers_pinned_by_live_sandboxes() {
         0
     );
 }
+
+/// A tar of every file under `dir` (paths relative to it).
+fn tar_dir(dir: &Path) -> Vec<u8> {
+    let mut b = tar::Builder::new(Vec::new());
+    b.append_dir_all(".", dir).unwrap();
+    b.into_inner().unwrap()
+}
+
+#[test]
+fn oci_and_docker_save_archives_are_read() {
+    if !is_root() {
+        eprintln!("skipped: needs root");
+        return;
+    }
+    let d = tempfile::tempdir().unwrap();
+    let store = Store::open(&d.path().join("data")).unwrap();
+    // An OCI layout as a tar archive.
+    let img = d.path().join("img");
+    write_layout(
+        &img,
+        &whiteout_layers(),
+        serde_json::json!({"Env": ["A=1"], "User": "root"}),
+    );
+    let archive = d.path().join("img.tar");
+    std::fs::write(&archive, tar_dir(&img)).unwrap();
+    let a = rampart_image::oci::open(&archive, &store).unwrap();
+    assert_eq!(a.layers.len(), 2);
+    assert_eq!(a.config.env.get("A").map(String::as_str), Some("1"));
+    let keys: Vec<_> = a.layers.iter().map(|l| l.key.clone()).collect();
+    drop(a);
+    assert_eq!(
+        std::fs::read_dir(store.root().join("tmp")).unwrap().count(),
+        0,
+        "the unpacked archive goes with the image"
+    );
+    // The same layers from the directory have the same keys (shared in the store).
+    let b = rampart_image::oci::open(&img, &store).unwrap();
+    assert_eq!(
+        b.layers.iter().map(|l| l.key.clone()).collect::<Vec<_>>(),
+        keys
+    );
+    // A `docker save` archive: manifest.json, <id>/layer.tar, <config>.json.
+    let ds = d.path().join("ds");
+    std::fs::create_dir_all(ds.join("abc")).unwrap();
+    std::fs::write(
+        ds.join("abc/layer.tar"),
+        tar_of(&[E::File("hello", b"docker\n", 0o644)]),
+    )
+    .unwrap();
+    std::fs::write(
+        ds.join("cfg.json"),
+        br#"{"config":{"Env":["B=2"],"User":"nobody","WorkingDir":"/w","Cmd":["sleep","1"]}}"#,
+    )
+    .unwrap();
+    std::fs::write(
+        ds.join("manifest.json"),
+        br#"[{"Config":"cfg.json","RepoTags":["x:latest"],"Layers":["abc/layer.tar"]}]"#,
+    )
+    .unwrap();
+    let dsa = d.path().join("ds.tar");
+    std::fs::write(&dsa, tar_dir(&ds)).unwrap();
+    let c = rampart_image::oci::open(&dsa, &store).unwrap();
+    assert_eq!(c.layers.len(), 1);
+    assert_eq!(c.config.user.as_deref(), Some("nobody"));
+    assert_eq!(c.config.workdir.as_deref(), Some("/w"));
+    assert_eq!(c.config.start.as_ref().unwrap().cmd, ["sleep", "1"]);
+    let out = d.path().join("out");
+    std::fs::create_dir(&out).unwrap();
+    rampart_image::oci::extract_layer(&c.layers[0], &out).unwrap();
+    assert_eq!(
+        std::fs::read_to_string(out.join("hello")).unwrap(),
+        "docker\n"
+    );
+    // A zstd layer is refused with the reason.
+    let z = d.path().join("z");
+    write_layout(
+        &z,
+        &[vec![0x28, 0xb5, 0x2f, 0xfd, 0, 0, 0, 0]],
+        serde_json::json!({}),
+    );
+    let zi = rampart_image::oci::open(&z, &store).unwrap();
+    let zo = d.path().join("zo");
+    std::fs::create_dir(&zo).unwrap();
+    let e = rampart_image::oci::extract_layer(&zi.layers[0], &zo).unwrap_err();
+    assert!(e.to_string().contains("zstd"), "{e}");
+}
