@@ -493,9 +493,13 @@ impl Manager {
             let dir = root.join("snapshots").join(name);
             let gone = dir.with_file_name(format!(".tmp-rm-{name}-{}", random_hex(4)));
             if std::fs::rename(&dir, &gone).is_ok() {
-                tokio::task::spawn_blocking(move || std::fs::remove_dir_all(gone))
-                    .await
-                    .ok();
+                tokio::task::spawn_blocking(move || {
+                    let r = std::fs::remove_dir_all(&gone);
+                    rampart_jail::store::trim(&root);
+                    r
+                })
+                .await
+                .ok();
             }
         }
         info!(name, "snapshot removed");
@@ -699,6 +703,9 @@ impl Manager {
         if let Some(image) = image {
             if let Err(e) = std::fs::remove_file(&image) {
                 warn!(name, "removing volume image: {e}");
+            }
+            if let Some(root) = inner.iso.store_root() {
+                let _ = tokio::task::spawn_blocking(move || rampart_jail::store::trim(&root)).await;
             }
         }
         info!(name, "volume removed");

@@ -100,6 +100,21 @@ impl Store {
             let p = store.root.join(d);
             std::fs::create_dir_all(&p).map_err(io(format!("mkdir {}", p.display())))?;
         }
+        if store.kind == StoreKind::Image {
+            // What sandboxes destroyed since the last run freed, then every TRIM_EVERY (the
+            // disks of destroyed sandboxes are freed a moment after their last process).
+            trim(&store.root);
+            let root = store.root.clone();
+            let spawned = std::thread::Builder::new()
+                .name("rampart-store-trim".into())
+                .spawn(move || loop {
+                    std::thread::sleep(TRIM_EVERY);
+                    trim(&root);
+                });
+            if let Err(e) = spawned {
+                tracing::warn!("cannot start the store's trim thread: {e}");
+            }
+        }
         tracing::info!(kind = store.kind.as_str(), root = %store.root.display(), "store");
         Ok(store)
     }
@@ -156,6 +171,26 @@ pub fn clone_file(src: &Path, dst: &Path) -> Result<(), JailError> {
     crate::disk::sparse_copy(src, dst).inspect_err(|_| {
         let _ = std::fs::remove_file(dst);
     })
+}
+
+/// How often the XFS image store gives freed space back to the host.
+pub const TRIM_EVERY: std::time::Duration = std::time::Duration::from_secs(300);
+
+/// `FITRIM` = `_IOWR('X', 121, struct fstrim_range)`.
+const FITRIM: libc::c_ulong = 0xC018_5879;
+
+/// Gives the free space of the filesystem holding `dir` back to what is under it (for the
+/// XFS image store: holes in `store.img` again). Online discard covers plain deletions; blocks
+/// freed when the last of several reflinks goes are not always discarded at once, so the
+/// daemon trims after removing snapshots and volumes and at start. Errors are ignored
+/// (a filesystem without discard support has nothing to give back).
+pub fn trim(dir: &Path) {
+    let Ok(f) = File::open(dir) else {
+        return;
+    };
+    let mut range = [0u64, u64::MAX, 0u64];
+    // SAFETY: FITRIM reads and updates a struct fstrim_range (three u64) we own.
+    let _ = unsafe { libc::ioctl(f.as_raw_fd(), FITRIM as _, range.as_mut_ptr()) };
 }
 
 /// Whether `FICLONE` works in directory `dir`.
@@ -256,7 +291,9 @@ fn mount_image(data: &Path) -> Result<PathBuf, JailError> {
         &mnt,
         Some("xfs"),
         libc::MS_NOATIME | libc::MS_NODEV | libc::MS_NOSUID,
-        None,
+        // Freed blocks (a removed snapshot, sandbox or volume) become holes in store.img
+        // again instead of host space kept for ever.
+        Some("discard"),
     );
     drop(hold); // autoclear: the loop device now lives as long as the mount
     r?;
