@@ -171,9 +171,20 @@ fn a_session_exports_verifies_and_a_flipped_byte_is_named() {
             "file",
             "file",
             "timeout_changed",
+            "fs_diff",
             "destroyed"
         ],
         "{page}"
+    );
+    // At destroy, the writable layer against the template lists the directory made.
+    let diff = &page["events"][8]["body"];
+    assert!(
+        diff["added"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|e| e["path"] == "/tmp/dir"),
+        "{diff}"
     );
     let all = page.to_string();
     assert!(all.contains("SECRET_TOKEN") && !all.contains("do-not-record"));
@@ -559,6 +570,34 @@ fn e2b_execs_and_file_operations_are_recorded_with_the_key_as_caller() {
         .send()
         .unwrap();
     assert!(r.status().is_success());
+
+    // At destroy, the writable layer against the template: the files left by the session.
+    let evs: Value = c
+        .get(format!("{}/v1/sandboxes/{id}/audit", d.url))
+        .send()
+        .unwrap()
+        .json()
+        .unwrap();
+    let evs = evs["events"].as_array().unwrap();
+    let last = &evs[evs.len() - 1]["body"];
+    assert_eq!(last["type"], "destroyed");
+    let diff = &evs[evs.len() - 2]["body"];
+    assert_eq!(diff["type"], "fs_diff", "{diff}");
+    assert_eq!(diff["reason"], "destroy");
+    let listed = |kind: &str, path: &str| {
+        diff[kind]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|e| e["path"] == path)
+            .cloned()
+    };
+    let mp = listed("added", "/home/user/mp.txt").expect("mp.txt added");
+    assert_eq!(mp["digest"], sha(b"multi part"));
+    assert_eq!(mp["size"], 10);
+    assert!(listed("added", "/home/user/newdir").is_some(), "{diff}");
+    assert!(listed("added", "/home/user/moved.txt").is_none(), "{diff}");
+    assert!(listed("added", "/home/user/raw.txt").is_none(), "{diff}");
     drop(d);
     let _ = std::fs::remove_dir_all(&root);
 }

@@ -29,15 +29,21 @@ pub struct AuditConfig {
     pub blob_cap: usize,
     /// How often live sandboxes' chain heads are published to the node log (if they moved).
     pub publish_interval: Duration,
+    /// Record `fs_diff` (the writable layer against the template) at destroy.
+    pub fs_diff: bool,
+    /// Bounds of an `fs_diff` manifest (entries, bytes hashed).
+    pub fs_diff_limits: crate::fsdiff::DiffLimits,
 }
 
 impl Default for AuditConfig {
-    /// Enabled, 1 MiB per stream, publish every 60 s.
+    /// Enabled, 1 MiB per stream, publish every 60 s, `fs_diff` on with the default bounds.
     fn default() -> Self {
         AuditConfig {
             enabled: true,
             blob_cap: 1 << 20,
             publish_interval: Duration::from_secs(60),
+            fs_diff: true,
+            fs_diff_limits: crate::fsdiff::DiffLimits::default(),
         }
     }
 }
@@ -74,6 +80,8 @@ pub(crate) struct Audit {
     appended: tokio::sync::watch::Sender<u64>,
     /// Open counter files per sandbox (None: the tier has none, or they did not open).
     meters: Mutex<HashMap<SandboxId, Option<Arc<Meter>>>>,
+    /// Where events without a state change are acknowledged (None: straight to the store).
+    journal: Option<crate::journal::Journal>,
 }
 
 /// A sandbox's CPU time and peak memory counters, kept open and re-read with `pread` at
@@ -137,6 +145,16 @@ impl Audit {
         let key_path = data_dir.join("node.key");
         let key = NodeKey::load_or_create(&key_path)
             .map_err(|e| CoreError::Internal(format!("node key {}: {e}", key_path.display())))?;
+        // Events a killed daemon acknowledged from its journal are moved into the store
+        // before any chain is resumed.
+        let journal = if cfg.enabled {
+            Some(
+                crate::journal::Journal::open(&data_dir.join("audit.journal"), store.clone())
+                    .map_err(|e| CoreError::Internal(e.to_string()))?,
+            )
+        } else {
+            None
+        };
         let mut leaves = Vec::new();
         for h in store.leaf_hashes().map_err(db)? {
             leaves.push(Hash::parse(&h).map_err(|e| enc(format!("stored leaf {h:?}: {e}")))?);
@@ -154,7 +172,17 @@ impl Audit {
             templates: Mutex::new(HashMap::new()),
             appended,
             meters: Mutex::new(HashMap::new()),
+            journal,
         })
+    }
+
+    /// Moves the journal's pending events into the store (before reading events, or writing
+    /// one in the store directly, so that the store holds every chain in order).
+    fn flush(&self) -> Result<(), CoreError> {
+        match &self.journal {
+            Some(j) => j.flush().map_err(|e| CoreError::Internal(e.to_string())),
+            None => Ok(()),
+        }
     }
 
     pub(crate) fn enabled(&self) -> bool {
@@ -163,6 +191,10 @@ impl Audit {
 
     pub(crate) fn blob_cap(&self) -> usize {
         self.cfg.blob_cap
+    }
+
+    pub(crate) fn config(&self) -> &AuditConfig {
+        &self.cfg
     }
 
     pub(crate) fn publish_interval(&self) -> Duration {
@@ -200,6 +232,7 @@ impl Audit {
         if let Some(c) = lock(&self.chains).get(id) {
             return Ok(c.clone());
         }
+        self.flush()?;
         let chain = match self.store.last_event(id).map_err(db)? {
             Some((seq, hash)) => Chain::resume(
                 id.clone(),
@@ -225,14 +258,32 @@ impl Audit {
         blobs: Vec<Vec<u8>>,
         write: impl FnOnce(Option<&NewEvent>) -> Result<T, StoreError>,
     ) -> Result<T, CoreError> {
+        self.record_via(id, only_if_started, body, blobs, |e| {
+            if e.is_some() {
+                // The chain's earlier events reach the store first.
+                self.flush()?;
+            }
+            write(e).map_err(db)
+        })
+    }
+
+    /// [`Audit::record`] with any write.
+    fn record_via<T>(
+        &self,
+        id: &SandboxId,
+        only_if_started: bool,
+        body: impl FnOnce(u64) -> EventBody,
+        blobs: Vec<Vec<u8>>,
+        write: impl FnOnce(Option<&NewEvent>) -> Result<T, CoreError>,
+    ) -> Result<T, CoreError> {
         if !self.cfg.enabled {
-            return write(None).map_err(db);
+            return write(None);
         }
         let chain = self.chain(id)?;
         let mut chain = lock(&chain);
         if only_if_started && chain.is_empty() {
             drop(chain);
-            return write(None).map_err(db);
+            return write(None);
         }
         // One encoding of the body gives both the hash and the stored canonical JSON.
         let (event, json) = chain
@@ -250,7 +301,7 @@ impl Audit {
                 .map(|b| (rampart_audit::content_digest(&b).to_hex(), b))
                 .collect(),
         };
-        let out = write(Some(&ne)).map_err(db)?;
+        let out = write(Some(&ne))?;
         // The event was made by `next_event` on this chain under this lock: moving past it
         // needs no second hash computation (what `advance` would check).
         *chain = Chain::resume(id.clone(), event.seq + 1, event.hash);
@@ -259,17 +310,18 @@ impl Audit {
         Ok(out)
     }
 
-    /// Records an event that has no state change of its own.
+    /// Records an event that has no state change of its own: acknowledged once in the
+    /// journal (see [`crate::journal`]).
     pub(crate) fn append(
         &self,
         id: &SandboxId,
         body: impl FnOnce(u64) -> EventBody,
         blobs: Vec<Vec<u8>>,
     ) -> Result<(), CoreError> {
-        let store = self.store.clone();
-        self.record(id, false, body, blobs, |e| match e {
-            Some(e) => store.append_event(e),
-            None => Ok(()),
+        self.record_via(id, false, body, blobs, |e| match (e, &self.journal) {
+            (Some(e), Some(j)) => j.append(e).map_err(|e| CoreError::Internal(e.to_string())),
+            (Some(e), None) => self.store.append_event(e).map_err(db),
+            (None, _) => Ok(()),
         })
     }
 
@@ -368,6 +420,7 @@ impl Audit {
         after: Option<u64>,
         limit: usize,
     ) -> Result<Vec<Event>, CoreError> {
+        self.flush()?;
         let rows = self.store.events(id, after, limit).map_err(db)?;
         rows.iter()
             .map(|r| {

@@ -503,3 +503,115 @@ mod tests {
         assert_eq!(d, LayerDiff::default());
     }
 }
+
+/// The `fs_diff` of a sandbox at destroy: its disk's root is pinned (an open descriptor)
+/// while its processes still run, the manifest is computed once they are gone (nothing
+/// writes any more; the descriptor keeps the file system), and recorded before `destroyed`.
+pub(crate) mod at_destroy {
+    use super::{diff_layer, LayerDiff, Layers};
+    use crate::manager::Inner;
+    use rampart_audit::EventBody;
+    use rampart_types::audit::FsDiff;
+    use rampart_types::SandboxId;
+    use std::os::fd::{AsRawFd, OwnedFd};
+    use std::path::PathBuf;
+    use tracing::{debug, warn};
+
+    /// A pinned writable layer, and the lower layers of its sandbox's template.
+    pub(crate) struct Pinned {
+        root: OwnedFd,
+        lowers: Vec<PathBuf>,
+    }
+
+    impl Inner {
+        /// Pins the writable layer of `id` (None when not recorded: audit or `fs_diff` off,
+        /// a tier without access, no chain).
+        pub(crate) async fn pin_upper(&self, id: &SandboxId, template: &str) -> Option<Pinned> {
+            let cfg = self.audit.config();
+            if !cfg.enabled || !cfg.fs_diff {
+                return None;
+            }
+            let iso = self.iso.clone();
+            let id2 = id.clone();
+            let root = match tokio::task::spawn_blocking(move || iso.upper_root(&id2)).await {
+                Ok(Ok(fd)) => fd,
+                Ok(Err(e)) => {
+                    // A sandbox whose init is gone has no pinned root any more.
+                    debug!(id = %id, "fs_diff: no access to the writable layer: {e}");
+                    return None;
+                }
+                Err(_) => return None,
+            };
+            // The template's lower layers, topmost first.
+            let lowers = match crate::templates::resolve(&self.cfg.data_dir, template) {
+                Ok(Some(r)) => r.layers.iter().rev().cloned().collect(),
+                _ => vec![self
+                    .cfg
+                    .data_dir
+                    .join("templates")
+                    .join(template)
+                    .join("rootfs")],
+            };
+            Some(Pinned { root, lowers })
+        }
+
+        /// Computes and records the `fs_diff` of a pinned layer (`reason`: `destroy`).
+        pub(crate) async fn record_fs_diff(&self, id: &SandboxId, pinned: Pinned, reason: &str) {
+            let limits = self.audit.config().fs_diff_limits;
+            let diff = tokio::task::spawn_blocking(move || {
+                let base = PathBuf::from(format!("/proc/self/fd/{}", pinned.root.as_raw_fd()));
+                let mut d = LayerDiff::default();
+                diff_layer(
+                    &Layers {
+                        upper: base.join("upper"),
+                        lowers: pinned.lowers,
+                        mount: "/".into(),
+                    },
+                    limits,
+                    &mut d,
+                );
+                // The host's /usr under the sandbox's own /usr (templates without layers).
+                if base.join("usr-upper").is_dir() {
+                    diff_layer(
+                        &Layers {
+                            upper: base.join("usr-upper"),
+                            lowers: vec![PathBuf::from("/usr")],
+                            mount: "/usr".into(),
+                        },
+                        limits,
+                        &mut d,
+                    );
+                }
+                drop(pinned.root);
+                d
+            })
+            .await;
+            let Ok(d) = diff else {
+                warn!(id = %id, "fs_diff: the walk failed");
+                return;
+            };
+            let body = FsDiff {
+                reason: reason.to_owned(),
+                added: d.added,
+                changed: d.changed,
+                removed: d.removed,
+                truncated: d.truncated,
+            };
+            let store = self.store.clone();
+            // Only for a sandbox whose log was started (its `created` was recorded).
+            let recorded = self.audit.record(
+                id,
+                true,
+                |_| EventBody::FsDiff(body),
+                Vec::new(),
+                |e| match e {
+                    Some(e) => store.append_event(e),
+                    None => Ok(()),
+                },
+            );
+            if let Err(e) = recorded {
+                warn!(id = %id, "recording fs_diff: {e}");
+            }
+        }
+    }
+}

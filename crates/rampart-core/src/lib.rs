@@ -11,6 +11,7 @@
 
 mod audit;
 mod fsdiff;
+mod journal;
 mod interpreter;
 mod isolation;
 mod manager;

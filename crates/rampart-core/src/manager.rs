@@ -969,6 +969,8 @@ impl Inner {
                 .map_err(db)?;
         }
         self.network_teardown(id, rec.uid_slot).await;
+        // The writable layer, pinned before its processes are killed (fs_diff below).
+        let upper = self.pin_upper(id, &rec.template).await;
         if let Err(e) = self.iso_destroy(id).await {
             error!(id = %id, "destroy failed: {e}; will retry");
             if let Some(l) = lock(&self.live).get_mut(id) {
@@ -980,6 +982,9 @@ impl Inner {
         // The init watcher (if it has not fired yet) reaps the dead init and then sees no
         // entry; it is not aborted so that no zombie is left.
         lock(&self.live).remove(id);
+        if let Some(pinned) = upper {
+            self.record_fs_diff(id, pinned, "destroy").await;
+        }
         let reason = why.message();
         let label = match &why {
             EndReason::Request => "api",

@@ -159,6 +159,16 @@ fn key_range(num: i64) -> (i64, i64) {
 }
 
 pub(crate) fn insert_event(conn: &Connection, e: &NewEvent) -> Result<(), StoreError> {
+    insert(conn, e, false)
+}
+
+/// Inserts `e` unless an event of its sandbox with its seq is stored (then nothing is
+/// changed): for events replayed from the daemon's audit journal.
+pub(crate) fn insert_event_once(conn: &Connection, e: &NewEvent) -> Result<(), StoreError> {
+    insert(conn, e, true)
+}
+
+fn insert(conn: &Connection, e: &NewEvent, once: bool) -> Result<(), StoreError> {
     for (digest, bytes) in &e.blobs {
         conn.prepare_cached("INSERT OR IGNORE INTO audit_blobs (digest, bytes) VALUES (?1, ?2)")?
             .execute(params![digest, bytes])?;
@@ -177,8 +187,13 @@ pub(crate) fn insert_event(conn: &Connection, e: &NewEvent) -> Result<(), StoreE
             conn.last_insert_rowid()
         }
     };
-    // A key already taken (the same seq twice) is refused by the primary key.
-    conn.prepare_cached("INSERT INTO audit_log (key, hash, event) VALUES (?1, ?2, ?3)")?
+    // A key already taken (the same seq twice) is refused by the primary key, or ignored.
+    let sql = if once {
+        "INSERT OR IGNORE INTO audit_log (key, hash, event) VALUES (?1, ?2, ?3)"
+    } else {
+        "INSERT INTO audit_log (key, hash, event) VALUES (?1, ?2, ?3)"
+    };
+    conn.prepare_cached(sql)?
         .execute(params![key_range(num).0 | i64::from(seq), e.hash, e.json])?;
     Ok(())
 }

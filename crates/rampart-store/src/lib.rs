@@ -203,6 +203,20 @@ pub trait SandboxStore: Send + Sync + std::fmt::Debug {
     ) -> Result<(), StoreError>;
     /// Appends an audit event (and its blobs) in one transaction.
     fn append_event(&self, event: &NewEvent) -> Result<(), StoreError>;
+    /// Appends audit events in one transaction, skipping any whose `(sandbox, seq)` is
+    /// already stored (events replayed from a journal). The default appends one by one.
+    fn append_events_once(&self, events: &[NewEvent]) -> Result<(), StoreError> {
+        for e in events {
+            if self
+                .last_event(&e.sandbox)?
+                .is_some_and(|(last, _)| last >= e.seq)
+            {
+                continue;
+            }
+            self.append_event(e)?;
+        }
+        Ok(())
+    }
     /// A sandbox's audit events with `seq > after` (all when None), in order, at most `limit`.
     fn events(
         &self,
@@ -656,6 +670,21 @@ impl SandboxStore for SqliteStore {
     fn append_event(&self, event: &NewEvent) -> Result<(), StoreError> {
         let conn = self.lock();
         wal::write_txn(&conn, |c| audit::insert_event(c, event))?;
+        drop(conn);
+        self.committed();
+        Ok(())
+    }
+
+    fn append_events_once(&self, events: &[NewEvent]) -> Result<(), StoreError> {
+        if events.is_empty() {
+            return Ok(());
+        }
+        let conn = self.lock();
+        wal::write_txn(&conn, |c| {
+            events
+                .iter()
+                .try_for_each(|e| audit::insert_event_once(c, e))
+        })?;
         drop(conn);
         self.committed();
         Ok(())

@@ -374,6 +374,9 @@ pub struct FsDiff {
     pub changed: Vec<FsEntry>,
     /// Paths of the template that are gone.
     pub removed: Vec<FsEntry>,
+    /// The node's bounds (entries listed, bytes hashed) cut the manifest short, or some
+    /// digests are missing: the lists are not the whole difference.
+    pub truncated: bool,
 }
 
 /// `network`: a network decision.

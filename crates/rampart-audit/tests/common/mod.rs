@@ -221,6 +221,7 @@ pub fn session(node: &mut Node, id: &str, execs: usize) -> Session {
                 size: 5,
                 digest: Some(content_digest(b"motd\n")),
             }],
+            truncated: false,
         }),
     );
     s.push(
