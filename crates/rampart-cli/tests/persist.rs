@@ -324,3 +324,46 @@ fn snapshots_fork_and_volumes() {
     }
     assert!(leftovers(&data).is_empty(), "{:?}", leftovers(&data));
 }
+
+#[test]
+fn a_fork_that_fails_midway_leaves_no_fork_and_no_image() {
+    if let Some(why) = skip_reason() {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("data");
+    std::fs::create_dir_all(&data).unwrap();
+    let config = tmp.path().join("rampart.toml");
+    std::fs::write(&config, "max_sandboxes = 3\n").unwrap();
+    let d = start(
+        &data,
+        free_port(),
+        &[("RAMPART_CONFIG", config.to_str().unwrap())],
+    );
+    let a = create(&d, json!({"timeout_secs": 600}));
+    ok(&d, &a, "echo state > ~/s");
+    // Room for two more: the third fork fails, the two made are destroyed.
+    let (s, v) = post(&d, &format!("/v1/sandboxes/{a}/fork"), json!({"count": 3}));
+    assert_eq!(s, 503, "{v}");
+    let (_, list) = get(&d, "/v1/sandboxes");
+    let alive: Vec<&str> = list
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(alive, vec![a.as_str()], "only the source is left");
+    assert!(leftovers(&data).is_empty(), "{:?}", leftovers(&data));
+    let (s, v) = post(&d, &format!("/v1/sandboxes/{a}/fork"), json!({"count": 17}));
+    assert_eq!(s, 400, "{v}");
+    // The source is untouched and can still be forked.
+    let (s, v) = post(&d, &format!("/v1/sandboxes/{a}/fork"), json!({"count": 2}));
+    assert_eq!(s, 201, "{v}");
+    for f in v["sandboxes"].as_array().unwrap() {
+        let id = f["id"].as_str().unwrap();
+        assert_eq!(ok(&d, id, "cat ~/s"), "state");
+        let _ = delete(&d, &format!("/v1/sandboxes/{id}"));
+    }
+    let _ = delete(&d, &format!("/v1/sandboxes/{a}"));
+}
