@@ -551,6 +551,42 @@ fn a_secret_reaches_only_its_bound_host_in_the_configured_header() {
             body.contains(&format!("Authorization: Bearer {SECRET_VALUE}\r\n")),
             "{body}"
         );
+        // curl (OpenSSL) accepts the proxy's leaf when it trusts the sandbox CA, as a
+        // sandbox's tools will once its trust store holds it.
+        if std::process::Command::new("curl")
+            .arg("--version")
+            .output()
+            .is_ok()
+        {
+            let ca_file =
+                std::env::temp_dir().join(format!("egress-ca-{}.pem", std::process::id()));
+            std::fs::write(&ca_file, cx.egress_ca()).unwrap();
+            let (f, resolve) = (ca_file.clone(), format!("api.test:443:{WEB2}"));
+            // On a thread inside the sandbox netns: this runtime must keep serving the proxy.
+            let out = cx
+                .sandbox(move || {
+                    std::process::Command::new("curl")
+                        .args(["-sS", "-m", "10", "--cacert"])
+                        .arg(&f)
+                        .args(["--resolve", &resolve, "https://api.test/"])
+                        .output()
+                        .unwrap()
+                })
+                .await;
+            let _ = std::fs::remove_file(&ca_file);
+            let body = String::from_utf8_lossy(&out.stdout);
+            assert!(
+                out.status.success(),
+                "curl: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            assert!(
+                body.contains(&format!("Authorization: Bearer {SECRET_VALUE}\r\n")),
+                "{body}"
+            );
+        } else {
+            eprintln!("note: curl not installed; OpenSSL acceptance of the sandbox CA not checked");
+        }
         // Plain HTTP to the bound host: injected as well.
         let body = cx
             .sandbox(|| http_get(WEB2, "api.test", &[]))
