@@ -89,9 +89,31 @@ impl UserDb {
         db
     }
 
+    /// A user named by its number (OCI images' `User: "1000"`), or `root` missing from
+    /// `/etc/passwd` (minimal images): the passwd entry of that uid if there is one, else a
+    /// bare user (primary group = uid, home `/` or `/root`, shell `/bin/sh`).
+    fn by_number(&self, name: &str) -> Option<User> {
+        let uid: u32 = if name == "root" { 0 } else { name.parse().ok()? };
+        if let Some(u) = self.users.iter().find(|u| u.1 == uid) {
+            let n = u.0.clone();
+            return self.user(&n);
+        }
+        Some(User {
+            name: name.to_owned(),
+            uid,
+            gid: uid,
+            home: if uid == 0 { "/root".into() } else { "/".into() },
+            shell: "/bin/sh".into(),
+            groups: vec![uid],
+        })
+    }
+
     /// Look a user up by name.
     pub fn user(&self, name: &str) -> Option<User> {
-        let (name, uid, gid, home, shell) = self.users.iter().find(|u| u.0 == name)?.clone();
+        let Some(entry) = self.users.iter().find(|u| u.0 == name) else {
+            return self.by_number(name);
+        };
+        let (name, uid, gid, home, shell) = entry.clone();
         let mut groups = vec![gid];
         for (_, g, members) in &self.groups {
             if members.contains(&name) && !groups.contains(g) {
@@ -211,5 +233,17 @@ mod tests {
         assert_eq!(u.groups, vec![1000, 27]);
         assert!(db.user("nobody").is_none());
         assert_eq!(db.gid_names().get(&27).map(String::as_str), Some("sudo"));
+    }
+
+    #[test]
+    fn numeric_users_and_a_missing_root() {
+        let db = UserDb::parse("user:x:1000:1000::/home/user:/bin/bash
+", "");
+        assert_eq!(db.user("1000").expect("by uid").name, "user");
+        let n = db.user("4242").expect("bare");
+        assert_eq!((n.uid, n.gid, n.home.as_str()), (4242, 4242, "/"));
+        let r = db.user("root").expect("root without passwd");
+        assert_eq!((r.uid, r.home.as_str()), (0, "/root"));
+        assert!(db.user("nobody").is_none());
     }
 }
