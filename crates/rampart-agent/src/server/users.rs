@@ -237,8 +237,7 @@ mod tests {
 
     #[test]
     fn numeric_users_and_a_missing_root() {
-        let db = UserDb::parse("user:x:1000:1000::/home/user:/bin/bash
-", "");
+        let db = UserDb::parse("user:x:1000:1000::/home/user:/bin/bash\n", "");
         assert_eq!(db.user("1000").expect("by uid").name, "user");
         let n = db.user("4242").expect("bare");
         assert_eq!((n.uid, n.gid, n.home.as_str()), (4242, 4242, "/"));
