@@ -24,7 +24,6 @@ use rampart_store::{SandboxRecord, StoredNetwork};
 use rampart_types::network::NetworkInfo;
 use rampart_types::{NetLogEntry, NetworkMode, NetworkPolicy, SandboxId, SandboxState, SecretSpec};
 use std::net::{IpAddr, SocketAddr};
-use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use tracing::{debug, info, warn};
@@ -33,8 +32,6 @@ use tracing::{debug, info, warn};
 const CA_BUNDLE: &str = "/etc/ssl/certs/ca-certificates.crt";
 /// The egress CA alone, inside the sandbox.
 const CA_FILE: &str = "/usr/local/share/ca-certificates/rampart-egress.crt";
-/// Directory of the host-wide locks that keep two daemons off one table.
-const LOCK_DIR: &str = "/run/rampart";
 
 /// Network configuration of the daemon.
 #[derive(Debug, Clone)]
@@ -82,7 +79,7 @@ pub(crate) struct Network {
     /// Why creates with a network are refused, if they are.
     unavailable: Option<String>,
     egress_dir: PathBuf,
-    _lock: Option<std::fs::File>,
+    _lock: Option<std::os::unix::net::UnixListener>,
 }
 
 /// What a create with a network has set up before launch.
@@ -108,25 +105,23 @@ impl Prepared {
     }
 }
 
-fn takes_lock(table: &str) -> Result<std::fs::File, String> {
-    std::fs::create_dir_all(LOCK_DIR).map_err(|e| format!("creating {LOCK_DIR}: {e}"))?;
-    let path = Path::new(LOCK_DIR).join(format!("net-{table}.lock"));
-    let f = std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(&path)
-        .map_err(|e| format!("opening {}: {e}", path.display()))?;
-    // SAFETY: flock(2) on an fd we own; LOCK_NB makes it return at once.
-    let r = unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
-    if r != 0 {
-        return Err(format!(
-            "another daemon on this host uses the network table {table:?} ({} is locked); \
-             give this one its own table, link prefix and pool",
-            path.display()
-        ));
-    }
-    Ok(f)
+/// Holds the host-wide claim on `table`: an abstract Unix socket named after it, released
+/// by the kernel when the daemon exits however it exits (no file is left behind).
+fn takes_lock(table: &str) -> Result<std::os::unix::net::UnixListener, String> {
+    use std::os::linux::net::SocketAddrExt;
+    let name = format!("rampart-net-{table}");
+    let addr = std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes())
+        .map_err(|e| format!("lock name {name:?}: {e}"))?;
+    std::os::unix::net::UnixListener::bind_addr(&addr).map_err(|e| {
+        if e.kind() == std::io::ErrorKind::AddrInUse {
+            format!(
+                "another daemon on this host uses the network table {table:?} (it holds the \
+                 abstract socket @{name}); give this one its own table, link prefix and pool"
+            )
+        } else {
+            format!("taking the lock @{name}: {e}")
+        }
+    })
 }
 
 impl Network {
@@ -583,6 +578,16 @@ mod tests {
             allow: allow.iter().map(|s| (*s).to_owned()).collect(),
             ..NetworkPolicy::default()
         }
+    }
+
+    #[test]
+    fn one_daemon_per_table() {
+        let table = format!("lock_test_{}", std::process::id());
+        let first = takes_lock(&table).unwrap();
+        let second = takes_lock(&table).unwrap_err();
+        assert!(second.contains("another daemon"), "{second}");
+        drop(first);
+        takes_lock(&table).unwrap();
     }
 
     #[tokio::test]
