@@ -353,6 +353,35 @@ fn sandbox_network_is_confined() {
         eprintln!("note: no test internet host (ip netns failed); proxy path not exercised");
     }
 
+    // Secrets: a placeholder in the environment, the egress CA in the trust store, and the
+    // value nowhere in what the sandbox sees.
+    let (s_code, v) = post(
+        &d,
+        "/v1/sandboxes",
+        json!({
+            "network": {"mode": "allowlist", "allow": ["api.example.com"]},
+            "secrets": [{"name": "tok", "value": "s3cr3t-value-42", "hosts": ["api.example.com"],
+                         "inject": {"kind": "header", "name": "Authorization",
+                                    "template": "Bearer {value}"},
+                         "env": "TOK"}],
+        }),
+    );
+    assert_eq!(s_code, 201, "{v}");
+    let sec = v["id"].as_str().unwrap().to_owned();
+    let (_, out) = sh(
+        &d,
+        &sec,
+        "echo \"tok=$TOK\"; echo \"ssl=$SSL_CERT_FILE\"; \
+         tail -c 2000 /etc/ssl/certs/ca-certificates.crt | grep -c 'BEGIN CERTIFICATE'; \
+         head -1 /usr/local/share/ca-certificates/rampart-egress.crt; \
+         env; cat /etc/resolv.conf",
+    );
+    assert!(out.contains("tok=rampart-secret-"), "{out}");
+    assert!(out.contains("ssl=/etc/ssl/certs/ca-certificates.crt"), "{out}");
+    assert!(out.contains("-----BEGIN CERTIFICATE-----"), "{out}");
+    assert!(!out.contains("s3cr3t-value-42"), "the secret value is inside: {out}");
+    destroy(&d, &sec);
+
     // Mode none: no eth0 at all.
     let c = create(&d, json!({"mode": "none"}));
     let (_, links) = sh(&d, &c, "ls /sys/class/net");
