@@ -525,7 +525,7 @@ fn build_create_rebuild_fail_interrupt() {
             .next()
             .expect("build ended before its run step")
             .unwrap();
-        if l.contains("sleeping") {
+        if l.contains("\"event\":\"output\"") && l.contains("sleeping") {
             break;
         }
     }
@@ -535,6 +535,39 @@ fn build_create_rebuild_fail_interrupt() {
     let rest: Vec<String> = lines.map_while(Result::ok).collect();
     assert_eq!(st.code(), Some(130), "{st:?}: {rest:?}");
     assert_eq!(count(&data.join("images/layers")), layers_before);
+    assert_clean(&data);
+
+    // 5b. SIGKILL while a step runs leaves the step's sandbox and temp layer behind; the
+    // next build removes them before it starts.
+    let mut child = rampart()
+        .args(["template", "build", "--json", "--data-dir"])
+        .arg(&data)
+        .arg("-f")
+        .arg(&spec_file)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    loop {
+        let l = lines
+            .next()
+            .expect("build ended before its run step")
+            .unwrap();
+        if l.contains("\"event\":\"output\"") && l.contains("sleeping") {
+            break;
+        }
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert!(
+        count(&data.join("images/build")) > 0,
+        "the killed build left its sandbox"
+    );
+    std::fs::write(&spec_file, spec(&name, &run2)).unwrap();
+    let (code, rep3, err) = build(&data, &spec_file);
+    assert_eq!(code, 0, "{err}");
+    assert!(cached(&rep3).iter().all(|(_, c)| *c));
     assert_clean(&data);
 
     // 6. rm + gc: the template's layers go.

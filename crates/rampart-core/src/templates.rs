@@ -243,3 +243,34 @@ pub(crate) fn list(data: &Path) -> Vec<rampart_types::TemplateInfo> {
 pub(crate) fn get(data: &Path, name: &str) -> Option<rampart_types::TemplateInfo> {
     list(data).into_iter().find(|t| t.name == name)
 }
+
+/// Removes what a template build killed with SIGKILL left (its build sandbox: processes,
+/// cgroup, directory; its temp layers), unless a build is running (it holds the store's
+/// lock). Blocking; called at daemon start.
+pub(crate) fn clean_build_leftovers(cfg: &crate::CoreConfig) {
+    let Some(store) = Store::open_existing(&cfg.data_dir) else {
+        return;
+    };
+    let build = store.root().join("build");
+    let has_sandboxes = std::fs::read_dir(&build).is_ok_and(|mut r| r.next().is_some());
+    let has_tmp = std::fs::read_dir(store.root().join("tmp")).is_ok_and(|mut r| r.next().is_some());
+    if !has_sandboxes && !has_tmp {
+        return;
+    }
+    let Ok(_lock) = store.lock() else {
+        return; // a build is running
+    };
+    store.clean_tmp();
+    if has_sandboxes {
+        // Setting the build tier up removes its leftovers.
+        match rampart_image::build::JailRunner::new(
+            &cfg.data_dir,
+            cfg.jailer_bin.clone(),
+            cfg.agent_bin.clone(),
+            rampart_image::build::DEFAULT_BUILD_UID_BASE,
+        ) {
+            Ok(_) => tracing::info!("removed the leftovers of an interrupted template build"),
+            Err(e) => tracing::warn!("removing template build leftovers: {e}"),
+        }
+    }
+}
