@@ -391,8 +391,14 @@ fn sandbox_network_is_confined() {
         destroy(&d, id);
     }
     assert!(net.links().is_empty(), "links left: {:?}", net.links());
+    // A clean stop with no networked sandbox alive removes the table too.
+    assert!(net.table_json().is_some());
+    let mut d = d;
+    // SAFETY: kill(2) on the pid of the daemon this test spawned (not yet reaped).
+    unsafe { libc::kill(d.child.id() as i32, libc::SIGTERM) };
+    let _ = d.child.wait();
+    assert!(net.table_json().is_none(), "the table stayed after a clean stop");
     drop(d);
-    net.remove_table();
 }
 
 /// A snapshot of what the host's network looks like, limited to what a daemon with `net`

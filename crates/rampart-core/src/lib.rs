@@ -498,6 +498,7 @@ impl Manager {
     /// Stops the reaper; sandboxes keep running (a restarted daemon re-attaches).
     pub async fn shutdown(&self) {
         self.inner.stop_tasks();
+        self.inner.network_shutdown().await;
     }
 }
 

@@ -449,6 +449,33 @@ impl Inner {
         }
     }
 
+    /// At a clean shutdown: removes the nftables table when no sandbox with a network is
+    /// alive (otherwise it stays, to keep them confined while the daemon is down).
+    pub(crate) async fn network_shutdown(&self) {
+        let Some(net) = self.network.net.clone() else {
+            return;
+        };
+        let alive = match self.store().alive() {
+            Ok(a) => a,
+            Err(e) => {
+                warn!("keeping the network table: listing alive sandboxes: {e}");
+                return;
+            }
+        };
+        let networked = alive
+            .iter()
+            .any(|r| networked(&self.store().network(&r.id).unwrap_or(None)));
+        if networked || !net.links().map(|l| l.is_empty()).unwrap_or(false) {
+            info!("keeping the network table: sandboxes with a network are alive");
+            return;
+        }
+        match tokio::task::spawn_blocking(move || net.firewall().remove()).await {
+            Ok(Ok(())) => info!("removed the network table (no sandbox with a network is alive)"),
+            Ok(Err(e)) => warn!("removing the network table: {e}"),
+            Err(e) => warn!("removing the network table: task failed: {e}"),
+        }
+    }
+
     /// `GET /v1/sandboxes/{id}/network`.
     pub(crate) fn network_info(&self, id: &SandboxId) -> Result<NetworkInfo, CoreError> {
         let rec = self
