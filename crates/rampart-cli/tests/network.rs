@@ -122,7 +122,11 @@ fn post(d: &Daemon, path: &str, body: Value) -> (u16, Value) {
 }
 
 fn create(d: &Daemon, network: Value) -> String {
-    let (s, v) = post(d, "/v1/sandboxes", json!({ "network": network, "timeout_secs": 600 }));
+    let (s, v) = post(
+        d,
+        "/v1/sandboxes",
+        json!({ "network": network, "timeout_secs": 600 }),
+    );
     assert_eq!(s, 201, "create: {v}");
     v["id"].as_str().unwrap().to_owned()
 }
@@ -171,7 +175,9 @@ impl InternetHost {
             server: None,
         };
         let ok = run(&["netns", "add", &ns])
-            && run(&["link", "add", &link, "type", "veth", "peer", "name", "eth0", "netns", &ns])
+            && run(&[
+                "link", "add", &link, "type", "veth", "peer", "name", "eth0", "netns", &ns,
+            ])
             && run(&["addr", "add", "198.51.100.1/30", "dev", &link])
             && run(&["link", "set", &link, "up"])
             && run(&["-n", &ns, "addr", "add", "198.51.100.2/30", "dev", "eth0"])
@@ -209,14 +215,19 @@ impl Drop for InternetHost {
             let _ = c.kill();
             let _ = c.wait();
         }
-        let _ = Command::new("ip").args(["link", "del", &self.link]).status();
+        let _ = Command::new("ip")
+            .args(["link", "del", &self.link])
+            .status();
         let _ = Command::new("ip").args(["netns", "del", &self.ns]).status();
     }
 }
 
 /// The host's first global IPv4 address outside the test ranges.
 fn host_ipv4() -> Option<String> {
-    let o = Command::new("ip").args(["-j", "-4", "addr"]).output().ok()?;
+    let o = Command::new("ip")
+        .args(["-j", "-4", "addr"])
+        .output()
+        .ok()?;
     let v: Value = serde_json::from_slice(&o.stdout).ok()?;
     for l in v.as_array()? {
         for a in l["addr_info"].as_array()? {
@@ -247,9 +258,13 @@ fn sandbox_network_is_confined() {
     tcp.set_nonblocking(true).unwrap();
     let udp = UdpSocket::bind("0.0.0.0:0").unwrap();
     let udp_port = udp.local_addr().unwrap().port();
-    udp.set_read_timeout(Some(Duration::from_millis(500))).unwrap();
+    udp.set_read_timeout(Some(Duration::from_millis(500)))
+        .unwrap();
 
-    let a = create(&d, json!({"mode": "allowlist", "allow": ["198.51.100.0/24"]}));
+    let a = create(
+        &d,
+        json!({"mode": "allowlist", "allow": ["198.51.100.0/24"]}),
+    );
     let b = create(&d, json!({"mode": "allowlist"}));
     let info: Value = client()
         .get(format!("{}/v1/sandboxes/{a}/network", d.url))
@@ -268,7 +283,11 @@ fn sandbox_network_is_confined() {
     let b_addr = b_addr["address"].as_str().unwrap().to_owned();
 
     // eth0 with its address, a default route via the gateway, resolv.conf on the gateway.
-    let (_, out) = sh(&d, &a, "ip -4 -o addr show eth0; ip -4 route; cat /etc/resolv.conf");
+    let (_, out) = sh(
+        &d,
+        &a,
+        "ip -4 -o addr show eth0; ip -4 route; cat /etc/resolv.conf",
+    );
     assert!(out.contains(&format!("{addr}/31")), "{out}");
     assert!(out.contains(&format!("default via {gw}")), "{out}");
     assert!(out.contains(&format!("nameserver {gw}")), "{out}");
@@ -295,7 +314,10 @@ fn sandbox_network_is_confined() {
     ];
     if let Some(h) = host_ipv4() {
         targets.push(format!("http://{h}:{tcp_port}/"));
-        targets.push(format!("http://{h}:{}/health", d.url.rsplit(':').next().unwrap()));
+        targets.push(format!(
+            "http://{h}:{}/health",
+            d.url.rsplit(':').next().unwrap()
+        ));
     }
     for t in &targets {
         let (code, out) = sh(&d, &a, &format!("curl -s -m 3 {t}"));
@@ -305,7 +327,10 @@ fn sandbox_network_is_confined() {
         );
     }
     // Nothing arrived at the host's TCP server.
-    assert!(tcp.accept().is_err(), "a sandbox connected to a host service");
+    assert!(
+        tcp.accept().is_err(),
+        "a sandbox connected to a host service"
+    );
 
     // UDP and ICMP out: nothing arrives, ping fails.
     sh(
@@ -316,8 +341,15 @@ fn sandbox_network_is_confined() {
         ),
     );
     let mut buf = [0u8; 64];
-    assert!(udp.recv_from(&mut buf).is_err(), "UDP from a sandbox reached the host");
-    let (code, _) = sh(&d, &a, &format!("ping -c1 -W1 {gw} || ping -c1 -W1 198.51.100.2"));
+    assert!(
+        udp.recv_from(&mut buf).is_err(),
+        "UDP from a sandbox reached the host"
+    );
+    let (code, _) = sh(
+        &d,
+        &a,
+        &format!("ping -c1 -W1 {gw} || ping -c1 -W1 198.51.100.2"),
+    );
     assert_ne!(code, 0, "ICMP out of a sandbox");
 
     if let Some(_inet) = &inet {
@@ -344,10 +376,7 @@ fn sandbox_network_is_confined() {
             .json()
             .unwrap();
         let entries = log["entries"].as_array().unwrap();
-        assert!(
-            entries.iter().any(|e| e["verdict"] == "allow"),
-            "{log}"
-        );
+        assert!(entries.iter().any(|e| e["verdict"] == "allow"), "{log}");
         assert!(entries.iter().any(|e| e["verdict"] == "deny"), "{log}");
     } else {
         eprintln!("note: no test internet host (ip netns failed); proxy path not exercised");
@@ -377,9 +406,15 @@ fn sandbox_network_is_confined() {
          env; cat /etc/resolv.conf",
     );
     assert!(out.contains("tok=rampart-secret-"), "{out}");
-    assert!(out.contains("ssl=/etc/ssl/certs/ca-certificates.crt"), "{out}");
+    assert!(
+        out.contains("ssl=/etc/ssl/certs/ca-certificates.crt"),
+        "{out}"
+    );
     assert!(out.contains("-----BEGIN CERTIFICATE-----"), "{out}");
-    assert!(!out.contains("s3cr3t-value-42"), "the secret value is inside: {out}");
+    assert!(
+        !out.contains("s3cr3t-value-42"),
+        "the secret value is inside: {out}"
+    );
     destroy(&d, &sec);
 
     // Mode none: no eth0 at all.
@@ -397,7 +432,10 @@ fn sandbox_network_is_confined() {
     // SAFETY: kill(2) on the pid of the daemon this test spawned (not yet reaped).
     unsafe { libc::kill(d.child.id() as i32, libc::SIGTERM) };
     let _ = d.child.wait();
-    assert!(net.table_json().is_none(), "the table stayed after a clean stop");
+    assert!(
+        net.table_json().is_none(),
+        "the table stayed after a clean stop"
+    );
     drop(d);
 }
 
@@ -438,7 +476,10 @@ fn ours(net: &NetEnv) -> (Vec<String>, Vec<String>, Vec<String>) {
 }
 
 fn nft_tables() -> BTreeSet<String> {
-    let o = Command::new("nft").args(["-j", "list", "tables"]).output().unwrap();
+    let o = Command::new("nft")
+        .args(["-j", "list", "tables"])
+        .output()
+        .unwrap();
     let v: Value = serde_json::from_slice(&o.stdout).unwrap_or(Value::Null);
     v["nftables"]
         .as_array()
@@ -498,7 +539,9 @@ fn networked_sandboxes_leak_nothing_across_kill_9() {
 
     churn(&d, 100, 4);
     // Some alive, some being created, when the daemon dies.
-    let alive: Vec<String> = (0..6).map(|_| create(&d, json!({"mode": "allowlist"}))).collect();
+    let alive: Vec<String> = (0..6)
+        .map(|_| create(&d, json!({"mode": "allowlist"})))
+        .collect();
     let url = d.url.clone();
     let inflight: Vec<_> = (0..3)
         .map(|_| {
@@ -517,13 +560,19 @@ fn networked_sandboxes_leak_nothing_across_kill_9() {
     for t in inflight {
         let _ = t.join();
     }
-    assert_eq!(net.table_json().as_deref(), Some(table.as_str()), "the table stays");
+    assert_eq!(
+        net.table_json().as_deref(),
+        Some(table.as_str()),
+        "the table stays"
+    );
 
     // Restart: the live ones work again, the rest is cleaned.
     drop(d);
     let d = start(&data, port, &net.envs());
     // Replaced at start (same rules; the egress ports here are picked at random).
-    let table = net.table_json().expect("the daemon's table is loaded again");
+    let table = net
+        .table_json()
+        .expect("the daemon's table is loaded again");
     let now: BTreeSet<String> = sandboxes_alive(&d).into_iter().collect();
     for id in &alive {
         assert!(now.contains(id), "{id} was not re-attached");
@@ -538,7 +587,11 @@ fn networked_sandboxes_leak_nothing_across_kill_9() {
     }
     churn(&d, 100 - alive.len(), 4);
     assert!(net.links().is_empty(), "links left: {:?}", net.links());
-    assert_eq!(net.table_json().as_deref(), Some(table.as_str()), "no per-sandbox rules");
+    assert_eq!(
+        net.table_json().as_deref(),
+        Some(table.as_str()),
+        "no per-sandbox rules"
+    );
     drop(d);
 
     // The table is the daemon's and stays while sandboxes may run; removing it, the host is
@@ -546,7 +599,10 @@ fn networked_sandboxes_leak_nothing_across_kill_9() {
     net.remove_table();
     assert_eq!(ours(&net), before, "links, addresses or routes left behind");
     let tables_after = nft_tables();
-    let ours_left: Vec<_> = tables_after.difference(&tables_before).filter(|t| t.contains(&net.table)).collect();
+    let ours_left: Vec<_> = tables_after
+        .difference(&tables_before)
+        .filter(|t| t.contains(&net.table))
+        .collect();
     assert!(ours_left.is_empty(), "{ours_left:?}");
     // Every egress state directory went with its sandbox.
     let egress = data.join("egress");

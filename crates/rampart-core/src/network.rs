@@ -333,7 +333,10 @@ impl Network {
         for r in futures::future::join_all(writes).await {
             r?;
         }
-        debug!(files_us = t0.elapsed().as_micros() as u64, "wrote the network files");
+        debug!(
+            files_us = t0.elapsed().as_micros() as u64,
+            "wrote the network files"
+        );
         Ok(())
     }
 
@@ -361,7 +364,8 @@ fn bad(field: &str, message: &str) -> CoreError {
 }
 
 fn networked(net: &Option<StoredNetwork>) -> bool {
-    net.as_ref().is_some_and(|n| n.policy.mode != NetworkMode::None)
+    net.as_ref()
+        .is_some_and(|n| n.policy.mode != NetworkMode::None)
 }
 
 impl Inner {
@@ -439,7 +443,10 @@ impl Inner {
                 info!(link = %l, "removed a leftover sandbox link");
             }
         }
-        if let (Some(e), Ok(rd)) = (&self.network.egress, std::fs::read_dir(&self.network.egress_dir)) {
+        if let (Some(e), Ok(rd)) = (
+            &self.network.egress,
+            std::fs::read_dir(&self.network.egress_dir),
+        ) {
             for ent in rd.flatten() {
                 let name = ent.file_name().to_string_lossy().into_owned();
                 if !alive.iter().any(|r| r.id.as_str() == name) {
@@ -484,7 +491,10 @@ impl Inner {
             .map_err(store_err)?
             .ok_or_else(|| CoreError::NotFound(id.to_string()))?;
         let stored = self.store().network(id).map_err(store_err)?;
-        let policy = stored.as_ref().map(|n| n.policy.clone()).unwrap_or_default();
+        let policy = stored
+            .as_ref()
+            .map(|n| n.policy.clone())
+            .unwrap_or_default();
         let handle = (rec.state.is_alive() && policy.mode != NetworkMode::None)
             .then(|| self.network.handle(rec.uid_slot))
             .flatten();
@@ -653,7 +663,10 @@ mod tests {
         ));
         // A bad rule is the caller's error even where networks are unavailable.
         assert!(matches!(
-            n.check(Some(&policy(NetworkMode::Allowlist, &["no such rule!"])), &[]),
+            n.check(
+                Some(&policy(NetworkMode::Allowlist, &["no such rule!"])),
+                &[]
+            ),
             Err(CoreError::BadRequest { .. })
         ));
         // A good policy on a daemon without networks: unavailable, with the reason.

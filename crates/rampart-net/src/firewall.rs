@@ -71,9 +71,7 @@ impl FirewallSpec {
             json!({"add": {"chain": {"family": fam, "table": t, "name": name, "type": typ,
                 "hook": hook, "prio": prio, "policy": "accept"}}})
         };
-        let rule = |chain: &str, expr: Vec<Value>| {
-            json!({"add": {"rule": {"family": fam, "table": t, "chain": chain, "expr": expr}}})
-        };
+        let rule = |chain: &str, expr: Vec<Value>| json!({"add": {"rule": {"family": fam, "table": t, "chain": chain, "expr": expr}}});
         let table = json!({"table": {"family": fam, "name": t}});
         let mut doc = vec![
             json!({"metainfo": {"json_schema_version": 1}}),
@@ -94,15 +92,27 @@ impl FirewallSpec {
         ));
         doc.push(rule(
             raw,
-            vec![iif(), m("!=", payload("ip", "saddr"), pool.clone()), drop.clone()],
+            vec![
+                iif(),
+                m("!=", payload("ip", "saddr"), pool.clone()),
+                drop.clone(),
+            ],
         ));
         doc.push(rule(
             raw,
-            vec![iif(), m("==", fib("oif", &["saddr", "iif"]), json!(false)), drop.clone()],
+            vec![
+                iif(),
+                m("==", fib("oif", &["saddr", "iif"]), json!(false)),
+                drop.clone(),
+            ],
         ));
         doc.push(rule(
             raw,
-            vec![iif(), m("!=", fib("type", &["saddr"]), json!("unicast")), drop.clone()],
+            vec![
+                iif(),
+                m("!=", fib("type", &["saddr"]), json!("unicast")),
+                drop.clone(),
+            ],
         ));
         doc.push(rule(
             raw,
@@ -124,7 +134,11 @@ impl FirewallSpec {
         ));
         doc.push(rule(
             raw,
-            vec![iif(), m("==", fib("type", &["daddr"]), json!("local")), drop.clone()],
+            vec![
+                iif(),
+                m("==", fib("type", &["daddr"]), json!("local")),
+                drop.clone(),
+            ],
         ));
         doc.push(rule(
             raw,
@@ -179,7 +193,11 @@ impl FirewallSpec {
             out,
             vec![
                 oif(),
-                m("in", json!({"ct": {"key": "state"}}), json!(["established", "related"])),
+                m(
+                    "in",
+                    json!({"ct": {"key": "state"}}),
+                    json!(["established", "related"]),
+                ),
                 json!({"accept": null}),
             ],
         ));

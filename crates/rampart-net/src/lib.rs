@@ -172,7 +172,9 @@ impl Net {
         let p = &cfg.link_prefix;
         if p.is_empty()
             || p.len() > 7
-            || !p.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
+            || !p
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
         {
             return Err(NetError::Config(format!(
                 "link prefix {p:?}: 1 to 7 characters of a-z and 0-9"
@@ -276,7 +278,8 @@ impl Net {
         disable_ipv6(&h.host_if)?;
         rt.add_addr(idx, h.gateway, h.prefix_len)
             .map_err(sys(format!("address of {}", h.host_if)))?;
-        rt.set_up(idx).map_err(sys(format!("bringing {} up", h.host_if)))?;
+        rt.set_up(idx)
+            .map_err(sys(format!("bringing {} up", h.host_if)))?;
         let fd = ns.as_raw_fd();
         let (addr, gw, len) = (h.address, h.gateway, h.prefix_len);
         std::thread::scope(|s| {
@@ -285,9 +288,7 @@ impl Net {
                 .spawn_scoped(s, move || inside(fd, addr, gw, len))
                 .map_err(sys("starting the netns thread"))?
                 .join()
-                .unwrap_or_else(|_| {
-                    Err(NetError::Config("the netns thread panicked".into()))
-                })
+                .unwrap_or_else(|_| Err(NetError::Config("the netns thread panicked".into())))
         })
     }
 
@@ -335,8 +336,9 @@ fn disable_ipv6(ifname: &str) -> Result<(), NetError> {
     match std::fs::write(&p, b"1") {
         Ok(()) => Ok(()),
         // A kernel without IPv6 has nothing to turn off.
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound
-            && !std::path::Path::new("/proc/sys/net/ipv6").exists() =>
+        Err(e)
+            if e.kind() == std::io::ErrorKind::NotFound
+                && !std::path::Path::new("/proc/sys/net/ipv6").exists() =>
         {
             Ok(())
         }
@@ -358,7 +360,8 @@ fn inside(ns_fd: i32, addr: Ipv4Addr, gw: Ipv4Addr, len: u8) -> Result<(), NetEr
     disable_ipv6(SANDBOX_IFNAME)?;
     let mut rt = rtnl::Rtnl::open().map_err(sys("opening rtnetlink in the sandbox"))?;
     let idx = rtnl::if_index(SANDBOX_IFNAME).map_err(sys("index of eth0"))?;
-    rt.add_addr(idx, addr, len).map_err(sys("address of eth0"))?;
+    rt.add_addr(idx, addr, len)
+        .map_err(sys("address of eth0"))?;
     rt.set_up(idx).map_err(sys("bringing eth0 up"))?;
     rt.add_default_route(idx, gw)
         .map_err(sys("default route of the sandbox"))?;

@@ -13,8 +13,7 @@ use netlink_packet_route::link::{
     InfoData, InfoKind, InfoVeth, LinkAttribute, LinkFlags, LinkInfo, LinkMessage,
 };
 use netlink_packet_route::route::{
-    RouteAddress, RouteAttribute, RouteHeader, RouteMessage, RouteProtocol, RouteScope,
-    RouteType,
+    RouteAddress, RouteAttribute, RouteHeader, RouteMessage, RouteProtocol, RouteScope, RouteType,
 };
 use netlink_packet_route::{AddressFamily, RouteNetlinkMessage};
 use netlink_sys::{protocols::NETLINK_ROUTE, Socket, SocketAddr};
@@ -85,9 +84,15 @@ impl Rtnl {
 
     /// Creates a veth pair: `host` here, `peer` (named `peer_name`) straight in the network
     /// namespace of process `peer_pid`.
-    pub(crate) fn add_veth(&mut self, host: &str, peer_name: &str, peer_pid: u32) -> io::Result<()> {
+    pub(crate) fn add_veth(
+        &mut self,
+        host: &str,
+        peer_name: &str,
+        peer_pid: u32,
+    ) -> io::Result<()> {
         let mut peer = LinkMessage::default();
-        peer.attributes.push(LinkAttribute::IfName(peer_name.to_owned()));
+        peer.attributes
+            .push(LinkAttribute::IfName(peer_name.to_owned()));
         peer.attributes.push(LinkAttribute::NetNsPid(peer_pid));
         let mut link = LinkMessage::default();
         link.attributes.push(LinkAttribute::IfName(host.to_owned()));
@@ -121,14 +126,20 @@ impl Rtnl {
     }
 
     /// Adds `addr/prefix_len` to a link.
-    pub(crate) fn add_addr(&mut self, index: u32, addr: Ipv4Addr, prefix_len: u8) -> io::Result<()> {
+    pub(crate) fn add_addr(
+        &mut self,
+        index: u32,
+        addr: Ipv4Addr,
+        prefix_len: u8,
+    ) -> io::Result<()> {
         let mut m = AddressMessage::default();
         m.header.family = AddressFamily::Inet;
         m.header.prefix_len = prefix_len;
         m.header.scope = AddressScope::Universe;
         m.header.index = index;
         m.attributes.push(AddressAttribute::Local(IpAddr::V4(addr)));
-        m.attributes.push(AddressAttribute::Address(IpAddr::V4(addr)));
+        m.attributes
+            .push(AddressAttribute::Address(IpAddr::V4(addr)));
         self.request(
             RouteNetlinkMessage::NewAddress(m),
             NLM_F_CREATE | NLM_F_EXCL,
@@ -147,16 +158,14 @@ impl Rtnl {
         m.attributes
             .push(RouteAttribute::Gateway(RouteAddress::Inet(gateway)));
         m.attributes.push(RouteAttribute::Oif(index));
-        self.request(
-            RouteNetlinkMessage::NewRoute(m),
-            NLM_F_CREATE | NLM_F_EXCL,
-        )
+        self.request(RouteNetlinkMessage::NewRoute(m), NLM_F_CREATE | NLM_F_EXCL)
     }
 }
 
 /// The index of a link of the calling thread's network namespace.
 pub(crate) fn if_index(name: &str) -> io::Result<u32> {
-    let c = std::ffi::CString::new(name).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+    let c =
+        std::ffi::CString::new(name).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
     // SAFETY: `c` is a valid NUL-terminated string that outlives the call.
     let i = unsafe { libc::if_nametoindex(c.as_ptr()) };
     if i == 0 {

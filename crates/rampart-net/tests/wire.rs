@@ -102,8 +102,8 @@ fn wire_unwire_and_leftovers() {
         route.contains(&format!("default via {}", h.gateway)),
         "{route}"
     );
-    let v6 = String::from_utf8_lossy(&p.run(&["ip", "-6", "addr", "show", "eth0"]).stdout)
-        .into_owned();
+    let v6 =
+        String::from_utf8_lossy(&p.run(&["ip", "-6", "addr", "show", "eth0"]).stdout).into_owned();
     assert!(!v6.contains("inet6"), "IPv6 inside: {v6}");
     let host = String::from_utf8_lossy(
         &Command::new("ip")
@@ -153,7 +153,9 @@ fn failed_wiring_leaves_nothing() {
     let p = NsProc::start();
     assert!(net.wire(p.pid(), 10_000).is_err());
     // The namespace already has an eth0: the peer cannot be created; nothing is left.
-    let o = p.run(&["ip", "link", "add", "eth0", "type", "veth", "peer", "name", "eth1"]);
+    let o = p.run(&[
+        "ip", "link", "add", "eth0", "type", "veth", "peer", "name", "eth1",
+    ]);
     assert!(o.status.success(), "{o:?}");
     assert!(net.wire(p.pid(), 2).is_err());
     assert!(!link_exists(&net.handle(2).unwrap().host_if));
@@ -203,7 +205,10 @@ fn firewall_redirects_tcp_and_drops_the_rest() {
     let (peer, orig, b) = accepted.join().unwrap();
     assert_eq!(&b, b"ping\n");
     assert_eq!(peer.ip(), std::net::IpAddr::V4(h.address));
-    assert_eq!(orig, Some(SocketAddrV4::new(Ipv4Addr::new(198, 51, 100, 7), 443)));
+    assert_eq!(
+        orig,
+        Some(SocketAddrV4::new(Ipv4Addr::new(198, 51, 100, 7), 443))
+    );
 
     // The host's own addresses (other ports), loopback and metadata: nothing gets through.
     for dst in [

@@ -156,7 +156,10 @@ pub(crate) async fn log(
                     Some(Err(RecvError::Lagged(_))) => break,
                     Some(Err(RecvError::Closed)) => return,
                     None => {
-                        let alive = backend.get(&id).map(|i| i.state.is_alive()).unwrap_or(false);
+                        let alive = backend
+                            .get(&id)
+                            .map(|i| i.state.is_alive())
+                            .unwrap_or(false);
                         if !alive {
                             return;
                         }
@@ -169,7 +172,10 @@ pub(crate) async fn log(
         futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|c| (c, rx)) });
     let mut resp = Body::from_stream(stream).into_response();
     let h = resp.headers_mut();
-    h.insert(CONTENT_TYPE, HeaderValue::from_static("application/x-ndjson"));
+    h.insert(
+        CONTENT_TYPE,
+        HeaderValue::from_static("application/x-ndjson"),
+    );
     h.insert(CACHE_CONTROL, HeaderValue::from_static("no-cache"));
     Ok(resp)
 }

@@ -33,7 +33,11 @@ fn corrupt(id: &SandboxId, e: serde_json::Error) -> StoreError {
 }
 
 /// Records (replaces) a sandbox's network settings.
-pub(crate) fn set(conn: &Connection, id: &SandboxId, net: &StoredNetwork) -> Result<(), StoreError> {
+pub(crate) fn set(
+    conn: &Connection,
+    id: &SandboxId,
+    net: &StoredNetwork,
+) -> Result<(), StoreError> {
     let policy = serde_json::to_string(&net.policy).map_err(|e| corrupt(id, e))?;
     let secrets = serde_json::to_string(&net.secrets).map_err(|e| corrupt(id, e))?;
     conn.execute(

@@ -252,7 +252,10 @@ fn upstream(name: &str, list: &[String]) -> Result<Vec<SocketAddr>> {
     list.iter()
         .map(|s| {
             s.parse::<SocketAddr>()
-                .or_else(|_| s.parse::<std::net::IpAddr>().map(|ip| SocketAddr::new(ip, 53)))
+                .or_else(|_| {
+                    s.parse::<std::net::IpAddr>()
+                        .map(|ip| SocketAddr::new(ip, 53))
+                })
                 .map_err(|_| anyhow!("{name}: {s:?} is not an address (ip or ip:port)"))
         })
         .collect()
