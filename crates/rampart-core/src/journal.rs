@@ -102,6 +102,17 @@ struct Shared {
     state: Mutex<State>,
     wake: Condvar,
     store: Arc<dyn SandboxStore>,
+    /// The journal's path; `<path>.1` holds the batch being moved into the store.
+    path: PathBuf,
+    /// One flush at a time (a reader's flush waits for the batch in flight).
+    flushing: Mutex<()>,
+}
+
+/// `<path>.1`.
+fn moving_path(path: &Path) -> PathBuf {
+    let mut p = path.as_os_str().to_owned();
+    p.push(".1");
+    PathBuf::from(p)
 }
 
 /// The journal. Dropping it stops its thread after a last flush.
@@ -157,7 +168,9 @@ impl Journal {
             path: path.to_path_buf(),
             err,
         };
-        let old = read_records(path);
+        let moving = moving_path(path);
+        let mut old = read_records(&moving);
+        old.extend(read_records(path));
         if !old.is_empty() {
             debug!(
                 events = old.len(),
@@ -171,6 +184,11 @@ impl Journal {
             .open(path)
             .map_err(io)?;
         file.set_len(0).map_err(io)?;
+        match std::fs::remove_file(&moving) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(io(e)),
+        }
         let shared = Arc::new(Shared {
             state: Mutex::new(State {
                 file,
@@ -179,6 +197,8 @@ impl Journal {
             }),
             wake: Condvar::new(),
             store,
+            path: path.to_path_buf(),
+            flushing: Mutex::new(()),
         });
         let sh = shared.clone();
         let thread = std::thread::Builder::new()
@@ -213,39 +233,72 @@ impl Journal {
 
     /// Moves every pending event into the store now.
     pub(crate) fn flush(&self) -> Result<(), JournalError> {
-        flush(&self.shared, &mut lock(&self.shared.state))
+        flush(&self.shared)
     }
 }
 
-/// Moves the pending events into the store and empties the file (with the state held, so
-/// that no append comes in between).
-fn flush(sh: &Shared, st: &mut State) -> Result<(), JournalError> {
-    if st.pending.is_empty() {
-        return Ok(());
-    }
-    sh.store.append_events_once(&st.pending)?;
-    st.pending.clear();
-    st.file.set_len(0).map_err(|err| JournalError::Io {
-        path: PathBuf::from("audit.journal"),
+/// Moves the pending events into the store. Appends go on meanwhile: the batch's file is
+/// renamed to `<path>.1` and a fresh file takes new records (a short hold of the state);
+/// the batch's file is removed once the store has the batch.
+fn flush(sh: &Shared) -> Result<(), JournalError> {
+    let io = |err| JournalError::Io {
+        path: sh.path.clone(),
         err,
-    })?;
+    };
+    let _one = lock(&sh.flushing);
+    let moving = moving_path(&sh.path);
+    let batch = {
+        let mut st = lock(&sh.state);
+        if st.pending.is_empty() {
+            return Ok(());
+        }
+        std::fs::rename(&sh.path, &moving).map_err(io)?;
+        st.file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&sh.path)
+            .map_err(io)?;
+        std::mem::take(&mut st.pending)
+    };
+    if let Err(e) = sh.store.append_events_once(&batch) {
+        // Keep the batch: back in the pending list and in the current file, in order.
+        let mut st = lock(&sh.state);
+        let newer = std::mem::replace(&mut st.pending, batch);
+        st.pending.extend(newer);
+        let mut text = std::fs::read(&moving).map_err(io)?;
+        text.extend(std::fs::read(&sh.path).map_err(io)?);
+        std::fs::write(&moving, &text).map_err(io)?;
+        std::fs::rename(&moving, &sh.path).map_err(io)?;
+        st.file = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&sh.path)
+            .map_err(io)?;
+        return Err(e.into());
+    }
+    std::fs::remove_file(&moving).map_err(io)?;
     Ok(())
 }
 
 fn run(sh: &Shared) {
-    let mut st = lock(&sh.state);
     loop {
-        if let Err(e) = flush(sh, &mut st) {
+        if let Err(e) = flush(sh) {
             warn!("audit journal: {e}");
         }
+        let st = lock(&sh.state);
         if st.stop {
+            drop(st);
+            if let Err(e) = flush(sh) {
+                warn!("audit journal: {e}");
+            }
             return;
         }
-        st = sh
-            .wake
-            .wait_timeout(st, FLUSH_EVERY)
-            .unwrap_or_else(|p| p.into_inner())
-            .0;
+        if st.pending.len() < FLUSH_AT {
+            drop(
+                sh.wake
+                    .wait_timeout(st, FLUSH_EVERY)
+                    .unwrap_or_else(|p| p.into_inner()),
+            );
+        }
     }
 }
 
@@ -291,12 +344,16 @@ mod tests {
         assert_eq!(std::fs::metadata(&path).unwrap().len(), 0);
         drop(j);
 
-        // A daemon killed with events still in its journal: they are in the file.
-        let mut text = Vec::new();
-        for seq in [1, 2, 3] {
-            text.extend(serde_json::to_vec(&Record::of(&ev(&id, seq))).unwrap());
-            text.push(b'\n');
-        }
+        // A daemon killed with events still in its journal, some in a batch being moved.
+        let line = |seq| {
+            let mut l = serde_json::to_vec(&Record::of(&ev(&id, seq))).unwrap();
+            l.push(b'\n');
+            l
+        };
+        let mut moving = line(1);
+        moving.extend(line(2));
+        std::fs::write(moving_path(&path), &moving).unwrap();
+        let mut text = line(3);
         text.extend_from_slice(b"{\"sandbox\":\"a1\",\"seq\":4,\"ti");
         std::fs::write(&path, &text).unwrap();
         let j = Journal::open(&path, store.clone()).unwrap();
@@ -305,6 +362,7 @@ mod tests {
         assert_eq!(store.events(&id, None, 10).unwrap().len(), 4);
         assert_eq!(store.blob("d3").unwrap(), Some(vec![3, 0, 1]));
         assert_eq!(std::fs::metadata(&path).unwrap().len(), 0);
+        assert!(!moving_path(&path).exists());
         // The thread moves events on its own.
         j.append(&ev(&id, 4)).unwrap();
         let deadline = std::time::Instant::now() + Duration::from_secs(10);
