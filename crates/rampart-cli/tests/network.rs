@@ -378,6 +378,15 @@ fn sandbox_network_is_confined() {
         let entries = log["entries"].as_array().unwrap();
         assert!(entries.iter().any(|e| e["verdict"] == "allow"), "{log}");
         assert!(entries.iter().any(|e| e["verdict"] == "deny"), "{log}");
+        // The audit record has the policy it was created with and the change.
+        let audit = client()
+            .get(format!("{}/v1/sandboxes/{a}/audit", d.url))
+            .send()
+            .unwrap()
+            .text()
+            .unwrap();
+        assert!(audit.contains("policy_changed"), "{audit}");
+        assert!(audit.contains("198.51.100.0/24"), "{audit}");
     } else {
         eprintln!("note: no test internet host (ip netns failed); proxy path not exercised");
     }

@@ -885,7 +885,11 @@ impl Inner {
         }
         let healthy_at = Instant::now();
         let sock = launched.agent_socket.to_string_lossy().into_owned();
-        let created = self.created_body(new);
+        let mut created = self.created_body(new);
+        if let (EventBody::Created(c), Some(n)) = (&mut created, net) {
+            // The policy it starts with (its secrets are named in no record).
+            c.policy = serde_json::to_value(&n.policy).unwrap_or_default();
+        }
         let store = &self.store;
         self.audit.record(
             &new.id,

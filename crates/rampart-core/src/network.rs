@@ -194,6 +194,13 @@ impl Network {
         Ok(())
     }
 
+    /// The egress tier's event hook, for the audit record (once; None without egress).
+    pub(crate) fn take_events(
+        &self,
+    ) -> Option<tokio::sync::mpsc::Receiver<rampart_egress::NetEvent>> {
+        self.egress.as_ref()?.take_events()
+    }
+
     /// Whether creates with a network work.
     pub(crate) fn available(&self) -> bool {
         self.unavailable.is_none()
@@ -568,9 +575,19 @@ impl Inner {
             (true, false) => self.network.teardown(id, rec.uid_slot).await,
             (false, false) => {}
         }
+        let recorded = serde_json::to_value(&policy).unwrap_or_default();
         self.store()
             .set_network(id, &StoredNetwork { policy, secrets })
             .map_err(store_err)?;
+        self.audit.append(
+            id,
+            |_| {
+                rampart_audit::EventBody::PolicyChanged(rampart_types::audit::PolicyChanged {
+                    policy: recorded,
+                })
+            },
+            Vec::new(),
+        )?;
         self.network_info(id)
     }
 
