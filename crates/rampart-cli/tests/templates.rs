@@ -296,6 +296,16 @@ fn exec(d: &Daemon, id: &str, cmd: &[&str]) -> Value {
     r.json().unwrap()
 }
 
+/// Removes a test's directory when dropped (also when the test fails); declared before the
+/// daemon so that it drops after it.
+struct RemoveOnDrop(PathBuf);
+
+impl Drop for RemoveOnDrop {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
 fn count(p: &Path) -> usize {
     std::fs::read_dir(p).map(|r| r.count()).unwrap_or(0)
 }
@@ -339,6 +349,7 @@ fn build_create_rebuild_fail_interrupt() {
         return;
     }
     let root = std::env::temp_dir().join(format!("rampart-templates-{}", token()));
+    let _cleanup = RemoveOnDrop(root.clone());
     let data = root.join("data");
     let ctx = root.join("ctx");
     std::fs::create_dir_all(ctx.join("files")).unwrap();
@@ -632,6 +643,7 @@ fn debian_bookworm_with_mmdebstrap() {
         return;
     }
     let root = std::env::temp_dir().join(format!("rampart-templates-deb-{}", token()));
+    let _cleanup = RemoveOnDrop(root.clone());
     let data = root.join("data");
     std::fs::create_dir_all(&data).unwrap();
     let spec_file = root.join("spec.toml");
