@@ -28,7 +28,7 @@ pub(super) fn run(args: &BenchArgs) -> Result<()> {
     let tag = std::process::id() % 250;
     let table = format!("rampart_bench_{}", std::process::id());
     let config = format!(
-        "[network]\npool = \"10.253.{tag}.0/24\"\nlink_prefix = \"rb{tag}x\"\n\
+        "[network]\npool = \"10.254.{tag}.0/24\"\nlink_prefix = \"rb{tag}x\"\n\
          table = \"{table}\"\ndns_port = 0\nproxy_port = 0\n"
     );
     let (url, daemon) = start_private_daemon_with("net", Some(&config))?;
