@@ -753,6 +753,15 @@ pub(crate) async fn list(
     }))
 }
 
+/// Whether a request comes from a web page: browsers send `Origin` on every POST and DELETE
+/// and `Sec-Fetch-Site` (`none` only for what the user typed or bookmarked).
+fn from_browser(headers: &HeaderMap) -> bool {
+    headers.contains_key(header::ORIGIN)
+        || headers
+            .get("sec-fetch-site")
+            .is_some_and(|v| v.as_bytes() != b"none")
+}
+
 async fn set_public(
     st: &AppState,
     id: &SandboxId,
@@ -760,6 +769,15 @@ async fn set_public(
     headers: &HeaderMap,
     public: bool,
 ) -> Result<Json<PortInfo>, ApiError> {
+    // A body-less POST is a "simple" cross-origin request: without this, a page a sandbox
+    // serves (through either form) or any web site could make a browser open private ports.
+    if from_browser(headers) {
+        return Err(ApiError::new(
+            StatusCode::FORBIDDEN,
+            "forbidden",
+            "requests from a browser page (Origin or Sec-Fetch-Site header present) cannot              make ports public or private",
+        ));
+    }
     let port = parse_port(raw_port)?;
     running(st, id).await.or_else(|e| {
         // A paused sandbox's ports can still be made public or private.
@@ -790,6 +808,7 @@ async fn set_public(
     responses(
         (status = 200, description = "The port, now public (`listening` is not checked)", body = PortInfo),
         (status = 400, description = "Malformed id or port", body = ApiErrorBody),
+        (status = 403, description = "Asked by a browser page (Origin or Sec-Fetch-Site header)", body = ApiErrorBody),
         (status = 404, description = "No such sandbox, or it has ended", body = ApiErrorBody),
     ))]
 pub(crate) async fn make_public(
@@ -810,6 +829,7 @@ pub(crate) async fn make_public(
     responses(
         (status = 200, description = "The port, now private", body = PortInfo),
         (status = 400, description = "Malformed id or port", body = ApiErrorBody),
+        (status = 403, description = "Asked by a browser page (Origin or Sec-Fetch-Site header)", body = ApiErrorBody),
         (status = 404, description = "No such sandbox, or it has ended", body = ApiErrorBody),
     ))]
 pub(crate) async fn make_private(
@@ -857,6 +877,19 @@ mod tests {
                 id: "x".into()
             })
         );
+    }
+
+    #[test]
+    fn browser_requests_are_recognised() {
+        let mut h = HeaderMap::new();
+        assert!(!from_browser(&h));
+        h.insert("sec-fetch-site", HeaderValue::from_static("none"));
+        assert!(!from_browser(&h));
+        h.insert("sec-fetch-site", HeaderValue::from_static("same-site"));
+        assert!(from_browser(&h));
+        let mut h = HeaderMap::new();
+        h.insert(header::ORIGIN, HeaderValue::from_static("null"));
+        assert!(from_browser(&h));
     }
 
     #[test]

@@ -754,6 +754,22 @@ async fn exposed_ports_need_the_sandboxs_token_unless_public() {
             .unwrap()
             .contains("no agents"));
     }
+    // A web page (a sandbox's own, through either form, or any site) cannot open a port:
+    // its body-less POST is a simple cross-origin request the browser sends unasked.
+    for origin in [("origin", "null"), ("origin", "http://8000-known.localhost:3000")] {
+        for m in [Method::POST, Method::DELETE] {
+            let (s, v) = call_with(
+                &app,
+                m.clone(),
+                "/v1/sandboxes/known/ports/8000/public",
+                &[origin],
+            )
+            .await;
+            assert_eq!(s, StatusCode::FORBIDDEN, "{m} {origin:?}: {v}");
+        }
+    }
+    let (s, _) = call_with(&app, Method::GET, path, &[]).await;
+    assert_eq!(s, StatusCode::UNAUTHORIZED, "still private");
     // Public: no token needed (and the listing says so).
     let (s, v) = call_with(
         &app,
