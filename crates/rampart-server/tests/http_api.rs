@@ -756,7 +756,10 @@ async fn exposed_ports_need_the_sandboxs_token_unless_public() {
     }
     // A web page (a sandbox's own, through either form, or any site) cannot open a port:
     // its body-less POST is a simple cross-origin request the browser sends unasked.
-    for origin in [("origin", "null"), ("origin", "http://8000-known.localhost:3000")] {
+    for origin in [
+        ("origin", "null"),
+        ("origin", "http://8000-known.localhost:3000"),
+    ] {
         for m in [Method::POST, Method::DELETE] {
             let (s, v) = call_with(
                 &app,
