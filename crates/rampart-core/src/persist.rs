@@ -71,7 +71,13 @@ pub(crate) struct Busy {
 
 impl Busy {
     fn hold(&mut self, c: &Counts, name: &str) {
-        *lock(c).entry(name.to_owned()).or_default() += 1;
+        let mut m = lock(c);
+        self.hold_locked(&mut m, c, name);
+    }
+
+    /// Marks `name` busy in `c`, whose lock the caller holds as `m`.
+    fn hold_locked(&mut self, m: &mut HashMap<String, usize>, c: &Counts, name: &str) {
+        *m.entry(name.to_owned()).or_default() += 1;
         self.held.push((c.clone(), name.to_owned()));
     }
 }
@@ -307,13 +313,18 @@ pub(crate) fn prepare_create(inner: &Inner, req: &mut CreateSandbox) -> Result<S
             return Err(bad("volumes.path", format!("{:?} is given twice", v.path)));
         }
         paths.push(v.path.clone());
-        if p.db.volume(&v.name).map_err(db)?.is_none() {
-            return Err(bad("volumes.name", format!("no volume named {:?}", v.name)));
-        }
         let Some(root) = root.as_ref() else {
             continue;
         };
-        busy.hold(&p.busy_volumes, &v.name);
+        {
+            // Checked and marked busy under one lock, which delete_volume holds from its own
+            // checks to the row's removal: a volume is either removed or mounted, never both.
+            let mut m = lock(&p.busy_volumes);
+            if p.db.volume(&v.name).map_err(db)?.is_none() {
+                return Err(bad("volumes.name", format!("no volume named {:?}", v.name)));
+            }
+            busy.hold_locked(&mut m, &p.busy_volumes, &v.name);
+        }
         extras.volumes.push(VolumeSpec {
             image: root.join("volumes").join(format!("{}.img", v.name)),
             path: v.path.clone(),
@@ -671,19 +682,21 @@ impl Manager {
             id: format!("volume {name}"),
             state: "mounted by a sandbox".into(),
         };
-        if lock(&inner.persist.busy_volumes).contains_key(name) {
-            return Err(in_use());
-        }
-        // Mounted by an alive sandbox?
-        for rec in inner.store.alive().map_err(db)? {
-            let Some(r) = inner.persist.db.request(rec.id.as_str()).map_err(db)? else {
-                continue;
-            };
-            if serde_json::from_str::<CreateSandbox>(&r)
-                .is_ok_and(|c| c.volumes.iter().any(|v| v.name == name))
-            {
-                return Err(in_use());
+        let mounted_by_alive = || -> Result<bool, CoreError> {
+            for rec in inner.store.alive().map_err(db)? {
+                let Some(r) = inner.persist.db.request(rec.id.as_str()).map_err(db)? else {
+                    continue;
+                };
+                if serde_json::from_str::<CreateSandbox>(&r)
+                    .is_ok_and(|c| c.volumes.iter().any(|v| v.name == name))
+                {
+                    return Ok(true);
+                }
             }
+            Ok(false)
+        };
+        if lock(&inner.persist.busy_volumes).contains_key(name) || mounted_by_alive()? {
+            return Err(in_use());
         }
         let image = inner
             .iso
@@ -699,7 +712,21 @@ impl Manager {
                 tokio::time::sleep(std::time::Duration::from_millis(20)).await;
             }
         }
-        inner.persist.db.delete_volume(name).map_err(db)?;
+        {
+            // Checked again under the lock prepare_create takes to mark a volume busy: a
+            // create that started during the wait above either holds it now (refused here)
+            // or will find no volume.
+            let busy = lock(&inner.persist.busy_volumes);
+            if busy.contains_key(name)
+                || mounted_by_alive()?
+                || image
+                    .as_ref()
+                    .is_some_and(|i| rampart_jail::persist::volume_in_use(i))
+            {
+                return Err(in_use());
+            }
+            inner.persist.db.delete_volume(name).map_err(db)?;
+        }
         if let Some(image) = image {
             if let Err(e) = std::fs::remove_file(&image) {
                 warn!(name, "removing volume image: {e}");
