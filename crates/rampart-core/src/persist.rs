@@ -374,6 +374,13 @@ fn source_request(inner: &Inner, rec: &rampart_store::SandboxRecord) -> CreateSa
     req
 }
 
+/// The create request a snapshot row keeps: the source's, without its secrets (a snapshot
+/// outlives its sandbox; the secret values given at its create must not).
+fn snapshot_request(mut req: CreateSandbox) -> String {
+    req.secrets.clear();
+    serde_json::to_string(&req).unwrap_or_default()
+}
+
 impl Manager {
     /// Takes a snapshot of a running or paused sandbox's filesystem (see [`crate::persist`]
     /// docs); with `stop`, destroys the sandbox afterwards ("pause to disk").
@@ -420,7 +427,7 @@ impl Manager {
                 inner.cfg.uid_slots,
             )
             .ok_or_else(|| CoreError::Internal("uid slot out of range".into()))?;
-            let request = serde_json::to_string(&source_request(inner, &rec)).unwrap_or_default();
+            let request = snapshot_request(source_request(inner, &rec));
             let dir = root.join("snapshots");
             let tmp = dir.join(format!(".tmp-{name}-{}", random_hex(4)));
             let dest = dir.join(&name);
@@ -823,6 +830,19 @@ mod tests {
             assert_eq!(lock(&c).get("s"), Some(&2));
         }
         assert!(lock(&c).is_empty());
+    }
+
+    #[test]
+    fn a_snapshot_keeps_no_secret_value() {
+        let req: CreateSandbox = serde_json::from_value(serde_json::json!({
+            "template": "base",
+            "secrets": [{"name": "gh", "value": "s3cret-value", "hosts": ["api.github.com"]}],
+        }))
+        .unwrap();
+        assert_eq!(req.secrets.len(), 1);
+        let kept = snapshot_request(req);
+        assert!(!kept.contains("s3cret-value"), "{kept}");
+        assert!(kept.contains("base"), "{kept}");
     }
 
     #[test]
