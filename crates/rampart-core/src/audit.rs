@@ -325,6 +325,26 @@ impl Audit {
         })
     }
 
+    /// Records an event with no state change of its own, only if the sandbox's log has
+    /// started (events observed around a sandbox, like its network traffic).
+    pub(crate) fn append_if_started(
+        &self,
+        id: &SandboxId,
+        body: EventBody,
+    ) -> Result<(), CoreError> {
+        self.record_via(
+            id,
+            true,
+            |_| body,
+            Vec::new(),
+            |e| match (e, &self.journal) {
+                (Some(e), Some(j)) => j.append(e).map_err(|e| CoreError::Internal(e.to_string())),
+                (Some(e), None) => self.store.append_event(e).map_err(db),
+                (None, _) => Ok(()),
+            },
+        )
+    }
+
     /// Forgets a sandbox's chain (it is destroyed; its events stay in the store) and closes
     /// its counter files.
     pub(crate) fn forget(&self, id: &SandboxId) {

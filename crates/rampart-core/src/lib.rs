@@ -12,6 +12,7 @@
 mod audit;
 mod fsdiff;
 mod journal;
+mod netaudit;
 mod interpreter;
 mod isolation;
 mod manager;

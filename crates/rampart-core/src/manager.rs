@@ -319,6 +319,10 @@ impl Inner {
         if inner.audit.enabled() {
             let publisher = tokio::spawn(publisher(inner.audit.clone()));
             lock(&inner.tasks).push(publisher.abort_handle());
+            if let Some(rx) = inner.network.take_events() {
+                let t = tokio::spawn(crate::netaudit::run(inner.audit.clone(), rx));
+                lock(&inner.tasks).push(t.abort_handle());
+            }
         }
         Ok(inner)
     }

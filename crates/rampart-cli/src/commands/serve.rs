@@ -141,6 +141,12 @@ struct AuditFileConfig {
     blob_cap: Option<SizeValue>,
     /// Seconds between publications of live sandboxes' chain heads (default 60).
     publish_interval_secs: Option<u64>,
+    /// Record `fs_diff` at destroy (default true).
+    fs_diff: Option<bool>,
+    /// Most entries an `fs_diff` lists (default 10000).
+    fs_diff_max_entries: Option<usize>,
+    /// Most bytes an `fs_diff` hashes (default 256M).
+    fs_diff_max_hash: Option<SizeValue>,
 }
 
 fn read_config(path: &Path) -> Result<FileConfig> {
@@ -303,6 +309,15 @@ fn resolve(a: &ServeArgs) -> Result<Resolved> {
             bail!("audit.publish_interval_secs must be at least 1");
         }
         audit.publish_interval = Duration::from_secs(s);
+    }
+    if let Some(f) = file.audit.fs_diff {
+        audit.fs_diff = f;
+    }
+    if let Some(n) = file.audit.fs_diff_max_entries {
+        audit.fs_diff_limits.max_entries = n;
+    }
+    if let Some(c) = &file.audit.fs_diff_max_hash {
+        audit.fs_diff_limits.max_hash_bytes = c.bytes("audit.fs_diff_max_hash")?;
     }
     if !audit.enabled {
         tracing::warn!("the audit record is disabled by the config file ([audit] enabled = false)");
