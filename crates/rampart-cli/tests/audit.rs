@@ -564,6 +564,41 @@ fn e2b_execs_and_file_operations_are_recorded_with_the_key_as_caller() {
         &key(&d),
     ]);
     assert!(o.status.success(), "{}", text(&o));
+    // A snapshot records the writable layer (reason snapshot), then its name.
+    let r = c
+        .post(format!("{}/v1/sandboxes/{id}/snapshots", d.url))
+        .json(&json!({"name": format!("audit-{id}")}))
+        .send()
+        .unwrap();
+    if r.status().as_u16() == 201 {
+        let evs: Value = c
+            .get(format!("{}/v1/sandboxes/{id}/audit", d.url))
+            .send()
+            .unwrap()
+            .json()
+            .unwrap();
+        let evs = evs["events"].as_array().unwrap();
+        let n = evs.len();
+        assert_eq!(evs[n - 1]["body"]["type"], "snapshot");
+        assert_eq!(evs[n - 1]["body"]["name"], format!("audit-{id}"));
+        assert_eq!(evs[n - 2]["body"]["type"], "fs_diff");
+        assert_eq!(evs[n - 2]["body"]["reason"], "snapshot");
+        assert!(evs[n - 2]["body"]["added"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|e| e["path"] == "/home/user/mp.txt"));
+        // The sandbox still runs after the walk (it was frozen, then thawed).
+        let r = envd("/process.Process/Start")
+            .header("content-type", "application/connect+json")
+            .body(envelope(&json!({"process": {"cmd": "/bin/true"}})))
+            .send()
+            .unwrap();
+        assert_eq!(r.status().as_u16(), 200);
+        assert!(String::from_utf8_lossy(&r.bytes().unwrap()).contains("\"end\""));
+    } else {
+        eprintln!("snapshot not available here: {}", r.text().unwrap());
+    }
     let r = c
         .delete(format!("{}/sandboxes/{id}", d.url))
         .header("x-api-key", &api_key)

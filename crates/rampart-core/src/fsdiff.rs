@@ -555,7 +555,50 @@ pub(crate) mod at_destroy {
             Some(Pinned { root, lowers })
         }
 
-        /// Computes and records the `fs_diff` of a pinned layer (`reason`: `destroy`).
+        /// Records what a snapshot named `name` holds: the `fs_diff` of the sandbox's
+        /// writable layer (`reason: "snapshot"`), walked with the sandbox frozen (a running
+        /// one is frozen for the walk and thawed after; a paused one stays as it is), then
+        /// the `snapshot` event. The walk follows the snapshot point, it is not the same
+        /// instant: the sandbox runs in between.
+        pub(crate) async fn record_snapshot(
+            &self,
+            id: &SandboxId,
+            template: &str,
+            paused: bool,
+            name: &str,
+        ) {
+            if let Some(pinned) = self.pin_upper(id, template).await {
+                let iso = self.iso.clone();
+                let id2 = id.clone();
+                let frozen = if paused {
+                    false
+                } else {
+                    matches!(
+                        tokio::task::spawn_blocking(move || iso.freeze(&id2)).await,
+                        Ok(Ok(()))
+                    )
+                };
+                self.record_fs_diff(id, pinned, "snapshot").await;
+                if frozen {
+                    let iso = self.iso.clone();
+                    let id2 = id.clone();
+                    match tokio::task::spawn_blocking(move || iso.thaw(&id2)).await {
+                        Ok(Ok(())) => {}
+                        Ok(Err(e)) => warn!(id = %id, "thawing after the snapshot's fs_diff: {e}"),
+                        Err(e) => warn!(id = %id, "thawing after the snapshot's fs_diff: {e}"),
+                    }
+                }
+            }
+            let body = EventBody::Snapshot(rampart_types::audit::Snapshot {
+                name: name.to_owned(),
+            });
+            if let Err(e) = self.audit.append_if_started(id, body) {
+                warn!(id = %id, "recording a snapshot: {e}");
+            }
+        }
+
+        /// Computes and records the `fs_diff` of a pinned layer (`reason`: `destroy` or
+        /// `snapshot`).
         pub(crate) async fn record_fs_diff(&self, id: &SandboxId, pinned: Pinned, reason: &str) {
             let limits = self.audit.config().fs_diff_limits;
             let diff = tokio::task::spawn_blocking(move || {

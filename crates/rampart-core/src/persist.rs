@@ -460,6 +460,10 @@ impl Manager {
                 });
             }
             info!(id = %id, name, size, "snapshot taken");
+            // The audit record: fs_diff (reason snapshot) and snapshot.
+            inner
+                .record_snapshot(id, &rec.template, rec.state == SandboxState::Paused, &name)
+                .await;
             snapshot_info(&row)
         };
         if req.stop {
