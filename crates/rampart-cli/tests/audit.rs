@@ -636,3 +636,78 @@ fn e2b_execs_and_file_operations_are_recorded_with_the_key_as_caller() {
     drop(d);
     let _ = std::fs::remove_dir_all(&root);
 }
+
+#[test]
+fn network_decisions_are_recorded() {
+    if let Some(why) = skip_reason() {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let root = temp("net");
+    let d = start(&root.join("data"), free_port(), POOL);
+    let c = client();
+    let r = c
+        .post(format!("{}/v1/sandboxes", d.url))
+        .json(&json!({"timeout_secs": 600,
+            "network": {"mode": "allowlist", "allow": ["api.example.com"]}}))
+        .send()
+        .unwrap();
+    if r.status().as_u16() != 201 {
+        eprintln!(
+            "skipped: sandbox networks unavailable here: {}",
+            r.text().unwrap()
+        );
+        return;
+    }
+    let id = r.json::<Value>().unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    // A name outside the allowlist: the resolver refuses it, the decision is recorded.
+    exec(
+        &d,
+        &id,
+        json!({"cmd": ["sh", "-c", "getent hosts denied.example.org; true"]}),
+    );
+    let mut found = None;
+    wait_until_recorded(&d, &id, |evs| {
+        found = evs
+            .iter()
+            .find(|e| e["body"]["type"] == "network" && e["body"]["host"] == "denied.example.org")
+            .cloned();
+        found.is_some()
+    });
+    let ev = found.unwrap();
+    assert_eq!(ev["body"]["kind"], "dns", "{ev}");
+    assert_eq!(ev["body"]["verdict"], "denied", "{ev}");
+    let evs: Value = c
+        .get(format!("{}/v1/sandboxes/{id}/audit", d.url))
+        .send()
+        .unwrap()
+        .json()
+        .unwrap();
+    assert_eq!(evs["events"][0]["body"]["type"], "created");
+    destroy(&d, &id);
+    drop(d);
+    let _ = std::fs::remove_dir_all(&root);
+}
+
+/// Polls a sandbox's audit log until `f` holds (network events arrive from the egress
+/// tier's hook, a moment after the decision).
+fn wait_until_recorded(d: &Daemon, id: &str, mut f: impl FnMut(&[Value]) -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let evs: Value = client()
+            .get(format!("{}/v1/sandboxes/{id}/audit", d.url))
+            .send()
+            .unwrap()
+            .json()
+            .unwrap();
+        if f(evs["events"].as_array().unwrap()) {
+            return;
+        }
+        assert!(Instant::now() < deadline, "not recorded: {evs}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
