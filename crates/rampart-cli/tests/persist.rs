@@ -151,6 +151,15 @@ fn snapshots_fork_and_volumes() {
         .map(|x| x["id"].as_str().unwrap().to_owned())
         .collect();
     assert_eq!(forks.len(), 2);
+    // Each fork has a port access token of its own, as a create's answer does.
+    let tokens: Vec<&str> = v["sandboxes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x["access_token"].as_str().unwrap_or_default())
+        .collect();
+    assert!(tokens.iter().all(|t| t.len() == 64), "{v}");
+    assert_ne!(tokens[0], tokens[1]);
     let (f1, f2) = (&forks[0], &forks[1]);
     for f in [f1, f2] {
         assert_eq!(ok(&d, f, "cat ~/f ~/later"), "hello\nafter");

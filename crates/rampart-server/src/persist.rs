@@ -104,7 +104,7 @@ pub(crate) async fn delete_snapshot(
     params(("id" = String, Path, description = "Sandbox id")),
     request_body = ForkSandbox,
     responses(
-        (status = 201, description = "The new sandboxes, each with a fresh identity", body = ForkResult),
+        (status = 201, description = "The new sandboxes, each with a fresh identity and its own `access_token` (the source's public ports stay public)", body = ForkResult),
         (status = 400, description = "Bad count", body = ApiErrorBody),
         (status = 404, description = "No such sandbox", body = ApiErrorBody),
         (status = 409, description = "The sandbox is neither running nor paused", body = ApiErrorBody),
@@ -115,7 +115,17 @@ pub(crate) async fn fork(
     SandboxPath(id): SandboxPath,
     ApiJson(req): ApiJson<ForkSandbox>,
 ) -> Result<(StatusCode, Json<ForkResult>), ApiError> {
-    let res = manager(&st)?.fork(&id, req).await?;
+    let mut res = manager(&st)?.fork(&id, req).await?;
+    // Each fork gets its own port access token now (as a create does), and the source's
+    // public ports: a fork runs the same servers.
+    let public = st.ports.public_ports(&id).await?;
+    for info in &mut res.sandboxes {
+        match st.ports.issue(&info.id, &public).await {
+            Ok(t) => info.access_token = Some(t),
+            // GET /v1/sandboxes/{id} makes one later.
+            Err(e) => tracing::warn!(id = %info.id, "storing a fork's port access token: {e}"),
+        }
+    }
     Ok((StatusCode::CREATED, Json(res)))
 }
 

@@ -187,7 +187,7 @@ impl Ports {
         blocking(move || access.is_public(&sid, port)).await
     }
 
-    async fn public_ports(&self, id: &SandboxId) -> Result<Vec<u16>, ApiError> {
+    pub(crate) async fn public_ports(&self, id: &SandboxId) -> Result<Vec<u16>, ApiError> {
         let access = self.access.clone();
         let sid = id.as_str().to_owned();
         blocking(move || access.public_ports(&sid)).await
