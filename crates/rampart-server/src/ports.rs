@@ -383,6 +383,14 @@ fn scrub(req: &mut Request, token: Option<&str>) {
     if h.get_all(header::AUTHORIZATION).iter().any(ours) {
         h.remove(header::AUTHORIZATION);
     }
+    // A page opened with `?rampart_token=` names it in the Referer of what it loads next.
+    if h.get_all(header::REFERER).iter().any(|v| {
+        v.as_bytes()
+            .windows(TOKEN_PARAM.len())
+            .any(|w| w == TOKEN_PARAM.as_bytes())
+    }) {
+        h.remove(header::REFERER);
+    }
     let cookies: Vec<String> = h
         .get_all(header::COOKIE)
         .iter()
@@ -400,6 +408,15 @@ fn scrub(req: &mut Request, token: Option<&str>) {
     }
 }
 
+/// Whether a `k=v` query pair is the token's, its key decoded as [`credentials`] decodes it
+/// (`rampart%5Ftoken=` is accepted as the token, so it must not go through either).
+fn is_token_pair(kv: &str) -> bool {
+    serde_urlencoded::from_str::<Vec<(String, String)>>(kv)
+        .ok()
+        .and_then(|v| v.into_iter().next())
+        .is_some_and(|(k, _)| k == TOKEN_PARAM)
+}
+
 /// `rest` (a path starting with `/`, or empty) and the query without `rampart_token`.
 fn path_and_query(rest: &str, query: Option<&str>) -> String {
     let mut out = if rest.is_empty() {
@@ -410,7 +427,7 @@ fn path_and_query(rest: &str, query: Option<&str>) -> String {
     let kept: Vec<&str> = query
         .unwrap_or_default()
         .split('&')
-        .filter(|kv| !kv.is_empty() && kv.split('=').next() != Some(TOKEN_PARAM))
+        .filter(|kv| !kv.is_empty() && !is_token_pair(kv))
         .collect();
     if !kept.is_empty() {
         out.push('?');
@@ -928,6 +945,17 @@ mod tests {
         scrub(&mut req, Some("tok"));
         assert_eq!(req.headers()["authorization"], "Bearer app");
         assert_eq!(path_and_query("", Some("rampart_token=x")), "/");
+        // An encoded key is the token too (credentials() decodes it): never passed on.
+        let enc = "rampart%5Ftoken=x&a=1";
+        assert!(credentials(&HeaderMap::new(), Some(enc)).contains(&("x".into(), Source::Query)));
+        assert_eq!(path_and_query("/p", Some(enc)), "/p?a=1");
+        let mut req = Request::new(Body::empty());
+        req.headers_mut().insert(
+            "referer",
+            HeaderValue::from_static("http://h/v1/sandboxes/s/ports/80/?rampart_token=x"),
+        );
+        scrub(&mut req, Some("x"));
+        assert!(!req.headers().contains_key("referer"));
         assert_eq!(
             path_and_query("/a/b", Some("x=1&rampart_token=y&z=%20")),
             "/a/b?x=1&z=%20"
