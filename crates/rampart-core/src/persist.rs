@@ -374,6 +374,29 @@ fn source_request(inner: &Inner, rec: &rampart_store::SandboxRecord) -> CreateSa
     req
 }
 
+/// The record and first host uid of a sandbox a consistent point can be taken of (running
+/// or paused). The caller holds its operation lock.
+fn source_of(
+    inner: &Inner,
+    id: &SandboxId,
+) -> Result<(rampart_store::SandboxRecord, u32), CoreError> {
+    let rec = inner
+        .store
+        .get(id)
+        .map_err(db)?
+        .ok_or_else(|| CoreError::NotFound(id.to_string()))?;
+    if !matches!(rec.state, SandboxState::Running | SandboxState::Paused) {
+        return Err(CoreError::WrongState {
+            id: id.to_string(),
+            state: rec.state.as_str().to_owned(),
+        });
+    }
+    let uid_base =
+        crate::manager::uid_base(inner.cfg.uid_range_start, rec.uid_slot, inner.cfg.uid_slots)
+            .ok_or_else(|| CoreError::Internal("uid slot out of range".into()))?;
+    Ok((rec, uid_base))
+}
+
 /// The create request a snapshot row keeps: the source's, without its secrets (a snapshot
 /// outlives its sandbox; the secret values given at its create must not).
 fn snapshot_request(mut req: CreateSandbox) -> String {
@@ -410,23 +433,7 @@ impl Manager {
         let info = {
             let op = inner.op_lock(id);
             let _g = op.lock().await;
-            let rec = inner
-                .store
-                .get(id)
-                .map_err(db)?
-                .ok_or_else(|| CoreError::NotFound(id.to_string()))?;
-            if !matches!(rec.state, SandboxState::Running | SandboxState::Paused) {
-                return Err(CoreError::WrongState {
-                    id: id.to_string(),
-                    state: rec.state.as_str().to_owned(),
-                });
-            }
-            let uid_base = crate::manager::uid_base(
-                inner.cfg.uid_range_start,
-                rec.uid_slot,
-                inner.cfg.uid_slots,
-            )
-            .ok_or_else(|| CoreError::Internal("uid slot out of range".into()))?;
+            let (rec, uid_base) = source_of(inner, id)?;
             let request = snapshot_request(source_request(inner, &rec));
             let dir = root.join("snapshots");
             let tmp = dir.join(format!(".tmp-{name}-{}", random_hex(4)));
@@ -542,23 +549,7 @@ impl Manager {
         let (base_req, row) = {
             let op = inner.op_lock(id);
             let _g = op.lock().await;
-            let rec = inner
-                .store
-                .get(id)
-                .map_err(db)?
-                .ok_or_else(|| CoreError::NotFound(id.to_string()))?;
-            if !matches!(rec.state, SandboxState::Running | SandboxState::Paused) {
-                return Err(CoreError::WrongState {
-                    id: id.to_string(),
-                    state: rec.state.as_str().to_owned(),
-                });
-            }
-            let uid_base = crate::manager::uid_base(
-                inner.cfg.uid_range_start,
-                rec.uid_slot,
-                inner.cfg.uid_slots,
-            )
-            .ok_or_else(|| CoreError::Internal("uid slot out of range".into()))?;
+            let (rec, uid_base) = source_of(inner, id)?;
             let mut base = source_request(inner, &rec);
             if let Some(t) = req.timeout_secs {
                 base.timeout_secs = Some(t);

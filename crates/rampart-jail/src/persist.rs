@@ -389,7 +389,7 @@ fn shift_one(p: &Path, map: &impl Fn(u32) -> u32) -> Result<bool, JailError> {
 /// overlay is mounted. Skipped when the layer's `etc` is not a plain directory.
 pub fn write_machine_id(disk_mnt: &Path, uid_base: u32) -> Result<(), JailError> {
     let upper = disk_mnt.join("upper");
-    let up = open_dir(&upper, None)?;
+    let up = open_dir(&upper)?;
     let etc = c"etc";
     // SAFETY: valid dirfd and name.
     let rc = unsafe { libc::mkdirat(up.as_raw_fd(), etc.as_ptr(), 0o755) };
@@ -437,7 +437,7 @@ pub fn write_machine_id(disk_mnt: &Path, uid_base: u32) -> Result<(), JailError>
     Ok(())
 }
 
-fn open_dir(p: &Path, _: Option<()>) -> Result<OwnedFd, JailError> {
+fn open_dir(p: &Path) -> Result<OwnedFd, JailError> {
     let c = sys::cpath(p)?;
     // SAFETY: valid path.
     let fd = unsafe {
@@ -498,7 +498,7 @@ pub fn mount_volumes(spec: &JailerSpec, root: &Path, userns: RawFd) -> Result<()
 /// Opens (making what is missing) the directory `path` under `root` without following any
 /// symlink: every component must be a directory.
 fn mountpoint(root: &Path, path: &str, uid_base: u32) -> Result<OwnedFd, JailError> {
-    let mut cur = open_dir(root, None)?;
+    let mut cur = open_dir(root)?;
     for comp in path.split('/').filter(|c| !c.is_empty()) {
         if comp == "." || comp == ".." {
             return Err(JailError::Init(format!(
