@@ -126,13 +126,20 @@ pub fn volume_in_use(image: &Path) -> bool {
 pub fn create_volume(image: &Path, size_mib: u64) -> Result<(), JailError> {
     let dir = image.parent().unwrap_or(Path::new("."));
     std::fs::create_dir_all(dir).map_err(io(format!("mkdir {}", dir.display())))?;
+    // One temporary file per call (two makes of one name at once must not format one file).
+    static SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     let tmp = dir.join(format!(
-        ".tmp-{}-{}",
+        ".tmp-{}-{}-{}",
         std::process::id(),
+        SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
         image.file_name().unwrap_or_default().to_string_lossy()
     ));
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&tmp)
+        .map_err(io(format!("create {}", tmp.display())))?;
     let r = (|| {
-        let f = std::fs::File::create(&tmp).map_err(io(format!("create {}", tmp.display())))?;
         f.set_len(size_mib << 20)
             .map_err(io(format!("size {}", tmp.display())))?;
         drop(f);

@@ -131,3 +131,39 @@ fn volumes_are_made_whole_or_not_at_all_and_clones_never_overwrite() {
         "never over an existing file"
     );
 }
+
+#[test]
+fn concurrent_makes_of_one_volume_give_one_sound_image() {
+    if !root() {
+        return;
+    }
+    if std::process::Command::new("e2fsck").arg("-V").output().is_err() {
+        eprintln!("skipped: no e2fsck");
+        return;
+    }
+    let t = tempfile::tempdir().unwrap();
+    let img = t.path().join("volumes/v.img");
+    let made: Vec<bool> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..4)
+            .map(|_| s.spawn(|| persist::create_volume(&img, 64).is_ok()))
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    assert_eq!(made.iter().filter(|m| **m).count(), 1, "{made:?}");
+    let out = std::process::Command::new("e2fsck")
+        .args(["-f", "-n"])
+        .arg(&img)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "the image is a sound ext4: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let names: Vec<_> = std::fs::read_dir(t.path().join("volumes"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name())
+        .collect();
+    assert_eq!(names.len(), 1, "no temporary file left: {names:?}");
+}
