@@ -137,7 +137,11 @@ fn concurrent_makes_of_one_volume_give_one_sound_image() {
     if !root() {
         return;
     }
-    if std::process::Command::new("e2fsck").arg("-V").output().is_err() {
+    if std::process::Command::new("e2fsck")
+        .arg("-V")
+        .output()
+        .is_err()
+    {
         eprintln!("skipped: no e2fsck");
         return;
     }
