@@ -82,7 +82,17 @@ pub(crate) struct Audit {
     meters: Mutex<HashMap<SandboxId, Option<Arc<Meter>>>>,
     /// Where events without a state change are acknowledged (None: straight to the store).
     journal: Option<crate::journal::Journal>,
+    /// Sandboxes whose `destroyed` was recorded by this daemon (the latest [`ENDED_KEPT`]):
+    /// late events (a network log entry, the end of a process killed by the destroy) are
+    /// not appended after it.
+    ended: Mutex<(
+        std::collections::HashSet<SandboxId>,
+        std::collections::VecDeque<SandboxId>,
+    )>,
 }
+
+/// How many ended sandboxes [`Audit`] remembers.
+const ENDED_KEPT: usize = 65_536;
 
 /// A sandbox's CPU time and peak memory counters, kept open and re-read with `pread` at
 /// offset 0 (which makes a cgroup file produce its current value again): one system call per
@@ -173,6 +183,7 @@ impl Audit {
             appended,
             meters: Mutex::new(HashMap::new()),
             journal,
+            ended: Mutex::new(Default::default()),
         })
     }
 
@@ -258,7 +269,7 @@ impl Audit {
         blobs: Vec<Vec<u8>>,
         write: impl FnOnce(Option<&NewEvent>) -> Result<T, StoreError>,
     ) -> Result<T, CoreError> {
-        self.record_via(id, only_if_started, body, blobs, |e| {
+        self.record_via(id, only_if_started, false, body, blobs, |e| {
             if e.is_some() {
                 // The chain's earlier events reach the store first.
                 self.flush()?;
@@ -272,23 +283,38 @@ impl Audit {
         &self,
         id: &SandboxId,
         only_if_started: bool,
+        unless_ended: bool,
         body: impl FnOnce(u64) -> EventBody,
         blobs: Vec<Vec<u8>>,
         write: impl FnOnce(Option<&NewEvent>) -> Result<T, CoreError>,
     ) -> Result<T, CoreError> {
-        if !self.cfg.enabled {
+        if !self.cfg.enabled || (unless_ended && self.is_ended(id)) {
+            // (Checked again under the chain's lock; checked here so that a late event does
+            // not bring a forgotten chain back into memory.)
             return write(None);
         }
         let chain = self.chain(id)?;
         let mut chain = lock(&chain);
-        if only_if_started && chain.is_empty() {
+        if (only_if_started && chain.is_empty()) || (unless_ended && self.is_ended(id)) {
             drop(chain);
             return write(None);
         }
+        let body = body(chain.len());
+        // Marked under the chain's lock: an append waiting for it sees the end.
+        let ending = matches!(body, EventBody::Destroyed(_));
+        if ending {
+            self.set_ended(id, true);
+        }
         // One encoding of the body gives both the hash and the stored canonical JSON.
-        let (event, json) = chain
-            .next_event_json(body(chain.len()), now())
-            .map_err(enc)?;
+        let (event, json) = match chain.next_event_json(body, now()) {
+            Ok(x) => x,
+            Err(e) => {
+                if ending {
+                    self.set_ended(id, false);
+                }
+                return Err(enc(e));
+            }
+        };
         let ne = NewEvent {
             sandbox: id.clone(),
             seq: event.seq,
@@ -301,7 +327,15 @@ impl Audit {
                 .map(|b| (rampart_audit::content_digest(&b).to_hex(), b))
                 .collect(),
         };
-        let out = write(Some(&ne))?;
+        let out = match write(Some(&ne)) {
+            Ok(out) => out,
+            Err(e) => {
+                if ending {
+                    self.set_ended(id, false);
+                }
+                return Err(e);
+            }
+        };
         // The event was made by `next_event` on this chain under this lock: moving past it
         // needs no second hash computation (what `advance` would check).
         *chain = Chain::resume(id.clone(), event.seq + 1, event.hash);
@@ -318,7 +352,7 @@ impl Audit {
         body: impl FnOnce(u64) -> EventBody,
         blobs: Vec<Vec<u8>>,
     ) -> Result<(), CoreError> {
-        self.record_via(id, false, body, blobs, |e| match (e, &self.journal) {
+        self.record_via(id, false, true, body, blobs, |e| match (e, &self.journal) {
             (Some(e), Some(j)) => j.append(e).map_err(|e| CoreError::Internal(e.to_string())),
             (Some(e), None) => self.store.append_event(e).map_err(db),
             (None, _) => Ok(()),
@@ -335,6 +369,7 @@ impl Audit {
         self.record_via(
             id,
             true,
+            true,
             |_| body,
             Vec::new(),
             |e| match (e, &self.journal) {
@@ -343,6 +378,26 @@ impl Audit {
                 (None, _) => Ok(()),
             },
         )
+    }
+
+    fn is_ended(&self, id: &SandboxId) -> bool {
+        lock(&self.ended).0.contains(id)
+    }
+
+    fn set_ended(&self, id: &SandboxId, ended: bool) {
+        let mut e = lock(&self.ended);
+        if !ended {
+            e.0.remove(id);
+            return;
+        }
+        if e.0.insert(id.clone()) {
+            e.1.push_back(id.clone());
+            while e.1.len() > ENDED_KEPT {
+                if let Some(old) = e.1.pop_front() {
+                    e.0.remove(&old);
+                }
+            }
+        }
     }
 
     /// Forgets a sandbox's chain (it is destroyed; its events stay in the store) and closes
@@ -631,6 +686,45 @@ mod tests {
         .unwrap();
         assert_eq!(m.cpu_usec(), Some(1234));
         assert_eq!(m.peak_memory_bytes(), None);
+    }
+
+    #[test]
+    fn nothing_is_appended_after_destroyed() {
+        use rampart_types::audit::{Destroyed, Empty};
+        let d = tempfile::tempdir().unwrap();
+        let store: Arc<dyn SandboxStore> =
+            Arc::new(rampart_store::SqliteStore::open(&d.path().join("state.db")).unwrap());
+        let a = Audit::open(AuditConfig::default(), store.clone(), d.path()).unwrap();
+        let id = SandboxId::parse("z9").unwrap();
+        a.append(&id, |_| EventBody::Paused(Empty {}), Vec::new())
+            .unwrap();
+        let s2 = store.clone();
+        a.record(
+            &id,
+            true,
+            |_| {
+                EventBody::Destroyed(Destroyed {
+                    reason: "api: test".into(),
+                    manifest_digest: None,
+                })
+            },
+            Vec::new(),
+            |e| match e {
+                Some(e) => s2.append_event(e),
+                None => Ok(()),
+            },
+        )
+        .unwrap();
+        a.forget(&id);
+        // A late event (a network entry, an exit of a killed process) is not appended.
+        a.append(&id, |_| EventBody::Resumed(Empty {}), Vec::new())
+            .unwrap();
+        a.append_if_started(&id, EventBody::Resumed(Empty {}))
+            .unwrap();
+        let evs = a.events(&id, None, 100).unwrap();
+        assert_eq!(evs.len(), 2);
+        assert!(matches!(evs[1].body, EventBody::Destroyed(_)));
+        assert!(lock(&a.chains).is_empty(), "the chain stays forgotten");
     }
 
     #[test]
