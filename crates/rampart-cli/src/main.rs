@@ -64,6 +64,9 @@ enum Command {
     /// A sandbox's network: `net set ID --net-mode M --allow R --deny R`, `net show ID`,
     /// `net log ID [--follow]`.
     Net(commands::net::NetArgs),
+    /// Named secrets held by the daemon: `secret set NAME --to HOST [--header 'H: T {value}' |
+    /// --basic USER] [--env VAR]` (value on stdin or --value-file), `secret ls`, `secret rm`.
+    Secret(commands::secret::SecretArgs),
     /// Manage the API keys of the E2B-compatible API (on the daemon's host).
     Keys(commands::keys::KeysArgs),
     /// The signed record of what ran in a sandbox: show, export, verify.
@@ -143,6 +146,7 @@ fn main() -> ExitCode {
             Command::Fork(a) => commands::persist::fork(&host, a).await,
             Command::Volume(a) => commands::persist::volume(&host, a).await,
             Command::Net(a) => commands::net::net(&host, a).await,
+            Command::Secret(a) => commands::secret::secret(&host, a).await,
             Command::Replay(a) => commands::replay::replay(&host, a).await,
             Command::Bench(_) | Command::Keys(_) | Command::Template(_) => {
                 unreachable!("bench and keys run before the runtime starts")

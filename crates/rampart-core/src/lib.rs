@@ -21,6 +21,7 @@ pub mod persist;
 mod network;
 mod proc;
 mod recorder;
+mod secrets;
 mod templates;
 pub mod validate;
 

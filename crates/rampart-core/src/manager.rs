@@ -713,7 +713,10 @@ impl Inner {
                 return Err(e);
             }
         };
-        let net = match self.network.check(req.network.as_ref(), &req.secrets) {
+        // Secrets by name (`/v1/secrets`) become secrets with their stored value.
+        let net = match crate::secrets::resolve(&cfg.data_dir, &req.secrets)
+            .and_then(|secrets| self.network.check(req.network.as_ref(), &secrets))
+        {
             Ok(n) => n,
             Err(e) => {
                 self.metrics.creates.with_label_values(&["rejected"]).inc();

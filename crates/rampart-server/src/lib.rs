@@ -19,6 +19,7 @@ mod persist;
 mod ports;
 mod proxy;
 mod sandboxes;
+mod secrets;
 mod templates;
 
 pub use audit::{AuditKey, AuditPage};
@@ -472,6 +473,8 @@ fn v1_router(state: AppState) -> Router {
                 .delete(ports::make_private)
                 .fallback(ports::proxy),
         )
+        .route("/secrets", post(secrets::set).get(secrets::list))
+        .route("/secrets/{name}", delete(secrets::delete))
         .route("/audit/key", get(audit::key))
         .route("/templates", get(templates::list))
         .route("/templates/{name}", get(templates::get_one))

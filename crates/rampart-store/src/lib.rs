@@ -14,6 +14,7 @@ pub mod access;
 mod audit;
 pub mod keys;
 pub mod persist;
+pub mod secrets;
 mod network;
 mod wal;
 

@@ -68,7 +68,7 @@ pub struct NetworkPolicy {
 }
 
 /// How the egress proxy places a secret on requests to its hosts.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
 pub enum SecretInjection {
     /// Sets a header: `template` is its value with `{value}` standing for the secret, e.g.
@@ -85,6 +85,7 @@ pub enum SecretInjection {
         username: String,
     },
     /// Replaces the placeholder wherever the sandbox put it in the request headers.
+    #[default]
     Placeholder,
 }
 
@@ -99,9 +100,13 @@ pub struct SecretSpec {
     /// The secret value. Write-only: never returned by any API.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub value: String,
-    /// Hosts (domain rules as in the policy) the secret may be sent to.
+    /// Hosts (domain rules as in the policy) the secret may be sent to. In a create's
+    /// reference to a stored secret (empty `value`), empty means the stored ones.
+    #[serde(default)]
     pub hosts: Vec<String>,
-    /// Where it goes on the request.
+    /// Where it goes on the request. In a create's reference to a stored secret (empty
+    /// `value`), absent (or `placeholder`) means the stored one.
+    #[serde(default)]
     pub inject: SecretInjection,
     /// Environment variable that holds the placeholder inside the sandbox.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -216,4 +221,23 @@ pub struct NetworkInfo {
 pub struct NetLogPage {
     /// Entries with `seq` above the `after` asked for, oldest first.
     pub entries: Vec<NetLogEntry>,
+}
+
+/// A named secret held by the daemon (`/v1/secrets`), as the API shows it: never the value.
+/// A create refers to it by a `secrets` entry with its name and an empty value.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct StoredSecretInfo {
+    /// Name.
+    pub name: String,
+    /// Hosts it is bound to.
+    pub hosts: Vec<String>,
+    /// Where it goes.
+    pub inject: SecretInjection,
+    /// The env var that holds its placeholder in a sandbox, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub env: Option<String>,
+    /// RFC 3339 time it was first set.
+    pub created_at: String,
+    /// RFC 3339 time its value or binding last changed.
+    pub updated_at: String,
 }

@@ -10,6 +10,7 @@ pub mod net;
 pub mod replay;
 pub mod run;
 pub mod sandbox;
+pub mod secret;
 pub mod serve;
 pub mod template;
 

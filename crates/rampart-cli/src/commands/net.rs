@@ -226,7 +226,9 @@ pub async fn net(host: &str, a: NetArgs) -> Result<u8> {
 /// `[network]` of the daemon's config file (every key optional). The environment variables
 /// `RAMPART_NET` (`off` disables), `RAMPART_NET_POOL`, `RAMPART_NET_LINK_PREFIX`,
 /// `RAMPART_NET_TABLE`, `RAMPART_NET_DNS_PORT`, `RAMPART_NET_PROXY_PORT` and
-/// `RAMPART_NET_UPSTREAM_DNS` (comma-separated `ip:port`) override it.
+/// `RAMPART_NET_UPSTREAM_DNS` (comma-separated `ip:port`) override it;
+/// `RAMPART_NET_UPSTREAM_ROOTS` names a PEM file of extra roots the egress proxy trusts
+/// upstream when it intercepts for secrets (tests' private CAs).
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct NetworkFileConfig {
@@ -291,6 +293,11 @@ pub fn resolve_network(file: &NetworkFileConfig) -> Result<NetworkConfig> {
         c.upstream_dns = upstream("RAMPART_NET_UPSTREAM_DNS", &list)?;
     } else if let Some(u) = &file.upstream_dns {
         c.upstream_dns = upstream("network.upstream_dns", u)?;
+    }
+    if let Some(f) = env("RAMPART_NET_UPSTREAM_ROOTS") {
+        let pem = std::fs::read_to_string(&f)
+            .map_err(|e| anyhow!("RAMPART_NET_UPSTREAM_ROOTS: reading {f}: {e}"))?;
+        c.extra_upstream_roots.push(pem);
     }
     match env("RAMPART_NET").as_deref() {
         Some("off" | "0" | "false") => c.enabled = false,

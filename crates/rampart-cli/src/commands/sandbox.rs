@@ -52,6 +52,9 @@ pub struct CreateFlags {
     /// Network: --net-mode, --allow, --deny.
     #[command(flatten)]
     pub net: super::net::NetFlags,
+    /// Bind a stored secret (`rampart secret set`) by name (repeatable); needs a network.
+    #[arg(long = "secret", value_name = "NAME")]
+    pub secrets: Vec<String>,
 }
 
 fn size(flag: &str, v: &Option<String>) -> Result<Option<u64>> {
@@ -87,6 +90,7 @@ impl CreateFlags {
                 .map(|v| super::persist::parse_volume(v))
                 .collect::<Result<_>>()?,
             network: self.net.policy()?,
+            secrets: super::secret::references(&self.secrets),
             ..CreateSandbox::default()
         })
     }
@@ -436,6 +440,7 @@ mod tests {
             snapshot: None,
             volumes: vec!["data:/data:ro".into()],
             net: Default::default(),
+            secrets: vec!["tok".into()],
         };
         let r = f.request().unwrap();
         assert!(r.volumes[0].read_only);
@@ -443,6 +448,8 @@ mod tests {
         assert_eq!(r.limits.disk_bytes, Some(1 << 30));
         assert_eq!(r.env["A"], "1");
         assert_eq!(r.metadata["team"], "x");
+        assert_eq!(r.secrets[0].name, "tok");
+        assert!(r.secrets[0].value.is_empty());
         let bad = CreateFlags {
             memory: Some("lots".into()),
             ..f

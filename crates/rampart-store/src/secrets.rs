@@ -1,0 +1,240 @@
+//! Named secrets held by the daemon (`/v1/secrets`): a sandbox's create refers to one by name
+//! and gets it bound like a secret given inline.
+//!
+//! The table lives in the daemon's `state.db` ([`SecretStore`] creates it if missing: its own
+//! idempotent migration, like [`crate::access`]). Values are kept in clear, as the secrets
+//! given at create are (`sandbox_network`, migration 6): the file is the daemon's own, never
+//! visible in a sandbox, and [`SecretStore::open`] makes `state.db` and its WAL files mode
+//! 0600. No method here returns a value except [`SecretStore::get`], which the manager uses to
+//! bind a secret to a sandbox.
+
+use crate::StoreError;
+use rampart_types::SecretSpec;
+use rusqlite::{params, Connection, OptionalExtension};
+use std::path::Path;
+use std::sync::{Mutex, MutexGuard};
+use std::time::Duration;
+
+const MIGRATION: &str = "CREATE TABLE IF NOT EXISTS named_secrets (
+        name TEXT PRIMARY KEY NOT NULL,
+        spec TEXT NOT NULL,
+        created_at INTEGER NOT NULL,
+        updated_at INTEGER NOT NULL
+    ) WITHOUT ROWID;";
+
+/// A stored secret: its spec (with the value) and its times (unix ms).
+#[derive(Clone, PartialEq, Eq)]
+pub struct StoredSecret {
+    /// The spec, value included.
+    pub spec: SecretSpec,
+    /// When it was first set.
+    pub created_at_ms: i64,
+    /// When it was last set.
+    pub updated_at_ms: i64,
+}
+
+impl std::fmt::Debug for StoredSecret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // SecretSpec's Debug redacts the value.
+        f.debug_struct("StoredSecret")
+            .field("spec", &self.spec)
+            .field("created_at_ms", &self.created_at_ms)
+            .field("updated_at_ms", &self.updated_at_ms)
+            .finish()
+    }
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
+fn corrupt(name: &str, e: serde_json::Error) -> StoreError {
+    StoreError::Corrupt {
+        id: format!("secret {name}"),
+        detail: e.to_string(),
+    }
+}
+
+/// Makes `path` and its SQLite companions (`-wal`, `-shm`) readable by their owner only.
+fn owner_only(path: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    let mut names = vec![path.to_path_buf()];
+    for ext in ["-wal", "-shm"] {
+        let mut p = path.as_os_str().to_owned();
+        p.push(ext);
+        names.push(p.into());
+    }
+    for p in names {
+        match std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600)) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// The named-secret store (SQLite).
+#[derive(Debug)]
+pub struct SecretStore {
+    conn: Mutex<Connection>,
+}
+
+impl SecretStore {
+    /// Opens the database at `path` (the daemon's `state.db`), creating the table if needed,
+    /// and makes the file (and its WAL files) mode 0600.
+    pub fn open(path: &Path) -> Result<SecretStore, StoreError> {
+        let conn = Connection::open(path)?;
+        conn.busy_timeout(Duration::from_secs(10))?;
+        conn.pragma_update(None, "journal_mode", "WAL")?;
+        conn.pragma_update(None, "synchronous", "NORMAL")?;
+        let store = Self::init(conn)?;
+        owner_only(path).map_err(|e| StoreError::Corrupt {
+            id: path.display().to_string(),
+            detail: format!("making it mode 0600: {e}"),
+        })?;
+        Ok(store)
+    }
+
+    /// An in-memory store (tests).
+    pub fn open_in_memory() -> Result<SecretStore, StoreError> {
+        Self::init(Connection::open_in_memory()?)
+    }
+
+    fn init(conn: Connection) -> Result<SecretStore, StoreError> {
+        conn.execute_batch(MIGRATION)?;
+        Ok(SecretStore {
+            conn: Mutex::new(conn),
+        })
+    }
+
+    fn conn(&self) -> MutexGuard<'_, Connection> {
+        self.conn.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Creates or replaces the secret named `spec.name` (the caller validated it). Returns
+    /// what is stored now.
+    pub fn set(&self, spec: &SecretSpec) -> Result<StoredSecret, StoreError> {
+        let json = serde_json::to_string(spec).map_err(|e| corrupt(&spec.name, e))?;
+        let now = now_ms();
+        let conn = self.conn();
+        conn.execute(
+            "INSERT INTO named_secrets (name, spec, created_at, updated_at) VALUES (?1, ?2, ?3, ?3)
+             ON CONFLICT(name) DO UPDATE SET spec = excluded.spec, updated_at = excluded.updated_at",
+            params![spec.name, json, now],
+        )?;
+        drop(conn);
+        self.get(&spec.name)?.ok_or_else(|| StoreError::Corrupt {
+            id: format!("secret {}", spec.name),
+            detail: "missing right after it was written".into(),
+        })
+    }
+
+    /// The secret named `name`, value included.
+    pub fn get(&self, name: &str) -> Result<Option<StoredSecret>, StoreError> {
+        let row: Option<(String, i64, i64)> = self
+            .conn()
+            .query_row(
+                "SELECT spec, created_at, updated_at FROM named_secrets WHERE name = ?1",
+                params![name],
+                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+            )
+            .optional()?;
+        row.map(|(s, c, u)| {
+            Ok(StoredSecret {
+                spec: serde_json::from_str(&s).map_err(|e| corrupt(name, e))?,
+                created_at_ms: c,
+                updated_at_ms: u,
+            })
+        })
+        .transpose()
+    }
+
+    /// Every stored secret, by name.
+    pub fn list(&self) -> Result<Vec<StoredSecret>, StoreError> {
+        let rows: Vec<(String, String, i64, i64)> = {
+            let conn = self.conn();
+            let mut st = conn.prepare(
+                "SELECT name, spec, created_at, updated_at FROM named_secrets ORDER BY name",
+            )?;
+            let rows = st.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))?;
+            rows.collect::<Result<_, _>>()?
+        };
+        rows.into_iter()
+            .map(|(n, s, c, u)| {
+                Ok(StoredSecret {
+                    spec: serde_json::from_str(&s).map_err(|e| corrupt(&n, e))?,
+                    created_at_ms: c,
+                    updated_at_ms: u,
+                })
+            })
+            .collect()
+    }
+
+    /// Removes the secret named `name`; whether it existed. Sandboxes it was bound to keep
+    /// their copy until they end.
+    pub fn delete(&self, name: &str) -> Result<bool, StoreError> {
+        let n = self
+            .conn()
+            .execute("DELETE FROM named_secrets WHERE name = ?1", params![name])?;
+        Ok(n > 0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rampart_types::SecretInjection;
+
+    fn spec(name: &str, value: &str) -> SecretSpec {
+        SecretSpec {
+            name: name.into(),
+            value: value.into(),
+            hosts: vec!["api.example.com".into()],
+            inject: SecretInjection::Header {
+                name: "Authorization".into(),
+                template: "Bearer {value}".into(),
+            },
+            env: Some("TOK".into()),
+        }
+    }
+
+    #[test]
+    fn set_get_replace_list_delete() {
+        let s = SecretStore::open_in_memory().unwrap();
+        assert!(s.get("tok").unwrap().is_none());
+        let a = s.set(&spec("tok", "v1")).unwrap();
+        assert_eq!(a.spec.value, "v1");
+        let b = s.set(&spec("tok", "v2")).unwrap();
+        assert_eq!(b.spec.value, "v2");
+        assert_eq!(b.created_at_ms, a.created_at_ms);
+        s.set(&spec("another", "x")).unwrap();
+        let names: Vec<String> = s.list().unwrap().into_iter().map(|x| x.spec.name).collect();
+        assert_eq!(names, vec!["another".to_string(), "tok".to_string()]);
+        assert!(!format!("{:?}", s.get("tok").unwrap()).contains("v2"));
+        assert!(s.delete("tok").unwrap());
+        assert!(!s.delete("tok").unwrap());
+        assert!(s.get("tok").unwrap().is_none());
+    }
+
+    #[test]
+    fn the_file_is_owner_only() {
+        use std::os::unix::fs::PermissionsExt;
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("state.db");
+        let s = SecretStore::open(&p).unwrap();
+        s.set(&spec("tok", "v1")).unwrap();
+        drop(s);
+        let _again = SecretStore::open(&p).unwrap();
+        for f in ["state.db", "state.db-wal"] {
+            let m = std::fs::metadata(d.path().join(f))
+                .unwrap()
+                .permissions()
+                .mode();
+            assert_eq!(m & 0o777, 0o600, "{f}");
+        }
+    }
+}
