@@ -773,6 +773,30 @@ async fn exposed_ports_need_the_sandboxs_token_unless_public() {
     }
     let (s, _) = call_with(&app, Method::GET, path, &[]).await;
     assert_eq!(s, StatusCode::UNAUTHORIZED, "still private");
+    // Nor change anything else through the API (a body-less POST such as pause, or a form
+    // post); what goes to a sandbox's port is its server's business (here: no token, 401).
+    for uri in [
+        "/v1/sandboxes/known/pause",
+        "/v1/sandboxes/known/resume",
+        "/v1/sandboxes",
+    ] {
+        let (s, v) = call_with(&app, Method::POST, uri, &[("sec-fetch-site", "same-site")]).await;
+        assert_eq!(s, StatusCode::FORBIDDEN, "{uri}: {v}");
+    }
+    let (s, v) = call_with(&app, Method::POST, path, &[("origin", "null")]).await;
+    assert_eq!(s, StatusCode::UNAUTHORIZED, "{v}");
+    let (s, _) = call_with(
+        &app,
+        Method::GET,
+        "/v1/sandboxes/known",
+        &[("origin", "null")],
+    )
+    .await;
+    assert_eq!(
+        s,
+        StatusCode::OK,
+        "reads are left to the browser's same-origin policy"
+    );
     // Public: no token needed (and the listing says so).
     let (s, v) = call_with(
         &app,
@@ -841,4 +865,45 @@ async fn exposed_ports_need_the_sandboxs_token_unless_public() {
     ] {
         assert!(v["paths"].get(p).is_some(), "openapi lacks {p}");
     }
+}
+
+#[tokio::test]
+async fn secrets_api_is_documented_and_a_503_without_a_manager() {
+    let (app, _) = app();
+    let v = call(&app, Method::GET, "/v1/openapi.json", None, b"")
+        .await
+        .json();
+    for p in ["/v1/secrets", "/v1/secrets/{name}"] {
+        assert!(v["paths"].get(p).is_some(), "openapi lacks {p}");
+    }
+    for s in ["SecretSpec", "SecretInjection", "StoredSecretInfo"] {
+        assert!(
+            v["components"]["schemas"].get(s).is_some(),
+            "openapi lacks schema {s}"
+        );
+    }
+    for (m, uri, body) in [
+        (Method::GET, "/v1/secrets", &b""[..]),
+        (
+            Method::POST,
+            "/v1/secrets",
+            br#"{"name":"tok","value":"v","hosts":["api.example.com"]}"#,
+        ),
+        (Method::DELETE, "/v1/secrets/tok", b""),
+    ] {
+        let r = call(&app, m, uri, Some("application/json"), body).await;
+        assert_eq!(r.status, StatusCode::SERVICE_UNAVAILABLE, "{uri}");
+        assert_eq!(r.json()["error"]["code"], "unsupported");
+        assert!(!String::from_utf8_lossy(&r.body).contains("\"v\""));
+    }
+    // Bodies are checked first: unknown fields are refused.
+    let r = call(
+        &app,
+        Method::POST,
+        "/v1/secrets",
+        Some("application/json"),
+        br#"{"name":"tok","value":"v","hosts":[],"secret":1}"#,
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::BAD_REQUEST);
 }
