@@ -478,7 +478,8 @@ fn v1_router(state: AppState) -> Router {
         .route("/audit/key", get(audit::key))
         .route("/templates", get(templates::list))
         .route("/templates/{name}", get(templates::get_one))
-        .route("/openapi.json", get(openapi::serve_openapi));
+        .route("/openapi.json", get(openapi::serve_openapi))
+        .layer(axum::middleware::from_fn(ports::refuse_browser_writes));
 
     Router::new()
         .route("/health", get(health))

@@ -779,6 +779,39 @@ fn from_browser(headers: &HeaderMap) -> bool {
             .is_some_and(|v| v.as_bytes() != b"none")
 }
 
+/// Middleware on `/v1` (paths seen without the prefix): a request from a browser page that
+/// could change something (any method but GET, HEAD, OPTIONS) is refused, except what goes
+/// to a sandbox's port (`/sandboxes/{id}/ports/{P}/...`, whose server answers for itself).
+/// Pages that sandboxes serve run in the user's browser on the daemon's site (path form) or
+/// a sibling of it (`{P}-{id}.localhost`); the API has no authentication and no CORS, so
+/// reads are closed to them but "simple" body-less POSTs (pause, resume) and form posts
+/// would not be.
+pub(crate) async fn refuse_browser_writes(req: Request, next: Next) -> Response {
+    let reads = matches!(
+        *req.method(),
+        axum::http::Method::GET | axum::http::Method::HEAD | axum::http::Method::OPTIONS
+    );
+    if reads || !from_browser(req.headers()) || is_port_path(req.uri().path()) {
+        return next.run(req).await;
+    }
+    ApiError::new(
+        StatusCode::FORBIDDEN,
+        "forbidden",
+        "requests from a browser page (Origin or Sec-Fetch-Site header present) cannot \
+         change anything through the API",
+    )
+    .into_response()
+}
+
+/// Whether `path` (under `/v1`, the prefix stripped or not) is relayed to a sandbox's port:
+/// `/sandboxes/{id}/ports/{P}` and below, except the `/public` endpoints (which refuse
+/// browsers themselves).
+fn is_port_path(path: &str) -> bool {
+    let p = path.strip_prefix("/v1").unwrap_or(path);
+    let seg: Vec<&str> = p.split('/').collect();
+    matches!(seg.as_slice(), ["", "sandboxes", _, "ports", _, ..])
+}
+
 async fn set_public(
     st: &AppState,
     id: &SandboxId,
@@ -907,6 +940,15 @@ mod tests {
         let mut h = HeaderMap::new();
         h.insert(header::ORIGIN, HeaderValue::from_static("null"));
         assert!(from_browser(&h));
+    }
+
+    #[test]
+    fn port_paths_are_told_apart() {
+        assert!(is_port_path("/sandboxes/a/ports/80"));
+        assert!(is_port_path("/v1/sandboxes/a/ports/80/x/y"));
+        assert!(!is_port_path("/sandboxes/a/ports"));
+        assert!(!is_port_path("/sandboxes/a/pause"));
+        assert!(!is_port_path("/sandboxes"));
     }
 
     #[test]
