@@ -619,6 +619,7 @@ fn e2b_execs_and_file_operations_are_recorded_with_the_key_as_caller() {
     let diff = &evs[evs.len() - 2]["body"];
     assert_eq!(diff["type"], "fs_diff", "{diff}");
     assert_eq!(diff["reason"], "destroy");
+    assert_eq!(last["manifest_digest"], evs[evs.len() - 2]["hash"]);
     let listed = |kind: &str, path: &str| {
         diff[kind]
             .as_array()

@@ -89,6 +89,8 @@ pub(crate) struct Audit {
         std::collections::HashSet<SandboxId>,
         std::collections::VecDeque<SandboxId>,
     )>,
+    /// The hash of each sandbox's `fs_diff` at destroy, until its `destroyed` takes it.
+    manifests: Mutex<HashMap<SandboxId, Hash>>,
 }
 
 /// How many ended sandboxes [`Audit`] remembers.
@@ -184,6 +186,7 @@ impl Audit {
             meters: Mutex::new(HashMap::new()),
             journal,
             ended: Mutex::new(Default::default()),
+            manifests: Mutex::new(HashMap::new()),
         })
     }
 
@@ -380,6 +383,16 @@ impl Audit {
         )
     }
 
+    /// Remembers the hash of a sandbox's `fs_diff` at destroy for its `destroyed`.
+    pub(crate) fn set_manifest(&self, id: &SandboxId, hash: Hash) {
+        lock(&self.manifests).insert(id.clone(), hash);
+    }
+
+    /// The hash of the `fs_diff` recorded at this destroy, if one was (taken once).
+    pub(crate) fn take_manifest(&self, id: &SandboxId) -> Option<Hash> {
+        lock(&self.manifests).remove(id)
+    }
+
     fn is_ended(&self, id: &SandboxId) -> bool {
         lock(&self.ended).0.contains(id)
     }
@@ -405,6 +418,7 @@ impl Audit {
     pub(crate) fn forget(&self, id: &SandboxId) {
         lock(&self.chains).remove(id);
         lock(&self.meters).remove(id);
+        lock(&self.manifests).remove(id);
     }
 
     /// The counter files of a sandbox, opened at its first exec from `files` (None when it

@@ -648,12 +648,19 @@ pub(crate) mod at_destroy {
                 |_| EventBody::FsDiff(body),
                 Vec::new(),
                 |e| match e {
-                    Some(e) => store.append_event(e),
-                    None => Ok(()),
+                    Some(e) => store.append_event(e).map(|()| Some(e.hash.clone())),
+                    None => Ok(None),
                 },
             );
-            if let Err(e) = recorded {
-                warn!(id = %id, "recording fs_diff: {e}");
+            match recorded {
+                // `destroyed.manifest_digest` names this record.
+                Ok(Some(hash)) if reason == "destroy" => {
+                    if let Ok(h) = rampart_audit::Hash::parse(&hash) {
+                        self.audit.set_manifest(id, h);
+                    }
+                }
+                Ok(_) => {}
+                Err(e) => warn!(id = %id, "recording fs_diff: {e}"),
             }
         }
     }

@@ -628,7 +628,7 @@ impl Inner {
             |_| {
                 EventBody::Destroyed(Destroyed {
                     reason: why,
-                    manifest_digest: None,
+                    manifest_digest: self.audit.take_manifest(id),
                 })
             },
             Vec::new(),
