@@ -585,3 +585,54 @@ fn tokens_and_public_ports_survive_a_daemon_restart() {
     assert_eq!(ws_roundtrip(&env, &ws, &[]).unwrap()["leak"], false);
     assert_eq!(env.delete(&format!("/v1/sandboxes/{a}")).status(), 200);
 }
+
+/// A server inside that sets a site-wide session cookie (`Path=/`, `Domain=localhost`).
+const COOKIE_SERVER: &str = r#"
+import http.server, sys
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200)
+        self.send_header("Set-Cookie", "sid=secret; Path=/; Domain=localhost; HttpOnly")
+        self.send_header("Content-Length", "2")
+        self.end_headers()
+        self.wfile.write(b"ok")
+    def log_message(self, *a):
+        pass
+http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
+"#;
+
+#[test]
+fn a_sandboxs_cookies_stay_with_its_server() {
+    let Some(env) = setup() else { return };
+    let (id, tok) = env.create(json!({"timeout_secs": 300}));
+    let port = 8123u16;
+    env.put_file(&id, "/home/user/c.py", COOKIE_SERVER.as_bytes().to_vec());
+    env.exec(
+        &id,
+        &format!("cd /home/user && (nohup python3 c.py {port} >/dev/null 2>&1 &)"),
+    );
+    support::wait_until("the cookie server listens", 60, || {
+        env.ports(&id)["ports"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|e| e["port"] == port && e["listening"] == true)
+    });
+    let host = format!("{port}-{id}.localhost");
+    let hc = host_client(&env, std::slice::from_ref(&host));
+    let cookie = |url: &str| {
+        let r = hc.get(url).header("X-Rampart-Token", &tok).send().unwrap();
+        assert_eq!(r.status(), 200, "{url}");
+        r.headers()["set-cookie"].to_str().unwrap().to_owned()
+    };
+    // Path form: on the daemon's origin, confined to this port's prefix, host-only.
+    let c = cookie(&env.url(&format!("/v1/sandboxes/{id}/ports/{port}/x")));
+    assert_eq!(
+        c,
+        format!("sid=secret; HttpOnly; Path=/v1/sandboxes/{id}/ports/{port}/")
+    );
+    // Host form: its own origin keeps its path; never a cookie for every sandbox's host.
+    let c = cookie(&format!("http://{host}:{}/x", env.port));
+    assert_eq!(c, "sid=secret; Path=/; HttpOnly");
+    env.delete(&format!("/v1/sandboxes/{id}"));
+}

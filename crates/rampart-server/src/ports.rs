@@ -479,6 +479,54 @@ async fn relay(st: &AppState, id: &SandboxId, port: u16, req: Request) -> Respon
     }
 }
 
+/// Keeps the cookies a sandbox's server sets to that server: every `Set-Cookie` loses its
+/// `Domain` (host-only: a `Domain=<domain>` cookie would reach every sandbox's host form); in
+/// the path form (`prefix` = `/v1/sandboxes/{id}/ports/{P}`), its `Path` is put under
+/// `prefix` (all path-form pages share the daemon's origin: a `Path=/` session cookie would
+/// be sent to every other sandbox's server, and another sandbox could plant one for it). A
+/// value that is not text is dropped.
+fn confine_cookies(headers: &mut HeaderMap, prefix: Option<&str>) {
+    let set: Vec<HeaderValue> = headers
+        .get_all(header::SET_COOKIE)
+        .iter()
+        .cloned()
+        .collect();
+    if set.is_empty() {
+        return;
+    }
+    headers.remove(header::SET_COOKIE);
+    for v in set {
+        let Ok(v) = v.to_str() else { continue };
+        let mut parts = v.split(';');
+        let mut out = parts.next().unwrap_or_default().trim().to_owned();
+        let mut path = None;
+        for a in parts {
+            let a = a.trim();
+            let name = a.split('=').next().unwrap_or_default().trim();
+            if name.eq_ignore_ascii_case("domain") {
+                continue;
+            }
+            if prefix.is_some() && name.eq_ignore_ascii_case("path") {
+                path = a.split_once('=').map(|(_, p)| p.trim().to_owned());
+                continue;
+            }
+            if !a.is_empty() {
+                out.push_str("; ");
+                out.push_str(a);
+            }
+        }
+        if let Some(prefix) = prefix {
+            let p = path
+                .filter(|p| p.starts_with('/'))
+                .unwrap_or_else(|| "/".into());
+            out.push_str(&format!("; Path={prefix}{p}"));
+        }
+        if let Ok(v) = HeaderValue::from_str(&out) {
+            headers.append(header::SET_COOKIE, v);
+        }
+    }
+}
+
 /// Checks, scrubs, rewrites and relays one request for `port` of `id`; `rest` is the path
 /// for the server inside; `cookie_path` the path of the cookie set when the token came in
 /// the query.
@@ -509,6 +557,10 @@ async fn serve_port(
         Err(e) => return ApiError::bad_request(format!("path {pq:?}: {e}")).into_response(),
     }
     let mut resp = relay(st, id, port, req).await;
+    confine_cookies(
+        resp.headers_mut(),
+        (cookie_path != "/").then_some(cookie_path),
+    );
     if cookie_path != "/" {
         // The path form serves the sandbox's pages on the daemon's own origin: a browser must
         // not let their scripts call `/v1` as that origin (read tokens, exec in sandboxes).
@@ -940,6 +992,45 @@ mod tests {
         let mut h = HeaderMap::new();
         h.insert(header::ORIGIN, HeaderValue::from_static("null"));
         assert!(from_browser(&h));
+    }
+
+    #[test]
+    fn cookies_stay_with_their_server() {
+        let set = |vals: &[&str], prefix: Option<&str>| {
+            let mut h = HeaderMap::new();
+            for v in vals {
+                h.append(header::SET_COOKIE, HeaderValue::from_str(v).unwrap());
+            }
+            confine_cookies(&mut h, prefix);
+            h.get_all(header::SET_COOKIE)
+                .iter()
+                .map(|v| v.to_str().unwrap().to_owned())
+                .collect::<Vec<_>>()
+        };
+        let pre = "/v1/sandboxes/a/ports/80";
+        assert_eq!(
+            set(
+                &[
+                    "sid=1; Path=/; Domain=localhost; HttpOnly",
+                    "x=2",
+                    "y=3; path=/app; DOMAIN=.example.com",
+                    "z=4; Path=rel"
+                ],
+                Some(pre)
+            ),
+            [
+                "sid=1; HttpOnly; Path=/v1/sandboxes/a/ports/80/",
+                "x=2; Path=/v1/sandboxes/a/ports/80/",
+                "y=3; Path=/v1/sandboxes/a/ports/80/app",
+                "z=4; Path=/v1/sandboxes/a/ports/80/",
+            ]
+        );
+        // The host form: its own origin; only Domain goes.
+        assert_eq!(
+            set(&["sid=1; Path=/; Domain=localhost; Secure"], None),
+            ["sid=1; Path=/; Secure"]
+        );
+        assert!(set(&[], Some(pre)).is_empty());
     }
 
     #[test]
