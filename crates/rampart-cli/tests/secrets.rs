@@ -546,6 +546,153 @@ fn search_memory(pid: i32, needle: &[u8]) -> (u64, bool) {
     (read, false)
 }
 
+/// A standard base64 encoding (with padding).
+fn base64(data: &[u8]) -> String {
+    const T: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::new();
+    for c in data.chunks(3) {
+        let b = [c[0], *c.get(1).unwrap_or(&0), *c.get(2).unwrap_or(&0)];
+        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
+        for i in 0..4 {
+            if i <= c.len() {
+                out.push(T[((n >> (18 - 6 * i)) & 63) as usize] as char);
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
+}
+
+/// What the searches need to know about the daemon.
+struct Ctx<'a> {
+    d: &'a Daemon,
+    data: &'a Path,
+    daemon_log: &'a Path,
+    tmp: &'a Path,
+}
+
+impl Ctx<'_> {
+    /// Searches for `value` everywhere a sandbox `id` leaves traces and asserts it is in
+    /// none of them.
+    fn search_everywhere(&self, id: &str, value: &str) {
+        let d = self.d;
+        // Letters and digits only, so that a bracket pattern can match it without
+        // containing it.
+        assert!(value.bytes().all(|b| b.is_ascii_alphanumeric()));
+        let pattern: String = value.chars().map(|c| format!("[{c}]")).collect();
+
+        // 1. Every file of the sandbox, from inside as root.
+        let (code, out, err) = sh_as(
+            d,
+            id,
+            "root",
+            &format!(
+                "sync; grep -rlsE '{pattern}' / --exclude-dir=proc --exclude-dir=sys \
+                 --exclude-dir=dev; echo \"grep-exit=$?\""
+            ),
+        );
+        assert_eq!(code, 0, "{err}");
+        // 1: no match; 2: no match but some file could not be read (sockets, vanished).
+        let found = out.trim();
+        assert!(
+            found == "grep-exit=1" || found == "grep-exit=2",
+            "files inside {id} with the value: {out} {err}"
+        );
+
+        // 2. The environment of every process inside (as root: all of them).
+        let (_, out, _) = sh_as(
+            d,
+            id,
+            "root",
+            &format!(
+                "for f in /proc/[0-9]*/environ; do cat \"$f\" 2>/dev/null; echo; done | \
+                 grep -cE '{pattern}'"
+            ),
+        );
+        assert_eq!(out.trim(), "0", "environments in {id} with the value");
+
+        // 3. The environment, command line and memory of every process inside, from the
+        // host.
+        let (_, ns, _) = sh(d, id, "readlink /proc/self/ns/pid");
+        let pids = pids_in(ns.trim());
+        assert!(!pids.is_empty(), "processes of {id} ({ns}): {pids:?}");
+        let mut total = 0u64;
+        for pid in &pids {
+            for what in ["environ", "cmdline"] {
+                let b = std::fs::read(format!("/proc/{pid}/{what}")).unwrap_or_default();
+                assert!(!contains(&b, value.as_bytes()), "{what} of pid {pid}");
+            }
+            let (n, found) = search_memory(*pid, value.as_bytes());
+            assert!(!found, "the value is in the memory of pid {pid} (in {id})");
+            total += n;
+        }
+        assert!(total > 1 << 20, "read only {total} bytes of memory");
+        eprintln!(
+            "{id}: searched {total} bytes of memory of {} processes",
+            pids.len()
+        );
+
+        // 4. Every API answer about the sandbox and the secrets, and the audit bundle (as
+        // a file).
+        for path in [
+            format!("/v1/sandboxes/{id}"),
+            "/v1/sandboxes".to_owned(),
+            format!("/v1/sandboxes/{id}/network"),
+            format!("/v1/sandboxes/{id}/network/log"),
+            format!("/v1/sandboxes/{id}/ports"),
+            format!("/v1/sandboxes/{id}/audit?limit=10000"),
+            format!("/v1/sandboxes/{id}/audit/bundle"),
+            "/v1/secrets".to_owned(),
+        ] {
+            let (s, body) = get(d, &path);
+            assert!(s < 500, "{path}: {s}");
+            assert!(
+                !contains(&body, value.as_bytes()),
+                "the value is in GET {path}"
+            );
+            if path.ends_with("/bundle") {
+                assert_eq!(s, 200, "{path}");
+                let f = self.tmp.join(format!("bundle-{id}.json"));
+                std::fs::write(&f, &body).unwrap();
+                let (_, found) = search_file(&f, value.as_bytes()).unwrap();
+                assert!(!found, "the value is in the audit bundle");
+            }
+        }
+
+        // 5. The host side: the data directory (the sandbox's disk, egress state, audit
+        // journal...) but the templates, the shared image cache and state.db (values at
+        // rest, by design), and the daemon's log.
+        let skip_paths = |p: &Path| {
+            let name = p.file_name().and_then(|n| n.to_str()).unwrap_or_default();
+            name == "templates"
+                || name == "cache"
+                || name.starts_with("state.db")
+                || name == "store.img"
+        };
+        let mut files = Vec::new();
+        files_under(self.data, &skip_paths, &mut files);
+        files_under(&sandboxes_dir(self.data).join(id), &skip_paths, &mut files);
+        files.push(self.daemon_log.to_path_buf());
+        files.sort();
+        files.dedup();
+        let mut bytes = 0u64;
+        for f in &files {
+            let Ok((n, found)) = search_file(f, value.as_bytes()) else {
+                continue;
+            };
+            bytes += n;
+            assert!(!found, "the value is in {} (host side)", f.display());
+        }
+        eprintln!(
+            "{id}: searched {} host-side files ({bytes} bytes of data)",
+            files.len()
+        );
+        let dlog = std::fs::read_to_string(self.daemon_log).unwrap_or_default();
+        assert!(dlog.len() > 1000, "the daemon's log is (nearly) empty");
+    }
+}
+
 #[test]
 fn a_secret_reaches_only_its_host_and_is_found_nowhere_else() {
     if skip() {
@@ -758,33 +905,16 @@ fn a_secret_reaches_only_its_host_and_is_found_nowhere_else() {
 
     // ---- The value, searched for everywhere ----
 
-    // 1. Every file of the sandbox, from inside as root (the pattern does not contain the
-    // value).
-    let (code, out, err) = sh_as(
+    // The searches work: a probe written inside is found by the same grep over / and, once
+    // synced, by the host-side search of the sandbox's disk.
+    let probe = format!("Sv{}", token());
+    let probe_pattern: String = probe.chars().map(|c| format!("[{c}]")).collect();
+    let (_, out, _) = sh_as(
         &d,
         &id,
         "root",
         &format!(
-            "grep -rlsE '{pattern}' / --exclude-dir=proc --exclude-dir=sys --exclude-dir=dev; \
-             echo \"grep-exit=$?\""
-        ),
-    );
-    assert_eq!(code, 0, "{err}");
-    // 1: no match; 2: no match but some file could not be read (sockets, vanished files).
-    let found = out.trim();
-    assert!(
-        found == "grep-exit=1" || found == "grep-exit=2",
-        "files inside with the value: {out} {err}"
-    );
-    // ...and the grep finds what it should: the placeholder is in no file either, but a
-    // file with the pattern's match is found (the search works).
-    let probe = format!("Sv{}", token());
-    let probe_pattern: String = probe.chars().map(|c| format!("[{c}]")).collect();
-    let (_, out, _) = sh(
-        &d,
-        &id,
-        &format!(
-            "mkdir -p /var/tmp/probe && printf %s {probe} > /var/tmp/probe/file && \
+            "mkdir -p /var/tmp/probe && printf %s {probe} > /var/tmp/probe/file && sync && \
              grep -rlsE '{probe_pattern}' / --exclude-dir=proc --exclude-dir=sys --exclude-dir=dev"
         ),
     );
@@ -792,138 +922,89 @@ fn a_secret_reaches_only_its_host_and_is_found_nowhere_else() {
         out.contains("/var/tmp/probe/file"),
         "the search does not work: {out}"
     );
-
-    // 2. The environment of every process inside (as root: all of them).
+    let disk = sandboxes_dir(&data).join(&id).join("disk.img");
+    if disk.exists() {
+        let (_, found) = search_file(&disk, probe.as_bytes()).unwrap();
+        assert!(found, "the probe is not in {}", disk.display());
+    } else {
+        eprintln!("note: no disk image for the sandbox; its directory is searched as files");
+    }
+    // The placeholder is in the environment of the sandbox's processes.
     let (_, out, _) = sh_as(
         &d,
         &id,
         "root",
-        &format!(
-            "for f in /proc/[0-9]*/environ; do cat \"$f\" 2>/dev/null; echo; done | \
-             grep -cE '{pattern}'; for f in /proc/[0-9]*/environ; do cat \"$f\" 2>/dev/null; \
-             echo; done | tr '\\0' '\\n' | grep -c '^API_TOKEN=rampart-secret-'"
-        ),
+        "for f in /proc/[0-9]*/environ; do cat \"$f\" 2>/dev/null; echo; done | tr '\\0' '\\n' | \
+         grep -c '^API_TOKEN=rampart-secret-'",
     );
-    let counts: Vec<&str> = out.split_whitespace().collect();
-    assert_eq!(
-        counts.first(),
-        Some(&"0"),
-        "environments with the value: {out}"
-    );
-    assert!(
-        counts.get(1).is_some_and(|c| *c != "0"),
-        "no placeholder in env: {out}"
-    );
+    assert_ne!(out.trim(), "0", "no placeholder in any environment");
 
-    // 3. The memory of every process inside, read from the host.
-    let (_, ns, _) = sh(&d, &id, "readlink /proc/self/ns/pid");
-    let pids = pids_in(ns.trim());
-    assert!(pids.len() >= 2, "processes of the sandbox ({ns}): {pids:?}");
-    let mut total = 0u64;
-    for pid in &pids {
-        let environ = std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
-        assert!(
-            !contains(&environ, value.as_bytes()),
-            "environ of pid {pid}"
-        );
-        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-        assert!(
-            !contains(&cmdline, value.as_bytes()),
-            "cmdline of pid {pid}"
-        );
-        let (n, found) = search_memory(*pid, value.as_bytes());
-        assert!(
-            !found,
-            "the value is in the memory of pid {pid} (inside the sandbox)"
-        );
-        total += n;
-    }
-    assert!(total > 1 << 20, "read only {total} bytes of memory");
-    eprintln!(
-        "searched {total} bytes of memory of {} processes",
-        pids.len()
-    );
+    let ctx = Ctx {
+        d: &d,
+        data: &data,
+        daemon_log: &daemon_log,
+        tmp: tmp.path(),
+    };
+    ctx.search_everywhere(&id, &value);
 
-    // 4. Every API answer about the sandbox and the secrets, and the audit bundle.
-    let mut answers = Vec::new();
-    for path in [
-        format!("/v1/sandboxes/{id}"),
-        "/v1/sandboxes".to_owned(),
-        format!("/v1/sandboxes/{id}/network"),
-        format!("/v1/sandboxes/{id}/network/log"),
-        format!("/v1/sandboxes/{id}/audit"),
-        format!("/v1/sandboxes/{id}/audit/bundle"),
-        "/v1/secrets".to_owned(),
-    ] {
-        let (s, body) = get(&d, &path);
-        assert!(s < 500, "{path}: {s}");
-        assert!(
-            !contains(&body, value.as_bytes()),
-            "the value is in GET {path}"
-        );
-        answers.push((path, s, body));
-    }
-    let listed: Value = serde_json::from_slice(&answers[6].2).unwrap();
+    // The secrets list names it, without a value.
+    let (_, body) = get(&d, "/v1/secrets");
+    let listed: Value = serde_json::from_slice(&body).unwrap();
     assert_eq!(listed[0]["name"], "api_token", "{listed}");
     assert!(listed[0].get("value").is_none(), "{listed}");
-    let (_, s, bundle) = &answers[5];
-    if *s == 200 {
-        let f = tmp.path().join("bundle.json");
-        std::fs::write(&f, bundle).unwrap();
-        assert!(!contains(&std::fs::read(&f).unwrap(), value.as_bytes()));
-    }
-    // The audit record names the secret when it records its use.
-    let (_, events) = get(&d, &format!("/v1/sandboxes/{id}/audit?limit=10000"));
-    let events = String::from_utf8_lossy(&events).into_owned();
-    if events.contains("secret_used") {
-        assert!(events.contains("api_token"), "{events}");
-    } else {
-        eprintln!("note: this daemon's audit record has no secret_used events yet");
+    // The audit record has secret_used events, with the name and host only.
+    let mut used = Vec::new();
+    wait_until("secret_used in the audit record", 30, || {
+        let (_, events) = get(&d, &format!("/v1/sandboxes/{id}/audit?limit=10000"));
+        let page: Value = serde_json::from_slice(&events).unwrap_or(Value::Null);
+        used = page["events"]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .filter(|e| e["body"]["type"] == "secret_used")
+                    .map(|e| e["body"].clone())
+                    .collect()
+            })
+            .unwrap_or_default();
+        !used.is_empty()
+    });
+    for b in &used {
+        assert_eq!(b["name"], "api_token", "{b}");
+        assert_eq!(b["host"], HOST_A, "{b}");
     }
 
-    // 5. The host side: the sandbox's directories and the whole data directory but the
-    // templates and state.db (values at rest, by design), and the daemon's log.
-    let mut files = Vec::new();
-    let skip_paths = |p: &Path| {
-        let name = p.file_name().and_then(|n| n.to_str()).unwrap_or_default();
-        name == "templates"
-            || name == "cache"
-            || name.starts_with("state.db")
-            || name == "store.img"
-            || p.starts_with("/proc")
-    };
-    files_under(&data, &skip_paths, &mut files);
-    files_under(&sandboxes_dir(&data).join(&id), &skip_paths, &mut files);
-    // Written through to the sandbox's disk first, so the host side sees all of it; the
-    // probe written above shows that the host-side search of the disk finds what is there.
-    let (code, _, err) = sh_as(&d, &id, "root", "sync");
-    assert_eq!(code, 0, "sync: {err}");
-    let disk = sandboxes_dir(&data).join(&id).join("disk.img");
-    if disk.exists() {
-        let (_, found) = search_file(&disk, probe.as_bytes()).unwrap();
-        assert!(
-            found,
-            "the probe file's content is not in {}",
-            disk.display()
-        );
-    } else {
-        eprintln!("note: no disk image for the sandbox; its directory is searched as files");
-    }
-    files.push(daemon_log.clone());
-    files.sort();
-    files.dedup();
-    let mut bytes = 0u64;
-    for f in &files {
-        let Ok((n, found)) = search_file(f, value.as_bytes()) else {
-            continue;
-        };
-        bytes += n;
-        eprintln!("  host-side file {} ({n} bytes of data)", f.display());
-        assert!(!found, "the value is in {} (host side)", f.display());
-    }
-    eprintln!("searched {} host-side files ({bytes} bytes)", files.len());
-    let dlog = std::fs::read_to_string(&daemon_log).unwrap_or_default();
-    assert!(dlog.len() > 1000, "the daemon's log is (nearly) empty");
+    // A secret given inline (basic auth this time) is found nowhere either.
+    let value2 = format!("Sv{}{}", token(), token());
+    let (s, v) = post(
+        &d,
+        "/v1/sandboxes",
+        json!({
+            "network": {"mode": "allowlist", "allow": [HOST_A]},
+            "secrets": [{"name": "pw", "value": value2, "hosts": [HOST_A],
+                         "inject": {"kind": "basic", "username": "bob"}, "env": "PW"}],
+            "timeout_secs": 900,
+        }),
+    );
+    assert_eq!(s, 201, "create: {v}");
+    assert!(
+        !v.to_string().contains(&value2),
+        "the create answer has the value"
+    );
+    let id2 = v["id"].as_str().unwrap().to_owned();
+    let (code, out, err) = sh(&d, &id2, &format!("curl -sS -m 20 https://{HOST_A}/basic"));
+    assert_eq!(code, 0, "{out} {err}");
+    assert_eq!(
+        inet.header("/basic", "authorization"),
+        Some(format!(
+            "Basic {}",
+            base64(format!("bob:{value2}").as_bytes())
+        )),
+        "what A saw: {:?}",
+        inet.requests()
+    );
+    ctx.search_everywhere(&id2, &value2);
+    // ...and the first secret's value is not in the second sandbox either.
+    ctx.search_everywhere(&id2, &value);
 
     // Removing the stored secret leaves the running sandbox's copy alone.
     let (ok, _, err) = cli(&d, &["secret", "rm", "api_token"], "");
@@ -943,11 +1024,13 @@ fn a_secret_reaches_only_its_host_and_is_found_nowhere_else() {
         Some(format!("Bearer {value}").as_str())
     );
 
-    let r = client()
-        .delete(format!("{}/v1/sandboxes/{id}", d.url))
-        .send()
-        .unwrap();
-    assert!(r.status().is_success(), "destroy: {}", r.status());
+    for i in [&id, &id2] {
+        let r = client()
+            .delete(format!("{}/v1/sandboxes/{i}", d.url))
+            .send()
+            .unwrap();
+        assert!(r.status().is_success(), "destroy: {}", r.status());
+    }
     drop(d);
     drop(inet);
 }
