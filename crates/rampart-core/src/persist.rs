@@ -61,6 +61,8 @@ pub(crate) struct Persist {
     hidden: Mutex<HashMap<String, (SnapshotRow, PathBuf)>>,
     /// What a create staged for its launch, by sandbox id.
     staged: Mutex<HashMap<SandboxId, LaunchExtras>>,
+    /// When the create requests of ended sandboxes were last pruned (unix ms).
+    pruned_at_ms: std::sync::atomic::AtomicI64,
 }
 
 /// Keeps snapshots and volumes marked busy while a create uses them.
@@ -181,6 +183,7 @@ impl Persist {
             busy_volumes: Arc::default(),
             hidden: Mutex::default(),
             staged: Mutex::default(),
+            pruned_at_ms: std::sync::atomic::AtomicI64::new(now_ms()),
         })
     }
 
@@ -232,9 +235,26 @@ impl Persist {
         if let Err(e) = self.db.set_request(id.as_str(), &staged.request) {
             warn!(id = %id, "keeping the create request (fork will use defaults): {e}");
         }
+        // Requests (with the secret values given inline) are kept only while their sandbox
+        // lives: the ended ones go at most a minute after the next create, not only at start.
+        if prune_due(&self.pruned_at_ms, now_ms()) {
+            if let Err(e) = self.db.prune_ended_requests() {
+                warn!("pruning create requests: {e}");
+            }
+        }
         lock(&self.staged).insert(id.clone(), staged.extras);
         staged.busy
     }
+}
+
+/// Whether a minute passed since `last` (then `last` becomes `now`: one caller prunes).
+fn prune_due(last: &std::sync::atomic::AtomicI64, now: i64) -> bool {
+    use std::sync::atomic::Ordering;
+    let l = last.load(Ordering::Relaxed);
+    now.saturating_sub(l) >= 60_000
+        && last
+            .compare_exchange(l, now, Ordering::Relaxed, Ordering::Relaxed)
+            .is_ok()
 }
 
 /// What [`prepare_create`] found.
@@ -825,6 +845,15 @@ mod tests {
             assert_eq!(lock(&c).get("s"), Some(&2));
         }
         assert!(lock(&c).is_empty());
+    }
+
+    #[test]
+    fn ended_requests_are_pruned_once_a_minute() {
+        let last = std::sync::atomic::AtomicI64::new(1_000);
+        assert!(!prune_due(&last, 30_000));
+        assert!(prune_due(&last, 61_000));
+        assert!(!prune_due(&last, 61_001), "once per minute");
+        assert!(prune_due(&last, 121_000));
     }
 
     #[test]

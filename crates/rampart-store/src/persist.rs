@@ -256,7 +256,17 @@ impl PersistStore {
             .optional()?)
     }
 
-    /// Forgets the requests of sandboxes that are no longer alive.
+    /// Forgets the requests of sandboxes recorded as ended (destroyed or failed). Unlike
+    /// [`PersistStore::prune_requests`], safe while creates run: a create keeps its request
+    /// before its sandbox is recorded.
+    pub fn prune_ended_requests(&self) -> Result<usize, StoreError> {
+        Ok(self.conn().execute(
+            "DELETE FROM sandbox_requests WHERE id IN (SELECT id FROM sandboxes WHERE state IN ('destroyed','failed'))",
+            [],
+        )?)
+    }
+
+    /// Forgets the requests of sandboxes that are no longer alive (at start: no create runs).
     pub fn prune_requests(&self) -> Result<usize, StoreError> {
         Ok(self.conn().execute(
             "DELETE FROM sandbox_requests WHERE id NOT IN (SELECT id FROM sandboxes WHERE state IN ('creating','running','paused','stopping'))",
@@ -268,6 +278,28 @@ impl PersistStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ended_requests_go_and_in_flight_ones_stay() {
+        let s = PersistStore::open_in_memory().unwrap();
+        s.conn()
+            .execute_batch(
+                "CREATE TABLE sandboxes (id TEXT PRIMARY KEY, state TEXT);
+                 INSERT INTO sandboxes VALUES ('gone', 'destroyed'), ('bad', 'failed'),
+                                              ('live', 'running');",
+            )
+            .unwrap();
+        for id in ["gone", "bad", "live", "staged"] {
+            s.set_request(id, "{}").unwrap();
+        }
+        assert_eq!(s.prune_ended_requests().unwrap(), 2);
+        assert!(s.request("gone").unwrap().is_none());
+        assert!(s.request("live").unwrap().is_some());
+        assert!(
+            s.request("staged").unwrap().is_some(),
+            "a create not yet recorded keeps its request"
+        );
+    }
 
     #[test]
     fn snapshots_and_volumes_round_trip() {
