@@ -691,6 +691,15 @@ impl Inner {
     ) -> Result<SandboxInfo, CoreError> {
         let t0 = Instant::now();
         let cfg = &self.cfg;
+        // Secrets by name (`/v1/secrets`) become secrets with their stored value, before the
+        // request is kept for fork (a fork binds the same values).
+        match crate::secrets::resolve(&cfg.data_dir, &req.secrets) {
+            Ok(s) => req.secrets = s,
+            Err(e) => {
+                self.metrics.creates.with_label_values(&["rejected"]).inc();
+                return Err(e);
+            }
+        }
         // Snapshot and volumes (fills the template from the snapshot).
         let staged = match crate::persist::prepare_create(self, &mut req) {
             Ok(s) => s,
@@ -713,10 +722,7 @@ impl Inner {
                 return Err(e);
             }
         };
-        // Secrets by name (`/v1/secrets`) become secrets with their stored value.
-        let net = match crate::secrets::resolve(&cfg.data_dir, &req.secrets)
-            .and_then(|secrets| self.network.check(req.network.as_ref(), &secrets))
-        {
+        let net = match self.network.check(req.network.as_ref(), &req.secrets) {
             Ok(n) => n,
             Err(e) => {
                 self.metrics.creates.with_label_values(&["rejected"]).inc();
