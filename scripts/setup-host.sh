@@ -10,6 +10,8 @@ pkgs=(e2fsprogs util-linux bash coreutils python3 curl git ncurses-bin sudo ca-c
       procps iproute2 bubblewrap runc
       # Per-sandbox networks: the daemon loads its table through `nft -j -f -`.
       nftables
+      # The secrets test makes its test CA and server certificate with openssl.
+      openssl
       # `rampart template build` with from = "debian:SUITE" (the base is made by mmdebstrap).
       mmdebstrap
       # The copy-on-write store (snapshots, fork, volumes) when <data> has no reflink.
