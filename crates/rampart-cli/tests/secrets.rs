@@ -779,6 +779,28 @@ fn a_secret_reaches_only_its_host_and_is_found_nowhere_else() {
     );
     assert_eq!(s, 400, "{v}");
     assert!(v.to_string().contains("nope"), "{v}");
+    // The same through the CLI, and `rampart create --secret NAME` binding the stored one.
+    let (ok, out, err) = cli(&d, &["create", "--allow", HOST_A, "--secret", "nope"], "");
+    assert!(!ok && err.contains("nope"), "{out} {err}");
+    let (ok, out, err) = cli(
+        &d,
+        &[
+            "create",
+            "--allow",
+            HOST_A,
+            "--secret",
+            "api_token",
+            "--timeout",
+            "600",
+        ],
+        "",
+    );
+    assert!(ok, "create --secret: {out} {err}");
+    let by_cli = out.trim().to_owned();
+    let (_, env, _) = sh(&d, &by_cli, "printf %s \"$API_TOKEN\"");
+    assert!(env.starts_with("rampart-secret-api_token-"), "{env}");
+    let (ok, _, err) = cli(&d, &["rm", &by_cli], "");
+    assert!(ok, "{err}");
 
     // A sandbox that refers to the stored secret by name.
     let (s, v) = post(
