@@ -240,11 +240,15 @@ pub(crate) async fn handle_for(
             intercept(inner, &sb, client, pre, dst, n, &counters, &live.cancel).await
         }
         // Plain HTTP with a name is relayed request by request: every request on the
-        // connection must name the same host (and a bound host gets its secrets).
+        // connection must name the same host. A bound host gets its secrets only at an
+        // address the sandbox's resolver answered for it: no certificate proves who is at
+        // the other end, and `open` mode or an address rule admits any address whatever
+        // Host the request names.
         (Peek::Http(_), Some(n)) => match connect(dst).await {
             Ok(up) => {
                 let c = Rewind::new(pre, client);
-                http_relay(&sb, c, up, n, port, &counters, &live.cancel).await
+                let inject = sb.is_pinned(ip, n);
+                http_relay(&sb, c, up, n, port, inject, &counters, &live.cancel).await
             }
             Err(e) => Err(e),
         },
@@ -417,17 +421,21 @@ async fn intercept(
         _ = cancel.cancelled() => return Ok(()),
         r = setup => r?,
     };
-    http_relay(sb, tls_client, tls_up, name, dst.port(), c, cancel).await
+    // The upstream proved with its certificate that it is `name`.
+    http_relay(sb, tls_client, tls_up, name, dst.port(), true, c, cancel).await
 }
 
-/// Relays HTTP/1.1 requests from the sandbox to the bound host, placing secrets into each
-/// request head; responses are spliced back unchanged.
+/// Relays HTTP/1.1 requests from the sandbox to `host`, placing secrets into each request
+/// head when `inject` says the upstream is known to be that host; responses are spliced
+/// back unchanged.
+#[allow(clippy::too_many_arguments)]
 async fn http_relay<C, U>(
     sb: &Sandbox,
     client: C,
     upstream: U,
     host: &str,
     port: u16,
+    inject: bool,
     c: &Counters,
     cancel: &CancellationToken,
 ) -> io::Result<()>
@@ -445,7 +453,8 @@ where
                 return Ok(());
             };
             let secrets = sb.secrets();
-            let rh = rewrite_head(&head, &secrets, host, port).map_err(io::Error::other)?;
+            let secrets: &[_] = if inject { &secrets } else { &[] };
+            let rh = rewrite_head(&head, secrets, host, port).map_err(io::Error::other)?;
             if let Some(h) = &rh.host {
                 if h != host {
                     let mut dr = Draft::new(

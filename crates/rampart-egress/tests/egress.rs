@@ -682,6 +682,40 @@ fn a_secret_reaches_only_its_bound_host_in_the_configured_header() {
     });
 }
 
+#[test]
+fn a_secret_goes_over_plain_http_only_to_an_address_resolved_for_its_host() {
+    scenario(|cx| async move {
+        let (code, _) = cx
+            .sandbox(|| dns_query(ANY_DNS, "api.test", RecordType::A, false))
+            .await;
+        assert_eq!(code, ResponseCode::NoError);
+        let web1_net = format!("{WEB1}/32");
+        for p in [
+            policy(NetworkMode::Open, &[], &[]),
+            policy(NetworkMode::Allowlist, &["api.test", &web1_net], &[]),
+        ] {
+            cx.egress.set_policy("sbx1", p.clone()).unwrap();
+            // Both policies admit plain HTTP to WEB1 (another server) naming the bound
+            // host: it must not get the value.
+            let body = cx
+                .sandbox(|| http_get(WEB1, "api.test", &[]))
+                .await
+                .unwrap();
+            assert!(body.contains("HTTP/1.1 200"), "{p:?}: {body}");
+            assert!(!body.contains(SECRET_VALUE), "{p:?}: {body}");
+            // The bound host at the address its name resolved to still gets it.
+            let body = cx
+                .sandbox(|| http_get(WEB2, "api.test", &[]))
+                .await
+                .unwrap();
+            assert!(
+                body.contains(&format!("Authorization: Bearer {SECRET_VALUE}\r\n")),
+                "{p:?}: {body}"
+            );
+        }
+    });
+}
+
 impl Ctx {
     /// The sandbox's CA (what its trust store would hold).
     fn egress_ca(&self) -> String {
