@@ -105,10 +105,26 @@ fn is_opaque(p: &Path) -> bool {
     n == 1 && buf[0] == b'y'
 }
 
-/// The first lower entry at `rel` (not following a final symlink), if any.
+/// `rel` under the lower directory `l` if every directory on the way there is a real
+/// directory of that layer. A template's symlink (`/var/run -> /run`) is never followed:
+/// overlayfs does not follow it either, and `l.join(rel)` would lead the walk onto the
+/// host's own files (a sandbox that replaced `/var/run` by a directory of its own).
+fn in_lower(l: &Path, rel: &Path) -> Option<PathBuf> {
+    let mut p = l.to_path_buf();
+    let mut comps = rel.components().peekable();
+    while let Some(c) = comps.next() {
+        p.push(c);
+        if comps.peek().is_some() && !std::fs::symlink_metadata(&p).ok()?.is_dir() {
+            return None;
+        }
+    }
+    Some(p)
+}
+
+/// The first lower entry at `rel` (not following any symlink), if any.
 fn lower_md(lowers: &[PathBuf], rel: &Path) -> Option<(PathBuf, Metadata)> {
     lowers.iter().find_map(|l| {
-        let p = l.join(rel);
+        let p = in_lower(l, rel)?;
         std::fs::symlink_metadata(&p).ok().map(|m| (p, m))
     })
 }
@@ -193,7 +209,13 @@ impl Walk<'_> {
         let mut stack = vec![rel.to_path_buf()];
         while let Some(d) = stack.pop() {
             for l in lowers {
-                let Ok(rd) = std::fs::read_dir(l.join(&d)) else {
+                let Some(ld) = in_lower(l, &d) else {
+                    continue;
+                };
+                if !std::fs::symlink_metadata(&ld).is_ok_and(|m| m.is_dir()) {
+                    continue; // a symlink (or file) in this layer: nothing below it
+                }
+                let Ok(rd) = std::fs::read_dir(&ld) else {
                     continue;
                 };
                 let mut names: Vec<_> = rd.flatten().map(|e| e.file_name()).collect();
@@ -207,7 +229,7 @@ impl Walk<'_> {
                     if std::fs::symlink_metadata(upper_dir.join(rel_to_opaque)).is_ok() {
                         continue;
                     }
-                    let p = l.join(&r);
+                    let p = ld.join(&name);
                     let Ok(md) = std::fs::symlink_metadata(&p) else {
                         continue;
                     };
@@ -440,6 +462,43 @@ mod tests {
         let g = d.removed.iter().find(|e| e.path == "/etc/gone").unwrap();
         assert_eq!((g.size, g.digest), (3, sha(b"bye")), "the template's file");
         assert_eq!(d.hashed_bytes, 5 + 9 + 1 + 3 + 1 + 2);
+    }
+
+    #[test]
+    fn a_template_symlink_never_leads_onto_the_host() {
+        // The template has `var/run -> <host>/run` (absolute); the sandbox replaced it by a
+        // directory of its own holding a file and a whiteout named like the host's files.
+        let t = tempfile::tempdir().unwrap();
+        let (lower, upper, host) = (
+            t.path().join("lower"),
+            t.path().join("upper"),
+            t.path().join("host"),
+        );
+        std::fs::create_dir_all(lower.join("var")).unwrap();
+        std::fs::create_dir_all(host.join("run/secretdir")).unwrap();
+        std::fs::write(host.join("run/secret"), "host secret").unwrap();
+        std::fs::write(host.join("run/secretdir/key"), "host key").unwrap();
+        symlink(host.join("run"), lower.join("var/run")).unwrap();
+        std::fs::create_dir_all(upper.join("var/run")).unwrap();
+        std::fs::write(upper.join("var/run/secret"), "mine").unwrap();
+        if !whiteout(&upper.join("var/run/secretdir")) {
+            eprintln!("skipped: making whiteouts needs root");
+            return;
+        }
+        let mut d = LayerDiff::default();
+        diff_layer(
+            &Layers {
+                upper,
+                lowers: vec![lower],
+                mount: "/".into(),
+            },
+            DiffLimits::default(),
+            &mut d,
+        );
+        assert_eq!(names(&d.changed), vec!["/var/run"], "{d:?}");
+        assert_eq!(names(&d.added), vec!["/var/run/secret"], "{d:?}");
+        assert!(d.removed.is_empty(), "nothing of the host listed: {d:?}");
+        assert_eq!(d.hashed_bytes, 4, "no host file hashed");
     }
 
     #[test]
