@@ -225,13 +225,18 @@ pub fn skeleton_key() -> String {
 }
 
 impl Store {
-    /// Opens (creating) the store of the data directory `data`.
+    /// Opens (creating) the store of the data directory `data`. `<data>/images` is made
+    /// mode 0700: layers keep the images' owners and modes, so a setuid-root program of an
+    /// image (or one a build step made) is a setuid-root file on the host; host users must
+    /// not reach it (the jail mounts the layers as root, which needs no access for them).
     pub fn open(data: &Path) -> Result<Store, ImageError> {
         let root = data.join("images");
         for d in ["layers", "manifests", "names", "tmp", "pins"] {
             let p = root.join(d);
             std::fs::create_dir_all(&p).map_err(io(format!("mkdir {}", p.display())))?;
         }
+        std::fs::set_permissions(&root, std::fs::Permissions::from_mode(0o700))
+            .map_err(io(format!("chmod {}", root.display())))?;
         Ok(Store { root })
     }
 

@@ -671,6 +671,16 @@ fn gc_keeps_layers_pinned_by_live_sandboxes() {
     );
 }
 
+/// Layers keep images' setuid-root files: host users must not reach the store.
+#[test]
+fn the_store_is_closed_to_host_users() {
+    let d = tempfile::tempdir().unwrap();
+    std::fs::create_dir(d.path().join("data")).unwrap();
+    let store = Store::open(&d.path().join("data")).unwrap();
+    let mode = std::fs::metadata(store.root()).unwrap().mode() & 0o777;
+    assert_eq!(mode, 0o700, "images/ mode {mode:o}");
+}
+
 /// A tar of every file under `dir` (paths relative to it).
 fn tar_dir(dir: &Path) -> Vec<u8> {
     let mut b = tar::Builder::new(Vec::new());
