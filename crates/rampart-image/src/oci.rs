@@ -101,18 +101,36 @@ fn read_json<T: serde::de::DeserializeOwned>(p: &Path) -> Result<T, ImageError> 
     serde_json::from_slice(&b).map_err(|e| oci(format!("{}: {e}", p.display())))
 }
 
+/// `p`, with its symlinks resolved, if that is inside `root`; when `confine` is false
+/// (a layout directory the operator named), `p` as is. An unpacked archive's symlinks are
+/// the archive's own: `blobs -> /` or `l -> /root` must not make the import read host files.
+fn confined(root: &Path, p: PathBuf, confine: bool) -> Result<PathBuf, ImageError> {
+    if !confine {
+        return Ok(p);
+    }
+    let r = std::fs::canonicalize(root).map_err(io(format!("open {}", root.display())))?;
+    let c = std::fs::canonicalize(&p).map_err(io(format!("open {}", p.display())))?;
+    if !c.starts_with(&r) {
+        return Err(oci(format!(
+            "{} leads outside the archive",
+            p.strip_prefix(root).unwrap_or(&p).display()
+        )));
+    }
+    Ok(c)
+}
+
 /// The path of a blob in a layout, refusing digests that are not `sha256:<64 hex>`.
-fn blob(root: &Path, digest: &str) -> Result<PathBuf, ImageError> {
+fn blob(root: &Path, digest: &str, confine: bool) -> Result<PathBuf, ImageError> {
     let hexd = digest
         .strip_prefix("sha256:")
         .filter(|h| crate::digest::is_hex64(h))
         .ok_or_else(|| oci(format!("unsupported digest {digest:?} (sha256 only)")))?;
-    Ok(root.join("blobs").join("sha256").join(hexd))
+    confined(root, root.join("blobs").join("sha256").join(hexd), confine)
 }
 
 /// Reads a blob fully, checking its digest.
-fn read_blob(root: &Path, digest: &str) -> Result<Vec<u8>, ImageError> {
-    let p = blob(root, digest)?;
+fn read_blob(root: &Path, digest: &str, confine: bool) -> Result<Vec<u8>, ImageError> {
+    let p = blob(root, digest, confine)?;
     let b = std::fs::read(&p).map_err(io(format!("read blob {digest}")))?;
     let got = format!("sha256:{}", hex(&Sha256::digest(&b)));
     if got != digest {
@@ -144,13 +162,14 @@ pub fn open(path: &Path, store: &Store) -> Result<OciImage, ImageError> {
 }
 
 fn open_dir(root: &Path, unpacked: Option<TmpDir>) -> Result<OciImage, ImageError> {
+    let arch = unpacked.is_some();
     if root.join("index.json").is_file() {
-        let idx: Index = read_json(&root.join("index.json"))?;
+        let idx: Index = read_json(&confined(root, root.join("index.json"), arch)?)?;
         let mut desc = pick(&idx.manifests)?.clone();
         // An index may point at another index (multi-platform).
         let mut depth = 0;
         let manifest: ImageManifest = loop {
-            let b = read_blob(root, &desc.digest)?;
+            let b = read_blob(root, &desc.digest, arch)?;
             let v: serde_json::Value =
                 serde_json::from_slice(&b).map_err(|e| oci(format!("manifest: {e}")))?;
             if v.get("manifests").is_some() {
@@ -166,7 +185,7 @@ fn open_dir(root: &Path, unpacked: Option<TmpDir>) -> Result<OciImage, ImageErro
             break serde_json::from_value(v).map_err(|e| oci(format!("manifest: {e}")))?;
         };
         let cfg: ImageConfigFile =
-            serde_json::from_slice(&read_blob(root, &manifest.config.digest)?)
+            serde_json::from_slice(&read_blob(root, &manifest.config.digest, arch)?)
                 .map_err(|e| oci(format!("config: {e}")))?;
         let mut layers = Vec::new();
         for l in &manifest.layers {
@@ -180,7 +199,7 @@ fn open_dir(root: &Path, unpacked: Option<TmpDir>) -> Result<OciImage, ImageErro
                 return Err(oci(format!("layer {} is not distributable", l.digest)));
             }
             layers.push(OciLayer {
-                path: blob(root, &l.digest)?,
+                path: blob(root, &l.digest, arch)?,
                 digest: Some(l.digest.clone()),
                 key: layer_key(&l.digest),
             });
@@ -192,16 +211,17 @@ fn open_dir(root: &Path, unpacked: Option<TmpDir>) -> Result<OciImage, ImageErro
         });
     }
     if root.join("manifest.json").is_file() {
-        let dm: Vec<DockerManifest> = read_json(&root.join("manifest.json"))?;
+        let dm: Vec<DockerManifest> =
+            read_json(&confined(root, root.join("manifest.json"), arch)?)?;
         let m = dm
             .into_iter()
             .next()
             .ok_or_else(|| oci("manifest.json lists no image"))?;
-        let cpath = safe_join(root, &m.config)?;
+        let cpath = confined(root, safe_join(root, &m.config)?, arch)?;
         let cfg: ImageConfigFile = read_json(&cpath)?;
         let mut layers = Vec::new();
         for l in &m.layers {
-            let p = safe_join(root, l)?;
+            let p = confined(root, safe_join(root, l)?, arch)?;
             // Name the layer by its content.
             let mut h = Sha256::new();
             let mut f = std::fs::File::open(&p).map_err(io(format!("open {}", p.display())))?;

@@ -688,6 +688,62 @@ fn tar_dir(dir: &Path) -> Vec<u8> {
     b.into_inner().unwrap()
 }
 
+/// An archive's own symlinks never lead the import to host files: a `docker save` archive
+/// whose layer (or config) path goes through `l -> /somewhere`, or an OCI archive whose
+/// `blobs` is a link out, is refused.
+#[test]
+fn archive_symlinks_never_lead_to_host_files() {
+    if !is_root() {
+        eprintln!("skipped: needs root");
+        return;
+    }
+    let d = tempfile::tempdir().unwrap();
+    let store = Store::open(&d.path().join("data")).unwrap();
+    // Host files outside the archive: a tar and a JSON config.
+    let host = d.path().join("host");
+    std::fs::create_dir_all(&host).unwrap();
+    std::fs::write(
+        host.join("private.tar"),
+        tar_of(&[E::File("secret", b"host secret\n", 0o600)]),
+    )
+    .unwrap();
+    std::fs::write(host.join("cfg.json"), br#"{"config":{}}"#).unwrap();
+    let host_s = host.to_str().unwrap();
+    let ds = tar_of(&[
+        E::Symlink("l", host_s),
+        E::File(
+            "manifest.json",
+            br#"[{"Config":"l/cfg.json","Layers":["l/private.tar"]}]"#,
+            0o644,
+        ),
+    ]);
+    let dsa = d.path().join("ds.tar");
+    std::fs::write(&dsa, ds).unwrap();
+    let e = rampart_image::oci::open(&dsa, &store).unwrap_err();
+    assert!(e.to_string().contains("outside the archive"), "{e}");
+    // An OCI layout archive whose blobs/ is a link to a copy of a layout elsewhere.
+    let img = d.path().join("img");
+    write_layout(&img, &whiteout_layers(), serde_json::json!({}));
+    let oa = tar_of(&[
+        E::Symlink("blobs", &format!("{}/blobs", img.display())),
+        E::File(
+            "index.json",
+            &std::fs::read(img.join("index.json")).unwrap(),
+            0o644,
+        ),
+        E::File("oci-layout", br#"{"imageLayoutVersion":"1.0.0"}"#, 0o644),
+    ]);
+    let oaa = d.path().join("oa.tar");
+    std::fs::write(&oaa, oa).unwrap();
+    let e = rampart_image::oci::open(&oaa, &store).unwrap_err();
+    assert!(e.to_string().contains("outside the archive"), "{e}");
+    assert_eq!(
+        std::fs::read_dir(store.root().join("tmp")).unwrap().count(),
+        0,
+        "the unpacked archive is removed"
+    );
+}
+
 #[test]
 fn oci_and_docker_save_archives_are_read() {
     if !is_root() {
