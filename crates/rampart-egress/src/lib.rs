@@ -462,10 +462,27 @@ fn valid_id(id: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
 }
 
+/// Raises the process's soft limit on open files to its hard limit (best effort). The proxy
+/// holds two descriptors per connection, up to [`CONNS_PER_SANDBOX`] connections per
+/// sandbox: at the usual soft limit of 1,024 (systemd's default for services) one sandbox
+/// opening connections would leave the daemon no descriptor for its API, store and agents.
+fn raise_open_files_limit() {
+    use nix::sys::resource::{getrlimit, setrlimit, Resource};
+    if let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE) {
+        if soft < hard {
+            if let Err(e) = setrlimit(Resource::RLIMIT_NOFILE, hard, hard) {
+                tracing::warn!("egress: cannot raise the open files limit from {soft}: {e}");
+            }
+        }
+    }
+}
+
 impl Egress {
     /// Binds the proxy and the resolver and starts serving (must be called inside a tokio
-    /// runtime). Reads the host's addresses and resolvers.
+    /// runtime). Reads the host's addresses and resolvers. Raises the process's soft limit
+    /// on open files to its hard limit.
     pub async fn start(cfg: EgressConfig) -> Result<Egress, EgressError> {
+        raise_open_files_limit();
         let extra_blocked = cfg
             .blocked
             .iter()

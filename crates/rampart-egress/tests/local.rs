@@ -270,3 +270,21 @@ async fn resolver_answers_allowed_names_only_and_feeds_the_event_hook() {
     assert_eq!(r.id(), 0x1234);
     assert_eq!(r.response_code(), ResponseCode::FormErr);
 }
+
+/// One sandbox may hold 1,024 proxied connections (two descriptors each): at a service's
+/// usual soft limit of 1,024 open files it alone would exhaust the daemon's descriptors.
+#[tokio::test]
+async fn start_raises_the_open_files_limit_to_the_hard_limit() {
+    use nix::sys::resource::{getrlimit, setrlimit, Resource};
+    let (_, hard) = getrlimit(Resource::RLIMIT_NOFILE).unwrap();
+    if hard <= 1024 {
+        eprintln!("skip: hard open files limit {hard} leaves nothing to raise");
+        return;
+    }
+    setrlimit(Resource::RLIMIT_NOFILE, 1024, hard).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let _e = Egress::start(cfg(&dir.path().join("egress"), vec![]))
+        .await
+        .unwrap();
+    assert_eq!(getrlimit(Resource::RLIMIT_NOFILE).unwrap(), (hard, hard));
+}
