@@ -63,6 +63,16 @@ impl Drop for TableGuard {
     }
 }
 
+/// Destroys every sandbox of the daemon at this URL when dropped (before the daemon is
+/// killed, as it is declared after it), so a failed test leaves no sandbox running.
+struct Sandboxes(String);
+
+impl Drop for Sandboxes {
+    fn drop(&mut self) {
+        support::destroy_all(&self.0);
+    }
+}
+
 /// The test CA and the servers' certificate (for both test names), made with openssl.
 struct Pki {
     ca: PathBuf,
@@ -727,6 +737,7 @@ fn a_secret_reaches_only_its_host_and_is_found_nowhere_else() {
         ("RUST_LOG", "debug"),
     ];
     let d = start(&data, free_port(), &envs);
+    let _sandboxes = Sandboxes(d.url.clone());
     let daemon_log = data.with_extension("log");
 
     // The value: letters and digits only, so that a bracket pattern can match it without
@@ -1079,6 +1090,7 @@ fn a_secret_reaches_only_its_host_and_is_found_nowhere_else() {
     assert!(ok, "{err}");
     drop(d);
     let d = start(&data, free_port(), &envs);
+    let _sandboxes_again = Sandboxes(d.url.clone());
     let (ok, out, _) = cli(&d, &["secret", "ls", "--json"], "");
     assert!(
         ok && out.contains("\"again\"") && !out.contains("another-value"),
