@@ -259,7 +259,9 @@ pub(crate) fn rewrite_head(
     let upgrade = method.eq_ignore_ascii_case("CONNECT") || get("upgrade").is_some();
     let mut used = Vec::new();
     let name_matches = req_host.as_deref().is_none_or(|h| h == host);
-    if name_matches {
+    // A server answers TRACE with the request it received, secrets included.
+    let echoed = method.eq_ignore_ascii_case("TRACE");
+    if name_matches && !echoed {
         for s in secrets.iter().filter(|s| s.bound_to(host, Some(port))) {
             let mut injected = false;
             for h in headers.iter_mut() {
@@ -351,6 +353,21 @@ mod tests {
         let head2 = b"GET / HTTP/1.1\r\nHost: evil.com\r\n\r\n";
         let r = rewrite_head(head2, &[s], "api.example.com", 443).unwrap();
         assert!(r.used.is_empty());
+    }
+
+    #[test]
+    fn trace_gets_no_secret() {
+        let s = secret(SecretInjection::Header {
+            name: "Authorization".into(),
+            template: "Bearer {value}".into(),
+        });
+        let head = format!(
+            "TRACE / HTTP/1.1\r\nHost: api.example.com\r\nX-Key: {}\r\n\r\n",
+            s.placeholder
+        );
+        let r = rewrite_head(head.as_bytes(), &[s], "api.example.com", 443).unwrap();
+        assert!(r.used.is_empty());
+        assert!(!String::from_utf8(r.bytes).unwrap().contains("s3cr3t"));
     }
 
     #[test]
