@@ -110,8 +110,13 @@ struct Shared {
 
 /// `<path>.1`.
 fn moving_path(path: &Path) -> PathBuf {
+    suffixed(path, ".1")
+}
+
+/// `<path><suffix>`.
+fn suffixed(path: &Path, suffix: &str) -> PathBuf {
     let mut p = path.as_os_str().to_owned();
-    p.push(".1");
+    p.push(suffix);
     PathBuf::from(p)
 }
 
@@ -184,10 +189,12 @@ impl Journal {
             .open(path)
             .map_err(io)?;
         file.set_len(0).map_err(io)?;
-        match std::fs::remove_file(&moving) {
-            Ok(()) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => return Err(io(e)),
+        for p in [moving, suffixed(path, ".joined")] {
+            match std::fs::remove_file(&p) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(io(e)),
+            }
         }
         let shared = Arc::new(Shared {
             state: Mutex::new(State {
@@ -220,7 +227,7 @@ impl Journal {
         line.push(b'\n');
         let mut st = lock(&self.shared.state);
         // One write of the whole record (O_APPEND): a record is never interleaved.
-        st.file.write_all(&line).map_err(|err| JournalError::Io {
+        write_record(&mut st.file, &line).map_err(|err| JournalError::Io {
             path: PathBuf::from("audit.journal"),
             err,
         })?;
@@ -235,6 +242,30 @@ impl Journal {
     pub(crate) fn flush(&self) -> Result<(), JournalError> {
         flush(&self.shared)
     }
+}
+
+/// Appends `line` to `file`; on failure (a full disk) takes back what it wrote, so that no
+/// torn record is left in the middle of the journal: the next record would be glued to it
+/// and both lost at a replay (which stops at the first bad record).
+fn write_record(file: &mut File, line: &[u8]) -> std::io::Result<()> {
+    let mut done = 0;
+    while done < line.len() {
+        let err = match file.write(&line[done..]) {
+            Ok(0) => std::io::Error::from(std::io::ErrorKind::WriteZero),
+            Ok(n) => {
+                done += n;
+                continue;
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => e,
+        };
+        if done > 0 {
+            let len = file.metadata()?.len();
+            file.set_len(len.saturating_sub(done as u64))?;
+        }
+        return Err(err);
+    }
+    Ok(())
 }
 
 /// Moves the pending events into the store. Appends go on meanwhile: the batch's file is
@@ -265,10 +296,15 @@ fn flush(sh: &Shared) -> Result<(), JournalError> {
         let mut st = lock(&sh.state);
         let newer = std::mem::replace(&mut st.pending, batch);
         st.pending.extend(newer);
+        // Both files stay whole at every point a kill -9 may hit: the joined text goes to a
+        // new file that replaces the journal at once, then the batch's file goes (a replay
+        // in between reads the batch twice: stored events are skipped).
         let mut text = std::fs::read(&moving).map_err(io)?;
         text.extend(std::fs::read(&sh.path).map_err(io)?);
-        std::fs::write(&moving, &text).map_err(io)?;
-        std::fs::rename(&moving, &sh.path).map_err(io)?;
+        let joined = suffixed(&sh.path, ".joined");
+        std::fs::write(&joined, &text).map_err(io)?;
+        std::fs::rename(&joined, &sh.path).map_err(io)?;
+        std::fs::remove_file(&moving).map_err(io)?;
         st.file = std::fs::OpenOptions::new()
             .append(true)
             .open(&sh.path)
@@ -316,6 +352,7 @@ impl Drop for Journal {
 mod tests {
     use super::*;
     use rampart_store::SqliteStore;
+    use std::os::unix::ffi::OsStrExt;
 
     fn ev(id: &SandboxId, seq: u64) -> NewEvent {
         NewEvent {
@@ -327,6 +364,89 @@ mod tests {
             json: format!("{{\"seq\":{seq}}}"),
             blobs: vec![(format!("d{seq}"), vec![seq as u8, 0, 1])],
         }
+    }
+
+    /// A record cut short by a full disk is taken back: the next acknowledged record is
+    /// whole and replays (glued to a torn one, both were lost at a replay).
+    #[test]
+    fn a_write_that_fails_midway_leaves_no_torn_record() {
+        let d = tempfile::tempdir().unwrap();
+        let fs = d.path().join("small");
+        std::fs::create_dir(&fs).unwrap();
+        let c = std::ffi::CString::new(fs.as_os_str().as_bytes()).unwrap();
+        // SAFETY: valid C strings; a 64 KiB tmpfs of this test's own, unmounted below.
+        let rc = unsafe {
+            libc::mount(
+                c"tmpfs".as_ptr(),
+                c.as_ptr(),
+                c"tmpfs".as_ptr(),
+                0,
+                c"size=64k".as_ptr().cast(),
+            )
+        };
+        if rc != 0 {
+            eprintln!("skipped: mounting a tmpfs needs root");
+            return;
+        }
+        let r = std::panic::catch_unwind(|| {
+            let store: Arc<dyn SandboxStore> =
+                Arc::new(SqliteStore::open(&d.path().join("state.db")).unwrap());
+            let id = SandboxId::parse("a1").unwrap();
+            let path = fs.join("audit.journal");
+            let j = Journal::open(&path, store).unwrap();
+            // Fill the file system but for one page, and keep the thread from moving
+            // the journal while we look at it.
+            let filler = fs.join("filler");
+            let _ = std::fs::write(&filler, vec![0u8; 64 * 1024 - 4096 - 1000]);
+            let _hold = lock(&j.shared.flushing);
+            let mut acked = Vec::new();
+            let mut failed = false;
+            for seq in 0..100 {
+                let mut e = ev(&id, seq);
+                e.json = "x".repeat(300);
+                match j.append(&e) {
+                    Ok(()) => acked.push(seq),
+                    Err(_) => {
+                        failed = true;
+                        std::fs::remove_file(&filler).unwrap();
+                        j.append(&e).unwrap();
+                        acked.push(seq);
+                        break;
+                    }
+                }
+            }
+            assert!(failed, "the file system never filled");
+            let replayed: Vec<u64> = read_records(&path).iter().map(|e| e.seq).collect();
+            assert_eq!(replayed, acked, "every acknowledged record replays");
+        });
+        // SAFETY: valid C string; our own mount.
+        unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };
+        if let Err(p) = r {
+            std::panic::resume_unwind(p);
+        }
+    }
+
+    /// A batch the store refused is put back in front of the newer records, in one whole
+    /// journal (no `.1` or `.joined` left), and replays in order.
+    #[test]
+    fn a_refused_batch_stays_whole_in_the_journal() {
+        let d = tempfile::tempdir().unwrap();
+        let store: Arc<dyn SandboxStore> =
+            Arc::new(SqliteStore::open(&d.path().join("state.db")).unwrap());
+        let id = SandboxId::parse("a1").unwrap();
+        let path = d.path().join("audit.journal");
+        let j = Journal::open(&path, store.clone()).unwrap();
+        let hold = lock(&j.shared.flushing);
+        j.append(&ev(&id, 0)).unwrap();
+        // A seq no chain can hold: the store refuses the batch.
+        j.append(&ev(&id, 1 << 33)).unwrap();
+        drop(hold);
+        assert!(j.flush().is_err());
+        let _hold = lock(&j.shared.flushing);
+        let seqs: Vec<u64> = read_records(&path).iter().map(|e| e.seq).collect();
+        assert_eq!(seqs, vec![0, 1 << 33]);
+        assert!(!moving_path(&path).exists());
+        assert!(!suffixed(&path, ".joined").exists());
     }
 
     #[test]
