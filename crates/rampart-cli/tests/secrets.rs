@@ -734,7 +734,7 @@ fn a_secret_reaches_only_its_host_and_is_found_nowhere_else() {
         ("RAMPART_NET_UPSTREAM_DNS", upstream_dns.as_str()),
         ("RAMPART_NET_UPSTREAM_ROOTS", roots.as_str()),
         ("RAMPART_JAIL_POOL", "0"),
-        ("RUST_LOG", "debug"),
+        ("RUST_LOG", "trace"),
     ];
     let d = start(&data, free_port(), &envs);
     let _sandboxes = Sandboxes(d.url.clone());
