@@ -238,7 +238,7 @@ pub(crate) struct Sandbox {
     pub limiters: RwLock<Arc<Limiters>>,
     pub secrets: RwLock<Arc<Vec<Arc<BoundSecret>>>>,
     pub ca: SandboxCa,
-    pins: Mutex<HashMap<IpAddr, HashMap<String, Instant>>>,
+    pins: Mutex<Pins>,
     pub log: NetLog,
     pub conns: Mutex<HashMap<u64, Arc<LiveConn>>>,
     pub gone: CancellationToken,
@@ -261,8 +261,55 @@ pub(crate) const CONNS_PER_SANDBOX: usize = 1024;
 const MIN_PIN: Duration = Duration::from_secs(60);
 /// And at most this long.
 const MAX_PIN: Duration = Duration::from_secs(24 * 3600);
-/// At most this many pinned addresses per sandbox.
+/// At most this many pins (address, name) per sandbox.
 const MAX_PINS: usize = 16_384;
+
+/// The addresses a sandbox's resolver answered, each with the names it answered it for and
+/// until when. Bounded in (address, name) pairs, not addresses: a wildcard zone can answer
+/// any number of names with one address, and every name would otherwise stay for up to the
+/// maximum pin life (the daemon's memory, at the rate of the sandbox's queries).
+#[derive(Debug, Default)]
+struct Pins {
+    map: HashMap<IpAddr, HashMap<String, Instant>>,
+    pairs: usize,
+}
+
+impl Pins {
+    /// Pins `name` to `addrs` until `until`; when full, expired pins make room, and a new
+    /// pin that still does not fit is not made (known pins are still extended).
+    fn add(&mut self, name: &str, addrs: &[IpAddr], until: Instant, now: Instant) {
+        if self.pairs + addrs.len() > MAX_PINS {
+            self.map.retain(|_, names| {
+                names.retain(|_, t| *t > now);
+                !names.is_empty()
+            });
+            self.pairs = self.map.values().map(HashMap::len).sum();
+        }
+        for a in addrs {
+            let a = policy::canonical(*a);
+            let known = self.map.get(&a).is_some_and(|n| n.contains_key(name));
+            if !known && self.pairs >= MAX_PINS {
+                continue;
+            }
+            let t = self
+                .map
+                .entry(a)
+                .or_default()
+                .entry(name.to_string())
+                .or_insert(until);
+            if *t < until {
+                *t = until;
+            }
+            if !known {
+                self.pairs += 1;
+            }
+        }
+    }
+
+    fn names(&self, ip: IpAddr) -> Option<&HashMap<String, Instant>> {
+        self.map.get(&policy::canonical(ip))
+    }
+}
 
 impl Sandbox {
     pub fn policy(&self) -> Arc<CompiledPolicy> {
@@ -287,30 +334,16 @@ impl Sandbox {
     /// Records that the resolver answered `name` with `addrs` (TTL in seconds).
     pub fn pin(&self, name: &str, addrs: &[IpAddr], ttl: u32) {
         let life = Duration::from_secs(ttl as u64).clamp(MIN_PIN, MAX_PIN);
-        let until = Instant::now() + life;
-        let mut pins = self.pins.lock().unwrap_or_else(|e| e.into_inner());
-        if pins.len() + addrs.len() > MAX_PINS {
-            let now = Instant::now();
-            pins.retain(|_, names| {
-                names.retain(|_, t| *t > now);
-                !names.is_empty()
-            });
-        }
-        for a in addrs {
-            if pins.len() >= MAX_PINS && !pins.contains_key(a) {
-                break;
-            }
-            let names = pins.entry(policy::canonical(*a)).or_default();
-            let e = names.entry(name.to_string()).or_insert(until);
-            if *e < until {
-                *e = until;
-            }
-        }
+        let now = Instant::now();
+        self.pins
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .add(name, addrs, now + life, now);
     }
 
     pub fn is_pinned(&self, ip: IpAddr, name: &str) -> bool {
         let pins = self.pins.lock().unwrap_or_else(|e| e.into_inner());
-        pins.get(&policy::canonical(ip))
+        pins.names(ip)
             .and_then(|n| n.get(name))
             .is_some_and(|t| *t > Instant::now())
     }
@@ -318,7 +351,7 @@ impl Sandbox {
     pub fn pinned_names(&self, ip: IpAddr) -> Vec<String> {
         let pins = self.pins.lock().unwrap_or_else(|e| e.into_inner());
         let now = Instant::now();
-        pins.get(&policy::canonical(ip))
+        pins.names(ip)
             .map(|n| {
                 n.iter()
                     .filter(|(_, t)| **t > now)
@@ -693,7 +726,7 @@ impl Egress {
             policy: RwLock::new(Arc::new(compiled)),
             secrets: RwLock::new(Arc::new(bound)),
             ca,
-            pins: Mutex::new(HashMap::new()),
+            pins: Mutex::new(Pins::default()),
             log: NetLog::new(id, self.inner.log_capacity, self.inner.events.clone()),
             conns: Mutex::new(HashMap::new()),
             gone: self.stop.child_token(),
@@ -842,5 +875,38 @@ impl Egress {
         self.sandbox(id)
             .map(|sb| sb.log.dropped_events())
             .unwrap_or(0)
+    }
+}
+
+#[cfg(test)]
+mod pin_tests {
+    use super::*;
+
+    #[test]
+    fn pins_are_bounded_in_names_not_only_addresses() {
+        let mut p = Pins::default();
+        let ip: IpAddr = "198.51.100.7".parse().unwrap();
+        let now = Instant::now();
+        let until = now + MIN_PIN;
+        // A wildcard zone answering every name with one address.
+        for i in 0..MAX_PINS + 100 {
+            p.add(&format!("n{i}.wild.example"), &[ip], until, now);
+        }
+        assert_eq!(p.pairs, MAX_PINS);
+        assert_eq!(p.names(ip).map(HashMap::len), Some(MAX_PINS));
+        assert!(!p.names(ip).unwrap().contains_key("n16400.wild.example"));
+        // A known pin is still extended when full.
+        let later = until + MIN_PIN;
+        p.add("n0.wild.example", &[ip], later, now);
+        assert_eq!(p.names(ip).unwrap()["n0.wild.example"], later);
+        // Once pins expire, they make room.
+        p.add(
+            "fresh.example",
+            &[ip],
+            later + MIN_PIN,
+            until + Duration::from_secs(1),
+        );
+        assert_eq!(p.pairs, 2);
+        assert!(p.names(ip).unwrap().contains_key("fresh.example"));
     }
 }
