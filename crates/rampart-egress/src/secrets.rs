@@ -232,7 +232,24 @@ pub(crate) fn rewrite_head(
             .find(|h| h.name.eq_ignore_ascii_case(n))
             .map(|h| String::from_utf8_lossy(&h.value).to_string())
     };
-    let req_host = get("host").and_then(|v| crate::peek::host_name(&v));
+    // The host the server will serve: an absolute-form target (`GET http://h/`) or a
+    // CONNECT's authority wins over the Host header at the server, so it is the one
+    // judged (as its text when it is no name, so that it never passes for the connection's).
+    let authority = if method.eq_ignore_ascii_case("CONNECT") {
+        Some(path.as_str())
+    } else {
+        path.split_once("://").map(|(_, rest)| {
+            let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+            &rest[..end]
+        })
+    };
+    let req_host = match authority {
+        Some(a) => {
+            let a = a.rsplit_once('@').map_or(a, |(_, h)| h);
+            Some(crate::peek::host_name(a).unwrap_or_else(|| a.to_ascii_lowercase()))
+        }
+        None => get("host").and_then(|v| crate::peek::host_name(&v)),
+    };
     let te = get("transfer-encoding")
         .unwrap_or_default()
         .to_ascii_lowercase();
@@ -353,6 +370,37 @@ mod tests {
         let head2 = b"GET / HTTP/1.1\r\nHost: evil.com\r\n\r\n";
         let r = rewrite_head(head2, &[s], "api.example.com", 443).unwrap();
         assert!(r.used.is_empty());
+    }
+
+    #[test]
+    fn absolute_form_and_connect_targets_are_the_host_judged() {
+        let s = secret(SecretInjection::Header {
+            name: "Authorization".into(),
+            template: "Bearer {value}".into(),
+        });
+        let one = std::slice::from_ref(&s);
+        for (head, want) in [
+            (
+                &b"GET http://evil.com/x HTTP/1.1\r\nHost: api.example.com\r\n\r\n"[..],
+                "evil.com",
+            ),
+            (
+                b"GET http://u@203.0.113.9:80?q HTTP/1.1\r\nHost: api.example.com\r\n\r\n",
+                "203.0.113.9:80",
+            ),
+            (
+                b"CONNECT evil.com:443 HTTP/1.1\r\nHost: api.example.com\r\n\r\n",
+                "evil.com",
+            ),
+        ] {
+            let r = rewrite_head(head, one, "api.example.com", 443).unwrap();
+            assert_eq!(r.host.as_deref(), Some(want));
+            assert!(r.used.is_empty());
+        }
+        let head = b"GET https://API.example.com./x HTTP/1.1\r\nHost: api.example.com\r\n\r\n";
+        let r = rewrite_head(head, one, "api.example.com", 443).unwrap();
+        assert_eq!(r.host.as_deref(), Some("api.example.com"));
+        assert_eq!(r.used, vec!["tok".to_string()]);
     }
 
     #[test]
