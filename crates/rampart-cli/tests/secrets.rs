@@ -209,6 +209,17 @@ class Echo(http.server.BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(b)))
         self.end_headers()
         self.wfile.write(b)
+    def do_TRACE(self):
+        # As real servers that allow TRACE do: the request received, verbatim.
+        hs = list(self.headers.items())
+        with open(log, "a") as f:
+            f.write(json.dumps({"path": self.path, "headers": hs}) + "\n")
+        b = ("TRACE %s HTTP/1.1\r\n" % self.path + "".join("%s: %s\r\n" % (k, v) for k, v in hs)).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "message/http")
+        self.send_header("Content-Length", str(len(b)))
+        self.end_headers()
+        self.wfile.write(b)
     def log_message(self, *a):
         pass
 
@@ -916,6 +927,36 @@ fn a_secret_reaches_only_its_host_and_is_found_nowhere_else() {
     assert_eq!(
         inet.header("/from-python", "authorization").as_deref(),
         Some(format!("Bearer {value}").as_str())
+    );
+
+    // A TRACE to A (which reflects the request it got) carries no secret; a request on A's
+    // connection that names B (domain fronting) is refused and reaches no server with it.
+    let (code, out, err) = sh(
+        &d,
+        &id,
+        &format!("curl -sS -m 20 -X TRACE https://{HOST_A}/trace"),
+    );
+    assert!(
+        out.contains("TRACE /trace"),
+        "TRACE to A: {code} {out} {err}"
+    );
+    assert!(!out.contains(&value), "TRACE reflected the value");
+    assert!(
+        inet.header("/trace", "authorization")
+            .is_none_or(|h| !h.contains(&value)),
+        "A got the value on a TRACE"
+    );
+    let (_, out, _) = sh(
+        &d,
+        &id,
+        &format!("curl -sS -m 20 -H 'Host: {HOST_B}' https://{HOST_A}/fronted"),
+    );
+    assert!(!out.contains(&value));
+    assert!(
+        inet.header("/fronted", "authorization")
+            .is_none_or(|h| !h.contains(&value)),
+        "a fronted request got the value: {:?}",
+        inet.requests()
     );
 
     // The network log: secret_used with the name, for A only.
