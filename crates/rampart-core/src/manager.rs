@@ -810,7 +810,14 @@ impl Inner {
         let uid_base = uid_base(self.cfg.uid_range_start, slot, self.cfg.uid_slots)
             .ok_or_else(|| CoreError::Capacity(format!("uid slot {slot} is out of range")))?;
         // A built template (rampart-image): its layers, metadata and start command.
-        let image = if validate::TEMPLATES.contains(&new.template.as_str()) {
+        let builtin = validate::TEMPLATES.contains(&new.template.as_str());
+        // Held from the resolution to the pin: gc cannot remove the layers in between.
+        let pin_guard = if builtin {
+            None
+        } else {
+            crate::templates::pin_guard(&self.cfg.data_dir)?
+        };
+        let image = if builtin {
             None
         } else {
             crate::templates::resolve(&self.cfg.data_dir, &new.template)?
@@ -819,6 +826,7 @@ impl Inner {
             let dir = self.state_dir.join(new.id.as_str());
             crate::templates::pin(&self.cfg.data_dir, new.id.as_str(), &dir, i)?;
         }
+        drop(pin_guard);
         let mut prepared = None;
         let mut attaching = None;
         if let Some(n) = net {

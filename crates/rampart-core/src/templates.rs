@@ -57,6 +57,18 @@ pub(crate) fn resolve(data: &Path, name: &str) -> Result<Option<Resolved>, CoreE
     }))
 }
 
+/// Keeps `rampart template gc` from removing layers between a create's [`resolve`] and its
+/// [`pin`]: hold it across both (None when there is no template store).
+pub(crate) fn pin_guard(data: &Path) -> Result<Option<rampart_image::StoreLock>, CoreError> {
+    let Some(store) = Store::open_existing(data) else {
+        return Ok(None);
+    };
+    store
+        .pin_guard()
+        .map(Some)
+        .map_err(|e| CoreError::Internal(format!("template store: {e}")))
+}
+
 /// Pins a sandbox's layers against `rampart template gc` while its directory exists.
 pub(crate) fn pin(
     data: &Path,

@@ -21,7 +21,7 @@ pub mod spec;
 pub mod store;
 
 pub use spec::{Spec, SpecError, Step};
-pub use store::{Manifest, Store, TemplateConfig};
+pub use store::{Manifest, Store, StoreLock, TemplateConfig};
 
 /// Errors of the image store and builder.
 #[derive(Debug, thiserror::Error)]

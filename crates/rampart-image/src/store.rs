@@ -218,6 +218,10 @@ pub fn tree_size(p: &Path) -> u64 {
     n
 }
 
+/// How long a pin whose sandbox directory does not exist yet is kept (a create between its
+/// pin and its launch).
+const PIN_GRACE: std::time::Duration = std::time::Duration::from_secs(600);
+
 /// The key of the skeleton layer at the bottom of every template: the mount points the
 /// jail needs (`proc`, `dev`, `sys`, `tmp`, ...), overridden by anything above.
 pub fn skeleton_key() -> String {
@@ -266,6 +270,32 @@ impl Store {
             return Err(ImageError::Locked(p.display().to_string()));
         }
         Ok(StoreLock { _f: f })
+    }
+
+    /// Takes `pins.lock` with flock operation `op` (blocking).
+    fn pins_lock(&self, op: libc::c_int) -> Result<StoreLock, ImageError> {
+        let p = self.root.join("pins.lock");
+        let f = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&p)
+            .map_err(io(format!("open {}", p.display())))?;
+        // SAFETY: flock on an fd we own.
+        if unsafe { libc::flock(f.as_raw_fd(), op) } != 0 {
+            return Err(io(format!("lock {}", p.display()))(
+                std::io::Error::last_os_error(),
+            ));
+        }
+        Ok(StoreLock { _f: f })
+    }
+
+    /// A shared hold that keeps [`Store::gc`] from choosing what to remove: a create takes
+    /// it before it resolves a template and keeps it until its [`Store::pin`] is written,
+    /// so that gc never removes the layers in between (gc holds it only while it picks and
+    /// moves layers aside, not while it deletes them).
+    pub fn pin_guard(&self) -> Result<StoreLock, ImageError> {
+        self.pins_lock(libc::LOCK_SH)
     }
 
     /// Removes what an interrupted build left in `tmp/` (call with the lock held).
@@ -516,8 +546,16 @@ impl Store {
             let pin: Option<Pin> = std::fs::read(e.path())
                 .ok()
                 .and_then(|b| serde_json::from_slice(&b).ok());
+            // A pin is written before the jail makes the sandbox's directory: a young pin
+            // without its directory is a create in progress.
+            let young = e
+                .metadata()
+                .and_then(|m| m.modified())
+                .ok()
+                .and_then(|t| t.elapsed().ok())
+                .is_some_and(|age| age < PIN_GRACE);
             match pin {
-                Some(p) if p.sandbox_dir.exists() => keep.extend(p.layers),
+                Some(p) if p.sandbox_dir.exists() || young => keep.extend(p.layers),
                 _ => {
                     let _ = std::fs::remove_file(e.path());
                 }
@@ -530,6 +568,7 @@ impl Store {
     /// sandbox (see [`Store::pin`]) uses (call with the lock held). Layers are first renamed into `tmp/` so that a crash mid-removal
     /// leaves no half layer under `layers/`.
     pub fn gc(&self) -> Result<GcReport, ImageError> {
+        let guard = self.pins_lock(libc::LOCK_EX)?;
         let mut rep = GcReport::default();
         let named: BTreeSet<String> = std::fs::read_dir(self.root.join("names"))
             .map_err(io("read names"))?
@@ -540,6 +579,7 @@ impl Store {
             })
             .collect();
         let mut keep: BTreeSet<String> = self.live_pins();
+        let mut graves = Vec::new();
         for e in std::fs::read_dir(self.root.join("manifests"))
             .map_err(io("read manifests"))?
             .flatten()
@@ -568,8 +608,12 @@ impl Store {
             rep.bytes += self.layer_info(&key).map(|i| i.size_bytes).unwrap_or(0);
             let grave = self.root.join("tmp").join(format!("gc-{key}"));
             std::fs::rename(e.path(), &grave).map_err(io(format!("move layer {key}")))?;
-            remove_tree(&grave).map_err(io(format!("remove layer {key}")))?;
+            graves.push(grave);
             rep.layers.push(key);
+        }
+        drop(guard);
+        for g in graves {
+            remove_tree(&g).map_err(io(format!("remove {}", g.display())))?;
         }
         rep.layers.sort();
         rep.manifests.sort();

@@ -659,8 +659,23 @@ fn gc_keeps_layers_pinned_by_live_sandboxes() {
     for k in &r.manifest.layers {
         assert!(store.has_layer(k));
     }
-    // The sandbox is gone: its pin is pruned and the layers go.
+    // A young pin whose directory does not exist (yet) is a create between its pin and
+    // its launch: kept.
     std::fs::remove_dir(&sandbox_dir).unwrap();
+    let g = store.gc().unwrap();
+    assert!(
+        g.layers.is_empty(),
+        "a create in progress keeps its layers: {g:?}"
+    );
+    // An old pin without its directory: the sandbox is gone; the pin is pruned and the
+    // layers go.
+    let old = std::time::SystemTime::now() - std::time::Duration::from_secs(3600);
+    std::fs::File::options()
+        .write(true)
+        .open(store.root().join("pins/abc.json"))
+        .unwrap()
+        .set_modified(old)
+        .unwrap();
     let g = store.gc().unwrap();
     assert_eq!(g.layers.len(), r.manifest.layers.len());
     assert_eq!(
@@ -669,6 +684,51 @@ fn gc_keeps_layers_pinned_by_live_sandboxes() {
             .count(),
         0
     );
+}
+
+/// gc waits for a create that holds the pin guard (between its resolve and its pin).
+#[test]
+fn gc_waits_for_a_create_between_resolve_and_pin() {
+    if !is_root() {
+        eprintln!("skipped: needs root (owners)");
+        return;
+    }
+    let d = tempfile::tempdir().unwrap();
+    let img = d.path().join("img");
+    write_layout(&img, &whiteout_layers(), serde_json::json!({}));
+    let store = Store::open(&d.path().join("data")).unwrap();
+    let fake = FakeRunner::default();
+    let b = Builder::new(&store, &fake, 100_000);
+    let spec = Spec::parse("from = \"oci:img\"\n", d.path()).unwrap();
+    let r = b
+        .build(&spec, "p", &BuildOptions::default(), &mut |_| {})
+        .unwrap();
+    // A create resolved "p" and holds the guard; the template is removed meanwhile.
+    let guard = store.pin_guard().unwrap();
+    let (id, m) = store.resolve("p").unwrap();
+    assert_eq!(id, r.id);
+    store.remove("p").unwrap();
+    let root = store.root().to_path_buf();
+    let gc = std::thread::spawn(move || {
+        let s = Store::open_existing(root.parent().unwrap()).unwrap();
+        s.gc().unwrap()
+    });
+    // gc waits on the guard (without it, it would be done in milliseconds and take the
+    // layers: the create has not pinned them yet).
+    let t0 = std::time::Instant::now();
+    while t0.elapsed() < std::time::Duration::from_millis(500) {
+        assert!(!gc.is_finished(), "gc ran while a create held the guard");
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    // The create pins and lets go.
+    let sandbox_dir = d.path().join("sandboxes/abc");
+    store.pin("abc", &sandbox_dir, &m.layers).unwrap();
+    drop(guard);
+    let g = gc.join().unwrap();
+    assert!(g.layers.is_empty(), "the pinned layers stay: {g:?}");
+    for k in &m.layers {
+        assert!(store.has_layer(k));
+    }
 }
 
 /// Layers keep images' setuid-root files: host users must not reach the store.
