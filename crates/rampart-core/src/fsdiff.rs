@@ -601,10 +601,17 @@ pub(crate) mod at_destroy {
                 }
                 Err(_) => return None,
             };
-            // The template's lower layers, topmost first.
-            let lowers = match crate::templates::resolve(&self.cfg.data_dir, template) {
-                Ok(Some(r)) => r.layers.iter().rev().cloned().collect(),
-                _ => vec![self
+            // The template's lower layers, topmost first: those pinned at the sandbox's
+            // create (its template's name may point at a rebuild since), else the name's.
+            let pinned = rampart_image::Store::open_existing(&self.cfg.data_dir)
+                .and_then(|s| s.pinned_layers(id.as_str()));
+            let resolved = || match crate::templates::resolve(&self.cfg.data_dir, template) {
+                Ok(Some(r)) => Some(r.layers),
+                _ => None,
+            };
+            let lowers = match pinned.or_else(resolved) {
+                Some(l) => l.into_iter().rev().collect(),
+                None => vec![self
                     .cfg
                     .data_dir
                     .join("templates")
@@ -637,7 +644,13 @@ pub(crate) mod at_destroy {
                         Ok(Ok(()))
                     )
                 };
-                self.record_fs_diff(id, pinned, "snapshot").await;
+                if paused || frozen {
+                    self.record_fs_diff(id, pinned, "snapshot").await;
+                } else {
+                    // A running sandbox could swap a directory for a symlink under the
+                    // walk (which resolves paths on the host): no fs_diff rather than that.
+                    warn!(id = %id, "snapshot: the sandbox could not be frozen; no fs_diff");
+                }
                 if frozen {
                     let iso = self.iso.clone();
                     let id2 = id.clone();

@@ -531,6 +531,22 @@ impl Store {
         )
     }
 
+    /// The directories of the layers pinned for `sandbox` at its create, in the manifest's
+    /// order (None without a pin): what its root is made of, even after its template's
+    /// name was rebuilt or removed.
+    pub fn pinned_layers(&self, sandbox: &str) -> Option<Vec<PathBuf>> {
+        #[derive(Deserialize)]
+        struct Pin {
+            layers: Vec<String>,
+        }
+        if sandbox.is_empty() || sandbox.contains(['/', '.']) {
+            return None;
+        }
+        let b = std::fs::read(self.root.join("pins").join(format!("{sandbox}.json"))).ok()?;
+        let pin: Pin = serde_json::from_slice(&b).ok()?;
+        Some(pin.layers.iter().map(|k| self.layer_fs(k)).collect())
+    }
+
     /// Layers pinned by live sandboxes; removes the pins of gone ones.
     fn live_pins(&self) -> BTreeSet<String> {
         #[derive(Deserialize)]

@@ -654,6 +654,15 @@ fn gc_keeps_layers_pinned_by_live_sandboxes() {
     std::fs::create_dir_all(&sandbox_dir).unwrap();
     store.pin("abc", &sandbox_dir, &r.manifest.layers).unwrap();
     store.remove("p").unwrap();
+    // What the sandbox's root is made of stays known after its template's name went.
+    let want: Vec<PathBuf> = r
+        .manifest
+        .layers
+        .iter()
+        .map(|k| store.layer_fs(k))
+        .collect();
+    assert_eq!(store.pinned_layers("abc"), Some(want));
+    assert_eq!(store.pinned_layers("../abc"), None);
     let g = store.gc().unwrap();
     assert!(g.layers.is_empty(), "a live sandbox's layers stay: {g:?}");
     for k in &r.manifest.layers {
