@@ -237,6 +237,8 @@ pub(crate) fn rewrite_head(
     // judged (as its text when it is no name, so that it never passes for the connection's).
     let authority = if method.eq_ignore_ascii_case("CONNECT") {
         Some(path.as_str())
+    } else if path.starts_with('/') {
+        None // origin-form (a `://` in it is in the path or query)
     } else {
         path.split_once("://").map(|(_, rest)| {
             let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
@@ -397,6 +399,11 @@ mod tests {
             assert_eq!(r.host.as_deref(), Some(want));
             assert!(r.used.is_empty());
         }
+        // Origin-form: a URL in the query names nothing.
+        let head = b"GET /login?next=http://evil.com/ HTTP/1.1\r\nHost: api.example.com\r\n\r\n";
+        let r = rewrite_head(head, one, "api.example.com", 443).unwrap();
+        assert_eq!(r.host.as_deref(), Some("api.example.com"));
+        assert_eq!(r.used, vec!["tok".to_string()]);
         let head = b"GET https://API.example.com./x HTTP/1.1\r\nHost: api.example.com\r\n\r\n";
         let r = rewrite_head(head, one, "api.example.com", 443).unwrap();
         assert_eq!(r.host.as_deref(), Some("api.example.com"));
