@@ -350,6 +350,8 @@ pub(crate) struct ChainVerifier {
     last_time: Option<String>,
     regressions: Vec<u64>,
     scratch: Vec<u8>,
+    /// Hashes of the `fs_diff` records seen (a `destroyed.manifest_digest` names one).
+    fs_diffs: std::collections::HashSet<Hash>,
 }
 
 impl ChainVerifier {
@@ -363,6 +365,7 @@ impl ChainVerifier {
             last_time: None,
             regressions: Vec::new(),
             scratch: Vec::with_capacity(1024),
+            fs_diffs: std::collections::HashSet::new(),
         }
     }
 
@@ -420,6 +423,25 @@ impl ChainVerifier {
             return Err(VerifyError::BadHash { seq: e.seq });
         }
         let body = interpret(e.seq, &e.body.0)?;
+        match &body {
+            EventBody::FsDiff(_) => {
+                self.fs_diffs.insert(e.hash);
+            }
+            EventBody::Destroyed(d) => {
+                if let Some(m) = d.manifest_digest {
+                    if !self.fs_diffs.contains(&m) {
+                        return Err(VerifyError::BadBody {
+                            seq: e.seq,
+                            reason: format!(
+                                "manifest_digest {} names no fs_diff record before it",
+                                m.to_hex()
+                            ),
+                        });
+                    }
+                }
+            }
+            _ => {}
+        }
         match &mut self.last_time {
             Some(last) => {
                 if e.time < *last {
@@ -563,6 +585,40 @@ mod tests {
             verify_chain(&sid("abd"), &events),
             Err(VerifyError::WrongSandbox { seq: 0, .. })
         ));
+    }
+
+    /// `destroyed.manifest_digest` must name an `fs_diff` record of the log.
+    #[test]
+    fn a_manifest_digest_names_an_fs_diff_record() {
+        use rampart_types::audit::{Destroyed, FsDiff};
+        let diff = EventBody::FsDiff(FsDiff {
+            reason: "destroy".into(),
+            added: Vec::new(),
+            changed: Vec::new(),
+            removed: Vec::new(),
+            truncated: false,
+        });
+        let destroyed = |m: Option<Hash>| {
+            EventBody::Destroyed(Destroyed {
+                reason: "api".into(),
+                manifest_digest: m,
+            })
+        };
+        let mut c = Chain::new(sid("abc"));
+        let d = c.append(diff.clone(), now()).unwrap();
+        let ok = c.append(destroyed(Some(d.hash)), now()).unwrap();
+        assert!(verify_chain(&sid("abc"), &[d.clone(), ok]).is_ok());
+
+        let mut c = Chain::new(sid("abc"));
+        let p = c.append(EventBody::Paused(Empty {}), now()).unwrap();
+        let bad = c.append(destroyed(Some(p.hash)), now()).unwrap();
+        assert!(matches!(
+            verify_chain(&sid("abc"), &[p, bad]),
+            Err(VerifyError::BadBody { seq: 1, .. })
+        ));
+        let mut c = Chain::new(sid("abc"));
+        let none = c.append(destroyed(None), now()).unwrap();
+        assert!(verify_chain(&sid("abc"), &[none]).is_ok());
     }
 
     #[test]

@@ -64,8 +64,15 @@ fn rehash(v: &mut Value, from: usize) {
         Hash::parse(evs[from - 1]["hash"].as_str().unwrap()).unwrap()
     };
     let mut scratch = Vec::new();
+    // A thorough forger keeps `destroyed.manifest_digest` naming the fs_diff record.
+    let mut fs_diff: Option<Hash> = None;
     for e in evs.iter_mut().skip(from) {
         e["prev"] = json!(prev.to_hex());
+        if e["body"]["type"] == "destroyed" && !e["body"]["manifest_digest"].is_null() {
+            if let Some(d) = fs_diff {
+                e["body"]["manifest_digest"] = json!(d.to_hex());
+            }
+        }
         let h = event_hash(
             e["seq"].as_u64().unwrap(),
             e["time"].as_str().unwrap(),
@@ -76,6 +83,9 @@ fn rehash(v: &mut Value, from: usize) {
         )
         .unwrap();
         e["hash"] = json!(h.to_hex());
+        if e["body"]["type"] == "fs_diff" {
+            fs_diff = Some(h);
+        }
         prev = h;
     }
 }

@@ -224,11 +224,13 @@ pub fn session(node: &mut Node, id: &str, execs: usize) -> Session {
             truncated: false,
         }),
     );
+    // The daemon's manifest_digest: the hash of the fs_diff record made at the destroy.
+    let manifest = s.events.last().map(|e| e.hash);
     s.push(
         node,
         EventBody::Destroyed(Destroyed {
             reason: "api".into(),
-            manifest_digest: Some(content_digest(b"manifest")),
+            manifest_digest: manifest,
         }),
     );
     s
