@@ -811,7 +811,8 @@ impl Inner {
             .ok_or_else(|| CoreError::Capacity(format!("uid slot {slot} is out of range")))?;
         // A built template (rampart-image): its layers, metadata and start command.
         let builtin = validate::TEMPLATES.contains(&new.template.as_str());
-        // Held from the resolution to the pin: gc cannot remove the layers in between.
+        // Held from the resolution until the launch made the sandbox's directory (a pin
+        // counts only once it exists): gc cannot remove the layers in between.
         let pin_guard = if builtin {
             None
         } else {
@@ -826,7 +827,6 @@ impl Inner {
             let dir = self.state_dir.join(new.id.as_str());
             crate::templates::pin(&self.cfg.data_dir, new.id.as_str(), &dir, i)?;
         }
-        drop(pin_guard);
         let mut prepared = None;
         let mut attaching = None;
         if let Some(n) = net {
@@ -863,6 +863,7 @@ impl Inner {
             .await
             .map_err(|e| join_err("launch", e))
             .and_then(|r| r.map_err(|e| iso_err("launch", e)));
+        drop(pin_guard);
         if let Some(t) = attaching {
             // Awaited even when the launch failed, so that the teardown finds it attached.
             prepared = Some(t.await.map_err(|e| join_err("egress attach", e))??);

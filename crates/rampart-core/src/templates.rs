@@ -57,8 +57,9 @@ pub(crate) fn resolve(data: &Path, name: &str) -> Result<Option<Resolved>, CoreE
     }))
 }
 
-/// Keeps `rampart template gc` from removing layers between a create's [`resolve`] and its
-/// [`pin`]: hold it across both (None when there is no template store).
+/// Keeps `rampart template gc` from removing layers between a create's [`resolve`] and the
+/// moment its [`pin`] counts (its sandbox's directory exists): hold it from the resolve to
+/// the end of the launch (None when there is no template store).
 pub(crate) fn pin_guard(data: &Path) -> Result<Option<rampart_image::StoreLock>, CoreError> {
     let Some(store) = Store::open_existing(data) else {
         return Ok(None);

@@ -218,10 +218,6 @@ pub fn tree_size(p: &Path) -> u64 {
     n
 }
 
-/// How long a pin whose sandbox directory does not exist yet is kept (a create between its
-/// pin and its launch).
-const PIN_GRACE: std::time::Duration = std::time::Duration::from_secs(600);
-
 /// The key of the skeleton layer at the bottom of every template: the mount points the
 /// jail needs (`proc`, `dev`, `sys`, `tmp`, ...), overridden by anything above.
 pub fn skeleton_key() -> String {
@@ -229,18 +225,23 @@ pub fn skeleton_key() -> String {
 }
 
 impl Store {
-    /// Opens (creating) the store of the data directory `data`. `<data>/images` is made
-    /// mode 0700: layers keep the images' owners and modes, so a setuid-root program of an
-    /// image (or one a build step made) is a setuid-root file on the host; host users must
-    /// not reach it (the jail mounts the layers as root, which needs no access for them).
+    /// Opens (creating) the store of the data directory `data`. `layers/` and `tmp/` (where
+    /// layers are made) are mode 0700: layers keep the images' owners and modes, so a
+    /// setuid-root program of an image (or one a build step made) is a setuid-root file on
+    /// the host; host users must not reach it. The jailer binds and stacks layers as host
+    /// root; `build/` (a build sandbox's own directory, which its user namespace walks)
+    /// stays reachable.
     pub fn open(data: &Path) -> Result<Store, ImageError> {
         let root = data.join("images");
         for d in ["layers", "manifests", "names", "tmp", "pins"] {
             let p = root.join(d);
             std::fs::create_dir_all(&p).map_err(io(format!("mkdir {}", p.display())))?;
         }
-        std::fs::set_permissions(&root, std::fs::Permissions::from_mode(0o700))
-            .map_err(io(format!("chmod {}", root.display())))?;
+        for d in ["layers", "tmp"] {
+            let p = root.join(d);
+            std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o700))
+                .map_err(io(format!("chmod {}", p.display())))?;
+        }
         Ok(Store { root })
     }
 
@@ -291,9 +292,9 @@ impl Store {
     }
 
     /// A shared hold that keeps [`Store::gc`] from choosing what to remove: a create takes
-    /// it before it resolves a template and keeps it until its [`Store::pin`] is written,
-    /// so that gc never removes the layers in between (gc holds it only while it picks and
-    /// moves layers aside, not while it deletes them).
+    /// it before it resolves a template and keeps it until its sandbox's directory exists
+    /// (a [`Store::pin`] counts only then), so that gc never removes the layers in between
+    /// (gc holds it only while it picks and moves layers aside, not while it deletes them).
     pub fn pin_guard(&self) -> Result<StoreLock, ImageError> {
         self.pins_lock(libc::LOCK_SH)
     }
@@ -562,16 +563,8 @@ impl Store {
             let pin: Option<Pin> = std::fs::read(e.path())
                 .ok()
                 .and_then(|b| serde_json::from_slice(&b).ok());
-            // A pin is written before the jail makes the sandbox's directory: a young pin
-            // without its directory is a create in progress.
-            let young = e
-                .metadata()
-                .and_then(|m| m.modified())
-                .ok()
-                .and_then(|t| t.elapsed().ok())
-                .is_some_and(|age| age < PIN_GRACE);
             match pin {
-                Some(p) if p.sandbox_dir.exists() || young => keep.extend(p.layers),
+                Some(p) if p.sandbox_dir.exists() => keep.extend(p.layers),
                 _ => {
                     let _ = std::fs::remove_file(e.path());
                 }
