@@ -13,6 +13,9 @@
 //!   `.wh..wh..opq` marks its directory opaque (`trusted.overlay.opaque=y`).
 //! - Owners and modes (setuid included) are kept as the archive says: root inside is host
 //!   root in the layer; the jail's idmapped mounts map them into each sandbox.
+//! - An entry that would leave its file system with less than a reserve free (1/20 of its
+//!   blocks, at most 256 MiB, and of its inodes, at most 10,000) is refused: a small gzip
+//!   layer cannot fill the host's disk.
 //! - Device nodes are skipped; `trusted.*` xattrs from the archive are dropped
 //!   (they could forge overlayfs metadata); `security.capability` and `user.*` are kept.
 
@@ -266,6 +269,23 @@ fn set_xattr(
     Ok(())
 }
 
+/// Whether the file system of `dir` keeps room for `bytes` more and one more inode beyond
+/// a reserve (1/20 of its size, at most 256 MiB; 1/20 of its inodes, at most 10,000):
+/// a layer (a small gzip can expand a thousandfold) never fills the host's disk.
+fn has_room(dir: &Dir, bytes: u64) -> bool {
+    // SAFETY: fstatvfs fills the zeroed struct for a valid fd.
+    let mut v: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: valid fd and a pointer to a statvfs we own.
+    if unsafe { libc::fstatvfs(dir.fd(), &mut v) } != 0 {
+        return true; // no answer: the write itself will fail on a full disk
+    }
+    let unit = v.f_frsize as u64;
+    let avail = (v.f_bavail as u64).saturating_mul(unit);
+    let reserve = ((v.f_blocks as u64).saturating_mul(unit) / 20).min(256 << 20);
+    let inode_reserve = (v.f_files as u64 / 20).min(10_000);
+    avail >= bytes.saturating_add(reserve) && (v.f_files == 0 || v.f_favail as u64 > inode_reserve)
+}
+
 /// Reads a stream that may be gzip-compressed (detected from its first bytes).
 pub fn decompressed<'a, R: Read + 'a>(mut r: R) -> Result<Box<dyn Read + 'a>, ImageError> {
     let mut head = [0u8; 4];
@@ -307,6 +327,15 @@ pub fn apply_layer<R: Read>(r: R, dest: &Path) -> Result<ExtractStats, ImageErro
         let hdr = e.header().clone();
         let kind = hdr.entry_type();
         let base = last_c.clone();
+        if !has_room(&root, e.size()) {
+            return Err(refused(
+                &path,
+                format!(
+                    "not enough space left for its {} bytes (a reserve is kept free)",
+                    e.size()
+                ),
+            ));
+        }
         let dir = walk(&root, parents, &path)?;
         // Whiteouts.
         if base == OPAQUE.as_bytes() {

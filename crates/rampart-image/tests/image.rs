@@ -343,6 +343,44 @@ fn xattr(p: &Path, k: &str) -> Option<Vec<u8>> {
     (n >= 0).then(|| buf[..n as usize].to_vec())
 }
 
+/// A layer that expands past its file system's room (a gzip bomb) is refused before it
+/// fills the disk; a small layer still goes.
+#[test]
+fn a_layer_never_fills_the_disk() {
+    let d = tempfile::tempdir().unwrap();
+    let fs = d.path().join("small");
+    std::fs::create_dir(&fs).unwrap();
+    let ok = std::process::Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=8m", "tmpfs"])
+        .arg(&fs)
+        .status()
+        .is_ok_and(|s| s.success());
+    if !ok {
+        eprintln!("skipped: mounting a tmpfs needs root");
+        return;
+    }
+    let r = std::panic::catch_unwind(|| {
+        let zeros = vec![0u8; 16 << 20];
+        let bomb = gzip(&tar_of(&[E::File("big", &zeros, 0o644)]));
+        assert!(bomb.len() < 1 << 20, "a small gzip: {}", bomb.len());
+        let dest = fs.join("bomb");
+        std::fs::create_dir(&dest).unwrap();
+        let e = apply_layer(&bomb[..], &dest).unwrap_err();
+        assert!(e.to_string().contains("not enough space"), "{e}");
+        assert!(!dest.join("big").exists());
+        let dest = fs.join("fine");
+        std::fs::create_dir(&dest).unwrap();
+        apply_layer(&tar_of(&[E::File("small", &[1u8; 4096], 0o644)])[..], &dest).unwrap();
+    });
+    let _ = std::process::Command::new("umount")
+        .arg("-l")
+        .arg(&fs)
+        .status();
+    if let Err(p) = r {
+        std::panic::resume_unwind(p);
+    }
+}
+
 #[test]
 fn hostile_archives_are_refused_and_write_nothing_outside() {
     if !is_root() {
