@@ -296,7 +296,10 @@ fn copy_tree(src: &Path, dst: &Path, merge: bool) -> Result<(), ImageError> {
 /// `/etc/resolv.conf` mount point removed.
 pub fn finish_upper(upper: &Path, uid_base: u32, had_resolv_conf: bool) -> Result<(), ImageError> {
     let rc = upper.join("etc/resolv.conf");
-    if !had_resolv_conf {
+    // Only through a real `etc/` of the layer: a step that made `/etc` a symlink must not
+    // lead this removal onto the host.
+    let real_etc = std::fs::symlink_metadata(upper.join("etc")).is_ok_and(|m| m.is_dir());
+    if !had_resolv_conf && real_etc {
         if let Ok(md) = std::fs::symlink_metadata(&rc) {
             if md.is_file() && md.len() == 0 {
                 let _ = std::fs::remove_file(&rc);

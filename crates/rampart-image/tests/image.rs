@@ -764,6 +764,24 @@ fn gc_waits_for_a_create_between_resolve_and_pin() {
     }
 }
 
+/// Turning a build upper into a layer never follows a symlink the step made (`etc -> dir`
+/// outside) to remove a file there.
+#[test]
+fn finishing_an_upper_never_follows_its_symlinks() {
+    let d = tempfile::tempdir().unwrap();
+    let outside = d.path().join("outside");
+    std::fs::create_dir(&outside).unwrap();
+    std::fs::write(outside.join("resolv.conf"), "").unwrap();
+    let upper = d.path().join("upper");
+    std::fs::create_dir(&upper).unwrap();
+    std::os::unix::fs::symlink(&outside, upper.join("etc")).unwrap();
+    rampart_image::build::finish_upper(&upper, 1 << 30, false).unwrap();
+    assert!(
+        outside.join("resolv.conf").exists(),
+        "a host file was removed"
+    );
+}
+
 /// Layers keep images' setuid-root files: host users must not reach the store.
 #[test]
 fn the_store_is_closed_to_host_users() {
