@@ -849,7 +849,14 @@ fn a_secret_reaches_only_its_host_and_is_found_nowhere_else() {
     // To A: the real value in the configured header (the server's log, outside the
     // sandbox, shows it); the sandbox gets only its digest back.
     let (code, out, err) = sh(&d, &id, &format!("curl -sS -m 20 https://{HOST_A}/to-a"));
-    assert_eq!(code, 0, "curl to A: {out} {err}\n{}", inet.requests().len());
+    if code != 0 {
+        let (_, log) = get(&d, &format!("/v1/sandboxes/{id}/network/log"));
+        panic!(
+            "curl to A: {code} {out} {err}\nnetwork log: {}\nserver saw: {:?}",
+            String::from_utf8_lossy(&log),
+            inet.requests()
+        );
+    }
     assert_eq!(
         inet.header("/to-a", "authorization").as_deref(),
         Some(format!("Bearer {value}").as_str()),
