@@ -967,11 +967,17 @@ fn generated_bundle(n: u64) -> Result<Vec<u8>> {
 
 /// `rampart bench --egress`: the egress proxy's added latency (see rampart_egress::bench).
 fn run_egress(args: &BenchArgs) -> Result<()> {
-    eprintln!("bench: egress HTTPS latency ({} requests per path)...", args.iterations);
+    eprintln!(
+        "bench: egress HTTPS latency ({} requests per path)...",
+        args.iterations
+    );
     let r = rampart_egress::bench::run(args.iterations).map_err(anyhow::Error::msg)?;
     println!("{}", r.report());
     if let Some(path) = &args.json {
-        std::fs::write(path, serde_json::to_vec_pretty(&json!({ "egress": r.to_json() }))?)?;
+        std::fs::write(
+            path,
+            serde_json::to_vec_pretty(&json!({ "egress": r.to_json() }))?,
+        )?;
     }
     Ok(())
 }

@@ -11,14 +11,14 @@
 
 mod audit;
 mod fsdiff;
-mod journal;
-mod netaudit;
 mod interpreter;
 mod isolation;
+mod journal;
 mod manager;
 mod metrics;
-pub mod persist;
+mod netaudit;
 mod network;
+pub mod persist;
 mod proc;
 mod recorder;
 mod secrets;
@@ -27,9 +27,9 @@ pub mod validate;
 
 pub use audit::AuditConfig;
 pub use fsdiff::{diff_layer, DiffLimits, LayerDiff, Layers};
-pub use recorder::{with_caller, ExecRecorder, ExecStart, InputSink};
 pub use isolation::{Isolation, IsolationError, LaunchSpec, Launched, Usage};
 pub use network::NetworkConfig;
+pub use recorder::{with_caller, ExecRecorder, ExecStart, InputSink};
 
 use rampart_agent::client::{AgentClient, ClientError};
 use rampart_types::audit as audit_types;
@@ -467,7 +467,10 @@ impl Manager {
         self.inner.network.available()
     }
     /// A sandbox's network policy and addresses.
-    pub fn network(&self, id: &SandboxId) -> Result<rampart_types::network::NetworkInfo, CoreError> {
+    pub fn network(
+        &self,
+        id: &SandboxId,
+    ) -> Result<rampart_types::network::NetworkInfo, CoreError> {
         self.inner.network_info(id)
     }
     /// Replaces a running sandbox's network policy; new connections obey it at once and live

@@ -308,7 +308,8 @@ impl Inner {
         });
         inner.recover().await?;
         let c = inner.cfg.clone();
-        let _ = tokio::task::spawn_blocking(move || crate::templates::clean_build_leftovers(&c)).await;
+        let _ =
+            tokio::task::spawn_blocking(move || crate::templates::clean_build_leftovers(&c)).await;
         match inner.store.prune_ended(now_ms() - HISTORY_MS) {
             Ok(n) if n > 0 => info!(count = n, "forgot old ended sandboxes"),
             Ok(_) => {}

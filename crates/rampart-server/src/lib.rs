@@ -459,7 +459,10 @@ fn v1_router(state: AppState) -> Router {
         .route("/sandboxes/{id}/files/mkdir", post(files::mkdir))
         .route("/sandboxes/{id}/files/move", post(files::rename))
         .route("/sandboxes/{id}/files/watch", get(files::watch))
-        .route("/sandboxes/{id}/network", get(network::get).put(network::put))
+        .route(
+            "/sandboxes/{id}/network",
+            get(network::get).put(network::put),
+        )
         .route("/sandboxes/{id}/network/log", get(network::log))
         .route("/sandboxes/{id}/audit", get(audit::events))
         .route("/sandboxes/{id}/audit/bundle", get(audit::bundle))
@@ -521,7 +524,7 @@ pub async fn serve_with_options(
             .into_make_service_with_connect_info::<std::net::SocketAddr>(),
     )
     .with_graceful_shutdown(shutdown)
-        .await
+    .await
 }
 
 /// Serves the API on `listener` until the process ends.

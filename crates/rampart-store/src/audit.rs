@@ -193,8 +193,11 @@ fn insert(conn: &Connection, e: &NewEvent, once: bool) -> Result<(), StoreError>
     } else {
         "INSERT INTO audit_log (key, hash, event) VALUES (?1, ?2, ?3)"
     };
-    conn.prepare_cached(sql)?
-        .execute(params![key_range(num).0 | i64::from(seq), e.hash, e.json])?;
+    conn.prepare_cached(sql)?.execute(params![
+        key_range(num).0 | i64::from(seq),
+        e.hash,
+        e.json
+    ])?;
     Ok(())
 }
 
@@ -434,7 +437,10 @@ mod tests {
     fn migration_4_moves_events_of_older_databases() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("state.db");
-        let (a, b) = (SandboxId::parse("a1").unwrap(), SandboxId::parse("b2").unwrap());
+        let (a, b) = (
+            SandboxId::parse("a1").unwrap(),
+            SandboxId::parse("b2").unwrap(),
+        );
         {
             // A database as schema 3 left it, with two interleaved chains.
             let conn = Connection::open(&path).unwrap();
@@ -482,7 +488,10 @@ mod tests {
         assert_eq!(s.events(&b, Some(1), 10).unwrap().len(), 0);
         assert_eq!(s.events(&c, None, 10).unwrap().len(), 1);
         assert_eq!(s.events(&c, Some(u64::MAX), 10).unwrap().len(), 0);
-        assert_eq!(s.last_event(&SandboxId::parse("d4").unwrap()).unwrap(), None);
+        assert_eq!(
+            s.last_event(&SandboxId::parse("d4").unwrap()).unwrap(),
+            None
+        );
     }
 
     #[test]

@@ -13,9 +13,9 @@
 pub mod access;
 mod audit;
 pub mod keys;
+mod network;
 pub mod persist;
 pub mod secrets;
-mod network;
 mod wal;
 
 pub use audit::{LeafRow, NewEvent, StoredEvent, TreeHeadRow};
@@ -812,8 +812,10 @@ impl SandboxStore for SqliteStore {
                 "DELETE FROM sandboxes WHERE state IN ('destroyed','failed') AND ended_at < ?1",
             )?
             .execute([before_ms])?;
-        conn.prepare_cached("DELETE FROM sandbox_network WHERE id NOT IN (SELECT id FROM sandboxes)")?
-            .execute([])?;
+        conn.prepare_cached(
+            "DELETE FROM sandbox_network WHERE id NOT IN (SELECT id FROM sandboxes)",
+        )?
+        .execute([])?;
         Ok(n)
     }
 }

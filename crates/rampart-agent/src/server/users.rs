@@ -93,7 +93,11 @@ impl UserDb {
     /// `/etc/passwd` (minimal images): the passwd entry of that uid if there is one, else a
     /// bare user (primary group = uid, home `/` or `/root`, shell `/bin/sh`).
     fn by_number(&self, name: &str) -> Option<User> {
-        let uid: u32 = if name == "root" { 0 } else { name.parse().ok()? };
+        let uid: u32 = if name == "root" {
+            0
+        } else {
+            name.parse().ok()?
+        };
         if let Some(u) = self.users.iter().find(|u| u.1 == uid) {
             let n = u.0.clone();
             return self.user(&n);

@@ -218,11 +218,12 @@ pub(crate) async fn create(State(st): State<E2b>, body: Bytes) -> Result<Respons
         timeout_secs: n.timeout,
         // autoPause: at its timeout the sandbox is paused instead of killed.
         on_timeout: (n.auto_pause == Some(true)).then_some(OnTimeout::Pause),
-        network: (n.allow_internet_access != Some(false) && st.manager.network_available())
-            .then(|| rampart_types::NetworkPolicy {
+        network: (n.allow_internet_access != Some(false) && st.manager.network_available()).then(
+            || rampart_types::NetworkPolicy {
                 mode: rampart_types::NetworkMode::Open,
                 ..Default::default()
-            }),
+            },
+        ),
         ..Default::default()
     };
     let info = st.manager.create(req).await?;
