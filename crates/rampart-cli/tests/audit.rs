@@ -233,6 +233,7 @@ fn a_session_exports_verifies_and_a_flipped_byte_is_named() {
     let out = text(&o);
     assert!(!o.status.success(), "{out}");
     assert!(out.contains("seq 1"), "the failing record is named: {out}");
+    drop(d); // unmounts its store, so the directory can go
     let _ = std::fs::remove_dir_all(&root);
 }
 
@@ -336,6 +337,7 @@ fn kill_9_mid_burst_keeps_every_acknowledged_exec() {
     ]);
     assert!(o.status.success(), "{}", text(&o));
     destroy(&d, &id);
+    drop(d); // unmounts its store, so the directory can go
     let _ = std::fs::remove_dir_all(&root);
 }
 
@@ -389,6 +391,7 @@ fn replay_matches_deterministic_steps_and_names_the_divergent_one() {
         .unwrap_or_default();
     assert!(line.contains("DIVERGENT"), "{out}");
     assert!(out.contains("3 of 4 steps match"), "{out}");
+    drop(d); // unmounts its store, so the directory can go
     let _ = std::fs::remove_dir_all(&root);
 }
 
