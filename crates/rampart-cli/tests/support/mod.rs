@@ -31,7 +31,7 @@ pub fn skip_reason() -> Option<String> {
     None
 }
 
-/// A daemon a test started; SIGKILLed (by pid) when dropped.
+/// A daemon a test started; stopped (SIGTERM, then SIGKILL; by pid) when dropped.
 pub struct Daemon {
     pub child: Child,
     pub url: String,
@@ -39,10 +39,31 @@ pub struct Daemon {
     pub data: std::path::PathBuf,
 }
 
-impl Drop for Daemon {
-    fn drop(&mut self) {
+impl Daemon {
+    /// Stops the daemon as an operator would: SIGTERM, so it closes its warm pool and removes
+    /// its nftables table (when no networked sandbox is alive), then SIGKILL if it has not
+    /// exited within 20 s. A test that wants a crash kills the daemon itself first.
+    pub fn stop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            // SAFETY: kill(2) on the pid of the daemon this test spawned; try_wait just said it
+            // has not been reaped, so the pid is still its own.
+            unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+            let deadline = Instant::now() + Duration::from_secs(20);
+            while Instant::now() < deadline {
+                if let Ok(Some(_)) = self.child.try_wait() {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        self.stop();
         unmount_store(&self.data);
     }
 }
@@ -207,17 +228,7 @@ pub fn start_tidy(name: &str) -> Tidy {
 impl Drop for Tidy {
     fn drop(&mut self) {
         destroy_all(&self.daemon.url);
-        // SAFETY: kill(2) on the pid of the daemon this test spawned (not yet reaped).
-        unsafe { libc::kill(self.daemon.child.id() as i32, libc::SIGTERM) };
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = self.daemon.child.try_wait() {
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let _ = self.daemon.child.kill();
-        let _ = self.daemon.child.wait();
+        self.daemon.stop();
         unmount_store(&self.data);
         let _ = std::fs::remove_dir_all(&self.root);
     }
