@@ -44,3 +44,68 @@ fn python_verifier_agrees() {
     let (ok, out) = python(text.as_bytes(), Some(&key)).unwrap();
     assert!(!ok && out.contains("record seq"), "{out}");
 }
+
+/// A `destroyed.manifest_digest` that names no `fs_diff` record before it is refused by
+/// both verifiers, though everything is properly hashed and signed.
+#[test]
+fn python_verifier_checks_the_manifest_digest() {
+    use rampart_audit::{verify_bundle, Chain};
+    use rampart_types::audit::{Destroyed, EventBody};
+
+    let mut node = Node::new(4);
+    let s = session(&mut node, "pyth1n", 3);
+    let key = node.key.public_key();
+    // The same log, its last record (`destroyed`) replaced by one naming `wrong`.
+    let mut with_digest = |wrong: rampart_types::audit::Hash| {
+        let mut events = s.events.clone();
+        let last = events.pop().unwrap();
+        assert!(matches!(last.body, EventBody::Destroyed(_)));
+        let mut chain = Chain::new(s.chain.sandbox().clone());
+        let mut out = Vec::new();
+        for e in events {
+            out.push(chain.append(e.body, e.time).unwrap());
+        }
+        out.push(
+            chain
+                .append(
+                    EventBody::Destroyed(Destroyed {
+                        reason: "api".into(),
+                        manifest_digest: Some(wrong),
+                    }),
+                    last.time,
+                )
+                .unwrap(),
+        );
+        node.export(&chain, out, s.blobs.clone()).to_bytes()
+    };
+    // The record before the fs_diff (the snapshot), then a hash of nothing in the log.
+    let snapshot = s.events[s.events.len() - 3].hash;
+    assert!(matches!(
+        s.events[s.events.len() - 3].body,
+        EventBody::Snapshot(_)
+    ));
+    let nothing = rampart_audit::hash::content_digest(b"no such record");
+    for wrong in [snapshot, nothing] {
+        let bytes = with_digest(wrong);
+        let err = verify_bundle(&bytes, Some(&key)).unwrap_err();
+        assert!(err.to_string().contains("manifest_digest"), "{err}");
+        let Some((ok, out)) = python(&bytes, Some(&key.to_string())) else {
+            println!("SKIP: python3 is not available");
+            return;
+        };
+        assert!(!ok, "{out}");
+        assert!(
+            out.contains("manifest_digest") && out.contains(&wrong.to_hex()),
+            "{out}"
+        );
+    }
+    // The unchanged log (digest of its fs_diff) passes both.
+    let good = s.events.last().unwrap();
+    let EventBody::Destroyed(d) = &good.body else {
+        panic!("the session ends with destroyed")
+    };
+    let bytes = with_digest(d.manifest_digest.unwrap());
+    verify_bundle(&bytes, Some(&key)).unwrap();
+    let (ok, out) = python(&bytes, Some(&key.to_string())).unwrap();
+    assert!(ok, "{out}");
+}

@@ -5,9 +5,11 @@ Usage: verify_bundle.py BUNDLE [ed25519:<hex of the trusted key>]
 
 Standard library only, except the Ed25519 signature check, which uses the `cryptography`
 package when it is installed (and says so when it is not). It checks the hash chain, the
-blobs, the anchor, the inclusion proof, the key id and the signature. It does not check
-body shapes as strictly as the Rust verifier (members and types); it is a cross-check of
-the cryptography and the encoding, and an example for third parties.
+blobs, the anchor, the inclusion proof, the key id and the signature, and that a
+`destroyed` record's `manifest_digest` (when not null) is the hash of an `fs_diff` record
+before it. It does not check body shapes as strictly as the Rust verifier (members and
+types); it is a cross-check of the cryptography and the encoding, and an example for third
+parties.
 Exit status 0: verified; 1: not verified (the reason is printed).
 """
 import base64
@@ -109,6 +111,7 @@ def main():
 
     head = sha256(b"rampart.audit.genesis.v1\0" + sandbox.encode())
     used = {}
+    fs_diffs = set()  # hashes (hex) of the fs_diff records so far
     for i, e in enumerate(b["events"]):
         if e["sandbox"] != sandbox:
             fail(f"record {i} belongs to another sandbox")
@@ -122,6 +125,14 @@ def main():
             fail(f"record seq {i}: bad hash")
         head = h
         body = e["body"]
+        if body.get("type") == "fs_diff":
+            fs_diffs.add(h.hex())
+        elif body.get("type") == "destroyed":
+            if "manifest_digest" not in body:
+                fail(f"record seq {i}: destroyed without manifest_digest")
+            m = body["manifest_digest"]
+            if m is not None and m not in fs_diffs:
+                fail(f"record seq {i}: manifest_digest {m} names no fs_diff record before it")
         for name in ("input", "stdout", "stderr", "streamed_input"):
             rec = body.get(name)
             if isinstance(rec, dict) and rec.get("blob"):
