@@ -76,6 +76,9 @@ pub struct Activity {
     pub files: Vec<FileRecord>,
     /// Hosts contacted, by name.
     pub hosts: BTreeMap<String, HostRecord>,
+    /// Network log entries the node's budget left out of the record (counted in `network`
+    /// records of kind `suppressed`, not recorded one by one).
+    pub suppressed: u64,
     /// Every record, in words.
     pub timeline: Vec<TimelineEntry>,
     /// Commands without an exit yet: exec id -> index in `commands`.
@@ -248,6 +251,40 @@ impl Activity {
                     d.removed.len()
                 )
             }
+            EventBody::Network(n) if n.kind == "suppressed" => {
+                let total = n.detail["total"].as_u64().unwrap_or(0);
+                a.suppressed = a.suppressed.saturating_add(total);
+                let mut parts = Vec::new();
+                if let Some(counts) = n.detail["counts"].as_object() {
+                    for (kind, by) in counts {
+                        for (verdict, c) in by.as_object().into_iter().flatten() {
+                            parts.push(format!("{} {} {}", printable(kind), printable(verdict), c));
+                        }
+                    }
+                }
+                for u in n.detail["secrets"].as_array().into_iter().flatten() {
+                    let (name, host) = (
+                        u["name"].as_str().unwrap_or_default(),
+                        u["host"].as_str().unwrap_or_default(),
+                    );
+                    let h = a.hosts.entry(host.to_owned()).or_default();
+                    if !h.secrets.iter().any(|s| s == name) {
+                        h.secrets.push(name.to_owned());
+                    }
+                    parts.push(format!(
+                        "secret {} to {} {}",
+                        printable(name),
+                        printable(host),
+                        u["count"]
+                    ));
+                }
+                format!(
+                    "network: {total} log entries left out of the record ({}) from {} to {}",
+                    parts.join(", "),
+                    printable(n.detail["first"].as_str().unwrap_or("?")),
+                    printable(n.detail["last"].as_str().unwrap_or("?"))
+                )
+            }
             EventBody::Network(n) => {
                 let h = a.hosts.entry(n.host.clone()).or_default();
                 if n.verdict == "allowed" {
@@ -344,6 +381,14 @@ impl fmt::Display for Activity {
                 secrets
             )?;
         }
+        if self.suppressed > 0 {
+            writeln!(
+                f,
+                "  (and {} network log entries left out of the record by the node's budget, \
+                 counted in its `suppressed` records)",
+                self.suppressed
+            )?;
+        }
         writeln!(f, "Timeline:")?;
         for t in &self.timeline {
             writeln!(f, "  #{:<5} {}  {}", t.seq, printable(&t.time), t.text)?;
@@ -434,6 +479,29 @@ impl fmt::Display for Report {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn suppressed_network_records_are_counted_and_shown() {
+        use rampart_types::audit::Network;
+        let body = EventBody::Network(Network {
+            kind: "suppressed".into(),
+            host: String::new(),
+            port: None,
+            verdict: "suppressed".into(),
+            detail: serde_json::json!({"total": 12, "first": "a", "last": "b",
+                "counts": {"dns": {"denied": 10}},
+                "secrets": [{"name": "TOKEN", "host": "api.example.com", "count": 2}]}),
+        });
+        let mut a = Activity::default();
+        a.push(3, "t", &body);
+        assert_eq!(a.suppressed, 12);
+        assert_eq!(a.hosts.len(), 1, "{:?}", a.hosts);
+        assert_eq!(a.hosts["api.example.com"].secrets, vec!["TOKEN".to_owned()]);
+        let text = a.to_string();
+        assert!(text.contains("12 log entries left out"), "{text}");
+        assert!(text.contains("dns denied 10"), "{text}");
+        assert!(text.contains("12 network log entries left out"), "{text}");
+    }
 
     #[test]
     fn printable_escapes_terminal_controls() {

@@ -697,6 +697,120 @@ fn network_decisions_are_recorded() {
     let _ = std::fs::remove_dir_all(&root);
 }
 
+#[test]
+fn a_flood_of_denied_dns_queries_is_counted_not_recorded_one_by_one() {
+    if let Some(why) = skip_reason() {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let root = temp("netflood");
+    const BURST: usize = 20;
+    let config = root.join("config.toml");
+    // A refill so slow that nothing comes back during the test: the summary is written at
+    // destroy.
+    std::fs::write(
+        &config,
+        format!("[audit]\nnetwork_events_burst = {BURST}\nnetwork_events_per_sec = 0.0001\n"),
+    )
+    .unwrap();
+    let mut envs = POOL.to_vec();
+    envs.push(("RAMPART_CONFIG", config.to_str().unwrap()));
+    let d = start(&root.join("data"), free_port(), &envs);
+    let c = client();
+    let r = c
+        .post(format!("{}/v1/sandboxes", d.url))
+        .json(&json!({"timeout_secs": 600,
+            "network": {"mode": "allowlist", "allow": ["api.example.com"]}}))
+        .send()
+        .unwrap();
+    if r.status().as_u16() != 201 {
+        eprintln!(
+            "skipped: sandbox networks unavailable here: {}",
+            r.text().unwrap()
+        );
+        return;
+    }
+    let id = r.json::<Value>().unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    exec(
+        &d,
+        &id,
+        json!({"cmd": ["sh", "-c",
+            "i=0; while [ $i -lt 2000 ]; do getent hosts q$i.denied.example.org; i=$((i+1)); done; true"],
+            "timeout_secs": 300}),
+    );
+    // Every entry the egress tier logged (its seq numbers count them all).
+    let log: Value = c
+        .get(format!(
+            "{}/v1/sandboxes/{id}/network/log?limit=10000",
+            d.url
+        ))
+        .send()
+        .unwrap()
+        .json()
+        .unwrap();
+    let logged = log["entries"]
+        .as_array()
+        .unwrap()
+        .last()
+        .map(|e| e["seq"].as_u64().unwrap())
+        .unwrap_or(0);
+    assert!(logged >= 2000, "{logged} entries logged");
+    wait_until_recorded(&d, &id, |evs| {
+        evs.iter()
+            .filter(|e| e["body"]["type"] == "network")
+            .count()
+            >= BURST
+    });
+    destroy(&d, &id);
+    let evs: Value = c
+        .get(format!("{}/v1/sandboxes/{id}/audit", d.url))
+        .send()
+        .unwrap()
+        .json()
+        .unwrap();
+    let evs = evs["events"].as_array().unwrap();
+    let network: Vec<&Value> = evs
+        .iter()
+        .filter(|e| e["body"]["type"] == "network")
+        .collect();
+    let (summaries, single): (Vec<&Value>, Vec<&Value>) = network
+        .iter()
+        .partition(|e| e["body"]["kind"] == "suppressed");
+    assert_eq!(single.len(), BURST, "one by one: {single:?}");
+    assert_eq!(summaries.len(), 1, "{summaries:?}");
+    let s = &summaries[0]["body"];
+    let total = s["detail"]["total"].as_u64().unwrap();
+    assert_eq!(s["verdict"], "suppressed");
+    assert_eq!(
+        s["detail"]["counts"]["dns"]["denied"].as_u64(),
+        Some(total),
+        "{s}"
+    );
+    assert_eq!(BURST as u64 + total, logged, "{s}");
+    // The summary comes before the end, and the bundle verifies and reports it.
+    assert_eq!(evs.last().unwrap()["body"]["type"], "destroyed");
+    let bundle = root.join("bundle.json");
+    let o = cli(
+        &d,
+        &["audit", "export", &id, "-o", bundle.to_str().unwrap()],
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    let k = key(&d);
+    let o = offline(&["audit", "verify", bundle.to_str().unwrap(), "--key", &k]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(
+        text(&o).contains(&format!("{total} network log entries left out")),
+        "{}",
+        text(&o)
+    );
+    drop(d);
+    let _ = std::fs::remove_dir_all(&root);
+}
+
 /// Polls a sandbox's audit log until `f` holds (network events arrive from the egress
 /// tier's hook, a moment after the decision).
 fn wait_until_recorded(d: &Daemon, id: &str, mut f: impl FnMut(&[Value]) -> bool) {

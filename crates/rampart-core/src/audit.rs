@@ -33,6 +33,8 @@ pub struct AuditConfig {
     pub fs_diff: bool,
     /// Bounds of an `fs_diff` manifest (entries, bytes hashed).
     pub fs_diff_limits: crate::fsdiff::DiffLimits,
+    /// Budget of each sandbox's `network` / `secret_used` events (beyond it, counted).
+    pub network_events: crate::netaudit::NetEventBudget,
 }
 
 impl Default for AuditConfig {
@@ -44,6 +46,7 @@ impl Default for AuditConfig {
             publish_interval: Duration::from_secs(60),
             fs_diff: true,
             fs_diff_limits: crate::fsdiff::DiffLimits::default(),
+            network_events: crate::netaudit::NetEventBudget::default(),
         }
     }
 }
@@ -91,6 +94,8 @@ pub(crate) struct Audit {
     )>,
     /// The hash of each sandbox's `fs_diff` at destroy, until its `destroyed` takes it.
     manifests: Mutex<HashMap<SandboxId, Hash>>,
+    /// The budgets of network events per sandbox.
+    net_budgets: crate::netaudit::Budgets,
 }
 
 /// How many ended sandboxes [`Audit`] remembers.
@@ -172,7 +177,9 @@ impl Audit {
             leaves.push(Hash::parse(&h).map_err(|e| enc(format!("stored leaf {h:?}: {e}")))?);
         }
         let (appended, _) = tokio::sync::watch::channel(0);
+        let net_budgets = crate::netaudit::Budgets::new(cfg.network_events);
         Ok(Audit {
+            net_budgets,
             cfg,
             store,
             key,
@@ -209,6 +216,21 @@ impl Audit {
 
     pub(crate) fn config(&self) -> &AuditConfig {
         &self.cfg
+    }
+
+    /// The budgets of network events per sandbox.
+    pub(crate) fn net_budgets(&self) -> &crate::netaudit::Budgets {
+        &self.net_budgets
+    }
+
+    /// Records what the network budget left out of a sandbox's record (at destroy, before
+    /// its `destroyed`).
+    pub(crate) fn record_net_suppressed(&self, id: &SandboxId) {
+        for body in self.net_budgets.take(id.as_str()) {
+            if let Err(e) = self.append_if_started(id, body) {
+                tracing::warn!(id = %id, "recording the suppressed network events: {e}");
+            }
+        }
     }
 
     pub(crate) fn publish_interval(&self) -> Duration {

@@ -1014,6 +1014,8 @@ impl Inner {
         if let Some(pinned) = upper {
             self.record_fs_diff(id, pinned, "destroy").await;
         }
+        // What the network events budget left out (its processes are dead: no more entries).
+        self.audit.record_net_suppressed(id);
         let reason = why.message();
         let label = match &why {
             EndReason::Request => "api",

@@ -5,6 +5,12 @@
 //! value). Entries of a sandbox whose log has not started (its `created` not yet recorded)
 //! or has ended are not recorded; entries the hook dropped because this task lagged are
 //! lost (the egress tier counts them).
+//!
+//! A sandbox's entries are recorded within a budget ([`NetEventBudget`], a token bucket per
+//! sandbox, `secret_used` in a bucket of its own): an entry beyond it is counted instead, and
+//! the counts are recorded as one `network` event of kind `suppressed` when the bucket has a
+//! token again (checked every second) or at destroy, so that a sandbox cannot fill the
+//! host's disk with its DNS queries and the record says how many entries it lacks.
 
 use crate::audit::Audit;
 use rampart_audit::EventBody;
@@ -12,28 +18,236 @@ use rampart_egress::NetEvent;
 use rampart_types::audit::{Network, SecretUsed};
 use rampart_types::network::{NetEventKind, NetLogEntry, Verdict};
 use rampart_types::SandboxId;
-use std::sync::Arc;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 use tracing::warn;
+
+/// Bounds of the network audit events of one sandbox: a token bucket. An entry beyond the
+/// budget is not recorded one by one but counted; the counts are recorded as one `network`
+/// event of kind `suppressed` once the budget has a token again, or at destroy.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct NetEventBudget {
+    /// Events recorded in a burst (the bucket's size, at least 1).
+    pub burst: u32,
+    /// Events per second recorded in the long run (the refill rate, above 0).
+    pub per_sec: f64,
+}
+
+impl Default for NetEventBudget {
+    /// A burst of 1000, 50 per second.
+    fn default() -> Self {
+        NetEventBudget {
+            burst: 1000,
+            per_sec: 50.0,
+        }
+    }
+}
+
+/// Entries of one sandbox left out of the record since its last summary.
+#[derive(Debug, Default, Clone, PartialEq)]
+struct Dropped {
+    /// Count per (kind, verdict) of `network` entries.
+    network: BTreeMap<(&'static str, &'static str), u64>,
+    /// Count per (secret name, host) of `secret_used` entries.
+    secrets: BTreeMap<(String, String), u64>,
+    /// Log time of the first and last entry left out.
+    first: String,
+    last: String,
+    total: u64,
+}
+
+/// One sandbox's bucket.
+#[derive(Debug)]
+struct Bucket {
+    tokens: f64,
+    at: Instant,
+    dropped: Dropped,
+}
+
+/// What to do with an entry.
+#[derive(Debug, PartialEq)]
+pub(crate) enum Admit {
+    /// Record it (after the summary, when one is due).
+    Record(Option<EventBody>),
+    /// Counted, not recorded.
+    Counted,
+}
+
+/// The per-sandbox buckets of the daemon.
+#[derive(Debug)]
+pub(crate) struct Budgets {
+    cfg: NetEventBudget,
+    /// Keyed by sandbox and class (`true`: `secret_used`, which has its own bucket so that
+    /// a flood of DNS queries never leaves a secret use out).
+    buckets: Mutex<HashMap<(String, bool), Bucket>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Budgets {
+    pub(crate) fn new(cfg: NetEventBudget) -> Budgets {
+        Budgets {
+            cfg: NetEventBudget {
+                burst: cfg.burst.max(1),
+                per_sec: if cfg.per_sec.is_finite() && cfg.per_sec > 0.0 {
+                    cfg.per_sec
+                } else {
+                    NetEventBudget::default().per_sec
+                },
+            },
+            buckets: Mutex::new(HashMap::new()),
+        }
+    }
+
+    fn refill(&self, b: &mut Bucket, now: Instant) {
+        let secs = now.saturating_duration_since(b.at).as_secs_f64();
+        b.tokens = (b.tokens + secs * self.cfg.per_sec).min(f64::from(self.cfg.burst));
+        b.at = now;
+    }
+
+    /// Takes a token for `entry` of `sandbox` at `now`: record it (with the summary of what
+    /// was left out before it, when there is one: the summary takes the token, the entry
+    /// needs a second one), or count it.
+    pub(crate) fn admit(&self, sandbox: &str, entry: &NetLogEntry, now: Instant) -> Admit {
+        let mut all = lock(&self.buckets);
+        let class = entry.kind == NetEventKind::SecretUsed;
+        let b = all
+            .entry((sandbox.to_owned(), class))
+            .or_insert_with(|| Bucket {
+                tokens: f64::from(self.cfg.burst),
+                at: now,
+                dropped: Dropped::default(),
+            });
+        self.refill(b, now);
+        let need = if b.dropped.total > 0 { 2.0 } else { 1.0 };
+        if b.tokens >= need {
+            b.tokens -= need;
+            let summary =
+                (b.dropped.total > 0).then(|| summary_of(&std::mem::take(&mut b.dropped)));
+            return Admit::Record(summary);
+        }
+        let d = &mut b.dropped;
+        if entry.kind == NetEventKind::SecretUsed {
+            let host = host_of(entry);
+            *d.secrets
+                .entry((entry.secret.clone().unwrap_or_default(), host))
+                .or_default() += 1;
+        } else {
+            *d.network
+                .entry((kind_name(entry.kind), verdict_name(entry.verdict)))
+                .or_default() += 1;
+        }
+        if d.total == 0 {
+            d.first.clone_from(&entry.time);
+        }
+        d.last.clone_from(&entry.time);
+        d.total += 1;
+        Admit::Counted
+    }
+
+    /// Summaries due at `now` (sandboxes with entries left out and a token again), and
+    /// forgets the buckets that are full and have nothing left out (an idle sandbox).
+    pub(crate) fn due(&self, now: Instant) -> Vec<(String, EventBody)> {
+        let mut out = Vec::new();
+        let mut all = lock(&self.buckets);
+        all.retain(|(id, _), b| {
+            self.refill(b, now);
+            if b.dropped.total > 0 && b.tokens >= 1.0 {
+                b.tokens -= 1.0;
+                out.push((id.clone(), summary_of(&std::mem::take(&mut b.dropped))));
+            }
+            b.dropped.total > 0 || b.tokens < f64::from(self.cfg.burst)
+        });
+        out
+    }
+
+    /// The summaries of what was left out of `sandbox`'s record, if anything (at destroy).
+    /// Its buckets stay (entries still queued meet the same budget) until [`Budgets::due`]
+    /// finds them full.
+    pub(crate) fn take(&self, sandbox: &str) -> Vec<EventBody> {
+        let mut all = lock(&self.buckets);
+        let mut out = Vec::new();
+        for class in [false, true] {
+            if let Some(b) = all.get_mut(&(sandbox.to_owned(), class)) {
+                if b.dropped.total > 0 {
+                    out.push(summary_of(&std::mem::take(&mut b.dropped)));
+                }
+            }
+        }
+        out
+    }
+}
+
+fn kind_name(k: NetEventKind) -> &'static str {
+    match k {
+        NetEventKind::Dns => "dns",
+        NetEventKind::Connect => "connect",
+        NetEventKind::Close => "close",
+        NetEventKind::SecretUsed => "secret_used",
+    }
+}
+
+fn verdict_name(v: Verdict) -> &'static str {
+    match v {
+        Verdict::Allow => "allowed",
+        Verdict::Deny => "denied",
+    }
+}
+
+fn host_of(e: &NetLogEntry) -> String {
+    e.name
+        .clone()
+        .or_else(|| e.addrs.first().cloned())
+        .unwrap_or_default()
+}
+
+/// The `network` event of kind `suppressed`: how many entries were left out, by kind and
+/// verdict (and secret uses by name and host), between which log times.
+fn summary_of(d: &Dropped) -> EventBody {
+    let mut counts = serde_json::Map::new();
+    for ((kind, verdict), n) in &d.network {
+        let k = counts
+            .entry(*kind)
+            .or_insert_with(|| serde_json::Value::Object(Default::default()));
+        if let serde_json::Value::Object(k) = k {
+            k.insert((*verdict).into(), (*n).into());
+        }
+    }
+    let secrets: Vec<serde_json::Value> = d
+        .secrets
+        .iter()
+        .map(|((name, host), n)| serde_json::json!({"name": name, "host": host, "count": n}))
+        .collect();
+    let mut detail = serde_json::Map::new();
+    detail.insert("total".into(), d.total.into());
+    detail.insert("first".into(), d.first.clone().into());
+    detail.insert("last".into(), d.last.clone().into());
+    detail.insert("counts".into(), counts.into());
+    if !secrets.is_empty() {
+        detail.insert("secrets".into(), secrets.into());
+    }
+    EventBody::Network(Network {
+        kind: "suppressed".into(),
+        host: String::new(),
+        port: None,
+        verdict: "suppressed".into(),
+        detail: serde_json::Value::Object(detail),
+    })
+}
 
 /// The audit body of a network log entry.
 pub(crate) fn body_of(e: &NetLogEntry) -> EventBody {
-    let host = e
-        .name
-        .clone()
-        .or_else(|| e.addrs.first().cloned())
-        .unwrap_or_default();
+    let host = host_of(e);
     if e.kind == NetEventKind::SecretUsed {
         return EventBody::SecretUsed(SecretUsed {
             name: e.secret.clone().unwrap_or_default(),
             host,
         });
     }
-    let kind = match e.kind {
-        NetEventKind::Dns => "dns",
-        NetEventKind::Connect => "connect",
-        NetEventKind::Close => "close",
-        NetEventKind::SecretUsed => "secret_used",
-    };
+    let kind = kind_name(e.kind);
     let mut detail = serde_json::Map::new();
     detail.insert("rule".into(), e.rule.clone().into());
     if !e.addrs.is_empty() {
@@ -52,27 +266,55 @@ pub(crate) fn body_of(e: &NetLogEntry) -> EventBody {
         kind: kind.into(),
         host,
         port: e.port,
-        verdict: match e.verdict {
-            Verdict::Allow => "allowed",
-            Verdict::Deny => "denied",
-        }
-        .into(),
+        verdict: verdict_name(e.verdict).into(),
         detail: serde_json::Value::Object(detail),
     })
 }
 
-/// Records the hook's entries until it closes.
+/// Appends `bodies` to `sandbox`'s chain (if its log has started and not ended).
+async fn append(audit: &Arc<Audit>, sandbox: &str, bodies: Vec<EventBody>) {
+    let Ok(id) = SandboxId::parse(sandbox) else {
+        return;
+    };
+    let a = audit.clone();
+    // A journal append (a store write only when a flush is due).
+    let r = tokio::task::spawn_blocking(move || {
+        bodies
+            .into_iter()
+            .try_for_each(|b| a.append_if_started(&id, b))
+    })
+    .await;
+    if let Ok(Err(e)) = r {
+        warn!(sandbox = %sandbox, "recording a network event: {e}");
+    }
+}
+
+/// Records the hook's entries until it closes, within the budget; records due summaries
+/// every second.
 pub(crate) async fn run(audit: Arc<Audit>, mut rx: tokio::sync::mpsc::Receiver<NetEvent>) {
-    while let Some(ev) = rx.recv().await {
-        let Ok(id) = SandboxId::parse(&ev.sandbox) else {
-            continue;
-        };
-        let body = body_of(&ev.entry);
-        let a = audit.clone();
-        // A journal append (a store write only when a flush is due).
-        let r = tokio::task::spawn_blocking(move || a.append_if_started(&id, body)).await;
-        if let Ok(Err(e)) = r {
-            warn!(sandbox = %ev.sandbox, "recording a network event: {e}");
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            ev = rx.recv() => {
+                let Some(ev) = ev else { return };
+                if SandboxId::parse(&ev.sandbox).is_err() {
+                    continue;
+                }
+                match audit.net_budgets().admit(&ev.sandbox, &ev.entry, Instant::now()) {
+                    Admit::Counted => {}
+                    Admit::Record(summary) => {
+                        let mut bodies: Vec<EventBody> = summary.into_iter().collect();
+                        bodies.push(body_of(&ev.entry));
+                        append(&audit, &ev.sandbox, bodies).await;
+                    }
+                }
+            }
+            _ = tick.tick() => {
+                for (sandbox, body) in audit.net_budgets().due(Instant::now()) {
+                    append(&audit, &sandbox, vec![body]).await;
+                }
+            }
         }
     }
 }
@@ -118,5 +360,96 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
+    }
+
+    #[test]
+    fn the_budget_counts_what_it_leaves_out_and_summarizes_it_once_refilled() {
+        let b = Budgets::new(NetEventBudget {
+            burst: 3,
+            per_sec: 1.0,
+        });
+        let t0 = Instant::now();
+        let mut dns = entry(NetEventKind::Dns);
+        let mut recorded = 0;
+        for i in 0..2000 {
+            dns.time = format!("t{i}");
+            match b.admit("sb", &dns, t0) {
+                Admit::Record(None) => recorded += 1,
+                Admit::Record(Some(s)) => panic!("{s:?}"),
+                Admit::Counted => {}
+            }
+        }
+        assert_eq!(recorded, 3);
+        // A secret use has its own bucket: the DNS flood does not leave it out.
+        assert_eq!(
+            b.admit("sb", &entry(NetEventKind::SecretUsed), t0),
+            Admit::Record(None)
+        );
+        // Another sandbox has its own budget.
+        assert_eq!(b.admit("other", &dns, t0), Admit::Record(None));
+        // Nothing is due before a token is back.
+        assert!(b.due(t0 + Duration::from_millis(500)).is_empty());
+        let due = b.due(t0 + Duration::from_secs(1));
+        assert_eq!(due.len(), 1);
+        let (sb, EventBody::Network(n)) = &due[0] else {
+            panic!("{due:?}")
+        };
+        assert_eq!(sb, "sb");
+        assert_eq!(
+            (n.kind.as_str(), n.verdict.as_str()),
+            ("suppressed", "suppressed")
+        );
+        assert_eq!(n.detail["total"], 1997);
+        assert_eq!(n.detail["counts"]["dns"]["denied"], 1997);
+        assert_eq!(
+            (n.detail["first"].as_str(), n.detail["last"].as_str()),
+            (Some("t3"), Some("t1999"))
+        );
+        // Said once.
+        assert!(b.due(t0 + Duration::from_secs(10)).is_empty());
+        // Left out again, then the next entry with two tokens back brings the summary first.
+        let t1 = t0 + Duration::from_secs(10);
+        let mut connect = entry(NetEventKind::Connect);
+        connect.verdict = Verdict::Allow;
+        let mut counted = 0;
+        for _ in 0..10 {
+            if b.admit("sb", &connect, t1) == Admit::Counted {
+                counted += 1;
+            }
+        }
+        assert_eq!(counted, 7);
+        match b.admit("sb", &connect, t1 + Duration::from_secs(2)) {
+            Admit::Record(Some(EventBody::Network(n))) => {
+                assert_eq!(n.detail["counts"]["connect"]["allowed"], 7);
+                assert_eq!(n.detail["total"], 7);
+            }
+            other => panic!("{other:?}"),
+        }
+        // At destroy: what is left out is taken (once).
+        for _ in 0..5 {
+            b.admit("sb", &dns, t1 + Duration::from_secs(2));
+        }
+        let mut secret = entry(NetEventKind::SecretUsed);
+        secret.time = "s".into();
+        for _ in 0..4 {
+            b.admit("sb", &secret, t1 + Duration::from_secs(2));
+        }
+        let taken = b.take("sb");
+        assert_eq!(taken.len(), 2, "{taken:?}");
+        let totals: Vec<_> = taken
+            .iter()
+            .map(|t| match t {
+                EventBody::Network(n) => n.detail.clone(),
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        assert_eq!(totals[0]["counts"]["dns"]["denied"], 5);
+        assert_eq!(totals[1]["secrets"][0]["name"], "PYPI_TOKEN");
+        assert_eq!(totals[1]["secrets"][0]["host"], "pypi.org");
+        assert_eq!(totals[1]["secrets"][0]["count"], 1);
+        assert!(b.take("sb").is_empty());
+        // An idle sandbox's full bucket is forgotten.
+        b.due(t1 + Duration::from_secs(100));
+        assert!(lock(&b.buckets).is_empty());
     }
 }

@@ -147,6 +147,10 @@ struct AuditFileConfig {
     fs_diff_max_entries: Option<usize>,
     /// Most bytes an `fs_diff` hashes (default 256M).
     fs_diff_max_hash: Option<SizeValue>,
+    /// Network events a sandbox records in a burst before the rest are counted (default 1000).
+    network_events_burst: Option<u32>,
+    /// Network events per second a sandbox records in the long run (default 50).
+    network_events_per_sec: Option<f64>,
 }
 
 fn read_config(path: &Path) -> Result<FileConfig> {
@@ -318,6 +322,18 @@ fn resolve(a: &ServeArgs) -> Result<Resolved> {
     }
     if let Some(c) = &file.audit.fs_diff_max_hash {
         audit.fs_diff_limits.max_hash_bytes = c.bytes("audit.fs_diff_max_hash")?;
+    }
+    if let Some(n) = file.audit.network_events_burst {
+        if n == 0 {
+            bail!("audit.network_events_burst must be at least 1");
+        }
+        audit.network_events.burst = n;
+    }
+    if let Some(r) = file.audit.network_events_per_sec {
+        if !(r.is_finite() && r > 0.0) {
+            bail!("audit.network_events_per_sec must be above 0");
+        }
+        audit.network_events.per_sec = r;
     }
     if !audit.enabled {
         tracing::warn!("the audit record is disabled by the config file ([audit] enabled = false)");
