@@ -69,7 +69,7 @@ struct Bucket {
 #[derive(Debug, PartialEq)]
 pub(crate) enum Admit {
     /// Record it (after the summary, when one is due).
-    Record(Option<EventBody>),
+    Record(Option<Box<EventBody>>),
     /// Counted, not recorded.
     Counted,
 }
@@ -125,8 +125,8 @@ impl Budgets {
         let need = if b.dropped.total > 0 { 2.0 } else { 1.0 };
         if b.tokens >= need {
             b.tokens -= need;
-            let summary =
-                (b.dropped.total > 0).then(|| summary_of(&std::mem::take(&mut b.dropped)));
+            let summary = (b.dropped.total > 0)
+                .then(|| Box::new(summary_of(&std::mem::take(&mut b.dropped))));
             return Admit::Record(summary);
         }
         let d = &mut b.dropped;
@@ -304,7 +304,7 @@ pub(crate) async fn run(audit: Arc<Audit>, mut rx: tokio::sync::mpsc::Receiver<N
                 match audit.net_budgets().admit(&ev.sandbox, &ev.entry, Instant::now()) {
                     Admit::Counted => {}
                     Admit::Record(summary) => {
-                        let mut bodies: Vec<EventBody> = summary.into_iter().collect();
+                        let mut bodies: Vec<EventBody> = summary.into_iter().map(|b| *b).collect();
                         bodies.push(body_of(&ev.entry));
                         append(&audit, &ev.sandbox, bodies).await;
                     }
@@ -419,7 +419,10 @@ mod tests {
         }
         assert_eq!(counted, 7);
         match b.admit("sb", &connect, t1 + Duration::from_secs(2)) {
-            Admit::Record(Some(EventBody::Network(n))) => {
+            Admit::Record(Some(body)) => {
+                let EventBody::Network(n) = *body else {
+                    panic!("{body:?}")
+                };
                 assert_eq!(n.detail["counts"]["connect"]["allowed"], 7);
                 assert_eq!(n.detail["total"], 7);
             }
