@@ -281,8 +281,9 @@ impl Network {
         debug!(id = %id, attach_us = t0.elapsed().as_micros() as u64, "attached to the egress proxy");
         Ok(Prepared {
             handle,
+            // The egress makes the CA only for a sandbox with secrets.
+            with_ca: attachment.ca_cert_pem.is_some(),
             attachment,
-            with_ca: !net.secrets.is_empty(),
         })
     }
 
@@ -311,8 +312,10 @@ impl Network {
     ) -> Result<(), CoreError> {
         let resolv = format!("nameserver {}\noptions edns0\n", p.handle.gateway);
         let mut files = vec![("/etc/resolv.conf".to_owned(), resolv.into_bytes())];
-        if p.with_ca {
-            let ca = p.attachment.ca_cert_pem.clone();
+        // The egress CA exists only for a sandbox attached with secrets (secrets are given
+        // at create: rampart-core never changes them later, so the CA is never made after
+        // this point).
+        if let Some(ca) = p.attachment.ca_cert_pem.clone() {
             let tmpl = template_dir.join("rootfs/etc/ssl/certs/ca-certificates.crt");
             let mut bundle = tokio::fs::read(&tmpl)
                 .await

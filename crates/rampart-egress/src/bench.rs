@@ -332,7 +332,7 @@ async fn measure(iterations: usize, ca_pem: String) -> Result<EgressBench, Strin
     tokio::spawn(front(l_sni, egress.clone(), sni_ip));
     tokio::spawn(front(l_sec, egress.clone(), secret_ip));
     let direct_cfg = client_config(&ca_pem)?;
-    let sandbox_cfg = client_config(&att.ca_cert_pem)?;
+    let sandbox_cfg = client_config(att.ca_cert_pem.as_deref().ok_or("no sandbox CA")?)?;
     let server: SocketAddr = SERVER.parse().map_err(|_| "addr")?;
 
     // Warm up each path (and check each does what it should).

@@ -23,6 +23,7 @@
 //! egress.set_policy(id, NetworkPolicy) -> Result<()>     (new connections at once; live ones cut)
 //! egress.set_secrets(id, Vec<SecretSpec>) -> Result<Vec<SecretInfo>>
 //! egress.detach(id) -> bool                              (cuts its connections, removes its CA)
+//! egress.ca_cert_pem(id) -> Option<String>        (its CA, once it has secrets; see set_secrets)
 //! egress.log(id, after_seq, limit) -> Option<Vec<NetLogEntry>>
 //! egress.subscribe(id) -> Option<broadcast::Receiver<NetLogEntry>>       (for `?follow=1`)
 //! egress.take_events() -> Option<mpsc::Receiver<NetEvent>>              (audit hook, once)
@@ -168,8 +169,11 @@ impl Default for EgressConfig {
 /// What a sandbox needs from its attachment.
 #[derive(Clone, PartialEq, Eq)]
 pub struct Attachment {
-    /// The sandbox's CA certificate (PEM), for its trust store. Its key never leaves the daemon.
-    pub ca_cert_pem: String,
+    /// The sandbox's CA certificate (PEM), for its trust store, when it was attached with
+    /// secrets (`None` without: the CA is only made for a sandbox that has secrets, since
+    /// TLS is intercepted only for hosts a secret is bound to). Its key never leaves the
+    /// daemon.
+    pub ca_cert_pem: Option<String>,
     /// Environment variables to set in the sandbox: `(env, placeholder)` of each secret with
     /// an `env`.
     pub env: Vec<(String, String)>,
@@ -237,7 +241,9 @@ pub(crate) struct Sandbox {
     pub policy: RwLock<Arc<CompiledPolicy>>,
     pub limiters: RwLock<Arc<Limiters>>,
     pub secrets: RwLock<Arc<Vec<Arc<BoundSecret>>>>,
-    pub ca: SandboxCa,
+    /// Made when the sandbox first has secrets (at attach or by `set_secrets`), before the
+    /// secrets are in force: every sandbox with secrets has one.
+    pub ca: RwLock<Option<Arc<SandboxCa>>>,
     pins: Mutex<Pins>,
     pub log: NetLog,
     pub conns: Mutex<HashMap<u64, Arc<LiveConn>>>,
@@ -323,6 +329,9 @@ impl Sandbox {
             .read()
             .unwrap_or_else(|e| e.into_inner())
             .clone()
+    }
+    pub fn ca(&self) -> Option<Arc<SandboxCa>> {
+        self.ca.read().unwrap_or_else(|e| e.into_inner()).clone()
     }
     pub fn limiters(&self) -> Arc<Limiters> {
         self.limiters
@@ -655,7 +664,20 @@ impl Egress {
             .unwrap_or_default()
     }
 
+    /// Writes the placeholders of `id` for a restarted daemon (not synced: see
+    /// [`SandboxCa::load_or_create`]). Without secrets there is nothing to keep: a stale file
+    /// is removed and no directory is made (no file work on the create path of a sandbox
+    /// without secrets).
     fn save_placeholders(&self, id: &str, secrets: &[Arc<BoundSecret>]) -> Result<(), EgressError> {
+        if secrets.is_empty() {
+            match std::fs::remove_file(self.state_dir(id).join("placeholders.json")) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                    return Err(EgressError::io("remove placeholders", e))
+                }
+                _ => return Ok(()),
+            }
+        }
+        std::fs::create_dir_all(self.state_dir(id)).map_err(|e| EgressError::io("state dir", e))?;
         let map: HashMap<&str, &str> = secrets
             .iter()
             .map(|s| (s.name.as_str(), s.placeholder.as_str()))
@@ -669,8 +691,11 @@ impl Egress {
     }
 
     /// Starts enforcing `policy` for the sandbox at `sandbox_ip`. `gateway_ip` (the host side
-    /// of its link) is blocked like every host address. A sandbox attached again with the
-    /// same id after a daemon restart keeps its CA and its placeholders (from `state_dir`).
+    /// of its link) is blocked like every host address. A sandbox with secrets gets its CA
+    /// (for the TLS interception of the hosts they are bound to) and its placeholders, kept
+    /// in `state_dir/<id>/`; one without gets neither and nothing is written. A sandbox
+    /// attached again with the same id after a daemon restart keeps its CA and its
+    /// placeholders (from `state_dir`).
     pub fn attach(
         &self,
         id: &str,
@@ -698,10 +723,13 @@ impl Egress {
         let dir = self.state_dir(id);
         let fresh = !dir.exists();
         let result = (|| {
+            if secrets.is_empty() {
+                return Ok((Vec::new(), None));
+            }
             let bound = build_secrets(&secrets, &self.load_placeholders(id))?;
-            let ca = SandboxCa::load_or_create(id, &dir)?;
+            let ca = Arc::new(SandboxCa::load_or_create(id, &dir)?);
             self.save_placeholders(id, &bound)?;
-            Ok::<_, EgressError>((bound, ca))
+            Ok::<_, EgressError>((bound, Some(ca)))
         })();
         let (bound, ca) = match result {
             Ok(v) => v,
@@ -713,7 +741,7 @@ impl Egress {
             }
         };
         let att = Attachment {
-            ca_cert_pem: ca.cert_pem().to_string(),
+            ca_cert_pem: ca.as_ref().map(|c| c.cert_pem().to_string()),
             env: bound
                 .iter()
                 .filter_map(|s| s.env.clone().map(|e| (e, s.placeholder.clone())))
@@ -725,7 +753,7 @@ impl Egress {
             limiters: RwLock::new(Arc::new(Limiters::from_policy(&policy.limits))),
             policy: RwLock::new(Arc::new(compiled)),
             secrets: RwLock::new(Arc::new(bound)),
-            ca,
+            ca: RwLock::new(ca),
             pins: Mutex::new(Pins::default()),
             log: NetLog::new(id, self.inner.log_capacity, self.inner.events.clone()),
             conns: Mutex::new(HashMap::new()),
@@ -784,6 +812,11 @@ impl Egress {
 
     /// Replaces the secrets. A secret that keeps its name keeps its placeholder. Live
     /// intercepted connections use the new set from their next request.
+    ///
+    /// A sandbox attached without secrets has no CA: the first call that gives it some makes
+    /// one (before the secrets take effect), and the caller must put it into the sandbox's
+    /// trust store ([`Egress::ca_cert_pem`]) for HTTPS to the secrets' hosts to work.
+    /// (rampart-core never calls this: a sandbox's secrets are given at create.)
     pub fn set_secrets(
         &self,
         id: &str,
@@ -796,10 +829,28 @@ impl Egress {
             .map(|s| (s.name.clone(), s.placeholder.clone()))
             .collect();
         let bound = build_secrets(&secrets, &old)?;
+        if !bound.is_empty() {
+            let mut ca = sb.ca.write().unwrap_or_else(|e| e.into_inner());
+            if ca.is_none() {
+                *ca = Some(Arc::new(SandboxCa::load_or_create(
+                    id,
+                    &self.state_dir(id),
+                )?));
+            }
+        }
         self.save_placeholders(id, &bound)?;
         let info = bound.iter().map(|s| s.info()).collect();
         *sb.secrets.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(bound);
         Ok(info)
+    }
+
+    /// The CA certificate (PEM) of an attached sandbox, if it has one (it has secrets, or had
+    /// some): what its trust store needs for the interception of its secrets' hosts.
+    pub fn ca_cert_pem(&self, id: &str) -> Option<String> {
+        self.sandbox(id)
+            .ok()
+            .and_then(|sb| sb.ca())
+            .map(|c| c.cert_pem().to_string())
     }
 
     /// The secrets of a sandbox as the API shows them.

@@ -394,8 +394,11 @@ async fn intercept(
     c: &Counters,
     cancel: &CancellationToken,
 ) -> io::Result<()> {
-    let cfg = sb
-        .ca
+    // Every sandbox with secrets has a CA (and only secret-bound hosts are intercepted).
+    let ca = sb
+        .ca()
+        .ok_or_else(|| io::Error::other("the sandbox has no CA (no secrets)"))?;
+    let cfg = ca
         .server_config(name)
         .map_err(|e| io::Error::other(e.to_string()))?;
     let acceptor = tokio_rustls::TlsAcceptor::from(cfg);

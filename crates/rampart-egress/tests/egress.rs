@@ -127,7 +127,11 @@ where
                     vec![secret()],
                 )
                 .expect("attach");
-            assert!(att.ca_cert_pem.contains("BEGIN CERTIFICATE"));
+            assert!(att
+                .ca_cert_pem
+                .as_ref()
+                .unwrap()
+                .contains("BEGIN CERTIFICATE"));
             assert_eq!(att.env.len(), 1);
             assert_eq!(att.env[0].0, "API_TOKEN");
             assert!(att.env[0].1.starts_with("rampart-secret-api_token-"));
@@ -137,7 +141,7 @@ where
                 sb: sb_ns,
                 seen,
                 test_ca,
-                egress_ca_pem: att.ca_cert_pem.clone(),
+                egress_ca_pem: att.ca_cert_pem.clone().unwrap(),
             })
             .await;
         });

@@ -131,6 +131,66 @@ async fn attach_bookkeeping_and_state_across_a_restart() {
     ));
 }
 
+#[tokio::test]
+async fn the_ca_is_made_only_for_a_sandbox_with_secrets() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("egress");
+    let gw: IpAddr = "10.201.0.2".parse().unwrap();
+    let e = Egress::start(cfg(&state, vec![])).await.unwrap();
+
+    // Without secrets: no CA, nothing written.
+    let a = e
+        .attach(
+            "plain",
+            "10.201.0.3".parse().unwrap(),
+            gw,
+            allow(&["ok.com"]),
+            vec![],
+        )
+        .unwrap();
+    assert!(a.ca_cert_pem.is_none());
+    assert!(a.env.is_empty());
+    assert!(e.ca_cert_pem("plain").is_none());
+    assert!(!state.join("plain").exists());
+
+    // Secrets given later make the CA (kept, with the placeholders, in the state dir).
+    let info = e.set_secrets("plain", vec![secret("gh", "v")]).unwrap();
+    let ca = e.ca_cert_pem("plain").expect("a CA once it has secrets");
+    assert!(ca.contains("BEGIN CERTIFICATE"));
+    assert!(state.join("plain/ca.key").exists());
+    assert!(state.join("plain/placeholders.json").exists());
+    // Replacing them keeps the CA and the placeholder of a kept name.
+    let again = e.set_secrets("plain", vec![secret("gh", "w")]).unwrap();
+    assert_eq!(e.ca_cert_pem("plain").as_deref(), Some(ca.as_str()));
+    assert_eq!(info, again);
+    // Taking them away keeps the CA (the sandbox's trust store may have it).
+    e.set_secrets("plain", vec![]).unwrap();
+    assert_eq!(e.ca_cert_pem("plain").as_deref(), Some(ca.as_str()));
+    assert!(!state.join("plain/placeholders.json").exists());
+
+    // With secrets at attach: the CA comes with the attachment.
+    let b = e
+        .attach(
+            "sec",
+            "10.201.0.5".parse().unwrap(),
+            gw,
+            allow(&["api.example.com"]),
+            vec![secret("gh", "v")],
+        )
+        .unwrap();
+    assert_eq!(b.ca_cert_pem, e.ca_cert_pem("sec"));
+    assert_ne!(
+        b.ca_cert_pem.as_deref(),
+        Some(ca.as_str()),
+        "one CA per sandbox"
+    );
+
+    assert!(e.detach("plain"));
+    assert!(e.detach("sec"));
+    assert!(!state.join("plain").exists());
+    assert!(!state.join("sec").exists());
+}
+
 /// A one-name upstream resolver on loopback counting the questions it gets.
 async fn upstream() -> (SocketAddr, Arc<Mutex<Vec<String>>>) {
     let sock = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
