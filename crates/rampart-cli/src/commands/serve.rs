@@ -485,6 +485,11 @@ mod tests {
             .apply("max_limits", builtin_max_limits())
             .unwrap();
         assert_eq!(m.memory_bytes, 1 << 30);
+        let a: FileConfig =
+            toml::from_str("[audit]\nnetwork_events_burst = 20\nnetwork_events_per_sec = 50")
+                .unwrap();
+        assert_eq!(a.audit.network_events_burst, Some(20));
+        assert_eq!(a.audit.network_events_per_sec, Some(50.0));
         assert!(toml::from_str::<FileConfig>("max_sandbox = 3").is_err());
         assert!(toml::from_str::<FileConfig>("[default_limits]\nmem = 1").is_err());
     }
