@@ -1136,6 +1136,9 @@ fn a_secret_reaches_only_its_host_and_is_found_nowhere_else() {
         "another-value\n",
     );
     assert!(ok, "{err}");
+    let mut d = d;
+    d.child.kill().unwrap(); // SIGKILL, by pid: a crash, not a clean stop
+    let _ = d.child.wait();
     drop(d);
     let d = start(&data, free_port(), &envs);
     let _sandboxes_again = Sandboxes(d.url.clone());
