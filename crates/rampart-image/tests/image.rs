@@ -672,6 +672,19 @@ fn rebuild_reuses_layers_up_to_the_changed_step_and_failures_leave_nothing() {
     );
 }
 
+/// Writes the whiteout layout at `dir/img`, opens a store at `dir/data` and builds `spec`
+/// (relative to `dir`) as template "p" with the fake runner.
+fn build_p(dir: &Path, spec: &str) -> (Store, rampart_image::build::BuildReport) {
+    write_layout(&dir.join("img"), &whiteout_layers(), serde_json::json!({}));
+    let store = Store::open(&dir.join("data")).unwrap();
+    let fake = FakeRunner::default();
+    let spec = Spec::parse(spec, dir).unwrap();
+    let r = Builder::new(&store, &fake, 100_000)
+        .build(&spec, "p", &BuildOptions::default(), &mut |_| {})
+        .unwrap();
+    (store, r)
+}
+
 #[test]
 fn gc_keeps_layers_pinned_by_live_sandboxes() {
     if !is_root() {
@@ -679,15 +692,7 @@ fn gc_keeps_layers_pinned_by_live_sandboxes() {
         return;
     }
     let d = tempfile::tempdir().unwrap();
-    let img = d.path().join("img");
-    write_layout(&img, &whiteout_layers(), serde_json::json!({}));
-    let store = Store::open(&d.path().join("data")).unwrap();
-    let fake = FakeRunner::default();
-    let b = Builder::new(&store, &fake, 100_000);
-    let spec = Spec::parse("from = \"oci:img\"\n[[steps]]\nrun = \"x\"\n", d.path()).unwrap();
-    let r = b
-        .build(&spec, "p", &BuildOptions::default(), &mut |_| {})
-        .unwrap();
+    let (store, r) = build_p(d.path(), "from = \"oci:img\"\n[[steps]]\nrun = \"x\"\n");
     let sandbox_dir = d.path().join("sandboxes/abc");
     std::fs::create_dir_all(&sandbox_dir).unwrap();
     store.pin("abc", &sandbox_dir, &r.manifest.layers).unwrap();
@@ -726,15 +731,7 @@ fn gc_waits_for_a_create_between_resolve_and_pin() {
         return;
     }
     let d = tempfile::tempdir().unwrap();
-    let img = d.path().join("img");
-    write_layout(&img, &whiteout_layers(), serde_json::json!({}));
-    let store = Store::open(&d.path().join("data")).unwrap();
-    let fake = FakeRunner::default();
-    let b = Builder::new(&store, &fake, 100_000);
-    let spec = Spec::parse("from = \"oci:img\"\n", d.path()).unwrap();
-    let r = b
-        .build(&spec, "p", &BuildOptions::default(), &mut |_| {})
-        .unwrap();
+    let (store, r) = build_p(d.path(), "from = \"oci:img\"\n");
     // A create resolved "p" and holds the guard; the template is removed meanwhile.
     let guard = store.pin_guard().unwrap();
     let (id, m) = store.resolve("p").unwrap();
