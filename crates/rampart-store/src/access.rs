@@ -7,11 +7,10 @@
 //! [`crate::keys`]; callers look there when this store has none.
 
 use crate::keys::random_hex;
-use crate::StoreError;
+use crate::{now_ms, side, StoreError};
 use rusqlite::{params, Connection, OptionalExtension};
 use std::path::Path;
 use std::sync::{Mutex, MutexGuard};
-use std::time::Duration;
 
 /// Random bytes in a token (64 hex digits).
 pub const TOKEN_BYTES: usize = 32;
@@ -27,13 +26,6 @@ const MIGRATION: &str = "CREATE TABLE IF NOT EXISTS sandbox_tokens (
         PRIMARY KEY (id, port)
     );";
 
-fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as i64)
-        .unwrap_or(0)
-}
-
 /// The port-access store (SQLite). Cheap to share behind an `Arc`.
 #[derive(Debug)]
 pub struct AccessStore {
@@ -43,27 +35,20 @@ pub struct AccessStore {
 impl AccessStore {
     /// Opens the database at `path` (the daemon's `state.db`), creating the tables if needed.
     pub fn open(path: &Path) -> Result<AccessStore, StoreError> {
-        let conn = Connection::open(path)?;
-        conn.busy_timeout(Duration::from_secs(10))?;
-        conn.pragma_update(None, "journal_mode", "WAL")?;
-        conn.pragma_update(None, "synchronous", "NORMAL")?;
-        Self::init(conn)
+        Ok(AccessStore {
+            conn: side::open(path, MIGRATION)?,
+        })
     }
 
     /// An in-memory store (tests, daemons without a data directory).
     pub fn open_in_memory() -> Result<AccessStore, StoreError> {
-        Self::init(Connection::open_in_memory()?)
-    }
-
-    fn init(conn: Connection) -> Result<AccessStore, StoreError> {
-        conn.execute_batch(MIGRATION)?;
         Ok(AccessStore {
-            conn: Mutex::new(conn),
+            conn: side::open_in_memory(MIGRATION)?,
         })
     }
 
     fn conn(&self) -> MutexGuard<'_, Connection> {
-        self.conn.lock().unwrap_or_else(|p| p.into_inner())
+        side::lock(&self.conn)
     }
 
     /// Makes a fresh token for sandbox `id`, replacing any old one, and records `public`

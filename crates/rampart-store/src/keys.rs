@@ -6,13 +6,12 @@
 //! made. The tables live in the daemon's `state.db` next to the sandboxes; [`KeyStore`] creates
 //! them if they are missing (its own migration, independent of the sandbox schema version).
 
-use crate::StoreError;
+use crate::{now_ms, side, StoreError};
 use rand::RngCore;
 use rusqlite::{params, Connection, OptionalExtension};
 use sha2::{Digest, Sha256};
 use std::path::Path;
 use std::sync::{Mutex, MutexGuard};
-use std::time::Duration;
 
 /// Prefix of every API key.
 pub const KEY_PREFIX: &str = "e2b_";
@@ -89,13 +88,6 @@ pub fn random_hex(n: usize) -> String {
     s
 }
 
-fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as i64)
-        .unwrap_or(0)
-}
-
 /// The key store (SQLite). Cheap to share behind an `Arc`.
 #[derive(Debug)]
 pub struct KeyStore {
@@ -105,28 +97,20 @@ pub struct KeyStore {
 impl KeyStore {
     /// Opens the database at `path` (the daemon's `state.db`), creating the tables if needed.
     pub fn open(path: &Path) -> Result<KeyStore, StoreError> {
-        let conn = Connection::open(path)?;
-        conn.busy_timeout(Duration::from_secs(10))?;
-        conn.pragma_update(None, "journal_mode", "WAL")?;
-        // As the state store's connection: a commit is written to the log, not synced.
-        conn.pragma_update(None, "synchronous", "NORMAL")?;
-        Self::init(conn)
+        Ok(KeyStore {
+            conn: side::open(path, MIGRATION)?,
+        })
     }
 
     /// An in-memory store (tests).
     pub fn open_in_memory() -> Result<KeyStore, StoreError> {
-        Self::init(Connection::open_in_memory()?)
-    }
-
-    fn init(conn: Connection) -> Result<KeyStore, StoreError> {
-        conn.execute_batch(MIGRATION)?;
         Ok(KeyStore {
-            conn: Mutex::new(conn),
+            conn: side::open_in_memory(MIGRATION)?,
         })
     }
 
     fn conn(&self) -> MutexGuard<'_, Connection> {
-        self.conn.lock().unwrap_or_else(|p| p.into_inner())
+        side::lock(&self.conn)
     }
 
     /// Makes a new key named `name`; returns its listing and the key itself (shown only now).

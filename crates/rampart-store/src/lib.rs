@@ -16,6 +16,7 @@ pub mod keys;
 mod network;
 pub mod persist;
 pub mod secrets;
+mod side;
 mod wal;
 
 pub use audit::{LeafRow, NewEvent, StoredEvent, TreeHeadRow};

@@ -4,11 +4,10 @@
 //! [`PersistStore`] opens: a database migrated past 5 before 5 existed lacks them);
 //! [`PersistStore`] is a connection of its own to the same database.
 
-use crate::{now_ms, StoreError};
+use crate::{now_ms, side, StoreError};
 use rusqlite::{params, Connection, OptionalExtension};
 use std::path::Path;
 use std::sync::{Mutex, MutexGuard};
-use std::time::Duration;
 
 /// Migration 5.
 pub(crate) const MIGRATION: &str = "CREATE TABLE IF NOT EXISTS snapshots (
@@ -92,28 +91,21 @@ const SNAP_COLS: &str =
 impl PersistStore {
     /// Opens the tables in the database at `path` (migrated by [`crate::SqliteStore::open`]).
     pub fn open(path: &Path) -> Result<PersistStore, StoreError> {
-        let conn = Connection::open(path)?;
-        conn.busy_timeout(Duration::from_secs(10))?;
-        conn.pragma_update(None, "journal_mode", "WAL")?;
-        conn.pragma_update(None, "synchronous", "NORMAL")?;
         // A database migrated past 5 before 5 existed lacks the tables.
-        conn.execute_batch(MIGRATION)?;
         Ok(PersistStore {
-            conn: Mutex::new(conn),
+            conn: side::open(path, MIGRATION)?,
         })
     }
 
     /// An in-memory store with the tables (tests).
     pub fn open_in_memory() -> Result<PersistStore, StoreError> {
-        let conn = Connection::open_in_memory()?;
-        conn.execute_batch(MIGRATION)?;
         Ok(PersistStore {
-            conn: Mutex::new(conn),
+            conn: side::open_in_memory(MIGRATION)?,
         })
     }
 
     fn conn(&self) -> MutexGuard<'_, Connection> {
-        self.conn.lock().unwrap_or_else(|p| p.into_inner())
+        side::lock(&self.conn)
     }
 
     /// Records a snapshot; `Duplicate` if the name is taken.

@@ -8,12 +8,11 @@
 //! 0600. No method here returns a value except [`SecretStore::get`], which the manager uses to
 //! bind a secret to a sandbox.
 
-use crate::StoreError;
+use crate::{now_ms, side, StoreError};
 use rampart_types::SecretSpec;
 use rusqlite::{params, Connection, OptionalExtension};
 use std::path::Path;
 use std::sync::{Mutex, MutexGuard};
-use std::time::Duration;
 
 const MIGRATION: &str = "CREATE TABLE IF NOT EXISTS named_secrets (
         name TEXT PRIMARY KEY NOT NULL,
@@ -42,13 +41,6 @@ impl std::fmt::Debug for StoredSecret {
             .field("updated_at_ms", &self.updated_at_ms)
             .finish()
     }
-}
-
-fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as i64)
-        .unwrap_or(0)
 }
 
 fn corrupt(name: &str, e: serde_json::Error) -> StoreError {
@@ -87,11 +79,9 @@ impl SecretStore {
     /// Opens the database at `path` (the daemon's `state.db`), creating the table if needed,
     /// and makes the file (and its WAL files) mode 0600.
     pub fn open(path: &Path) -> Result<SecretStore, StoreError> {
-        let conn = Connection::open(path)?;
-        conn.busy_timeout(Duration::from_secs(10))?;
-        conn.pragma_update(None, "journal_mode", "WAL")?;
-        conn.pragma_update(None, "synchronous", "NORMAL")?;
-        let store = Self::init(conn)?;
+        let store = SecretStore {
+            conn: side::open(path, MIGRATION)?,
+        };
         owner_only(path).map_err(|e| StoreError::Corrupt {
             id: path.display().to_string(),
             detail: format!("making it mode 0600: {e}"),
@@ -101,18 +91,13 @@ impl SecretStore {
 
     /// An in-memory store (tests).
     pub fn open_in_memory() -> Result<SecretStore, StoreError> {
-        Self::init(Connection::open_in_memory()?)
-    }
-
-    fn init(conn: Connection) -> Result<SecretStore, StoreError> {
-        conn.execute_batch(MIGRATION)?;
         Ok(SecretStore {
-            conn: Mutex::new(conn),
+            conn: side::open_in_memory(MIGRATION)?,
         })
     }
 
     fn conn(&self) -> MutexGuard<'_, Connection> {
-        self.conn.lock().unwrap_or_else(|p| p.into_inner())
+        side::lock(&self.conn)
     }
 
     /// Creates or replaces the secret named `spec.name` (the caller validated it). Returns
