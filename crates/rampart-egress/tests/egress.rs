@@ -59,6 +59,25 @@ impl Ctx {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
     }
+    /// Sends two plain-HTTP requests on one connection to `ip`, the first for `host`, the second
+    /// for `other.test`: at most the first is answered, and the second is logged as misdirected.
+    async fn second_host_on_connection_is_refused(&self, ip: &'static str, host: &str) {
+        let request = format!(
+            "GET / HTTP/1.1\r\nHost: {host}\r\n\r\nGET / HTTP/1.1\r\nHost: other.test\r\n\r\n"
+        );
+        let got = self
+            .sandbox(move || tcp_exchange(format!("{ip}:80").parse().unwrap(), request.as_bytes()))
+            .await
+            .unwrap_or_default();
+        assert!(got.matches("HTTP/1.1 200").count() <= 1, "{got}");
+        let e = self
+            .entry(NetEventKind::Connect, Some("other.test"), None)
+            .await;
+        assert_eq!(
+            (e.verdict, e.rule.as_str()),
+            (Verdict::Deny, format!("misdirected:{host}").as_str())
+        );
+    }
 }
 
 fn policy(mode: NetworkMode, allow: &[&str], deny: &[&str]) -> NetworkPolicy {
@@ -193,23 +212,8 @@ fn allowed_names_resolve_and_connect_others_get_nxdomain_and_nothing() {
         );
 
         // Plain HTTP: every request on the connection must name the same host.
-        let got = cx
-            .sandbox(|| {
-                tcp_exchange(
-                    format!("{WEB1}:80").parse().unwrap(),
-                    b"GET / HTTP/1.1\r\nHost: allowed.test\r\n\r\nGET / HTTP/1.1\r\nHost: other.test\r\n\r\n",
-                )
-            })
-            .await
-            .unwrap_or_default();
-        assert!(got.matches("HTTP/1.1 200").count() <= 1, "{got}");
-        let e = cx
-            .entry(NetEventKind::Connect, Some("other.test"), None)
+        cx.second_host_on_connection_is_refused(WEB1, "allowed.test")
             .await;
-        assert_eq!(
-            (e.verdict, e.rule.as_str()),
-            (Verdict::Deny, "misdirected:allowed.test")
-        );
 
         // HTTPS passes through untouched: the client trusts only the test CA.
         let ca = cx.test_ca.clone();
@@ -632,23 +636,8 @@ fn a_secret_reaches_only_its_bound_host_in_the_configured_header() {
         );
 
         // A second request for another host on the bound host's connection is refused.
-        let got = cx
-            .sandbox(|| {
-                tcp_exchange(
-                    format!("{WEB2}:80").parse().unwrap(),
-                    b"GET / HTTP/1.1\r\nHost: api.test\r\n\r\nGET / HTTP/1.1\r\nHost: other.test\r\n\r\n",
-                )
-            })
-            .await
-            .unwrap_or_default();
-        assert!(got.matches("HTTP/1.1 200").count() <= 1, "{got}");
-        let e = cx
-            .entry(NetEventKind::Connect, Some("other.test"), None)
+        cx.second_host_on_connection_is_refused(WEB2, "api.test")
             .await;
-        assert_eq!(
-            (e.verdict, e.rule.as_str()),
-            (Verdict::Deny, "misdirected:api.test")
-        );
 
         // The value is in no log entry, no API answer, no Debug output.
         let log = serde_json::to_string(&cx.log()).unwrap();
