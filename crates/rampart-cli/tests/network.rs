@@ -12,7 +12,7 @@ use std::collections::BTreeSet;
 use std::net::{TcpListener, UdpSocket};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
-use support::{client, free_port, skip_reason, start, wait_until, Daemon};
+use support::{client, free_port, skip_reason, start, wait_until, Daemon, TestNetns};
 
 fn skip() -> bool {
     if let Some(r) = skip_reason() {
@@ -154,38 +154,18 @@ fn sh(d: &Daemon, id: &str, script: &str) -> (i64, String) {
 /// A test "internet" host: a network namespace with an HTTP server on 198.51.100.2:8080,
 /// linked to the host (198.51.100.1/30). Removed on drop.
 struct InternetHost {
-    ns: String,
-    link: String,
     server: Option<Child>,
+    _netns: TestNetns,
 }
 
 impl InternetHost {
     fn start() -> Option<InternetHost> {
         let ns = format!("rnt-inet-{}", std::process::id());
         let link = format!("xinet{}", std::process::id() % 100_000);
-        let run = |args: &[&str]| {
-            Command::new("ip")
-                .args(args)
-                .status()
-                .is_ok_and(|s| s.success())
-        };
         let mut h = InternetHost {
-            ns: ns.clone(),
-            link: link.clone(),
             server: None,
+            _netns: TestNetns::new(&ns, &link, "198.51.100.1/30", &["198.51.100.2/30"])?,
         };
-        let ok = run(&["netns", "add", &ns])
-            && run(&[
-                "link", "add", &link, "type", "veth", "peer", "name", "eth0", "netns", &ns,
-            ])
-            && run(&["addr", "add", "198.51.100.1/30", "dev", &link])
-            && run(&["link", "set", &link, "up"])
-            && run(&["-n", &ns, "addr", "add", "198.51.100.2/30", "dev", "eth0"])
-            && run(&["-n", &ns, "link", "set", "eth0", "up"])
-            && run(&["-n", &ns, "link", "set", "lo", "up"]);
-        if !ok {
-            return None;
-        }
         let dir = tempfile::tempdir().unwrap().keep();
         std::fs::write(dir.join("index.html"), "hello from the test internet\n").unwrap();
         let child = Command::new("ip")
@@ -215,10 +195,6 @@ impl Drop for InternetHost {
             let _ = c.kill();
             let _ = c.wait();
         }
-        let _ = Command::new("ip")
-            .args(["link", "del", &self.link])
-            .status();
-        let _ = Command::new("ip").args(["netns", "del", &self.ns]).status();
     }
 }
 

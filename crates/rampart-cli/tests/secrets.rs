@@ -24,7 +24,9 @@ use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
-use support::{client, free_port, sandboxes_dir, skip_reason, start, token, wait_until, Daemon};
+use support::{
+    client, free_port, sandboxes_dir, skip_reason, start, token, wait_until, Daemon, TestNetns,
+};
 
 const HOST_A: &str = "a.secrets.test";
 const HOST_B: &str = "b.secrets.test";
@@ -239,57 +241,26 @@ srv.serve_forever()
 /// The test internet: a network namespace linked to the host (203.0.113.1/29 on the host,
 /// .2 and .3 inside) running [`SERVERS`]. Removed on drop.
 struct Internet {
-    ns: String,
-    link: String,
     server: Option<Child>,
     log: PathBuf,
+    _netns: TestNetns,
 }
 
 impl Internet {
     fn start(dir: &Path, pki: &Pki) -> Option<Internet> {
         let ns = format!("rst-sec-{}", std::process::id());
         let link = format!("xsec{}", std::process::id() % 100_000);
-        let run = |args: &[&str]| {
-            Command::new("ip")
-                .args(args)
-                .status()
-                .is_ok_and(|s| s.success())
-        };
+        let netns = TestNetns::new(
+            &ns,
+            &link,
+            &format!("{HOST_SIDE}/29"),
+            &[&format!("{ADDR_A}/29"), &format!("{ADDR_B}/29")],
+        )?;
         let mut h = Internet {
-            ns: ns.clone(),
-            link: link.clone(),
             server: None,
             log: dir.join("requests.jsonl"),
+            _netns: netns,
         };
-        let ok = run(&["netns", "add", &ns])
-            && run(&[
-                "link", "add", &link, "type", "veth", "peer", "name", "eth0", "netns", &ns,
-            ])
-            && run(&["addr", "add", &format!("{HOST_SIDE}/29"), "dev", &link])
-            && run(&["link", "set", &link, "up"])
-            && run(&[
-                "-n",
-                &ns,
-                "addr",
-                "add",
-                &format!("{ADDR_A}/29"),
-                "dev",
-                "eth0",
-            ])
-            && run(&[
-                "-n",
-                &ns,
-                "addr",
-                "add",
-                &format!("{ADDR_B}/29"),
-                "dev",
-                "eth0",
-            ])
-            && run(&["-n", &ns, "link", "set", "eth0", "up"])
-            && run(&["-n", &ns, "link", "set", "lo", "up"]);
-        if !ok {
-            return None;
-        }
         let script = dir.join("servers.py");
         std::fs::write(&script, SERVERS).ok()?;
         std::fs::write(&h.log, "").ok()?;
@@ -357,10 +328,6 @@ impl Drop for Internet {
             let _ = c.kill();
             let _ = c.wait();
         }
-        let _ = Command::new("ip")
-            .args(["link", "del", &self.link])
-            .status();
-        let _ = Command::new("ip").args(["netns", "del", &self.ns]).status();
     }
 }
 

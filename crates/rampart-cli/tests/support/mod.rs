@@ -421,3 +421,49 @@ impl Shared {
         )
     }
 }
+
+/// A test host's network: a network namespace `ns` linked to the host by the veth pair
+/// `link` (host side, with `host_cidr`) and `eth0` (inside, with each of `inside_cidrs`), all
+/// links up. The link and the namespace are removed on drop; whatever runs inside must be
+/// ended first (a struct that holds one drops it after its own `Drop` ran).
+pub struct TestNetns {
+    ns: String,
+    link: String,
+}
+
+impl TestNetns {
+    /// Makes it, or returns `None` when an `ip` step fails (what was made is removed).
+    pub fn new(ns: &str, link: &str, host_cidr: &str, inside_cidrs: &[&str]) -> Option<TestNetns> {
+        let run = |args: &[&str]| {
+            Command::new("ip")
+                .args(args)
+                .status()
+                .is_ok_and(|s| s.success())
+        };
+        let t = TestNetns {
+            ns: ns.to_owned(),
+            link: link.to_owned(),
+        };
+        let ok = run(&["netns", "add", ns])
+            && run(&[
+                "link", "add", link, "type", "veth", "peer", "name", "eth0", "netns", ns,
+            ])
+            && run(&["addr", "add", host_cidr, "dev", link])
+            && run(&["link", "set", link, "up"])
+            && inside_cidrs
+                .iter()
+                .all(|c| run(&["-n", ns, "addr", "add", c, "dev", "eth0"]))
+            && run(&["-n", ns, "link", "set", "eth0", "up"])
+            && run(&["-n", ns, "link", "set", "lo", "up"]);
+        ok.then_some(t)
+    }
+}
+
+impl Drop for TestNetns {
+    fn drop(&mut self) {
+        let _ = Command::new("ip")
+            .args(["link", "del", &self.link])
+            .status();
+        let _ = Command::new("ip").args(["netns", "del", &self.ns]).status();
+    }
+}
