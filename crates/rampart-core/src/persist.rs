@@ -21,6 +21,7 @@
 use crate::isolation::{DiskSource, LaunchExtras, VolumeSpec};
 use crate::manager::{EndReason, Inner};
 use crate::{CoreError, Manager};
+use rampart_store::keys::random_hex;
 use rampart_store::persist::{PersistStore, SnapshotRow};
 use rampart_store::{now_ms, StoreError};
 use rampart_types::{
@@ -164,14 +165,6 @@ fn snapshot_info(r: &SnapshotRow) -> SnapshotInfo {
         size_bytes: r.size_bytes,
         created_at: rfc3339(r.created_at_ms),
     }
-}
-
-fn random_hex(n: usize) -> String {
-    let mut b = vec![0u8; n];
-    if let Ok(mut f) = std::fs::File::open("/dev/urandom") {
-        let _ = std::io::Read::read_exact(&mut f, &mut b);
-    }
-    b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
 impl Persist {
