@@ -2,10 +2,11 @@
 
 use crate::error::ApiError;
 use crate::extract::{ApiQuery, SandboxPath};
+use crate::ndjson;
 use crate::AppState;
 use axum::body::Body;
 use axum::extract::State;
-use axum::http::header::{CACHE_CONTROL, CONTENT_DISPOSITION, CONTENT_TYPE};
+use axum::http::header::{CONTENT_DISPOSITION, CONTENT_TYPE};
 use axum::http::HeaderValue;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -59,10 +60,6 @@ pub struct AuditKey {
     pub templates: BTreeMap<String, String>,
 }
 
-fn is_true(v: Option<&str>) -> bool {
-    matches!(v, Some("1" | "true" | "yes"))
-}
-
 /// `GET /v1/sandboxes/{id}/audit`: the sandbox's audit events, paged; with `?follow=1`, an
 /// NDJSON stream of them as they are appended.
 #[utoipa::path(get, path = "/v1/sandboxes/{id}/audit", tag = "audit",
@@ -77,13 +74,8 @@ pub(crate) async fn events(
     SandboxPath(id): SandboxPath,
     ApiQuery(q): ApiQuery<AuditQuery>,
 ) -> Result<Response, ApiError> {
-    let limit = q.limit.unwrap_or(DEFAULT_AUDIT_PAGE);
-    if !(1..=MAX_AUDIT_PAGE).contains(&limit) {
-        return Err(ApiError::bad_request(format!(
-            "limit: must be 1 to {MAX_AUDIT_PAGE}"
-        )));
-    }
-    if !is_true(q.follow.as_deref()) {
+    let limit = ndjson::page_limit(q.limit, DEFAULT_AUDIT_PAGE, MAX_AUDIT_PAGE)?;
+    if !ndjson::is_true(q.follow.as_deref()) {
         let events = st.backend.audit_events(&id, q.after, limit)?;
         let next_after = events.last().map(|e| e.seq).or(q.after);
         return Ok(Json(AuditPage { events, next_after }).into_response());
@@ -114,9 +106,7 @@ pub(crate) async fn events(
             let got = events.len();
             for e in events {
                 after = Some(e.seq);
-                let mut line = serde_json::to_vec(&e).unwrap_or_default();
-                line.push(b'\n');
-                if tx.send(Ok(Bytes::from(line))).await.is_err() {
+                if tx.send(Ok(ndjson::line(&e))).await.is_err() {
                     return;
                 }
             }
@@ -139,16 +129,7 @@ pub(crate) async fn events(
             }
         }
     });
-    let stream =
-        futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|c| (c, rx)) });
-    let mut resp = Body::from_stream(stream).into_response();
-    let h = resp.headers_mut();
-    h.insert(
-        CONTENT_TYPE,
-        HeaderValue::from_static("application/x-ndjson"),
-    );
-    h.insert(CACHE_CONTROL, HeaderValue::from_static("no-cache"));
-    Ok(resp)
+    Ok(ndjson::channel_response(rx))
 }
 
 /// `GET /v1/sandboxes/{id}/audit/bundle`: the sandbox's bundle (events, blobs, signed tree

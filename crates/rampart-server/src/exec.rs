@@ -8,8 +8,8 @@ use axum::body::Body;
 use axum::extract::ws::rejection::WebSocketUpgradeRejection;
 use axum::extract::ws::{Message, WebSocket, WebSocketUpgrade};
 use axum::extract::State;
-use axum::http::header::{ACCEPT, CACHE_CONTROL, CONTENT_TYPE, ORIGIN};
-use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::http::header::{ACCEPT, ORIGIN};
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -327,14 +327,7 @@ pub(crate) async fn exec(
         }
         Mode::Ndjson => {
             let body = event_stream(exec).map(|ev| Ok::<_, Infallible>(ndjson_line(&ev)));
-            let mut resp = Body::from_stream(body).into_response();
-            let h = resp.headers_mut();
-            h.insert(
-                CONTENT_TYPE,
-                HeaderValue::from_static("application/x-ndjson"),
-            );
-            h.insert(CACHE_CONTROL, HeaderValue::from_static("no-cache"));
-            Ok(resp)
+            Ok(crate::ndjson::response(Body::from_stream(body)))
         }
         Mode::Sse => {
             let events = event_stream(exec).map(|ev| {

@@ -8,7 +8,7 @@ use crate::extract::{ApiJson, ApiQuery, SandboxPath};
 use crate::AppState;
 use axum::body::Body;
 use axum::extract::State;
-use axum::http::header::{CACHE_CONTROL, CONNECTION, CONTENT_TYPE};
+use axum::http::header::{CONNECTION, CONTENT_TYPE};
 use axum::http::{HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -426,14 +426,7 @@ pub(crate) async fn watch(
             v.push(b'\n');
             Ok::<_, Infallible>(Bytes::from(v))
         });
-    let mut resp = Body::from_stream(lines).into_response();
-    let h = resp.headers_mut();
-    h.insert(
-        CONTENT_TYPE,
-        HeaderValue::from_static("application/x-ndjson"),
-    );
-    h.insert(CACHE_CONTROL, HeaderValue::from_static("no-cache"));
-    Ok(resp)
+    Ok(crate::ndjson::response(Body::from_stream(lines)))
 }
 
 #[cfg(test)]

@@ -13,6 +13,7 @@ mod exec;
 mod extract;
 mod files;
 mod metrics;
+mod ndjson;
 mod network;
 mod openapi;
 mod persist;

@@ -3,11 +3,9 @@
 
 use crate::error::ApiError;
 use crate::extract::{ApiJson, ApiQuery, SandboxPath};
+use crate::ndjson;
 use crate::AppState;
-use axum::body::Body;
 use axum::extract::State;
-use axum::http::header::{CACHE_CONTROL, CONTENT_TYPE};
-use axum::http::HeaderValue;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use bytes::Bytes;
@@ -75,10 +73,6 @@ pub(crate) async fn put(
     Ok(Json(st.backend.set_network(&id, policy).await?))
 }
 
-fn is_true(v: Option<&str>) -> bool {
-    matches!(v, Some("1" | "true" | "yes"))
-}
-
 /// `GET /v1/sandboxes/{id}/network/log`: every DNS answer and connection decision of the
 /// sandbox (time, name, address, port, verdict, the rule that decided, bytes), paged; with
 /// `?follow=1`, an NDJSON stream of entries as they happen.
@@ -94,14 +88,9 @@ pub(crate) async fn log(
     SandboxPath(id): SandboxPath,
     ApiQuery(q): ApiQuery<NetLogQuery>,
 ) -> Result<Response, ApiError> {
-    let limit = q.limit.unwrap_or(DEFAULT_NET_LOG_PAGE);
-    if !(1..=MAX_NET_LOG_PAGE).contains(&limit) {
-        return Err(ApiError::bad_request(format!(
-            "limit: must be 1 to {MAX_NET_LOG_PAGE}"
-        )));
-    }
+    let limit = ndjson::page_limit(q.limit, DEFAULT_NET_LOG_PAGE, MAX_NET_LOG_PAGE)?;
     let after = q.after.unwrap_or(0);
-    if !is_true(q.follow.as_deref()) {
+    if !ndjson::is_true(q.follow.as_deref()) {
         let entries = st.backend.network_log(&id, after, limit)?;
         return Ok(Json(NetLogPage { entries }).into_response());
     }
@@ -111,11 +100,6 @@ pub(crate) async fn log(
     let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, Infallible>>(64);
     tokio::spawn(async move {
         let mut after = after;
-        let line = |e: &rampart_types::NetLogEntry| {
-            let mut l = serde_json::to_vec(e).unwrap_or_default();
-            l.push(b'\n');
-            Bytes::from(l)
-        };
         loop {
             // The backlog (or what a lagging receiver missed).
             loop {
@@ -126,7 +110,7 @@ pub(crate) async fn log(
                 let n = page.len();
                 for e in &page {
                     after = e.seq;
-                    if tx.send(Ok(line(e))).await.is_err() {
+                    if tx.send(Ok(ndjson::line(e))).await.is_err() {
                         return;
                     }
                 }
@@ -149,7 +133,7 @@ pub(crate) async fn log(
                             continue;
                         }
                         after = e.seq;
-                        if tx.send(Ok(line(&e))).await.is_err() {
+                        if tx.send(Ok(ndjson::line(&e))).await.is_err() {
                             return;
                         }
                     }
@@ -168,14 +152,5 @@ pub(crate) async fn log(
             }
         }
     });
-    let stream =
-        futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|c| (c, rx)) });
-    let mut resp = Body::from_stream(stream).into_response();
-    let h = resp.headers_mut();
-    h.insert(
-        CONTENT_TYPE,
-        HeaderValue::from_static("application/x-ndjson"),
-    );
-    h.insert(CACHE_CONTROL, HeaderValue::from_static("no-cache"));
-    Ok(resp)
+    Ok(ndjson::channel_response(rx))
 }
