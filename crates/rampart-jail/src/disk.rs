@@ -61,18 +61,14 @@ pub fn cached_image(cache_dir: &Path, bytes: u64) -> Result<PathBuf, JailError> 
     result.map(|()| path)
 }
 
-/// Copies `src` to a new file `dst`, keeping holes (only data extents are copied).
-pub fn sparse_copy(src: &Path, dst: &Path) -> Result<(), JailError> {
-    let s = File::open(src).map_err(io(format!("open {}", src.display())))?;
+/// Copies `s` (read from the start) into `d` (a new empty file open for writing), keeping
+/// holes (only data extents are copied); `src` and `dst` name them in errors. The fallback
+/// of [`crate::store::clone_file`] where no reflink can be made.
+pub(crate) fn sparse_copy_fd(s: &File, d: &File, src: &Path, dst: &Path) -> Result<(), JailError> {
     let len = s
         .metadata()
         .map_err(io(format!("stat {}", src.display())))?
         .len();
-    let d = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .open(dst)
-        .map_err(io(format!("create {}", dst.display())))?;
     d.set_len(len)
         .map_err(io(format!("size {}", dst.display())))?;
     let mut pos: i64 = 0;

@@ -166,9 +166,8 @@ pub fn clone_file(src: &Path, dst: &Path) -> Result<(), JailError> {
     if rc == 0 {
         return Ok(());
     }
-    drop(d);
-    let _ = std::fs::remove_file(dst);
-    crate::disk::sparse_copy(src, dst).inspect_err(|_| {
+    // No reflink here: a sparse copy into the file just made.
+    crate::disk::sparse_copy_fd(&s, &d, src, dst).inspect_err(|_| {
         let _ = std::fs::remove_file(dst);
     })
 }
