@@ -570,6 +570,9 @@ impl Egress {
         let stop = CancellationToken::new();
         let mut proxy_port = cfg.proxy_port;
         let mut dns_port = cfg.dns_port;
+        // Everything is bound before anything is served: a failed bind leaves no listener
+        // of this call behind (dropped sockets close; a spawned task would have kept its own).
+        let mut bound = Vec::with_capacity(cfg.listen.len());
         for ip in &cfg.listen {
             let l = tokio::net::TcpListener::bind(SocketAddr::new(*ip, proxy_port))
                 .await
@@ -578,7 +581,6 @@ impl Egress {
                 .local_addr()
                 .map_err(|e| EgressError::io("proxy", e))?
                 .port();
-            tokio::spawn(proxy::serve(l, inner.clone(), stop.clone()));
             let u = tokio::net::UdpSocket::bind(SocketAddr::new(*ip, dns_port))
                 .await
                 .map_err(|e| EgressError::io(&format!("bind dns udp {ip}:{dns_port}"), e))?;
@@ -589,6 +591,10 @@ impl Egress {
             let t = tokio::net::TcpListener::bind(SocketAddr::new(*ip, dns_port))
                 .await
                 .map_err(|e| EgressError::io(&format!("bind dns tcp {ip}:{dns_port}"), e))?;
+            bound.push((l, u, t));
+        }
+        for (l, u, t) in bound {
+            tokio::spawn(proxy::serve(l, inner.clone(), stop.clone()));
             tokio::spawn(dns::serve_udp(Arc::new(u), inner.clone(), stop.clone()));
             tokio::spawn(dns::serve_tcp(t, inner.clone(), stop.clone()));
         }

@@ -348,3 +348,23 @@ async fn start_raises_the_open_files_limit_to_the_hard_limit() {
         .unwrap();
     assert_eq!(getrlimit(Resource::RLIMIT_NOFILE).unwrap(), (hard, hard));
 }
+
+#[tokio::test]
+async fn a_failed_start_leaves_no_listener_behind() {
+    let dir = tempfile::tempdir().unwrap();
+    // A port free now; the second listen address is on no interface, so its bind fails
+    // after the first address's listeners are bound.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut c = cfg(dir.path(), vec![]);
+    c.listen.push("192.0.2.1".parse().unwrap());
+    c.proxy_port = port;
+    assert!(Egress::start(c).await.is_err());
+    // The proxy port on the first address is free again.
+    tokio::net::TcpListener::bind(("127.0.0.1", port))
+        .await
+        .expect("the failed start left its proxy listener bound");
+}
