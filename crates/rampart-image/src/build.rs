@@ -306,36 +306,15 @@ pub fn finish_upper(upper: &Path, uid_base: u32, had_resolv_conf: bool) -> Resul
             }
         }
     }
-    shift_tree(upper, uid_base)
-}
-
-fn shift_tree(p: &Path, base: u32) -> Result<(), ImageError> {
-    let md = std::fs::symlink_metadata(p).map_err(io(format!("stat {}", p.display())))?;
-    let shift = |id: u32| {
-        if id >= base && id - base < 65536 {
-            Some(id - base)
-        } else {
-            None
-        }
-    };
-    let (u, g) = (shift(md.uid()), shift(md.gid()));
-    if u.is_some() || g.is_some() {
-        std::os::unix::fs::lchown(p, u, g).map_err(io(format!("chown {}", p.display())))?;
-        if !md.file_type().is_symlink() && md.mode() & 0o6000 != 0 {
-            std::fs::set_permissions(p, std::fs::Permissions::from_mode(md.mode() & 0o7777))
-                .map_err(io(format!("chmod {}", p.display())))?;
-        }
-    }
-    strip_overlay_xattrs(p);
-    if md.is_dir() {
-        for e in std::fs::read_dir(p)
-            .map_err(io(format!("read {}", p.display())))?
-            .flatten()
-        {
-            shift_tree(&e.path(), base)?;
-        }
-    }
-    Ok(())
+    rampart_jail::persist::shift_tree(upper, uid_base, 0, &mut |p| strip_overlay_xattrs(p)).map_err(
+        |e| match e {
+            rampart_jail::JailError::Sys { step, source } => ImageError::Io { what: step, source },
+            e => ImageError::Io {
+                what: format!("shift owners under {}", upper.display()),
+                source: std::io::Error::other(e.to_string()),
+            },
+        },
+    )
 }
 
 fn strip_overlay_xattrs(p: &Path) {

@@ -310,6 +310,24 @@ pub fn shift_uids(disk_mnt: &Path, from: u32, to: u32) -> Result<(), JailError> 
     if from == to {
         return Ok(());
     }
+    for root in ["upper", "usr-upper"].map(|n| disk_mnt.join(n)) {
+        if root.is_dir() {
+            shift_tree(&root, from, to, &mut |_| {})?;
+        }
+    }
+    Ok(())
+}
+
+/// Moves every owner (uid and gid) in `[from, from + 65536)` of `root` and everything under
+/// it (symlinks not followed) to the same offset from `to`, keeping file capabilities (their
+/// root id moved too) and set-id bits; calls `each` on every path it visits. Also used by
+/// `rampart-image` to turn a build sandbox's upper directory into a layer.
+pub fn shift_tree(
+    root: &Path,
+    from: u32,
+    to: u32,
+    each: &mut dyn FnMut(&Path),
+) -> Result<(), JailError> {
     let map = |id: u32| -> u32 {
         if id >= from && id - from < 65536 {
             to + (id - from)
@@ -317,22 +335,19 @@ pub fn shift_uids(disk_mnt: &Path, from: u32, to: u32) -> Result<(), JailError> 
             id
         }
     };
-    let mut stack: Vec<PathBuf> = ["upper", "usr-upper"]
-        .iter()
-        .map(|n| disk_mnt.join(n))
-        .filter(|p| p.is_dir())
-        .collect();
-    // The roots themselves, then everything under them (no recursion: depth is unbounded).
-    for root in stack.clone() {
-        shift_one(&root, &map)?;
+    // No recursion: depth is unbounded.
+    each(root);
+    let mut stack = Vec::new();
+    if shift_one(root, &map)? {
+        stack.push(root.to_path_buf());
     }
     while let Some(d) = stack.pop() {
         let rd = std::fs::read_dir(&d).map_err(io(format!("read {}", d.display())))?;
         for e in rd {
             let e = e.map_err(io(format!("read {}", d.display())))?;
             let p = e.path();
-            let is_dir = shift_one(&p, &map)?;
-            if is_dir {
+            each(&p);
+            if shift_one(&p, &map)? {
                 stack.push(p);
             }
         }
