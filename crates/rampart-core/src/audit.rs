@@ -6,6 +6,7 @@
 //! `timeout_changed` with the new deadline). The in-memory chain moves only after the commit.
 
 use crate::isolation::{CounterFiles, CpuFormat};
+use crate::manager::lock;
 use crate::CoreError;
 use rampart_audit::{
     now, referenced_blobs, Bundle, Chain, ContentHasher, ContentRecord, Event, EventBody, Hash,
@@ -17,7 +18,7 @@ use std::collections::HashMap;
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 /// Audit settings of the daemon.
@@ -49,10 +50,6 @@ impl Default for AuditConfig {
             network_events: crate::netaudit::NetEventBudget::default(),
         }
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 fn db(e: StoreError) -> CoreError {

@@ -20,6 +20,7 @@
 //! Format: one JSON object per line, `{"sandbox","seq","time","hash","prev","json","blobs"}`
 //! (`blobs`: `[[digest hex, standard base64], ...]`).
 
+use crate::manager::lock;
 use base64::Engine as _;
 use rampart_store::{NewEvent, SandboxStore, StoreError};
 use rampart_types::SandboxId;
@@ -27,7 +28,7 @@ use serde::{Deserialize, Serialize};
 use std::fs::File;
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 use tracing::{debug, warn};
 
@@ -35,10 +36,6 @@ use tracing::{debug, warn};
 const FLUSH_EVERY: Duration = Duration::from_millis(200);
 /// Or as soon as this many are pending.
 const FLUSH_AT: usize = 256;
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
 
 #[derive(Serialize, Deserialize)]
 struct Record {

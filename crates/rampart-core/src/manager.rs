@@ -122,7 +122,7 @@ pub(crate) struct Inner {
     pub(crate) network: crate::network::Network,
 }
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     // The data behind these locks stays consistent at every await-free step, so a poisoned
     // lock (a panic elsewhere) is taken over rather than spreading the panic.
     m.lock().unwrap_or_else(|p| p.into_inner())

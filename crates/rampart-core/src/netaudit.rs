@@ -13,13 +13,14 @@
 //! host's disk with its DNS queries and the record says how many entries it lacks.
 
 use crate::audit::Audit;
+use crate::manager::lock;
 use rampart_audit::EventBody;
 use rampart_egress::NetEvent;
 use rampart_types::audit::{Network, SecretUsed};
 use rampart_types::network::{NetEventKind, NetLogEntry, Verdict};
 use rampart_types::SandboxId;
 use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tracing::warn;
 
@@ -81,10 +82,6 @@ pub(crate) struct Budgets {
     /// Keyed by sandbox and class (`true`: `secret_used`, which has its own bucket so that
     /// a flood of DNS queries never leaves a secret use out).
     buckets: Mutex<HashMap<(String, bool), Bucket>>,
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 impl Budgets {

@@ -19,6 +19,7 @@
 //!   while a sandbox has it mounted (its loop device is attached) or a create using it runs.
 
 use crate::isolation::{DiskSource, LaunchExtras, VolumeSpec};
+use crate::manager::lock;
 use crate::manager::{EndReason, Inner};
 use crate::{CoreError, Manager};
 use rampart_store::keys::random_hex;
@@ -45,10 +46,6 @@ pub const MAX_FORK: u32 = 16;
 pub const MAX_VOLUME_MIB: u64 = 1 << 20;
 
 type Counts = Arc<Mutex<HashMap<String, usize>>>;
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
 
 /// The manager's persistence state.
 #[derive(Debug)]

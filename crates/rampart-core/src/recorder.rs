@@ -2,6 +2,7 @@
 //! methods: the E2B envd proxy streams requests to the agent as they are, and records them
 //! here, with the same events as the native API (`exec`, `exit`, `file`).
 
+use crate::manager::lock;
 use crate::manager::ExecAudit;
 use crate::{CoreError, Manager};
 use rampart_audit::ContentHasher;
@@ -28,10 +29,6 @@ pub(crate) fn current_caller() -> String {
     CALLER
         .try_with(|c| c.clone())
         .unwrap_or_else(|_| "local".into())
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// A command about to be started in a sandbox, as its caller asked for it.
