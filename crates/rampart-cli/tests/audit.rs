@@ -44,6 +44,40 @@ fn create(d: &Daemon) -> String {
         .to_owned()
 }
 
+/// A sandbox whose network allows only `api.example.com`, or `None` (skip, said why) where
+/// sandbox networks are unavailable.
+fn create_allowlisted(d: &Daemon) -> Option<String> {
+    let r = client()
+        .post(format!("{}/v1/sandboxes", d.url))
+        .json(&json!({"timeout_secs": 600,
+            "network": {"mode": "allowlist", "allow": ["api.example.com"]}}))
+        .send()
+        .unwrap();
+    if r.status().as_u16() != 201 {
+        eprintln!(
+            "skipped: sandbox networks unavailable here: {}",
+            r.text().unwrap()
+        );
+        return None;
+    }
+    Some(
+        r.json::<Value>().unwrap()["id"]
+            .as_str()
+            .unwrap()
+            .to_owned(),
+    )
+}
+
+/// A sandbox's whole audit log, as `GET /v1/sandboxes/{id}/audit` answers it.
+fn audit_log(d: &Daemon, id: &str) -> Value {
+    client()
+        .get(format!("{}/v1/sandboxes/{id}/audit", d.url))
+        .send()
+        .unwrap()
+        .json()
+        .unwrap()
+}
+
 fn exec(d: &Daemon, id: &str, body: Value) -> Value {
     let r = client()
         .post(format!("{}/v1/sandboxes/{id}/exec", d.url))
@@ -148,12 +182,7 @@ fn a_session_exports_verifies_and_a_flipped_byte_is_named() {
     destroy(&d, &id);
 
     // The paged log holds each kind of record, and never an env value.
-    let page: Value = c
-        .get(format!("{}/v1/sandboxes/{id}/audit", d.url))
-        .send()
-        .unwrap()
-        .json()
-        .unwrap();
+    let page = audit_log(&d, &id);
     let types: Vec<String> = page["events"]
         .as_array()
         .unwrap()
@@ -574,12 +603,7 @@ fn e2b_execs_and_file_operations_are_recorded_with_the_key_as_caller() {
         .send()
         .unwrap();
     if r.status().as_u16() == 201 {
-        let evs: Value = c
-            .get(format!("{}/v1/sandboxes/{id}/audit", d.url))
-            .send()
-            .unwrap()
-            .json()
-            .unwrap();
+        let evs = audit_log(&d, &id);
         let evs = evs["events"].as_array().unwrap();
         let n = evs.len();
         assert_eq!(evs[n - 1]["body"]["type"], "snapshot");
@@ -610,12 +634,7 @@ fn e2b_execs_and_file_operations_are_recorded_with_the_key_as_caller() {
     assert!(r.status().is_success());
 
     // At destroy, the writable layer against the template: the files left by the session.
-    let evs: Value = c
-        .get(format!("{}/v1/sandboxes/{id}/audit", d.url))
-        .send()
-        .unwrap()
-        .json()
-        .unwrap();
+    let evs = audit_log(&d, &id);
     let evs = evs["events"].as_array().unwrap();
     let last = &evs[evs.len() - 1]["body"];
     assert_eq!(last["type"], "destroyed");
@@ -650,24 +669,9 @@ fn network_decisions_are_recorded() {
     let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     let root = temp("net");
     let d = start(&root.join("data"), free_port(), POOL);
-    let c = client();
-    let r = c
-        .post(format!("{}/v1/sandboxes", d.url))
-        .json(&json!({"timeout_secs": 600,
-            "network": {"mode": "allowlist", "allow": ["api.example.com"]}}))
-        .send()
-        .unwrap();
-    if r.status().as_u16() != 201 {
-        eprintln!(
-            "skipped: sandbox networks unavailable here: {}",
-            r.text().unwrap()
-        );
+    let Some(id) = create_allowlisted(&d) else {
         return;
-    }
-    let id = r.json::<Value>().unwrap()["id"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    };
     // A name outside the allowlist: the resolver refuses it, the decision is recorded.
     exec(
         &d,
@@ -685,12 +689,7 @@ fn network_decisions_are_recorded() {
     let ev = found.unwrap();
     assert_eq!(ev["body"]["kind"], "dns", "{ev}");
     assert_eq!(ev["body"]["verdict"], "denied", "{ev}");
-    let evs: Value = c
-        .get(format!("{}/v1/sandboxes/{id}/audit", d.url))
-        .send()
-        .unwrap()
-        .json()
-        .unwrap();
+    let evs = audit_log(&d, &id);
     assert_eq!(evs["events"][0]["body"]["type"], "created");
     destroy(&d, &id);
     drop(d);
@@ -718,23 +717,9 @@ fn a_flood_of_denied_dns_queries_is_counted_not_recorded_one_by_one() {
     envs.push(("RAMPART_CONFIG", config.to_str().unwrap()));
     let d = start(&root.join("data"), free_port(), &envs);
     let c = client();
-    let r = c
-        .post(format!("{}/v1/sandboxes", d.url))
-        .json(&json!({"timeout_secs": 600,
-            "network": {"mode": "allowlist", "allow": ["api.example.com"]}}))
-        .send()
-        .unwrap();
-    if r.status().as_u16() != 201 {
-        eprintln!(
-            "skipped: sandbox networks unavailable here: {}",
-            r.text().unwrap()
-        );
+    let Some(id) = create_allowlisted(&d) else {
         return;
-    }
-    let id = r.json::<Value>().unwrap()["id"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    };
     exec(
         &d,
         &id,
@@ -766,12 +751,7 @@ fn a_flood_of_denied_dns_queries_is_counted_not_recorded_one_by_one() {
             >= BURST
     });
     destroy(&d, &id);
-    let evs: Value = c
-        .get(format!("{}/v1/sandboxes/{id}/audit", d.url))
-        .send()
-        .unwrap()
-        .json()
-        .unwrap();
+    let evs = audit_log(&d, &id);
     let evs = evs["events"].as_array().unwrap();
     let network: Vec<&Value> = evs
         .iter()
@@ -816,12 +796,7 @@ fn a_flood_of_denied_dns_queries_is_counted_not_recorded_one_by_one() {
 fn wait_until_recorded(d: &Daemon, id: &str, mut f: impl FnMut(&[Value]) -> bool) {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
-        let evs: Value = client()
-            .get(format!("{}/v1/sandboxes/{id}/audit", d.url))
-            .send()
-            .unwrap()
-            .json()
-            .unwrap();
+        let evs = audit_log(d, id);
         if f(evs["events"].as_array().unwrap()) {
             return;
         }
