@@ -147,35 +147,22 @@ pub(crate) async fn handle_for(
     let _ = client.set_nodelay(true);
     let ip = canonical(dst.ip());
     let port = dst.port();
+    // Refused before anything is read: logged as a denied connect under `rule`.
+    let refuse = |rule: &str| {
+        sb.log
+            .push(conn_draft(NetEventKind::Connect, &deny(rule), ip, port));
+    };
     let bl = inner.blocklist();
     if let Some(cat) = bl.always_blocked(ip) {
-        sb.log.push(conn_draft(
-            NetEventKind::Connect,
-            &deny(&format!("blocked:{cat}")),
-            ip,
-            port,
-        ));
-        return;
+        return refuse(&format!("blocked:{cat}"));
     }
     let held = OpenGuard::new(&sb);
     if held.count > crate::CONNS_PER_SANDBOX {
-        sb.log.push(conn_draft(
-            NetEventKind::Connect,
-            &deny("limit:open_connections"),
-            ip,
-            port,
-        ));
-        return;
+        return refuse("limit:open_connections");
     }
     if let Some(b) = &sb.limiters().connections {
         if !b.try_take() {
-            sb.log.push(conn_draft(
-                NetEventKind::Connect,
-                &deny("limit:connections_per_second"),
-                ip,
-                port,
-            ));
-            return;
+            return refuse("limit:connections_per_second");
         }
     }
     // Read the first bytes: long enough for a name when one is needed, briefly otherwise.
