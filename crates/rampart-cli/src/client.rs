@@ -122,3 +122,67 @@ pub async fn check(resp: Response) -> Result<Response> {
     };
     Err(failure.into())
 }
+
+/// The lines of an NDJSON body as they arrive, each with its `\n` (a last line without one is
+/// dropped, as the daemon ends every line).
+pub struct Lines<S> {
+    body: S,
+    buf: Vec<u8>,
+}
+
+impl<S, E> Lines<S>
+where
+    S: futures::Stream<Item = std::result::Result<bytes::Bytes, E>> + Unpin,
+{
+    /// Splits `body` (e.g. `Response::bytes_stream()`) into lines.
+    pub fn new(body: S) -> Self {
+        Lines {
+            body,
+            buf: Vec::new(),
+        }
+    }
+
+    /// The next whole line; `None` at the end of the body; the body's error as it is.
+    pub async fn next(&mut self) -> Option<std::result::Result<Vec<u8>, E>> {
+        use futures::StreamExt;
+        loop {
+            if let Some(nl) = self.buf.iter().position(|&b| b == b'\n') {
+                return Some(Ok(self.buf.drain(..=nl).collect()));
+            }
+            match self.body.next().await? {
+                Ok(chunk) => self.buf.extend_from_slice(&chunk),
+                Err(e) => return Some(Err(e)),
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn lines_are_split_across_chunks() {
+        let chunks: Vec<std::result::Result<bytes::Bytes, ()>> = vec![
+            Ok("{\"a\":1}\n{\"b\"".into()),
+            Ok(":2}\n".into()),
+            Ok("\n{\"c\":3}".into()),
+        ];
+        let mut lines = Lines::new(futures::stream::iter(chunks));
+        let mut got = Vec::new();
+        while let Some(l) = lines.next().await {
+            got.push(String::from_utf8(l.unwrap()).unwrap());
+        }
+        assert_eq!(got, ["{\"a\":1}\n", "{\"b\":2}\n", "\n"]);
+    }
+
+    #[tokio::test]
+    async fn a_body_error_is_returned() {
+        let chunks: Vec<std::result::Result<bytes::Bytes, &str>> =
+            vec![Ok("x\n".into()), Err("cut")];
+        let mut lines = Lines::new(futures::stream::iter(chunks));
+        assert_eq!(lines.next().await, Some(Ok(b"x\n".to_vec())));
+        assert_eq!(lines.next().await, Some(Err("cut")));
+        assert_eq!(lines.next().await, None);
+    }
+}

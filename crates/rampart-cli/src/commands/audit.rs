@@ -1,9 +1,8 @@
 //! `rampart audit show|export|verify|key`: the signed record of what ran in a sandbox.
 
-use crate::client::Client;
+use crate::client::{Client, Lines};
 use anyhow::{anyhow, bail, Context, Result};
 use clap::{Args, Subcommand};
-use futures::StreamExt;
 use rampart_audit::{verify_bundle, Activity, Event, PublicKey};
 use reqwest::Method;
 use serde::Deserialize;
@@ -112,17 +111,13 @@ async fn show(host: &str, a: ShowArgs) -> Result<u8> {
                 &format!("/v1/sandboxes/{}/audit?follow=1", a.id),
             ))
             .await?;
-        let mut body = resp.bytes_stream();
-        let mut buf = Vec::new();
+        let mut lines = Lines::new(resp.bytes_stream());
         let mut activity = Activity::default();
-        while let Some(chunk) = body.next().await {
-            buf.extend_from_slice(&chunk.context("reading the audit stream")?);
-            while let Some(nl) = buf.iter().position(|&b| b == b'\n') {
-                let line: Vec<u8> = buf.drain(..=nl).collect();
-                if a.json {
-                    out.write_all(&line)?;
-                    continue;
-                }
+        while let Some(line) = lines.next().await {
+            let line = line.context("reading the audit stream")?;
+            if a.json {
+                out.write_all(&line)?;
+            } else {
                 let e: Event = serde_json::from_slice(&line)
                     .context("the daemon sent an event that cannot be read")?;
                 let before = activity.timeline.len();

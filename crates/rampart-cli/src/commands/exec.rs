@@ -5,7 +5,7 @@
 //! window resizes follow.
 
 use super::parse_pairs;
-use crate::client::{ApiFailure, Client};
+use crate::client::{ApiFailure, Client, Lines};
 use crate::term;
 use anyhow::{anyhow, Context, Result};
 use base64::engine::general_purpose::STANDARD as B64;
@@ -186,21 +186,16 @@ async fn run_streamed(client: &Client, id: &str, mut req: ExecRequest) -> Result
                 .json(&req),
         )
         .await?;
-    let mut body = resp.bytes_stream();
-    let mut buf: Vec<u8> = Vec::new();
-    while let Some(chunk) = body.next().await {
-        let chunk = chunk.map_err(|e| client.transport_error(e))?;
-        buf.extend_from_slice(&chunk);
-        while let Some(pos) = buf.iter().position(|b| *b == b'\n') {
-            let line: Vec<u8> = buf.drain(..=pos).collect();
-            if line.iter().all(u8::is_ascii_whitespace) {
-                continue;
-            }
-            let ev: ExecEvent = serde_json::from_slice(&line)
-                .context("the daemon sent an event this client does not understand")?;
-            if let Next::Exit(code) = handle_event(ev)? {
-                return Ok(code);
-            }
+    let mut lines = Lines::new(resp.bytes_stream());
+    while let Some(line) = lines.next().await {
+        let line = line.map_err(|e| client.transport_error(e))?;
+        if line.iter().all(u8::is_ascii_whitespace) {
+            continue;
+        }
+        let ev: ExecEvent = serde_json::from_slice(&line)
+            .context("the daemon sent an event this client does not understand")?;
+        if let Next::Exit(code) = handle_event(ev)? {
+            return Ok(code);
         }
     }
     Err(anyhow!(

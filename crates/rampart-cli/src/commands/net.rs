@@ -1,10 +1,9 @@
 //! `rampart net set|show|log`, the `--net-mode/--allow/--deny` flags of `create`/`run`, and
 //! the `[network]` section of the daemon's config file.
 
-use crate::client::{check, Client};
+use crate::client::{check, Client, Lines};
 use anyhow::{anyhow, bail, Result};
 use clap::{Args, Subcommand};
-use futures::StreamExt;
 use rampart_core::NetworkConfig;
 use rampart_types::network::{NetLogPage, NetworkInfo};
 use rampart_types::{NetLogEntry, NetworkMode, NetworkPolicy};
@@ -204,18 +203,13 @@ pub async fn net(host: &str, a: NetArgs) -> Result<u8> {
                 .send(client.request(Method::GET, &path).query(&q))
                 .await?;
             let resp = check(resp).await?;
-            let mut body = resp.bytes_stream();
-            let mut buf: Vec<u8> = Vec::new();
-            while let Some(chunk) = body.next().await {
-                let chunk = chunk.map_err(|e| client.transport_error(e))?;
-                buf.extend_from_slice(&chunk);
-                while let Some(nl) = buf.iter().position(|&b| b == b'\n') {
-                    let l: Vec<u8> = buf.drain(..=nl).collect();
-                    if json {
-                        print!("{}", String::from_utf8_lossy(&l));
-                    } else if let Ok(e) = serde_json::from_slice::<NetLogEntry>(&l) {
-                        println!("{}", line(&e));
-                    }
+            let mut lines = Lines::new(resp.bytes_stream());
+            while let Some(l) = lines.next().await {
+                let l = l.map_err(|e| client.transport_error(e))?;
+                if json {
+                    print!("{}", String::from_utf8_lossy(&l));
+                } else if let Ok(e) = serde_json::from_slice::<NetLogEntry>(&l) {
+                    println!("{}", line(&e));
                 }
             }
         }

@@ -1,12 +1,11 @@
 //! `rampart replay FILE`: runs a recorded session again and compares, step by step.
 
 use super::audit::{fetch_key, trusted_key};
-use crate::client::Client;
+use crate::client::{Client, Lines};
 use anyhow::{anyhow, bail, Context, Result};
 use base64::engine::general_purpose::STANDARD as B64;
 use base64::Engine as _;
 use clap::Args;
-use futures::StreamExt;
 use rampart_audit::{verify_bundle, ContentHasher, ContentRecord, Event, EventBody, Hash};
 use rampart_types::audit::{Exec, Exit};
 use rampart_types::{CreateSandbox, ExecEvent, ExecRequest, LimitsRequest, SandboxInfo};
@@ -319,22 +318,18 @@ async fn run_steps(
         let mut out = ContentHasher::new(0);
         let mut err = ContentHasher::new(0);
         let mut end: Option<(Option<i32>, Option<i32>)> = None;
-        let mut body = resp.bytes_stream();
-        let mut buf = Vec::new();
-        while let Some(chunk) = body.next().await {
-            buf.extend_from_slice(&chunk.context("reading the exec stream")?);
-            while let Some(nl) = buf.iter().position(|&b| b == b'\n') {
-                let line: Vec<u8> = buf.drain(..=nl).collect();
-                match serde_json::from_slice::<ExecEvent>(&line)? {
-                    ExecEvent::Stdout { data } => out.update(&B64.decode(data)?),
-                    ExecEvent::Stderr { data } => err.update(&B64.decode(data)?),
-                    ExecEvent::Pty { data } => out.update(&B64.decode(data)?),
-                    ExecEvent::Exit {
-                        exit_code, signal, ..
-                    } => end = Some((exit_code, signal)),
-                    ExecEvent::Error { message } => bail!("replaying step {}: {message}", step.seq),
-                    ExecEvent::Start { .. } => {}
-                }
+        let mut lines = Lines::new(resp.bytes_stream());
+        while let Some(line) = lines.next().await {
+            let line = line.context("reading the exec stream")?;
+            match serde_json::from_slice::<ExecEvent>(&line)? {
+                ExecEvent::Stdout { data } => out.update(&B64.decode(data)?),
+                ExecEvent::Stderr { data } => err.update(&B64.decode(data)?),
+                ExecEvent::Pty { data } => out.update(&B64.decode(data)?),
+                ExecEvent::Exit {
+                    exit_code, signal, ..
+                } => end = Some((exit_code, signal)),
+                ExecEvent::Error { message } => bail!("replaying step {}: {message}", step.seq),
+                ExecEvent::Start { .. } => {}
             }
         }
         let Some((code, signal)) = end else {
