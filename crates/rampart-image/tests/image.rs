@@ -779,6 +779,49 @@ fn finishing_an_upper_never_follows_its_symlinks() {
     );
 }
 
+/// Turning a build upper into a layer moves owners from the sandbox's range back to the
+/// image's, keeps set-id bits, and drops overlayfs bookkeeping xattrs other than `opaque`.
+#[test]
+fn finishing_an_upper_shifts_owners_and_strips_overlay_xattrs() {
+    if !is_root() {
+        eprintln!("skipped: needs root (chown, trusted xattrs)");
+        return;
+    }
+    let base = 1u32 << 30;
+    let d = tempfile::tempdir().unwrap();
+    let upper = d.path().join("upper");
+    std::fs::create_dir_all(upper.join("a/b")).unwrap();
+    let f = upper.join("a/b/tool");
+    std::fs::write(&f, "x").unwrap();
+    for (p, id) in [(&upper, base), (&upper.join("a"), base + 7), (&f, base + 5)] {
+        std::os::unix::fs::lchown(p, Some(id), Some(id)).unwrap();
+    }
+    std::fs::set_permissions(&f, std::os::unix::fs::PermissionsExt::from_mode(0o4755)).unwrap();
+    let set = |p: &Path, k: &str, v: &[u8]| {
+        let c = std::ffi::CString::new(p.to_str().unwrap()).unwrap();
+        let k = std::ffi::CString::new(k).unwrap();
+        // SAFETY: valid C strings and buffer.
+        let rc = unsafe { libc::lsetxattr(c.as_ptr(), k.as_ptr(), v.as_ptr().cast(), v.len(), 0) };
+        rc == 0
+    };
+    let a = upper.join("a");
+    if !set(&a, "trusted.overlay.opaque", b"y") || !set(&a, "trusted.overlay.origin", b"o") {
+        eprintln!("skipped: no trusted xattrs here");
+        return;
+    }
+    rampart_image::build::finish_upper(&upper, base, false).unwrap();
+    let md = |p: &Path| std::fs::symlink_metadata(p).unwrap();
+    assert_eq!((md(&upper).uid(), md(&upper).gid()), (0, 0));
+    assert_eq!((md(&a).uid(), md(&a).gid()), (7, 7));
+    assert_eq!((md(&f).uid(), md(&f).gid()), (5, 5));
+    assert_eq!(md(&f).mode() & 0o7777, 0o4755, "set-id bit kept");
+    assert_eq!(
+        xattr(&a, "trusted.overlay.opaque").as_deref(),
+        Some(&b"y"[..])
+    );
+    assert_eq!(xattr(&a, "trusted.overlay.origin"), None);
+}
+
 /// Layers keep images' setuid-root files: host users must not reach the store.
 #[test]
 fn the_store_is_closed_to_host_users() {
