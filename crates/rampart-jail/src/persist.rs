@@ -410,26 +410,12 @@ fn shift_one(p: &Path, map: &impl Fn(u32) -> u32) -> Result<bool, JailError> {
 /// digits, mode 0444, owned by root inside), written into the writable layer before the
 /// overlay is mounted. Skipped when the layer's `etc` is not a plain directory.
 pub fn write_machine_id(disk_mnt: &Path, uid_base: u32) -> Result<(), JailError> {
-    let upper = disk_mnt.join("upper");
-    let up = open_dir(&upper)?;
-    let etc = c"etc";
-    // SAFETY: valid dirfd and name.
-    let rc = unsafe { libc::mkdirat(up.as_raw_fd(), etc.as_ptr(), 0o755) };
-    if rc == 0 {
-        // SAFETY: as above.
-        let rc = unsafe {
-            libc::fchownat(
-                up.as_raw_fd(),
-                etc.as_ptr(),
-                uid_base,
-                uid_base,
-                libc::AT_SYMLINK_NOFOLLOW,
-            )
-        };
-        sys::check(rc.into(), || "chown upper/etc".into())?;
-    }
-    let Ok(etcfd) = open_dir_at(&up, etc) else {
-        return Ok(()); // a whiteout, a symlink, a file: leave the sandbox's choice alone
+    // `etc` made (owned by root inside) if missing, never through a symlink.
+    let etcfd = match mountpoint(&disk_mnt.join("upper"), "etc", uid_base) {
+        Ok(fd) => fd,
+        // a whiteout, a symlink, a file: leave the sandbox's choice alone
+        Err(JailError::Init(_)) => return Ok(()),
+        Err(e) => return Err(e),
     };
     let mut raw = [0u8; 16];
     std::fs::File::open("/dev/urandom")
@@ -517,8 +503,9 @@ pub fn mount_volumes(spec: &JailerSpec, root: &Path, userns: RawFd) -> Result<()
     Ok(())
 }
 
-/// Opens (making what is missing) the directory `path` under `root` without following any
-/// symlink: every component must be a directory.
+/// Opens (making what is missing, owned by root inside) the directory `path` under `root`
+/// without following any symlink: every component must be a directory, else
+/// [`JailError::Init`].
 fn mountpoint(root: &Path, path: &str, uid_base: u32) -> Result<OwnedFd, JailError> {
     let mut cur = open_dir(root)?;
     for comp in path.split('/').filter(|c| !c.is_empty()) {
