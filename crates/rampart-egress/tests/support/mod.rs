@@ -6,7 +6,6 @@
 //!  default via .1              nft: tcp -> :15001, dns -> :15053       DNS :53, HTTP :80, HTTPS :443
 //!                              Egress runs here
 //! ```
-#![allow(dead_code)]
 
 use std::collections::HashMap;
 use std::io::{Read, Write};
