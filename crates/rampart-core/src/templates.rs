@@ -7,7 +7,7 @@ use crate::CoreError;
 use futures::StreamExt as _;
 use rampart_agent::client::{AgentClient, ClientError, ProcessEvent, StartOptions};
 use rampart_image::spec::Ready;
-use rampart_image::{Store, TemplateConfig};
+use rampart_image::{ImageError, Store, TemplateConfig};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -40,12 +40,11 @@ pub(crate) fn resolve(data: &Path, name: &str) -> Result<Option<Resolved>, CoreE
     let Some(store) = Store::open_existing(data) else {
         return Ok(None);
     };
-    if store.name(name).is_none() {
-        return Ok(None);
-    }
-    let (id, m) = store
-        .resolve(name)
-        .map_err(|e| CoreError::Internal(format!("template {name}: {e}")))?;
+    let (id, m) = match store.resolve(name) {
+        Ok(r) => r,
+        Err(ImageError::UnknownTemplate(_)) => return Ok(None),
+        Err(e) => return Err(CoreError::Internal(format!("template {name}: {e}"))),
+    };
     let layers = store
         .layer_paths(&m)
         .map_err(|e| CoreError::Internal(format!("template {name}: {e}")))?;
