@@ -17,7 +17,7 @@ use sha2::Digest as _;
 use std::collections::BTreeSet;
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::{Child, ChildStderr, Command, Stdio};
 use std::time::Duration;
 use support::{client, free_port, skip_reason, start, wait_until, Daemon};
 
@@ -253,6 +253,34 @@ cmd = ["/bin/sh", "-c", "echo started-as-$(id -un) > /tmp/started; exec sleep 10
 ready = {{ cmd = "test -s /tmp/started" }}
 "#
     )
+}
+
+/// Starts `rampart template build --json` of `spec_file` and reads its stderr until its run
+/// step has printed `sleeping`: the build is then inside that step.
+fn build_until_sleeping(
+    data: &Path,
+    spec_file: &Path,
+) -> (Child, std::io::Lines<BufReader<ChildStderr>>) {
+    let mut child = rampart()
+        .args(["template", "build", "--json", "--data-dir"])
+        .arg(data)
+        .arg("-f")
+        .arg(spec_file)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    loop {
+        let l = lines
+            .next()
+            .expect("build ended before its run step")
+            .unwrap();
+        if l.contains("\"event\":\"output\"") && l.contains("sleeping") {
+            break;
+        }
+    }
+    (child, lines)
 }
 
 /// Runs `rampart template build --json`; (exit code, report or null, stderr).
@@ -521,25 +549,7 @@ fn build_create_rebuild_fail_interrupt() {
 
     // 5. Interrupted (SIGINT) while a step runs: exit 130, nothing kept.
     std::fs::write(&spec_file, spec(&name, "echo sleeping; sleep 60")).unwrap();
-    let mut child = rampart()
-        .args(["template", "build", "--json", "--data-dir"])
-        .arg(&data)
-        .arg("-f")
-        .arg(&spec_file)
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-    loop {
-        let l = lines
-            .next()
-            .expect("build ended before its run step")
-            .unwrap();
-        if l.contains("\"event\":\"output\"") && l.contains("sleeping") {
-            break;
-        }
-    }
+    let (mut child, lines) = build_until_sleeping(&data, &spec_file);
     // SAFETY: kill(2) of our own child, by pid.
     unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
     let st = child.wait().unwrap();
@@ -550,25 +560,8 @@ fn build_create_rebuild_fail_interrupt() {
 
     // 5b. SIGKILL while a step runs leaves the step's sandbox and temp layer behind; the
     // next build removes them before it starts.
-    let mut child = rampart()
-        .args(["template", "build", "--json", "--data-dir"])
-        .arg(&data)
-        .arg("-f")
-        .arg(&spec_file)
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-    loop {
-        let l = lines
-            .next()
-            .expect("build ended before its run step")
-            .unwrap();
-        if l.contains("\"event\":\"output\"") && l.contains("sleeping") {
-            break;
-        }
-    }
+    // (stderr stays open until the end: the build is killed, not broken by a closed pipe)
+    let (mut child, _lines) = build_until_sleeping(&data, &spec_file);
     child.kill().unwrap();
     child.wait().unwrap();
     assert!(
