@@ -490,14 +490,20 @@ impl AgentClient {
         &self.socket
     }
 
-    async fn connect_new(&self) -> Result<Lease, ClientError> {
+    /// A new HTTP/1 connection to the agent's socket (not driven yet).
+    async fn handshake(
+        &self,
+    ) -> Result<(hyper::client::conn::http1::SendRequest<ReqBody>, Conn), ClientError> {
         let stream = tokio::net::UnixStream::connect(&self.socket)
             .await
             .map_err(|e| ClientError::Unreachable(format!("{}: {e}", self.socket.display())))?;
-        let (sender, conn) =
-            hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
-                .await
-                .map_err(|e| ClientError::Unreachable(format!("handshake: {e}")))?;
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+            .await
+            .map_err(|e| ClientError::Unreachable(format!("handshake: {e}")))
+    }
+
+    async fn connect_new(&self) -> Result<Lease, ClientError> {
+        let (sender, conn) = self.handshake().await?;
         Ok(Lease {
             sender,
             conn: Some(Box::pin(conn)),
@@ -1054,14 +1060,7 @@ impl AgentClient {
     /// comes back. Uses a connection of its own (never the pool). A port with nothing
     /// listening gives `ClientError::Rpc { code: "unavailable", message: "port is not open" }`.
     pub async fn tunnel(&self, port: u16) -> Result<hyper::upgrade::Upgraded, ClientError> {
-        let stream = tokio::net::UnixStream::connect(&self.socket)
-            .await
-            .map_err(|e| ClientError::Unreachable(format!("{}: {e}", self.socket.display())))?;
-        let (mut sender, conn) = hyper::client::conn::http1::handshake::<_, ReqBody>(
-            hyper_util::rt::TokioIo::new(stream),
-        )
-        .await
-        .map_err(|e| ClientError::Unreachable(format!("handshake: {e}")))?;
+        let (mut sender, conn) = self.handshake().await?;
         // The connection must be driven until the upgrade has been handed over.
         tokio::spawn(async move {
             let _ = conn.with_upgrades().await;
