@@ -375,6 +375,16 @@ pub(crate) struct AppState {
     pub(crate) ports: Arc<ports::Ports>,
 }
 
+impl AppState {
+    /// The [`Manager`] behind the backend, or 503 `unsupported` saying `missing` (e.g. "this
+    /// daemon keeps no secrets") for a backend without one.
+    pub(crate) fn manager_or(&self, missing: &'static str) -> Result<&Manager, ApiError> {
+        self.backend
+            .manager()
+            .ok_or_else(|| ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "unsupported", missing))
+    }
+}
+
 impl std::fmt::Debug for AppState {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("AppState").finish_non_exhaustive()

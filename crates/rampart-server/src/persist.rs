@@ -12,13 +12,7 @@ use rampart_types::{
 };
 
 fn manager(st: &AppState) -> Result<&Manager, ApiError> {
-    st.backend.manager().ok_or_else(|| {
-        ApiError::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "unsupported",
-            "this daemon has no snapshots or volumes",
-        )
-    })
+    st.manager_or("this daemon has no snapshots or volumes")
 }
 
 /// Maps the errors of a named snapshot or volume (`what` = "snapshot NAME").

@@ -13,13 +13,7 @@ use rampart_types::network::StoredSecretInfo;
 use rampart_types::{ApiErrorBody, SecretSpec};
 
 fn manager(st: &AppState) -> Result<&Manager, ApiError> {
-    st.backend.manager().ok_or_else(|| {
-        ApiError::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "unsupported",
-            "this daemon keeps no secrets",
-        )
-    })
+    st.manager_or("this daemon keeps no secrets")
 }
 
 /// `POST /v1/secrets`: creates or replaces a named secret. The answer has everything but

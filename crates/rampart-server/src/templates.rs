@@ -4,19 +4,12 @@
 use crate::error::ApiError;
 use crate::AppState;
 use axum::extract::{Path, State};
-use axum::http::StatusCode;
 use axum::Json;
 use rampart_core::CoreError;
 use rampart_types::{ApiErrorBody, TemplateInfo};
 
 fn manager(st: &AppState) -> Result<&rampart_core::Manager, ApiError> {
-    st.backend.manager().ok_or_else(|| {
-        ApiError::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "unsupported",
-            "this daemon has no templates",
-        )
-    })
+    st.manager_or("this daemon has no templates")
 }
 
 /// `GET /v1/templates`: the built-in templates and the built ones.
