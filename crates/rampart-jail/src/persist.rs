@@ -418,9 +418,11 @@ pub fn write_machine_id(disk_mnt: &Path, uid_base: u32) -> Result<(), JailError>
         Err(e) => return Err(e),
     };
     let mut raw = [0u8; 16];
-    std::fs::File::open("/dev/urandom")
-        .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut raw))
-        .map_err(io("read /dev/urandom".into()))?;
+    // SAFETY: a valid buffer of the given length (up to 256 bytes come whole, uninterrupted).
+    let n = unsafe { libc::getrandom(raw.as_mut_ptr().cast(), raw.len(), 0) };
+    if n != raw.len() as isize {
+        return Err(sys::last("getrandom for etc/machine-id"));
+    }
     let hex: String = raw.iter().map(|b| format!("{b:02x}")).collect();
     let name = c"machine-id";
     // SAFETY: valid dirfd and name; a missing file is fine.
