@@ -12,7 +12,7 @@ use std::collections::BTreeSet;
 use std::net::{TcpListener, UdpSocket};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
-use support::{client, free_port, skip_reason, start, wait_until, Daemon, TestNetns};
+use support::{client, free_port, post, skip_reason, start, wait_until, Daemon, TestNetns};
 
 fn skip() -> bool {
     if let Some(r) = skip_reason() {
@@ -109,16 +109,6 @@ fn strip_handles(out: &[u8]) -> String {
     }
     walk(&mut v);
     v.to_string()
-}
-
-fn post(d: &Daemon, path: &str, body: Value) -> (u16, Value) {
-    let r = client()
-        .post(format!("{}{path}", d.url))
-        .json(&body)
-        .send()
-        .unwrap();
-    let s = r.status().as_u16();
-    (s, r.json().unwrap_or(Value::Null))
 }
 
 fn create(d: &Daemon, network: Value) -> String {

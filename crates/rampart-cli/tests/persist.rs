@@ -11,17 +11,7 @@
 mod support;
 
 use serde_json::{json, Value};
-use support::{client, free_port, skip_reason, start, Daemon};
-
-fn post(d: &Daemon, path: &str, body: Value) -> (u16, Value) {
-    let r = client()
-        .post(format!("{}{path}", d.url))
-        .json(&body)
-        .send()
-        .unwrap();
-    let s = r.status().as_u16();
-    (s, r.json().unwrap_or(Value::Null))
-}
+use support::{client, free_port, post, skip_reason, start, Daemon};
 
 fn get(d: &Daemon, path: &str) -> (u16, Value) {
     let r = client().get(format!("{}{path}", d.url)).send().unwrap();

@@ -11,7 +11,7 @@ mod support;
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use support::{client, skip_reason, start, wait_until, Daemon};
+use support::{client, post, skip_reason, start, wait_until, Daemon};
 
 const SUBTREE: &str = "rampart";
 
@@ -197,16 +197,6 @@ fn kill_9_then_restart_reattaches_the_live_and_cleans_the_dead() {
     );
     drop(second);
     let _ = std::fs::remove_dir_all(&root);
-}
-
-fn post(d: &Daemon, path: &str, body: Value) -> (u16, Value) {
-    let r = client()
-        .post(format!("{}{path}", d.url))
-        .json(&body)
-        .send()
-        .unwrap();
-    let status = r.status().as_u16();
-    (status, r.json().unwrap_or(Value::Null))
 }
 
 fn count(d: &Daemon, id: &str) -> u64 {

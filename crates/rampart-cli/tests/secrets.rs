@@ -25,7 +25,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 use support::{
-    client, free_port, sandboxes_dir, skip_reason, start, token, wait_until, Daemon, TestNetns,
+    client, free_port, post, sandboxes_dir, skip_reason, start, token, wait_until, Daemon,
+    TestNetns,
 };
 
 const HOST_A: &str = "a.secrets.test";
@@ -360,16 +361,6 @@ fn get(d: &Daemon, path: &str) -> (u16, Vec<u8>) {
     let r = client().get(format!("{}{path}", d.url)).send().unwrap();
     let s = r.status().as_u16();
     (s, r.bytes().unwrap().to_vec())
-}
-
-fn post(d: &Daemon, path: &str, body: Value) -> (u16, Value) {
-    let r = client()
-        .post(format!("{}{path}", d.url))
-        .json(&body)
-        .send()
-        .unwrap();
-    let s = r.status().as_u16();
-    (s, r.json().unwrap_or(Value::Null))
 }
 
 /// Runs `sh -c script` in a sandbox as its default user: (exit code, stdout, stderr).

@@ -146,6 +146,17 @@ pub fn client() -> Client {
         .unwrap()
 }
 
+/// POSTs `body` as JSON to `path` on the daemon: (status, JSON answer or null).
+pub fn post(d: &Daemon, path: &str, body: serde_json::Value) -> (u16, serde_json::Value) {
+    let r = client()
+        .post(format!("{}{path}", d.url))
+        .json(&body)
+        .send()
+        .unwrap();
+    let status = r.status().as_u16();
+    (status, r.json().unwrap_or(serde_json::Value::Null))
+}
+
 /// Polls `f` until it holds, failing the test after `secs`.
 pub fn wait_until(what: &str, secs: u64, mut f: impl FnMut() -> bool) {
     let deadline = Instant::now() + Duration::from_secs(secs);
