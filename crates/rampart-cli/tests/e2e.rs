@@ -17,11 +17,11 @@ mod support;
 use reqwest::blocking::{Client, Response};
 use serde_json::{json, Value};
 use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
-use support::{token, wait_until};
+use support::{free_port, token, wait_until};
 
 /// The daemon every test of this binary shares (see `support::shared`).
 type Daemon = support::Shared;
@@ -143,11 +143,7 @@ fn api_error(r: Response, status: u16, code: &str) -> String {
 
 #[test]
 fn cli_says_what_to_do_when_the_daemon_is_down() {
-    let port = TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = free_port();
     let o = Command::new(rampart_bin())
         .args(["--host", &format!("http://127.0.0.1:{port}"), "ls"])
         .output()

@@ -11,7 +11,7 @@ mod support;
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use support::{client, post, skip_reason, start, wait_until, Daemon};
+use support::{client, free_port, post, skip_reason, start, wait_until, Daemon};
 
 const SUBTREE: &str = "rampart";
 
@@ -129,11 +129,7 @@ fn kill_9_then_restart_reattaches_the_live_and_cleans_the_dead() {
         std::env::temp_dir().join(format!("rampart-recovery-{}", std::process::id()));
     let data = root.join("data");
     std::fs::create_dir_all(&data).unwrap();
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = free_port();
 
     let first = start(&data, port, &[]);
     let live = create(&first);
@@ -217,11 +213,7 @@ fn a_paused_sandbox_survives_kill_9_and_resumes_where_it_was() {
     let root: PathBuf = std::env::temp_dir().join(format!("rampart-pause-{}", std::process::id()));
     let data = root.join("data");
     std::fs::create_dir_all(&data).unwrap();
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = free_port();
 
     let first = start(&data, port, &[]);
     let id = create(&first);
