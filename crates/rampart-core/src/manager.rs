@@ -120,6 +120,8 @@ pub(crate) struct Inner {
     pub(crate) persist: crate::persist::Persist,
     /// Sandbox networks (wiring and egress).
     pub(crate) network: crate::network::Network,
+    /// Named secrets (`/v1/secrets`).
+    pub(crate) secrets: crate::secrets::Secrets,
 }
 
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -290,6 +292,7 @@ impl Inner {
         let network = crate::network::Network::start(&cfg.network, &cfg.data_dir).await;
         let persist = crate::persist::Persist::open(&cfg.data_dir.join("state.db"))?;
         persist.clean(iso.store_root().as_deref());
+        let secrets = crate::secrets::Secrets::new(&cfg.data_dir);
         let inner = Arc::new(Inner {
             cfg,
             store,
@@ -305,6 +308,7 @@ impl Inner {
             stopped: AtomicBool::new(false),
             persist,
             network,
+            secrets,
         });
         inner.recover().await?;
         let c = inner.cfg.clone();
@@ -694,7 +698,7 @@ impl Inner {
         let cfg = &self.cfg;
         // Secrets by name (`/v1/secrets`) become secrets with their stored value, before the
         // request is kept for fork (a fork binds the same values).
-        match crate::secrets::resolve(&cfg.data_dir, &req.secrets) {
+        match crate::secrets::resolve(&self.secrets, &req.secrets) {
             Ok(s) => req.secrets = s,
             Err(e) => {
                 self.metrics.creates.with_label_values(&["rejected"]).inc();

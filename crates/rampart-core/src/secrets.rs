@@ -12,7 +12,8 @@ use crate::{CoreError, Manager};
 use rampart_store::secrets::{SecretStore, StoredSecret};
 use rampart_types::network::StoredSecretInfo;
 use rampart_types::{SecretInjection, SecretSpec};
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
 
 fn db(e: rampart_store::StoreError) -> CoreError {
     CoreError::Internal(format!("secret store: {e}"))
@@ -25,8 +26,31 @@ fn bad(message: impl Into<String>) -> CoreError {
     }
 }
 
-fn open(data_dir: &Path) -> Result<SecretStore, CoreError> {
-    SecretStore::open(&data_dir.join("state.db")).map_err(db)
+/// The manager's handle on the secret store: opened (and `state.db` made mode 0600) the
+/// first time a secret is set, listed, removed or referred to by a create, then kept.
+#[derive(Debug)]
+pub(crate) struct Secrets {
+    state_db: PathBuf,
+    store: OnceLock<SecretStore>,
+}
+
+impl Secrets {
+    /// The store in `data_dir`'s `state.db`, not opened yet.
+    pub(crate) fn new(data_dir: &Path) -> Secrets {
+        Secrets {
+            state_db: data_dir.join("state.db"),
+            store: OnceLock::new(),
+        }
+    }
+
+    fn store(&self) -> Result<&SecretStore, CoreError> {
+        if let Some(s) = self.store.get() {
+            return Ok(s);
+        }
+        let opened = SecretStore::open(&self.state_db).map_err(db)?;
+        // Two first callers may both open: one store is kept, the other dropped.
+        Ok(self.store.get_or_init(|| opened))
+    }
 }
 
 fn info_of(s: StoredSecret) -> StoredSecretInfo {
@@ -50,12 +74,15 @@ fn check(spec: &SecretSpec) -> Result<(), CoreError> {
 }
 
 /// The create's secrets with references to stored secrets (empty `value`) resolved against
-/// the store in `data_dir`. Entries with a value are returned as given.
-pub(crate) fn resolve(data_dir: &Path, given: &[SecretSpec]) -> Result<Vec<SecretSpec>, CoreError> {
+/// the store. Entries with a value are returned as given.
+pub(crate) fn resolve(
+    secrets: &Secrets,
+    given: &[SecretSpec],
+) -> Result<Vec<SecretSpec>, CoreError> {
     if given.iter().all(|s| !s.value.is_empty()) {
         return Ok(given.to_vec());
     }
-    let store = open(data_dir)?;
+    let store = secrets.store()?;
     given
         .iter()
         .map(|s| {
@@ -96,14 +123,17 @@ impl Manager {
     /// they were created with.
     pub fn set_secret(&self, spec: SecretSpec) -> Result<StoredSecretInfo, CoreError> {
         check(&spec)?;
-        let stored = open(self.data_dir())?.set(&spec).map_err(db)?;
+        let stored = self.inner.secrets.store()?.set(&spec).map_err(db)?;
         tracing::info!(secret = %spec.name, "stored secret set");
         Ok(info_of(stored))
     }
 
     /// The stored secrets (never their values), by name.
     pub fn list_secrets(&self) -> Result<Vec<StoredSecretInfo>, CoreError> {
-        Ok(open(self.data_dir())?
+        Ok(self
+            .inner
+            .secrets
+            .store()?
             .list()
             .map_err(db)?
             .into_iter()
@@ -114,7 +144,7 @@ impl Manager {
     /// Removes the stored secret `name` (`NotFound` if there is none). Running sandboxes keep
     /// the copy they were created with.
     pub fn delete_secret(&self, name: &str) -> Result<(), CoreError> {
-        if open(self.data_dir())?.delete(name).map_err(db)? {
+        if self.inner.secrets.store()?.delete(name).map_err(db)? {
             tracing::info!(secret = %name, "stored secret removed");
             Ok(())
         } else {
@@ -143,7 +173,8 @@ mod tests {
     #[test]
     fn references_take_the_stored_value_and_binding() {
         let d = tempfile::tempdir().unwrap();
-        let store = open(d.path()).unwrap();
+        let secrets = Secrets::new(d.path());
+        let store = secrets.store().unwrap();
         store.set(&spec("tok", "v1")).unwrap();
         let inline = spec("other", "x");
         let reference = SecretSpec {
@@ -153,7 +184,7 @@ mod tests {
             inject: SecretInjection::Placeholder,
             env: None,
         };
-        let got = resolve(d.path(), &[inline.clone(), reference.clone()]).unwrap();
+        let got = resolve(&secrets, &[inline.clone(), reference.clone()]).unwrap();
         assert_eq!(got[0], inline);
         assert_eq!(got[1], spec("tok", "v1"));
         // Given fields win.
@@ -162,7 +193,7 @@ mod tests {
             env: Some("OTHER".into()),
             ..reference.clone()
         };
-        let got = resolve(d.path(), &[narrowed]).unwrap();
+        let got = resolve(&secrets, &[narrowed]).unwrap();
         assert_eq!(got[0].hosts, vec!["b.example.com".to_string()]);
         assert_eq!(got[0].env.as_deref(), Some("OTHER"));
         assert_eq!(got[0].value, "v1");
@@ -171,7 +202,7 @@ mod tests {
             name: "nope".into(),
             ..reference
         };
-        let e = resolve(d.path(), &[unknown]).unwrap_err();
+        let e = resolve(&secrets, &[unknown]).unwrap_err();
         assert!(matches!(e, CoreError::BadRequest { .. }), "{e}");
         assert!(e.to_string().contains("nope"));
     }
