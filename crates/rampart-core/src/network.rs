@@ -317,10 +317,11 @@ impl Network {
         // this point).
         if let Some(ca) = p.attachment.ca_cert_pem.clone() {
             let tmpl = template_dir.join("rootfs/etc/ssl/certs/ca-certificates.crt");
-            let mut bundle = tokio::fs::read(&tmpl)
-                .await
-                .or(std::fs::read(CA_BUNDLE))
-                .unwrap_or_default();
+            // The host's bundle is read only when the template has none.
+            let mut bundle = match tokio::fs::read(&tmpl).await {
+                Ok(b) => b,
+                Err(_) => tokio::fs::read(CA_BUNDLE).await.unwrap_or_default(),
+            };
             if !bundle.is_empty() && !bundle.ends_with(b"\n") {
                 bundle.push(b'\n');
             }
