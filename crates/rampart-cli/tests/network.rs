@@ -12,7 +12,9 @@ use std::collections::BTreeSet;
 use std::net::{TcpListener, UdpSocket};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
-use support::{client, free_port, post, skip_reason, start, wait_until, Daemon, TestNetns};
+use support::{
+    client, free_port, post, skip_reason, start, wait_until, Daemon, TableGuard, TestNetns,
+};
 
 fn skip() -> bool {
     if let Some(r) = skip_reason() {
@@ -70,18 +72,6 @@ impl NetEnv {
     fn remove_table(&self) {
         let _ = Command::new("nft")
             .args(["delete", "table", "inet", &self.table])
-            .status();
-    }
-}
-
-/// Removes a daemon's table when the test ends, even by a failure.
-struct TableGuard(String);
-
-impl Drop for TableGuard {
-    fn drop(&mut self) {
-        let _ = Command::new("nft")
-            .args(["delete", "table", "inet", &self.0])
-            .stderr(Stdio::null())
             .status();
     }
 }

@@ -26,7 +26,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 use support::{
     client, free_port, post, sandboxes_dir, skip_reason, start, token, wait_until, Daemon,
-    TestNetns,
+    TableGuard, TestNetns,
 };
 
 const HOST_A: &str = "a.secrets.test";
@@ -52,18 +52,6 @@ fn skip() -> bool {
         }
     }
     false
-}
-
-/// Removes the daemon's nftables table when the test ends, even by a failure.
-struct TableGuard(String);
-
-impl Drop for TableGuard {
-    fn drop(&mut self) {
-        let _ = Command::new("nft")
-            .args(["delete", "table", "inet", &self.0])
-            .stderr(Stdio::null())
-            .status();
-    }
 }
 
 /// Destroys every sandbox of the daemon at this URL when dropped (before the daemon is

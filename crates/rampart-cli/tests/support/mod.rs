@@ -478,3 +478,15 @@ impl Drop for TestNetns {
         let _ = Command::new("ip").args(["netns", "del", &self.ns]).status();
     }
 }
+
+/// Removes the daemon's nftables table (`inet <name>`) when the test ends, even by a failure.
+pub struct TableGuard(pub String);
+
+impl Drop for TableGuard {
+    fn drop(&mut self) {
+        let _ = Command::new("nft")
+            .args(["delete", "table", "inet", &self.0])
+            .stderr(Stdio::null())
+            .status();
+    }
+}
