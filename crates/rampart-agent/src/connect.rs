@@ -1,6 +1,7 @@
 //! Connect protocol pieces shared by the agent and its client: error codes, envelopes.
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
+use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 /// Envelope flag: end of stream.
@@ -208,6 +209,31 @@ pub fn take_envelope(buf: &mut BytesMut) -> Result<Option<(u8, Bytes)>, Envelope
     }
     buf.advance(5);
     Ok(Some((flags, buf.split_to(len).freeze())))
+}
+
+/// Decode one JSON-codec message (a unary request body, or the payload of an envelope).
+/// An empty or all-whitespace body is the empty message, as Connect sends it.
+pub fn decode_json<T: DeserializeOwned>(b: &[u8]) -> Result<T, RpcError> {
+    if b.iter().all(u8::is_ascii_whitespace) {
+        return serde_json::from_slice(b"{}")
+            .map_err(|e| RpcError::new(Code::InvalidArgument, e.to_string()));
+    }
+    serde_json::from_slice(b)
+        .map_err(|e| RpcError::new(Code::InvalidArgument, format!("invalid request: {e}")))
+}
+
+/// Decode the body of a server-streaming request: one message envelope (what follows it is
+/// ignored), never an end-of-stream one.
+pub fn decode_stream_request<T: DeserializeOwned>(raw: &[u8]) -> Result<T, RpcError> {
+    let mut buf = BytesMut::from(raw);
+    match take_envelope(&mut buf) {
+        Ok(Some((flags, payload))) if flags & FLAG_END_STREAM == 0 => decode_json(&payload),
+        Ok(_) => Err(RpcError::new(
+            Code::InvalidArgument,
+            "request has no message envelope",
+        )),
+        Err(e) => Err(RpcError::new(Code::InvalidArgument, e.to_string())),
+    }
 }
 
 #[cfg(test)]

@@ -177,7 +177,12 @@ pub struct Ctx {
 }
 
 fn ctx_of(req: &Request<Incoming>) -> Result<Ctx, RpcError> {
-    let h = req.headers();
+    ctx_of_headers(req.headers())
+}
+
+/// The per-request facts of a request's headers (public for the fuzz targets).
+#[doc(hidden)]
+pub fn ctx_of_headers(h: &hyper::HeaderMap) -> Result<Ctx, RpcError> {
     let user = match h.get(hyper::header::AUTHORIZATION) {
         None => None,
         Some(v) => {
@@ -289,27 +294,13 @@ pub async fn read_body(body: Incoming, limit: usize) -> Result<Bytes, RpcError> 
 }
 
 fn parse<T: DeserializeOwned>(b: &[u8]) -> Result<T, RpcError> {
-    // An empty unary body is the empty message.
-    if b.iter().all(u8::is_ascii_whitespace) {
-        return serde_json::from_slice(b"{}")
-            .map_err(|e| RpcError::new(Code::InvalidArgument, e.to_string()));
-    }
-    serde_json::from_slice(b)
-        .map_err(|e| RpcError::new(Code::InvalidArgument, format!("invalid request: {e}")))
+    connect::decode_json(b)
 }
 
 /// Read the single enveloped message of a server-streaming request.
 async fn read_stream_request<T: DeserializeOwned>(body: Incoming) -> Result<T, RpcError> {
     let raw = read_body(body, connect::MAX_ENVELOPE + 5).await?;
-    let mut buf = BytesMut::from(&raw[..]);
-    match connect::take_envelope(&mut buf) {
-        Ok(Some((flags, payload))) if flags & connect::FLAG_END_STREAM == 0 => parse(&payload),
-        Ok(_) => Err(RpcError::new(
-            Code::InvalidArgument,
-            "request has no message envelope",
-        )),
-        Err(e) => Err(RpcError::new(Code::InvalidArgument, e.to_string())),
-    }
+    connect::decode_stream_request(&raw)
 }
 
 const SERVER_STREAMS: [&str; 3] = [
