@@ -80,6 +80,17 @@ enum Command {
 }
 
 fn main() -> ExitCode {
+    // Descriptors this process inherited beyond stdio (a parent's open files, directories,
+    // pipes) reach no process it starts: the daemon spawns jailers, builders and tools.
+    // SAFETY: close_range(2) with CLOSE_RANGE_CLOEXEC only sets flags on our descriptors.
+    unsafe {
+        libc::syscall(
+            libc::SYS_close_range,
+            3u32,
+            u32::MAX,
+            libc::CLOSE_RANGE_CLOEXEC,
+        )
+    };
     let cli = Cli::parse();
     // The benchmark drives the API with blocking clients from plain threads, outside any
     // async runtime.

@@ -101,6 +101,11 @@ pub fn prepare(dir: &Path, disk_image: &Path, join: &[PathBuf]) -> Result<(), Ja
     for d in [&lay.disk_mnt, &lay.lower_root, &lay.lower_usr, &lay.root] {
         mkdir(d, 0o700)?;
     }
+    // The sandbox's init walks from this directory into `root` as the sandbox's root uid
+    // (see `child_setup`): it may search it, nothing more. Nothing above it needs to be
+    // reachable by that uid (the data directory can be 0700).
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o711))
+        .map_err(io(format!("chmod {}", dir.display())))?;
     let (dev, loopfd) = sys::loop_attach(disk_image)?;
     sys::mount(
         Some(&dev),
@@ -172,19 +177,24 @@ pub fn run(spec: &JailerSpec, prepared: bool) -> Result<i32, JailError> {
     set_rlimit(libc::RLIMIT_NOFILE, spec.open_files)?;
     set_rlimit(libc::RLIMIT_CORE, 0)?;
     let filter = seccomp::compile(&seccomp::default_policy())?;
+    // The sandbox directory, which PID 1 enters by descriptor (not by its host path).
+    let sandbox_dir = std::fs::File::open(&spec.sandbox_dir)
+        .map_err(io(format!("open {}", spec.sandbox_dir.display())))?;
+    // Build sandboxes: the resolver configuration, read here (PID 1 need not reach it).
+    let resolv_conf = match spec.build.as_ref().and_then(|b| b.resolv_conf.as_ref()) {
+        Some(p) => Some(std::fs::read(p).map_err(io(format!("read {}", p.display())))?),
+        None => None,
+    };
 
     // c. The sandbox's PID 1, in new user, pid, net, ipc and uts namespaces.
     let (go_rd, go_wr) = pipe()?;
     let (err_rd, err_wr) = pipe()?;
-    let mut flags = libc::CLONE_NEWUSER
+    // Every sandbox, build steps included, has a network namespace of its own.
+    let flags = libc::CLONE_NEWUSER
         | libc::CLONE_NEWPID
         | libc::CLONE_NEWNET
         | libc::CLONE_NEWIPC
         | libc::CLONE_NEWUTS;
-    if spec.build.as_ref().is_some_and(|b| b.host_network) {
-        // Template builds only (an operator action): the host's network namespace.
-        flags &= !libc::CLONE_NEWNET;
-    }
     // On cgroup v2, PID 1 is born in the sandbox's cgroup (no migration).
     let cgroup_dir = match &spec.clone_into_cgroup {
         Some(d) => {
@@ -228,11 +238,13 @@ pub fn run(spec: &JailerSpec, prepared: bool) -> Result<i32, JailError> {
         drop(err_rd);
         let ctx = Child {
             spec,
-            root: &lay.root,
+            dir: sandbox_dir.as_raw_fd(),
+            resolv_conf: resolv_conf.as_deref(),
             agent: agent.as_raw_fd(),
             sock: listener.as_raw_fd(),
             devnull: devnull.as_raw_fd(),
             go: go_rd.as_raw_fd(),
+            err: err_wr.as_raw_fd(),
             filter: &filter,
             disk: disk_root.as_raw_fd(),
         };
@@ -240,6 +252,7 @@ pub fn run(spec: &JailerSpec, prepared: bool) -> Result<i32, JailError> {
     }
     drop(go_rd);
     drop(err_wr);
+    drop(sandbox_dir);
     let kill_child = |e: JailError| {
         // SAFETY: `pid` is our own child.
         unsafe {
@@ -259,15 +272,25 @@ pub fn run(spec: &JailerSpec, prepared: bool) -> Result<i32, JailError> {
     };
     setup_ids().map_err(kill_child)?;
     let setup = || -> Result<(), JailError> {
-        // d. Idmapped lower layers and the overlays.
+        // d. Idmapped lower layers and the overlays. The overlays' options name their
+        // layers relative to the sandbox directory (the jailer's working directory from here
+        // on): the kernel shows those options in the sandbox's mountinfo, and no host path
+        // or sandbox id may appear there.
+        std::env::set_current_dir(&spec.sandbox_dir)
+            .map_err(io(format!("chdir {}", spec.sandbox_dir.display())))?;
+        let rel = |p: &Path| -> PathBuf {
+            p.strip_prefix(&spec.sandbox_dir)
+                .map(Path::to_path_buf)
+                .unwrap_or_else(|_| p.to_path_buf())
+        };
         let userns = std::fs::File::open(format!("/proc/{pid}/ns/user"))
             .map_err(io("open child user namespace".into()))?;
         let ovl = |lower: &Path, upper: &str, work: &str, at: &Path| {
             let opts = format!(
                 "lowerdir={},upperdir={},workdir={},index=off,metacopy=off,redirect_dir=off,xino=off",
-                lower.display(),
-                up(upper).display(),
-                up(work).display()
+                rel(lower).display(),
+                rel(&up(upper)).display(),
+                rel(&up(work)).display()
             );
             sys::mount(Some("overlay"), at, Some("overlay"), 0, Some(&opts))
         };
@@ -279,18 +302,27 @@ pub fn run(spec: &JailerSpec, prepared: bool) -> Result<i32, JailError> {
                 let at = spec.sandbox_dir.join(format!("l{i}"));
                 mkdir(&at, 0o700)?;
                 sys::idmapped_bind(l, &at, userns.as_raw_fd())?;
-                lowers.push(at.display().to_string());
+                lowers.push(format!("l{i}"));
             }
             lowers.reverse();
             let (upper, work) = match &spec.build {
-                Some(b) => (b.upper.clone(), b.work.clone()),
+                // Named through links in the sandbox directory, so the host paths of the
+                // build's layer are not in the options either.
+                Some(b) => {
+                    for (link, to) in [("build-upper", &b.upper), ("build-work", &b.work)] {
+                        let _ = std::fs::remove_file(link);
+                        std::os::unix::fs::symlink(to, link)
+                            .map_err(io(format!("symlink {link}")))?;
+                    }
+                    (PathBuf::from("build-upper"), PathBuf::from("build-work"))
+                }
                 None => (up("upper"), up("work")),
             };
             let opts = format!(
                 "lowerdir={},upperdir={},workdir={},index=off,metacopy=off,redirect_dir=off,xino=off",
                 lowers.join(":"),
-                upper.display(),
-                work.display()
+                rel(&upper).display(),
+                rel(&work).display()
             );
             sys::mount(Some("overlay"), &lay.root, Some("overlay"), 0, Some(&opts))?;
             return Ok(());
@@ -368,11 +400,16 @@ fn set_rlimit(res: libc::__rlimit_resource_t, v: u64) -> Result<(), JailError> {
 
 struct Child<'a> {
     spec: &'a JailerSpec,
-    root: &'a Path,
+    /// The sandbox directory (its `root` holds the overlay).
+    dir: RawFd,
+    /// Build sandboxes: what `/etc/resolv.conf` says.
+    resolv_conf: Option<&'a [u8]>,
     agent: RawFd,
     sock: RawFd,
     devnull: RawFd,
     go: RawFd,
+    /// The pipe this process reports a failure on (close-on-exec).
+    err: RawFd,
     filter: &'a [libc::sock_filter],
     /// The disk's root, kept by the agent (see `persist`).
     disk: RawFd,
@@ -406,7 +443,11 @@ fn c(s: &str) -> CString {
 }
 
 fn child_setup(ctx: &Child<'_>) -> Result<Never, JailError> {
-    let r = ctx.root;
+    // A session of our own, without a controlling terminal: nothing in the sandbox can open
+    // the terminal the daemon was started from (`/dev/tty` answers ENXIO), nor signal its
+    // process group.
+    // SAFETY: plain syscall; this process was cloned, so it is not a process group leader.
+    sys::check(unsafe { libc::setsid() }.into(), || "setsid".into())?;
     // Root of the new user namespace.
     // SAFETY: plain syscalls on our own credentials.
     unsafe {
@@ -415,18 +456,30 @@ fn child_setup(ctx: &Child<'_>) -> Result<Never, JailError> {
             "setgroups".into()
         })?;
         sys::check(libc::setresuid(0, 0, 0).into(), || "setresuid".into())?;
-        sys::check(libc::unshare(libc::CLONE_NEWNS).into(), || {
-            "unshare mount namespace".into()
-        })?;
     }
-    // A mount of our own (the copied ones are locked): pivot_root needs it.
+    // Into the sandbox directory by descriptor: the host path above it (the data directory)
+    // need not be reachable by the sandbox's uids. The working directory follows into the
+    // new mount namespace.
+    // SAFETY: fchdir on a descriptor we hold.
+    sys::check(unsafe { libc::fchdir(ctx.dir) }.into(), || {
+        "enter the sandbox directory".into()
+    })?;
+    // SAFETY: plain syscall.
+    sys::check(unsafe { libc::unshare(libc::CLONE_NEWNS) }.into(), || {
+        "unshare mount namespace".into()
+    })?;
+    // A mount of our own (the copied ones are locked): pivot_root needs it. Then into it
+    // (a lookup of `root` crosses to the new mount on top), and every path below is
+    // relative to it.
     sys::mount(
-        Some(&r.to_string_lossy()),
-        r,
+        Some("root"),
+        Path::new("root"),
         None,
         libc::MS_BIND | libc::MS_REC,
         None,
     )?;
+    std::env::set_current_dir("root").map_err(io("chdir root".into()))?;
+    let r = Path::new(".");
     let nsne = libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC;
     sys::mount(Some("proc"), &r.join("proc"), Some("proc"), nsne, None)?;
     // /dev
@@ -482,15 +535,28 @@ fn child_setup(ctx: &Child<'_>) -> Result<Never, JailError> {
         )
         .is_ok()
     {
-        let fw = sysd.join("firmware");
-        if fw.is_dir() {
-            sys::mount(
-                Some("tmpfs"),
-                &fw,
-                Some("tmpfs"),
-                nsne | libc::MS_RDONLY,
-                Some("size=0"),
-            )?;
+        // Firmware tables, power capping (RAPL energy counters are a side channel), and
+        // every block device: a loop device's `backing_file` names a neighbour's disk and
+        // the host's data directory.
+        for d in [
+            "firmware",
+            "devices/virtual/powercap",
+            "devices/virtual/block",
+            "block",
+            "class/block",
+            "dev/block",
+            "fs/ext4",
+        ] {
+            let p = sysd.join(d);
+            if p.is_dir() {
+                sys::mount(
+                    Some("tmpfs"),
+                    &p,
+                    Some("tmpfs"),
+                    nsne | libc::MS_RDONLY,
+                    Some("size=0"),
+                )?;
+            }
         }
     }
     // Mask sensitive /proc paths as container runtimes do.
@@ -498,6 +564,7 @@ fn child_setup(ctx: &Child<'_>) -> Result<Never, JailError> {
     for f in [
         "kcore",
         "keys",
+        "interrupts",
         "timer_list",
         "sched_debug",
         "latency_stats",
@@ -509,7 +576,7 @@ fn child_setup(ctx: &Child<'_>) -> Result<Never, JailError> {
             sys::mount(Some("/dev/null"), &p, None, libc::MS_BIND, None)?;
         }
     }
-    for d in ["acpi", "scsi", "asound"] {
+    for d in ["acpi", "scsi", "asound", "driver"] {
         let p = proc_.join(d);
         if p.is_dir() {
             sys::mount(
@@ -540,13 +607,11 @@ fn child_setup(ctx: &Child<'_>) -> Result<Never, JailError> {
     // SAFETY: valid buffer and length.
     let rc = unsafe { libc::sethostname(h.as_ptr().cast(), h.len()) };
     sys::check(rc.into(), || "sethostname".into())?;
-    if ctx.spec.build.as_ref().is_some_and(|b| b.host_network) {
-        // The host's network namespace: not ours to configure.
-    } else {
-        loopback_up()?;
-    }
-    if let Some(rc) = ctx.spec.build.as_ref().and_then(|b| b.resolv_conf.as_ref()) {
-        // Build sandboxes: the host's resolver configuration, read-only.
+    loopback_up()?;
+    if let Some(rc) = ctx.resolv_conf {
+        // Build sandboxes: the build's resolver configuration, read-only. Its content was
+        // read by the jailer; it is written to /dev's tmpfs, bound over the file, and its
+        // name there removed.
         let t = r.join("etc/resolv.conf");
         let md = std::fs::symlink_metadata(&t);
         if md.as_ref().is_ok_and(|m| m.is_file()) || md.is_err() {
@@ -554,8 +619,12 @@ fn child_setup(ctx: &Child<'_>) -> Result<Never, JailError> {
                 std::fs::File::create(&t).map_err(io(format!("create {}", t.display())))?;
             }
             if t.is_file() {
-                let s = rc.to_string_lossy().into_owned();
-                sys::mount(Some(&s), &t, None, libc::MS_BIND, None)?;
+                let src = dev.join(".resolv.conf");
+                std::fs::write(&src, rc).map_err(io(format!("write {}", src.display())))?;
+                std::fs::set_permissions(&src, std::fs::Permissions::from_mode(0o644))
+                    .map_err(io(format!("chmod {}", src.display())))?;
+                sys::mount(Some(&src.to_string_lossy()), &t, None, libc::MS_BIND, None)?;
+                std::fs::remove_file(&src).map_err(io(format!("remove {}", src.display())))?;
                 sys::mount(
                     None,
                     &t,
@@ -566,8 +635,7 @@ fn child_setup(ctx: &Child<'_>) -> Result<Never, JailError> {
             }
         }
     }
-    // Into the new root; the old one is detached and gone.
-    std::env::set_current_dir(r).map_err(io("chdir root".into()))?;
+    // Into the new root (the working directory); the old one is detached and gone.
     let dot = c(".");
     // SAFETY: valid strings; pivot_root(".", ".") stacks the old root under the new one.
     let rc = unsafe { libc::syscall(libc::SYS_pivot_root, dot.as_ptr(), dot.as_ptr()) };
@@ -634,6 +702,10 @@ fn child_setup(ctx: &Child<'_>) -> Result<Never, JailError> {
     // SAFETY: plain syscall.
     let rc = unsafe { libc::unshare(libc::CLONE_NEWCGROUP) };
     sys::check(rc.into(), || "unshare cgroup namespace".into())?;
+    // Nothing but what PID 1 is given on purpose crosses in: every other descriptor (the
+    // daemon's, whatever started the daemon, the jailer's own) is closed. The agent binary
+    // and the error pipe are close-on-exec; they are needed up to the exec.
+    sys::close_fds_except(&[ctx.sock, ctx.disk, ctx.agent, ctx.err])?;
     seccomp::install(ctx.filter)?;
     Err(sys::fexecve(ctx.agent, &argv, &env))
 }

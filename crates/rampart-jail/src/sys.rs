@@ -383,6 +383,35 @@ pub fn rename_noreplace(from: &Path, to: &Path) -> Result<(), JailError> {
     Ok(())
 }
 
+/// Closes every descriptor of this process above 2 but those in `keep`, with `close_range`.
+/// Only for a single-threaded process about to exec (or a fresh one): the descriptors Rust
+/// objects own are closed behind their backs.
+pub fn close_fds_except(keep: &[RawFd]) -> Result<(), JailError> {
+    let mut keep: Vec<u32> = keep
+        .iter()
+        .filter_map(|&f| u32::try_from(f).ok())
+        .filter(|&f| f > 2)
+        .collect();
+    keep.sort_unstable();
+    keep.dedup();
+    let mut from = 3u32;
+    for f in keep {
+        if f > from {
+            close_range(from, f - 1)?;
+        }
+        from = f + 1;
+    }
+    close_range(from, u32::MAX)
+}
+
+fn close_range(first: u32, last: u32) -> Result<(), JailError> {
+    // SAFETY: close_range(2) only closes descriptors of this process; callers guarantee that
+    // nothing still uses them (see `close_fds_except`).
+    let rc = unsafe { libc::syscall(libc::SYS_close_range, first, last, 0u32) };
+    check(rc, || format!("close descriptors {first}..={last}"))?;
+    Ok(())
+}
+
 /// Writes `data` to an existing file (for /proc and cgroup files).
 pub fn write_file(path: &Path, data: &str) -> Result<(), JailError> {
     std::fs::write(path, data).map_err(|e| JailError::Sys {

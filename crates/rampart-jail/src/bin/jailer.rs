@@ -8,6 +8,12 @@ use rampart_jail::{jailer, JailerPrepare, JailerResult, JailerSpec};
 use std::io::{BufRead, Read, Write};
 
 fn main() {
+    // Whatever the daemon inherited and did not mark close-on-exec (its parent's files, pipes,
+    // directories) ends here: the jailer holds only its three pipes to the daemon.
+    if let Err(e) = rampart_jail::sys::close_fds_except(&[]) {
+        eprintln!("rampart-jailer: {e}");
+        std::process::exit(1);
+    }
     let res = (|| {
         let mut stdin = std::io::stdin().lock();
         let mut input = String::new();
