@@ -24,7 +24,8 @@ const MIGRATION: &str = "CREATE TABLE IF NOT EXISTS sandbox_tokens (
         id TEXT NOT NULL,
         port INTEGER NOT NULL,
         PRIMARY KEY (id, port)
-    );";
+    );
+    CREATE INDEX IF NOT EXISTS sandbox_tokens_token ON sandbox_tokens(token);";
 
 /// The port-access store (SQLite). Cheap to share behind an `Arc`.
 #[derive(Debug)]
@@ -85,6 +86,20 @@ impl AccessStore {
                 |r| r.get(0),
             )
             .optional()?)
+    }
+
+    /// Whether `candidate` is the token of some sandbox (the port proxy strips such values
+    /// from what it forwards, whichever sandbox they open).
+    pub fn is_token(&self, candidate: &str) -> Result<bool, StoreError> {
+        Ok(self
+            .conn()
+            .query_row(
+                "SELECT 1 FROM sandbox_tokens WHERE token = ?1",
+                params![candidate],
+                |_| Ok(()),
+            )
+            .optional()?
+            .is_some())
     }
 
     /// Makes `port` of sandbox `id` public (`true`) or private again (`false`).
@@ -172,6 +187,8 @@ mod tests {
         assert_eq!(s.public_ports("a").unwrap(), vec![3000, 8080]);
         let t2 = s.issue("b", &[]).unwrap();
         assert_ne!(t, t2);
+        assert!(s.is_token(&t).unwrap() && s.is_token(&t2).unwrap());
+        assert!(!s.is_token(&t[1..]).unwrap() && !s.is_token("a").unwrap());
         assert!(s.is_public("a", 3000).unwrap());
         assert!(!s.is_public("b", 3000).unwrap());
         s.set_public("b", 3000, true).unwrap();

@@ -32,7 +32,8 @@ const MIGRATION: &str = "CREATE TABLE IF NOT EXISTS api_keys (
         access_token TEXT NOT NULL,
         template TEXT NOT NULL,
         created_at INTEGER NOT NULL
-    );";
+    );
+    CREATE INDEX IF NOT EXISTS e2b_sandboxes_token ON e2b_sandboxes(access_token);";
 
 /// An API key as listed (never the key itself).
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
@@ -221,6 +222,19 @@ impl KeyStore {
             .optional()?)
     }
 
+    /// Whether `candidate` is the E2B access token of some sandbox.
+    pub fn is_access_token(&self, candidate: &str) -> Result<bool, StoreError> {
+        Ok(self
+            .conn()
+            .query_row(
+                "SELECT 1 FROM e2b_sandboxes WHERE access_token = ?1",
+                params![candidate],
+                |_| Ok(()),
+            )
+            .optional()?
+            .is_some())
+    }
+
     /// Forgets the E2B facts of one sandbox (it ended).
     pub fn forget_sandbox(&self, id: &str) -> Result<(), StoreError> {
         self.conn()
@@ -300,6 +314,8 @@ mod tests {
         s.put_sandbox("abc", &f).unwrap();
         s.put_sandbox("def", &f).unwrap();
         assert_eq!(s.sandbox("abc").unwrap(), Some(f));
+        assert!(s.is_access_token("tok").unwrap());
+        assert!(!s.is_access_token("to").unwrap());
         assert_eq!(s.retain_sandboxes(&["def"]).unwrap(), 1);
         assert!(s.sandbox("abc").unwrap().is_none());
         assert!(s.sandbox("def").unwrap().is_some());

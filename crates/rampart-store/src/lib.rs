@@ -72,6 +72,61 @@ pub enum StoreError {
     /// A thread of the store could not be started.
     #[error("starting a store thread: {0}")]
     Thread(std::io::Error),
+    /// The database file could not be created, or made readable by its owner only.
+    #[error("cannot make {path} private to its owner (mode 0600): {source}")]
+    Private {
+        /// The file.
+        path: String,
+        /// Why.
+        source: std::io::Error,
+    },
+}
+
+/// The files SQLite keeps for the database at `path`: itself, its write-ahead log and its
+/// shared-memory index.
+fn db_files(path: &Path) -> [std::path::PathBuf; 3] {
+    let with = |ext: &str| {
+        let mut p = path.as_os_str().to_owned();
+        p.push(ext);
+        std::path::PathBuf::from(p)
+    };
+    [path.to_path_buf(), with("-wal"), with("-shm")]
+}
+
+/// Makes the database at `path` private to its owner before SQLite opens it: created here,
+/// empty, with mode 0600 (`O_CREAT|O_EXCL`, never readable by others, whatever the umask)
+/// when missing; an existing one (and its `-wal` and `-shm`) that group or others may read
+/// is made 0600. SQLite creates the `-wal` and `-shm` files with the database's own mode, so
+/// they are 0600 from their first byte too. `state.db` holds secret values, access tokens and
+/// sandbox environments.
+pub(crate) fn make_private(path: &Path) -> Result<(), StoreError> {
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    let err = |p: &Path, source| StoreError::Private {
+        path: p.display().to_string(),
+        source,
+    };
+    match std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+    {
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(err(path, e)),
+    }
+    for p in db_files(path) {
+        match std::fs::symlink_metadata(&p) {
+            Ok(md) if md.permissions().mode() & 0o077 != 0 && md.file_type().is_file() => {
+                std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600))
+                    .map_err(|e| err(&p, e))?;
+            }
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(err(&p, e)),
+        }
+    }
+    Ok(())
 }
 
 /// A sandbox as stored.
@@ -304,7 +359,10 @@ pub struct SqliteStore {
 
 impl SqliteStore {
     /// Opens (creating if needed) the database at `path` and migrates it to [`SCHEMA_VERSION`].
+    /// The file (and its `-wal`, `-shm`) is private to its owner (mode 0600) from its first
+    /// byte: see [`make_private`].
     pub fn open(path: &Path) -> Result<SqliteStore, StoreError> {
+        make_private(path)?;
         let conn = Connection::open(path)?;
         let mut store = Self::init(conn)?;
         // Without the thread, SQLite keeps checkpointing inside commits: slower, not wrong.
@@ -852,6 +910,31 @@ mod tests {
         assert_eq!(lowest_free_slot(&[0, 1, 2, 3], 4), None);
         assert_eq!(lowest_free_slot(&[0, 1], 2), None);
         assert_eq!(lowest_free_slot(&[], 0), None);
+    }
+
+    #[test]
+    fn the_database_is_private_from_its_first_byte() {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("state.db");
+        // The test process's umask (022 as a rule) would leave a plain create 0644.
+        let s = SqliteStore::open(&path).unwrap();
+        for p in db_files(&path) {
+            assert_eq!(mode(&p), 0o600, "{}", p.display());
+        }
+        drop(s);
+        // A database left readable by an older daemon is made private at its next open.
+        for p in db_files(&path) {
+            if p.exists() {
+                std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o644)).unwrap();
+            }
+        }
+        let _s = SqliteStore::open(&path).unwrap();
+        let _a = access::AccessStore::open(&path).unwrap();
+        for p in db_files(&path) {
+            assert_eq!(mode(&p), 0o600, "{}", p.display());
+        }
     }
 
     #[test]

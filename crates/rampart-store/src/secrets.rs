@@ -50,25 +50,6 @@ fn corrupt(name: &str, e: serde_json::Error) -> StoreError {
     }
 }
 
-/// Makes `path` and its SQLite companions (`-wal`, `-shm`) readable by their owner only.
-fn owner_only(path: &Path) -> std::io::Result<()> {
-    use std::os::unix::fs::PermissionsExt;
-    let mut names = vec![path.to_path_buf()];
-    for ext in ["-wal", "-shm"] {
-        let mut p = path.as_os_str().to_owned();
-        p.push(ext);
-        names.push(p.into());
-    }
-    for p in names {
-        match std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600)) {
-            Ok(()) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(())
-}
-
 /// The named-secret store (SQLite).
 #[derive(Debug)]
 pub struct SecretStore {
@@ -77,16 +58,11 @@ pub struct SecretStore {
 
 impl SecretStore {
     /// Opens the database at `path` (the daemon's `state.db`), creating the table if needed,
-    /// and makes the file (and its WAL files) mode 0600.
+    /// and makes the file (and its WAL files) mode 0600 (as every open of `state.db` does).
     pub fn open(path: &Path) -> Result<SecretStore, StoreError> {
-        let store = SecretStore {
+        Ok(SecretStore {
             conn: side::open(path, MIGRATION)?,
-        };
-        owner_only(path).map_err(|e| StoreError::Corrupt {
-            id: path.display().to_string(),
-            detail: format!("making it mode 0600: {e}"),
-        })?;
-        Ok(store)
+        })
     }
 
     /// An in-memory store (tests).

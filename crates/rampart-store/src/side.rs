@@ -10,8 +10,10 @@ use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
 /// Opens the database at `path` as the state store does (write-ahead log, a commit written
-/// to the log but not synced) and runs `schema` on it.
+/// to the log but not synced) and runs `schema` on it. The file is private to its owner
+/// (mode 0600, see [`crate::make_private`]).
 pub(crate) fn open(path: &Path, schema: &str) -> Result<Mutex<Connection>, StoreError> {
+    crate::make_private(path)?;
     let conn = Connection::open(path)?;
     conn.busy_timeout(Duration::from_secs(10))?;
     conn.pragma_update(None, "journal_mode", "WAL")?;
