@@ -20,11 +20,86 @@ use crate::Inner;
 
 const UPSTREAM_TIMEOUT: Duration = Duration::from_secs(3);
 const TCP_IDLE: Duration = Duration::from_secs(10);
-/// At most this many queries in flight on the UDP listener.
-const MAX_INFLIGHT: usize = 512;
+/// The resolver's shared capacity: queries in flight (UDP and TCP, all sandboxes) beyond
+/// each sandbox's reserved ones.
+pub(crate) const MAX_INFLIGHT: usize = 512;
+/// Queries in flight every sandbox may always have, whatever the others do.
+pub(crate) const RESERVED_PER_SANDBOX: usize = 4;
+
+/// Fair admission of queries to the resolver. Each source (sandbox) may have
+/// [`RESERVED_PER_SANDBOX`] queries in flight whatever the others do; beyond them it takes
+/// from the shared capacity ([`MAX_INFLIGHT`]) only up to its fair share (the capacity
+/// divided by the number of sources with queries in flight, itself counted) and never more
+/// than [`crate::DNS_INFLIGHT_PER_SANDBOX`]. So sandboxes that flood with names that never
+/// answer fill at most the shared capacity, and a sandbox with few queries still gets its
+/// slots at once.
+#[derive(Debug, Default)]
+pub(crate) struct DnsGate {
+    state: std::sync::Mutex<GateState>,
+}
+
+#[derive(Debug, Default)]
+struct GateState {
+    /// Queries in flight per source (only sources with some).
+    per: std::collections::HashMap<IpAddr, usize>,
+}
+
+/// A query's slot; released on drop.
+#[derive(Debug)]
+pub(crate) struct DnsPermit {
+    gate: Arc<DnsGate>,
+    ip: IpAddr,
+}
+
+impl DnsGate {
+    /// A slot for a query from `ip`, if it may have one now.
+    pub fn try_admit(self: &Arc<Self>, ip: IpAddr) -> Option<DnsPermit> {
+        let ip = crate::policy::canonical(ip);
+        let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let mine = s.per.get(&ip).copied().unwrap_or(0);
+        if mine >= crate::DNS_INFLIGHT_PER_SANDBOX {
+            return None;
+        }
+        if mine >= RESERVED_PER_SANDBOX {
+            // Past the reserved slots: only within the shared capacity and a fair share.
+            let active = s.per.len().max(1);
+            let share = (MAX_INFLIGHT / active).max(RESERVED_PER_SANDBOX);
+            let shared_used: usize = s
+                .per
+                .values()
+                .map(|n| n.saturating_sub(RESERVED_PER_SANDBOX))
+                .sum();
+            if mine >= share || shared_used >= MAX_INFLIGHT {
+                return None;
+            }
+        }
+        *s.per.entry(ip).or_default() += 1;
+        Some(DnsPermit {
+            gate: self.clone(),
+            ip,
+        })
+    }
+
+    #[cfg(test)]
+    fn in_flight(&self, ip: IpAddr) -> usize {
+        let s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        s.per.get(&ip).copied().unwrap_or(0)
+    }
+}
+
+impl Drop for DnsPermit {
+    fn drop(&mut self) {
+        let mut s = self.gate.state.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(n) = s.per.get_mut(&self.ip) {
+            *n -= 1;
+            if *n == 0 {
+                s.per.remove(&self.ip);
+            }
+        }
+    }
+}
 
 pub(crate) async fn serve_udp(sock: Arc<UdpSocket>, inner: Arc<Inner>, stop: CancellationToken) {
-    let sem = Arc::new(tokio::sync::Semaphore::new(MAX_INFLIGHT));
     let mut buf = vec![0u8; 4096];
     loop {
         let (n, peer) = tokio::select! {
@@ -34,16 +109,9 @@ pub(crate) async fn serve_udp(sock: Arc<UdpSocket>, inner: Arc<Inner>, stop: Can
                 Err(_) => continue,
             },
         };
-        let Ok(permit) = sem.clone().try_acquire_owned() else {
-            continue; // overloaded: drop, the client retries
-        };
-        // One sandbox cannot take every slot: a query over its own limit is dropped.
-        let own = match inner.by_ip(peer.ip()) {
-            Some(sb) => match sb.dns_inflight.clone().try_acquire_owned() {
-                Ok(p) => Some(p),
-                Err(_) => continue,
-            },
-            None => None,
+        // Over its fair share: dropped (the client retries).
+        let Some(permit) = inner.dns_gate.try_admit(peer.ip()) else {
+            continue;
         };
         let q = buf[..n].to_vec();
         let sock = sock.clone();
@@ -52,7 +120,6 @@ pub(crate) async fn serve_udp(sock: Arc<UdpSocket>, inner: Arc<Inner>, stop: Can
             if let Some(resp) = answer(&inner, peer.ip(), &q, true).await {
                 let _ = sock.send_to(&resp, peer).await;
             }
-            drop(own);
             drop(permit);
         });
     }
@@ -101,7 +168,12 @@ async fn serve_tcp_conn(mut s: TcpStream, peer: SocketAddr, inner: Arc<Inner>) {
             Ok(Ok(_)) => {}
             _ => return,
         }
-        let Some(resp) = answer(&inner, peer.ip(), &q, false).await else {
+        // The same fair share as UDP; over it, SERVFAIL (the client may ask again).
+        let resp = match inner.dns_gate.try_admit(peer.ip()) {
+            Some(_permit) => answer(&inner, peer.ip(), &q, false).await,
+            None => servfail(&q),
+        };
+        let Some(resp) = resp else {
             return;
         };
         let mut out = Vec::with_capacity(resp.len() + 2);
@@ -130,6 +202,14 @@ fn reply_to(q: &Message, code: ResponseCode) -> Message {
         m.set_edns(e);
     }
     m
+}
+
+/// SERVFAIL for the query in `bytes` (`None` if it is no query).
+fn servfail(bytes: &[u8]) -> Option<Vec<u8>> {
+    let q = Message::from_vec(bytes).ok()?;
+    (q.message_type() == MessageType::Query)
+        .then(|| reply_to(&q, ResponseCode::ServFail).to_vec().ok())
+        .flatten()
 }
 
 /// The response bytes for a query from `peer` (`None`: send nothing).
@@ -300,4 +380,52 @@ async fn forward_tcp(up: SocketAddr, bytes: &[u8], id: u16, query: &Query) -> Op
     s.read_exact(&mut buf).await.ok()?;
     let resp = Message::from_vec(&buf).ok()?;
     matches(&resp, id, query).then_some(resp)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ip(i: u8) -> IpAddr {
+        IpAddr::from([10, 201, 0, i])
+    }
+
+    #[test]
+    fn flooding_sources_cannot_take_a_quiet_one_s_slots() {
+        let gate = Arc::new(DnsGate::default());
+        let mut held = Vec::new();
+        // Eight sources take all they can.
+        for i in 1..=8 {
+            while let Some(p) = gate.try_admit(ip(i)) {
+                held.push(p);
+            }
+        }
+        for i in 1..=8 {
+            let n = gate.in_flight(ip(i));
+            assert!(n <= crate::DNS_INFLIGHT_PER_SANDBOX, "{n}");
+        }
+        // A ninth still gets its reserved slots at once...
+        let quiet: Vec<_> = (0..RESERVED_PER_SANDBOX)
+            .map(|_| gate.try_admit(ip(9)).expect("reserved slot"))
+            .collect();
+        // ... and no source ever holds more than its share of the shared capacity.
+        let total: usize = (1..=9).map(|i| gate.in_flight(ip(i))).sum();
+        assert!(total <= MAX_INFLIGHT + 9 * RESERVED_PER_SANDBOX, "{total}");
+        drop(quiet);
+        assert_eq!(gate.in_flight(ip(9)), 0);
+        // With many active sources the share shrinks: a source that frees a slot cannot
+        // take more than capacity / sources again.
+        held.clear();
+        let many = 40u8;
+        for i in 1..=many {
+            while let Some(p) = gate.try_admit(ip(i)) {
+                held.push(p);
+            }
+        }
+        let most = (1..=many).map(|i| gate.in_flight(ip(i))).max().unwrap();
+        assert!(most <= crate::DNS_INFLIGHT_PER_SANDBOX);
+        assert!(gate.try_admit(ip(200)).is_some(), "a new source is starved");
+        held.clear();
+        assert!(gate.state.lock().unwrap().per.is_empty());
+    }
 }

@@ -33,7 +33,7 @@
 //! egress.dropped_events(id) -> u64                  (entries the event hook lost to a full queue)
 //! validate_policy(&NetworkPolicy) -> Result<(), RuleError>             (for create/PUT checks)
 //! validate_secrets(&[SecretSpec]) -> Result<(), EgressError>
-//! host_addrs(); resolv_conf_nameservers(path)                              (helpers)
+//! host_addrs(); host_networks(); resolv_conf_nameservers(path)             (helpers)
 //! ```
 //!
 //! Secret values live only in this process's memory: they are in no log entry, error, `Debug`
@@ -248,8 +248,6 @@ pub(crate) struct Sandbox {
     pub log: NetLog,
     pub conns: Mutex<HashMap<u64, Arc<LiveConn>>>,
     pub gone: CancellationToken,
-    /// DNS queries of this sandbox being answered (UDP and TCP).
-    pub dns_inflight: Arc<tokio::sync::Semaphore>,
     /// Open TCP connections of this sandbox to the resolver.
     pub dns_tcp: std::sync::atomic::AtomicUsize,
     /// Connections of this sandbox held by the proxy.
@@ -401,6 +399,8 @@ pub(crate) struct Inner {
     pub state_dir: PathBuf,
     pub log_capacity: usize,
     pub peek_timeout: Duration,
+    /// Fair admission of DNS queries (per sandbox, across all listeners).
+    pub dns_gate: Arc<dns::DnsGate>,
 }
 
 impl Inner {
@@ -417,7 +417,7 @@ impl Inner {
             .unwrap_or_else(|e| e.into_inner())
             .clone()
     }
-    fn rebuild_blocklist(&self, host: Option<Vec<IpAddr>>) {
+    fn rebuild_blocklist(&self, host: Option<HostView>) {
         let sandboxes: Vec<IpAddr> = self
             .by_ip
             .read()
@@ -426,9 +426,13 @@ impl Inner {
             .copied()
             .collect();
         let mut bl = self.blocklist.write().unwrap_or_else(|e| e.into_inner());
-        let host = host.unwrap_or_else(|| bl.host.clone());
+        let (host, host_nets) = match host {
+            Some(h) => (h.addrs, h.nets),
+            None => (bl.host.clone(), bl.host_nets.clone()),
+        };
         *bl = Arc::new(Blocklist {
             host,
+            host_nets,
             extra: self.extra_blocked.clone(),
             sandboxes,
         });
@@ -477,6 +481,48 @@ pub fn host_addrs() -> Result<Vec<IpAddr>, EgressError> {
     out.sort();
     out.dedup();
     Ok(out)
+}
+
+/// The networks attached to the host's interfaces (this network namespace's): each address
+/// with its prefix.
+pub fn host_networks() -> Result<Vec<IpNet>, EgressError> {
+    let addrs = nix::ifaddrs::getifaddrs()
+        .map_err(|e| EgressError::io("getifaddrs", std::io::Error::from(e)))?;
+    let mut out = Vec::new();
+    for a in addrs {
+        let (Some(sa), Some(mask)) = (a.address, a.netmask) else {
+            continue;
+        };
+        let net = if let (Some(v4), Some(m)) = (sa.as_sockaddr_in(), mask.as_sockaddr_in()) {
+            ipnet::Ipv4Net::with_netmask(v4.ip(), m.ip())
+                .ok()
+                .map(|n| IpNet::V4(n.trunc()))
+        } else if let (Some(v6), Some(m)) = (sa.as_sockaddr_in6(), mask.as_sockaddr_in6()) {
+            ipnet::Ipv6Net::with_netmask(v6.ip(), m.ip())
+                .ok()
+                .map(|n| IpNet::V6(n.trunc()))
+        } else {
+            None
+        };
+        out.extend(net);
+    }
+    out.sort();
+    out.dedup();
+    Ok(out)
+}
+
+/// The host's addresses and attached networks, as the blocklist holds them.
+#[derive(Debug, Clone)]
+pub(crate) struct HostView {
+    addrs: Vec<IpAddr>,
+    nets: Vec<IpNet>,
+}
+
+fn host_view() -> Result<HostView, EgressError> {
+    Ok(HostView {
+        addrs: host_addrs()?,
+        nets: host_networks()?,
+    })
 }
 
 /// The `nameserver`s of a resolv.conf, on port 53.
@@ -565,8 +611,9 @@ impl Egress {
             state_dir: cfg.state_dir.clone(),
             log_capacity: cfg.log_capacity,
             peek_timeout: cfg.peek_timeout,
+            dns_gate: Arc::new(dns::DnsGate::default()),
         });
-        inner.rebuild_blocklist(Some(host_addrs()?));
+        inner.rebuild_blocklist(Some(host_view()?));
         let stop = CancellationToken::new();
         let mut proxy_port = cfg.proxy_port;
         let mut dns_port = cfg.dns_port;
@@ -608,7 +655,7 @@ impl Egress {
                         _ = stop.cancelled() => return,
                         _ = tokio::time::sleep(Duration::from_secs(30)) => {}
                     }
-                    if let Ok(h) = host_addrs() {
+                    if let Ok(h) = host_view() {
                         inner.rebuild_blocklist(Some(h));
                     }
                 }
@@ -633,10 +680,11 @@ impl Egress {
         self.dns_port
     }
 
-    /// Re-reads the host's addresses (always blocked). Also done on every attach and every
-    /// 30 seconds.
+    /// Re-reads the host's addresses (always blocked) and the networks attached to its
+    /// interfaces (not reached by `open` mode without a rule). Also done on every attach
+    /// and every 30 seconds.
     pub fn refresh_host_addrs(&self) -> Result<(), EgressError> {
-        self.inner.rebuild_blocklist(Some(host_addrs()?));
+        self.inner.rebuild_blocklist(Some(host_view()?));
         Ok(())
     }
 
@@ -764,7 +812,6 @@ impl Egress {
             log: NetLog::new(id, self.inner.log_capacity, self.inner.events.clone()),
             conns: Mutex::new(HashMap::new()),
             gone: self.stop.child_token(),
-            dns_inflight: Arc::new(tokio::sync::Semaphore::new(DNS_INFLIGHT_PER_SANDBOX)),
             dns_tcp: std::sync::atomic::AtomicUsize::new(0),
             open_conns: std::sync::atomic::AtomicUsize::new(0),
         });
@@ -781,10 +828,16 @@ impl Egress {
             sbs.insert(id.to_string(), sb.clone());
             ips.insert(sandbox_ip, sb);
         }
-        let mut host = host_addrs().unwrap_or_else(|_| self.inner.blocklist().host.clone());
+        let mut host = host_view().unwrap_or_else(|_| {
+            let bl = self.inner.blocklist();
+            HostView {
+                addrs: bl.host.clone(),
+                nets: bl.host_nets.clone(),
+            }
+        });
         let gw = policy::canonical(gateway_ip);
-        if !host.contains(&gw) {
-            host.push(gw);
+        if !host.addrs.contains(&gw) {
+            host.addrs.push(gw);
         }
         self.inner.rebuild_blocklist(Some(host));
         Ok(att)

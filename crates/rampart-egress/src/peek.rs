@@ -185,6 +185,43 @@ pub fn host_name(v: &str) -> Option<String> {
     normalize_name(h)
 }
 
+/// What a `Host` header value or a request target's authority names.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HostId {
+    /// A host name (normalized: lowercase, no trailing dot).
+    Name(String),
+    /// An IP literal (`203.0.113.7`, `[2001:db8::1]`).
+    Addr(std::net::IpAddr),
+}
+
+/// Parses an authority (`host`, `host:port`, `[v6]`, `[v6]:port`; no user info). `None` when it
+/// is not one: more than one colon outside brackets, a port that is not a number up to
+/// 65535, characters a host name cannot have. Stricter than [`host_name`], which is only
+/// about finding a name.
+pub fn parse_host(v: &str) -> Option<HostId> {
+    let v = v.trim_matches([' ', '\t']);
+    let port_ok = |p: &str| p.is_empty() || (p.len() <= 5 && p.parse::<u16>().is_ok());
+    if let Some(rest) = v.strip_prefix('[') {
+        let (inner, after) = rest.split_once(']')?;
+        if !after.is_empty() && !port_ok(after.strip_prefix(':')?) {
+            return None;
+        }
+        return inner
+            .parse::<std::net::Ipv6Addr>()
+            .ok()
+            .map(|a| HostId::Addr(std::net::IpAddr::V6(a)));
+    }
+    let h = match v.split_once(':') {
+        Some((h, p)) if port_ok(p) => h,
+        Some(_) => return None,
+        None => v,
+    };
+    if let Ok(a) = h.parse::<std::net::Ipv4Addr>() {
+        return Some(HostId::Addr(std::net::IpAddr::V4(a)));
+    }
+    normalize_name(h).map(HostId::Name)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -264,5 +301,35 @@ mod tests {
         );
         assert_eq!(classify(b"GET / HTTP/1.1\r\n\r\n"), Peek::Http(None));
         assert_eq!(classify(b"HELLO world\r\n"), Peek::Other);
+    }
+
+    #[test]
+    fn strict_host_parsing() {
+        let name = |n: &str| Some(HostId::Name(n.into()));
+        assert_eq!(parse_host("Api.Test"), name("api.test"));
+        assert_eq!(parse_host("api.test:8443"), name("api.test"));
+        assert_eq!(parse_host("api.test:"), name("api.test"));
+        assert_eq!(
+            parse_host("198.51.100.4:80"),
+            Some(HostId::Addr("198.51.100.4".parse().unwrap()))
+        );
+        assert_eq!(
+            parse_host("[2001:db8::1]:443"),
+            Some(HostId::Addr("2001:db8::1".parse().unwrap()))
+        );
+        for bad in [
+            "forbidden.example:1:1",
+            "a.test:99999",
+            "a.test:x",
+            "",
+            "a b",
+            "u@a.test",
+            "[::1",
+            "[::1]x",
+            "2001:db8::1",
+            "a.test/x",
+        ] {
+            assert_eq!(parse_host(bad), None, "{bad}");
+        }
     }
 }

@@ -369,13 +369,13 @@ impl CompiledPolicy {
                             Decision::deny(format!("not-resolved:{name}"))
                         }
                     }
-                    (None, NetworkMode::Open) => Decision::allow("open"),
+                    (None, NetworkMode::Open) => open_implicit(ip, blocklist),
                     (None, _) => Decision::deny("default"),
                 }
             }
             None => {
                 if self.mode == NetworkMode::Open {
-                    return Decision::allow("open");
+                    return open_implicit(ip, blocklist);
                 }
                 // Raw TCP (no SNI, no Host): a domain rule that names this port explicitly
                 // admits the addresses its names resolved to (`github.com:22`).
@@ -402,11 +402,99 @@ impl CompiledPolicy {
     }
 }
 
+/// What `open` mode lets through without a rule: not an address of a special-purpose range
+/// that is not globally reachable, not one on a network attached to the host.
+fn open_implicit(ip: IpAddr, blocklist: &Blocklist) -> Decision {
+    if let Some(cat) = special(ip) {
+        return Decision::deny(format!("blocked:{cat}"));
+    }
+    if blocklist.on_host_network(ip) {
+        return Decision::deny("blocked:host-network");
+    }
+    Decision::allow("open")
+}
+
+fn v6net(a: [u16; 8], len: u8) -> IpNet {
+    ipnet::Ipv6Net::new(a.into(), len)
+        .map(IpNet::V6)
+        .unwrap_or_else(|_| IpNet::from(IpAddr::from(a)))
+}
+
+/// IANA special-purpose ranges (IPv4 and IPv6 registries) that are not globally reachable,
+/// plus ranges reserved or deprecated for which reaching anything is no use to a sandbox,
+/// beyond what [`Blocklist::always_blocked`] and [`Blocklist::private`] already cover.
+/// `open` mode refuses them unless a rule names them (by CIDR, or by a domain the sandbox
+/// resolved to them). An IPv4-mapped IPv6 address is judged by its IPv4 address.
+pub fn special(ip: IpAddr) -> Option<&'static str> {
+    match canonical(ip) {
+        IpAddr::V4(v4) => {
+            let o = v4.octets();
+            let ip = IpAddr::V4(v4);
+            // 192.0.0.9 (PCP anycast) and 192.0.0.10 (TURN anycast) are globally reachable.
+            if o[..3] == [192, 0, 0] && (o[3] == 9 || o[3] == 10) {
+                return None;
+            }
+            let nets = [
+                v4net([0, 0, 0, 0], 8),       // "this network"
+                v4net([10, 0, 0, 0], 8),      // private-use
+                v4net([100, 64, 0, 0], 10),   // shared address space
+                v4net([127, 0, 0, 0], 8),     // loopback
+                v4net([169, 254, 0, 0], 16),  // link local
+                v4net([172, 16, 0, 0], 12),   // private-use
+                v4net([192, 0, 0, 0], 24),    // IETF protocol assignments
+                v4net([192, 0, 2, 0], 24),    // TEST-NET-1
+                v4net([192, 88, 99, 0], 24),  // deprecated 6to4 relay anycast
+                v4net([192, 168, 0, 0], 16),  // private-use
+                v4net([198, 18, 0, 0], 15),   // benchmarking
+                v4net([198, 51, 100, 0], 24), // TEST-NET-2
+                v4net([203, 0, 113, 0], 24),  // TEST-NET-3
+                v4net([224, 0, 0, 0], 4),     // multicast
+                v4net([240, 0, 0, 0], 4),     // reserved, and the limited broadcast
+            ];
+            nets.iter().any(|n| n.contains(&ip)).then_some("special")
+        }
+        IpAddr::V6(v6) => {
+            let s = v6.segments();
+            let ip = IpAddr::V6(v6);
+            // Only 2000::/3 is global unicast: ::/128, ::1, the IPv4-compatible ::/96,
+            // 64:ff9b::/96 and 64:ff9b:1::/48 (translation), 100::/64 (discard), 5f00::/16
+            // (SRv6 SIDs), fc00::/7, fe80::/10, fec0::/10, ff00::/8 all lie outside it.
+            if (s[0] & 0xe000) != 0x2000 {
+                return Some("special");
+            }
+            // In 2001::/23 (IETF protocol assignments) these are globally reachable:
+            // 2001:1::1, ::2, ::3 (anycast), 2001:3::/32 (AMT), 2001:4:112::/48 (AS112),
+            // 2001:20::/28 (ORCHIDv2), 2001:30::/28 (drone remote ID).
+            let global_2001 = [
+                v6net([0x2001, 1, 0, 0, 0, 0, 0, 1], 128),
+                v6net([0x2001, 1, 0, 0, 0, 0, 0, 2], 128),
+                v6net([0x2001, 1, 0, 0, 0, 0, 0, 3], 128),
+                v6net([0x2001, 3, 0, 0, 0, 0, 0, 0], 32),
+                v6net([0x2001, 4, 0x112, 0, 0, 0, 0, 0], 48),
+                v6net([0x2001, 0x20, 0, 0, 0, 0, 0, 0], 28),
+                v6net([0x2001, 0x30, 0, 0, 0, 0, 0, 0], 28),
+            ];
+            if v6net([0x2001, 0, 0, 0, 0, 0, 0, 0], 23).contains(&ip) {
+                return (!global_2001.iter().any(|n| n.contains(&ip))).then_some("special");
+            }
+            let nets = [
+                v6net([0x2001, 0xdb8, 0, 0, 0, 0, 0, 0], 32), // documentation
+                v6net([0x2002, 0, 0, 0, 0, 0, 0, 0], 16),     // 6to4
+                v6net([0x3fff, 0, 0, 0, 0, 0, 0, 0], 20),     // documentation
+            ];
+            nets.iter().any(|n| n.contains(&ip)).then_some("special")
+        }
+    }
+}
+
 /// The always-blocked and private ranges, plus the host's own addresses.
 #[derive(Debug, Clone, Default)]
 pub struct Blocklist {
     /// The host's addresses (read at start, refreshable).
     pub host: Vec<IpAddr>,
+    /// The networks attached to the host's interfaces (address and prefix; read with the
+    /// addresses): `open` mode does not reach them without a rule.
+    pub host_nets: Vec<IpNet>,
     /// Extra blocked networks (the sandbox pool, the daemon's network).
     pub extra: Vec<IpNet>,
     /// The addresses of attached sandboxes.
@@ -473,6 +561,12 @@ impl Blocklist {
         None
     }
 
+    /// Whether `ip` is on a network attached to one of the host's interfaces.
+    pub fn on_host_network(&self, ip: IpAddr) -> bool {
+        let ip = canonical(ip);
+        self.host_nets.iter().any(|n| n.contains(&ip))
+    }
+
     /// The category if `ip` is in a private range (reachable only when named by a rule).
     pub fn private(&self, ip: IpAddr) -> Option<&'static str> {
         let nets: [(IpNet, &str); 4] = [
@@ -516,7 +610,8 @@ mod tests {
                 name,
             },
             &Blocklist {
-                host: vec!["192.0.2.1".parse().unwrap()],
+                host: vec!["192.0.2.1".parse().unwrap(), "11.22.33.1".parse().unwrap()],
+                host_nets: vec!["11.22.33.0/24".parse().unwrap()],
                 extra: vec!["10.200.0.0/16".parse().unwrap()],
                 sandboxes: vec!["10.200.0.5".parse().unwrap()],
             },
@@ -700,8 +795,74 @@ mod tests {
     }
 
     #[test]
+    fn special_ranges() {
+        for ip in [
+            "0.1.2.3",
+            "10.1.1.1",
+            "100.64.0.1",
+            "127.0.0.1",
+            "169.254.169.254",
+            "172.31.0.1",
+            "192.0.0.8",
+            "192.0.0.170",
+            "192.0.2.1",
+            "192.88.99.1",
+            "192.168.1.1",
+            "198.18.0.1",
+            "198.19.255.255",
+            "198.51.100.1",
+            "203.0.113.1",
+            "224.0.0.1",
+            "240.0.0.1",
+            "255.255.255.255",
+            "::",
+            "::1",
+            "::ffff:198.18.0.1",
+            "::ffff:10.0.0.1",
+            "::10.0.0.1",
+            "64:ff9b::a00:1",
+            "64:ff9b:1::1",
+            "100::1",
+            "2001::1",
+            "2001:2::1",
+            "2001:10::1",
+            "2001:db8::1",
+            "2002:a00:1::1",
+            "3fff::1",
+            "5f00::1",
+            "fc00::1",
+            "fd00:ec2::254",
+            "fe80::1",
+            "fec0::1",
+            "ff02::1",
+        ] {
+            assert_eq!(special(ip.parse().unwrap()), Some("special"), "{ip}");
+        }
+        for ip in [
+            "93.184.216.34",
+            "8.8.8.8",
+            "192.0.0.9",
+            "192.0.0.10",
+            "192.31.196.1",
+            "192.52.193.1",
+            "192.175.48.1",
+            "198.17.255.255",
+            "198.20.0.0",
+            "::ffff:93.184.216.34",
+            "2001:1::1",
+            "2001:3::1",
+            "2001:4:112::1",
+            "2001:20::1",
+            "2606:4700::1111",
+            "2620:4f:8000::1",
+        ] {
+            assert_eq!(special(ip.parse().unwrap()), None, "{ip}");
+        }
+    }
+
+    #[test]
     fn open_and_none() {
-        let open = pol(NetworkMode::Open, &[], &["evil.com", "198.51.100.9"]);
+        let open = pol(NetworkMode::Open, &[], &["evil.com", "93.184.216.9"]);
         assert_eq!(
             conn(&open, "93.184.216.34", 443, Some("x.org"), false).rule,
             "open"
@@ -712,8 +873,37 @@ mod tests {
             "deny:evil.com"
         );
         assert_eq!(
-            conn(&open, "198.51.100.9", 443, None, false).rule,
-            "deny:198.51.100.9"
+            conn(&open, "93.184.216.9", 443, None, false).rule,
+            "deny:93.184.216.9"
+        );
+        // Open mode's implicit allow stops at special ranges and the host's networks...
+        for (ip, rule) in [
+            ("198.18.0.5", "blocked:special"),
+            ("192.0.0.2", "blocked:special"),
+            ("203.0.113.7", "blocked:special"),
+            ("2001:db8::5", "blocked:special"),
+            ("11.22.33.9", "blocked:host-network"),
+        ] {
+            assert_eq!(conn(&open, ip, 80, None, false).rule, rule, "{ip}");
+            assert_eq!(conn(&open, ip, 80, Some("x.org"), true).rule, rule, "{ip}");
+        }
+        // ... which explicit rules still open: by CIDR, or by a name resolved to them.
+        let open = pol(
+            NetworkMode::Open,
+            &["198.18.0.0/15", "11.22.33.9", "lab.example"],
+            &[],
+        );
+        assert_eq!(
+            conn(&open, "198.18.0.5", 80, None, false).rule,
+            "allow:198.18.0.0/15"
+        );
+        assert_eq!(
+            conn(&open, "11.22.33.9", 80, None, false).rule,
+            "allow:11.22.33.9"
+        );
+        assert_eq!(
+            conn(&open, "203.0.113.7", 80, Some("lab.example"), true).rule,
+            "allow:lab.example"
         );
         assert_eq!(
             conn(&open, "10.0.0.1", 443, None, false).rule,

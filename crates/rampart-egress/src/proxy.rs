@@ -21,7 +21,7 @@ use tokio_util::sync::CancellationToken;
 use crate::netlog::Draft;
 use crate::peek::{classify, Peek};
 use crate::policy::canonical;
-use crate::secrets::{rewrite_head, BodyFraming};
+use crate::secrets::{rewrite_head, BodyFraming, HeadError, Header, Scrubber, Switch, Transport};
 use crate::{Inner, LiveConn, Sandbox};
 
 /// The most bytes read to find the SNI or Host.
@@ -226,16 +226,26 @@ pub(crate) async fn handle_for(
         (Peek::Tls(_), Some(n)) if bound => {
             intercept(inner, &sb, client, pre, dst, n, &counters, &live.cancel).await
         }
-        // Plain HTTP with a name is relayed request by request: every request on the
-        // connection must name the same host. A bound host gets its secrets only at an
-        // address the sandbox's resolver answered for it: no certificate proves who is at
-        // the other end, and `open` mode or an address rule admits any address whatever
-        // Host the request names.
-        (Peek::Http(_), Some(n)) => match connect(dst).await {
+        // Plain HTTP is relayed request by request: every request on the connection must
+        // name the destination it was judged by (the same host, or no name when it was
+        // judged without one). A secret goes over plain HTTP only when its binding says so
+        // (`http://host`), and only at an address the sandbox's resolver answered for the
+        // host: no certificate proves who is at the other end, and `open` mode or an
+        // address rule admits any address whatever Host the request names.
+        (Peek::Http(_), _) => match connect(dst).await {
             Ok(up) => {
                 let c = Rewind::new(pre, client);
-                let inject = sb.is_pinned(ip, n);
-                http_relay(&sb, c, up, n, port, inject, &counters, &live.cancel).await
+                let rl = Relay {
+                    sb: &sb,
+                    conn: name.as_deref(),
+                    ip,
+                    port,
+                    transport: Transport::Plain {
+                        pinned: name.as_deref().is_some_and(|n| sb.is_pinned(ip, n)),
+                    },
+                    c: &counters,
+                };
+                http_relay(&rl, c, up, &live.cancel).await
             }
             Err(e) => Err(e),
         },
@@ -298,17 +308,42 @@ async fn read_first(c: &mut TcpStream, first: Duration, total: Duration) -> (Vec
         let left = limit.saturating_sub(start.elapsed());
         let n = match tokio::time::timeout(left, c.read(&mut chunk)).await {
             Ok(Ok(n)) => n,
-            _ => return (buf, Peek::Other),
+            _ => return unfinished(buf),
         };
         if n == 0 {
-            return (buf, Peek::Other);
+            return unfinished(buf);
         }
         buf.extend_from_slice(&chunk[..n]);
         match classify(&buf) {
             Peek::NeedMore if buf.len() < PEEK_CAP => continue,
-            Peek::NeedMore => return (buf, Peek::Other),
+            Peek::NeedMore => return unfinished(buf),
             p => return (buf, p),
         }
+    }
+}
+
+/// First bytes that did not finish saying what they are (too long, too slow). An HTTP
+/// request head still unfinished is HTTP without a name: it is relayed as HTTP and its
+/// requests are judged (so it cannot pass for raw TCP by being long or slow).
+fn unfinished(buf: Vec<u8>) -> (Vec<u8>, Peek) {
+    const METHODS: [&[u8]; 9] = [
+        b"GET ",
+        b"POST ",
+        b"PUT ",
+        b"DELETE ",
+        b"HEAD ",
+        b"OPTIONS ",
+        b"PATCH ",
+        b"CONNECT ",
+        b"TRACE ",
+    ];
+    let first_line = buf.split(|b| *b == b'\n').next().unwrap_or(&[]);
+    let http = METHODS.iter().any(|m| buf.starts_with(m))
+        || (buf.len() > first_line.len() && first_line.windows(7).any(|w| w == b" HTTP/1"));
+    if http && classify(&buf) == Peek::NeedMore {
+        (buf, Peek::Http(None))
+    } else {
+        (buf, Peek::Other)
     }
 }
 
@@ -412,83 +447,603 @@ async fn intercept(
         r = setup => r?,
     };
     // The upstream proved with its certificate that it is `name`.
-    http_relay(sb, tls_client, tls_up, name, dst.port(), true, c, cancel).await
+    let rl = Relay {
+        sb,
+        conn: Some(name),
+        ip: canonical(dst.ip()),
+        port: dst.port(),
+        transport: Transport::VerifiedTls,
+        c,
+    };
+    http_relay(&rl, tls_client, tls_up, cancel).await
 }
 
-/// Relays HTTP/1.1 requests from the sandbox to `host`, placing secrets into each request
-/// head when `inject` says the upstream is known to be that host; responses are spliced
-/// back unchanged.
-#[allow(clippy::too_many_arguments)]
+/// A relayed HTTP connection: what it was judged as.
+struct Relay<'a> {
+    sb: &'a Sandbox,
+    /// The name the connection was judged by (`None`: judged without one).
+    conn: Option<&'a str>,
+    ip: IpAddr,
+    port: u16,
+    transport: Transport,
+    c: &'a Counters,
+}
+
+impl Relay<'_> {
+    fn log_misdirected(&self, seen: String) {
+        let judged = self
+            .conn
+            .map(str::to_string)
+            .unwrap_or_else(|| self.ip.to_string());
+        let mut dr = Draft::new(
+            NetEventKind::Connect,
+            Verdict::Deny,
+            format!("misdirected:{judged}"),
+        );
+        dr.name = Some(seen);
+        dr.addrs = vec![self.ip.to_string()];
+        dr.port = Some(self.port);
+        self.sb.log.push(dr);
+    }
+
+    /// One entry per secret whose value was taken out of what went back to the sandbox.
+    fn log_scrubbed(&self, hits: &[String]) {
+        for s in hits {
+            let mut dr = Draft::new(
+                NetEventKind::SecretUsed,
+                Verdict::Deny,
+                format!("scrub:{s}"),
+            );
+            dr.name = Some(
+                self.conn
+                    .map(str::to_string)
+                    .unwrap_or_else(|| self.ip.to_string()),
+            );
+            dr.addrs = vec![self.ip.to_string()];
+            dr.port = Some(self.port);
+            dr.secret = Some(s.clone());
+            self.sb.log.push(dr);
+        }
+    }
+}
+
+/// What the response side needs to know about the request it answers next.
+struct Pending {
+    head_method: bool,
+    version: u8,
+    switch: Switch,
+    /// Told whether the connection switched protocols (for a request that may switch).
+    decided: Option<tokio::sync::oneshot::Sender<bool>>,
+}
+
+/// How the request side ended.
+enum ReqEnd {
+    /// The sandbox closed its side.
+    Eof,
+    /// A request was refused: the answers to the requests before it are still relayed,
+    /// then the connection is closed with this error.
+    Refused(io::Error),
+}
+
+/// Relays HTTP/1.1 requests from the sandbox, each judged by the destination it names
+/// (`rewrite_head`), with the secrets its binding admits on this transport; responses are
+/// read one by one and scrubbed of every secret value of the sandbox on their way back.
+/// Raw relaying starts only after the server accepted an allowed upgrade (101) or CONNECT.
 async fn http_relay<C, U>(
-    sb: &Sandbox,
+    rl: &Relay<'_>,
     client: C,
     upstream: U,
-    host: &str,
-    port: u16,
-    inject: bool,
-    c: &Counters,
     cancel: &CancellationToken,
 ) -> io::Result<()>
 where
     C: AsyncRead + AsyncWrite + Unpin + Send,
     U: AsyncRead + AsyncWrite + Unpin + Send,
 {
-    let (cr, mut cw) = tokio::io::split(client);
-    let (mut ur, mut uw) = tokio::io::split(upstream);
-    let mut cr = BufReader::with_capacity(16 * 1024, cr);
-    let requests = async {
+    let (cr, cw) = tokio::io::split(client);
+    let (ur, uw) = tokio::io::split(upstream);
+    let cr = BufReader::with_capacity(16 * 1024, cr);
+    let ur = BufReader::with_capacity(16 * 1024, ur);
+    let (tx, rx) = tokio::sync::mpsc::channel::<Pending>(64);
+    let requests = relay_requests(rl, cr, uw, tx);
+    let responses = relay_responses(rl, ur, cw, rx);
+    tokio::pin!(requests, responses);
+    let run = async {
+        let mut refused = None;
+        let mut requests_done = false;
         loop {
-            let Some(head) = read_head(&mut cr).await? else {
-                let _ = uw.shutdown().await;
-                return Ok(());
-            };
-            let secrets = sb.secrets();
-            let secrets: &[_] = if inject { &secrets } else { &[] };
-            let rh = rewrite_head(&head, secrets, host, port).map_err(io::Error::other)?;
-            if let Some(h) = &rh.host {
-                if h != host {
-                    let mut dr = Draft::new(
-                        NetEventKind::Connect,
-                        Verdict::Deny,
-                        format!("misdirected:{host}"),
-                    );
-                    dr.name = Some(h.clone());
-                    dr.port = Some(port);
-                    sb.log.push(dr);
-                    return Err(io::Error::other(
-                        "request for another host on this connection",
-                    ));
+            tokio::select! {
+                r = &mut requests, if !requests_done => {
+                    requests_done = true;
+                    match r? {
+                        ReqEnd::Eof => {}
+                        ReqEnd::Refused(e) => refused = Some(e),
+                    }
                 }
-            }
-            for s in &rh.used {
-                let mut dr = Draft::new(
-                    NetEventKind::SecretUsed,
-                    Verdict::Allow,
-                    format!("secret:{s}"),
-                );
-                dr.name = Some(host.to_string());
-                dr.port = Some(port);
-                dr.secret = Some(s.clone());
-                sb.log.push(dr);
-            }
-            throttle(sb, rh.bytes.len()).await;
-            uw.write_all(&rh.bytes).await?;
-            c.out.fetch_add(rh.bytes.len() as u64, Ordering::Relaxed);
-            match rh.body {
-                BodyFraming::None => {}
-                BodyFraming::Length(n) => copy_exact(sb, &mut cr, &mut uw, n, c).await?,
-                BodyFraming::Chunked => copy_chunked(sb, &mut cr, &mut uw, c).await?,
-            }
-            uw.flush().await?;
-            if rh.upgrade {
-                return pump(Some(sb), &mut cr, &mut uw, &c.out).await;
+                r = &mut responses => {
+                    r?;
+                    return match refused {
+                        Some(e) => Err(e),
+                        None => Ok(()),
+                    };
+                }
             }
         }
     };
-    let responses = pump(None, &mut ur, &mut cw, &c.inn);
     tokio::select! {
         _ = cancel.cancelled() => Ok(()),
-        r = async { tokio::try_join!(requests, responses) } => r.map(|_| ()),
+        r = run => r,
+    }
+}
+
+async fn relay_requests<R, W>(
+    rl: &Relay<'_>,
+    mut cr: BufReader<R>,
+    mut uw: W,
+    tx: tokio::sync::mpsc::Sender<Pending>,
+) -> io::Result<ReqEnd>
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin,
+{
+    let (sb, c) = (rl.sb, rl.c);
+    loop {
+        let Some(head) = read_head(&mut cr).await? else {
+            let _ = uw.shutdown().await;
+            return Ok(ReqEnd::Eof);
+        };
+        let secrets = sb.secrets();
+        let rh = match rewrite_head(&head, &secrets, rl.conn, rl.port, rl.transport) {
+            Ok(rh) => rh,
+            Err(HeadError::Misdirected(seen)) => {
+                rl.log_misdirected(seen);
+                return Ok(ReqEnd::Refused(io::Error::other(
+                    "request for another host on this connection",
+                )));
+            }
+            Err(e @ HeadError::Malformed(_)) => return Err(io::Error::other(e.to_string())),
+        };
+        for s in &rh.used {
+            let mut dr = Draft::new(
+                NetEventKind::SecretUsed,
+                Verdict::Allow,
+                format!("secret:{s}"),
+            );
+            dr.name = rl.conn.map(str::to_string);
+            dr.addrs = vec![rl.ip.to_string()];
+            dr.port = Some(rl.port);
+            dr.secret = Some(s.clone());
+            sb.log.push(dr);
+        }
+        let (decided, verdict) = if rh.switch == Switch::No {
+            (None, None)
+        } else {
+            let (a, b) = tokio::sync::oneshot::channel();
+            (Some(a), Some(b))
+        };
+        tx.send(Pending {
+            head_method: rh.head_method,
+            version: rh.version,
+            switch: rh.switch,
+            decided,
+        })
+        .await
+        .map_err(|_| io::Error::other("the response side ended"))?;
+        throttle(sb, rh.bytes.len()).await;
+        uw.write_all(&rh.bytes).await?;
+        c.out.fetch_add(rh.bytes.len() as u64, Ordering::Relaxed);
+        match rh.body {
+            BodyFraming::None | BodyFraming::Close => {}
+            BodyFraming::Length(n) => copy_exact(sb, &mut cr, &mut uw, n, c).await?,
+            BodyFraming::Chunked => copy_chunked(sb, &mut cr, &mut uw, c).await?,
+        }
+        uw.flush().await?;
+        // Nothing more is read from the sandbox until the server said whether it switches.
+        if let Some(v) = verdict {
+            if v.await == Ok(true) {
+                pump(Some(sb), &mut cr, &mut uw, &c.out).await?;
+                return Ok(ReqEnd::Eof);
+            }
+        }
+    }
+}
+
+async fn write_client<W: AsyncWrite + Unpin>(w: &mut W, b: &[u8], c: &Counters) -> io::Result<()> {
+    if b.is_empty() {
+        return Ok(());
+    }
+    w.write_all(b).await?;
+    c.inn.fetch_add(b.len() as u64, Ordering::Relaxed);
+    Ok(())
+}
+
+/// A response head, parsed.
+struct ResponseHead {
+    code: u16,
+    version: u8,
+    reason: String,
+    headers: Vec<Header>,
+}
+
+fn parse_response(head: &[u8]) -> io::Result<ResponseHead> {
+    let mut hbuf = [httparse::EMPTY_HEADER; 128];
+    let mut r = httparse::Response::new(&mut hbuf);
+    match r.parse(head) {
+        Ok(httparse::Status::Complete(_)) => {}
+        _ => return Err(io::Error::other("malformed response head")),
+    }
+    Ok(ResponseHead {
+        code: r.code.unwrap_or(0),
+        version: r.version.unwrap_or(1),
+        reason: r.reason.unwrap_or("").to_string(),
+        headers: r
+            .headers
+            .iter()
+            .map(|h| Header {
+                name: h.name.to_string(),
+                value: h.value.to_vec(),
+            })
+            .collect(),
+    })
+}
+
+impl ResponseHead {
+    fn framing(&self, head_method: bool) -> io::Result<BodyFraming> {
+        if head_method || self.code == 204 || self.code == 304 || self.code < 200 {
+            return Ok(BodyFraming::None);
+        }
+        let te: Vec<String> = self
+            .headers
+            .iter()
+            .filter(|h| h.name.eq_ignore_ascii_case("transfer-encoding"))
+            .flat_map(|h| {
+                String::from_utf8_lossy(&h.value)
+                    .split(',')
+                    .map(|t| t.trim().to_ascii_lowercase())
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        if let Some(last) = te.last() {
+            return Ok(if last == "chunked" {
+                BodyFraming::Chunked
+            } else {
+                BodyFraming::Close
+            });
+        }
+        let mut len = None;
+        for h in &self.headers {
+            if h.name.eq_ignore_ascii_case("content-length") {
+                let v = std::str::from_utf8(&h.value)
+                    .ok()
+                    .map(str::trim)
+                    .filter(|s| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()))
+                    .and_then(|s| s.parse::<u64>().ok())
+                    .ok_or_else(|| io::Error::other("bad content-length in response"))?;
+                if len.is_some_and(|l| l != v) {
+                    return Err(io::Error::other("conflicting content-length in response"));
+                }
+                len = Some(v);
+            }
+        }
+        Ok(len.map_or(BodyFraming::Close, BodyFraming::Length))
+    }
+
+    /// The head with its framing headers replaced by `extra`.
+    fn reframed(&self, extra: &[(&str, &str)], drop_connection: bool) -> Vec<u8> {
+        let mut b =
+            format!("HTTP/1.{} {} {}\r\n", self.version, self.code, self.reason).into_bytes();
+        for h in &self.headers {
+            let n = h.name.to_ascii_lowercase();
+            if n == "content-length"
+                || n == "transfer-encoding"
+                || (drop_connection && (n == "connection" || n == "keep-alive"))
+            {
+                continue;
+            }
+            b.extend_from_slice(h.name.as_bytes());
+            b.extend_from_slice(b": ");
+            b.extend_from_slice(&h.value);
+            b.extend_from_slice(b"\r\n");
+        }
+        for (n, v) in extra {
+            b.extend_from_slice(format!("{n}: {v}\r\n").as_bytes());
+        }
+        b.extend_from_slice(b"\r\n");
+        b
+    }
+}
+
+/// Reads a body piece by piece by its framing.
+struct BodyReader {
+    st: BodyState,
+    /// The trailer lines of a chunked body (without the final blank line).
+    trailers: Vec<u8>,
+}
+
+enum BodyState {
+    Length(u64),
+    ChunkStart,
+    ChunkData(u64),
+    ChunkEnd,
+    Close,
+    Done,
+}
+
+async fn read_line<R: AsyncRead + Unpin>(r: &mut BufReader<R>) -> io::Result<Vec<u8>> {
+    let mut line = Vec::new();
+    let n = (&mut *r).take(8192).read_until(b'\n', &mut line).await?;
+    if n == 0 || !line.ends_with(b"\n") {
+        return Err(io::Error::other("bad chunked body"));
+    }
+    Ok(line)
+}
+
+impl BodyReader {
+    fn new(f: BodyFraming) -> Self {
+        BodyReader {
+            st: match f {
+                BodyFraming::None => BodyState::Done,
+                BodyFraming::Length(n) => BodyState::Length(n),
+                BodyFraming::Chunked => BodyState::ChunkStart,
+                BodyFraming::Close => BodyState::Close,
+            },
+            trailers: Vec::new(),
+        }
+    }
+
+    /// The next piece of the body's content; `None` at its end.
+    async fn next<R: AsyncRead + Unpin>(
+        &mut self,
+        r: &mut BufReader<R>,
+    ) -> io::Result<Option<Vec<u8>>> {
+        loop {
+            match self.st {
+                BodyState::Done => return Ok(None),
+                BodyState::Length(0) => self.st = BodyState::Done,
+                BodyState::Length(n) | BodyState::ChunkData(n) => {
+                    let buf = r.fill_buf().await?;
+                    if buf.is_empty() {
+                        return Err(io::ErrorKind::UnexpectedEof.into());
+                    }
+                    let k = buf.len().min(usize::try_from(n).unwrap_or(usize::MAX));
+                    let piece = buf[..k].to_vec();
+                    r.consume(k);
+                    let left = n - k as u64;
+                    self.st = match self.st {
+                        BodyState::Length(_) => BodyState::Length(left),
+                        _ if left == 0 => BodyState::ChunkEnd,
+                        _ => BodyState::ChunkData(left),
+                    };
+                    return Ok(Some(piece));
+                }
+                BodyState::Close => {
+                    let buf = r.fill_buf().await?;
+                    if buf.is_empty() {
+                        self.st = BodyState::Done;
+                        return Ok(None);
+                    }
+                    let piece = buf.to_vec();
+                    r.consume(piece.len());
+                    return Ok(Some(piece));
+                }
+                BodyState::ChunkStart => {
+                    let line = read_line(r).await?;
+                    let text = std::str::from_utf8(&line)
+                        .map_err(|_| io::Error::other("bad chunk size"))?;
+                    let hex = text.split(';').next().unwrap_or("").trim();
+                    if hex.is_empty() || hex.len() > 15 {
+                        return Err(io::Error::other("bad chunk size"));
+                    }
+                    let size = u64::from_str_radix(hex, 16)
+                        .map_err(|_| io::Error::other("bad chunk size"))?;
+                    if size > 0 {
+                        self.st = BodyState::ChunkData(size);
+                        continue;
+                    }
+                    loop {
+                        let l = read_line(r).await?;
+                        if l == b"\r\n" || l == b"\n" {
+                            break;
+                        }
+                        if self.trailers.len() + l.len() > HEAD_CAP {
+                            return Err(io::Error::other("trailers too large"));
+                        }
+                        self.trailers.extend_from_slice(&l);
+                    }
+                    self.st = BodyState::Done;
+                }
+                BodyState::ChunkEnd => {
+                    let l = read_line(r).await?;
+                    if l != b"\r\n" && l != b"\n" {
+                        return Err(io::Error::other("bad chunk end"));
+                    }
+                    self.st = BodyState::ChunkStart;
+                }
+            }
+        }
+    }
+}
+
+/// A response body with a length up to this is read whole, scrubbed and sent with its new
+/// length; a longer one is sent on as chunks.
+const BUFFERED_BODY_CAP: u64 = 64 * 1024;
+
+/// How a response body goes to the sandbox.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Out {
+    /// As it came, length unchanged (nothing to scrub).
+    AsIs,
+    /// Read whole, scrubbed, sent with its new length.
+    Buffered,
+    /// Re-framed as chunks (scrubbing may change its length).
+    Chunked,
+    /// Until the connection closes (for an HTTP/1.0 client, or a body that ends so).
+    Close,
+}
+
+async fn relay_responses<R, W>(
+    rl: &Relay<'_>,
+    mut ur: BufReader<R>,
+    mut cw: W,
+    mut rx: tokio::sync::mpsc::Receiver<Pending>,
+) -> io::Result<()>
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin,
+{
+    let c = rl.c;
+    loop {
+        // The next request answered, noticing meanwhile that the server closed.
+        let next = tokio::select! {
+            biased;
+            p = rx.recv() => p,
+            r = ur.fill_buf() => match r.map(|b| b.is_empty()) {
+                Ok(true) => None,
+                Ok(false) => rx.recv().await,
+                Err(e) => return Err(e),
+            },
+        };
+        let Some(mut p) = next else {
+            let _ = cw.shutdown().await;
+            return Ok(());
+        };
+        let secrets = rl.sb.secrets();
+        let mut sc = Scrubber::new(&secrets);
+        let mut hits = Vec::new();
+        // Interim (1xx) answers go through; then the final one.
+        let (raw_head, resp) = loop {
+            let Some(head) = read_head(&mut ur).await? else {
+                let _ = cw.shutdown().await;
+                return Ok(());
+            };
+            let head = sc.scrub_all(&head, &mut hits);
+            let resp = parse_response(&head)?;
+            if (100..200).contains(&resp.code) && resp.code != 101 {
+                write_client(&mut cw, &head, c).await?;
+                continue;
+            }
+            break (head, resp);
+        };
+        let switched = match (resp.code, p.switch) {
+            (101, Switch::Upgrade) => true,
+            (101, _) => {
+                return Err(io::Error::other(
+                    "101 to a request that asked for no upgrade",
+                ))
+            }
+            (200..=299, Switch::Connect) => true,
+            _ => false,
+        };
+        if let Some(d) = p.decided.take() {
+            let _ = d.send(switched);
+        }
+        if switched {
+            write_client(&mut cw, &raw_head, c).await?;
+            cw.flush().await?;
+            rl.log_scrubbed(&hits);
+            return raw_down(rl, ur, cw, sc).await;
+        }
+        let framing = resp.framing(p.head_method)?;
+        let out = match framing {
+            BodyFraming::None => Out::AsIs,
+            BodyFraming::Length(_) if !sc.active() => Out::AsIs,
+            BodyFraming::Length(n) if n <= BUFFERED_BODY_CAP => Out::Buffered,
+            BodyFraming::Close => Out::Close,
+            _ if p.version == 0 => Out::Close,
+            _ => Out::Chunked,
+        };
+        if out == Out::Buffered {
+            let mut body = BodyReader::new(framing);
+            let mut whole = Vec::new();
+            while let Some(p) = body.next(&mut ur).await? {
+                whole.extend_from_slice(&p);
+            }
+            let whole = sc.scrub_all(&whole, &mut hits);
+            let len = whole.len().to_string();
+            let mut bytes = resp.reframed(&[("Content-Length", &len)], false);
+            bytes.extend_from_slice(&whole);
+            write_client(&mut cw, &bytes, c).await?;
+            cw.flush().await?;
+            rl.log_scrubbed(&hits);
+            continue;
+        }
+        let head = match out {
+            Out::AsIs | Out::Buffered => raw_head,
+            Out::Chunked => resp.reframed(&[("Transfer-Encoding", "chunked")], false),
+            Out::Close => resp.reframed(&[("Connection", "close")], true),
+        };
+        write_client(&mut cw, &head, c).await?;
+        let mut body = BodyReader::new(framing);
+        let mut buf = Vec::new();
+        loop {
+            let piece = body.next(&mut ur).await?;
+            buf.clear();
+            match &piece {
+                Some(p) => sc.feed(p, &mut buf, &mut hits),
+                None => sc.finish(&mut buf),
+            }
+            if !buf.is_empty() {
+                if out == Out::Chunked {
+                    let mut framed = format!("{:x}\r\n", buf.len()).into_bytes();
+                    framed.extend_from_slice(&buf);
+                    framed.extend_from_slice(b"\r\n");
+                    write_client(&mut cw, &framed, c).await?;
+                } else {
+                    write_client(&mut cw, &buf, c).await?;
+                }
+                cw.flush().await?;
+            }
+            if piece.is_none() {
+                break;
+            }
+        }
+        if out == Out::Chunked {
+            let trailers = sc.scrub_all(&body.trailers, &mut hits);
+            let mut end = b"0\r\n".to_vec();
+            end.extend_from_slice(&trailers);
+            end.extend_from_slice(b"\r\n");
+            write_client(&mut cw, &end, c).await?;
+        }
+        cw.flush().await?;
+        rl.log_scrubbed(&hits);
+        if out == Out::Close {
+            let _ = cw.shutdown().await;
+            return Ok(());
+        }
+    }
+}
+
+/// Server -> sandbox after a switch: raw, but a secret value in it ends the connection
+/// (it cannot be replaced without breaking the protocol's own framing).
+async fn raw_down<R, W>(
+    rl: &Relay<'_>,
+    mut ur: BufReader<R>,
+    mut cw: W,
+    mut sc: Scrubber,
+) -> io::Result<()>
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin,
+{
+    let mut out = Vec::new();
+    loop {
+        let buf = ur.fill_buf().await?;
+        out.clear();
+        if buf.is_empty() {
+            sc.finish(&mut out);
+            write_client(&mut cw, &out, rl.c).await?;
+            let _ = cw.shutdown().await;
+            return Ok(());
+        }
+        let n = buf.len();
+        let mut hits = Vec::new();
+        sc.feed(buf, &mut out, &mut hits);
+        ur.consume(n);
+        if !hits.is_empty() {
+            rl.log_scrubbed(&hits);
+            return Err(io::Error::other("a secret value in a raw stream: cut"));
+        }
+        write_client(&mut cw, &out, rl.c).await?;
+        cw.flush().await?;
     }
 }
 

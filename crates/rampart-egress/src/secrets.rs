@@ -23,6 +23,9 @@ pub(crate) struct BoundSecret {
     pub name: String,
     value: SecretValue,
     pub host_rules: Vec<Rule>,
+    /// The hosts (of `host_rules`) written `http://host`: plain HTTP to them gets the value
+    /// too (at an address the sandbox's resolver answered for them).
+    pub plain_rules: Vec<Rule>,
     pub hosts: Vec<String>,
     pub inject: SecretInjection,
     pub placeholder: String,
@@ -78,13 +81,22 @@ impl BoundSecret {
             ));
         }
         let mut host_rules = Vec::new();
+        let mut plain_rules = Vec::new();
         for h in &spec.hosts {
+            // `http://host`: the binding allows plain HTTP to that host as well.
+            let (h, plain) = match h.get(..7) {
+                Some(p) if p.eq_ignore_ascii_case("http://") => (&h[7..], true),
+                _ => (h.as_str(), false),
+            };
             let r = Rule::parse(h).map_err(|e| bad(name, e.to_string()))?;
             if matches!(r.target, Target::Net(_)) {
                 return Err(bad(
                     name,
                     format!("host {h:?} must be a domain, not an address"),
                 ));
+            }
+            if plain {
+                plain_rules.push(r.clone());
             }
             host_rules.push(r);
         }
@@ -125,6 +137,7 @@ impl BoundSecret {
             name: name.clone(),
             value: SecretValue(spec.value.clone()),
             host_rules,
+            plain_rules,
             hosts: spec.hosts.clone(),
             inject: spec.inject.clone(),
             placeholder,
@@ -135,6 +148,14 @@ impl BoundSecret {
     /// Whether requests to `host` (normalized, port given if known) get this secret.
     pub fn bound_to(&self, host: &str, port: Option<u16>) -> bool {
         self.host_rules
+            .iter()
+            .any(|r| r.matches_name(host) && r.matches_port(port))
+    }
+
+    /// Whether plain HTTP requests to `host` may get this secret (its binding says
+    /// `http://host`).
+    pub fn plain_http_to(&self, host: &str, port: Option<u16>) -> bool {
+        self.plain_rules
             .iter()
             .any(|r| r.matches_name(host) && r.matches_port(port))
     }
@@ -151,10 +172,10 @@ impl BoundSecret {
     }
 }
 
-/// One header line of a request head.
-struct Header {
-    name: String,
-    value: Vec<u8>,
+/// One header line of a head.
+pub(crate) struct Header {
+    pub name: String,
+    pub value: Vec<u8>,
 }
 
 fn replace_all(hay: &[u8], needle: &[u8], with: &[u8]) -> Option<Vec<u8>> {
@@ -177,43 +198,192 @@ fn replace_all(hay: &[u8], needle: &[u8], with: &[u8]) -> Option<Vec<u8>> {
     found.then_some(out)
 }
 
+/// Headers that carry credentials: where a `placeholder` secret may be put (its placeholder
+/// anywhere else stays a placeholder, so that a header the server reflects never carries
+/// the value).
+pub(crate) fn is_credential_header(name: &str) -> bool {
+    let n = name.to_ascii_lowercase();
+    matches!(
+        n.as_str(),
+        "authorization" | "cookie" | "api-key" | "apikey" | "token" | "key"
+    ) || [
+        "-key",
+        "-token",
+        "-secret",
+        "-auth",
+        "-authorization",
+        "-credential",
+        "-credentials",
+        "-password",
+        "-apikey",
+    ]
+    .iter()
+    .any(|sfx| n.ends_with(sfx))
+}
+
+/// What the proxy knows about the other end of a relayed connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Transport {
+    /// TLS whose certificate the proxy verified for the connection's name.
+    VerifiedTls,
+    /// Plain HTTP; `pinned`: the destination is an address the sandbox's resolver answered
+    /// for the connection's name. Only secrets whose binding allows plain HTTP go, and only
+    /// then.
+    Plain { pinned: bool },
+}
+
+/// What a request asks for after it, besides more requests.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Switch {
+    /// Nothing: the connection stays HTTP.
+    No,
+    /// A `CONNECT`: a tunnel once the server answers 2xx.
+    Connect,
+    /// A WebSocket upgrade: raw once the server answers 101.
+    Upgrade,
+}
+
 /// A parsed request head ready to forward.
 #[derive(Debug)]
 pub(crate) struct RequestHead {
     /// The bytes to send upstream (secrets in place).
     pub bytes: Vec<u8>,
-    /// The Host header's name, if any.
-    pub host: Option<String>,
     /// Request body framing.
     pub body: BodyFraming,
-    /// Whether after this request the connection stops being HTTP (Upgrade, CONNECT).
-    pub upgrade: bool,
+    /// Whether the connection may switch protocols after it (and how).
+    pub switch: Switch,
+    /// A `HEAD` request (its response has no body).
+    pub head_method: bool,
+    /// HTTP/1.x minor version.
+    pub version: u8,
     /// Names of the secrets injected.
     pub used: Vec<String>,
 }
 
-/// How the body of a request is delimited.
+/// Why a request head is not forwarded.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum HeadError {
+    /// The request names another destination than the connection's, names two, or names
+    /// one that does not parse: the text it named (for the log; never a header value but
+    /// the host's).
+    Misdirected(String),
+    /// Not a request this relay forwards.
+    Malformed(&'static str),
+}
+
+impl std::fmt::Display for HeadError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            HeadError::Misdirected(_) => f.write_str("request for another host on this connection"),
+            HeadError::Malformed(r) => f.write_str(r),
+        }
+    }
+}
+
+/// How the body of a request or response is delimited.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum BodyFraming {
     None,
     Length(u64),
     Chunked,
+    /// Until the server closes (responses only).
+    Close,
 }
 
-/// Parses a complete request head (through the blank line) and places the secrets bound to
-/// `host`. Errors are short reasons for the log (they never contain header values).
+/// Text of a host for the log: printable ASCII, at most 255 characters.
+fn log_text(v: &str) -> String {
+    v.chars()
+        .take(255)
+        .map(|c| if c.is_ascii_graphic() { c } else { '?' })
+        .collect()
+}
+
+/// The destination a request names, judged strictly: at most one `Host`, which must parse;
+/// an absolute-form target (or a CONNECT's authority, which a server obeys over Host) that
+/// must parse, carry no user info and agree with the Host header.
+fn request_destination(
+    method: &str,
+    target: &str,
+    headers: &[Header],
+) -> Result<Option<crate::peek::HostId>, HeadError> {
+    use crate::peek::parse_host;
+    let hosts: Vec<&Header> = headers
+        .iter()
+        .filter(|h| h.name.eq_ignore_ascii_case("host"))
+        .collect();
+    let host_text = |h: &Header| String::from_utf8_lossy(&h.value).trim().to_string();
+    let host = match hosts.as_slice() {
+        [] => None,
+        [h] => {
+            let t = host_text(h);
+            if t.is_empty() {
+                None
+            } else {
+                Some(parse_host(&t).ok_or_else(|| HeadError::Misdirected(log_text(&t)))?)
+            }
+        }
+        many => {
+            let all: Vec<String> = many.iter().map(|h| host_text(h)).collect();
+            // The log names the first one that is not the first (the one smuggled in).
+            return Err(HeadError::Misdirected(log_text(
+                all.iter()
+                    .skip(1)
+                    .find(|t| **t != all[0])
+                    .unwrap_or(&all[0]),
+            )));
+        }
+    };
+    let authority = if method.eq_ignore_ascii_case("CONNECT") {
+        Some(target)
+    } else if target.starts_with('/') || target == "*" {
+        None // origin-form (a `://` in it is in the path or query) or asterisk-form
+    } else {
+        let (scheme, rest) = target
+            .split_once("://")
+            .ok_or(HeadError::Malformed("bad request target"))?;
+        if !scheme.eq_ignore_ascii_case("http") && !scheme.eq_ignore_ascii_case("https") {
+            return Err(HeadError::Malformed("bad request target"));
+        }
+        let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+        Some(&rest[..end])
+    };
+    let Some(a) = authority else {
+        return Ok(host);
+    };
+    if a.contains('@') {
+        return Err(HeadError::Misdirected(log_text(a)));
+    }
+    let t = parse_host(a).ok_or_else(|| HeadError::Misdirected(log_text(a)))?;
+    if let Some(h) = &host {
+        if *h != t {
+            return Err(HeadError::Misdirected(log_text(a)));
+        }
+    }
+    Ok(Some(t))
+}
+
+/// Parses a complete request head (through the blank line), checks that it names the
+/// connection's destination (`conn`: the name judged, `None` for a connection judged
+/// without one, which only requests naming no host or an address may use; `tls`: over
+/// verified TLS, where a request without Host goes to the SNI's host) and, only then,
+/// places the secrets bound to `conn` that `transport` admits. Errors are short reasons for
+/// the log (they never contain header values).
 pub(crate) fn rewrite_head(
     head: &[u8],
     secrets: &[std::sync::Arc<BoundSecret>],
-    host: &str,
+    conn: Option<&str>,
     port: u16,
-) -> Result<RequestHead, &'static str> {
+    transport: Transport,
+) -> Result<RequestHead, HeadError> {
+    use crate::peek::HostId;
     let mut hbuf = [httparse::EMPTY_HEADER; 128];
     let mut req = httparse::Request::new(&mut hbuf);
     match req.parse(head) {
         Ok(httparse::Status::Complete(_)) => {}
-        Ok(httparse::Status::Partial) => return Err("incomplete request head"),
-        Err(_) => return Err("malformed request head"),
+        Ok(httparse::Status::Partial) => {
+            return Err(HeadError::Malformed("incomplete request head"))
+        }
+        Err(_) => return Err(HeadError::Malformed("malformed request head")),
     }
     let method = req.method.unwrap_or("GET").to_string();
     let path = req.path.unwrap_or("/").to_string();
@@ -226,71 +396,103 @@ pub(crate) fn rewrite_head(
             value: h.value.to_vec(),
         })
         .collect();
+    // One request, one destination: judged before anything else.
+    let dest = request_destination(&method, &path, &headers)?;
+    let tls = transport == Transport::VerifiedTls;
+    match (conn, &dest) {
+        (Some(c), Some(HostId::Name(n))) if n == c => {}
+        (Some(_), None) if tls => {}
+        (Some(c), None) => return Err(HeadError::Misdirected(format!("(no host for {c})"))),
+        (None, None | Some(HostId::Addr(_))) => {}
+        (_, Some(HostId::Name(n))) => return Err(HeadError::Misdirected(n.clone())),
+        (Some(_), Some(HostId::Addr(a))) => return Err(HeadError::Misdirected(a.to_string())),
+    }
     let get = |n: &str| -> Option<String> {
         headers
             .iter()
             .find(|h| h.name.eq_ignore_ascii_case(n))
             .map(|h| String::from_utf8_lossy(&h.value).to_string())
     };
-    // The host the server will serve: an absolute-form target (`GET http://h/`) or a
-    // CONNECT's authority wins over the Host header at the server, so it is the one
-    // judged (as its text when it is no name, so that it never passes for the connection's).
-    let authority = if method.eq_ignore_ascii_case("CONNECT") {
-        Some(path.as_str())
-    } else if path.starts_with('/') {
-        None // origin-form (a `://` in it is in the path or query)
-    } else {
-        path.split_once("://").map(|(_, rest)| {
-            let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
-            &rest[..end]
+    let te: Vec<String> = headers
+        .iter()
+        .filter(|h| h.name.eq_ignore_ascii_case("transfer-encoding"))
+        .map(|h| {
+            String::from_utf8_lossy(&h.value)
+                .trim()
+                .to_ascii_lowercase()
         })
-    };
-    let req_host = match authority {
-        Some(a) => {
-            let a = a.rsplit_once('@').map_or(a, |(_, h)| h);
-            Some(crate::peek::host_name(a).unwrap_or_else(|| a.to_ascii_lowercase()))
+        .collect();
+    let lens: Vec<&Header> = headers
+        .iter()
+        .filter(|h| h.name.eq_ignore_ascii_case("content-length"))
+        .collect();
+    let body = match (te.as_slice(), lens.as_slice()) {
+        ([], []) => BodyFraming::None,
+        ([t], []) if t == "chunked" => BodyFraming::Chunked,
+        ([], [h]) => BodyFraming::Length(
+            std::str::from_utf8(&h.value)
+                .ok()
+                .map(str::trim)
+                .filter(|s| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()))
+                .and_then(|s| s.parse().ok())
+                .ok_or(HeadError::Malformed("bad content-length"))?,
+        ),
+        ([], _) => return Err(HeadError::Malformed("duplicate content-length")),
+        (_, []) => return Err(HeadError::Malformed("unsupported transfer-encoding")),
+        _ => {
+            return Err(HeadError::Malformed(
+                "both transfer-encoding and content-length",
+            ))
         }
-        None => get("host").and_then(|v| crate::peek::host_name(&v)),
     };
-    let te = get("transfer-encoding")
-        .unwrap_or_default()
-        .to_ascii_lowercase();
-    let body = if te.contains("chunked") {
-        BodyFraming::Chunked
-    } else if !te.is_empty() {
-        return Err("unsupported transfer-encoding");
+    // Switching protocols: a CONNECT (to the connection's own host, checked above), or an
+    // upgrade to WebSocket; any other upgrade (h2c, which would carry requests for any
+    // host) is taken off the request, and the server answers it as plain HTTP/1.1.
+    let switch = if method.eq_ignore_ascii_case("CONNECT") {
+        Switch::Connect
+    } else if let Some(u) = get("upgrade") {
+        let websocket = u.split(',').all(|p| {
+            p.trim()
+                .split('/')
+                .next()
+                .unwrap_or("")
+                .eq_ignore_ascii_case("websocket")
+        });
+        if websocket {
+            Switch::Upgrade
+        } else {
+            headers.retain(|h| {
+                !h.name.eq_ignore_ascii_case("upgrade")
+                    && !h.name.eq_ignore_ascii_case("http2-settings")
+            });
+            Switch::No
+        }
     } else {
-        let lens: Vec<&Header> = headers
-            .iter()
-            .filter(|h| h.name.eq_ignore_ascii_case("content-length"))
-            .collect();
-        match lens.as_slice() {
-            [] => BodyFraming::None,
-            [h] => BodyFraming::Length(
-                std::str::from_utf8(&h.value)
-                    .ok()
-                    .and_then(|s| s.trim().parse().ok())
-                    .ok_or("bad content-length")?,
-            ),
-            _ => return Err("duplicate content-length"),
-        }
+        Switch::No
     };
-    let upgrade = method.eq_ignore_ascii_case("CONNECT") || get("upgrade").is_some();
     let mut used = Vec::new();
-    let name_matches = req_host.as_deref().is_none_or(|h| h == host);
     // A server answers TRACE with the request it received, secrets included.
     let echoed = method.eq_ignore_ascii_case("TRACE");
-    if name_matches && !echoed {
-        for s in secrets.iter().filter(|s| s.bound_to(host, Some(port))) {
-            let mut injected = false;
-            for h in headers.iter_mut() {
-                if let Some(v) =
-                    replace_all(&h.value, s.placeholder.as_bytes(), s.value.0.as_bytes())
-                {
-                    h.value = v;
-                    injected = true;
-                }
-            }
+    let bound: Vec<&std::sync::Arc<BoundSecret>> = match conn {
+        Some(c) => secrets
+            .iter()
+            .filter(|s| match transport {
+                Transport::VerifiedTls => s.bound_to(c, Some(port)),
+                Transport::Plain { pinned } => pinned && s.plain_http_to(c, Some(port)),
+            })
+            .collect(),
+        None => Vec::new(),
+    };
+    if !bound.is_empty() {
+        // Responses are scrubbed of the values: ask for them uncompressed.
+        headers.retain(|h| !h.name.eq_ignore_ascii_case("accept-encoding"));
+        headers.push(Header {
+            name: "Accept-Encoding".into(),
+            value: b"identity".to_vec(),
+        });
+    }
+    if !echoed {
+        for s in bound {
             let set = match &s.inject {
                 SecretInjection::Header { name, template } => {
                     Some((name.clone(), template.replace("{value}", &s.value.0)))
@@ -302,14 +504,28 @@ pub(crate) fn rewrite_head(
                 }
                 SecretInjection::Placeholder => None,
             };
-            if let Some((n, v)) = set {
-                headers.retain(|h| !h.name.eq_ignore_ascii_case(&n));
-                headers.push(Header {
-                    name: n,
-                    value: v.into_bytes(),
-                });
-                injected = true;
-            }
+            let injected = match set {
+                Some((n, v)) => {
+                    headers.retain(|h| !h.name.eq_ignore_ascii_case(&n));
+                    headers.push(Header {
+                        name: n,
+                        value: v.into_bytes(),
+                    });
+                    true
+                }
+                None => {
+                    let mut any = false;
+                    for h in headers.iter_mut().filter(|h| is_credential_header(&h.name)) {
+                        if let Some(v) =
+                            replace_all(&h.value, s.placeholder.as_bytes(), s.value.0.as_bytes())
+                        {
+                            h.value = v;
+                            any = true;
+                        }
+                    }
+                    any
+                }
+            };
             if injected {
                 used.push(s.name.clone());
             }
@@ -326,11 +542,106 @@ pub(crate) fn rewrite_head(
     bytes.extend_from_slice(b"\r\n");
     Ok(RequestHead {
         bytes,
-        host: req_host,
         body,
-        upgrade,
+        switch,
+        head_method: method.eq_ignore_ascii_case("HEAD"),
+        version,
         used,
     })
+}
+
+/// Replaces secret values with their placeholders in a stream of bytes going back to the
+/// sandbox, across read boundaries: bytes that may be the start of a value are held back
+/// until the next bytes (or the end) tell.
+pub(crate) struct Scrubber {
+    /// (value, placeholder, secret name)
+    pairs: Vec<(Vec<u8>, Vec<u8>, String)>,
+    carry: Vec<u8>,
+}
+
+impl std::fmt::Debug for Scrubber {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Scrubber")
+            .field("secrets", &self.pairs.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Scrubber {
+    pub fn new(secrets: &[std::sync::Arc<BoundSecret>]) -> Self {
+        Scrubber {
+            pairs: secrets
+                .iter()
+                .map(|s| {
+                    (
+                        s.value.0.as_bytes().to_vec(),
+                        s.placeholder.as_bytes().to_vec(),
+                        s.name.clone(),
+                    )
+                })
+                .collect(),
+            carry: Vec::new(),
+        }
+    }
+
+    /// Whether there is anything to scrub.
+    pub fn active(&self) -> bool {
+        !self.pairs.is_empty()
+    }
+
+    /// Scrubs `input` (after what was held back) into `out`; names of the secrets found are
+    /// added to `hits`.
+    pub fn feed(&mut self, input: &[u8], out: &mut Vec<u8>, hits: &mut Vec<String>) {
+        if self.pairs.is_empty() {
+            out.extend_from_slice(input);
+            return;
+        }
+        let mut buf = std::mem::take(&mut self.carry);
+        buf.extend_from_slice(input);
+        let mut i = 0;
+        'scan: while i < buf.len() {
+            let rest = &buf[i..];
+            let mut partial = false;
+            for (value, ph, name) in &self.pairs {
+                if rest.len() >= value.len() {
+                    if rest.starts_with(value) {
+                        out.extend_from_slice(ph);
+                        if !hits.contains(name) {
+                            hits.push(name.clone());
+                        }
+                        i += value.len();
+                        continue 'scan;
+                    }
+                } else if value.starts_with(rest) {
+                    partial = true;
+                }
+            }
+            if partial {
+                // Maybe a value split across reads: keep it for the next bytes.
+                self.carry = rest.to_vec();
+                return;
+            }
+            out.push(buf[i]);
+            i += 1;
+        }
+    }
+
+    /// The end of the stream: what was held back was no value.
+    pub fn finish(&mut self, out: &mut Vec<u8>) {
+        out.append(&mut self.carry);
+    }
+
+    /// Scrubs a complete piece of bytes (a response head).
+    pub fn scrub_all(&self, input: &[u8], hits: &mut Vec<String>) -> Vec<u8> {
+        let mut s = Scrubber {
+            pairs: self.pairs.clone(),
+            carry: Vec::new(),
+        };
+        let mut out = Vec::with_capacity(input.len());
+        s.feed(input, &mut out, hits);
+        s.finish(&mut out);
+        out
+    }
 }
 
 #[cfg(test)]
@@ -354,60 +665,191 @@ mod tests {
         )
     }
 
+    const TLS: Transport = Transport::VerifiedTls;
+    const HOST: Option<&str> = Some("api.example.com");
+
+    fn text(r: &RequestHead) -> String {
+        String::from_utf8(r.bytes.clone()).unwrap()
+    }
+
     #[test]
-    fn header_injection_only_for_bound_host() {
+    fn header_injection_only_for_bound_host_and_only_in_its_header() {
         let s = secret(SecretInjection::Header {
             name: "Authorization".into(),
             template: "Bearer {value}".into(),
         });
-        let head = b"GET /x HTTP/1.1\r\nHost: api.example.com\r\nAuthorization: nope\r\n\r\n";
-        let r = rewrite_head(head, std::slice::from_ref(&s), "api.example.com", 443).unwrap();
-        let text = String::from_utf8(r.bytes).unwrap();
-        assert!(text.contains("Authorization: Bearer s3cr3t\r\n"), "{text}");
-        assert!(!text.contains("nope"));
+        let head = format!(
+            "GET /x HTTP/1.1\r\nHost: api.example.com\r\nAuthorization: nope\r\nX-Echo: {}\r\n\r\n",
+            s.placeholder
+        );
+        let r = rewrite_head(head.as_bytes(), std::slice::from_ref(&s), HOST, 443, TLS).unwrap();
+        let t = text(&r);
+        assert!(t.contains("Authorization: Bearer s3cr3t\r\n"), "{t}");
+        assert!(!t.contains("nope"));
+        // The placeholder elsewhere stays a placeholder.
+        assert!(t.contains(&format!("X-Echo: {}\r\n", s.placeholder)), "{t}");
+        assert_eq!(t.matches("s3cr3t").count(), 1);
+        assert!(t.contains("Accept-Encoding: identity\r\n"));
         assert_eq!(r.used, vec!["tok".to_string()]);
-        let r = rewrite_head(head, std::slice::from_ref(&s), "other.example.com", 443).unwrap();
-        assert!(!String::from_utf8(r.bytes).unwrap().contains("s3cr3t"));
-        // A Host header naming another host than the connection gets nothing.
+        // Another connection's host gets nothing (and the request is misdirected there).
+        let r = rewrite_head(
+            head.as_bytes(),
+            std::slice::from_ref(&s),
+            Some("other.example.com"),
+            443,
+            TLS,
+        );
+        assert_eq!(
+            r.unwrap_err(),
+            HeadError::Misdirected("api.example.com".into())
+        );
         let head2 = b"GET / HTTP/1.1\r\nHost: evil.com\r\n\r\n";
-        let r = rewrite_head(head2, &[s], "api.example.com", 443).unwrap();
-        assert!(r.used.is_empty());
+        let r = rewrite_head(head2, &[s], HOST, 443, TLS);
+        assert_eq!(r.unwrap_err(), HeadError::Misdirected("evil.com".into()));
     }
 
     #[test]
-    fn absolute_form_and_connect_targets_are_the_host_judged() {
+    fn one_request_one_destination() {
         let s = secret(SecretInjection::Header {
             name: "Authorization".into(),
             template: "Bearer {value}".into(),
         });
         let one = std::slice::from_ref(&s);
-        for (head, want) in [
+        for (head, seen) in [
             (
                 &b"GET http://evil.com/x HTTP/1.1\r\nHost: api.example.com\r\n\r\n"[..],
                 "evil.com",
             ),
             (
-                b"GET http://u@203.0.113.9:80?q HTTP/1.1\r\nHost: api.example.com\r\n\r\n",
-                "203.0.113.9:80",
+                b"GET http://u@api.example.com/ HTTP/1.1\r\nHost: api.example.com\r\n\r\n",
+                "u@api.example.com",
             ),
             (
                 b"CONNECT evil.com:443 HTTP/1.1\r\nHost: api.example.com\r\n\r\n",
-                "evil.com",
+                "evil.com:443",
+            ),
+            (
+                b"GET / HTTP/1.1\r\nHost: forbidden.example:1:1\r\n\r\n",
+                "forbidden.example:1:1",
+            ),
+            (
+                b"GET / HTTP/1.1\r\nHost: api.example.com\r\nHost: forbidden.example\r\n\r\n",
+                "forbidden.example",
+            ),
+            (
+                b"GET / HTTP/1.1\r\nHost: 203.0.113.9\r\n\r\n",
+                "203.0.113.9",
             ),
         ] {
-            let r = rewrite_head(head, one, "api.example.com", 443).unwrap();
-            assert_eq!(r.host.as_deref(), Some(want));
-            assert!(r.used.is_empty());
+            let r = rewrite_head(head, one, HOST, 443, TLS);
+            assert_eq!(r.unwrap_err(), HeadError::Misdirected(seen.into()));
         }
         // Origin-form: a URL in the query names nothing.
         let head = b"GET /login?next=http://evil.com/ HTTP/1.1\r\nHost: api.example.com\r\n\r\n";
-        let r = rewrite_head(head, one, "api.example.com", 443).unwrap();
-        assert_eq!(r.host.as_deref(), Some("api.example.com"));
+        let r = rewrite_head(head, one, HOST, 443, TLS).unwrap();
         assert_eq!(r.used, vec!["tok".to_string()]);
         let head = b"GET https://API.example.com./x HTTP/1.1\r\nHost: api.example.com\r\n\r\n";
-        let r = rewrite_head(head, one, "api.example.com", 443).unwrap();
-        assert_eq!(r.host.as_deref(), Some("api.example.com"));
+        let r = rewrite_head(head, one, HOST, 443, TLS).unwrap();
         assert_eq!(r.used, vec!["tok".to_string()]);
+        // No Host over verified TLS: the SNI's host. Over plain HTTP: refused.
+        let head = b"GET / HTTP/1.0\r\n\r\n";
+        assert!(rewrite_head(head, one, HOST, 443, TLS).is_ok());
+        let plain = Transport::Plain { pinned: true };
+        assert!(matches!(
+            rewrite_head(head, one, HOST, 80, plain),
+            Err(HeadError::Misdirected(_))
+        ));
+        // A connection judged without a name: no name may appear later, an address may.
+        assert!(rewrite_head(
+            b"GET / HTTP/1.1\r\nHost: 198.51.100.4\r\n\r\n",
+            one,
+            None,
+            80,
+            plain
+        )
+        .is_ok());
+        assert_eq!(
+            rewrite_head(
+                b"GET / HTTP/1.1\r\nHost: api.example.com\r\n\r\n",
+                one,
+                None,
+                80,
+                plain
+            )
+            .unwrap_err(),
+            HeadError::Misdirected("api.example.com".into())
+        );
+    }
+
+    #[test]
+    fn plain_http_gets_a_secret_only_when_its_binding_says_so() {
+        let s = secret(SecretInjection::Header {
+            name: "Authorization".into(),
+            template: "Bearer {value}".into(),
+        });
+        let head = b"GET / HTTP/1.1\r\nHost: api.example.com\r\n\r\n";
+        let plain = Transport::Plain { pinned: true };
+        let r = rewrite_head(head, std::slice::from_ref(&s), HOST, 80, plain).unwrap();
+        assert!(r.used.is_empty() && !text(&r).contains("s3cr3t"));
+        let opted = Arc::new(
+            BoundSecret::new(
+                &SecretSpec {
+                    name: "tok".into(),
+                    value: "s3cr3t".into(),
+                    hosts: vec!["HTTP://api.example.com".into()],
+                    inject: SecretInjection::Placeholder,
+                    env: None,
+                },
+                None,
+            )
+            .unwrap(),
+        );
+        assert!(opted.bound_to("api.example.com", Some(443)));
+        let head = format!(
+            "GET / HTTP/1.1\r\nHost: api.example.com\r\nX-Api-Key: {}\r\n\r\n",
+            opted.placeholder
+        );
+        let one = std::slice::from_ref(&opted);
+        let r = rewrite_head(head.as_bytes(), one, HOST, 80, plain).unwrap();
+        assert!(text(&r).contains("X-Api-Key: s3cr3t\r\n"));
+        // Not at an address the resolver did not answer for the host.
+        let r = rewrite_head(
+            head.as_bytes(),
+            one,
+            HOST,
+            80,
+            Transport::Plain { pinned: false },
+        )
+        .unwrap();
+        assert!(r.used.is_empty());
+    }
+
+    #[test]
+    fn upgrades_and_framing() {
+        let up = |h: &str| rewrite_head(h.as_bytes(), &[], HOST, 443, TLS);
+        let r = up("GET / HTTP/1.1\r\nHost: api.example.com\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n").unwrap();
+        assert_eq!(r.switch, Switch::Upgrade);
+        let r = up(
+            "GET / HTTP/1.1\r\nHost: api.example.com\r\nUpgrade: h2c\r\nHTTP2-Settings: x\r\n\r\n",
+        )
+        .unwrap();
+        assert_eq!(r.switch, Switch::No);
+        assert!(!text(&r).to_ascii_lowercase().contains("upgrade: h2c"));
+        assert!(!text(&r).contains("HTTP2-Settings"));
+        let r =
+            up("CONNECT api.example.com:443 HTTP/1.1\r\nHost: api.example.com\r\n\r\n").unwrap();
+        assert_eq!(r.switch, Switch::Connect);
+        let r = up("HEAD / HTTP/1.0\r\nHost: api.example.com\r\n\r\n").unwrap();
+        assert!(r.head_method);
+        assert_eq!(r.version, 0);
+        for bad in [
+            "POST / HTTP/1.1\r\nHost: api.example.com\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n",
+            "POST / HTTP/1.1\r\nHost: api.example.com\r\nContent-Length: 3\r\nContent-Length: 4\r\n\r\n",
+            "POST / HTTP/1.1\r\nHost: api.example.com\r\nTransfer-Encoding: gzip, chunked\r\n\r\n",
+            "POST / HTTP/1.1\r\nHost: api.example.com\r\nContent-Length: +3\r\n\r\n",
+        ] {
+            assert!(matches!(up(bad), Err(HeadError::Malformed(_))), "{bad}");
+        }
     }
 
     #[test]
@@ -420,37 +862,59 @@ mod tests {
             "TRACE / HTTP/1.1\r\nHost: api.example.com\r\nX-Key: {}\r\n\r\n",
             s.placeholder
         );
-        let r = rewrite_head(head.as_bytes(), &[s], "api.example.com", 443).unwrap();
+        let r = rewrite_head(head.as_bytes(), &[s], HOST, 443, TLS).unwrap();
         assert!(r.used.is_empty());
-        assert!(!String::from_utf8(r.bytes).unwrap().contains("s3cr3t"));
+        assert!(!text(&r).contains("s3cr3t"));
     }
 
     #[test]
     fn placeholder_and_basic() {
         let s = secret(SecretInjection::Placeholder);
         let head = format!(
-            "POST / HTTP/1.1\r\nHost: api.example.com\r\nX-Key: k={}\r\nContent-Length: 3\r\n\r\n",
+            "POST / HTTP/1.1\r\nHost: api.example.com\r\nX-Key: k={0}\r\nX-Other: {0}\r\nContent-Length: 3\r\n\r\n",
             s.placeholder
         );
-        let r = rewrite_head(
-            head.as_bytes(),
-            std::slice::from_ref(&s),
-            "api.example.com",
-            443,
-        )
-        .unwrap();
-        let text = String::from_utf8(r.bytes).unwrap();
-        assert!(text.contains("X-Key: k=s3cr3t\r\n"));
+        let r = rewrite_head(head.as_bytes(), std::slice::from_ref(&s), HOST, 443, TLS).unwrap();
+        let t = text(&r);
+        assert!(t.contains("X-Key: k=s3cr3t\r\n"));
+        assert!(
+            t.contains(&format!("X-Other: {}\r\n", s.placeholder)),
+            "{t}"
+        );
         assert_eq!(r.body, BodyFraming::Length(3));
         let b = secret(SecretInjection::Basic {
             username: "me".into(),
         });
-        let r = rewrite_head(b"GET / HTTP/1.1\r\n\r\n", &[b], "api.example.com", 443).unwrap();
-        assert!(String::from_utf8(r.bytes)
-            .unwrap()
-            .contains("Authorization: Basic bWU6czNjcjN0\r\n"));
+        let r = rewrite_head(b"GET / HTTP/1.1\r\n\r\n", &[b], HOST, 443, TLS).unwrap();
+        assert!(text(&r).contains("Authorization: Basic bWU6czNjcjN0\r\n"));
         assert!(format!("{s:?}").contains("<redacted>"));
         assert!(!format!("{s:?}").contains("s3cr3t"));
+    }
+
+    #[test]
+    fn scrubbing_across_read_boundaries() {
+        let s = secret(SecretInjection::Placeholder);
+        let ph = s.placeholder.clone();
+        let data = b"xx s3cr3t yy s3cr3 s3cr3ts3cr3t s".to_vec();
+        let want = format!("xx {ph} yy s3cr3 {ph}{ph} s");
+        for split in 1..6 {
+            let mut sc = Scrubber::new(std::slice::from_ref(&s));
+            let mut out = Vec::new();
+            let mut hits = Vec::new();
+            for piece in data.chunks(split) {
+                sc.feed(piece, &mut out, &mut hits);
+            }
+            sc.finish(&mut out);
+            assert_eq!(String::from_utf8(out).unwrap(), want, "{split}");
+            assert_eq!(hits, vec!["tok".to_string()]);
+        }
+        // Held back only while it may be a value.
+        let mut sc = Scrubber::new(&[s]);
+        let mut out = Vec::new();
+        sc.feed(b"abc s3c", &mut out, &mut Vec::new());
+        assert_eq!(out, b"abc ");
+        sc.feed(b"x", &mut out, &mut Vec::new());
+        assert_eq!(out, b"abc s3cx");
     }
 
     #[test]

@@ -324,12 +324,27 @@ fn allowed_names_resolve_and_connect_others_get_nxdomain_and_nothing() {
             let e = cx.entry(NetEventKind::Connect, None, Some(ip)).await;
             assert_eq!((e.verdict, e.rule.as_str()), (Verdict::Deny, rule), "{ip}");
         }
-        // ... while open mode lets the raw IP through.
-        let got = cx.sandbox(|| http_get(WEB3, WEB3, &[])).await.unwrap();
+        // ... while open mode lets a raw global IP through (not one of a special-purpose
+        // range such as WEB3's TEST-NET-2, nor one on a network of the host's).
+        let got = cx
+            .sandbox(|| http_get(GLOBAL_HOST, GLOBAL_HOST, &[]))
+            .await
+            .unwrap();
         assert!(got.starts_with("HTTP/1.1 200"), "{got}");
         assert_eq!(
-            cx.entry(NetEventKind::Connect, None, Some(WEB3)).await.rule,
+            cx.entry(NetEventKind::Connect, None, Some(GLOBAL_HOST))
+                .await
+                .rule,
             "open"
+        );
+        let got = cx
+            .sandbox(|| http_get(WEB3, WEB3, &[]))
+            .await
+            .unwrap_or_default();
+        assert!(!got.contains("200 OK"), "{got}");
+        assert_eq!(
+            cx.entry(NetEventKind::Connect, None, Some(WEB3)).await.rule,
+            "blocked:special"
         );
 
         // Mode none: nothing resolves.
@@ -541,10 +556,17 @@ fn a_secret_reaches_only_its_bound_host_in_the_configured_header() {
             .await
             .unwrap();
         assert!(
-            body.contains(&format!("Authorization: Bearer {SECRET_VALUE}\r\n")),
+            cx.last_request()
+                .contains(&format!("Authorization: Bearer {SECRET_VALUE}\r\n")),
+            "{:?}",
+            cx.seen.requests()
+        );
+        // The server's echo of it comes back with the placeholder in its place.
+        assert!(!body.contains(SECRET_VALUE), "{body}");
+        assert!(
+            body.contains(&format!("Authorization: Bearer {placeholder}\r\n")),
             "{body}"
         );
-        assert!(!body.contains(&placeholder));
         let e = cx
             .entry(NetEventKind::SecretUsed, Some("api.test"), None)
             .await;
@@ -555,10 +577,14 @@ fn a_secret_reaches_only_its_bound_host_in_the_configured_header() {
             .sandbox(move || https_get(WEB2, "api.test", &sandbox_ca, &[]))
             .await
             .unwrap();
+        assert!(body.starts_with("HTTP/1.1 200"), "{body}");
         assert!(
-            body.contains(&format!("Authorization: Bearer {SECRET_VALUE}\r\n")),
-            "{body}"
+            cx.last_request()
+                .contains(&format!("Authorization: Bearer {SECRET_VALUE}\r\n")),
+            "{:?}",
+            cx.seen.requests()
         );
+        assert!(!body.contains(SECRET_VALUE), "{body}");
         // curl (OpenSSL) accepts the proxy's leaf when it trusts the sandbox CA, as a
         // sandbox's tools will once its trust store holds it.
         if std::process::Command::new("curl")
@@ -589,21 +615,26 @@ fn a_secret_reaches_only_its_bound_host_in_the_configured_header() {
                 String::from_utf8_lossy(&out.stderr)
             );
             assert!(
-                body.contains(&format!("Authorization: Bearer {SECRET_VALUE}\r\n")),
+                cx.last_request()
+                    .contains(&format!("Authorization: Bearer {SECRET_VALUE}\r\n")),
+                "{:?}",
+                cx.seen.requests()
+            );
+            assert!(
+                !body.contains(SECRET_VALUE) && body.contains(&placeholder),
                 "{body}"
             );
         } else {
             eprintln!("note: curl not installed; OpenSSL acceptance of the sandbox CA not checked");
         }
-        // Plain HTTP to the bound host: injected as well.
+        // Plain HTTP to the bound host: not injected (the binding does not say
+        // `http://api.test`).
         let body = cx
             .sandbox(|| http_get(WEB2, "api.test", &[]))
             .await
             .unwrap();
-        assert!(
-            body.contains(&format!("Authorization: Bearer {SECRET_VALUE}\r\n")),
-            "{body}"
-        );
+        assert!(body.starts_with("HTTP/1.1 200"), "{body}");
+        assert!(!cx.last_request().contains(SECRET_VALUE), "{body}");
 
         // Another allowed host sees the placeholder, over HTTPS (not intercepted: the test
         // CA verifies) and HTTP.
@@ -652,14 +683,18 @@ fn a_secret_reaches_only_its_bound_host_in_the_configured_header() {
         s.value = "rotated-value".into();
         let info = cx.egress.set_secrets("sbx1", vec![s]).unwrap();
         assert_eq!(info[0].placeholder, placeholder);
+        let sandbox_ca = cx.egress_ca();
         let body = cx
-            .sandbox(|| http_get(WEB2, "api.test", &[]))
+            .sandbox(move || https_get(WEB2, "api.test", &sandbox_ca, &[]))
             .await
             .unwrap();
         assert!(
-            body.contains("Authorization: Bearer rotated-value\r\n"),
-            "{body}"
+            cx.last_request()
+                .contains("Authorization: Bearer rotated-value\r\n"),
+            "{:?}",
+            cx.seen.requests()
         );
+        assert!(!body.contains("rotated-value"), "{body}");
 
         // Detach forgets the sandbox: its connections get nothing.
         assert!(cx.egress.detach("sbx1"));
@@ -678,13 +713,19 @@ fn a_secret_reaches_only_its_bound_host_in_the_configured_header() {
 #[test]
 fn a_secret_goes_over_plain_http_only_to_an_address_resolved_for_its_host() {
     scenario(|cx| async move {
+        // A binding that allows plain HTTP.
+        let mut s = secret();
+        s.hosts = vec!["http://api.test".into()];
+        cx.egress.set_secrets("sbx1", vec![s]).unwrap();
         let (code, _) = cx
             .sandbox(|| dns_query(ANY_DNS, "api.test", RecordType::A, false))
             .await;
         assert_eq!(code, ResponseCode::NoError);
         let web1_net = format!("{WEB1}/32");
+        let web2_net = format!("{WEB2}/32");
         for p in [
-            policy(NetworkMode::Open, &[], &[]),
+            // The test hosts are in TEST-NET-2: open mode reaches them through rules.
+            policy(NetworkMode::Open, &[&web1_net, &web2_net], &[]),
             policy(NetworkMode::Allowlist, &["api.test", &web1_net], &[]),
         ] {
             cx.egress.set_policy("sbx1", p.clone()).unwrap();
@@ -695,21 +736,29 @@ fn a_secret_goes_over_plain_http_only_to_an_address_resolved_for_its_host() {
                 .await
                 .unwrap();
             assert!(body.contains("HTTP/1.1 200"), "{p:?}: {body}");
-            assert!(!body.contains(SECRET_VALUE), "{p:?}: {body}");
-            // The bound host at the address its name resolved to still gets it.
+            assert!(!cx.last_request().contains(SECRET_VALUE), "{p:?}: {body}");
+            // The bound host at the address its name resolved to still gets it (and its
+            // echo comes back scrubbed).
             let body = cx
                 .sandbox(|| http_get(WEB2, "api.test", &[]))
                 .await
                 .unwrap();
             assert!(
-                body.contains(&format!("Authorization: Bearer {SECRET_VALUE}\r\n")),
-                "{p:?}: {body}"
+                cx.last_request()
+                    .contains(&format!("Authorization: Bearer {SECRET_VALUE}\r\n")),
+                "{p:?}: {:?}",
+                cx.seen.requests()
             );
+            assert!(!body.contains(SECRET_VALUE), "{p:?}: {body}");
         }
     });
 }
 
 impl Ctx {
+    /// The last request head a test server received.
+    fn last_request(&self) -> String {
+        self.seen.requests().pop().unwrap_or_default()
+    }
     /// The sandbox's CA (what its trust store would hold).
     fn egress_ca(&self) -> String {
         self.egress_ca_pem.clone()

@@ -1,3 +1,4 @@
+#![allow(dead_code)] // each test file uses a part of it
 //! A small private "internet" in network namespaces for the egress tests.
 //!
 //! ```text
@@ -29,6 +30,17 @@ pub const WEB1: &str = "198.51.100.2";
 pub const WEB2: &str = "198.51.100.3";
 pub const WEB3: &str = "198.51.100.4";
 pub const DNS_SERVER: &str = "198.51.100.2:53";
+/// A test host in 198.18.0.0/15 (benchmarking: not globally reachable), routed by the router.
+pub const BENCH_HOST: &str = "198.18.0.2";
+/// A test host in 192.0.0.0/24 (IETF protocol assignments: not globally reachable).
+pub const IETF_HOST: &str = "192.0.0.2";
+/// A test host on a network attached to the router's own interface (11.22.33.0/24, an
+/// address that would be global, but directly on the "host").
+pub const ATTACHED_HOST: &str = "11.22.33.2";
+/// A test host at a global-looking address (11.22.44.0/24) that the router reaches through
+/// the internet namespace: not special, not attached to the router. Lives only in the test's
+/// namespaces.
+pub const GLOBAL_HOST: &str = "11.22.44.2";
 
 /// The test zone: name -> address. Everything below `tunnel.test` answers TXT and A.
 pub fn zone() -> HashMap<&'static str, &'static str> {
@@ -151,7 +163,16 @@ impl TestNet {
             "via",
             "203.0.113.1",
         ])?;
-        for a in ["198.51.100.2/24", "198.51.100.3/24", "198.51.100.4/24"] {
+        run(&["ip", "-n", rt, "addr", "add", "11.22.33.1/24", "dev", "vin"])?;
+        for a in [
+            "198.51.100.2/24",
+            "198.51.100.3/24",
+            "198.51.100.4/24",
+            "198.18.0.2/24",
+            "192.0.0.2/24",
+            "11.22.33.2/24",
+            "11.22.44.2/24",
+        ] {
             run(&["ip", "-n", inet, "addr", "add", a, "dev", "eth0"])?;
         }
         run(&["ip", "-n", inet, "link", "set", "eth0", "up"])?;
@@ -165,6 +186,9 @@ impl TestNet {
             "via",
             "198.51.100.1",
         ])?;
+        for net in ["198.18.0.0/24", "192.0.0.0/24", "11.22.44.0/24"] {
+            run(&["ip", "-n", rt, "route", "add", net, "via", WEB1])?;
+        }
         let rules = format!(
             "table inet t {{
                chain pre {{ type nat hook prerouting priority dstnat; policy accept;
@@ -284,6 +308,16 @@ pub fn test_pki() -> TestPki {
 pub struct Seen {
     /// Every DNS question name that reached the test DNS server.
     pub dns: Mutex<Vec<String>>,
+    /// Every request head that reached the HTTP and HTTPS servers (what the server got,
+    /// whatever the response carried back).
+    pub requests: Mutex<Vec<String>>,
+}
+
+impl Seen {
+    /// The request heads received so far.
+    pub fn requests(&self) -> Vec<String> {
+        self.requests.lock().unwrap().clone()
+    }
 }
 
 /// Starts the DNS, HTTP and HTTPS servers in netns `inet`; they live until the process ends.
@@ -303,11 +337,12 @@ pub fn start_world(inet: &str, pki: &TestPki) -> Arc<Seen> {
             let udp = tokio::net::UdpSocket::bind("0.0.0.0:53").await.unwrap();
             let http = tokio::net::TcpListener::bind("0.0.0.0:80").await.unwrap();
             let https = tokio::net::TcpListener::bind("0.0.0.0:443").await.unwrap();
-            tokio::spawn(dns_server(udp, s2));
+            tokio::spawn(dns_server(udp, s2.clone()));
+            let s3 = s2.clone();
             tokio::spawn(async move {
                 loop {
                     let (s, _) = http.accept().await.unwrap();
-                    tokio::spawn(echo_http(s));
+                    tokio::spawn(echo_http(s, s3.clone()));
                 }
             });
             let acceptor = tokio_rustls::TlsAcceptor::from(server_cfg);
@@ -315,9 +350,10 @@ pub fn start_world(inet: &str, pki: &TestPki) -> Arc<Seen> {
                 loop {
                     let (s, _) = https.accept().await.unwrap();
                     let acceptor = acceptor.clone();
+                    let seen = s2.clone();
                     tokio::spawn(async move {
                         if let Ok(t) = acceptor.accept(s).await {
-                            echo_http(t).await;
+                            echo_http(t, seen).await;
                         }
                     });
                 }
@@ -343,10 +379,15 @@ async fn dns_server(sock: tokio::net::UdpSocket, seen: Arc<Seen>) {
             .set_message_type(MessageType::Response)
             .set_op_code(OpCode::Query)
             .set_recursion_available(true);
+        let mut blackhole = false;
         for query in q.queries() {
             r.add_query(query.clone());
             let name = query.name().to_ascii().trim_end_matches('.').to_lowercase();
             seen.dns.lock().unwrap().push(name.clone());
+            if name.ends_with(".blackhole.test") {
+                blackhole = true; // never answered
+                continue;
+            }
             if let Some(ip) = zone.get(name.as_str()) {
                 if query.query_type() == RecordType::A {
                     r.add_answer(Record::from_rdata(
@@ -365,13 +406,21 @@ async fn dns_server(sock: tokio::net::UdpSocket, seen: Arc<Seen>) {
                 r.set_response_code(ResponseCode::NXDomain);
             }
         }
+        if blackhole {
+            continue;
+        }
         let _ = sock.send_to(&r.to_vec().unwrap(), peer).await;
     }
 }
 
-/// An HTTP/1.1 server answering each request with its head as the body; `GET /stream` sends a
-/// line every 20 ms forever.
-async fn echo_http<S>(s: S)
+/// An HTTP/1.1 server answering each request with its head as the body (and recording the
+/// head in `seen`). Paths: `/stream` sends a line every 20 ms forever; `/echo-headers` also
+/// reflects the `Authorization` header in a response header; `/chunked` sends the head as a
+/// chunked body in 7-byte chunks; `/split` writes the head and 70 KiB of padding in two
+/// writes 30 ms apart, split in the middle of the `Authorization` value; `/close` answers without a length and closes;
+/// `/ws` with `Upgrade: websocket` answers `101` and then echoes raw bytes. `Connection:
+/// close` is honoured.
+async fn echo_http<S>(s: S, seen: Arc<Seen>)
 where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
 {
@@ -390,19 +439,25 @@ where
                 break;
             }
         }
-        let len = head
-            .lines()
-            .find_map(|l| {
-                l.to_ascii_lowercase()
-                    .strip_prefix("content-length:")
-                    .map(|v| v.trim().parse::<usize>().unwrap_or(0))
+        seen.requests.lock().unwrap().push(head.clone());
+        let header = |name: &str| {
+            head.lines().find_map(|l| {
+                let (k, v) = l.split_once(':')?;
+                k.trim()
+                    .eq_ignore_ascii_case(name)
+                    .then(|| v.trim().to_string())
             })
+        };
+        let len = header("content-length")
+            .map(|v| v.parse::<usize>().unwrap_or(0))
             .unwrap_or(0);
         let mut body = vec![0u8; len];
         if r.read_exact(&mut body).await.is_err() {
             return;
         }
-        if head.starts_with("GET /stream") {
+        let close = header("connection").is_some_and(|v| v.eq_ignore_ascii_case("close"));
+        let path = head.split(' ').nth(1).unwrap_or("/").to_string();
+        if path == "/stream" {
             let _ = w
                 .write_all(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n\r\n")
                 .await;
@@ -413,11 +468,83 @@ where
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
         }
-        let resp = format!(
-            "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: keep-alive\r\n\r\n{head}",
-            head.len()
-        );
-        if w.write_all(resp.as_bytes()).await.is_err() {
+        if path == "/ws" && header("upgrade").is_some() {
+            let _ = w
+                .write_all(
+                    b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n",
+                )
+                .await;
+            let mut buf = [0u8; 4096];
+            loop {
+                let n = match r.read(&mut buf).await {
+                    Ok(0) | Err(_) => return,
+                    Ok(n) => n,
+                };
+                if w.write_all(&buf[..n]).await.is_err() {
+                    return;
+                }
+            }
+        }
+        let conn = if close { "close" } else { "keep-alive" };
+        let ok = match path.as_str() {
+            "/echo-headers" => {
+                let auth = header("authorization").unwrap_or_default();
+                let resp = format!(
+                    "HTTP/1.1 200 OK\r\nX-Echo-Auth: {auth}\r\nContent-Length: {}\r\nConnection: {conn}\r\n\r\n{head}",
+                    head.len()
+                );
+                w.write_all(resp.as_bytes()).await.is_ok()
+            }
+            "/chunked" => {
+                let mut resp = format!(
+                    "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nConnection: {conn}\r\n\r\n"
+                )
+                .into_bytes();
+                for c in head.as_bytes().chunks(7) {
+                    resp.extend_from_slice(format!("{:x}\r\n", c.len()).as_bytes());
+                    resp.extend_from_slice(c);
+                    resp.extend_from_slice(b"\r\n");
+                }
+                resp.extend_from_slice(b"0\r\n\r\n");
+                w.write_all(&resp).await.is_ok()
+            }
+            "/split" => {
+                // Longer than what the proxy reads whole: it is streamed.
+                let at = head
+                    .to_ascii_lowercase()
+                    .find("authorization:")
+                    .map(|i| (i + 25).min(head.len()))
+                    .unwrap_or(head.len() / 2);
+                let pad = "x".repeat(70 * 1024);
+                let resp = format!(
+                    "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: {conn}\r\n\r\n{}",
+                    head.len() + pad.len(),
+                    &head[..at]
+                );
+                let first = w.write_all(resp.as_bytes()).await.is_ok() && w.flush().await.is_ok();
+                tokio::time::sleep(Duration::from_millis(30)).await;
+                first
+                    && w.write_all(format!("{}{pad}", &head[at..]).as_bytes())
+                        .await
+                        .is_ok()
+            }
+            "/close" => {
+                let resp = format!("HTTP/1.1 200 OK\r\nConnection: close\r\n\r\n{head}");
+                let _ = w.write_all(resp.as_bytes()).await;
+                let _ = w.shutdown().await;
+                return;
+            }
+            _ => {
+                let resp = format!(
+                    "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: {conn}\r\n\r\n{head}",
+                    head.len()
+                );
+                w.write_all(resp.as_bytes()).await.is_ok()
+            }
+        };
+        let _ = w.flush().await;
+        if !ok || close {
+            let _ = w.shutdown().await;
             return;
         }
     }
@@ -572,4 +699,66 @@ pub fn https_get(
         }
     }
     Ok(String::from_utf8_lossy(&out).to_string())
+}
+
+/// Sends `request` on a TCP connection and returns everything that came back until the
+/// other side closed (or 10 s passed without a byte).
+pub fn tcp_all(addr: SocketAddr, request: &[u8]) -> Result<String, String> {
+    let mut s =
+        TcpStream::connect_timeout(&addr, Duration::from_secs(10)).map_err(|e| e.to_string())?;
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    s.write_all(request).map_err(|e| e.to_string())?;
+    Ok(read_to_close(&mut s))
+}
+
+fn read_to_close(s: &mut impl Read) -> String {
+    let mut out = Vec::new();
+    let mut buf = [0u8; 8192];
+    loop {
+        match s.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => out.extend_from_slice(&buf[..n]),
+        }
+    }
+    String::from_utf8_lossy(&out).to_string()
+}
+
+/// Sends `request` over TLS to `ip:443` with SNI `sni` (trusting only `roots_pem`) and
+/// returns everything that came back until the other side closed (or 10 s of silence).
+pub fn tls_all(ip: &str, sni: &str, roots_pem: &str, request: &[u8]) -> Result<String, String> {
+    let mut tls = tls_connect(ip, sni, roots_pem)?;
+    tls.write_all(request).map_err(|e| e.to_string())?;
+    Ok(read_to_close(&mut tls))
+}
+
+/// A TLS connection to `ip:443` with SNI `sni`, trusting only `roots_pem`.
+pub fn tls_connect(
+    ip: &str,
+    sni: &str,
+    roots_pem: &str,
+) -> Result<rustls::StreamOwned<rustls::ClientConnection, TcpStream>, String> {
+    let mut roots = rustls::RootCertStore::empty();
+    for c in rustls::pki_types::pem::PemObject::pem_slice_iter(roots_pem.as_bytes()) {
+        let c: CertificateDer<'static> = c.unwrap();
+        roots.add(c).unwrap();
+    }
+    let mut cfg = rustls::ClientConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
+    let conn = rustls::ClientConnection::new(
+        Arc::new(cfg),
+        ServerName::try_from(sni.to_string()).unwrap(),
+    )
+    .unwrap();
+    let sock = TcpStream::connect_timeout(
+        &format!("{ip}:443").parse().unwrap(),
+        Duration::from_secs(10),
+    )
+    .map_err(|e| e.to_string())?;
+    sock.set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    Ok(rustls::StreamOwned::new(conn, sock))
 }
