@@ -27,6 +27,7 @@ use rampart_types::SandboxId;
 use serde::{Deserialize, Serialize};
 use std::fs::File;
 use std::io::Write;
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
@@ -105,6 +106,20 @@ struct Shared {
     flushing: Mutex<()>,
 }
 
+/// Opens `path` for appending, creating it with mode 0600 (the journal holds what ran in
+/// sandboxes, with the digests and blobs of their input and output: private to the daemon
+/// from its first byte, whatever the umask); `truncate` empties it.
+fn open_private(path: &Path, truncate: bool) -> std::io::Result<File> {
+    let mut o = std::fs::OpenOptions::new();
+    o.create(true).mode(0o600);
+    if truncate {
+        o.write(true).truncate(true);
+    } else {
+        o.append(true);
+    }
+    o.open(path)
+}
+
 /// `<path>.1`.
 fn moving_path(path: &Path) -> PathBuf {
     suffixed(path, ".1")
@@ -180,12 +195,15 @@ impl Journal {
             );
             store.append_events_once(&old)?;
         }
-        let file = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(path)
-            .map_err(io)?;
+        let file = open_private(path, false).map_err(io)?;
         file.set_len(0).map_err(io)?;
+        // A journal left readable by an older daemon: its records name what ran and what
+        // went in and out.
+        let md = file.metadata().map_err(io)?;
+        if md.permissions().mode() & 0o077 != 0 {
+            file.set_permissions(std::fs::Permissions::from_mode(0o600))
+                .map_err(io)?;
+        }
         for p in [moving, suffixed(path, ".joined")] {
             match std::fs::remove_file(&p) {
                 Ok(()) => {}
@@ -281,11 +299,7 @@ fn flush(sh: &Shared) -> Result<(), JournalError> {
             return Ok(());
         }
         std::fs::rename(&sh.path, &moving).map_err(io)?;
-        st.file = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&sh.path)
-            .map_err(io)?;
+        st.file = open_private(&sh.path, false).map_err(io)?;
         std::mem::take(&mut st.pending)
     };
     if let Err(e) = sh.store.append_events_once(&batch) {
@@ -299,7 +313,9 @@ fn flush(sh: &Shared) -> Result<(), JournalError> {
         let mut text = std::fs::read(&moving).map_err(io)?;
         text.extend(std::fs::read(&sh.path).map_err(io)?);
         let joined = suffixed(&sh.path, ".joined");
-        std::fs::write(&joined, &text).map_err(io)?;
+        open_private(&joined, true)
+            .and_then(|mut f| f.write_all(&text))
+            .map_err(io)?;
         std::fs::rename(&joined, &sh.path).map_err(io)?;
         std::fs::remove_file(&moving).map_err(io)?;
         st.file = std::fs::OpenOptions::new()
@@ -361,6 +377,10 @@ mod tests {
             json: format!("{{\"seq\":{seq}}}"),
             blobs: vec![(format!("d{seq}"), vec![seq as u8, 0, 1])],
         }
+    }
+
+    fn mode(p: &Path) -> u32 {
+        std::fs::metadata(p).unwrap().permissions().mode() & 0o777
     }
 
     /// A record cut short by a full disk is taken back: the next acknowledged record is
@@ -442,6 +462,7 @@ mod tests {
         let _hold = lock(&j.shared.flushing);
         let seqs: Vec<u64> = read_records(&path).iter().map(|e| e.seq).collect();
         assert_eq!(seqs, vec![0, 1 << 33]);
+        assert_eq!(mode(&path), 0o600, "the joined journal");
         assert!(!moving_path(&path).exists());
         assert!(!suffixed(&path, ".joined").exists());
     }
@@ -454,9 +475,12 @@ mod tests {
         let id = SandboxId::parse("a1").unwrap();
         let path = d.path().join("audit.journal");
         let j = Journal::open(&path, store.clone()).unwrap();
+        // Private from its first byte, whatever the umask (022 in tests as a rule).
+        assert_eq!(mode(&path), 0o600);
         j.append(&ev(&id, 0)).unwrap();
         j.append(&ev(&id, 1)).unwrap();
         j.flush().unwrap();
+        assert_eq!(mode(&path), 0o600, "the fresh journal after a flush");
         assert_eq!(store.last_event(&id).unwrap(), Some((1, "h1".into())));
         assert_eq!(std::fs::metadata(&path).unwrap().len(), 0);
         drop(j);
@@ -473,7 +497,10 @@ mod tests {
         let mut text = line(3);
         text.extend_from_slice(b"{\"sandbox\":\"a1\",\"seq\":4,\"ti");
         std::fs::write(&path, &text).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
         let j = Journal::open(&path, store.clone()).unwrap();
+        // A journal left readable by others is made private.
+        assert_eq!(mode(&path), 0o600);
         // 1 was stored already (skipped), 2 and 3 are replayed, the torn 4 is dropped.
         assert_eq!(store.last_event(&id).unwrap(), Some((3, "h3".into())));
         assert_eq!(store.events(&id, None, 10).unwrap().len(), 4);
