@@ -2,7 +2,9 @@
 //! event hook, `rampart_egress::Egress::take_events`) becomes a `network` event of the
 //! sandbox's chain (DNS answers, connection verdicts, connection ends with their byte
 //! counts), and each secret substitution a `secret_used` event (name and host, never the
-//! value). Entries of a sandbox whose log has not started (its `created` not yet recorded)
+//! value); a secret value taken out of a response on its way back into the sandbox (a log
+//! entry of kind `secret_used` whose rule is `scrub:<name>`) is a `network` event of kind
+//! `secret_scrubbed` (secret name in its detail). Entries of a sandbox whose log has not started (its `created` not yet recorded)
 //! or has ended are not recorded; entries the hook dropped because this task lagged are
 //! lost (the egress tier counts them).
 //!
@@ -111,6 +113,7 @@ impl Budgets {
     pub(crate) fn admit(&self, sandbox: &str, entry: &NetLogEntry, now: Instant) -> Admit {
         let mut all = lock(&self.buckets);
         let class = entry.kind == NetEventKind::SecretUsed;
+        let scrub = is_scrub(entry);
         let b = all
             .entry((sandbox.to_owned(), class))
             .or_insert_with(|| Bucket {
@@ -127,7 +130,11 @@ impl Budgets {
             return Admit::Record(summary);
         }
         let d = &mut b.dropped;
-        if entry.kind == NetEventKind::SecretUsed {
+        if scrub {
+            *d.network
+                .entry(("secret_scrubbed", verdict_name(entry.verdict)))
+                .or_default() += 1;
+        } else if entry.kind == NetEventKind::SecretUsed {
             let host = host_of(entry);
             *d.secrets
                 .entry((entry.secret.clone().unwrap_or_default(), host))
@@ -187,6 +194,12 @@ fn kind_name(k: NetEventKind) -> &'static str {
     }
 }
 
+/// A `secret_used` entry that records a scrub (the value replaced by its placeholder in what
+/// went back to the sandbox), not an injection.
+fn is_scrub(e: &NetLogEntry) -> bool {
+    e.kind == NetEventKind::SecretUsed && e.rule.starts_with("scrub:")
+}
+
 fn verdict_name(v: Verdict) -> &'static str {
     match v {
         Verdict::Allow => "allowed",
@@ -238,6 +251,18 @@ fn summary_of(d: &Dropped) -> EventBody {
 /// The audit body of a network log entry.
 pub(crate) fn body_of(e: &NetLogEntry) -> EventBody {
     let host = host_of(e);
+    if is_scrub(e) {
+        let mut detail = serde_json::Map::new();
+        detail.insert("rule".into(), e.rule.clone().into());
+        detail.insert("secret".into(), e.secret.clone().unwrap_or_default().into());
+        return EventBody::Network(Network {
+            kind: "secret_scrubbed".into(),
+            host,
+            port: e.port,
+            verdict: verdict_name(e.verdict).into(),
+            detail: serde_json::Value::Object(detail),
+        });
+    }
     if e.kind == NetEventKind::SecretUsed {
         return EventBody::SecretUsed(SecretUsed {
             name: e.secret.clone().unwrap_or_default(),
@@ -354,6 +379,19 @@ mod tests {
                     (s.name.as_str(), s.host.as_str()),
                     ("PYPI_TOKEN", "pypi.org")
                 );
+            }
+            other => panic!("{other:?}"),
+        }
+        let mut scrub = entry(NetEventKind::SecretUsed);
+        scrub.rule = "scrub:PYPI_TOKEN".into();
+        match body_of(&scrub) {
+            EventBody::Network(n) => {
+                assert_eq!(
+                    (n.kind.as_str(), n.host.as_str(), n.verdict.as_str()),
+                    ("secret_scrubbed", "pypi.org", "denied")
+                );
+                assert_eq!(n.detail["secret"], "PYPI_TOKEN");
+                assert_eq!(n.detail["rule"], "scrub:PYPI_TOKEN");
             }
             other => panic!("{other:?}"),
         }

@@ -21,7 +21,9 @@ use tokio_util::sync::CancellationToken;
 use crate::netlog::Draft;
 use crate::peek::{classify, Peek};
 use crate::policy::canonical;
-use crate::secrets::{rewrite_head, BodyFraming, HeadError, Header, Scrubber, Switch, Transport};
+use crate::secrets::{
+    rewrite_head_at, BodyFraming, HeadError, Header, Scrubber, Switch, Transport,
+};
 use crate::{Inner, LiveConn, Sandbox};
 
 /// The most bytes read to find the SNI or Host.
@@ -592,7 +594,7 @@ where
             return Ok(ReqEnd::Eof);
         };
         let secrets = sb.secrets();
-        let rh = match rewrite_head(&head, &secrets, rl.conn, rl.port, rl.transport) {
+        let rh = match rewrite_head_at(&head, &secrets, rl.conn, rl.ip, rl.port, rl.transport) {
             Ok(rh) => rh,
             Err(HeadError::Misdirected(seen)) => {
                 rl.log_misdirected(seen);

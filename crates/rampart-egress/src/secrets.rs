@@ -305,6 +305,7 @@ fn request_destination(
     method: &str,
     target: &str,
     headers: &[Header],
+    port: u16,
 ) -> Result<Option<crate::peek::HostId>, HeadError> {
     use crate::peek::parse_host;
     let hosts: Vec<&Header> = headers
@@ -359,19 +360,48 @@ fn request_destination(
             return Err(HeadError::Misdirected(log_text(a)));
         }
     }
+    // A target's port, when it has one, is the connection's: a server that forwards (a
+    // proxy) would otherwise go to a port the policy did not judge.
+    if target_port(a).is_some_and(|p| p != port) {
+        return Err(HeadError::Misdirected(log_text(a)));
+    }
     Ok(Some(t))
 }
 
-/// Parses a complete request head (through the blank line), checks that it names the
-/// connection's destination (`conn`: the name judged, `None` for a connection judged
-/// without one, which only requests naming no host or an address may use; `tls`: over
-/// verified TLS, where a request without Host goes to the SNI's host) and, only then,
-/// places the secrets bound to `conn` that `transport` admits. Errors are short reasons for
-/// the log (they never contain header values).
+/// The port of an authority that parsed (`host:port`, `[v6]:port`), if it names one.
+fn target_port(a: &str) -> Option<u16> {
+    let after = match a.strip_prefix('[') {
+        Some(rest) => rest.split_once(']')?.1.strip_prefix(':')?,
+        None => a.split_once(':')?.1,
+    };
+    after.parse().ok()
+}
+
+/// [`rewrite_head_at`] for a connection to an address no request names (tests).
+#[cfg(test)]
 pub(crate) fn rewrite_head(
     head: &[u8],
     secrets: &[std::sync::Arc<BoundSecret>],
     conn: Option<&str>,
+    port: u16,
+    transport: Transport,
+) -> Result<RequestHead, HeadError> {
+    let ip = std::net::IpAddr::from([198, 51, 100, 4]);
+    rewrite_head_at(head, secrets, conn, ip, port, transport)
+}
+
+/// Parses a complete request head (through the blank line), checks that it names the
+/// connection's destination (`conn`: the name judged, `None` for a connection to `ip`
+/// judged without one, which only requests naming no host or that address may use; over
+/// verified TLS a request without Host goes to the SNI's host, over plain HTTP a named
+/// connection's requests must name it) and, only then, places the secrets bound to `conn`
+/// that `transport` admits. Errors are short reasons for the log (they never contain
+/// header values).
+pub(crate) fn rewrite_head_at(
+    head: &[u8],
+    secrets: &[std::sync::Arc<BoundSecret>],
+    conn: Option<&str>,
+    ip: std::net::IpAddr,
     port: u16,
     transport: Transport,
 ) -> Result<RequestHead, HeadError> {
@@ -397,15 +427,16 @@ pub(crate) fn rewrite_head(
         })
         .collect();
     // One request, one destination: judged before anything else.
-    let dest = request_destination(&method, &path, &headers)?;
+    let dest = request_destination(&method, &path, &headers, port)?;
     let tls = transport == Transport::VerifiedTls;
     match (conn, &dest) {
         (Some(c), Some(HostId::Name(n))) if n == c => {}
         (Some(_), None) if tls => {}
         (Some(c), None) => return Err(HeadError::Misdirected(format!("(no host for {c})"))),
-        (None, None | Some(HostId::Addr(_))) => {}
+        (None, None) => {}
+        (None, Some(HostId::Addr(a))) if crate::policy::canonical(*a) == ip => {}
         (_, Some(HostId::Name(n))) => return Err(HeadError::Misdirected(n.clone())),
-        (Some(_), Some(HostId::Addr(a))) => return Err(HeadError::Misdirected(a.to_string())),
+        (_, Some(HostId::Addr(a))) => return Err(HeadError::Misdirected(a.to_string())),
     }
     let get = |n: &str| -> Option<String> {
         headers
@@ -556,6 +587,8 @@ pub(crate) fn rewrite_head(
 pub(crate) struct Scrubber {
     /// (value, placeholder, secret name)
     pairs: Vec<(Vec<u8>, Vec<u8>, String)>,
+    /// Bytes that start some value.
+    first: [bool; 256],
     carry: Vec<u8>,
 }
 
@@ -569,7 +602,14 @@ impl std::fmt::Debug for Scrubber {
 
 impl Scrubber {
     pub fn new(secrets: &[std::sync::Arc<BoundSecret>]) -> Self {
+        let mut first = [false; 256];
+        for s in secrets {
+            if let Some(b) = s.value.0.as_bytes().first() {
+                first[usize::from(*b)] = true;
+            }
+        }
         Scrubber {
+            first,
             pairs: secrets
                 .iter()
                 .map(|s| {
@@ -600,6 +640,16 @@ impl Scrubber {
         buf.extend_from_slice(input);
         let mut i = 0;
         'scan: while i < buf.len() {
+            // Straight to the next byte that may start a value.
+            let skip = buf[i..]
+                .iter()
+                .position(|b| self.first[usize::from(*b)])
+                .unwrap_or(buf.len() - i);
+            out.extend_from_slice(&buf[i..i + skip]);
+            i += skip;
+            if i == buf.len() {
+                break;
+            }
             let rest = &buf[i..];
             let mut partial = false;
             for (value, ph, name) in &self.pairs {
@@ -635,6 +685,7 @@ impl Scrubber {
     pub fn scrub_all(&self, input: &[u8], hits: &mut Vec<String>) -> Vec<u8> {
         let mut s = Scrubber {
             pairs: self.pairs.clone(),
+            first: self.first,
             carry: Vec::new(),
         };
         let mut out = Vec::with_capacity(input.len());
