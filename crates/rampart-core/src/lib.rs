@@ -10,6 +10,7 @@
 //! left running and removes every trace of the rest.
 
 mod audit;
+pub mod capacity;
 mod fsdiff;
 mod interpreter;
 mod isolation;
@@ -111,6 +112,9 @@ pub struct CoreConfig {
     pub audit: AuditConfig,
     /// Sandbox networks: address pool, nftables table, egress ports.
     pub network: NetworkConfig,
+    /// How far the disk quotas of sandboxes, snapshots and volumes may exceed the space the
+    /// store can hold (see [`capacity`]); 1.0, the default, admits no overcommit.
+    pub disk_overcommit: f64,
 }
 
 impl CoreConfig {
@@ -141,6 +145,7 @@ impl CoreConfig {
             uid_slots: 1024,
             audit: AuditConfig::default(),
             network: NetworkConfig::default(),
+            disk_overcommit: 1.0,
         }
     }
 }

@@ -122,6 +122,8 @@ pub(crate) struct Inner {
     pub(crate) network: crate::network::Network,
     /// Named secrets (`/v1/secrets`).
     pub(crate) secrets: crate::secrets::Secrets,
+    /// Held from a disk admission check until what it admitted counts (see `capacity`).
+    disk_admission: tokio::sync::Mutex<()>,
 }
 
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -309,6 +311,7 @@ impl Inner {
             persist,
             network,
             secrets,
+            disk_admission: tokio::sync::Mutex::new(()),
         });
         inner.recover().await?;
         let c = inner.cfg.clone();
@@ -690,6 +693,38 @@ impl Inner {
         Ok(written)
     }
 
+    /// Disk admission (see `capacity`): whether `asked` more bytes of quota fit beside what
+    /// live sandboxes, snapshots and volumes were promised. The guard keeps other admissions
+    /// out until the caller has recorded what it admitted.
+    pub(crate) async fn admit_disk(
+        &self,
+        what: &str,
+        asked: u64,
+    ) -> Result<tokio::sync::MutexGuard<'_, ()>, CoreError> {
+        let guard = self.disk_admission.lock().await;
+        let sandboxes: u64 = self
+            .store
+            .alive()
+            .map_err(db)?
+            .iter()
+            .map(|r| r.limits.disk_bytes)
+            .sum();
+        let committed = sandboxes.saturating_add(self.persist.committed_bytes()?);
+        let (data, root, ratio) = (
+            self.cfg.data_dir.clone(),
+            self.iso.store_root(),
+            self.cfg.disk_overcommit,
+        );
+        let budget = tokio::task::spawn_blocking(move || {
+            crate::capacity::measure(&data, root.as_deref(), ratio)
+        })
+        .await
+        .map_err(|e| join_err("disk admission", e))?
+        .map_err(|e| CoreError::Internal(format!("disk admission: {e}")))?;
+        crate::capacity::check(what, asked, committed, &budget)?;
+        Ok(guard)
+    }
+
     pub(crate) async fn create(
         self: &Arc<Self>,
         mut req: CreateSandbox,
@@ -745,13 +780,21 @@ impl Inner {
             expires_at_ms: created.saturating_add((v.timeout_secs as i64).saturating_mul(1000)),
         };
         let id = new.id.clone();
+        let admitted = match self.admit_disk("a sandbox", new.limits.disk_bytes).await {
+            Ok(g) => g,
+            Err(e) => {
+                self.metrics.creates.with_label_values(&["rejected"]).inc();
+                return Err(e);
+            }
+        };
         let _busy = self.persist.stage(&id, staged);
         let op = self.op_lock(&id);
         let _guard = op.lock().await;
-        let slot = match self
+        let inserted = self
             .store
-            .insert_creating(&new, cfg.max_sandboxes, cfg.uid_slots)
-        {
+            .insert_creating(&new, cfg.max_sandboxes, cfg.uid_slots);
+        drop(admitted);
+        let slot = match inserted {
             Ok(s) => s,
             Err(e @ (StoreError::Full { .. } | StoreError::NoFreeSlot { .. })) => {
                 self.metrics.creates.with_label_values(&["rejected"]).inc();

@@ -63,6 +63,28 @@ pub(crate) struct Persist {
     pruned_at_ms: std::sync::atomic::AtomicI64,
 }
 
+impl Persist {
+    /// Bytes promised to snapshots (what their images held when taken) and volumes (their
+    /// sizes), for disk admission.
+    pub(crate) fn committed_bytes(&self) -> Result<u64, CoreError> {
+        let snaps: u64 = self
+            .db
+            .snapshots()
+            .map_err(db)?
+            .iter()
+            .map(|s| s.size_bytes)
+            .sum();
+        let vols: u64 = self
+            .db
+            .volumes()
+            .map_err(db)?
+            .iter()
+            .map(|v| v.size_mib << 20)
+            .sum();
+        Ok(snaps.saturating_add(vols))
+    }
+}
+
 /// Keeps snapshots and volumes marked busy while a create uses them.
 #[derive(Debug)]
 pub(crate) struct Busy {
@@ -623,6 +645,10 @@ impl Manager {
         if inner.persist.db.volume(&req.name).map_err(db)?.is_some() {
             return Err(bad("name", format!("a volume named {:?} exists", req.name)));
         }
+        // Held until the volume's row counts.
+        let _admitted = inner
+            .admit_disk(&format!("volume {:?}", req.name), req.size_mib << 20)
+            .await?;
         let image = root.join("volumes").join(format!("{}.img", req.name));
         let (img2, size) = (image.clone(), req.size_mib);
         tokio::task::spawn_blocking(move || rampart_jail::persist::create_volume(&img2, size))

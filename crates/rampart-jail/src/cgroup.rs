@@ -40,6 +40,12 @@ pub enum FreezerState {
     Thawed,
 }
 
+/// The bound on TCP buffer memory of a sandbox with `memory_bytes` of memory on cgroup v1:
+/// a quarter of it, at least 4 MiB (page aligned).
+pub fn tcp_limit(memory_bytes: u64) -> u64 {
+    (memory_bytes / 4).max(4 << 20) & !4095
+}
+
 fn read_trim(p: &Path) -> Option<String> {
     std::fs::read_to_string(p).ok().map(|s| s.trim().to_owned())
 }
@@ -288,6 +294,9 @@ impl Cgroups {
     }
 
     /// Writes a sandbox's limits into the cgroup `name`.
+    ///
+    /// On cgroup v1 this includes `memory.kmem.tcp.limit_in_bytes` ([`tcp_limit`]): socket
+    /// buffers are charged there and not to the memory limit.
     pub fn set_limits(&self, name: &str, limits: &Limits) -> Result<(), JailError> {
         let quota = ((limits.cpus * CFS_PERIOD_US as f64).round() as u64).max(1000);
         match self.version {
@@ -313,6 +322,14 @@ impl Cgroups {
                                 sys::write_file(&sw, &limits.memory_bytes.to_string())?;
                             }
                             let _ = std::fs::write(d.join("memory.swappiness"), "0");
+                            // v1 keeps TCP buffer memory out of `memory.limit_in_bytes`
+                            // (v2 counts it in `memory.max`): give it a bound of its own, a
+                            // quarter of the sandbox's memory, so sockets cannot hold host
+                            // memory beyond the sandbox's share.
+                            let tcp = d.join("memory.kmem.tcp.limit_in_bytes");
+                            if tcp.exists() {
+                                sys::write_file(&tcp, &tcp_limit(limits.memory_bytes).to_string())?;
+                            }
                         }
                         "pids" => sys::write_file(&d.join("pids.max"), &limits.pids.to_string())?,
                         "cpu" => {

@@ -118,6 +118,8 @@ struct FileConfig {
     max_timeout_secs: Option<u64>,
     uid_range_start: Option<u32>,
     uid_slots: Option<u32>,
+    /// How far disk quotas may exceed what the store can hold (1.0: not at all).
+    disk_overcommit: Option<f64>,
     #[serde(default)]
     default_limits: LimitsConfig,
     #[serde(default)]
@@ -338,6 +340,12 @@ fn resolve(a: &ServeArgs) -> Result<Resolved> {
     if !audit.enabled {
         tracing::warn!("the audit record is disabled by the config file ([audit] enabled = false)");
     }
+    let disk_overcommit = file.disk_overcommit.unwrap_or(1.0);
+    if !(disk_overcommit.is_finite() && disk_overcommit > 0.0 && disk_overcommit <= 1000.0) {
+        bail!(
+            "disk_overcommit: must be a number above 0 (1.0: no overcommit), got {disk_overcommit}"
+        );
+    }
     let max_sandboxes = file.max_sandboxes.unwrap_or(1000);
     if max_sandboxes == 0 {
         bail!("max_sandboxes must be at least 1");
@@ -367,6 +375,7 @@ fn resolve(a: &ServeArgs) -> Result<Resolved> {
             max_sandboxes,
             uid_range_start,
             uid_slots,
+            disk_overcommit,
             audit,
             network: super::net::resolve_network(&file.network)?,
         },
