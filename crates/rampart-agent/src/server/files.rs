@@ -27,17 +27,14 @@ pub fn parse_query(q: &str) -> Vec<(String, String)> {
         while i < b.len() {
             match b[i] {
                 b'+' => out.push(b' '),
-                b'%' if i + 2 < b.len() => {
-                    let h = std::str::from_utf8(&b[i + 1..i + 3])
-                        .ok()
-                        .and_then(|h| u8::from_str_radix(h, 16).ok());
-                    match h {
-                        Some(v) => {
-                            out.push(v);
-                            i += 2;
-                        }
-                        None => out.push(b'%'),
-                    }
+                // Exactly two hex digits (`u8::from_str_radix` would also take `+F`).
+                b'%' if i + 2 < b.len()
+                    && b[i + 1].is_ascii_hexdigit()
+                    && b[i + 2].is_ascii_hexdigit() =>
+                {
+                    let hex = |c: u8| (c as char).to_digit(16).unwrap_or(0) as u8;
+                    out.push((hex(b[i + 1]) << 4) | hex(b[i + 2]));
+                    i += 2;
                 }
                 c => out.push(c),
             }
@@ -493,5 +490,9 @@ mod tests {
         assert_eq!(q[2], ("x".into(), "%zz".into()));
         assert_eq!(q[3], ("y".into(), "".into()));
         assert_eq!(parse_query("a=%4"), vec![("a".into(), "%4".into())]);
+        assert_eq!(
+            parse_query("a=%+F&b=%-1"),
+            vec![("a".into(), "%+F".into()), ("b".into(), "%-1".into())]
+        );
     }
 }
