@@ -484,7 +484,8 @@ pub fn resolve_path(path: &str, home: &str) -> std::path::PathBuf {
     let joined = if path.starts_with('/') {
         PathBuf::from(path)
     } else if let Some(rest) = path.strip_prefix("~/") {
-        PathBuf::from(home).join(rest)
+        // `~//x` is `~/x`: a rest that starts with `/` must not replace the home.
+        PathBuf::from(home).join(rest.trim_start_matches('/'))
     } else if path == "~" {
         PathBuf::from(home)
     } else {
@@ -520,5 +521,6 @@ mod tests {
         assert_eq!(resolve_path("", "/h"), std::path::Path::new("/h"));
         assert_eq!(resolve_path("../../..", "/h"), std::path::Path::new("/"));
         assert_eq!(resolve_path("~/f", "/h"), std::path::Path::new("/h/f"));
+        assert_eq!(resolve_path("~//etc", "/h"), std::path::Path::new("/h/etc"));
     }
 }
