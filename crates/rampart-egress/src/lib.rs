@@ -11,8 +11,12 @@
 //!   addresses, reads the TLS SNI or HTTP Host of the first bytes, and lets the connection
 //!   through only if the name is allowed *and* the destination is an address the resolver
 //!   answered for it (or an IP/CIDR rule allows the address), then splices both ways;
-//! - for hosts a **secret** is bound to, the proxy terminates TLS with a leaf certificate from
-//!   the sandbox's own CA and puts the secret into each HTTP/1.1 request's headers;
+//! - plain HTTP, and TLS to hosts a **secret** is bound to (terminated with a leaf certificate
+//!   from the sandbox's own CA), is relayed request by request: every request must name the
+//!   destination the connection was judged by, gets the secret only where its binding says
+//!   (and over plain HTTP only when the binding says `http://host`), and every response is
+//!   scrubbed of the sandbox's secret values on its way back; raw relaying starts only after
+//!   a `101` to a WebSocket upgrade or a 2xx to a CONNECT;
 //! - every decision goes into the sandbox's **network log** and to the event hook.
 //!
 //! # Public API (for rampart-core)

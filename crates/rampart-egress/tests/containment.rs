@@ -347,6 +347,26 @@ fn sandbox_blocks_secret_echoed_back_in_responses() {
                 .await;
             assert_eq!(e.secret.as_deref(), Some("api_token"));
             assert_eq!(e.name.as_deref(), Some("api.test"));
+            // After a 101 the stream is raw: a value in it cuts the connection.
+            let ca = cx.egress_ca.clone();
+            let req = "GET /ws-auth HTTP/1.1\r\nHost: api.test\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n";
+            let got = cx
+                .sandbox(move || tls_all(WEB2, "api.test", &ca, req.as_bytes()))
+                .await
+                .unwrap_or_default();
+            assert!(got.starts_with("HTTP/1.1 101"), "{got}");
+            assert!(!got.contains(SECRET_VALUE), "{got}");
+            assert!(
+                cx.received("GET /ws-auth ")
+                    .iter()
+                    .any(|h| h.contains(SECRET_VALUE)),
+                "{:?}",
+                cx.seen.requests()
+            );
+            cx.wait_entry("cut raw stream", |e| {
+                e.kind == NetEventKind::Close && e.rule.contains("a secret value in a raw stream")
+            })
+            .await;
             let log = serde_json::to_string(&cx.log()).unwrap();
             assert!(!log.contains(SECRET_VALUE));
         },

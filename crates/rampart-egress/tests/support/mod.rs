@@ -418,7 +418,8 @@ async fn dns_server(sock: tokio::net::UdpSocket, seen: Arc<Seen>) {
 /// reflects the `Authorization` header in a response header; `/chunked` sends the head as a
 /// chunked body in 7-byte chunks; `/split` writes the head and 70 KiB of padding in two
 /// writes 30 ms apart, split in the middle of the `Authorization` value; `/close` answers without a length and closes;
-/// `/ws` with `Upgrade: websocket` answers `101` and then echoes raw bytes. `Connection:
+/// `/ws` with `Upgrade: websocket` answers `101` and then echoes raw bytes (`/ws-auth` first
+/// sends `auth=<Authorization header>` raw). `Connection:
 /// close` is honoured.
 async fn echo_http<S>(s: S, seen: Arc<Seen>)
 where
@@ -468,12 +469,18 @@ where
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
         }
-        if path == "/ws" && header("upgrade").is_some() {
+        if (path == "/ws" || path == "/ws-auth") && header("upgrade").is_some() {
             let _ = w
                 .write_all(
                     b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n",
                 )
                 .await;
+            if path == "/ws-auth" {
+                // Reflects the Authorization header in the raw stream.
+                let auth = header("authorization").unwrap_or_default();
+                let _ = w.write_all(format!("auth={auth}\n").as_bytes()).await;
+                let _ = w.flush().await;
+            }
             let mut buf = [0u8; 4096];
             loop {
                 let n = match r.read(&mut buf).await {
