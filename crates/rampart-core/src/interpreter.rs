@@ -40,44 +40,64 @@ pub(crate) fn install(template_dir: &Path) -> std::io::Result<()> {
 const ETC_FILES: &[&str] = &["matplotlibrc"];
 
 /// [`install`] with the host's `/etc` given (for tests).
+///
+/// Sandboxes read what this writes through their idmapped mounts, as `user`: every mode is
+/// set explicitly (directories 0755, files 0644), never left to the daemon's umask (0077).
 fn install_from(template_dir: &Path, host_etc: &Path) -> std::io::Result<()> {
-    use std::os::unix::fs::PermissionsExt as _;
+    let rootfs = template_dir.join("rootfs");
     for name in ETC_FILES {
         let Ok(want) = std::fs::read(host_etc.join(name)) else {
             continue;
         };
-        let dest = template_dir.join("rootfs/etc").join(name);
+        let dest = rootfs.join("etc").join(name);
         if std::fs::read(&dest).is_ok_and(|b| b == want) {
             continue;
         }
-        std::fs::create_dir_all(template_dir.join("rootfs/etc"))?;
+        make_dirs(&rootfs, Path::new("etc"))?;
         let tmp = dest.with_extension("tmp");
-        std::fs::write(&tmp, &want)?;
-        std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o644))?;
+        write_public(&tmp, &want)?;
         std::fs::rename(&tmp, &dest)?;
     }
     let rel = SERVER_PATH.trim_start_matches('/');
-    let dest = template_dir.join("rootfs").join(rel);
+    let dest = rootfs.join(rel);
     if std::fs::read(&dest).is_ok_and(|b| b == SERVER.as_bytes()) {
         return Ok(());
     }
-    let dir = dest
+    let parent = Path::new(rel)
         .parent()
         .ok_or_else(|| std::io::Error::other("server path has no parent"))?;
-    std::fs::create_dir_all(dir)?;
-    let mut d = template_dir.join("rootfs");
-    for part in Path::new(rel)
-        .parent()
-        .into_iter()
-        .flat_map(Path::components)
-    {
+    make_dirs(&rootfs, parent)?;
+    let tmp = dest.with_extension("py.tmp");
+    write_public(&tmp, SERVER.as_bytes())?;
+    std::fs::rename(&tmp, &dest)
+}
+
+/// Makes `root` and `root/rel` (and every directory between) exist with mode 0755.
+fn make_dirs(root: &Path, rel: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt as _;
+    std::fs::create_dir_all(root.join(rel))?;
+    let mut d = root.to_path_buf();
+    std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o755))?;
+    for part in rel.components() {
         d.push(part);
         std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o755))?;
     }
-    let tmp = dest.with_extension("py.tmp");
-    std::fs::write(&tmp, SERVER)?;
-    std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o644))?;
-    std::fs::rename(&tmp, &dest)
+    Ok(())
+}
+
+/// Writes `data` to `path` (replaced if there), mode 0644 whatever the umask.
+fn write_public(path: &Path, data: &[u8]) -> std::io::Result<()> {
+    use std::io::Write as _;
+    use std::os::unix::fs::{OpenOptionsExt as _, PermissionsExt as _};
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o644)
+        .open(path)?;
+    f.write_all(data)?;
+    // The create's mode passed through the umask; an existing file kept its own.
+    f.set_permissions(std::fs::Permissions::from_mode(0o644))
 }
 
 fn keep_tail(buf: &mut Vec<u8>, b: &[u8]) {
@@ -159,6 +179,21 @@ mod tests {
         std::fs::write(etc.path().join("matplotlibrc"), "backend: agg\n").unwrap();
         std::fs::create_dir_all(d.path().join("rootfs/opt")).unwrap();
         install_from(d.path(), etc.path()).unwrap();
+        let mode = |p: &Path| {
+            use std::os::unix::fs::PermissionsExt as _;
+            std::fs::metadata(p).unwrap().permissions().mode() & 0o7777
+        };
+        for (rel, m) in [
+            ("rootfs", 0o755),
+            ("rootfs/etc", 0o755),
+            ("rootfs/etc/matplotlibrc", 0o644),
+            ("rootfs/opt", 0o755),
+            ("rootfs/opt/rampart", 0o755),
+            ("rootfs/opt/rampart/code-interpreter", 0o755),
+            ("rootfs/opt/rampart/code-interpreter/server.py", 0o644),
+        ] {
+            assert_eq!(mode(&d.path().join(rel)), m, "{rel}");
+        }
         let p = d
             .path()
             .join("rootfs")

@@ -255,9 +255,13 @@ impl Manager {
             agent_bin: cfg.agent_bin.clone(),
             cgroup_subtree: subtree.to_owned(),
         };
-        std::fs::create_dir_all(&jail_cfg.state_dir).map_err(|e| {
-            CoreError::Internal(format!("creating {}: {e}", jail_cfg.state_dir.display()))
-        })?;
+        // Private to the daemon (0700), whatever the umask: the jailer reaches each sandbox's
+        // directory as host root.
+        std::os::unix::fs::DirBuilderExt::mode(std::fs::DirBuilder::new().recursive(true), 0o700)
+            .create(&jail_cfg.state_dir)
+            .map_err(|e| {
+                CoreError::Internal(format!("creating {}: {e}", jail_cfg.state_dir.display()))
+            })?;
         let pool = jail_pool_size();
         // Warm jailers have disks of the default size ready.
         let disk = cfg.default_limits.disk_bytes;

@@ -145,7 +145,8 @@ impl Dir {
     }
 }
 
-/// Walks to the parent directory of `comps` (creating missing directories 0755 root),
+/// Walks to the parent directory of `comps` (creating missing directories 0755 root, the mode
+/// set explicitly rather than left to the umask),
 /// refusing any component that is not a real directory.
 fn walk(root: &Dir, comps: &[Vec<u8>], path: &str) -> Result<Dir, ImageError> {
     let mut cur = Dir(root.0.try_clone().map_err(io("dup layer directory fd"))?);
@@ -158,6 +159,13 @@ fn walk(root: &Dir, comps: &[Vec<u8>], path: &str) -> Result<Dir, ImageError> {
                 let rc = unsafe { libc::mkdirat(cur.fd(), name.as_ptr(), 0o755) };
                 if rc != 0 {
                     return Err(last(format!("mkdir parent of {path}")));
+                }
+                // 0755 whatever the umask (the daemon's is 0077): sandboxes walk it as any
+                // user. Not a symlink: mkdirat just made it.
+                // SAFETY: valid dirfd and C string.
+                let rc = unsafe { libc::fchmodat(cur.fd(), name.as_ptr(), 0o755, 0) };
+                if rc != 0 {
+                    return Err(last(format!("chmod parent of {path}")));
                 }
                 cur = cur
                     .child(&name)

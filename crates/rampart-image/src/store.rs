@@ -191,10 +191,46 @@ pub fn now_rfc3339() -> String {
         .unwrap_or_default()
 }
 
-/// Writes a file atomically (temp + rename).
+/// Makes directory `p` (with its missing parents when `parents`) with mode 0700, whatever
+/// the umask; an existing one is left as it is.
+fn private_dir(p: &Path, parents: bool) -> Result<(), ImageError> {
+    use std::os::unix::fs::DirBuilderExt as _;
+    std::fs::DirBuilder::new()
+        .recursive(parents)
+        .mode(0o700)
+        .create(p)
+        .map_err(io(format!("mkdir {}", p.display())))
+}
+
+/// Writes a new file of mode 0600 (the store's own records; never readable by other users,
+/// whatever the umask), replacing an old one.
+fn write_private(p: &Path, data: &[u8]) -> std::io::Result<()> {
+    use std::io::Write as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(p)?;
+    f.write_all(data)
+}
+
+/// Opens (creating, mode 0600) a lock file.
+fn open_lock(p: &Path) -> std::io::Result<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt as _;
+    std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .mode(0o600)
+        .open(p)
+}
+
+/// Writes a file atomically (temp + rename), mode 0600.
 fn write_atomic(p: &Path, data: &[u8]) -> Result<(), ImageError> {
     let tmp = p.with_extension(format!("tmp.{}", std::process::id()));
-    std::fs::write(&tmp, data).map_err(io(format!("write {}", tmp.display())))?;
+    write_private(&tmp, data).map_err(io(format!("write {}", tmp.display())))?;
     std::fs::rename(&tmp, p).map_err(|e| {
         let _ = std::fs::remove_file(&tmp);
         io(format!("rename {}", p.display()))(e)
@@ -231,11 +267,15 @@ impl Store {
     /// the host; host users must not reach it. The jailer binds and stacks layers as host
     /// root; `build/` (a build sandbox's own directory, which its user namespace walks)
     /// stays reachable.
+    ///
+    /// Everything the store makes for itself (its directories, manifests, names, pins, layer
+    /// records, locks) is private to the daemon (0700, 0600) whatever the umask; a layer's
+    /// content (`layers/<key>/fs/`) keeps the modes its maker gave it, for sandboxes to read.
     pub fn open(data: &Path) -> Result<Store, ImageError> {
         let root = data.join("images");
         for d in ["layers", "manifests", "names", "tmp", "pins"] {
             let p = root.join(d);
-            std::fs::create_dir_all(&p).map_err(io(format!("mkdir {}", p.display())))?;
+            private_dir(&p, true)?;
         }
         for d in ["layers", "tmp"] {
             let p = root.join(d);
@@ -259,12 +299,7 @@ impl Store {
     /// Takes the store's lock (builds, rm, gc); fails at once if another process holds it.
     pub fn lock(&self) -> Result<StoreLock, ImageError> {
         let p = self.root.join("lock");
-        let f = std::fs::OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(&p)
-            .map_err(io(format!("open {}", p.display())))?;
+        let f = open_lock(&p).map_err(io(format!("open {}", p.display())))?;
         // SAFETY: flock on an fd we own.
         let rc = unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
         if rc != 0 {
@@ -276,12 +311,7 @@ impl Store {
     /// Takes `pins.lock` with flock operation `op` (blocking).
     fn pins_lock(&self, op: libc::c_int) -> Result<StoreLock, ImageError> {
         let p = self.root.join("pins.lock");
-        let f = std::fs::OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(&p)
-            .map_err(io(format!("open {}", p.display())))?;
+        let f = open_lock(&p).map_err(io(format!("open {}", p.display())))?;
         // SAFETY: flock on an fd we own.
         if unsafe { libc::flock(f.as_raw_fd(), op) } != 0 {
             return Err(io(format!("lock {}", p.display()))(
@@ -317,7 +347,7 @@ impl Store {
             std::process::id(),
             N.fetch_add(1, Ordering::Relaxed)
         ));
-        std::fs::create_dir(&p).map_err(io(format!("mkdir {}", p.display())))?;
+        private_dir(&p, false)?;
         Ok(TmpDir { path: p })
     }
 
@@ -359,9 +389,9 @@ impl Store {
             created_at: now_rfc3339(),
             size_bytes: tree_size(&sfs),
         };
-        std::fs::write(
-            staging.path().join("layer.json"),
-            serde_json::to_vec_pretty(&info).unwrap_or_default(),
+        write_private(
+            &staging.path().join("layer.json"),
+            &serde_json::to_vec_pretty(&info).unwrap_or_default(),
         )
         .map_err(io("write layer.json"))?;
         let dest = self.root.join("layers").join(key);
@@ -524,7 +554,7 @@ impl Store {
         layers: &[String],
     ) -> Result<(), ImageError> {
         let dir = self.root.join("pins");
-        std::fs::create_dir_all(&dir).map_err(io("mkdir pins"))?;
+        private_dir(&dir, true)?;
         let v = serde_json::json!({"sandbox_dir": sandbox_dir, "layers": layers});
         write_atomic(
             &dir.join(format!("{sandbox}.json")),
@@ -627,5 +657,53 @@ impl Store {
         rep.layers.sort();
         rep.manifests.sort();
         Ok(rep)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn mode(p: &Path) -> u32 {
+        std::fs::symlink_metadata(p).unwrap().mode() & 0o7777
+    }
+
+    /// The store's own files and directories are private whatever the umask (022 in tests as
+    /// a rule); a layer's content keeps the modes its maker gave it.
+    #[test]
+    fn the_stores_own_records_are_private() {
+        let d = tempfile::tempdir().unwrap();
+        let data = d.path().join("data");
+        let s = Store::open(&data).unwrap();
+        for dir in ["", "layers", "manifests", "names", "tmp", "pins"] {
+            assert_eq!(mode(&s.root().join(dir)), 0o700, "images/{dir}");
+        }
+        drop(s.lock().unwrap());
+        drop(s.pin_guard().unwrap());
+        let key = s.ensure_skeleton().unwrap();
+        let id = s
+            .put_manifest(&Manifest {
+                schema: SCHEMA,
+                layers: vec![key.clone()],
+                config: TemplateConfig::default(),
+            })
+            .unwrap();
+        s.tag("t", &id).unwrap();
+        s.pin("sbx", d.path(), std::slice::from_ref(&key)).unwrap();
+        for f in [
+            "lock".to_owned(),
+            "pins.lock".to_owned(),
+            format!("manifests/{id}.json"),
+            "names/t.json".to_owned(),
+            "pins/sbx.json".to_owned(),
+            format!("layers/{key}/layer.json"),
+        ] {
+            assert_eq!(mode(&s.root().join(&f)), 0o600, "images/{f}");
+        }
+        assert_eq!(mode(&s.root().join("layers").join(&key)), 0o700);
+        let fs = s.layer_fs(&key);
+        assert_eq!(mode(&fs), 0o755);
+        assert_eq!(mode(&fs.join("tmp")), 0o1777);
+        assert_eq!(mode(&fs.join("root")), 0o700);
     }
 }

@@ -51,8 +51,7 @@ fn open(a: &KeysArgs) -> Result<KeyStore> {
         Some(d) => d.clone(),
         None => super::serve::default_data_dir()?,
     };
-    std::fs::create_dir_all(&dir)
-        .with_context(|| format!("cannot create the data directory {}", dir.display()))?;
+    super::serve::create_data_dir(&dir)?;
     KeyStore::open(&dir.join("state.db"))
         .with_context(|| format!("cannot open the key store in {}", dir.display()))
 }

@@ -196,6 +196,162 @@ pub(crate) fn default_data_dir() -> Result<PathBuf> {
     Ok(PathBuf::from(home).join(".local/share/rampart"))
 }
 
+/// State files the daemon tightens to 0600 at start when an older daemon left them readable
+/// by group or others (the store and the journal also do it for theirs when they open them).
+/// `node.key` is not in the list: a signing key others could read is refused (`rampart_audit`).
+const PRIVATE_FILES: [&str; 6] = [
+    "state.db",
+    "state.db-wal",
+    "state.db-shm",
+    "audit.journal",
+    "audit.journal.1",
+    "api-key",
+];
+
+/// Creates the data directory (and any missing parent) with mode 0700.
+pub(crate) fn create_data_dir(dir: &Path) -> Result<()> {
+    use std::os::unix::fs::DirBuilderExt as _;
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .with_context(|| format!("cannot create the data directory {}", dir.display()))
+}
+
+/// Checks that `p`, a parent of the data directory `dir`, lets no other user replace what is
+/// under it: owned by root or `euid`, and not writable by group or others unless sticky (like
+/// `/tmp`, where only an entry's owner may rename or remove it).
+fn check_parent(dir: &Path, p: &Path, euid: u32) -> Result<()> {
+    use std::os::unix::fs::MetadataExt as _;
+    let Ok(l) = std::fs::symlink_metadata(p) else {
+        return Ok(()); // missing: made below, 0700
+    };
+    if l.uid() != 0 && l.uid() != euid {
+        bail!(
+            "the data directory {} is not safe: {} belongs to uid {}, who could replace it. \
+             Fix: choose a --data-dir whose every parent belongs to root or to uid {euid} (the \
+             daemon's user)",
+            dir.display(),
+            p.display(),
+            l.uid()
+        );
+    }
+    let Ok(m) = std::fs::metadata(p) else {
+        return Ok(());
+    };
+    let mode = m.mode() & 0o7777;
+    if m.is_dir() && mode & 0o022 != 0 && mode & 0o1000 == 0 {
+        bail!(
+            "the data directory {} is not safe: {} is writable by other users (mode {mode:04o}) \
+             and has no sticky bit, so another user could move the data directory away and put \
+             their own in its place. Fix: `chmod go-w {}`, or choose a --data-dir under \
+             directories only root or uid {euid} can write",
+            dir.display(),
+            p.display(),
+            p.display()
+        );
+    }
+    Ok(())
+}
+
+/// Makes sure the data directory is the daemon's alone before anything is read or written
+/// in it (see `docs/threat-model.md`, "State and proxy credentials"):
+/// - missing: created, with its missing parents, mode 0700;
+/// - a parent (of the path given or of its real location) owned by another user than root
+///   or the daemon's, or writable by group or others without the sticky bit: refused;
+/// - owned by another user: refused (another user's files never become the daemon's state);
+/// - writable by group or others: refused (they may have planted files: a `state.db`, a
+///   symlink); the operator checks it and chmods it, or starts afresh;
+/// - readable or searchable by group or others (e.g. 0755, from `mkdir` with umask 022):
+///   made 0700, with a log line saying so; so are the state files of [`PRIVATE_FILES`] that
+///   are readable by group or others.
+///
+/// Every refusal names the path and the fix.
+fn secure_data_dir(dir: &Path) -> Result<()> {
+    use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};
+    let euid = nix::unistd::geteuid().as_raw();
+    let abs = std::path::absolute(dir)
+        .with_context(|| format!("the data directory {}", dir.display()))?;
+    for p in abs.ancestors().skip(1) {
+        check_parent(&abs, p, euid)?;
+    }
+    match std::fs::symlink_metadata(&abs) {
+        Ok(l) if l.file_type().is_symlink() && l.uid() != 0 && l.uid() != euid => bail!(
+            "the data directory {} is a symlink that belongs to uid {}, who could point it \
+             elsewhere. Fix: choose a --data-dir that is a real directory of uid {euid}",
+            abs.display(),
+            l.uid()
+        ),
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            create_data_dir(&abs)?;
+            tracing::info!("created the data directory {} (mode 0700)", abs.display());
+        }
+        Err(e) => return Err(e).with_context(|| format!("the data directory {}", abs.display())),
+    }
+    let real = std::fs::canonicalize(&abs)
+        .with_context(|| format!("the data directory {}", abs.display()))?;
+    if real != abs {
+        for p in real.ancestors().skip(1) {
+            check_parent(&abs, p, euid)?;
+        }
+    }
+    let md = std::fs::metadata(&real)
+        .with_context(|| format!("the data directory {}", real.display()))?;
+    if !md.is_dir() {
+        bail!(
+            "the data directory {} is not a directory. Fix: pass --data-dir a directory (it is \
+             made, mode 0700, if missing)",
+            abs.display()
+        );
+    }
+    if md.uid() != euid {
+        bail!(
+            "the data directory {} belongs to uid {}, not to uid {euid} that runs the daemon: \
+             another user's files must not become the daemon's state. Fix: `chown -R {euid} {}` \
+             if it is this daemon's, or choose another --data-dir",
+            abs.display(),
+            md.uid(),
+            real.display()
+        );
+    }
+    let mode = md.mode() & 0o7777;
+    if mode & 0o022 != 0 {
+        bail!(
+            "the data directory {} is writable by other users (mode {mode:04o}): they may have \
+             put files in it for the daemon to trust (a state.db, a symlink). Fix: check what \
+             it holds, then `chmod 700 {}`; or start with a new directory",
+            abs.display(),
+            real.display()
+        );
+    }
+    if mode != 0o700 {
+        std::fs::set_permissions(&real, std::fs::Permissions::from_mode(0o700))
+            .with_context(|| format!("cannot chmod the data directory {}", real.display()))?;
+        tracing::warn!(
+            "the data directory {} was mode {mode:04o} (other users could read the daemon's \
+             state); made it 0700",
+            abs.display()
+        );
+    }
+    for name in PRIVATE_FILES {
+        let p = real.join(name);
+        let Ok(m) = std::fs::symlink_metadata(&p) else {
+            continue;
+        };
+        let mode = m.mode() & 0o7777;
+        if m.is_file() && m.uid() == euid && mode & 0o077 != 0 {
+            std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600))
+                .with_context(|| format!("cannot chmod {}", p.display()))?;
+            tracing::warn!(
+                "{} was mode {mode:04o} (readable by other users); made it 0600",
+                p.display()
+            );
+        }
+    }
+    Ok(())
+}
+
 /// Finds a helper binary: the flag/env/config value, else next to this executable.
 fn helper_bin(name: &str, given: Option<PathBuf>, flag: &str) -> Result<PathBuf> {
     let path = match given {
@@ -414,12 +570,7 @@ async fn shutdown_signal() -> &'static str {
 pub async fn run(a: ServeArgs) -> Result<u8> {
     init_logging(a.log_format);
     let r = resolve(&a)?;
-    std::fs::create_dir_all(&r.core.data_dir).with_context(|| {
-        format!(
-            "cannot create the data directory {}",
-            r.core.data_dir.display()
-        )
-    })?;
+    secure_data_dir(&r.core.data_dir)?;
     let listener = tokio::net::TcpListener::bind(r.listen)
         .await
         .with_context(|| format!("cannot listen on {}", r.listen))?;
