@@ -258,8 +258,10 @@ pub(crate) fn get(data: &Path, name: &str) -> Option<rampart_types::TemplateInfo
 
 /// Removes what a template build killed with SIGKILL left (its build sandbox: processes,
 /// cgroup, directory; its temp layers), unless a build is running (it holds the store's
-/// lock). Blocking; called at daemon start.
+/// lock), and the links and nftables tables of build network slots no process holds
+/// (builds of any data directory on this host). Blocking; called at daemon start.
 pub(crate) fn clean_build_leftovers(cfg: &crate::CoreConfig) {
+    rampart_image::build::clean_network_leftovers();
     let Some(store) = Store::open_existing(&cfg.data_dir) else {
         return;
     };

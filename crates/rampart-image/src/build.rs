@@ -10,10 +10,20 @@
 //!
 //! A step whose key is in the store is not run again ("cached"); a change to one step
 //! changes its key and so the keys of every layer step after it.
+//!
+//! The network of a step (`[build] network` of the spec, [`step_network`]): every `apt`,
+//! `pip` and `run` step runs in a network namespace of its own. With `none` it has only its
+//! loopback; otherwise [`JailRunner`] gives it a link of its own to the host (rampart-net's
+//! veth wiring and an nftables table of the build's own, as for a sandbox) whose DNS and TCP
+//! go only to an egress proxy and resolver (rampart-egress) started for that step, under an
+//! `allowlist` policy of the spec's rules or of the package registries
+//! ([`registry_hosts`]). The host's loopback and addresses, metadata and private ranges are
+//! never reachable. The step's `/etc/resolv.conf` names its resolver (a file in the step's
+//! scratch directory, bound read-only).
 
 use crate::digest::KeyHasher;
 use crate::oci;
-use crate::spec::{Base, Spec, Step};
+use crate::spec::{Base, BuildNetwork, Spec, Step};
 use crate::store::{remove_tree, Manifest, Store, TemplateConfig, SCHEMA};
 use crate::{io, ImageError};
 use serde::{Deserialize, Serialize};
@@ -95,6 +105,171 @@ pub struct BuildReport {
     pub secs: f64,
 }
 
+/// What a build step's sandbox may reach, resolved from the spec's `[build] network`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StepNetwork {
+    /// Nothing: only its loopback (`network = "none"`).
+    None,
+    /// Its own link to the host, every DNS query and TCP connection through the egress
+    /// resolver and proxy, which allow only what these rules name (a sandbox's `allowlist`
+    /// policy; always-blocked and private addresses stay blocked).
+    Egress {
+        /// The allow rules.
+        allow: Vec<String>,
+    },
+}
+
+/// The registries build steps reach by default besides the apt sources: PyPI (`pip`), npm
+/// and crates.io (cargo's sparse index and downloads).
+pub const REGISTRY_HOSTS: &[&str] = &[
+    "pypi.org",
+    "files.pythonhosted.org",
+    "registry.npmjs.org",
+    "crates.io",
+    "static.crates.io",
+    "index.crates.io",
+];
+
+/// The host name of a URL (`http://user@host:80/path` -> `host`), lowercase; `None` for
+/// URLs without one (`file:`, `cdrom:`). `mirror+http://` and `tor+http://` count as HTTP.
+fn url_host(url: &str) -> Option<String> {
+    let (scheme, rest) = url.split_once("://")?;
+    let scheme = scheme.rsplit('+').next().unwrap_or(scheme);
+    if scheme != "http" && scheme != "https" {
+        return None;
+    }
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or("");
+    let hostport = authority.rsplit('@').next().unwrap_or(authority);
+    let host = if let Some(v6) = hostport.strip_prefix('[') {
+        v6.split(']').next().unwrap_or("")
+    } else {
+        hostport.split(':').next().unwrap_or("")
+    };
+    (!host.is_empty()).then(|| host.to_ascii_lowercase())
+}
+
+/// The hosts of the apt sources under `etc_apt` (normally `/etc/apt`): `sources.list` and
+/// `sources.list.d/*.list` (one-line format) and `sources.list.d/*.sources` (deb822, stanzas
+/// with `Enabled: no` skipped). Sorted, without duplicates.
+pub fn apt_source_hosts(etc_apt: &Path) -> Vec<String> {
+    let mut files = vec![etc_apt.join("sources.list")];
+    if let Ok(rd) = std::fs::read_dir(etc_apt.join("sources.list.d")) {
+        let mut more: Vec<PathBuf> = rd
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| p.extension().is_some_and(|x| x == "list" || x == "sources"))
+            .collect();
+        more.sort();
+        files.extend(more);
+    }
+    let mut hosts = Vec::new();
+    for f in files {
+        let Ok(text) = std::fs::read_to_string(&f) else {
+            continue;
+        };
+        if f.extension().is_some_and(|x| x == "sources") {
+            hosts.extend(deb822_uris(&text).iter().filter_map(|u| url_host(u)));
+        } else {
+            hosts.extend(one_line_uris(&text).iter().filter_map(|u| url_host(u)));
+        }
+    }
+    hosts.sort();
+    hosts.dedup();
+    hosts
+}
+
+/// The URIs of a one-line-format sources list (`deb [options] URI suite components`).
+fn one_line_uris(text: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    for line in text.lines() {
+        let line = line.split('#').next().unwrap_or("").trim();
+        let mut rest = match line.split_once(char::is_whitespace) {
+            Some(("deb" | "deb-src", rest)) => rest.trim_start(),
+            _ => continue,
+        };
+        if let Some(opts) = rest.strip_prefix('[') {
+            rest = opts
+                .split_once(']')
+                .map(|(_, r)| r.trim_start())
+                .unwrap_or("");
+        }
+        if let Some(uri) = rest.split_whitespace().next() {
+            out.push(uri.to_owned());
+        }
+    }
+    out
+}
+
+/// The URIs of the enabled stanzas of a deb822 `.sources` file.
+fn deb822_uris(text: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut stanza: Vec<(String, String)> = Vec::new();
+    let mut flush = |stanza: &mut Vec<(String, String)>| {
+        let enabled = !stanza
+            .iter()
+            .any(|(k, v)| k == "enabled" && v.trim().eq_ignore_ascii_case("no"));
+        if enabled {
+            for (k, v) in stanza.iter() {
+                if k == "uris" {
+                    out.extend(v.split_whitespace().map(str::to_owned));
+                }
+            }
+        }
+        stanza.clear();
+    };
+    for line in text.lines() {
+        if line.starts_with('#') {
+            continue;
+        }
+        if line.trim().is_empty() {
+            flush(&mut stanza);
+        } else if line.starts_with([' ', '\t']) {
+            if let Some((_, v)) = stanza.last_mut() {
+                v.push(' ');
+                v.push_str(line.trim());
+            }
+        } else if let Some((k, v)) = line.split_once(':') {
+            stanza.push((k.trim().to_ascii_lowercase(), v.trim().to_owned()));
+        }
+    }
+    flush(&mut stanza);
+    out
+}
+
+/// The default allow rules of build steps (`network = "registries"`): the hosts of the
+/// host's apt sources (`/etc/apt`), the host of the spec's Debian mirror, and
+/// [`REGISTRY_HOSTS`]. Sorted, without duplicates; names that are not valid rules are left
+/// out.
+pub fn registry_hosts(spec: &Spec) -> Vec<String> {
+    let mut hosts = apt_source_hosts(Path::new("/etc/apt"));
+    if let Base::Debian { mirror, .. } = &spec.from {
+        hosts.extend(url_host(mirror));
+    }
+    hosts.extend(REGISTRY_HOSTS.iter().map(|h| (*h).to_owned()));
+    hosts.sort();
+    hosts.dedup();
+    hosts.retain(|h| {
+        let p = rampart_types::NetworkPolicy {
+            mode: rampart_types::NetworkMode::Allowlist,
+            allow: vec![h.clone()],
+            ..Default::default()
+        };
+        rampart_egress::validate_policy(&p).is_ok()
+    });
+    hosts
+}
+
+/// The network of `spec`'s build steps.
+pub fn step_network(spec: &Spec) -> StepNetwork {
+    match &spec.network {
+        BuildNetwork::None => StepNetwork::None,
+        BuildNetwork::Allow(a) => StepNetwork::Egress { allow: a.clone() },
+        BuildNetwork::Registries => StepNetwork::Egress {
+            allow: registry_hosts(spec),
+        },
+    }
+}
+
 /// A command to run in a build sandbox.
 #[derive(Debug, Clone)]
 pub struct RunRequest {
@@ -112,6 +287,11 @@ pub struct RunRequest {
     pub cwd: Option<String>,
     /// Environment.
     pub env: BTreeMap<String, String>,
+    /// What the step may reach.
+    pub network: StepNetwork,
+    /// A host directory of the step's own for the runner's files (its `resolv.conf`, the
+    /// egress state), removed after the step.
+    pub scratch: PathBuf,
 }
 
 /// Runs build steps in sandboxes. [`JailRunner`] is the real one.
@@ -410,6 +590,22 @@ impl<'a> Builder<'a> {
             kind: "base".into(),
             describe: describe.clone(),
         });
+        let network = step_network(spec);
+        if spec
+            .steps
+            .iter()
+            .any(|s| matches!(s, Step::Apt(_) | Step::Pip(_) | Step::Run(_)))
+        {
+            events(BuildEvent::Output {
+                text: match &network {
+                    StepNetwork::None => "network of the steps: none\n".to_owned(),
+                    StepNetwork::Egress { allow } => format!(
+                        "network of the steps: through the egress proxy, allowing {}\n",
+                        allow.join(", ")
+                    ),
+                },
+            });
+        }
         let mut base_layers = Vec::new();
         let mut base_cached = true;
         match &spec.from {
@@ -525,7 +721,7 @@ impl<'a> Builder<'a> {
                     if opts.no_cache || !self.store.has_layer(&key) {
                         cached = false;
                         self.make_step_layer(
-                            index, step, &chain, &config, &spec.dir, &key, events,
+                            index, step, &chain, &config, &spec.dir, &key, &network, events,
                         )?;
                     }
                     chain.push(key.clone());
@@ -576,6 +772,7 @@ impl<'a> Builder<'a> {
         config: &TemplateConfig,
         spec_dir: &Path,
         key: &str,
+        network: &StepNetwork,
         events: &mut dyn FnMut(BuildEvent),
     ) -> Result<(), ImageError> {
         let tmp = self.store.tmp_dir(&format!("step{index}"))?;
@@ -632,7 +829,10 @@ impl<'a> Builder<'a> {
                 _ => Some("/".into()),
             },
             env,
+            network: network.clone(),
+            scratch: tmp.path().join("scratch"),
         };
+        std::fs::create_dir(&req.scratch).map_err(io("mkdir the step's scratch directory"))?;
         let mut out = |b: &[u8]| {
             events(BuildEvent::Output {
                 text: String::from_utf8_lossy(b).into_owned(),
@@ -757,26 +957,166 @@ fn mmdebstrap(
     Ok(())
 }
 
+pub use netslot::{BUILD_NET_BLOCK, BUILD_NET_SLOTS};
+
+/// Removes the links and nftables tables of build network slots that no process holds (left
+/// by builds killed with SIGKILL). Blocking (one `nft list tables`); [`JailRunner::new`] does
+/// it too.
+pub fn clean_network_leftovers() {
+    netslot::clean_leftovers();
+}
 pub use runner::{JailRunner, DEFAULT_BUILD_UID_BASE};
 
+/// The host side of build steps' networks: one slot per concurrent step on the host.
+///
+/// Builds in one data directory run one at a time (the store's lock), but builds in other
+/// data directories may run at the same time, so each networked step takes a free slot `n`
+/// (`0..BUILD_NET_SLOTS`), held by an abstract Unix socket `@rampart-build-net-<n>` that the
+/// kernel releases when the process exits however it exits. Slot `n` owns:
+///
+/// - the address pair of `10.202.0.(4n)/30` (gateway `.4n`, the step's sandbox `.4n+1`),
+/// - host links named `rbld<n in hex><8 hex digits>` (rampart-net's naming),
+/// - the nftables table `inet rampart_build_<n>` (rampart-net's firewall for that prefix),
+///
+/// all removed when the step ends; a build killed with SIGKILL leaves them, and they are
+/// removed by the next step that takes the slot and by [`clean_leftovers`] (every
+/// [`JailRunner::new`]) for slots no process holds.
+mod netslot {
+    use crate::ImageError;
+    use rampart_net::{AddressPool, Net, NetConfig, NetHandle};
+    use std::os::linux::net::SocketAddrExt as _;
+    use std::os::unix::net::{SocketAddr, UnixListener};
+
+    /// How many build steps on one host can have a network at the same time.
+    pub const BUILD_NET_SLOTS: u32 = 16;
+    /// The address block of build steps' links (`BUILD_NET_SLOTS` /30 blocks).
+    pub const BUILD_NET_BLOCK: &str = "10.202.0.0/26";
+
+    fn lock(n: u32) -> Option<UnixListener> {
+        let name = format!("rampart-build-net-{n}");
+        let addr = SocketAddr::from_abstract_name(name.as_bytes()).ok()?;
+        UnixListener::bind_addr(&addr).ok()
+    }
+
+    /// The wiring of slot `n` (with the egress ports, once known; placeholders before).
+    pub(super) fn net(n: u32, dns_port: u16, proxy_port: u16) -> Result<Net, ImageError> {
+        let bad = |e: rampart_net::NetError| ImageError::Sandbox(format!("build network: {e}"));
+        Net::new(NetConfig {
+            pool: AddressPool::parse(&format!("10.202.0.{}/30", 4 * n)).map_err(bad)?,
+            link_prefix: format!("rbld{n:x}"),
+            table: format!("rampart_build_{n}"),
+            dns_port,
+            proxy_port,
+        })
+        .map_err(bad)
+    }
+
+    /// A slot this process holds.
+    #[derive(Debug)]
+    pub(super) struct Slot {
+        pub n: u32,
+        pub handle: NetHandle,
+        _lock: UnixListener,
+    }
+
+    /// Takes a free slot and removes what a killed build left in it.
+    pub(super) fn take() -> Result<Slot, ImageError> {
+        for n in 0..BUILD_NET_SLOTS {
+            let Some(l) = lock(n) else { continue };
+            let net = net(n, 1, 2)?;
+            let handle = net
+                .handle(0)
+                .map_err(|e| ImageError::Sandbox(format!("build network: {e}")))?;
+            clean(&net);
+            return Ok(Slot {
+                n,
+                handle,
+                _lock: l,
+            });
+        }
+        Err(ImageError::Sandbox(format!(
+            "build network: all {BUILD_NET_SLOTS} slots are taken by other builds on this host"
+        )))
+    }
+
+    /// Removes a slot's leftover link (the caller holds its lock; its table is replaced
+    /// whole when the step installs it).
+    fn clean(net: &Net) {
+        if let Ok(h) = net.handle(0) {
+            if std::path::Path::new("/sys/class/net")
+                .join(&h.host_if)
+                .exists()
+            {
+                if let Err(e) = net.remove_link(&h.host_if) {
+                    tracing::warn!(link = %h.host_if, "removing a leftover build link: {e}");
+                }
+            }
+        }
+    }
+
+    /// Removes the links and tables of slots that no process holds (left by killed builds).
+    pub fn clean_leftovers() {
+        let tables: Vec<u32> = std::process::Command::new("nft")
+            .args(["list", "tables", "inet"])
+            .stderr(std::process::Stdio::null())
+            .output()
+            .map(|o| {
+                String::from_utf8_lossy(&o.stdout)
+                    .lines()
+                    .filter_map(|l| l.trim().strip_prefix("table inet rampart_build_"))
+                    .filter_map(|n| n.trim().parse().ok())
+                    .filter(|n| *n < BUILD_NET_SLOTS)
+                    .collect()
+            })
+            .unwrap_or_default();
+        for n in 0..BUILD_NET_SLOTS {
+            let Ok(net) = net(n, 1, 2) else { continue };
+            let has_link = net.links().is_ok_and(|l| !l.is_empty());
+            if !has_link && !tables.contains(&n) {
+                continue;
+            }
+            let Some(_lock) = lock(n) else { continue };
+            if has_link {
+                for (name, _) in net.links().unwrap_or_default() {
+                    if let Err(e) = net.remove_link(&name) {
+                        tracing::warn!(link = %name, "removing a leftover build link: {e}");
+                    }
+                }
+            }
+            if tables.contains(&n) {
+                if let Err(e) = net.firewall().remove() {
+                    tracing::warn!("removing the leftover build table of slot {n}: {e}");
+                }
+            }
+        }
+    }
+}
+
 mod runner {
-    use super::{RunRequest, StepRunner};
+    use super::netslot::{self, Slot};
+    use super::{RunRequest, StepNetwork, StepRunner};
     use crate::ImageError;
     use futures::StreamExt as _;
     use rampart_agent::client::{AgentClient, ProcessEvent, StartOptions};
+    use rampart_egress::{Egress, EgressConfig, NetEvent};
     use rampart_jail::{BuildMounts, Jail, JailConfig, LaunchSpec};
-    use rampart_types::{Limits, SandboxId};
+    use rampart_net::Net;
+    use rampart_types::{Limits, NetLogEntry, NetworkMode, NetworkPolicy, SandboxId, Verdict};
+    use std::net::IpAddr;
     use std::path::{Path, PathBuf};
     use std::sync::atomic::{AtomicBool, Ordering};
     use std::time::{Duration, Instant};
+    use tokio::sync::mpsc;
 
     /// Default first host uid of build sandboxes: above the daemon's default sandbox
     /// ranges (`2^29 + 1024 * 65536`); one range, builds run one at a time (store lock).
     pub const DEFAULT_BUILD_UID_BASE: u32 = 1 << 30;
 
     /// Runs build steps in jail sandboxes: the template so far as idmapped lower layers, a
-    /// host directory as the upper layer, the host's network (apt, pip), its own cgroup
-    /// subtree `rampart-build` and state directory `<data>/images/build`.
+    /// host directory as the upper layer, a network namespace of its own (with the step's
+    /// network: a link to the host whose DNS and TCP go only to an egress resolver and proxy
+    /// started for the step, see the module documentation), its own cgroup subtree
+    /// `rampart-build` and state directory `<data>/images/build`.
     #[derive(Debug)]
     pub struct JailRunner {
         jail: Jail,
@@ -785,7 +1125,9 @@ mod runner {
     }
 
     impl JailRunner {
-        /// Sets up the build tier and removes leftovers of an interrupted earlier build.
+        /// Sets up the build tier and removes leftovers of an interrupted earlier build (its
+        /// sandboxes, and the links and nftables tables of build network slots no process
+        /// holds).
         pub fn new(
             data: &Path,
             jailer_bin: PathBuf,
@@ -799,6 +1141,7 @@ mod runner {
                 cgroup_subtree: "rampart-build".into(),
             })
             .map_err(|e| ImageError::Sandbox(e.to_string()))?;
+            netslot::clean_leftovers();
             for id in jail.leftovers().unwrap_or_default() {
                 let _ = jail.destroy(&id);
             }
@@ -822,6 +1165,106 @@ mod runner {
         }
     }
 
+    /// A step's network while it runs: its slot, link, table and egress service. Dropping it
+    /// removes the table and the link (the egress service stops with it; the slot is freed
+    /// last).
+    struct StepNet {
+        net: Net,
+        egress: Option<Egress>,
+        wired: bool,
+        table: bool,
+        _slot: Slot,
+    }
+
+    impl Drop for StepNet {
+        fn drop(&mut self) {
+            if let Some(e) = self.egress.take() {
+                drop(e);
+            }
+            if self.table {
+                if let Err(e) = self.net.firewall().remove() {
+                    tracing::warn!("removing the build step's nftables table: {e}");
+                }
+            }
+            if self.wired {
+                if let Err(e) = self.net.unwire(0) {
+                    tracing::warn!("removing the build step's link: {e}");
+                }
+            }
+        }
+    }
+
+    /// Wires the launched step sandbox (PID 1 `pid`) into `slot` and starts its egress
+    /// service with an allowlist of `allow`: link, resolver and proxy on the gateway address,
+    /// the slot's nftables table, the attachment. On error, what was made is removed (by
+    /// dropping the partial [`StepNet`]).
+    fn setup(
+        slot: Slot,
+        pid: i32,
+        rt: &tokio::runtime::Runtime,
+        id: &SandboxId,
+        allow: &[String],
+        state_dir: PathBuf,
+    ) -> Result<(StepNet, Option<mpsc::Receiver<NetEvent>>), ImageError> {
+        let fail =
+            |what: &str, e: String| ImageError::Sandbox(format!("build network: {what}: {e}"));
+        let mut sn = StepNet {
+            net: netslot::net(slot.n, 1, 2)?,
+            egress: None,
+            wired: false,
+            table: false,
+            _slot: slot,
+        };
+        let h = sn._slot.handle.clone();
+        // On error `wire` leaves nothing behind.
+        sn.net
+            .wire(pid, 0)
+            .map_err(|e| fail("wiring the link", e.to_string()))?;
+        sn.wired = true;
+        let egress = rt
+            .block_on(Egress::start(EgressConfig {
+                listen: vec![IpAddr::V4(h.gateway)],
+                proxy_port: 0,
+                dns_port: 0,
+                state_dir,
+                blocked: vec![super::BUILD_NET_BLOCK.to_owned()],
+                ..EgressConfig::default()
+            }))
+            .map_err(|e| fail("starting the egress proxy", e.to_string()))?;
+        let events = egress.take_events();
+        let (dns_port, proxy_port) = (egress.dns_port(), egress.proxy_port());
+        sn.egress = Some(egress);
+        sn.net = netslot::net(sn._slot.n, dns_port, proxy_port)?;
+        sn.table = true;
+        sn.net
+            .install_firewall()
+            .map_err(|e| fail("installing the firewall", e.to_string()))?;
+        let policy = NetworkPolicy {
+            mode: NetworkMode::Allowlist,
+            allow: allow.to_vec(),
+            ..NetworkPolicy::default()
+        };
+        if let Some(e) = &sn.egress {
+            e.attach(
+                id.as_str(),
+                IpAddr::V4(h.address),
+                IpAddr::V4(h.gateway),
+                policy,
+                Vec::new(),
+            )
+            .map_err(|e| fail("attaching to the egress proxy", e.to_string()))?;
+        }
+        Ok((sn, events))
+    }
+
+    /// Writes the step's `resolv.conf` (mode 0644: read inside by the sandbox's users).
+    fn write_resolv_conf(path: &Path, text: &str) -> Result<(), ImageError> {
+        use std::os::unix::fs::PermissionsExt as _;
+        std::fs::write(path, text).map_err(crate::io("write the step's resolv.conf"))?;
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o644))
+            .map_err(crate::io("chmod the step's resolv.conf"))
+    }
+
     impl StepRunner for JailRunner {
         fn run(
             &self,
@@ -830,6 +1273,18 @@ mod runner {
             cancel: &AtomicBool,
         ) -> Result<i32, ImageError> {
             let id = SandboxId::generate();
+            let slot = match &req.network {
+                StepNetwork::None => None,
+                StepNetwork::Egress { .. } => Some(netslot::take()?),
+            };
+            let resolv = req.scratch.join("resolv.conf");
+            match &slot {
+                Some(s) => write_resolv_conf(
+                    &resolv,
+                    &format!("nameserver {}\noptions edns0\n", s.handle.gateway),
+                )?,
+                None => write_resolv_conf(&resolv, "# rampart build: network = \"none\"\n")?,
+            }
             let spec = LaunchSpec {
                 id: id.clone(),
                 template_dir: PathBuf::new(),
@@ -845,8 +1300,9 @@ mod runner {
                 build: Some(BuildMounts {
                     upper: req.upper.clone(),
                     work: req.work.clone(),
-                    host_network: true,
-                    resolv_conf: Some(PathBuf::from("/etc/resolv.conf")).filter(|p| p.is_file()),
+                    // A network namespace of its own (loopback only until wired below).
+                    host_network: false,
+                    resolv_conf: Some(resolv),
                 }),
                 agent_args: vec!["--default-user".into(), "root".into()],
             };
@@ -859,11 +1315,54 @@ mod runner {
                     .enable_all()
                     .build()
                     .map_err(crate::io("start a runtime"))?;
-                rt.block_on(run_in(launched.agent_socket, req, out, cancel))
+                let (net, events) = match (slot, &req.network) {
+                    (Some(slot), StepNetwork::Egress { allow }) => {
+                        let (n, ev) = setup(
+                            slot,
+                            launched.pid,
+                            &rt,
+                            &id,
+                            allow,
+                            req.scratch.join("egress"),
+                        )?;
+                        (Some(n), ev)
+                    }
+                    _ => (None, None),
+                };
+                let r = rt.block_on(run_in(launched.agent_socket, req, out, cancel, events));
+                drop(net);
+                r
             })();
             let _ = self.jail.destroy(&id);
             self.jail.settle();
             r
+        }
+    }
+
+    /// A line for the build's output about a refused DNS query or connection.
+    fn describe_denial(e: &NetLogEntry) -> Option<String> {
+        if e.verdict != Verdict::Deny {
+            return None;
+        }
+        let kind = serde_json::to_value(e.kind)
+            .ok()
+            .and_then(|v| v.as_str().map(str::to_owned))
+            .unwrap_or_default();
+        let what = match (&e.name, e.addrs.first()) {
+            (Some(n), _) => n.clone(),
+            (None, Some(a)) => a.clone(),
+            (None, None) => "?".into(),
+        };
+        let port = e.port.map(|p| format!(":{p}")).unwrap_or_default();
+        Some(format!(
+            "rampart: network: deny {kind} {what}{port} ({})\n",
+            e.rule
+        ))
+    }
+
+    fn report(ev: &NetEvent, out: &mut dyn FnMut(&[u8])) {
+        if let Some(l) = describe_denial(&ev.entry) {
+            out(l.as_bytes());
         }
     }
 
@@ -872,6 +1371,7 @@ mod runner {
         req: &RunRequest,
         out: &mut dyn FnMut(&[u8]),
         cancel: &AtomicBool,
+        mut net_events: Option<mpsc::Receiver<NetEvent>>,
     ) -> Result<i32, ImageError> {
         let client = AgentClient::new(sock);
         let deadline = Instant::now() + Duration::from_secs(10);
@@ -900,11 +1400,24 @@ mod runner {
             tokio::select! {
                 ev = events.next() => match ev {
                     Some(Ok(ProcessEvent::Stdout(b) | ProcessEvent::Stderr(b) | ProcessEvent::Pty(b))) => out(&b),
-                    Some(Ok(ProcessEvent::End { exit_code, .. })) => return Ok(exit_code),
+                    Some(Ok(ProcessEvent::End { exit_code, .. })) => {
+                        if let Some(rx) = net_events.as_mut() {
+                            while let Ok(ev) = rx.try_recv() {
+                                report(&ev, out);
+                            }
+                        }
+                        return Ok(exit_code);
+                    }
                     Some(Ok(_)) => {}
                     Some(Err(e)) => return Err(ImageError::Sandbox(format!("step output: {e}"))),
                     None => return Err(ImageError::Sandbox("the step's output ended without an exit".into())),
                 },
+                Some(ev) = async {
+                    match net_events.as_mut() {
+                        Some(rx) => rx.recv().await,
+                        None => std::future::pending().await,
+                    }
+                } => report(&ev, out),
                 _ = tick.tick() => {
                     if cancel.load(Ordering::SeqCst) {
                         return Err(ImageError::Interrupted);
@@ -912,5 +1425,105 @@ mod runner {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod network_tests {
+    use super::*;
+
+    #[test]
+    fn url_hosts() {
+        for (u, h) in [
+            ("http://deb.debian.org/debian", Some("deb.debian.org")),
+            (
+                "https://Mirror.Example.com:8443/x",
+                Some("mirror.example.com"),
+            ),
+            ("http://user:pw@host.example/p", Some("host.example")),
+            (
+                "mirror+http://mirrors.example/list",
+                Some("mirrors.example"),
+            ),
+            ("http://[2001:db8::1]:80/debian", Some("2001:db8::1")),
+            ("file:/srv/repo", None),
+            ("cdrom:[Debian]/", None),
+            ("ftp://ftp.example/debian", None),
+        ] {
+            assert_eq!(url_host(u).as_deref(), h, "{u}");
+        }
+    }
+
+    #[test]
+    fn apt_sources_in_both_formats() {
+        let d = std::env::temp_dir().join(format!("rampart-apt-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(d.join("sources.list.d")).unwrap();
+        std::fs::write(
+            d.join("sources.list"),
+            "# comment\ndeb http://deb.debian.org/debian bookworm main\n\
+             deb [arch=amd64 signed-by=/k.gpg] https://packages.example.com/apt stable main # tail\n\
+             deb-src http://src.example.org/debian bookworm main\n\
+             #deb http://commented.example/debian bookworm main\n",
+        )
+        .unwrap();
+        std::fs::write(
+            d.join("sources.list.d/a.sources"),
+            "Types: deb\nURIs: http://deb.debian.org/debian-security\n  https://cont.example.net/x\n\
+             Suites: bookworm-security\n\n# off\nTypes: deb\nURIs: http://disabled.example/\n\
+             Enabled: no\n",
+        )
+        .unwrap();
+        std::fs::write(
+            d.join("sources.list.d/b.list.disabled"),
+            "deb http://ignored.example/ x main\n",
+        )
+        .unwrap();
+        std::fs::write(
+            d.join("sources.list.d/c.list"),
+            "deb file:/srv/repo ./\ndeb http://local.example/ x main\n",
+        )
+        .unwrap();
+        assert_eq!(
+            apt_source_hosts(&d),
+            [
+                "cont.example.net",
+                "deb.debian.org",
+                "local.example",
+                "packages.example.com",
+                "src.example.org"
+            ]
+        );
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    #[test]
+    fn the_step_network_follows_the_spec() {
+        let spec = |extra: &str| {
+            Spec::parse(
+                &format!(
+                    "from = \"debian:bookworm\"\n[debian]\nmirror = \"http://mirror.example.org/debian\"\n{extra}"
+                ),
+                Path::new("."),
+            )
+            .unwrap()
+        };
+        assert_eq!(
+            step_network(&spec("[build]\nnetwork = \"none\"")),
+            StepNetwork::None
+        );
+        assert_eq!(
+            step_network(&spec("[build]\nnetwork = { allow = [\"pypi.org\"] }")),
+            StepNetwork::Egress {
+                allow: vec!["pypi.org".into()]
+            }
+        );
+        let StepNetwork::Egress { allow } = step_network(&spec("")) else {
+            panic!("the default has a network");
+        };
+        for h in REGISTRY_HOSTS.iter().copied().chain(["mirror.example.org"]) {
+            assert!(allow.iter().any(|a| a == h), "{h} missing from {allow:?}");
+        }
+        assert!(allow.windows(2).all(|w| w[0] < w[1]), "{allow:?}");
     }
 }

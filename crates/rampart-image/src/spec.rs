@@ -21,6 +21,8 @@
 //! [start]
 //! cmd = ["python3", "-m", "http.server", "8000"]
 //! ready = { port = 8000, timeout_secs = 30 }   # or { cmd = "test -f /tmp/ready" }
+//! [build]
+//! network = "registries"            # or "none", or { allow = ["pypi.org", "10.0.0.0/8"] }
 //! ```
 //!
 //! Every error names the field it is about (`steps[2].copy.src: ...`).
@@ -173,6 +175,25 @@ impl Step {
     }
 }
 
+/// What the build steps (`apt`, `pip`, `run`) may reach: `[build] network`. Every step runs
+/// in a network namespace of its own; with a network, its only way out is the egress proxy
+/// (its DNS and TCP judged like a sandbox's `allowlist` policy), and the host's loopback and
+/// addresses, metadata and private ranges are never reachable (a private range only through an
+/// address rule in `allow`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum BuildNetwork {
+    /// The package registries: the hosts of the host's apt sources and the spec's Debian
+    /// mirror, PyPI, npm and crates.io (`network = "registries"`, the default).
+    #[default]
+    Registries,
+    /// No network at all: the steps have only their loopback (`network = "none"`).
+    None,
+    /// Only these destinations, in the rule syntax of a sandbox's network policy (`pypi.org`,
+    /// `*.example.com`, `github.com:22`, `203.0.113.7`, `198.51.100.0/24`):
+    /// `network = { allow = [...] }`.
+    Allow(Vec<String>),
+}
+
 /// A parsed spec.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Spec {
@@ -184,6 +205,8 @@ pub struct Spec {
     pub steps: Vec<Step>,
     /// Start command.
     pub start: Option<StartSpec>,
+    /// What the build steps may reach (`[build] network`).
+    pub network: BuildNetwork,
     /// The directory `copy` sources and `oci:` paths are relative to.
     pub dir: PathBuf,
 }
@@ -213,7 +236,7 @@ impl Spec {
     /// Parses a spec's text.
     pub fn parse(text: &str, dir: &Path) -> Result<Spec, SpecError> {
         let v: toml::Table = toml::from_str(text).map_err(|e| err("toml", e.message()))?;
-        let allowed = ["name", "from", "debian", "steps", "start"];
+        let allowed = ["name", "from", "debian", "steps", "start", "build"];
         for k in v.keys() {
             if !allowed.contains(&k.as_str()) {
                 return Err(err(
@@ -242,11 +265,17 @@ impl Spec {
             }
         }
         let start = v.get("start").map(parse_start).transpose()?;
+        let network = v
+            .get("build")
+            .map(parse_build)
+            .transpose()?
+            .unwrap_or_default();
         Ok(Spec {
             name,
             from,
             steps,
             start,
+            network,
             dir: dir.to_path_buf(),
         })
     }
@@ -512,6 +541,64 @@ fn parse_step(field: &str, v: &Value) -> Result<Step, SpecError> {
     })
 }
 
+const NETWORK_FORMS: &str = "expected \"registries\", \"none\" or { allow = [\"host\", ...] }";
+
+fn parse_build(v: &Value) -> Result<BuildNetwork, SpecError> {
+    let t = v
+        .as_table()
+        .ok_or_else(|| err("build", "must be a table"))?;
+    let mut network = BuildNetwork::default();
+    for (k, v) in t {
+        match k.as_str() {
+            "network" => network = parse_network(v)?,
+            o => {
+                return Err(err(
+                    format!("build.{o}"),
+                    "unknown field (expected network)",
+                ))
+            }
+        }
+    }
+    Ok(network)
+}
+
+fn parse_network(v: &Value) -> Result<BuildNetwork, SpecError> {
+    const F: &str = "build.network";
+    match v {
+        Value::String(s) => match s.as_str() {
+            "registries" => Ok(BuildNetwork::Registries),
+            "none" => Ok(BuildNetwork::None),
+            o => Err(err(F, format!("{o:?}: {NETWORK_FORMS}"))),
+        },
+        Value::Table(t) => {
+            for k in t.keys() {
+                if k != "allow" {
+                    return Err(err(format!("{F}.{k}"), "unknown field (expected allow)"));
+                }
+            }
+            let f = format!("{F}.allow");
+            let allow = want_str_list(&f, t.get("allow").ok_or_else(|| err(&f, "missing"))?)?;
+            for (i, rule) in allow.iter().enumerate() {
+                let policy = rampart_types::NetworkPolicy {
+                    mode: rampart_types::NetworkMode::Allowlist,
+                    allow: vec![rule.clone()],
+                    ..Default::default()
+                };
+                rampart_egress::validate_policy(&policy)
+                    .map_err(|e| err(format!("{f}[{}]", i + 1), e.to_string()))?;
+            }
+            Ok(BuildNetwork::Allow(allow))
+        }
+        o => Err(err(
+            F,
+            format!(
+                "must be a string or a table, not {}: {NETWORK_FORMS}",
+                o.type_str()
+            ),
+        )),
+    }
+}
+
 fn parse_start(v: &Value) -> Result<StartSpec, SpecError> {
     let t = v
         .as_table()
@@ -581,4 +668,81 @@ fn parse_start(v: &Value) -> Result<StartSpec, SpecError> {
         ready,
         timeout_secs,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(extra: &str) -> Result<Spec, SpecError> {
+        Spec::parse(&format!("from = \"template:x\"\n{extra}"), Path::new("."))
+    }
+
+    #[test]
+    fn build_network_forms() {
+        assert_eq!(parse("").unwrap().network, BuildNetwork::Registries);
+        assert_eq!(
+            parse("[build]\nnetwork = \"registries\"").unwrap().network,
+            BuildNetwork::Registries
+        );
+        assert_eq!(
+            parse("[build]\nnetwork = \"none\"").unwrap().network,
+            BuildNetwork::None
+        );
+        assert_eq!(
+            parse("[build]\nnetwork = { allow = [\"pypi.org\", \"*.example.com\", \"198.51.100.0/24\", \"github.com:22\"] }")
+                .unwrap()
+                .network,
+            BuildNetwork::Allow(vec![
+                "pypi.org".into(),
+                "*.example.com".into(),
+                "198.51.100.0/24".into(),
+                "github.com:22".into()
+            ])
+        );
+        assert_eq!(
+            parse("[build.network]\nallow = [\"pypi.org\"]")
+                .unwrap()
+                .network,
+            BuildNetwork::Allow(vec!["pypi.org".into()])
+        );
+    }
+
+    #[test]
+    fn bad_build_networks_name_the_field() {
+        for (text, field, needle) in [
+            (
+                "[build]\nnetwork = \"host\"",
+                "build.network",
+                "expected \"registries\"",
+            ),
+            (
+                "[build]\nnetwork = 3",
+                "build.network",
+                "must be a string or a table",
+            ),
+            (
+                "[build]\nnetwork = { allow = [] }",
+                "build.network.allow",
+                "must not be empty",
+            ),
+            (
+                "[build]\nnetwork = { deny = [\"x.org\"] }",
+                "build.network.deny",
+                "unknown field",
+            ),
+            ("[build]\nnetwork = {}", "build.network.allow", "missing"),
+            (
+                "[build]\nnetwork = { allow = [\"pypi.org\", \"not a rule\"] }",
+                "build.network.allow[2]",
+                "invalid network rule",
+            ),
+            ("[build]\nnet = \"none\"", "build.net", "unknown field"),
+            ("build = \"none\"", "build", "must be a table"),
+        ] {
+            let e = parse(text).unwrap_err();
+            assert_eq!(e.field, field, "{text}: {e}");
+            assert!(e.message.contains(needle), "{text}: {e}");
+        }
+    }
 }
