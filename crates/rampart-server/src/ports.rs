@@ -200,6 +200,230 @@ impl Ports {
     }
 }
 
+impl Ports {
+    /// What the proxies need to recognise any sandbox's token.
+    pub(crate) fn known_credentials(&self) -> Credentials {
+        Credentials {
+            access: Some(self.access.clone()),
+            e2b: self.e2b.clone(),
+        }
+    }
+}
+
+/// Headers that carry Rampart's credentials (a sandbox's access token, an E2B access token or
+/// API key), never forwarded into a sandbox whatever their value.
+pub(crate) const CREDENTIAL_HEADERS: [&str; 4] = [
+    TOKEN_HEADER,
+    "x-access-token",
+    "e2b-traffic-access-token",
+    "x-api-key",
+];
+
+/// The stores that know every sandbox's token: the port-access tokens and the E2B access
+/// tokens (both 64 lowercase hex digits).
+#[derive(Clone, Default)]
+pub(crate) struct Credentials {
+    pub(crate) access: Option<Arc<AccessStore>>,
+    pub(crate) e2b: Option<Arc<KeyStore>>,
+}
+
+impl std::fmt::Debug for Credentials {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Credentials").finish_non_exhaustive()
+    }
+}
+
+impl Credentials {
+    /// Which of `candidates` (64 lowercase hex digits each) are the token of some sandbox. A
+    /// store that fails counts every candidate as a token (fail closed: stripped).
+    fn tokens_among(&self, candidates: Vec<String>) -> std::collections::HashSet<String> {
+        candidates
+            .into_iter()
+            .filter(|c| {
+                let access = self
+                    .access
+                    .as_ref()
+                    .is_some_and(|a| a.is_token(c).unwrap_or(true));
+                access
+                    || self
+                        .e2b
+                        .as_ref()
+                        .is_some_and(|k| k.is_access_token(c).unwrap_or(true))
+            })
+            .collect()
+    }
+}
+
+/// Hex digits in a sandbox's token.
+const TOKEN_HEX: usize = 2 * rampart_store::access::TOKEN_BYTES;
+
+/// The words of `text` that could be a sandbox's token: runs of exactly [`TOKEN_HEX`] hex
+/// digits (not part of a longer run), lowercased.
+fn token_words(text: &[u8], out: &mut Vec<String>) {
+    let mut i = 0;
+    while i < text.len() {
+        if !text[i].is_ascii_hexdigit() {
+            i += 1;
+            continue;
+        }
+        let start = i;
+        while i < text.len() && text[i].is_ascii_hexdigit() {
+            i += 1;
+        }
+        if i - start == TOKEN_HEX {
+            out.push(String::from_utf8_lossy(&text[start..i]).to_ascii_lowercase());
+        }
+    }
+}
+
+/// Whether `text` holds something shaped like an E2B API key (`e2b_` and 40 hex digits, in
+/// any case): every such value is taken for a key, known to this daemon or not.
+fn has_api_key(text: &[u8]) -> bool {
+    let n = rampart_store::keys::KEY_PREFIX.len();
+    text.windows(n).enumerate().any(|(i, w)| {
+        w.eq_ignore_ascii_case(rampart_store::keys::KEY_PREFIX.as_bytes())
+            && (i == 0 || !text[i - 1].is_ascii_alphanumeric())
+            && rampart_store::keys::is_key_shaped(
+                &String::from_utf8_lossy(&text[i..text.len().min(i + n + 40)]).to_ascii_lowercase(),
+            )
+            && text.get(i + n + 40).is_none_or(|b| !b.is_ascii_hexdigit())
+    })
+}
+
+/// The texts a header value is searched in: itself, and for `Basic` credentials the decoded
+/// `user:password`.
+fn header_texts(name: &header::HeaderName, v: &HeaderValue) -> Vec<Vec<u8>> {
+    let mut out = vec![v.as_bytes().to_vec()];
+    if name == header::AUTHORIZATION || name == header::PROXY_AUTHORIZATION {
+        if let Some((scheme, rest)) = v.to_str().ok().and_then(|t| t.trim().split_once(' ')) {
+            if scheme.eq_ignore_ascii_case("basic") {
+                use base64::Engine as _;
+                if let Ok(d) = base64::engine::general_purpose::STANDARD.decode(rest.trim()) {
+                    out.push(d);
+                }
+            }
+        }
+    }
+    out
+}
+
+/// The `k=v` pairs of a query, each with its decoded key and value.
+fn query_pairs(query: &str) -> Vec<(&str, Vec<u8>)> {
+    query
+        .split('&')
+        .filter(|kv| !kv.is_empty())
+        .map(|kv| {
+            let decoded = serde_urlencoded::from_str::<Vec<(String, String)>>(kv)
+                .ok()
+                .and_then(|v| v.into_iter().next())
+                .map(|(k, v)| format!("{k}={v}").into_bytes())
+                .unwrap_or_default();
+            (kv, decoded)
+        })
+        .collect()
+}
+
+/// Removes every Rampart credential from a request about to be forwarded into a sandbox
+/// (by the port proxy or the envd proxy): the [`CREDENTIAL_HEADERS`]; any other header
+/// value, cookie or query parameter that holds a sandbox's token (any sandbox's, as a whole
+/// hex word, in any case; in `Authorization: Basic` also once decoded) or an E2B API key
+/// (`e2b_` + 40 hex digits); the `rampart_token` cookie and query parameter. Everything else
+/// of the request is kept as it came: an `Authorization` that carries none of them (the
+/// application's own) goes through. The body is not looked at.
+pub(crate) async fn strip_credentials(creds: &Credentials, req: &mut Request) {
+    let h = req.headers_mut();
+    for name in CREDENTIAL_HEADERS {
+        h.remove(name);
+    }
+    // What could be a token, from every header value, cookie and query pair.
+    let mut words = Vec::new();
+    for (name, v) in h.iter() {
+        for t in header_texts(name, v) {
+            token_words(&t, &mut words);
+        }
+    }
+    let query = req.uri().query().map(str::to_owned);
+    let pairs = query.as_deref().map(query_pairs).unwrap_or_default();
+    for (raw, decoded) in &pairs {
+        token_words(raw.as_bytes(), &mut words);
+        token_words(decoded, &mut words);
+    }
+    words.sort();
+    words.dedup();
+    // None: the lookup failed, every hex word is taken for a token.
+    let tokens = if words.is_empty() {
+        Some(Default::default())
+    } else {
+        let c = creds.clone();
+        tokio::task::spawn_blocking(move || c.tokens_among(words))
+            .await
+            .ok()
+    };
+    let carries = |text: &[u8]| {
+        if has_api_key(text) {
+            return true;
+        }
+        let mut w = Vec::new();
+        token_words(text, &mut w);
+        w.iter()
+            .any(|w| tokens.as_ref().is_none_or(|t| t.contains(w)))
+    };
+    // Headers: each value that carries one goes; a cookie header loses only those cookies.
+    let h = req.headers_mut();
+    let names: Vec<header::HeaderName> = h.keys().cloned().collect();
+    for name in names {
+        let vals: Vec<HeaderValue> = h.get_all(&name).iter().cloned().collect();
+        let keep: Vec<HeaderValue> = if name == header::COOKIE {
+            let cookies: Vec<String> = vals
+                .iter()
+                .filter_map(|v| v.to_str().ok())
+                .flat_map(|v| v.split(';'))
+                .map(str::trim)
+                .filter(|c| {
+                    !c.is_empty()
+                        && c.split_once('=').map(|(k, _)| k.trim()) != Some(TOKEN_PARAM)
+                        && !carries(c.as_bytes())
+                })
+                .map(str::to_owned)
+                .collect();
+            HeaderValue::from_str(&cookies.join("; "))
+                .ok()
+                .filter(|_| !cookies.is_empty())
+                .into_iter()
+                .collect()
+        } else {
+            vals.iter()
+                .filter(|v| !header_texts(&name, v).iter().any(|t| carries(t)))
+                .cloned()
+                .collect()
+        };
+        if keep.len() != vals.len() || name == header::COOKIE {
+            h.remove(&name);
+            for v in keep {
+                h.append(name.clone(), v);
+            }
+        }
+    }
+    // The query: pairs that carry one (or are `rampart_token`) go, the rest stay as sent.
+    if query.is_some() {
+        let kept: Vec<&str> = pairs
+            .iter()
+            .filter(|(raw, decoded)| {
+                !is_token_pair(raw) && !carries(raw.as_bytes()) && !carries(decoded)
+            })
+            .map(|(raw, _)| *raw)
+            .collect();
+        let mut pq = req.uri().path().to_owned();
+        if !kept.is_empty() {
+            pq.push('?');
+            pq.push_str(&kept.join("&"));
+        }
+        if let Ok(uri) = pq.parse() {
+            *req.uri_mut() = uri;
+        }
+    }
+}
+
 /// Checks the `public_ports` of a create request: 1-65535, at most 100.
 pub(crate) fn check_public_ports(ports: &[u16]) -> Result<(), ApiError> {
     if ports.contains(&0) {
@@ -556,6 +780,8 @@ async fn serve_port(
         Ok(uri) => *req.uri_mut() = uri,
         Err(e) => return ApiError::bad_request(format!("path {pq:?}: {e}")).into_response(),
     }
+    // Any other sandbox's token, an E2B key: none reaches the server inside either.
+    strip_credentials(&st.ports.known_credentials(), &mut req).await;
     let mut resp = relay(st, id, port, req).await;
     confine_cookies(
         resp.headers_mut(),
@@ -1093,5 +1319,122 @@ mod tests {
             path_and_query("/a/b", Some("x=1&rampart_token=y&z=%20")),
             "/a/b?x=1&z=%20"
         );
+    }
+
+    /// Every Rampart credential goes, whichever sandbox it opens and wherever it is; the
+    /// rest of the request stays as it came.
+    #[tokio::test]
+    async fn every_credential_is_stripped() {
+        let access = Arc::new(AccessStore::open_in_memory().unwrap());
+        let e2b = Arc::new(KeyStore::open_in_memory().unwrap());
+        let other = access.issue("other", &[]).unwrap();
+        let e2b_token = rampart_store::keys::random_hex(32);
+        e2b.put_sandbox(
+            "e",
+            &rampart_store::keys::E2bSandbox {
+                access_token: e2b_token.clone(),
+                template: "base".into(),
+            },
+        )
+        .unwrap();
+        let (_, key) = e2b.create_key("k").unwrap();
+        let creds = Credentials {
+            access: Some(access),
+            e2b: Some(e2b),
+        };
+        use base64::Engine as _;
+        let basic = base64::engine::general_purpose::STANDARD.encode(format!("u:{other}"));
+        let digest = "ab".repeat(32); // a hex word that is no one's token
+        let mut req = Request::builder()
+            .uri(format!(
+                "/p?a=1&t={other}&k={key}&x=%20y&up={}&d={digest}",
+                other.to_uppercase()
+            ))
+            .header("authorization", format!("Bearer {other}"))
+            .header("proxy-authorization", format!("Basic {basic}"))
+            .header("x-api-key", key.as_str())
+            .header("x-access-token", "whatever")
+            .header("x-rampart-token", "whatever")
+            .header("e2b-traffic-access-token", "whatever")
+            .header("x-custom", format!("k={key}"))
+            .header("x-e2b", e2b_token.as_str())
+            .header("x-list", "keep-me")
+            .header("x-list", format!("tok {other}"))
+            .header("etag", format!("\"{digest}\""))
+            .header(
+                "cookie",
+                format!("a=1; rampart_token=z; s={other}; b=2; k={key}"),
+            )
+            .header("cookie", format!("c=3; e={e2b_token}"))
+            .body(Body::empty())
+            .unwrap();
+        strip_credentials(&creds, &mut req).await;
+        let h = req.headers();
+        for gone in [
+            "authorization",
+            "proxy-authorization",
+            "x-api-key",
+            "x-access-token",
+            "x-rampart-token",
+            "e2b-traffic-access-token",
+            "x-custom",
+            "x-e2b",
+        ] {
+            assert!(!h.contains_key(gone), "{gone}: {:?}", h.get(gone));
+        }
+        let list: Vec<_> = h.get_all("x-list").iter().collect();
+        assert_eq!(list, ["keep-me"]);
+        assert_eq!(h["etag"], format!("\"{digest}\"").as_str());
+        assert_eq!(h["cookie"], "a=1; b=2; c=3");
+        assert_eq!(req.uri().to_string(), format!("/p?a=1&x=%20y&d={digest}"));
+
+        // The application's own Authorization (no Rampart credential in it) goes through,
+        // and so does the E2B SDK's `Basic user:` of the envd protocol.
+        for auth in ["Bearer app-token", "Basic dXNlcjo=", "Token abc"] {
+            let mut req = Request::builder()
+                .uri("/q")
+                .header("authorization", auth)
+                .body(Body::empty())
+                .unwrap();
+            strip_credentials(&creds, &mut req).await;
+            assert_eq!(req.headers()["authorization"], auth);
+            assert_eq!(req.uri(), "/q");
+        }
+        // Without stores no token is known: a hex word stays (a store that fails, though,
+        // takes every hex word for a token).
+        let broken = Credentials::default();
+        let mut req = Request::builder()
+            .uri("/r")
+            .header("x-digest", digest.as_str())
+            .body(Body::empty())
+            .unwrap();
+        strip_credentials(&broken, &mut req).await;
+        assert!(
+            req.headers().contains_key("x-digest"),
+            "no store: nothing known"
+        );
+    }
+
+    #[test]
+    fn key_and_token_shapes() {
+        let k = format!("e2b_{}", "0a".repeat(20));
+        assert!(has_api_key(k.as_bytes()));
+        assert!(has_api_key(format!("x={k};").as_bytes()));
+        assert!(has_api_key(k.to_uppercase().as_bytes()));
+        assert!(!has_api_key(format!("{k}0").as_bytes()));
+        assert!(!has_api_key(format!("xe2b_{}", "0a".repeat(20)).as_bytes()));
+        assert!(!has_api_key(b"e2b_0123"));
+        let mut w = Vec::new();
+        token_words(
+            format!(
+                "a {} {}0 -{}-",
+                "F".repeat(64),
+                "1".repeat(64),
+                "2".repeat(64)
+            )
+            .as_bytes(),
+            &mut w,
+        );
+        assert_eq!(w, ["f".repeat(64), "2".repeat(64)]);
     }
 }

@@ -227,7 +227,7 @@ pub(crate) async fn dispatch(State(st): State<E2b>, req: Request, next: Next) ->
     to_sandbox(&st, t, req).await
 }
 
-async fn to_sandbox(st: &E2b, t: Target, req: Request) -> Response {
+async fn to_sandbox(st: &E2b, t: Target, mut req: Request) -> Response {
     let Ok(id) = SandboxId::parse(&t.id) else {
         return not_found_502(&t.id);
     };
@@ -245,6 +245,8 @@ async fn to_sandbox(st: &E2b, t: Target, req: Request) -> Response {
     if let Err(r) = authorize(&req, &facts) {
         return *r;
     }
+    // No credential of the daemon's reaches the agent, which runs inside the sandbox.
+    crate::ports::strip_credentials(&st.creds, &mut req).await;
     let socket = match st.manager.agent(&id) {
         Ok(c) => c.socket().to_path_buf(),
         Err(_) => return not_found_502(&t.id),
@@ -291,11 +293,13 @@ async fn to_port(
     id: &SandboxId,
     t: Target,
     facts: &E2bSandbox,
-    req: Request,
+    mut req: Request,
 ) -> Response {
     if let Err(r) = authorize_port(&req, facts) {
         return *r;
     }
+    // Nor any other credential of the daemon's (another sandbox's token, an E2B key).
+    crate::ports::strip_credentials(&st.creds, &mut req).await;
     let agent = match st.manager.agent(id) {
         Ok(c) => c,
         Err(_) => return not_found_502(&t.id),

@@ -19,6 +19,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
 use rampart_core::Manager;
+use rampart_store::access::AccessStore;
 use rampart_store::keys::KeyStore;
 use std::sync::Arc;
 
@@ -34,6 +35,8 @@ pub const API_KEY_FILE: &str = "api-key";
 pub(crate) struct E2b {
     pub(crate) manager: Arc<Manager>,
     pub(crate) keys: Arc<KeyStore>,
+    /// Every sandbox's token, stripped from what the envd proxy forwards.
+    pub(crate) creds: crate::ports::Credentials,
 }
 
 impl std::fmt::Debug for E2b {
@@ -141,8 +144,14 @@ fn write_secret(path: &std::path::Path, text: &str) -> std::io::Result<()> {
 /// Adds the E2B API to `inner` (the daemon's router). If the key store cannot be opened the
 /// E2B paths answer 503 saying why, and `/v1` is unaffected.
 pub(crate) fn attach(inner: Router, manager: Arc<Manager>) -> Router {
-    let keys = match open_keys(manager.data_dir()) {
-        Ok(k) => Arc::new(k),
+    // The port-access tokens too: a request through the envd proxy may carry one.
+    let opened = open_keys(manager.data_dir()).and_then(|k| {
+        AccessStore::open(&manager.data_dir().join("state.db"))
+            .map(|a| (Arc::new(k), Arc::new(a)))
+            .map_err(|e| format!("the port-access store: {e}"))
+    });
+    let (keys, access) = match opened {
+        Ok(x) => x,
         Err(e) => {
             tracing::error!("the E2B API is off: cannot open its key store: {e}");
             let msg = format!("the E2B API is unavailable: {e}");
@@ -155,7 +164,15 @@ pub(crate) fn attach(inner: Router, manager: Arc<Manager>) -> Router {
                 .route("/v2/sandboxes", axum::routing::any(off));
         }
     };
-    let st = E2b { manager, keys };
+    let creds = crate::ports::Credentials {
+        access: Some(access),
+        e2b: Some(keys.clone()),
+    };
+    let st = E2b {
+        manager,
+        keys,
+        creds,
+    };
     let api = Router::new()
         .route("/sandboxes", post(api::create).get(api::list_v1))
         .route("/v2/sandboxes", post(api::create).get(api::list))
