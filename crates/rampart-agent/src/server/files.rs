@@ -492,7 +492,7 @@ mod tests {
         assert_eq!(parse_query("a=%4"), vec![("a".into(), "%4".into())]);
         assert_eq!(
             parse_query("a=%+F&b=%-1"),
-            vec![("a".into(), "%+F".into()), ("b".into(), "%-1".into())]
+            vec![("a".into(), "% F".into()), ("b".into(), "%-1".into())]
         );
     }
 }
