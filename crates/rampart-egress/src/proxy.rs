@@ -22,7 +22,8 @@ use crate::netlog::Draft;
 use crate::peek::{classify, Peek};
 use crate::policy::canonical;
 use crate::secrets::{
-    rewrite_head_at, BodyFraming, HeadError, Header, Scrubber, Switch, Transport,
+    first_request_misdirected, rewrite_head_at, BodyFraming, HeadError, Header, Scrubber, Switch,
+    Transport,
 };
 use crate::{Inner, LiveConn, Sandbox};
 
@@ -195,6 +196,29 @@ pub(crate) async fn handle_for(
         .lock()
         .unwrap_or_else(|e| e.into_inner())
         .insert(conn_id, live.clone());
+    // One request, one destination: a first request that names two, or one that does not
+    // parse, is refused before anything is judged by it.
+    let misdirected = match &peek {
+        Peek::Http(n) => first_request_misdirected(&pre, port)
+            .err()
+            .map(|seen| (n.clone().unwrap_or_else(|| ip.to_string()), seen)),
+        _ => None,
+    };
+    if let Some((judged, seen)) = misdirected {
+        sb.conns
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&conn_id);
+        let mut dr = conn_draft(
+            NetEventKind::Connect,
+            &deny(&format!("misdirected:{judged}")),
+            ip,
+            port,
+        );
+        dr.name = Some(seen);
+        sb.log.push(dr);
+        return;
+    }
     let d = sb.decide(&inner.blocklist(), ip, port, name.as_deref());
     let mut dr = conn_draft(NetEventKind::Connect, &d, ip, port);
     dr.name = name.clone();

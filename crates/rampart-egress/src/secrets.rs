@@ -298,6 +298,35 @@ fn log_text(v: &str) -> String {
         .collect()
 }
 
+/// Whether the first request head in `buf` (the bytes the proxy peeked) names its
+/// destination unambiguously (one `Host` that parses, a target that agrees with it and has
+/// the connection's port); `Err` with the text it named otherwise. A head that is not
+/// complete or does not parse is left to the relay.
+pub(crate) fn first_request_misdirected(buf: &[u8], port: u16) -> Result<(), String> {
+    let mut hbuf = [httparse::EMPTY_HEADER; 128];
+    let mut req = httparse::Request::new(&mut hbuf);
+    let Ok(httparse::Status::Complete(_)) = req.parse(buf) else {
+        return Ok(());
+    };
+    let headers: Vec<Header> = req
+        .headers
+        .iter()
+        .map(|h| Header {
+            name: h.name.to_string(),
+            value: h.value.to_vec(),
+        })
+        .collect();
+    match request_destination(
+        req.method.unwrap_or("GET"),
+        req.path.unwrap_or("/"),
+        &headers,
+        port,
+    ) {
+        Err(HeadError::Misdirected(seen)) => Err(seen),
+        _ => Ok(()),
+    }
+}
+
 /// The destination a request names, judged strictly: at most one `Host`, which must parse;
 /// an absolute-form target (or a CONNECT's authority, which a server obeys over Host) that
 /// must parse, carry no user info and agree with the Host header.
