@@ -494,3 +494,128 @@ fn apt_step_through_the_egress_proxy() {
         assert_no_build_network();
     }
 }
+
+/// Starts `rampart template build --json` and reads its stderr until the step printed
+/// `sleeping` (it is then inside its run step, with its network set up).
+fn build_until_sleeping(
+    data: &Path,
+    spec_file: &Path,
+) -> (
+    std::process::Child,
+    std::io::Lines<std::io::BufReader<std::process::ChildStderr>>,
+) {
+    use std::io::BufRead as _;
+    let mut child = rampart()
+        .args(["template", "build", "--json", "--no-cache", "--data-dir"])
+        .arg(data)
+        .arg("-f")
+        .arg(spec_file)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = std::io::BufReader::new(child.stderr.take().unwrap()).lines();
+    loop {
+        let l = lines
+            .next()
+            .expect("the build ended before its run step")
+            .unwrap();
+        if l.contains("\"event\":\"output\"") && l.contains("sleeping") {
+            break;
+        }
+    }
+    (child, lines)
+}
+
+/// The build links and tables that exist now.
+fn build_network_now() -> (Vec<String>, Vec<String>) {
+    let links = std::fs::read_dir("/sys/class/net")
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("rbld"))
+        .collect();
+    let o = Command::new("nft")
+        .args(["list", "tables"])
+        .output()
+        .unwrap();
+    let tables = String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .filter(|l| l.contains("rampart_build_"))
+        .map(str::to_owned)
+        .collect();
+    (links, tables)
+}
+
+#[test]
+fn failed_interrupted_and_killed_builds_leave_no_network() {
+    if let Some(r) = skip() {
+        eprintln!("skipped: {r}");
+        return;
+    }
+    let running = Running::new();
+    let root = std::env::temp_dir().join(format!("rampart-build-net-kill-{}", token()));
+    let _cleanup = RemoveOnDrop(root.clone());
+    let data = root.join("data");
+    let ctx = root.join("ctx");
+    std::fs::create_dir_all(&data).unwrap();
+    make_context(&ctx);
+    // A step that fails: its network goes with it.
+    let spec = write_spec(&ctx, "fails", "", "echo failing; exit 3");
+    let (code, _, stderr) = build(&data, &spec);
+    assert_eq!(code, 1, "{stderr}");
+    assert!(stderr.contains("exited with status 3"), "{stderr}");
+    assert_clean(&data);
+    // Interrupted (SIGINT) inside a networked step.
+    let spec = write_spec(&ctx, "sleeps", "", "echo sleeping; exec sleep 1000");
+    let (mut child, _lines) = build_until_sleeping(&data, &spec);
+    let (links, tables) = build_network_now();
+    assert!(
+        !links.is_empty() && !tables.is_empty(),
+        "no build network while the step runs: {links:?} {tables:?}"
+    );
+    // SAFETY: kill(2) on the pid of the build this test spawned (not yet reaped).
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    let st = child.wait().unwrap();
+    assert_eq!(st.code(), Some(130), "{st:?}");
+    assert_clean(&data);
+    // Killed (SIGKILL) inside a networked step: its sandbox, link and table are left ...
+    let (mut child, _lines) = build_until_sleeping(&data, &spec);
+    let (before_links, before_tables) = build_network_now();
+    let _ = child.kill();
+    let _ = child.wait();
+    let (links, tables) = build_network_now();
+    let left_link: Vec<&String> = links.iter().filter(|l| before_links.contains(l)).collect();
+    let left_table: Vec<&String> = tables
+        .iter()
+        .filter(|t| before_tables.contains(t))
+        .collect();
+    // (Its sandbox outlives it, and so does its link; the table always stays.)
+    eprintln!("left by the killed build: links {left_link:?}, tables {left_table:?}");
+    assert!(
+        !left_table.is_empty(),
+        "a killed build is expected to leave its table: {tables:?}"
+    );
+    // ... and the next build (any data directory would do) removes them.
+    let spec = write_spec(&ctx, "after", "[build]\nnetwork = \"none\"\n", "echo after");
+    let (code, output, stderr) = build(&data, &spec);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(output.contains("after"), "{output}");
+    assert_clean(&data);
+    let (links, tables) = build_network_now();
+    for l in left_link {
+        assert!(
+            !links.contains(l),
+            "the killed build's link {l} is still there"
+        );
+    }
+    for t in left_table {
+        assert!(
+            !tables.contains(t),
+            "the killed build's table {t} is still there"
+        );
+    }
+    if running.last() {
+        assert_no_build_network();
+    }
+}
