@@ -249,6 +249,15 @@ impl Manager {
             .await
             .map_err(|e| CoreError::Internal(format!("store: {e}")))?
             .map_err(|e| CoreError::Internal(format!("store: {e}")))?;
+        // The root of the store mounted at `<data>/store` has the mode its file system was
+        // made with (0755): private to the daemon, like the rest of the data directory.
+        if store.root() != cfg.data_dir.as_path() {
+            use std::os::unix::fs::PermissionsExt as _;
+            std::fs::set_permissions(store.root(), std::fs::Permissions::from_mode(0o700))
+                .map_err(|e| {
+                    CoreError::Internal(format!("chmod {}: {e}", store.root().display()))
+                })?;
+        }
         let jail_cfg = rampart_jail::JailConfig {
             state_dir: store.sandboxes_dir(),
             jailer_bin: cfg.jailer_bin.clone(),
