@@ -1,0 +1,8 @@
+//! `cargo fuzz run agent_request`: see fuzz/README.md. The checks live in fuzz/checks/agent_request.rs, shared
+//! with the corpus replay test under plain `cargo test`.
+#![no_main]
+
+#[path = "../checks/agent_request.rs"]
+mod checks;
+
+libfuzzer_sys::fuzz_target!(|data: &[u8]| checks::check(data));
