@@ -15,6 +15,12 @@
 //!   default (`registries`), a name outside the registries gets NXDOMAIN from the build's
 //!   resolver, and `pypi.org` resolves (that half is skipped, with the reason, when pypi.org
 //!   is not reachable from this host).
+//! - `apt_step_through_the_egress_proxy`: a `debian:bookworm` base (mmdebstrap, on the host)
+//!   and an `apt` step installing `hello` over plain HTTP to deb.debian.org through the
+//!   egress proxy (skipped, with the reason, without mmdebstrap or deb.debian.org).
+//! - `failed_interrupted_and_killed_builds_leave_no_network`: a failing step, a step
+//!   interrupted with SIGINT, and a build killed with SIGKILL inside a step (whose link and
+//!   table the next build removes).
 //!
 //! After every build: no build sandbox, temp layer, cgroup, mount, link (`rbld*`) or nftables
 //! table (`rampart_build_*`) is left. Needs root, `nft` and the `rampart-jailer` /
@@ -257,6 +263,11 @@ fn assert_no_build_network() {
 
 static BUILDS: std::sync::Mutex<usize> = std::sync::Mutex::new(0);
 
+/// Held shared by the tests whose builds may take any slot, exclusively by the one that
+/// checks what a killed build leaves in its slot (so that no other build of this binary
+/// takes that slot meanwhile).
+static SLOTS: std::sync::RwLock<()> = std::sync::RwLock::new(());
+
 /// Counts this binary's running tests, so the last one checks the build network is gone.
 struct Running;
 
@@ -283,6 +294,7 @@ fn sandbox_blocks_build_step_host_network() {
         eprintln!("skipped: {r}");
         return;
     }
+    let _slots = SLOTS.read().unwrap_or_else(|e| e.into_inner());
     let running = Running::new();
     let root = std::env::temp_dir().join(format!("rampart-build-net-{}", token()));
     let _cleanup = RemoveOnDrop(root.clone());
@@ -362,6 +374,7 @@ fn build_network_none_and_registries() {
         eprintln!("skipped: {r}");
         return;
     }
+    let _slots = SLOTS.read().unwrap_or_else(|e| e.into_inner());
     let running = Running::new();
     let root = std::env::temp_dir().join(format!("rampart-build-net2-{}", token()));
     let _cleanup = RemoveOnDrop(root.clone());
@@ -467,6 +480,7 @@ fn apt_step_through_the_egress_proxy() {
         eprintln!("skipped: {r}");
         return;
     }
+    let _slots = SLOTS.read().unwrap_or_else(|e| e.into_inner());
     let running = Running::new();
     let root = std::env::temp_dir().join(format!("rampart-build-net-apt-{}", token()));
     let _cleanup = RemoveOnDrop(root.clone());
@@ -553,6 +567,7 @@ fn failed_interrupted_and_killed_builds_leave_no_network() {
         eprintln!("skipped: {r}");
         return;
     }
+    let _slots = SLOTS.write().unwrap_or_else(|e| e.into_inner());
     let running = Running::new();
     let root = std::env::temp_dir().join(format!("rampart-build-net-kill-{}", token()));
     let _cleanup = RemoveOnDrop(root.clone());

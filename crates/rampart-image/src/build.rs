@@ -1166,8 +1166,8 @@ mod runner {
     }
 
     /// A step's network while it runs: its slot, link, table and egress service. Dropping it
-    /// removes the table and the link (the egress service stops with it; the slot is freed
-    /// last).
+    /// stops the egress service and removes the link, then the table; the slot is freed
+    /// last.
     struct StepNet {
         net: Net,
         egress: Option<Egress>,
@@ -1181,22 +1181,26 @@ mod runner {
             if let Some(e) = self.egress.take() {
                 drop(e);
             }
-            if self.table {
-                if let Err(e) = self.net.firewall().remove() {
-                    tracing::warn!("removing the build step's nftables table: {e}");
-                }
-            }
+            // The link first: processes the step left behind still run in its sandbox
+            // until it is destroyed, and must never have a link without the table.
             if self.wired {
                 if let Err(e) = self.net.unwire(0) {
                     tracing::warn!("removing the build step's link: {e}");
+                }
+            }
+            if self.table {
+                if let Err(e) = self.net.firewall().remove() {
+                    tracing::warn!("removing the build step's nftables table: {e}");
                 }
             }
         }
     }
 
     /// Wires the launched step sandbox (PID 1 `pid`) into `slot` and starts its egress
-    /// service with an allowlist of `allow`: link, resolver and proxy on the gateway address,
-    /// the slot's nftables table, the attachment. On error, what was made is removed (by
+    /// service with an allowlist of `allow`: link, resolver and proxy on the gateway address
+    /// (which exists once the link does), the slot's nftables table (which needs their
+    /// ports), the attachment. Nothing but the sandbox's agent runs inside until this
+    /// returns: the step's command starts after. On error, what was made is removed (by
     /// dropping the partial [`StepNet`]).
     fn setup(
         slot: Slot,
