@@ -1305,7 +1305,6 @@ mod runner {
                     upper: req.upper.clone(),
                     work: req.work.clone(),
                     // A network namespace of its own (loopback only until wired below).
-                    host_network: false,
                     resolv_conf: Some(resolv),
                 }),
                 agent_args: vec!["--default-user".into(), "root".into()],

@@ -146,11 +146,11 @@ pub struct BuildMounts {
     pub upper: PathBuf,
     /// The overlay's work directory (same file system as `upper`).
     pub work: PathBuf,
-    /// Share the host's network namespace (apt and pip need the network). The sandbox's
-    /// user namespace does not own it, so it cannot reconfigure it; it can open sockets.
-    pub host_network: bool,
-    /// A host file bound read-only over `/etc/resolv.conf` (created empty in the upper if
-    /// the template has none; the builder removes that empty file from the layer).
+    /// A host file whose content is bound read-only over `/etc/resolv.conf` (created empty in
+    /// the upper if the template has none; the builder removes that empty file from the
+    /// layer). The jailer reads it; PID 1 never needs to reach its path. A build step has a
+    /// network namespace of its own like every sandbox: its way out is what the builder
+    /// wires into it.
     pub resolv_conf: Option<PathBuf>,
 }
 
