@@ -14,6 +14,11 @@ fn main() {
         eprintln!("rampart-jailer: {e}");
         std::process::exit(1);
     }
+    // What the jailer creates is the sandbox's (its /dev, its disk's directories, files the
+    // sandbox's users read): the daemon's private umask (0077) is not for them. Everything
+    // that must be private is created with an explicit mode.
+    // SAFETY: umask(2) has no preconditions.
+    unsafe { libc::umask(0o022) };
     let res = (|| {
         let mut stdin = std::io::stdin().lock();
         let mut input = String::new();
