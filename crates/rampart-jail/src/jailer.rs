@@ -547,16 +547,7 @@ fn child_setup(ctx: &Child<'_>) -> Result<Never, JailError> {
             "dev/block",
             "fs/ext4",
         ] {
-            let p = sysd.join(d);
-            if p.is_dir() {
-                sys::mount(
-                    Some("tmpfs"),
-                    &p,
-                    Some("tmpfs"),
-                    nsne | libc::MS_RDONLY,
-                    Some("size=0"),
-                )?;
-            }
+            mask_dir(&sysd.join(d))?;
         }
     }
     // Mask sensitive /proc paths as container runtimes do.
@@ -577,16 +568,7 @@ fn child_setup(ctx: &Child<'_>) -> Result<Never, JailError> {
         }
     }
     for d in ["acpi", "scsi", "asound", "driver"] {
-        let p = proc_.join(d);
-        if p.is_dir() {
-            sys::mount(
-                Some("tmpfs"),
-                &p,
-                Some("tmpfs"),
-                nsne | libc::MS_RDONLY,
-                Some("size=0"),
-            )?;
-        }
+        mask_dir(&proc_.join(d))?;
     }
     for d in ["sys", "sysrq-trigger", "irq", "bus", "fs"] {
         let p = proc_.join(d);
@@ -708,6 +690,20 @@ fn child_setup(ctx: &Child<'_>) -> Result<Never, JailError> {
     sys::close_fds_except(&[ctx.sock, ctx.disk, ctx.agent, ctx.err])?;
     seccomp::install(ctx.filter)?;
     Err(sys::fexecve(ctx.agent, &argv, &env))
+}
+
+/// Hides a directory (if it exists) under an empty read-only tmpfs.
+fn mask_dir(p: &Path) -> Result<(), JailError> {
+    if !p.is_dir() {
+        return Ok(());
+    }
+    sys::mount(
+        Some("tmpfs"),
+        p,
+        Some("tmpfs"),
+        libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC | libc::MS_RDONLY,
+        Some("size=0"),
+    )
 }
 
 fn loopback_up() -> Result<(), JailError> {

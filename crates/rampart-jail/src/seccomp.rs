@@ -850,16 +850,22 @@ pub fn evaluate(prog: &[libc::sock_filter], arch: u32, nr: u32, args: [u64; 6]) 
     for a in args {
         data.extend_from_slice(&a.to_le_bytes());
     }
+    interpret(prog, |o| {
+        let o = o as usize;
+        Some(u32::from_le_bytes(data.get(o..o + 4)?.try_into().ok()?))
+    })
+}
+
+/// The interpreter behind [`evaluate`]: `load` answers each load from `seccomp_data` (by
+/// offset), or stops the program with `None`.
+fn interpret(prog: &[libc::sock_filter], mut load: impl FnMut(u32) -> Option<u32>) -> Option<u32> {
     let mut acc: u32 = 0;
     let mut pc = 0usize;
     while pc < prog.len() {
         let i = &prog[pc];
         pc += 1;
         match i.code {
-            LD_W_ABS => {
-                let o = i.k as usize;
-                acc = u32::from_le_bytes(data.get(o..o + 4)?.try_into().ok()?);
-            }
+            LD_W_ABS => acc = load(i.k)?,
             JA => pc += i.k as usize,
             JEQ_K | JGE_K | JSET_K => {
                 let taken = match i.code {
@@ -987,39 +993,24 @@ mod tests {
         // the number and the architecture: check the program keeps that property.
         let prog = compile(&default_policy()).unwrap();
         for nr in [libc::SYS_read, libc::SYS_write, libc::SYS_futex] {
-            let mut pc = 0;
-            let mut acc = 0u32;
-            loop {
-                let i = &prog[pc];
-                pc += 1;
-                match i.code {
-                    LD_W_ABS => {
-                        assert!(
-                            i.k == OFF_NR || i.k == OFF_ARCH,
-                            "syscall {nr} reads an argument"
-                        );
-                        acc = if i.k == OFF_NR {
-                            nr as u32
-                        } else {
-                            NATIVE_ARCH
-                        };
-                    }
-                    JA => pc += i.k as usize,
-                    JEQ_K | JGE_K | JSET_K => {
-                        let t = match i.code {
-                            JEQ_K => acc == i.k,
-                            JGE_K => acc >= i.k,
-                            _ => acc & i.k != 0,
-                        };
-                        pc += usize::from(if t { i.jt } else { i.jf });
-                    }
-                    _ => {
-                        assert_eq!(i.k, libc::SECCOMP_RET_ALLOW);
-                        break;
-                    }
-                }
-            }
+            let r = interpret(&prog, |o| match o {
+                OFF_NR => Some(nr as u32),
+                OFF_ARCH => Some(NATIVE_ARCH),
+                _ => None,
+            });
+            assert_eq!(
+                r,
+                Some(libc::SECCOMP_RET_ALLOW),
+                "syscall {nr} reads an argument"
+            );
         }
+        // And one with an argument check does read it.
+        let r = interpret(&prog, |o| match o {
+            OFF_NR => Some(libc::SYS_ioctl as u32),
+            OFF_ARCH => Some(NATIVE_ARCH),
+            _ => None,
+        });
+        assert_eq!(r, None);
     }
 
     #[test]
