@@ -4,7 +4,9 @@
 //! `crates/rampart-egress/tests/fuzz_corpus.rs`.
 //!
 //! Always checked (a violation panics):
-//! - `classify` and `host_name` never panic;
+//! - `classify`, `host_name` and `parse_host` never panic;
+//! - `parse_host` (the strict authority parser) and `host_name` agree where both find
+//!   something: the same normalized name, and never a name for an IP literal;
 //! - a name it returns is already normalized (`policy::normalize_name` leaves it as is);
 //! - the name judged does not depend on how the bytes arrive: the proxy classifies what it
 //!   has read so far and stops at the first answer that is not `NeedMore`, and a sandbox
@@ -23,7 +25,7 @@
 //!   (`GET http://other/ HTTP/1.1`, which RFC 9112 says a server must prefer over Host) that
 //!   names another host, gets no name.
 
-use rampart_egress::peek::{classify, host_name, Peek};
+use rampart_egress::peek::{classify, host_name, parse_host, HostId, Peek};
 use rampart_egress::policy::normalize_name;
 
 fn strict() -> bool {
@@ -72,6 +74,26 @@ pub fn check(data: &[u8]) {
             assert_eq!(normalize_name(&n).as_deref(), Some(n.as_str()));
             assert!(n.parse::<std::net::IpAddr>().is_err(), "{n:?} is an IP");
         }
+        authority(s);
+    }
+}
+
+/// `parse_host` (the strict authority parser): a name comes out normalized and is what the
+/// looser `host_name` finds too; an address is one `host_name` refuses as a name.
+fn authority(s: &str) {
+    match parse_host(s) {
+        Some(HostId::Name(n)) => {
+            assert_eq!(normalize_name(&n).as_deref(), Some(n.as_str()), "{s:?}");
+            assert!(
+                n.parse::<std::net::IpAddr>().is_err(),
+                "{s:?}: {n:?} is an IP"
+            );
+            assert_eq!(host_name(s), Some(n), "{s:?}");
+        }
+        Some(HostId::Addr(a)) => {
+            assert_eq!(host_name(s), None, "{s:?} is the address {a}");
+        }
+        None => {}
     }
 }
 
