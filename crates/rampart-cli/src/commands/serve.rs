@@ -196,6 +196,11 @@ pub(crate) fn default_data_dir() -> Result<PathBuf> {
     Ok(PathBuf::from(home).join(".local/share/rampart"))
 }
 
+/// The daemon's umask: every file and directory it creates is private to it (0600, 0700)
+/// unless made otherwise on purpose (template content that sandboxes read is given its modes
+/// explicitly; the jailer is spawned with 0022).
+const DAEMON_UMASK: u32 = 0o077;
+
 /// State files the daemon tightens to 0600 at start when an older daemon left them readable
 /// by group or others (the store and the journal also do it for theirs when they open them).
 /// `node.key` is not in the list: a signing key others could read is refused (`rampart_audit`).
@@ -568,6 +573,8 @@ async fn shutdown_signal() -> &'static str {
 
 /// `rampart serve`.
 pub async fn run(a: ServeArgs) -> Result<u8> {
+    // Before anything is created: private from the first byte (not a chmod afterwards).
+    nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(DAEMON_UMASK));
     init_logging(a.log_format);
     let r = resolve(&a)?;
     secure_data_dir(&r.core.data_dir)?;
