@@ -100,6 +100,10 @@ fn helper(name: &str, given: Option<PathBuf>) -> Result<PathBuf> {
 /// Runs `rampart template ...`; returns the exit code. Synchronous (a build drives its own
 /// small runtimes).
 pub fn run(a: TemplateArgs) -> Result<u8> {
+    // What a build makes (layer roots, mmdebstrap's tree, extracted images) is read by every
+    // sandbox's users: it must not take an operator's private umask (0077). The store's own
+    // records are created with explicit private modes.
+    nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o022));
     let data = match a.data_dir {
         Some(d) => d,
         None => super::serve::default_data_dir()?,
