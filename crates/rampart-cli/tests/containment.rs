@@ -146,7 +146,6 @@ impl Drop for Sandbox {
 /// stop and a command into it with TIOCSTI, and tries every descriptor that is a terminal.
 const TTY_PROBE: &str = r#"
 import errno, fcntl, json, os, sys, termios
-marker = sys.argv[1] if len(sys.argv) > 1 else ""
 out = {"open_dev_tty": None, "tiocsti": [], "ttys": []}
 def push(fd, text):
     for ch in text:
@@ -402,10 +401,9 @@ fn sandbox_blocks_descriptors_the_daemon_inherited() {
     assert_eq!(held.len(), 3, "the daemon does not hold fds 7-9: {held:?}");
 
     let sb = Sandbox::create(&daemon.url, json!({"timeout_secs": 300}));
-    let code = FD_PROBE.to_string();
     for user in ["user", "root"] {
         let r = sb.exec(json!({
-            "cmd": ["python3", "-c", code, secret, marker],
+            "cmd": ["python3", "-c", FD_PROBE, secret, marker],
             "user": user,
             "timeout_secs": 120,
         }));

@@ -298,6 +298,16 @@ fn log_text(v: &str) -> String {
         .collect()
 }
 
+/// The parsed headers of a head, owned.
+fn owned_headers(h: &[httparse::Header<'_>]) -> Vec<Header> {
+    h.iter()
+        .map(|h| Header {
+            name: h.name.to_string(),
+            value: h.value.to_vec(),
+        })
+        .collect()
+}
+
 /// Whether the first request head in `buf` (the bytes the proxy peeked) names its
 /// destination unambiguously (one `Host` that parses, a target that agrees with it and has
 /// the connection's port); `Err` with the text it named otherwise. A head that is not
@@ -308,14 +318,7 @@ pub(crate) fn first_request_misdirected(buf: &[u8], port: u16) -> Result<(), Str
     let Ok(httparse::Status::Complete(_)) = req.parse(buf) else {
         return Ok(());
     };
-    let headers: Vec<Header> = req
-        .headers
-        .iter()
-        .map(|h| Header {
-            name: h.name.to_string(),
-            value: h.value.to_vec(),
-        })
-        .collect();
+    let headers = owned_headers(req.headers);
     match request_destination(
         req.method.unwrap_or("GET"),
         req.path.unwrap_or("/"),
@@ -447,14 +450,7 @@ pub(crate) fn rewrite_head_at(
     let method = req.method.unwrap_or("GET").to_string();
     let path = req.path.unwrap_or("/").to_string();
     let version = req.version.unwrap_or(1);
-    let mut headers: Vec<Header> = req
-        .headers
-        .iter()
-        .map(|h| Header {
-            name: h.name.to_string(),
-            value: h.value.to_vec(),
-        })
-        .collect();
+    let mut headers = owned_headers(req.headers);
     // One request, one destination: judged before anything else.
     let dest = request_destination(&method, &path, &headers, port)?;
     let tls = transport == Transport::VerifiedTls;
