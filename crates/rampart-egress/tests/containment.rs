@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use hickory_proto::op::{Message, MessageType, OpCode, Query, ResponseCode};
 use hickory_proto::rr::{Name, RecordType};
-use rampart_egress::{Egress, EgressConfig};
+use rampart_egress::Egress;
 use rampart_types::network::{
     NetEventKind, NetLogEntry, NetworkMode, NetworkPolicy, SecretInjection, SecretSpec, Verdict,
 };
@@ -135,15 +135,6 @@ fn responses(raw: &str) -> Vec<(String, String)> {
     out
 }
 
-fn policy(mode: NetworkMode, allow: &[&str], deny: &[&str]) -> NetworkPolicy {
-    NetworkPolicy {
-        mode,
-        allow: allow.iter().map(|s| s.to_string()).collect(),
-        deny: deny.iter().map(|s| s.to_string()).collect(),
-        ..Default::default()
-    }
-}
-
 fn default_policy() -> NetworkPolicy {
     policy(
         NetworkMode::Allowlist,
@@ -182,57 +173,14 @@ where
     F: FnOnce(Ctx) -> Fut + Send + 'static,
     Fut: Future<Output = ()>,
 {
-    let Some(net) = TestNet::new() else {
-        eprintln!("skipped: no network namespaces / nftables on this host");
-        return;
-    };
-    let pki = test_pki();
-    let seen = start_world(&net.inet, &pki);
-    let (rt_ns, sb_ns) = (net.rt.clone(), net.sb.clone());
-    let test_ca = pki.ca_pem.clone();
-    let result = std::thread::spawn(move || {
-        enter(&rt_ns);
-        let state = tempfile::tempdir().unwrap();
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .unwrap();
-        rt.block_on(async move {
-            let egress = Egress::start(EgressConfig {
-                proxy_port: PROXY_PORT,
-                dns_port: DNS_PORT,
-                upstream_dns: vec![DNS_SERVER.parse().unwrap()],
-                extra_upstream_roots: vec![test_ca.clone()],
-                state_dir: state.path().join("egress"),
-                blocked: vec!["203.0.113.0/24".into()],
-                ..Default::default()
-            })
-            .await
-            .expect("start egress");
-            let att = egress
-                .attach(
-                    "sbx1",
-                    SANDBOX_IP.parse().unwrap(),
-                    GATEWAY_IP.parse().unwrap(),
-                    policy,
-                    secrets,
-                )
-                .expect("attach");
-            f(Ctx {
-                egress,
-                sb: sb_ns,
-                seen,
-                egress_ca: att.ca_cert_pem.unwrap_or_default(),
-            })
-            .await;
-        });
-    })
-    .join();
-    drop(net);
-    if let Err(p) = result {
-        std::panic::resume_unwind(p);
-    }
+    with_egress(2, policy, secrets, |w| {
+        f(Ctx {
+            egress: w.egress,
+            sb: w.sb,
+            seen: w.seen,
+            egress_ca: w.attachment.ca_cert_pem.unwrap_or_default(),
+        })
+    });
 }
 
 // ---- 7: secret injection leaks back ----

@@ -9,9 +9,9 @@ use std::time::{Duration, Instant};
 
 use hickory_proto::op::ResponseCode;
 use hickory_proto::rr::RecordType;
-use rampart_egress::{Egress, EgressConfig};
+use rampart_egress::Egress;
 use rampart_types::network::{
-    NetEventKind, NetLogEntry, NetworkMode, NetworkPolicy, SecretInjection, SecretSpec, Verdict,
+    NetEventKind, NetLogEntry, NetworkMode, SecretInjection, SecretSpec, Verdict,
 };
 use support::*;
 
@@ -80,15 +80,6 @@ impl Ctx {
     }
 }
 
-fn policy(mode: NetworkMode, allow: &[&str], deny: &[&str]) -> NetworkPolicy {
-    NetworkPolicy {
-        mode,
-        allow: allow.iter().map(|s| s.to_string()).collect(),
-        deny: deny.iter().map(|s| s.to_string()).collect(),
-        ..Default::default()
-    }
-}
-
 fn secret() -> SecretSpec {
     SecretSpec {
         name: "api_token".into(),
@@ -109,67 +100,31 @@ where
     F: FnOnce(Ctx) -> Fut + Send + 'static,
     Fut: Future<Output = ()>,
 {
-    let Some(net) = TestNet::new() else { return };
-    let pki = test_pki();
-    let seen = start_world(&net.inet, &pki);
-    let (rt_ns, sb_ns) = (net.rt.clone(), net.sb.clone());
-    let test_ca = pki.ca_pem.clone();
-    let result = std::thread::spawn(move || {
-        enter(&rt_ns);
-        let state = tempfile::tempdir().unwrap();
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        rt.block_on(async move {
-            let egress = Egress::start(EgressConfig {
-                proxy_port: PROXY_PORT,
-                dns_port: DNS_PORT,
-                upstream_dns: vec![DNS_SERVER.parse().unwrap()],
-                extra_upstream_roots: vec![test_ca.clone()],
-                state_dir: state.path().join("egress"),
-                blocked: vec!["203.0.113.0/24".into()],
-                ..Default::default()
-            })
-            .await
-            .expect("start egress");
-            let att = egress
-                .attach(
-                    "sbx1",
-                    SANDBOX_IP.parse().unwrap(),
-                    GATEWAY_IP.parse().unwrap(),
-                    policy(
-                        NetworkMode::Allowlist,
-                        &["allowed.test", "api.test", "*.wild.test"],
-                        &["denied.test"],
-                    ),
-                    vec![secret()],
-                )
-                .expect("attach");
-            assert!(att
-                .ca_cert_pem
-                .as_ref()
-                .unwrap()
-                .contains("BEGIN CERTIFICATE"));
-            assert_eq!(att.env.len(), 1);
-            assert_eq!(att.env[0].0, "API_TOKEN");
-            assert!(att.env[0].1.starts_with("rampart-secret-api_token-"));
-            assert!(!format!("{att:?}").contains(SECRET_VALUE));
-            f(Ctx {
-                egress,
-                sb: sb_ns,
-                seen,
-                test_ca,
-                egress_ca_pem: att.ca_cert_pem.clone().unwrap(),
-            })
-            .await;
-        });
-    })
-    .join();
-    drop(net);
-    if let Err(p) = result {
-        std::panic::resume_unwind(p);
-    }
+    let allow = policy(
+        NetworkMode::Allowlist,
+        &["allowed.test", "api.test", "*.wild.test"],
+        &["denied.test"],
+    );
+    with_egress(1, allow, vec![secret()], |w| {
+        let att = &w.attachment;
+        assert!(att
+            .ca_cert_pem
+            .as_ref()
+            .unwrap()
+            .contains("BEGIN CERTIFICATE"));
+        assert_eq!(att.env.len(), 1);
+        assert_eq!(att.env[0].0, "API_TOKEN");
+        assert!(att.env[0].1.starts_with("rampart-secret-api_token-"));
+        assert!(!format!("{att:?}").contains(SECRET_VALUE));
+        let egress_ca_pem = att.ca_cert_pem.clone().unwrap();
+        f(Ctx {
+            egress: w.egress,
+            sb: w.sb,
+            seen: w.seen,
+            test_ca: w.test_ca,
+            egress_ca_pem,
+        })
+    });
 }
 
 #[test]

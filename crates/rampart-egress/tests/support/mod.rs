@@ -769,3 +769,100 @@ pub fn tls_connect(
         .unwrap();
     Ok(rustls::StreamOwned::new(conn, sock))
 }
+
+/// What [`with_egress`] hands the test: the egress service in the router netns with `sbx1`
+/// attached at [`SANDBOX_IP`], the sandbox netns, the world's record of requests, and the
+/// test PKI's CA.
+pub struct World {
+    pub egress: rampart_egress::Egress,
+    pub attachment: rampart_egress::Attachment,
+    pub sb: String,
+    pub seen: Arc<Seen>,
+    pub test_ca: String,
+}
+
+/// Builds the network, starts the egress service in the router netns (on a runtime with
+/// `threads` workers; 1 = current thread) with `sbx1` attached under `policy` and `secrets`,
+/// and runs `f` there. Skips (prints why) when the host has no network namespaces or nft.
+pub fn with_egress<F, Fut>(
+    threads: usize,
+    policy: rampart_types::network::NetworkPolicy,
+    secrets: Vec<rampart_types::network::SecretSpec>,
+    f: F,
+) where
+    F: FnOnce(World) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = ()>,
+{
+    let Some(net) = TestNet::new() else {
+        eprintln!("skipped: no network namespaces / nftables on this host");
+        return;
+    };
+    let pki = test_pki();
+    let seen = start_world(&net.inet, &pki);
+    let (rt_ns, sb_ns) = (net.rt.clone(), net.sb.clone());
+    let test_ca = pki.ca_pem.clone();
+    let result = std::thread::spawn(move || {
+        enter(&rt_ns);
+        let state = tempfile::tempdir().unwrap();
+        let rt = if threads > 1 {
+            tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(threads)
+                .enable_all()
+                .build()
+        } else {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+        }
+        .unwrap();
+        rt.block_on(async move {
+            let egress = rampart_egress::Egress::start(rampart_egress::EgressConfig {
+                proxy_port: PROXY_PORT,
+                dns_port: DNS_PORT,
+                upstream_dns: vec![DNS_SERVER.parse().unwrap()],
+                extra_upstream_roots: vec![test_ca.clone()],
+                state_dir: state.path().join("egress"),
+                blocked: vec!["203.0.113.0/24".into()],
+                ..Default::default()
+            })
+            .await
+            .expect("start egress");
+            let attachment = egress
+                .attach(
+                    "sbx1",
+                    SANDBOX_IP.parse().unwrap(),
+                    GATEWAY_IP.parse().unwrap(),
+                    policy,
+                    secrets,
+                )
+                .expect("attach");
+            f(World {
+                egress,
+                attachment,
+                sb: sb_ns,
+                seen,
+                test_ca,
+            })
+            .await;
+        });
+    })
+    .join();
+    drop(net);
+    if let Err(p) = result {
+        std::panic::resume_unwind(p);
+    }
+}
+
+/// A policy of `mode` with these allow and deny rules.
+pub fn policy(
+    mode: rampart_types::network::NetworkMode,
+    allow: &[&str],
+    deny: &[&str],
+) -> rampart_types::network::NetworkPolicy {
+    rampart_types::network::NetworkPolicy {
+        mode,
+        allow: allow.iter().map(|s| s.to_string()).collect(),
+        deny: deny.iter().map(|s| s.to_string()).collect(),
+        ..Default::default()
+    }
+}
