@@ -117,6 +117,16 @@ fn open_to_others(data: &Path) -> Vec<(PathBuf, u32)> {
     bad
 }
 
+/// The daemon's own state files in its data directory.
+const STATE_FILES: [&str; 6] = [
+    "state.db",
+    "state.db-wal",
+    "state.db-shm",
+    "audit.journal",
+    "node.key",
+    "api-key",
+];
+
 /// `sandbox_blocks_state_read_by_host_users`: with a secret stored and a sandbox with an
 /// environment and a secret, host user `nobody` can read none of the daemon's state, list
 /// nothing of its data directory, and every file and directory in it is private (but
@@ -207,17 +217,7 @@ fn sandbox_blocks_state_read_by_host_users() {
 
     // 1. Host user nobody reads nothing of it and lists nothing.
     let sandboxes = support::sandboxes_dir(&data);
-    let mut targets: Vec<PathBuf> = [
-        "state.db",
-        "state.db-wal",
-        "state.db-shm",
-        "audit.journal",
-        "node.key",
-        "api-key",
-    ]
-    .iter()
-    .map(|f| data.join(f))
-    .collect();
+    let mut targets: Vec<PathBuf> = STATE_FILES.iter().map(|f| data.join(f)).collect();
     targets.push(data.join("templates/base/rootfs/etc/passwd"));
     targets.push(sandboxes.join(&id).join("disk.img"));
     for t in &targets {
@@ -245,14 +245,7 @@ fn sandbox_blocks_state_read_by_host_users() {
 
     // 2. Every file and directory is the daemon's alone: 0700 / 0600.
     assert_eq!(mode(&data), 0o700, "the data directory");
-    for f in [
-        "state.db",
-        "state.db-wal",
-        "state.db-shm",
-        "audit.journal",
-        "node.key",
-        "api-key",
-    ] {
+    for f in STATE_FILES {
         let p = data.join(f);
         if p.exists() {
             assert_eq!(mode(&p), 0o600, "{}", p.display());
