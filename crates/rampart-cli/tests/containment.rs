@@ -50,6 +50,9 @@ fn serve_args(data: &Path, port: u16) -> Vec<String> {
         format!("127.0.0.1:{port}"),
         "--data-dir".into(),
         data.display().to_string(),
+        // As support::DAEMON_ENV: a CI machine may have only a few GiB free.
+        "--disk-overcommit".into(),
+        "1000".into(),
     ]
 }
 
@@ -716,7 +719,7 @@ fn sandbox_blocks_disk_overcommit() {
     let root = TempRoot::new("disk");
     let data = root.0.join("data");
     let port = support::free_port();
-    let daemon = support::start(&data, port, &[]);
+    let daemon = support::start(&data, port, &[("RAMPART_DISK_OVERCOMMIT", "1")]);
     let free = free_bytes(&data);
     let disk: u64 = 50 << 30;
     // More 50 GiB disks than the file system can hold: each admitted one is counted.

@@ -61,6 +61,9 @@ impl World {
         cfg.uid_slots = 4;
         cfg.uid_range_start = 1_000_000_000 + ((pid % 200) * 10 + index) * 4 * 65536;
         cfg.max_timeout_secs = 3600;
+        // A CI machine may have only a few GiB free: the sparse 2 GiB disks of the tests'
+        // sandboxes are overcommitted (disk admission has tests of its own).
+        cfg.disk_overcommit = 1000.0;
         Ok(World {
             dir,
             subtree: format!("rampart-coretest-{pid}-{tag}"),

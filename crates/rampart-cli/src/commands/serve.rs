@@ -50,6 +50,10 @@ pub struct ServeArgs {
     /// `localhost`).
     #[arg(long, value_name = "DOMAIN")]
     domain: Option<String>,
+    /// Disk overcommit ratio (overrides the config file's `disk_overcommit`; 1.0, the
+    /// default, admits no more disk quota than the store can hold).
+    #[arg(long, value_name = "RATIO", env = "RAMPART_DISK_OVERCOMMIT")]
+    disk_overcommit: Option<f64>,
 }
 
 /// A size in a config file: bytes (`536870912`) or text (`"512M"`).
@@ -501,7 +505,7 @@ fn resolve(a: &ServeArgs) -> Result<Resolved> {
     if !audit.enabled {
         tracing::warn!("the audit record is disabled by the config file ([audit] enabled = false)");
     }
-    let disk_overcommit = file.disk_overcommit.unwrap_or(1.0);
+    let disk_overcommit = a.disk_overcommit.or(file.disk_overcommit).unwrap_or(1.0);
     if !(disk_overcommit.is_finite() && disk_overcommit > 0.0 && disk_overcommit <= 1000.0) {
         bail!(
             "disk_overcommit: must be a number above 0 (1.0: no overcommit), got {disk_overcommit}"

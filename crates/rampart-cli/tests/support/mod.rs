@@ -101,6 +101,11 @@ pub fn free_port() -> u16 {
         .port()
 }
 
+/// The environment every test daemon starts with, before a test's own variables: the suite
+/// keeps many sandboxes with 2 GiB sparse disks alive at once, and a CI machine may have only
+/// a few GiB free, so disk quotas are overcommitted; the disk admission test sets `1`.
+pub const DAEMON_ENV: &[(&str, &str)] = &[("RAMPART_DISK_OVERCOMMIT", "1000")];
+
 /// Starts `rampart serve` on `port` with `data` (log in `<data>.log`), with extra environment
 /// variables, and waits until it answers `/health`.
 pub fn start(data: &Path, port: u16, envs: &[(&str, &str)]) -> Daemon {
@@ -117,6 +122,7 @@ pub fn start(data: &Path, port: u16, envs: &[(&str, &str)]) -> Daemon {
             "--data-dir",
         ])
         .arg(data)
+        .envs(DAEMON_ENV.iter().copied())
         .envs(envs.iter().copied())
         .stdin(Stdio::null())
         .stdout(log.try_clone().unwrap())
@@ -349,6 +355,7 @@ fn start_shared(name: &str, envs: &[(&str, &str)]) -> Result<Shared, Setup> {
         .env("LOG", &log)
         .env("ROOT", &root)
         .env("NAME", name)
+        .envs(DAEMON_ENV.iter().copied())
         .envs(envs.iter().copied())
         .env(
             "RUST_LOG",
