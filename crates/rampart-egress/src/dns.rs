@@ -138,6 +138,8 @@ pub(crate) async fn serve_tcp(l: TcpListener, inner: Arc<Inner>, stop: Cancellat
         let Some(sb) = inner.by_ip(peer.ip()) else {
             continue;
         };
+        // Answers are small writes on a kept-alive connection: no Nagle wait.
+        let _ = s.set_nodelay(true);
         if sb.dns_tcp.fetch_add(1, Ordering::Relaxed) >= crate::DNS_TCP_PER_SANDBOX {
             sb.dns_tcp.fetch_sub(1, Ordering::Relaxed);
             continue;
