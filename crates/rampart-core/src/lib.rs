@@ -11,217 +11,37 @@
 
 mod audit;
 pub mod capacity;
-mod fsdiff;
+mod config;
+mod error;
+mod exec;
 mod interpreter;
 mod isolation;
-mod journal;
 mod manager;
 mod metrics;
-mod netaudit;
+mod namespace;
 mod network;
 pub mod persist;
 mod proc;
-mod recorder;
 mod secrets;
 mod templates;
+mod util;
 pub mod validate;
 
+pub use audit::fsdiff::{diff_layer, DiffLimits, LayerDiff, Layers};
 pub use audit::AuditConfig;
-pub use fsdiff::{diff_layer, DiffLimits, LayerDiff, Layers};
+pub use audit::NetEventBudget;
+pub use config::CoreConfig;
+pub use error::CoreError;
+pub use exec::{with_caller, Exec, ExecControl, ExecRecorder, ExecStart, InputSink};
 pub use isolation::{Isolation, IsolationError, LaunchSpec, Launched, Usage};
-pub use netaudit::NetEventBudget;
+pub use namespace::{DEFAULT_CGROUP_SUBTREE, JAIL_POOL_ENV};
 pub use network::NetworkConfig;
-pub use recorder::{with_caller, ExecRecorder, ExecStart, InputSink};
 
-use rampart_agent::client::{AgentClient, ClientError};
+use rampart_agent::client::AgentClient;
 use rampart_types::audit as audit_types;
-use rampart_types::{
-    CreateSandbox, ExecEvent, ExecRequest, LimitError, Limits, SandboxId, SandboxInfo, SandboxState,
-};
+use rampart_types::{CreateSandbox, ExecRequest, SandboxId, SandboxInfo, SandboxState};
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 use std::sync::Arc;
-
-/// Errors of the manager. Each maps to one HTTP status in the server.
-#[derive(Debug, thiserror::Error)]
-pub enum CoreError {
-    /// 404: no such sandbox.
-    #[error("sandbox {0} not found")]
-    NotFound(String),
-    /// 400: bad input; `field` names the offending field.
-    #[error("{field}: {message}")]
-    BadRequest {
-        /// The field.
-        field: String,
-        /// Why.
-        message: String,
-    },
-    /// 409: the sandbox is not in a state that allows this.
-    #[error("sandbox {id} is {state}, not running")]
-    WrongState {
-        /// The sandbox.
-        id: String,
-        /// Its state.
-        state: String,
-    },
-    /// 422: a limit above the daemon's maximum (or below the minimum).
-    #[error(transparent)]
-    Limit(#[from] LimitError),
-    /// 503: the host is out of capacity (sandbox count, uid ranges).
-    #[error("out of capacity: {0}")]
-    Capacity(String),
-    /// 413: input too large.
-    #[error("too large: {0}")]
-    TooLarge(String),
-    /// The agent answered an error (mapped by its Connect code) or is unreachable (502).
-    #[error(transparent)]
-    Agent(#[from] ClientError),
-    /// The host lacks a kernel feature the isolation tier needs (the message names it).
-    #[error("this host cannot run sandboxes: {0}")]
-    Unsupported(String),
-    /// 500: anything else; the message says what.
-    #[error("internal error: {0}")]
-    Internal(String),
-}
-
-/// Daemon configuration.
-#[derive(Debug, Clone)]
-pub struct CoreConfig {
-    /// Data directory: `state.db`, `templates/`, `sandboxes/`.
-    pub data_dir: PathBuf,
-    /// `rampart-jailer` binary.
-    pub jailer_bin: PathBuf,
-    /// `rampart-agent` binary.
-    pub agent_bin: PathBuf,
-    /// Limits applied when a request leaves a field unset.
-    pub default_limits: Limits,
-    /// The most a request may ask for.
-    pub max_limits: Limits,
-    /// Timeout when the request gives none (300 s).
-    pub default_timeout_secs: u64,
-    /// Longest timeout a request may ask for.
-    pub max_timeout_secs: u64,
-    /// Most sandboxes alive at once (503 beyond).
-    pub max_sandboxes: usize,
-    /// First host uid of the sandbox uid ranges; sandbox slot `n` gets
-    /// `[uid_range_start + n * 65536, +65536)`.
-    pub uid_range_start: u32,
-    /// Number of slots (ranges) available.
-    pub uid_slots: u32,
-    /// The audit record: on/off, blob cap, publication interval.
-    pub audit: AuditConfig,
-    /// Sandbox networks: address pool, nftables table, egress ports.
-    pub network: NetworkConfig,
-    /// How far the disk quotas of sandboxes, snapshots and volumes may exceed the space the
-    /// store can hold (see [`capacity`]); 1.0, the default, admits no overcommit.
-    pub disk_overcommit: f64,
-}
-
-impl CoreConfig {
-    /// A configuration with the documented defaults: default limits of 1 vCPU, 512 MiB,
-    /// 1024 pids, 2 GiB disk; maxima of every host CPU, 8 GiB, 32768 pids, 50 GiB disk;
-    /// 300 s default and 24 h maximum timeouts; 1024 sandboxes; uid ranges from host uid
-    /// 2^29 (536870912), one of 65536 per sandbox slot.
-    pub fn with_defaults(data_dir: PathBuf, jailer_bin: PathBuf, agent_bin: PathBuf) -> Self {
-        let cpus = std::thread::available_parallelism()
-            .map(|n| n.get())
-            .unwrap_or(1) as f64;
-        CoreConfig {
-            data_dir,
-            jailer_bin,
-            agent_bin,
-            default_limits: Limits::default(),
-            max_limits: Limits {
-                cpus,
-                memory_bytes: 8 << 30,
-                pids: 32768,
-                disk_bytes: 50 << 30,
-                open_files: 1 << 20,
-            },
-            default_timeout_secs: 300,
-            max_timeout_secs: 24 * 3600,
-            max_sandboxes: 1024,
-            uid_range_start: 1 << 29,
-            uid_slots: 1024,
-            audit: AuditConfig::default(),
-            network: NetworkConfig::default(),
-            disk_overcommit: 1.0,
-        }
-    }
-}
-
-/// A started process.
-pub struct Exec {
-    /// Its pid inside the sandbox.
-    pub pid: u32,
-    /// Output and the final event.
-    pub events: futures::stream::BoxStream<'static, ExecEvent>,
-    /// Control of the running process.
-    pub control: ExecControl,
-}
-
-impl std::fmt::Debug for Exec {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Exec")
-            .field("pid", &self.pid)
-            .finish_non_exhaustive()
-    }
-}
-
-/// Control of a started process: input, resize, kill.
-#[derive(Debug, Clone)]
-pub struct ExecControl {
-    client: AgentClient,
-    pid: u32,
-    pty: bool,
-    /// Input sent after start, hashed for the `exit` record (None when not audited).
-    streamed: Option<Arc<std::sync::Mutex<rampart_audit::ContentHasher>>>,
-}
-
-impl ExecControl {
-    /// Sends bytes to its stdin (or PTY).
-    pub async fn send_stdin(&self, data: bytes::Bytes) -> Result<(), CoreError> {
-        if let Some(h) = &self.streamed {
-            h.lock().unwrap_or_else(|p| p.into_inner()).update(&data);
-        }
-        Ok(self.client.send_input(self.pid, data, self.pty).await?)
-    }
-    /// Closes its stdin (for a PTY: sends EOT, ^D).
-    pub async fn close_stdin(&self) -> Result<(), CoreError> {
-        if self.pty {
-            return self.send_stdin(bytes::Bytes::from_static(b"\x04")).await;
-        }
-        Ok(self.client.close_stdin(self.pid).await?)
-    }
-    /// Resizes its PTY.
-    pub async fn resize(&self, cols: u16, rows: u16) -> Result<(), CoreError> {
-        Ok(self.client.resize(self.pid, cols, rows).await?)
-    }
-    /// Sends SIGKILL (`kill`) or SIGTERM.
-    pub async fn signal(&self, kill: bool) -> Result<(), CoreError> {
-        Ok(self.client.signal(self.pid, kill).await?)
-    }
-}
-
-/// Environment variable setting how many jailers the namespace tier keeps warm (cgroup v1
-/// hosts; 0 disables the pool). Default [`rampart_jail::DEFAULT_POOL_SIZE`].
-pub const JAIL_POOL_ENV: &str = "RAMPART_JAIL_POOL";
-
-fn jail_pool_size() -> usize {
-    match std::env::var(JAIL_POOL_ENV) {
-        Ok(v) => match v.trim().parse::<usize>() {
-            Ok(n) => n.min(64),
-            Err(_) => {
-                tracing::warn!("{JAIL_POOL_ENV}={v:?} is not a number; using the default");
-                rampart_jail::DEFAULT_POOL_SIZE
-            }
-        },
-        Err(_) => rampart_jail::DEFAULT_POOL_SIZE,
-    }
-}
-
-/// Name of the cgroup subtree holding the sandboxes' cgroups.
-pub const DEFAULT_CGROUP_SUBTREE: &str = "rampart";
 
 /// The manager. Cheap to share (`Arc`).
 #[derive(Debug)]
@@ -242,47 +62,7 @@ impl Manager {
         cfg: CoreConfig,
         subtree: &str,
     ) -> Result<Arc<Manager>, CoreError> {
-        // The copy-on-write store (snapshots, fork, volumes): `<data>` or a loop-mounted XFS
-        // image at `<data>/store` (rampart_jail::store); sandbox directories live on it.
-        let data = cfg.data_dir.clone();
-        let store = tokio::task::spawn_blocking(move || rampart_jail::store::Store::open(&data))
-            .await
-            .map_err(|e| CoreError::Internal(format!("store: {e}")))?
-            .map_err(|e| CoreError::Internal(format!("store: {e}")))?;
-        // The root of the store mounted at `<data>/store` has the mode its file system was
-        // made with (0755): private to the daemon, like the rest of the data directory.
-        if store.root() != cfg.data_dir.as_path() {
-            use std::os::unix::fs::PermissionsExt as _;
-            std::fs::set_permissions(store.root(), std::fs::Permissions::from_mode(0o700))
-                .map_err(|e| {
-                    CoreError::Internal(format!("chmod {}: {e}", store.root().display()))
-                })?;
-        }
-        let jail_cfg = rampart_jail::JailConfig {
-            state_dir: store.sandboxes_dir(),
-            jailer_bin: cfg.jailer_bin.clone(),
-            agent_bin: cfg.agent_bin.clone(),
-            cgroup_subtree: subtree.to_owned(),
-        };
-        // Private to the daemon (0700), whatever the umask: the jailer reaches each sandbox's
-        // directory as host root.
-        std::os::unix::fs::DirBuilderExt::mode(std::fs::DirBuilder::new().recursive(true), 0o700)
-            .create(&jail_cfg.state_dir)
-            .map_err(|e| {
-                CoreError::Internal(format!("creating {}: {e}", jail_cfg.state_dir.display()))
-            })?;
-        let pool = jail_pool_size();
-        // Warm jailers have disks of the default size ready.
-        let disk = cfg.default_limits.disk_bytes;
-        let jail = tokio::task::spawn_blocking(move || {
-            rampart_jail::Jail::new(jail_cfg).and_then(|j| j.with_pool(pool, disk))
-        })
-        .await
-        .map_err(|e| CoreError::Internal(format!("host probe: {e}")))?
-        .map_err(|e| match e {
-            rampart_jail::JailError::MissingFeature { .. } => CoreError::Unsupported(e.to_string()),
-            other => CoreError::Internal(other.to_string()),
-        })?;
+        let jail = namespace::open(&cfg, subtree).await?;
         Self::start_with(cfg, Arc::new(jail)).await
     }
 
@@ -449,7 +229,7 @@ impl Manager {
         let id = id.clone();
         tokio::task::spawn_blocking(move || audit.bundle(&id))
             .await
-            .map_err(|e| CoreError::Internal(format!("bundle: task failed: {e}")))?
+            .map_err(CoreError::task("bundle"))?
     }
     /// The node's public key (`ed25519:<hex>`) and its key id (hex).
     pub fn audit_key(&self) -> (String, String) {
@@ -490,7 +270,7 @@ impl Manager {
         &self,
         id: &SandboxId,
     ) -> Result<rampart_types::network::NetworkInfo, CoreError> {
-        self.inner.network_info(id)
+        self.inner.network.info(self.inner.store.as_ref(), id)
     }
     /// Replaces a running sandbox's network policy; new connections obey it at once and live
     /// connections it denies are cut. From or to mode `none` the sandbox is (un)wired.
@@ -519,10 +299,28 @@ impl Manager {
     {
         self.inner.network_subscribe(id)
     }
+    /// Records the `exec` of a command that is about to be started in a running sandbox by
+    /// another road than [`Manager::exec`] (committed before this returns, so before the
+    /// command starts), and returns its recorder. With the audit log off it records nothing.
+    pub fn record_exec_start(
+        &self,
+        id: &SandboxId,
+        start: ExecStart,
+    ) -> Result<ExecRecorder, CoreError> {
+        self.inner.record_exec_start(id, start)
+    }
+    /// Records a file operation made in a sandbox by another road than the file methods.
+    pub fn record_file_change(
+        &self,
+        id: &SandboxId,
+        change: audit_types::FileChange,
+    ) -> Result<(), CoreError> {
+        self.inner.record_file(id, change)
+    }
     /// Stops the reaper; sandboxes keep running (a restarted daemon re-attaches).
     pub async fn shutdown(&self) {
         self.inner.stop_tasks();
-        self.inner.network_shutdown().await;
+        self.inner.network.shutdown(self.inner.store.as_ref()).await;
     }
 }
 

@@ -14,18 +14,16 @@
 //! works) when it is disabled, when another daemon on the host holds the same table, or when
 //! the proxy, the resolver or the table cannot be set up; the reason is logged and returned.
 
-use crate::manager::Inner;
 use crate::CoreError;
 use futures::StreamExt;
 use rampart_agent::client::AgentClient;
 use rampart_egress::{Attachment, Egress, EgressConfig};
 use rampart_net::{Net, NetConfig, NetHandle};
-use rampart_store::{SandboxRecord, StoredNetwork};
+use rampart_store::{SandboxRecord, SandboxStore, StoredNetwork};
 use rampart_types::network::NetworkInfo;
-use rampart_types::{NetLogEntry, NetworkMode, NetworkPolicy, SandboxId, SandboxState, SecretSpec};
+use rampart_types::{NetworkMode, NetworkPolicy, SandboxId, SecretSpec};
 use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use tracing::{debug, info, warn};
 
 /// Where the sandbox's trust store is.
@@ -294,7 +292,7 @@ impl Network {
         let t0 = std::time::Instant::now();
         let h = tokio::task::spawn_blocking(move || w.wire(pid, slot))
             .await
-            .map_err(|e| CoreError::Internal(format!("wiring the network: task failed: {e}")))?
+            .map_err(CoreError::task("wiring the network"))?
             .map_err(|e| CoreError::Internal(format!("wiring the network: {e}")))?;
         debug!(link = %h.host_if, wire_us = t0.elapsed().as_micros() as u64, "wired");
         Ok(h)
@@ -374,28 +372,45 @@ fn bad(field: &str, message: &str) -> CoreError {
     }
 }
 
-fn networked(net: &Option<StoredNetwork>) -> bool {
+pub(crate) fn networked(net: &Option<StoredNetwork>) -> bool {
     net.as_ref()
         .is_some_and(|n| n.policy.mode != NetworkMode::None)
 }
 
-impl Inner {
+impl Network {
+    /// Gives a wired sandbox's egress a new policy (live connections it denies are cut).
+    pub(crate) fn set_policy(
+        &self,
+        id: &SandboxId,
+        policy: NetworkPolicy,
+    ) -> Result<(), CoreError> {
+        let (_, egress) = self.ready()?;
+        egress
+            .set_policy(id.as_str(), policy)
+            .map_err(|e| CoreError::Internal(format!("egress policy: {e}")))
+    }
+
     /// Tears down the network of a sandbox that has one (by its stored policy).
-    pub(crate) async fn network_teardown(&self, id: &SandboxId, slot: u32) {
-        match self.store().network(id) {
-            Ok(n) if networked(&n) => self.network.teardown(id, slot).await,
+    pub(crate) async fn teardown_stored(
+        &self,
+        store: &dyn SandboxStore,
+        id: &SandboxId,
+        slot: u32,
+    ) {
+        match store.network(id) {
+            Ok(n) if networked(&n) => self.teardown(id, slot).await,
             Ok(_) => {}
             Err(e) => {
                 warn!(id = %id, "reading the sandbox's network settings: {e}; tearing down anyway");
-                self.network.teardown(id, slot).await;
+                self.teardown(id, slot).await;
             }
         }
     }
 
     /// After a restart: attaches a re-attached sandbox to the egress proxy again and re-wires
     /// its link if it went missing.
-    pub(crate) async fn network_reattach(&self, rec: &SandboxRecord) {
-        let net = match self.store().network(&rec.id) {
+    pub(crate) async fn reattach(&self, store: &dyn SandboxStore, rec: &SandboxRecord) {
+        let net = match store.network(&rec.id) {
             Ok(n) if networked(&n) => n,
             Ok(_) => return,
             Err(e) => {
@@ -404,7 +419,7 @@ impl Inner {
             }
         };
         let Some(net) = net else { return };
-        let prepared = match self.network.prepare(&rec.id, rec.uid_slot, &net) {
+        let prepared = match self.prepare(&rec.id, rec.uid_slot, &net) {
             Ok(p) => p,
             Err(e) => {
                 warn!(id = %rec.id, "re-attaching to the egress proxy: {e}; its connections are refused");
@@ -414,7 +429,7 @@ impl Inner {
         let link = std::path::Path::new("/sys/class/net").join(&prepared.handle.host_if);
         if !link.exists() {
             if let Some(pid) = rec.pid {
-                match self.network.wire(rec.uid_slot, pid).await {
+                match self.wire(rec.uid_slot, pid).await {
                     Ok(_) => info!(id = %rec.id, "re-wired a sandbox whose link was missing"),
                     Err(e) => warn!(id = %rec.id, "re-wiring the sandbox: {e}"),
                 }
@@ -423,8 +438,8 @@ impl Inner {
     }
 
     /// After a restart: removes links and egress state of sandboxes that are not alive.
-    pub(crate) async fn network_leftovers(&self) {
-        let alive: Vec<SandboxRecord> = match self.store().alive() {
+    pub(crate) async fn clean_leftovers(&self, store: &dyn SandboxStore) {
+        let alive: Vec<SandboxRecord> = match store.alive() {
             Ok(a) => a,
             Err(e) => {
                 warn!("listing alive sandboxes for network cleanup: {e}");
@@ -432,7 +447,7 @@ impl Inner {
             }
         };
         let slots: Vec<u32> = alive.iter().map(|r| r.uid_slot).collect();
-        if let Some(net) = self.network.net.clone() {
+        if let Some(net) = self.net.clone() {
             let removed = tokio::task::spawn_blocking(move || -> Vec<String> {
                 let mut done = Vec::new();
                 match net.leftovers(&slots) {
@@ -454,10 +469,7 @@ impl Inner {
                 info!(link = %l, "removed a leftover sandbox link");
             }
         }
-        if let (Some(e), Ok(rd)) = (
-            &self.network.egress,
-            std::fs::read_dir(&self.network.egress_dir),
-        ) {
+        if let (Some(e), Ok(rd)) = (&self.egress, std::fs::read_dir(&self.egress_dir)) {
             for ent in rd.flatten() {
                 let name = ent.file_name().to_string_lossy().into_owned();
                 if !alive.iter().any(|r| r.id.as_str() == name) {
@@ -469,11 +481,11 @@ impl Inner {
 
     /// At a clean shutdown: removes the nftables table when no sandbox with a network is
     /// alive (otherwise it stays, to keep them confined while the daemon is down).
-    pub(crate) async fn network_shutdown(&self) {
-        let Some(net) = self.network.net.clone() else {
+    pub(crate) async fn shutdown(&self, store: &dyn SandboxStore) {
+        let Some(net) = self.net.clone() else {
             return;
         };
-        let alive = match self.store().alive() {
+        let alive = match store.alive() {
             Ok(a) => a,
             Err(e) => {
                 warn!("keeping the network table: listing alive sandboxes: {e}");
@@ -482,7 +494,7 @@ impl Inner {
         };
         let networked = alive
             .iter()
-            .any(|r| networked(&self.store().network(&r.id).unwrap_or(None)));
+            .any(|r| networked(&store.network(&r.id).unwrap_or(None)));
         if networked || !net.links().map(|l| l.is_empty()).unwrap_or(false) {
             info!("keeping the network table: sandboxes with a network are alive");
             return;
@@ -495,19 +507,22 @@ impl Inner {
     }
 
     /// `GET /v1/sandboxes/{id}/network`.
-    pub(crate) fn network_info(&self, id: &SandboxId) -> Result<NetworkInfo, CoreError> {
-        let rec = self
-            .store()
+    pub(crate) fn info(
+        &self,
+        store: &dyn SandboxStore,
+        id: &SandboxId,
+    ) -> Result<NetworkInfo, CoreError> {
+        let rec = store
             .get(id)
-            .map_err(store_err)?
+            .map_err(CoreError::from)?
             .ok_or_else(|| CoreError::NotFound(id.to_string()))?;
-        let stored = self.store().network(id).map_err(store_err)?;
+        let stored = store.network(id).map_err(CoreError::from)?;
         let policy = stored
             .as_ref()
             .map(|n| n.policy.clone())
             .unwrap_or_default();
         let handle = (rec.state.is_alive() && policy.mode != NetworkMode::None)
-            .then(|| self.network.handle(rec.uid_slot))
+            .then(|| self.handle(rec.uid_slot))
             .flatten();
         Ok(NetworkInfo {
             policy,
@@ -515,114 +530,6 @@ impl Inner {
             gateway: handle.as_ref().map(|h| h.gateway.to_string()),
         })
     }
-
-    /// `PUT /v1/sandboxes/{id}/network`: replaces the policy of a running sandbox. Between
-    /// two modes with a network the egress proxy applies it at once (live connections it now
-    /// denies are cut); from `none` the sandbox is wired now, and to `none` unwired.
-    pub(crate) async fn set_network(
-        self: &Arc<Self>,
-        id: &SandboxId,
-        policy: NetworkPolicy,
-    ) -> Result<NetworkInfo, CoreError> {
-        let op = self.op_lock(id);
-        let _guard = op.lock().await;
-        let client = self.agent(id)?;
-        let rec = self
-            .store()
-            .get(id)
-            .map_err(store_err)?
-            .ok_or_else(|| CoreError::NotFound(id.to_string()))?;
-        if rec.state != SandboxState::Running {
-            return Err(CoreError::WrongState {
-                id: id.to_string(),
-                state: rec.state.as_str().into(),
-            });
-        }
-        let old = self.store().network(id).map_err(store_err)?;
-        let secrets = old.as_ref().map(|n| n.secrets.clone()).unwrap_or_default();
-        let was = networked(&old);
-        let new = self.network.check(Some(&policy), &[])?;
-        match (was, new.is_some()) {
-            (true, true) => {
-                let (_, egress) = self.network.ready()?;
-                egress
-                    .set_policy(id.as_str(), policy.clone())
-                    .map_err(|e| CoreError::Internal(format!("egress policy: {e}")))?;
-            }
-            (false, true) => {
-                let stored = StoredNetwork {
-                    policy: policy.clone(),
-                    secrets: Vec::new(),
-                };
-                let p = self.network.prepare(id, rec.uid_slot, &stored)?;
-                let pid = rec
-                    .pid
-                    .ok_or_else(|| CoreError::Internal("running sandbox without a pid".into()))?;
-                let wired = match self.network.wire(rec.uid_slot, pid).await {
-                    Ok(_) => {
-                        self.network
-                            .configure_inside(
-                                &client,
-                                &p,
-                                id.as_str(),
-                                &self.templates_dir().join(&rec.template),
-                            )
-                            .await
-                    }
-                    Err(e) => Err(e),
-                };
-                if let Err(e) = wired {
-                    self.network.teardown(id, rec.uid_slot).await;
-                    return Err(e);
-                }
-            }
-            (true, false) => self.network.teardown(id, rec.uid_slot).await,
-            (false, false) => {}
-        }
-        let recorded = serde_json::to_value(&policy).unwrap_or_default();
-        self.store()
-            .set_network(id, &StoredNetwork { policy, secrets })
-            .map_err(store_err)?;
-        self.audit.append(
-            id,
-            |_| {
-                rampart_audit::EventBody::PolicyChanged(rampart_types::audit::PolicyChanged {
-                    policy: recorded,
-                })
-            },
-            Vec::new(),
-        )?;
-        self.network_info(id)
-    }
-
-    /// `GET /v1/sandboxes/{id}/network/log`: entries with `seq > after`, at most `limit`.
-    /// Empty for a sandbox without network, or once it has ended.
-    pub(crate) fn network_log(
-        &self,
-        id: &SandboxId,
-        after: u64,
-        limit: usize,
-    ) -> Result<Vec<NetLogEntry>, CoreError> {
-        self.get(id)?;
-        Ok(self
-            .network
-            .egress()
-            .and_then(|e| e.log(id.as_str(), after, limit))
-            .unwrap_or_default())
-    }
-
-    /// New network log entries of a sandbox as they happen (None: no network log).
-    pub(crate) fn network_subscribe(
-        &self,
-        id: &SandboxId,
-    ) -> Result<Option<tokio::sync::broadcast::Receiver<NetLogEntry>>, CoreError> {
-        self.get(id)?;
-        Ok(self.network.egress().and_then(|e| e.subscribe(id.as_str())))
-    }
-}
-
-fn store_err(e: rampart_store::StoreError) -> CoreError {
-    CoreError::Internal(format!("state store: {e}"))
 }
 
 #[cfg(test)]

@@ -19,8 +19,8 @@
 //!   while a sandbox has it mounted (its loop device is attached) or a create using it runs.
 
 use crate::isolation::{DiskSource, LaunchExtras, VolumeSpec};
-use crate::manager::lock;
 use crate::manager::{EndReason, Inner};
+use crate::util::lock;
 use crate::{CoreError, Manager};
 use rampart_store::keys::random_hex;
 use rampart_store::persist::{PersistStore, SnapshotRow};
@@ -70,14 +70,14 @@ impl Persist {
         let snaps: u64 = self
             .db
             .snapshots()
-            .map_err(db)?
+            .map_err(CoreError::from)?
             .iter()
             .map(|s| s.size_bytes)
             .sum();
         let vols: u64 = self
             .db
             .volumes()
-            .map_err(db)?
+            .map_err(CoreError::from)?
             .iter()
             .map(|v| v.size_mib << 20)
             .sum();
@@ -116,10 +116,6 @@ impl Drop for Busy {
             }
         }
     }
-}
-
-fn db(e: StoreError) -> CoreError {
-    CoreError::Internal(format!("state store: {e}"))
 }
 
 fn bad(field: &str, message: impl Into<String>) -> CoreError {
@@ -172,7 +168,7 @@ pub fn check_volume_path(path: &str) -> Result<(), CoreError> {
 }
 
 fn rfc3339(ms: i64) -> String {
-    crate::manager::rfc3339(ms)
+    crate::util::rfc3339(ms)
 }
 
 fn snapshot_info(r: &SnapshotRow) -> SnapshotInfo {
@@ -190,7 +186,7 @@ impl Persist {
     /// Opens the tables of `state.db` (after the state store migrated it).
     pub(crate) fn open(state_db: &Path) -> Result<Persist, CoreError> {
         Ok(Persist {
-            db: PersistStore::open(state_db).map_err(db)?,
+            db: PersistStore::open(state_db).map_err(CoreError::from)?,
             busy_snapshots: Arc::default(),
             busy_volumes: Arc::default(),
             hidden: Mutex::default(),
@@ -302,7 +298,7 @@ pub(crate) fn prepare_create(inner: &Inner, req: &mut CreateSandbox) -> Result<S
                 check_name("snapshot", &name)?;
                 let row =
                     p.db.snapshot(&name)
-                        .map_err(db)?
+                        .map_err(CoreError::from)?
                         .ok_or_else(|| bad("snapshot", format!("no snapshot named {name:?}")))?;
                 (row, root.join("snapshots").join(&name).join("disk.img"))
             }
@@ -352,7 +348,7 @@ pub(crate) fn prepare_create(inner: &Inner, req: &mut CreateSandbox) -> Result<S
             // Checked and marked busy under one lock, which delete_volume holds from its own
             // checks to the row's removal: a volume is either removed or mounted, never both.
             let mut m = lock(&p.busy_volumes);
-            if p.db.volume(&v.name).map_err(db)?.is_none() {
+            if p.db.volume(&v.name).map_err(CoreError::from)?.is_none() {
                 return Err(bad("volumes.name", format!("no volume named {:?}", v.name)));
             }
             busy.hold_locked(&mut m, &p.busy_volumes, &v.name);
@@ -415,7 +411,7 @@ fn source_of(
     let rec = inner
         .store
         .get(id)
-        .map_err(db)?
+        .map_err(CoreError::from)?
         .ok_or_else(|| CoreError::NotFound(id.to_string()))?;
     if !matches!(rec.state, SandboxState::Running | SandboxState::Paused) {
         return Err(CoreError::WrongState {
@@ -459,7 +455,13 @@ impl Manager {
                 inner.iso.name()
             ))
         })?;
-        if inner.persist.db.snapshot(&name).map_err(db)?.is_some() {
+        if inner
+            .persist
+            .db
+            .snapshot(&name)
+            .map_err(CoreError::from)?
+            .is_some()
+        {
             return Err(bad("name", format!("a snapshot named {name:?} exists")));
         }
         let info = {
@@ -495,12 +497,13 @@ impl Manager {
                     StoreError::Duplicate(_) => {
                         bad("name", format!("a snapshot named {name:?} exists"))
                     }
-                    e => db(e),
+                    e => CoreError::from(e),
                 });
             }
             info!(id = %id, name, size, "snapshot taken");
             // The audit record: fs_diff (reason snapshot) and snapshot.
             inner
+                .manifests()
                 .record_snapshot(id, &rec.template, rec.state == SandboxState::Paused, &name)
                 .await;
             snapshot_info(&row)
@@ -518,7 +521,7 @@ impl Manager {
             .persist
             .db
             .snapshots()
-            .map_err(db)?
+            .map_err(CoreError::from)?
             .iter()
             .map(snapshot_info)
             .collect())
@@ -531,7 +534,7 @@ impl Manager {
             .persist
             .db
             .snapshot(name)
-            .map_err(db)?
+            .map_err(CoreError::from)?
             .map(|r| snapshot_info(&r))
             .ok_or_else(|| CoreError::NotFound(format!("snapshot {name}")))
     }
@@ -547,7 +550,12 @@ impl Manager {
                 state: "in use by a create".into(),
             });
         }
-        if !inner.persist.db.delete_snapshot(name).map_err(db)? {
+        if !inner
+            .persist
+            .db
+            .delete_snapshot(name)
+            .map_err(CoreError::from)?
+        {
             return Err(CoreError::NotFound(format!("snapshot {name}")));
         }
         if let Some(root) = inner.iso.store_root() {
@@ -642,7 +650,13 @@ impl Manager {
         let root = inner.iso.store_root().ok_or_else(|| {
             CoreError::Unsupported(format!("the {} tier has no volumes", inner.iso.name()))
         })?;
-        if inner.persist.db.volume(&req.name).map_err(db)?.is_some() {
+        if inner
+            .persist
+            .db
+            .volume(&req.name)
+            .map_err(CoreError::from)?
+            .is_some()
+        {
             return Err(bad("name", format!("a volume named {:?} exists", req.name)));
         }
         // Held until the volume's row counts.
@@ -670,7 +684,7 @@ impl Manager {
                     StoreError::Duplicate(_) => {
                         bad("name", format!("a volume named {:?} exists", req.name))
                     }
-                    e => db(e),
+                    e => CoreError::from(e),
                 });
             }
         };
@@ -691,7 +705,7 @@ impl Manager {
             .persist
             .db
             .volumes()
-            .map_err(db)?
+            .map_err(CoreError::from)?
             .into_iter()
             .map(|r| VolumeInfo {
                 used_bytes: root
@@ -713,7 +727,13 @@ impl Manager {
     pub async fn delete_volume(&self, name: &str) -> Result<(), CoreError> {
         let inner = &self.inner;
         check_name("name", name)?;
-        if inner.persist.db.volume(name).map_err(db)?.is_none() {
+        if inner
+            .persist
+            .db
+            .volume(name)
+            .map_err(CoreError::from)?
+            .is_none()
+        {
             return Err(CoreError::NotFound(format!("volume {name}")));
         }
         let in_use = || CoreError::WrongState {
@@ -721,8 +741,13 @@ impl Manager {
             state: "mounted by a sandbox".into(),
         };
         let mounted_by_alive = || -> Result<bool, CoreError> {
-            for rec in inner.store.alive().map_err(db)? {
-                let Some(r) = inner.persist.db.request(rec.id.as_str()).map_err(db)? else {
+            for rec in inner.store.alive().map_err(CoreError::from)? {
+                let Some(r) = inner
+                    .persist
+                    .db
+                    .request(rec.id.as_str())
+                    .map_err(CoreError::from)?
+                else {
                     continue;
                 };
                 if serde_json::from_str::<CreateSandbox>(&r)
@@ -763,7 +788,11 @@ impl Manager {
             {
                 return Err(in_use());
             }
-            inner.persist.db.delete_volume(name).map_err(db)?;
+            inner
+                .persist
+                .db
+                .delete_volume(name)
+                .map_err(CoreError::from)?;
         }
         if let Some(image) = image {
             if let Err(e) = std::fs::remove_file(&image) {
@@ -796,8 +825,7 @@ impl Manager {
 /// Takes the consistent point of `id` into the new directory `dir` (`dir/disk.img`); on error
 /// nothing of `dir` remains.
 async fn take_point(inner: &Inner, id: &SandboxId, dir: &Path) -> Result<u64, CoreError> {
-    std::fs::create_dir(dir)
-        .map_err(|e| CoreError::Internal(format!("mkdir {}: {e}", dir.display())))?;
+    std::fs::create_dir(dir).map_err(CoreError::io(format!("mkdir {}", dir.display())))?;
     let iso = inner.iso.clone();
     let (id2, img) = (id.clone(), dir.join("disk.img"));
     let r = tokio::task::spawn_blocking(move || iso.snapshot_disk(&id2, &img))

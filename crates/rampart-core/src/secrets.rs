@@ -15,10 +15,6 @@ use rampart_types::{SecretInjection, SecretSpec};
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
-fn db(e: rampart_store::StoreError) -> CoreError {
-    CoreError::Internal(format!("secret store: {e}"))
-}
-
 fn bad(message: impl Into<String>) -> CoreError {
     CoreError::BadRequest {
         field: "secrets".into(),
@@ -47,7 +43,7 @@ impl Secrets {
         if let Some(s) = self.store.get() {
             return Ok(s);
         }
-        let opened = SecretStore::open(&self.state_db).map_err(db)?;
+        let opened = SecretStore::open(&self.state_db).map_err(CoreError::from)?;
         // Two first callers may both open: one store is kept, the other dropped.
         Ok(self.store.get_or_init(|| opened))
     }
@@ -59,8 +55,8 @@ fn info_of(s: StoredSecret) -> StoredSecretInfo {
         hosts: s.spec.hosts,
         inject: s.spec.inject,
         env: s.spec.env,
-        created_at: crate::manager::rfc3339(s.created_at_ms),
-        updated_at: crate::manager::rfc3339(s.updated_at_ms),
+        created_at: crate::util::rfc3339(s.created_at_ms),
+        updated_at: crate::util::rfc3339(s.updated_at_ms),
     }
 }
 
@@ -91,7 +87,7 @@ pub(crate) fn resolve(
             }
             let stored = store
                 .get(&s.name)
-                .map_err(db)?
+                .map_err(CoreError::from)?
                 .ok_or_else(|| {
                     bad(format!(
                         "{:?} has no value and no stored secret has that name (see /v1/secrets)",
@@ -123,7 +119,12 @@ impl Manager {
     /// they were created with.
     pub fn set_secret(&self, spec: SecretSpec) -> Result<StoredSecretInfo, CoreError> {
         check(&spec)?;
-        let stored = self.inner.secrets.store()?.set(&spec).map_err(db)?;
+        let stored = self
+            .inner
+            .secrets
+            .store()?
+            .set(&spec)
+            .map_err(CoreError::from)?;
         tracing::info!(secret = %spec.name, "stored secret set");
         Ok(info_of(stored))
     }
@@ -135,7 +136,7 @@ impl Manager {
             .secrets
             .store()?
             .list()
-            .map_err(db)?
+            .map_err(CoreError::from)?
             .into_iter()
             .map(info_of)
             .collect())
@@ -144,7 +145,13 @@ impl Manager {
     /// Removes the stored secret `name` (`NotFound` if there is none). Running sandboxes keep
     /// the copy they were created with.
     pub fn delete_secret(&self, name: &str) -> Result<(), CoreError> {
-        if self.inner.secrets.store()?.delete(name).map_err(db)? {
+        if self
+            .inner
+            .secrets
+            .store()?
+            .delete(name)
+            .map_err(CoreError::from)?
+        {
             tracing::info!(secret = %name, "stored secret removed");
             Ok(())
         } else {

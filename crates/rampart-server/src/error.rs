@@ -124,7 +124,12 @@ impl From<CoreError> for ApiError {
             CoreError::Unsupported(_) => {
                 ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "unsupported", message)
             }
-            CoreError::Internal(_) => ApiError::internal(message),
+            CoreError::Store(_)
+            | CoreError::Isolation { .. }
+            | CoreError::Io { .. }
+            | CoreError::Task { .. }
+            | CoreError::Journal(_)
+            | CoreError::Internal(_) => ApiError::internal(message),
         }
     }
 }

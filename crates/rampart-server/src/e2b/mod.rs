@@ -84,7 +84,12 @@ impl From<rampart_core::CoreError> for E2bError {
             C::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             C::Agent(_) => StatusCode::BAD_GATEWAY,
             C::Unsupported(_) => StatusCode::SERVICE_UNAVAILABLE,
-            C::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            C::Store(_)
+            | C::Isolation { .. }
+            | C::Io { .. }
+            | C::Task { .. }
+            | C::Journal(_)
+            | C::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         };
         E2bError::new(status, e.to_string())
     }

@@ -5,8 +5,12 @@
 //! records when there is one (`created` with `running`, `destroyed` with `destroyed`,
 //! `timeout_changed` with the new deadline). The in-memory chain moves only after the commit.
 
+pub(crate) mod fsdiff;
+pub(crate) mod manifest;
+pub(crate) mod netaudit;
+
 use crate::isolation::{CounterFiles, CpuFormat};
-use crate::manager::lock;
+use crate::util::lock;
 use crate::CoreError;
 use rampart_audit::{
     now, referenced_blobs, Bundle, Chain, ContentHasher, ContentRecord, Event, EventBody, Hash,
@@ -21,6 +25,27 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+/// Bounds of the network audit events of one sandbox: a token bucket. An entry beyond the
+/// budget is not recorded one by one but counted; the counts are recorded as one `network`
+/// event of kind `suppressed` once the budget has a token again, or at destroy.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct NetEventBudget {
+    /// Events recorded in a burst (the bucket's size, at least 1).
+    pub burst: u32,
+    /// Events per second recorded in the long run (the refill rate, above 0).
+    pub per_sec: f64,
+}
+
+impl Default for NetEventBudget {
+    /// A burst of 1000, 50 per second.
+    fn default() -> Self {
+        NetEventBudget {
+            burst: 1000,
+            per_sec: 50.0,
+        }
+    }
+}
+
 /// Audit settings of the daemon.
 #[derive(Debug, Clone)]
 pub struct AuditConfig {
@@ -33,9 +58,9 @@ pub struct AuditConfig {
     /// Record `fs_diff` (the writable layer against the template) at destroy.
     pub fs_diff: bool,
     /// Bounds of an `fs_diff` manifest (entries, bytes hashed).
-    pub fs_diff_limits: crate::fsdiff::DiffLimits,
+    pub fs_diff_limits: fsdiff::DiffLimits,
     /// Budget of each sandbox's `network` / `secret_used` events (beyond it, counted).
-    pub network_events: crate::netaudit::NetEventBudget,
+    pub network_events: NetEventBudget,
 }
 
 impl Default for AuditConfig {
@@ -46,14 +71,10 @@ impl Default for AuditConfig {
             blob_cap: 1 << 20,
             publish_interval: Duration::from_secs(60),
             fs_diff: true,
-            fs_diff_limits: crate::fsdiff::DiffLimits::default(),
-            network_events: crate::netaudit::NetEventBudget::default(),
+            fs_diff_limits: fsdiff::DiffLimits::default(),
+            network_events: NetEventBudget::default(),
         }
     }
-}
-
-fn db(e: StoreError) -> CoreError {
-    CoreError::Internal(format!("state store: {e}"))
 }
 
 fn enc(e: impl std::fmt::Display) -> CoreError {
@@ -81,7 +102,7 @@ pub(crate) struct Audit {
     /// Open counter files per sandbox (None: the tier has none, or they did not open).
     meters: Mutex<HashMap<SandboxId, Option<Arc<Meter>>>>,
     /// Where events without a state change are acknowledged (None: straight to the store).
-    journal: Option<crate::journal::Journal>,
+    journal: Option<rampart_store::journal::Journal>,
     /// Sandboxes whose `destroyed` was recorded by this daemon (the latest [`ENDED_KEPT`]):
     /// late events (a network log entry, the end of a process killed by the destroy) are
     /// not appended after it.
@@ -91,8 +112,6 @@ pub(crate) struct Audit {
     )>,
     /// The hash of each sandbox's `fs_diff` at destroy, until its `destroyed` takes it.
     manifests: Mutex<HashMap<SandboxId, Hash>>,
-    /// The budgets of network events per sandbox.
-    net_budgets: crate::netaudit::Budgets,
 }
 
 /// How many ended sandboxes [`Audit`] remembers.
@@ -162,21 +181,19 @@ impl Audit {
         // Events a killed daemon acknowledged from its journal are moved into the store
         // before any chain is resumed.
         let journal = if cfg.enabled {
-            Some(
-                crate::journal::Journal::open(&data_dir.join("audit.journal"), store.clone())
-                    .map_err(|e| CoreError::Internal(e.to_string()))?,
-            )
+            Some(rampart_store::journal::Journal::open(
+                &data_dir.join("audit.journal"),
+                store.clone(),
+            )?)
         } else {
             None
         };
         let mut leaves = Vec::new();
-        for h in store.leaf_hashes().map_err(db)? {
+        for h in store.leaf_hashes().map_err(CoreError::from)? {
             leaves.push(Hash::parse(&h).map_err(|e| enc(format!("stored leaf {h:?}: {e}")))?);
         }
         let (appended, _) = tokio::sync::watch::channel(0);
-        let net_budgets = crate::netaudit::Budgets::new(cfg.network_events);
         Ok(Audit {
-            net_budgets,
             cfg,
             store,
             key,
@@ -198,7 +215,7 @@ impl Audit {
     /// one in the store directly, so that the store holds every chain in order).
     fn flush(&self) -> Result<(), CoreError> {
         match &self.journal {
-            Some(j) => j.flush().map_err(|e| CoreError::Internal(e.to_string())),
+            Some(j) => Ok(j.flush()?),
             None => Ok(()),
         }
     }
@@ -213,21 +230,6 @@ impl Audit {
 
     pub(crate) fn config(&self) -> &AuditConfig {
         &self.cfg
-    }
-
-    /// The budgets of network events per sandbox.
-    pub(crate) fn net_budgets(&self) -> &crate::netaudit::Budgets {
-        &self.net_budgets
-    }
-
-    /// Records what the network budget left out of a sandbox's record (at destroy, before
-    /// its `destroyed`).
-    pub(crate) fn record_net_suppressed(&self, id: &SandboxId) {
-        for body in self.net_budgets.take(id.as_str()) {
-            if let Err(e) = self.append_if_started(id, body) {
-                tracing::warn!(id = %id, "recording the suppressed network events: {e}");
-            }
-        }
     }
 
     pub(crate) fn publish_interval(&self) -> Duration {
@@ -266,7 +268,7 @@ impl Audit {
             return Ok(c.clone());
         }
         self.flush()?;
-        let chain = match self.store.last_event(id).map_err(db)? {
+        let chain = match self.store.last_event(id).map_err(CoreError::from)? {
             Some((seq, hash)) => Chain::resume(
                 id.clone(),
                 seq + 1,
@@ -296,7 +298,7 @@ impl Audit {
                 // The chain's earlier events reach the store first.
                 self.flush()?;
             }
-            write(e).map_err(db)
+            write(e).map_err(CoreError::from)
         })
     }
 
@@ -375,8 +377,8 @@ impl Audit {
         blobs: Vec<Vec<u8>>,
     ) -> Result<(), CoreError> {
         self.record_via(id, false, true, body, blobs, |e| match (e, &self.journal) {
-            (Some(e), Some(j)) => j.append(e).map_err(|e| CoreError::Internal(e.to_string())),
-            (Some(e), None) => self.store.append_event(e).map_err(db),
+            (Some(e), Some(j)) => Ok(j.append(e)?),
+            (Some(e), None) => self.store.append_event(e).map_err(CoreError::from),
             (None, _) => Ok(()),
         })
     }
@@ -395,8 +397,8 @@ impl Audit {
             |_| body,
             Vec::new(),
             |e| match (e, &self.journal) {
-                (Some(e), Some(j)) => j.append(e).map_err(|e| CoreError::Internal(e.to_string())),
-                (Some(e), None) => self.store.append_event(e).map_err(db),
+                (Some(e), Some(j)) => Ok(j.append(e)?),
+                (Some(e), None) => self.store.append_event(e).map_err(CoreError::from),
                 (None, _) => Ok(()),
             },
         )
@@ -481,7 +483,11 @@ impl Audit {
         for (id, len, head) in heads {
             let last = match node.published.get(&id) {
                 Some(l) => Some(*l),
-                None => self.store.last_leaf(&id).map_err(db)?.map(|l| l.length),
+                None => self
+                    .store
+                    .last_leaf(&id)
+                    .map_err(CoreError::from)?
+                    .map(|l| l.length),
             };
             if last == Some(len) {
                 node.published.insert(id, len);
@@ -507,7 +513,7 @@ impl Audit {
         }
         let sth = self.key.sign_tree_head(log.size(), log.root(), now());
         let row = tree_head_row(&sth)?;
-        self.store.publish(&leaves, &row).map_err(db)?;
+        self.store.publish(&leaves, &row).map_err(CoreError::from)?;
         for l in &leaves {
             node.published.insert(l.sandbox.clone(), l.length);
         }
@@ -529,7 +535,10 @@ impl Audit {
         limit: usize,
     ) -> Result<Vec<Event>, CoreError> {
         self.flush()?;
-        let rows = self.store.events(id, after, limit).map_err(db)?;
+        let rows = self
+            .store
+            .events(id, after, limit)
+            .map_err(CoreError::from)?;
         rows.iter()
             .map(|r| {
                 serde_json::from_str::<Event>(&r.json)
@@ -554,13 +563,13 @@ impl Audit {
             head,
         };
         let mut node = lock(&self.node);
-        let stored = self.store.last_leaf(id).map_err(db)?;
+        let stored = self.store.last_leaf(id).map_err(CoreError::from)?;
         let (index, sth) = match stored {
             Some(l) if l.length == len && l.head == head.to_hex() => {
                 let th = self
                     .store
                     .latest_tree_head()
-                    .map_err(db)?
+                    .map_err(CoreError::from)?
                     .ok_or_else(|| enc("a leaf is stored but no tree head"))?;
                 let sth: SignedTreeHead = serde_json::from_str(&th.json).map_err(enc)?;
                 (l.index, sth)
@@ -579,7 +588,7 @@ impl Audit {
                 };
                 self.store
                     .publish(&[row], &tree_head_row(&sth)?)
-                    .map_err(db)?;
+                    .map_err(CoreError::from)?;
                 node.log = log;
                 node.published.insert(id.clone(), len);
                 (index, sth)
@@ -592,7 +601,7 @@ impl Audit {
         drop(node);
         let mut blobs = Vec::new();
         for digest in referenced_blobs(&events) {
-            if let Some(b) = self.store.blob(&digest.to_hex()).map_err(db)? {
+            if let Some(b) = self.store.blob(&digest.to_hex()).map_err(CoreError::from)? {
                 blobs.push(b);
             }
         }

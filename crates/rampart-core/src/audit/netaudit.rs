@@ -14,8 +14,8 @@
 //! token again (checked every second) or at destroy, so that a sandbox cannot fill the
 //! host's disk with its DNS queries and the record says how many entries it lacks.
 
-use crate::audit::Audit;
-use crate::manager::lock;
+use crate::audit::{Audit, NetEventBudget};
+use crate::util::lock;
 use rampart_audit::EventBody;
 use rampart_egress::NetEvent;
 use rampart_types::audit::{Network, SecretUsed};
@@ -25,27 +25,6 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tracing::warn;
-
-/// Bounds of the network audit events of one sandbox: a token bucket. An entry beyond the
-/// budget is not recorded one by one but counted; the counts are recorded as one `network`
-/// event of kind `suppressed` once the budget has a token again, or at destroy.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct NetEventBudget {
-    /// Events recorded in a burst (the bucket's size, at least 1).
-    pub burst: u32,
-    /// Events per second recorded in the long run (the refill rate, above 0).
-    pub per_sec: f64,
-}
-
-impl Default for NetEventBudget {
-    /// A burst of 1000, 50 per second.
-    fn default() -> Self {
-        NetEventBudget {
-            burst: 1000,
-            per_sec: 50.0,
-        }
-    }
-}
 
 /// Entries of one sandbox left out of the record since its last summary.
 #[derive(Debug, Default, Clone, PartialEq)]
@@ -294,6 +273,30 @@ pub(crate) fn body_of(e: &NetLogEntry) -> EventBody {
 }
 
 /// Appends `bodies` to `sandbox`'s chain (if its log has started and not ended).
+/// The network side of the record: the budgets, and the record they write to.
+#[derive(Debug)]
+pub(crate) struct NetAudit {
+    audit: Arc<Audit>,
+    budgets: Budgets,
+}
+
+impl NetAudit {
+    pub(crate) fn new(audit: Arc<Audit>) -> NetAudit {
+        let budgets = Budgets::new(audit.config().network_events);
+        NetAudit { audit, budgets }
+    }
+
+    /// Records what the budget left out of a sandbox's record (at destroy, before its
+    /// `destroyed`).
+    pub(crate) fn record_suppressed(&self, id: &SandboxId) {
+        for body in self.budgets.take(id.as_str()) {
+            if let Err(e) = self.audit.append_if_started(id, body) {
+                warn!(id = %id, "recording the suppressed network events: {e}");
+            }
+        }
+    }
+}
+
 async fn append(audit: &Arc<Audit>, sandbox: &str, bodies: Vec<EventBody>) {
     let Ok(id) = SandboxId::parse(sandbox) else {
         return;
@@ -313,7 +316,8 @@ async fn append(audit: &Arc<Audit>, sandbox: &str, bodies: Vec<EventBody>) {
 
 /// Records the hook's entries until it closes, within the budget; records due summaries
 /// every second.
-pub(crate) async fn run(audit: Arc<Audit>, mut rx: tokio::sync::mpsc::Receiver<NetEvent>) {
+pub(crate) async fn run(net: Arc<NetAudit>, mut rx: tokio::sync::mpsc::Receiver<NetEvent>) {
+    let audit = &net.audit;
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -323,18 +327,18 @@ pub(crate) async fn run(audit: Arc<Audit>, mut rx: tokio::sync::mpsc::Receiver<N
                 if SandboxId::parse(&ev.sandbox).is_err() {
                     continue;
                 }
-                match audit.net_budgets().admit(&ev.sandbox, &ev.entry, Instant::now()) {
+                match net.budgets.admit(&ev.sandbox, &ev.entry, Instant::now()) {
                     Admit::Counted => {}
                     Admit::Record(summary) => {
                         let mut bodies: Vec<EventBody> = summary.into_iter().map(|b| *b).collect();
                         bodies.push(body_of(&ev.entry));
-                        append(&audit, &ev.sandbox, bodies).await;
+                        append(audit, &ev.sandbox, bodies).await;
                     }
                 }
             }
             _ = tick.tick() => {
-                for (sandbox, body) in audit.net_budgets().due(Instant::now()) {
-                    append(&audit, &sandbox, vec![body]).await;
+                for (sandbox, body) in net.budgets.due(Instant::now()) {
+                    append(audit, &sandbox, vec![body]).await;
                 }
             }
         }

@@ -20,16 +20,15 @@
 //! Format: one JSON object per line, `{"sandbox","seq","time","hash","prev","json","blobs"}`
 //! (`blobs`: `[[digest hex, standard base64], ...]`).
 
-use crate::manager::lock;
+use crate::{NewEvent, SandboxStore, StoreError};
 use base64::Engine as _;
-use rampart_store::{NewEvent, SandboxStore, StoreError};
 use rampart_types::SandboxId;
 use serde::{Deserialize, Serialize};
 use std::fs::File;
 use std::io::Write;
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Duration;
 use tracing::{debug, warn};
 
@@ -37,6 +36,12 @@ use tracing::{debug, warn};
 const FLUSH_EVERY: Duration = Duration::from_millis(200);
 /// Or as soon as this many are pending.
 const FLUSH_AT: usize = 256;
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // Every step under these locks leaves the state consistent: a poisoned lock (a panic
+    // elsewhere) is taken over rather than spreading the panic.
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
 
 #[derive(Serialize, Deserialize)]
 struct Record {
@@ -134,20 +139,21 @@ fn suffixed(path: &Path, suffix: &str) -> PathBuf {
 
 /// The journal. Dropping it stops its thread after a last flush.
 #[derive(Debug)]
-pub(crate) struct Journal {
+pub struct Journal {
     shared: Arc<Shared>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
 /// Errors of the journal.
 #[derive(Debug, thiserror::Error)]
-pub(crate) enum JournalError {
+pub enum JournalError {
     /// The file failed.
     #[error("audit journal {path}: {err}")]
     Io {
         /// The journal's path.
         path: PathBuf,
         /// What failed.
+        #[source]
         err: std::io::Error,
     },
     /// The store refused the events.
@@ -180,7 +186,7 @@ fn read_records(path: &Path) -> Vec<NewEvent> {
 impl Journal {
     /// Opens `path`, moves what it holds into `store`, empties it, and starts the thread
     /// that moves new events.
-    pub(crate) fn open(path: &Path, store: Arc<dyn SandboxStore>) -> Result<Journal, JournalError> {
+    pub fn open(path: &Path, store: Arc<dyn SandboxStore>) -> Result<Journal, JournalError> {
         let io = |err| JournalError::Io {
             path: path.to_path_buf(),
             err,
@@ -234,7 +240,7 @@ impl Journal {
     }
 
     /// Appends `e` (acknowledged when this returns Ok).
-    pub(crate) fn append(&self, e: &NewEvent) -> Result<(), JournalError> {
+    pub fn append(&self, e: &NewEvent) -> Result<(), JournalError> {
         let mut line = serde_json::to_vec(&Record::of(e)).map_err(|err| JournalError::Io {
             path: PathBuf::from("audit.journal"),
             err: std::io::Error::other(err),
@@ -254,7 +260,7 @@ impl Journal {
     }
 
     /// Moves every pending event into the store now.
-    pub(crate) fn flush(&self) -> Result<(), JournalError> {
+    pub fn flush(&self) -> Result<(), JournalError> {
         flush(&self.shared)
     }
 }
@@ -364,7 +370,7 @@ impl Drop for Journal {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use rampart_store::SqliteStore;
+    use crate::SqliteStore;
     use std::os::unix::ffi::OsStrExt;
 
     fn ev(id: &SandboxId, seq: u64) -> NewEvent {

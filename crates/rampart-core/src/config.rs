@@ -1,0 +1,71 @@
+//! The daemon's configuration of core, with its documented defaults.
+
+use crate::{AuditConfig, NetworkConfig};
+use rampart_types::Limits;
+use std::path::PathBuf;
+
+/// Daemon configuration.
+#[derive(Debug, Clone)]
+pub struct CoreConfig {
+    /// Data directory: `state.db`, `templates/`, `sandboxes/`.
+    pub data_dir: PathBuf,
+    /// `rampart-jailer` binary.
+    pub jailer_bin: PathBuf,
+    /// `rampart-agent` binary.
+    pub agent_bin: PathBuf,
+    /// Limits applied when a request leaves a field unset.
+    pub default_limits: Limits,
+    /// The most a request may ask for.
+    pub max_limits: Limits,
+    /// Timeout when the request gives none (300 s).
+    pub default_timeout_secs: u64,
+    /// Longest timeout a request may ask for.
+    pub max_timeout_secs: u64,
+    /// Most sandboxes alive at once (503 beyond).
+    pub max_sandboxes: usize,
+    /// First host uid of the sandbox uid ranges; sandbox slot `n` gets
+    /// `[uid_range_start + n * 65536, +65536)`.
+    pub uid_range_start: u32,
+    /// Number of slots (ranges) available.
+    pub uid_slots: u32,
+    /// The audit record: on/off, blob cap, publication interval.
+    pub audit: AuditConfig,
+    /// Sandbox networks: address pool, nftables table, egress ports.
+    pub network: NetworkConfig,
+    /// How far the disk quotas of sandboxes, snapshots and volumes may exceed the space the
+    /// store can hold (see [`capacity`]); 1.0, the default, admits no overcommit.
+    pub disk_overcommit: f64,
+}
+
+impl CoreConfig {
+    /// A configuration with the documented defaults: default limits of 1 vCPU, 512 MiB,
+    /// 1024 pids, 2 GiB disk; maxima of every host CPU, 8 GiB, 32768 pids, 50 GiB disk;
+    /// 300 s default and 24 h maximum timeouts; 1024 sandboxes; uid ranges from host uid
+    /// 2^29 (536870912), one of 65536 per sandbox slot.
+    pub fn with_defaults(data_dir: PathBuf, jailer_bin: PathBuf, agent_bin: PathBuf) -> Self {
+        let cpus = std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1) as f64;
+        CoreConfig {
+            data_dir,
+            jailer_bin,
+            agent_bin,
+            default_limits: Limits::default(),
+            max_limits: Limits {
+                cpus,
+                memory_bytes: 8 << 30,
+                pids: 32768,
+                disk_bytes: 50 << 30,
+                open_files: 1 << 20,
+            },
+            default_timeout_secs: 300,
+            max_timeout_secs: 24 * 3600,
+            max_sandboxes: 1024,
+            uid_range_start: 1 << 29,
+            uid_slots: 1024,
+            audit: AuditConfig::default(),
+            network: NetworkConfig::default(),
+            disk_overcommit: 1.0,
+        }
+    }
+}

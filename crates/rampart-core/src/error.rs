@@ -1,0 +1,109 @@
+//! The manager's errors. Each variant maps to one HTTP status in the server; failures of
+//! the daemon's own machinery (store, tier, file system, tasks) keep their source.
+
+use crate::isolation::IsolationError;
+use rampart_agent::client::ClientError;
+use rampart_store::journal::JournalError;
+use rampart_store::StoreError;
+use rampart_types::LimitError;
+
+/// Errors of the manager. Each maps to one HTTP status in the server.
+#[derive(Debug, thiserror::Error)]
+pub enum CoreError {
+    /// 404: no such sandbox.
+    #[error("sandbox {0} not found")]
+    NotFound(String),
+    /// 400: bad input; `field` names the offending field.
+    #[error("{field}: {message}")]
+    BadRequest {
+        /// The field.
+        field: String,
+        /// Why.
+        message: String,
+    },
+    /// 409: the sandbox is not in a state that allows this.
+    #[error("sandbox {id} is {state}, not running")]
+    WrongState {
+        /// The sandbox.
+        id: String,
+        /// Its state.
+        state: String,
+    },
+    /// 422: a limit above the daemon's maximum (or below the minimum).
+    #[error(transparent)]
+    Limit(#[from] LimitError),
+    /// 503: the host is out of capacity (sandbox count, uid ranges).
+    #[error("out of capacity: {0}")]
+    Capacity(String),
+    /// 413: input too large.
+    #[error("too large: {0}")]
+    TooLarge(String),
+    /// The agent answered an error (mapped by its Connect code) or is unreachable (502).
+    #[error(transparent)]
+    Agent(#[from] ClientError),
+    /// The host lacks a kernel feature the isolation tier needs (the message names it).
+    #[error("this host cannot run sandboxes: {0}")]
+    Unsupported(String),
+    /// 500: the state store failed.
+    #[error("state store: {0}")]
+    Store(#[from] StoreError),
+    /// 500: the isolation tier failed at `what` (a host that lacks a feature is
+    /// [`CoreError::Unsupported`] instead).
+    #[error("{what}: {source}")]
+    Isolation {
+        /// What the tier was doing.
+        what: String,
+        /// How it failed.
+        #[source]
+        source: IsolationError,
+    },
+    /// 500: a file system operation of the daemon's failed.
+    #[error("{what}: {source}")]
+    Io {
+        /// What was being done (names the path).
+        what: String,
+        /// How it failed.
+        #[source]
+        source: std::io::Error,
+    },
+    /// 500: a blocking task of the daemon's panicked or was cancelled.
+    #[error("{what}: task failed: {source}")]
+    Task {
+        /// What the task was doing.
+        what: String,
+        /// How it ended.
+        #[source]
+        source: tokio::task::JoinError,
+    },
+    /// 500: the audit journal failed.
+    #[error(transparent)]
+    Journal(#[from] JournalError),
+    /// 500: anything else; the message says what.
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+impl CoreError {
+    /// A failure of the tier at `what`; a host that lacks a feature stays `Unsupported`.
+    pub(crate) fn isolation(what: impl Into<String>, source: IsolationError) -> CoreError {
+        match source {
+            IsolationError::Unsupported(m) => CoreError::Unsupported(m),
+            source => CoreError::Isolation {
+                what: what.into(),
+                source,
+            },
+        }
+    }
+    /// A failed file system operation (`what` names the path).
+    pub(crate) fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> CoreError {
+        let what = what.into();
+        move |source| CoreError::Io { what, source }
+    }
+    /// A blocking task that did not finish.
+    pub(crate) fn task(
+        what: impl Into<String>,
+    ) -> impl FnOnce(tokio::task::JoinError) -> CoreError {
+        let what = what.into();
+        move |source| CoreError::Task { what, source }
+    }
+}

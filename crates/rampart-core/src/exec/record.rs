@@ -1,0 +1,309 @@
+//! The record of an exec: `exec` before the process starts, `exit` (output digests, CPU
+//! time, peak memory) before the caller is told of the end; for the native API and for
+//! other roads into a sandbox (the E2B envd proxy streams requests to the agent as they
+//! are, and records them here with the same events).
+
+use super::ExecContext;
+use crate::audit::{self, Audit};
+use crate::isolation::Isolation;
+use crate::util::lock;
+use crate::validate::ValidExec;
+use crate::CoreError;
+use rampart_audit::{ContentHasher, EventBody};
+use rampart_types::audit::{Exec, Exit};
+use rampart_types::{ExecRequest, SandboxId};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tracing::error;
+
+tokio::task_local! {
+    /// Who made the request being served (see [`with_caller`]).
+    static CALLER: String;
+}
+
+/// Runs `f` on behalf of `caller`: events recorded for requests it makes (`created.caller`)
+/// name them. The API server wraps each request in this; see `docs/proof.md` for the
+/// spellings (`local from 127.0.0.1:5000`, `e2b-key:<id>:<name> from ...`).
+pub async fn with_caller<F: std::future::Future>(caller: String, f: F) -> F::Output {
+    CALLER.scope(caller, f).await
+}
+
+/// The caller of the request being served: what [`with_caller`] set, else `local` (a call
+/// made in the daemon's own process, or by a server that does not say).
+pub(crate) fn current_caller() -> String {
+    CALLER
+        .try_with(|c| c.clone())
+        .unwrap_or_else(|_| "local".into())
+}
+
+/// A command about to be started in a sandbox, as its caller asked for it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ExecStart {
+    /// Program and arguments.
+    pub argv: Vec<String>,
+    /// Working directory asked for (None: the user's home).
+    pub cwd: Option<String>,
+    /// The user it runs as.
+    pub user: String,
+    /// Names of the environment variables given (never their values).
+    pub env_names: Vec<String>,
+    /// Whether its stdin is kept open for input.
+    pub stdin: bool,
+    /// Whether it runs on a PTY.
+    pub pty: bool,
+    /// Input given with the request, if any.
+    pub input: Option<Vec<u8>>,
+}
+
+/// Where input sent to a recorded exec after its start is hashed (for `exit.streamed_input`).
+#[derive(Clone)]
+pub struct InputSink(Option<Arc<Mutex<ContentHasher>>>);
+
+impl std::fmt::Debug for InputSink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("InputSink").finish_non_exhaustive()
+    }
+}
+
+impl InputSink {
+    /// Counts `data` as sent to the process.
+    pub fn update(&self, data: &[u8]) {
+        if let Some(h) = &self.0 {
+            lock(h).update(data);
+        }
+    }
+}
+
+/// The `exit` half of a recorded exec: output is hashed as it passes, and the `exit` event
+/// is written by [`ExecRecorder::finish`] (or, if it is dropped unfinished, as lost: exit
+/// code and signal `null`).
+pub struct ExecRecorder {
+    audit: Option<ExecAudit>,
+    t0: Instant,
+}
+
+impl std::fmt::Debug for ExecRecorder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ExecRecorder")
+            .field("recording", &self.audit.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+impl ExecRecorder {
+    /// Output on stdout (or the PTY).
+    pub fn stdout(&mut self, data: &[u8]) {
+        if let Some(a) = self.audit.as_mut() {
+            a.stdout.update(data);
+        }
+    }
+
+    /// Output on stderr.
+    pub fn stderr(&mut self, data: &[u8]) {
+        if let Some(a) = self.audit.as_mut() {
+            a.stderr.update(data);
+        }
+    }
+
+    /// Where input sent after the start is counted.
+    pub fn input_sink(&self) -> InputSink {
+        InputSink(self.audit.as_ref().map(|a| a.streamed.clone()))
+    }
+
+    /// Records the `exit` (before the caller is told of it).
+    pub fn finish(mut self, exit_code: Option<i32>, signal: Option<i32>, timed_out: bool) {
+        if let Some(a) = self.audit.take() {
+            a.finish(exit_code, signal, timed_out, self.t0.elapsed());
+        }
+    }
+}
+
+impl Drop for ExecRecorder {
+    fn drop(&mut self) {
+        if let Some(a) = self.audit.take() {
+            a.finish(None, None, false, self.t0.elapsed());
+        }
+    }
+}
+
+impl ExecRecorder {
+    /// Records the `exec` of `start`, a command about to be started in sandbox `id` by
+    /// another road than [`crate::Manager::exec`] (committed before this returns, so before
+    /// the command starts). With the record off it records nothing.
+    pub(crate) fn start(
+        ctx: &ExecContext<'_>,
+        id: &SandboxId,
+        start: ExecStart,
+    ) -> Result<ExecRecorder, CoreError> {
+        let t0 = Instant::now();
+        if !ctx.audit.enabled() {
+            return Ok(ExecRecorder { audit: None, t0 });
+        }
+        let exec = Exec {
+            exec_id: String::new(),
+            argv: start.argv,
+            cwd: start.cwd,
+            user: start.user,
+            env_names: start.env_names,
+            stdin: start.stdin,
+            pty: start.pty,
+            input: None,
+        };
+        let audit = record_start(ctx.audit, ctx.iso, id, exec, start.input.as_deref())?;
+        Ok(ExecRecorder {
+            audit: Some(audit),
+            t0,
+        })
+    }
+}
+
+/// Records the `exec` of an API request (before the process starts) and returns what
+/// its `exit` needs.
+pub(super) fn start_of_request(
+    ctx: &ExecContext<'_>,
+    id: &SandboxId,
+    req: &ExecRequest,
+    v: &ValidExec,
+    stdin_open: bool,
+) -> Result<ExecAudit, CoreError> {
+    record_start(
+        ctx.audit,
+        ctx.iso,
+        id,
+        rampart_types::audit::Exec {
+            exec_id: String::new(),
+            argv: req.cmd.clone(),
+            cwd: req.cwd.clone(),
+            user: req.user.clone().unwrap_or_else(|| "user".into()),
+            env_names: req.env.keys().cloned().collect(),
+            stdin: stdin_open,
+            pty: v.pty,
+            input: None,
+        },
+        v.stdin.as_deref(),
+    )
+}
+
+/// Records `exec` (its `exec_id` and `input` are filled in here, `input` from `stdin`)
+/// and returns what its `exit` needs.
+pub(crate) fn record_start(
+    audit: &Arc<Audit>,
+    iso: &Arc<dyn Isolation>,
+    id: &SandboxId,
+    mut exec: rampart_types::audit::Exec,
+    stdin: Option<&[u8]>,
+) -> Result<ExecAudit, CoreError> {
+    let cap = audit.blob_cap();
+    let (input, blob) = match stdin {
+        Some(b) => {
+            let (r, blob) = audit::content(b, cap);
+            (Some(r), blob)
+        }
+        None => (None, None),
+    };
+    exec.input = input;
+    let mut exec_id = String::new();
+    audit.append(
+        id,
+        |seq| {
+            exec_id = format!("x{seq}");
+            exec.exec_id = exec_id.clone();
+            EventBody::Exec(exec)
+        },
+        blob.into_iter().collect(),
+    )?;
+    let meter = audit.meter(id, || iso.counter_files(id));
+    let cpu0 = match &meter {
+        Some(m) => m.cpu_usec(),
+        None => iso.usage(id).ok().map(|u| u.cpu_usec),
+    };
+    Ok(ExecAudit {
+        audit: audit.clone(),
+        iso: iso.clone(),
+        sandbox: id.clone(),
+        exec_id,
+        meter,
+        cpu0,
+        stdout: ContentHasher::new(cap),
+        stderr: ContentHasher::new(cap),
+        streamed: Arc::new(Mutex::new(ContentHasher::new(cap))),
+    })
+}
+
+/// What an exec's `exit` record needs.
+pub(crate) struct ExecAudit {
+    audit: Arc<Audit>,
+    iso: Arc<dyn Isolation>,
+    sandbox: SandboxId,
+    exec_id: String,
+    /// The sandbox's counter files (None: read the tier's usage).
+    meter: Option<Arc<audit::Meter>>,
+    /// The sandbox's CPU time when the exec started, microseconds.
+    cpu0: Option<u64>,
+    pub(crate) stdout: ContentHasher,
+    pub(crate) stderr: ContentHasher,
+    pub(crate) streamed: Arc<Mutex<ContentHasher>>,
+}
+
+impl ExecAudit {
+    /// Records the `exit`. CPU time is the sandbox's (cgroup) CPU time during the exec and
+    /// peak memory the sandbox's peak since it started: the cgroup is per sandbox, not per
+    /// process.
+    pub(crate) fn finish(
+        self,
+        exit_code: Option<i32>,
+        signal: Option<i32>,
+        timed_out: bool,
+        wall: Duration,
+    ) {
+        let (cpu1, peak) = match &self.meter {
+            Some(m) => (m.cpu_usec(), m.peak_memory_bytes()),
+            None => match self.iso.usage(&self.sandbox) {
+                Ok(u) => (
+                    Some(u.cpu_usec),
+                    Some(u.memory_peak_bytes).filter(|&p| p > 0),
+                ),
+                Err(_) => (None, None),
+            },
+        };
+        let cpu_ms = match (self.cpu0, cpu1) {
+            (Some(a), Some(b)) => Some(b.saturating_sub(a) / 1000),
+            _ => None,
+        };
+        let (stdout, out_blob) = self.stdout.finish();
+        let (stderr, err_blob) = self.stderr.finish();
+        let streamed = std::mem::replace(&mut *lock(&self.streamed), ContentHasher::new(0));
+        let (streamed, in_blob) = streamed.finish();
+        let streamed_input = (streamed.size > 0).then_some(streamed);
+        let in_blob = if streamed_input.is_some() {
+            in_blob
+        } else {
+            None
+        };
+        let blobs = [out_blob, err_blob, in_blob]
+            .into_iter()
+            .flatten()
+            .collect();
+        let exec_id = self.exec_id;
+        if let Err(e) = self.audit.append(
+            &self.sandbox,
+            |_| {
+                EventBody::Exit(Exit {
+                    exec_id,
+                    exit_code,
+                    signal,
+                    timed_out,
+                    wall_ms: wall.as_millis() as u64,
+                    cpu_ms,
+                    peak_memory_bytes: peak,
+                    stdout,
+                    stderr,
+                    streamed_input,
+                })
+            },
+            blobs,
+        ) {
+            error!(id = %self.sandbox, "recording an exit: {e}");
+        }
+    }
+}
