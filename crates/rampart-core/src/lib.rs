@@ -16,12 +16,12 @@ mod error;
 mod exec;
 mod interpreter;
 mod isolation;
-mod manager;
 mod metrics;
 mod namespace;
 mod network;
 pub mod persist;
 mod proc;
+mod sandbox;
 mod secrets;
 mod templates;
 mod util;
@@ -46,7 +46,7 @@ use std::sync::Arc;
 /// The manager. Cheap to share (`Arc`).
 #[derive(Debug)]
 pub struct Manager {
-    inner: Arc<manager::Inner>,
+    inner: Arc<sandbox::Sandboxes>,
 }
 
 impl Manager {
@@ -71,7 +71,7 @@ impl Manager {
         cfg: CoreConfig,
         isolation: Arc<dyn Isolation>,
     ) -> Result<Arc<Manager>, CoreError> {
-        let inner = manager::Inner::start(cfg, isolation).await?;
+        let inner = sandbox::Sandboxes::start(cfg, isolation).await?;
         Ok(Arc::new(Manager { inner }))
     }
     /// Creates a sandbox and returns once its agent answers.
@@ -94,7 +94,7 @@ impl Manager {
     pub async fn destroy(&self, id: &SandboxId) -> Result<SandboxInfo, CoreError> {
         self.inner
             .clone()
-            .destroy(id, manager::EndReason::Request)
+            .destroy(id, sandbox::EndReason::Request)
             .await
     }
     /// Pauses a running sandbox: every process is frozen (no CPU used, memory kept) and

@@ -19,7 +19,7 @@
 //!   while a sandbox has it mounted (its loop device is attached) or a create using it runs.
 
 use crate::isolation::{DiskSource, LaunchExtras, VolumeSpec};
-use crate::manager::{EndReason, Inner};
+use crate::sandbox::{EndReason, Sandboxes};
 use crate::util::lock;
 use crate::{CoreError, Manager};
 use rampart_store::keys::random_hex;
@@ -276,7 +276,10 @@ pub(crate) struct Staged {
 
 /// Resolves a create's `snapshot` (fills the template and unset limits from it) and
 /// `volumes` (they must exist); marks them busy until the returned value is dropped.
-pub(crate) fn prepare_create(inner: &Inner, req: &mut CreateSandbox) -> Result<Staged, CoreError> {
+pub(crate) fn prepare_create(
+    inner: &Sandboxes,
+    req: &mut CreateSandbox,
+) -> Result<Staged, CoreError> {
     let p = &inner.persist;
     let mut extras = LaunchExtras::default();
     let mut busy = Busy { held: Vec::new() };
@@ -381,7 +384,7 @@ fn fill_limits(req: &mut LimitsRequest, l: &Limits) {
 }
 
 /// The request a sandbox was created with (or one rebuilt from its record).
-fn source_request(inner: &Inner, rec: &rampart_store::SandboxRecord) -> CreateSandbox {
+fn source_request(inner: &Sandboxes, rec: &rampart_store::SandboxRecord) -> CreateSandbox {
     let kept = inner
         .persist
         .db
@@ -405,7 +408,7 @@ fn source_request(inner: &Inner, rec: &rampart_store::SandboxRecord) -> CreateSa
 /// The record and first host uid of a sandbox a consistent point can be taken of (running
 /// or paused). The caller holds its operation lock.
 fn source_of(
-    inner: &Inner,
+    inner: &Sandboxes,
     id: &SandboxId,
 ) -> Result<(rampart_store::SandboxRecord, u32), CoreError> {
     let rec = inner
@@ -420,7 +423,7 @@ fn source_of(
         });
     }
     let uid_base =
-        crate::manager::uid_base(inner.cfg.uid_range_start, rec.uid_slot, inner.cfg.uid_slots)
+        crate::sandbox::uid_base(inner.cfg.uid_range_start, rec.uid_slot, inner.cfg.uid_slots)
             .ok_or_else(|| CoreError::Internal("uid slot out of range".into()))?;
     Ok((rec, uid_base))
 }
@@ -824,7 +827,7 @@ impl Manager {
 
 /// Takes the consistent point of `id` into the new directory `dir` (`dir/disk.img`); on error
 /// nothing of `dir` remains.
-async fn take_point(inner: &Inner, id: &SandboxId, dir: &Path) -> Result<u64, CoreError> {
+async fn take_point(inner: &Sandboxes, id: &SandboxId, dir: &Path) -> Result<u64, CoreError> {
     std::fs::create_dir(dir).map_err(CoreError::io(format!("mkdir {}", dir.display())))?;
     let iso = inner.iso.clone();
     let (id2, img) = (id.clone(), dir.join("disk.img"));

@@ -1,0 +1,522 @@
+//! Create (admission, insert, launch, record), destroy, pause, resume and the deadline of
+//! a sandbox; each step is recorded in the store before it is true in memory.
+
+use super::plan::Plan;
+use super::*;
+
+impl Sandboxes {
+    /// Disk admission (see `capacity`): whether `asked` more bytes of quota fit beside what
+    /// live sandboxes, snapshots and volumes were promised. The guard keeps other admissions
+    /// out until the caller has recorded what it admitted.
+    pub(crate) async fn admit_disk(
+        &self,
+        what: &str,
+        asked: u64,
+    ) -> Result<tokio::sync::MutexGuard<'_, ()>, CoreError> {
+        let guard = self.disk_admission.lock().await;
+        let sandboxes: u64 = self
+            .store
+            .alive()
+            .map_err(CoreError::from)?
+            .iter()
+            .map(|r| r.limits.disk_bytes)
+            .sum();
+        let committed = sandboxes.saturating_add(self.persist.committed_bytes()?);
+        let (data, root, ratio) = (
+            self.cfg.data_dir.clone(),
+            self.iso.store_root(),
+            self.cfg.disk_overcommit,
+        );
+        let budget = tokio::task::spawn_blocking(move || {
+            crate::capacity::measure(&data, root.as_deref(), ratio)
+        })
+        .await
+        .map_err(CoreError::task("disk admission"))?
+        .map_err(CoreError::io("disk admission"))?;
+        crate::capacity::check(what, asked, committed, &budget)?;
+        Ok(guard)
+    }
+
+    pub(crate) async fn create(
+        self: &Arc<Self>,
+        req: CreateSandbox,
+    ) -> Result<SandboxInfo, CoreError> {
+        let t0 = Instant::now();
+        let cfg = &self.cfg;
+        let Plan {
+            new,
+            staged,
+            net,
+            on_timeout,
+        } = match self.plan(req) {
+            Ok(p) => p,
+            Err(e) => {
+                self.metrics.creates.with_label_values(&["rejected"]).inc();
+                return Err(e);
+            }
+        };
+        let id = new.id.clone();
+        let admitted = match self.admit_disk("a sandbox", new.limits.disk_bytes).await {
+            Ok(g) => g,
+            Err(e) => {
+                self.metrics.creates.with_label_values(&["rejected"]).inc();
+                return Err(e);
+            }
+        };
+        let _busy = self.persist.stage(&id, staged);
+        let op = self.op_lock(&id);
+        let _guard = op.lock().await;
+        let inserted = self
+            .store
+            .insert_creating(&new, cfg.max_sandboxes, cfg.uid_slots);
+        drop(admitted);
+        let slot = match inserted {
+            Ok(s) => s,
+            Err(e @ (StoreError::Full { .. } | StoreError::NoFreeSlot { .. })) => {
+                self.metrics.creates.with_label_values(&["rejected"]).inc();
+                self.registry.forget_lock(&id);
+                return Err(CoreError::Capacity(e.to_string()));
+            }
+            Err(e) => {
+                self.metrics.creates.with_label_values(&["error"]).inc();
+                self.registry.forget_lock(&id);
+                return Err(CoreError::from(e));
+            }
+        };
+        let res = match on_timeout {
+            OnTimeout::Destroy => self.launch(&new, slot, on_timeout, net.as_ref()).await,
+            OnTimeout::Pause => match self.store.set_on_timeout(&id, on_timeout) {
+                Ok(()) => self.launch(&new, slot, on_timeout, net.as_ref()).await,
+                Err(e) => Err(CoreError::from(e)),
+            },
+        };
+        self.registry.forget_lock(&id);
+        self.persist.unstage(&id);
+        match res {
+            Ok(info) => {
+                self.metrics.creates.with_label_values(&["ok"]).inc();
+                self.metrics
+                    .create_seconds
+                    .observe(t0.elapsed().as_secs_f64());
+                info!(id = %id, slot, ms = t0.elapsed().as_millis() as u64, "sandbox created");
+                Ok(info)
+            }
+            Err(e) => {
+                self.metrics.creates.with_label_values(&["error"]).inc();
+                warn!(id = %id, "sandbox create failed: {e}");
+                if net.is_some() {
+                    self.network.teardown(&id, slot).await;
+                }
+                if let Err(de) = self.iso_destroy(&id).await {
+                    error!(id = %id, "cleaning up a failed create: {de}");
+                }
+                if let Err(se) = self.store.set_state(
+                    &id,
+                    SandboxState::Failed,
+                    Some(now_ms()),
+                    Some(&e.to_string()),
+                ) {
+                    error!(id = %id, "recording a failed create: {se}");
+                }
+                Err(e)
+            }
+        }
+    }
+
+    pub(super) async fn launch(
+        self: &Arc<Self>,
+        new: &NewSandbox,
+        slot: u32,
+        on_timeout: OnTimeout,
+        net: Option<&rampart_store::StoredNetwork>,
+    ) -> Result<SandboxInfo, CoreError> {
+        let uid_base = uid_base(self.cfg.uid_range_start, slot, self.cfg.uid_slots)
+            .ok_or_else(|| CoreError::Capacity(format!("uid slot {slot} is out of range")))?;
+        // A built template (rampart-image): its layers, metadata and start command.
+        let builtin = validate::TEMPLATES.contains(&new.template.as_str());
+        // Held from the resolution until the launch made the sandbox's directory (a pin
+        // counts only once it exists): gc cannot remove the layers in between.
+        let pin_guard = if builtin {
+            None
+        } else {
+            crate::templates::pin_guard(&self.cfg.data_dir)?
+        };
+        let image = if builtin {
+            None
+        } else {
+            crate::templates::resolve(&self.cfg.data_dir, &new.template)?
+        };
+        if let Some(i) = &image {
+            let dir = self.state_dir.join(new.id.as_str());
+            crate::templates::pin(&self.cfg.data_dir, new.id.as_str(), &dir, i)?;
+        }
+        let mut prepared = None;
+        let mut attaching = None;
+        if let Some(n) = net {
+            self.store
+                .set_network(&new.id, n)
+                .map_err(CoreError::from)?;
+            if n.secrets.is_empty() {
+                // Nothing of the attachment goes into the environment: attach while launching.
+                let (me, id, n) = (self.clone(), new.id.clone(), n.clone());
+                attaching = Some(tokio::task::spawn_blocking(move || {
+                    me.network.prepare(&id, slot, &n)
+                }));
+            } else {
+                prepared = Some(self.network.prepare(&new.id, slot, n)?);
+            }
+        }
+        let mut env = launch_env(&crate::templates::merged_env(image.as_ref(), &new.env));
+        if let Some(p) = &prepared {
+            env.extend(p.env());
+        }
+        let spec = LaunchSpec {
+            id: new.id.clone(),
+            template_dir: self.templates_dir.join(&new.template),
+            uid_base,
+            limits: new.limits.clone(),
+            hostname: new.id.to_string(),
+            env,
+            layers: image.as_ref().map(|i| i.layers.clone()).unwrap_or_default(),
+            build: None,
+            agent_args: crate::templates::agent_args(image.as_ref()),
+        };
+        let t0 = Instant::now();
+        let iso = self.iso.clone();
+        let extras = self.persist.take_staged(&new.id);
+        let launched = tokio::task::spawn_blocking(move || iso.launch_with(&spec, &extras))
+            .await
+            .map_err(CoreError::task("launch"))
+            .and_then(|r| r.map_err(|e| CoreError::isolation("launch", e)));
+        drop(pin_guard);
+        if let Some(t) = attaching {
+            // Awaited even when the launch failed, so that the teardown finds it attached.
+            prepared = Some(t.await.map_err(CoreError::task("egress attach"))??);
+        }
+        let launched = launched?;
+        let pid = launched.pid;
+        let pidfd = proc::pidfd_open(pid).map_err(CoreError::io(format!(
+            "the sandbox's init (pid {pid}) is gone"
+        )))?;
+        let start = proc::proc_stat(pid)
+            .filter(|s| !matches!(s.state, 'Z' | 'X' | 'x'))
+            .ok_or_else(|| {
+                CoreError::Internal(format!("the sandbox's init (pid {pid}) exited at start"))
+            })?
+            .start_time;
+        let launched_at = Instant::now();
+        let client = AgentClient::new(launched.agent_socket.clone());
+        // The network is wired while the agent comes up.
+        let wiring = async {
+            match &prepared {
+                Some(_) => self.network.wire(slot, pid).await.map(|_| ()),
+                None => Ok(()),
+            }
+        };
+        let (wired, healthy) = tokio::join!(wiring, wait_health(&client, HEALTH_DEADLINE));
+        wired?;
+        healthy?;
+        if new.template == interpreter::TEMPLATE {
+            interpreter::start(&client).await?;
+        }
+        if let Some(i) = &image {
+            crate::templates::start(&client, i).await?;
+            self.audit
+                .set_template_digest(&new.template, format!("sha256:{}", i.id));
+        }
+        if let Some(p) = &prepared {
+            let tdir = self.templates_dir.join(&new.template);
+            self.network
+                .configure_inside(&client, p, new.id.as_str(), &tdir)
+                .await?;
+        }
+        let healthy_at = Instant::now();
+        let sock = launched.agent_socket.to_string_lossy().into_owned();
+        let mut created = self.created_body(new);
+        if let (EventBody::Created(c), Some(n)) = (&mut created, net) {
+            // The policy it starts with (its secrets are named in no record).
+            c.policy = serde_json::to_value(&n.policy).unwrap_or_default();
+        }
+        let store = &self.store;
+        self.audit.record(
+            &new.id,
+            false,
+            |_| created,
+            Vec::new(),
+            |e| store.set_running_audited(&new.id, pid, start, &sock, e),
+        )?;
+        self.register(
+            &new.id,
+            client,
+            pid,
+            pidfd,
+            new.expires_at_ms,
+            false,
+            on_timeout,
+        );
+        debug!(
+            id = %new.id,
+            launch_us = (launched_at - t0).as_micros() as u64,
+            health_us = (healthy_at - launched_at).as_micros() as u64,
+            record_us = healthy_at.elapsed().as_micros() as u64,
+            "create phases"
+        );
+        Ok(SandboxInfo {
+            id: new.id.clone(),
+            template: new.template.clone(),
+            state: SandboxState::Running,
+            limits: new.limits.clone(),
+            metadata: new.metadata.clone(),
+            env_names: new.env.keys().cloned().collect(),
+            created_at: rfc3339(new.created_at_ms),
+            expires_at: rfc3339(new.expires_at_ms),
+            ended_at: None,
+            reason: None,
+            access_token: None,
+        })
+    }
+
+    pub(crate) async fn destroy(
+        self: Arc<Self>,
+        id: &SandboxId,
+        why: EndReason,
+    ) -> Result<SandboxInfo, CoreError> {
+        let op = self.op_lock(id);
+        let _guard = op.lock().await;
+        let rec = self
+            .store
+            .get(id)
+            .map_err(CoreError::from)?
+            .ok_or_else(|| CoreError::NotFound(id.to_string()))?;
+        if !rec.state.is_alive() {
+            return Ok(info_of(&rec));
+        }
+        self.registry.begin_stop(id);
+        if rec.state != SandboxState::Stopping {
+            self.store
+                .set_state(id, SandboxState::Stopping, None, None)
+                .map_err(CoreError::from)?;
+        }
+        self.network
+            .teardown_stored(self.store.as_ref(), id, rec.uid_slot)
+            .await;
+        // The writable layer, pinned before its processes are killed (fs_diff below).
+        let upper = self.manifests().pin_upper(id, &rec.template).await;
+        if let Err(e) = self.iso_destroy(id).await {
+            error!(id = %id, "destroy failed: {e}; will retry");
+            self.registry.retry_at(id, Instant::now() + DESTROY_RETRY);
+            return Err(e);
+        }
+        // The init watcher (if it has not fired yet) reaps the dead init and then sees no
+        // entry; it is not aborted so that no zombie is left.
+        self.registry.remove(id);
+        if let Some(pinned) = upper {
+            self.manifests().record_fs_diff(id, pinned, "destroy").await;
+        }
+        // What the network events budget left out (its processes are dead: no more entries).
+        self.netaudit.record_suppressed(id);
+        let reason = why.message();
+        let label = match &why {
+            EndReason::Request => "api",
+            EndReason::Expired => "timeout",
+            EndReason::Died(_) => "died",
+        };
+        self.record_end(id, SandboxState::Destroyed, &reason, label)?;
+        self.metrics
+            .destroyed
+            .with_label_values(&[why.label()])
+            .inc();
+        self.registry.forget_lock(id);
+        info!(id = %id, reason, "sandbox destroyed");
+        self.get(id)
+    }
+
+    pub(crate) fn set_timeout(&self, id: &SandboxId, secs: u64) -> Result<SandboxInfo, CoreError> {
+        check_timeout("timeout_secs", secs, self.cfg.max_timeout_secs)?;
+        {
+            if !self
+                .registry
+                .set_deadline(id, Instant::now() + Duration::from_secs(secs))
+            {
+                return Err(self.not_running(id));
+            }
+            let expires = now_ms().saturating_add((secs as i64).saturating_mul(1000));
+            let store = &self.store;
+            self.audit.record(
+                id,
+                false,
+                |_| {
+                    EventBody::TimeoutChanged(TimeoutChanged {
+                        expires_at: rampart_audit::format_time(
+                            time::OffsetDateTime::from_unix_timestamp_nanos(
+                                i128::from(expires) * 1_000_000,
+                            )
+                            .unwrap_or(time::OffsetDateTime::UNIX_EPOCH),
+                        ),
+                    })
+                },
+                Vec::new(),
+                |e| store.set_expiry_audited(id, expires, e),
+            )?;
+        }
+        self.get(id)
+    }
+
+    /// Pauses a running sandbox: freezes its processes, then records `paused` (state and
+    /// audit event in one transaction). Nothing talks to its agent until it is resumed.
+    /// Pausing a paused sandbox changes nothing.
+    pub(crate) async fn pause(&self, id: &SandboxId) -> Result<SandboxInfo, CoreError> {
+        let op = self.op_lock(id);
+        let _guard = op.lock().await;
+        // From now on new requests get 409 (a frozen agent would not answer them).
+        match self.registry.begin_pause(id) {
+            PauseStart::AlreadyPaused => return self.get(id),
+            PauseStart::NotRunning => return Err(self.not_running(id)),
+            PauseStart::Started => {}
+        }
+        let unpause = || {
+            self.registry.unpause(id);
+        };
+        let t0 = Instant::now();
+        if let Err(e) = self.iso_freeze(id, true).await {
+            unpause();
+            return Err(e);
+        }
+        let frozen_at = Instant::now();
+        let store = &self.store;
+        let recorded = self.audit.record(
+            id,
+            false,
+            |_| EventBody::Paused(Empty {}),
+            Vec::new(),
+            |e| store.set_state_audited(id, SandboxState::Paused, None, None, e),
+        );
+        if let Err(e) = recorded {
+            // Not recorded: it is not paused.
+            let _ = self.iso_freeze(id, false).await;
+            unpause();
+            return Err(e);
+        }
+        self.metrics.pauses.inc();
+        debug!(
+            id = %id,
+            freeze_us = (frozen_at - t0).as_micros() as u64,
+            record_us = frozen_at.elapsed().as_micros() as u64,
+            "sandbox paused"
+        );
+        self.get(id)
+    }
+
+    /// Resumes a paused sandbox: thaws its processes (they continue where they were), then
+    /// records `running` (and `resumed`). A deadline that passed while it was paused (it was
+    /// paused by its expiry) is moved to now + the default timeout. Resuming a running
+    /// sandbox changes nothing.
+    pub(crate) async fn resume(&self, id: &SandboxId) -> Result<SandboxInfo, CoreError> {
+        let op = self.op_lock(id);
+        let _guard = op.lock().await;
+        match self.registry.standing(id) {
+            Standing::Paused => {}
+            Standing::Running(_) => return self.get(id),
+            Standing::Gone => return Err(self.not_running(id)),
+        }
+        let t0 = Instant::now();
+        self.iso_freeze(id, false).await?;
+        let thawed_at = Instant::now();
+        let store = &self.store;
+        let recorded = self.audit.record(
+            id,
+            false,
+            |_| EventBody::Resumed(Empty {}),
+            Vec::new(),
+            |e| store.set_state_audited(id, SandboxState::Running, None, None, e),
+        );
+        if let Err(e) = recorded {
+            // Still paused as far as the store knows: freeze again.
+            if let Err(fe) = self.iso_freeze(id, true).await {
+                error!(id = %id, "resume not recorded ({e}) and freezing again failed: {fe}");
+            }
+            return Err(e);
+        }
+        let expired = self.registry.unpause(id);
+        self.metrics.resumes.inc();
+        debug!(
+            id = %id,
+            thaw_us = (thawed_at - t0).as_micros() as u64,
+            record_us = thawed_at.elapsed().as_micros() as u64,
+            "sandbox resumed"
+        );
+        if expired {
+            return self.set_timeout(id, self.cfg.default_timeout_secs);
+        }
+        self.get(id)
+    }
+
+    /// The error for a sandbox that is not running.
+    pub(super) fn not_running(&self, id: &SandboxId) -> CoreError {
+        match self.store.get(id) {
+            Ok(None) => CoreError::NotFound(id.to_string()),
+            Ok(Some(rec)) => {
+                let state = if rec.state == SandboxState::Running {
+                    // Running in the store but being torn down here.
+                    SandboxState::Stopping
+                } else {
+                    rec.state
+                };
+                CoreError::WrongState {
+                    id: id.to_string(),
+                    state: state.as_str().to_owned(),
+                }
+            }
+            Err(e) => CoreError::from(e),
+        }
+    }
+
+    /// The `created` body of a sandbox (env names only, never values).
+    pub(super) fn created_body(&self, new: &NewSandbox) -> EventBody {
+        let spec = serde_json::json!({
+            "template": new.template,
+            "limits": new.limits,
+            "env_names": new.env.keys().collect::<Vec<_>>(),
+            "metadata": new.metadata,
+            "created_at": rfc3339(new.created_at_ms),
+            "expires_at": rfc3339(new.expires_at_ms),
+        });
+        EventBody::Created(Created {
+            spec,
+            template: new.template.clone(),
+            template_digest: self.audit.template_digest(&new.template),
+            policy: serde_json::Value::Null,
+            caller: exec::current_caller(),
+        })
+    }
+
+    /// Records a sandbox's end (`destroyed`, in the transaction of its final state), then
+    /// publishes its chain head to the node log and forgets its chain.
+    pub(super) fn record_end(
+        &self,
+        id: &SandboxId,
+        state: SandboxState,
+        reason: &str,
+        label: &str,
+    ) -> Result<(), CoreError> {
+        let store = &self.store;
+        let why = format!("{label}: {reason}");
+        self.audit.record(
+            id,
+            true,
+            |_| {
+                EventBody::Destroyed(Destroyed {
+                    reason: why,
+                    manifest_digest: self.audit.take_manifest(id),
+                })
+            },
+            Vec::new(),
+            |e| store.set_state_audited(id, state, Some(now_ms()), Some(reason), e),
+        )?;
+        if let Err(e) = self.audit.publish(std::slice::from_ref(id)) {
+            error!(id = %id, "publishing the audit chain head: {e}");
+        }
+        self.audit.forget(id);
+        Ok(())
+    }
+}

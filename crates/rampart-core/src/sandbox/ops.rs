@@ -1,0 +1,199 @@
+//! What callers do with a live sandbox: exec, files, network policy and log, usage.
+
+use super::*;
+
+impl Sandboxes {
+    /// Records a file operation made through the API.
+    pub(crate) fn record_file(&self, id: &SandboxId, change: FileChange) -> Result<(), CoreError> {
+        self.audit
+            .append(id, |_| EventBody::File(change), Vec::new())
+    }
+
+    /// Writes a file through the agent, hashing the bytes as they pass, and records it.
+    pub(crate) async fn write_file(
+        &self,
+        id: &SandboxId,
+        path: &str,
+        user: Option<&str>,
+        body: BoxStream<'static, Result<bytes::Bytes, std::io::Error>>,
+    ) -> Result<String, CoreError> {
+        let agent = self.agent(id)?;
+        if !self.audit.enabled() {
+            return Ok(agent.write_file(path, user, body).await?);
+        }
+        let hasher = Arc::new(Mutex::new(ContentHasher::new(0)));
+        let h2 = hasher.clone();
+        let body = body
+            .map(move |chunk| {
+                if let Ok(b) = &chunk {
+                    lock(&h2).update(b);
+                }
+                chunk
+            })
+            .boxed();
+        let written = agent.write_file(path, user, body).await?;
+        let hasher = std::mem::replace(&mut *lock(&hasher), ContentHasher::new(0));
+        let (rec, _) = hasher.finish();
+        self.record_file(
+            id,
+            FileChange {
+                op: FileOp::Write,
+                path: written.clone(),
+                to: None,
+                size: Some(rec.size),
+                digest: Some(rec.digest),
+            },
+        )?;
+        Ok(written)
+    }
+
+    pub(crate) async fn usage(&self, id: &SandboxId) -> Result<Usage, CoreError> {
+        if !self.registry.is_up(id) {
+            return Err(self.not_running(id));
+        }
+        let iso = self.iso.clone();
+        let id2 = id.clone();
+        tokio::task::spawn_blocking(move || iso.usage(&id2))
+            .await
+            .map_err(CoreError::task("usage"))?
+            .map_err(|e| CoreError::isolation("usage", e))
+    }
+
+    /// `PUT /v1/sandboxes/{id}/network`: replaces the policy of a running sandbox. Between
+    /// two modes with a network the egress proxy applies it at once (live connections it now
+    /// denies are cut); from `none` the sandbox is wired now, and to `none` unwired.
+    pub(crate) async fn set_network(
+        self: &Arc<Self>,
+        id: &SandboxId,
+        policy: NetworkPolicy,
+    ) -> Result<NetworkInfo, CoreError> {
+        let op = self.op_lock(id);
+        let _guard = op.lock().await;
+        let client = self.agent(id)?;
+        let rec = self
+            .store()
+            .get(id)
+            .map_err(CoreError::from)?
+            .ok_or_else(|| CoreError::NotFound(id.to_string()))?;
+        if rec.state != SandboxState::Running {
+            return Err(CoreError::WrongState {
+                id: id.to_string(),
+                state: rec.state.as_str().into(),
+            });
+        }
+        let old = self.store.network(id).map_err(CoreError::from)?;
+        let secrets = old.as_ref().map(|n| n.secrets.clone()).unwrap_or_default();
+        let was = networked(&old);
+        let new = self.network.check(Some(&policy), &[])?;
+        match (was, new.is_some()) {
+            (true, true) => {
+                self.network.set_policy(id, policy.clone())?;
+            }
+            (false, true) => {
+                let stored = StoredNetwork {
+                    policy: policy.clone(),
+                    secrets: Vec::new(),
+                };
+                let p = self.network.prepare(id, rec.uid_slot, &stored)?;
+                let pid = rec
+                    .pid
+                    .ok_or_else(|| CoreError::Internal("running sandbox without a pid".into()))?;
+                let wired = match self.network.wire(rec.uid_slot, pid).await {
+                    Ok(_) => {
+                        self.network
+                            .configure_inside(
+                                &client,
+                                &p,
+                                id.as_str(),
+                                &self.templates_dir().join(&rec.template),
+                            )
+                            .await
+                    }
+                    Err(e) => Err(e),
+                };
+                if let Err(e) = wired {
+                    self.network.teardown(id, rec.uid_slot).await;
+                    return Err(e);
+                }
+            }
+            (true, false) => self.network.teardown(id, rec.uid_slot).await,
+            (false, false) => {}
+        }
+        let recorded = serde_json::to_value(&policy).unwrap_or_default();
+        self.store
+            .set_network(id, &StoredNetwork { policy, secrets })
+            .map_err(CoreError::from)?;
+        self.audit.append(
+            id,
+            |_| {
+                rampart_audit::EventBody::PolicyChanged(rampart_types::audit::PolicyChanged {
+                    policy: recorded,
+                })
+            },
+            Vec::new(),
+        )?;
+        self.network.info(self.store.as_ref(), id)
+    }
+
+    /// `GET /v1/sandboxes/{id}/network/log`: entries with `seq > after`, at most `limit`.
+    /// Empty for a sandbox without network, or once it has ended.
+    pub(crate) fn network_log(
+        &self,
+        id: &SandboxId,
+        after: u64,
+        limit: usize,
+    ) -> Result<Vec<NetLogEntry>, CoreError> {
+        self.get(id)?;
+        Ok(self
+            .network
+            .egress()
+            .and_then(|e| e.log(id.as_str(), after, limit))
+            .unwrap_or_default())
+    }
+
+    /// New network log entries of a sandbox as they happen (None: no network log).
+    pub(crate) fn network_subscribe(
+        &self,
+        id: &SandboxId,
+    ) -> Result<Option<tokio::sync::broadcast::Receiver<NetLogEntry>>, CoreError> {
+        self.get(id)?;
+        Ok(self.network.egress().and_then(|e| e.subscribe(id.as_str())))
+    }
+
+    pub(crate) fn manifests(&self) -> Manifests<'_> {
+        Manifests {
+            audit: &self.audit,
+            iso: &self.iso,
+            store: &self.store,
+            data_dir: &self.cfg.data_dir,
+        }
+    }
+
+    pub(super) fn exec_context(&self) -> ExecContext<'_> {
+        ExecContext {
+            audit: &self.audit,
+            iso: &self.iso,
+            hist: &self.metrics.exec_seconds,
+        }
+    }
+
+    pub(crate) async fn exec(
+        &self,
+        id: &SandboxId,
+        req: ExecRequest,
+        keep_stdin_open: bool,
+    ) -> Result<Exec, CoreError> {
+        let client = self.agent(id)?;
+        let v = check_exec(&req, keep_stdin_open)?;
+        self.metrics.execs.inc();
+        exec::start(&self.exec_context(), client, id, &req, v, keep_stdin_open).await
+    }
+
+    pub(crate) fn record_exec_start(
+        &self,
+        id: &SandboxId,
+        start: ExecStart,
+    ) -> Result<ExecRecorder, CoreError> {
+        ExecRecorder::start(&self.exec_context(), id, start)
+    }
+}

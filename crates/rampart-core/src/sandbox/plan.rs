@@ -1,0 +1,58 @@
+//! A create request made into a plan: secrets by name resolved to their values, the
+//! snapshot and volumes staged, limits, timeout and template validated against the config,
+//! the network policy checked. Nothing is written; a plan that is dropped leaves nothing.
+
+use super::Sandboxes;
+use crate::persist::Staged;
+use crate::{validate, CoreError};
+use rampart_store::{now_ms, NewSandbox, StoredNetwork};
+use rampart_types::{CreateSandbox, OnTimeout, SandboxId};
+
+/// What a create will make.
+pub(super) struct Plan {
+    /// The store's row of the new sandbox.
+    pub(super) new: NewSandbox,
+    /// Its disk source and volumes (snapshot, fork point).
+    pub(super) staged: Staged,
+    /// Its network, when it has one.
+    pub(super) net: Option<StoredNetwork>,
+    /// What its expiry does.
+    pub(super) on_timeout: OnTimeout,
+}
+
+impl Sandboxes {
+    /// Validates `req` into a [`Plan`] (the error says what is wrong, with its field).
+    pub(super) fn plan(&self, mut req: CreateSandbox) -> Result<Plan, CoreError> {
+        let cfg = &self.cfg;
+        // Secrets by name (`/v1/secrets`) become secrets with their stored value, before the
+        // request is kept for fork (a fork binds the same values).
+        req.secrets = crate::secrets::resolve(&self.secrets, &req.secrets)?;
+        // Snapshot and volumes (fills the template from the snapshot).
+        let staged = crate::persist::prepare_create(self, &mut req)?;
+        let v = validate::check_create_with(
+            &req,
+            &cfg.default_limits,
+            &cfg.max_limits,
+            cfg.default_timeout_secs,
+            cfg.max_timeout_secs,
+            &|n| crate::templates::is_built(&cfg.data_dir, n),
+        )?;
+        let net = self.network.check(req.network.as_ref(), &req.secrets)?;
+        let created = now_ms();
+        let new = NewSandbox {
+            id: SandboxId::generate(),
+            template: v.template,
+            limits: v.limits,
+            env: req.env,
+            metadata: req.metadata,
+            created_at_ms: created,
+            expires_at_ms: created.saturating_add((v.timeout_secs as i64).saturating_mul(1000)),
+        };
+        Ok(Plan {
+            new,
+            staged,
+            net,
+            on_timeout: req.on_timeout.unwrap_or_default(),
+        })
+    }
+}

@@ -1,0 +1,191 @@
+//! Recovery at start: sandboxes a previous run left are re-attached when their init is the
+//! same live process and their agent answers (paused ones when their cgroup is frozen);
+//! every other trace is removed and recorded as ended.
+
+use super::*;
+
+impl Sandboxes {
+    /// Re-attaches to the sandboxes that still run; cleans up the rest and any leftover.
+    pub(super) async fn recover(self: &Arc<Self>) -> Result<(), CoreError> {
+        let alive = self.store.alive().map_err(CoreError::from)?;
+        for rec in alive {
+            if rec.state == SandboxState::Running && self.try_reattach(&rec).await {
+                info!(id = %rec.id, "re-attached to running sandbox");
+                self.network.reattach(self.store.as_ref(), &rec).await;
+                continue;
+            }
+            if rec.state == SandboxState::Paused && self.try_reattach_paused(&rec).await {
+                info!(id = %rec.id, "re-attached to paused sandbox");
+                self.network.reattach(self.store.as_ref(), &rec).await;
+                continue;
+            }
+            let (state, reason) = if rec.state == SandboxState::Creating {
+                (
+                    SandboxState::Failed,
+                    "daemon restarted while the sandbox was being created",
+                )
+            } else {
+                (
+                    SandboxState::Destroyed,
+                    "daemon restarted; sandbox was not running",
+                )
+            };
+            // If its init is our (dead) child, reap it so no zombie stays behind.
+            if let (Some(pid), Some(start)) = (rec.pid, rec.pid_start_time) {
+                if let Ok(fd) = proc::pidfd_open(pid) {
+                    if proc::proc_stat(pid).is_some_and(|s| s.start_time == start) {
+                        let _ = proc::try_reap(&fd);
+                    }
+                }
+            }
+            self.network
+                .teardown_stored(self.store.as_ref(), &rec.id, rec.uid_slot)
+                .await;
+            if let Err(e) = self.iso_destroy(&rec.id).await {
+                error!(id = %rec.id, "recovery could not clean up sandbox: {e}");
+                continue;
+            }
+            self.record_end(&rec.id, state, reason, "recovery")?;
+            self.metrics
+                .destroyed
+                .with_label_values(&["recovery"])
+                .inc();
+            info!(id = %rec.id, reason, "cleaned up sandbox left by a previous run");
+        }
+        self.network.clean_leftovers(self.store.as_ref()).await;
+        let iso = self.iso.clone();
+        let leftovers = tokio::task::spawn_blocking(move || iso.leftovers())
+            .await
+            .map_err(CoreError::task("listing leftovers"))?
+            .map_err(|e| CoreError::isolation("listing leftovers", e))?;
+        for id in leftovers {
+            if self.registry.contains(&id) {
+                continue;
+            }
+            let ours = self.store.get(&id).map_err(CoreError::from)?.is_some()
+                || self.state_dir.join(id.as_str()).exists();
+            if !ours {
+                warn!(id = %id, "a sandbox trace unknown to this daemon's store is left alone (another daemon's?)");
+                continue;
+            }
+            match self.iso_destroy(&id).await {
+                Ok(()) => info!(id = %id, "removed leftover sandbox traces"),
+                Err(e) => error!(id = %id, "could not remove leftover sandbox traces: {e}"),
+            }
+        }
+        Ok(())
+    }
+
+    /// Re-attaches to a sandbox recorded as running if its init is the same live process and
+    /// its agent answers.
+    pub(super) async fn try_reattach(self: &Arc<Self>, rec: &SandboxRecord) -> bool {
+        let (Some(pid), Some(start), Some(sock)) =
+            (rec.pid, rec.pid_start_time, rec.agent_socket.as_ref())
+        else {
+            return false;
+        };
+        // Open the pidfd first: if the start time matches afterwards, the fd is that process.
+        let Ok(fd) = proc::pidfd_open(pid) else {
+            return false;
+        };
+        if !proc::is_same_live_process(pid, start) {
+            return false;
+        }
+        // A pause or resume interrupted by the daemon's end can leave the cgroup frozen: the
+        // store has the last word, and it says running.
+        if self.frozen(&rec.id).await == Some(true) {
+            if let Err(e) = self.iso_freeze(&rec.id, false).await {
+                warn!(id = %rec.id, "cannot thaw a running sandbox's frozen processes: {e}");
+                return false;
+            }
+        }
+        let client = AgentClient::new(PathBuf::from(sock));
+        if let Err(e) = wait_health(&client, REATTACH_HEALTH_DEADLINE).await {
+            warn!(id = %rec.id, "sandbox process lives but its agent does not answer: {e}");
+            return false;
+        }
+        self.register(
+            &rec.id,
+            client,
+            pid,
+            fd,
+            rec.expires_at_ms,
+            false,
+            rec.on_timeout,
+        );
+        true
+    }
+
+    /// Re-attaches to a sandbox recorded as paused if its init is the same live process and
+    /// its cgroup is frozen (a frozen agent cannot answer a health check). A cgroup found
+    /// thawed (a resume cut short) is frozen again: the store says paused.
+    pub(super) async fn try_reattach_paused(self: &Arc<Self>, rec: &SandboxRecord) -> bool {
+        let (Some(pid), Some(start), Some(sock)) =
+            (rec.pid, rec.pid_start_time, rec.agent_socket.as_ref())
+        else {
+            return false;
+        };
+        let Ok(fd) = proc::pidfd_open(pid) else {
+            return false;
+        };
+        if !proc::is_same_live_process(pid, start) {
+            return false;
+        }
+        match self.frozen(&rec.id).await {
+            Some(true) => {}
+            Some(false) => {
+                if let Err(e) = self.iso_freeze(&rec.id, true).await {
+                    warn!(id = %rec.id, "cannot freeze a paused sandbox again: {e}");
+                    return false;
+                }
+            }
+            None => {
+                warn!(id = %rec.id, "paused sandbox without a freezer cgroup");
+                return false;
+            }
+        }
+        let client = AgentClient::new(PathBuf::from(sock));
+        self.register(
+            &rec.id,
+            client,
+            pid,
+            fd,
+            rec.expires_at_ms,
+            true,
+            rec.on_timeout,
+        );
+        true
+    }
+
+    /// Whether the sandbox's cgroup is frozen (None when the tier cannot tell).
+    pub(super) async fn frozen(&self, id: &SandboxId) -> Option<bool> {
+        let iso = self.iso.clone();
+        let id2 = id.clone();
+        tokio::task::spawn_blocking(move || iso.is_frozen(&id2))
+            .await
+            .ok()?
+            .ok()
+    }
+
+    /// Freezes (`freeze`) or thaws the sandbox's processes.
+    pub(super) async fn iso_freeze(&self, id: &SandboxId, freeze: bool) -> Result<(), CoreError> {
+        let iso = self.iso.clone();
+        let id2 = id.clone();
+        tokio::task::spawn_blocking(move || {
+            if freeze {
+                iso.freeze(&id2)
+            } else {
+                iso.thaw(&id2)
+            }
+        })
+        .await
+        .map_err(CoreError::task("freeze"))?
+        .map_err(|e| match e {
+            IsolationError::Unsupported(m) => CoreError::WrongState {
+                id: id.to_string(),
+                state: format!("running ({m})"),
+            },
+            e => CoreError::isolation(if freeze { "pause" } else { "resume" }, e),
+        })
+    }
+}

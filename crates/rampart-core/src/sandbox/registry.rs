@@ -1,0 +1,308 @@
+//! The registry: the sole owner of what core keeps in memory about live sandboxes (their
+//! agent client, init pid, deadline, whether they are stopping or paused, the watcher of
+//! their init) and of the per-sandbox operation locks. Everything else reads the store.
+//!
+//! Every method takes its std lock for one await-free step; none is held across an await.
+
+use crate::util::lock;
+use rampart_agent::client::AgentClient;
+use rampart_types::{OnTimeout, SandboxId};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use tokio::sync::Notify;
+use tokio::task::AbortHandle;
+use tokio::time::Instant;
+
+/// What the registry keeps about a running (or paused) sandbox.
+#[derive(Debug)]
+struct Live {
+    client: AgentClient,
+    pid: i32,
+    deadline: Option<Instant>,
+    stopping: bool,
+    /// Frozen (or being frozen): its agent cannot answer, so nothing talks to it.
+    paused: bool,
+    /// What expiry does.
+    on_timeout: OnTimeout,
+    watcher: Option<AbortHandle>,
+}
+
+/// What the reaper does with an expired sandbox.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Expiry {
+    Destroy,
+    Pause,
+}
+
+/// How a sandbox stands in memory.
+#[derive(Debug)]
+pub(crate) enum Standing {
+    /// Running: its agent answers.
+    Running(AgentClient),
+    /// Paused (frozen).
+    Paused,
+    /// Not live here, or being destroyed: the store says what it is.
+    Gone,
+}
+
+/// The first step of a pause.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum PauseStart {
+    /// It was paused already.
+    AlreadyPaused,
+    /// Marked paused: new requests get 409 from now on.
+    Started,
+    /// Not live here, or stopping.
+    NotRunning,
+}
+
+/// Live sandboxes and operation locks.
+#[derive(Debug, Default)]
+pub(crate) struct Registry {
+    live: Mutex<HashMap<SandboxId, Live>>,
+    locks: Mutex<HashMap<SandboxId, Arc<tokio::sync::Mutex<()>>>>,
+    /// Told whenever a deadline changes (the reaper sleeps on it).
+    deadlines_changed: Notify,
+}
+
+impl Registry {
+    /// The lock that serializes lifecycle operations (create, destroy, pause, resume,
+    /// snapshot, network changes) of one sandbox.
+    pub(crate) fn op_lock(&self, id: &SandboxId) -> Arc<tokio::sync::Mutex<()>> {
+        lock(&self.locks).entry(id.clone()).or_default().clone()
+    }
+
+    /// Forgets a sandbox's operation lock (its create failed or it ended).
+    pub(crate) fn forget_lock(&self, id: &SandboxId) {
+        lock(&self.locks).remove(id);
+    }
+
+    /// Keeps a running (or paused) sandbox; `watch` starts the watcher of its init, after
+    /// the insert (an init that died at once still finds its entry).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn insert(
+        &self,
+        id: &SandboxId,
+        client: AgentClient,
+        pid: i32,
+        deadline: Instant,
+        paused: bool,
+        on_timeout: OnTimeout,
+        watch: impl FnOnce() -> AbortHandle,
+    ) {
+        let mut live = lock(&self.live);
+        live.insert(
+            id.clone(),
+            Live {
+                client,
+                pid,
+                deadline: Some(deadline),
+                stopping: false,
+                paused,
+                on_timeout,
+                watcher: None,
+            },
+        );
+        let watcher = watch();
+        if let Some(l) = live.get_mut(id) {
+            l.watcher = Some(watcher);
+        }
+        drop(live);
+        self.deadlines_changed.notify_one();
+    }
+
+    /// Whether `id` is live here (running, paused or stopping).
+    pub(crate) fn contains(&self, id: &SandboxId) -> bool {
+        lock(&self.live).contains_key(id)
+    }
+
+    /// How `id` stands.
+    pub(crate) fn standing(&self, id: &SandboxId) -> Standing {
+        match lock(&self.live).get(id) {
+            Some(l) if !l.stopping && !l.paused => Standing::Running(l.client.clone()),
+            Some(l) if !l.stopping => Standing::Paused,
+            _ => Standing::Gone,
+        }
+    }
+
+    /// Whether `id` is live and not stopping (running or paused).
+    pub(crate) fn is_up(&self, id: &SandboxId) -> bool {
+        lock(&self.live).get(id).is_some_and(|l| !l.stopping)
+    }
+
+    /// Marks `id` as being destroyed: no request reaches it, the reaper leaves it alone.
+    pub(crate) fn begin_stop(&self, id: &SandboxId) {
+        if let Some(l) = lock(&self.live).get_mut(id) {
+            l.stopping = true;
+            l.deadline = None;
+        }
+    }
+
+    /// Has the reaper try `id` again at `at` (a destroy that failed).
+    pub(crate) fn retry_at(&self, id: &SandboxId, at: Instant) {
+        if let Some(l) = lock(&self.live).get_mut(id) {
+            l.deadline = Some(at);
+        }
+        self.deadlines_changed.notify_one();
+    }
+
+    /// Forgets `id` (its destroy is done).
+    pub(crate) fn remove(&self, id: &SandboxId) {
+        lock(&self.live).remove(id);
+    }
+
+    /// Moves the deadline of a sandbox that is up; false when it is not.
+    pub(crate) fn set_deadline(&self, id: &SandboxId, at: Instant) -> bool {
+        let set = match lock(&self.live).get_mut(id) {
+            Some(l) if !l.stopping => {
+                l.deadline = Some(at);
+                true
+            }
+            _ => false,
+        };
+        if set {
+            self.deadlines_changed.notify_one();
+        }
+        set
+    }
+
+    /// Marks a running sandbox paused (first step of a pause).
+    pub(crate) fn begin_pause(&self, id: &SandboxId) -> PauseStart {
+        match lock(&self.live).get_mut(id) {
+            Some(l) if !l.stopping && l.paused => PauseStart::AlreadyPaused,
+            Some(l) if !l.stopping => {
+                l.paused = true;
+                PauseStart::Started
+            }
+            _ => PauseStart::NotRunning,
+        }
+    }
+
+    /// Marks `id` running again (a pause that failed, or a resume that succeeded); true when
+    /// its deadline had passed while it was paused (it was paused by its expiry).
+    pub(crate) fn unpause(&self, id: &SandboxId) -> bool {
+        match lock(&self.live).get_mut(id) {
+            Some(l) => {
+                l.paused = false;
+                l.deadline.is_none()
+            }
+            None => false,
+        }
+    }
+
+    /// The pid of `id`'s init if it is up (an exit of that init is unexpected).
+    pub(crate) fn pid_if_up(&self, id: &SandboxId) -> Option<i32> {
+        lock(&self.live)
+            .get(id)
+            .filter(|l| !l.stopping)
+            .map(|l| l.pid)
+    }
+
+    /// The earliest deadline.
+    pub(crate) fn next_deadline(&self) -> Option<Instant> {
+        lock(&self.live).values().filter_map(|l| l.deadline).min()
+    }
+
+    /// Resolves when a deadline changes (take it before reading [`Registry::next_deadline`]).
+    pub(crate) fn deadlines_changed(&self) -> tokio::sync::futures::Notified<'_> {
+        self.deadlines_changed.notified()
+    }
+
+    /// The sandboxes whose deadline passed (their deadlines are disarmed) and what to do:
+    /// destroy, or pause a running one created with `on_timeout: pause` (a paused one of
+    /// those just stays paused, without a deadline, until resumed or destroyed).
+    pub(crate) fn take_expired(&self) -> Vec<(SandboxId, Expiry)> {
+        let now = Instant::now();
+        let mut out = Vec::new();
+        for (id, l) in lock(&self.live).iter_mut() {
+            if l.deadline.is_some_and(|d| d <= now) {
+                l.deadline = None;
+                match (l.on_timeout, l.paused) {
+                    (OnTimeout::Destroy, _) => out.push((id.clone(), Expiry::Destroy)),
+                    (OnTimeout::Pause, false) => out.push((id.clone(), Expiry::Pause)),
+                    (OnTimeout::Pause, true) => {}
+                }
+            }
+        }
+        out
+    }
+
+    /// Stops watching every init (the daemon stops; the sandboxes keep running).
+    pub(crate) fn stop_watchers(&self) {
+        for l in lock(&self.live).values_mut() {
+            if let Some(w) = l.watcher.take() {
+                w.abort();
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::PathBuf;
+    use std::time::Duration;
+
+    fn client() -> AgentClient {
+        AgentClient::new(PathBuf::from("/nonexistent/agent.sock"))
+    }
+
+    fn dummy_task() -> AbortHandle {
+        tokio::spawn(async {}).abort_handle()
+    }
+
+    #[tokio::test]
+    async fn standings_follow_pause_stop_and_remove() {
+        let r = Registry::default();
+        let id = SandboxId::generate();
+        assert!(matches!(r.standing(&id), Standing::Gone));
+        let later = Instant::now() + Duration::from_secs(60);
+        r.insert(
+            &id,
+            client(),
+            42,
+            later,
+            false,
+            OnTimeout::Destroy,
+            dummy_task,
+        );
+        assert!(matches!(r.standing(&id), Standing::Running(_)));
+        assert_eq!(r.begin_pause(&id), PauseStart::Started);
+        assert!(matches!(r.standing(&id), Standing::Paused));
+        assert_eq!(r.begin_pause(&id), PauseStart::AlreadyPaused);
+        assert!(!r.unpause(&id), "its deadline is still armed");
+        assert_eq!(r.pid_if_up(&id), Some(42));
+        r.begin_stop(&id);
+        assert!(matches!(r.standing(&id), Standing::Gone));
+        assert_eq!(r.pid_if_up(&id), None);
+        assert!(
+            !r.set_deadline(&id, later),
+            "a stopping sandbox keeps no deadline"
+        );
+        assert!(r.contains(&id));
+        r.remove(&id);
+        assert!(!r.contains(&id));
+    }
+
+    #[tokio::test]
+    async fn expiry_disarms_and_paused_pause_on_timeout_stays() {
+        let r = Registry::default();
+        let (a, b, c) = (
+            SandboxId::generate(),
+            SandboxId::generate(),
+            SandboxId::generate(),
+        );
+        let past = Instant::now() - Duration::from_millis(1);
+        r.insert(&a, client(), 1, past, false, OnTimeout::Destroy, dummy_task);
+        r.insert(&b, client(), 2, past, false, OnTimeout::Pause, dummy_task);
+        r.insert(&c, client(), 3, past, true, OnTimeout::Pause, dummy_task);
+        let mut got = r.take_expired();
+        got.sort_by_key(|(id, _)| id.to_string());
+        let mut want = vec![(a.clone(), Expiry::Destroy), (b.clone(), Expiry::Pause)];
+        want.sort_by_key(|(id, _)| id.to_string());
+        assert_eq!(got, want);
+        assert!(r.take_expired().is_empty(), "deadlines are disarmed");
+        assert_eq!(r.next_deadline(), None);
+        assert!(r.unpause(&c), "its deadline passed while paused");
+    }
+}
