@@ -150,14 +150,14 @@ fn start_private_daemon_with(name: &str, config: Option<&str>) -> Result<(String
     std::fs::create_dir_all(&data_dir)?;
     let mut cmd = Command::new(&exe);
     // The density measurements keep up to a thousand sandboxes alive whose sparse disks stay
-    // nearly empty: this build's daemon is told to admit their quotas beyond the space the
-    // store holds (another build's daemon may not know the setting, and needs none).
-    let overcommit = std::env::var_os(BENCH_DAEMON_ENV).is_none();
-    let text = match (config, overcommit) {
-        (Some(t), true) => Some(format!("disk_overcommit = 1000.0\n{t}")),
-        (None, true) => Some("disk_overcommit = 1000.0\n".to_string()),
-        (c, false) => c.map(str::to_string),
+    // nearly empty: the daemon is told to admit their quotas beyond the space the store holds
+    // (a daemon of another build given by RAMPART_BENCH_DAEMON must know `disk_overcommit`,
+    // as every build since disk admission does).
+    let text = match config {
+        Some(t) => format!("disk_overcommit = 1000.0\n{t}"),
+        None => "disk_overcommit = 1000.0\n".to_string(),
     };
+    let text = Some(text);
     if let Some(text) = text {
         let path = data_dir.join("bench.toml");
         std::fs::write(&path, text)?;

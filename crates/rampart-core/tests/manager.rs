@@ -2,7 +2,6 @@
 //! the built `rampart-jailer` and `rampart-agent` binaries: `cargo build -p rampart-agent -p
 //! rampart-jail`). Each test prints why it skips when something is missing.
 
-use base64::Engine;
 use futures::StreamExt;
 use rampart_core::{CoreConfig, CoreError, Exec, Manager};
 use rampart_store::SandboxStore;
@@ -196,14 +195,13 @@ struct Ran {
 }
 
 async fn collect(mut exec: Exec) -> Ran {
-    let b64 = base64::engine::general_purpose::STANDARD;
     let mut r = Ran::default();
     let mut ended = 0;
     while let Some(ev) = exec.events.next().await {
         match ev {
-            ExecEvent::Stdout { data } => r.stdout.extend(b64.decode(data).unwrap()),
-            ExecEvent::Stderr { data } => r.stderr.extend(b64.decode(data).unwrap()),
-            ExecEvent::Pty { data } => r.pty.extend(b64.decode(data).unwrap()),
+            ExecEvent::Stdout { data } => r.stdout.extend(data.as_bytes()),
+            ExecEvent::Stderr { data } => r.stderr.extend(data.as_bytes()),
+            ExecEvent::Pty { data } => r.pty.extend(data.as_bytes()),
             ExecEvent::Start { .. } => panic!("start is consumed into Exec::pid"),
             ExecEvent::Exit {
                 exit_code,

@@ -60,11 +60,6 @@ fn is_final(ev: &ExecEvent) -> bool {
 
 /// Decodes an event's base64 payload (falling back to the raw text, which cannot happen with a
 /// well-behaved core).
-fn decode(data: &str) -> Vec<u8> {
-    B64.decode(data)
-        .unwrap_or_else(|_| data.as_bytes().to_vec())
-}
-
 /// Accumulates a waited exec's output up to a cap per stream, discarding (but counting as
 /// truncated) what comes after.
 #[derive(Debug, Clone)]
@@ -106,7 +101,7 @@ impl OutputCollector {
                 Self::append(
                     &mut self.stdout,
                     &mut self.stdout_truncated,
-                    &decode(&data),
+                    data.as_bytes(),
                     cap,
                 );
                 None
@@ -116,7 +111,7 @@ impl OutputCollector {
                 Self::append(
                     &mut self.stderr,
                     &mut self.stderr_truncated,
-                    &decode(&data),
+                    data.as_bytes(),
                     cap,
                 );
                 None
@@ -523,9 +518,7 @@ mod tests {
     use super::*;
 
     fn out(s: &[u8]) -> ExecEvent {
-        ExecEvent::Stdout {
-            data: B64.encode(s),
-        }
+        ExecEvent::Stdout { data: s.into() }
     }
 
     #[tokio::test]
@@ -535,7 +528,7 @@ mod tests {
             out(b"hello "),
             out(b"world"),
             ExecEvent::Stderr {
-                data: B64.encode(b"e"),
+                data: (&b"e"[..]).into(),
             },
             out(b"more"),
             ExecEvent::Exit {

@@ -63,6 +63,48 @@ pub struct ExecResult {
     pub duration_ms: u64,
 }
 
+/// Output bytes of a process. In core they are bytes; on the wire (JSON) they are standard
+/// base64, encoded and decoded only where JSON is written or read.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct OutputBytes(pub bytes::Bytes);
+
+impl OutputBytes {
+    /// The bytes.
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+impl From<bytes::Bytes> for OutputBytes {
+    fn from(b: bytes::Bytes) -> Self {
+        OutputBytes(b)
+    }
+}
+
+impl From<&[u8]> for OutputBytes {
+    fn from(b: &[u8]) -> Self {
+        OutputBytes(bytes::Bytes::copy_from_slice(b))
+    }
+}
+
+impl Serialize for OutputBytes {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use base64::Engine as _;
+        s.serialize_str(&base64::engine::general_purpose::STANDARD.encode(&self.0))
+    }
+}
+
+impl<'de> Deserialize<'de> for OutputBytes {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        use base64::Engine as _;
+        let text = <std::borrow::Cow<'de, str>>::deserialize(d)?;
+        base64::engine::general_purpose::STANDARD
+            .decode(text.as_bytes())
+            .map(|v| OutputBytes(v.into()))
+            .map_err(|e| serde::de::Error::custom(format!("output data is not base64: {e}")))
+    }
+}
+
 /// One event of a streamed exec (one NDJSON line).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(tag = "type", rename_all = "snake_case")]
@@ -74,18 +116,21 @@ pub enum ExecEvent {
     },
     /// Bytes on stdout (base64).
     Stdout {
-        /// Base64 of the bytes.
-        data: String,
+        /// The bytes (base64 in JSON).
+        #[schema(value_type = String, format = Byte)]
+        data: OutputBytes,
     },
     /// Bytes on stderr (base64).
     Stderr {
-        /// Base64 of the bytes.
-        data: String,
+        /// The bytes (base64 in JSON).
+        #[schema(value_type = String, format = Byte)]
+        data: OutputBytes,
     },
     /// Bytes from the pseudo-terminal (base64).
     Pty {
-        /// Base64 of the bytes.
-        data: String,
+        /// The bytes (base64 in JSON).
+        #[schema(value_type = String, format = Byte)]
+        data: OutputBytes,
     },
     /// The process ended.
     Exit {
@@ -104,4 +149,24 @@ pub enum ExecEvent {
         /// What happened.
         message: String,
     },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn output_is_base64_on_the_wire_and_bytes_inside() {
+        let ev = ExecEvent::Stdout {
+            data: (&b"hi\xff\n"[..]).into(),
+        };
+        let line = serde_json::to_string(&ev).unwrap();
+        assert_eq!(line, r#"{"type":"stdout","data":"aGn/Cg=="}"#);
+        let back: ExecEvent = serde_json::from_str(&line).unwrap();
+        assert_eq!(back, ev);
+        let bad = serde_json::from_str::<ExecEvent>(r#"{"type":"stderr","data":"%%"}"#)
+            .unwrap_err()
+            .to_string();
+        assert!(bad.contains("not base64"), "{bad}");
+    }
 }

@@ -15,7 +15,7 @@ pub mod ports;
 pub mod sandbox;
 pub mod template;
 
-pub use exec::{ExecEvent, ExecRequest, ExecResult};
+pub use exec::{ExecEvent, ExecRequest, ExecResult, OutputBytes};
 pub use files::{FileEntry, FileList, FileType, FileWatchEvent, Health, MakeDir, MoveFile};
 pub use id::{IdError, SandboxId};
 pub use interactive::ExecInput;

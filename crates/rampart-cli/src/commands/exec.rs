@@ -142,16 +142,14 @@ enum Next {
 
 /// Writes one event's output; `Exit` at the end.
 fn handle_event(ev: ExecEvent) -> Result<Next> {
-    let write = |to_stderr: bool, data: &str| -> Result<()> {
-        let bytes = B64
-            .decode(data)
-            .unwrap_or_else(|_| data.as_bytes().to_vec());
+    let write = |to_stderr: bool, data: &rampart_types::OutputBytes| -> Result<()> {
+        let bytes = data.as_bytes();
         let r = if to_stderr {
             let mut e = std::io::stderr().lock();
-            e.write_all(&bytes).and_then(|_| e.flush())
+            e.write_all(bytes).and_then(|_| e.flush())
         } else {
             let mut o = std::io::stdout().lock();
-            o.write_all(&bytes).and_then(|_| o.flush())
+            o.write_all(bytes).and_then(|_| o.flush())
         };
         r.context("cannot write the command's output")
     };

@@ -322,9 +322,9 @@ async fn run_steps(
         while let Some(line) = lines.next().await {
             let line = line.context("reading the exec stream")?;
             match serde_json::from_slice::<ExecEvent>(&line)? {
-                ExecEvent::Stdout { data } => out.update(&B64.decode(data)?),
-                ExecEvent::Stderr { data } => err.update(&B64.decode(data)?),
-                ExecEvent::Pty { data } => out.update(&B64.decode(data)?),
+                ExecEvent::Stdout { data } => out.update(data.as_bytes()),
+                ExecEvent::Stderr { data } => err.update(data.as_bytes()),
+                ExecEvent::Pty { data } => out.update(data.as_bytes()),
                 ExecEvent::Exit {
                     exit_code, signal, ..
                 } => end = Some((exit_code, signal)),

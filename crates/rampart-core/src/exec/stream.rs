@@ -4,7 +4,6 @@
 
 use super::{ExecAudit, ExecControl};
 use crate::validate;
-use base64::Engine;
 use futures::stream::{BoxStream, StreamExt};
 use prometheus::Histogram;
 use rampart_agent::client::{ClientError, ProcessEvent};
@@ -95,10 +94,6 @@ enum Step {
     Timer,
 }
 
-fn b64(b: &[u8]) -> String {
-    base64::engine::general_purpose::STANDARD.encode(b)
-}
-
 impl ExecState {
     fn exit(&mut self, exit_code: Option<i32>, signal: Option<i32>) -> ExecEvent {
         self.done = true;
@@ -176,19 +171,19 @@ impl ExecState {
                         if let Some(a) = self.audit.as_mut() {
                             a.stdout.update(&b);
                         }
-                        return Some(ExecEvent::Stdout { data: b64(&b) });
+                        return Some(ExecEvent::Stdout { data: b.into() });
                     }
                     ProcessEvent::Stderr(b) => {
                         if let Some(a) = self.audit.as_mut() {
                             a.stderr.update(&b);
                         }
-                        return Some(ExecEvent::Stderr { data: b64(&b) });
+                        return Some(ExecEvent::Stderr { data: b.into() });
                     }
                     ProcessEvent::Pty(b) => {
                         if let Some(a) = self.audit.as_mut() {
                             a.stdout.update(&b);
                         }
-                        return Some(ExecEvent::Pty { data: b64(&b) });
+                        return Some(ExecEvent::Pty { data: b.into() });
                     }
                     ProcessEvent::End {
                         exit_code,
