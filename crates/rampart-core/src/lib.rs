@@ -13,7 +13,7 @@ mod audit;
 pub mod capacity;
 mod fsdiff;
 mod interpreter;
-mod isolation;
+pub mod isolation;
 mod journal;
 mod manager;
 mod metrics;
@@ -28,7 +28,7 @@ pub mod validate;
 
 pub use audit::AuditConfig;
 pub use fsdiff::{diff_layer, DiffLimits, LayerDiff, Layers};
-pub use isolation::{Isolation, IsolationError, LaunchSpec, Launched, Usage};
+pub use isolation::{FakeTier, Isolation, IsolationError, LaunchSpec, Launched, Usage};
 pub use netaudit::NetEventBudget;
 pub use network::NetworkConfig;
 pub use recorder::{with_caller, ExecRecorder, ExecStart, InputSink};
