@@ -15,7 +15,7 @@ mod config;
 mod error;
 mod exec;
 mod interpreter;
-mod isolation;
+pub mod isolation;
 mod metrics;
 mod namespace;
 mod network;
@@ -33,7 +33,7 @@ pub use audit::NetEventBudget;
 pub use config::CoreConfig;
 pub use error::CoreError;
 pub use exec::{with_caller, Exec, ExecControl, ExecRecorder, ExecStart, InputSink};
-pub use isolation::{Isolation, IsolationError, LaunchSpec, Launched, Usage};
+pub use isolation::{FakeTier, Isolation, IsolationError, LaunchSpec, Launched, Usage};
 pub use namespace::{DEFAULT_CGROUP_SUBTREE, JAIL_POOL_ENV};
 pub use network::NetworkConfig;
 

@@ -303,7 +303,12 @@ pub(crate) fn prepare_create(
                     p.db.snapshot(&name)
                         .map_err(CoreError::from)?
                         .ok_or_else(|| bad("snapshot", format!("no snapshot named {name:?}")))?;
-                (row, root.join("snapshots").join(&name).join("disk.img"))
+                (
+                    row,
+                    inner
+                        .iso
+                        .snapshot_image(&root.join("snapshots").join(&name))?,
+                )
             }
         };
         if let Some(t) = &req.template {
@@ -344,9 +349,9 @@ pub(crate) fn prepare_create(
             return Err(bad("volumes.path", format!("{:?} is given twice", v.path)));
         }
         paths.push(v.path.clone());
-        let Some(root) = root.as_ref() else {
+        if root.is_none() {
             continue;
-        };
+        }
         {
             // Checked and marked busy under one lock, which delete_volume holds from its own
             // checks to the row's removal: a volume is either removed or mounted, never both.
@@ -357,7 +362,7 @@ pub(crate) fn prepare_create(
             busy.hold_locked(&mut m, &p.busy_volumes, &v.name);
         }
         extras.volumes.push(VolumeSpec {
-            image: root.join("volumes").join(format!("{}.img", v.name)),
+            image: inner.iso.volume_image(&v.name)?,
             path: v.path.clone(),
             read_only: v.read_only,
         });
@@ -476,7 +481,7 @@ impl Manager {
             let tmp = dir.join(format!(".tmp-{name}-{}", random_hex(4)));
             let dest = dir.join(&name);
             let size = take_point(inner, id, &tmp).await?;
-            if let Err(e) = rampart_jail::sys::rename_noreplace(&tmp, &dest) {
+            if let Err(e) = crate::isolation::rename_noreplace(&tmp, &dest) {
                 let _ = std::fs::remove_dir_all(&tmp);
                 return Err(bad(
                     "name",
@@ -565,9 +570,10 @@ impl Manager {
             let dir = root.join("snapshots").join(name);
             let gone = dir.with_file_name(format!(".tmp-rm-{name}-{}", random_hex(4)));
             if std::fs::rename(&dir, &gone).is_ok() {
+                let iso = inner.iso.clone();
                 tokio::task::spawn_blocking(move || {
                     let r = std::fs::remove_dir_all(&gone);
-                    rampart_jail::store::trim(&root);
+                    iso.trim_store();
                     r
                 })
                 .await
@@ -589,6 +595,7 @@ impl Manager {
         })?;
         let hidden = format!(".fork-{}", random_hex(16));
         let dir = root.join("snapshots").join(&hidden);
+        let image = inner.iso.snapshot_image(&dir)?;
         let (base_req, row) = {
             let op = inner.op_lock(id);
             let _g = op.lock().await;
@@ -611,7 +618,7 @@ impl Manager {
             };
             (base, row)
         };
-        lock(&inner.persist.hidden).insert(hidden.clone(), (row, dir.join("disk.img")));
+        lock(&inner.persist.hidden).insert(hidden.clone(), (row, image));
         let mut made = Vec::new();
         let mut failure = None;
         for _ in 0..req.count {
@@ -650,7 +657,7 @@ impl Manager {
                 format!("must be 16 to {MAX_VOLUME_MIB} MiB"),
             ));
         }
-        let root = inner.iso.store_root().ok_or_else(|| {
+        inner.iso.store_root().ok_or_else(|| {
             CoreError::Unsupported(format!("the {} tier has no volumes", inner.iso.name()))
         })?;
         if inner
@@ -666,19 +673,15 @@ impl Manager {
         let _admitted = inner
             .admit_disk(&format!("volume {:?}", req.name), req.size_mib << 20)
             .await?;
-        let image = root.join("volumes").join(format!("{}.img", req.name));
-        let (img2, size) = (image.clone(), req.size_mib);
-        tokio::task::spawn_blocking(move || rampart_jail::persist::create_volume(&img2, size))
+        let image = inner.iso.volume_image(&req.name)?;
+        let (img2, size, iso) = (image.clone(), req.size_mib, inner.iso.clone());
+        let made = tokio::task::spawn_blocking(move || iso.create_volume(&img2, size))
             .await
             .map_err(|e| CoreError::Internal(format!("volume: {e}")))?
-            .map_err(|e| match e {
-                rampart_jail::JailError::Sys { ref source, .. }
-                    if source.raw_os_error() == Some(libc::EEXIST) =>
-                {
-                    bad("name", format!("a volume named {:?} exists", req.name))
-                }
-                e => CoreError::Internal(format!("making volume {}: {e}", req.name)),
-            })?;
+            .map_err(|e| CoreError::Internal(format!("making volume {}: {e}", req.name)))?;
+        if made == crate::isolation::NewVolume::Exists {
+            return Err(bad("name", format!("a volume named {:?} exists", req.name)));
+        }
         let row = match inner.persist.db.insert_volume(&req.name, req.size_mib) {
             Ok(r) => r,
             Err(e) => {
@@ -695,7 +698,7 @@ impl Manager {
         Ok(VolumeInfo {
             name: row.name,
             size_mib: row.size_mib,
-            used_bytes: rampart_jail::persist::allocated_bytes(&image),
+            used_bytes: crate::isolation::allocated_bytes(&image),
             created_at: rfc3339(row.created_at_ms),
         })
     }
@@ -713,11 +716,8 @@ impl Manager {
             .map(|r| VolumeInfo {
                 used_bytes: root
                     .as_ref()
-                    .map(|d| {
-                        rampart_jail::persist::allocated_bytes(
-                            &d.join("volumes").join(format!("{}.img", r.name)),
-                        )
-                    })
+                    .and_then(|_| self.inner.iso.volume_image(&r.name).ok())
+                    .map(|p| crate::isolation::allocated_bytes(&p))
                     .unwrap_or(0),
                 name: r.name,
                 size_mib: r.size_mib,
@@ -767,11 +767,11 @@ impl Manager {
         let image = inner
             .iso
             .store_root()
-            .map(|r| r.join("volumes").join(format!("{name}.img")));
+            .and_then(|_| inner.iso.volume_image(name).ok());
         if let Some(image) = &image {
             // A sandbox just destroyed: its mounts (and so the loop device) go a moment later.
             let deadline = std::time::Instant::now() + std::time::Duration::from_secs(3);
-            while rampart_jail::persist::volume_in_use(image) {
+            while inner.iso.volume_in_use(image) {
                 if std::time::Instant::now() > deadline {
                     return Err(in_use());
                 }
@@ -785,9 +785,7 @@ impl Manager {
             let busy = lock(&inner.persist.busy_volumes);
             if busy.contains_key(name)
                 || mounted_by_alive()?
-                || image
-                    .as_ref()
-                    .is_some_and(|i| rampart_jail::persist::volume_in_use(i))
+                || image.as_ref().is_some_and(|i| inner.iso.volume_in_use(i))
             {
                 return Err(in_use());
             }
@@ -801,9 +799,8 @@ impl Manager {
             if let Err(e) = std::fs::remove_file(&image) {
                 warn!(name, "removing volume image: {e}");
             }
-            if let Some(root) = inner.iso.store_root() {
-                let _ = tokio::task::spawn_blocking(move || rampart_jail::store::trim(&root)).await;
-            }
+            let iso = inner.iso.clone();
+            let _ = tokio::task::spawn_blocking(move || iso.trim_store()).await;
         }
         info!(name, "volume removed");
         Ok(())
@@ -828,9 +825,10 @@ impl Manager {
 /// Takes the consistent point of `id` into the new directory `dir` (`dir/disk.img`); on error
 /// nothing of `dir` remains.
 async fn take_point(inner: &Sandboxes, id: &SandboxId, dir: &Path) -> Result<u64, CoreError> {
+    let img = inner.iso.snapshot_image(dir)?;
     std::fs::create_dir(dir).map_err(CoreError::io(format!("mkdir {}", dir.display())))?;
     let iso = inner.iso.clone();
-    let (id2, img) = (id.clone(), dir.join("disk.img"));
+    let id2 = id.clone();
     let r = tokio::task::spawn_blocking(move || iso.snapshot_disk(&id2, &img))
         .await
         .map_err(|e| CoreError::Internal(format!("snapshot: {e}")))

@@ -178,7 +178,6 @@ impl Sandboxes {
             hostname: new.id.to_string(),
             env,
             layers: image.as_ref().map(|i| i.layers.clone()).unwrap_or_default(),
-            build: None,
             agent_args: crate::templates::agent_args(image.as_ref()),
         };
         let t0 = Instant::now();

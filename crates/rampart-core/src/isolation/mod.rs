@@ -1,0 +1,387 @@
+//! The `Isolation` trait: what every isolation tier implements.
+//!
+//! The manager only talks to a tier through this trait, so a second tier (a microVM) is one
+//! more implementation running the same agent. Every method blocks; the manager calls them on
+//! a blocking thread.
+//!
+//! The types of the trait are core's own and say nothing of how a tier isolates: a
+//! [`LaunchSpec`] (what to start), a [`Launched`] sandbox (its init's host pid and its agent's
+//! socket), [`Usage`], and for persistence a [`LaunchExtras`] ([`DiskSource`],
+//! [`VolumeSpec`]). Each tier converts them to its own (the namespace tier in `jail.rs`).
+//!
+//! Where snapshots and volumes are kept is the tier's: the manager names them and asks the
+//! tier for their paths ([`Isolation::snapshot_image`], [`Isolation::volume_image`]) and
+//! for the work on them ([`Isolation::create_volume`], [`Isolation::volume_in_use`],
+//! [`Isolation::trim_store`]). Only the two directories under [`Isolation::store_root`]
+//! (`snapshots/<name>/`, `volumes/`) are shared knowledge.
+//!
+//! Tiers: [`rampart_jail::Jail`] (namespaces, the daemon's), and [`FakeTier`] (a plain child
+//! process, for tests and development only).
+
+mod fake;
+mod jail;
+
+pub use fake::{FakeTier, FakeTierError};
+
+use rampart_types::{Limits, SandboxId};
+use std::path::{Path, PathBuf};
+
+/// Errors of a tier.
+#[derive(Debug, thiserror::Error)]
+pub enum IsolationError {
+    /// The host lacks a feature the tier needs, or the tier cannot do this; the message
+    /// names it.
+    #[error("{0}")]
+    Unsupported(String),
+    /// The tier failed; the message says where.
+    #[error("{0}")]
+    Failed(String),
+}
+
+impl From<IsolationError> for crate::CoreError {
+    fn from(e: IsolationError) -> Self {
+        crate::CoreError::isolation("the isolation tier", e)
+    }
+}
+
+/// What to launch.
+#[derive(Debug, Clone)]
+pub struct LaunchSpec {
+    /// The sandbox id (names whatever the tier keeps of it).
+    pub id: SandboxId,
+    /// Root of the built template: `rootfs/` holds its root filesystem.
+    pub template_dir: PathBuf,
+    /// First host uid/gid of the sandbox's private range of 65536 (tiers that map ids).
+    pub uid_base: u32,
+    /// Resource limits.
+    pub limits: Limits,
+    /// Host name inside the sandbox.
+    pub hostname: String,
+    /// Environment the agent starts with (inherited by every process it starts).
+    pub env: Vec<(String, String)>,
+    /// Layered root (built templates, see `rampart-image`): the host directories of the
+    /// template's layers, bottom first, each in overlayfs format. When non-empty they make
+    /// the root filesystem and `template_dir` is not used.
+    pub layers: Vec<PathBuf>,
+    /// Extra arguments of the agent (e.g. `--default-user NAME`).
+    pub agent_args: Vec<String>,
+}
+
+/// A launched sandbox.
+#[derive(Debug, Clone)]
+pub struct Launched {
+    /// Host pid of the sandbox's init (the agent): the manager watches it with a pidfd, so
+    /// it must be a process of this host's pid namespace that lives as long as the sandbox.
+    pub pid: i32,
+    /// Host path of the agent's Unix socket.
+    pub agent_socket: PathBuf,
+}
+
+/// Resource usage of a sandbox.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Usage {
+    /// Memory in use, bytes.
+    pub memory_bytes: u64,
+    /// Peak memory, bytes (0 if the tier cannot tell).
+    pub memory_peak_bytes: u64,
+    /// CPU time used, microseconds.
+    pub cpu_usec: u64,
+    /// Live processes.
+    pub pids: u64,
+}
+
+/// A disk image to start from instead of an empty disk.
+#[derive(Debug, Clone)]
+pub struct DiskSource {
+    /// The image (cloned, never modified): a path the tier gave
+    /// ([`Isolation::snapshot_image`]).
+    pub image: PathBuf,
+    /// First host uid of the range its files belong to (the sandbox it was taken from).
+    pub uid_base: u32,
+}
+
+/// A volume to mount.
+#[derive(Debug, Clone)]
+pub struct VolumeSpec {
+    /// The volume's image: a path the tier gave ([`Isolation::volume_image`]).
+    pub image: PathBuf,
+    /// Absolute path inside the sandbox.
+    pub path: String,
+    /// Read-only mount.
+    pub read_only: bool,
+}
+
+/// What a launch takes beyond its [`LaunchSpec`].
+#[derive(Debug, Clone, Default)]
+pub struct LaunchExtras {
+    /// Start from this disk.
+    pub disk: Option<DiskSource>,
+    /// Volumes.
+    pub volumes: Vec<VolumeSpec>,
+}
+
+impl LaunchExtras {
+    /// Nothing beyond a plain launch.
+    pub fn is_empty(&self) -> bool {
+        self.disk.is_none() && self.volumes.is_empty()
+    }
+}
+
+/// What [`Isolation::create_volume`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NewVolume {
+    /// The image was made.
+    Created,
+    /// An image is there already (nothing was changed).
+    Exists,
+}
+
+/// How a CPU time counter file spells its value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CpuFormat {
+    /// One number, nanoseconds (cgroup v1 `cpuacct.usage`).
+    Nanoseconds,
+    /// A `usage_usec <n>` line among others, microseconds (cgroup v2 `cpu.stat`).
+    StatUsageUsec,
+}
+
+/// The files holding the counters an exec's audit record reads at its start and end, for a
+/// reader that keeps them open and re-reads them from offset 0.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CounterFiles {
+    /// The sandbox's CPU time.
+    pub cpu: PathBuf,
+    /// How `cpu` spells it.
+    pub cpu_format: CpuFormat,
+    /// The sandbox's peak memory in bytes (one number), if the host keeps it.
+    pub peak_memory: Option<PathBuf>,
+}
+
+/// An isolation tier. All methods block.
+pub trait Isolation: Send + Sync + std::fmt::Debug {
+    /// Short name of the tier, e.g. `namespace`.
+    fn name(&self) -> &'static str;
+    /// Builds the template `name` into `dest` (which does not exist yet).
+    fn prepare_template(&self, name: &str, dest: &Path) -> Result<(), IsolationError>;
+    /// Builds and starts a sandbox; returns once its agent accepts connections.
+    /// On error nothing of the sandbox remains.
+    fn launch(&self, spec: &LaunchSpec) -> Result<Launched, IsolationError>;
+    /// Kills and removes every trace of a sandbox. Idempotent.
+    fn destroy(&self, id: &SandboxId) -> Result<(), IsolationError>;
+    /// Ids that still have a trace on the host.
+    fn leftovers(&self) -> Result<Vec<SandboxId>, IsolationError>;
+    /// Resource usage of a sandbox.
+    fn usage(&self, id: &SandboxId) -> Result<Usage, IsolationError>;
+    /// Freezes every process of a sandbox (pause): returns once they are all frozen.
+    /// Frozen processes use no CPU and keep their memory. Idempotent.
+    fn freeze(&self, id: &SandboxId) -> Result<(), IsolationError> {
+        let _ = id;
+        Err(IsolationError::Unsupported(format!(
+            "the {} tier cannot pause sandboxes",
+            self.name()
+        )))
+    }
+    /// Thaws a frozen sandbox (resume): every process continues where it was. Idempotent.
+    fn thaw(&self, id: &SandboxId) -> Result<(), IsolationError> {
+        let _ = id;
+        Err(IsolationError::Unsupported(format!(
+            "the {} tier cannot resume sandboxes",
+            self.name()
+        )))
+    }
+    /// Whether a sandbox's processes are (all) frozen.
+    fn is_frozen(&self, id: &SandboxId) -> Result<bool, IsolationError> {
+        let _ = id;
+        Ok(false)
+    }
+    /// The counter files of a sandbox (see [`CounterFiles`]), when the tier has such files;
+    /// otherwise (the default) the exec record reads [`Isolation::usage`].
+    fn counter_files(&self, _id: &SandboxId) -> Option<CounterFiles> {
+        None
+    }
+    /// Like [`Isolation::launch`], starting from a disk image (a snapshot or a fork's
+    /// consistent point) and/or with volumes. The default refuses anything beyond a launch.
+    fn launch_with(
+        &self,
+        spec: &LaunchSpec,
+        extras: &LaunchExtras,
+    ) -> Result<Launched, IsolationError> {
+        if extras.is_empty() {
+            return self.launch(spec);
+        }
+        Err(IsolationError::Unsupported(format!(
+            "the {} tier has no snapshots or volumes",
+            self.name()
+        )))
+    }
+    /// A descriptor (read-only directory, close-on-exec) of the root of a running or paused
+    /// sandbox's writable disk: `upper/` is the overlayfs upper directory of `/`,
+    /// `usr-upper/` that of `/usr` (whiteouts are 0/0 character devices, opaque directories
+    /// carry `trusted.overlay.opaque=y`; owners are host ids of the sandbox's uid range).
+    /// Use `openat`-family calls relative to it (never follow symlinks found there: they are
+    /// the sandbox's). Holding it pins the filesystem; close it when done. For a consistent
+    /// view, call it while the sandbox is frozen ([`Isolation::freeze`]).
+    fn upper_root(&self, id: &SandboxId) -> Result<std::os::fd::OwnedFd, IsolationError> {
+        let _ = id;
+        Err(IsolationError::Unsupported(format!(
+            "the {} tier gives no access to a sandbox's writable layer",
+            self.name()
+        )))
+    }
+    /// Takes a consistent copy of a sandbox's disk at `dest` (which must not exist): freeze,
+    /// flush, clone, thaw. Returns its allocated bytes. On error `dest` does not exist.
+    fn snapshot_disk(&self, id: &SandboxId, dest: &Path) -> Result<u64, IsolationError> {
+        let _ = (id, dest);
+        Err(IsolationError::Unsupported(format!(
+            "the {} tier cannot snapshot sandboxes",
+            self.name()
+        )))
+    }
+    /// Where snapshots (`snapshots/`) and volumes (`volumes/`) live, if the tier has them.
+    fn store_root(&self) -> Option<PathBuf> {
+        None
+    }
+    /// The file a snapshot's disk is kept in, inside the snapshot's directory `dir`
+    /// (`<store_root>/snapshots/<name>/`): where [`Isolation::snapshot_disk`] is asked to
+    /// write, and what a [`DiskSource`] names. Cheap, touches nothing.
+    fn snapshot_image(&self, dir: &Path) -> Result<PathBuf, IsolationError> {
+        let _ = dir;
+        Err(IsolationError::Unsupported(format!(
+            "the {} tier cannot snapshot sandboxes",
+            self.name()
+        )))
+    }
+    /// The image of the volume named `name` (which may not exist). Cheap, touches nothing.
+    fn volume_image(&self, name: &str) -> Result<PathBuf, IsolationError> {
+        let _ = name;
+        Err(IsolationError::Unsupported(format!(
+            "the {} tier has no volumes",
+            self.name()
+        )))
+    }
+    /// Makes a volume image of `size_mib` MiB at `image` (a path from
+    /// [`Isolation::volume_image`]); an image already there is left alone
+    /// ([`NewVolume::Exists`]). Nothing is left on error.
+    fn create_volume(&self, image: &Path, size_mib: u64) -> Result<NewVolume, IsolationError> {
+        let _ = (image, size_mib);
+        Err(IsolationError::Unsupported(format!(
+            "the {} tier has no volumes",
+            self.name()
+        )))
+    }
+    /// Whether a volume's image is in use (mounted by a sandbox, or just released).
+    fn volume_in_use(&self, image: &Path) -> bool {
+        let _ = image;
+        false
+    }
+    /// Gives the space of removed snapshots and volumes back to the host, if the store
+    /// holds on to it. Blocking; the default does nothing.
+    fn trim_store(&self) {}
+    /// Releases what the tier keeps warm for fast launches (pre-spawned processes and their
+    /// cgroups) and finishes the removals of destroyed sandboxes still in progress. Sandboxes
+    /// keep running; later launches still work, only slower. Blocking.
+    fn shutdown(&self) {}
+}
+
+/// Bytes allocated to a file on the host (0 if it cannot be read).
+pub(crate) fn allocated_bytes(p: &Path) -> u64 {
+    use std::os::unix::fs::MetadataExt as _;
+    std::fs::metadata(p).map(|m| m.blocks() * 512).unwrap_or(0)
+}
+
+/// Renames `from` to `to`, failing (`EEXIST`) if `to` exists, atomically.
+pub(crate) fn rename_noreplace(from: &Path, to: &Path) -> std::io::Result<()> {
+    use std::os::unix::ffi::OsStrExt as _;
+    let c = |p: &Path| {
+        std::ffi::CString::new(p.as_os_str().as_bytes())
+            .map_err(|_| std::io::Error::new(std::io::ErrorKind::InvalidInput, "NUL in a path"))
+    };
+    let (f, t) = (c(from)?, c(to)?);
+    // SAFETY: renameat2 reads two NUL-terminated paths that live across the call; AT_FDCWD
+    // makes them relative to the working directory; no other memory is touched.
+    let rc = unsafe {
+        libc::renameat2(
+            libc::AT_FDCWD,
+            f.as_ptr(),
+            libc::AT_FDCWD,
+            t.as_ptr(),
+            libc::RENAME_NOREPLACE,
+        )
+    };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rename_noreplace_refuses_to_replace() {
+        let d = tempfile::tempdir().unwrap();
+        let (a, b) = (d.path().join("a"), d.path().join("b"));
+        std::fs::create_dir(&a).unwrap();
+        std::fs::create_dir(&b).unwrap();
+        let e = rename_noreplace(&a, &b).unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::EEXIST));
+        std::fs::remove_dir(&b).unwrap();
+        rename_noreplace(&a, &b).unwrap();
+        assert!(b.is_dir() && !a.exists());
+    }
+
+    #[test]
+    fn allocated_bytes_counts_blocks_not_length() {
+        let d = tempfile::tempdir().unwrap();
+        let sparse = d.path().join("sparse");
+        std::fs::File::create(&sparse)
+            .unwrap()
+            .set_len(64 << 20)
+            .unwrap();
+        assert!(allocated_bytes(&sparse) < 1 << 20);
+        assert_eq!(allocated_bytes(&d.path().join("missing")), 0);
+    }
+
+    #[test]
+    fn the_defaults_refuse_persistence() {
+        #[derive(Debug)]
+        struct Bare;
+        impl Isolation for Bare {
+            fn name(&self) -> &'static str {
+                "bare"
+            }
+            fn prepare_template(&self, _: &str, _: &Path) -> Result<(), IsolationError> {
+                Ok(())
+            }
+            fn launch(&self, _: &LaunchSpec) -> Result<Launched, IsolationError> {
+                Err(IsolationError::Failed("no".into()))
+            }
+            fn destroy(&self, _: &SandboxId) -> Result<(), IsolationError> {
+                Ok(())
+            }
+            fn leftovers(&self) -> Result<Vec<SandboxId>, IsolationError> {
+                Ok(Vec::new())
+            }
+            fn usage(&self, _: &SandboxId) -> Result<Usage, IsolationError> {
+                Ok(Usage::default())
+            }
+        }
+        let b = Bare;
+        let p = Path::new("/x");
+        assert!(matches!(
+            b.snapshot_image(p),
+            Err(IsolationError::Unsupported(_))
+        ));
+        assert!(matches!(
+            b.volume_image("v"),
+            Err(IsolationError::Unsupported(_))
+        ));
+        assert!(matches!(
+            b.create_volume(p, 16),
+            Err(IsolationError::Unsupported(_))
+        ));
+        assert!(!b.volume_in_use(p));
+        assert_eq!(b.store_root(), None);
+    }
+}

@@ -1,0 +1,532 @@
+//! The manager's lifecycle on the fake tier (`rampart_core::FakeTier`: the real
+//! `rampart-agent` as a plain child process): create, exec, destroy, the reaper, a dying init,
+//! restart recovery, pause, the audit record. Needs no root and no kernel feature beyond
+//! pidfds: run it as any user. Needs the built agent (`cargo build --workspace --bins`;
+//! `RAMPART_TEST_AGENT` names another binary). Nothing here skips.
+
+use futures::StreamExt as _;
+use rampart_core::{CoreConfig, CoreError, Exec, FakeTier, Manager};
+use rampart_store::SandboxStore as _;
+use rampart_types::audit::EventBody;
+use rampart_types::{CreateSandbox, ExecEvent, ExecRequest, SandboxId, SandboxInfo, SandboxState};
+use std::os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// How long any awaited change may take (a bound, never a pause).
+const WITHIN: Duration = Duration::from_secs(30);
+
+fn agent_bin() -> PathBuf {
+    if let Some(p) = std::env::var_os("RAMPART_TEST_AGENT") {
+        return PathBuf::from(p);
+    }
+    // target/<profile>/deps/<test> -> target/<profile>/rampart-agent
+    let exe = std::env::current_exe().expect("current exe");
+    let bin = exe
+        .parent()
+        .and_then(Path::parent)
+        .expect("target directory")
+        .join("rampart-agent");
+    assert!(
+        bin.exists(),
+        "{} is not built: cargo build --workspace --bins (or set RAMPART_TEST_AGENT)",
+        bin.display()
+    );
+    bin
+}
+
+/// One test's data directory and configuration.
+struct World {
+    dir: tempfile::TempDir,
+    cfg: CoreConfig,
+}
+
+impl World {
+    fn new() -> World {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(
+                tracing_subscriber::EnvFilter::try_from_default_env()
+                    .unwrap_or_else(|_| "info".into()),
+            )
+            .with_test_writer()
+            .try_init();
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut cfg = CoreConfig::with_defaults(
+            dir.path().to_path_buf(),
+            PathBuf::from("/nonexistent/rampart-jailer"),
+            agent_bin(),
+        );
+        // No sandbox network: the fake tier has no network namespace to wire.
+        cfg.network.enabled = false;
+        cfg.max_timeout_secs = 3600;
+        // The fake tier's sandboxes take no disk, but admission counts their 2 GiB quotas.
+        cfg.disk_overcommit = 1000.0;
+        World { dir, cfg }
+    }
+
+    async fn start(&self) -> Arc<Manager> {
+        let tier = FakeTier::from_config(&self.cfg).expect("fake tier");
+        Manager::start_with(self.cfg.clone(), Arc::new(tier))
+            .await
+            .expect("manager start on the fake tier")
+    }
+
+    fn sandbox_dir(&self, id: &SandboxId) -> PathBuf {
+        self.dir.path().join("sandboxes").join(id.as_str())
+    }
+
+    /// The agent's host pid, as the manager recorded it.
+    fn pid(&self, id: &SandboxId) -> i32 {
+        rampart_store::SqliteStore::open(&self.dir.path().join("state.db"))
+            .unwrap()
+            .get(id)
+            .unwrap()
+            .unwrap()
+            .pid
+            .expect("a running sandbox has a pid")
+    }
+}
+
+impl Drop for World {
+    /// A failed test's sandboxes are killed, not left running (the tier checks each agent's
+    /// identity before it signals).
+    fn drop(&mut self) {
+        use rampart_core::Isolation as _;
+        if let Ok(tier) = FakeTier::from_config(&self.cfg) {
+            for id in tier.leftovers().unwrap_or_default() {
+                let _ = tier.destroy(&id);
+            }
+        }
+    }
+}
+
+/// A process: its pid and start time (`/proc/<pid>/stat` field 22).
+#[derive(Debug, Clone, Copy)]
+struct Proc {
+    pid: i32,
+    start: u64,
+}
+
+/// `(state, ppid, start time)` of a process.
+fn stat(pid: i32) -> Option<(char, i32, u64)> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = &s[s.rfind(')')? + 1..];
+    let f: Vec<&str> = rest.split_ascii_whitespace().collect();
+    Some((
+        f.first()?.chars().next()?,
+        f.get(1)?.parse().ok()?,
+        f.get(19)?.parse().ok()?,
+    ))
+}
+
+impl Proc {
+    fn of(pid: i32) -> Proc {
+        let (_, _, start) = stat(pid).unwrap_or_else(|| panic!("no process {pid}"));
+        Proc { pid, start }
+    }
+    /// Still this process, in any state (a zombie included: not reaped).
+    fn exists(&self) -> bool {
+        stat(self.pid).is_some_and(|(_, _, s)| s == self.start)
+    }
+    fn state(&self) -> Option<char> {
+        stat(self.pid)
+            .filter(|(_, _, s)| *s == self.start)
+            .map(|(st, _, _)| st)
+    }
+}
+
+/// Waits, bounded, until a process has exited (its pidfd polls readable).
+fn wait_exited(pid: i32) {
+    // SAFETY: pidfd_open takes a pid and flags, no pointers; the result is checked.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+    if fd < 0 {
+        return; // gone already
+    }
+    // SAFETY: the kernel just returned this descriptor; nothing else owns it.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd as i32) };
+    let mut p = libc::pollfd {
+        fd: fd.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd for the call.
+    let n = unsafe { libc::poll(&mut p, 1, WITHIN.as_millis() as i32) };
+    assert_eq!(n, 1, "process {pid} did not exit");
+}
+
+/// Waits until the sandbox is in `want`: re-checked at each audit event (every state change
+/// the manager makes is recorded in the transaction of its event), bounded by [`WITHIN`].
+async fn wait_state(m: &Manager, id: &SandboxId, want: SandboxState) -> SandboxInfo {
+    let mut events = m.audit_subscribe();
+    let deadline = tokio::time::Instant::now() + WITHIN;
+    loop {
+        events.borrow_and_update();
+        let info = m.get(id).unwrap();
+        if info.state == want {
+            return info;
+        }
+        match tokio::time::timeout_at(deadline, events.changed()).await {
+            Ok(Ok(())) => {}
+            Ok(Err(_)) => panic!("the audit log's channel closed"),
+            Err(_) => panic!("sandbox {id} stayed {:?}, wanted {want:?}", info.state),
+        }
+    }
+}
+
+#[derive(Debug, Default)]
+struct Ran {
+    stdout: Vec<u8>,
+    stderr: Vec<u8>,
+    exit_code: Option<i32>,
+    signal: Option<i32>,
+    error: Option<String>,
+}
+
+async fn collect(mut exec: Exec) -> Ran {
+    let mut r = Ran::default();
+    let mut ended = 0;
+    while let Some(ev) = exec.events.next().await {
+        match ev {
+            ExecEvent::Stdout { data } => r.stdout.extend(data.as_bytes()),
+            ExecEvent::Stderr { data } => r.stderr.extend(data.as_bytes()),
+            ExecEvent::Pty { data } => r.stdout.extend(data.as_bytes()),
+            ExecEvent::Start { .. } => panic!("start is consumed into Exec::pid"),
+            ExecEvent::Exit {
+                exit_code, signal, ..
+            } => {
+                ended += 1;
+                r.exit_code = exit_code;
+                r.signal = signal;
+            }
+            ExecEvent::Error { message } => {
+                ended += 1;
+                r.error = Some(message);
+            }
+        }
+    }
+    assert_eq!(ended, 1, "exactly one final event: {r:?}");
+    r
+}
+
+fn cmd(args: &[&str]) -> ExecRequest {
+    ExecRequest {
+        cmd: args.iter().map(|s| s.to_string()).collect(),
+        ..Default::default()
+    }
+}
+
+async fn run(m: &Manager, id: &SandboxId, req: ExecRequest) -> Ran {
+    collect(m.exec(id, req, false).await.expect("exec")).await
+}
+
+fn kinds(m: &Manager, id: &SandboxId) -> Vec<&'static str> {
+    m.audit_events(id, None, 1000)
+        .unwrap()
+        .iter()
+        .map(|e| e.body.type_name())
+        .collect()
+}
+
+fn destroyed_reason(m: &Manager, id: &SandboxId) -> String {
+    m.audit_events(id, None, 1000)
+        .unwrap()
+        .into_iter()
+        .find_map(|e| match e.body {
+            EventBody::Destroyed(d) => Some(d.reason),
+            _ => None,
+        })
+        .expect("a destroyed record")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn create_exec_destroy() {
+    let w = World::new();
+    let m = w.start().await;
+    let info = m
+        .create(CreateSandbox {
+            env: [("GREETING".to_string(), "hello".to_string())].into(),
+            ..Default::default()
+        })
+        .await
+        .expect("create");
+    let id = info.id.clone();
+    assert_eq!(info.state, SandboxState::Running);
+    assert!(w.sandbox_dir(&id).is_dir());
+
+    // The pid the manager watches is the agent itself, a child of this (the daemon's)
+    // process.
+    let agent = Proc::of(w.pid(&id));
+    let (_, ppid, _) = stat(agent.pid).unwrap();
+    assert_eq!(ppid, std::process::id() as i32);
+    // (Its `exe` link is not readable: the agent makes itself non-dumpable.)
+    assert_eq!(
+        std::fs::read_to_string(format!("/proc/{}/comm", agent.pid))
+            .unwrap()
+            .trim_end(),
+        "rampart-agent"
+    );
+
+    let r = run(&m, &id, cmd(&["echo", "hi"])).await;
+    assert_eq!((r.exit_code, r.signal), (Some(0), None), "{r:?}");
+    assert_eq!(r.stdout, b"hi\n");
+    let r = run(
+        &m,
+        &id,
+        cmd(&["sh", "-c", "echo $GREETING; echo oops >&2; exit 3"]),
+    )
+    .await;
+    assert_eq!(r.exit_code, Some(3), "{r:?}");
+    assert_eq!(r.stdout, b"hello\n");
+    assert_eq!(r.stderr, b"oops\n");
+    // Its processes work in the sandbox's own directory.
+    let r = run(&m, &id, cmd(&["pwd"])).await;
+    assert_eq!(
+        String::from_utf8_lossy(&r.stdout).trim_end(),
+        w.sandbox_dir(&id).join("home").to_string_lossy()
+    );
+
+    // A process left running in the background (orphaned: the agent adopts it).
+    let r = run(
+        &m,
+        &id,
+        cmd(&["sh", "-c", "sleep 300 </dev/null >/dev/null 2>&1 & echo $!"]),
+    )
+    .await;
+    let bg = Proc::of(String::from_utf8_lossy(&r.stdout).trim().parse().unwrap());
+
+    let usage = m.usage(&id).await.expect("usage");
+    assert!(usage.pids >= 2, "the agent and the sleep: {usage:?}");
+    assert!(usage.memory_bytes > 0, "{usage:?}");
+
+    let done = m.destroy(&id).await.expect("destroy");
+    assert_eq!(done.state, SandboxState::Destroyed);
+    assert_eq!(done.reason.as_deref(), Some("destroyed by request"));
+    assert!(
+        !w.sandbox_dir(&id).exists(),
+        "the sandbox's directory is left"
+    );
+    // Every process is gone and reaped: the agent and the one it adopted.
+    assert!(!agent.exists(), "agent left: {:?}", agent.state());
+    assert!(!bg.exists(), "background process left: {:?}", bg.state());
+
+    // Idempotent; a destroyed sandbox refuses work.
+    assert_eq!(m.destroy(&id).await.unwrap().state, SandboxState::Destroyed);
+    assert!(matches!(
+        m.exec(&id, cmd(&["true"]), false).await,
+        Err(CoreError::WrongState { .. })
+    ));
+    assert!(m
+        .metrics_text()
+        .contains("rampart_sandboxes_destroyed_total{reason=\"request\"} 1"));
+    m.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_reaper_destroys_an_expired_sandbox() {
+    let w = World::new();
+    let m = w.start().await;
+    let short = m
+        .create(CreateSandbox {
+            timeout_secs: Some(1),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let long = m
+        .create(CreateSandbox {
+            timeout_secs: Some(600),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let agent = Proc::of(w.pid(&short.id));
+    let gone = wait_state(&m, &short.id, SandboxState::Destroyed).await;
+    assert_eq!(gone.reason.as_deref(), Some("timeout expired"));
+    assert!(destroyed_reason(&m, &short.id).starts_with("timeout:"));
+    assert!(!w.sandbox_dir(&short.id).exists());
+    assert!(!agent.exists(), "agent left: {:?}", agent.state());
+    // Only the expired one.
+    assert_eq!(m.get(&long.id).unwrap().state, SandboxState::Running);
+    assert_eq!(run(&m, &long.id, cmd(&["true"])).await.exit_code, Some(0));
+    // Shortening a deadline wakes the reaper.
+    m.set_timeout(&long.id, 1).await.unwrap();
+    wait_state(&m, &long.id, SandboxState::Destroyed).await;
+    assert!(!w.sandbox_dir(&long.id).exists());
+    m.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_killed_from_outside_destroys_its_sandbox() {
+    let w = World::new();
+    let m = w.start().await;
+    let s = m.create(CreateSandbox::default()).await.unwrap();
+    let agent = Proc::of(w.pid(&s.id));
+    // SAFETY: kill of the agent this test's manager started.
+    assert_eq!(unsafe { libc::kill(agent.pid, libc::SIGKILL) }, 0);
+    let info = wait_state(&m, &s.id, SandboxState::Destroyed).await;
+    let reason = info.reason.unwrap_or_default();
+    assert!(
+        reason.contains("exited unexpectedly") && reason.contains("signal 9"),
+        "{reason}"
+    );
+    assert!(destroyed_reason(&m, &s.id).starts_with("died:"));
+    assert!(!w.sandbox_dir(&s.id).exists());
+    // Reaped by the manager's watcher: no zombie.
+    assert!(!agent.exists(), "agent left: {:?}", agent.state());
+    m.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_reattaches_the_living_and_cleans_the_dead() {
+    let w = World::new();
+    let m = w.start().await;
+    let alive = m
+        .create(CreateSandbox {
+            timeout_secs: Some(600),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let dead = m
+        .create(CreateSandbox {
+            timeout_secs: Some(600),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let r = run(&m, &alive.id, cmd(&["sh", "-c", "echo kept > mark"])).await;
+    assert_eq!(r.exit_code, Some(0), "{r:?}");
+    let alive_agent = Proc::of(w.pid(&alive.id));
+    let dead_agent = Proc::of(w.pid(&dead.id));
+    m.shutdown().await;
+    drop(m);
+
+    // While no manager runs: one sandbox's agent dies, and a directory no record knows
+    // appears.
+    // SAFETY: kill of an agent this test's manager started.
+    assert_eq!(unsafe { libc::kill(dead_agent.pid, libc::SIGKILL) }, 0);
+    wait_exited(dead_agent.pid);
+    let stray = SandboxId::parse("strayleftover1").unwrap();
+    std::fs::create_dir(w.sandbox_dir(&stray)).unwrap();
+
+    let m = w.start().await;
+    // The living one: the same process, re-attached, and it works.
+    assert_eq!(m.get(&alive.id).unwrap().state, SandboxState::Running);
+    assert_eq!(w.pid(&alive.id), alive_agent.pid);
+    assert!(alive_agent.exists());
+    let r = run(&m, &alive.id, cmd(&["cat", "mark"])).await;
+    assert_eq!(r.stdout, b"kept\n", "{r:?}");
+    // The dead one: destroyed, cleaned and reaped.
+    let d = m.get(&dead.id).unwrap();
+    assert_eq!(d.state, SandboxState::Destroyed);
+    assert_eq!(
+        d.reason.as_deref(),
+        Some("daemon restarted; sandbox was not running")
+    );
+    assert!(!w.sandbox_dir(&dead.id).exists());
+    assert!(
+        !dead_agent.exists(),
+        "zombie left: {:?}",
+        dead_agent.state()
+    );
+    assert!(destroyed_reason(&m, &dead.id).starts_with("recovery:"));
+    // The stray directory is removed.
+    assert!(!w.sandbox_dir(&stray).exists());
+
+    // The re-attached sandbox is watched again: its death is noticed.
+    // SAFETY: kill of an agent this test's manager started.
+    assert_eq!(unsafe { libc::kill(alive_agent.pid, libc::SIGKILL) }, 0);
+    let info = wait_state(&m, &alive.id, SandboxState::Destroyed).await;
+    assert!(info.reason.unwrap_or_default().contains("unexpectedly"));
+    assert!(!w.sandbox_dir(&alive.id).exists());
+    m.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pause_stops_every_process_and_resume_continues() {
+    let w = World::new();
+    let m = w.start().await;
+    let s = m.create(CreateSandbox::default()).await.unwrap();
+    let agent = Proc::of(w.pid(&s.id));
+    let r = run(
+        &m,
+        &s.id,
+        cmd(&["sh", "-c", "sleep 300 </dev/null >/dev/null 2>&1 & echo $!"]),
+    )
+    .await;
+    let bg = Proc::of(String::from_utf8_lossy(&r.stdout).trim().parse().unwrap());
+
+    assert_eq!(m.pause(&s.id).await.unwrap().state, SandboxState::Paused);
+    assert_eq!(agent.state(), Some('T'));
+    assert_eq!(bg.state(), Some('T'));
+    let e = m.exec(&s.id, cmd(&["true"]), false).await.unwrap_err();
+    assert!(
+        matches!(&e, CoreError::WrongState { state, .. } if state == "paused"),
+        "{e}"
+    );
+
+    assert_eq!(m.resume(&s.id).await.unwrap().state, SandboxState::Running);
+    assert_ne!(agent.state(), Some('T'));
+    assert_ne!(bg.state(), Some('T'));
+    assert_eq!(
+        run(&m, &s.id, cmd(&["echo", "back"])).await.stdout,
+        b"back\n"
+    );
+
+    // A paused sandbox is destroyed like any other.
+    m.pause(&s.id).await.unwrap();
+    m.destroy(&s.id).await.unwrap();
+    assert!(!agent.exists() && !bg.exists());
+    assert!(!w.sandbox_dir(&s.id).exists());
+    m.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_audit_record_has_the_lifecycle_and_its_bundle_verifies() {
+    let w = World::new();
+    let m = w.start().await;
+    let s = m.create(CreateSandbox::default()).await.unwrap();
+    let r = run(&m, &s.id, cmd(&["echo", "hi"])).await;
+    assert_eq!(r.stdout, b"hi\n");
+    m.destroy(&s.id).await.unwrap();
+
+    assert_eq!(
+        kinds(&m, &s.id),
+        ["created", "exec", "exit", "destroyed"],
+        "the fake tier records no fs_diff (no writable layer)"
+    );
+    let events = m.audit_events(&s.id, None, 1000).unwrap();
+    match &events[1].body {
+        EventBody::Exec(x) => assert_eq!(x.argv, ["echo", "hi"]),
+        other => panic!("not an exec: {other:?}"),
+    }
+    match &events[2].body {
+        EventBody::Exit(x) => {
+            assert_eq!(x.exit_code, Some(0));
+            assert_eq!(x.stdout.size, 3);
+            assert_eq!(x.stdout.digest, rampart_audit::content_digest(b"hi\n"));
+            assert_eq!(x.stderr.size, 0);
+            assert!(x.cpu_ms.is_some(), "CPU time from the tier's usage: {x:?}");
+        }
+        other => panic!("not an exit: {other:?}"),
+    }
+    assert!(destroyed_reason(&m, &s.id).starts_with("api:"));
+
+    let bundle = m.audit_bundle(&s.id).await.expect("bundle");
+    let key = rampart_audit::PublicKey::parse(&m.audit_key().0).unwrap();
+    let report = rampart_audit::verify_bundle(&bundle, Some(&key)).expect("the bundle verifies");
+    assert!(report.key_pinned);
+    assert_eq!(report.sandbox, s.id);
+    assert_eq!(report.events, 4);
+    assert_eq!(report.activity.commands.len(), 1);
+    assert_eq!(report.activity.commands[0].argv, ["echo", "hi"]);
+    assert_eq!(report.activity.commands[0].exit_code, Some(0));
+
+    // The record binds what ran: the same bundle claiming another command does not verify.
+    let text = String::from_utf8(bundle).unwrap();
+    assert!(text.contains("\"hi\""));
+    let forged = text.replacen("\"hi\"", "\"ho\"", 1);
+    assert!(rampart_audit::verify_bundle(forged.as_bytes(), Some(&key)).is_err());
+    m.shutdown().await;
+}
