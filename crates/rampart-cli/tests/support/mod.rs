@@ -1,9 +1,15 @@
-//! The daemon harness shared by the CLI's full-stack tests that start their own daemons:
-//! [`start`] runs `rampart serve` on a port with a data directory, waits for `/health` and
-//! SIGKILLs it (by pid) when the guard drops (`recovery`, `audit`, `ports`); [`start_tidy`]
-//! does the same in a temp dir and cleans up everything when dropped (`e2b_sdk`); [`shared`]
-//! is one daemon for a whole test binary, cleaned up when the test process exits (`e2e`,
-//! `adversarial`).
+//! The harness shared by the CLI's full-stack tests.
+//!
+//! Daemons: [`start`] runs `rampart serve` on a port with a data directory, waits for
+//! `/health` and stops it (by pid) when the guard drops (`recovery`, `audit`, `ports`);
+//! [`start_tidy`] does the same in a temp dir and cleans up everything when dropped
+//! (`e2b_sdk`); [`shared`] is one daemon for a whole test binary, cleaned up when the test
+//! process exits (`e2e`, `adversarial`).
+//!
+//! Talking to them: [`client`] is the HTTP client of every test; [`Api`] is what a test
+//! knows of a daemon (its URL, its log for failure messages) and runs the CLI against it
+//! ([`cli`]); a [`Sandbox`] is created through the API (201 asserted), runs waited execs
+//! ([`Sandbox::exec`], [`Sandbox::sh`]) and is destroyed by id when dropped.
 
 #![allow(dead_code)]
 
