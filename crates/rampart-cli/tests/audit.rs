@@ -14,10 +14,10 @@ mod support;
 
 use serde_json::{json, Value};
 use std::path::PathBuf;
-use std::process::{Command, Output};
+use std::process::Output;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
-use support::{client, free_port, skip_reason, start, Daemon};
+use support::{client, free_port, skip_reason, start, Api as _, Daemon, Sandbox};
 
 static SERIAL: Mutex<()> = Mutex::new(());
 
@@ -31,22 +31,16 @@ fn temp(name: &str) -> PathBuf {
     root
 }
 
-fn create(d: &Daemon) -> String {
-    let r = client()
-        .post(format!("{}/v1/sandboxes", d.url))
-        .json(&json!({"timeout_secs": 600, "env": {"SECRET_TOKEN": "do-not-record"}}))
-        .send()
-        .unwrap();
-    assert_eq!(r.status().as_u16(), 201);
-    r.json::<Value>().unwrap()["id"]
-        .as_str()
-        .unwrap()
-        .to_owned()
+fn create(d: &Daemon) -> Sandbox {
+    Sandbox::create(
+        d,
+        json!({"timeout_secs": 600, "env": {"SECRET_TOKEN": "do-not-record"}}),
+    )
 }
 
 /// A sandbox whose network allows only `api.example.com`, or `None` (skip, said why) where
 /// sandbox networks are unavailable.
-fn create_allowlisted(d: &Daemon) -> Option<String> {
+fn create_allowlisted(d: &Daemon) -> Option<Sandbox> {
     let r = client()
         .post(format!("{}/v1/sandboxes", d.url))
         .json(&json!({"timeout_secs": 600,
@@ -65,12 +59,10 @@ fn create_allowlisted(d: &Daemon) -> Option<String> {
         eprintln!("skipped: sandbox networks unavailable here: {body}");
         return None;
     }
-    Some(
-        r.json::<Value>().unwrap()["id"]
-            .as_str()
-            .unwrap()
-            .to_owned(),
-    )
+    Some(Sandbox::adopt(
+        d,
+        r.json::<Value>().unwrap()["id"].as_str().unwrap(),
+    ))
 }
 
 /// A sandbox's whole audit log, as `GET /v1/sandboxes/{id}/audit` answers it.
@@ -83,26 +75,6 @@ fn audit_log(d: &Daemon, id: &str) -> Value {
         .unwrap()
 }
 
-fn exec(d: &Daemon, id: &str, body: Value) -> Value {
-    let r = client()
-        .post(format!("{}/v1/sandboxes/{id}/exec", d.url))
-        .json(&body)
-        .send()
-        .unwrap();
-    let status = r.status().as_u16();
-    let v: Value = r.json().unwrap();
-    assert_eq!(status, 200, "exec {body}: {v}");
-    v
-}
-
-fn destroy(d: &Daemon, id: &str) {
-    let r = client()
-        .delete(format!("{}/v1/sandboxes/{id}", d.url))
-        .send()
-        .unwrap();
-    assert!(r.status().is_success(), "destroy: {}", r.status());
-}
-
 fn key(d: &Daemon) -> String {
     let v: Value = client()
         .get(format!("{}/v1/audit/key", d.url))
@@ -113,21 +85,9 @@ fn key(d: &Daemon) -> String {
     v["public_key"].as_str().unwrap().to_owned()
 }
 
-fn cli(d: &Daemon, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_rampart"))
-        .arg("--host")
-        .arg(&d.url)
-        .args(args)
-        .output()
-        .unwrap()
-}
-
+/// The CLI where no daemon answers (commands that need none).
 fn offline(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_rampart"))
-        .args(args)
-        .env("RAMPART_HOST", "http://127.0.0.1:9")
-        .output()
-        .unwrap()
+    support::cli("http://127.0.0.1:9", args, None)
 }
 
 fn text(o: &Output) -> String {
@@ -147,12 +107,10 @@ fn a_session_exports_verifies_and_a_flipped_byte_is_named() {
     }
     let root = temp("session");
     let d = start(&root.join("data"), free_port(), POOL);
-    let id = create(&d);
-    let v = exec(
-        &d,
-        &id,
-        json!({"cmd": ["sh", "-c", "tr a-z A-Z; echo err >&2"], "stdin": "hello audit\n"}),
-    );
+    let sb = create(&d);
+    let id = sb.id.clone();
+    let v =
+        sb.exec(json!({"cmd": ["sh", "-c", "tr a-z A-Z; echo err >&2"], "stdin": "hello audit\n"}));
     assert_eq!(v["stdout"], "HELLO AUDIT\n");
     let c = client();
     let put = c
@@ -184,7 +142,7 @@ fn a_session_exports_verifies_and_a_flipped_byte_is_named() {
         .send()
         .unwrap();
     assert!(t.status().is_success());
-    destroy(&d, &id);
+    sb.destroy();
 
     // The paged log holds each kind of record, and never an env value.
     let page = audit_log(&d, &id);
@@ -231,10 +189,7 @@ fn a_session_exports_verifies_and_a_flipped_byte_is_named() {
     assert_eq!(second["events"][0]["seq"], 8);
 
     let bundle = root.join("bundle.json");
-    let o = cli(
-        &d,
-        &["audit", "export", &id, "-o", bundle.to_str().unwrap()],
-    );
+    let o = d.cli(&["audit", "export", &id, "-o", bundle.to_str().unwrap()]);
     assert!(o.status.success(), "{}", text(&o));
     let k = key(&d);
     let o = offline(&["audit", "verify", bundle.to_str().unwrap(), "--key", &k]);
@@ -244,7 +199,7 @@ fn a_session_exports_verifies_and_a_flipped_byte_is_named() {
         out.contains("VERIFIED") && out.contains("tr a-z A-Z"),
         "{out}"
     );
-    let shown = cli(&d, &["audit", "show", &id]);
+    let shown = d.cli(&["audit", "show", &id]);
     assert!(
         shown.status.success() && text(&shown).contains("/tmp/b.txt"),
         "{}",
@@ -282,7 +237,8 @@ fn kill_9_mid_burst_keeps_every_acknowledged_exec() {
     let data = root.join("data");
     let port = free_port();
     let mut d = start(&data, port, POOL);
-    let id = create(&d);
+    let sb = create(&d);
+    let id = sb.id.clone();
     let url = d.url.clone();
     let acked = std::sync::Arc::new(Mutex::new(Vec::<String>::new()));
     let threads: Vec<_> = (0..4)
@@ -355,12 +311,9 @@ fn kill_9_mid_burst_keeps_every_acknowledged_exec() {
         );
     }
     // Still recording after the restart (the sandbox was re-attached), and the chain verifies.
-    exec(&d, &id, json!({"cmd": ["echo", "after-restart"]}));
+    sb.exec(json!({"cmd": ["echo", "after-restart"]}));
     let bundle = root.join("bundle.json");
-    let o = cli(
-        &d,
-        &["audit", "export", &id, "-o", bundle.to_str().unwrap()],
-    );
+    let o = d.cli(&["audit", "export", &id, "-o", bundle.to_str().unwrap()]);
     assert!(o.status.success(), "{}", text(&o));
     let o = offline(&[
         "audit",
@@ -370,7 +323,7 @@ fn kill_9_mid_burst_keeps_every_acknowledged_exec() {
         &key(&d),
     ]);
     assert!(o.status.success(), "{}", text(&o));
-    destroy(&d, &id);
+    sb.destroy();
     drop(d); // unmounts its store, so the directory can go
     let _ = std::fs::remove_dir_all(&root);
 }
@@ -384,39 +337,26 @@ fn replay_matches_deterministic_steps_and_names_the_divergent_one() {
     }
     let root = temp("replay");
     let d = start(&root.join("data"), free_port(), POOL);
-    let id = create(&d);
-    exec(
-        &d,
-        &id,
-        json!({"cmd": ["sh", "-c", "echo one; seq 1 5 | sort -r"]}),
-    );
-    exec(
-        &d,
-        &id,
-        json!({"cmd": ["sha256sum"], "stdin": "recorded input\n"}),
-    );
-    exec(&d, &id, json!({"cmd": ["sh", "-c", "exit 3"]}));
+    let sb = create(&d);
+    let id = sb.id.clone();
+    sb.exec(json!({"cmd": ["sh", "-c", "echo one; seq 1 5 | sort -r"]}));
+    sb.exec(json!({"cmd": ["sha256sum"], "stdin": "recorded input\n"}));
+    sb.exec(json!({"cmd": ["sh", "-c", "exit 3"]}));
     let bundle_ok = root.join("ok.json");
-    let o = cli(
-        &d,
-        &["audit", "export", &id, "-o", bundle_ok.to_str().unwrap()],
-    );
+    let o = d.cli(&["audit", "export", &id, "-o", bundle_ok.to_str().unwrap()]);
     assert!(o.status.success(), "{}", text(&o));
     let k = key(&d);
-    let o = cli(&d, &["replay", bundle_ok.to_str().unwrap(), "--key", &k]);
+    let o = d.cli(&["replay", bundle_ok.to_str().unwrap(), "--key", &k]);
     let out = text(&o);
     assert!(o.status.success(), "all deterministic steps match: {out}");
     assert!(out.contains("3 of 3 steps match"), "{out}");
 
-    exec(&d, &id, json!({"cmd": ["sh", "-c", "date +%N"]}));
-    destroy(&d, &id);
+    sb.exec(json!({"cmd": ["sh", "-c", "date +%N"]}));
+    sb.destroy();
     let bundle = root.join("divergent.json");
-    let o = cli(
-        &d,
-        &["audit", "export", &id, "-o", bundle.to_str().unwrap()],
-    );
+    let o = d.cli(&["audit", "export", &id, "-o", bundle.to_str().unwrap()]);
     assert!(o.status.success(), "{}", text(&o));
-    let o = cli(&d, &["replay", bundle.to_str().unwrap(), "--key", &k]);
+    let o = d.cli(&["replay", bundle.to_str().unwrap(), "--key", &k]);
     let out = text(&o);
     assert_eq!(o.status.code(), Some(1), "{out}");
     let line = out
@@ -460,14 +400,14 @@ fn e2b_execs_and_file_operations_are_recorded_with_the_key_as_caller() {
     // A native create names its caller by its loopback address.
     let native = create(&d);
     let evs: Value = c
-        .get(format!("{}/v1/sandboxes/{native}/audit", d.url))
+        .get(format!("{}/v1/sandboxes/{}/audit", d.url, native.id))
         .send()
         .unwrap()
         .json()
         .unwrap();
     let caller = evs["events"][0]["body"]["caller"].as_str().unwrap();
     assert!(caller.starts_with("local from 127.0.0.1:"), "{caller}");
-    destroy(&d, &native);
+    native.destroy();
 
     let r = c
         .post(format!("{}/sandboxes", d.url))
@@ -588,10 +528,7 @@ fn e2b_execs_and_file_operations_are_recorded_with_the_key_as_caller() {
 
     // The whole record verifies offline.
     let bundle = root.join("e2b-bundle.json");
-    let o = cli(
-        &d,
-        &["audit", "export", &id, "-o", bundle.to_str().unwrap()],
-    );
+    let o = d.cli(&["audit", "export", &id, "-o", bundle.to_str().unwrap()]);
     assert!(o.status.success(), "{}", text(&o));
     let o = offline(&[
         "audit",
@@ -680,15 +617,12 @@ fn network_decisions_are_recorded() {
     let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     let root = temp("net");
     let d = start(&root.join("data"), free_port(), POOL);
-    let Some(id) = create_allowlisted(&d) else {
+    let Some(sb) = create_allowlisted(&d) else {
         return;
     };
+    let id = sb.id.clone();
     // A name outside the allowlist: the resolver refuses it, the decision is recorded.
-    exec(
-        &d,
-        &id,
-        json!({"cmd": ["sh", "-c", "getent hosts denied.example.org; true"]}),
-    );
+    sb.exec(json!({"cmd": ["sh", "-c", "getent hosts denied.example.org; true"]}));
     let mut found = None;
     wait_until_recorded(&d, &id, |evs| {
         found = evs
@@ -702,7 +636,7 @@ fn network_decisions_are_recorded() {
     assert_eq!(ev["body"]["verdict"], "denied", "{ev}");
     let evs = audit_log(&d, &id);
     assert_eq!(evs["events"][0]["body"]["type"], "created");
-    destroy(&d, &id);
+    sb.destroy();
     drop(d);
     let _ = std::fs::remove_dir_all(&root);
 }
@@ -728,13 +662,11 @@ fn a_flood_of_denied_dns_queries_is_counted_not_recorded_one_by_one() {
     envs.push(("RAMPART_CONFIG", config.to_str().unwrap()));
     let d = start(&root.join("data"), free_port(), &envs);
     let c = client();
-    let Some(id) = create_allowlisted(&d) else {
+    let Some(sb) = create_allowlisted(&d) else {
         return;
     };
-    exec(
-        &d,
-        &id,
-        json!({"cmd": ["sh", "-c",
+    let id = sb.id.clone();
+    sb.exec(json!({"cmd": ["sh", "-c",
             "i=0; while [ $i -lt 2000 ]; do getent hosts q$i.denied.example.org; i=$((i+1)); done; true"],
             "timeout_secs": 300}),
     );
@@ -761,7 +693,7 @@ fn a_flood_of_denied_dns_queries_is_counted_not_recorded_one_by_one() {
             .count()
             >= BURST
     });
-    destroy(&d, &id);
+    sb.destroy();
     let evs = audit_log(&d, &id);
     let evs = evs["events"].as_array().unwrap();
     let network: Vec<&Value> = evs
@@ -785,10 +717,7 @@ fn a_flood_of_denied_dns_queries_is_counted_not_recorded_one_by_one() {
     // The summary comes before the end, and the bundle verifies and reports it.
     assert_eq!(evs.last().unwrap()["body"]["type"], "destroyed");
     let bundle = root.join("bundle.json");
-    let o = cli(
-        &d,
-        &["audit", "export", &id, "-o", bundle.to_str().unwrap()],
-    );
+    let o = d.cli(&["audit", "export", &id, "-o", bundle.to_str().unwrap()]);
     assert!(o.status.success(), "{}", text(&o));
     let k = key(&d);
     let o = offline(&["audit", "verify", bundle.to_str().unwrap(), "--key", &k]);

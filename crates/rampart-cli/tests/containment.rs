@@ -17,7 +17,7 @@ use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
-use support::{client, token, wait_until, Daemon};
+use support::{client, token, wait_until, Daemon, Sandbox};
 
 const MIB: u64 = 1 << 20;
 
@@ -77,72 +77,30 @@ fn wait_health(url: &str, pid: i32, log: &Path) {
     }
 }
 
-/// A sandbox of a daemon at `url`; destroyed (by id) when dropped.
-struct Sandbox {
-    url: String,
-    id: String,
+/// Runs `python3 -c code` as `user` in `sb`; its stdout parsed as JSON (the probes print
+/// one JSON object).
+fn py(sb: &Sandbox, user: &str, code: &str) -> Value {
+    let r = sb.exec(json!({
+        "cmd": ["python3", "-c", code],
+        "user": user,
+        "timeout_secs": 120,
+    }));
+    let out = r["stdout"].as_str().unwrap_or_default();
+    serde_json::from_str(out.trim()).unwrap_or_else(|e| {
+        panic!(
+            "probe as {user} printed no JSON ({e}): exit {} stdout {out:?} stderr {:?}",
+            r["exit_code"], r["stderr"]
+        )
+    })
 }
 
-impl Sandbox {
-    fn create(url: &str, body: Value) -> Sandbox {
-        let r = client()
-            .post(format!("{url}/v1/sandboxes"))
-            .json(&body)
-            .send()
-            .unwrap();
-        let status = r.status().as_u16();
-        let v: Value = r.json().unwrap_or(Value::Null);
-        assert_eq!(status, 201, "create {body}: {v}");
-        Sandbox {
-            url: url.to_string(),
-            id: v["id"].as_str().unwrap().to_string(),
-        }
-    }
-
-    fn exec(&self, req: Value) -> Value {
-        let r = client()
-            .post(format!("{}/v1/sandboxes/{}/exec", self.url, self.id))
-            .json(&req)
-            .send()
-            .unwrap();
-        let status = r.status().as_u16();
-        let v: Value = r.json().unwrap_or(Value::Null);
-        assert_eq!(status, 200, "exec {req}: {v}");
-        v
-    }
-
-    /// Runs `python3 -c code` as `user`; its stdout parsed as JSON (the probes print one
-    /// JSON object).
-    fn py(&self, user: &str, code: &str) -> Value {
-        let r = self.exec(json!({
-            "cmd": ["python3", "-c", code],
-            "user": user,
-            "timeout_secs": 120,
-        }));
-        let out = r["stdout"].as_str().unwrap_or_default();
-        serde_json::from_str(out.trim()).unwrap_or_else(|e| {
-            panic!(
-                "probe as {user} printed no JSON ({e}): exit {} stdout {out:?} stderr {:?}",
-                r["exit_code"], r["stderr"]
-            )
-        })
-    }
-
-    fn sh(&self, user: &str, script: &str) -> Value {
-        self.exec(json!({
-            "cmd": ["bash", "-c", script],
-            "user": user,
-            "timeout_secs": 120,
-        }))
-    }
-}
-
-impl Drop for Sandbox {
-    fn drop(&mut self) {
-        let _ = client()
-            .delete(format!("{}/v1/sandboxes/{}", self.url, self.id))
-            .send();
-    }
+/// Runs `bash -c script` as `user` in `sb`.
+fn bash(sb: &Sandbox, user: &str, script: &str) -> Value {
+    sb.exec(json!({
+        "cmd": ["bash", "-c", script],
+        "user": user,
+        "timeout_secs": 120,
+    }))
 }
 
 /// The probe both users run: opens the terminal the sandbox would have, pushes a job-control
@@ -255,8 +213,8 @@ fn sandbox_blocks_keystrokes_into_the_operators_terminal() {
     let probe = TTY_PROBE.replace("MARKER", &format!("{:?}", marker.display().to_string()));
     let results = {
         let sb = Sandbox::create(&url, json!({"timeout_secs": 300}));
-        let user = sb.py("user", &probe);
-        let root_inside = sb.py("root", &probe);
+        let user = py(&sb, "user", &probe);
+        let root_inside = py(&sb, "root", &probe);
         // And under a PTY exec: its own terminal, in a session of its own.
         let pty = sb.exec(json!({
             "cmd": ["python3", "-c", probe],
@@ -403,7 +361,7 @@ fn sandbox_blocks_descriptors_the_daemon_inherited() {
         .collect();
     assert_eq!(held.len(), 3, "the daemon does not hold fds 7-9: {held:?}");
 
-    let sb = Sandbox::create(&daemon.url, json!({"timeout_secs": 300}));
+    let sb = Sandbox::create(&daemon, json!({"timeout_secs": 300}));
     for user in ["user", "root"] {
         let r = sb.exec(json!({
             "cmd": ["python3", "-c", FD_PROBE, secret, marker],
@@ -496,9 +454,9 @@ fn sandbox_blocks_syscalls_outside_the_allowlist() {
     let data = root.0.join("data");
     let port = support::free_port();
     let daemon = support::start(&data, port, &[]);
-    let sb = Sandbox::create(&daemon.url, json!({"timeout_secs": 300}));
+    let sb = Sandbox::create(&daemon, json!({"timeout_secs": 300}));
     for user in ["user", "root"] {
-        let r = sb.py(user, SECCOMP_PROBE);
+        let r = py(&sb, user, SECCOMP_PROBE);
         for k in [
             "kcmp",
             "pidfd_getfd",
@@ -541,8 +499,8 @@ fn sandbox_blocks_views_of_neighbours_and_host_paths() {
     let data = root.0.join("data");
     let port = support::free_port();
     let daemon = support::start(&data, port, &[]);
-    let a = Sandbox::create(&daemon.url, json!({"timeout_secs": 300}));
-    let b = Sandbox::create(&daemon.url, json!({"timeout_secs": 300}));
+    let a = Sandbox::create(&daemon, json!({"timeout_secs": 300}));
+    let b = Sandbox::create(&daemon, json!({"timeout_secs": 300}));
     let data_s = data.display().to_string();
     // Everything a process inside can read that names block devices, mounts or masked
     // kernel state.
@@ -563,7 +521,7 @@ fn sandbox_blocks_views_of_neighbours_and_host_paths() {
         true
     "#;
     for user in ["user", "root"] {
-        let r = a.sh(user, script);
+        let r = bash(&a, user, script);
         let out = r["stdout"].as_str().unwrap_or_default();
         assert!(out.contains("== /proc/self/mountinfo"), "{user}: {r}");
         assert!(
@@ -642,7 +600,7 @@ fn sandbox_blocks_socket_memory_beyond_its_limit() {
     let daemon = support::start(&data, port, &[]);
     let limit = 256 * MIB;
     let sb = Sandbox::create(
-        &daemon.url,
+        &daemon,
         json!({"timeout_secs": 300, "limits": {"memory_bytes": limit}}),
     );
     let v1 = PathBuf::from(format!("/sys/fs/cgroup/memory/rampart/{}", sb.id));
@@ -656,7 +614,7 @@ fn sandbox_blocks_socket_memory_beyond_its_limit() {
         eprintln!("skipped: the sandbox has no memory cgroup on this host");
         return;
     }
-    let r = sb.py("user", TCP_PROBE);
+    let r = py(&sb, "user", TCP_PROBE);
     let queued = r["queued"].as_u64().unwrap();
     if v1.is_dir() {
         let tcp = std::fs::read_to_string(v1.join("memory.kmem.tcp.limit_in_bytes")).unwrap();
@@ -734,10 +692,7 @@ fn sandbox_blocks_disk_overcommit() {
         let status = r.status().as_u16();
         let v: Value = r.json().unwrap_or(Value::Null);
         if status == 201 {
-            made.push(Sandbox {
-                url: daemon.url.clone(),
-                id: v["id"].as_str().unwrap().to_string(),
-            });
+            made.push(Sandbox::adopt(&daemon, v["id"].as_str().unwrap()));
         } else {
             refusal = Some((status, v));
             break;
@@ -757,7 +712,7 @@ fn sandbox_blocks_disk_overcommit() {
         free >> 30
     );
     // A small sandbox still fits, and nothing of the refused create is left.
-    let small = Sandbox::create(&daemon.url, json!({"timeout_secs": 300}));
+    let small = Sandbox::create(&daemon, json!({"timeout_secs": 300}));
     let listed: Value = client()
         .get(format!("{}/v1/sandboxes", daemon.url))
         .send()

@@ -14,14 +14,14 @@
 
 mod support;
 
-use reqwest::blocking::{Client, Response};
+use reqwest::blocking::Response;
 use serde_json::{json, Value};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
-use support::{free_port, token, wait_until};
+use support::{client, free_port, token, wait_until, Api as _, Sandbox};
 
 /// The daemon every test of this binary shares (see `support::shared`).
 type Daemon = support::Shared;
@@ -35,91 +35,9 @@ fn daemon() -> Option<&'static Daemon> {
     support::shared("e2e", &[])
 }
 
-impl Daemon {
-    fn http(&self) -> Client {
-        Client::builder()
-            .timeout(Duration::from_secs(120))
-            .build()
-            .unwrap()
-    }
-
-    fn url(&self, path: &str) -> String {
-        format!("{}{path}", self.url)
-    }
-
-    /// Runs the CLI against this daemon.
-    fn cli(&self, args: &[&str]) -> Output {
-        self.cli_stdin(args, None)
-    }
-
-    fn cli_stdin(&self, args: &[&str], stdin: Option<&[u8]>) -> Output {
-        let mut c = Command::new(rampart_bin());
-        c.args(args)
-            .env("RAMPART_HOST", &self.url)
-            .stdin(if stdin.is_some() {
-                Stdio::piped()
-            } else {
-                Stdio::null()
-            })
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        let mut child = c.spawn().expect("spawn rampart");
-        if let Some(data) = stdin {
-            let mut i = child.stdin.take().unwrap();
-            i.write_all(data).unwrap();
-        }
-        child.wait_with_output().expect("wait rampart")
-    }
-
-    /// A sandbox through the API, destroyed when the guard drops.
-    fn sandbox(&'static self, body: Value) -> Sandbox {
-        let r = self
-            .http()
-            .post(self.url("/v1/sandboxes"))
-            .json(&body)
-            .send()
-            .unwrap_or_else(|e| panic!("create: {e}\n{}", self.log_tail()));
-        let status = r.status().as_u16();
-        let v: Value = r.json().unwrap();
-        assert_eq!(status, 201, "create: {v}\n{}", self.log_tail());
-        Sandbox {
-            d: self,
-            id: v["id"].as_str().unwrap().to_owned(),
-        }
-    }
-}
-
-struct Sandbox {
-    d: &'static Daemon,
-    id: String,
-}
-
-impl Drop for Sandbox {
-    fn drop(&mut self) {
-        let _ = self
-            .d
-            .http()
-            .delete(self.d.url(&format!("/v1/sandboxes/{}", self.id)))
-            .send();
-    }
-}
-
-impl Sandbox {
-    fn path(&self, rest: &str) -> String {
-        self.d.url(&format!("/v1/sandboxes/{}{rest}", self.id))
-    }
-
-    fn exec(&self, body: Value) -> (u16, Value) {
-        let r = self
-            .d
-            .http()
-            .post(self.path("/exec"))
-            .json(&body)
-            .send()
-            .unwrap();
-        let s = r.status().as_u16();
-        (s, r.json().unwrap())
-    }
+/// `<daemon><path>`.
+fn at(d: &Daemon, path: &str) -> String {
+    format!("{}{path}", d.url)
 }
 
 fn out(o: &Output) -> String {
@@ -171,25 +89,22 @@ fn cli_says_what_to_do_when_the_daemon_is_down() {
 #[test]
 fn health_metrics_and_openapi() {
     let Some(d) = daemon() else { return };
-    let h: Value = d
-        .http()
-        .get(d.url("/health"))
+    let h: Value = client()
+        .get(at(d, "/health"))
         .send()
         .unwrap()
         .json()
         .unwrap();
     assert_eq!(h["status"], "ok");
-    let m = d
-        .http()
-        .get(d.url("/metrics"))
+    let m = client()
+        .get(at(d, "/metrics"))
         .send()
         .unwrap()
         .text()
         .unwrap();
     assert!(m.contains("rampart_http_requests_total"), "{m}");
-    let o: Value = d
-        .http()
-        .get(d.url("/v1/openapi.json"))
+    let o: Value = client()
+        .get(at(d, "/v1/openapi.json"))
         .send()
         .unwrap()
         .json()
@@ -214,7 +129,7 @@ fn lifecycle_through_the_cli() {
     assert_eq!(o.status.code(), Some(0), "{}", out(&o));
     let v: Value = serde_json::from_slice(&o.stdout).unwrap();
     let id = v["id"].as_str().unwrap().to_owned();
-    let _guard = Sandbox { d, id: id.clone() };
+    let _guard = Sandbox::adopt(d, &id);
     assert_eq!(v["limits"]["memory_bytes"], 256 << 20);
     assert_eq!(v["state"], "running");
 
@@ -260,7 +175,7 @@ fn lifecycle_through_the_cli() {
 #[test]
 fn exec_exit_codes_output_timeouts_and_signals() {
     let Some(d) = daemon() else { return };
-    let sb = d.sandbox(json!({}));
+    let sb = Sandbox::create(d, json!({}));
     let id = sb.id.as_str();
     let o = d.cli(&[
         "exec",
@@ -332,30 +247,25 @@ fn exec_exit_codes_output_timeouts_and_signals() {
 #[test]
 fn waited_and_streamed_exec_over_http() {
     let Some(d) = daemon() else { return };
-    let sb = d.sandbox(json!({}));
-    let (s, v) = sb.exec(json!({"cmd": ["sh", "-c", "printf abc; printf e >&2; exit 3"]}));
-    assert_eq!(s, 200, "{v}");
+    let sb = Sandbox::create(d, json!({}));
+    let v = sb.sh("printf abc; printf e >&2; exit 3");
     assert_eq!(v["exit_code"], 3);
     assert_eq!(v["stdout"], "abc");
     assert_eq!(v["stderr"], "e");
     assert_eq!(v["stdout_truncated"], false);
 
-    let (s, v) =
-        sb.exec(json!({"cmd": ["head", "-c", "100000", "/dev/zero"], "max_output_bytes": 10}));
-    assert_eq!(s, 200, "{v}");
+    let v = sb.exec(json!({"cmd": ["head", "-c", "100000", "/dev/zero"], "max_output_bytes": 10}));
     assert_eq!(v["stdout"].as_str().unwrap().len(), 10);
     assert_eq!(v["stdout_truncated"], true);
     assert_eq!(v["exit_code"], 0);
 
-    let (s, v) = sb.exec(json!({"cmd": ["cat"], "stdin": "piped"}));
-    assert_eq!((s, v["stdout"].as_str()), (200, Some("piped")), "{v}");
-    let (s, v) = sb.exec(json!({"cmd": ["sleep", "30"], "timeout_secs": 1}));
-    assert_eq!(s, 200, "{v}");
+    let v = sb.exec(json!({"cmd": ["cat"], "stdin": "piped"}));
+    assert_eq!(v["stdout"].as_str(), Some("piped"), "{v}");
+    let v = sb.exec(json!({"cmd": ["sleep", "30"], "timeout_secs": 1}));
     assert_eq!(v["timed_out"], true, "{v}");
 
-    let r = d
-        .http()
-        .post(sb.path("/exec"))
+    let r = client()
+        .post(sb.url("/exec"))
         .json(&json!({"cmd": ["sh", "-c", "echo one; echo two >&2"], "stream": true}))
         .send()
         .unwrap();
@@ -379,7 +289,7 @@ fn waited_and_streamed_exec_over_http() {
 #[test]
 fn a_client_that_goes_away_takes_its_process_with_it() {
     let Some(d) = daemon() else { return };
-    let sb = d.sandbox(json!({}));
+    let sb = Sandbox::create(d, json!({}));
     let marker = format!("{}", 100000 + std::process::id() % 100000);
     let body = json!({"cmd": ["sleep", marker], "stream": true}).to_string();
     let addr = d.url.trim_start_matches("http://");
@@ -395,9 +305,7 @@ fn a_client_that_goes_away_takes_its_process_with_it() {
     let n = s.read(&mut first).unwrap();
     assert!(String::from_utf8_lossy(&first[..n]).starts_with("HTTP/1.1 200"));
     let running = |sb: &Sandbox| {
-        let (_, v) = sb.exec(
-            json!({"cmd": ["sh", "-c", format!("ps -eo args | grep -c '^sleep {marker}$'")]}),
-        );
+        let v = sb.sh(&format!("ps -eo args | grep -c '^sleep {marker}$'"));
         v["stdout"].as_str().unwrap_or("").trim() != "0"
     };
     wait_until("the streamed process starts", 30, || running(&sb));
@@ -410,7 +318,7 @@ fn a_client_that_goes_away_takes_its_process_with_it() {
 #[test]
 fn files_through_cp_and_the_api() {
     let Some(d) = daemon() else { return };
-    let sb = d.sandbox(json!({}));
+    let sb = Sandbox::create(d, json!({}));
     let id = sb.id.as_str();
     let tmp = tempfile::tempdir().unwrap();
     let src = tmp.path().join("blob.bin");
@@ -446,9 +354,9 @@ fn files_through_cp_and_the_api() {
     let o = d.cli(&["cp", &format!("{id}:/tmp/nothing-here"), "-"]);
     assert_eq!(o.status.code(), Some(1), "{}", out(&o));
 
-    let http = d.http();
+    let http = client();
     let st: Value = http
-        .get(sb.path("/files/stat?path=/tmp/blob.bin"))
+        .get(sb.url("/files/stat?path=/tmp/blob.bin"))
         .send()
         .unwrap()
         .json()
@@ -457,19 +365,19 @@ fn files_through_cp_and_the_api() {
     assert_eq!(st["type"], "file");
 
     let r = http
-        .put(sb.path("/files?path=/tmp/a/b/c.txt"))
+        .put(sb.url("/files?path=/tmp/a/b/c.txt"))
         .body("hi")
         .send()
         .unwrap();
     assert_eq!(r.status().as_u16(), 201);
     let r = http
-        .put(sb.path("/files?path=/tmp/a/b/c.txt"))
+        .put(sb.url("/files?path=/tmp/a/b/c.txt"))
         .body("hello")
         .send()
         .unwrap();
     assert_eq!(r.status().as_u16(), 200);
     assert_eq!(
-        http.get(sb.path("/files?path=/tmp/a/b/c.txt"))
+        http.get(sb.url("/files?path=/tmp/a/b/c.txt"))
             .send()
             .unwrap()
             .text()
@@ -477,7 +385,7 @@ fn files_through_cp_and_the_api() {
         "hello"
     );
     let l: Value = http
-        .get(sb.path("/files/list?path=/tmp/a&depth=2"))
+        .get(sb.url("/files/list?path=/tmp/a&depth=2"))
         .send()
         .unwrap()
         .json()
@@ -490,44 +398,44 @@ fn files_through_cp_and_the_api() {
         .collect();
     assert!(names.contains(&"b") && names.contains(&"c.txt"), "{l}");
     let r = http
-        .post(sb.path("/files/mkdir"))
+        .post(sb.url("/files/mkdir"))
         .json(&json!({"path": "/tmp/newdir/x"}))
         .send()
         .unwrap();
     assert_eq!(r.status().as_u16(), 201);
     let r = http
-        .post(sb.path("/files/mkdir"))
+        .post(sb.url("/files/mkdir"))
         .json(&json!({"path": "/tmp/newdir/x"}))
         .send()
         .unwrap();
     api_error(r, 409, "conflict");
     let r = http
-        .post(sb.path("/files/move"))
+        .post(sb.url("/files/move"))
         .json(&json!({"from": "/tmp/a/b/c.txt", "to": "/tmp/newdir/c.txt"}))
         .send()
         .unwrap();
     assert_eq!(r.status().as_u16(), 200);
     let r = http
-        .delete(sb.path("/files?path=/tmp/newdir"))
+        .delete(sb.url("/files?path=/tmp/newdir"))
         .send()
         .unwrap();
     assert_eq!(r.status().as_u16(), 204);
     api_error(
-        http.get(sb.path("/files?path=/tmp/newdir/c.txt"))
+        http.get(sb.url("/files?path=/tmp/newdir/c.txt"))
             .send()
             .unwrap(),
         404,
         "not_found",
     );
     api_error(
-        http.delete(sb.path("/files?path=/tmp/newdir"))
+        http.delete(sb.url("/files?path=/tmp/newdir"))
             .send()
             .unwrap(),
         404,
         "not_found",
     );
     api_error(
-        http.get(sb.path("/files/stat?path=/nope")).send().unwrap(),
+        http.get(sb.url("/files/stat?path=/nope")).send().unwrap(),
         404,
         "not_found",
     );
@@ -548,9 +456,8 @@ fn run_creates_runs_and_destroys() {
     ]);
     assert_eq!(o.status.code(), Some(3), "{}", out(&o));
     assert_eq!(String::from_utf8_lossy(&o.stdout), "inside\n");
-    let left: Value = d
-        .http()
-        .get(d.url(&format!("/v1/sandboxes?metadata=t%3D{tag}")))
+    let left: Value = client()
+        .get(at(d, &format!("/v1/sandboxes?metadata=t%3D{tag}")))
         .send()
         .unwrap()
         .json()
@@ -565,10 +472,10 @@ fn run_creates_runs_and_destroys() {
 #[test]
 fn bad_input_on_every_endpoint() {
     let Some(d) = daemon() else { return };
-    let http = d.http();
-    let sb = d.sandbox(json!({}));
+    let http = client();
+    let sb = Sandbox::create(d, json!({}));
     let post = |path: &str, body: &str| {
-        http.post(d.url(path))
+        http.post(at(d, path))
             .header("content-type", "application/json")
             .body(body.to_owned())
             .send()
@@ -612,24 +519,24 @@ fn bad_input_on_every_endpoint() {
         "bad_request",
     );
     api_error(
-        http.get(d.url("/v1/sandboxes/BAD..ID")).send().unwrap(),
+        http.get(at(d, "/v1/sandboxes/BAD..ID")).send().unwrap(),
         400,
         "bad_request",
     );
     api_error(
-        http.get(d.url("/v1/sandboxes?state=zombie"))
+        http.get(at(d, "/v1/sandboxes?state=zombie"))
             .send()
             .unwrap(),
         400,
         "bad_request",
     );
     api_error(
-        http.get(sb.path("/files")).send().unwrap(),
+        http.get(sb.url("/files")).send().unwrap(),
         400,
         "bad_request",
     );
     api_error(
-        http.get(sb.path("/files/list?path=/&depth=0"))
+        http.get(sb.url("/files/list?path=/&depth=0"))
             .send()
             .unwrap(),
         400,
@@ -645,7 +552,7 @@ fn bad_input_on_every_endpoint() {
         ("GET", format!("/v1/sandboxes/{gone}/files/list?path=/tmp")),
         ("DELETE", format!("/v1/sandboxes/{gone}/files?path=/tmp/x")),
     ] {
-        let r = http.request(m.parse().unwrap(), d.url(&p)).send().unwrap();
+        let r = http.request(m.parse().unwrap(), at(d, &p)).send().unwrap();
         api_error(r, 404, "not_found");
     }
     api_error(
@@ -692,8 +599,8 @@ fn bad_input_on_every_endpoint() {
         "limit_exceeded",
     );
     // 409: a destroyed sandbox.
-    let dead = d.sandbox(json!({}));
-    let r = http.delete(dead.path("")).send().unwrap();
+    let dead = Sandbox::create(d, json!({}));
+    let r = http.delete(dead.url("")).send().unwrap();
     assert_eq!(r.status().as_u16(), 200);
     let final_info: Value = r.json().unwrap();
     assert_eq!(final_info["state"], "destroyed", "{final_info}");
@@ -706,13 +613,13 @@ fn bad_input_on_every_endpoint() {
         "conflict",
     );
     api_error(
-        http.get(dead.path("/files/stat?path=/tmp")).send().unwrap(),
+        http.get(dead.url("/files/stat?path=/tmp")).send().unwrap(),
         409,
         "conflict",
     );
     // The daemon is still fine.
     assert_eq!(
-        http.get(d.url("/health")).send().unwrap().status().as_u16(),
+        http.get(at(d, "/health")).send().unwrap().status().as_u16(),
         200
     );
 }
@@ -720,7 +627,7 @@ fn bad_input_on_every_endpoint() {
 #[test]
 fn interrupting_an_interactive_exec_signals_the_process() {
     let Some(d) = daemon() else { return };
-    let sb = d.sandbox(json!({}));
+    let sb = Sandbox::create(d, json!({}));
     let mut child = Command::new(rampart_bin())
         .args([
             "exec",
@@ -754,16 +661,16 @@ fn interrupting_an_interactive_exec_signals_the_process() {
 #[test]
 fn watch_streams_changes_and_sse_streams_exec_events() {
     let Some(d) = daemon() else { return };
-    let sb = d.sandbox(json!({}));
-    let http = d.http();
+    let sb = Sandbox::create(d, json!({}));
+    let http = client();
     let r = http
-        .post(sb.path("/files/mkdir"))
+        .post(sb.url("/files/mkdir"))
         .json(&json!({"path": "/tmp/watched"}))
         .send()
         .unwrap();
     assert_eq!(r.status().as_u16(), 201);
     let resp = http
-        .get(sb.path("/files/watch?path=/tmp/watched"))
+        .get(sb.url("/files/watch?path=/tmp/watched"))
         .send()
         .unwrap();
     assert_eq!(resp.status().as_u16(), 200);
@@ -780,7 +687,7 @@ fn watch_streams_changes_and_sse_streams_exec_events() {
         }
     });
     let r = http
-        .put(sb.path("/files?path=/tmp/watched/new.txt"))
+        .put(sb.url("/files?path=/tmp/watched/new.txt"))
         .body("x")
         .send()
         .unwrap();
@@ -797,7 +704,7 @@ fn watch_streams_changes_and_sse_streams_exec_events() {
     }
 
     let text = http
-        .post(sb.path("/exec"))
+        .post(sb.url("/exec"))
         .header("accept", "text/event-stream")
         .json(&json!({"cmd": ["echo", "sse"]}))
         .send()
@@ -835,9 +742,8 @@ fn an_interrupted_run_still_destroys_its_sandbox() {
     // SAFETY: kill(2) on the CLI process this test started.
     unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
     assert_eq!(child.wait().unwrap().code(), Some(130));
-    let left: Value = d
-        .http()
-        .get(d.url(&format!("/v1/sandboxes?metadata=t%3D{tag}")))
+    let left: Value = client()
+        .get(at(d, &format!("/v1/sandboxes?metadata=t%3D{tag}")))
         .send()
         .unwrap()
         .json()
@@ -852,50 +758,47 @@ fn an_interrupted_run_still_destroys_its_sandbox() {
 #[test]
 fn the_file_api_acts_with_the_users_permissions() {
     let Some(d) = daemon() else { return };
-    let sb = d.sandbox(json!({}));
-    let http = d.http();
-    let (s, v) = sb.exec(json!({"cmd": ["sh", "-c",
+    let sb = Sandbox::create(d, json!({}));
+    let http = client();
+    let v = sb.exec(json!({"cmd": ["sh", "-c",
         "printf secret > /root/secret; chmod 600 /root/secret; ls -ld /etc/shadow; cat /etc/shadow >/dev/null; echo cat=$?"],
         "user": "root"}));
-    assert_eq!(s, 200, "{v}");
     assert!(
         v["stdout"].as_str().unwrap_or_default().contains("cat=0"),
         "root cannot read /etc/shadow: {v}"
     );
     // The default user cannot read what `cat` as that user could not.
-    let (_, v) = sb.exec(json!({"cmd": ["sh", "-c", "cat /etc/shadow >/dev/null 2>&1; echo $?"]}));
+    let v = sb.sh("cat /etc/shadow >/dev/null 2>&1; echo $?");
     assert_eq!(v["stdout"], "1\n", "the user can cat /etc/shadow: {v}");
     api_error(
-        http.get(sb.path("/files?path=/etc/shadow")).send().unwrap(),
+        http.get(sb.url("/files?path=/etc/shadow")).send().unwrap(),
         403,
         "permission_denied",
     );
     let r = http
-        .get(sb.path("/files?path=/etc/shadow&user=root"))
+        .get(sb.url("/files?path=/etc/shadow&user=root"))
         .send()
         .unwrap();
     assert_eq!(r.status().as_u16(), 200);
     api_error(
-        http.get(sb.path("/files?path=/root/secret"))
+        http.get(sb.url("/files?path=/root/secret")).send().unwrap(),
+        403,
+        "permission_denied",
+    );
+    api_error(
+        http.get(sb.url("/files/list?path=/root")).send().unwrap(),
+        403,
+        "permission_denied",
+    );
+    api_error(
+        http.get(sb.url("/files/stat?path=/root/secret"))
             .send()
             .unwrap(),
         403,
         "permission_denied",
     );
     api_error(
-        http.get(sb.path("/files/list?path=/root")).send().unwrap(),
-        403,
-        "permission_denied",
-    );
-    api_error(
-        http.get(sb.path("/files/stat?path=/root/secret"))
-            .send()
-            .unwrap(),
-        403,
-        "permission_denied",
-    );
-    api_error(
-        http.put(sb.path("/files?path=/etc/evil"))
+        http.put(sb.url("/files?path=/etc/evil"))
             .body("x")
             .send()
             .unwrap(),
@@ -903,7 +806,7 @@ fn the_file_api_acts_with_the_users_permissions() {
         "permission_denied",
     );
     api_error(
-        http.put(sb.path("/files?path=/root/secret"))
+        http.put(sb.url("/files?path=/root/secret"))
             .body("x")
             .send()
             .unwrap(),
@@ -911,37 +814,37 @@ fn the_file_api_acts_with_the_users_permissions() {
         "permission_denied",
     );
     api_error(
-        http.delete(sb.path("/files?path=/root/secret"))
+        http.delete(sb.url("/files?path=/root/secret"))
             .send()
             .unwrap(),
         403,
         "permission_denied",
     );
     let r = http
-        .post(sb.path("/files/mkdir"))
+        .post(sb.url("/files/mkdir"))
         .json(&json!({"path": "/etc/evil.d"}))
         .send()
         .unwrap();
     api_error(r, 403, "permission_denied");
     let r = http
-        .post(sb.path("/files/move"))
+        .post(sb.url("/files/move"))
         .json(&json!({"from": "/etc/hostname", "to": "/home/user/hostname"}))
         .send()
         .unwrap();
     api_error(r, 403, "permission_denied");
     api_error(
-        http.get(sb.path("/files/watch?path=/root")).send().unwrap(),
+        http.get(sb.url("/files/watch?path=/root")).send().unwrap(),
         403,
         "permission_denied",
     );
     // Root keeps full access; the user's own files are the user's.
     let r = http
-        .get(sb.path("/files?path=/root/secret&user=root"))
+        .get(sb.url("/files?path=/root/secret&user=root"))
         .send()
         .unwrap();
     assert_eq!(r.text().unwrap(), "secret");
     let r = http
-        .put(sb.path("/files?path=/home/user/new/mine.txt"))
+        .put(sb.url("/files?path=/home/user/new/mine.txt"))
         .body("mine")
         .send()
         .unwrap();
@@ -952,20 +855,20 @@ fn the_file_api_acts_with_the_users_permissions() {
         (Some("user"), Some("user")),
         "{v}"
     );
-    let (_, v) = sb.exec(json!({"cmd": ["stat", "-c", "%U:%G", "/home/user/new"]}));
+    let v = sb.exec(json!({"cmd": ["stat", "-c", "%U:%G", "/home/user/new"]}));
     assert_eq!(v["stdout"], "user:user\n", "{v}");
 }
 
 #[test]
 fn a_put_that_fills_the_disk_is_507_no_space() {
     let Some(d) = daemon() else { return };
-    let sb = d.sandbox(json!({"limits": {"disk_bytes": 16u64 << 20}}));
-    let http = d.http();
+    let sb = Sandbox::create(d, json!({"limits": {"disk_bytes": 16u64 << 20}}));
+    let http = client();
     for i in 0..3 {
         // 64 MiB streamed (chunked) into a 16 MiB disk: the answer comes while still sending.
         let body = reqwest::blocking::Body::new(std::io::repeat(7).take(64 << 20));
         let r = http
-            .put(sb.path(&format!("/files?path=/home/user/big{i}.bin")))
+            .put(sb.url(&format!("/files?path=/home/user/big{i}.bin")))
             .body(body)
             .send();
         let r = r.unwrap_or_else(|e| panic!("PUT {i}: no answer: {e}\n{}", d.log_tail()));
@@ -974,18 +877,17 @@ fn a_put_that_fills_the_disk_is_507_no_space() {
         // With a length, too.
         let body = reqwest::blocking::Body::sized(std::io::repeat(7).take(64 << 20), 64 << 20);
         let r = http
-            .put(sb.path(&format!("/files?path=/home/user/sized{i}.bin")))
+            .put(sb.url(&format!("/files?path=/home/user/sized{i}.bin")))
             .body(body)
             .send();
         let r = r.unwrap_or_else(|e| panic!("sized PUT {i}: no answer: {e}\n{}", d.log_tail()));
         api_error(r, 507, "no_space");
     }
     // The sandbox is fine once the space is back.
-    let (_, v) =
-        sb.exec(json!({"cmd": ["sh", "-c", "rm -f /home/user/big* /home/user/sized*; echo ok"]}));
+    let v = sb.sh("rm -f /home/user/big* /home/user/sized*; echo ok");
     assert_eq!(v["stdout"], "ok\n", "{v}");
     let r = http
-        .put(sb.path("/files?path=/home/user/small.txt"))
+        .put(sb.url("/files?path=/home/user/small.txt"))
         .body("fits")
         .send()
         .unwrap();
@@ -995,23 +897,22 @@ fn a_put_that_fills_the_disk_is_507_no_space() {
 #[test]
 fn put_through_a_dangling_symlink_and_other_user_errors() {
     let Some(d) = daemon() else { return };
-    let sb = d.sandbox(json!({}));
-    let http = d.http();
-    let (s, v) = sb.exec(json!({"cmd": ["sh", "-c",
-        "cd /home/user && ln -s /home/user/target.txt link && ln -s /nope/x.txt broken && ln -s loop loop && echo f > file"]}));
-    assert_eq!((s, v["exit_code"].as_i64()), (200, Some(0)), "{v}");
+    let sb = Sandbox::create(d, json!({}));
+    let http = client();
+    let v = sb.sh("cd /home/user && ln -s /home/user/target.txt link && ln -s /nope/x.txt broken && ln -s loop loop && echo f > file");
+    assert_eq!(v["exit_code"].as_i64(), Some(0), "{v}");
     // The target is created, like `echo > link` would.
     let r = http
-        .put(sb.path("/files?path=/home/user/link"))
+        .put(sb.url("/files?path=/home/user/link"))
         .body("through")
         .send()
         .unwrap();
     assert!(r.status().is_success(), "{}", r.text().unwrap_or_default());
-    let (_, v) = sb.exec(json!({"cmd": ["cat", "/home/user/target.txt"]}));
+    let v = sb.exec(json!({"cmd": ["cat", "/home/user/target.txt"]}));
     assert_eq!(v["stdout"], "through", "{v}");
     // Its directory does not exist: 404 with a clear message, never a 500.
     let m = api_error(
-        http.put(sb.path("/files?path=/home/user/broken"))
+        http.put(sb.url("/files?path=/home/user/broken"))
             .body("x")
             .send()
             .unwrap(),
@@ -1026,7 +927,7 @@ fn put_through_a_dangling_symlink_and_other_user_errors() {
         &format!("/home/user/{}", "n".repeat(300)),
     ] {
         api_error(
-            http.put(sb.path(&format!("/files?path={p}")))
+            http.put(sb.url(&format!("/files?path={p}")))
                 .body("x")
                 .send()
                 .unwrap(),
@@ -1035,14 +936,14 @@ fn put_through_a_dangling_symlink_and_other_user_errors() {
         );
     }
     api_error(
-        http.get(sb.path("/files/stat?path=/home/user/file/x"))
+        http.get(sb.url("/files/stat?path=/home/user/file/x"))
             .send()
             .unwrap(),
         400,
         "bad_request",
     );
     api_error(
-        http.get(sb.path("/files?path=/home/user/loop/x"))
+        http.get(sb.url("/files?path=/home/user/loop/x"))
             .send()
             .unwrap(),
         400,
@@ -1053,16 +954,16 @@ fn put_through_a_dangling_symlink_and_other_user_errors() {
 #[test]
 fn a_recursive_watch_sees_a_file_in_a_brand_new_directory() {
     let Some(d) = daemon() else { return };
-    let sb = d.sandbox(json!({}));
-    let http = d.http();
+    let sb = Sandbox::create(d, json!({}));
+    let http = client();
     let r = http
-        .post(sb.path("/files/mkdir"))
+        .post(sb.url("/files/mkdir"))
         .json(&json!({"path": "/tmp/w"}))
         .send()
         .unwrap();
     assert_eq!(r.status().as_u16(), 201);
     let resp = http
-        .get(sb.path("/files/watch?path=/tmp/w&recursive=true"))
+        .get(sb.url("/files/watch?path=/tmp/w&recursive=true"))
         .send()
         .unwrap();
     assert_eq!(resp.status().as_u16(), 200);
@@ -1078,9 +979,9 @@ fn a_recursive_watch_sees_a_file_in_a_brand_new_directory() {
             }
         }
     });
-    let (s, v) = sb.exec(json!({"cmd": ["sh", "-c",
-        "for i in 1 2 3 4 5 6 7 8; do mkdir -p /tmp/w/d$i/e && echo x > /tmp/w/d$i/e/f; done"]}));
-    assert_eq!((s, v["exit_code"].as_i64()), (200, Some(0)), "{v}");
+    let v = sb
+        .sh("for i in 1 2 3 4 5 6 7 8; do mkdir -p /tmp/w/d$i/e && echo x > /tmp/w/d$i/e/f; done");
+    assert_eq!(v["exit_code"].as_i64(), Some(0), "{v}");
     let mut want: Vec<String> = (1..=8).map(|i| format!("d{i}/e/f")).collect();
     let deadline = Instant::now() + Duration::from_secs(30);
     let mut seen = Vec::new();

@@ -13,7 +13,7 @@ use std::net::{TcpListener, UdpSocket};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 use support::{
-    client, free_port, post, skip_reason, start, wait_until, Daemon, TableGuard, TestNetns,
+    client, free_port, skip_reason, start, wait_until, Daemon, Sandbox, TableGuard, TestNetns,
 };
 
 fn skip() -> bool {
@@ -101,32 +101,13 @@ fn strip_handles(out: &[u8]) -> String {
     v.to_string()
 }
 
-fn create(d: &Daemon, network: Value) -> String {
-    let (s, v) = post(
-        d,
-        "/v1/sandboxes",
-        json!({ "network": network, "timeout_secs": 600 }),
-    );
-    assert_eq!(s, 201, "create: {v}");
-    v["id"].as_str().unwrap().to_owned()
-}
-
-fn destroy(d: &Daemon, id: &str) {
-    let r = client()
-        .delete(format!("{}/v1/sandboxes/{id}", d.url))
-        .send()
-        .unwrap();
-    assert!(r.status().is_success(), "destroy {id}: {}", r.status());
+fn create(d: &Daemon, network: Value) -> Sandbox {
+    Sandbox::create(d, json!({ "network": network, "timeout_secs": 600 }))
 }
 
 /// Runs `sh -c script` in a sandbox: (exit code, stdout).
-fn sh(d: &Daemon, id: &str, script: &str) -> (i64, String) {
-    let (s, v) = post(
-        d,
-        &format!("/v1/sandboxes/{id}/exec"),
-        json!({ "cmd": ["sh", "-c", script], "timeout_secs": 30 }),
-    );
-    assert_eq!(s, 200, "exec: {v}");
+fn sh(sb: &Sandbox, script: &str) -> (i64, String) {
+    let v = sb.exec(json!({ "cmd": ["sh", "-c", script], "timeout_secs": 30 }));
     let out = v["stdout"].as_str().unwrap_or_default().to_owned();
     (v["exit_code"].as_i64().unwrap_or(-1), out)
 }
@@ -223,7 +204,7 @@ fn sandbox_network_is_confined() {
     );
     let b = create(&d, json!({"mode": "allowlist"}));
     let info: Value = client()
-        .get(format!("{}/v1/sandboxes/{a}/network", d.url))
+        .get(a.url("/network"))
         .send()
         .unwrap()
         .json()
@@ -231,7 +212,7 @@ fn sandbox_network_is_confined() {
     let addr = info["address"].as_str().unwrap().to_owned();
     let gw = info["gateway"].as_str().unwrap().to_owned();
     let b_addr: Value = client()
-        .get(format!("{}/v1/sandboxes/{b}/network", d.url))
+        .get(b.url("/network"))
         .send()
         .unwrap()
         .json()
@@ -240,24 +221,21 @@ fn sandbox_network_is_confined() {
 
     // eth0 with its address, a default route via the gateway, resolv.conf on the gateway.
     let (_, out) = sh(
-        &d,
         &a,
         "ip -4 -o addr show eth0; ip -4 route; cat /etc/resolv.conf",
     );
     assert!(out.contains(&format!("{addr}/31")), "{out}");
     assert!(out.contains(&format!("default via {gw}")), "{out}");
     assert!(out.contains(&format!("nameserver {gw}")), "{out}");
-    let (_, v6) = sh(&d, &a, "ip -6 addr show eth0");
+    let (_, v6) = sh(&a, "ip -6 addr show eth0");
     assert!(!v6.contains("inet6"), "IPv6 inside: {v6}");
 
     // A server in B, reachable from B itself.
-    let (_, _) = sh(
-        &d,
-        &b,
+    let (_, _) = sh(&b,
         "cd /tmp && echo secret-of-b > index.html && (python3 -m http.server 8000 >/dev/null 2>&1 &) ; \
          for i in $(seq 50); do curl -s -m1 http://127.0.0.1:8000/ >/dev/null && break; sleep 0.1; done",
     );
-    let (_, own) = sh(&d, &b, "curl -s -m 3 http://127.0.0.1:8000/");
+    let (_, own) = sh(&b, "curl -s -m 3 http://127.0.0.1:8000/");
     assert!(own.contains("secret-of-b"), "B's own server: {own}");
 
     // What A must not reach: the host (gateway and its other address), the daemon's API,
@@ -276,7 +254,7 @@ fn sandbox_network_is_confined() {
         ));
     }
     for t in &targets {
-        let (code, out) = sh(&d, &a, &format!("curl -s -m 3 {t}"));
+        let (code, out) = sh(&a, &format!("curl -s -m 3 {t}"));
         assert!(
             code != 0 && out.is_empty(),
             "{t} reachable from a sandbox: {code} {out}"
@@ -289,9 +267,7 @@ fn sandbox_network_is_confined() {
     );
 
     // UDP and ICMP out: nothing arrives, ping fails.
-    sh(
-        &d,
-        &a,
+    sh(&a,
         &format!(
             "for i in 1 2 3; do echo leak > /dev/udp/{gw}/{udp_port}; echo leak > /dev/udp/198.51.100.2/{udp_port}; done"
         ),
@@ -302,7 +278,6 @@ fn sandbox_network_is_confined() {
         "UDP from a sandbox reached the host"
     );
     let (code, _) = sh(
-        &d,
         &a,
         &format!("ping -c1 -W1 {gw} || ping -c1 -W1 198.51.100.2"),
     );
@@ -310,23 +285,23 @@ fn sandbox_network_is_confined() {
 
     if let Some(_inet) = &inet {
         // Through the proxy, an allowed raw destination works...
-        let (code, out) = sh(&d, &a, "curl -s -m 5 http://198.51.100.2:8080/");
+        let (code, out) = sh(&a, "curl -s -m 5 http://198.51.100.2:8080/");
         assert!(out.contains("hello from the test internet"), "{code} {out}");
         // ...and is denied once the policy no longer allows it (PUT applies at once).
         let r = client()
-            .put(format!("{}/v1/sandboxes/{a}/network", d.url))
+            .put(a.url("/network"))
             .json(&json!({"mode": "allowlist", "allow": []}))
             .send()
             .unwrap();
         assert!(r.status().is_success(), "{}", r.status());
-        let (_, out) = sh(&d, &a, "curl -s -m 3 http://198.51.100.2:8080/");
+        let (_, out) = sh(&a, "curl -s -m 3 http://198.51.100.2:8080/");
         assert!(!out.contains("hello"), "{out}");
         // B never had it.
-        let (_, out) = sh(&d, &b, "curl -s -m 3 http://198.51.100.2:8080/");
+        let (_, out) = sh(&b, "curl -s -m 3 http://198.51.100.2:8080/");
         assert!(!out.contains("hello"), "{out}");
         // The log says why.
         let log: Value = client()
-            .get(format!("{}/v1/sandboxes/{a}/network/log", d.url))
+            .get(a.url("/network/log"))
             .send()
             .unwrap()
             .json()
@@ -336,7 +311,7 @@ fn sandbox_network_is_confined() {
         assert!(entries.iter().any(|e| e["verdict"] == "deny"), "{log}");
         // The audit record has the policy it was created with and the change.
         let audit = client()
-            .get(format!("{}/v1/sandboxes/{a}/audit", d.url))
+            .get(a.url("/audit"))
             .send()
             .unwrap()
             .text()
@@ -349,9 +324,8 @@ fn sandbox_network_is_confined() {
 
     // Secrets: a placeholder in the environment, the egress CA in the trust store, and the
     // value nowhere in what the sandbox sees.
-    let (s_code, v) = post(
+    let sec = Sandbox::create(
         &d,
-        "/v1/sandboxes",
         json!({
             "network": {"mode": "allowlist", "allow": ["api.example.com"]},
             "secrets": [{"name": "tok", "value": "s3cr3t-value-42", "hosts": ["api.example.com"],
@@ -360,10 +334,7 @@ fn sandbox_network_is_confined() {
                          "env": "TOK"}],
         }),
     );
-    assert_eq!(s_code, 201, "{v}");
-    let sec = v["id"].as_str().unwrap().to_owned();
     let (_, out) = sh(
-        &d,
         &sec,
         "echo \"tok=$TOK\"; echo \"ssl=$SSL_CERT_FILE\"; \
          tail -c 2000 /etc/ssl/certs/ca-certificates.crt | grep -c 'BEGIN CERTIFICATE'; \
@@ -380,15 +351,15 @@ fn sandbox_network_is_confined() {
         !out.contains("s3cr3t-value-42"),
         "the secret value is inside: {out}"
     );
-    destroy(&d, &sec);
+    sec.destroy();
 
     // Mode none: no eth0 at all.
     let c = create(&d, json!({"mode": "none"}));
-    let (_, links) = sh(&d, &c, "ls /sys/class/net");
+    let (_, links) = sh(&c, "ls /sys/class/net");
     assert_eq!(links.split_whitespace().collect::<Vec<_>>(), vec!["lo"]);
 
-    for id in [&a, &b, &c] {
-        destroy(&d, id);
+    for sb in [&a, &b, &c] {
+        sb.destroy();
     }
     assert!(net.links().is_empty(), "links left: {:?}", net.links());
     // A clean stop with no networked sandbox alive removes the table too.
@@ -479,8 +450,7 @@ fn churn(d: &Daemon, n: usize, threads: usize) {
         for t in 0..threads {
             s.spawn(move || {
                 for _ in (t..n).step_by(threads) {
-                    let id = create(d, json!({"mode": "allowlist"}));
-                    destroy(d, &id);
+                    create(d, json!({"mode": "allowlist"})).destroy();
                 }
             });
         }
@@ -504,7 +474,7 @@ fn networked_sandboxes_leak_nothing_across_kill_9() {
 
     churn(&d, 100, 4);
     // Some alive, some being created, when the daemon dies.
-    let alive: Vec<String> = (0..6)
+    let alive: Vec<Sandbox> = (0..6)
         .map(|_| create(&d, json!({"mode": "allowlist"})))
         .collect();
     let url = d.url.clone();
@@ -539,16 +509,17 @@ fn networked_sandboxes_leak_nothing_across_kill_9() {
         .table_json()
         .expect("the daemon's table is loaded again");
     let now: BTreeSet<String> = sandboxes_alive(&d).into_iter().collect();
-    for id in &alive {
+    for sb in &alive {
+        let id = &sb.id;
         assert!(now.contains(id), "{id} was not re-attached");
     }
-    let (_, out) = sh(&d, &alive[0], "ip -4 -o addr show eth0");
+    let (_, out) = sh(&alive[0], "ip -4 -o addr show eth0");
     assert!(out.contains("/31"), "{out}");
     wait_until("only the re-attached sandboxes have links", 30, || {
         net.links().len() == now.len()
     });
     for id in &now {
-        destroy(&d, id);
+        Sandbox::adopt(&d, id).destroy();
     }
     churn(&d, 100 - alive.len(), 4);
     assert!(net.links().is_empty(), "links left: {:?}", net.links());

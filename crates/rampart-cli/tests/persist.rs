@@ -11,7 +11,7 @@
 mod support;
 
 use serde_json::{json, Value};
-use support::{client, free_port, post, skip_reason, start, Daemon};
+use support::{client, free_port, post, skip_reason, start, Api as _, Daemon, Sandbox};
 
 fn get(d: &Daemon, path: &str) -> (u16, Value) {
     let r = client().get(format!("{}{path}", d.url)).send().unwrap();
@@ -25,20 +25,9 @@ fn delete(d: &Daemon, path: &str) -> (u16, Value) {
     (s, r.json().unwrap_or(Value::Null))
 }
 
-fn create(d: &Daemon, body: Value) -> String {
-    let (s, v) = post(d, "/v1/sandboxes", body);
-    assert_eq!(s, 201, "create: {v}");
-    v["id"].as_str().unwrap().to_owned()
-}
-
 /// Runs a bash script as `user`; returns (exit code, stdout, stderr).
-fn sh(d: &Daemon, id: &str, script: &str) -> (i64, String, String) {
-    let (s, v) = post(
-        d,
-        &format!("/v1/sandboxes/{id}/exec"),
-        json!({"cmd": ["bash", "-c", script], "user": "user"}),
-    );
-    assert_eq!(s, 200, "exec {script:?}: {v}");
+fn sh(sb: &Sandbox, script: &str) -> (i64, String, String) {
+    let v = sb.exec(json!({"cmd": ["bash", "-c", script], "user": "user"}));
     (
         v["exit_code"].as_i64().unwrap_or(-1),
         v["stdout"].as_str().unwrap_or("").to_owned(),
@@ -46,9 +35,9 @@ fn sh(d: &Daemon, id: &str, script: &str) -> (i64, String, String) {
     )
 }
 
-fn ok(d: &Daemon, id: &str, script: &str) -> String {
-    let (code, out, err) = sh(d, id, script);
-    assert_eq!(code, 0, "{script:?} in {id}: {out} {err}");
+fn ok(sb: &Sandbox, script: &str) -> String {
+    let (code, out, err) = sh(sb, script);
+    assert_eq!(code, 0, "{script:?} in {}: {out} {err}", sb.id);
     out.trim().to_owned()
 }
 
@@ -81,14 +70,14 @@ fn snapshots_fork_and_volumes() {
     let port = free_port();
     let d = start(&data, port, &[]);
 
-    let a = create(&d, json!({"timeout_secs": 600}));
-    ok(&d, &a, "echo hello > ~/f && mkdir -p ~/dir && echo deep > ~/dir/g && sudo sh -c 'echo r > /root/rf'");
-    let a_mid = ok(&d, &a, "cat /etc/machine-id");
+    let a = Sandbox::create(&d, json!({"timeout_secs": 600}));
+    ok(&a, "echo hello > ~/f && mkdir -p ~/dir && echo deep > ~/dir/g && sudo sh -c 'echo r > /root/rf'");
+    let a_mid = ok(&a, "cat /etc/machine-id");
 
     // Refusals leave nothing behind.
     let (s, v) = post(
         &d,
-        &format!("/v1/sandboxes/{a}/snapshots"),
+        &format!("/v1/sandboxes/{}/snapshots", a.id),
         json!({"memory": true}),
     );
     assert_eq!(s, 400, "{v}");
@@ -98,7 +87,7 @@ fn snapshots_fork_and_volumes() {
     );
     let (s, v) = post(
         &d,
-        &format!("/v1/sandboxes/{a}/snapshots"),
+        &format!("/v1/sandboxes/{}/snapshots", a.id),
         json!({"name": "../x"}),
     );
     assert_eq!(s, 400, "{v}");
@@ -107,38 +96,42 @@ fn snapshots_fork_and_volumes() {
     // Snapshot, then a sandbox from it.
     let (s, v) = post(
         &d,
-        &format!("/v1/sandboxes/{a}/snapshots"),
+        &format!("/v1/sandboxes/{}/snapshots", a.id),
         json!({"name": "s1"}),
     );
     assert_eq!(s, 201, "{v}");
     assert_eq!(v["memory"], false);
-    assert_eq!(v["source"], a.as_str());
+    assert_eq!(v["source"], a.id.as_str());
     let (s, _) = post(
         &d,
-        &format!("/v1/sandboxes/{a}/snapshots"),
+        &format!("/v1/sandboxes/{}/snapshots", a.id),
         json!({"name": "s1"}),
     );
     assert_eq!(s, 400, "a name in use is refused");
     let (_, list) = get(&d, "/v1/snapshots");
     assert!(list.as_array().unwrap().iter().any(|x| x["name"] == "s1"));
-    ok(&d, &a, "echo after > ~/later");
-    let b = create(&d, json!({"snapshot": "s1", "timeout_secs": 600}));
-    assert_eq!(ok(&d, &b, "cat ~/f ~/dir/g"), "hello\ndeep");
-    assert_eq!(ok(&d, &b, "stat -c %U:%G ~/f ~/dir | sort -u"), "user:user");
-    assert_eq!(ok(&d, &b, "sudo cat /root/rf"), "r");
-    assert_eq!(ok(&d, &b, "test -e ~/later && echo yes || echo no"), "no");
-    assert_ne!(ok(&d, &b, "cat /etc/machine-id"), a_mid);
+    ok(&a, "echo after > ~/later");
+    let b = Sandbox::create(&d, json!({"snapshot": "s1", "timeout_secs": 600}));
+    assert_eq!(ok(&b, "cat ~/f ~/dir/g"), "hello\ndeep");
+    assert_eq!(ok(&b, "stat -c %U:%G ~/f ~/dir | sort -u"), "user:user");
+    assert_eq!(ok(&b, "sudo cat /root/rf"), "r");
+    assert_eq!(ok(&b, "test -e ~/later && echo yes || echo no"), "no");
+    assert_ne!(ok(&b, "cat /etc/machine-id"), a_mid);
     let (s, v) = post(&d, "/v1/sandboxes", json!({"snapshot": "nope"}));
     assert_eq!(s, 400, "{v}");
 
     // Fork: the state is shared, then each diverges alone.
-    let (s, v) = post(&d, &format!("/v1/sandboxes/{a}/fork"), json!({"count": 2}));
+    let (s, v) = post(
+        &d,
+        &format!("/v1/sandboxes/{}/fork", a.id),
+        json!({"count": 2}),
+    );
     assert_eq!(s, 201, "{v}");
-    let forks: Vec<String> = v["sandboxes"]
+    let forks: Vec<Sandbox> = v["sandboxes"]
         .as_array()
         .unwrap()
         .iter()
-        .map(|x| x["id"].as_str().unwrap().to_owned())
+        .map(|x| Sandbox::adopt(&d, x["id"].as_str().unwrap()))
         .collect();
     assert_eq!(forks.len(), 2);
     // Each fork has a port access token of its own, as a create's answer does.
@@ -152,16 +145,16 @@ fn snapshots_fork_and_volumes() {
     assert_ne!(tokens[0], tokens[1]);
     let (f1, f2) = (&forks[0], &forks[1]);
     for f in [f1, f2] {
-        assert_eq!(ok(&d, f, "cat ~/f ~/later"), "hello\nafter");
-        assert_eq!(ok(&d, f, "hostname"), f.as_str());
+        assert_eq!(ok(f, "cat ~/f ~/later"), "hello\nafter");
+        assert_eq!(ok(f, "hostname"), f.id);
     }
-    ok(&d, f1, "echo one > ~/mine");
-    ok(&d, f2, "echo two > ~/mine");
-    assert_eq!(ok(&d, f1, "cat ~/mine"), "one");
-    assert_eq!(ok(&d, f2, "cat ~/mine"), "two");
-    assert_eq!(ok(&d, &a, "test -e ~/mine && echo yes || echo no"), "no");
-    let m1 = ok(&d, f1, "cat /etc/machine-id");
-    let m2 = ok(&d, f2, "cat /etc/machine-id");
+    ok(f1, "echo one > ~/mine");
+    ok(f2, "echo two > ~/mine");
+    assert_eq!(ok(f1, "cat ~/mine"), "one");
+    assert_eq!(ok(f2, "cat ~/mine"), "two");
+    assert_eq!(ok(&a, "test -e ~/mine && echo yes || echo no"), "no");
+    let m1 = ok(f1, "cat /etc/machine-id");
+    let m2 = ok(f2, "cat /etc/machine-id");
     assert_ne!(m1, m2);
     assert_ne!(m1, a_mid);
     assert!(leftovers(&data).is_empty(), "{:?}", leftovers(&data));
@@ -179,12 +172,12 @@ fn snapshots_fork_and_volumes() {
     if chattr("+i") {
         let (s, v) = post(
             &d,
-            &format!("/v1/sandboxes/{a}/snapshots"),
+            &format!("/v1/sandboxes/{}/snapshots", a.id),
             json!({"name": "s3"}),
         );
         assert!(chattr("-i"));
         assert_eq!(s, 500, "{v}");
-        assert_eq!(ok(&d, &a, "cat ~/f"), "hello");
+        assert_eq!(ok(&a, "cat ~/f"), "hello");
         let (s, _) = get(&d, "/v1/snapshots/s3");
         assert_eq!(s, 404);
         assert!(leftovers(&data).is_empty(), "{:?}", leftovers(&data));
@@ -192,52 +185,51 @@ fn snapshots_fork_and_volumes() {
         eprintln!("chattr +i not available here: fault injection skipped");
     }
     // A paused sandbox stays paused through a snapshot.
-    let (s, _) = post(&d, &format!("/v1/sandboxes/{a}/pause"), json!({}));
+    let (s, _) = post(&d, &format!("/v1/sandboxes/{}/pause", a.id), json!({}));
     assert_eq!(s, 200);
     let (s, v) = post(
         &d,
-        &format!("/v1/sandboxes/{a}/snapshots"),
+        &format!("/v1/sandboxes/{}/snapshots", a.id),
         json!({"name": "s4"}),
     );
     assert_eq!(s, 201, "{v}");
-    let (_, v) = get(&d, &format!("/v1/sandboxes/{a}"));
+    let (_, v) = get(&d, &format!("/v1/sandboxes/{}", a.id));
     assert_eq!(v["state"], "paused", "{v}");
-    let (s, _) = post(&d, &format!("/v1/sandboxes/{a}/resume"), json!({}));
+    let (s, _) = post(&d, &format!("/v1/sandboxes/{}/resume", a.id), json!({}));
     assert_eq!(s, 200);
-    assert_eq!(ok(&d, &a, "cat ~/f"), "hello");
+    assert_eq!(ok(&a, "cat ~/f"), "hello");
     let (s, _) = delete(&d, "/v1/snapshots/s4");
     assert_eq!(s, 204);
 
     // Volumes.
     let (s, v) = post(&d, "/v1/volumes", json!({"name": "v1", "size_mib": 64}));
     assert_eq!(s, 201, "{v}");
-    let c = create(
+    let c = Sandbox::create(
         &d,
         json!({"timeout_secs": 600, "volumes": [{"name": "v1", "path": "/data"}]}),
     );
-    assert_eq!(ok(&d, &c, "stat -c %U /data"), "user");
-    ok(&d, &c, "echo kept > /data/x && sync");
+    assert_eq!(ok(&c, "stat -c %U /data"), "user");
+    ok(&c, "echo kept > /data/x && sync");
     let (code, _, err) = sh(
-        &d,
         &c,
         "dd if=/dev/zero of=/data/big bs=1M count=100 2>&1; sync",
     );
     let _ = code;
-    let (code, out, _) = sh(&d, &c, "ls -l /data/big; df -m /data | tail -1");
+    let (code, out, _) = sh(&c, "ls -l /data/big; df -m /data | tail -1");
     assert_eq!(code, 0, "{out} {err}");
-    let (code, out, err2) = sh(&d, &c, "dd if=/dev/zero of=/data/big2 bs=1M count=100 2>&1");
+    let (code, out, err2) = sh(&c, "dd if=/dev/zero of=/data/big2 bs=1M count=100 2>&1");
     assert_ne!(code, 0, "quota not enforced: {out} {err2}");
     assert!(
         out.contains("No space left") || err2.contains("No space left"),
         "{out} {err2}"
     );
-    ok(&d, &c, "rm -f /data/big /data/big2");
-    let r = create(
+    ok(&c, "rm -f /data/big /data/big2");
+    let r = Sandbox::create(
         &d,
         json!({"timeout_secs": 600, "volumes": [{"name": "v1", "path": "/ro", "read_only": true}]}),
     );
-    assert_eq!(ok(&d, &r, "cat /ro/x"), "kept");
-    let (code, _, err) = sh(&d, &r, "touch /ro/y");
+    assert_eq!(ok(&r, "cat /ro/x"), "kept");
+    let (code, _, err) = sh(&r, "touch /ro/y");
     assert_ne!(code, 0);
     assert!(err.contains("Read-only"), "{err}");
     let (s, v) = delete(&d, "/v1/volumes/v1");
@@ -248,8 +240,8 @@ fn snapshots_fork_and_volumes() {
         json!({"volumes": [{"name": "v1", "path": "/proc/x"}]}),
     );
     assert_eq!(s, 400, "{v}");
-    for id in [&c, &r] {
-        let (s, _) = delete(&d, &format!("/v1/sandboxes/{id}"));
+    for sb in [&c, &r] {
+        let (s, _) = delete(&d, &format!("/v1/sandboxes/{}", sb.id));
         assert_eq!(s, 200);
     }
 
@@ -261,24 +253,19 @@ fn snapshots_fork_and_volumes() {
         list.as_array().unwrap().iter().any(|x| x["name"] == "v1"),
         "{list}"
     );
-    let e = create(
+    let e = Sandbox::create(
         &d,
         json!({"timeout_secs": 600, "volumes": [{"name": "v1", "path": "/home/user/v"}]}),
     );
-    assert_eq!(ok(&d, &e, "cat ~/v/x"), "kept");
-    let (s, _) = delete(&d, &format!("/v1/sandboxes/{e}"));
+    assert_eq!(ok(&e, "cat ~/v/x"), "kept");
+    let (s, _) = delete(&d, &format!("/v1/sandboxes/{}", e.id));
     assert_eq!(s, 200);
     let (s, v) = delete(&d, "/v1/volumes/v1");
     assert_eq!(s, 204, "{v}");
 
     // The CLI: volume create|ls|rm, create --volume, snapshot ID|ls|rm, fork -n.
     let cli = |args: &[&str]| -> String {
-        let out = std::process::Command::new(env!("CARGO_BIN_EXE_rampart"))
-            .arg("--host")
-            .arg(&d.url)
-            .args(args)
-            .output()
-            .unwrap();
+        let out = d.cli(args);
         assert!(
             out.status.success(),
             "rampart {args:?}: {}",
@@ -289,7 +276,8 @@ fn snapshots_fork_and_volumes() {
     assert_eq!(cli(&["volume", "create", "cv", "--size", "32M"]), "cv");
     assert!(cli(&["volume", "ls"]).contains("cv"));
     let h = cli(&["create", "--volume", "cv:/cv:ro", "--timeout", "600"]);
-    let (code, _, _) = sh(&d, &h, "touch /cv/x");
+    let hs = Sandbox::adopt(&d, &h);
+    let (code, _, _) = sh(&hs, "touch /cv/x");
     assert_ne!(code, 0, "read-only from the CLI's :ro");
     assert_eq!(cli(&["snapshot", &h, "--name", "cs"]), "cs");
     assert!(cli(&["snapshot", "ls"]).contains("cs"));
@@ -304,22 +292,22 @@ fn snapshots_fork_and_volumes() {
     // Pause to disk: snapshot with stop destroys the source.
     let (s, v) = post(
         &d,
-        &format!("/v1/sandboxes/{b}/snapshots"),
+        &format!("/v1/sandboxes/{}/snapshots", b.id),
         json!({"name": "s2", "stop": true}),
     );
     assert_eq!(s, 201, "{v}");
-    let (_, v) = get(&d, &format!("/v1/sandboxes/{b}"));
+    let (_, v) = get(&d, &format!("/v1/sandboxes/{}", b.id));
     assert_eq!(v["state"], "destroyed", "{v}");
-    let g = create(&d, json!({"snapshot": "s2"}));
-    assert_eq!(ok(&d, &g, "cat ~/f"), "hello");
+    let g = Sandbox::create(&d, json!({"snapshot": "s2"}));
+    assert_eq!(ok(&g, "cat ~/f"), "hello");
     for n in ["s1", "s2"] {
         let (s, v) = delete(&d, &format!("/v1/snapshots/{n}"));
         assert_eq!(s, 204, "{v}");
     }
     let (s, _) = get(&d, "/v1/snapshots/s1");
     assert_eq!(s, 404);
-    for id in [&a, f1, f2, &g] {
-        let _ = delete(&d, &format!("/v1/sandboxes/{id}"));
+    for sb in [&a, f1, f2, &g] {
+        let _ = delete(&d, &format!("/v1/sandboxes/{}", sb.id));
     }
     assert!(leftovers(&data).is_empty(), "{:?}", leftovers(&data));
 }
@@ -340,10 +328,14 @@ fn a_fork_that_fails_midway_leaves_no_fork_and_no_image() {
         free_port(),
         &[("RAMPART_CONFIG", config.to_str().unwrap())],
     );
-    let a = create(&d, json!({"timeout_secs": 600}));
-    ok(&d, &a, "echo state > ~/s");
+    let a = Sandbox::create(&d, json!({"timeout_secs": 600}));
+    ok(&a, "echo state > ~/s");
     // Room for two more: the third fork fails, the two made are destroyed.
-    let (s, v) = post(&d, &format!("/v1/sandboxes/{a}/fork"), json!({"count": 3}));
+    let (s, v) = post(
+        &d,
+        &format!("/v1/sandboxes/{}/fork", a.id),
+        json!({"count": 3}),
+    );
     assert_eq!(s, 503, "{v}");
     let (_, list) = get(&d, "/v1/sandboxes");
     let alive: Vec<&str> = list
@@ -352,17 +344,26 @@ fn a_fork_that_fails_midway_leaves_no_fork_and_no_image() {
         .iter()
         .map(|x| x["id"].as_str().unwrap())
         .collect();
-    assert_eq!(alive, vec![a.as_str()], "only the source is left");
+    assert_eq!(alive, vec![a.id.as_str()], "only the source is left");
     assert!(leftovers(&data).is_empty(), "{:?}", leftovers(&data));
-    let (s, v) = post(&d, &format!("/v1/sandboxes/{a}/fork"), json!({"count": 17}));
+    let (s, v) = post(
+        &d,
+        &format!("/v1/sandboxes/{}/fork", a.id),
+        json!({"count": 17}),
+    );
     assert_eq!(s, 400, "{v}");
     // The source is untouched and can still be forked.
-    let (s, v) = post(&d, &format!("/v1/sandboxes/{a}/fork"), json!({"count": 2}));
+    let (s, v) = post(
+        &d,
+        &format!("/v1/sandboxes/{}/fork", a.id),
+        json!({"count": 2}),
+    );
     assert_eq!(s, 201, "{v}");
     for f in v["sandboxes"].as_array().unwrap() {
         let id = f["id"].as_str().unwrap();
-        assert_eq!(ok(&d, id, "cat ~/s"), "state");
+        let fork = Sandbox::adopt(&d, id);
+        assert_eq!(ok(&fork, "cat ~/s"), "state");
         let _ = delete(&d, &format!("/v1/sandboxes/{id}"));
     }
-    let _ = delete(&d, &format!("/v1/sandboxes/{a}"));
+    let _ = delete(&d, &format!("/v1/sandboxes/{}", a.id));
 }

@@ -12,7 +12,7 @@ use futures::{SinkExt, StreamExt};
 use reqwest::blocking::{Client, Response};
 use serde_json::{json, Value};
 use std::net::SocketAddr;
-use std::time::Duration;
+use support::Sandbox;
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::Message;
 
@@ -120,38 +120,33 @@ impl Env {
     }
     /// `rampart port ID PORT ARGS...` against this daemon: its stdout (it must succeed).
     fn port_cli(&self, id: &str, port: u16, args: &[&str]) -> String {
-        let out = std::process::Command::new(env!("CARGO_BIN_EXE_rampart"))
-            .args(["--host", self.base(), "port", id, &port.to_string()])
-            .args(args)
-            .output()
-            .unwrap();
+        let port = port.to_string();
+        let mut all = vec!["port", id, &port];
+        all.extend_from_slice(args);
+        let out = support::cli(self.base(), &all, None);
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(out.status.success(), "{err}");
         String::from_utf8(out.stdout).unwrap()
     }
-    fn create(&self, body: Value) -> (String, String) {
-        let r = self.post("/v1/sandboxes", body);
-        assert_eq!(r.status(), 201);
-        let v: Value = r.json().unwrap();
-        let token = v["access_token"]
+    /// A sandbox and its access token (from the create's answer).
+    fn create(&self, body: Value) -> (Sandbox, String) {
+        let sb = Sandbox::create(self.daemon.as_ref().expect("a running daemon"), body);
+        let token = sb.info["access_token"]
             .as_str()
-            .expect("create returns the token");
+            .expect("create returns the token")
+            .to_owned();
         assert_eq!(token.len(), 64);
-        (v["id"].as_str().unwrap().to_owned(), token.to_owned())
+        (sb, token)
     }
-    fn exec(&self, id: &str, script: &str) {
-        let r = self.post(
-            &format!("/v1/sandboxes/{id}/exec"),
-            json!({"cmd": ["bash", "-c", script], "user": "user"}),
-        );
-        assert_eq!(r.status(), 200);
-        let v: Value = r.json().unwrap();
+    /// Runs `bash -c script` as `user` in `sb`; it must exit 0.
+    fn exec(&self, sb: &Sandbox, script: &str) {
+        let v = sb.exec(json!({"cmd": ["bash", "-c", script], "user": "user"}));
         assert_eq!(v["exit_code"], 0, "{script}: {v}");
     }
-    fn put_file(&self, id: &str, path: &str, data: Vec<u8>) {
+    fn put_file(&self, sb: &Sandbox, path: &str, data: Vec<u8>) {
         let r = self
             .http
-            .put(self.url(&format!("/v1/sandboxes/{id}/files?path={path}&user=user")))
+            .put(sb.url(&format!("/files?path={path}&user=user")))
             .body(data)
             .send()
             .unwrap();
@@ -159,23 +154,23 @@ impl Env {
     }
     /// Starts the HTTP server (serving /home/user/www) and the WebSocket echo in `id`, and
     /// waits until the daemon lists both as listening.
-    fn start_servers(&self, id: &str) {
+    fn start_servers(&self, sb: &Sandbox) {
         self.put_file(
-            id,
+            sb,
             "/home/user/www/index.txt",
             b"hello from inside\n".to_vec(),
         );
-        self.put_file(id, "/home/user/www/big.bin", big());
-        self.put_file(id, "/home/user/ws.py", WS_ECHO.as_bytes().to_vec());
+        self.put_file(sb, "/home/user/www/big.bin", big());
+        self.put_file(sb, "/home/user/ws.py", WS_ECHO.as_bytes().to_vec());
         self.exec(
-            id,
+            sb,
             &format!(
                 "cd /home/user && (nohup python3 -m http.server {HTTP_PORT} --directory www \
                  >/dev/null 2>&1 &) && (nohup python3 ws.py {WS_PORT} >/dev/null 2>&1 &)"
             ),
         );
         support::wait_until("both servers listen", 60, || {
-            let l = self.ports(id);
+            let l = self.ports(&sb.id);
             [HTTP_PORT, WS_PORT].iter().all(|p| {
                 l["ports"]
                     .as_array()
@@ -225,7 +220,7 @@ fn setup() -> Option<Env> {
 /// A client that sends these `{port}-{id}.localhost` names to the daemon (no DNS needed).
 fn host_client(env: &Env, names: &[String]) -> Client {
     let addr: SocketAddr = format!("127.0.0.1:{}", env.port).parse().unwrap();
-    let mut b = Client::builder().timeout(Duration::from_secs(60));
+    let mut b = support::client_builder();
     for n in names {
         b = b.resolve(n, addr);
     }
@@ -282,8 +277,9 @@ fn ws_roundtrip(env: &Env, url: &str, headers: &[(&str, &str)]) -> Result<Value,
 #[test]
 fn exposed_ports_work_with_the_token_and_only_with_it() {
     let Some(env) = setup() else { return };
-    let (a, tok_a) = env.create(json!({"timeout_secs": 600}));
-    let (b, tok_b) = env.create(json!({"timeout_secs": 600, "public_ports": [HTTP_PORT]}));
+    let (sa, tok_a) = env.create(json!({"timeout_secs": 600}));
+    let (sb, tok_b) = env.create(json!({"timeout_secs": 600, "public_ports": [HTTP_PORT]}));
+    let (a, b) = (&sa.id, &sb.id);
     assert_ne!(tok_a, tok_b);
 
     // The token is in GET of one sandbox, not in the list.
@@ -296,11 +292,11 @@ fn exposed_ports_work_with_the_token_and_only_with_it() {
         .iter()
         .all(|s| s.get("access_token").is_none()));
 
-    env.start_servers(&a);
-    env.start_servers(&b);
+    env.start_servers(&sa);
+    env.start_servers(&sb);
 
     let path_a = |p: &str| env.url(&format!("/v1/sandboxes/{a}/ports/{HTTP_PORT}{p}"));
-    let host_a = |p: &str| env.host_url(HTTP_PORT, &a, p);
+    let host_a = |p: &str| env.host_url(HTTP_PORT, a, p);
     let hc = host_client(
         &env,
         &[
@@ -456,7 +452,7 @@ fn exposed_ports_work_with_the_token_and_only_with_it() {
         .unwrap();
     assert_eq!(r.status(), 200);
     let r = hc
-        .get(env.host_url(HTTP_PORT, &b, "/index.txt"))
+        .get(env.host_url(HTTP_PORT, b, "/index.txt"))
         .send()
         .unwrap();
     assert_eq!(r.status(), 200);
@@ -465,7 +461,7 @@ fn exposed_ports_work_with_the_token_and_only_with_it() {
         env.port
     );
     assert_eq!(ws_roundtrip(&env, &ws_b, &[]), Err(401));
-    let listed = env.ports(&b);
+    let listed = env.ports(b);
     let e = listed["ports"]
         .as_array()
         .unwrap()
@@ -496,7 +492,7 @@ fn exposed_ports_work_with_the_token_and_only_with_it() {
     assert_eq!(hc.get(path_a("/index.txt")).send().unwrap().status(), 401);
 
     // `rampart port` prints both URLs; each works as printed (token in the query).
-    let text = env.port_cli(&a, HTTP_PORT, &[]);
+    let text = env.port_cli(a, HTTP_PORT, &[]);
     let urls: Vec<&str> = text.lines().collect();
     assert_eq!(urls.len(), 2, "{text}");
     assert!(urls[0].starts_with(&path_a("/?rampart_token=")), "{text}");
@@ -505,7 +501,7 @@ fn exposed_ports_work_with_the_token_and_only_with_it() {
         let r = hc.get(u.replace("/?", "/index.txt?")).send().unwrap();
         assert_eq!(r.status(), 200, "{u}");
     }
-    let text = env.port_cli(&a, HTTP_PORT, &["--public"]);
+    let text = env.port_cli(a, HTTP_PORT, &["--public"]);
     assert!(!text.contains("rampart_token"), "{text}");
     let first = text.lines().next().unwrap();
     assert_eq!(
@@ -545,7 +541,8 @@ fn bad_port_requests_are_refused_with_reasons() {
         .as_str()
         .unwrap()
         .starts_with("public_ports"));
-    let (id, _) = env.create(json!({"timeout_secs": 60}));
+    let (sb, _) = env.create(json!({"timeout_secs": 60}));
+    let id = &sb.id;
     for p in ["0", "65536", "x"] {
         let r = env.get(&format!("/v1/sandboxes/{id}/ports/{p}/"));
         assert_eq!(r.status(), 400, "{p}");
@@ -559,8 +556,9 @@ fn bad_port_requests_are_refused_with_reasons() {
 #[test]
 fn tokens_and_public_ports_survive_a_daemon_restart() {
     let Some(mut env) = setup() else { return };
-    let (a, tok) = env.create(json!({"timeout_secs": 600, "public_ports": [WS_PORT]}));
-    env.start_servers(&a);
+    let (sa, tok) = env.create(json!({"timeout_secs": 600, "public_ports": [WS_PORT]}));
+    let a = &sa.id;
+    env.start_servers(&sa);
     env.restart();
     support::wait_until("the sandbox is re-attached", 60, || {
         env.get(&format!("/v1/sandboxes/{a}")).status() == 200
@@ -569,7 +567,7 @@ fn tokens_and_public_ports_survive_a_daemon_restart() {
     assert_eq!(one["state"], "running", "{one}");
     assert_eq!(one["access_token"], tok.as_str());
     let hc = host_client(&env, &[format!("{HTTP_PORT}-{a}.localhost")]);
-    let private = env.host_url(HTTP_PORT, &a, "/index.txt");
+    let private = env.host_url(HTTP_PORT, a, "/index.txt");
     assert_eq!(hc.get(&private).send().unwrap().status(), 401);
     let r = hc
         .get(&private)
@@ -604,15 +602,16 @@ http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
 #[test]
 fn a_sandboxs_cookies_stay_with_its_server() {
     let Some(env) = setup() else { return };
-    let (id, tok) = env.create(json!({"timeout_secs": 300}));
+    let (sb, tok) = env.create(json!({"timeout_secs": 300}));
+    let id = &sb.id;
     let port = 8123u16;
-    env.put_file(&id, "/home/user/c.py", COOKIE_SERVER.as_bytes().to_vec());
+    env.put_file(&sb, "/home/user/c.py", COOKIE_SERVER.as_bytes().to_vec());
     env.exec(
-        &id,
+        &sb,
         &format!("cd /home/user && (nohup python3 c.py {port} >/dev/null 2>&1 &)"),
     );
     support::wait_until("the cookie server listens", 60, || {
-        env.ports(&id)["ports"]
+        env.ports(id)["ports"]
             .as_array()
             .unwrap()
             .iter()

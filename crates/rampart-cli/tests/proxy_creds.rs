@@ -13,7 +13,7 @@ mod support;
 use reqwest::blocking::Client;
 use serde_json::{json, Value};
 use std::net::SocketAddr;
-use std::time::Duration;
+use support::Sandbox;
 
 /// Port of the echo server inside.
 const ECHO_PORT: u16 = 8000;
@@ -46,27 +46,21 @@ fn post(c: &Client, url: &str, headers: &[(&str, &str)], body: Value) -> (u16, V
     (s, r.json().unwrap_or(Value::Null))
 }
 
-/// Starts the echo server as `user` in sandbox `id` and waits until its port answers.
-fn start_echo(c: &Client, url: &str, id: &str) {
+/// Starts the echo server as `user` in `sb` and waits until its port answers.
+fn start_echo(sb: &Sandbox) {
+    let c = sb.http();
     let r = c
-        .put(format!(
-            "{url}/v1/sandboxes/{id}/files?path=/home/user/echo.py&user=user"
-        ))
+        .put(sb.url("/files?path=/home/user/echo.py&user=user"))
         .body(ECHO)
         .send()
         .unwrap();
     assert!(r.status().is_success(), "upload echo.py: {}", r.status());
-    let (s, v) = post(
-        c,
-        &format!("{url}/v1/sandboxes/{id}/exec"),
-        &[],
-        json!({"cmd": ["bash", "-c",
-            format!("cd /home/user && (nohup python3 echo.py {ECHO_PORT} >/dev/null 2>&1 &)")],
-            "user": "user"}),
-    );
-    assert_eq!((s, &v["exit_code"]), (200, &json!(0)), "start echo: {v}");
+    let v = sb.exec(json!({"cmd": ["bash", "-c",
+        format!("cd /home/user && (nohup python3 echo.py {ECHO_PORT} >/dev/null 2>&1 &)")],
+        "user": "user"}));
+    assert_eq!(&v["exit_code"], &json!(0), "start echo: {v}");
     support::wait_until("the echo server listens", 60, || {
-        c.get(format!("{url}/v1/sandboxes/{id}/ports"))
+        c.get(sb.url("/ports"))
             .send()
             .ok()
             .and_then(|r| r.json::<Value>().ok())
@@ -125,14 +119,12 @@ fn sandbox_blocks_credential_forwarding() {
     // Sandbox A serves the echo on a private port; B is another sandbox, whose token a
     // client sends along (a misdirected SDK, a browser's cookie, a shared header).
     let create = |body: Value| {
-        let (s, v) = post(&c, &format!("{url}/v1/sandboxes"), &[], body);
-        assert_eq!(s, 201, "create: {v}");
-        (
-            v["id"].as_str().unwrap().to_owned(),
-            v["access_token"].as_str().unwrap().to_owned(),
-        )
+        let sb = Sandbox::create(&d, body);
+        let token = sb.info["access_token"].as_str().unwrap().to_owned();
+        (sb, token)
     };
-    let (a, a_token) = create(json!({"timeout_secs": 600}));
+    let (sa, a_token) = create(json!({"timeout_secs": 600}));
+    let a = &sa.id;
     let (_b, b_token) = create(json!({"timeout_secs": 600}));
     // E, made through the E2B API: its E2B access token.
     let (s, e) = post(
@@ -144,8 +136,9 @@ fn sandbox_blocks_credential_forwarding() {
     assert_eq!(s, 201, "E2B create: {e}");
     let e_id = e["sandboxID"].as_str().unwrap().to_owned();
     let e_token = e["envdAccessToken"].as_str().unwrap().to_owned();
-    start_echo(&c, &url, &a);
-    start_echo(&c, &url, &e_id);
+    start_echo(&sa);
+    let e_sb = Sandbox::adopt(&d, &e_id);
+    start_echo(&e_sb);
 
     let secrets = [
         ("A's token", a_token.clone()),
@@ -212,8 +205,7 @@ fn sandbox_blocks_credential_forwarding() {
     let addr: SocketAddr = format!("127.0.0.1:{}", url.rsplit(':').next().unwrap())
         .parse()
         .unwrap();
-    let hc = Client::builder()
-        .timeout(Duration::from_secs(60))
+    let hc = support::client_builder()
         .resolve(&name, addr)
         .build()
         .unwrap();

@@ -10,34 +10,17 @@ mod support;
 
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
-use std::process::Command;
-use support::{client, free_port, post, skip_reason, start, wait_until, Daemon};
+use support::{client, free_port, post, skip_reason, start, wait_until, Api as _, Daemon, Sandbox};
 
 const SUBTREE: &str = "rampart";
 
-fn create(d: &Daemon) -> String {
-    let r = client()
-        .post(format!("{}/v1/sandboxes", d.url))
-        .json(&json!({"timeout_secs": 600}))
-        .send()
-        .unwrap();
-    assert_eq!(r.status().as_u16(), 201);
-    r.json::<Value>().unwrap()["id"]
-        .as_str()
-        .unwrap()
-        .to_owned()
+fn create(d: &Daemon) -> Sandbox {
+    Sandbox::create(d, json!({"timeout_secs": 600}))
 }
 
-fn exec(d: &Daemon, id: &str, script: &str) -> Value {
-    let r = client()
-        .post(format!("{}/v1/sandboxes/{id}/exec", d.url))
-        .json(&json!({"cmd": ["bash", "-c", script]}))
-        .send()
-        .unwrap();
-    let status = r.status().as_u16();
-    let v: Value = r.json().unwrap();
-    assert_eq!(status, 200, "exec {script:?}: {v}");
-    v
+/// Runs `bash -c script` in `sb`.
+fn bash(sb: &Sandbox, script: &str) -> Value {
+    sb.exec(json!({"cmd": ["bash", "-c", script]}))
 }
 
 fn state(d: &Daemon, id: &str) -> String {
@@ -134,13 +117,12 @@ fn kill_9_then_restart_reattaches_the_live_and_cleans_the_dead() {
     let first = start(&data, port, &[]);
     let live = create(&first);
     let dead = create(&first);
-    exec(
-        &first,
+    bash(
         &live,
         "echo kept > /home/user/state.txt; setsid sleep 1000 >/dev/null 2>&1 < /dev/null &",
     );
-    let before_live = traces(&data, &live);
-    let before_dead = traces(&data, &dead);
+    let before_live = traces(&data, &live.id);
+    let before_dead = traces(&data, &dead.id);
     eprintln!("before: live {before_live:#?}\nbefore: dead {before_dead:#?}");
     assert!(
         before_live.iter().any(|t| t.starts_with("cgroup")),
@@ -152,41 +134,36 @@ fn kill_9_then_restart_reattaches_the_live_and_cleans_the_dead() {
     drop(first);
     // While it is down, the `dead` sandbox's processes die (we kill them by pid: they are the
     // processes this test made).
-    for pid in sandbox_pids(&dead) {
+    for pid in sandbox_pids(&dead.id) {
         // SAFETY: kill(2) on pids read from the cgroup of a sandbox this test created.
         unsafe { libc::kill(pid, libc::SIGKILL) };
     }
     wait_until("the dead sandbox's processes are gone", 30, || {
-        sandbox_pids(&dead).is_empty()
+        sandbox_pids(&dead.id).is_empty()
     });
 
     let second = start(&data, port, &[]);
     wait_until("the dead sandbox is cleaned", 30, || {
-        traces(&data, &dead).is_empty()
+        traces(&data, &dead.id).is_empty()
     });
-    let after_dead = traces(&data, &dead);
+    let after_dead = traces(&data, &dead.id);
     eprintln!("after: dead {after_dead:#?}");
     assert!(after_dead.is_empty(), "leaked: {after_dead:#?}");
-    assert_eq!(state(&second, &dead), "destroyed");
+    assert_eq!(state(&second, &dead.id), "destroyed");
 
-    assert_eq!(state(&second, &live), "running");
-    let v = exec(
-        &second,
+    assert_eq!(state(&second, &live.id), "running");
+    let v = bash(
         &live,
         "cat /home/user/state.txt; pgrep -x sleep >/dev/null && echo sleeping",
     );
     assert_eq!(v["stdout"], "kept\nsleeping\n", "{v}");
 
-    let r = client()
-        .delete(format!("{}/v1/sandboxes/{live}", second.url))
-        .send()
-        .unwrap();
-    assert!(r.status().is_success());
+    live.destroy();
     // Destroy returns once every process is SIGKILLed; the janitor then removes the rest.
     wait_until("the destroyed sandbox's traces are gone", 30, || {
-        traces(&data, &live).is_empty()
+        traces(&data, &live.id).is_empty()
     });
-    let after_live = traces(&data, &live);
+    let after_live = traces(&data, &live.id);
     assert!(
         after_live.is_empty(),
         "leaked after destroy: {after_live:#?}"
@@ -195,8 +172,8 @@ fn kill_9_then_restart_reattaches_the_live_and_cleans_the_dead() {
     let _ = std::fs::remove_dir_all(&root);
 }
 
-fn count(d: &Daemon, id: &str) -> u64 {
-    exec(d, id, "cat /tmp/count")["stdout"]
+fn count(sb: &Sandbox) -> u64 {
+    bash(sb, "cat /tmp/count")["stdout"]
         .as_str()
         .unwrap_or("")
         .trim()
@@ -216,21 +193,24 @@ fn a_paused_sandbox_survives_kill_9_and_resumes_where_it_was() {
     let port = free_port();
 
     let first = start(&data, port, &[]);
-    let id = create(&first);
-    exec(
-        &first,
-        &id,
+    let paused = create(&first);
+    bash(
+        &paused,
         "setsid bash -c 'i=0; while :; do i=$((i+1)); echo $i > /tmp/count; sleep 0.05; done' \
          >/dev/null 2>&1 < /dev/null &",
     );
-    wait_until("the counter starts", 30, || count(&first, &id) > 0);
-    let (s, v) = post(&first, &format!("/v1/sandboxes/{id}/pause"), json!({}));
+    wait_until("the counter starts", 30, || count(&paused) > 0);
+    let (s, v) = post(
+        &first,
+        &format!("/v1/sandboxes/{}/pause", paused.id),
+        json!({}),
+    );
     assert_eq!((s, v["state"].as_str()), (200, Some("paused")), "{v}");
-    let before = traces(&data, &id);
+    let before = traces(&data, &paused.id);
     // exec and files answer 409 while paused.
     let (s, v) = post(
         &first,
-        &format!("/v1/sandboxes/{id}/exec"),
+        &format!("/v1/sandboxes/{}/exec", paused.id),
         json!({"cmd": ["true"]}),
     );
     assert_eq!(s, 409, "{v}");
@@ -246,65 +226,57 @@ fn a_paused_sandbox_survives_kill_9_and_resumes_where_it_was() {
     // kill -9 the daemon; a new one re-attaches the sandbox, still paused.
     drop(first);
     let second = start(&data, port, &[]);
-    assert_eq!(state(&second, &id), "paused");
-    assert_eq!(traces(&data, &id), before, "the paused sandbox changed");
+    assert_eq!(state(&second, &paused.id), "paused");
+    assert_eq!(
+        traces(&data, &paused.id),
+        before,
+        "the paused sandbox changed"
+    );
     let (s, _) = post(
         &second,
-        &format!("/v1/sandboxes/{id}/exec"),
+        &format!("/v1/sandboxes/{}/exec", paused.id),
         json!({"cmd": ["true"]}),
     );
     assert_eq!(s, 409);
 
     // `rampart resume` (the CLI) continues every process where it was.
-    let out = Command::new(env!("CARGO_BIN_EXE_rampart"))
-        .args(["--host", &second.url, "resume", &id])
-        .output()
-        .unwrap();
+    let out = second.cli(&["resume", &paused.id]);
     assert!(out.status.success(), "{out:?}");
     assert_eq!(
         String::from_utf8_lossy(&out.stdout),
-        format!("{id} running\n")
+        format!("{} running\n", paused.id)
     );
-    let n = count(&second, &id);
+    let n = count(&paused);
     assert!(n > 0);
     wait_until("the counter goes on after resume", 30, || {
-        count(&second, &id) > n
+        count(&paused) > n
     });
 
     // `rampart pause` and expiry with on_timeout=pause.
-    let out = Command::new(env!("CARGO_BIN_EXE_rampart"))
-        .args(["--host", &second.url, "pause", &id])
-        .output()
-        .unwrap();
+    let out = second.cli(&["pause", &paused.id]);
     assert_eq!(
         String::from_utf8_lossy(&out.stdout),
-        format!("{id} paused\n")
+        format!("{} paused\n", paused.id)
     );
+    let auto = Sandbox::create(&second, json!({"timeout_secs": 1, "on_timeout": "pause"}));
+    wait_until("on_timeout=pause pauses at expiry", 30, || {
+        state(&second, &auto.id) == "paused"
+    });
     let (s, v) = post(
         &second,
-        "/v1/sandboxes",
-        json!({"timeout_secs": 1, "on_timeout": "pause"}),
+        &format!("/v1/sandboxes/{}/resume", auto.id),
+        json!({}),
     );
-    assert_eq!(s, 201, "{v}");
-    let auto = v["id"].as_str().unwrap().to_owned();
-    wait_until("on_timeout=pause pauses at expiry", 30, || {
-        state(&second, &auto) == "paused"
-    });
-    let (s, v) = post(&second, &format!("/v1/sandboxes/{auto}/resume"), json!({}));
     assert_eq!((s, v["state"].as_str()), (200, Some("running")), "{v}");
-    assert_eq!(exec(&second, &auto, "echo ok")["stdout"], "ok\n");
+    assert_eq!(bash(&auto, "echo ok")["stdout"], "ok\n");
     // Unknown fields stay refused.
     let (s, _) = post(&second, "/v1/sandboxes", json!({"on_timeout": "hibernate"}));
     assert_eq!(s, 400);
 
-    for sid in [&id, &auto] {
-        let r = client()
-            .delete(format!("{}/v1/sandboxes/{sid}", second.url))
-            .send()
-            .unwrap();
-        assert!(r.status().is_success());
+    for sb in [&paused, &auto] {
+        sb.destroy();
         wait_until("the destroyed sandbox's traces are gone", 30, || {
-            traces(&data, sid).is_empty()
+            traces(&data, &sb.id).is_empty()
         });
     }
     drop(second);

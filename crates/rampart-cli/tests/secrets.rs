@@ -20,13 +20,12 @@ mod support;
 
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
-use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 use support::{
-    client, free_port, post, sandboxes_dir, skip_reason, start, token, wait_until, Daemon,
-    TableGuard, TestNetns,
+    client, free_port, post, sandboxes_dir, skip_reason, start, token, wait_until, Api as _,
+    Daemon, Sandbox, TableGuard, TestNetns,
 };
 
 const HOST_A: &str = "a.secrets.test";
@@ -352,18 +351,13 @@ fn get(d: &Daemon, path: &str) -> (u16, Vec<u8>) {
 }
 
 /// Runs `sh -c script` in a sandbox as its default user: (exit code, stdout, stderr).
-fn sh(d: &Daemon, id: &str, script: &str) -> (i64, String, String) {
-    sh_as(d, id, "user", script)
+fn sh(sb: &Sandbox, script: &str) -> (i64, String, String) {
+    sh_as(sb, "user", script)
 }
 
 /// Runs `sh -c script` in a sandbox as `user`: (exit code, stdout, stderr).
-fn sh_as(d: &Daemon, id: &str, user: &str, script: &str) -> (i64, String, String) {
-    let (s, v) = post(
-        d,
-        &format!("/v1/sandboxes/{id}/exec"),
-        json!({ "cmd": ["sh", "-c", script], "timeout_secs": 300, "user": user }),
-    );
-    assert_eq!(s, 200, "exec: {v}");
+fn sh_as(sb: &Sandbox, user: &str, script: &str) -> (i64, String, String) {
+    let v = sb.exec(json!({ "cmd": ["sh", "-c", script], "timeout_secs": 300, "user": user }));
     (
         v["exit_code"].as_i64().unwrap_or(-1),
         v["stdout"].as_str().unwrap_or_default().to_owned(),
@@ -371,19 +365,9 @@ fn sh_as(d: &Daemon, id: &str, user: &str, script: &str) -> (i64, String, String
     )
 }
 
-/// Runs the CLI against the daemon with `stdin`.
+/// Runs the CLI against the daemon with `stdin`: (success, stdout, stderr).
 fn cli(d: &Daemon, args: &[&str], stdin: &str) -> (bool, String, String) {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_rampart"))
-        .arg("--host")
-        .arg(&d.url)
-        .args(args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    c.stdin.take().unwrap().write_all(stdin.as_bytes()).unwrap();
-    let o = c.wait_with_output().unwrap();
+    let o = d.cli_stdin(args, Some(stdin.as_bytes()));
     (
         o.status.success(),
         String::from_utf8_lossy(&o.stdout).into_owned(),
@@ -542,8 +526,8 @@ struct Ctx<'a> {
 impl Ctx<'_> {
     /// Searches for `value` everywhere a sandbox `id` leaves traces and asserts it is in
     /// none of them.
-    fn search_everywhere(&self, id: &str, value: &str) {
-        let d = self.d;
+    fn search_everywhere(&self, sb: &Sandbox, value: &str) {
+        let (d, id) = (self.d, sb.id.as_str());
         // Letters and digits only, so that a bracket pattern can match it without
         // containing it.
         assert!(value.bytes().all(|b| b.is_ascii_alphanumeric()));
@@ -551,8 +535,7 @@ impl Ctx<'_> {
 
         // 1. Every file of the sandbox, from inside as root.
         let (code, out, err) = sh_as(
-            d,
-            id,
+            sb,
             "root",
             &format!(
                 "sync; grep -rlsE '{pattern}' / --exclude-dir=proc --exclude-dir=sys \
@@ -569,8 +552,7 @@ impl Ctx<'_> {
 
         // 2. The environment of every process inside (as root: all of them).
         let (_, out, _) = sh_as(
-            d,
-            id,
+            sb,
             "root",
             &format!(
                 "for f in /proc/[0-9]*/environ; do cat \"$f\" 2>/dev/null; echo; done | \
@@ -581,7 +563,7 @@ impl Ctx<'_> {
 
         // 3. The environment, command line and memory of every process inside, from the
         // host.
-        let (_, ns, _) = sh(d, id, "readlink /proc/self/ns/pid");
+        let (_, ns, _) = sh(sb, "readlink /proc/self/ns/pid");
         let pids = pids_in(ns.trim());
         assert!(!pids.is_empty(), "processes of {id} ({ns}): {pids:?}");
         let mut total = 0u64;
@@ -764,27 +746,25 @@ fn a_secret_reaches_only_its_host_and_is_found_nowhere_else() {
         "",
     );
     assert!(ok, "create --secret: {out} {err}");
-    let by_cli = out.trim().to_owned();
-    let (_, env, _) = sh(&d, &by_cli, "printf %s \"$API_TOKEN\"");
+    let by_cli = Sandbox::adopt(&d, out.trim());
+    let (_, env, _) = sh(&by_cli, "printf %s \"$API_TOKEN\"");
     assert!(env.starts_with("rampart-secret-api_token-"), "{env}");
-    let (ok, _, err) = cli(&d, &["rm", &by_cli], "");
+    let (ok, _, err) = cli(&d, &["rm", &by_cli.id], "");
     assert!(ok, "{err}");
 
     // A sandbox that refers to the stored secret by name.
-    let (s, v) = post(
+    let mut sb = Sandbox::create(
         &d,
-        "/v1/sandboxes",
         json!({
             "network": {"mode": "allowlist", "allow": [HOST_A, HOST_B]},
             "secrets": [{"name": "api_token"}],
             "timeout_secs": 900,
         }),
     );
-    assert_eq!(s, 201, "create: {v}");
-    let id = v["id"].as_str().unwrap().to_owned();
+    let id = sb.id.clone();
 
     // The placeholder, not the value, is in its environment.
-    let (_, out, _) = sh(&d, &id, "printf %s \"$API_TOKEN\"");
+    let (_, out, _) = sh(&sb, "printf %s \"$API_TOKEN\"");
     let placeholder = out.trim().to_owned();
     assert!(
         placeholder.starts_with("rampart-secret-api_token-"),
@@ -794,7 +774,7 @@ fn a_secret_reaches_only_its_host_and_is_found_nowhere_else() {
 
     // To A: the real value in the configured header (the server's log, outside the
     // sandbox, shows it); the sandbox gets only its digest back.
-    let (code, out, err) = sh(&d, &id, &format!("curl -sS -m 20 https://{HOST_A}/to-a"));
+    let (code, out, err) = sh(&sb, &format!("curl -sS -m 20 https://{HOST_A}/to-a"));
     if code != 0 {
         let (_, log) = get(&d, &format!("/v1/sandboxes/{id}/network/log"));
         panic!(
@@ -818,8 +798,7 @@ fn a_secret_reaches_only_its_host_and_is_found_nowhere_else() {
     );
     // The sandbox's own Authorization header is replaced too.
     let (code, out, err) = sh(
-        &d,
-        &id,
+        &sb,
         &format!(
             "curl -sS -m 20 -H \"Authorization: Bearer $API_TOKEN\" https://{HOST_A}/to-a-own"
         ),
@@ -833,15 +812,9 @@ fn a_secret_reaches_only_its_host_and_is_found_nowhere_else() {
     // To B with the placeholder: the placeholder arrives (TLS passes through: the sandbox
     // sees the real server's certificate, hence the test CA here).
     let ca_pem = std::fs::read_to_string(&pki.ca).unwrap();
-    let (s, v) = post(
-        &d,
-        &format!("/v1/sandboxes/{id}/exec"),
-        json!({"cmd": ["sh", "-c", "cat > /tmp/test-ca.pem"], "stdin": ca_pem}),
-    );
-    assert_eq!(s, 200, "{v}");
+    sb.exec(json!({"cmd": ["sh", "-c", "cat > /tmp/test-ca.pem"], "stdin": ca_pem}));
     let (code, out, err) = sh(
-        &d,
-        &id,
+        &sb,
         &format!(
             "curl -sS -m 20 --cacert /tmp/test-ca.pem -H \"Authorization: Bearer $API_TOKEN\" \
              https://{HOST_B}/to-b"
@@ -856,17 +829,13 @@ fn a_secret_reaches_only_its_host_and_is_found_nowhere_else() {
     );
     // B with the sandbox CA instead fails: B is not intercepted.
     let (code, _, _) = sh(
-        &d,
-        &id,
+        &sb,
         &format!("curl -sS -m 20 https://{HOST_B}/to-b-nocacert"),
     );
     assert_ne!(code, 0, "B was intercepted (the sandbox CA verified it)");
 
     // A live process that made a request to A, for the memory search.
-    let (code, out, err) = sh(
-        &d,
-        &id,
-        &format!(
+    let (code, out, err) = sh(&sb, &format!(
             "nohup python3 -c \"import urllib.request, time; \
              b = urllib.request.urlopen('https://{HOST_A}/from-python').read(); \
              open('/tmp/py-done', 'wb').write(b); time.sleep(900)\" >/dev/null 2>&1 & \
@@ -885,8 +854,7 @@ fn a_secret_reaches_only_its_host_and_is_found_nowhere_else() {
     // A TRACE to A (which reflects the request it got) carries no secret; a request on A's
     // connection that names B (domain fronting) is refused and reaches no server with it.
     let (code, out, err) = sh(
-        &d,
-        &id,
+        &sb,
         &format!("curl -sS -m 20 -X TRACE https://{HOST_A}/trace"),
     );
     assert!(
@@ -900,8 +868,7 @@ fn a_secret_reaches_only_its_host_and_is_found_nowhere_else() {
         "A got the value on a TRACE"
     );
     let (_, out, _) = sh(
-        &d,
-        &id,
+        &sb,
         &format!("curl -sS -m 20 -H 'Host: {HOST_B}' https://{HOST_A}/fronted"),
     );
     assert!(!out.contains(&value));
@@ -934,8 +901,7 @@ fn a_secret_reaches_only_its_host_and_is_found_nowhere_else() {
     let probe = format!("Sv{}", token());
     let probe_pattern: String = probe.chars().map(|c| format!("[{c}]")).collect();
     let (_, out, _) = sh_as(
-        &d,
-        &id,
+        &sb,
         "root",
         &format!(
             "mkdir -p /var/tmp/probe && printf %s {probe} > /var/tmp/probe/file && sync && \
@@ -955,8 +921,7 @@ fn a_secret_reaches_only_its_host_and_is_found_nowhere_else() {
     }
     // The placeholder is in the environment of the sandbox's processes.
     let (_, out, _) = sh_as(
-        &d,
-        &id,
+        &sb,
         "root",
         "for f in /proc/[0-9]*/environ; do cat \"$f\" 2>/dev/null; echo; done | tr '\\0' '\\n' | \
          grep -c '^API_TOKEN=rampart-secret-'",
@@ -969,7 +934,7 @@ fn a_secret_reaches_only_its_host_and_is_found_nowhere_else() {
         daemon_log: &daemon_log,
         tmp: tmp.path(),
     };
-    ctx.search_everywhere(&id, &value);
+    ctx.search_everywhere(&sb, &value);
 
     // The secrets list names it, without a value.
     let (_, body) = get(&d, "/v1/secrets");
@@ -999,9 +964,8 @@ fn a_secret_reaches_only_its_host_and_is_found_nowhere_else() {
 
     // A secret given inline (basic auth this time) is found nowhere either.
     let value2 = format!("Sv{}{}", token(), token());
-    let (s, v) = post(
+    let sb2 = Sandbox::create(
         &d,
-        "/v1/sandboxes",
         json!({
             "network": {"mode": "allowlist", "allow": [HOST_A]},
             "secrets": [{"name": "pw", "value": value2, "hosts": [HOST_A],
@@ -1009,13 +973,12 @@ fn a_secret_reaches_only_its_host_and_is_found_nowhere_else() {
             "timeout_secs": 900,
         }),
     );
-    assert_eq!(s, 201, "create: {v}");
     assert!(
-        !v.to_string().contains(&value2),
+        !sb2.info.to_string().contains(&value2),
         "the create answer has the value"
     );
-    let id2 = v["id"].as_str().unwrap().to_owned();
-    let (code, out, err) = sh(&d, &id2, &format!("curl -sS -m 20 https://{HOST_A}/basic"));
+    let id2 = sb2.id.clone();
+    let (code, out, err) = sh(&sb2, &format!("curl -sS -m 20 https://{HOST_A}/basic"));
     assert_eq!(code, 0, "{out} {err}");
     assert_eq!(
         inet.header("/basic", "authorization"),
@@ -1026,9 +989,9 @@ fn a_secret_reaches_only_its_host_and_is_found_nowhere_else() {
         "what A saw: {:?}",
         inet.requests()
     );
-    ctx.search_everywhere(&id2, &value2);
+    ctx.search_everywhere(&sb2, &value2);
     // ...and the first secret's value is not in the second sandbox either.
-    ctx.search_everywhere(&id2, &value);
+    ctx.search_everywhere(&sb2, &value);
 
     // Removing the stored secret leaves the running sandbox's copy alone.
     let (ok, _, err) = cli(&d, &["secret", "rm", "api_token"], "");
@@ -1037,11 +1000,7 @@ fn a_secret_reaches_only_its_host_and_is_found_nowhere_else() {
     assert!(ok && !out.contains("api_token"), "{out}");
     let (ok, _, _) = cli(&d, &["secret", "rm", "api_token"], "");
     assert!(!ok, "removing a missing secret succeeded");
-    let (code, out, err) = sh(
-        &d,
-        &id,
-        &format!("curl -sS -m 20 https://{HOST_A}/after-rm"),
-    );
+    let (code, out, err) = sh(&sb, &format!("curl -sS -m 20 https://{HOST_A}/after-rm"));
     assert_eq!(code, 0, "{out} {err}");
     assert_eq!(
         inet.header("/after-rm", "authorization").as_deref(),
@@ -1057,13 +1016,9 @@ fn a_secret_reaches_only_its_host_and_is_found_nowhere_else() {
     );
     let mut ids = vec![id.clone(), id2.clone()];
     if s == 201 {
-        let f = v["sandboxes"][0]["id"].as_str().unwrap().to_owned();
-        ids.push(f.clone());
-        let (code, out, err) = sh(
-            &d,
-            &f,
-            &format!("curl -sS -m 20 https://{HOST_A}/from-fork"),
-        );
+        let f = Sandbox::adopt(&d, v["sandboxes"][0]["id"].as_str().unwrap());
+        ids.push(f.id.clone());
+        let (code, out, err) = sh(&f, &format!("curl -sS -m 20 https://{HOST_A}/from-fork"));
         assert_eq!(code, 0, "{out} {err}");
         assert_eq!(
             inet.header("/from-fork", "authorization").as_deref(),
@@ -1088,6 +1043,7 @@ fn a_secret_reaches_only_its_host_and_is_found_nowhere_else() {
     drop(d);
     let d = start(&data, free_port(), &envs);
     let _sandboxes_again = Sandboxes(d.url.clone());
+    sb.reattach(&d);
     let (ok, out, _) = cli(&d, &["secret", "ls", "--json"], "");
     assert!(
         ok && out.contains("\"again\"") && !out.contains("another-value"),
@@ -1098,8 +1054,7 @@ fn a_secret_reaches_only_its_host_and_is_found_nowhere_else() {
         serde_json::from_slice::<Value>(&b).is_ok_and(|v| v["state"] == "running")
     });
     let (code, out, err) = sh(
-        &d,
-        &id,
+        &sb,
         &format!("curl -sS -m 20 https://{HOST_A}/after-restart"),
     );
     assert_eq!(code, 0, "{out} {err}");
@@ -1107,7 +1062,7 @@ fn a_secret_reaches_only_its_host_and_is_found_nowhere_else() {
         inet.header("/after-restart", "authorization").as_deref(),
         Some(format!("Bearer {value}").as_str())
     );
-    let (_, out, _) = sh(&d, &id, "printf %s \"$API_TOKEN\"");
+    let (_, out, _) = sh(&sb, "printf %s \"$API_TOKEN\"");
     assert_eq!(
         out.trim(),
         placeholder,
@@ -1115,11 +1070,7 @@ fn a_secret_reaches_only_its_host_and_is_found_nowhere_else() {
     );
 
     for i in &ids {
-        let r = client()
-            .delete(format!("{}/v1/sandboxes/{i}", d.url))
-            .send()
-            .unwrap();
-        assert!(r.status().is_success(), "destroy: {}", r.status());
+        Sandbox::adopt(&d, i).destroy();
     }
     drop(d);
     drop(inet);

@@ -8,11 +8,12 @@
 
 mod support;
 
-use serde_json::{json, Value};
+use serde_json::json;
 use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
+use support::Sandbox;
 
 /// The host user the attacks run as.
 const NOBODY: u32 = 65534;
@@ -162,25 +163,17 @@ fn sandbox_blocks_state_read_by_host_users() {
         (_, v) = support::post(&d, "/v1/sandboxes", body.take());
     }
     assert_eq!(v["state"], "running", "create: {v}");
-    let id = v["id"].as_str().unwrap().to_owned();
+    let sb = Sandbox::adopt(&d, v["id"].as_str().unwrap());
     let token = v["access_token"].as_str().unwrap().to_owned();
 
     // The sandbox's user reads and runs template content (the daemon's umask is 0077; what
     // sandboxes read keeps its modes).
-    let (s, v) = support::post(
-        &d,
-        &format!("/v1/sandboxes/{id}/exec"),
-        json!({"cmd": ["bash", "-c",
+    let v = sb.exec(json!({"cmd": ["bash", "-c",
             "set -e; id -un; cat /etc/passwd /etc/hostname /etc/hosts /etc/resolv.conf \
              /etc/machine-id >/dev/null; ls / /etc /usr/bin >/dev/null; python3 -c 'import json'; \
              printf %s \"$MY_ENV\" | wc -c"],
-            "user": "user"}),
-    );
-    assert_eq!(
-        (s, &v["exit_code"]),
-        (200, &json!(0)),
-        "as user inside: {v}"
-    );
+            "user": "user"}));
+    assert_eq!(&v["exit_code"], &json!(0), "as user inside: {v}");
     assert_eq!(
         v["stdout"].as_str().unwrap_or_default().lines().next(),
         Some("user")
@@ -191,17 +184,11 @@ fn sandbox_blocks_state_read_by_host_users() {
         json!({"template": "code-interpreter-v1", "timeout_secs": 600}),
     );
     if s == 201 {
-        let ci = v["id"].as_str().unwrap().to_owned();
-        let (s, v) = support::post(
-            &d,
-            &format!("/v1/sandboxes/{ci}/exec"),
+        let ci = Sandbox::adopt(&d, v["id"].as_str().unwrap());
+        let v = ci.exec(
             json!({"cmd": ["cat", "/opt/rampart/code-interpreter/server.py"], "user": "user"}),
         );
-        assert_eq!(
-            (s, &v["exit_code"]),
-            (200, &json!(0)),
-            "code interpreter: {v}"
-        );
+        assert_eq!(&v["exit_code"], &json!(0), "code interpreter: {v}");
     } else {
         eprintln!("note: no code-interpreter sandbox here ({s} {v})");
     }
@@ -219,7 +206,7 @@ fn sandbox_blocks_state_read_by_host_users() {
     let sandboxes = support::sandboxes_dir(&data);
     let mut targets: Vec<PathBuf> = STATE_FILES.iter().map(|f| data.join(f)).collect();
     targets.push(data.join("templates/base/rootfs/etc/passwd"));
-    targets.push(sandboxes.join(&id).join("disk.img"));
+    targets.push(sandboxes.join(&sb.id).join("disk.img"));
     for t in &targets {
         let (ok, out, _) = as_nobody(&["head", "-c", "64", &t.to_string_lossy()]);
         assert!(
@@ -415,13 +402,7 @@ fn sandbox_runs_with_a_private_mktemp_data_dir() {
         data.clone(),
     );
     let d = g.0.as_ref().unwrap();
-    let (s, v) = support::post(d, "/v1/sandboxes", json!({"timeout_secs": 300}));
-    assert_eq!(s, 201, "create with a 0700 data directory: {v}");
-    let id = v["id"].as_str().unwrap();
-    let (s, v): (u16, Value) = support::post(
-        d,
-        &format!("/v1/sandboxes/{id}/exec"),
-        json!({"cmd": ["true"]}),
-    );
-    assert_eq!((s, &v["exit_code"]), (200, &json!(0)), "exec true: {v}");
+    let sb = Sandbox::create(d, json!({"timeout_secs": 300}));
+    let v = sb.exec(json!({"cmd": ["true"]}));
+    assert_eq!(&v["exit_code"], &json!(0), "exec true: {v}");
 }

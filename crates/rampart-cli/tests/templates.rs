@@ -19,7 +19,7 @@ use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStderr, Command, Stdio};
 use std::time::Duration;
-use support::{client, free_port, skip_reason, start, wait_until, Daemon};
+use support::{client, free_port, skip_reason, start, wait_until, Sandbox};
 
 fn rampart() -> Command {
     Command::new(env!("CARGO_BIN_EXE_rampart"))
@@ -314,16 +314,6 @@ fn cached(report: &Value) -> Vec<(String, bool)> {
         .collect()
 }
 
-fn exec(d: &Daemon, id: &str, cmd: &[&str]) -> Value {
-    let r = client()
-        .post(format!("{}/v1/sandboxes/{id}/exec", d.url))
-        .json(&json!({ "cmd": cmd }))
-        .send()
-        .unwrap();
-    assert_eq!(r.status().as_u16(), 200);
-    r.json().unwrap()
-}
-
 /// Removes a test's directory when dropped (also when the test fails); declared before the
 /// daemon so that it drops after it.
 struct RemoveOnDrop(PathBuf);
@@ -432,15 +422,11 @@ fn build_create_rebuild_fail_interrupt() {
     // 2. A sandbox of it.
     let port = free_port();
     let d = start(&data, port, &[]);
-    let r = client()
-        .post(format!("{}/v1/sandboxes", d.url))
-        .json(&json!({"template": name, "timeout_secs": 300, "env": {"REQ": "1"}}))
-        .send()
-        .unwrap();
-    let status = r.status().as_u16();
-    let v: Value = r.json().unwrap();
-    assert_eq!(status, 201, "create: {v}");
-    let id = v["id"].as_str().unwrap().to_owned();
+    let sb = Sandbox::create(
+        &d,
+        json!({"template": name, "timeout_secs": 300, "env": {"REQ": "1"}}),
+    );
+    let id = sb.id.clone();
     // Its layers are pinned against gc while it lives.
     assert!(data.join(format!("images/pins/{id}.json")).is_file());
     // The API lists it next to the built-in ones.
@@ -469,37 +455,24 @@ fn build_create_rebuild_fail_interrupt() {
     assert_eq!(t["kind"], "built");
     assert_eq!(t["user"], "user");
     assert_eq!(t["id"], rep["id"]);
-    let out = exec(
-        &d,
-        &id,
-        &[
-            "/bin/sh",
-            "-c",
-            "id -un; pwd; cat /srv/greeting.txt /srv/built.txt /tmp/started; echo $APP $IMG_ENV $REQ; \
-             test -e /etc/removed.txt && echo removed-visible; ls /opt/data; \
-             test -e /usr/bin/apt-get && echo host-usr-visible; echo end",
-        ],
-    );
+    let out = sb.exec(json!({"cmd": [
+        "/bin/sh",
+        "-c",
+        "id -un; pwd; cat /srv/greeting.txt /srv/built.txt /tmp/started; echo $APP $IMG_ENV $REQ; \
+         test -e /etc/removed.txt && echo removed-visible; ls /opt/data; \
+         test -e /usr/bin/apt-get && echo host-usr-visible; echo end",
+    ]}));
     assert_eq!(
         out["stdout"],
         "user\n/home/user/work\nhello from the spec\nbuilt-1\nstarted-as-user\ndemo from-image 1\nnew.txt\nend\n",
         "{out}"
     );
     // Root still works when asked for, and a write stays in the sandbox.
-    let r = client()
-        .post(format!("{}/v1/sandboxes/{id}/exec", d.url))
-        .json(
-            &json!({"cmd": ["/bin/sh", "-c", "id -u; echo x > /srv/greeting.txt"], "user": "root"}),
-        )
-        .send()
-        .unwrap();
-    let v: Value = r.json().unwrap();
+    let v = sb.exec(
+        json!({"cmd": ["/bin/sh", "-c", "id -u; echo x > /srv/greeting.txt"], "user": "root"}),
+    );
     assert_eq!(v["stdout"], "0\n", "{v}");
-    let r = client()
-        .delete(format!("{}/v1/sandboxes/{id}", d.url))
-        .send()
-        .unwrap();
-    assert!(r.status().is_success());
+    sb.destroy();
     let layer_copy = data
         .join("images/layers")
         .join(&first_layers[first_layers.len() - 2]);
@@ -652,27 +625,14 @@ fn debian_bookworm_with_mmdebstrap() {
     assert_eq!(cached(&rep)[0], ("base".into(), false));
     assert_clean(&data);
     let d = start(&data, free_port(), &[]);
-    let r = client()
-        .post(format!("{}/v1/sandboxes", d.url))
-        .json(&json!({"template": "deb-test"}))
-        .send()
-        .unwrap();
-    let status = r.status().as_u16();
-    let v: Value = r.json().unwrap();
-    assert_eq!(status, 201, "{v}");
-    let id = v["id"].as_str().unwrap().to_owned();
-    let out = exec(
-        &d,
-        &id,
-        &["bash", "-c", "id -un; cat /etc/built /etc/debian_version"],
-    );
+    let sb = Sandbox::create(&d, json!({"template": "deb-test"}));
+    let id = sb.id.clone();
+    let out = sb.exec(json!({"cmd": ["bash", "-c", "id -un; cat /etc/built /etc/debian_version"]}));
     assert!(
         out["stdout"].as_str().unwrap().starts_with("user\nok\n12."),
         "{out}"
     );
-    let _ = client()
-        .delete(format!("{}/v1/sandboxes/{id}", d.url))
-        .send();
+    drop(sb); // destroys it (errors ignored)
     wait_until("the sandbox is gone", 30, || {
         client()
             .get(format!("{}/v1/sandboxes/{id}", d.url))

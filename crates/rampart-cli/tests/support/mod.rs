@@ -1,15 +1,22 @@
-//! The daemon harness shared by the CLI's full-stack tests that start their own daemons:
-//! [`start`] runs `rampart serve` on a port with a data directory, waits for `/health` and
-//! SIGKILLs it (by pid) when the guard drops (`recovery`, `audit`, `ports`); [`start_tidy`]
-//! does the same in a temp dir and cleans up everything when dropped (`e2b_sdk`); [`shared`]
-//! is one daemon for a whole test binary, cleaned up when the test process exits (`e2e`,
-//! `adversarial`).
+//! The harness shared by the CLI's full-stack tests.
+//!
+//! Daemons: [`start`] runs `rampart serve` on a port with a data directory, waits for
+//! `/health` and stops it (by pid) when the guard drops (`recovery`, `audit`, `ports`);
+//! [`start_tidy`] does the same in a temp dir and cleans up everything when dropped
+//! (`e2b_sdk`); [`shared`] is one daemon for a whole test binary, cleaned up when the test
+//! process exits (`e2e`, `adversarial`).
+//!
+//! Talking to them: [`client`] is the HTTP client of every test; [`Api`] is what a test
+//! knows of a daemon (its URL, its log for failure messages) and runs the CLI against it
+//! ([`cli`]); a [`Sandbox`] is created through the API (201 asserted), runs waited execs
+//! ([`Sandbox::exec`], [`Sandbox::sh`]) and is destroyed by id when dropped.
 
 #![allow(dead_code)]
 
 use reqwest::blocking::Client;
-use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 /// Why the tests must be skipped on this host, if they must.
@@ -144,12 +151,16 @@ pub fn start(data: &Path, port: u16, envs: &[(&str, &str)]) -> Daemon {
     d
 }
 
-/// An HTTP client with a generous timeout.
+/// The builder of [`client`], for a test that needs more of it (e.g. names resolved to the
+/// daemon with `resolve`).
+pub fn client_builder() -> reqwest::blocking::ClientBuilder {
+    Client::builder().timeout(Duration::from_secs(120))
+}
+
+/// The HTTP client of every test: a generous timeout (a request that waits longer, such as
+/// a long exec, sets its own).
 pub fn client() -> Client {
-    Client::builder()
-        .timeout(Duration::from_secs(60))
-        .build()
-        .unwrap()
+    client_builder().build().unwrap()
 }
 
 /// POSTs `body` as JSON to `path` on the daemon: (status, JSON answer or null).
@@ -427,19 +438,6 @@ fn start_shared(name: &str, envs: &[(&str, &str)]) -> Result<Shared, Setup> {
     }
 }
 
-impl Shared {
-    /// The last 60 lines of the daemon's log, for failure messages.
-    pub fn log_tail(&self) -> String {
-        let s = std::fs::read_to_string(&self.log).unwrap_or_default();
-        let lines: Vec<&str> = s.lines().collect();
-        let from = lines.len().saturating_sub(60);
-        format!(
-            "--- daemon log (last lines) ---\n{}",
-            lines[from..].join("\n")
-        )
-    }
-}
-
 /// A test host's network: a network namespace `ns` linked to the host by the veth pair
 /// `link` (host side, with `host_cidr`) and `eth0` (inside, with each of `inside_cidrs`), all
 /// links up. The link and the namespace are removed on drop; whatever runs inside must be
@@ -495,5 +493,254 @@ impl Drop for TableGuard {
             .args(["delete", "table", "inet", &self.0])
             .stderr(Stdio::null())
             .status();
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// A daemon to talk to, the CLI against it, and sandboxes
+// ---------------------------------------------------------------------------------------------
+
+/// The last 60 lines of a daemon's log, for failure messages (empty when there is none).
+pub fn log_tail(log: &Path) -> String {
+    let Ok(s) = std::fs::read_to_string(log) else {
+        return String::new();
+    };
+    let lines: Vec<&str> = s.lines().collect();
+    let from = lines.len().saturating_sub(60);
+    format!(
+        "--- daemon log (last lines) ---\n{}",
+        lines[from..].join("\n")
+    )
+}
+
+/// A daemon a test talks to: its URL and, where known, its log (shown in failure messages).
+/// A plain URL (`&str`, `String`) is one too.
+pub trait Api {
+    /// `http://127.0.0.1:<port>`.
+    fn url(&self) -> &str;
+
+    /// Its log file, if the test knows it.
+    fn log(&self) -> Option<PathBuf> {
+        None
+    }
+
+    /// The last lines of its log, for failure messages.
+    fn log_tail(&self) -> String {
+        self.log().as_deref().map(log_tail).unwrap_or_default()
+    }
+
+    /// Runs the `rampart` CLI with `args` against this daemon (`RAMPART_HOST`, stdin empty).
+    fn cli(&self, args: &[&str]) -> Output {
+        cli(self.url(), args, None)
+    }
+
+    /// As [`Api::cli`], with `stdin` (if any) written to its standard input.
+    fn cli_stdin(&self, args: &[&str], stdin: Option<&[u8]>) -> Output {
+        cli(self.url(), args, stdin)
+    }
+}
+
+impl Api for str {
+    fn url(&self) -> &str {
+        self
+    }
+}
+
+impl Api for String {
+    fn url(&self) -> &str {
+        self
+    }
+}
+
+/// Its log is `<data>.log` when [`start`] started it.
+impl Api for Daemon {
+    fn url(&self) -> &str {
+        &self.url
+    }
+    fn log(&self) -> Option<PathBuf> {
+        Some(self.data.with_extension("log"))
+    }
+}
+
+impl Api for Tidy {
+    fn url(&self) -> &str {
+        self.daemon.url()
+    }
+    fn log(&self) -> Option<PathBuf> {
+        self.daemon.log()
+    }
+}
+
+impl Api for Shared {
+    fn url(&self) -> &str {
+        &self.url
+    }
+    fn log(&self) -> Option<PathBuf> {
+        Some(self.log.clone())
+    }
+}
+
+/// Runs the `rampart` binary with `args` against the daemon at `url` (`RAMPART_HOST`, which
+/// is `--host`'s variable), with `stdin` written to its standard input (else an empty one);
+/// waits for it and returns its output.
+pub fn cli(url: &str, args: &[&str], stdin: Option<&[u8]>) -> Output {
+    use std::io::Write as _;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_rampart"))
+        .args(args)
+        .env("RAMPART_HOST", url)
+        .stdin(if stdin.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn rampart");
+    if let Some(data) = stdin {
+        let mut i = child.stdin.take().expect("the CLI's stdin");
+        i.write_all(data).expect("write the CLI's stdin");
+    }
+    child.wait_with_output().expect("wait for rampart")
+}
+
+/// A sandbox of a test, destroyed (by id, errors ignored) when dropped unless
+/// [`Sandbox::destroy`] already did.
+pub struct Sandbox {
+    /// Its id.
+    pub id: String,
+    /// The create's answer (`null` for an adopted sandbox).
+    pub info: serde_json::Value,
+    url: String,
+    log: Option<PathBuf>,
+    http: Client,
+    destroyed: AtomicBool,
+}
+
+impl Sandbox {
+    /// Creates a sandbox with `body` (the create request) through the API of `api`, asserting
+    /// the daemon answered 201 (the message shows the answer and the daemon's log).
+    pub fn create(api: &(impl Api + ?Sized), body: serde_json::Value) -> Sandbox {
+        let http = client();
+        let r = http
+            .post(format!("{}/v1/sandboxes", api.url()))
+            .json(&body)
+            .send()
+            .unwrap_or_else(|e| panic!("create {body}: {e}\n{}", api.log_tail()));
+        let status = r.status().as_u16();
+        let text = r.text().unwrap_or_default();
+        assert_eq!(
+            status,
+            201,
+            "create {body}: {status} {text}\n{}",
+            api.log_tail()
+        );
+        let info: serde_json::Value = serde_json::from_str(&text)
+            .unwrap_or_else(|e| panic!("create {body}: bad JSON ({e}): {text}"));
+        let id = info["id"]
+            .as_str()
+            .unwrap_or_else(|| panic!("create {body}: no id in {info}"))
+            .to_owned();
+        Sandbox {
+            id,
+            info,
+            url: api.url().to_owned(),
+            log: api.log(),
+            http,
+            destroyed: AtomicBool::new(false),
+        }
+    }
+
+    /// The guard of a sandbox made another way (the CLI, a fork, a create a test checks
+    /// itself).
+    pub fn adopt(api: &(impl Api + ?Sized), id: &str) -> Sandbox {
+        Sandbox {
+            id: id.to_owned(),
+            info: serde_json::Value::Null,
+            url: api.url().to_owned(),
+            log: api.log(),
+            http: client(),
+            destroyed: AtomicBool::new(false),
+        }
+    }
+
+    /// Talks to `api` from now on: the daemon was started again on another port (sandboxes
+    /// outlive their daemon).
+    pub fn reattach(&mut self, api: &(impl Api + ?Sized)) {
+        self.url = api.url().to_owned();
+        self.log = api.log();
+    }
+
+    /// `<daemon>/v1/sandboxes/<id><rest>`.
+    pub fn url(&self, rest: &str) -> String {
+        format!("{}/v1/sandboxes/{}{rest}", self.url, self.id)
+    }
+
+    /// The HTTP client of this sandbox's requests.
+    pub fn http(&self) -> &Client {
+        &self.http
+    }
+
+    /// The last lines of the daemon's log, for failure messages.
+    pub fn log_tail(&self) -> String {
+        self.log.as_deref().map(log_tail).unwrap_or_default()
+    }
+
+    /// A waited exec: `req` is the exec request (`{"cmd": [...]}` and any of `stdin`, `user`,
+    /// `timeout_secs`, ...). Asserts the daemon answered 200 and returns the result. The HTTP
+    /// request waits 90 s longer than the exec's own timeout (60 s when it has none).
+    pub fn exec(&self, req: serde_json::Value) -> serde_json::Value {
+        let wait = req["timeout_secs"].as_u64().unwrap_or(60) + 90;
+        let r = self
+            .http
+            .post(self.url("/exec"))
+            .json(&req)
+            .timeout(Duration::from_secs(wait))
+            .send()
+            .unwrap_or_else(|e| panic!("exec {req} in {}: {e}\n{}", self.id, self.log_tail()));
+        let status = r.status().as_u16();
+        let text = r.text().unwrap_or_default();
+        assert_eq!(
+            status,
+            200,
+            "exec {req} in {}: {status} {text}\n{}",
+            self.id,
+            self.log_tail()
+        );
+        serde_json::from_str(&text)
+            .unwrap_or_else(|e| panic!("exec {req}: bad result JSON ({e}): {text}"))
+    }
+
+    /// `sh -c script` as the sandbox's default user (a waited exec, see [`Sandbox::exec`]).
+    pub fn sh(&self, script: &str) -> serde_json::Value {
+        self.exec(serde_json::json!({"cmd": ["sh", "-c", script]}))
+    }
+
+    /// Destroys the sandbox now, asserting the daemon answered with success; returns its
+    /// answer (the final info). The guard then does nothing more.
+    pub fn destroy(&self) -> serde_json::Value {
+        self.destroyed.store(true, Ordering::SeqCst);
+        let r = self
+            .http
+            .delete(self.url(""))
+            .send()
+            .unwrap_or_else(|e| panic!("destroy {}: {e}\n{}", self.id, self.log_tail()));
+        let status = r.status();
+        let text = r.text().unwrap_or_default();
+        assert!(
+            status.is_success(),
+            "destroy {}: {status} {text}\n{}",
+            self.id,
+            self.log_tail()
+        );
+        serde_json::from_str(&text).unwrap_or(serde_json::Value::Null)
+    }
+}
+
+impl Drop for Sandbox {
+    fn drop(&mut self) {
+        if !self.destroyed.swap(true, Ordering::SeqCst) {
+            let _ = self.http.delete(self.url("")).send();
+        }
     }
 }
