@@ -299,6 +299,12 @@ impl Manager {
     {
         self.inner.network_subscribe(id)
     }
+    /// Every sandbox's access token and public ports (the port and envd proxies check
+    /// tokens against it; public ports are changed through it). Written with the sandbox at
+    /// create, forgotten at its end.
+    pub fn access(&self) -> Arc<rampart_store::access::AccessStore> {
+        self.inner.access.clone()
+    }
     /// Records the `exec` of a command that is about to be started in a running sandbox by
     /// another road than [`Manager::exec`] (committed before this returns, so before the
     /// command starts), and returns its recorder. With the audit log off it records nothing.

@@ -601,6 +601,12 @@ impl Manager {
             let _g = op.lock().await;
             let (rec, uid_base) = source_of(inner, id)?;
             let mut base = source_request(inner, &rec);
+            // A fork runs the same servers: the source's public ports (as they are now) stay
+            // public; each fork gets a token of its own at its create.
+            base.public_ports = inner
+                .access
+                .public_ports(id.as_str())
+                .map_err(CoreError::from)?;
             if let Some(t) = req.timeout_secs {
                 base.timeout_secs = Some(t);
             }

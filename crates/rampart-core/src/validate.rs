@@ -121,6 +121,30 @@ pub fn check_create(
     check_create_with(req, defaults, max, default_timeout, max_timeout, &|_| false)
 }
 
+/// Most ports a sandbox may make public.
+pub const MAX_PUBLIC_PORTS: usize = 100;
+
+/// Checks the ports a create asks to make public (1-65535, at most [`MAX_PUBLIC_PORTS`]);
+/// returns them sorted, each once.
+pub fn check_public_ports(ports: &[u16]) -> Result<Vec<u16>, CoreError> {
+    if ports.contains(&0) {
+        return Err(CoreError::BadRequest {
+            field: "public_ports".into(),
+            message: "port 0 is not a port; use 1-65535".into(),
+        });
+    }
+    if ports.len() > MAX_PUBLIC_PORTS {
+        return Err(CoreError::BadRequest {
+            field: "public_ports".into(),
+            message: format!("at most {MAX_PUBLIC_PORTS} ports"),
+        });
+    }
+    let mut v = ports.to_vec();
+    v.sort_unstable();
+    v.dedup();
+    Ok(v)
+}
+
 /// [`check_create`] that also accepts the template names `built` knows (templates built
 /// into the image store, see `rampart-image`).
 pub fn check_create_with(

@@ -134,6 +134,11 @@ pub trait Backend: Send + Sync + 'static {
     ) -> Result<Vec<rampart_types::audit::Event>, CoreError> {
         self.get(id).map(|_| Vec::new())
     }
+    /// See [`Manager::access`]. None: the server keeps the access of a stand-in backend in
+    /// memory.
+    fn access(&self) -> Option<Arc<rampart_store::access::AccessStore>> {
+        None
+    }
     /// See [`Manager::audit_subscribe`]. The default has nothing to follow.
     fn audit_subscribe(&self) -> Option<tokio::sync::watch::Receiver<u64>> {
         None
@@ -236,6 +241,9 @@ pub trait Backend: Send + Sync + 'static {
 impl Backend for Manager {
     fn manager(&self) -> Option<&Manager> {
         Some(self)
+    }
+    fn access(&self) -> Option<Arc<rampart_store::access::AccessStore>> {
+        Some(Manager::access(self))
     }
     fn create(&self, req: CreateSandbox) -> BoxFuture<'_, Result<SandboxInfo, CoreError>> {
         Box::pin(Manager::create(self, req))
@@ -399,16 +407,11 @@ pub fn router(manager: Arc<Manager>) -> Router {
 /// The daemon's router over a running [`Manager`], with `opts`. Port access (tokens, public
 /// ports) is kept in the daemon's `state.db`; if it cannot be opened, in memory (logged).
 pub fn router_with_options(manager: Arc<Manager>, opts: &ServerOptions) -> Router {
-    let alive: Vec<String> = manager
-        .list(None, &BTreeMap::new())
-        .map(|l| l.into_iter().map(|i| i.id.as_str().to_owned()).collect())
-        .unwrap_or_default();
-    let alive: Vec<&str> = alive.iter().map(String::as_str).collect();
-    let ports = match ports::Ports::open(manager.data_dir(), opts, &alive) {
+    let ports = match ports::Ports::open(manager.data_dir(), opts, manager.access()) {
         Ok(p) => p,
         Err(e) => {
-            tracing::error!("cannot open the port access tables, keeping them in memory: {e}");
-            ports::Ports::in_memory(opts)
+            tracing::error!("cannot open the E2B tables; E2B tokens open no ports: {e}");
+            ports::Ports::with_access(opts, manager.access())
         }
     };
     let state = app_state(manager.clone(), ports);
@@ -422,7 +425,11 @@ pub fn router_with_options(manager: Arc<Manager>, opts: &ServerOptions) -> Route
 /// The router over any [`Backend`] (tests use a stand-in without sandboxes).
 pub fn router_with_backend(backend: Arc<dyn Backend>) -> Router {
     let opts = ServerOptions::default();
-    let state = app_state(backend, ports::Ports::in_memory(&opts));
+    let ports = match backend.access() {
+        Some(a) => ports::Ports::with_access(&opts, a),
+        None => ports::Ports::in_memory(&opts),
+    };
+    let state = app_state(backend, ports);
     v1_router(state.clone()).layer(axum::middleware::from_fn_with_state(
         state,
         ports::host_route,

@@ -109,17 +109,8 @@ pub(crate) async fn fork(
     SandboxPath(id): SandboxPath,
     ApiJson(req): ApiJson<ForkSandbox>,
 ) -> Result<(StatusCode, Json<ForkResult>), ApiError> {
-    let mut res = manager(&st)?.fork(&id, req).await?;
-    // Each fork gets its own port access token now (as a create does), and the source's
-    // public ports: a fork runs the same servers.
-    let public = st.ports.public_ports(&id).await?;
-    for info in &mut res.sandboxes {
-        match st.ports.issue(&info.id, &public).await {
-            Ok(t) => info.access_token = Some(t),
-            // GET /v1/sandboxes/{id} makes one later.
-            Err(e) => tracing::warn!(id = %info.id, "storing a fork's port access token: {e}"),
-        }
-    }
+    // Each fork has its own access token and the source's public ports, from core.
+    let res = manager(&st)?.fork(&id, req).await?;
     Ok((StatusCode::CREATED, Json(res)))
 }
 

@@ -38,8 +38,6 @@ const ENVD_PORT: u16 = 49983;
 /// The policy of every answer of the path form: the page runs, in an opaque origin.
 const PATH_FORM_CSP: &str =
     "sandbox allow-scripts allow-forms allow-popups allow-modals allow-downloads";
-/// Most ports a create may make public.
-const MAX_PUBLIC_PORTS: usize = 100;
 
 /// Options of the daemon's HTTP server.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -103,6 +101,15 @@ async fn blocking<T: Send + 'static>(
 }
 
 impl Ports {
+    /// Port access over a stand-in backend's store (no E2B tables).
+    pub(crate) fn with_access(opts: &ServerOptions, access: Arc<AccessStore>) -> Ports {
+        Ports {
+            domain: opts.domain.clone(),
+            access,
+            e2b: None,
+        }
+    }
+
     /// Keeps everything in memory (a router over a stand-in backend).
     pub(crate) fn in_memory(opts: &ServerOptions) -> Ports {
         let access = match AccessStore::open_in_memory() {
@@ -117,22 +124,18 @@ impl Ports {
         }
     }
 
-    /// Opens the tables in the daemon's `state.db` and forgets the sandboxes not in `alive`.
+    /// Port access over core's store of tokens and public ports (`access`), and the E2B
+    /// tables of the daemon's `state.db`.
     pub(crate) fn open(
         data_dir: &std::path::Path,
         opts: &ServerOptions,
-        alive: &[&str],
+        access: Arc<AccessStore>,
     ) -> Result<Ports, StoreError> {
         let db = data_dir.join("state.db");
-        let access = AccessStore::open(&db)?;
-        let n = access.retain(alive)?;
-        if n > 0 {
-            tracing::debug!("forgot the port access of {n} ended sandboxes");
-        }
         let e2b = KeyStore::open(&db)?;
         Ok(Ports {
             domain: opts.domain.clone(),
-            access: Arc::new(access),
+            access,
             e2b: Some(Arc::new(e2b)),
         })
     }
@@ -162,23 +165,6 @@ impl Ports {
         let access = self.access.clone();
         let sid = id.as_str().to_owned();
         blocking(move || access.issue(&sid, &[])).await
-    }
-
-    /// Makes the token of a new sandbox and records its public ports.
-    pub(crate) async fn issue(&self, id: &SandboxId, public: &[u16]) -> Result<String, ApiError> {
-        let access = self.access.clone();
-        let sid = id.as_str().to_owned();
-        let public = public.to_vec();
-        blocking(move || access.issue(&sid, &public)).await
-    }
-
-    /// Forgets an ended sandbox.
-    pub(crate) async fn forget(&self, id: &SandboxId) {
-        let access = self.access.clone();
-        let sid = id.as_str().to_owned();
-        if let Err(e) = blocking(move || access.forget(&sid)).await {
-            tracing::warn!(id = %id, "forgetting the port access of an ended sandbox: {e}");
-        }
     }
 
     async fn is_public(&self, id: &SandboxId, port: u16) -> Result<bool, ApiError> {
@@ -424,21 +410,6 @@ pub(crate) async fn strip_credentials(creds: &Credentials, req: &mut Request) {
     }
 }
 
-/// Checks the `public_ports` of a create request: 1-65535, at most 100.
-pub(crate) fn check_public_ports(ports: &[u16]) -> Result<(), ApiError> {
-    if ports.contains(&0) {
-        return Err(ApiError::bad_request(
-            "public_ports: port 0 is not a port; use 1-65535",
-        ));
-    }
-    if ports.len() > MAX_PUBLIC_PORTS {
-        return Err(ApiError::bad_request(format!(
-            "public_ports: at most {MAX_PUBLIC_PORTS} ports"
-        )));
-    }
-    Ok(())
-}
-
 /// Parses a `{port}` path segment: 1-65535.
 fn parse_port(raw: &str) -> Result<u16, ApiError> {
     match raw.parse::<u16>() {
@@ -468,13 +439,10 @@ async fn running(st: &AppState, id: &SandboxId) -> Result<(), ApiError> {
                 }
             ),
         )),
-        _ => {
-            st.ports.forget(id).await;
-            Err(ApiError::not_found(format!(
-                "sandbox {id} has ended ({}); its ports are gone",
-                info.state.as_str()
-            )))
-        }
+        _ => Err(ApiError::not_found(format!(
+            "sandbox {id} has ended ({}); its ports are gone",
+            info.state.as_str()
+        ))),
     }
 }
 

@@ -23,20 +23,8 @@ pub(crate) async fn create(
     State(st): State<AppState>,
     ApiJson(req): ApiJson<CreateSandbox>,
 ) -> Result<(StatusCode, Json<SandboxInfo>), ApiError> {
-    crate::ports::check_public_ports(&req.public_ports)?;
-    let public = req.public_ports.clone();
-    let mut info = st.backend.create(req).await?;
-    // The token that opens its ports; a sandbox without one is not left behind.
-    match st.ports.issue(&info.id, &public).await {
-        Ok(t) => info.access_token = Some(t),
-        Err(e) => {
-            if let Err(d) = st.backend.destroy(&info.id).await {
-                tracing::error!(id = %info.id, "destroying a sandbox whose token could not be stored: {d}");
-            }
-            st.ports.forget(&info.id).await;
-            return Err(e);
-        }
-    }
+    // Core validates the public ports and records the access token with the sandbox.
+    let info = st.backend.create(req).await?;
     Ok((StatusCode::CREATED, Json(info)))
 }
 
@@ -132,9 +120,8 @@ pub(crate) async fn destroy(
     State(st): State<AppState>,
     SandboxPath(id): SandboxPath,
 ) -> Result<Json<SandboxInfo>, ApiError> {
-    let info = st.backend.destroy(&id).await?;
-    st.ports.forget(&id).await;
-    Ok(Json(info))
+    // Its access is forgotten by the store with its end.
+    Ok(Json(st.backend.destroy(&id).await?))
 }
 
 /// `POST /v1/sandboxes/{id}/timeout`: sets the deadline to now + `timeout_secs`.

@@ -8,6 +8,7 @@ use http_body_util::BodyExt;
 use rampart_agent::client::AgentClient;
 use rampart_core::{CoreError, Exec};
 use rampart_server::{router_with_backend, Backend};
+use rampart_store::access::AccessStore;
 use rampart_types::{
     CreateSandbox, ExecRequest, LimitError, Limits, SandboxId, SandboxInfo, SandboxState,
 };
@@ -20,9 +21,19 @@ use tower::ServiceExt;
 type ListCall = (Option<SandboxState>, BTreeMap<String, String>);
 
 /// Knows one sandbox, `known`; `panics` makes the handler panic.
-#[derive(Default)]
 struct Fake {
     last_list: Mutex<Option<ListCall>>,
+    /// Tokens and public ports, as core keeps them.
+    access: Arc<AccessStore>,
+}
+
+impl Default for Fake {
+    fn default() -> Self {
+        Fake {
+            last_list: Mutex::new(None),
+            access: Arc::new(AccessStore::open_in_memory().unwrap()),
+        }
+    }
 }
 
 fn info(id: &str, metadata: BTreeMap<String, String>) -> SandboxInfo {
@@ -68,8 +79,15 @@ impl Backend for Fake {
             if req.template.as_deref() == Some("full") {
                 return Err(CoreError::Capacity("100 sandboxes alive".into()));
             }
-            Ok(info("created", req.metadata))
+            // As core does: the public ports checked, a token recorded with the sandbox.
+            let public = rampart_core::validate::check_public_ports(&req.public_ports)?;
+            let mut made = info("created", req.metadata);
+            made.access_token = Some(self.access.issue("created", &public)?);
+            Ok(made)
         })
+    }
+    fn access(&self) -> Option<Arc<AccessStore>> {
+        Some(self.access.clone())
     }
     fn get(&self, id: &SandboxId) -> Result<SandboxInfo, CoreError> {
         self.lookup(id)

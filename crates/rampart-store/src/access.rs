@@ -15,7 +15,7 @@ use std::sync::{Mutex, MutexGuard};
 /// Random bytes in a token (64 hex digits).
 pub const TOKEN_BYTES: usize = 32;
 
-const MIGRATION: &str = "CREATE TABLE IF NOT EXISTS sandbox_tokens (
+pub(crate) const MIGRATION: &str = "CREATE TABLE IF NOT EXISTS sandbox_tokens (
         id TEXT PRIMARY KEY NOT NULL,
         token TEXT NOT NULL,
         created_at INTEGER NOT NULL
@@ -26,6 +26,53 @@ const MIGRATION: &str = "CREATE TABLE IF NOT EXISTS sandbox_tokens (
         PRIMARY KEY (id, port)
     );
     CREATE INDEX IF NOT EXISTS sandbox_tokens_token ON sandbox_tokens(token);";
+
+/// A new sandbox's access, recorded with it (see [`crate::NewSandbox::access`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NewAccess {
+    /// Its token (see [`new_token`]).
+    pub token: String,
+    /// Ports reachable without the token.
+    pub public_ports: Vec<u16>,
+}
+
+/// A fresh token: [`TOKEN_BYTES`] random bytes, hex.
+pub fn new_token() -> String {
+    random_hex(TOKEN_BYTES)
+}
+
+/// Records `a` for sandbox `id` in `tx`, replacing what it had.
+pub(crate) fn insert(
+    tx: &rusqlite::Transaction<'_>,
+    id: &str,
+    a: &NewAccess,
+) -> Result<(), StoreError> {
+    tx.execute(
+        "INSERT OR REPLACE INTO sandbox_tokens (id, token, created_at) VALUES (?1, ?2, ?3)",
+        params![id, a.token, now_ms()],
+    )?;
+    tx.execute(
+        "DELETE FROM sandbox_public_ports WHERE id = ?1",
+        params![id],
+    )?;
+    for p in &a.public_ports {
+        tx.execute(
+            "INSERT OR IGNORE INTO sandbox_public_ports (id, port) VALUES (?1, ?2)",
+            params![id, p],
+        )?;
+    }
+    Ok(())
+}
+
+/// Forgets sandbox `id`'s token and public ports in `tx`.
+pub(crate) fn forget_in(tx: &rusqlite::Transaction<'_>, id: &str) -> Result<(), StoreError> {
+    tx.execute("DELETE FROM sandbox_tokens WHERE id = ?1", params![id])?;
+    tx.execute(
+        "DELETE FROM sandbox_public_ports WHERE id = ?1",
+        params![id],
+    )?;
+    Ok(())
+}
 
 /// The port-access store (SQLite). Cheap to share behind an `Arc`.
 #[derive(Debug)]
@@ -145,11 +192,7 @@ impl AccessStore {
     pub fn forget(&self, id: &str) -> Result<(), StoreError> {
         let mut conn = self.conn();
         let tx = conn.transaction()?;
-        tx.execute("DELETE FROM sandbox_tokens WHERE id = ?1", params![id])?;
-        tx.execute(
-            "DELETE FROM sandbox_public_ports WHERE id = ?1",
-            params![id],
-        )?;
+        forget_in(&tx, id)?;
         tx.commit()?;
         Ok(())
     }

@@ -404,6 +404,7 @@ mod tests {
                 metadata: Default::default(),
                 created_at_ms: 0,
                 expires_at_ms: 1,
+                access: None,
             },
             10,
             10,

@@ -182,6 +182,9 @@ pub struct NewSandbox {
     pub created_at_ms: i64,
     /// Deadline, unix ms.
     pub expires_at_ms: i64,
+    /// The token that opens its ports, and the ports open without it: recorded with the
+    /// sandbox in one transaction, forgotten when it ends (see [`access`]).
+    pub access: Option<access::NewAccess>,
 }
 
 /// The sandbox state interface. Implementations are shared between threads.
@@ -412,6 +415,8 @@ impl SqliteStore {
                 )?;
             }
         }
+        // The access tables (their own idempotent migration), written with the sandboxes.
+        tx.execute_batch(access::MIGRATION)?;
         tx.commit()?;
         Ok(SqliteStore {
             conn: Arc::new(Mutex::new(conn)),
@@ -620,6 +625,9 @@ impl SandboxStore for SqliteStore {
             }
             Err(e) => return Err(e.into()),
         }
+        if let Some(a) = &new.access {
+            access::insert(&tx, new.id.as_str(), a)?;
+        }
         tx.commit()?;
         Ok(slot)
     }
@@ -702,6 +710,10 @@ impl SandboxStore for SqliteStore {
             )?
             .execute(params![id.as_str(), state.as_str(), ended_at_ms, reason])?;
         changed(n, id)?;
+        if !state.is_alive() {
+            // An ended sandbox's token opens nothing any more, whatever ended it.
+            access::forget_in(&tx, id.as_str())?;
+        }
         if let Some(e) = event {
             audit::insert_event(&tx, e)?;
         }
@@ -896,11 +908,51 @@ mod tests {
                 .collect(),
             created_at_ms: now_ms(),
             expires_at_ms: now_ms() + 300_000,
+            access: None,
         }
     }
 
     fn id(s: &str) -> SandboxId {
         SandboxId::parse(s).unwrap()
+    }
+
+    #[test]
+    fn access_is_written_with_the_sandbox_and_forgotten_at_its_end() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = dir.path().join("state.db");
+        let s = SqliteStore::open(&db).unwrap();
+        let access = access::AccessStore::open(&db).unwrap();
+        let mut n = new("acc1", &[]);
+        let token = access::new_token();
+        n.access = Some(access::NewAccess {
+            token: token.clone(),
+            public_ports: vec![8080],
+        });
+        s.insert_creating(&n, 10, 10).unwrap();
+        assert_eq!(
+            access.token("acc1").unwrap().as_deref(),
+            Some(token.as_str())
+        );
+        assert!(access.is_public("acc1", 8080).unwrap());
+        // A create the store refuses (full) leaves no token behind.
+        let mut m = new("acc2", &[]);
+        m.access = Some(access::NewAccess {
+            token: access::new_token(),
+            public_ports: vec![],
+        });
+        assert!(matches!(
+            s.insert_creating(&m, 1, 10),
+            Err(StoreError::Full { .. })
+        ));
+        assert_eq!(access.token("acc2").unwrap(), None);
+        // Stopping keeps it; the end (destroyed or failed) forgets it.
+        s.set_state(&n.id, SandboxState::Stopping, None, None)
+            .unwrap();
+        assert!(access.token("acc1").unwrap().is_some());
+        s.set_state(&n.id, SandboxState::Destroyed, Some(now_ms()), Some("x"))
+            .unwrap();
+        assert_eq!(access.token("acc1").unwrap(), None);
+        assert!(!access.is_public("acc1", 8080).unwrap());
     }
 
     #[test]

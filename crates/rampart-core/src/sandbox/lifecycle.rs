@@ -271,7 +271,7 @@ impl Sandboxes {
             expires_at: rfc3339(new.expires_at_ms),
             ended_at: None,
             reason: None,
-            access_token: None,
+            access_token: new.access.as_ref().map(|a| a.token.clone()),
         })
     }
 

@@ -30,6 +30,7 @@ use crate::{CoreConfig, CoreError};
 use futures::stream::{BoxStream, StreamExt};
 use rampart_agent::client::AgentClient;
 use rampart_audit::{ContentHasher, EventBody};
+use rampart_store::access::AccessStore;
 use rampart_store::{
     now_ms, NewSandbox, SandboxRecord, SandboxStore, SqliteStore, StoreError, StoredNetwork,
 };
@@ -109,6 +110,9 @@ pub(crate) struct Sandboxes {
     templates_dir: PathBuf,
     /// Live sandboxes and their operation locks.
     pub(crate) registry: Registry,
+    /// Each live sandbox's access token and public ports (written with the sandbox by the
+    /// store, forgotten at its end); the proxies read it.
+    pub(crate) access: Arc<AccessStore>,
     metrics: Metrics,
     tasks: Mutex<Vec<AbortHandle>>,
     stopped: AtomicBool,
@@ -219,6 +223,7 @@ impl Sandboxes {
         }
         let store: Arc<dyn SandboxStore> =
             Arc::new(SqliteStore::open(&cfg.data_dir.join("state.db")).map_err(CoreError::from)?);
+        let access = Arc::new(AccessStore::open(&cfg.data_dir.join("state.db"))?);
         let audit = Arc::new(Audit::open(
             cfg.audit.clone(),
             store.clone(),
@@ -269,6 +274,7 @@ impl Sandboxes {
             state_dir,
             templates_dir,
             registry: Registry::default(),
+            access,
             metrics,
             tasks: Mutex::new(Vec::new()),
             stopped: AtomicBool::new(false),
@@ -281,6 +287,20 @@ impl Sandboxes {
         let c = inner.cfg.clone();
         let _ =
             tokio::task::spawn_blocking(move || crate::templates::clean_build_leftovers(&c)).await;
+        // Access of sandboxes that ended while no daemon ran (or before access was written
+        // with the sandbox) opens nothing.
+        let alive: Vec<String> = inner
+            .store
+            .alive()?
+            .into_iter()
+            .map(|r| r.id.as_str().to_owned())
+            .collect();
+        let keep: Vec<&str> = alive.iter().map(String::as_str).collect();
+        match inner.access.retain(&keep) {
+            Ok(n) if n > 0 => debug!(count = n, "forgot the access of ended sandboxes"),
+            Ok(_) => {}
+            Err(e) => warn!("forgetting the access of ended sandboxes: {e}"),
+        }
         match inner.store.prune_ended(now_ms() - HISTORY_MS) {
             Ok(n) if n > 0 => info!(count = n, "forgot old ended sandboxes"),
             Ok(_) => {}

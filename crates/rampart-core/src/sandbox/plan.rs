@@ -1,10 +1,11 @@
 //! A create request made into a plan: secrets by name resolved to their values, the
 //! snapshot and volumes staged, limits, timeout and template validated against the config,
-//! the network policy checked. Nothing is written; a plan that is dropped leaves nothing.
+//! the network policy and public ports checked, the access token made. Nothing is written; a plan that is dropped leaves nothing.
 
 use super::Sandboxes;
 use crate::persist::Staged;
 use crate::{validate, CoreError};
+use rampart_store::access::{new_token, NewAccess};
 use rampart_store::{now_ms, NewSandbox, StoredNetwork};
 use rampart_types::{CreateSandbox, OnTimeout, SandboxId};
 
@@ -38,6 +39,11 @@ impl Sandboxes {
             &|n| crate::templates::is_built(&cfg.data_dir, n),
         )?;
         let net = self.network.check(req.network.as_ref(), &req.secrets)?;
+        // The token that opens its ports, recorded with it (forgotten when it ends).
+        let access = NewAccess {
+            token: new_token(),
+            public_ports: validate::check_public_ports(&req.public_ports)?,
+        };
         let created = now_ms();
         let new = NewSandbox {
             id: SandboxId::generate(),
@@ -47,6 +53,7 @@ impl Sandboxes {
             metadata: req.metadata,
             created_at_ms: created,
             expires_at_ms: created.saturating_add((v.timeout_secs as i64).saturating_mul(1000)),
+            access: Some(access),
         };
         Ok(Plan {
             new,
