@@ -14,13 +14,7 @@ impl Sandboxes {
         asked: u64,
     ) -> Result<tokio::sync::MutexGuard<'_, ()>, CoreError> {
         let guard = self.disk_admission.lock().await;
-        let sandboxes: u64 = self
-            .store
-            .alive()
-            .map_err(CoreError::from)?
-            .iter()
-            .map(|r| r.limits.disk_bytes)
-            .sum();
+        let sandboxes = self.store.alive_disk_bytes()?;
         let committed = sandboxes.saturating_add(self.persist.committed_bytes()?);
         let (data, root, ratio) = (
             self.cfg.data_dir.clone(),
