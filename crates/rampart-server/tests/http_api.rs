@@ -117,10 +117,12 @@ impl Backend for Fake {
     fn exec<'a>(
         &'a self,
         id: &'a SandboxId,
-        _req: ExecRequest,
-        _keep_stdin_open: bool,
+        req: ExecRequest,
+        keep_stdin_open: bool,
     ) -> BoxFuture<'a, Result<Exec, CoreError>> {
         Box::pin(async move {
+            // As core does: the request first, then the sandbox.
+            rampart_core::validate::check_exec(&req, keep_stdin_open)?;
             self.lookup(id)?;
             Err(CoreError::Internal("no processes in this test".into()))
         })

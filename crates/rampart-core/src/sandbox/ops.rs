@@ -183,8 +183,9 @@ impl Sandboxes {
         req: ExecRequest,
         keep_stdin_open: bool,
     ) -> Result<Exec, CoreError> {
-        let client = self.agent(id)?;
+        // Bad input is refused whatever the sandbox (validated once, here).
         let v = check_exec(&req, keep_stdin_open)?;
+        let client = self.agent(id)?;
         self.metrics.execs.inc();
         exec::start(&self.exec_context(), client, id, &req, v, keep_stdin_open).await
     }
