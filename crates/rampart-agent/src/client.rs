@@ -211,9 +211,9 @@ impl Pool {
     }
 }
 
-/// An answer's body that drives its connection while it is read, and hands the connection
-/// back to the pool once read to the end.
-struct Driven {
+/// The body of an answer from the agent. It drives its connection while it is read and hands
+/// the connection back to the pool once read to the end; dropped half-read, it closes it.
+pub struct Driven {
     body: Incoming,
     lease: Option<Lease>,
     pool: Arc<Pool>,
@@ -249,6 +249,14 @@ impl hyper::body::Body for Driven {
     }
 }
 
+impl std::fmt::Debug for Driven {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Driven")
+            .field("pooled", &self.lease.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
 impl Drop for Driven {
     fn drop(&mut self) {
         // Reusable only when the answer was read whole; otherwise dropping closes it.
@@ -258,6 +266,18 @@ impl Drop for Driven {
             }
         }
     }
+}
+
+/// Whether a request asks for a protocol upgrade: an `Upgrade` header and `upgrade` among
+/// the `Connection` tokens.
+fn is_upgrade(headers: &hyper::HeaderMap) -> bool {
+    headers.contains_key(hyper::header::UPGRADE)
+        && headers
+            .get_all(hyper::header::CONNECTION)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .any(|t| t.trim().eq_ignore_ascii_case("upgrade"))
 }
 
 fn full_body(b: impl Into<Bytes>) -> ReqBody {
@@ -567,6 +587,42 @@ impl AgentClient {
                 },
             }
         }
+    }
+
+    /// Sends `req` as it is (method, URI, headers; the body streamed as it comes) and returns
+    /// the agent's answer with its body streamed: for a proxy in front of the agent. Nothing
+    /// is added or removed; the caller sets `Host` and strips what must not reach the agent.
+    ///
+    /// The request goes on a pooled connection (see the module's contract), which is reused
+    /// once the answer has been read to its end, and which is driven by whoever polls first
+    /// the answer, then its body (a request body still being written after the answer's head
+    /// came is written as the answer's body is read). A request that asks for a protocol
+    /// upgrade (`Connection: upgrade` and `Upgrade`) goes on a connection of its own, driven in
+    /// a task with upgrades on, so that `hyper::upgrade::on` of a `101` answer gives the
+    /// upgraded connection.
+    pub async fn forward<B>(&self, req: Request<B>) -> Result<Response<Driven>, ClientError>
+    where
+        B: hyper::body::Body<Data = Bytes> + Send + 'static,
+        B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    {
+        let req = req.map(|b| b.map_err(std::io::Error::other).boxed_unsync());
+        if !is_upgrade(req.headers()) {
+            return self.send(req).await;
+        }
+        let (mut sender, conn) = self.handshake().await?;
+        tokio::spawn(async move {
+            let _ = conn.with_upgrades().await;
+        });
+        let resp = sender
+            .send_request(req)
+            .await
+            .map_err(|e| ClientError::Unreachable(format!("request failed: {e}")))?;
+        let pool = self.pool.clone();
+        Ok(resp.map(|body| Driven {
+            body,
+            lease: None,
+            pool,
+        }))
     }
 
     fn request(
@@ -1090,5 +1146,150 @@ impl AgentClient {
         hyper::upgrade::on(resp)
             .await
             .map_err(|e| ClientError::Unreachable(format!("tunnel upgrade: {e}")))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+
+    /// A server on a Unix socket: `/echo` streams the request body back as it comes,
+    /// `/upgrade` switches to an echo of raw bytes. Counts the connections it accepted.
+    async fn server(dir: &std::path::Path) -> (PathBuf, Arc<AtomicUsize>) {
+        let path = dir.join("agent.sock");
+        let listener = tokio::net::UnixListener::bind(&path).unwrap();
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let n = accepted.clone();
+        tokio::spawn(async move {
+            loop {
+                let Ok((stream, _)) = listener.accept().await else {
+                    return;
+                };
+                n.fetch_add(1, Ordering::SeqCst);
+                tokio::spawn(async move {
+                    let svc = hyper::service::service_fn(|mut req: Request<Incoming>| async move {
+                        if req.uri().path() == "/upgrade" {
+                            let on = hyper::upgrade::on(&mut req);
+                            tokio::spawn(async move {
+                                let Ok(up) = on.await else { return };
+                                let mut io = hyper_util::rt::TokioIo::new(up);
+                                let mut b = [0u8; 64];
+                                while let Ok(k @ 1..) = io.read(&mut b).await {
+                                    if io.write_all(&b[..k]).await.is_err() {
+                                        return;
+                                    }
+                                }
+                            });
+                            let r = Response::builder()
+                                .status(101)
+                                .header(hyper::header::CONNECTION, "upgrade")
+                                .header(hyper::header::UPGRADE, "echo")
+                                .body(UnsyncBoxBody::new(
+                                    Full::new(Bytes::new()).map_err(|never| match never {}),
+                                ))
+                                .unwrap();
+                            return Ok::<_, std::convert::Infallible>(r);
+                        }
+                        Ok(Response::new(req.into_body().boxed_unsync()))
+                    });
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(hyper_util::rt::TokioIo::new(stream), svc)
+                        .with_upgrades()
+                        .await;
+                });
+            }
+        });
+        (path, accepted)
+    }
+
+    fn post(uri: &str, body: &'static [u8]) -> Request<Full<Bytes>> {
+        Request::post(uri)
+            .header("host", "agent")
+            .body(Full::new(Bytes::from_static(body)))
+            .unwrap()
+    }
+
+    #[tokio::test]
+    async fn forward_reuses_pooled_connections_and_drops_half_read_ones() {
+        let dir = tempfile::tempdir().unwrap();
+        let (sock, accepted) = server(dir.path()).await;
+        let c = AgentClient::new(sock);
+        for body in [&b"one"[..], b"two"] {
+            let resp = c.forward(post("/echo", body)).await.unwrap();
+            assert_eq!(resp.status(), 200);
+            let got = resp.into_body().collect().await.unwrap().to_bytes();
+            assert_eq!(&got[..], body);
+        }
+        assert_eq!(
+            accepted.load(Ordering::SeqCst),
+            1,
+            "the second reused the first"
+        );
+        // An answer dropped before its end closes its connection: the next call opens one.
+        let (mut tx, rx) =
+            futures::channel::mpsc::channel::<Result<Frame<Bytes>, std::io::Error>>(1);
+        let req = Request::post("/echo")
+            .header("host", "agent")
+            .body(StreamBody::new(rx))
+            .unwrap();
+        futures::SinkExt::send(&mut tx, Ok(Frame::data(Bytes::from_static(b"x"))))
+            .await
+            .unwrap();
+        let resp = c.forward(req).await.unwrap();
+        drop(resp);
+        let resp = c.forward(post("/echo", b"three")).await.unwrap();
+        let got = resp.into_body().collect().await.unwrap().to_bytes();
+        assert_eq!(&got[..], b"three");
+        assert_eq!(accepted.load(Ordering::SeqCst), 2);
+    }
+
+    #[tokio::test]
+    async fn forward_streams_a_request_body_written_after_the_answer_came() {
+        let dir = tempfile::tempdir().unwrap();
+        let (sock, _) = server(dir.path()).await;
+        let c = AgentClient::new(sock);
+        let (mut tx, rx) =
+            futures::channel::mpsc::channel::<Result<Frame<Bytes>, std::io::Error>>(1);
+        let req = Request::post("/echo")
+            .header("host", "agent")
+            .body(StreamBody::new(rx))
+            .unwrap();
+        futures::SinkExt::send(&mut tx, Ok(Frame::data(Bytes::from_static(b"first"))))
+            .await
+            .unwrap();
+        let mut body = c.forward(req).await.unwrap().into_body();
+        let f = body.frame().await.unwrap().unwrap().into_data().unwrap();
+        assert_eq!(&f[..], b"first");
+        // Written while the answer is being read.
+        futures::SinkExt::send(&mut tx, Ok(Frame::data(Bytes::from_static(b"second"))))
+            .await
+            .unwrap();
+        let f = body.frame().await.unwrap().unwrap().into_data().unwrap();
+        assert_eq!(&f[..], b"second");
+        drop(tx);
+        assert!(body.frame().await.is_none());
+    }
+
+    #[tokio::test]
+    async fn forward_passes_upgrades() {
+        let dir = tempfile::tempdir().unwrap();
+        let (sock, _) = server(dir.path()).await;
+        let c = AgentClient::new(sock);
+        let req = Request::get("/upgrade")
+            .header("host", "agent")
+            .header(hyper::header::CONNECTION, "upgrade")
+            .header(hyper::header::UPGRADE, "echo")
+            .body(Full::new(Bytes::new()))
+            .unwrap();
+        let mut resp = c.forward(req).await.unwrap();
+        assert_eq!(resp.status(), 101);
+        let up = hyper::upgrade::on(&mut resp).await.unwrap();
+        let mut io = hyper_util::rt::TokioIo::new(up);
+        io.write_all(b"ping").await.unwrap();
+        let mut b = [0u8; 4];
+        io.read_exact(&mut b).await.unwrap();
+        assert_eq!(&b, b"ping");
     }
 }

@@ -145,11 +145,6 @@ impl E2b {
             None => Err(E2bError::not_found(id)),
         }
     }
-
-    /// Whether the sandbox is paused (its envd answers 502 then, like E2B's edge).
-    pub(crate) fn is_paused(&self, id: &SandboxId) -> bool {
-        matches!(self.manager.get(id), Ok(i) if i.state == SandboxState::Paused)
-    }
 }
 
 fn state_name(info: &SandboxInfo) -> &'static str {

@@ -1,6 +1,12 @@
 //! The envd side: requests for a sandbox (by the `E2b-Sandbox-Id` / `E2b-Sandbox-Port`
 //! headers, or a `{port}-{id}.<domain>` host) are checked (`X-Access-Token`, or a signature on
-//! `/files`) and streamed to the sandbox's agent over its Unix socket, both ways, unbuffered.
+//! `/files`), read for the audit record (`record`, which refuses what it cannot read), and
+//! streamed to the sandbox's agent on the pooled connections of its agent client, both ways.
+//!
+//! A request looks the sandbox up once ([`E2b::live`]: the manager's in-memory set of live
+//! sandboxes, then the E2B facts). Only when forwarding fails is the live set looked at
+//! again, to tell a sandbox that ended on the way (not found) from one that is there but
+//! whose agent did not answer (port not open).
 
 use super::{E2b, E2bError};
 use crate::proxy::same_secret;
@@ -10,7 +16,8 @@ use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use base64::Engine as _;
-use hyper_util::rt::TokioIo;
+use rampart_agent::client::AgentClient;
+use rampart_core::CoreError;
 use rampart_store::keys::E2bSandbox;
 use rampart_types::SandboxId;
 use sha2::{Digest, Sha256};
@@ -227,40 +234,85 @@ pub(crate) async fn dispatch(State(st): State<E2b>, req: Request, next: Next) ->
     to_sandbox(&st, t, req).await
 }
 
-async fn to_sandbox(st: &E2b, t: Target, mut req: Request) -> Response {
+/// A sandbox the envd proxy can reach: running (neither paused nor ending), made through the
+/// E2B API.
+pub(crate) struct Live {
+    agent: AgentClient,
+    facts: E2bSandbox,
+}
+
+impl E2b {
+    /// The one lookup of an envd request: the sandbox's agent client if it is running and
+    /// not paused (the manager's in-memory set of live sandboxes), and its E2B facts. `None`
+    /// when it is not there for the proxy (unknown, ended, ending, paused, or not an E2B
+    /// sandbox); its recorded execs are forgotten then.
+    pub(crate) async fn live(&self, id: &SandboxId) -> Result<Option<Live>, E2bError> {
+        let agent = match self.manager.agent(id) {
+            Ok(a) => a,
+            Err(CoreError::Internal(e)) => return Err(E2bError::internal(e)),
+            // Paused: its processes resume with it, and so do their records.
+            Err(CoreError::WrongState { state, .. })
+                if state == rampart_types::SandboxState::Paused.as_str() =>
+            {
+                return Ok(None)
+            }
+            Err(_) => {
+                self.running.forget(id);
+                return Ok(None);
+            }
+        };
+        let keys = self.keys.clone();
+        let sid = id.as_str().to_owned();
+        let facts = tokio::task::spawn_blocking(move || keys.sandbox(&sid))
+            .await
+            .map_err(|e| E2bError::internal(e.to_string()))??;
+        Ok(facts.map(|facts| Live { agent, facts }))
+    }
+
+    /// After forwarding failed: whether the sandbox is still running (its agent did not
+    /// answer) rather than ended or paused on the way.
+    fn still_running(&self, id: &SandboxId) -> bool {
+        self.manager.agent(id).is_ok()
+    }
+}
+
+async fn to_sandbox(st: &E2b, t: Target, req: Request) -> Response {
     let Ok(id) = SandboxId::parse(&t.id) else {
         return not_found_502(&t.id);
     };
-    let facts = match st.lookup(&id).await {
-        Ok(Some((_, f))) => f,
+    let live = match st.live(&id).await {
+        Ok(Some(l)) => l,
         Ok(None) => return not_found_502(&t.id),
         Err(e) => return e.into_response(),
     };
-    if st.is_paused(&id) {
-        return not_found_502(&t.id);
-    }
+    to_live(st, &id, t, live, req).await
+}
+
+/// A request for a sandbox found live.
+async fn to_live(st: &E2b, id: &SandboxId, t: Target, live: Live, mut req: Request) -> Response {
     if t.port != ENVD_PORT {
-        return to_port(st, &id, t, &facts, req).await;
+        return to_port(st, id, t, live, req).await;
     }
-    if let Err(r) = authorize(&req, &facts) {
+    if let Err(r) = authorize(&req, &live.facts) {
         return *r;
     }
     // No credential of the daemon's reaches the agent, which runs inside the sandbox.
     crate::ports::strip_credentials(&st.creds, &mut req).await;
-    let socket = match st.manager.agent(&id) {
-        Ok(c) => c.socket().to_path_buf(),
-        Err(_) => return not_found_502(&t.id),
-    };
-    // What must be recorded before the request reaches the agent is committed here.
-    let (req, tap) = match super::record::request(&st.manager, &id, req).await {
+    // What must be recorded before the request reaches the agent is committed here; what
+    // cannot be read for the record is refused here.
+    let (req, tap) = match super::record::request(&st.manager, &st.running, id, req).await {
         Ok(x) => x,
         Err(r) => return r,
     };
-    match forward(&socket, req).await {
-        Ok(r) => super::record::answer(&st.manager, &id, tap, r).await,
+    match forward(&live.agent, req).await {
+        Ok(r) => super::record::answer(&st.manager, id, tap, r).await,
         Err(e) => {
+            if let Some(r) = tap.refusal() {
+                // Broken off on its way: a message that could not be read.
+                return r;
+            }
             // The sandbox may have ended while the request was on its way.
-            if matches!(st.lookup(&id).await, Ok(Some(_))) {
+            if st.still_running(id) {
                 port_closed_502(&t.id, t.port, &e)
             } else {
                 not_found_502(&t.id)
@@ -288,26 +340,16 @@ fn authorize_port(req: &Request, facts: &E2bSandbox) -> Result<(), Box<Response>
 /// A request for another port (the code interpreter's 49999, or any server in the sandbox):
 /// sent over a tunnel through the agent to `127.0.0.1:{port}` inside the sandbox, the answer
 /// streamed back. Nothing listening there answers 502 "port is not open".
-async fn to_port(
-    st: &E2b,
-    id: &SandboxId,
-    t: Target,
-    facts: &E2bSandbox,
-    mut req: Request,
-) -> Response {
-    if let Err(r) = authorize_port(&req, facts) {
+async fn to_port(st: &E2b, id: &SandboxId, t: Target, live: Live, mut req: Request) -> Response {
+    if let Err(r) = authorize_port(&req, &live.facts) {
         return *r;
     }
     // Nor any other credential of the daemon's (another sandbox's token, an E2B key).
     crate::ports::strip_credentials(&st.creds, &mut req).await;
-    let agent = match st.manager.agent(id) {
-        Ok(c) => c,
-        Err(_) => return not_found_502(&t.id),
-    };
-    let up = match agent.tunnel(t.port).await {
+    let up = match live.agent.tunnel(t.port).await {
         Ok(up) => up,
         Err(e) => {
-            return if matches!(st.lookup(id).await, Ok(Some(_))) {
+            return if st.still_running(id) {
                 let why = match &e {
                     rampart_agent::client::ClientError::Rpc { message, .. } => message.clone(),
                     other => other.to_string(),
@@ -345,28 +387,17 @@ fn strip(headers: &mut HeaderMap) {
     crate::proxy::strip(headers, &PRIVATE);
 }
 
-/// Sends `req` to the agent listening on `socket` and streams the answer back.
-async fn forward(socket: &std::path::Path, req: Request) -> Result<Response, String> {
-    let stream = tokio::net::UnixStream::connect(socket)
-        .await
-        .map_err(|e| format!("connecting to the agent: {e}"))?;
-    let (mut sender, conn) = hyper::client::conn::http1::Builder::new()
-        .handshake::<_, Body>(TokioIo::new(stream))
-        .await
-        .map_err(|e| format!("agent handshake: {e}"))?;
-    tokio::spawn(async move {
-        if let Err(e) = conn.await {
-            tracing::debug!("envd proxy connection: {e}");
-        }
-    });
+/// Sends `req` to the agent on a pooled connection of its client and streams the answer
+/// back. Hop-by-hop headers (an upgrade too) and the proxy's own go neither way.
+async fn forward(agent: &AgentClient, req: Request) -> Result<Response, String> {
     let (mut parts, body) = req.into_parts();
     strip(&mut parts.headers);
     parts
         .headers
         .insert(header::HOST, HeaderValue::from_static("localhost"));
     crate::proxy::origin_form(&mut parts)?;
-    let resp = sender
-        .send_request(Request::from_parts(parts, body))
+    let resp = agent
+        .forward(Request::from_parts(parts, body))
         .await
         .map_err(|e| format!("agent request: {e}"))?;
     let (mut parts, body) = resp.into_parts();
@@ -394,16 +425,16 @@ pub(crate) async fn signed_files(State(st): State<E2b>, req: Request) -> Respons
     };
     let mut expired = false;
     for info in alive {
-        let Ok(Some((_, facts))) = st.lookup(&info.id).await else {
+        let Ok(Some(live)) = st.live(&info.id).await else {
             continue;
         };
-        match check_signature(&s, op, &facts.access_token) {
+        match check_signature(&s, op, &live.facts.access_token) {
             Ok(()) => {
                 let t = Target {
                     id: info.id.as_str().to_owned(),
                     port: ENVD_PORT,
                 };
-                return to_sandbox(&st, t, req).await;
+                return to_live(&st, &info.id, t, live, req).await;
             }
             Err(m) if m != UNAUTHORIZED => expired = true,
             Err(_) => {}

@@ -13,21 +13,34 @@
 //! - `filesystem.Filesystem/Move`, `Remove`, `MakeDir` and `POST /files` (uploads,
 //!   multipart or raw): `file` events once the agent answered with success, writes with the
 //!   size and SHA-256 of the bytes as they passed through.
+//!
+//! It fails closed. A request is read with the agent's own decoders (`connect::decode_json`,
+//! `connect::decode_stream_request`, `server::ctx_of_headers`) and under the agent's own
+//! rules (content type, encoding), so what the proxy reads is what the agent will act on.
+//! One that must be recorded and cannot be read that way, input for a process the proxy is
+//! not recording, and any call of the process or filesystem service this module does not
+//! know (it cannot tell what that would run or change) are refused before they reach the
+//! agent: 400 (404 for an unknown process) with Connect's error body for a call, envd's for
+//! `/files`. A `StreamInput`'s first message is read before the agent hears of the call;
+//! each later message reaches the agent only once it has been read and counted, and one
+//! that cannot be breaks the call off (the client gets the refusal). Calls that change
+//! nothing recorded (`Connect`, `List`, `Stat`, `ListDir`, watches, signals...) and the
+//! other endpoints (`GET /files`, `/health`) pass as they are.
 
 use axum::body::Body;
 use axum::extract::Request;
-use axum::http::{header, HeaderMap, StatusCode};
+use axum::http::{header, HeaderMap, Method, StatusCode};
 use axum::response::Response;
-use base64::Engine as _;
 use bytes::{Bytes, BytesMut};
 use futures::StreamExt;
-use rampart_agent::connect::{self, take_envelope, FLAG_END_STREAM};
+use rampart_agent::connect::{self, take_envelope, Code, RpcError, FLAG_END_STREAM};
 use rampart_agent::proto;
-use rampart_core::{ExecRecorder, ExecStart, InputSink, Manager};
+use rampart_core::{CoreError, ExecRecorder, ExecStart, InputSink, Manager};
 use rampart_types::audit::{FileChange, FileOp};
-use rampart_types::SandboxId;
+use rampart_types::{SandboxId, SandboxState};
 use std::collections::HashMap;
-use std::sync::{LazyLock, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::Poll;
 
 /// Largest request body read whole to be recorded (a Start, SendInput, Move... request).
 const MAX_REQUEST: usize = connect::MAX_ENVELOPE + 5;
@@ -54,24 +67,218 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// Input sinks of the execs being recorded, by sandbox and pid (and tag).
-#[derive(Default)]
-struct Running {
-    by_pid: HashMap<(SandboxId, u32), InputSink>,
-    tags: HashMap<(SandboxId, String), u32>,
+/// A request refused before it reached the agent.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Refusal {
+    code: Code,
+    message: String,
+    /// envd's plain error body (`/files`) rather than Connect's.
+    plain: bool,
 }
 
-static RUNNING: LazyLock<Mutex<Running>> = LazyLock::new(|| Mutex::new(Running::default()));
+impl Refusal {
+    /// A call of `rpc` that cannot be read as the agent would read it.
+    fn unreadable(rpc: &str, why: impl std::fmt::Display) -> Self {
+        Refusal {
+            code: Code::InvalidArgument,
+            message: format!(
+                "{rpc}: the envd proxy cannot parse this request, so it is not forwarded \
+                 (nothing reaches the sandbox unrecorded): {why}"
+            ),
+            plain: false,
+        }
+    }
 
-fn sink_of(id: &SandboxId, sel: Option<&proto::ProcessSelector>) -> Option<InputSink> {
-    let sel = sel?;
-    let r = lock(&RUNNING);
-    let pid = match (&sel.pid, &sel.tag) {
-        (Some(p), _) => *p,
-        (None, Some(t)) => *r.tags.get(&(id.clone(), t.clone()))?,
-        (None, None) => return None,
+    fn invalid(message: String) -> Self {
+        Refusal {
+            code: Code::InvalidArgument,
+            message,
+            plain: false,
+        }
+    }
+
+    /// Input for a process the proxy is not recording.
+    fn unknown_process(rpc: &str, sel: Option<&proto::ProcessSelector>) -> Self {
+        let which = match sel {
+            Some(proto::ProcessSelector { pid: Some(p), .. }) => format!("with pid {p}"),
+            Some(proto::ProcessSelector { tag: Some(t), .. }) => format!("with tag {t}"),
+            _ => {
+                return Refusal::unreadable(rpc, "it names no process (a pid or a tag)");
+            }
+        };
+        Refusal {
+            code: Code::NotFound,
+            message: format!(
+                "{rpc}: process {which} not found among the processes started through this \
+                 envd proxy; input to it is not forwarded, as it could not be recorded"
+            ),
+            plain: false,
+        }
+    }
+
+    /// An upload that cannot be read (envd's plain error, as `/files` answers).
+    fn upload(why: impl std::fmt::Display) -> Self {
+        Refusal {
+            code: Code::InvalidArgument,
+            message: format!(
+                "POST /files: the envd proxy cannot parse this upload, so it is not forwarded \
+                 (nothing is written unrecorded): {why}"
+            ),
+            plain: true,
+        }
+    }
+
+    pub(crate) fn response(&self) -> Response {
+        if self.plain {
+            return error(StatusCode::BAD_REQUEST, &self.message);
+        }
+        let status =
+            StatusCode::from_u16(self.code.http_status()).unwrap_or(StatusCode::BAD_REQUEST);
+        let mut r = Response::new(Body::from(
+            RpcError::new(self.code, self.message.clone()).to_json(),
+        ));
+        *r.status_mut() = status;
+        r.headers_mut().insert(
+            header::CONTENT_TYPE,
+            axum::http::HeaderValue::from_static("application/json"),
+        );
+        r
+    }
+}
+
+/// The execs the envd proxy is recording, by sandbox: their input sinks by pid, and the pids
+/// of the tagged ones. Owned by the E2B server state. An exec's entry goes when its Start's
+/// answer ends (the process ended, the stream broke, the recording was dropped); a sandbox's
+/// entries go when it ends ([`forget_ended`]) or when a request finds it gone.
+pub(crate) struct Running<S = InputSink> {
+    inner: Mutex<RunningInner<S>>,
+}
+
+impl<S> Default for Running<S> {
+    fn default() -> Self {
+        Running {
+            inner: Mutex::new(RunningInner {
+                next: 0,
+                sandboxes: HashMap::new(),
+            }),
+        }
+    }
+}
+
+impl<S> std::fmt::Debug for Running<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let n = lock(&self.inner).sandboxes.len();
+        f.debug_struct("Running").field("sandboxes", &n).finish()
+    }
+}
+
+struct RunningInner<S> {
+    /// Tells one registration from a later one of the same pid or tag.
+    next: u64,
+    sandboxes: HashMap<SandboxId, Execs<S>>,
+}
+
+struct Execs<S> {
+    by_pid: HashMap<u32, (u64, S)>,
+    tags: HashMap<String, (u64, u32)>,
+}
+
+impl<S> Default for Execs<S> {
+    fn default() -> Self {
+        Execs {
+            by_pid: HashMap::new(),
+            tags: HashMap::new(),
+        }
+    }
+}
+
+impl<S: Clone> Running<S> {
+    /// The input sink of the recorded exec `sel` names (by pid, else by tag).
+    fn sink(&self, id: &SandboxId, sel: Option<&proto::ProcessSelector>) -> Option<S> {
+        let sel = sel?;
+        let r = lock(&self.inner);
+        let execs = r.sandboxes.get(id)?;
+        let pid = match (&sel.pid, &sel.tag) {
+            (Some(p), _) => *p,
+            (None, Some(t)) => execs.tags.get(t)?.1,
+            (None, None) => return None,
+        };
+        execs.by_pid.get(&pid).map(|(_, s)| s.clone())
+    }
+
+    /// Registers an exec that started as `pid`; returns its ticket for [`Running::remove`].
+    fn add(&self, id: &SandboxId, pid: u32, tag: Option<&str>, sink: S) -> u64 {
+        let mut r = lock(&self.inner);
+        r.next += 1;
+        let ticket = r.next;
+        let execs = r.sandboxes.entry(id.clone()).or_default();
+        execs.by_pid.insert(pid, (ticket, sink));
+        if let Some(t) = tag {
+            execs.tags.insert(t.to_owned(), (ticket, pid));
+        }
+        ticket
+    }
+
+    /// Removes what `ticket` registered (not a later registration of the same pid or tag).
+    fn remove(&self, id: &SandboxId, pid: u32, tag: Option<&str>, ticket: u64) {
+        let mut r = lock(&self.inner);
+        let Some(execs) = r.sandboxes.get_mut(id) else {
+            return;
+        };
+        if execs.by_pid.get(&pid).is_some_and(|(t, _)| *t == ticket) {
+            execs.by_pid.remove(&pid);
+        }
+        if let Some(tag) = tag {
+            if execs.tags.get(tag).is_some_and(|(t, _)| *t == ticket) {
+                execs.tags.remove(tag);
+            }
+        }
+        if execs.by_pid.is_empty() && execs.tags.is_empty() {
+            r.sandboxes.remove(id);
+        }
+    }
+
+    /// Forgets every exec of a sandbox (it ended).
+    pub(crate) fn forget(&self, id: &SandboxId) {
+        lock(&self.inner).sandboxes.remove(id);
+    }
+
+    /// The sandboxes with execs being recorded.
+    fn sandboxes(&self) -> Vec<SandboxId> {
+        lock(&self.inner).sandboxes.keys().cloned().collect()
+    }
+}
+
+/// Whether the sandbox is still there for its processes: running, or paused (they resume).
+fn still_there(manager: &Manager, id: &SandboxId) -> bool {
+    match manager.agent(id) {
+        Ok(_) => true,
+        Err(CoreError::WrongState { state, .. }) => state == SandboxState::Paused.as_str(),
+        Err(_) => false,
+    }
+}
+
+/// Forgets the execs of sandboxes that ended, in the background: every end is recorded in
+/// the audit log, so this looks each time the log grows (only at sandboxes with execs being
+/// recorded, in the manager's in-memory set of live ones). Stops when either goes away.
+pub(crate) fn forget_ended(manager: &Arc<Manager>, running: &Arc<Running>) {
+    let Ok(rt) = tokio::runtime::Handle::try_current() else {
+        return;
     };
-    r.by_pid.get(&(id.clone(), pid)).cloned()
+    let mut changes = manager.audit_subscribe();
+    let (manager, running) = (Arc::downgrade(manager), Arc::downgrade(running));
+    rt.spawn(async move {
+        while changes.changed().await.is_ok() {
+            let (Some(m), Some(r)) = (manager.upgrade(), running.upgrade()) else {
+                return;
+            };
+            for id in r.sandboxes() {
+                if !still_there(&m, &id) {
+                    r.forget(&id);
+                }
+            }
+        }
+    });
 }
 
 /// What to do with the agent's answer.
@@ -82,10 +289,23 @@ pub(crate) enum Tap {
     Exec(Box<ExecTap>),
     /// Input to count once the agent accepted it.
     Input(InputSink, Vec<u8>),
+    /// A StreamInput whose messages are counted on their way; a message that cannot be read
+    /// breaks the call off, and its refusal is the answer.
+    Gated(Arc<Mutex<Option<Refusal>>>),
     /// A file operation to record once the agent answered with success.
     File(FileTap),
     /// An upload: the parts' records come from `parts` (in order), paths from the answer.
     Upload(tokio::sync::oneshot::Receiver<Vec<(u64, String)>>),
+}
+
+impl Tap {
+    /// The refusal that broke the request off on its way, if one did.
+    pub(crate) fn refusal(&self) -> Option<Response> {
+        match self {
+            Tap::Gated(slot) => lock(slot).as_ref().map(Refusal::response),
+            _ => None,
+        }
+    }
 }
 
 /// A file operation waiting for its answer.
@@ -93,23 +313,6 @@ pub(crate) struct FileTap {
     op: FileOp,
     path: String,
     to: Option<String>,
-}
-
-/// The user a request runs as (`Authorization: Basic base64("<user>:")`), default `user`.
-fn user_of(headers: &HeaderMap) -> String {
-    headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.trim().strip_prefix("Basic "))
-        .and_then(|b| {
-            base64::engine::general_purpose::STANDARD
-                .decode(b.trim())
-                .ok()
-        })
-        .and_then(|b| String::from_utf8(b).ok())
-        .map(|s| s.split(':').next().unwrap_or_default().to_owned())
-        .filter(|u| !u.is_empty())
-        .unwrap_or_else(|| "user".into())
 }
 
 /// Reads a whole body (up to `max` bytes).
@@ -126,177 +329,437 @@ async fn read_all(body: Body, max: usize) -> Result<Bytes, String> {
     Ok(out.freeze())
 }
 
-/// The message of a unary (`application/json`) or enveloped (`application/connect+json`)
-/// request body.
-fn message_of(headers: &HeaderMap, body: &Bytes) -> Option<Bytes> {
+/// The calls that change nothing the record holds: forwarded as they are.
+const UNRECORDED: [&str; 11] = [
+    "process.Process/Connect",
+    "process.Process/List",
+    "process.Process/CloseStdin",
+    "process.Process/SendSignal",
+    "process.Process/Update",
+    "filesystem.Filesystem/Stat",
+    "filesystem.Filesystem/ListDir",
+    "filesystem.Filesystem/WatchDir",
+    "filesystem.Filesystem/CreateWatcher",
+    "filesystem.Filesystem/GetWatcherEvents",
+    "filesystem.Filesystem/RemoveWatcher",
+];
+
+/// A call whose request is read to be recorded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Recorded {
+    Start,
+    SendInput,
+    StreamInput,
+    Move,
+    Remove,
+    MakeDir,
+}
+
+impl Recorded {
+    fn name(self) -> &'static str {
+        match self {
+            Recorded::Start => "process.Process/Start",
+            Recorded::SendInput => "process.Process/SendInput",
+            Recorded::StreamInput => "process.Process/StreamInput",
+            Recorded::Move => "filesystem.Filesystem/Move",
+            Recorded::Remove => "filesystem.Filesystem/Remove",
+            Recorded::MakeDir => "filesystem.Filesystem/MakeDir",
+        }
+    }
+
+    /// A server- or client-streaming call (enveloped messages), not a unary one.
+    fn streaming(self) -> bool {
+        matches!(self, Recorded::Start | Recorded::StreamInput)
+    }
+}
+
+/// What a request for the envd port is, for the record.
+#[derive(Debug, PartialEq, Eq)]
+enum Kind {
+    /// Forwarded as it is.
+    Pass,
+    /// Read (and recorded) on its way.
+    Recorded(Recorded),
+    /// `POST /files`.
+    Upload,
+    /// Refused: a call of the process or filesystem service that is not known here.
+    Unknown(String),
+}
+
+fn kind_of(method: &Method, path: &str) -> Kind {
+    if path == "/files" {
+        return if method == Method::POST {
+            Kind::Upload
+        } else {
+            Kind::Pass
+        };
+    }
+    let Some(rpc) = path
+        .strip_prefix('/')
+        .filter(|p| p.starts_with("process.Process/") || p.starts_with("filesystem.Filesystem/"))
+    else {
+        return Kind::Pass;
+    };
+    if method != Method::POST {
+        return Kind::Unknown(format!(
+            "{method} {rpc}: the envd proxy forwards Connect calls sent with POST only"
+        ));
+    }
+    let recorded = [
+        Recorded::Start,
+        Recorded::SendInput,
+        Recorded::StreamInput,
+        Recorded::Move,
+        Recorded::Remove,
+        Recorded::MakeDir,
+    ];
+    if let Some(r) = recorded.into_iter().find(|r| r.name() == rpc) {
+        return Kind::Recorded(r);
+    }
+    if UNRECORDED.contains(&rpc) {
+        return Kind::Pass;
+    }
+    Kind::Unknown(format!(
+        "unknown procedure {rpc}: not forwarded, as the envd proxy cannot tell what it would \
+         run or change, so it could not record it"
+    ))
+}
+
+/// Checks that a call's request is in the form the agent reads (as its `rpc` does): the
+/// content type of its kind and no compression.
+fn check_form(rpc: Recorded, headers: &HeaderMap) -> Result<(), Refusal> {
     let ct = headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .unwrap_or_default()
         .to_ascii_lowercase();
-    if ct.starts_with("application/connect+") {
-        let mut buf = BytesMut::from(&body[..]);
-        match take_envelope(&mut buf) {
-            Ok(Some((flags, m))) if flags & FLAG_END_STREAM == 0 => Some(m),
-            _ => None,
-        }
+    let base = ct.split(';').next().unwrap_or_default().trim();
+    let (want, encoding) = if rpc.streaming() {
+        ("application/connect+json", "connect-content-encoding")
     } else {
-        Some(body.clone())
+        ("application/json", "content-encoding")
+    };
+    if base != want {
+        return Err(Refusal::unreadable(
+            rpc.name(),
+            format!("content-type {ct:?} (it is read as {want})"),
+        ));
     }
+    if let Some(e) = headers
+        .get(encoding)
+        .map(|v| v.to_str().unwrap_or("?").trim())
+        .filter(|v| !v.eq_ignore_ascii_case("identity"))
+    {
+        return Err(Refusal::unreadable(
+            rpc.name(),
+            format!("{encoding} {e:?} (only identity is read)"),
+        ));
+    }
+    Ok(())
 }
 
 /// Looks at a request for the envd port before it is forwarded: records what must be
 /// recorded before it reaches the agent, and says what to do with the answer. A request
-/// whose body had to be read comes back with the same bytes.
+/// whose body had to be read comes back with the same bytes. `Err` is the answer to give
+/// instead: the request must not reach the agent.
 pub(crate) async fn request(
     manager: &Manager,
+    running: &Arc<Running>,
     id: &SandboxId,
     req: Request,
 ) -> Result<(Request, Tap), Response> {
-    let path = req.uri().path().to_owned();
-    let rpc = path.strip_prefix('/').unwrap_or_default();
-    let wanted = matches!(
-        rpc,
-        "process.Process/Start"
-            | "process.Process/SendInput"
-            | "process.Process/StreamInput"
-            | "filesystem.Filesystem/Move"
-            | "filesystem.Filesystem/Remove"
-            | "filesystem.Filesystem/MakeDir"
-    ) || (rpc == "files" && req.method() == axum::http::Method::POST);
-    if !wanted {
-        return Ok((req, Tap::None));
-    }
-    if rpc == "files" {
-        return Ok(upload(req));
-    }
-    if rpc == "process.Process/StreamInput" {
-        return Ok((stream_input(id.clone(), req), Tap::None));
+    let (req, plan) = read(running, id, req).await?;
+    let tap = match plan {
+        Plan::Tap(t) => t,
+        Plan::Exec(e) => start_exec(manager, running, id, *e).map_err(|r| *r)?,
+    };
+    Ok((req, tap))
+}
+
+/// What a request that may go on needs.
+enum Plan {
+    /// An exec to record before it goes.
+    Exec(Box<Exec>),
+    Tap(Tap),
+}
+
+/// A Start, as read.
+struct Exec {
+    start: ExecStart,
+    tag: Option<String>,
+}
+
+/// Reads a request for the envd port as the agent will read it (see the module's doc).
+async fn read(
+    running: &Arc<Running>,
+    id: &SandboxId,
+    req: Request,
+) -> Result<(Request, Plan), Response> {
+    let rpc = match kind_of(req.method(), req.uri().path()) {
+        Kind::Pass => return Ok((req, Plan::Tap(Tap::None))),
+        Kind::Unknown(why) => return Err(Refusal::invalid(why).response()),
+        Kind::Upload => {
+            return upload(req)
+                .map(|(r, t)| (r, Plan::Tap(t)))
+                .map_err(|r| r.response())
+        }
+        Kind::Recorded(rpc) => rpc,
+    };
+    check_form(rpc, req.headers()).map_err(|r| r.response())?;
+    if rpc == Recorded::StreamInput {
+        return stream_input(running.clone(), id.clone(), req)
+            .await
+            .map(|(r, t)| (r, Plan::Tap(t)))
+            .map_err(|r| r.response());
     }
     let (parts, body) = req.into_parts();
     let bytes = match read_all(body, MAX_REQUEST).await {
         Ok(b) => b,
-        Err(e) => return Err(error(StatusCode::BAD_REQUEST, &e)),
+        Err(e) => return Err(Refusal::unreadable(rpc.name(), e).response()),
     };
-    let msg = message_of(&parts.headers, &bytes);
-    let parse = |m: &Bytes| serde_json::from_slice::<serde_json::Value>(m).ok();
-    let tap = match (rpc, msg.as_ref()) {
-        ("process.Process/Start", Some(m)) => {
-            match serde_json::from_slice::<proto::StartRequest>(m) {
-                Ok(start) => start_exec(manager, id, &parts.headers, start).map_err(|r| *r)?,
-                Err(_) => Tap::None,
-            }
+    let unreadable = |e: RpcError| Refusal::unreadable(rpc.name(), e.message).response();
+    let plan = match rpc {
+        Recorded::Start => {
+            let start: proto::StartRequest =
+                connect::decode_stream_request(&bytes).map_err(unreadable)?;
+            Plan::Exec(Box::new(
+                exec_of(&parts.headers, start).map_err(|r| r.response())?,
+            ))
         }
-        ("process.Process/SendInput", Some(m)) => {
-            match serde_json::from_slice::<proto::SendInputRequest>(m) {
-                Ok(r) => match (sink_of(id, r.process.as_ref()), r.input) {
-                    (Some(sink), Some(input)) => {
-                        let data = input.pty.or(input.stdin).unwrap_or_default();
-                        Tap::Input(sink, data.to_vec())
-                    }
-                    _ => Tap::None,
+        Recorded::SendInput => {
+            let r: proto::SendInputRequest = connect::decode_json(&bytes).map_err(unreadable)?;
+            let Some(sink) = running.sink(id, r.process.as_ref()) else {
+                return Err(Refusal::unknown_process(rpc.name(), r.process.as_ref()).response());
+            };
+            let input = r.input.unwrap_or_default();
+            let data = input.pty.or(input.stdin).unwrap_or_default();
+            Plan::Tap(Tap::Input(sink, data.to_vec()))
+        }
+        Recorded::Move => {
+            let r: proto::MoveRequest = connect::decode_json(&bytes).map_err(unreadable)?;
+            Plan::Tap(Tap::File(FileTap {
+                op: FileOp::Move,
+                path: r.source,
+                to: Some(r.destination),
+            }))
+        }
+        Recorded::Remove | Recorded::MakeDir => {
+            let r: proto::PathRequest = connect::decode_json(&bytes).map_err(unreadable)?;
+            Plan::Tap(Tap::File(FileTap {
+                op: if rpc == Recorded::Remove {
+                    FileOp::Remove
+                } else {
+                    FileOp::Mkdir
                 },
-                Err(_) => Tap::None,
-            }
+                path: r.path,
+                to: None,
+            }))
         }
-        ("filesystem.Filesystem/Move", Some(m)) => {
-            match serde_json::from_slice::<proto::MoveRequest>(m) {
-                Ok(r) => Tap::File(FileTap {
-                    op: FileOp::Move,
-                    path: r.source,
-                    to: Some(r.destination),
-                }),
-                Err(_) => Tap::None,
-            }
-        }
-        ("filesystem.Filesystem/Remove" | "filesystem.Filesystem/MakeDir", Some(m)) => {
-            match parse(m).and_then(|v| v.get("path")?.as_str().map(str::to_owned)) {
-                Some(p) => Tap::File(FileTap {
-                    op: if rpc.ends_with("Remove") {
-                        FileOp::Remove
-                    } else {
-                        FileOp::Mkdir
-                    },
-                    path: p,
-                    to: None,
-                }),
-                None => Tap::None,
-            }
-        }
-        _ => Tap::None,
+        Recorded::StreamInput => unreachable!("handled above"),
     };
-    Ok((Request::from_parts(parts, Body::from(bytes)), tap))
+    Ok((Request::from_parts(parts, Body::from(bytes)), plan))
+}
+
+/// The `exec` a Start records: its process as the agent will start it, and the user as the
+/// agent will read it from the same `Authorization` header (`user` when none is named).
+fn exec_of(headers: &HeaderMap, start: proto::StartRequest) -> Result<Exec, Refusal> {
+    let rpc = Recorded::Start.name();
+    let ctx = rampart_agent::server::ctx_of_headers(headers)
+        .map_err(|e| Refusal::unreadable(rpc, format!("Authorization: {}", e.message)))?;
+    let process = start.process.unwrap_or_default();
+    if process.cmd.is_empty() {
+        return Err(Refusal::unreadable(rpc, "process.cmd is required"));
+    }
+    let mut argv = Vec::with_capacity(process.args.len() + 1);
+    argv.push(process.cmd);
+    argv.extend(process.args);
+    Ok(Exec {
+        start: ExecStart {
+            argv,
+            cwd: process.cwd.filter(|c| !c.is_empty()),
+            user: ctx
+                .user
+                .filter(|u| !u.is_empty())
+                .unwrap_or_else(|| "user".into()),
+            env_names: process.envs.keys().cloned().collect(),
+            stdin: start.stdin.unwrap_or(true),
+            pty: start.pty.is_some(),
+            input: None,
+        },
+        tag: start.tag.filter(|t| !t.is_empty()),
+    })
 }
 
 /// Records a Start's `exec` (refusing the request if that fails: nothing runs unrecorded).
 fn start_exec(
     manager: &Manager,
+    running: &Arc<Running>,
     id: &SandboxId,
-    headers: &HeaderMap,
-    start: proto::StartRequest,
+    exec: Exec,
 ) -> Result<Tap, Box<Response>> {
-    let process = start.process.unwrap_or_default();
-    let mut argv = Vec::with_capacity(process.args.len() + 1);
-    argv.push(process.cmd);
-    argv.extend(process.args);
-    let rec = manager
-        .record_exec_start(
-            id,
-            ExecStart {
-                argv,
-                cwd: process.cwd.filter(|c| !c.is_empty()),
-                user: user_of(headers),
-                env_names: process.envs.keys().cloned().collect(),
-                stdin: start.stdin.unwrap_or(true),
-                pty: start.pty.is_some(),
-                input: None,
-            },
-        )
-        .map_err(|e| {
-            tracing::error!(id = %id, "recording an exec: {e}");
-            Box::new(internal(&format!("recording the exec: {e}")))
-        })?;
+    let rec = manager.record_exec_start(id, exec.start).map_err(|e| {
+        tracing::error!(id = %id, "recording an exec: {e}");
+        Box::new(internal(&format!("recording the exec: {e}")))
+    })?;
     Ok(Tap::Exec(Box::new(ExecTap {
+        running: running.clone(),
         sandbox: id.clone(),
-        tag: start.tag.filter(|t| !t.is_empty()),
+        tag: exec.tag,
         rec: Some(rec),
         pid: None,
+        ticket: None,
         buf: BytesMut::new(),
         end: None,
     })))
 }
 
-/// A StreamInput request: its data messages are counted as they go to the agent.
-fn stream_input(id: SandboxId, req: Request) -> Request {
-    let (parts, body) = req.into_parts();
-    let mut buf = BytesMut::new();
-    let mut sink: Option<InputSink> = None;
-    let stream = body.into_data_stream().map(move |chunk| {
-        if let Ok(c) = &chunk {
-            buf.extend_from_slice(c);
-            while let Ok(Some((flags, m))) = take_envelope(&mut buf) {
-                if flags & FLAG_END_STREAM != 0 {
-                    continue;
+/// A StreamInput's messages on their way to the agent: each is passed on only once it has
+/// been read and its input counted.
+struct InputGate {
+    running: Arc<Running>,
+    sandbox: SandboxId,
+    inner: axum::body::BodyDataStream,
+    buf: BytesMut,
+    sink: Option<InputSink>,
+    /// The end-of-stream message was passed on: the agent reads nothing after it.
+    ended: bool,
+}
+
+impl InputGate {
+    /// The next message, enveloped as it came; `Ok(None)` at the end of the request.
+    async fn next(&mut self) -> Result<Option<Bytes>, GateError> {
+        let rpc = Recorded::StreamInput.name();
+        loop {
+            if self.ended {
+                return Ok(None);
+            }
+            match take_envelope(&mut self.buf) {
+                Err(e) => return Err(GateError::Refused(Refusal::unreadable(rpc, e))),
+                Ok(Some((flags, payload))) => {
+                    if flags & FLAG_END_STREAM != 0 {
+                        self.ended = true;
+                    } else {
+                        self.read(&payload)?;
+                    }
+                    return Ok(Some(connect::envelope(flags, &payload)));
                 }
-                let Ok(r) = serde_json::from_slice::<proto::StreamInputRequest>(&m) else {
-                    continue;
-                };
-                if let Some(s) = r.start {
-                    sink = sink_of(&id, s.process.as_ref());
-                }
-                if let (Some(s), Some(d)) = (&sink, r.data.and_then(|d| d.input)) {
-                    s.update(&d.pty.or(d.stdin).unwrap_or_default());
+                Ok(None) => {}
+            }
+            match self.inner.next().await {
+                Some(Ok(c)) => self.buf.extend_from_slice(&c),
+                Some(Err(e)) => return Err(GateError::Body(e)),
+                None if self.buf.is_empty() => return Ok(None),
+                None => {
+                    return Err(GateError::Refused(Refusal::unreadable(
+                        rpc,
+                        "the request ends inside a message",
+                    )))
                 }
             }
         }
-        chunk
+    }
+
+    /// Reads one message as the agent will: `start` names the process the input that
+    /// follows goes to, `data` is counted in its exec's record.
+    fn read(&mut self, payload: &[u8]) -> Result<(), GateError> {
+        let rpc = Recorded::StreamInput.name();
+        let m: proto::StreamInputRequest = connect::decode_json(payload)
+            .map_err(|e| GateError::Refused(Refusal::unreadable(rpc, e.message)))?;
+        if let Some(s) = m.start {
+            match self.running.sink(&self.sandbox, s.process.as_ref()) {
+                Some(sink) => self.sink = Some(sink),
+                None => {
+                    return Err(GateError::Refused(Refusal::unknown_process(
+                        rpc,
+                        s.process.as_ref(),
+                    )))
+                }
+            }
+        } else if let Some(d) = m.data {
+            let Some(sink) = &self.sink else {
+                return Err(GateError::Refused(Refusal::unreadable(
+                    rpc,
+                    "input before the start message",
+                )));
+            };
+            let input = d.input.unwrap_or_default();
+            sink.update(&input.pty.or(input.stdin).unwrap_or_default());
+        }
+        Ok(())
+    }
+}
+
+enum GateError {
+    Refused(Refusal),
+    /// The client's body broke off.
+    Body(axum::Error),
+}
+
+/// A StreamInput: its first message is read before the request goes on (refused if it
+/// cannot be, or names no recorded process); the later ones as they come.
+async fn stream_input(
+    running: Arc<Running>,
+    sandbox: SandboxId,
+    req: Request,
+) -> Result<(Request, Tap), Refusal> {
+    let (parts, body) = req.into_parts();
+    let mut gate = InputGate {
+        running,
+        sandbox,
+        inner: body.into_data_stream(),
+        buf: BytesMut::new(),
+        sink: None,
+        ended: false,
+    };
+    let first = match gate.next().await {
+        Ok(Some(m)) => m,
+        Ok(None) => {
+            return Err(Refusal::unreadable(
+                Recorded::StreamInput.name(),
+                "the request has no message",
+            ))
+        }
+        Err(GateError::Refused(r)) => return Err(r),
+        Err(GateError::Body(e)) => {
+            return Err(Refusal::unreadable(
+                Recorded::StreamInput.name(),
+                format!("reading the request: {e}"),
+            ))
+        }
+    };
+    let slot = Arc::new(Mutex::new(None));
+    let refused = slot.clone();
+    let rest = futures::stream::unfold(Some(gate), move |gate| {
+        let refused = refused.clone();
+        async move {
+            let mut gate = gate?;
+            match gate.next().await {
+                Ok(Some(m)) => Some((Ok(m), Some(gate))),
+                Ok(None) => None,
+                Err(GateError::Body(e)) => Some((Err(std::io::Error::other(e)), None)),
+                Err(GateError::Refused(r)) => {
+                    let e = std::io::Error::other(r.message.clone());
+                    *lock(&refused) = Some(r);
+                    Some((Err(e), None))
+                }
+            }
+        }
     });
-    Request::from_parts(parts, Body::from_stream(stream))
+    let body = futures::stream::once(async move { Ok(first) }).chain(rest);
+    Ok((
+        Request::from_parts(parts, Body::from_stream(body)),
+        Tap::Gated(slot),
+    ))
 }
 
 /// An upload: the body goes to the agent as it comes and, through a channel, to a parser
-/// that hashes each file part (or the whole body when it is not multipart).
-fn upload(req: Request) -> (Request, Tap) {
+/// that hashes each file part (or the whole body when it is not multipart). Refused when it
+/// is not in a form the agent takes (as its `upload` decides): an encoding other than
+/// identity or gzip, gzip with multipart, a multipart type without a usable boundary.
+///
+/// A gzip-encoded raw upload goes through, recorded without size or digest: the agent
+/// writes it decompressed, and the proxy has no decoder to hash what is written.
+fn upload(req: Request) -> Result<(Request, Tap), Refusal> {
     let (parts, body) = req.into_parts();
     let ct = parts
         .headers
@@ -304,13 +767,32 @@ fn upload(req: Request) -> (Request, Tap) {
         .and_then(|v| v.to_str().ok())
         .unwrap_or_default()
         .to_owned();
-    let (tx, rx) = futures::channel::mpsc::unbounded::<Result<Bytes, std::io::Error>>();
-    let (done_tx, done_rx) = tokio::sync::oneshot::channel();
+    let encoding = match parts.headers.get(header::CONTENT_ENCODING) {
+        None => String::new(),
+        Some(v) => v
+            .to_str()
+            .map_err(|_| Refusal::upload("a content-encoding that is not text"))?
+            .trim()
+            .to_ascii_lowercase(),
+    };
+    let gzip = match encoding.as_str() {
+        "" | "identity" => false,
+        "gzip" | "x-gzip" => true,
+        other => return Err(Refusal::upload(format!("content-encoding {other:?}"))),
+    };
     let boundary = if ct.to_ascii_lowercase().starts_with("multipart/form-data") {
-        multer::parse_boundary(&ct).ok()
+        if gzip {
+            return Err(Refusal::upload("gzip with a multipart body"));
+        }
+        Some(
+            multer::parse_boundary(&ct)
+                .map_err(|e| Refusal::upload(format!("content-type {ct:?}: {e}")))?,
+        )
     } else {
         None
     };
+    let (tx, rx) = futures::channel::mpsc::unbounded::<Result<Bytes, std::io::Error>>();
+    let (done_tx, done_rx) = tokio::sync::oneshot::channel();
     tokio::spawn(async move {
         let mut out = Vec::new();
         match boundary {
@@ -339,6 +821,7 @@ fn upload(req: Request) -> (Request, Tap) {
                     out.push((r.size, r.digest.to_hex()));
                 }
             }
+            None if gzip => {}
             None => {
                 let mut h = rampart_audit::ContentHasher::new(0);
                 let mut rx = rx;
@@ -357,10 +840,10 @@ fn upload(req: Request) -> (Request, Tap) {
         }
         chunk
     });
-    (
+    Ok((
         Request::from_parts(parts, Body::from_stream(stream)),
         Tap::Upload(done_rx),
-    )
+    ))
 }
 
 /// Handles the agent's answer according to `tap`.
@@ -372,6 +855,10 @@ pub(crate) async fn answer(
 ) -> Response {
     match tap {
         Tap::None => resp,
+        Tap::Gated(slot) => match lock(&slot).take() {
+            Some(r) => r.response(),
+            None => resp,
+        },
         Tap::Exec(t) => {
             if !resp.status().is_success() {
                 // Its start failed: the recorder, dropped, records the exit as unknown.
@@ -461,16 +948,40 @@ pub(crate) async fn answer(
 
 /// A Start's answer being recorded.
 pub(crate) struct ExecTap {
+    running: Arc<Running>,
     sandbox: SandboxId,
     tag: Option<String>,
     rec: Option<ExecRecorder>,
     pid: Option<u32>,
+    /// Its registration in `running` while the process runs.
+    ticket: Option<u64>,
     buf: BytesMut,
     /// The end event seen, waiting for the end of the stream: `(exit code, signal)`.
     end: Option<(Option<i32>, Option<i32>)>,
 }
 
+impl Drop for ExecTap {
+    /// However the recording ends, the exec takes no more input.
+    fn drop(&mut self) {
+        self.unregister();
+    }
+}
+
 impl ExecTap {
+    /// A tap with nothing left to record (what stays behind when the recording moves).
+    fn spent(&self) -> Box<ExecTap> {
+        Box::new(ExecTap {
+            running: self.running.clone(),
+            sandbox: self.sandbox.clone(),
+            tag: None,
+            rec: None,
+            pid: None,
+            ticket: None,
+            buf: BytesMut::new(),
+            end: None,
+        })
+    }
+
     /// Reads the envelopes of `chunk`; returns true once the exit is recorded.
     fn feed(&mut self, chunk: &[u8]) -> bool {
         self.buf.extend_from_slice(chunk);
@@ -516,27 +1027,30 @@ impl ExecTap {
         }
     }
 
+    /// The process started: input for it (by pid or tag) is counted from now on.
     fn started(&mut self, pid: u32) {
+        let Some(sink) = self.rec.as_ref().map(ExecRecorder::input_sink) else {
+            return;
+        };
+        self.unregister();
         self.pid = Some(pid);
-        let Some(rec) = &self.rec else { return };
-        let mut r = lock(&RUNNING);
-        r.by_pid
-            .insert((self.sandbox.clone(), pid), rec.input_sink());
-        if let Some(t) = &self.tag {
-            r.tags.insert((self.sandbox.clone(), t.clone()), pid);
+        self.ticket = Some(
+            self.running
+                .add(&self.sandbox, pid, self.tag.as_deref(), sink),
+        );
+    }
+
+    fn unregister(&mut self) {
+        if let (Some(pid), Some(ticket)) = (self.pid, self.ticket.take()) {
+            self.running
+                .remove(&self.sandbox, pid, self.tag.as_deref(), ticket);
         }
     }
 
     /// Records the exit: the end event's status if one came (`timed_out` from the end of
     /// the stream), else unknown.
     fn finish(&mut self, timed_out: Option<bool>) {
-        if let Some(pid) = self.pid {
-            let mut r = lock(&RUNNING);
-            r.by_pid.remove(&(self.sandbox.clone(), pid));
-            if let Some(t) = &self.tag {
-                r.tags.remove(&(self.sandbox.clone(), t.clone()));
-            }
-        }
+        self.unregister();
         let Some(rec) = self.rec.take() else { return };
         match self.end.take() {
             Some((code, sig)) => rec.finish(code, sig, timed_out.unwrap_or(false)),
@@ -567,18 +1081,8 @@ impl ExecTap {
                 else {
                     return;
                 };
-                let sandbox = self.tap.sandbox.clone();
-                let mut tap = std::mem::replace(
-                    &mut self.tap,
-                    Box::new(ExecTap {
-                        sandbox,
-                        tag: None,
-                        rec: None,
-                        pid: None,
-                        buf: BytesMut::new(),
-                        end: None,
-                    }),
-                );
+                let spent = self.tap.spent();
+                let mut tap = std::mem::replace(&mut self.tap, spent);
                 rt.spawn(async move {
                     while let Some(Ok(c)) = inner.next().await {
                         if tap.feed(&c) {
@@ -614,6 +1118,9 @@ impl ExecTap {
                         if recorded {
                             st.done = true;
                             st.held.push(c);
+                            if let Some(inner) = st.inner.as_mut() {
+                                rest_at_hand(inner, &mut st.held).await;
+                            }
                             continue;
                         }
                         if st.tap.end.is_some() || !st.held.is_empty() {
@@ -637,35 +1144,329 @@ impl ExecTap {
     }
 }
 
+/// After the end-of-stream message: takes what of the rest of the answer is already here
+/// (the end of its chunked body, which the agent writes with that message) so that its
+/// connection, read to the end, goes back to the agent client's pool. Never waits: what is
+/// not here is left, and that connection is closed instead.
+async fn rest_at_hand(inner: &mut axum::body::BodyDataStream, held: &mut Vec<Bytes>) {
+    for _ in 0..4 {
+        match futures::poll!(inner.next()) {
+            Poll::Ready(Some(Ok(c))) => held.push(c),
+            Poll::Ready(_) | Poll::Pending => return,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use base64::Engine as _;
 
-    #[test]
-    fn users_come_from_basic_authorization() {
+    fn req(method: &str, path: &str, headers: &[(&str, &str)], body: impl Into<Body>) -> Request {
+        let mut b = Request::builder().method(method).uri(path);
+        for (k, v) in headers {
+            b = b.header(*k, *v);
+        }
+        b.body(body.into()).unwrap()
+    }
+
+    const STREAM: (&str, &str) = ("content-type", "application/connect+json");
+    const UNARY: (&str, &str) = ("content-type", "application/json");
+
+    /// What `read` does with a request: `Ok(true)` if it goes on with a record to make or a
+    /// tap, `Ok(false)` if it goes on as it is, `Err((status, body))` if refused.
+    async fn outcome(running: &Arc<Running>, r: Request) -> Result<bool, (u16, serde_json::Value)> {
+        let id = SandboxId::parse("sbxtest1").unwrap();
+        match read(running, &id, r).await {
+            Ok((_, Plan::Tap(Tap::None))) => Ok(false),
+            Ok(_) => Ok(true),
+            Err(resp) => {
+                let status = resp.status().as_u16();
+                let body = read_all(resp.into_body(), 1 << 20).await.unwrap();
+                Err((status, serde_json::from_slice(&body).unwrap()))
+            }
+        }
+    }
+
+    /// Asserts a refusal: its status, Connect's `code` (or envd's numeric one) and that
+    /// the message names `what`.
+    fn refused(
+        o: Result<bool, (u16, serde_json::Value)>,
+        status: u16,
+        code: serde_json::Value,
+        what: &str,
+    ) {
+        let Err((s, body)) = o else {
+            panic!("not refused: {o:?}")
+        };
+        assert_eq!(s, status, "{body}");
+        assert_eq!(body["code"], code, "{body}");
+        let m = body["message"].as_str().unwrap();
+        assert!(m.contains(what), "{m:?} does not name {what:?}");
+    }
+
+    #[tokio::test]
+    async fn a_start_that_cannot_be_parsed_is_refused_before_the_agent() {
+        let running = Arc::new(Running::default());
+        let start = "/process.Process/Start";
+        let bad = serde_json::json!("invalid_argument");
+        let ok = connect::envelope(0, br#"{"process":{"cmd":"/bin/true"}}"#);
+        // The well-formed one goes on, with an exec to record first.
+        assert_eq!(
+            outcome(&running, req("POST", start, &[STREAM], ok.clone())).await,
+            Ok(true)
+        );
+        let mut truncated = ok.to_vec();
+        truncated.truncate(8);
+        let mut compressed = ok.to_vec();
+        compressed[0] = connect::FLAG_COMPRESSED;
+        for (body, why) in [
+            (
+                connect::envelope(0, b"{not json").to_vec(),
+                "invalid request",
+            ),
+            (
+                connect::envelope(0, br#"{"process":{"cmd":5}}"#).to_vec(),
+                "invalid request",
+            ),
+            (
+                connect::envelope(0, b"{}").to_vec(),
+                "process.cmd is required",
+            ),
+            (connect::end_envelope(None).to_vec(), "no message envelope"),
+            (truncated, "no message envelope"),
+            (compressed, "compressed"),
+            (Vec::new(), "no message envelope"),
+            (br#"{"process":{"cmd":"/bin/true"}}"#.to_vec(), ""),
+        ] {
+            let o = outcome(&running, req("POST", start, &[STREAM], body.clone())).await;
+            refused(
+                o,
+                400,
+                bad.clone(),
+                "process.Process/Start: the envd proxy cannot parse",
+            );
+            let o = outcome(&running, req("POST", start, &[STREAM], body)).await;
+            refused(o, 400, bad.clone(), why);
+        }
+        // Not in the form the agent reads: another content type, a compressed body, an
+        // Authorization the agent would not take.
+        let o = outcome(&running, req("POST", start, &[UNARY], ok.clone())).await;
+        refused(o, 400, bad.clone(), "content-type \"application/json\"");
+        let gz = ("connect-content-encoding", "gzip");
+        let o = outcome(&running, req("POST", start, &[STREAM, gz], ok.clone())).await;
+        refused(o, 400, bad.clone(), "connect-content-encoding \"gzip\"");
+        let auth = ("authorization", "Bearer x");
+        let o = outcome(&running, req("POST", start, &[STREAM, auth], ok.clone())).await;
+        refused(
+            o,
+            400,
+            bad.clone(),
+            "Authorization: unsupported authorization scheme",
+        );
+        let o = outcome(&running, req("GET", start, &[STREAM], ok)).await;
+        refused(o, 400, bad, "POST only");
+    }
+
+    #[tokio::test]
+    async fn the_user_of_a_start_is_the_one_the_agent_reads() {
+        let start = proto::StartRequest {
+            process: Some(proto::ProcessConfig {
+                cmd: "id".into(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
         let mut h = HeaderMap::new();
-        assert_eq!(user_of(&h), "user");
+        let e = exec_of(&h, start.clone()).unwrap();
+        assert_eq!(e.start.user, "user");
         let v = format!(
             "Basic {}",
             base64::engine::general_purpose::STANDARD.encode("root:")
         );
         h.insert(header::AUTHORIZATION, v.parse().unwrap());
-        assert_eq!(user_of(&h), "root");
+        assert_eq!(exec_of(&h, start).unwrap().start.user, "root");
+    }
+
+    #[tokio::test]
+    async fn input_and_file_calls_that_cannot_be_parsed_are_refused() {
+        let running = Arc::new(Running::default());
+        let bad = serde_json::json!("invalid_argument");
+        for rpc in [
+            "process.Process/SendInput",
+            "filesystem.Filesystem/Move",
+            "filesystem.Filesystem/Remove",
+            "filesystem.Filesystem/MakeDir",
+        ] {
+            let path = format!("/{rpc}");
+            let o = outcome(&running, req("POST", &path, &[UNARY], "{nope")).await;
+            refused(
+                o,
+                400,
+                bad.clone(),
+                &format!("{rpc}: the envd proxy cannot parse"),
+            );
+            let o = outcome(
+                &running,
+                req("POST", &path, &[UNARY], r#"{"path":1,"source":2}"#),
+            )
+            .await;
+            if rpc.ends_with("SendInput") {
+                // Parsed, but it names no process.
+                refused(o, 400, bad.clone(), "names no process");
+            } else {
+                refused(o, 400, bad.clone(), "invalid type");
+            }
+            let o = outcome(&running, req("POST", &path, &[STREAM], "{}")).await;
+            refused(o, 400, bad.clone(), "it is read as application/json");
+            let o = outcome(
+                &running,
+                req("POST", &path, &[UNARY, ("content-encoding", "gzip")], "{}"),
+            )
+            .await;
+            refused(o, 400, bad.clone(), "content-encoding");
+        }
+        // Input for a process the proxy is not recording.
+        let o = outcome(
+            &running,
+            req(
+                "POST",
+                "/process.Process/SendInput",
+                &[UNARY],
+                r#"{"process":{"pid":7},"input":{"stdin":"aGk="}}"#,
+            ),
+        )
+        .await;
+        refused(
+            o,
+            404,
+            serde_json::json!("not_found"),
+            "process with pid 7 not found",
+        );
+        // Well-formed file calls go on, to be recorded once answered.
+        let o = outcome(
+            &running,
+            req(
+                "POST",
+                "/filesystem.Filesystem/MakeDir",
+                &[UNARY],
+                r#"{"path":"/d"}"#,
+            ),
+        )
+        .await;
+        assert_eq!(o, Ok(true));
+    }
+
+    #[tokio::test]
+    async fn stream_input_is_read_before_the_agent_hears_of_it() {
+        let running = Arc::new(Running::default());
+        let path = "/process.Process/StreamInput";
+        let bad = serde_json::json!("invalid_argument");
+        let start = connect::envelope(0, br#"{"start":{"process":{"pid":7}}}"#);
+        let o = outcome(&running, req("POST", path, &[STREAM], start)).await;
+        refused(
+            o,
+            404,
+            serde_json::json!("not_found"),
+            "process with pid 7 not found",
+        );
+        let data = connect::envelope(0, br#"{"data":{"input":{"stdin":"aGk="}}}"#);
+        let o = outcome(&running, req("POST", path, &[STREAM], data)).await;
+        refused(o, 400, bad.clone(), "input before the start message");
+        let o = outcome(
+            &running,
+            req("POST", path, &[STREAM], connect::envelope(0, b"[")),
+        )
+        .await;
+        refused(o, 400, bad.clone(), "invalid request");
+        let o = outcome(&running, req("POST", path, &[STREAM], Body::empty())).await;
+        refused(o, 400, bad.clone(), "the request has no message");
+        let o = outcome(&running, req("POST", path, &[UNARY], Body::empty())).await;
+        refused(o, 400, bad, "it is read as application/connect+json");
+    }
+
+    #[tokio::test]
+    async fn unknown_calls_are_refused_and_unrecorded_ones_pass() {
+        let running = Arc::new(Running::default());
+        let bad = serde_json::json!("invalid_argument");
+        for path in [
+            "/process.Process/Exec",
+            "/process.Process/Start/",
+            "/process.Process/St%61rt",
+            "/filesystem.Filesystem/WriteFile",
+        ] {
+            let o = outcome(&running, req("POST", path, &[UNARY], "{}")).await;
+            refused(o, 400, bad.clone(), "unknown procedure");
+        }
+        for (method, path) in [
+            ("POST", "/process.Process/List"),
+            ("POST", "/process.Process/Connect"),
+            ("POST", "/process.Process/SendSignal"),
+            ("POST", "/filesystem.Filesystem/Stat"),
+            ("POST", "/filesystem.Filesystem/WatchDir"),
+            ("GET", "/files?path=/a"),
+            ("GET", "/health"),
+            ("POST", "/something/else"),
+        ] {
+            let o = outcome(&running, req(method, path, &[UNARY], "{not even json")).await;
+            assert_eq!(o, Ok(false), "{method} {path}");
+        }
+    }
+
+    #[tokio::test]
+    async fn uploads_not_in_a_form_the_agent_takes_are_refused() {
+        let running = Arc::new(Running::default());
+        let code = serde_json::json!(400);
+        let mp = ("content-type", "multipart/form-data");
+        let o = outcome(&running, req("POST", "/files?path=/a", &[mp], "x")).await;
+        refused(
+            o,
+            400,
+            code.clone(),
+            "POST /files: the envd proxy cannot parse this upload",
+        );
+        let br = ("content-encoding", "br");
+        let o = outcome(&running, req("POST", "/files?path=/a", &[br], "x")).await;
+        refused(o, 400, code.clone(), "content-encoding \"br\"");
+        let mp = ("content-type", "multipart/form-data; boundary=X");
+        let gz = ("content-encoding", "gzip");
+        let o = outcome(&running, req("POST", "/files?path=/a", &[mp, gz], "x")).await;
+        refused(o, 400, code, "gzip with a multipart body");
+        let o = outcome(&running, req("POST", "/files?path=/a", &[mp], "x")).await;
+        assert_eq!(o, Ok(true));
+        let o = outcome(&running, req("POST", "/files?path=/a", &[gz], "x")).await;
+        assert_eq!(o, Ok(true));
     }
 
     #[test]
-    fn messages_come_from_envelopes_or_plain_bodies() {
-        let mut h = HeaderMap::new();
-        h.insert(
-            header::CONTENT_TYPE,
-            "application/connect+json".parse().unwrap(),
+    fn running_execs_are_per_sandbox_and_removed_by_their_own_ticket() {
+        // Sinks are numbers here (an input sink comes only from a recorded exec).
+        let r = Running::<u8>::default();
+        let (a, b) = (
+            SandboxId::parse("sbxa").unwrap(),
+            SandboxId::parse("sbxb").unwrap(),
         );
-        let env = connect::envelope(0, b"{\"a\":1}");
-        assert_eq!(message_of(&h, &env).as_deref(), Some(&b"{\"a\":1}"[..]));
-        h.insert(header::CONTENT_TYPE, "application/json".parse().unwrap());
-        assert_eq!(
-            message_of(&h, &Bytes::from_static(b"{}")).as_deref(),
-            Some(&b"{}"[..])
+        let sel = |pid: Option<u32>, tag: Option<&str>| proto::ProcessSelector {
+            pid,
+            tag: tag.map(str::to_owned),
+        };
+        let t1 = r.add(&a, 7, Some("t"), 1);
+        assert!(r.sink(&a, Some(&sel(Some(7), None))).is_some());
+        assert!(r.sink(&a, Some(&sel(None, Some("t")))).is_some());
+        assert!(
+            r.sink(&b, Some(&sel(Some(7), None))).is_none(),
+            "another sandbox's pid 7"
         );
+        // The pid is taken again (the first registration is stale): removing the first
+        // leaves the second.
+        let t2 = r.add(&a, 7, None, 2);
+        r.remove(&a, 7, Some("t"), t1);
+        assert_eq!(r.sink(&a, Some(&sel(Some(7), None))), Some(2));
+        assert!(r.sink(&a, Some(&sel(None, Some("t")))).is_none());
+        r.remove(&a, 7, None, t2);
+        assert!(r.sandboxes().is_empty(), "an empty sandbox entry goes");
+        r.add(&b, 1, None, 3);
+        r.forget(&b);
+        assert!(r.sandboxes().is_empty());
     }
 }
