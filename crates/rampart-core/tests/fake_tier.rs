@@ -4,11 +4,13 @@
 //! pidfds: run it as any user. Needs the built agent (`cargo build --workspace --bins`;
 //! `RAMPART_TEST_AGENT` names another binary). Nothing here skips.
 
-use futures::StreamExt as _;
-use rampart_core::{CoreConfig, CoreError, Exec, FakeTier, Manager};
+mod common;
+
+use common::{cmd, run};
+use rampart_core::{CoreConfig, CoreError, FakeTier, Manager};
 use rampart_store::SandboxStore as _;
 use rampart_types::audit::EventBody;
-use rampart_types::{CreateSandbox, ExecEvent, ExecRequest, SandboxId, SandboxInfo, SandboxState};
+use rampart_types::{CreateSandbox, SandboxId, SandboxInfo, SandboxState};
 use std::os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -172,52 +174,6 @@ async fn wait_state(m: &Manager, id: &SandboxId, want: SandboxState) -> SandboxI
             Err(_) => panic!("sandbox {id} stayed {:?}, wanted {want:?}", info.state),
         }
     }
-}
-
-#[derive(Debug, Default)]
-struct Ran {
-    stdout: Vec<u8>,
-    stderr: Vec<u8>,
-    exit_code: Option<i32>,
-    signal: Option<i32>,
-    error: Option<String>,
-}
-
-async fn collect(mut exec: Exec) -> Ran {
-    let mut r = Ran::default();
-    let mut ended = 0;
-    while let Some(ev) = exec.events.next().await {
-        match ev {
-            ExecEvent::Stdout { data } => r.stdout.extend(data.as_bytes()),
-            ExecEvent::Stderr { data } => r.stderr.extend(data.as_bytes()),
-            ExecEvent::Pty { data } => r.stdout.extend(data.as_bytes()),
-            ExecEvent::Start { .. } => panic!("start is consumed into Exec::pid"),
-            ExecEvent::Exit {
-                exit_code, signal, ..
-            } => {
-                ended += 1;
-                r.exit_code = exit_code;
-                r.signal = signal;
-            }
-            ExecEvent::Error { message } => {
-                ended += 1;
-                r.error = Some(message);
-            }
-        }
-    }
-    assert_eq!(ended, 1, "exactly one final event: {r:?}");
-    r
-}
-
-fn cmd(args: &[&str]) -> ExecRequest {
-    ExecRequest {
-        cmd: args.iter().map(|s| s.to_string()).collect(),
-        ..Default::default()
-    }
-}
-
-async fn run(m: &Manager, id: &SandboxId, req: ExecRequest) -> Ran {
-    collect(m.exec(id, req, false).await.expect("exec")).await
 }
 
 fn kinds(m: &Manager, id: &SandboxId) -> Vec<&'static str> {

@@ -2,10 +2,12 @@
 //! the built `rampart-jailer` and `rampart-agent` binaries: `cargo build -p rampart-agent -p
 //! rampart-jail`). Each test prints why it skips when something is missing.
 
-use futures::StreamExt;
-use rampart_core::{CoreConfig, CoreError, Exec, Manager};
+mod common;
+
+use common::{cmd, collect, run};
+use rampart_core::{CoreConfig, CoreError, Manager};
 use rampart_store::SandboxStore;
-use rampart_types::{CreateSandbox, ExecEvent, ExecRequest, SandboxId, SandboxInfo, SandboxState};
+use rampart_types::{CreateSandbox, ExecRequest, SandboxId, SandboxInfo, SandboxState};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -181,58 +183,6 @@ macro_rules! start_or_skip {
             }
         }
     };
-}
-
-#[derive(Debug, Default)]
-struct Ran {
-    stdout: Vec<u8>,
-    stderr: Vec<u8>,
-    pty: Vec<u8>,
-    exit_code: Option<i32>,
-    signal: Option<i32>,
-    timed_out: bool,
-    error: Option<String>,
-}
-
-async fn collect(mut exec: Exec) -> Ran {
-    let mut r = Ran::default();
-    let mut ended = 0;
-    while let Some(ev) = exec.events.next().await {
-        match ev {
-            ExecEvent::Stdout { data } => r.stdout.extend(data.as_bytes()),
-            ExecEvent::Stderr { data } => r.stderr.extend(data.as_bytes()),
-            ExecEvent::Pty { data } => r.pty.extend(data.as_bytes()),
-            ExecEvent::Start { .. } => panic!("start is consumed into Exec::pid"),
-            ExecEvent::Exit {
-                exit_code,
-                signal,
-                timed_out,
-                ..
-            } => {
-                ended += 1;
-                r.exit_code = exit_code;
-                r.signal = signal;
-                r.timed_out = timed_out;
-            }
-            ExecEvent::Error { message } => {
-                ended += 1;
-                r.error = Some(message);
-            }
-        }
-    }
-    assert_eq!(ended, 1, "exactly one final event: {r:?}");
-    r
-}
-
-fn cmd(args: &[&str]) -> ExecRequest {
-    ExecRequest {
-        cmd: args.iter().map(|s| s.to_string()).collect(),
-        ..Default::default()
-    }
-}
-
-async fn run(m: &Manager, id: &SandboxId, req: ExecRequest) -> Ran {
-    collect(m.exec(id, req, false).await.expect("exec")).await
 }
 
 /// Waits (polling, bounded) until the sandbox is in `state`.
