@@ -196,12 +196,25 @@ impl Jail {
     /// the sandbox's range. Holding it pins the filesystem. Blocking (cheap).
     pub fn upper_root(&self, id: &rampart_types::SandboxId) -> Result<OwnedFd, JailError> {
         let pid1 = self.pid1(id)?;
-        // The device of the loop attached to this sandbox's disk image: a volume's root (also
-        // an ext4 root on a loop device) that the agent happens to hold open is not it.
-        let want_dev = store::loops_of(&self.disk_image(id))
-            .first()
-            .and_then(|d| std::fs::metadata(d).ok())
-            .map(|m| m.rdev());
+        // The disk image's identity: the root wanted is that of the loop device backed by it
+        // (a volume's root, also an ext4 root on a loop device, that the agent happens to
+        // hold open is not it). Each candidate's loop device is asked for its backing file,
+        // rather than every loop device of the host (a host keeps its loop devices after
+        // they detach: scanning a thousand of them cost ~10 ms at every destroy).
+        let image = std::fs::metadata(self.disk_image(id))
+            .ok()
+            .map(|m| (m.dev(), m.ino()));
+        let backed_by_image = |dev: u64| -> bool {
+            let Some(image) = image else {
+                return true;
+            };
+            let sys = format!("/sys/dev/block/{}:{}", libc::major(dev), libc::minor(dev));
+            std::fs::read_link(&sys)
+                .ok()
+                .and_then(|l| l.file_name().map(|n| PathBuf::from("/dev").join(n)))
+                .and_then(|d| sys::loop_backing_inode(&d))
+                == Some(image)
+        };
         let fds = format!("/proc/{pid1}/fd");
         let rd = std::fs::read_dir(&fds).map_err(io(format!("read {fds}")))?;
         for e in rd.flatten() {
@@ -210,11 +223,7 @@ impl Jail {
                 continue;
             };
             // The ext4 root (inode 2) of a loop device (major 7).
-            if m.is_dir()
-                && m.ino() == 2
-                && libc::major(m.dev()) == 7
-                && want_dev.is_none_or(|d| d == m.dev())
-            {
+            if m.is_dir() && m.ino() == 2 && libc::major(m.dev()) == 7 && backed_by_image(m.dev()) {
                 let f = std::fs::OpenOptions::new()
                     .read(true)
                     .custom_flags(libc::O_DIRECTORY | libc::O_CLOEXEC)

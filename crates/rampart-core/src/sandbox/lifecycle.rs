@@ -284,6 +284,7 @@ impl Sandboxes {
         if !rec.state.is_alive() {
             return Ok(info_of(&rec));
         }
+        let t0 = Instant::now();
         self.registry.begin_stop(id);
         if rec.state != SandboxState::Stopping {
             self.store
@@ -293,8 +294,10 @@ impl Sandboxes {
         self.network
             .teardown_stored(self.store.as_ref(), id, rec.uid_slot)
             .await;
+        let unwired_at = Instant::now();
         // The writable layer, pinned before its processes are killed (fs_diff below).
         let upper = self.manifests().pin_upper(id, &rec.template).await;
+        let pinned_at = Instant::now();
         if let Err(e) = self.iso_destroy(id).await {
             error!(id = %id, "destroy failed: {e}; will retry");
             self.registry.retry_at(id, Instant::now() + DESTROY_RETRY);
@@ -303,9 +306,11 @@ impl Sandboxes {
         // The init watcher (if it has not fired yet) reaps the dead init and then sees no
         // entry; it is not aborted so that no zombie is left.
         self.registry.remove(id);
+        let removed_at = Instant::now();
         if let Some(pinned) = upper {
             self.manifests().record_fs_diff(id, pinned, "destroy").await;
         }
+        let diffed_at = Instant::now();
         // What the network events budget left out (its processes are dead: no more entries).
         self.netaudit.record_suppressed(id);
         let reason = why.message();
@@ -320,6 +325,15 @@ impl Sandboxes {
             .with_label_values(&[why.label()])
             .inc();
         self.registry.forget_lock(id);
+        debug!(
+            id = %id,
+            unwire_us = (unwired_at - t0).as_micros() as u64,
+            pin_us = (pinned_at - unwired_at).as_micros() as u64,
+            tier_us = (removed_at - pinned_at).as_micros() as u64,
+            fs_diff_us = (diffed_at - removed_at).as_micros() as u64,
+            record_us = diffed_at.elapsed().as_micros() as u64,
+            "destroy phases"
+        );
         info!(id = %id, reason, "sandbox destroyed");
         self.get(id)
     }
