@@ -6,11 +6,11 @@
 
 mod common;
 
-use common::{cmd, run};
+use common::{cmd, run, wait_state};
 use rampart_core::{CoreConfig, CoreError, FakeTier, Manager};
 use rampart_store::SandboxStore as _;
 use rampart_types::audit::EventBody;
-use rampart_types::{CreateSandbox, SandboxId, SandboxInfo, SandboxState};
+use rampart_types::{CreateSandbox, SandboxId, SandboxState};
 use std::os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -157,25 +157,6 @@ fn wait_exited(pid: i32) {
     assert_eq!(n, 1, "process {pid} did not exit");
 }
 
-/// Waits until the sandbox is in `want`: re-checked at each audit event (every state change
-/// the manager makes is recorded in the transaction of its event), bounded by [`WITHIN`].
-async fn wait_state(m: &Manager, id: &SandboxId, want: SandboxState) -> SandboxInfo {
-    let mut events = m.audit_subscribe();
-    let deadline = tokio::time::Instant::now() + WITHIN;
-    loop {
-        events.borrow_and_update();
-        let info = m.get(id).unwrap();
-        if info.state == want {
-            return info;
-        }
-        match tokio::time::timeout_at(deadline, events.changed()).await {
-            Ok(Ok(())) => {}
-            Ok(Err(_)) => panic!("the audit log's channel closed"),
-            Err(_) => panic!("sandbox {id} stayed {:?}, wanted {want:?}", info.state),
-        }
-    }
-}
-
 fn kinds(m: &Manager, id: &SandboxId) -> Vec<&'static str> {
     m.audit_events(id, None, 1000)
         .unwrap()
@@ -297,7 +278,7 @@ async fn the_reaper_destroys_an_expired_sandbox() {
         .await
         .unwrap();
     let agent = Proc::of(w.pid(&short.id));
-    let gone = wait_state(&m, &short.id, SandboxState::Destroyed).await;
+    let gone = wait_state(&m, &short.id, SandboxState::Destroyed, WITHIN).await;
     assert_eq!(gone.reason.as_deref(), Some("timeout expired"));
     assert!(destroyed_reason(&m, &short.id).starts_with("timeout:"));
     assert!(!w.sandbox_dir(&short.id).exists());
@@ -307,7 +288,7 @@ async fn the_reaper_destroys_an_expired_sandbox() {
     assert_eq!(run(&m, &long.id, cmd(&["true"])).await.exit_code, Some(0));
     // Shortening a deadline wakes the reaper.
     m.set_timeout(&long.id, 1).await.unwrap();
-    wait_state(&m, &long.id, SandboxState::Destroyed).await;
+    wait_state(&m, &long.id, SandboxState::Destroyed, WITHIN).await;
     assert!(!w.sandbox_dir(&long.id).exists());
     m.shutdown().await;
 }
@@ -320,7 +301,7 @@ async fn an_agent_killed_from_outside_destroys_its_sandbox() {
     let agent = Proc::of(w.pid(&s.id));
     // SAFETY: kill of the agent this test's manager started.
     assert_eq!(unsafe { libc::kill(agent.pid, libc::SIGKILL) }, 0);
-    let info = wait_state(&m, &s.id, SandboxState::Destroyed).await;
+    let info = wait_state(&m, &s.id, SandboxState::Destroyed, WITHIN).await;
     let reason = info.reason.unwrap_or_default();
     assert!(
         reason.contains("exited unexpectedly") && reason.contains("signal 9"),
@@ -393,7 +374,7 @@ async fn a_restart_reattaches_the_living_and_cleans_the_dead() {
     // The re-attached sandbox is watched again: its death is noticed.
     // SAFETY: kill of an agent this test's manager started.
     assert_eq!(unsafe { libc::kill(alive_agent.pid, libc::SIGKILL) }, 0);
-    let info = wait_state(&m, &alive.id, SandboxState::Destroyed).await;
+    let info = wait_state(&m, &alive.id, SandboxState::Destroyed, WITHIN).await;
     assert!(info.reason.unwrap_or_default().contains("unexpectedly"));
     assert!(!w.sandbox_dir(&alive.id).exists());
     m.shutdown().await;

@@ -4,10 +4,10 @@
 
 mod common;
 
-use common::{cmd, collect, run};
+use common::{cmd, collect, run, wait_state};
 use rampart_core::{CoreConfig, CoreError, Manager};
 use rampart_store::SandboxStore;
-use rampart_types::{CreateSandbox, ExecRequest, SandboxId, SandboxInfo, SandboxState};
+use rampart_types::{CreateSandbox, ExecRequest, SandboxId, SandboxState};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -183,28 +183,6 @@ macro_rules! start_or_skip {
             }
         }
     };
-}
-
-/// Waits (polling, bounded) until the sandbox is in `state`.
-async fn wait_state(
-    m: &Manager,
-    id: &SandboxId,
-    state: SandboxState,
-    within: Duration,
-) -> SandboxInfo {
-    let deadline = Instant::now() + within;
-    loop {
-        let info = m.get(id).unwrap();
-        if info.state == state {
-            return info;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "sandbox {id} stayed {:?}, wanted {state:?}",
-            info.state
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -2,7 +2,8 @@
 
 use futures::StreamExt as _;
 use rampart_core::{Exec, Manager};
-use rampart_types::{ExecEvent, ExecRequest, SandboxId};
+use rampart_types::{ExecEvent, ExecRequest, SandboxId, SandboxInfo, SandboxState};
+use std::time::Duration;
 
 /// What an exec did.
 #[derive(Debug, Default)]
@@ -58,4 +59,28 @@ pub fn cmd(args: &[&str]) -> ExecRequest {
 /// Runs `req` (waited) in `id`.
 pub async fn run(m: &Manager, id: &SandboxId, req: ExecRequest) -> Ran {
     collect(m.exec(id, req, false).await.expect("exec")).await
+}
+
+/// Waits until the sandbox is in `want`: re-checked at each audit event (every state change
+/// the manager makes is recorded in the transaction of its event), bounded by `within`.
+pub async fn wait_state(
+    m: &Manager,
+    id: &SandboxId,
+    want: SandboxState,
+    within: Duration,
+) -> SandboxInfo {
+    let mut events = m.audit_subscribe();
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        events.borrow_and_update();
+        let info = m.get(id).unwrap();
+        if info.state == want {
+            return info;
+        }
+        match tokio::time::timeout_at(deadline, events.changed()).await {
+            Ok(Ok(())) => {}
+            Ok(Err(_)) => panic!("the audit log's channel closed"),
+            Err(_) => panic!("sandbox {id} stayed {:?}, wanted {want:?}", info.state),
+        }
+    }
 }
