@@ -79,18 +79,9 @@ impl Sandboxes {
     /// Re-attaches to a sandbox recorded as running if its init is the same live process and
     /// its agent answers.
     pub(super) async fn try_reattach(self: &Arc<Self>, rec: &SandboxRecord) -> bool {
-        let (Some(pid), Some(start), Some(sock)) =
-            (rec.pid, rec.pid_start_time, rec.agent_socket.as_ref())
-        else {
+        let Some((pid, fd, sock)) = live_init(rec) else {
             return false;
         };
-        // Open the pidfd first: if the start time matches afterwards, the fd is that process.
-        let Ok(fd) = proc::pidfd_open(pid) else {
-            return false;
-        };
-        if !proc::is_same_live_process(pid, start) {
-            return false;
-        }
         // A pause or resume interrupted by the daemon's end can leave the cgroup frozen: the
         // store has the last word, and it says running.
         if self.frozen(&rec.id).await == Some(true) {
@@ -120,17 +111,9 @@ impl Sandboxes {
     /// its cgroup is frozen (a frozen agent cannot answer a health check). A cgroup found
     /// thawed (a resume cut short) is frozen again: the store says paused.
     pub(super) async fn try_reattach_paused(self: &Arc<Self>, rec: &SandboxRecord) -> bool {
-        let (Some(pid), Some(start), Some(sock)) =
-            (rec.pid, rec.pid_start_time, rec.agent_socket.as_ref())
-        else {
+        let Some((pid, fd, sock)) = live_init(rec) else {
             return false;
         };
-        let Ok(fd) = proc::pidfd_open(pid) else {
-            return false;
-        };
-        if !proc::is_same_live_process(pid, start) {
-            return false;
-        }
         match self.frozen(&rec.id).await {
             Some(true) => {}
             Some(false) => {
@@ -188,4 +171,17 @@ impl Sandboxes {
             e => CoreError::isolation(if freeze { "pause" } else { "resume" }, e),
         })
     }
+}
+
+/// The init of a recorded sandbox if it is still the same live process: its pid, a pidfd of
+/// it (opened first: the start time matching afterwards proves the fd is that process) and
+/// its agent's socket.
+fn live_init(rec: &SandboxRecord) -> Option<(i32, OwnedFd, &str)> {
+    let (Some(pid), Some(start), Some(sock)) =
+        (rec.pid, rec.pid_start_time, rec.agent_socket.as_deref())
+    else {
+        return None;
+    };
+    let fd = proc::pidfd_open(pid).ok()?;
+    proc::is_same_live_process(pid, start).then_some((pid, fd, sock))
 }
