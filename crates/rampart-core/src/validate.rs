@@ -528,6 +528,21 @@ mod tests {
     }
 
     #[test]
+    fn public_ports_are_checked_sorted_and_deduplicated() {
+        assert_eq!(
+            check_public_ports(&[8080, 3000, 8080]).unwrap(),
+            vec![3000, 8080]
+        );
+        assert!(check_public_ports(&[]).unwrap().is_empty());
+        let zero = check_public_ports(&[80, 0]).unwrap_err().to_string();
+        assert!(zero.starts_with("public_ports: port 0"), "{zero}");
+        let many: Vec<u16> = (1..=MAX_PUBLIC_PORTS as u16 + 1).collect();
+        let e = check_public_ports(&many).unwrap_err().to_string();
+        assert!(e.contains("at most 100"), "{e}");
+        assert!(check_public_ports(&many[..MAX_PUBLIC_PORTS]).is_ok());
+    }
+
+    #[test]
     fn signals_parse() {
         assert_eq!(parse_signal("signal: killed"), Some(9));
         assert_eq!(parse_signal("signal: terminated"), Some(15));
