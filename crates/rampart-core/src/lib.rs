@@ -33,7 +33,7 @@ pub use audit::NetEventBudget;
 pub use config::CoreConfig;
 pub use error::CoreError;
 pub use exec::{with_caller, Exec, ExecControl, ExecRecorder, ExecStart, InputSink};
-pub use isolation::{FakeTier, Isolation, IsolationError, LaunchSpec, Launched, Usage};
+pub use isolation::{FakeTier, InitFile, Isolation, IsolationError, LaunchSpec, Launched, Usage};
 pub use namespace::{DEFAULT_CGROUP_SUBTREE, JAIL_POOL_ENV};
 pub use network::NetworkConfig;
 

@@ -14,8 +14,9 @@
 //! works) when it is disabled, when another daemon on the host holds the same table, or when
 //! the proxy, the resolver or the table cannot be set up; the reason is logged and returned.
 
+use crate::isolation::InitFile;
 use crate::CoreError;
-use futures::StreamExt;
+use futures::StreamExt as _;
 use rampart_agent::client::AgentClient;
 use rampart_egress::{Attachment, Egress, EgressConfig};
 use rampart_net::{Net, NetConfig, NetHandle};
@@ -89,6 +90,11 @@ pub(crate) struct Prepared {
 }
 
 impl Prepared {
+    /// The egress CA (PEM), made only for a sandbox attached with secrets.
+    pub(crate) fn ca_pem(&self) -> Option<&str> {
+        self.attachment.ca_cert_pem.as_deref()
+    }
+
     /// Variables the sandbox starts with: secret placeholders and, with secrets, where the
     /// trust store is.
     pub(crate) fn env(&self) -> Vec<(String, String)> {
@@ -298,54 +304,70 @@ impl Network {
         Ok(h)
     }
 
-    /// Files the sandbox needs once its agent answers: resolv.conf and, with secrets, the
-    /// egress CA in its trust store. (`/etc/hosts` stays the template's: `localhost` and the
-    /// sandbox's name on 127.0.1.1, as on Debian; one write less on the create path.)
-    pub(crate) async fn configure_inside(
+    /// Files the sandbox starts with (written by the tier before its agent starts):
+    /// resolv.conf naming its gateway (pure: the slot's address pair) and, for a sandbox
+    /// attached with secrets (`ca`: the egress CA), the CA alone and in the trust store.
+    /// (`/etc/hosts` stays the template's: `localhost` and the sandbox's name on 127.0.1.1,
+    /// as on Debian.)
+    pub(crate) fn init_files(
         &self,
-        client: &AgentClient,
-        p: &Prepared,
-        _hostname: &str,
+        slot: u32,
+        ca: Option<&str>,
         template_dir: &Path,
-    ) -> Result<(), CoreError> {
-        let resolv = format!("nameserver {}\noptions edns0\n", p.handle.gateway);
-        let mut files = vec![("/etc/resolv.conf".to_owned(), resolv.into_bytes())];
-        // The egress CA exists only for a sandbox attached with secrets (secrets are given
-        // at create: rampart-core never changes them later, so the CA is never made after
-        // this point).
-        if let Some(ca) = p.attachment.ca_cert_pem.clone() {
+    ) -> Result<Vec<InitFile>, CoreError> {
+        let (wiring, _) = self.ready()?;
+        let handle = wiring
+            .handle(slot)
+            .map_err(|e| CoreError::Capacity(e.to_string()))?;
+        let file = |path: &str, text: String| InitFile {
+            path: path.to_owned(),
+            text,
+            mode: 0o644,
+        };
+        let mut files = vec![file(
+            "/etc/resolv.conf",
+            format!("nameserver {}\noptions edns0\n", handle.gateway),
+        )];
+        // Secrets are given at create and never changed later, so the CA is never made
+        // after this point.
+        if let Some(ca) = ca {
             let tmpl = template_dir.join("rootfs/etc/ssl/certs/ca-certificates.crt");
             // The host's bundle is read only when the template has none.
-            let mut bundle = match tokio::fs::read(&tmpl).await {
-                Ok(b) => b,
-                Err(_) => tokio::fs::read(CA_BUNDLE).await.unwrap_or_default(),
-            };
-            if !bundle.is_empty() && !bundle.ends_with(b"\n") {
-                bundle.push(b'\n');
+            let mut bundle = std::fs::read_to_string(&tmpl)
+                .or_else(|_| std::fs::read_to_string(CA_BUNDLE))
+                .unwrap_or_default();
+            if !bundle.is_empty() && !bundle.ends_with('\n') {
+                bundle.push('\n');
             }
-            bundle.extend_from_slice(ca.as_bytes());
-            files.push((CA_BUNDLE.to_owned(), bundle));
-            files.push((CA_FILE.to_owned(), ca.into_bytes()));
+            bundle.push_str(ca);
+            files.push(file(CA_BUNDLE, bundle));
+            files.push(file(CA_FILE, ca.to_owned()));
         }
-        let writes = files.into_iter().map(|(path, data)| {
+        Ok(files)
+    }
+
+    /// Writes `files` into a running sandbox through its agent, as root (a sandbox given a
+    /// network after it started: its [`Network::init_files`]).
+    pub(crate) async fn write_inside(
+        client: &AgentClient,
+        files: Vec<InitFile>,
+    ) -> Result<(), CoreError> {
+        let writes = files.into_iter().map(|f| {
             let client = client.clone();
             async move {
-                let body =
-                    futures::stream::once(async move { Ok(bytes::Bytes::from(data)) }).boxed();
+                let data = bytes::Bytes::from(f.text.into_bytes());
+                let body = futures::stream::once(async move { Ok(data) }).boxed();
                 client
-                    .write_file(&path, Some("root"), body)
+                    .write_file(&f.path, Some("root"), body)
                     .await
-                    .map_err(|e| CoreError::Internal(format!("writing {path} in the sandbox: {e}")))
+                    .map_err(|e| {
+                        CoreError::Internal(format!("writing {} in the sandbox: {e}", f.path))
+                    })
             }
         });
-        let t0 = std::time::Instant::now();
         for r in futures::future::join_all(writes).await {
             r?;
         }
-        debug!(
-            files_us = t0.elapsed().as_micros() as u64,
-            "wrote the network files"
-        );
         Ok(())
     }
 

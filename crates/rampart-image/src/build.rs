@@ -1308,6 +1308,7 @@ mod runner {
                     resolv_conf: Some(resolv),
                 }),
                 agent_args: vec!["--default-user".into(), "root".into()],
+                files: Vec::new(),
             };
             let r = (|| {
                 let launched = self

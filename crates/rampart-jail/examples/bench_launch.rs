@@ -50,6 +50,7 @@ fn main() {
             layers: vec![],
             build: None,
             agent_args: vec![],
+            files: vec![],
         };
         let t0 = Instant::now();
         let l = jail.launch(&spec).expect("launch");

@@ -479,6 +479,9 @@ fn child_setup(ctx: &Child<'_>) -> Result<Never, JailError> {
         None,
     )?;
     std::env::set_current_dir("root").map_err(io("chdir root".into()))?;
+    // What the daemon knew before launch (resolver, CA), written while nothing of the
+    // sandbox runs yet and before /proc, /dev or /sys exist in its root.
+    write_init_files(&ctx.spec.files)?;
     let r = Path::new(".");
     let nsne = libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC;
     sys::mount(Some("proc"), &r.join("proc"), Some("proc"), nsne, None)?;
@@ -690,6 +693,97 @@ fn child_setup(ctx: &Child<'_>) -> Result<Never, JailError> {
     sys::close_fds_except(&[ctx.sock, ctx.disk, ctx.agent, ctx.err])?;
     seccomp::install(ctx.filter)?;
     Err(sys::fexecve(ctx.agent, &argv, &env))
+}
+
+/// `openat2(dirfd, path, flags, mode)` resolved inside `dirfd` (`RESOLVE_IN_ROOT`: `..` and
+/// absolute symlinks stop at it) and never through a magic link.
+fn open_in_root(dirfd: RawFd, path: &str, flags: i32, mode: u32) -> Result<OwnedFd, JailError> {
+    let p = CString::new(path).map_err(|_| JailError::Init(format!("path {path:?} has a NUL")))?;
+    // SAFETY: `open_how` is plain integers; all zero is a valid value.
+    let mut how: libc::open_how = unsafe { std::mem::zeroed() };
+    how.flags = (flags | libc::O_CLOEXEC) as u64;
+    how.mode = u64::from(mode);
+    how.resolve = libc::RESOLVE_IN_ROOT | libc::RESOLVE_NO_MAGICLINKS;
+    // SAFETY: valid descriptor, NUL-terminated path and a properly sized `open_how`.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_openat2,
+            dirfd,
+            p.as_ptr(),
+            &how as *const libc::open_how,
+            std::mem::size_of::<libc::open_how>(),
+        )
+    };
+    let fd = sys::check(fd, || format!("open {path} in the sandbox's root"))?;
+    // SAFETY: openat2 just returned this descriptor; nothing else owns it.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
+}
+
+/// Writes the spec's [`InitFile`]s into the root at the working directory (see there).
+fn write_init_files(files: &[crate::InitFile]) -> Result<(), JailError> {
+    if files.is_empty() {
+        return Ok(());
+    }
+    let root = std::fs::File::open(".").map_err(io("open the sandbox's root".into()))?;
+    let root = root.as_raw_fd();
+    for f in files {
+        let rel = f.path.trim_start_matches('/');
+        let (parent, name) = match rel.rsplit_once('/') {
+            Some((p, n)) => (p, n),
+            None => ("", rel),
+        };
+        if name.is_empty() || name == "." || name == ".." {
+            return Err(JailError::Init(format!(
+                "init file {:?}: not a file path",
+                f.path
+            )));
+        }
+        // Each missing directory of the parent is made, resolved from the root every time.
+        let mut at = String::new();
+        for comp in parent.split('/').filter(|c| !c.is_empty()) {
+            let up = if at.is_empty() {
+                ".".to_owned()
+            } else {
+                at.clone()
+            };
+            at = if at.is_empty() {
+                comp.to_owned()
+            } else {
+                format!("{at}/{comp}")
+            };
+            if open_in_root(root, &at, libc::O_PATH | libc::O_DIRECTORY, 0).is_ok() {
+                continue;
+            }
+            let upfd = open_in_root(root, &up, libc::O_PATH | libc::O_DIRECTORY, 0)?;
+            let c = CString::new(comp).unwrap_or_default();
+            // SAFETY: valid descriptor and NUL-terminated name.
+            let rc = unsafe { libc::mkdirat(upfd.as_raw_fd(), c.as_ptr(), 0o755) };
+            if rc != 0 && std::io::Error::last_os_error().raw_os_error() != Some(libc::EEXIST) {
+                return Err(JailError::Sys {
+                    step: format!("mkdir /{at} in the sandbox"),
+                    source: std::io::Error::last_os_error(),
+                });
+            }
+        }
+        // Non-blocking and no terminal: a FIFO or device there is refused below, not waited on.
+        let flags = libc::O_WRONLY | libc::O_CREAT | libc::O_NONBLOCK | libc::O_NOCTTY;
+        let fd = open_in_root(root, rel, flags, 0o600)?;
+        let mut file = std::fs::File::from(fd);
+        let md = file.metadata().map_err(io(format!("stat {}", f.path)))?;
+        if !md.file_type().is_file() {
+            return Err(JailError::Init(format!(
+                "{} in the template is not a regular file",
+                f.path
+            )));
+        }
+        let step = |what: &str| format!("{what} {} in the sandbox", f.path);
+        file.set_len(0).map_err(io(step("truncate")))?;
+        std::io::Write::write_all(&mut file, f.text.as_bytes()).map_err(io(step("write")))?;
+        std::os::unix::fs::fchown(&file, Some(0), Some(0)).map_err(io(step("chown")))?;
+        file.set_permissions(std::fs::Permissions::from_mode(f.mode))
+            .map_err(io(step("chmod")))?;
+    }
+    Ok(())
 }
 
 /// Hides a directory (if it exists) under an empty read-only tmpfs.

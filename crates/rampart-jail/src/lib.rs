@@ -134,6 +134,25 @@ pub struct LaunchSpec {
     pub build: Option<BuildMounts>,
     /// Extra arguments of the agent (e.g. `--default-user NAME`).
     pub agent_args: Vec<String>,
+    /// Files written into the root before PID 1 starts (see [`InitFile`]).
+    pub files: Vec<InitFile>,
+}
+
+/// A file the jailer writes into a sandbox's root before its PID 1 starts (the resolver
+/// configuration, the egress CA): what the daemon knows before launch, so that no agent
+/// round trip is needed after it. The path is resolved inside the sandbox's root
+/// (`openat2` with `RESOLVE_IN_ROOT`: a symlink of the template cannot lead out of it),
+/// missing directories are made (0755), and the file ends up a regular file owned by the
+/// sandbox's root with `mode`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct InitFile {
+    /// Absolute path inside the sandbox.
+    pub path: String,
+    /// Its content (text: a resolver configuration, PEM certificates).
+    pub text: String,
+    /// Its permission bits.
+    pub mode: u32,
 }
 
 /// How a template build step's sandbox differs from an API sandbox. Builds are an operator
@@ -236,6 +255,9 @@ pub struct JailerSpec {
     /// Volumes to mount (see [`persist::mount_volumes`]).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub volumes: Vec<persist::JailerVolume>,
+    /// Files to write into the root (see [`InitFile`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub files: Vec<InitFile>,
 }
 
 /// What a pool member's jailer gets first on its stdin (one line), before its spec: the
@@ -497,6 +519,7 @@ impl Jail {
             agent_args: spec.agent_args.clone(),
             shift_uids_from: None,
             volumes: Vec::new(),
+            files: spec.files.clone(),
         };
         let id = spec.id.as_str();
         let member = match extras.disk {

@@ -81,6 +81,7 @@ fn spec(t: &TestEnv, uid_slot: u32, limits: Limits) -> LaunchSpec {
         layers: vec![],
         build: None,
         agent_args: vec![],
+        files: vec![],
     }
 }
 
@@ -352,6 +353,73 @@ fn sandbox_blocks_escapes_from_inside() {
     );
     j.destroy(&s.id).unwrap();
     assert_gone(j, &s.id, l.pid);
+}
+
+/// Files written at launch land in the sandbox's root (directories made, owned by its root,
+/// with their mode), and a template's symlink cannot lead the write out of the root: an
+/// absolute link, resolved as it would be on the host, names a host file.
+#[test]
+fn init_files_land_inside_and_template_symlinks_cannot_lead_out() {
+    if let Some(r) = skip_reason() {
+        eprintln!("skipped: {r}");
+        return;
+    }
+    let t = TestEnv::new("files");
+    let j = &t.jail;
+    let victim = PathBuf::from(format!(
+        "/tmp/rampart-jail-test-{}-victim",
+        std::process::id()
+    ));
+    std::fs::write(&victim, "host\n").unwrap();
+    let resolv = t.template.join("rootfs/etc/resolv.conf");
+    let _ = std::fs::remove_file(&resolv);
+    let up = "/..".repeat(8);
+    std::os::unix::fs::symlink(format!("{up}{}", victim.display()), &resolv).unwrap();
+    let mut s = spec(&t, 6, Limits::default());
+    let file = |path: &str, text: &str, mode| rampart_jail::InitFile {
+        path: path.into(),
+        text: text.into(),
+        mode,
+    };
+    s.files = vec![
+        file("/etc/resolv.conf", "nameserver 10.9.9.1\n", 0o644),
+        file("/opt/rampart-test/a/b.txt", "made\n", 0o640),
+        file("/usr/local/share/ca-certificates/t.crt", "PEM\n", 0o644),
+    ];
+    let l = j.launch(&s).unwrap();
+    let sh = |cmd: &str| run(&l.agent_socket, 0, cmd).0;
+    let inside = sh(&format!(
+        "cat /etc/resolv.conf {v}; stat -c '%u %a %n' {v} /opt/rampart-test/a/b.txt \
+         /opt/rampart-test/a /usr/local/share/ca-certificates/t.crt; cat /opt/rampart-test/a/b.txt",
+        v = victim.display()
+    ));
+    let v = victim.display();
+    assert_eq!(
+        inside,
+        format!(
+            "nameserver 10.9.9.1\nnameserver 10.9.9.1\n0 644 {v}\n0 640 /opt/rampart-test/a/b.txt\n\
+             0 755 /opt/rampart-test/a\n0 644 /usr/local/share/ca-certificates/t.crt\nmade\n"
+        )
+    );
+    assert_eq!(std::fs::read_to_string(&victim).unwrap(), "host\n");
+    j.destroy(&s.id).unwrap();
+    assert_gone(j, &s.id, l.pid);
+    let _ = std::fs::remove_file(&victim);
+
+    // A path that is not a regular file inside (a directory, a FIFO nobody reads: neither
+    // waited on) is refused, and the launch leaves nothing.
+    let fifo = t.template.join("rootfs/etc/fifo");
+    nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o644)).unwrap();
+    for (path, why) in [("/etc", "Is a directory"), ("/etc/fifo", "os error 6")] {
+        let mut s = spec(&t, 7, Limits::default());
+        s.files = vec![file(path, "x", 0o644)];
+        let e = j.launch(&s).unwrap_err().to_string();
+        assert!(
+            e.contains(path.trim_start_matches('/')) && e.contains(why),
+            "{e}"
+        );
+        assert!(!j.sandbox_dir(&s.id).exists());
+    }
 }
 
 #[test]

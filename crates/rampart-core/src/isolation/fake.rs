@@ -493,6 +493,13 @@ impl Isolation for FakeTier {
     }
 
     fn launch(&self, spec: &LaunchSpec) -> Result<Launched, IsolationError> {
+        if !spec.files.is_empty() {
+            return Err(IsolationError::Unsupported(
+                "the fake tier has no root filesystem of its own to write files into (it has \
+                 no network either)"
+                    .into(),
+            ));
+        }
         if !spec.layers.is_empty() {
             return Err(FakeTierError::Unsupported(
                 "the fake tier runs the built-in templates only (no layered root)".into(),

@@ -36,6 +36,15 @@ impl From<&LaunchSpec> for rampart_jail::LaunchSpec {
             // sandboxes are never build sandboxes.
             build: None,
             agent_args: s.agent_args.clone(),
+            files: s
+                .files
+                .iter()
+                .map(|f| rampart_jail::InitFile {
+                    path: f.path.clone(),
+                    text: f.text.clone(),
+                    mode: f.mode,
+                })
+                .collect(),
         }
     }
 }
@@ -209,6 +218,11 @@ mod tests {
             env: vec![("A".into(), "1".into())],
             layers: vec!["/l1".into(), "/l2".into()],
             agent_args: vec!["--default-user".into(), "root".into()],
+            files: vec![crate::isolation::InitFile {
+                path: "/etc/resolv.conf".into(),
+                text: "nameserver 10.0.0.1\n".into(),
+                mode: 0o644,
+            }],
         };
         let j: rampart_jail::LaunchSpec = (&s).into();
         assert_eq!(j.id, s.id);
@@ -218,6 +232,10 @@ mod tests {
         assert_eq!(j.env, s.env);
         assert_eq!(j.layers, s.layers);
         assert_eq!(j.agent_args, s.agent_args);
+        assert_eq!(j.files.len(), 1);
+        assert_eq!(j.files[0].path, "/etc/resolv.conf");
+        assert_eq!(j.files[0].text, s.files[0].text);
+        assert_eq!(j.files[0].mode, 0o644);
         assert!(j.build.is_none());
 
         let x = LaunchExtras {

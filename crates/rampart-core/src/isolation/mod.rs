@@ -65,6 +65,22 @@ pub struct LaunchSpec {
     pub layers: Vec<PathBuf>,
     /// Extra arguments of the agent (e.g. `--default-user NAME`).
     pub agent_args: Vec<String>,
+    /// Files the sandbox starts with, written into its root before its agent starts.
+    pub files: Vec<InitFile>,
+}
+
+/// A file written into a sandbox's root filesystem at launch, before anything of the
+/// sandbox runs: what the daemon knows before launch (the resolver, the egress CA) needs no
+/// agent round trip after it. The tier resolves `path` inside the sandbox's root (never out
+/// of it), makes missing directories, and leaves a regular file owned by the sandbox's root.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InitFile {
+    /// Absolute path inside the sandbox.
+    pub path: String,
+    /// Content.
+    pub text: String,
+    /// Permission bits.
+    pub mode: u32,
 }
 
 /// A launched sandbox.

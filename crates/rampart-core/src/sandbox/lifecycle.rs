@@ -164,15 +164,25 @@ impl Sandboxes {
         if let Some(p) = &prepared {
             env.extend(p.env());
         }
+        let template_dir = self.templates_dir.join(&new.template);
+        // Written by the tier before the agent starts: no round trip after health.
+        let files = match net {
+            Some(_) => {
+                let ca = prepared.as_ref().and_then(|p| p.ca_pem());
+                self.network.init_files(slot, ca, &template_dir)?
+            }
+            None => Vec::new(),
+        };
         let spec = LaunchSpec {
             id: new.id.clone(),
-            template_dir: self.templates_dir.join(&new.template),
+            template_dir,
             uid_base,
             limits: new.limits.clone(),
             hostname: new.id.to_string(),
             env,
             layers: image.as_ref().map(|i| i.layers.clone()).unwrap_or_default(),
             agent_args: crate::templates::agent_args(image.as_ref()),
+            files,
         };
         let t0 = Instant::now();
         let iso = self.iso.clone();
@@ -216,12 +226,6 @@ impl Sandboxes {
             crate::templates::start(&client, i).await?;
             self.audit
                 .set_template_digest(&new.template, format!("sha256:{}", i.id));
-        }
-        if let Some(p) = &prepared {
-            let tdir = self.templates_dir.join(&new.template);
-            self.network
-                .configure_inside(&client, p, new.id.as_str(), &tdir)
-                .await?;
         }
         let healthy_at = Instant::now();
         let sock = launched.agent_socket.to_string_lossy().into_owned();

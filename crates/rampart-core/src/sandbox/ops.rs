@@ -99,16 +99,14 @@ impl Sandboxes {
                     .pid
                     .ok_or_else(|| CoreError::Internal("running sandbox without a pid".into()))?;
                 let wired = match self.network.wire(rec.uid_slot, pid).await {
-                    Ok(_) => {
-                        self.network
-                            .configure_inside(
-                                &client,
-                                &p,
-                                id.as_str(),
-                                &self.templates_dir().join(&rec.template),
-                            )
-                            .await
-                    }
+                    Ok(_) => match self.network.init_files(
+                        rec.uid_slot,
+                        p.ca_pem(),
+                        &self.templates_dir().join(&rec.template),
+                    ) {
+                        Ok(files) => crate::network::Network::write_inside(&client, files).await,
+                        Err(e) => Err(e),
+                    },
                     Err(e) => Err(e),
                 };
                 if let Err(e) = wired {
