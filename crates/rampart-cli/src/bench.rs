@@ -13,6 +13,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+mod cpu;
 mod net;
 mod persist;
 
@@ -503,6 +504,12 @@ pub fn run(args: BenchArgs) -> Result<()> {
     let mut rtt = Samples::new("rampart exec round trip (warm, `true`)");
     let mut streamed = Samples::new("rampart streamed exec, kept-alive connection (warm, `true`)");
     let mut host = Samples::new("host fork + exec + wait of `true` (the exec's peer)");
+    let daemon_pid = _private.as_ref().map(|d| d.child.id());
+    let cpu0 = (
+        daemon_pid.and_then(cpu::proc_cpu),
+        cpu::sandbox_cpu(&id),
+        cpu::own_children(),
+    );
     // Alternating, so that the machine's noise falls on all three alike.
     for _ in 0..args.iterations.max(100) {
         let t = Instant::now();
@@ -513,6 +520,24 @@ pub fn run(args: BenchArgs) -> Result<()> {
         streamed.push(t.elapsed());
         host.push(time_cmd(&mut Command::new("true"))?);
     }
+    let execs = 2 * args.iterations.max(100);
+    let exec_cpu = ExecCpu {
+        daemon: match (cpu0.0, daemon_pid.and_then(cpu::proc_cpu)) {
+            (Some(a), Some(b)) => Some((
+                cpu::per_op_ms(b.user.saturating_sub(a.user), execs),
+                cpu::per_op_ms(b.sys.saturating_sub(a.sys), execs),
+            )),
+            _ => None,
+        },
+        sandbox: match (cpu0.1, cpu::sandbox_cpu(&id)) {
+            (Some(a), Some(b)) => Some(cpu::per_op_ms(b.saturating_sub(a), execs)),
+            _ => None,
+        },
+        host: cpu::per_op_ms(
+            cpu::own_children().saturating_sub(cpu0.2),
+            args.iterations.max(100),
+        ),
+    };
     api.destroy(&id)?;
 
     eprintln!("bench: the CLI as a whole process: `rampart run -- true`...");
@@ -533,6 +558,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
         args.cycles, args.concurrency
     );
     let per = args.cycles.div_ceil(args.concurrency.max(1));
+    let cd0 = (daemon_pid.and_then(cpu::proc_cpu), cpu::machine_busy());
     let t = Instant::now();
     std::thread::scope(|s| -> Result<()> {
         let handles: Vec<_> = (0..args.concurrency.max(1))
@@ -554,6 +580,19 @@ pub fn run(args: BenchArgs) -> Result<()> {
     })?;
     let done = per * args.concurrency.max(1);
     let rate = done as f64 / t.elapsed().as_secs_f64();
+    let create_cpu = CreateCpu {
+        daemon: match (cd0.0, daemon_pid.and_then(cpu::proc_cpu)) {
+            (Some(a), Some(b)) => Some((
+                cpu::per_op_ms((b.user + b.sys).saturating_sub(a.user + a.sys), done),
+                cpu::per_op_ms(b.children.saturating_sub(a.children), done),
+            )),
+            _ => None,
+        },
+        machine: match (cd0.1, cpu::machine_busy()) {
+            (Some(a), Some(b)) => Some(cpu::per_op_ms(b.saturating_sub(a), done)),
+            _ => None,
+        },
+    };
 
     eprintln!("bench: memory with {} idle sandboxes...", args.idle);
     let before = mem_used_bytes()?;
@@ -650,6 +689,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
             c / (1024.0 * 1024.0)
         );
     }
+    print_cpu(&exec_cpu, &create_cpu, args.concurrency);
     let key_file = _private.as_ref().map(|d| d.data_dir.join("api-key"));
     let e2b = measure_e2b_sdk(&api.url, key_file.as_deref(), args.iterations.min(30));
     let e2b = e2b.unwrap_or_default();
@@ -744,10 +784,62 @@ pub fn run(args: BenchArgs) -> Result<()> {
             "bytes_per_idle_sandbox": per_idle,
             "cgroup_bytes_per_idle_sandbox": per_idle_cgroup,
             "audit": audit.to_json(),
+            "cpu_ms": {
+                "exec_daemon_user_sys": exec_cpu.daemon,
+                "exec_sandbox": exec_cpu.sandbox,
+                "exec_host_peer": exec_cpu.host,
+                "create_destroy_daemon_and_jailers": create_cpu.daemon,
+                "create_destroy_machine": create_cpu.machine,
+            },
         });
         std::fs::write(path, serde_json::to_vec_pretty(&v)?)?;
     }
     Ok(())
+}
+
+/// CPU per exec on a warm sandbox.
+struct ExecCpu {
+    /// The daemon's own (user, system) ms per exec (a private daemon only).
+    daemon: Option<(f64, f64)>,
+    /// The sandbox's cgroup (its agent and the command) ms per exec.
+    sandbox: Option<f64>,
+    /// The host peer's fork + exec + wait of `true`, ms of the child per run.
+    host: f64,
+}
+
+/// CPU per create + destroy at the bench's concurrency.
+struct CreateCpu {
+    /// The daemon's own ms and its reaped children's (the jailers) ms (a private daemon).
+    daemon: Option<(f64, f64)>,
+    /// The whole machine's busy ms (kernel threads and everything else running included).
+    machine: Option<f64>,
+}
+
+fn print_cpu(e: &ExecCpu, c: &CreateCpu, concurrency: usize) {
+    println!("\n## Where the CPU goes (ms of CPU per operation)\n");
+    println!("| what | ms |");
+    println!("|---|---:|");
+    if let Some((u, s)) = e.daemon {
+        println!("| exec: the daemon (HTTP, core, audit record, agent RPC) user + system | {u:.3} + {s:.3} |");
+    }
+    if let Some(s) = e.sandbox {
+        println!("| exec: the sandbox's cgroup (agent, fork + exec + wait of `true`) | {s:.3} |");
+    }
+    println!(
+        "| exec peer: the host's `true` child (exec + run + exit) | {:.3} |",
+        e.host
+    );
+    if let Some((d, j)) = c.daemon {
+        println!("| create+destroy (concurrency {concurrency}): the daemon | {d:.2} |");
+        println!("| create+destroy: the jailers (reaped children of the daemon) | {j:.2} |");
+    }
+    if let Some(m) = c.machine {
+        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+        println!(
+            "| create+destroy: the whole machine busy (kernel threads included) | {m:.2} (bounds the rate at {:.0}/s on {cpus} CPUs) |",
+            cpus as f64 * 1000.0 / m.max(0.001)
+        );
+    }
 }
 
 /// `Sandbox.create()` + `commands.run("true")` + `kill()` through the unmodified E2B Python
