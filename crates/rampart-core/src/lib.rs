@@ -323,6 +323,23 @@ impl Manager {
     ) -> Result<(), CoreError> {
         self.inner.record_file(id, change)
     }
+    /// Creates or replaces the stored secret `spec.name`. Running sandboxes keep the copy
+    /// they were created with.
+    pub fn set_secret(
+        &self,
+        spec: rampart_types::SecretSpec,
+    ) -> Result<rampart_types::network::StoredSecretInfo, CoreError> {
+        self.inner.secrets.set(spec)
+    }
+    /// The stored secrets (never their values), by name.
+    pub fn list_secrets(&self) -> Result<Vec<rampart_types::network::StoredSecretInfo>, CoreError> {
+        self.inner.secrets.list()
+    }
+    /// Removes the stored secret `name` (`NotFound` if there is none). Running sandboxes keep
+    /// the copy they were created with.
+    pub fn delete_secret(&self, name: &str) -> Result<(), CoreError> {
+        self.inner.secrets.delete(name)
+    }
     /// Stops the reaper; sandboxes keep running (a restarted daemon re-attaches).
     pub async fn shutdown(&self) {
         self.inner.stop_tasks();
