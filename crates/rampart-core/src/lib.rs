@@ -323,6 +323,81 @@ impl Manager {
     ) -> Result<(), CoreError> {
         self.inner.record_file(id, change)
     }
+    /// Takes a snapshot of a running or paused sandbox's filesystem (see [`crate::persist`]
+    /// docs); with `stop`, destroys the sandbox afterwards ("pause to disk").
+    pub async fn snapshot(
+        &self,
+        id: &SandboxId,
+        req: rampart_types::CreateSnapshot,
+    ) -> Result<rampart_types::SnapshotInfo, CoreError> {
+        self.inner.snapshot(id, req).await
+    }
+    /// Every snapshot, oldest first.
+    pub fn list_snapshots(&self) -> Result<Vec<rampart_types::SnapshotInfo>, CoreError> {
+        self.inner.persist.snapshots()
+    }
+    /// One snapshot.
+    pub fn get_snapshot(&self, name: &str) -> Result<rampart_types::SnapshotInfo, CoreError> {
+        self.inner.persist.snapshot(name)
+    }
+    /// Removes a snapshot. Refused (409) while a create is cloning it; sandboxes made from it
+    /// are not affected (each has its own copy).
+    pub async fn delete_snapshot(&self, name: &str) -> Result<(), CoreError> {
+        self.inner
+            .persist
+            .delete_snapshot(&self.inner.iso, name)
+            .await
+    }
+    /// Makes `count` sandboxes from one consistent point of a running or paused sandbox.
+    pub async fn fork(
+        &self,
+        id: &SandboxId,
+        req: rampart_types::ForkSandbox,
+    ) -> Result<rampart_types::ForkResult, CoreError> {
+        self.inner.fork(id, req).await
+    }
+    /// Makes a volume.
+    pub async fn create_volume(
+        &self,
+        req: rampart_types::CreateVolume,
+    ) -> Result<rampart_types::VolumeInfo, CoreError> {
+        self.inner.create_volume(req).await
+    }
+    /// Every volume.
+    pub fn list_volumes(&self) -> Result<Vec<rampart_types::VolumeInfo>, CoreError> {
+        self.inner.persist.volumes(self.inner.iso.as_ref())
+    }
+    /// Removes a volume and its data. Refused (409) while a sandbox has it mounted.
+    pub async fn delete_volume(&self, name: &str) -> Result<(), CoreError> {
+        let inner = &self.inner;
+        inner
+            .persist
+            .delete_volume(&inner.iso, inner.store.as_ref(), name)
+            .await
+    }
+    /// A descriptor of the root of a running or paused sandbox's writable disk (see
+    /// [`crate::Isolation::upper_root`]). Blocking-free: the tier's work runs on a blocking
+    /// thread.
+    pub async fn upper_root(&self, id: &SandboxId) -> Result<std::os::fd::OwnedFd, CoreError> {
+        self.inner.upper_root(id).await
+    }
+    /// Creates or replaces the stored secret `spec.name`. Running sandboxes keep the copy
+    /// they were created with.
+    pub fn set_secret(
+        &self,
+        spec: rampart_types::SecretSpec,
+    ) -> Result<rampart_types::network::StoredSecretInfo, CoreError> {
+        self.inner.secrets.set(spec)
+    }
+    /// The stored secrets (never their values), by name.
+    pub fn list_secrets(&self) -> Result<Vec<rampart_types::network::StoredSecretInfo>, CoreError> {
+        self.inner.secrets.list()
+    }
+    /// Removes the stored secret `name` (`NotFound` if there is none). Running sandboxes keep
+    /// the copy they were created with.
+    pub fn delete_secret(&self, name: &str) -> Result<(), CoreError> {
+        self.inner.secrets.delete(name)
+    }
     /// Stops the reaper; sandboxes keep running (a restarted daemon re-attaches).
     pub async fn shutdown(&self) {
         self.inner.stop_tasks();

@@ -1,4 +1,7 @@
-//! Snapshots, fork and volumes: the manager's side (see `docs/persistence.md`).
+//! Snapshots, fork and volumes: the persistence service (see `docs/persistence.md`). It owns
+//! its tables of `state.db` and which snapshots and volumes creates are using; the tier, the
+//! state store and a source's record come in as arguments, and the coordinator (`sandbox/`)
+//! holds a sandbox's operation lock around a consistent point and runs fork's creates.
 //!
 //! - A **snapshot** is a consistent copy of a sandbox's writable disk (the tier freezes the
 //!   sandbox, flushes its filesystem, clones the image, thaws: [`Isolation::snapshot_disk`])
@@ -18,16 +21,15 @@
 //!   with a row in `state.db`; mounted at create, outliving sandboxes. It cannot be removed
 //!   while a sandbox has it mounted (its loop device is attached) or a create using it runs.
 
-use crate::isolation::{DiskSource, LaunchExtras, VolumeSpec};
-use crate::sandbox::{EndReason, Sandboxes};
+use crate::isolation::{DiskSource, Isolation, LaunchExtras, VolumeSpec};
 use crate::util::lock;
-use crate::{CoreError, Manager};
+use crate::CoreError;
 use rampart_store::keys::random_hex;
 use rampart_store::persist::{PersistStore, SnapshotRow};
-use rampart_store::{now_ms, StoreError};
+use rampart_store::{now_ms, SandboxRecord, SandboxStore, StoreError};
 use rampart_types::{
-    CreateSandbox, CreateSnapshot, CreateVolume, ForkResult, ForkSandbox, Limits, LimitsRequest,
-    SandboxId, SandboxState, SnapshotInfo, VolumeInfo,
+    CreateSandbox, CreateSnapshot, CreateVolume, Limits, LimitsRequest, SandboxId, SnapshotInfo,
+    VolumeInfo,
 };
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -265,119 +267,13 @@ fn prune_due(last: &std::sync::atomic::AtomicI64, now: i64) -> bool {
             .is_ok()
 }
 
-/// What [`prepare_create`] found.
+/// What [`Persist::prepare_create`] found.
 #[derive(Debug)]
 pub(crate) struct Staged {
     extras: LaunchExtras,
     request: String,
     /// Marks the snapshot and volumes busy until the create ends.
     busy: Busy,
-}
-
-/// Resolves a create's `snapshot` (fills the template and unset limits from it) and
-/// `volumes` (they must exist); marks them busy until the returned value is dropped.
-pub(crate) fn prepare_create(
-    inner: &Sandboxes,
-    req: &mut CreateSandbox,
-) -> Result<Staged, CoreError> {
-    let p = &inner.persist;
-    let mut extras = LaunchExtras::default();
-    let mut busy = Busy { held: Vec::new() };
-    let needs_store = req.snapshot.is_some() || !req.volumes.is_empty();
-    let root = inner.iso.store_root();
-    if needs_store && root.is_none() {
-        return Err(CoreError::Unsupported(format!(
-            "the {} tier has no snapshots or volumes",
-            inner.iso.name()
-        )));
-    }
-    if let (Some(name), Some(root)) = (req.snapshot.clone(), root.as_ref()) {
-        let found = lock(&p.hidden)
-            .get(&name)
-            .map(|(row, img)| (row.clone(), img.clone()));
-        let (row, image) = match found {
-            Some(x) => x,
-            None => {
-                check_name("snapshot", &name)?;
-                let row =
-                    p.db.snapshot(&name)
-                        .map_err(CoreError::from)?
-                        .ok_or_else(|| bad("snapshot", format!("no snapshot named {name:?}")))?;
-                (
-                    row,
-                    inner
-                        .iso
-                        .snapshot_image(&root.join("snapshots").join(&name))?,
-                )
-            }
-        };
-        if let Some(t) = &req.template {
-            if *t != row.template {
-                return Err(bad(
-                    "template",
-                    format!(
-                        "snapshot {name:?} sits on template {:?}; leave template out or give that one",
-                        row.template
-                    ),
-                ));
-            }
-        }
-        req.template = Some(row.template.clone());
-        if let Ok(l) = serde_json::from_str::<Limits>(&row.limits) {
-            fill_limits(&mut req.limits, &l);
-            if req.limits.disk_bytes != Some(l.disk_bytes) {
-                return Err(bad(
-                    "limits.disk_bytes",
-                    format!(
-                        "a sandbox made from a snapshot keeps its disk ({} bytes)",
-                        l.disk_bytes
-                    ),
-                ));
-            }
-        }
-        busy.hold(&p.busy_snapshots, &name);
-        extras.disk = Some(DiskSource {
-            image,
-            uid_base: row.uid_base,
-        });
-    }
-    let mut paths = Vec::new();
-    for v in &req.volumes {
-        check_name("volumes.name", &v.name)?;
-        check_volume_path(&v.path)?;
-        if paths.contains(&v.path) {
-            return Err(bad("volumes.path", format!("{:?} is given twice", v.path)));
-        }
-        paths.push(v.path.clone());
-        if root.is_none() {
-            continue;
-        }
-        {
-            // Checked and marked busy under one lock, which delete_volume holds from its own
-            // checks to the row's removal: a volume is either removed or mounted, never both.
-            let mut m = lock(&p.busy_volumes);
-            if p.db.volume(&v.name).map_err(CoreError::from)?.is_none() {
-                return Err(bad("volumes.name", format!("no volume named {:?}", v.name)));
-            }
-            busy.hold_locked(&mut m, &p.busy_volumes, &v.name);
-        }
-        extras.volumes.push(VolumeSpec {
-            image: inner.iso.volume_image(&v.name)?,
-            path: v.path.clone(),
-            read_only: v.read_only,
-        });
-    }
-    let mut kept = req.clone();
-    // A fork's hidden consistent point is not the request's to keep.
-    if kept.snapshot.as_ref().is_some_and(|s| s.starts_with('.')) {
-        kept.snapshot = None;
-    }
-    let request = serde_json::to_string(&kept).unwrap_or_default();
-    Ok(Staged {
-        extras,
-        request,
-        busy,
-    })
 }
 
 fn fill_limits(req: &mut LimitsRequest, l: &Limits) {
@@ -388,51 +284,6 @@ fn fill_limits(req: &mut LimitsRequest, l: &Limits) {
     req.open_files.get_or_insert(l.open_files);
 }
 
-/// The request a sandbox was created with (or one rebuilt from its record).
-fn source_request(inner: &Sandboxes, rec: &rampart_store::SandboxRecord) -> CreateSandbox {
-    let kept = inner
-        .persist
-        .db
-        .request(rec.id.as_str())
-        .ok()
-        .flatten()
-        .and_then(|s| serde_json::from_str::<CreateSandbox>(&s).ok());
-    let mut req = kept.unwrap_or_else(|| CreateSandbox {
-        template: Some(rec.template.clone()),
-        env: rec.env.clone(),
-        metadata: rec.metadata.clone(),
-        ..Default::default()
-    });
-    req.template = Some(rec.template.clone());
-    req.limits = LimitsRequest::default();
-    fill_limits(&mut req.limits, &rec.limits);
-    req.snapshot = None;
-    req
-}
-
-/// The record and first host uid of a sandbox a consistent point can be taken of (running
-/// or paused). The caller holds its operation lock.
-fn source_of(
-    inner: &Sandboxes,
-    id: &SandboxId,
-) -> Result<(rampart_store::SandboxRecord, u32), CoreError> {
-    let rec = inner
-        .store
-        .get(id)
-        .map_err(CoreError::from)?
-        .ok_or_else(|| CoreError::NotFound(id.to_string()))?;
-    if !matches!(rec.state, SandboxState::Running | SandboxState::Paused) {
-        return Err(CoreError::WrongState {
-            id: id.to_string(),
-            state: rec.state.as_str().to_owned(),
-        });
-    }
-    let uid_base =
-        crate::sandbox::uid_base(inner.cfg.uid_range_start, rec.uid_slot, inner.cfg.uid_slots)
-            .ok_or_else(|| CoreError::Internal("uid slot out of range".into()))?;
-    Ok((rec, uid_base))
-}
-
 /// The create request a snapshot row keeps: the source's, without its secrets (a snapshot
 /// outlives its sandbox; the secret values given at its create must not).
 fn snapshot_request(mut req: CreateSandbox) -> String {
@@ -440,15 +291,174 @@ fn snapshot_request(mut req: CreateSandbox) -> String {
     serde_json::to_string(&req).unwrap_or_default()
 }
 
-impl Manager {
-    /// Takes a snapshot of a running or paused sandbox's filesystem (see [`crate::persist`]
-    /// docs); with `stop`, destroys the sandbox afterwards ("pause to disk").
-    pub async fn snapshot(
+/// A fork's consistent point: a hidden snapshot (`.fork-*`) that creates can name from
+/// [`Persist::take_fork_point`] to [`Persist::release`].
+#[derive(Debug)]
+pub(crate) struct ForkPoint {
+    name: String,
+    dir: PathBuf,
+    image: PathBuf,
+}
+
+impl ForkPoint {
+    /// The hidden snapshot name a create gives to start from this point.
+    pub(crate) fn name(&self) -> &str {
+        &self.name
+    }
+}
+
+/// Checks a fork of `count` sandboxes on this tier and names its consistent point (nothing
+/// is taken yet).
+pub(crate) fn fork_point(iso: &dyn Isolation, count: u32) -> Result<ForkPoint, CoreError> {
+    if count == 0 || count > MAX_FORK {
+        return Err(bad("count", format!("must be 1 to {MAX_FORK}")));
+    }
+    let root = iso
+        .store_root()
+        .ok_or_else(|| CoreError::Unsupported(format!("the {} tier cannot fork", iso.name())))?;
+    let name = format!(".fork-{}", random_hex(16));
+    let dir = root.join("snapshots").join(&name);
+    let image = iso.snapshot_image(&dir)?;
+    Ok(ForkPoint { name, dir, image })
+}
+
+impl Persist {
+    /// Resolves a create's `snapshot` (fills the template and unset limits from it) and
+    /// `volumes` (they must exist) on tier `iso`; marks them busy until the returned value
+    /// is dropped.
+    pub(crate) fn prepare_create(
         &self,
+        iso: &dyn Isolation,
+        req: &mut CreateSandbox,
+    ) -> Result<Staged, CoreError> {
+        let mut extras = LaunchExtras::default();
+        let mut busy = Busy { held: Vec::new() };
+        let needs_store = req.snapshot.is_some() || !req.volumes.is_empty();
+        let root = iso.store_root();
+        if needs_store && root.is_none() {
+            return Err(CoreError::Unsupported(format!(
+                "the {} tier has no snapshots or volumes",
+                iso.name()
+            )));
+        }
+        if let (Some(name), Some(root)) = (req.snapshot.clone(), root.as_ref()) {
+            let found = lock(&self.hidden)
+                .get(&name)
+                .map(|(row, img)| (row.clone(), img.clone()));
+            let (row, image) = match found {
+                Some(x) => x,
+                None => {
+                    check_name("snapshot", &name)?;
+                    let row = self
+                        .db
+                        .snapshot(&name)
+                        .map_err(CoreError::from)?
+                        .ok_or_else(|| bad("snapshot", format!("no snapshot named {name:?}")))?;
+                    (
+                        row,
+                        iso.snapshot_image(&root.join("snapshots").join(&name))?,
+                    )
+                }
+            };
+            if let Some(t) = &req.template {
+                if *t != row.template {
+                    return Err(bad(
+                        "template",
+                        format!(
+                            "snapshot {name:?} sits on template {:?}; leave template out or give that one",
+                            row.template
+                        ),
+                    ));
+                }
+            }
+            req.template = Some(row.template.clone());
+            if let Ok(l) = serde_json::from_str::<Limits>(&row.limits) {
+                fill_limits(&mut req.limits, &l);
+                if req.limits.disk_bytes != Some(l.disk_bytes) {
+                    return Err(bad(
+                        "limits.disk_bytes",
+                        format!(
+                            "a sandbox made from a snapshot keeps its disk ({} bytes)",
+                            l.disk_bytes
+                        ),
+                    ));
+                }
+            }
+            busy.hold(&self.busy_snapshots, &name);
+            extras.disk = Some(DiskSource {
+                image,
+                uid_base: row.uid_base,
+            });
+        }
+        let mut paths = Vec::new();
+        for v in &req.volumes {
+            check_name("volumes.name", &v.name)?;
+            check_volume_path(&v.path)?;
+            if paths.contains(&v.path) {
+                return Err(bad("volumes.path", format!("{:?} is given twice", v.path)));
+            }
+            paths.push(v.path.clone());
+            if root.is_none() {
+                continue;
+            }
+            {
+                // Checked and marked busy under one lock, which delete_volume holds from its
+                // own checks to the row's removal: a volume is either removed or mounted,
+                // never both.
+                let mut m = lock(&self.busy_volumes);
+                if self.db.volume(&v.name).map_err(CoreError::from)?.is_none() {
+                    return Err(bad("volumes.name", format!("no volume named {:?}", v.name)));
+                }
+                busy.hold_locked(&mut m, &self.busy_volumes, &v.name);
+            }
+            extras.volumes.push(VolumeSpec {
+                image: iso.volume_image(&v.name)?,
+                path: v.path.clone(),
+                read_only: v.read_only,
+            });
+        }
+        let mut kept = req.clone();
+        // A fork's hidden consistent point is not the request's to keep.
+        if kept.snapshot.as_ref().is_some_and(|s| s.starts_with('.')) {
+            kept.snapshot = None;
+        }
+        let request = serde_json::to_string(&kept).unwrap_or_default();
+        Ok(Staged {
+            extras,
+            request,
+            busy,
+        })
+    }
+
+    /// The request a sandbox was created with (or one rebuilt from its record).
+    pub(crate) fn source_request(&self, rec: &SandboxRecord) -> CreateSandbox {
+        let kept = self
+            .db
+            .request(rec.id.as_str())
+            .ok()
+            .flatten()
+            .and_then(|s| serde_json::from_str::<CreateSandbox>(&s).ok());
+        let mut req = kept.unwrap_or_else(|| CreateSandbox {
+            template: Some(rec.template.clone()),
+            env: rec.env.clone(),
+            metadata: rec.metadata.clone(),
+            ..Default::default()
+        });
+        req.template = Some(rec.template.clone());
+        req.limits = LimitsRequest::default();
+        fill_limits(&mut req.limits, &rec.limits);
+        req.snapshot = None;
+        req
+    }
+
+    /// Checks a snapshot of sandbox `id` before it is taken: memory refused, the name (given
+    /// or made) valid and free, tier `iso` able to. Returns the name and the tier's store.
+    pub(crate) fn snapshot_target(
+        &self,
+        iso: &dyn Isolation,
         id: &SandboxId,
-        req: CreateSnapshot,
-    ) -> Result<SnapshotInfo, CoreError> {
-        let inner = &self.inner;
+        req: &CreateSnapshot,
+    ) -> Result<(String, PathBuf), CoreError> {
         if req.memory {
             return Err(bad("memory", MEMORY_REFUSAL));
         }
@@ -457,76 +467,65 @@ impl Manager {
             .clone()
             .unwrap_or_else(|| format!("{id}-{}", random_hex(4)));
         check_name("name", &name)?;
-        let root = inner.iso.store_root().ok_or_else(|| {
-            CoreError::Unsupported(format!(
-                "the {} tier cannot snapshot sandboxes",
-                inner.iso.name()
-            ))
+        let root = iso.store_root().ok_or_else(|| {
+            CoreError::Unsupported(format!("the {} tier cannot snapshot sandboxes", iso.name()))
         })?;
-        if inner
-            .persist
-            .db
-            .snapshot(&name)
-            .map_err(CoreError::from)?
-            .is_some()
-        {
+        if self.db.snapshot(&name).map_err(CoreError::from)?.is_some() {
             return Err(bad("name", format!("a snapshot named {name:?} exists")));
         }
-        let info = {
-            let op = inner.op_lock(id);
-            let _g = op.lock().await;
-            let (rec, uid_base) = source_of(inner, id)?;
-            let request = snapshot_request(source_request(inner, &rec));
-            let dir = root.join("snapshots");
-            let tmp = dir.join(format!(".tmp-{name}-{}", random_hex(4)));
-            let dest = dir.join(&name);
-            let size = take_point(inner, id, &tmp).await?;
-            if let Err(e) = crate::isolation::rename_noreplace(&tmp, &dest) {
-                let _ = std::fs::remove_dir_all(&tmp);
-                return Err(bad(
-                    "name",
-                    format!("a snapshot named {name:?} exists ({e})"),
-                ));
-            }
-            let row = SnapshotRow {
-                name: name.clone(),
-                source: id.to_string(),
-                template: rec.template.clone(),
-                uid_base,
-                limits: serde_json::to_string(&rec.limits).unwrap_or_default(),
-                env: serde_json::to_string(&rec.env).unwrap_or_default(),
-                request,
-                size_bytes: size,
-                created_at_ms: now_ms(),
-            };
-            if let Err(e) = inner.persist.db.insert_snapshot(&row) {
-                let _ = std::fs::remove_dir_all(&dest);
-                return Err(match e {
-                    StoreError::Duplicate(_) => {
-                        bad("name", format!("a snapshot named {name:?} exists"))
-                    }
-                    e => CoreError::from(e),
-                });
-            }
-            info!(id = %id, name, size, "snapshot taken");
-            // The audit record: fs_diff (reason snapshot) and snapshot.
-            inner
-                .manifests()
-                .record_snapshot(id, &rec.template, rec.state == SandboxState::Paused, &name)
-                .await;
-            snapshot_info(&row)
-        };
-        if req.stop {
-            inner.clone().destroy(id, EndReason::Request).await?;
+        Ok((name, root))
+    }
+
+    /// Takes snapshot `name` of the sandbox of `rec` (running or paused, its operation lock
+    /// held by the caller; `uid_base` its first host uid) into `root/snapshots`.
+    pub(crate) async fn take_snapshot(
+        &self,
+        iso: &Arc<dyn Isolation>,
+        rec: &SandboxRecord,
+        uid_base: u32,
+        name: &str,
+        root: &Path,
+    ) -> Result<SnapshotInfo, CoreError> {
+        let id = &rec.id;
+        let request = snapshot_request(self.source_request(rec));
+        let dir = root.join("snapshots");
+        let tmp = dir.join(format!(".tmp-{name}-{}", random_hex(4)));
+        let dest = dir.join(name);
+        let size = take_point(iso, id, &tmp).await?;
+        if let Err(e) = crate::isolation::rename_noreplace(&tmp, &dest) {
+            let _ = std::fs::remove_dir_all(&tmp);
+            return Err(bad(
+                "name",
+                format!("a snapshot named {name:?} exists ({e})"),
+            ));
         }
-        Ok(info)
+        let row = SnapshotRow {
+            name: name.to_owned(),
+            source: id.to_string(),
+            template: rec.template.clone(),
+            uid_base,
+            limits: serde_json::to_string(&rec.limits).unwrap_or_default(),
+            env: serde_json::to_string(&rec.env).unwrap_or_default(),
+            request,
+            size_bytes: size,
+            created_at_ms: now_ms(),
+        };
+        if let Err(e) = self.db.insert_snapshot(&row) {
+            let _ = std::fs::remove_dir_all(&dest);
+            return Err(match e {
+                StoreError::Duplicate(_) => {
+                    bad("name", format!("a snapshot named {name:?} exists"))
+                }
+                e => CoreError::from(e),
+            });
+        }
+        info!(id = %id, name, size, "snapshot taken");
+        Ok(snapshot_info(&row))
     }
 
     /// Every snapshot, oldest first.
-    pub fn list_snapshots(&self) -> Result<Vec<SnapshotInfo>, CoreError> {
+    pub(crate) fn snapshots(&self) -> Result<Vec<SnapshotInfo>, CoreError> {
         Ok(self
-            .inner
-            .persist
             .db
             .snapshots()
             .map_err(CoreError::from)?
@@ -536,41 +535,37 @@ impl Manager {
     }
 
     /// One snapshot.
-    pub fn get_snapshot(&self, name: &str) -> Result<SnapshotInfo, CoreError> {
+    pub(crate) fn snapshot(&self, name: &str) -> Result<SnapshotInfo, CoreError> {
         check_name("name", name)?;
-        self.inner
-            .persist
-            .db
+        self.db
             .snapshot(name)
             .map_err(CoreError::from)?
             .map(|r| snapshot_info(&r))
             .ok_or_else(|| CoreError::NotFound(format!("snapshot {name}")))
     }
 
-    /// Removes a snapshot. Refused (409) while a create is cloning it; sandboxes made from it
-    /// are not affected (each has its own copy).
-    pub async fn delete_snapshot(&self, name: &str) -> Result<(), CoreError> {
-        let inner = &self.inner;
+    /// Removes a snapshot and its image on tier `iso`. Refused (409) while a create is
+    /// cloning it.
+    pub(crate) async fn delete_snapshot(
+        &self,
+        iso: &Arc<dyn Isolation>,
+        name: &str,
+    ) -> Result<(), CoreError> {
         check_name("name", name)?;
-        if lock(&inner.persist.busy_snapshots).contains_key(name) {
+        if lock(&self.busy_snapshots).contains_key(name) {
             return Err(CoreError::WrongState {
                 id: format!("snapshot {name}"),
                 state: "in use by a create".into(),
             });
         }
-        if !inner
-            .persist
-            .db
-            .delete_snapshot(name)
-            .map_err(CoreError::from)?
-        {
+        if !self.db.delete_snapshot(name).map_err(CoreError::from)? {
             return Err(CoreError::NotFound(format!("snapshot {name}")));
         }
-        if let Some(root) = inner.iso.store_root() {
+        if let Some(root) = iso.store_root() {
             let dir = root.join("snapshots").join(name);
             let gone = dir.with_file_name(format!(".tmp-rm-{name}-{}", random_hex(4)));
             if std::fs::rename(&dir, &gone).is_ok() {
-                let iso = inner.iso.clone();
+                let iso = iso.clone();
                 tokio::task::spawn_blocking(move || {
                     let r = std::fs::remove_dir_all(&gone);
                     iso.trim_store();
@@ -584,78 +579,45 @@ impl Manager {
         Ok(())
     }
 
-    /// Makes `count` sandboxes from one consistent point of a running or paused sandbox.
-    pub async fn fork(&self, id: &SandboxId, req: ForkSandbox) -> Result<ForkResult, CoreError> {
-        let inner = &self.inner;
-        if req.count == 0 || req.count > MAX_FORK {
-            return Err(bad("count", format!("must be 1 to {MAX_FORK}")));
-        }
-        let root = inner.iso.store_root().ok_or_else(|| {
-            CoreError::Unsupported(format!("the {} tier cannot fork", inner.iso.name()))
-        })?;
-        let hidden = format!(".fork-{}", random_hex(16));
-        let dir = root.join("snapshots").join(&hidden);
-        let image = inner.iso.snapshot_image(&dir)?;
-        let (base_req, row) = {
-            let op = inner.op_lock(id);
-            let _g = op.lock().await;
-            let (rec, uid_base) = source_of(inner, id)?;
-            let mut base = source_request(inner, &rec);
-            // A fork runs the same servers: the source's public ports (as they are now) stay
-            // public; each fork gets a token of its own at its create.
-            base.public_ports = inner
-                .access
-                .public_ports(id.as_str())
-                .map_err(CoreError::from)?;
-            if let Some(t) = req.timeout_secs {
-                base.timeout_secs = Some(t);
-            }
-            take_point(inner, id, &dir).await?;
-            let row = SnapshotRow {
-                name: hidden.clone(),
-                source: id.to_string(),
-                template: rec.template.clone(),
-                uid_base,
-                limits: serde_json::to_string(&rec.limits).unwrap_or_default(),
-                env: String::new(),
-                request: String::new(),
-                size_bytes: 0,
-                created_at_ms: now_ms(),
-            };
-            (base, row)
+    /// Takes `point` of the sandbox of `rec` (running or paused, its operation lock held by
+    /// the caller; `uid_base` its first host uid); creates can name it until
+    /// [`Persist::release`].
+    pub(crate) async fn take_fork_point(
+        &self,
+        iso: &Arc<dyn Isolation>,
+        point: &ForkPoint,
+        rec: &SandboxRecord,
+        uid_base: u32,
+    ) -> Result<(), CoreError> {
+        take_point(iso, &rec.id, &point.dir).await?;
+        let row = SnapshotRow {
+            name: point.name.clone(),
+            source: rec.id.to_string(),
+            template: rec.template.clone(),
+            uid_base,
+            limits: serde_json::to_string(&rec.limits).unwrap_or_default(),
+            env: String::new(),
+            request: String::new(),
+            size_bytes: 0,
+            created_at_ms: now_ms(),
         };
-        lock(&inner.persist.hidden).insert(hidden.clone(), (row, image));
-        let mut made = Vec::new();
-        let mut failure = None;
-        for _ in 0..req.count {
-            let mut r = base_req.clone();
-            r.snapshot = Some(hidden.clone());
-            match self.create(r).await {
-                Ok(info) => made.push(info),
-                Err(e) => {
-                    failure = Some(e);
-                    break;
-                }
-            }
-        }
-        lock(&inner.persist.hidden).remove(&hidden);
-        let d2 = dir.clone();
-        let _ = tokio::task::spawn_blocking(move || std::fs::remove_dir_all(d2)).await;
-        if let Some(e) = failure {
-            for s in &made {
-                if let Err(de) = self.destroy(&s.id).await {
-                    warn!(id = %s.id, "destroying a fork after a failed fork: {de}");
-                }
-            }
-            return Err(e);
-        }
-        info!(id = %id, count = made.len(), "forked");
-        Ok(ForkResult { sandboxes: made })
+        lock(&self.hidden).insert(point.name.clone(), (row, point.image.clone()));
+        Ok(())
     }
 
-    /// Makes a volume.
-    pub async fn create_volume(&self, req: CreateVolume) -> Result<VolumeInfo, CoreError> {
-        let inner = &self.inner;
+    /// Forgets a fork's consistent point and removes its image.
+    pub(crate) async fn release(&self, point: ForkPoint) {
+        lock(&self.hidden).remove(&point.name);
+        let _ = tokio::task::spawn_blocking(move || std::fs::remove_dir_all(point.dir)).await;
+    }
+
+    /// Checks a new volume before disk admission: name, size, tier `iso` able to, the name
+    /// free.
+    pub(crate) fn check_new_volume(
+        &self,
+        iso: &dyn Isolation,
+        req: &CreateVolume,
+    ) -> Result<(), CoreError> {
         check_name("name", &req.name)?;
         if req.size_mib < 16 || req.size_mib > MAX_VOLUME_MIB {
             return Err(bad(
@@ -663,11 +625,10 @@ impl Manager {
                 format!("must be 16 to {MAX_VOLUME_MIB} MiB"),
             ));
         }
-        inner.iso.store_root().ok_or_else(|| {
-            CoreError::Unsupported(format!("the {} tier has no volumes", inner.iso.name()))
+        iso.store_root().ok_or_else(|| {
+            CoreError::Unsupported(format!("the {} tier has no volumes", iso.name()))
         })?;
-        if inner
-            .persist
+        if self
             .db
             .volume(&req.name)
             .map_err(CoreError::from)?
@@ -675,12 +636,18 @@ impl Manager {
         {
             return Err(bad("name", format!("a volume named {:?} exists", req.name)));
         }
-        // Held until the volume's row counts.
-        let _admitted = inner
-            .admit_disk(&format!("volume {:?}", req.name), req.size_mib << 20)
-            .await?;
-        let image = inner.iso.volume_image(&req.name)?;
-        let (img2, size, iso) = (image.clone(), req.size_mib, inner.iso.clone());
+        Ok(())
+    }
+
+    /// Makes the volume `req` (checked by [`Persist::check_new_volume`] and admitted) on tier
+    /// `iso`.
+    pub(crate) async fn make_volume(
+        &self,
+        iso: &Arc<dyn Isolation>,
+        req: &CreateVolume,
+    ) -> Result<VolumeInfo, CoreError> {
+        let image = iso.volume_image(&req.name)?;
+        let (img2, size, iso) = (image.clone(), req.size_mib, iso.clone());
         let made = tokio::task::spawn_blocking(move || iso.create_volume(&img2, size))
             .await
             .map_err(|e| CoreError::Internal(format!("volume: {e}")))?
@@ -688,7 +655,7 @@ impl Manager {
         if made == crate::isolation::NewVolume::Exists {
             return Err(bad("name", format!("a volume named {:?} exists", req.name)));
         }
-        let row = match inner.persist.db.insert_volume(&req.name, req.size_mib) {
+        let row = match self.db.insert_volume(&req.name, req.size_mib) {
             Ok(r) => r,
             Err(e) => {
                 let _ = std::fs::remove_file(&image);
@@ -709,12 +676,10 @@ impl Manager {
         })
     }
 
-    /// Every volume.
-    pub fn list_volumes(&self) -> Result<Vec<VolumeInfo>, CoreError> {
-        let root = self.inner.iso.store_root();
+    /// Every volume, with what its image uses on tier `iso`.
+    pub(crate) fn volumes(&self, iso: &dyn Isolation) -> Result<Vec<VolumeInfo>, CoreError> {
+        let root = iso.store_root();
         Ok(self
-            .inner
-            .persist
             .db
             .volumes()
             .map_err(CoreError::from)?
@@ -722,7 +687,7 @@ impl Manager {
             .map(|r| VolumeInfo {
                 used_bytes: root
                     .as_ref()
-                    .and_then(|_| self.inner.iso.volume_image(&r.name).ok())
+                    .and_then(|_| iso.volume_image(&r.name).ok())
                     .map(|p| crate::isolation::allocated_bytes(&p))
                     .unwrap_or(0),
                 name: r.name,
@@ -732,17 +697,16 @@ impl Manager {
             .collect())
     }
 
-    /// Removes a volume and its data. Refused (409) while a sandbox has it mounted.
-    pub async fn delete_volume(&self, name: &str) -> Result<(), CoreError> {
-        let inner = &self.inner;
+    /// Removes a volume and its image on tier `iso`. Refused (409) while a sandbox alive in
+    /// `store` has it mounted or a create is about to.
+    pub(crate) async fn delete_volume(
+        &self,
+        iso: &Arc<dyn Isolation>,
+        store: &dyn SandboxStore,
+        name: &str,
+    ) -> Result<(), CoreError> {
         check_name("name", name)?;
-        if inner
-            .persist
-            .db
-            .volume(name)
-            .map_err(CoreError::from)?
-            .is_none()
-        {
+        if self.db.volume(name).map_err(CoreError::from)?.is_none() {
             return Err(CoreError::NotFound(format!("volume {name}")));
         }
         let in_use = || CoreError::WrongState {
@@ -750,13 +714,8 @@ impl Manager {
             state: "mounted by a sandbox".into(),
         };
         let mounted_by_alive = || -> Result<bool, CoreError> {
-            for rec in inner.store.alive().map_err(CoreError::from)? {
-                let Some(r) = inner
-                    .persist
-                    .db
-                    .request(rec.id.as_str())
-                    .map_err(CoreError::from)?
-                else {
+            for rec in store.alive().map_err(CoreError::from)? {
+                let Some(r) = self.db.request(rec.id.as_str()).map_err(CoreError::from)? else {
                     continue;
                 };
                 if serde_json::from_str::<CreateSandbox>(&r)
@@ -767,17 +726,14 @@ impl Manager {
             }
             Ok(false)
         };
-        if lock(&inner.persist.busy_volumes).contains_key(name) || mounted_by_alive()? {
+        if lock(&self.busy_volumes).contains_key(name) || mounted_by_alive()? {
             return Err(in_use());
         }
-        let image = inner
-            .iso
-            .store_root()
-            .and_then(|_| inner.iso.volume_image(name).ok());
+        let image = iso.store_root().and_then(|_| iso.volume_image(name).ok());
         if let Some(image) = &image {
             // A sandbox just destroyed: its mounts (and so the loop device) go a moment later.
             let deadline = std::time::Instant::now() + std::time::Duration::from_secs(3);
-            while inner.iso.volume_in_use(image) {
+            while iso.volume_in_use(image) {
                 if std::time::Instant::now() > deadline {
                     return Err(in_use());
                 }
@@ -788,52 +744,37 @@ impl Manager {
             // Checked again under the lock prepare_create takes to mark a volume busy: a
             // create that started during the wait above either holds it now (refused here)
             // or will find no volume.
-            let busy = lock(&inner.persist.busy_volumes);
+            let busy = lock(&self.busy_volumes);
             if busy.contains_key(name)
                 || mounted_by_alive()?
-                || image.as_ref().is_some_and(|i| inner.iso.volume_in_use(i))
+                || image.as_ref().is_some_and(|i| iso.volume_in_use(i))
             {
                 return Err(in_use());
             }
-            inner
-                .persist
-                .db
-                .delete_volume(name)
-                .map_err(CoreError::from)?;
+            self.db.delete_volume(name).map_err(CoreError::from)?;
         }
         if let Some(image) = image {
             if let Err(e) = std::fs::remove_file(&image) {
                 warn!(name, "removing volume image: {e}");
             }
-            let iso = inner.iso.clone();
+            let iso = iso.clone();
             let _ = tokio::task::spawn_blocking(move || iso.trim_store()).await;
         }
         info!(name, "volume removed");
         Ok(())
     }
-
-    /// A descriptor of the root of a running or paused sandbox's writable disk (see
-    /// [`crate::Isolation::upper_root`]). Blocking-free: the tier's work runs on a blocking
-    /// thread.
-    pub async fn upper_root(&self, id: &SandboxId) -> Result<std::os::fd::OwnedFd, CoreError> {
-        let iso = self.inner.iso.clone();
-        let id2 = id.clone();
-        tokio::task::spawn_blocking(move || iso.upper_root(&id2))
-            .await
-            .map_err(|e| CoreError::Internal(format!("upper root: {e}")))?
-            .map_err(|e| match e {
-                crate::IsolationError::Unsupported(m) => CoreError::Unsupported(m),
-                crate::IsolationError::Failed(m) => CoreError::Internal(m),
-            })
-    }
 }
 
 /// Takes the consistent point of `id` into the new directory `dir` (`dir/disk.img`); on error
 /// nothing of `dir` remains.
-async fn take_point(inner: &Sandboxes, id: &SandboxId, dir: &Path) -> Result<u64, CoreError> {
-    let img = inner.iso.snapshot_image(dir)?;
+async fn take_point(
+    iso: &Arc<dyn Isolation>,
+    id: &SandboxId,
+    dir: &Path,
+) -> Result<u64, CoreError> {
+    let img = iso.snapshot_image(dir)?;
     std::fs::create_dir(dir).map_err(CoreError::io(format!("mkdir {}", dir.display())))?;
-    let iso = inner.iso.clone();
+    let iso = iso.clone();
     let id2 = id.clone();
     let r = tokio::task::spawn_blocking(move || iso.snapshot_disk(&id2, &img))
         .await

@@ -8,7 +8,7 @@
 //! inline (its value is kept with the sandbox's network settings, so deleting or changing the
 //! stored secret later does not change a running sandbox). Values are never returned.
 
-use crate::{CoreError, Manager};
+use crate::CoreError;
 use rampart_store::secrets::{SecretStore, StoredSecret};
 use rampart_types::network::StoredSecretInfo;
 use rampart_types::{SecretInjection, SecretSpec};
@@ -22,7 +22,7 @@ fn bad(message: impl Into<String>) -> CoreError {
     }
 }
 
-/// The manager's handle on the secret store: opened (and `state.db` made mode 0600) the
+/// The secrets service: owns the secret store, opened (and `state.db` made mode 0600) the
 /// first time a secret is set, listed, removed or referred to by a create, then kept.
 #[derive(Debug)]
 pub(crate) struct Secrets {
@@ -69,71 +69,60 @@ fn check(spec: &SecretSpec) -> Result<(), CoreError> {
     rampart_egress::validate_secrets(std::slice::from_ref(spec)).map_err(|e| bad(e.to_string()))
 }
 
-/// The create's secrets with references to stored secrets (empty `value`) resolved against
-/// the store. Entries with a value are returned as given.
-pub(crate) fn resolve(
-    secrets: &Secrets,
-    given: &[SecretSpec],
-) -> Result<Vec<SecretSpec>, CoreError> {
-    if given.iter().all(|s| !s.value.is_empty()) {
-        return Ok(given.to_vec());
-    }
-    let store = secrets.store()?;
-    given
-        .iter()
-        .map(|s| {
-            if !s.value.is_empty() {
-                return Ok(s.clone());
-            }
-            let stored = store
-                .get(&s.name)
-                .map_err(CoreError::from)?
-                .ok_or_else(|| {
-                    bad(format!(
-                        "{:?} has no value and no stored secret has that name (see /v1/secrets)",
-                        s.name
-                    ))
-                })?
-                .spec;
-            Ok(SecretSpec {
-                name: s.name.clone(),
-                value: stored.value,
-                hosts: if s.hosts.is_empty() {
-                    stored.hosts
-                } else {
-                    s.hosts.clone()
-                },
-                inject: if s.inject == SecretInjection::Placeholder {
-                    stored.inject
-                } else {
-                    s.inject.clone()
-                },
-                env: s.env.clone().or(stored.env),
+impl Secrets {
+    /// The create's secrets with references to stored secrets (empty `value`) resolved
+    /// against the store. Entries with a value are returned as given.
+    pub(crate) fn resolve(&self, given: &[SecretSpec]) -> Result<Vec<SecretSpec>, CoreError> {
+        if given.iter().all(|s| !s.value.is_empty()) {
+            return Ok(given.to_vec());
+        }
+        let store = self.store()?;
+        given
+            .iter()
+            .map(|s| {
+                if !s.value.is_empty() {
+                    return Ok(s.clone());
+                }
+                let stored = store
+                    .get(&s.name)
+                    .map_err(CoreError::from)?
+                    .ok_or_else(|| {
+                        bad(format!(
+                            "{:?} has no value and no stored secret has that name (see /v1/secrets)",
+                            s.name
+                        ))
+                    })?
+                    .spec;
+                Ok(SecretSpec {
+                    name: s.name.clone(),
+                    value: stored.value,
+                    hosts: if s.hosts.is_empty() {
+                        stored.hosts
+                    } else {
+                        s.hosts.clone()
+                    },
+                    inject: if s.inject == SecretInjection::Placeholder {
+                        stored.inject
+                    } else {
+                        s.inject.clone()
+                    },
+                    env: s.env.clone().or(stored.env),
+                })
             })
-        })
-        .collect()
-}
+            .collect()
+    }
 
-impl Manager {
-    /// Creates or replaces the stored secret `spec.name`. Running sandboxes keep the copy
-    /// they were created with.
-    pub fn set_secret(&self, spec: SecretSpec) -> Result<StoredSecretInfo, CoreError> {
+    /// Creates or replaces the stored secret `spec.name`.
+    pub(crate) fn set(&self, spec: SecretSpec) -> Result<StoredSecretInfo, CoreError> {
         check(&spec)?;
-        let stored = self
-            .inner
-            .secrets
-            .store()?
-            .set(&spec)
-            .map_err(CoreError::from)?;
+        let stored = self.store()?.set(&spec).map_err(CoreError::from)?;
         tracing::info!(secret = %spec.name, "stored secret set");
         Ok(info_of(stored))
     }
 
     /// The stored secrets (never their values), by name.
-    pub fn list_secrets(&self) -> Result<Vec<StoredSecretInfo>, CoreError> {
+    pub(crate) fn list(&self) -> Result<Vec<StoredSecretInfo>, CoreError> {
         Ok(self
-            .inner
-            .secrets
             .store()?
             .list()
             .map_err(CoreError::from)?
@@ -142,16 +131,9 @@ impl Manager {
             .collect())
     }
 
-    /// Removes the stored secret `name` (`NotFound` if there is none). Running sandboxes keep
-    /// the copy they were created with.
-    pub fn delete_secret(&self, name: &str) -> Result<(), CoreError> {
-        if self
-            .inner
-            .secrets
-            .store()?
-            .delete(name)
-            .map_err(CoreError::from)?
-        {
+    /// Removes the stored secret `name` (`NotFound` if there is none).
+    pub(crate) fn delete(&self, name: &str) -> Result<(), CoreError> {
+        if self.store()?.delete(name).map_err(CoreError::from)? {
             tracing::info!(secret = %name, "stored secret removed");
             Ok(())
         } else {
@@ -191,7 +173,9 @@ mod tests {
             inject: SecretInjection::Placeholder,
             env: None,
         };
-        let got = resolve(&secrets, &[inline.clone(), reference.clone()]).unwrap();
+        let got = secrets
+            .resolve(&[inline.clone(), reference.clone()])
+            .unwrap();
         assert_eq!(got[0], inline);
         assert_eq!(got[1], spec("tok", "v1"));
         // Given fields win.
@@ -200,7 +184,7 @@ mod tests {
             env: Some("OTHER".into()),
             ..reference.clone()
         };
-        let got = resolve(&secrets, &[narrowed]).unwrap();
+        let got = secrets.resolve(&[narrowed]).unwrap();
         assert_eq!(got[0].hosts, vec!["b.example.com".to_string()]);
         assert_eq!(got[0].env.as_deref(), Some("OTHER"));
         assert_eq!(got[0].value, "v1");
@@ -209,7 +193,7 @@ mod tests {
             name: "nope".into(),
             ..reference
         };
-        let e = resolve(&secrets, &[unknown]).unwrap_err();
+        let e = secrets.resolve(&[unknown]).unwrap_err();
         assert!(matches!(e, CoreError::BadRequest { .. }), "{e}");
         assert!(e.to_string().contains("nope"));
     }

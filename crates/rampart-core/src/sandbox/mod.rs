@@ -1,8 +1,9 @@
-//! Sandboxes: their lifecycle (create, launch, destroy, pause, resume, recovery), driven
-//! through the registry (in-memory state), the store (what is true), the tier and the
-//! services (audit, network, persist, secrets), and the background tasks (reaper, PID 1
-//! watchers, chain-head publisher).
+//! Sandboxes: their lifecycle (create, launch, destroy, pause, resume, recovery, snapshot
+//! and fork), driven through the registry (in-memory state), the store (what is true), the
+//! tier and the services (audit, network, persist, secrets: each called with what it needs),
+//! and the background tasks (reaper, PID 1 watchers, chain-head publisher).
 
+mod fork;
 mod lifecycle;
 mod ops;
 mod plan;

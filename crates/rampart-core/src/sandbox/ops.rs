@@ -1,4 +1,5 @@
-//! What callers do with a live sandbox: exec, files, network policy and log, usage.
+//! What callers do with a live sandbox: exec, files, network policy and log, usage, the
+//! root of its writable disk.
 
 use super::*;
 
@@ -57,6 +58,20 @@ impl Sandboxes {
             .await
             .map_err(CoreError::task("usage"))?
             .map_err(|e| CoreError::isolation("usage", e))
+    }
+
+    /// A descriptor of the root of a running or paused sandbox's writable disk (see
+    /// [`crate::Isolation::upper_root`]); the tier's work runs on a blocking thread.
+    pub(crate) async fn upper_root(&self, id: &SandboxId) -> Result<OwnedFd, CoreError> {
+        let iso = self.iso.clone();
+        let id2 = id.clone();
+        tokio::task::spawn_blocking(move || iso.upper_root(&id2))
+            .await
+            .map_err(|e| CoreError::Internal(format!("upper root: {e}")))?
+            .map_err(|e| match e {
+                IsolationError::Unsupported(m) => CoreError::Unsupported(m),
+                IsolationError::Failed(m) => CoreError::Internal(m),
+            })
     }
 
     /// `PUT /v1/sandboxes/{id}/network`: replaces the policy of a running sandbox. Between

@@ -27,9 +27,9 @@ impl Sandboxes {
         let cfg = &self.cfg;
         // Secrets by name (`/v1/secrets`) become secrets with their stored value, before the
         // request is kept for fork (a fork binds the same values).
-        req.secrets = crate::secrets::resolve(&self.secrets, &req.secrets)?;
+        req.secrets = self.secrets.resolve(&req.secrets)?;
         // Snapshot and volumes (fills the template from the snapshot).
-        let staged = crate::persist::prepare_create(self, &mut req)?;
+        let staged = self.persist.prepare_create(self.iso.as_ref(), &mut req)?;
         let v = validate::check_create_with(
             &req,
             &cfg.default_limits,
