@@ -43,6 +43,7 @@ impl Sandboxes {
         let access = NewAccess {
             token: new_token(),
             public_ports: validate::check_public_ports(&req.public_ports)?,
+            e2b: None,
         };
         let created = now_ms();
         let new = NewSandbox {
