@@ -36,6 +36,7 @@ pub use exec::{with_caller, Exec, ExecControl, ExecRecorder, ExecStart, InputSin
 pub use isolation::{FakeTier, Isolation, IsolationError, LaunchSpec, Launched, Usage};
 pub use namespace::{DEFAULT_CGROUP_SUBTREE, JAIL_POOL_ENV};
 pub use network::NetworkConfig;
+pub use sandbox::{CreateOptions, CreatedSandbox};
 
 use rampart_agent::client::AgentClient;
 use rampart_types::audit as audit_types;
@@ -76,7 +77,18 @@ impl Manager {
     }
     /// Creates a sandbox and returns once its agent answers.
     pub async fn create(&self, req: CreateSandbox) -> Result<SandboxInfo, CoreError> {
-        self.inner.create(req).await
+        Ok(self.inner.create(req, CreateOptions::default()).await?.info)
+    }
+    /// Like [`Manager::create`], with what a front end asks beyond the request: the E2B API
+    /// asks for E2B facts (an envd access token and the template name it was given), which
+    /// are recorded with the sandbox, in the same transaction, and forgotten when it ends
+    /// (read them back through [`Manager::access`]).
+    pub async fn create_with(
+        &self,
+        req: CreateSandbox,
+        opts: CreateOptions,
+    ) -> Result<CreatedSandbox, CoreError> {
+        self.inner.create(req, opts).await
     }
     /// One sandbox (any state, including destroyed ones kept for history).
     pub fn get(&self, id: &SandboxId) -> Result<SandboxInfo, CoreError> {
@@ -299,9 +311,9 @@ impl Manager {
     {
         self.inner.network_subscribe(id)
     }
-    /// Every sandbox's access token and public ports (the port and envd proxies check
-    /// tokens against it; public ports are changed through it). Written with the sandbox at
-    /// create, forgotten at its end.
+    /// Every sandbox's access token, public ports and E2B facts (the port and envd proxies
+    /// check tokens against it; public ports are changed through it). Written with the
+    /// sandbox at create, forgotten at its end.
     pub fn access(&self) -> Arc<rampart_store::access::AccessStore> {
         self.inner.access.clone()
     }

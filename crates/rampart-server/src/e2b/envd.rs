@@ -18,7 +18,7 @@ use axum::response::{IntoResponse, Response};
 use base64::Engine as _;
 use rampart_agent::client::AgentClient;
 use rampart_core::CoreError;
-use rampart_store::keys::E2bSandbox;
+use rampart_store::access::E2bSandbox;
 use rampart_types::SandboxId;
 use sha2::{Digest, Sha256};
 
@@ -261,11 +261,7 @@ impl E2b {
                 return Ok(None);
             }
         };
-        let keys = self.keys.clone();
-        let sid = id.as_str().to_owned();
-        let facts = tokio::task::spawn_blocking(move || keys.sandbox(&sid))
-            .await
-            .map_err(|e| E2bError::internal(e.to_string()))??;
+        let facts = self.facts(id).await?;
         Ok(facts.map(|facts| Live { agent, facts }))
     }
 
