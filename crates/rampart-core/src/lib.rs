@@ -37,6 +37,8 @@ pub use isolation::{FakeTier, Isolation, IsolationError, LaunchSpec, Launched, U
 pub use namespace::{DEFAULT_CGROUP_SUBTREE, JAIL_POOL_ENV};
 pub use network::NetworkConfig;
 pub use sandbox::{CreateOptions, CreatedSandbox};
+// The envd proxy's recorded execs (`Manager::add_exec_input`).
+pub use exec::{ExecRef, ExecTicket};
 
 use rampart_agent::client::AgentClient;
 use rampart_types::audit as audit_types;
@@ -326,6 +328,29 @@ impl Manager {
         start: ExecStart,
     ) -> Result<ExecRecorder, CoreError> {
         self.inner.record_exec_start(id, start)
+    }
+    /// Keeps the input sink of an exec recorded by another road (see
+    /// [`Manager::record_exec_start`]) that started as `pid`, with `tag`, in sandbox `id`:
+    /// input sent to it later is counted there ([`Manager::exec_input`]). It stays until
+    /// [`Manager::remove_exec_input`] removes it or the sandbox ends (whatever ends it);
+    /// None when the sandbox is not up (neither running nor paused).
+    pub fn add_exec_input(
+        &self,
+        id: &SandboxId,
+        pid: u32,
+        tag: Option<&str>,
+        sink: InputSink,
+    ) -> Option<ExecTicket> {
+        self.inner.registry.add_input(id, pid, tag, sink)
+    }
+    /// The input sink of the exec `which` names among those [`Manager::add_exec_input`]
+    /// keeps for sandbox `id`.
+    pub fn exec_input(&self, id: &SandboxId, which: ExecRef<'_>) -> Option<InputSink> {
+        self.inner.registry.input(id, which)
+    }
+    /// Removes what `ticket` registered (a later registration of the same pid or tag stays).
+    pub fn remove_exec_input(&self, id: &SandboxId, ticket: &ExecTicket) {
+        self.inner.registry.remove_input(id, ticket)
     }
     /// Records a file operation made in a sandbox by another road than the file methods.
     pub fn record_file_change(

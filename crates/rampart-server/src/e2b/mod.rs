@@ -37,8 +37,6 @@ pub(crate) struct E2b {
     pub(crate) keys: Arc<KeyStore>,
     /// Every sandbox's token, stripped from what the envd proxy forwards.
     pub(crate) creds: crate::ports::Credentials,
-    /// The execs the envd proxy is recording, per sandbox (where their input is counted).
-    pub(crate) running: Arc<record::Running>,
 }
 
 impl std::fmt::Debug for E2b {
@@ -169,13 +167,10 @@ pub(crate) fn attach(inner: Router, manager: Arc<Manager>) -> Router {
     let creds = crate::ports::Credentials {
         access: Some(manager.access()),
     };
-    let running = Arc::new(record::Running::default());
-    record::forget_ended(&manager, &running);
     let st = E2b {
         manager,
         keys,
         creds,
-        running,
     };
     let api = Router::new()
         .route("/sandboxes", post(api::create).get(api::list_v1))
