@@ -36,6 +36,9 @@ pub use exec::{with_caller, Exec, ExecControl, ExecRecorder, ExecStart, InputSin
 pub use isolation::{FakeTier, InitFile, Isolation, IsolationError, LaunchSpec, Launched, Usage};
 pub use namespace::{DEFAULT_CGROUP_SUBTREE, JAIL_POOL_ENV};
 pub use network::NetworkConfig;
+pub use sandbox::{CreateOptions, CreatedSandbox};
+// The envd proxy's recorded execs (`Manager::add_exec_input`).
+pub use exec::{ExecRef, ExecTicket};
 
 use rampart_agent::client::AgentClient;
 use rampart_types::audit as audit_types;
@@ -76,7 +79,18 @@ impl Manager {
     }
     /// Creates a sandbox and returns once its agent answers.
     pub async fn create(&self, req: CreateSandbox) -> Result<SandboxInfo, CoreError> {
-        self.inner.create(req).await
+        Ok(self.inner.create(req, CreateOptions::default()).await?.info)
+    }
+    /// Like [`Manager::create`], with what a front end asks beyond the request: the E2B API
+    /// asks for E2B facts (an envd access token and the template name it was given), which
+    /// are recorded with the sandbox, in the same transaction, and forgotten when it ends
+    /// (read them back through [`Manager::access`]).
+    pub async fn create_with(
+        &self,
+        req: CreateSandbox,
+        opts: CreateOptions,
+    ) -> Result<CreatedSandbox, CoreError> {
+        self.inner.create(req, opts).await
     }
     /// One sandbox (any state, including destroyed ones kept for history).
     pub fn get(&self, id: &SandboxId) -> Result<SandboxInfo, CoreError> {
@@ -299,9 +313,9 @@ impl Manager {
     {
         self.inner.network_subscribe(id)
     }
-    /// Every sandbox's access token and public ports (the port and envd proxies check
-    /// tokens against it; public ports are changed through it). Written with the sandbox at
-    /// create, forgotten at its end.
+    /// Every sandbox's access token, public ports and E2B facts (the port and envd proxies
+    /// check tokens against it; public ports are changed through it). Written with the
+    /// sandbox at create, forgotten at its end.
     pub fn access(&self) -> Arc<rampart_store::access::AccessStore> {
         self.inner.access.clone()
     }
@@ -314,6 +328,29 @@ impl Manager {
         start: ExecStart,
     ) -> Result<ExecRecorder, CoreError> {
         self.inner.record_exec_start(id, start)
+    }
+    /// Keeps the input sink of an exec recorded by another road (see
+    /// [`Manager::record_exec_start`]) that started as `pid`, with `tag`, in sandbox `id`:
+    /// input sent to it later is counted there ([`Manager::exec_input`]). It stays until
+    /// [`Manager::remove_exec_input`] removes it or the sandbox ends (whatever ends it);
+    /// None when the sandbox is not up (neither running nor paused).
+    pub fn add_exec_input(
+        &self,
+        id: &SandboxId,
+        pid: u32,
+        tag: Option<&str>,
+        sink: InputSink,
+    ) -> Option<ExecTicket> {
+        self.inner.registry.add_input(id, pid, tag, sink)
+    }
+    /// The input sink of the exec `which` names among those [`Manager::add_exec_input`]
+    /// keeps for sandbox `id`.
+    pub fn exec_input(&self, id: &SandboxId, which: ExecRef<'_>) -> Option<InputSink> {
+        self.inner.registry.input(id, which)
+    }
+    /// Removes what `ticket` registered (a later registration of the same pid or tag stays).
+    pub fn remove_exec_input(&self, id: &SandboxId, ticket: &ExecTicket) {
+        self.inner.registry.remove_input(id, ticket)
     }
     /// Records a file operation made in a sandbox by another road than the file methods.
     pub fn record_file_change(

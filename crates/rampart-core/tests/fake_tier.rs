@@ -7,7 +7,7 @@
 mod common;
 
 use common::{cmd, run, wait_state};
-use rampart_core::{CoreConfig, CoreError, FakeTier, Manager};
+use rampart_core::{CoreConfig, CoreError, CreateOptions, ExecRef, ExecStart, FakeTier, Manager};
 use rampart_store::SandboxStore as _;
 use rampart_types::audit::EventBody;
 use rampart_types::{CreateSandbox, SandboxId, SandboxState};
@@ -290,6 +290,85 @@ async fn the_reaper_destroys_an_expired_sandbox() {
     m.set_timeout(&long.id, 1).await.unwrap();
     wait_state(&m, &long.id, SandboxState::Destroyed, WITHIN).await;
     assert!(!w.sandbox_dir(&long.id).exists());
+    m.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn e2b_facts_and_recorded_execs_live_and_end_with_their_sandbox() {
+    let w = World::new();
+    let m = w.start().await;
+    let e2b = |template: &str| CreateOptions {
+        e2b_template: Some(template.to_owned()),
+    };
+    let killed = m
+        .create_with(CreateSandbox::default(), e2b("base"))
+        .await
+        .unwrap();
+    let expiring = m
+        .create_with(
+            CreateSandbox {
+                timeout_secs: Some(1),
+                ..Default::default()
+            },
+            e2b("code-interpreter"),
+        )
+        .await
+        .unwrap();
+    let plain = m.create(CreateSandbox::default()).await.unwrap();
+    let access = m.access();
+    let facts = killed.e2b.clone().expect("asked for E2B facts");
+    assert_eq!(facts.template, "base");
+    assert_eq!(facts.access_token.len(), 64);
+    assert_ne!(Some(&facts.access_token), killed.info.access_token.as_ref());
+    // What create answered is what is recorded, in the same transaction as the sandbox.
+    assert_eq!(
+        access.e2b(killed.info.id.as_str()).unwrap(),
+        Some(facts.clone())
+    );
+    assert!(access.is_e2b_token(&facts.access_token).unwrap());
+    let soon = expiring.e2b.clone().unwrap();
+    assert_eq!(soon.template, "code-interpreter");
+    assert_eq!(
+        access.e2b(expiring.info.id.as_str()).unwrap(),
+        Some(soon.clone())
+    );
+    // A sandbox made otherwise has none.
+    assert_eq!(access.e2b(plain.id.as_str()).unwrap(), None);
+    // The envd proxy's recorded execs live in core with them, by pid and tag.
+    let recorded = |id: &SandboxId, pid: u32| {
+        let rec = m
+            .record_exec_start(
+                id,
+                ExecStart {
+                    argv: vec!["sleep".into(), "60".into()],
+                    user: "user".into(),
+                    stdin: true,
+                    ..Default::default()
+                },
+            )
+            .unwrap();
+        let ticket = m.add_exec_input(id, pid, Some("bg"), rec.input_sink());
+        (rec, ticket.expect("a running sandbox takes it"))
+    };
+    let (_k, kt) = recorded(&killed.info.id, 7);
+    let (_e, _) = recorded(&expiring.info.id, 7);
+    assert!(m.exec_input(&killed.info.id, ExecRef::Tag("bg")).is_some());
+    assert!(m.exec_input(&expiring.info.id, ExecRef::Pid(7)).is_some());
+    assert!(m.exec_input(&plain.id, ExecRef::Pid(7)).is_none());
+
+    // Killed: gone with it.
+    m.destroy(&killed.info.id).await.unwrap();
+    assert_eq!(access.e2b(killed.info.id.as_str()).unwrap(), None);
+    assert!(!access.is_e2b_token(&facts.access_token).unwrap());
+    assert!(m.exec_input(&killed.info.id, ExecRef::Pid(7)).is_none());
+    assert!(m.exec_input(&killed.info.id, ExecRef::Tag("bg")).is_none());
+    m.remove_exec_input(&killed.info.id, &kt);
+    // Expired (the reaper): gone with it too.
+    wait_state(&m, &expiring.info.id, SandboxState::Destroyed, WITHIN).await;
+    assert_eq!(access.e2b(expiring.info.id.as_str()).unwrap(), None);
+    assert!(!access.is_e2b_token(&soon.access_token).unwrap());
+    assert!(m.exec_input(&expiring.info.id, ExecRef::Pid(7)).is_none());
+    m.destroy(&plain.id).await.unwrap();
     m.shutdown().await;
 }
 

@@ -405,15 +405,9 @@ pub fn router(manager: Arc<Manager>) -> Router {
 }
 
 /// The daemon's router over a running [`Manager`], with `opts`. Port access (tokens, public
-/// ports) is kept in the daemon's `state.db`; if it cannot be opened, in memory (logged).
+/// ports, E2B access tokens) is core's, kept with each sandbox ([`Manager::access`]).
 pub fn router_with_options(manager: Arc<Manager>, opts: &ServerOptions) -> Router {
-    let ports = match ports::Ports::open(manager.data_dir(), opts, manager.access()) {
-        Ok(p) => p,
-        Err(e) => {
-            tracing::error!("cannot open the E2B tables; E2B tokens open no ports: {e}");
-            ports::Ports::with_access(opts, manager.access())
-        }
-    };
+    let ports = ports::Ports::with_access(opts, manager.access());
     let state = app_state(manager.clone(), ports);
     let app = e2b::attach(v1_router(state.clone()), manager);
     app.layer(axum::middleware::from_fn_with_state(

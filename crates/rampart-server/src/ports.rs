@@ -21,7 +21,6 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use rampart_agent::client::ClientError;
 use rampart_store::access::AccessStore;
-use rampart_store::keys::KeyStore;
 use rampart_store::StoreError;
 use rampart_types::{ApiErrorBody, PortInfo, PortList, SandboxId, SandboxState};
 use std::collections::BTreeSet;
@@ -70,12 +69,11 @@ pub fn valid_domain(domain: &str) -> bool {
         })
 }
 
-/// What the port proxy keeps: the domain, the tokens and public ports, and (on a daemon) the
-/// E2B key store, whose sandboxes' tokens open their ports too.
+/// What the port proxy keeps: the domain, and core's store of every sandbox's access (its
+/// token, public ports and E2B facts: an E2B sandbox's envd access token opens its ports too).
 pub(crate) struct Ports {
     domain: String,
     access: Arc<AccessStore>,
-    e2b: Option<Arc<KeyStore>>,
 }
 
 impl std::fmt::Debug for Ports {
@@ -101,12 +99,11 @@ async fn blocking<T: Send + 'static>(
 }
 
 impl Ports {
-    /// Port access over a stand-in backend's store (no E2B tables).
+    /// Port access over core's store of every sandbox's access (or a stand-in backend's).
     pub(crate) fn with_access(opts: &ServerOptions, access: Arc<AccessStore>) -> Ports {
         Ports {
             domain: opts.domain.clone(),
             access,
-            e2b: None,
         }
     }
 
@@ -120,39 +117,18 @@ impl Ports {
         Ports {
             domain: opts.domain.clone(),
             access: Arc::new(access),
-            e2b: None,
         }
-    }
-
-    /// Port access over core's store of tokens and public ports (`access`), and the E2B
-    /// tables of the daemon's `state.db`.
-    pub(crate) fn open(
-        data_dir: &std::path::Path,
-        opts: &ServerOptions,
-        access: Arc<AccessStore>,
-    ) -> Result<Ports, StoreError> {
-        let db = data_dir.join("state.db");
-        let e2b = KeyStore::open(&db)?;
-        Ok(Ports {
-            domain: opts.domain.clone(),
-            access,
-            e2b: Some(Arc::new(e2b)),
-        })
     }
 
     /// The token of a sandbox: its own, else its E2B access token, else none.
     pub(crate) async fn token(&self, id: &SandboxId) -> Result<Option<String>, ApiError> {
         let access = self.access.clone();
-        let e2b = self.e2b.clone();
         let sid = id.as_str().to_owned();
         blocking(move || {
             if let Some(t) = access.token(&sid)? {
                 return Ok(Some(t));
             }
-            match e2b {
-                Some(k) => Ok(k.sandbox(&sid)?.map(|f| f.access_token)),
-                None => Ok(None),
-            }
+            Ok(access.e2b(&sid)?.map(|f| f.access_token))
         })
         .await
     }
@@ -191,7 +167,6 @@ impl Ports {
     pub(crate) fn known_credentials(&self) -> Credentials {
         Credentials {
             access: Some(self.access.clone()),
-            e2b: self.e2b.clone(),
         }
     }
 }
@@ -205,12 +180,11 @@ pub(crate) const CREDENTIAL_HEADERS: [&str; 4] = [
     "x-api-key",
 ];
 
-/// The stores that know every sandbox's token: the port-access tokens and the E2B access
-/// tokens (both 64 lowercase hex digits).
+/// The store that knows every sandbox's tokens: its port-access token and, for an E2B
+/// sandbox, its E2B access token (both 64 lowercase hex digits).
 #[derive(Clone, Default)]
 pub(crate) struct Credentials {
     pub(crate) access: Option<Arc<AccessStore>>,
-    pub(crate) e2b: Option<Arc<KeyStore>>,
 }
 
 impl std::fmt::Debug for Credentials {
@@ -226,15 +200,9 @@ impl Credentials {
         candidates
             .into_iter()
             .filter(|c| {
-                let access = self
-                    .access
-                    .as_ref()
-                    .is_some_and(|a| a.is_token(c).unwrap_or(true));
-                access
-                    || self
-                        .e2b
-                        .as_ref()
-                        .is_some_and(|k| k.is_access_token(c).unwrap_or(true))
+                self.access.as_ref().is_some_and(|a| {
+                    a.is_token(c).unwrap_or(true) || a.is_e2b_token(c).unwrap_or(true)
+                })
             })
             .collect()
     }
@@ -1293,22 +1261,42 @@ mod tests {
     /// rest of the request stays as it came.
     #[tokio::test]
     async fn every_credential_is_stripped() {
-        let access = Arc::new(AccessStore::open_in_memory().unwrap());
-        let e2b = Arc::new(KeyStore::open_in_memory().unwrap());
+        use rampart_store::{access, SandboxStore as _};
+        let dir = tempfile::tempdir().unwrap();
+        let db = dir.path().join("state.db");
+        // An E2B sandbox, as core records it (its facts in the create's transaction).
+        let store = rampart_store::SqliteStore::open(&db).unwrap();
+        let e2b_token = access::new_token();
+        let created = rampart_store::now_ms();
+        store
+            .insert_creating(
+                &rampart_store::NewSandbox {
+                    id: SandboxId::parse("e").unwrap(),
+                    template: "base".into(),
+                    limits: Default::default(),
+                    env: Default::default(),
+                    metadata: Default::default(),
+                    created_at_ms: created,
+                    expires_at_ms: created + 60_000,
+                    access: Some(access::NewAccess {
+                        token: access::new_token(),
+                        public_ports: vec![],
+                        e2b: Some(access::E2bSandbox {
+                            access_token: e2b_token.clone(),
+                            template: "base".into(),
+                        }),
+                    }),
+                },
+                10,
+                10,
+            )
+            .unwrap();
+        let access = Arc::new(AccessStore::open(&db).unwrap());
         let other = access.issue("other", &[]).unwrap();
-        let e2b_token = rampart_store::keys::random_hex(32);
-        e2b.put_sandbox(
-            "e",
-            &rampart_store::keys::E2bSandbox {
-                access_token: e2b_token.clone(),
-                template: "base".into(),
-            },
-        )
-        .unwrap();
-        let (_, key) = e2b.create_key("k").unwrap();
+        let keys = rampart_store::keys::KeyStore::open_in_memory().unwrap();
+        let (_, key) = keys.create_key("k").unwrap();
         let creds = Credentials {
             access: Some(access),
-            e2b: Some(e2b),
         };
         use base64::Engine as _;
         let basic = base64::engine::general_purpose::STANDARD.encode(format!("u:{other}"));

@@ -1,10 +1,15 @@
-//! Access to a sandbox's exposed ports: the per-sandbox access token that opens them and the
-//! ports a sandbox made public (reachable without it).
+//! Access to a sandbox: the per-sandbox access token that opens its exposed ports, the ports
+//! it made public (reachable without it), and for a sandbox made through the E2B API its E2B
+//! facts (the envd access token, which opens its ports too, and the template name the client
+//! asked for).
 //!
-//! The tables live in the daemon's `state.db`; [`AccessStore`] creates them if they are
-//! missing (its own idempotent migration, like [`crate::keys`], independent of the sandbox
-//! schema version). A sandbox made through the E2B API keeps its E2B access token in
-//! [`crate::keys`]; callers look there when this store has none.
+//! All of it is written with the sandbox, in the transaction of
+//! [`crate::SandboxStore::insert_creating`] (from [`crate::NewSandbox::access`]), and
+//! forgotten in the transaction that moves the sandbox out of the alive states, whatever
+//! ended it. The tables live in the daemon's `state.db`; the state store and [`AccessStore`]
+//! create them if they are missing (an idempotent migration, independent of the sandbox
+//! schema version). `e2b_sandboxes` was made by the key store before; its rows are read as
+//! they are.
 
 use crate::keys::random_hex;
 use crate::{now_ms, side, StoreError};
@@ -25,7 +30,23 @@ pub(crate) const MIGRATION: &str = "CREATE TABLE IF NOT EXISTS sandbox_tokens (
         port INTEGER NOT NULL,
         PRIMARY KEY (id, port)
     );
-    CREATE INDEX IF NOT EXISTS sandbox_tokens_token ON sandbox_tokens(token);";
+    CREATE INDEX IF NOT EXISTS sandbox_tokens_token ON sandbox_tokens(token);
+    CREATE TABLE IF NOT EXISTS e2b_sandboxes (
+        id TEXT PRIMARY KEY NOT NULL,
+        access_token TEXT NOT NULL,
+        template TEXT NOT NULL,
+        created_at INTEGER NOT NULL
+    );
+    CREATE INDEX IF NOT EXISTS e2b_sandboxes_token ON e2b_sandboxes(access_token);";
+
+/// What the E2B API keeps about one sandbox it made.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct E2bSandbox {
+    /// The `envdAccessToken` every envd request must carry (see [`new_token`]).
+    pub access_token: String,
+    /// The template id the client asked for (`base`, `code-interpreter-v1`, ...).
+    pub template: String,
+}
 
 /// A new sandbox's access, recorded with it (see [`crate::NewSandbox::access`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -34,6 +55,8 @@ pub struct NewAccess {
     pub token: String,
     /// Ports reachable without the token.
     pub public_ports: Vec<u16>,
+    /// Its E2B facts, when the E2B API makes it.
+    pub e2b: Option<E2bSandbox>,
 }
 
 /// A fresh token: [`TOKEN_BYTES`] random bytes, hex.
@@ -61,16 +84,25 @@ pub(crate) fn insert(
             params![id, p],
         )?;
     }
+    tx.execute("DELETE FROM e2b_sandboxes WHERE id = ?1", params![id])?;
+    if let Some(e) = &a.e2b {
+        tx.execute(
+            "INSERT INTO e2b_sandboxes (id, access_token, template, created_at)
+             VALUES (?1, ?2, ?3, ?4)",
+            params![id, e.access_token, e.template, now_ms()],
+        )?;
+    }
     Ok(())
 }
 
-/// Forgets sandbox `id`'s token and public ports in `tx`.
+/// Forgets sandbox `id`'s token, public ports and E2B facts in `tx`.
 pub(crate) fn forget_in(tx: &rusqlite::Transaction<'_>, id: &str) -> Result<(), StoreError> {
     tx.execute("DELETE FROM sandbox_tokens WHERE id = ?1", params![id])?;
     tx.execute(
         "DELETE FROM sandbox_public_ports WHERE id = ?1",
         params![id],
     )?;
+    tx.execute("DELETE FROM e2b_sandboxes WHERE id = ?1", params![id])?;
     Ok(())
 }
 
@@ -149,6 +181,37 @@ impl AccessStore {
             .is_some())
     }
 
+    /// The E2B facts of sandbox `id`, if the E2B API made it (and it has not ended).
+    pub fn e2b(&self, id: &str) -> Result<Option<E2bSandbox>, StoreError> {
+        Ok(self
+            .conn()
+            .query_row(
+                "SELECT access_token, template FROM e2b_sandboxes WHERE id = ?1",
+                params![id],
+                |r| {
+                    Ok(E2bSandbox {
+                        access_token: r.get(0)?,
+                        template: r.get(1)?,
+                    })
+                },
+            )
+            .optional()?)
+    }
+
+    /// Whether `candidate` is the E2B access token of some sandbox (stripped by the proxies
+    /// like [`AccessStore::is_token`]'s).
+    pub fn is_e2b_token(&self, candidate: &str) -> Result<bool, StoreError> {
+        Ok(self
+            .conn()
+            .query_row(
+                "SELECT 1 FROM e2b_sandboxes WHERE access_token = ?1",
+                params![candidate],
+                |_| Ok(()),
+            )
+            .optional()?
+            .is_some())
+    }
+
     /// Makes `port` of sandbox `id` public (`true`) or private again (`false`).
     pub fn set_public(&self, id: &str, port: u16, public: bool) -> Result<(), StoreError> {
         let conn = self.conn();
@@ -188,7 +251,7 @@ impl AccessStore {
         Ok(rows.collect::<Result<_, _>>()?)
     }
 
-    /// Forgets the token and public ports of sandbox `id` (it ended).
+    /// Forgets the token, public ports and E2B facts of sandbox `id` (it ended).
     pub fn forget(&self, id: &str) -> Result<(), StoreError> {
         let mut conn = self.conn();
         let tx = conn.transaction()?;
@@ -202,7 +265,8 @@ impl AccessStore {
         let ids: Vec<String> = {
             let conn = self.conn();
             let mut st = conn.prepare(
-                "SELECT id FROM sandbox_tokens UNION SELECT id FROM sandbox_public_ports",
+                "SELECT id FROM sandbox_tokens UNION SELECT id FROM sandbox_public_ports \
+                 UNION SELECT id FROM e2b_sandboxes",
             )?;
             let rows = st.query_map([], |r| r.get::<_, String>(0))?;
             rows.collect::<Result<_, _>>()?

@@ -1,10 +1,11 @@
-//! API keys of the E2B-compatible API, and the per-sandbox facts that API adds (the envd
-//! access token, the template name the client asked for).
+//! API keys of the E2B-compatible API.
 //!
 //! Keys have E2B's shape, `e2b_` and 40 lowercase hex digits (every E2B SDK version accepts
 //! it), and are stored only as their SHA-256 digest: the plain key is shown once, when it is
-//! made. The tables live in the daemon's `state.db` next to the sandboxes; [`KeyStore`] creates
-//! them if they are missing (its own migration, independent of the sandbox schema version).
+//! made. The table lives in the daemon's `state.db` next to the sandboxes; [`KeyStore`] creates
+//! it if it is missing (its own migration, independent of the sandbox schema version). The
+//! per-sandbox facts the E2B API adds (the envd access token, the template name asked for)
+//! are the sandbox's, kept with its access ([`crate::access::E2bSandbox`]).
 
 use crate::{now_ms, side, StoreError};
 use rand::RngCore;
@@ -18,7 +19,7 @@ pub const KEY_PREFIX: &str = "e2b_";
 /// Hex digits after the prefix.
 pub const KEY_HEX_LEN: usize = 40;
 
-/// The tables of this module; idempotent.
+/// The table of this module; idempotent.
 const MIGRATION: &str = "CREATE TABLE IF NOT EXISTS api_keys (
         id TEXT PRIMARY KEY NOT NULL,
         hash TEXT NOT NULL UNIQUE,
@@ -26,14 +27,7 @@ const MIGRATION: &str = "CREATE TABLE IF NOT EXISTS api_keys (
         hint TEXT NOT NULL,
         created_at INTEGER NOT NULL,
         last_used_at INTEGER
-    );
-    CREATE TABLE IF NOT EXISTS e2b_sandboxes (
-        id TEXT PRIMARY KEY NOT NULL,
-        access_token TEXT NOT NULL,
-        template TEXT NOT NULL,
-        created_at INTEGER NOT NULL
-    );
-    CREATE INDEX IF NOT EXISTS e2b_sandboxes_token ON e2b_sandboxes(access_token);";
+    );";
 
 /// An API key as listed (never the key itself).
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
@@ -48,15 +42,6 @@ pub struct KeyInfo {
     pub created_at_ms: i64,
     /// Last successful use, unix ms (updated at most once a minute).
     pub last_used_at_ms: Option<i64>,
-}
-
-/// What the E2B API keeps about one sandbox.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct E2bSandbox {
-    /// The `envdAccessToken` every envd request must carry.
-    pub access_token: String,
-    /// The template id the client asked for (`base`, `code-interpreter-v1`, ...).
-    pub template: String,
 }
 
 /// Whether `key` has the shape of an API key (`e2b_` + 40 lowercase hex digits).
@@ -194,68 +179,6 @@ impl KeyStore {
             .query_row("SELECT COUNT(*) FROM api_keys", [], |r| r.get(0))?;
         Ok(n as u64)
     }
-
-    /// Records the E2B facts of a new sandbox.
-    pub fn put_sandbox(&self, id: &str, sbx: &E2bSandbox) -> Result<(), StoreError> {
-        self.conn().execute(
-            "INSERT OR REPLACE INTO e2b_sandboxes (id, access_token, template, created_at)
-             VALUES (?1, ?2, ?3, ?4)",
-            params![id, sbx.access_token, sbx.template, now_ms()],
-        )?;
-        Ok(())
-    }
-
-    /// The E2B facts of a sandbox, if it was made through the E2B API.
-    pub fn sandbox(&self, id: &str) -> Result<Option<E2bSandbox>, StoreError> {
-        Ok(self
-            .conn()
-            .query_row(
-                "SELECT access_token, template FROM e2b_sandboxes WHERE id = ?1",
-                params![id],
-                |r| {
-                    Ok(E2bSandbox {
-                        access_token: r.get(0)?,
-                        template: r.get(1)?,
-                    })
-                },
-            )
-            .optional()?)
-    }
-
-    /// Whether `candidate` is the E2B access token of some sandbox.
-    pub fn is_access_token(&self, candidate: &str) -> Result<bool, StoreError> {
-        Ok(self
-            .conn()
-            .query_row(
-                "SELECT 1 FROM e2b_sandboxes WHERE access_token = ?1",
-                params![candidate],
-                |_| Ok(()),
-            )
-            .optional()?
-            .is_some())
-    }
-
-    /// Forgets the E2B facts of one sandbox (it ended).
-    pub fn forget_sandbox(&self, id: &str) -> Result<(), StoreError> {
-        self.conn()
-            .execute("DELETE FROM e2b_sandboxes WHERE id = ?1", params![id])?;
-        Ok(())
-    }
-
-    /// Forgets the E2B facts of sandboxes not in `keep` (ended ones).
-    pub fn retain_sandboxes(&self, keep: &[&str]) -> Result<usize, StoreError> {
-        let conn = self.conn();
-        let ids: Vec<String> = {
-            let mut st = conn.prepare("SELECT id FROM e2b_sandboxes")?;
-            let rows = st.query_map([], |r| r.get::<_, String>(0))?;
-            rows.collect::<Result<_, _>>()?
-        };
-        let mut n = 0;
-        for id in ids.iter().filter(|i| !keep.contains(&i.as_str())) {
-            n += conn.execute("DELETE FROM e2b_sandboxes WHERE id = ?1", params![id])?;
-        }
-        Ok(n)
-    }
 }
 
 #[cfg(test)]
@@ -302,22 +225,5 @@ mod tests {
         assert!(!is_key_shaped(
             "xyz_0123456789abcdef0123456789abcdef01234567"
         ));
-    }
-
-    #[test]
-    fn sandbox_facts_round_trip() {
-        let s = KeyStore::open_in_memory().unwrap();
-        let f = E2bSandbox {
-            access_token: "tok".into(),
-            template: "base".into(),
-        };
-        s.put_sandbox("abc", &f).unwrap();
-        s.put_sandbox("def", &f).unwrap();
-        assert_eq!(s.sandbox("abc").unwrap(), Some(f));
-        assert!(s.is_access_token("tok").unwrap());
-        assert!(!s.is_access_token("to").unwrap());
-        assert_eq!(s.retain_sandboxes(&["def"]).unwrap(), 1);
-        assert!(s.sandbox("abc").unwrap().is_none());
-        assert!(s.sandbox("def").unwrap().is_some());
     }
 }

@@ -182,8 +182,9 @@ pub struct NewSandbox {
     pub created_at_ms: i64,
     /// Deadline, unix ms.
     pub expires_at_ms: i64,
-    /// The token that opens its ports, and the ports open without it: recorded with the
-    /// sandbox in one transaction, forgotten when it ends (see [`access`]).
+    /// The token that opens its ports, the ports open without it and its E2B facts (when the
+    /// E2B API makes it): recorded with the sandbox in one transaction, forgotten when it
+    /// ends (see [`access`]).
     pub access: Option<access::NewAccess>,
 }
 
@@ -715,7 +716,8 @@ impl SandboxStore for SqliteStore {
             .execute(params![id.as_str(), state.as_str(), ended_at_ms, reason])?;
         changed(n, id)?;
         if !state.is_alive() {
-            // An ended sandbox's token opens nothing any more, whatever ended it.
+            // An ended sandbox's tokens (its own and its E2B one) open nothing any more, and
+            // its E2B facts go, whatever ended it.
             access::forget_in(&tx, id.as_str())?;
         }
         if let Some(e) = event {
@@ -933,6 +935,13 @@ mod tests {
         SandboxId::parse(s).unwrap()
     }
 
+    fn e2b(token: &str) -> access::E2bSandbox {
+        access::E2bSandbox {
+            access_token: token.into(),
+            template: "code-interpreter-v1".into(),
+        }
+    }
+
     #[test]
     fn access_is_written_with_the_sandbox_and_forgotten_at_its_end() {
         let dir = tempfile::tempdir().unwrap();
@@ -941,9 +950,11 @@ mod tests {
         let access = access::AccessStore::open(&db).unwrap();
         let mut n = new("acc1", &[]);
         let token = access::new_token();
+        let envd = access::new_token();
         n.access = Some(access::NewAccess {
             token: token.clone(),
             public_ports: vec![8080],
+            e2b: Some(e2b(&envd)),
         });
         s.insert_creating(&n, 10, 10).unwrap();
         assert_eq!(
@@ -951,25 +962,158 @@ mod tests {
             Some(token.as_str())
         );
         assert!(access.is_public("acc1", 8080).unwrap());
-        // A create the store refuses (full) leaves no token behind.
+        assert_eq!(access.e2b("acc1").unwrap(), Some(e2b(&envd)));
+        assert!(access.is_e2b_token(&envd).unwrap());
+        assert!(!access.is_e2b_token(&token).unwrap() && !access.is_token(&envd).unwrap());
+        // A create the store refuses (full) leaves no token and no E2B facts behind.
         let mut m = new("acc2", &[]);
+        let envd2 = access::new_token();
         m.access = Some(access::NewAccess {
             token: access::new_token(),
             public_ports: vec![],
+            e2b: Some(e2b(&envd2)),
         });
         assert!(matches!(
             s.insert_creating(&m, 1, 10),
             Err(StoreError::Full { .. })
         ));
         assert_eq!(access.token("acc2").unwrap(), None);
+        assert_eq!(access.e2b("acc2").unwrap(), None);
+        assert!(!access.is_e2b_token(&envd2).unwrap());
         // Stopping keeps it; the end (destroyed or failed) forgets it.
         s.set_state(&n.id, SandboxState::Stopping, None, None)
             .unwrap();
         assert!(access.token("acc1").unwrap().is_some());
+        assert!(access.e2b("acc1").unwrap().is_some());
         s.set_state(&n.id, SandboxState::Destroyed, Some(now_ms()), Some("x"))
             .unwrap();
         assert_eq!(access.token("acc1").unwrap(), None);
         assert!(!access.is_public("acc1", 8080).unwrap());
+        assert_eq!(access.e2b("acc1").unwrap(), None);
+        assert!(!access.is_e2b_token(&envd).unwrap());
+    }
+
+    #[test]
+    fn e2b_facts_go_at_every_end() {
+        let s = SqliteStore::open_in_memory().unwrap();
+        let facts = |id: &str| -> Option<String> {
+            s.lock()
+                .query_row(
+                    "SELECT access_token FROM e2b_sandboxes WHERE id = ?1",
+                    [id],
+                    |r| r.get(0),
+                )
+                .optional()
+                .unwrap()
+        };
+        let make = |name: &str| {
+            let mut n = new(name, &[]);
+            n.access = Some(access::NewAccess {
+                token: access::new_token(),
+                public_ports: vec![],
+                e2b: Some(e2b(&access::new_token())),
+            });
+            s.insert_creating(&n, 10, 10).unwrap();
+            assert!(facts(name).is_some());
+            n.id
+        };
+        let ended = |id: &SandboxId| {
+            let r = s.get(id).unwrap().unwrap();
+            assert!(!r.state.is_alive(), "{r:?}");
+            assert_eq!(facts(id.as_str()), None, "{id}: {r:?}");
+        };
+        let event = |id: &SandboxId, reason: &str| NewEvent {
+            sandbox: id.clone(),
+            seq: 0,
+            time: "2025-01-01T00:00:00Z".into(),
+            hash: format!("{reason:0>64}"),
+            prev: "0".repeat(64),
+            json: format!("{{\"reason\":\"{reason}\"}}"),
+            blobs: Vec::new(),
+        };
+        // Killed (a destroy by request) and expired (the reaper): stopping, then destroyed
+        // with its record in the same transaction.
+        for reason in ["api", "timeout"] {
+            let id = make(&format!("e2b{reason}"));
+            s.set_running(&id, 1, 2, "/s").unwrap();
+            s.set_state(&id, SandboxState::Stopping, None, None)
+                .unwrap();
+            assert!(facts(id.as_str()).is_some(), "stopping keeps them");
+            s.set_state_audited(
+                &id,
+                SandboxState::Destroyed,
+                Some(now_ms()),
+                Some(reason),
+                Some(&event(&id, reason)),
+            )
+            .unwrap();
+            ended(&id);
+        }
+        // A paused one destroyed by its expiry.
+        let id = make("e2bpaused");
+        s.set_running(&id, 1, 2, "/s").unwrap();
+        s.set_state(&id, SandboxState::Paused, None, None).unwrap();
+        assert!(facts(id.as_str()).is_some(), "paused keeps them");
+        s.set_state(&id, SandboxState::Destroyed, Some(now_ms()), None)
+            .unwrap();
+        ended(&id);
+        // A create that failed, and one that recovery found dead.
+        let id = make("e2bfailed");
+        s.set_state(&id, SandboxState::Failed, Some(now_ms()), Some("launch"))
+            .unwrap();
+        ended(&id);
+        let id = make("e2bdead");
+        s.set_running(&id, 1, 2, "/s").unwrap();
+        s.set_state(&id, SandboxState::Failed, Some(now_ms()), Some("gone"))
+            .unwrap();
+        ended(&id);
+    }
+
+    #[test]
+    fn e2b_facts_of_an_old_database_are_read_and_forgotten() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = dir.path().join("state.db");
+        drop(SqliteStore::open(&db).unwrap());
+        // The table as the key store made it, before it moved here, with rows.
+        {
+            let c = Connection::open(&db).unwrap();
+            c.execute_batch(
+                "DROP TABLE e2b_sandboxes;
+                CREATE TABLE IF NOT EXISTS e2b_sandboxes (
+                    id TEXT PRIMARY KEY NOT NULL,
+                    access_token TEXT NOT NULL,
+                    template TEXT NOT NULL,
+                    created_at INTEGER NOT NULL
+                );
+                CREATE INDEX IF NOT EXISTS e2b_sandboxes_token
+                    ON e2b_sandboxes(access_token);
+                INSERT INTO e2b_sandboxes VALUES ('old1', 'tok1', 'base', 1);
+                INSERT INTO e2b_sandboxes VALUES ('old2', 'tok2', 'base', 1);",
+            )
+            .unwrap();
+        }
+        let s = SqliteStore::open(&db).unwrap();
+        let access = access::AccessStore::open(&db).unwrap();
+        let old1 = access::E2bSandbox {
+            access_token: "tok1".into(),
+            template: "base".into(),
+        };
+        assert_eq!(access.e2b("old1").unwrap(), Some(old1));
+        assert!(access.is_e2b_token("tok2").unwrap());
+        // The key store, opened on it as before, still works.
+        let keys = keys::KeyStore::open(&db).unwrap();
+        assert_eq!(keys.count_keys().unwrap(), 0);
+        // Its sandbox ends: its facts go with it; one that ended under no daemon goes at
+        // the next start's sweep of the ended.
+        let mut n = new("old1", &[]);
+        n.access = None;
+        s.insert_creating(&n, 10, 10).unwrap();
+        assert!(access.e2b("old1").unwrap().is_some());
+        s.set_state(&n.id, SandboxState::Destroyed, Some(now_ms()), None)
+            .unwrap();
+        assert_eq!(access.e2b("old1").unwrap(), None);
+        assert_eq!(access.retain(&[]).unwrap(), 1);
+        assert!(!access.is_e2b_token("tok2").unwrap());
     }
 
     #[test]

@@ -3,10 +3,14 @@
 //! before the process starts, `exit` before the caller hears of the end).
 //!
 //! Other roads into a sandbox (the E2B envd proxy) record through [`ExecRecorder`] with the
-//! same events.
+//! same events, and keep the execs they record in the sandbox's table of [`inputs`] (where
+//! input sent to them later is counted).
 
+pub(crate) mod inputs;
 mod record;
 mod stream;
+
+pub use inputs::{ExecRef, ExecTicket};
 
 pub(crate) use record::{current_caller, ExecAudit};
 pub use record::{with_caller, ExecRecorder, ExecStart, InputSink};

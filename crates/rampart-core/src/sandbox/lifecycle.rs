@@ -1,7 +1,7 @@
 //! Create (admission, insert, launch, record), destroy, pause, resume and the deadline of
 //! a sandbox; each step is recorded in the store before it is true in memory.
 
-use super::plan::Plan;
+use super::plan::{CreateOptions, Plan};
 use super::*;
 
 impl Sandboxes {
@@ -34,7 +34,8 @@ impl Sandboxes {
     pub(crate) async fn create(
         self: &Arc<Self>,
         req: CreateSandbox,
-    ) -> Result<SandboxInfo, CoreError> {
+        opts: CreateOptions,
+    ) -> Result<CreatedSandbox, CoreError> {
         let t0 = Instant::now();
         let cfg = &self.cfg;
         let Plan {
@@ -42,7 +43,7 @@ impl Sandboxes {
             staged,
             net,
             on_timeout,
-        } = match self.plan(req) {
+        } = match self.plan(req, opts) {
             Ok(p) => p,
             Err(e) => {
                 self.metrics.creates.with_label_values(&["rejected"]).inc();
@@ -93,7 +94,8 @@ impl Sandboxes {
                     .create_seconds
                     .observe(t0.elapsed().as_secs_f64());
                 info!(id = %id, slot, ms = t0.elapsed().as_millis() as u64, "sandbox created");
-                Ok(info)
+                let e2b = new.access.and_then(|a| a.e2b);
+                Ok(CreatedSandbox { info, e2b })
             }
             Err(e) => {
                 self.metrics.creates.with_label_values(&["error"]).inc();

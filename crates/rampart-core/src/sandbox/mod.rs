@@ -13,6 +13,8 @@ mod tasks;
 
 use tasks::{publisher, reaper, watch_init};
 
+pub use plan::CreateOptions;
+
 pub(crate) use registry::Registry;
 use registry::{Expiry, PauseStart, Standing};
 
@@ -70,6 +72,15 @@ const BASE_ENV: &[(&str, &str)] = &[
     ("LANG", "C.UTF-8"),
 ];
 
+/// A sandbox just made.
+#[derive(Debug, Clone)]
+pub struct CreatedSandbox {
+    /// It, running.
+    pub info: SandboxInfo,
+    /// Its E2B facts, when [`CreateOptions::e2b_template`] asked for them.
+    pub e2b: Option<rampart_store::access::E2bSandbox>,
+}
+
 /// Why a sandbox ended.
 #[derive(Debug, Clone)]
 pub(crate) enum EndReason {
@@ -111,8 +122,8 @@ pub(crate) struct Sandboxes {
     templates_dir: PathBuf,
     /// Live sandboxes and their operation locks.
     pub(crate) registry: Registry,
-    /// Each live sandbox's access token and public ports (written with the sandbox by the
-    /// store, forgotten at its end); the proxies read it.
+    /// Each live sandbox's access token, public ports and E2B facts (written with the
+    /// sandbox by the store, forgotten at its end); the proxies read it.
     pub(crate) access: Arc<AccessStore>,
     metrics: Metrics,
     tasks: Mutex<Vec<AbortHandle>>,
@@ -289,7 +300,8 @@ impl Sandboxes {
         let _ =
             tokio::task::spawn_blocking(move || crate::templates::clean_build_leftovers(&c)).await;
         // Access of sandboxes that ended while no daemon ran (or before access was written
-        // with the sandbox) opens nothing.
+        // with the sandbox: tokens, public ports, E2B facts the server used to keep) opens
+        // nothing.
         let alive: Vec<String> = inner
             .store
             .alive()?

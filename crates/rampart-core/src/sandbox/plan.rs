@@ -1,13 +1,23 @@
 //! A create request made into a plan: secrets by name resolved to their values, the
 //! snapshot and volumes staged, limits, timeout and template validated against the config,
-//! the network policy and public ports checked, the access token made. Nothing is written; a plan that is dropped leaves nothing.
+//! the network policy and public ports checked, the access token (and, for the E2B API, the
+//! E2B facts) made. Nothing is written; a plan that is dropped leaves nothing.
 
 use super::Sandboxes;
 use crate::persist::Staged;
 use crate::{validate, CoreError};
-use rampart_store::access::{new_token, NewAccess};
+use rampart_store::access::{new_token, E2bSandbox, NewAccess};
 use rampart_store::{now_ms, NewSandbox, StoredNetwork};
 use rampart_types::{CreateSandbox, OnTimeout, SandboxId};
+
+/// What a front end asks of a create beyond the request itself.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CreateOptions {
+    /// Made through the E2B API, which named this template: the sandbox gets E2B facts (an
+    /// envd access token and this name), recorded and forgotten with it (see
+    /// [`rampart_store::access`]).
+    pub e2b_template: Option<String>,
+}
 
 /// What a create will make.
 pub(super) struct Plan {
@@ -23,7 +33,11 @@ pub(super) struct Plan {
 
 impl Sandboxes {
     /// Validates `req` into a [`Plan`] (the error says what is wrong, with its field).
-    pub(super) fn plan(&self, mut req: CreateSandbox) -> Result<Plan, CoreError> {
+    pub(super) fn plan(
+        &self,
+        mut req: CreateSandbox,
+        opts: CreateOptions,
+    ) -> Result<Plan, CoreError> {
         let cfg = &self.cfg;
         // Secrets by name (`/v1/secrets`) become secrets with their stored value, before the
         // request is kept for fork (a fork binds the same values).
@@ -39,10 +53,15 @@ impl Sandboxes {
             &|n| crate::templates::is_built(&cfg.data_dir, n),
         )?;
         let net = self.network.check(req.network.as_ref(), &req.secrets)?;
-        // The token that opens its ports, recorded with it (forgotten when it ends).
+        // The token that opens its ports (and the E2B facts), recorded with it (forgotten
+        // when it ends).
         let access = NewAccess {
             token: new_token(),
             public_ports: validate::check_public_ports(&req.public_ports)?,
+            e2b: opts.e2b_template.map(|template| E2bSandbox {
+                access_token: new_token(),
+                template,
+            }),
         };
         let created = now_ms();
         let new = NewSandbox {

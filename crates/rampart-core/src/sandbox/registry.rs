@@ -1,9 +1,14 @@
 //! The registry: the sole owner of what core keeps in memory about live sandboxes (their
 //! agent client, init pid, deadline, whether they are stopping or paused, the watcher of
-//! their init) and of the per-sandbox operation locks. Everything else reads the store.
+//! their init, the execs the envd proxy records in them) and of the per-sandbox operation
+//! locks. Everything else reads the store. What a sandbox's entry holds goes with it: at the
+//! start of its destroy (whatever the cause) it is stopping and its recorded execs go, and
+//! the entry itself goes when the destroy is done.
 //!
 //! Every method takes its std lock for one await-free step; none is held across an await.
 
+use crate::exec::inputs::{ExecRef, ExecTicket, Inputs};
+use crate::exec::InputSink;
 use crate::util::lock;
 use rampart_agent::client::AgentClient;
 use rampart_types::{OnTimeout, SandboxId};
@@ -25,6 +30,9 @@ struct Live {
     /// What expiry does.
     on_timeout: OnTimeout,
     watcher: Option<AbortHandle>,
+    /// The execs the envd proxy started and records (a paused sandbox keeps them: its
+    /// processes resume with it).
+    inputs: Inputs<InputSink>,
 }
 
 /// What the reaper does with an expired sandbox.
@@ -101,6 +109,7 @@ impl Registry {
                 paused,
                 on_timeout,
                 watcher: None,
+                inputs: Inputs::default(),
             },
         );
         let watcher = watch();
@@ -130,11 +139,43 @@ impl Registry {
         lock(&self.live).get(id).is_some_and(|l| !l.stopping)
     }
 
-    /// Marks `id` as being destroyed: no request reaches it, the reaper leaves it alone.
+    /// Marks `id` as being destroyed: no request reaches it, the reaper leaves it alone, its
+    /// recorded execs take no more input.
     pub(crate) fn begin_stop(&self, id: &SandboxId) {
         if let Some(l) = lock(&self.live).get_mut(id) {
             l.stopping = true;
             l.deadline = None;
+            l.inputs = Inputs::default();
+        }
+    }
+
+    /// Registers an exec recorded by another road (started as `pid`, with `tag`) in a
+    /// sandbox that is up; None when it is not (its end took its execs).
+    pub(crate) fn add_input(
+        &self,
+        id: &SandboxId,
+        pid: u32,
+        tag: Option<&str>,
+        sink: InputSink,
+    ) -> Option<ExecTicket> {
+        lock(&self.live)
+            .get_mut(id)
+            .filter(|l| !l.stopping)
+            .map(|l| l.inputs.add(pid, tag, sink))
+    }
+
+    /// The input sink of the recorded exec `which` names in `id`, if it is up.
+    pub(crate) fn input(&self, id: &SandboxId, which: ExecRef<'_>) -> Option<InputSink> {
+        lock(&self.live)
+            .get(id)
+            .filter(|l| !l.stopping)
+            .and_then(|l| l.inputs.get(which))
+    }
+
+    /// Removes what `ticket` registered in `id` (nothing when the sandbox is gone).
+    pub(crate) fn remove_input(&self, id: &SandboxId, ticket: &ExecTicket) {
+        if let Some(l) = lock(&self.live).get_mut(id) {
+            l.inputs.remove(ticket);
         }
     }
 
@@ -282,6 +323,46 @@ mod tests {
         assert!(r.contains(&id));
         r.remove(&id);
         assert!(!r.contains(&id));
+    }
+
+    #[tokio::test]
+    async fn recorded_execs_stay_while_up_and_go_with_the_sandbox() {
+        let r = Registry::default();
+        let (id, other) = (SandboxId::generate(), SandboxId::generate());
+        let sink = InputSink::unrecorded;
+        assert!(r.add_input(&id, 7, None, sink()).is_none(), "not live");
+        let later = Instant::now() + Duration::from_secs(60);
+        r.insert(
+            &id,
+            client(),
+            1,
+            later,
+            false,
+            OnTimeout::Destroy,
+            dummy_task,
+        );
+        let t = r.add_input(&id, 7, Some("t"), sink()).expect("running");
+        assert!(r.input(&id, ExecRef::Pid(7)).is_some());
+        assert!(r.input(&id, ExecRef::Tag("t")).is_some());
+        assert!(
+            r.input(&other, ExecRef::Pid(7)).is_none(),
+            "another sandbox's"
+        );
+        r.remove_input(&id, &t);
+        assert!(r.input(&id, ExecRef::Pid(7)).is_none());
+        // Paused: kept (its processes resume with it).
+        r.add_input(&id, 8, None, sink()).unwrap();
+        assert_eq!(r.begin_pause(&id), PauseStart::Started);
+        assert!(r.input(&id, ExecRef::Pid(8)).is_some());
+        r.unpause(&id);
+        // Its end (the destroy starts): gone, and none is taken any more.
+        r.begin_stop(&id);
+        assert!(r.input(&id, ExecRef::Pid(8)).is_none());
+        assert!(r.add_input(&id, 9, None, sink()).is_none());
+        r.remove(&id);
+        assert!(r.add_input(&id, 9, None, sink()).is_none());
+        // The ticket of a sandbox that is gone removes nothing and does not fail.
+        r.remove_input(&id, &t);
     }
 
     #[tokio::test]

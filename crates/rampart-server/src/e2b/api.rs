@@ -6,8 +6,8 @@ use axum::extract::{Path, RawQuery, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use rampart_core::CoreError;
-use rampart_store::keys::{random_hex, E2bSandbox};
+use rampart_core::{CoreError, CreateOptions};
+use rampart_store::access::E2bSandbox;
 use rampart_types::{CreateSandbox, OnTimeout, SandboxId, SandboxInfo, SandboxState};
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -114,6 +114,17 @@ fn parse_time(s: &str) -> Option<OffsetDateTime> {
 }
 
 impl E2b {
+    /// The E2B facts of a sandbox (core's, kept with it while it is alive), if the E2B API
+    /// made it.
+    pub(crate) async fn facts(&self, id: &SandboxId) -> Result<Option<E2bSandbox>, E2bError> {
+        let access = self.manager.access();
+        let sid = id.as_str().to_owned();
+        tokio::task::spawn_blocking(move || access.e2b(&sid))
+            .await
+            .map_err(|e| E2bError::internal(e.to_string()))?
+            .map_err(|e| E2bError::internal(format!("access store: {e}")))
+    }
+
     /// The sandbox and its E2B facts, if the E2B API made it and it is alive.
     pub(crate) async fn lookup(
         &self,
@@ -130,12 +141,7 @@ impl E2b {
         ) {
             return Ok(None);
         }
-        let keys = self.keys.clone();
-        let sid = id.as_str().to_owned();
-        let facts = tokio::task::spawn_blocking(move || keys.sandbox(&sid))
-            .await
-            .map_err(|e| E2bError::internal(e.to_string()))??;
-        Ok(facts.map(|f| (info, f)))
+        Ok(self.facts(id).await?.map(|f| (info, f)))
     }
 
     async fn must(&self, id: &str) -> Result<(SandboxId, SandboxInfo, E2bSandbox), E2bError> {
@@ -221,22 +227,20 @@ pub(crate) async fn create(State(st): State<E2b>, body: Bytes) -> Result<Respons
         ),
         ..Default::default()
     };
-    let info = st.manager.create(req).await?;
-    let facts = E2bSandbox {
-        access_token: random_hex(32),
-        template: requested,
+    // Core makes the envd access token and records it, with the template name asked for, in
+    // the create's own transaction; the sandbox's end forgets them.
+    let opts = CreateOptions {
+        e2b_template: Some(requested),
     };
-    let keys = st.keys.clone();
-    let (id, f2) = (info.id.as_str().to_owned(), facts.clone());
-    let put = tokio::task::spawn_blocking(move || keys.put_sandbox(&id, &f2)).await;
-    if let Err(e) = put
-        .map_err(|e| E2bError::internal(e.to_string()))
-        .and_then(|r| r.map_err(E2bError::from))
-    {
-        let _ = st.manager.destroy(&info.id).await;
-        return Err(e);
-    }
-    Ok((StatusCode::CREATED, Json(sandbox_json(&info, &facts))).into_response())
+    let created = st.manager.create_with(req, opts).await?;
+    let facts = created.e2b.ok_or_else(|| {
+        E2bError::internal("the sandbox was made without its E2B facts".to_owned())
+    })?;
+    Ok((
+        StatusCode::CREATED,
+        Json(sandbox_json(&created.info, &facts)),
+    )
+        .into_response())
 }
 
 /// `GET /sandboxes/{id}`: 200 `SandboxDetail`.
@@ -258,8 +262,7 @@ pub(crate) async fn kill(
         Ok(_) | Err(CoreError::NotFound(_)) => {}
         Err(e) => return Err(e.into()),
     }
-    let keys = st.keys.clone();
-    let _ = tokio::task::spawn_blocking(move || keys.forget_sandbox(sid.as_str())).await;
+    // Its E2B facts went with it (core forgets them at any end).
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 
@@ -562,12 +565,7 @@ async fn listed(st: &E2b, q: &ListQuery) -> Result<Vec<(SandboxInfo, E2bSandbox)
         if !matches!(info.state, SandboxState::Running | SandboxState::Paused) {
             continue;
         }
-        let keys = st.keys.clone();
-        let id = info.id.as_str().to_owned();
-        let Some(facts) = tokio::task::spawn_blocking(move || keys.sandbox(&id))
-            .await
-            .map_err(|e| E2bError::internal(e.to_string()))??
-        else {
+        let Some(facts) = st.facts(&info.id).await? else {
             continue;
         };
         let state = state_name(&info);

@@ -18,7 +18,7 @@ use axum::response::{IntoResponse, Response};
 use base64::Engine as _;
 use rampart_agent::client::AgentClient;
 use rampart_core::CoreError;
-use rampart_store::keys::E2bSandbox;
+use rampart_store::access::E2bSandbox;
 use rampart_types::SandboxId;
 use sha2::{Digest, Sha256};
 
@@ -245,7 +245,7 @@ impl E2b {
     /// The one lookup of an envd request: the sandbox's agent client if it is running and
     /// not paused (the manager's in-memory set of live sandboxes), and its E2B facts. `None`
     /// when it is not there for the proxy (unknown, ended, ending, paused, or not an E2B
-    /// sandbox); its recorded execs are forgotten then.
+    /// sandbox).
     pub(crate) async fn live(&self, id: &SandboxId) -> Result<Option<Live>, E2bError> {
         let agent = match self.manager.agent(id) {
             Ok(a) => a,
@@ -256,16 +256,9 @@ impl E2b {
             {
                 return Ok(None)
             }
-            Err(_) => {
-                self.running.forget(id);
-                return Ok(None);
-            }
+            Err(_) => return Ok(None),
         };
-        let keys = self.keys.clone();
-        let sid = id.as_str().to_owned();
-        let facts = tokio::task::spawn_blocking(move || keys.sandbox(&sid))
-            .await
-            .map_err(|e| E2bError::internal(e.to_string()))??;
+        let facts = self.facts(id).await?;
         Ok(facts.map(|facts| Live { agent, facts }))
     }
 
@@ -300,7 +293,7 @@ async fn to_live(st: &E2b, id: &SandboxId, t: Target, live: Live, mut req: Reque
     crate::ports::strip_credentials(&st.creds, &mut req).await;
     // What must be recorded before the request reaches the agent is committed here; what
     // cannot be read for the record is refused here.
-    let (req, tap) = match super::record::request(&st.manager, &st.running, id, req).await {
+    let (req, tap) = match super::record::request(&st.manager, id, req).await {
         Ok(x) => x,
         Err(r) => return r,
     };

@@ -19,7 +19,6 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
 use rampart_core::Manager;
-use rampart_store::access::AccessStore;
 use rampart_store::keys::KeyStore;
 use std::sync::Arc;
 
@@ -34,11 +33,10 @@ pub const API_KEY_FILE: &str = "api-key";
 #[derive(Clone)]
 pub(crate) struct E2b {
     pub(crate) manager: Arc<Manager>,
+    /// The API keys (a sandbox's E2B facts are core's: [`Manager::access`]).
     pub(crate) keys: Arc<KeyStore>,
     /// Every sandbox's token, stripped from what the envd proxy forwards.
     pub(crate) creds: crate::ports::Credentials,
-    /// The execs the envd proxy is recording, per sandbox (where their input is counted).
-    pub(crate) running: Arc<record::Running>,
 }
 
 impl std::fmt::Debug for E2b {
@@ -151,14 +149,8 @@ fn write_secret(path: &std::path::Path, text: &str) -> std::io::Result<()> {
 /// Adds the E2B API to `inner` (the daemon's router). If the key store cannot be opened the
 /// E2B paths answer 503 saying why, and `/v1` is unaffected.
 pub(crate) fn attach(inner: Router, manager: Arc<Manager>) -> Router {
-    // The port-access tokens too: a request through the envd proxy may carry one.
-    let opened = open_keys(manager.data_dir()).and_then(|k| {
-        AccessStore::open(&manager.data_dir().join("state.db"))
-            .map(|a| (Arc::new(k), Arc::new(a)))
-            .map_err(|e| format!("the port-access store: {e}"))
-    });
-    let (keys, access) = match opened {
-        Ok(x) => x,
+    let keys = match open_keys(manager.data_dir()) {
+        Ok(k) => Arc::new(k),
         Err(e) => {
             tracing::error!("the E2B API is off: cannot open its key store: {e}");
             let msg = format!("the E2B API is unavailable: {e}");
@@ -171,17 +163,14 @@ pub(crate) fn attach(inner: Router, manager: Arc<Manager>) -> Router {
                 .route("/v2/sandboxes", axum::routing::any(off));
         }
     };
+    // Every sandbox's tokens: a request through the envd proxy may carry one.
     let creds = crate::ports::Credentials {
-        access: Some(access),
-        e2b: Some(keys.clone()),
+        access: Some(manager.access()),
     };
-    let running = Arc::new(record::Running::default());
-    record::forget_ended(&manager, &running);
     let st = E2b {
         manager,
         keys,
         creds,
-        running,
     };
     let api = Router::new()
         .route("/sandboxes", post(api::create).get(api::list_v1))

@@ -35,10 +35,9 @@ use bytes::{Bytes, BytesMut};
 use futures::StreamExt;
 use rampart_agent::connect::{self, take_envelope, Code, RpcError, FLAG_END_STREAM};
 use rampart_agent::proto;
-use rampart_core::{CoreError, ExecRecorder, ExecStart, InputSink, Manager};
+use rampart_core::{ExecRecorder, ExecRef, ExecStart, ExecTicket, InputSink, Manager};
 use rampart_types::audit::{FileChange, FileOp};
-use rampart_types::{SandboxId, SandboxState};
-use std::collections::HashMap;
+use rampart_types::SandboxId;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::Poll;
 
@@ -146,139 +145,58 @@ impl Refusal {
     }
 }
 
-/// The execs the envd proxy is recording, by sandbox: their input sinks by pid, and the pids
-/// of the tagged ones. Owned by the E2B server state. An exec's entry goes when its Start's
-/// answer ends (the process ended, the stream broke, the recording was dropped); a sandbox's
-/// entries go when it ends ([`forget_ended`]) or when a request finds it gone.
-pub(crate) struct Running<S = InputSink> {
-    inner: Mutex<RunningInner<S>>,
-}
-
-impl<S> Default for Running<S> {
-    fn default() -> Self {
-        Running {
-            inner: Mutex::new(RunningInner {
-                next: 0,
-                sandboxes: HashMap::new(),
-            }),
-        }
-    }
-}
-
-impl<S> std::fmt::Debug for Running<S> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let n = lock(&self.inner).sandboxes.len();
-        f.debug_struct("Running").field("sandboxes", &n).finish()
-    }
-}
-
-struct RunningInner<S> {
-    /// Tells one registration from a later one of the same pid or tag.
-    next: u64,
-    sandboxes: HashMap<SandboxId, Execs<S>>,
-}
-
-struct Execs<S> {
-    by_pid: HashMap<u32, (u64, S)>,
-    tags: HashMap<String, (u64, u32)>,
-}
-
-impl<S> Default for Execs<S> {
-    fn default() -> Self {
-        Execs {
-            by_pid: HashMap::new(),
-            tags: HashMap::new(),
-        }
-    }
-}
-
-impl<S: Clone> Running<S> {
-    /// The input sink of the recorded exec `sel` names (by pid, else by tag).
-    fn sink(&self, id: &SandboxId, sel: Option<&proto::ProcessSelector>) -> Option<S> {
-        let sel = sel?;
-        let r = lock(&self.inner);
-        let execs = r.sandboxes.get(id)?;
-        let pid = match (&sel.pid, &sel.tag) {
-            (Some(p), _) => *p,
-            (None, Some(t)) => execs.tags.get(t)?.1,
-            (None, None) => return None,
-        };
-        execs.by_pid.get(&pid).map(|(_, s)| s.clone())
-    }
-
-    /// Registers an exec that started as `pid`; returns its ticket for [`Running::remove`].
-    fn add(&self, id: &SandboxId, pid: u32, tag: Option<&str>, sink: S) -> u64 {
-        let mut r = lock(&self.inner);
-        r.next += 1;
-        let ticket = r.next;
-        let execs = r.sandboxes.entry(id.clone()).or_default();
-        execs.by_pid.insert(pid, (ticket, sink));
-        if let Some(t) = tag {
-            execs.tags.insert(t.to_owned(), (ticket, pid));
-        }
-        ticket
-    }
-
+/// Where the execs the envd proxy records are kept, by sandbox: core's table of them
+/// ([`Manager::add_exec_input`]), which a sandbox's end drops. An exec's entry goes when its
+/// Start's answer ends (the process ended, the stream broke, the recording was dropped).
+pub(crate) trait Execs: Send + Sync {
+    /// The input sink of the recorded exec `which` names in sandbox `id`.
+    fn sink(&self, id: &SandboxId, which: ExecRef<'_>) -> Option<InputSink>;
+    /// Registers an exec of sandbox `id` that started as `pid` (None: the sandbox is gone).
+    fn add(
+        &self,
+        id: &SandboxId,
+        pid: u32,
+        tag: Option<&str>,
+        sink: InputSink,
+    ) -> Option<ExecTicket>;
     /// Removes what `ticket` registered (not a later registration of the same pid or tag).
-    fn remove(&self, id: &SandboxId, pid: u32, tag: Option<&str>, ticket: u64) {
-        let mut r = lock(&self.inner);
-        let Some(execs) = r.sandboxes.get_mut(id) else {
-            return;
-        };
-        if execs.by_pid.get(&pid).is_some_and(|(t, _)| *t == ticket) {
-            execs.by_pid.remove(&pid);
-        }
-        if let Some(tag) = tag {
-            if execs.tags.get(tag).is_some_and(|(t, _)| *t == ticket) {
-                execs.tags.remove(tag);
-            }
-        }
-        if execs.by_pid.is_empty() && execs.tags.is_empty() {
-            r.sandboxes.remove(id);
-        }
-    }
+    fn remove(&self, id: &SandboxId, ticket: &ExecTicket);
+}
 
-    /// Forgets every exec of a sandbox (it ended).
-    pub(crate) fn forget(&self, id: &SandboxId) {
-        lock(&self.inner).sandboxes.remove(id);
+impl Execs for Manager {
+    fn sink(&self, id: &SandboxId, which: ExecRef<'_>) -> Option<InputSink> {
+        self.exec_input(id, which)
     }
-
-    /// The sandboxes with execs being recorded.
-    fn sandboxes(&self) -> Vec<SandboxId> {
-        lock(&self.inner).sandboxes.keys().cloned().collect()
+    fn add(
+        &self,
+        id: &SandboxId,
+        pid: u32,
+        tag: Option<&str>,
+        sink: InputSink,
+    ) -> Option<ExecTicket> {
+        self.add_exec_input(id, pid, tag, sink)
+    }
+    fn remove(&self, id: &SandboxId, ticket: &ExecTicket) {
+        self.remove_exec_input(id, ticket)
     }
 }
 
-/// Whether the sandbox is still there for its processes: running, or paused (they resume).
-fn still_there(manager: &Manager, id: &SandboxId) -> bool {
-    match manager.agent(id) {
-        Ok(_) => true,
-        Err(CoreError::WrongState { state, .. }) => state == SandboxState::Paused.as_str(),
-        Err(_) => false,
+/// The recorded exec a process selector names: by pid, else by tag.
+fn which(sel: Option<&proto::ProcessSelector>) -> Option<ExecRef<'_>> {
+    match sel? {
+        proto::ProcessSelector { pid: Some(p), .. } => Some(ExecRef::Pid(*p)),
+        proto::ProcessSelector { tag: Some(t), .. } => Some(ExecRef::Tag(t)),
+        _ => None,
     }
 }
 
-/// Forgets the execs of sandboxes that ended, in the background: every end is recorded in
-/// the audit log, so this looks each time the log grows (only at sandboxes with execs being
-/// recorded, in the manager's in-memory set of live ones). Stops when either goes away.
-pub(crate) fn forget_ended(manager: &Arc<Manager>, running: &Arc<Running>) {
-    let Ok(rt) = tokio::runtime::Handle::try_current() else {
-        return;
-    };
-    let mut changes = manager.audit_subscribe();
-    let (manager, running) = (Arc::downgrade(manager), Arc::downgrade(running));
-    rt.spawn(async move {
-        while changes.changed().await.is_ok() {
-            let (Some(m), Some(r)) = (manager.upgrade(), running.upgrade()) else {
-                return;
-            };
-            for id in r.sandboxes() {
-                if !still_there(&m, &id) {
-                    r.forget(&id);
-                }
-            }
-        }
-    });
+/// The input sink of the recorded exec `sel` names in sandbox `id`.
+fn sink_of(
+    execs: &dyn Execs,
+    id: &SandboxId,
+    sel: Option<&proto::ProcessSelector>,
+) -> Option<InputSink> {
+    execs.sink(id, which(sel)?)
 }
 
 /// What to do with the agent's answer.
@@ -463,15 +381,15 @@ fn check_form(rpc: Recorded, headers: &HeaderMap) -> Result<(), Refusal> {
 /// whose body had to be read comes back with the same bytes. `Err` is the answer to give
 /// instead: the request must not reach the agent.
 pub(crate) async fn request(
-    manager: &Manager,
-    running: &Arc<Running>,
+    manager: &Arc<Manager>,
     id: &SandboxId,
     req: Request,
 ) -> Result<(Request, Tap), Response> {
-    let (req, plan) = read(running, id, req).await?;
+    let execs: Arc<dyn Execs> = manager.clone();
+    let (req, plan) = read(&execs, id, req).await?;
     let tap = match plan {
         Plan::Tap(t) => t,
-        Plan::Exec(e) => start_exec(manager, running, id, *e).map_err(|r| *r)?,
+        Plan::Exec(e) => start_exec(manager, &execs, id, *e).map_err(|r| *r)?,
     };
     Ok((req, tap))
 }
@@ -491,7 +409,7 @@ struct Exec {
 
 /// Reads a request for the envd port as the agent will read it (see the module's doc).
 async fn read(
-    running: &Arc<Running>,
+    execs: &Arc<dyn Execs>,
     id: &SandboxId,
     req: Request,
 ) -> Result<(Request, Plan), Response> {
@@ -507,7 +425,7 @@ async fn read(
     };
     check_form(rpc, req.headers()).map_err(|r| r.response())?;
     if rpc == Recorded::StreamInput {
-        return stream_input(running.clone(), id.clone(), req)
+        return stream_input(execs.clone(), id.clone(), req)
             .await
             .map(|(r, t)| (r, Plan::Tap(t)))
             .map_err(|r| r.response());
@@ -528,7 +446,7 @@ async fn read(
         }
         Recorded::SendInput => {
             let r: proto::SendInputRequest = connect::decode_json(&bytes).map_err(unreadable)?;
-            let Some(sink) = running.sink(id, r.process.as_ref()) else {
+            let Some(sink) = sink_of(execs.as_ref(), id, r.process.as_ref()) else {
                 return Err(Refusal::unknown_process(rpc.name(), r.process.as_ref()).response());
             };
             let input = r.input.unwrap_or_default();
@@ -593,7 +511,7 @@ fn exec_of(headers: &HeaderMap, start: proto::StartRequest) -> Result<Exec, Refu
 /// Records a Start's `exec` (refusing the request if that fails: nothing runs unrecorded).
 fn start_exec(
     manager: &Manager,
-    running: &Arc<Running>,
+    execs: &Arc<dyn Execs>,
     id: &SandboxId,
     exec: Exec,
 ) -> Result<Tap, Box<Response>> {
@@ -602,11 +520,10 @@ fn start_exec(
         Box::new(internal(&format!("recording the exec: {e}")))
     })?;
     Ok(Tap::Exec(Box::new(ExecTap {
-        running: running.clone(),
+        execs: execs.clone(),
         sandbox: id.clone(),
         tag: exec.tag,
         rec: Some(rec),
-        pid: None,
         ticket: None,
         buf: BytesMut::new(),
         end: None,
@@ -616,7 +533,7 @@ fn start_exec(
 /// A StreamInput's messages on their way to the agent: each is passed on only once it has
 /// been read and its input counted.
 struct InputGate {
-    running: Arc<Running>,
+    execs: Arc<dyn Execs>,
     sandbox: SandboxId,
     inner: axum::body::BodyDataStream,
     buf: BytesMut,
@@ -666,7 +583,7 @@ impl InputGate {
         let m: proto::StreamInputRequest = connect::decode_json(payload)
             .map_err(|e| GateError::Refused(Refusal::unreadable(rpc, e.message)))?;
         if let Some(s) = m.start {
-            match self.running.sink(&self.sandbox, s.process.as_ref()) {
+            match sink_of(self.execs.as_ref(), &self.sandbox, s.process.as_ref()) {
                 Some(sink) => self.sink = Some(sink),
                 None => {
                     return Err(GateError::Refused(Refusal::unknown_process(
@@ -698,13 +615,13 @@ enum GateError {
 /// A StreamInput: its first message is read before the request goes on (refused if it
 /// cannot be, or names no recorded process); the later ones as they come.
 async fn stream_input(
-    running: Arc<Running>,
+    execs: Arc<dyn Execs>,
     sandbox: SandboxId,
     req: Request,
 ) -> Result<(Request, Tap), Refusal> {
     let (parts, body) = req.into_parts();
     let mut gate = InputGate {
-        running,
+        execs,
         sandbox,
         inner: body.into_data_stream(),
         buf: BytesMut::new(),
@@ -948,13 +865,12 @@ pub(crate) async fn answer(
 
 /// A Start's answer being recorded.
 pub(crate) struct ExecTap {
-    running: Arc<Running>,
+    execs: Arc<dyn Execs>,
     sandbox: SandboxId,
     tag: Option<String>,
     rec: Option<ExecRecorder>,
-    pid: Option<u32>,
-    /// Its registration in `running` while the process runs.
-    ticket: Option<u64>,
+    /// Its registration in `execs` while the process runs.
+    ticket: Option<ExecTicket>,
     buf: BytesMut,
     /// The end event seen, waiting for the end of the stream: `(exit code, signal)`.
     end: Option<(Option<i32>, Option<i32>)>,
@@ -971,11 +887,10 @@ impl ExecTap {
     /// A tap with nothing left to record (what stays behind when the recording moves).
     fn spent(&self) -> Box<ExecTap> {
         Box::new(ExecTap {
-            running: self.running.clone(),
+            execs: self.execs.clone(),
             sandbox: self.sandbox.clone(),
             tag: None,
             rec: None,
-            pid: None,
             ticket: None,
             buf: BytesMut::new(),
             end: None,
@@ -1033,17 +948,14 @@ impl ExecTap {
             return;
         };
         self.unregister();
-        self.pid = Some(pid);
-        self.ticket = Some(
-            self.running
-                .add(&self.sandbox, pid, self.tag.as_deref(), sink),
-        );
+        self.ticket = self
+            .execs
+            .add(&self.sandbox, pid, self.tag.as_deref(), sink);
     }
 
     fn unregister(&mut self) {
-        if let (Some(pid), Some(ticket)) = (self.pid, self.ticket.take()) {
-            self.running
-                .remove(&self.sandbox, pid, self.tag.as_deref(), ticket);
+        if let Some(ticket) = self.ticket.take() {
+            self.execs.remove(&self.sandbox, &ticket);
         }
     }
 
@@ -1175,9 +1087,26 @@ mod tests {
 
     /// What `read` does with a request: `Ok(true)` if it goes on with a record to make or a
     /// tap, `Ok(false)` if it goes on as it is, `Err((status, body))` if refused.
-    async fn outcome(running: &Arc<Running>, r: Request) -> Result<bool, (u16, serde_json::Value)> {
+    /// No exec is recorded (core's table is tested in core).
+    struct NoExecs;
+
+    impl Execs for NoExecs {
+        fn sink(&self, _: &SandboxId, _: ExecRef<'_>) -> Option<InputSink> {
+            None
+        }
+        fn add(&self, _: &SandboxId, _: u32, _: Option<&str>, _: InputSink) -> Option<ExecTicket> {
+            None
+        }
+        fn remove(&self, _: &SandboxId, _: &ExecTicket) {}
+    }
+
+    fn no_execs() -> Arc<dyn Execs> {
+        Arc::new(NoExecs)
+    }
+
+    async fn outcome(execs: &Arc<dyn Execs>, r: Request) -> Result<bool, (u16, serde_json::Value)> {
         let id = SandboxId::parse("sbxtest1").unwrap();
-        match read(running, &id, r).await {
+        match read(execs, &id, r).await {
             Ok((_, Plan::Tap(Tap::None))) => Ok(false),
             Ok(_) => Ok(true),
             Err(resp) => {
@@ -1207,7 +1136,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_start_that_cannot_be_parsed_is_refused_before_the_agent() {
-        let running = Arc::new(Running::default());
+        let running = no_execs();
         let start = "/process.Process/Start";
         let bad = serde_json::json!("invalid_argument");
         let ok = connect::envelope(0, br#"{"process":{"cmd":"/bin/true"}}"#);
@@ -1290,7 +1219,7 @@ mod tests {
 
     #[tokio::test]
     async fn input_and_file_calls_that_cannot_be_parsed_are_refused() {
-        let running = Arc::new(Running::default());
+        let running = no_execs();
         let bad = serde_json::json!("invalid_argument");
         for rpc in [
             "process.Process/SendInput",
@@ -1359,7 +1288,7 @@ mod tests {
 
     #[tokio::test]
     async fn stream_input_is_read_before_the_agent_hears_of_it() {
-        let running = Arc::new(Running::default());
+        let running = no_execs();
         let path = "/process.Process/StreamInput";
         let bad = serde_json::json!("invalid_argument");
         let start = connect::envelope(0, br#"{"start":{"process":{"pid":7}}}"#);
@@ -1387,7 +1316,7 @@ mod tests {
 
     #[tokio::test]
     async fn unknown_calls_are_refused_and_unrecorded_ones_pass() {
-        let running = Arc::new(Running::default());
+        let running = no_execs();
         let bad = serde_json::json!("invalid_argument");
         for path in [
             "/process.Process/Exec",
@@ -1415,7 +1344,7 @@ mod tests {
 
     #[tokio::test]
     async fn uploads_not_in_a_form_the_agent_takes_are_refused() {
-        let running = Arc::new(Running::default());
+        let running = no_execs();
         let code = serde_json::json!(400);
         let mp = ("content-type", "multipart/form-data");
         let o = outcome(&running, req("POST", "/files?path=/a", &[mp], "x")).await;
@@ -1439,34 +1368,14 @@ mod tests {
     }
 
     #[test]
-    fn running_execs_are_per_sandbox_and_removed_by_their_own_ticket() {
-        // Sinks are numbers here (an input sink comes only from a recorded exec).
-        let r = Running::<u8>::default();
-        let (a, b) = (
-            SandboxId::parse("sbxa").unwrap(),
-            SandboxId::parse("sbxb").unwrap(),
-        );
+    fn a_selector_names_an_exec_by_pid_else_by_tag() {
         let sel = |pid: Option<u32>, tag: Option<&str>| proto::ProcessSelector {
             pid,
             tag: tag.map(str::to_owned),
         };
-        let t1 = r.add(&a, 7, Some("t"), 1);
-        assert!(r.sink(&a, Some(&sel(Some(7), None))).is_some());
-        assert!(r.sink(&a, Some(&sel(None, Some("t")))).is_some());
-        assert!(
-            r.sink(&b, Some(&sel(Some(7), None))).is_none(),
-            "another sandbox's pid 7"
-        );
-        // The pid is taken again (the first registration is stale): removing the first
-        // leaves the second.
-        let t2 = r.add(&a, 7, None, 2);
-        r.remove(&a, 7, Some("t"), t1);
-        assert_eq!(r.sink(&a, Some(&sel(Some(7), None))), Some(2));
-        assert!(r.sink(&a, Some(&sel(None, Some("t")))).is_none());
-        r.remove(&a, 7, None, t2);
-        assert!(r.sandboxes().is_empty(), "an empty sandbox entry goes");
-        r.add(&b, 1, None, 3);
-        r.forget(&b);
-        assert!(r.sandboxes().is_empty());
+        assert_eq!(which(Some(&sel(Some(7), Some("t")))), Some(ExecRef::Pid(7)));
+        assert_eq!(which(Some(&sel(None, Some("t")))), Some(ExecRef::Tag("t")));
+        assert_eq!(which(Some(&sel(None, None))), None);
+        assert_eq!(which(None), None);
     }
 }
