@@ -161,7 +161,8 @@ def pause_then_connect_resumes():
     s = Sandbox.create(metadata={"suite": RUN, "kind": "pause"}, timeout=120)
     try:
         loop = "i=0; while :; do i=$((i+1)); echo $i > /tmp/count; sleep 0.05; done"
-        s.commands.run(f"nohup sh -c '{loop}' >/dev/null 2>&1 &")
+        # The file exists before the run returns (the loop writes it only once scheduled).
+        s.commands.run(f"echo 0 > /tmp/count; nohup sh -c '{loop}' >/dev/null 2>&1 &")
         count = lambda sb: int(sb.files.read("/tmp/count").strip() or 0)  # noqa: E731
         wait_for(lambda: count(s) > 0, what="the counter to start")
         assert s.pause() is True

@@ -88,8 +88,8 @@ impl Sandboxes {
         for _ in 0..req.count {
             let mut r = base_req.clone();
             r.snapshot = Some(point.name().to_owned());
-            match self.create(r).await {
-                Ok(info) => made.push(info),
+            match self.create(r, Default::default()).await {
+                Ok(c) => made.push(c.info),
                 Err(e) => {
                     failure = Some(e);
                     break;
