@@ -242,9 +242,7 @@ impl Persist {
     /// Keeps a sandbox's create request and what its launch needs; the returned value keeps
     /// its snapshot and volumes busy until dropped (the end of the create).
     pub(crate) fn stage(&self, id: &SandboxId, staged: Staged) -> Busy {
-        if let Err(e) = self.db.set_request(id.as_str(), &staged.request) {
-            warn!(id = %id, "keeping the create request (fork will use defaults): {e}");
-        }
+        // (The request itself is written with the sandbox's row: `NewSandbox::request`.)
         // Requests (with the secret values given inline) are kept only while their sandbox
         // lives: the ended ones go at most a minute after the next create, not only at start.
         if prune_due(&self.pruned_at_ms, now_ms()) {
@@ -274,6 +272,14 @@ pub(crate) struct Staged {
     request: String,
     /// Marks the snapshot and volumes busy until the create ends.
     busy: Busy,
+}
+
+impl Staged {
+    /// The create request as kept for fork (secret values included: it lives only as long
+    /// as its sandbox).
+    pub(crate) fn request(&self) -> &str {
+        &self.request
+    }
 }
 
 fn fill_limits(req: &mut LimitsRequest, l: &Limits) {

@@ -186,6 +186,12 @@ pub struct NewSandbox {
     /// E2B API makes it): recorded with the sandbox in one transaction, forgotten when it
     /// ends (see [`access`]).
     pub access: Option<access::NewAccess>,
+    /// What its expiry does.
+    pub on_timeout: OnTimeout,
+    /// Its network policy and secrets, when it has a network.
+    pub network: Option<StoredNetwork>,
+    /// Its create request as kept for fork (see [`persist`]).
+    pub request: Option<String>,
 }
 
 /// The sandbox state interface. Implementations are shared between threads.
@@ -608,7 +614,8 @@ impl SandboxStore for SqliteStore {
         let res = tx
             .prepare_cached(
                 "INSERT INTO sandboxes (id, template, state, limits, env, metadata, uid_slot, \
-                 created_at, expires_at) VALUES (?1, ?2, 'creating', ?3, ?4, ?5, ?6, ?7, ?8)",
+                 created_at, expires_at, on_timeout) \
+                 VALUES (?1, ?2, 'creating', ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
             )?
             .execute(params![
                 new.id.as_str(),
@@ -618,7 +625,8 @@ impl SandboxStore for SqliteStore {
                 metadata,
                 slot,
                 new.created_at_ms,
-                new.expires_at_ms
+                new.expires_at_ms,
+                new.on_timeout.as_str()
             ]);
         match res {
             Ok(_) => {}
@@ -632,6 +640,12 @@ impl SandboxStore for SqliteStore {
         }
         if let Some(a) = &new.access {
             access::insert(&tx, new.id.as_str(), a)?;
+        }
+        if let Some(n) = &new.network {
+            network::set(&tx, &new.id, n)?;
+        }
+        if let Some(r) = &new.request {
+            persist::insert_request(&tx, new.id.as_str(), r)?;
         }
         tx.commit()?;
         Ok(slot)
@@ -928,7 +942,49 @@ mod tests {
             created_at_ms: now_ms(),
             expires_at_ms: now_ms() + 300_000,
             access: None,
+            on_timeout: OnTimeout::Destroy,
+            network: None,
+            request: None,
         }
+    }
+
+    /// A create is one insert: its network, expiry action and kept request go in the same
+    /// transaction as its row, and a refused create leaves none of them.
+    #[test]
+    fn a_create_writes_network_expiry_and_request_in_its_one_transaction() {
+        let s = SqliteStore::open_in_memory().unwrap();
+        let mut n = new("n1", &[]);
+        n.on_timeout = OnTimeout::Pause;
+        n.network = Some(StoredNetwork {
+            policy: rampart_types::NetworkPolicy::default(),
+            secrets: Vec::new(),
+        });
+        n.request = Some("{\"template\":\"base\"}".into());
+        s.insert_creating(&n, 1, 10).unwrap();
+        let rec = s.get(&n.id).unwrap().unwrap();
+        assert_eq!(rec.on_timeout, OnTimeout::Pause);
+        assert!(s.network(&n.id).unwrap().is_some());
+        let requests = |id: &str| -> i64 {
+            s.lock()
+                .query_row(
+                    "SELECT COUNT(*) FROM sandbox_requests WHERE id = ?1",
+                    [id],
+                    |r| r.get(0),
+                )
+                .unwrap()
+        };
+        assert_eq!(requests("n1"), 1);
+        // Full: nothing of the second one is written.
+        let mut m = new("n2", &[]);
+        m.network = n.network.clone();
+        m.request = n.request.clone();
+        assert!(matches!(
+            s.insert_creating(&m, 1, 10),
+            Err(StoreError::Full { .. })
+        ));
+        assert!(s.get(&m.id).unwrap().is_none());
+        assert!(s.network(&m.id).unwrap().is_none());
+        assert_eq!(requests("n2"), 0);
     }
 
     fn id(s: &str) -> SandboxId {

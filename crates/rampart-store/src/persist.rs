@@ -229,11 +229,7 @@ impl PersistStore {
 
     /// Keeps the create request of a sandbox (for fork).
     pub fn set_request(&self, id: &str, request: &str) -> Result<(), StoreError> {
-        self.conn().execute(
-            "INSERT OR REPLACE INTO sandbox_requests (id, request) VALUES (?1, ?2)",
-            params![id, request],
-        )?;
-        Ok(())
+        insert_request(&self.conn(), id, request)
     }
 
     /// The create request of a sandbox.
@@ -265,6 +261,16 @@ impl PersistStore {
             [],
         )?)
     }
+}
+
+/// Keeps the create request of sandbox `id` (for fork), replacing any, on `conn` (a create's
+/// transaction, see [`crate::NewSandbox::request`]).
+pub(crate) fn insert_request(conn: &Connection, id: &str, request: &str) -> Result<(), StoreError> {
+    conn.execute(
+        "INSERT OR REPLACE INTO sandbox_requests (id, request) VALUES (?1, ?2)",
+        params![id, request],
+    )?;
+    Ok(())
 }
 
 #[cfg(test)]

@@ -38,12 +38,7 @@ impl Sandboxes {
     ) -> Result<CreatedSandbox, CoreError> {
         let t0 = Instant::now();
         let cfg = &self.cfg;
-        let Plan {
-            new,
-            staged,
-            net,
-            on_timeout,
-        } = match self.plan(req, opts) {
+        let Plan { new, staged } = match self.plan(req, opts) {
             Ok(p) => p,
             Err(e) => {
                 self.metrics.creates.with_label_values(&["rejected"]).inc();
@@ -78,13 +73,8 @@ impl Sandboxes {
                 return Err(CoreError::from(e));
             }
         };
-        let res = match on_timeout {
-            OnTimeout::Destroy => self.launch(&new, slot, on_timeout, net.as_ref()).await,
-            OnTimeout::Pause => match self.store.set_on_timeout(&id, on_timeout) {
-                Ok(()) => self.launch(&new, slot, on_timeout, net.as_ref()).await,
-                Err(e) => Err(CoreError::from(e)),
-            },
-        };
+        let net = new.network.as_ref();
+        let res = self.launch(&new, slot, new.on_timeout, net).await;
         self.registry.forget_lock(&id);
         self.persist.unstage(&id);
         match res {
@@ -149,9 +139,6 @@ impl Sandboxes {
         let mut prepared = None;
         let mut attaching = None;
         if let Some(n) = net {
-            self.store
-                .set_network(&new.id, n)
-                .map_err(CoreError::from)?;
             if n.secrets.is_empty() {
                 // Nothing of the attachment goes into the environment: attach while launching.
                 let (me, id, n) = (self.clone(), new.id.clone(), n.clone());

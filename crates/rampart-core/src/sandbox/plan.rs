@@ -7,8 +7,8 @@ use super::Sandboxes;
 use crate::persist::Staged;
 use crate::{validate, CoreError};
 use rampart_store::access::{new_token, E2bSandbox, NewAccess};
-use rampart_store::{now_ms, NewSandbox, StoredNetwork};
-use rampart_types::{CreateSandbox, OnTimeout, SandboxId};
+use rampart_store::{now_ms, NewSandbox};
+use rampart_types::{CreateSandbox, SandboxId};
 
 /// What a front end asks of a create beyond the request itself.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -25,10 +25,6 @@ pub(super) struct Plan {
     pub(super) new: NewSandbox,
     /// Its disk source and volumes (snapshot, fork point).
     pub(super) staged: Staged,
-    /// Its network, when it has one.
-    pub(super) net: Option<StoredNetwork>,
-    /// What its expiry does.
-    pub(super) on_timeout: OnTimeout,
 }
 
 impl Sandboxes {
@@ -73,12 +69,10 @@ impl Sandboxes {
             created_at_ms: created,
             expires_at_ms: created.saturating_add((v.timeout_secs as i64).saturating_mul(1000)),
             access: Some(access),
-        };
-        Ok(Plan {
-            new,
-            staged,
-            net,
             on_timeout: req.on_timeout.unwrap_or_default(),
-        })
+            network: net,
+            request: Some(staged.request().to_owned()),
+        };
+        Ok(Plan { new, staged })
     }
 }
