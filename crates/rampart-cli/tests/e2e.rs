@@ -296,8 +296,9 @@ fn a_client_that_goes_away_takes_its_process_with_it() {
     let mut s = TcpStream::connect(addr).unwrap();
     write!(
         s,
-        "POST /v1/sandboxes/{}/exec HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        "POST /v1/sandboxes/{}/exec HTTP/1.1\r\nHost: {addr}\r\n{}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
         sb.id,
+        support::auth_header(),
         body.len()
     )
     .unwrap();
