@@ -640,6 +640,7 @@ fn interrupting_an_interactive_exec_signals_the_process() {
             "echo ready; exec sleep 100",
         ])
         .env("RAMPART_HOST", &d.url)
+        .env("RAMPART_API_KEY", support::admin_key())
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -731,6 +732,7 @@ fn an_interrupted_run_still_destroys_its_sandbox() {
             "echo ready; exec sleep 100",
         ])
         .env("RAMPART_HOST", &d.url)
+        .env("RAMPART_API_KEY", support::admin_key())
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
