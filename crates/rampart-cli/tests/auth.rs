@@ -426,6 +426,29 @@ fn the_native_api_answers_only_its_administrator() {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
+    // An exec with stdin goes over the exec WebSocket, on the socket too.
+    let mut child = Command::new(env!("CARGO_BIN_EXE_rampart"))
+        .args(["exec", "--stdin", &id, "--", "cat"])
+        .env_remove("RAMPART_HOST")
+        .env_remove("RAMPART_API_KEY")
+        .env("RAMPART_SOCKET", &sock)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    {
+        use std::io::Write as _;
+        let mut stdin = child.stdin.take().unwrap();
+        stdin.write_all(b"over-the-websocket\n").unwrap();
+    }
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success() && String::from_utf8_lossy(&out.stdout) == "over-the-websocket\n",
+        "rampart exec --stdin over the socket: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
     // Over TCP without RAMPART_API_KEY it says what to do.
     let out = Command::new(env!("CARGO_BIN_EXE_rampart"))
         .args(["ls"])
