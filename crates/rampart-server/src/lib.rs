@@ -640,7 +640,15 @@ pub fn bind_socket(
         Err(e) => return Err(e),
     }
     let l = tokio::net::UnixListener::bind(path)?;
-    std::os::unix::fs::chown(path, None, Some(group))?;
+    if let Err(e) = std::os::unix::fs::chown(path, None, Some(group)) {
+        // A daemon that is not root may not give its socket to a group it is not in: the
+        // socket keeps the daemon's group, whose members the peer check still refuses
+        // (only the daemon's user, root and members of `group` are let in).
+        if e.kind() != std::io::ErrorKind::PermissionDenied {
+            return Err(e);
+        }
+        tracing::debug!("cannot give {} to group {group}: {e}", path.display());
+    }
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o660))?;
     Ok(l)
 }
