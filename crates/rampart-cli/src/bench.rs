@@ -139,6 +139,30 @@ fn start_private_daemon() -> Result<(String, PrivateDaemon)> {
 /// one), to measure another build's daemon with the same client.
 const BENCH_DAEMON_ENV: &str = "RAMPART_BENCH_DAEMON";
 
+/// The API key of the benchmark's requests: `RAMPART_API_KEY` when set (a daemon given with
+/// `--daemon`), else one made for this run and registered in each private daemon's store
+/// before it starts.
+fn bench_key() -> &'static str {
+    static KEY: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    KEY.get_or_init(|| match std::env::var("RAMPART_API_KEY") {
+        Ok(k) if !k.trim().is_empty() => k.trim().to_owned(),
+        _ => format!(
+            "{}{}",
+            rampart_store::node_keys::NODE_KEY_PREFIX,
+            rampart_store::keys::random_hex(rampart_store::node_keys::NODE_KEY_HEX_LEN / 2)
+        ),
+    })
+}
+
+/// A client builder whose requests carry [`bench_key`].
+pub(crate) fn http_builder() -> reqwest::blocking::ClientBuilder {
+    let mut headers = reqwest::header::HeaderMap::new();
+    if let Ok(v) = format!("Bearer {}", bench_key()).parse() {
+        headers.insert(reqwest::header::AUTHORIZATION, v);
+    }
+    reqwest::blocking::Client::builder().default_headers(headers)
+}
+
 fn start_private_daemon_with(name: &str, config: Option<&str>) -> Result<(String, PrivateDaemon)> {
     // Another build's daemon can be measured with this build's client (before/after).
     let exe = match std::env::var_os(BENCH_DAEMON_ENV) {
@@ -149,6 +173,20 @@ fn start_private_daemon_with(name: &str, config: Option<&str>) -> Result<(String
     let data_dir =
         std::env::temp_dir().join(format!("rampart-bench-{}-{name}", std::process::id()));
     std::fs::create_dir_all(&data_dir)?;
+    // The benchmark is the node's administrator of its private daemons.
+    let keys = rampart_store::node_keys::NodeKeyStore::open(&data_dir.join("state.db"))?;
+    match keys.import(
+        &rampart_store::node_keys::NewKey {
+            name: "bench".into(),
+            scopes: vec![rampart_store::node_keys::SCOPE_ADMIN.into()],
+            expires_at_ms: None,
+        },
+        bench_key(),
+    ) {
+        Ok(_) | Err(rampart_store::node_keys::NewKeyError::Exists(_)) => {}
+        Err(e) => return Err(e).context("registering the benchmark's API key"),
+    }
+    drop(keys);
     let mut cmd = Command::new(&exe);
     // The density measurements keep up to a thousand sandboxes alive whose sparse disks stay
     // nearly empty: the daemon is told to admit their quotas beyond the space the store holds
@@ -443,7 +481,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
     if args.egress {
         return run_egress(&args);
     }
-    let client = reqwest::blocking::Client::builder()
+    let client = http_builder()
         .timeout(Duration::from_secs(120))
         .pool_max_idle_per_host(args.concurrency.max(1))
         .build()?;
@@ -547,7 +585,8 @@ pub fn run(args: BenchArgs) -> Result<()> {
         cli.push(time_cmd(
             Command::new(&exe)
                 .args(["run", "--", "true"])
-                .env("RAMPART_HOST", &api.url),
+                .env("RAMPART_HOST", &api.url)
+                .env("RAMPART_API_KEY", bench_key()),
         )?);
     }
 

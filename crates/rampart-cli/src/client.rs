@@ -4,6 +4,7 @@ use anyhow::{anyhow, Context, Result};
 use rampart_types::ApiErrorBody;
 use reqwest::{Method, RequestBuilder, Response};
 use std::fmt;
+use std::path::PathBuf;
 use std::time::Duration;
 
 /// An error answer of the daemon.
@@ -30,6 +31,13 @@ impl fmt::Display for ApiFailure {
                 Some("the sandbox may have died; see `rampart info ID` and the daemon's log")
             }
             "internal" => Some("see the daemon's log"),
+            "unauthorized" => Some(
+                "on the daemon's host use its socket (as root or the `rampart` group), or set \
+                 RAMPART_API_KEY (the admin key is in <data>/admin-key; see `rampart keys`)",
+            ),
+            "misdirected_request" => {
+                Some("reach the daemon by a name it serves, or add it to its allowed_hosts")
+            }
             _ => None,
         };
         if let Some(h) = hint {
@@ -41,30 +49,133 @@ impl fmt::Display for ApiFailure {
 
 impl std::error::Error for ApiFailure {}
 
+/// The default TCP address of the daemon.
+pub const DEFAULT_HOST: &str = "http://127.0.0.1:3000";
+
+/// How the client reaches the daemon.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Endpoint {
+    /// Over TCP at `base` (`http://127.0.0.1:3000`), with an API key when one is given.
+    Tcp {
+        /// The daemon's base URL.
+        base: String,
+        /// Sent as `Authorization: Bearer`.
+        key: Option<String>,
+    },
+    /// Over the daemon's Unix socket: the node's administrator, no key.
+    Unix {
+        /// The socket.
+        path: PathBuf,
+    },
+}
+
+impl Endpoint {
+    /// Where the client commands go: the socket given (`--socket`, `RAMPART_SOCKET`); else
+    /// the host given (`--host`, `RAMPART_HOST`) with `key` (`RAMPART_API_KEY`); else the
+    /// socket of the default data directory when it can be connected to; else TCP at
+    /// [`DEFAULT_HOST`] with `key`.
+    pub fn resolve(host: Option<String>, socket: Option<PathBuf>, key: Option<String>) -> Self {
+        let key = key.map(|k| k.trim().to_owned()).filter(|k| !k.is_empty());
+        if let Some(path) = socket {
+            return Endpoint::Unix { path };
+        }
+        if let Some(base) = host {
+            return Endpoint::Tcp { base, key };
+        }
+        if let Ok(dir) = crate::commands::serve::default_data_dir() {
+            let path = dir.join(rampart_server::SOCKET_FILE);
+            if std::os::unix::net::UnixStream::connect(&path).is_ok() {
+                return Endpoint::Unix { path };
+            }
+        }
+        Endpoint::Tcp {
+            base: DEFAULT_HOST.into(),
+            key,
+        }
+    }
+}
+
+/// A byte stream to the daemon (TCP or the Unix socket), for WebSockets.
+pub trait Io: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send {}
+impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send> Io for T {}
+
 /// A client of one daemon.
 #[derive(Debug, Clone)]
 pub struct Client {
     base: String,
     http: reqwest::Client,
+    endpoint: Endpoint,
 }
 
 impl Client {
-    /// A client of the daemon at `host` (`http://127.0.0.1:3000`).
-    pub fn new(host: &str) -> Result<Self> {
-        let base = host.trim_end_matches('/').to_owned();
-        if !(base.starts_with("http://") || base.starts_with("https://")) {
-            return Err(anyhow!("--host must be an http:// URL, got {host:?}"));
-        }
-        let http = reqwest::Client::builder()
-            .connect_timeout(Duration::from_secs(5))
-            .build()
-            .context("cannot build the HTTP client")?;
-        Ok(Client { base, http })
+    /// A client of the daemon at `endpoint`.
+    pub fn new(endpoint: &Endpoint) -> Result<Self> {
+        let builder = reqwest::Client::builder().connect_timeout(Duration::from_secs(5));
+        let (base, builder) = match endpoint {
+            Endpoint::Tcp { base, key } => {
+                let base = base.trim_end_matches('/').to_owned();
+                if !(base.starts_with("http://") || base.starts_with("https://")) {
+                    return Err(anyhow!("--host must be an http:// URL, got {base:?}"));
+                }
+                let mut headers = reqwest::header::HeaderMap::new();
+                if let Some(k) = key {
+                    let mut v = reqwest::header::HeaderValue::from_str(&format!("Bearer {k}"))
+                        .map_err(|_| anyhow!("RAMPART_API_KEY is not a valid header value"))?;
+                    v.set_sensitive(true);
+                    headers.insert(reqwest::header::AUTHORIZATION, v);
+                }
+                (base, builder.default_headers(headers))
+            }
+            // The Host the daemon sees (and builds URLs from) is its default address.
+            Endpoint::Unix { path } => (DEFAULT_HOST.to_owned(), builder.unix_socket(path.clone())),
+        };
+        let http = builder.build().context("cannot build the HTTP client")?;
+        Ok(Client {
+            base,
+            http,
+            endpoint: endpoint.clone(),
+        })
     }
 
-    /// The daemon's base URL.
-    pub fn base(&self) -> &str {
-        &self.base
+    /// Where the daemon is, for messages: its URL or its socket.
+    pub fn place(&self) -> String {
+        match &self.endpoint {
+            Endpoint::Tcp { base, .. } => base.clone(),
+            Endpoint::Unix { path } => path.display().to_string(),
+        }
+    }
+
+    /// Opens a WebSocket to `path` (starting with `/`) of the daemon, with the client's
+    /// credentials.
+    pub async fn websocket(
+        &self,
+        path: &str,
+    ) -> std::result::Result<
+        tokio_tungstenite::WebSocketStream<Box<dyn Io>>,
+        tokio_tungstenite::tungstenite::Error,
+    > {
+        use tokio_tungstenite::tungstenite::client::IntoClientRequest as _;
+        use tokio_tungstenite::tungstenite::Error as WsError;
+        let rest = self.base.strip_prefix("http://").ok_or(WsError::Url(
+            tokio_tungstenite::tungstenite::error::UrlError::UnsupportedUrlScheme,
+        ))?;
+        let mut req = format!("ws://{rest}{path}").into_client_request()?;
+        let io: Box<dyn Io> = match &self.endpoint {
+            Endpoint::Unix { path } => Box::new(tokio::net::UnixStream::connect(path).await?),
+            Endpoint::Tcp { key, .. } => {
+                if let Some(k) = key {
+                    if let Ok(v) = format!("Bearer {k}").parse() {
+                        req.headers_mut().insert(reqwest::header::AUTHORIZATION, v);
+                    }
+                }
+                let authority = rest.split('/').next().unwrap_or(rest).to_owned();
+                let tcp = tokio::net::TcpStream::connect(authority).await?;
+                let _ = tcp.set_nodelay(true);
+                Box::new(tcp)
+            }
+        };
+        let (ws, _) = tokio_tungstenite::client_async(req, io).await?;
+        Ok(ws)
     }
 
     /// A request to `path` (starting with `/`).
@@ -91,11 +202,15 @@ impl Client {
         if e.is_connect() {
             anyhow!(
                 "cannot reach the Rampart daemon at {}: is it running? start it with \
-                 `rampart serve` (or point --host / RAMPART_HOST at it)",
-                self.base
+                 `rampart serve` (or point --host / RAMPART_HOST, or --socket / \
+                 RAMPART_SOCKET, at it)",
+                self.place()
             )
         } else {
-            anyhow!("request to the Rampart daemon at {} failed: {e}", self.base)
+            anyhow!(
+                "request to the Rampart daemon at {} failed: {e}",
+                self.place()
+            )
         }
     }
 }

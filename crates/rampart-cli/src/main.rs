@@ -12,14 +12,14 @@ use std::process::ExitCode;
 #[derive(Debug, Parser)]
 #[command(name = "rampart", version, about, propagate_version = true)]
 struct Cli {
-    /// The daemon's address (client commands).
-    #[arg(
-        long,
-        global = true,
-        env = "RAMPART_HOST",
-        default_value = "http://127.0.0.1:3000"
-    )]
-    host: String,
+    /// The daemon's address over TCP (client commands); then RAMPART_API_KEY is sent.
+    /// Default: the daemon's Unix socket when it can be reached, else http://127.0.0.1:3000.
+    #[arg(long, global = true, env = "RAMPART_HOST")]
+    host: Option<String>,
+    /// The daemon's Unix socket (client commands; default `<data>/rampart.sock` of the
+    /// default data directory, used when it can be connected to and no --host is given).
+    #[arg(long, global = true, env = "RAMPART_SOCKET", value_name = "PATH")]
+    socket: Option<std::path::PathBuf>,
     #[command(subcommand)]
     command: Command,
 }
@@ -67,7 +67,8 @@ enum Command {
     /// Named secrets held by the daemon: `secret set NAME --to HOST [--header 'H: T {value}' |
     /// --basic USER] [--env VAR]` (value on stdin or --value-file), `secret ls`, `secret rm`.
     Secret(commands::secret::SecretArgs),
-    /// Manage the API keys of the E2B-compatible API (on the daemon's host).
+    /// Manage API keys: of the native API (--native) and of the E2B-compatible API (on the
+    /// daemon's host).
     Keys(commands::keys::KeysArgs),
     /// The signed record of what ran in a sandbox: show, export, verify.
     Audit(commands::audit::AuditArgs),
@@ -131,7 +132,8 @@ fn main() -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    let host = cli.host;
+    let host =
+        &client::Endpoint::resolve(cli.host, cli.socket, std::env::var("RAMPART_API_KEY").ok());
     // Like `docker run`: 125 when rampart itself fails, so it is not taken for the command's.
     let failure = match cli.command {
         Command::Exec(_) | Command::Run(_) | Command::Shell(_) => 125,
@@ -140,25 +142,25 @@ fn main() -> ExitCode {
     let result = rt.block_on(async move {
         match cli.command {
             Command::Serve(a) => commands::serve::run(a).await,
-            Command::Create(a) => commands::sandbox::create(&host, a).await,
-            Command::Exec(a) => commands::exec::exec(&host, a).await,
-            Command::Run(a) => commands::run::run(&host, a).await,
-            Command::Ls(a) => commands::sandbox::ls(&host, a).await,
-            Command::Rm(a) => commands::sandbox::rm(&host, a).await,
-            Command::Info(a) => commands::sandbox::info(&host, a).await,
-            Command::Cp(a) => commands::cp::cp(&host, a).await,
-            Command::Shell(a) => commands::exec::shell(&host, a).await,
-            Command::Timeout(a) => commands::sandbox::timeout(&host, a).await,
-            Command::Port(a) => commands::port::port(&host, a).await,
-            Command::Pause(a) => commands::sandbox::pause(&host, a, false).await,
-            Command::Resume(a) => commands::sandbox::pause(&host, a, true).await,
-            Command::Audit(a) => commands::audit::audit(&host, a).await,
-            Command::Snapshot(a) => commands::persist::snapshot(&host, a).await,
-            Command::Fork(a) => commands::persist::fork(&host, a).await,
-            Command::Volume(a) => commands::persist::volume(&host, a).await,
-            Command::Net(a) => commands::net::net(&host, a).await,
-            Command::Secret(a) => commands::secret::secret(&host, a).await,
-            Command::Replay(a) => commands::replay::replay(&host, a).await,
+            Command::Create(a) => commands::sandbox::create(host, a).await,
+            Command::Exec(a) => commands::exec::exec(host, a).await,
+            Command::Run(a) => commands::run::run(host, a).await,
+            Command::Ls(a) => commands::sandbox::ls(host, a).await,
+            Command::Rm(a) => commands::sandbox::rm(host, a).await,
+            Command::Info(a) => commands::sandbox::info(host, a).await,
+            Command::Cp(a) => commands::cp::cp(host, a).await,
+            Command::Shell(a) => commands::exec::shell(host, a).await,
+            Command::Timeout(a) => commands::sandbox::timeout(host, a).await,
+            Command::Port(a) => commands::port::port(host, a).await,
+            Command::Pause(a) => commands::sandbox::pause(host, a, false).await,
+            Command::Resume(a) => commands::sandbox::pause(host, a, true).await,
+            Command::Audit(a) => commands::audit::audit(host, a).await,
+            Command::Snapshot(a) => commands::persist::snapshot(host, a).await,
+            Command::Fork(a) => commands::persist::fork(host, a).await,
+            Command::Volume(a) => commands::persist::volume(host, a).await,
+            Command::Net(a) => commands::net::net(host, a).await,
+            Command::Secret(a) => commands::secret::secret(host, a).await,
+            Command::Replay(a) => commands::replay::replay(host, a).await,
             Command::Bench(_) | Command::Keys(_) | Command::Template(_) => {
                 unreachable!("bench and keys run before the runtime starts")
             }

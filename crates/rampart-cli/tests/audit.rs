@@ -397,7 +397,7 @@ fn e2b_execs_and_file_operations_are_recorded_with_the_key_as_caller() {
         .to_owned();
     let c = client();
 
-    // A native create names its caller by its loopback address.
+    // A native create names its caller by its API key (id, name, scopes) and address.
     let native = create(&d);
     let evs: Value = c
         .get(format!("{}/v1/sandboxes/{}/audit", d.url, native.id))
@@ -406,7 +406,10 @@ fn e2b_execs_and_file_operations_are_recorded_with_the_key_as_caller() {
         .json()
         .unwrap();
     let caller = evs["events"][0]["body"]["caller"].as_str().unwrap();
-    assert!(caller.starts_with("local from 127.0.0.1:"), "{caller}");
+    assert!(
+        caller.starts_with("key:") && caller.contains(":test-harness (admin) from 127.0.0.1:"),
+        "{caller}"
+    );
     native.destroy();
 
     let r = c

@@ -186,6 +186,7 @@ fn sandbox_blocks_keystrokes_into_the_operators_terminal() {
         String::from_utf8_lossy(&all).into_owned()
     });
     let mut keyboard = term.stdin.take().unwrap();
+    support::provision(&data);
     let args = serve_args(&data, port).join(" ");
     // As the README says: the daemon in the foreground of the operator's shell.
     writeln!(
@@ -327,6 +328,7 @@ fn sandbox_blocks_descriptors_the_daemon_inherited() {
         std::os::fd::AsRawFd::as_raw_fd(&f),
         std::os::fd::AsRawFd::as_raw_fd(&d),
     );
+    support::provision(&data);
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_rampart"));
     cmd.args(serve_args(&data, port))
         .stdin(Stdio::null())

@@ -296,8 +296,9 @@ fn a_client_that_goes_away_takes_its_process_with_it() {
     let mut s = TcpStream::connect(addr).unwrap();
     write!(
         s,
-        "POST /v1/sandboxes/{}/exec HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        "POST /v1/sandboxes/{}/exec HTTP/1.1\r\nHost: {addr}\r\n{}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
         sb.id,
+        support::auth_header(),
         body.len()
     )
     .unwrap();
@@ -639,6 +640,7 @@ fn interrupting_an_interactive_exec_signals_the_process() {
             "echo ready; exec sleep 100",
         ])
         .env("RAMPART_HOST", &d.url)
+        .env("RAMPART_API_KEY", support::admin_key())
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -730,6 +732,7 @@ fn an_interrupted_run_still_destroys_its_sandbox() {
             "echo ready; exec sleep 100",
         ])
         .env("RAMPART_HOST", &d.url)
+        .env("RAMPART_API_KEY", support::admin_key())
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())

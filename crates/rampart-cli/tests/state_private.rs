@@ -9,7 +9,7 @@
 mod support;
 
 use serde_json::json;
-use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};
+use std::os::unix::fs::{FileTypeExt as _, MetadataExt as _, PermissionsExt as _};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -104,7 +104,10 @@ fn open_to_others(data: &Path) -> Vec<(PathBuf, u32)> {
         let searchable_ok = ft.is_dir()
             && p.parent().and_then(Path::file_name) == Some("sandboxes".as_ref())
             && m & 0o066 == 0;
-        if m & 0o077 != 0 && !searchable_ok {
+        // The daemon's socket is its group's too (0660), never others'.
+        let socket_ok =
+            ft.is_socket() && p.file_name() == Some("rampart.sock".as_ref()) && m & 0o007 == 0;
+        if m & 0o077 != 0 && !searchable_ok && !socket_ok {
             bad.push((p.clone(), m));
         }
         if ft.is_dir() {

@@ -1,10 +1,10 @@
 //! Who made a request, for the audit record (`created.caller`).
 //!
-//! The native API has no credentials (it is meant to listen on loopback): a caller is
-//! `local` when its peer address is a loopback address, `remote` otherwise, followed by
-//! ` from <peer address>` when the server knows it (it does when served by
-//! [`crate::serve_with_options`] and friends). The E2B API replaces it with the API key's
-//! id and name (never the key) in its key check.
+//! Before authentication a caller is `local` when its peer address is a loopback address,
+//! `remote` otherwise, followed by ` from <peer address>` when the server knows it (it does
+//! when served by [`crate::serve_all`] and friends). The native API's check replaces it with
+//! the key's id, name and scopes (never the key), or the socket peer's uid (`crate::auth`);
+//! the E2B API with its API key's id and name.
 
 use axum::extract::{ConnectInfo, Request};
 use axum::middleware::Next;

@@ -6,6 +6,7 @@
 //! answers. Every failure is a JSON `{"error": {"code", "message"}}` with the right status.
 
 mod audit;
+mod auth;
 mod caller;
 mod e2b;
 mod error;
@@ -24,6 +25,7 @@ mod secrets;
 mod templates;
 
 pub use audit::{AuditKey, AuditPage};
+pub use auth::{socket_group, UnixPeer, ADMIN_KEY_FILE, SOCKET_FILE, SOCKET_GROUP};
 pub use error::ApiError;
 pub use exec::{collect_output, OutputCollector};
 pub use openapi::openapi;
@@ -40,7 +42,7 @@ use rampart_agent::client::{AgentClient, EntryInfo};
 use rampart_core::{CoreError, Exec, Manager};
 use rampart_types::{CreateSandbox, ExecRequest, Health, SandboxId, SandboxInfo, SandboxState};
 use std::collections::BTreeMap;
-use std::future::Future;
+use std::future::{Future, IntoFuture as _};
 use std::sync::Arc;
 use tower_http::catch_panic::CatchPanicLayer;
 use tower_http::trace::TraceLayer;
@@ -409,7 +411,15 @@ pub fn router(manager: Arc<Manager>) -> Router {
 pub fn router_with_options(manager: Arc<Manager>, opts: &ServerOptions) -> Router {
     let ports = ports::Ports::with_access(opts, manager.access());
     let state = app_state(manager.clone(), ports);
-    let app = e2b::attach(v1_router(state.clone()), manager);
+    let keys = match open_node_keys(manager.data_dir()) {
+        Ok(k) => Some(Arc::new(k)),
+        Err(e) => {
+            tracing::error!("the native API refuses every API key: {e}");
+            None
+        }
+    };
+    let auth = auth::Auth::new(keys, opts.listen, &opts.domain, &opts.allowed_hosts);
+    let app = e2b::attach(v1_router(state.clone(), Some(Arc::new(auth))), manager);
     app.layer(axum::middleware::from_fn_with_state(
         state,
         ports::host_route,
@@ -424,7 +434,7 @@ pub fn router_with_backend(backend: Arc<dyn Backend>) -> Router {
         None => ports::Ports::in_memory(&opts),
     };
     let state = app_state(backend, ports);
-    v1_router(state.clone()).layer(axum::middleware::from_fn_with_state(
+    v1_router(state.clone(), None).layer(axum::middleware::from_fn_with_state(
         state,
         ports::host_route,
     ))
@@ -438,7 +448,37 @@ fn app_state(backend: Arc<dyn Backend>, ports: ports::Ports) -> AppState {
     }
 }
 
-fn v1_router(state: AppState) -> Router {
+/// Opens the native API's key store in `state.db`; when no current admin key exists (first
+/// start, or every admin key was revoked) makes one, writes it to `<data>/admin-key` (mode
+/// 0600) and logs where it is.
+fn open_node_keys(
+    data_dir: &std::path::Path,
+) -> Result<rampart_store::node_keys::NodeKeyStore, String> {
+    use rampart_store::node_keys::{NewKey, NodeKeyStore, SCOPE_ADMIN};
+    let keys = NodeKeyStore::open(&data_dir.join("state.db")).map_err(|e| e.to_string())?;
+    if !keys.has_active_admin().map_err(|e| e.to_string())? {
+        let (info, key) = keys
+            .create(&NewKey {
+                name: "admin".into(),
+                scopes: vec![SCOPE_ADMIN.into()],
+                expires_at_ms: None,
+            })
+            .map_err(|e| e.to_string())?;
+        let path = data_dir.join(ADMIN_KEY_FILE);
+        e2b::write_secret(&path, &format!("{key}\n"))
+            .map_err(|e| format!("writing {}: {e}", path.display()))?;
+        tracing::info!(
+            path = %path.display(),
+            id = %info.id,
+            "made the admin API key of the native API; it is in {} (send it as \
+             `Authorization: Bearer`, or set RAMPART_API_KEY for the CLI over TCP)",
+            path.display()
+        );
+    }
+    Ok(keys)
+}
+
+fn v1_router(state: AppState, auth: Option<Arc<auth::Auth>>) -> Router {
     let v1 = Router::new()
         .route("/sandboxes", post(sandboxes::create).get(sandboxes::list))
         .route(
@@ -495,10 +535,19 @@ fn v1_router(state: AppState) -> Router {
         .route("/templates/{name}", get(templates::get_one))
         .route("/openapi.json", get(openapi::serve_openapi))
         .layer(axum::middleware::from_fn(ports::refuse_browser_writes));
+    let mut metrics_route = Router::new().route("/metrics", get(metrics::serve_metrics));
+    let v1 = match auth {
+        Some(a) => {
+            metrics_route = metrics_route
+                .route_layer(axum::middleware::from_fn_with_state(a.clone(), auth::guard));
+            v1.layer(axum::middleware::from_fn_with_state(a, auth::guard))
+        }
+        None => v1,
+    };
 
     Router::new()
         .route("/health", get(health))
-        .route("/metrics", get(metrics::serve_metrics))
+        .merge(metrics_route)
         .nest("/v1", v1)
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
@@ -529,14 +578,79 @@ pub async fn serve_with_options(
     opts: ServerOptions,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
+    serve_all(listener, None, manager, opts, shutdown).await
+}
+
+/// Serves the same router on `listener` (TCP: API keys) and on `unix` (the Unix socket:
+/// `SO_PEERCRED`) until `shutdown` resolves, then stops accepting on both and waits for
+/// their open connections to finish (callers bound that wait).
+pub async fn serve_all(
+    listener: tokio::net::TcpListener,
+    unix: Option<tokio::net::UnixListener>,
+    manager: Arc<Manager>,
+    opts: ServerOptions,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let mut opts = opts;
+    if opts.listen.is_none() {
+        opts.listen = listener.local_addr().ok();
+    }
+    let app = router_with_options(manager, &opts);
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    tokio::spawn(async move {
+        shutdown.await;
+        let _ = stop_tx.send(true);
+    });
+    let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|s| *s).await;
+    };
     // With the peer address of each connection (the audit record's caller).
-    axum::serve(
+    let tcp = axum::serve(
         nodelay(listener),
-        router_with_options(manager, &opts)
+        app.clone()
             .into_make_service_with_connect_info::<std::net::SocketAddr>(),
     )
-    .with_graceful_shutdown(shutdown)
-    .await
+    .with_graceful_shutdown(stopped(stop_rx.clone()));
+    let Some(unix) = unix else {
+        return tcp.await;
+    };
+    // With the credentials of each peer (who may use the socket).
+    let sock = axum::serve(unix, app.into_make_service_with_connect_info::<UnixPeer>())
+        .with_graceful_shutdown(stopped(stop_rx));
+    let (a, b) = tokio::join!(tcp.into_future(), sock.into_future());
+    a.and(b)
+}
+
+/// Binds the daemon's Unix socket at `path` (a stale socket left there by a daemon that
+/// died is replaced; any other file is refused), owned by group `group`, mode 0660.
+pub fn bind_socket(
+    path: &std::path::Path,
+    group: u32,
+) -> std::io::Result<tokio::net::UnixListener> {
+    use std::os::unix::fs::{FileTypeExt as _, PermissionsExt as _};
+    match std::fs::symlink_metadata(path) {
+        Ok(m) if m.file_type().is_socket() => std::fs::remove_file(path)?,
+        Ok(_) => {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::AlreadyExists,
+                format!("{} exists and is not a socket", path.display()),
+            ))
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e),
+    }
+    let l = tokio::net::UnixListener::bind(path)?;
+    if let Err(e) = std::os::unix::fs::chown(path, None, Some(group)) {
+        // A daemon that is not root may not give its socket to a group it is not in: the
+        // socket keeps the daemon's group, whose members the peer check still refuses
+        // (only the daemon's user, root and members of `group` are let in).
+        if e.kind() != std::io::ErrorKind::PermissionDenied {
+            return Err(e);
+        }
+        tracing::debug!("cannot give {} to group {group}: {e}", path.display());
+    }
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o660))?;
+    Ok(l)
 }
 
 /// Serves the API on `listener` until the process ends.

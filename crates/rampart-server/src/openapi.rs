@@ -9,7 +9,9 @@ use utoipa::OpenApi;
         title = "Rampart",
         description = "Rampart's native API: sandboxes for AI agents. Every error is \
             `{\"error\": {\"code\", \"message\"}}`. JSON bodies need \
-            `Content-Type: application/json`.",
+            `Content-Type: application/json`. Over TCP every request but `/health` needs an \
+            API key, `Authorization: Bearer rampart_...` (or `X-API-Key`), and a `Host` that \
+            names the daemon; on the daemon's Unix socket the node's administrator needs none.",
     ),
     paths(
         crate::health,

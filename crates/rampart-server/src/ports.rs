@@ -44,12 +44,19 @@ pub struct ServerOptions {
     /// The domain of host-name routing: `{port}-{id}.<domain>` reaches port `port` of sandbox
     /// `id`. Lowercase; `localhost` by default.
     pub domain: String,
+    /// The TCP address the daemon listens on: a `Host` naming it is one of the daemon's.
+    pub listen: Option<std::net::SocketAddr>,
+    /// More host names the native API answers to over TCP (beyond the loopback names, the
+    /// listen address and `domain`): the names of a reverse proxy in front of it.
+    pub allowed_hosts: Vec<String>,
 }
 
 impl Default for ServerOptions {
     fn default() -> Self {
         ServerOptions {
             domain: DEFAULT_DOMAIN.into(),
+            listen: None,
+            allowed_hosts: Vec::new(),
         }
     }
 }
@@ -230,18 +237,29 @@ fn token_words(text: &[u8], out: &mut Vec<String>) {
     }
 }
 
-/// Whether `text` holds something shaped like an E2B API key (`e2b_` and 40 hex digits, in
-/// any case): every such value is taken for a key, known to this daemon or not.
+/// Whether `text` holds something shaped like an API key, an E2B one (`e2b_` and 40 hex
+/// digits) or a native one (`rampart_` and 40 hex digits), in any case: every such value is
+/// taken for a key, known to this daemon or not.
 fn has_api_key(text: &[u8]) -> bool {
-    let n = rampart_store::keys::KEY_PREFIX.len();
-    text.windows(n).enumerate().any(|(i, w)| {
-        w.eq_ignore_ascii_case(rampart_store::keys::KEY_PREFIX.as_bytes())
-            && (i == 0 || !text[i - 1].is_ascii_alphanumeric())
-            && rampart_store::keys::is_key_shaped(
-                &String::from_utf8_lossy(&text[i..text.len().min(i + n + 40)]).to_ascii_lowercase(),
-            )
-            && text.get(i + n + 40).is_none_or(|b| !b.is_ascii_hexdigit())
-    })
+    let shaped = |prefix: &str, is: fn(&str) -> bool| {
+        let n = prefix.len();
+        text.windows(n).enumerate().any(|(i, w)| {
+            w.eq_ignore_ascii_case(prefix.as_bytes())
+                && (i == 0 || !text[i - 1].is_ascii_alphanumeric())
+                && is(
+                    &String::from_utf8_lossy(&text[i..text.len().min(i + n + 40)])
+                        .to_ascii_lowercase(),
+                )
+                && text.get(i + n + 40).is_none_or(|b| !b.is_ascii_hexdigit())
+        })
+    };
+    shaped(
+        rampart_store::keys::KEY_PREFIX,
+        rampart_store::keys::is_key_shaped,
+    ) || shaped(
+        rampart_store::node_keys::NODE_KEY_PREFIX,
+        rampart_store::node_keys::is_node_key_shaped,
+    )
 }
 
 /// The texts a header value is searched in: itself, and for `Basic` credentials the decoded
@@ -434,7 +452,13 @@ fn credentials(headers: &HeaderMap, query: Option<&str>) -> Vec<(String, Source)
         }
     }
     for v in headers.get_all(header::AUTHORIZATION) {
-        if let Some(t) = v.to_str().ok().and_then(bearer) {
+        // A native API key is the caller's credential for `/v1`, never a sandbox's token.
+        if let Some(t) = v
+            .to_str()
+            .ok()
+            .and_then(bearer)
+            .filter(|t| !rampart_store::node_keys::is_node_key_shaped(t))
+        {
             out.push((t.to_owned(), Source::Bearer));
         }
     }
@@ -997,9 +1021,9 @@ fn from_browser(headers: &HeaderMap) -> bool {
 /// could change something (any method but GET, HEAD, OPTIONS) is refused, except what goes
 /// to a sandbox's port (`/sandboxes/{id}/ports/{P}/...`, whose server answers for itself).
 /// Pages that sandboxes serve run in the user's browser on the daemon's site (path form) or
-/// a sibling of it (`{P}-{id}.localhost`); the API has no authentication and no CORS, so
-/// reads are closed to them but "simple" body-less POSTs (pause, resume) and form posts
-/// would not be.
+/// a sibling of it (`{P}-{id}.localhost`); the API has no CORS and its key is a header a
+/// browser does not add by itself, so reads are closed to them; this refusal is a second
+/// wall for "simple" body-less POSTs (pause, resume) and form posts.
 pub(crate) async fn refuse_browser_writes(req: Request, next: Next) -> Response {
     let reads = matches!(
         *req.method(),

@@ -15,6 +15,7 @@ mod audit;
 pub mod journal;
 pub mod keys;
 mod network;
+pub mod node_keys;
 pub mod persist;
 pub mod secrets;
 mod side;

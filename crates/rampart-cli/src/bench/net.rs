@@ -22,7 +22,7 @@ fn create(api: &Api, network: &Value) -> Result<String> {
 
 /// Runs the measurement on a private daemon with its own network table, pool and ports.
 pub(super) fn run(args: &BenchArgs) -> Result<()> {
-    let client = reqwest::blocking::Client::builder()
+    let client = super::http_builder()
         .timeout(Duration::from_secs(120))
         .build()?;
     let tag = std::process::id() % 250;

@@ -87,7 +87,7 @@ pub async fn fetch_key(c: &Client) -> Result<KeyInfo> {
 }
 
 /// `rampart audit ...`.
-pub async fn audit(host: &str, a: AuditArgs) -> Result<u8> {
+pub async fn audit(host: &crate::client::Endpoint, a: AuditArgs) -> Result<u8> {
     match a.cmd {
         AuditCmd::Show(s) => show(host, s).await,
         AuditCmd::Export(e) => export(host, e).await,
@@ -101,7 +101,7 @@ pub async fn audit(host: &str, a: AuditArgs) -> Result<u8> {
     }
 }
 
-async fn show(host: &str, a: ShowArgs) -> Result<u8> {
+async fn show(host: &crate::client::Endpoint, a: ShowArgs) -> Result<u8> {
     let c = Client::new(host)?;
     let mut out = std::io::stdout().lock();
     if a.follow {
@@ -166,7 +166,7 @@ pub async fn fetch_bundle(c: &Client, id: &str) -> Result<Vec<u8>> {
     Ok(resp.bytes().await.context("reading the bundle")?.to_vec())
 }
 
-async fn export(host: &str, a: ExportArgs) -> Result<u8> {
+async fn export(host: &crate::client::Endpoint, a: ExportArgs) -> Result<u8> {
     let c = Client::new(host)?;
     let bytes = fetch_bundle(&c, &a.id).await?;
     if a.output.as_os_str() == "-" {

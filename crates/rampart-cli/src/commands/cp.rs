@@ -77,7 +77,7 @@ fn base_name(p: &str) -> Option<&str> {
 }
 
 /// `rampart cp`.
-pub async fn cp(host: &str, a: CpArgs) -> Result<u8> {
+pub async fn cp(host: &crate::client::Endpoint, a: CpArgs) -> Result<u8> {
     let client = Client::new(host)?;
     match (parse_location(&a.src), parse_location(&a.dst)) {
         (Location::Sandbox(..), Location::Sandbox(..)) => {

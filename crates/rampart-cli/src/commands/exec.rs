@@ -70,7 +70,7 @@ pub struct ExecArgs {
 }
 
 /// `rampart exec`.
-pub async fn exec(host: &str, a: ExecArgs) -> Result<u8> {
+pub async fn exec(host: &crate::client::Endpoint, a: ExecArgs) -> Result<u8> {
     let client = Client::new(host)?;
     run_command(&client, &a.id, &a.flags, a.cmd).await
 }
@@ -104,7 +104,7 @@ pub struct ShellArgs {
 }
 
 /// `rampart shell`.
-pub async fn shell(host: &str, a: ShellArgs) -> Result<u8> {
+pub async fn shell(host: &crate::client::Endpoint, a: ShellArgs) -> Result<u8> {
     let client = Client::new(host)?;
     let mut env = std::collections::BTreeMap::new();
     env.insert(
@@ -201,15 +201,6 @@ async fn run_streamed(client: &Client, id: &str, mut req: ExecRequest) -> Result
     ))
 }
 
-fn ws_url(base: &str, id: &str) -> Result<String> {
-    let rest = base
-        .strip_prefix("http://")
-        .map(|r| format!("ws://{r}"))
-        .or_else(|| base.strip_prefix("https://").map(|r| format!("wss://{r}")))
-        .ok_or_else(|| anyhow!("--host must be an http:// URL"))?;
-    Ok(format!("{rest}/v1/sandboxes/{id}/exec/ws"))
-}
-
 fn input_message(input: &ExecInput) -> Message {
     Message::text(serde_json::to_string(input).unwrap_or_default())
 }
@@ -223,8 +214,8 @@ async fn run_interactive(
     forward_stdin: bool,
 ) -> Result<u8> {
     use tokio_tungstenite::tungstenite::Error as WsError;
-    let url = ws_url(client.base(), id)?;
-    let (ws, _) = match tokio_tungstenite::connect_async(url.as_str()).await {
+    let url = format!("/v1/sandboxes/{id}/exec/ws");
+    let ws = match client.websocket(&url).await {
         Ok(ok) => ok,
         Err(WsError::Http(resp)) => {
             let status = resp.status().as_u16();
@@ -241,8 +232,9 @@ async fn run_interactive(
         Err(WsError::Io(e)) => {
             return Err(anyhow!(
                 "cannot reach the Rampart daemon at {}: {e}: is it running? start it with \
-                 `rampart serve` (or point --host / RAMPART_HOST at it)",
-                client.base()
+                 `rampart serve` (or point --host / RAMPART_HOST, or --socket / \
+                 RAMPART_SOCKET, at it)",
+                client.place()
             ))
         }
         Err(e) => return Err(anyhow!("exec WebSocket to {url} failed: {e}")),
@@ -349,14 +341,5 @@ mod tests {
         assert_eq!(exit_status(Some(256 + 7), None, false), 7);
         assert_eq!(exit_status(None, Some(9), false), 137);
         assert_eq!(exit_status(None, Some(9), true), 124);
-    }
-
-    #[test]
-    fn ws_urls() {
-        assert_eq!(
-            ws_url("http://127.0.0.1:3000", "abc").unwrap(),
-            "ws://127.0.0.1:3000/v1/sandboxes/abc/exec/ws"
-        );
-        assert!(ws_url("ftp://x", "abc").is_err());
     }
 }

@@ -1,12 +1,14 @@
-//! `rampart keys create|ls|rm`: API keys of the E2B-compatible API.
+//! `rampart keys create|import|ls|rm`: API keys, of the native API (`--native`: `rampart_...`,
+//! sent as `Authorization: Bearer` over TCP) and of the E2B-compatible API (`e2b_...`).
 //!
 //! The keys live in the daemon's `state.db` (stored as SHA-256 digests), so these commands
-//! open the data directory directly, on the daemon's host, rather than asking the (then
-//! unauthenticated) daemon to mint keys.
+//! open the data directory directly, on the daemon's host, as its administrator. The daemon
+//! looks every key up at each request: a key removed here is refused at once.
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand};
 use rampart_store::keys::KeyStore;
+use rampart_store::node_keys::{NewKey, NodeKeyStore, SCOPE_ADMIN};
 use std::path::PathBuf;
 
 /// `rampart keys`.
@@ -21,23 +23,46 @@ pub struct KeysArgs {
 
 #[derive(Debug, Subcommand)]
 enum KeysCommand {
-    /// Make a key and print it (shown only once).
+    /// Make a key and print it (shown only once): an E2B key, or with --native a key of the
+    /// native API.
     Create {
         /// A name to tell the key apart in `rampart keys ls`.
         #[arg(long, default_value = "")]
         name: String,
+        /// A key of the native API (`rampart_...`) rather than of the E2B API.
+        #[arg(long)]
+        native: bool,
+        /// Scope of a native key (repeatable; today only `admin`, the default).
+        #[arg(long = "scope", value_name = "SCOPE", requires = "native")]
+        scopes: Vec<String>,
+        /// A native key stops working after this long (`90m`, `12h`, `30d`, `3600s`).
+        #[arg(long, value_name = "DURATION", requires = "native")]
+        expires: Option<String>,
         /// Print `{"key": ..., "id": ...}`.
         #[arg(long)]
         json: bool,
     },
-    /// List keys (their ids and first characters, never the keys).
+    /// Register a native key made elsewhere (read from stdin), e.g. one secret given to many
+    /// nodes.
+    Import {
+        /// A name to tell the key apart in `rampart keys ls`.
+        #[arg(long, default_value = "")]
+        name: String,
+        /// Scope (repeatable; today only `admin`, the default).
+        #[arg(long = "scope", value_name = "SCOPE")]
+        scopes: Vec<String>,
+        /// Print `{"id": ...}`.
+        #[arg(long)]
+        json: bool,
+    },
+    /// List keys of both kinds (their ids and first characters, never the keys).
     #[command(alias = "list")]
     Ls {
         /// Print JSON.
         #[arg(long)]
         json: bool,
     },
-    /// Remove keys by id.
+    /// Remove keys by id (a native key is revoked: refused from the next request on).
     #[command(alias = "delete")]
     Rm {
         /// Ids, as `rampart keys ls` shows them.
@@ -46,14 +71,50 @@ enum KeysCommand {
     },
 }
 
-fn open(a: &KeysArgs) -> Result<KeyStore> {
+fn open(a: &KeysArgs) -> Result<(KeyStore, NodeKeyStore)> {
     let dir = match &a.data_dir {
         Some(d) => d.clone(),
         None => super::serve::default_data_dir()?,
     };
     super::serve::create_data_dir(&dir)?;
-    KeyStore::open(&dir.join("state.db"))
-        .with_context(|| format!("cannot open the key store in {}", dir.display()))
+    let db = dir.join("state.db");
+    let e2b = KeyStore::open(&db)
+        .with_context(|| format!("cannot open the key store in {}", dir.display()))?;
+    let native = NodeKeyStore::open(&db)
+        .with_context(|| format!("cannot open the key store in {}", dir.display()))?;
+    Ok((e2b, native))
+}
+
+/// Parses `90m`, `12h`, `30d`, `3600s` (or bare seconds) into milliseconds.
+fn parse_duration_ms(text: &str) -> Result<i64> {
+    let t = text.trim();
+    let (num, unit) = match t.char_indices().find(|(_, c)| !c.is_ascii_digit()) {
+        Some((i, _)) => t.split_at(i),
+        None => (t, "s"),
+    };
+    let n: i64 = num
+        .parse()
+        .ok()
+        .filter(|n| *n > 0)
+        .with_context(|| format!("--expires: {text:?} is not a duration like 90m, 12h, 30d"))?;
+    let unit_ms: i64 = match unit {
+        "s" => 1_000,
+        "m" => 60_000,
+        "h" => 3_600_000,
+        "d" => 86_400_000,
+        _ => bail!("--expires: unit {unit:?} in {text:?}: use s, m, h or d"),
+    };
+    n.checked_mul(unit_ms)
+        .filter(|ms| *ms <= 100 * 365 * 86_400_000)
+        .with_context(|| format!("--expires: {text:?} is too long"))
+}
+
+fn scopes_or_admin(scopes: Vec<String>) -> Vec<String> {
+    if scopes.is_empty() {
+        vec![SCOPE_ADMIN.into()]
+    } else {
+        scopes
+    }
 }
 
 fn time_of(ms: i64) -> String {
@@ -68,9 +129,65 @@ fn time_of(ms: i64) -> String {
 
 /// `rampart keys ...`.
 pub fn run(a: KeysArgs) -> Result<u8> {
-    let store = open(&a)?;
+    let (store, native) = open(&a)?;
     match a.command {
-        KeysCommand::Create { name, json } => {
+        KeysCommand::Create {
+            name,
+            native: true,
+            scopes,
+            expires,
+            json,
+        } => {
+            let expires_at_ms = match expires {
+                Some(e) => Some(rampart_store::now_ms() + parse_duration_ms(&e)?),
+                None => None,
+            };
+            let (info, key) = native.create(&NewKey {
+                name,
+                scopes: scopes_or_admin(scopes),
+                expires_at_ms,
+            })?;
+            if json {
+                println!(
+                    "{}",
+                    serde_json::json!({
+                        "key": key,
+                        "id": info.id,
+                        "name": info.name,
+                        "kind": "native",
+                        "tenant": info.tenant,
+                        "scopes": info.scopes,
+                        "expires_at_ms": info.expires_at_ms,
+                    })
+                );
+            } else {
+                println!("{key}");
+                eprintln!(
+                    "native key id {} (send it as `Authorization: Bearer`; revoke with \
+                     `rampart keys rm {}`)",
+                    info.id, info.id
+                );
+            }
+        }
+        KeysCommand::Import { name, scopes, json } => {
+            let mut text = String::new();
+            std::io::Read::read_to_string(&mut std::io::stdin(), &mut text)
+                .context("reading the key from stdin")?;
+            let info = native.import(
+                &NewKey {
+                    name,
+                    scopes: scopes_or_admin(scopes),
+                    expires_at_ms: None,
+                },
+                text.trim(),
+            )?;
+            if json {
+                println!("{}", serde_json::json!({"id": info.id, "kind": "native"}));
+            } else {
+                eprintln!("imported native key id {}", info.id);
+            }
+        }
+        KeysCommand::Create { name, json, .. } => {
             let (info, key) = store.create_key(&name)?;
             if json {
                 println!(
@@ -87,20 +204,55 @@ pub fn run(a: KeysArgs) -> Result<u8> {
         }
         KeysCommand::Ls { json } => {
             let keys = store.list_keys()?;
+            let nkeys = native.list()?;
             if json {
-                println!("{}", serde_json::to_string(&keys)?);
+                let mut out = Vec::new();
+                for k in &nkeys {
+                    let mut v = serde_json::to_value(k)?;
+                    v["kind"] = "native".into();
+                    out.push(v);
+                }
+                for k in &keys {
+                    let mut v = serde_json::to_value(k)?;
+                    v["kind"] = "e2b".into();
+                    out.push(v);
+                }
+                println!("{}", serde_json::to_string(&out)?);
             } else {
                 println!(
-                    "{:<14} {:<14} {:<22} {:<22} NAME",
-                    "ID", "KEY", "CREATED", "LAST USED"
+                    "{:<7} {:<14} {:<18} {:<22} {:<22} {:<10} NAME",
+                    "KIND", "ID", "KEY", "CREATED", "LAST USED", "STATE"
                 );
-                for k in keys {
+                let now = rampart_store::now_ms();
+                for k in nkeys {
+                    let state = if k.revoked_at_ms.is_some() {
+                        "revoked"
+                    } else if !k.is_active(now) {
+                        "expired"
+                    } else {
+                        "active"
+                    };
                     println!(
-                        "{:<14} {:<14} {:<22} {:<22} {}",
+                        "{:<7} {:<14} {:<18} {:<22} {:<22} {:<10} {} [{}]",
+                        "native",
                         k.id,
                         k.hint,
                         time_of(k.created_at_ms),
                         k.last_used_at_ms.map(time_of).unwrap_or_else(|| "-".into()),
+                        state,
+                        k.name,
+                        k.scopes.join(",")
+                    );
+                }
+                for k in keys {
+                    println!(
+                        "{:<7} {:<14} {:<18} {:<22} {:<22} {:<10} {}",
+                        "e2b",
+                        k.id,
+                        k.hint,
+                        time_of(k.created_at_ms),
+                        k.last_used_at_ms.map(time_of).unwrap_or_else(|| "-".into()),
+                        "active",
                         k.name
                     );
                 }
@@ -109,7 +261,8 @@ pub fn run(a: KeysArgs) -> Result<u8> {
         KeysCommand::Rm { ids } => {
             let mut missing = Vec::new();
             for id in &ids {
-                if !store.remove_key(id)? {
+                let revoked = native.revoke(id)?;
+                if !store.remove_key(id)? && !revoked {
                     missing.push(id.as_str());
                 }
             }

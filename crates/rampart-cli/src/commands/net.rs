@@ -152,7 +152,7 @@ fn line(e: &NetLogEntry) -> String {
 }
 
 /// `rampart net ...`.
-pub async fn net(host: &str, a: NetArgs) -> Result<u8> {
+pub async fn net(host: &crate::client::Endpoint, a: NetArgs) -> Result<u8> {
     let client = Client::new(host)?;
     match a.cmd {
         NetCmd::Set { id, flags, json } => {

@@ -129,7 +129,7 @@ pub async fn fork_sandbox(client: &Client, id: &str, req: &ForkSandbox) -> Resul
 }
 
 /// `rampart snapshot`.
-pub async fn snapshot(host: &str, a: SnapshotArgs) -> Result<u8> {
+pub async fn snapshot(host: &crate::client::Endpoint, a: SnapshotArgs) -> Result<u8> {
     let client = Client::new(host)?;
     match a.args[0].as_str() {
         "ls" | "list" => {
@@ -190,7 +190,7 @@ pub async fn snapshot(host: &str, a: SnapshotArgs) -> Result<u8> {
 }
 
 /// `rampart fork`.
-pub async fn fork(host: &str, a: ForkArgs) -> Result<u8> {
+pub async fn fork(host: &crate::client::Endpoint, a: ForkArgs) -> Result<u8> {
     let client = Client::new(host)?;
     let r = fork_sandbox(
         &client,
@@ -212,7 +212,7 @@ pub async fn fork(host: &str, a: ForkArgs) -> Result<u8> {
 }
 
 /// `rampart volume`.
-pub async fn volume(host: &str, a: VolumeArgs) -> Result<u8> {
+pub async fn volume(host: &crate::client::Endpoint, a: VolumeArgs) -> Result<u8> {
     let client = Client::new(host)?;
     match a.cmd {
         VolumeCmd::Create { name, size } => {

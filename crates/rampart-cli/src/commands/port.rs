@@ -37,7 +37,7 @@ fn with_token(url: &str, token: &str) -> String {
 /// `rampart port`: prints the path-form URL, then the host-form URL, one a line. For a
 /// private port both carry the token as `?rampart_token=` (a browser then keeps it in a
 /// cookie); scripts can send it as `X-Rampart-Token` instead (`--json` gives it).
-pub async fn port(host: &str, a: PortArgs) -> Result<u8> {
+pub async fn port(host: &crate::client::Endpoint, a: PortArgs) -> Result<u8> {
     if a.port == 0 {
         return Err(anyhow!("port 0 is not a port; use 1-65535"));
     }

@@ -127,7 +127,7 @@ struct Step {
 }
 
 /// `rampart replay FILE`.
-pub async fn replay(host: &str, a: ReplayArgs) -> Result<u8> {
+pub async fn replay(host: &crate::client::Endpoint, a: ReplayArgs) -> Result<u8> {
     let key = trusted_key(a.key.as_deref(), a.key_file.as_deref())?;
     let bytes =
         std::fs::read(&a.file).with_context(|| format!("cannot read {}", a.file.display()))?;

@@ -33,7 +33,7 @@ pub struct RunArgs {
 }
 
 /// `rampart run`.
-pub async fn run(host: &str, a: RunArgs) -> Result<u8> {
+pub async fn run(host: &crate::client::Endpoint, a: RunArgs) -> Result<u8> {
     let client = Client::new(host)?;
     let req = a.create.request()?;
     let flags = ExecFlags {

@@ -121,7 +121,7 @@ pub async fn destroy_sandbox(client: &Client, id: &str) -> Result<SandboxInfo> {
 }
 
 /// `rampart create`.
-pub async fn create(host: &str, a: CreateArgs) -> Result<u8> {
+pub async fn create(host: &crate::client::Endpoint, a: CreateArgs) -> Result<u8> {
     let client = Client::new(host)?;
     let info = create_sandbox(&client, &a.flags.request()?).await?;
     if a.json {
@@ -147,7 +147,7 @@ pub struct LsArgs {
 }
 
 /// `rampart ls`.
-pub async fn ls(host: &str, a: LsArgs) -> Result<u8> {
+pub async fn ls(host: &crate::client::Endpoint, a: LsArgs) -> Result<u8> {
     let client = Client::new(host)?;
     let mut query: Vec<(String, String)> = Vec::new();
     if let Some(s) = &a.state {
@@ -273,7 +273,7 @@ pub struct RmArgs {
 }
 
 /// `rampart rm`: destroys each; exits 1 if any failed.
-pub async fn rm(host: &str, a: RmArgs) -> Result<u8> {
+pub async fn rm(host: &crate::client::Endpoint, a: RmArgs) -> Result<u8> {
     let client = Client::new(host)?;
     let mut code = 0;
     for id in &a.ids {
@@ -299,7 +299,7 @@ pub struct InfoArgs {
 }
 
 /// `rampart info`.
-pub async fn info(host: &str, a: InfoArgs) -> Result<u8> {
+pub async fn info(host: &crate::client::Endpoint, a: InfoArgs) -> Result<u8> {
     let client = Client::new(host)?;
     let s: SandboxInfo = client
         .json(client.request(Method::GET, &format!("/v1/sandboxes/{}", a.id)))
@@ -356,7 +356,7 @@ pub struct TimeoutArgs {
 }
 
 /// `rampart timeout`.
-pub async fn timeout(host: &str, a: TimeoutArgs) -> Result<u8> {
+pub async fn timeout(host: &crate::client::Endpoint, a: TimeoutArgs) -> Result<u8> {
     let client = Client::new(host)?;
     let s: SandboxInfo = client
         .json(
@@ -388,7 +388,7 @@ pub async fn pause_sandbox(client: &Client, id: &str, resume: bool) -> Result<Sa
 }
 
 /// `rampart pause` / `rampart resume`: each id in turn; exits 1 if any failed.
-pub async fn pause(host: &str, a: PauseArgs, resume: bool) -> Result<u8> {
+pub async fn pause(host: &crate::client::Endpoint, a: PauseArgs, resume: bool) -> Result<u8> {
     let client = Client::new(host)?;
     let mut code = 0;
     for id in &a.ids {

@@ -123,7 +123,7 @@ fn print(list: &[StoredSecretInfo]) {
 }
 
 /// `rampart secret ...`.
-pub async fn secret(host: &str, a: SecretArgs) -> Result<u8> {
+pub async fn secret(host: &crate::client::Endpoint, a: SecretArgs) -> Result<u8> {
     let client = Client::new(host)?;
     match a.cmd {
         SecretCmd::Set {

@@ -27,9 +27,19 @@ pub enum LogFormat {
 /// `rampart serve`.
 #[derive(Debug, Args)]
 pub struct ServeArgs {
-    /// Address to listen on (the API has no authentication: keep it on loopback).
+    /// Address to listen on (every request but /health needs an API key over TCP).
     #[arg(long, value_name = "ADDR")]
     listen: Option<String>,
+    /// More host names the native API answers to over TCP, comma-separated (the names of a
+    /// reverse proxy in front of it); loopback names, the listen address and the domain
+    /// always are.
+    #[arg(
+        long,
+        value_name = "NAMES",
+        env = "RAMPART_ALLOWED_HOSTS",
+        value_delimiter = ','
+    )]
+    allowed_hosts: Vec<String>,
     /// Data directory (state.db, templates, sandboxes). Default: /var/lib/rampart for root,
     /// else $XDG_DATA_HOME/rampart.
     #[arg(long, value_name = "DIR")]
@@ -132,6 +142,9 @@ struct FileConfig {
     audit: AuditFileConfig,
     /// Domain of host-name routing to sandbox ports.
     domain: Option<String>,
+    /// More host names the native API answers to over TCP.
+    #[serde(default)]
+    allowed_hosts: Vec<String>,
     /// Sandbox networks (see `docs/network.md`).
     #[serde(default)]
     network: super::net::NetworkFileConfig,
@@ -208,13 +221,14 @@ const DAEMON_UMASK: u32 = 0o077;
 /// State files the daemon tightens to 0600 at start when an older daemon left them readable
 /// by group or others (the store and the journal also do it for theirs when they open them).
 /// `node.key` is not in the list: a signing key others could read is refused (`rampart_audit`).
-const PRIVATE_FILES: [&str; 6] = [
+const PRIVATE_FILES: [&str; 7] = [
     "state.db",
     "state.db-wal",
     "state.db-shm",
     "audit.journal",
     "audit.journal.1",
     "api-key",
+    rampart_server::ADMIN_KEY_FILE,
 ];
 
 /// Creates the data directory (and any missing parent) with mode 0700.
@@ -526,9 +540,21 @@ fn resolve(a: &ServeArgs) -> Result<Resolved> {
              sandboxes.example.com"
         );
     }
+    let mut allowed_hosts = file.allowed_hosts.clone();
+    allowed_hosts.extend(a.allowed_hosts.iter().map(|h| h.trim().to_owned()));
+    allowed_hosts.retain(|h| !h.is_empty());
+    for h in &allowed_hosts {
+        if h.contains(['/', ' ', '@']) {
+            bail!("allowed_hosts: {h:?} is not a host name (e.g. rampart.example.com)");
+        }
+    }
     Ok(Resolved {
         listen,
-        server: rampart_server::ServerOptions { domain },
+        server: rampart_server::ServerOptions {
+            domain,
+            listen: Some(listen),
+            allowed_hosts,
+        },
         core: CoreConfig {
             data_dir,
             jailer_bin,
@@ -589,16 +615,35 @@ pub async fn run(a: ServeArgs) -> Result<u8> {
     let manager = Manager::start(r.core)
         .await
         .map_err(|e| anyhow!("cannot start the daemon: {e}"))?;
+    // The Unix socket, for the node's administrator (root, the daemon's user, the `rampart`
+    // group). Without it (e.g. a data directory whose path is too long for a socket) the
+    // daemon still serves TCP, where API keys are needed.
+    let sock_path = data_dir.join(rampart_server::SOCKET_FILE);
+    let group = rampart_server::socket_group();
+    let unix = match rampart_server::bind_socket(&sock_path, group) {
+        Ok(l) => Some(l),
+        Err(e) => {
+            tracing::warn!(
+                "no Unix socket: cannot listen on {}: {e}; only TCP (with API keys) is served",
+                sock_path.display()
+            );
+            None
+        }
+    };
     tracing::info!(
         listen = %r.listen,
+        socket = %sock_path.display(),
         data_dir = %data_dir.display(),
         version = rampart_server::VERSION,
-        "rampart listening on http://{}",
-        r.listen
+        "rampart listening on http://{} and on {} (group {group}, mode 0660)",
+        r.listen,
+        sock_path.display()
     );
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let mut server = tokio::spawn(rampart_server::serve_with_options(
+    let had_socket = unix.is_some();
+    let mut server = tokio::spawn(rampart_server::serve_all(
         listener,
+        unix,
         manager.clone(),
         r.server.clone(),
         async move {
@@ -625,6 +670,9 @@ pub async fn run(a: ServeArgs) -> Result<u8> {
         },
     };
     manager.shutdown().await;
+    if had_socket {
+        let _ = std::fs::remove_file(&sock_path);
+    }
     outcome.map(|()| 0)
 }
 

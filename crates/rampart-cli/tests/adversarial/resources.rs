@@ -401,9 +401,10 @@ fn sandbox_blocks_output_flood() {
     s.set_read_timeout(Some(Duration::from_secs(30)))
         .expect("timeout");
     let head = format!(
-        "POST /v1/sandboxes/{}/exec HTTP/1.1\r\nHost: {}\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+        "POST /v1/sandboxes/{}/exec HTTP/1.1\r\nHost: {}\r\n{}\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
         sb.id,
         d.addr,
+        support::auth_header(),
         body.len()
     );
     s.write_all(head.as_bytes())

@@ -108,6 +108,50 @@ pub fn free_port() -> u16 {
         .port()
 }
 
+/// The admin key of every daemon this test process starts: made once (`rampart_` and 40
+/// hex digits from `/dev/urandom`) and registered in each daemon's data directory before it
+/// starts ([`provision`]), so that [`client`] and [`cli`] are the node's administrator of
+/// whichever daemon they talk to over TCP.
+pub fn admin_key() -> &'static str {
+    static KEY: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    KEY.get_or_init(|| format!("rampart_{}{}", token(), token()))
+}
+
+/// `Authorization: Bearer <admin key>`, for tests that write requests by hand.
+pub fn auth_header() -> String {
+    format!("Authorization: Bearer {}", admin_key())
+}
+
+/// Registers [`admin_key`] as an admin key in the store of `data` (`rampart keys import`,
+/// as an operator provisions a node), before a daemon starts there. A key already there (a
+/// daemon started again on the same directory) is fine.
+pub fn provision(data: &Path) {
+    use std::io::Write as _;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_rampart"))
+        .args(["keys", "import", "--name", "test-harness", "--data-dir"])
+        .arg(data)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn rampart keys import");
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(admin_key().as_bytes())
+        .expect("write the key");
+    let out = child
+        .wait_with_output()
+        .expect("wait for rampart keys import");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success() || err.contains("already in the store"),
+        "rampart keys import in {}: {err}",
+        data.display()
+    );
+}
+
 /// The environment every test daemon starts with, before a test's own variables: the suite
 /// keeps many sandboxes with 2 GiB sparse disks alive at once, and a CI machine may have only
 /// a few GiB free, so disk quotas are overcommitted; the disk admission test sets `1`.
@@ -121,6 +165,7 @@ pub fn start(data: &Path, port: u16, envs: &[(&str, &str)]) -> Daemon {
         .append(true)
         .open(data.with_extension("log"))
         .unwrap();
+    provision(data);
     let child = Command::new(env!("CARGO_BIN_EXE_rampart"))
         .args([
             "serve",
@@ -152,9 +197,17 @@ pub fn start(data: &Path, port: u16, envs: &[(&str, &str)]) -> Daemon {
 }
 
 /// The builder of [`client`], for a test that needs more of it (e.g. names resolved to the
-/// daemon with `resolve`).
+/// daemon with `resolve`). It sends [`admin_key`] as `Authorization: Bearer` (a request
+/// that sets its own `Authorization` sends that instead).
 pub fn client_builder() -> reqwest::blocking::ClientBuilder {
-    Client::builder().timeout(Duration::from_secs(120))
+    let mut headers = reqwest::header::HeaderMap::new();
+    headers.insert(
+        reqwest::header::AUTHORIZATION,
+        format!("Bearer {}", admin_key()).parse().unwrap(),
+    );
+    Client::builder()
+        .timeout(Duration::from_secs(120))
+        .default_headers(headers)
 }
 
 /// The HTTP client of every test: a generous timeout (a request that waits longer, such as
@@ -307,8 +360,8 @@ read -r _ || true
 # The test process is gone. Sandboxes outlive their daemon by design, so delete any a test
 # left behind (e.g. after an interrupted run) while the daemon still answers.
 if command -v curl >/dev/null 2>&1; then
-  for id in $(curl -s -m 10 "http://$ADDR/v1/sandboxes" | grep -o '"id":"[a-z0-9]*"' | cut -d'"' -f4); do
-    curl -s -m 60 -o /dev/null -X DELETE "http://$ADDR/v1/sandboxes/$id"
+  for id in $(curl -s -m 10 -H "Authorization: Bearer $RAMPART_API_KEY" "http://$ADDR/v1/sandboxes" | grep -o '"id":"[a-z0-9]*"' | cut -d'"' -f4); do
+    curl -s -m 60 -o /dev/null -H "Authorization: Bearer $RAMPART_API_KEY" -X DELETE "http://$ADDR/v1/sandboxes/$id"
   done
 fi
 kill -TERM "$pid" 2>/dev/null
@@ -352,6 +405,7 @@ fn start_shared(name: &str, envs: &[(&str, &str)]) -> Result<Shared, Setup> {
     std::fs::create_dir_all(&data_dir)
         .map_err(|e| Setup::Fail(format!("mkdir {}: {e}", data_dir.display())))?;
     let log = root.join("daemon.log");
+    provision(&data_dir);
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .map_err(|e| Setup::Fail(format!("free port: {e}")))?
@@ -366,6 +420,7 @@ fn start_shared(name: &str, envs: &[(&str, &str)]) -> Result<Shared, Setup> {
         .env("LOG", &log)
         .env("ROOT", &root)
         .env("NAME", name)
+        .env("RAMPART_API_KEY", admin_key())
         .envs(DAEMON_ENV.iter().copied())
         .envs(envs.iter().copied())
         .env(
@@ -581,13 +636,15 @@ impl Api for Shared {
 }
 
 /// Runs the `rampart` binary with `args` against the daemon at `url` (`RAMPART_HOST`, which
-/// is `--host`'s variable), with `stdin` written to its standard input (else an empty one);
-/// waits for it and returns its output.
+/// is `--host`'s variable, with [`admin_key`] as `RAMPART_API_KEY`), with `stdin` written to
+/// its standard input (else an empty one); waits for it and returns its output.
 pub fn cli(url: &str, args: &[&str], stdin: Option<&[u8]>) -> Output {
     use std::io::Write as _;
     let mut child = Command::new(env!("CARGO_BIN_EXE_rampart"))
         .args(args)
         .env("RAMPART_HOST", url)
+        .env("RAMPART_API_KEY", admin_key())
+        .env_remove("RAMPART_SOCKET")
         .stdin(if stdin.is_some() {
             Stdio::piped()
         } else {

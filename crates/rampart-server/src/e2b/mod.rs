@@ -131,7 +131,7 @@ fn open_keys(data_dir: &std::path::Path) -> Result<KeyStore, String> {
 }
 
 /// Writes `text` to a new file of mode 0600 (replacing any old one).
-fn write_secret(path: &std::path::Path, text: &str) -> std::io::Result<()> {
+pub(crate) fn write_secret(path: &std::path::Path, text: &str) -> std::io::Result<()> {
     use std::io::Write as _;
     use std::os::unix::fs::OpenOptionsExt as _;
     let tmp = path.with_extension("tmp");
