@@ -569,6 +569,39 @@ fn raise_open_files_limit() {
     }
 }
 
+/// Tries of [`bind_dns`] for a port the system picks.
+const DNS_BIND_TRIES: usize = 32;
+
+/// The resolver's UDP socket and TCP listener on `ip`, on one port number: `port`, or when
+/// it is 0 one the system picks for UDP that is also free for TCP (the two port spaces are
+/// separate: the UDP port may be a TCP connection's local port), tried again if it is not.
+async fn bind_dns(
+    ip: IpAddr,
+    port: u16,
+) -> Result<(tokio::net::UdpSocket, tokio::net::TcpListener), EgressError> {
+    let mut tries = 0;
+    loop {
+        let u = tokio::net::UdpSocket::bind(SocketAddr::new(ip, port))
+            .await
+            .map_err(|e| EgressError::io(&format!("bind dns udp {ip}:{port}"), e))?;
+        let p = u
+            .local_addr()
+            .map_err(|e| EgressError::io("dns", e))?
+            .port();
+        match tokio::net::TcpListener::bind(SocketAddr::new(ip, p)).await {
+            Ok(t) => return Ok((u, t)),
+            Err(e)
+                if port == 0
+                    && e.kind() == std::io::ErrorKind::AddrInUse
+                    && tries + 1 < DNS_BIND_TRIES =>
+            {
+                tries += 1;
+            }
+            Err(e) => return Err(EgressError::io(&format!("bind dns tcp {ip}:{p}"), e)),
+        }
+    }
+}
+
 impl Egress {
     /// Binds the proxy and the resolver and starts serving (must be called inside a tokio
     /// runtime). Reads the host's addresses and resolvers. Raises the process's soft limit
@@ -632,16 +665,11 @@ impl Egress {
                 .local_addr()
                 .map_err(|e| EgressError::io("proxy", e))?
                 .port();
-            let u = tokio::net::UdpSocket::bind(SocketAddr::new(*ip, dns_port))
-                .await
-                .map_err(|e| EgressError::io(&format!("bind dns udp {ip}:{dns_port}"), e))?;
+            let (u, t) = bind_dns(*ip, dns_port).await?;
             dns_port = u
                 .local_addr()
                 .map_err(|e| EgressError::io("dns", e))?
                 .port();
-            let t = tokio::net::TcpListener::bind(SocketAddr::new(*ip, dns_port))
-                .await
-                .map_err(|e| EgressError::io(&format!("bind dns tcp {ip}:{dns_port}"), e))?;
             bound.push((l, u, t));
         }
         for (l, u, t) in bound {
@@ -1022,5 +1050,28 @@ mod pin_tests {
         );
         assert_eq!(p.pairs, 2);
         assert!(p.names(ip).unwrap().contains_key("fresh.example"));
+    }
+}
+
+#[cfg(test)]
+mod bind_tests {
+    use super::*;
+
+    /// The resolver's UDP and TCP sockets share one port number, picked or given; a given
+    /// port taken for TCP is an error naming TCP (only a picked one is tried again).
+    #[tokio::test]
+    async fn the_resolver_binds_udp_and_tcp_on_one_port() {
+        let lo = IpAddr::V4(Ipv4Addr::LOCALHOST);
+        for _ in 0..50 {
+            let (u, t) = bind_dns(lo, 0).await.unwrap();
+            assert_eq!(
+                u.local_addr().unwrap().port(),
+                t.local_addr().unwrap().port()
+            );
+        }
+        let busy = std::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).unwrap();
+        let port = busy.local_addr().unwrap().port();
+        let e = bind_dns(lo, port).await.unwrap_err().to_string();
+        assert!(e.contains(&format!("bind dns tcp 127.0.0.1:{port}")), "{e}");
     }
 }
