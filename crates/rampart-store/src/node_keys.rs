@@ -306,6 +306,32 @@ impl NodeKeyStore {
     /// A key of the wrong shape is [`KeyCheck::Unknown`] (the caller checks the shape first
     /// to say why).
     pub fn check(&self, key: &str) -> Result<KeyCheck, StoreError> {
+        let checked = self.lookup(key)?;
+        if let KeyCheck::Valid(k) = &checked {
+            if Self::use_due(k) {
+                self.record_use(key)?;
+            }
+        }
+        Ok(checked)
+    }
+
+    /// Whether a valid key's last recorded use is more than a minute old.
+    pub fn use_due(k: &NodeKey) -> bool {
+        k.last_used_at_ms.is_none_or(|t| now_ms() - t > 60_000)
+    }
+
+    /// Records that `key` was used now (a write: callers on an async runtime do it off it).
+    pub fn record_use(&self, key: &str) -> Result<(), StoreError> {
+        self.conn().execute(
+            "UPDATE node_keys SET last_used_at = ?1 WHERE hash = ?2",
+            params![now_ms(), sha256_hex(key.as_bytes())],
+        )?;
+        Ok(())
+    }
+
+    /// [`NodeKeyStore::check`] without recording the use: one read by primary key (under
+    /// WAL it never waits for a writer), cheap enough for a request's own task.
+    pub fn lookup(&self, key: &str) -> Result<KeyCheck, StoreError> {
         if !is_node_key_shaped(key) {
             return Ok(KeyCheck::Unknown);
         }
@@ -327,12 +353,6 @@ impl NodeKeyStore {
         }
         if k.expires_at_ms.is_some_and(|e| e <= now) {
             return Ok(KeyCheck::Expired(k));
-        }
-        if k.last_used_at_ms.is_none_or(|t| now - t > 60_000) {
-            conn.execute(
-                "UPDATE node_keys SET last_used_at = ?1 WHERE hash = ?2",
-                params![now, hash],
-            )?;
         }
         Ok(KeyCheck::Valid(k))
     }
