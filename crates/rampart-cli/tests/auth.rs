@@ -58,36 +58,8 @@ fn start_fresh() -> Fresh {
     let root = std::env::temp_dir().join(format!("rampart-auth-{}", token()));
     let data = root.join("data");
     std::fs::create_dir_all(&data).unwrap();
-    let port = free_port();
-    let log = std::fs::File::create(data.with_extension("log")).unwrap();
-    let child = Command::new(env!("CARGO_BIN_EXE_rampart"))
-        .args([
-            "serve",
-            "--listen",
-            &format!("127.0.0.1:{port}"),
-            "--data-dir",
-        ])
-        .arg(&data)
-        .envs(support::DAEMON_ENV.iter().copied())
-        .stdin(Stdio::null())
-        .stdout(log.try_clone().unwrap())
-        .stderr(log)
-        .spawn()
-        .expect("spawn rampart serve");
-    let daemon = Daemon {
-        child,
-        url: format!("http://127.0.0.1:{port}"),
-        data: data.clone(),
-    };
-    let fresh = Fresh { daemon, root };
-    let plain = reqwest::blocking::Client::new();
-    wait_until("the daemon answers /health", 180, || {
-        plain
-            .get(format!("{}/health", fresh.daemon.url))
-            .send()
-            .is_ok_and(|r| r.status().is_success())
-    });
-    fresh
+    let daemon = support::spawn_daemon(&data, free_port(), &[]);
+    Fresh { daemon, root }
 }
 
 /// What curl got: the status and the body (parsed as JSON when it is).

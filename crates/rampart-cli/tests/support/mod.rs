@@ -160,12 +160,18 @@ pub const DAEMON_ENV: &[(&str, &str)] = &[("RAMPART_DISK_OVERCOMMIT", "1000")];
 /// Starts `rampart serve` on `port` with `data` (log in `<data>.log`), with extra environment
 /// variables, and waits until it answers `/health`.
 pub fn start(data: &Path, port: u16, envs: &[(&str, &str)]) -> Daemon {
+    provision(data);
+    spawn_daemon(data, port, envs)
+}
+
+/// Starts `rampart serve` on `data` and `port` as an operator does, with no key registered
+/// first (its log next to `data`), and waits until `/health` answers.
+pub fn spawn_daemon(data: &Path, port: u16, envs: &[(&str, &str)]) -> Daemon {
     let log = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
         .open(data.with_extension("log"))
         .unwrap();
-    provision(data);
     let child = Command::new(env!("CARGO_BIN_EXE_rampart"))
         .args([
             "serve",
