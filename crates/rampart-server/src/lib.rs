@@ -684,7 +684,7 @@ fn nodelay(
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
 
 /// `GET /health`: the daemon answers.
-#[utoipa::path(get, path = "/health", tag = "daemon",
+#[utoipa::path(get, path = "/health", tag = "daemon", security(()),
     responses((status = 200, description = "The daemon serves requests", body = Health)))]
 pub(crate) async fn health() -> Json<Health> {
     Json(Health {

@@ -112,9 +112,37 @@ use utoipa::OpenApi;
         (name = "ports", description = "Servers inside a sandbox, reached through the daemon"),
         (name = "persistence", description = "Snapshots, fork, volumes (docs/persistence.md)"),
         (name = "daemon", description = "Health and metrics"),
-    )
+    ),
+    modifiers(&Security),
+    security(("bearer" = []), ("api_key" = [])),
 )]
 struct ApiDoc;
+
+/// The two ways a TCP caller gives its key (docs/api.md, Authentication); `/health` needs
+/// neither, and the daemon's Unix socket identifies its caller instead.
+struct Security;
+
+impl utoipa::Modify for Security {
+    fn modify(&self, doc: &mut utoipa::openapi::OpenApi) {
+        use utoipa::openapi::security::{
+            ApiKey, ApiKeyValue, HttpAuthScheme, HttpBuilder, SecurityScheme,
+        };
+        let c = doc.components.get_or_insert_with(Default::default);
+        c.add_security_scheme(
+            "bearer",
+            SecurityScheme::Http(
+                HttpBuilder::new()
+                    .scheme(HttpAuthScheme::Bearer)
+                    .bearer_format("rampart_ and 40 lowercase hex digits")
+                    .build(),
+            ),
+        );
+        c.add_security_scheme(
+            "api_key",
+            SecurityScheme::ApiKey(ApiKey::Header(ApiKeyValue::new("X-API-Key"))),
+        );
+    }
+}
 
 /// The OpenAPI document of the API.
 pub fn openapi() -> utoipa::openapi::OpenApi {

@@ -279,6 +279,20 @@ async fn openapi_lists_every_path() {
             "openapi lacks schema {s}"
         );
     }
+    // How to authenticate: a bearer key or X-API-Key everywhere but /health.
+    let schemes = &v["components"]["securitySchemes"];
+    assert_eq!(schemes["bearer"]["scheme"], "bearer", "{schemes}");
+    assert_eq!(schemes["api_key"]["name"], "X-API-Key", "{schemes}");
+    assert_eq!(
+        v["security"].as_array().map(Vec::len),
+        Some(2),
+        "{}",
+        v["security"]
+    );
+    assert_eq!(
+        v["paths"]["/health"]["get"]["security"],
+        serde_json::json!([{}])
+    );
 }
 
 #[tokio::test]
