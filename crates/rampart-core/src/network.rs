@@ -86,7 +86,6 @@ pub(crate) struct Network {
 pub(crate) struct Prepared {
     handle: NetHandle,
     attachment: Attachment,
-    with_ca: bool,
 }
 
 impl Prepared {
@@ -99,7 +98,7 @@ impl Prepared {
     /// trust store is.
     pub(crate) fn env(&self) -> Vec<(String, String)> {
         let mut env = self.attachment.env.clone();
-        if self.with_ca {
+        if self.ca_pem().is_some() {
             for k in ["SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE"] {
                 env.push((k.into(), CA_BUNDLE.into()));
             }
@@ -283,12 +282,8 @@ impl Network {
             )
             .map_err(|e| CoreError::Internal(format!("attaching to the egress proxy: {e}")))?;
         debug!(id = %id, attach_us = t0.elapsed().as_micros() as u64, "attached to the egress proxy");
-        Ok(Prepared {
-            handle,
-            // The egress makes the CA only for a sandbox with secrets.
-            with_ca: attachment.ca_cert_pem.is_some(),
-            attachment,
-        })
+        // (The egress makes the CA only for a sandbox with secrets.)
+        Ok(Prepared { handle, attachment })
     }
 
     /// Wires the sandbox's network namespace (its PID 1 is `pid`).
