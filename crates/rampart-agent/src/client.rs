@@ -1228,15 +1228,7 @@ mod tests {
             "the second reused the first"
         );
         // An answer dropped before its end closes its connection: the next call opens one.
-        let (mut tx, rx) =
-            futures::channel::mpsc::channel::<Result<Frame<Bytes>, std::io::Error>>(1);
-        let req = Request::post("/echo")
-            .header("host", "agent")
-            .body(StreamBody::new(rx))
-            .unwrap();
-        futures::SinkExt::send(&mut tx, Ok(Frame::data(Bytes::from_static(b"x"))))
-            .await
-            .unwrap();
+        let (_tx, req) = streamed_echo(b"x").await;
         let resp = c.forward(req).await.unwrap();
         drop(resp);
         let resp = c.forward(post("/echo", b"three")).await.unwrap();
@@ -1245,20 +1237,29 @@ mod tests {
         assert_eq!(accepted.load(Ordering::SeqCst), 2);
     }
 
+    /// Channel of a streamed body, already holding `first`.
+    type BodyTx = futures::channel::mpsc::Sender<Result<Frame<Bytes>, std::io::Error>>;
+    type BodyRx = futures::channel::mpsc::Receiver<Result<Frame<Bytes>, std::io::Error>>;
+
+    /// A `POST /echo` whose body streams from the returned sender, `first` already sent.
+    async fn streamed_echo(first: &'static [u8]) -> (BodyTx, Request<StreamBody<BodyRx>>) {
+        let (mut tx, rx) = futures::channel::mpsc::channel(1);
+        let req = Request::post("/echo")
+            .header("host", "agent")
+            .body(StreamBody::new(rx))
+            .unwrap();
+        futures::SinkExt::send(&mut tx, Ok(Frame::data(Bytes::from_static(first))))
+            .await
+            .unwrap();
+        (tx, req)
+    }
+
     #[tokio::test]
     async fn forward_streams_a_request_body_written_after_the_answer_came() {
         let dir = tempfile::tempdir().unwrap();
         let (sock, _) = server(dir.path()).await;
         let c = AgentClient::new(sock);
-        let (mut tx, rx) =
-            futures::channel::mpsc::channel::<Result<Frame<Bytes>, std::io::Error>>(1);
-        let req = Request::post("/echo")
-            .header("host", "agent")
-            .body(StreamBody::new(rx))
-            .unwrap();
-        futures::SinkExt::send(&mut tx, Ok(Frame::data(Bytes::from_static(b"first"))))
-            .await
-            .unwrap();
+        let (mut tx, req) = streamed_echo(b"first").await;
         let mut body = c.forward(req).await.unwrap().into_body();
         let f = body.frame().await.unwrap().unwrap().into_data().unwrap();
         assert_eq!(&f[..], b"first");
