@@ -246,6 +246,12 @@ impl NodeKey {
         self.public_key().key_id()
     }
 
+    /// Signs `message` (which starts with its own domain string); the signature in hex.
+    pub fn sign_hex(&self, message: &[u8]) -> String {
+        let sig = self.signing.sign(message);
+        sig.to_bytes().iter().map(|b| format!("{b:02x}")).collect()
+    }
+
     /// Signs a tree head of `tree_size` leaves with root `root_hash` at `timestamp` (an
     /// audit timestamp, see [`crate::now`]).
     pub fn sign_tree_head(
@@ -324,6 +330,11 @@ impl SignedTreeHead {
         }
         Ok(())
     }
+}
+
+/// Whether `sig_hex` (128 hex digits) is `key`'s strict Ed25519 signature over `message`.
+pub fn verify_hex(key: &PublicKey, message: &[u8], sig_hex: &str) -> bool {
+    parse_signature(sig_hex).is_some_and(|s| key.verify(message, &s))
 }
 
 fn parse_signature(hex: &str) -> Option<Signature> {

@@ -63,6 +63,7 @@ pub mod hash;
 pub mod key;
 pub mod merkle;
 pub mod report;
+pub mod usage;
 
 pub use bundle::{referenced_blobs, verify_bundle, Anchor, Bundle, BUNDLE_FORMAT};
 pub use canonical::EncodeError;

@@ -1313,6 +1313,7 @@ mod tests {
                     on_timeout: Default::default(),
                     network: None,
                     request: None,
+                    tenant: None,
                 },
                 10,
                 10,

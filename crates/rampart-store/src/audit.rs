@@ -158,6 +158,26 @@ fn key_range(num: i64) -> (i64, i64) {
     (lo, lo | ((1i64 << SEQ_BITS) - 1))
 }
 
+/// How many `exec` events the store holds for `sandbox` (events still in the daemon's
+/// journal are counted once flushed).
+pub(crate) fn exec_count(conn: &Connection, sandbox: &str) -> Result<u64, StoreError> {
+    let Some(num) = conn
+        .prepare_cached("SELECT num FROM audit_chains WHERE sandbox = ?1")?
+        .query_row([sandbox], |r| r.get::<_, i64>(0))
+        .optional()?
+    else {
+        return Ok(0);
+    };
+    let (lo, hi) = key_range(num);
+    let n: i64 = conn
+        .prepare_cached(
+            "SELECT COUNT(*) FROM audit_log WHERE key BETWEEN ?1 AND ?2 \
+             AND json_extract(event, '$.body.type') = 'exec'",
+        )?
+        .query_row(params![lo, hi], |r| r.get(0))?;
+    Ok(n.max(0) as u64)
+}
+
 pub(crate) fn insert_event(conn: &Connection, e: &NewEvent) -> Result<(), StoreError> {
     insert(conn, e, false)
 }
@@ -408,6 +428,7 @@ mod tests {
                 on_timeout: Default::default(),
                 network: None,
                 request: None,
+                tenant: None,
             },
             10,
             10,

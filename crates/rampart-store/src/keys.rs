@@ -42,6 +42,8 @@ pub struct KeyInfo {
     pub created_at_ms: i64,
     /// Last successful use, unix ms (updated at most once a minute).
     pub last_used_at_ms: Option<i64>,
+    /// The tenant (E2B's team) it belongs to; none: the node's own, which sees everything.
+    pub tenant: Option<String>,
 }
 
 /// Whether `key` has the shape of an API key (`e2b_` + 40 lowercase hex digits).
@@ -80,27 +82,52 @@ pub struct KeyStore {
     conn: Mutex<Connection>,
 }
 
+/// Adds the `tenant` column to a table made before tenants existed.
+fn add_tenant_column(conn: &Mutex<Connection>) -> Result<(), StoreError> {
+    let c = side::lock(conn);
+    let has: i64 = c.query_row(
+        "SELECT COUNT(*) FROM pragma_table_info('api_keys') WHERE name = 'tenant'",
+        [],
+        |r| r.get(0),
+    )?;
+    if has == 0 {
+        c.execute_batch("ALTER TABLE api_keys ADD COLUMN tenant TEXT")?;
+    }
+    Ok(())
+}
+
 impl KeyStore {
     /// Opens the database at `path` (the daemon's `state.db`), creating the tables if needed.
     pub fn open(path: &Path) -> Result<KeyStore, StoreError> {
-        Ok(KeyStore {
-            conn: side::open(path, MIGRATION)?,
-        })
+        let conn = side::open(path, MIGRATION)?;
+        add_tenant_column(&conn)?;
+        Ok(KeyStore { conn })
     }
 
     /// An in-memory store (tests).
     pub fn open_in_memory() -> Result<KeyStore, StoreError> {
-        Ok(KeyStore {
-            conn: side::open_in_memory(MIGRATION)?,
-        })
+        let conn = side::open_in_memory(MIGRATION)?;
+        add_tenant_column(&conn)?;
+        Ok(KeyStore { conn })
     }
 
     fn conn(&self) -> MutexGuard<'_, Connection> {
         side::lock(&self.conn)
     }
 
-    /// Makes a new key named `name`; returns its listing and the key itself (shown only now).
+    /// Makes a new key named `name` of the node; returns its listing and the key itself
+    /// (shown only now).
     pub fn create_key(&self, name: &str) -> Result<(KeyInfo, String), StoreError> {
+        self.create_tenant_key(name, None)
+    }
+
+    /// Makes a new key named `name` of `tenant` (the caller checked that it exists; none:
+    /// the node's own).
+    pub fn create_tenant_key(
+        &self,
+        name: &str,
+        tenant: Option<&str>,
+    ) -> Result<(KeyInfo, String), StoreError> {
         let key = format!("{KEY_PREFIX}{}", random_hex(KEY_HEX_LEN / 2));
         let hash = sha256_hex(key.as_bytes());
         let info = KeyInfo {
@@ -109,10 +136,19 @@ impl KeyStore {
             hint: format!("{}…", &key[..KEY_PREFIX.len() + 6]),
             created_at_ms: now_ms(),
             last_used_at_ms: None,
+            tenant: tenant.map(str::to_owned),
         };
         self.conn().execute(
-            "INSERT INTO api_keys (id, hash, name, hint, created_at) VALUES (?1, ?2, ?3, ?4, ?5)",
-            params![info.id, hash, info.name, info.hint, info.created_at_ms],
+            "INSERT INTO api_keys (id, hash, name, hint, created_at, tenant) \
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+            params![
+                info.id,
+                hash,
+                info.name,
+                info.hint,
+                info.created_at_ms,
+                info.tenant
+            ],
         )?;
         Ok((info, key))
     }
@@ -121,7 +157,8 @@ impl KeyStore {
     pub fn list_keys(&self) -> Result<Vec<KeyInfo>, StoreError> {
         let conn = self.conn();
         let mut st = conn.prepare(
-            "SELECT id, name, hint, created_at, last_used_at FROM api_keys ORDER BY created_at, id",
+            "SELECT id, name, hint, created_at, last_used_at, tenant FROM api_keys \
+             ORDER BY created_at, id",
         )?;
         let rows = st.query_map([], |r| {
             Ok(KeyInfo {
@@ -130,6 +167,7 @@ impl KeyStore {
                 hint: r.get(2)?,
                 created_at_ms: r.get(3)?,
                 last_used_at_ms: r.get(4)?,
+                tenant: r.get(5)?,
             })
         })?;
         Ok(rows.collect::<Result<Vec<_>, _>>()?)
@@ -147,29 +185,44 @@ impl KeyStore {
 
     /// Whether `key` is a current key. Records the use (at most once a minute per key).
     pub fn check_key(&self, key: &str) -> Result<bool, StoreError> {
+        Ok(self.lookup(key)?.is_some())
+    }
+
+    /// The current key `key`, if it is one. Records the use (at most once a minute per key).
+    pub fn lookup(&self, key: &str) -> Result<Option<KeyInfo>, StoreError> {
         if !is_key_shaped(key) {
-            return Ok(false);
+            return Ok(None);
         }
         let hash = sha256_hex(key.as_bytes());
         let conn = self.conn();
-        let last: Option<Option<i64>> = conn
+        let info = conn
             .query_row(
-                "SELECT last_used_at FROM api_keys WHERE hash = ?1",
+                "SELECT id, name, hint, created_at, last_used_at, tenant FROM api_keys \
+                 WHERE hash = ?1",
                 params![hash],
-                |r| r.get(0),
+                |r| {
+                    Ok(KeyInfo {
+                        id: r.get(0)?,
+                        name: r.get(1)?,
+                        hint: r.get(2)?,
+                        created_at_ms: r.get(3)?,
+                        last_used_at_ms: r.get(4)?,
+                        tenant: r.get(5)?,
+                    })
+                },
             )
             .optional()?;
-        let Some(last) = last else {
-            return Ok(false);
+        let Some(info) = info else {
+            return Ok(None);
         };
         let now = now_ms();
-        if last.is_none_or(|t| now - t > 60_000) {
+        if info.last_used_at_ms.is_none_or(|t| now - t > 60_000) {
             conn.execute(
                 "UPDATE api_keys SET last_used_at = ?1 WHERE hash = ?2",
                 params![now, hash],
             )?;
         }
-        Ok(true)
+        Ok(Some(info))
     }
 
     /// Number of keys.

@@ -19,6 +19,7 @@ pub mod node_keys;
 pub mod persist;
 pub mod secrets;
 mod side;
+pub mod tenants;
 mod wal;
 
 pub use audit::{LeafRow, NewEvent, StoredEvent, TreeHeadRow};
@@ -71,6 +72,12 @@ pub enum StoreError {
     /// No sandbox with this id.
     #[error("sandbox {0} not found")]
     NotFound(String),
+    /// A tenant's quota would be passed.
+    #[error("{0}")]
+    Quota(rampart_types::tenant::QuotaRefusal),
+    /// The tenant named does not exist (removed while its key was in use).
+    #[error("tenant {0} does not exist")]
+    NoTenant(String),
     /// A thread of the store could not be started.
     #[error("starting a store thread: {0}")]
     Thread(std::io::Error),
@@ -164,6 +171,8 @@ pub struct SandboxRecord {
     pub reason: Option<String>,
     /// What the reaper does at the deadline.
     pub on_timeout: OnTimeout,
+    /// The tenant it belongs to (none: the node's own).
+    pub tenant: Option<String>,
 }
 
 /// What [`SandboxStore::insert_creating`] records.
@@ -193,6 +202,9 @@ pub struct NewSandbox {
     pub network: Option<StoredNetwork>,
     /// Its create request as kept for fork (see [`persist`]).
     pub request: Option<String>,
+    /// The tenant it belongs to (none: the node's own); its quotas are checked in the
+    /// insert's transaction.
+    pub tenant: Option<String>,
 }
 
 /// The sandbox state interface. Implementations are shared between threads.
@@ -320,10 +332,39 @@ pub trait SandboxStore: Send + Sync + std::fmt::Debug {
     ) -> Result<(), StoreError>;
     /// A sandbox's network policy and secrets, if it has a network.
     fn network(&self, id: &SandboxId) -> Result<Option<StoredNetwork>, StoreError>;
+
+    /// Checks that moving sandbox `id` to `to` (paused, or running again) keeps its tenant
+    /// within its quotas (`max_paused`, `max_sandboxes`, `max_vcpus`); a sandbox of no
+    /// tenant always may.
+    fn admit_transition(&self, id: &SandboxId, to: SandboxState) -> Result<(), StoreError>;
+    /// Records the final usage figures of a sandbox that ended (or is ending) at `at_ms`.
+    fn finish_usage(
+        &self,
+        id: &SandboxId,
+        at_ms: i64,
+        usage: &tenants::FinalUsage,
+    ) -> Result<(), StoreError>;
+    /// Usage rows of the sandboxes of `tenant` (every sandbox when None) alive at some time
+    /// in `[from_ms, to_ms)`, oldest first, with each one's count of `exec` events.
+    fn usage_between(
+        &self,
+        tenant: Option<&str>,
+        from_ms: i64,
+        to_ms: i64,
+    ) -> Result<Vec<(tenants::UsageRow, u64)>, StoreError>;
+    /// Appends entries to the node's change log.
+    fn append_changes(&self, changes: &[tenants::Change]) -> Result<(), StoreError>;
+    /// Change log entries with `seq > after` (of `tenant` when given), at most `limit`.
+    fn changes(
+        &self,
+        tenant: Option<&str>,
+        after: i64,
+        limit: usize,
+    ) -> Result<Vec<tenants::Change>, StoreError>;
 }
 
 /// The current schema version.
-pub const SCHEMA_VERSION: i64 = 6;
+pub const SCHEMA_VERSION: i64 = 7;
 
 const ALIVE_SQL: &str = "('creating','running','paused','stopping')";
 
@@ -363,6 +404,7 @@ const MIGRATIONS: &[(i64, &str)] = &[
     // Snapshots, volumes, create requests (`persist`; idempotent, also run at its open).
     (5, persist::MIGRATION),
     (6, network::MIGRATION_6),
+    (7, tenants::MIGRATION_7),
 ];
 
 /// The SQLite implementation of [`SandboxStore`].
@@ -482,7 +524,7 @@ pub fn lowest_free_slot(taken: &[u32], slots: u32) -> Option<u32> {
 }
 
 const COLUMNS: &str = "id, template, state, limits, env, metadata, uid_slot, pid, pid_start_time, \
-                       agent_socket, created_at, expires_at, ended_at, reason, on_timeout";
+                       agent_socket, created_at, expires_at, ended_at, reason, on_timeout, tenant";
 
 fn corrupt(id: &str, detail: impl std::fmt::Display) -> StoreError {
     StoreError::Corrupt {
@@ -508,6 +550,7 @@ struct RawRow {
     ended_at: Option<i64>,
     reason: Option<String>,
     on_timeout: String,
+    tenant: Option<String>,
 }
 
 fn raw_row(r: &Row<'_>) -> rusqlite::Result<RawRow> {
@@ -527,6 +570,7 @@ fn raw_row(r: &Row<'_>) -> rusqlite::Result<RawRow> {
         ended_at: r.get(12)?,
         reason: r.get(13)?,
         on_timeout: r.get(14)?,
+        tenant: r.get(15)?,
     })
 }
 
@@ -565,6 +609,7 @@ impl RawRow {
                     format!("unknown on_timeout {:?}", self.on_timeout),
                 )
             })?,
+            tenant: self.tenant,
         })
     }
 }
@@ -612,11 +657,14 @@ impl SandboxStore for SqliteStore {
             });
         }
         let slot = lowest_free_slot(&taken, slots).ok_or(StoreError::NoFreeSlot { slots })?;
+        if let Some(t) = &new.tenant {
+            tenants::admit(&tx, t, &tenants::Demand::sandbox(&new.limits))?;
+        }
         let res = tx
             .prepare_cached(
                 "INSERT INTO sandboxes (id, template, state, limits, env, metadata, uid_slot, \
-                 created_at, expires_at, on_timeout) \
-                 VALUES (?1, ?2, 'creating', ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
+                 created_at, expires_at, on_timeout, tenant) \
+                 VALUES (?1, ?2, 'creating', ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
             )?
             .execute(params![
                 new.id.as_str(),
@@ -627,7 +675,8 @@ impl SandboxStore for SqliteStore {
                 slot,
                 new.created_at_ms,
                 new.expires_at_ms,
-                new.on_timeout.as_str()
+                new.on_timeout.as_str(),
+                new.tenant
             ]);
         match res {
             Ok(_) => {}
@@ -648,6 +697,14 @@ impl SandboxStore for SqliteStore {
         if let Some(r) = &new.request {
             persist::insert_request(&tx, new.id.as_str(), r)?;
         }
+        tenants::insert_usage(
+            &tx,
+            new.id.as_str(),
+            new.tenant.as_deref(),
+            &new.template,
+            &limits,
+            new.created_at_ms,
+        )?;
         tx.commit()?;
         Ok(slot)
     }
@@ -730,10 +787,17 @@ impl SandboxStore for SqliteStore {
             )?
             .execute(params![id.as_str(), state.as_str(), ended_at_ms, reason])?;
         changed(n, id)?;
+        let now = ended_at_ms.unwrap_or_else(now_ms);
+        match state {
+            SandboxState::Paused => tenants::usage_paused(&tx, id.as_str(), true, now)?,
+            SandboxState::Running => tenants::usage_paused(&tx, id.as_str(), false, now)?,
+            _ => {}
+        }
         if !state.is_alive() {
             // An ended sandbox's tokens (its own and its E2B one) open nothing any more, and
             // its E2B facts go, whatever ended it.
             access::forget_in(&tx, id.as_str())?;
+            tenants::finish_usage(&tx, id.as_str(), now, &tenants::FinalUsage::default())?;
         }
         if let Some(e) = event {
             audit::insert_event(&tx, e)?;
@@ -841,6 +905,68 @@ impl SandboxStore for SqliteStore {
         network::get(&self.lock(), id)
     }
 
+    fn admit_transition(&self, id: &SandboxId, to: SandboxState) -> Result<(), StoreError> {
+        let Some(rec) = self.get(id)? else {
+            return Err(StoreError::NotFound(id.to_string()));
+        };
+        let Some(t) = &rec.tenant else {
+            return Ok(());
+        };
+        let demand = match (rec.state, to) {
+            (SandboxState::Running, SandboxState::Paused) => tenants::Demand {
+                paused: 1,
+                ..tenants::Demand::default()
+            },
+            (SandboxState::Paused, SandboxState::Running) => tenants::Demand {
+                sandboxes: 1,
+                vcpus: rec.limits.cpus,
+                ..tenants::Demand::default()
+            },
+            _ => return Ok(()),
+        };
+        tenants::admit(&self.lock(), t, &demand)
+    }
+
+    fn finish_usage(
+        &self,
+        id: &SandboxId,
+        at_ms: i64,
+        usage: &tenants::FinalUsage,
+    ) -> Result<(), StoreError> {
+        tenants::finish_usage(&self.lock(), id.as_str(), at_ms, usage)
+    }
+
+    fn usage_between(
+        &self,
+        tenant: Option<&str>,
+        from_ms: i64,
+        to_ms: i64,
+    ) -> Result<Vec<(tenants::UsageRow, u64)>, StoreError> {
+        let conn = self.lock();
+        let rows = tenants::usage_between(&conn, tenant, from_ms, to_ms)?;
+        let mut out = Vec::with_capacity(rows.len());
+        for r in rows {
+            let n = audit::exec_count(&conn, &r.sandbox)?;
+            out.push((r, n));
+        }
+        Ok(out)
+    }
+
+    fn append_changes(&self, changes: &[tenants::Change]) -> Result<(), StoreError> {
+        let r = tenants::append_changes(&mut self.lock(), changes);
+        self.committed();
+        r
+    }
+
+    fn changes(
+        &self,
+        tenant: Option<&str>,
+        after: i64,
+        limit: usize,
+    ) -> Result<Vec<tenants::Change>, StoreError> {
+        tenants::changes(&self.lock(), tenant, after, limit)
+    }
+
     fn get(&self, id: &SandboxId) -> Result<Option<SandboxRecord>, StoreError> {
         let conn = self.lock();
         let raw = conn
@@ -946,7 +1072,132 @@ mod tests {
             on_timeout: OnTimeout::Destroy,
             network: None,
             request: None,
+            tenant: None,
         }
+    }
+
+    /// A tenant's quotas are checked in the insert's transaction: from several threads on
+    /// one database file, exactly as many creates as the quota allows pass, and each refusal
+    /// names the limit, the use and the most.
+    #[test]
+    fn tenant_quotas_hold_under_concurrent_creates() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = dir.path().join("state.db");
+        let store = Arc::new(SqliteStore::open(&db).unwrap());
+        let tenants = tenants::TenantStore::open(&db).unwrap();
+        tenants
+            .create(
+                "acme",
+                &rampart_types::tenant::Quotas {
+                    max_sandboxes: Some(3),
+                    max_paused: Some(1),
+                    ..Default::default()
+                },
+            )
+            .unwrap();
+        let handles: Vec<_> = (0..8)
+            .map(|_| {
+                let store = store.clone();
+                std::thread::spawn(move || {
+                    let mut n = new("n1", &[]);
+                    n.id = SandboxId::generate();
+                    n.tenant = Some("acme".into());
+                    store.insert_creating(&n, 100, 100)
+                })
+            })
+            .collect();
+        let results: Vec<_> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+        assert_eq!(results.iter().filter(|r| r.is_ok()).count(), 3);
+        for r in results.iter().filter_map(|r| r.as_ref().err()) {
+            match r {
+                StoreError::Quota(q) => {
+                    assert_eq!(q.limit, "max_sandboxes");
+                    assert_eq!((q.used, q.max), (3.0, 3.0));
+                }
+                other => panic!("{other}"),
+            }
+        }
+        // Refused creates wrote nothing; another tenant (and the node) are not limited.
+        assert_eq!(store.alive().unwrap().len(), 3);
+        let mut other = new("n1", &[]);
+        other.id = SandboxId::generate();
+        other.tenant = None;
+        store.insert_creating(&other, 100, 100).unwrap();
+        let mut gone = new("n1", &[]);
+        gone.id = SandboxId::generate();
+        gone.tenant = Some("nosuch".into());
+        assert!(matches!(
+            store.insert_creating(&gone, 100, 100),
+            Err(StoreError::NoTenant(_))
+        ));
+        // Paused ones are counted apart: one may be paused, which frees a running place.
+        let ids: Vec<SandboxId> = store
+            .alive()
+            .unwrap()
+            .into_iter()
+            .filter(|r| r.tenant.as_deref() == Some("acme"))
+            .map(|r| r.id)
+            .collect();
+        for id in &ids {
+            store
+                .set_state(id, SandboxState::Running, None, None)
+                .unwrap();
+        }
+        store
+            .admit_transition(&ids[0], SandboxState::Paused)
+            .unwrap();
+        store
+            .set_state(&ids[0], SandboxState::Paused, None, None)
+            .unwrap();
+        assert!(matches!(
+            store.admit_transition(&ids[1], SandboxState::Paused),
+            Err(StoreError::Quota(q)) if q.limit == "max_paused"
+        ));
+        let mut fourth = new("n1", &[]);
+        fourth.id = SandboxId::generate();
+        fourth.tenant = Some("acme".into());
+        store.insert_creating(&fourth, 100, 100).unwrap();
+        assert!(matches!(
+            store.admit_transition(&ids[0], SandboxState::Running),
+            Err(StoreError::Quota(q)) if q.limit == "max_sandboxes"
+        ));
+        assert_eq!(tenants.holdings("acme").unwrap().sandboxes, 3);
+        assert_eq!(tenants.holdings("acme").unwrap().paused, 1);
+        // Usage rows: one per create that passed, ended with the sandbox.
+        store
+            .finish_usage(
+                &ids[1],
+                now_ms(),
+                &tenants::FinalUsage {
+                    cpu_usec: 3_000_000,
+                    memory_peak_bytes: 1 << 20,
+                    egress_bytes: 10,
+                },
+            )
+            .unwrap();
+        store
+            .set_state(&ids[1], SandboxState::Destroyed, Some(now_ms()), None)
+            .unwrap();
+        let rows = store.usage_between(Some("acme"), 0, i64::MAX).unwrap();
+        assert_eq!(rows.len(), 4);
+        let ended = rows
+            .iter()
+            .find(|(r, _)| r.sandbox == ids[1].as_str())
+            .unwrap();
+        assert_eq!(ended.0.cpu_usec, 3_000_000);
+        assert!(ended.0.ended_at_ms.is_some());
+        let paused = rows
+            .iter()
+            .find(|(r, _)| r.sandbox == ids[0].as_str())
+            .unwrap();
+        assert!(paused.0.paused_at_ms.is_some());
+        assert_eq!(
+            store
+                .usage_between(Some("other"), 0, i64::MAX)
+                .unwrap()
+                .len(),
+            0
+        );
     }
 
     /// A create is one insert: its network, expiry action and kept request go in the same

@@ -5,10 +5,10 @@
 //! imported). A key is checked by looking its digest up (never by comparing the plain key),
 //! so the check does not leak how much of a guess was right.
 //!
-//! The table is made for what comes next: each key has a `tenant` (none yet: the node's own)
-//! and `scopes` (today only `admin` is given and checked), an optional expiry and a
-//! revocation time. Revoking keeps the row, so a revoked key answers "revoked" rather than
-//! "unknown" and is never imported again. The table lives in the daemon's `state.db`;
+//! Each key acts for a `tenant` (none: the node's own, which sees every tenant) with
+//! `scopes` ([`KNOWN_SCOPES`]; a tenant's key may not have `admin`), and may have an expiry.
+//! Revoking keeps the row, so a revoked key answers "revoked" rather than "unknown" and is
+//! never imported again. The table lives in the daemon's `state.db`;
 //! [`NodeKeyStore`] creates it if it is missing, like the other side stores.
 
 use crate::keys::{random_hex, sha256_hex};
@@ -23,8 +23,29 @@ pub const NODE_KEY_PREFIX: &str = "rampart_";
 pub const NODE_KEY_HEX_LEN: usize = 40;
 /// The scope of the node's administrator: everything.
 pub const SCOPE_ADMIN: &str = "admin";
-/// Scopes a key may be given today.
-pub const KNOWN_SCOPES: &[&str] = &[SCOPE_ADMIN];
+/// Every scope a key may be given: `sandboxes` (create, list, destroy, pause, snapshots,
+/// fork, volumes, ports), `exec`, `files`, `network`, `secrets`, `templates`, `audit`,
+/// `approve`, and `admin` (everything, every tenant, tenants and keys).
+pub const KNOWN_SCOPES: &[&str] = &[
+    "sandboxes",
+    "exec",
+    "files",
+    "network",
+    "secrets",
+    "templates",
+    "audit",
+    "approve",
+    SCOPE_ADMIN,
+];
+
+/// The scopes of a tenant's key when none are asked for: everything but `admin`.
+pub fn default_tenant_scopes() -> Vec<String> {
+    KNOWN_SCOPES
+        .iter()
+        .filter(|s| **s != SCOPE_ADMIN)
+        .map(|s| (*s).to_owned())
+        .collect()
+}
 
 /// The table of this module; idempotent.
 const MIGRATION: &str = "CREATE TABLE IF NOT EXISTS node_keys (
@@ -85,7 +106,7 @@ pub struct NodeKey {
     pub name: String,
     /// The key's first characters, to tell keys apart (`rampart_1a2b3c…`).
     pub hint: String,
-    /// The tenant the key belongs to; none: the node's own (the only kind today).
+    /// The tenant the key acts for; none: the node's own.
     pub tenant: Option<String>,
     /// What the key may do (`admin`: everything).
     pub scopes: Vec<String>,
@@ -131,6 +152,8 @@ pub struct NewKey {
     pub name: String,
     /// Its scopes (at least one; each of [`KNOWN_SCOPES`]).
     pub scopes: Vec<String>,
+    /// The tenant it acts for (the caller checked that it exists); none: the node's own.
+    pub tenant: Option<String>,
     /// When it stops working, unix ms.
     pub expires_at_ms: Option<i64>,
 }
@@ -144,6 +167,9 @@ pub enum NewKeyError {
     /// No scope at all.
     #[error("a key needs at least one scope")]
     NoScope,
+    /// A tenant's key with the node's `admin` scope.
+    #[error("a tenant's key cannot have the `admin` scope (it is the node administrator's)")]
+    TenantAdmin,
     /// An expiry in the past.
     #[error("the expiry is in the past")]
     Expired,
@@ -242,6 +268,9 @@ impl NodeKeyStore {
         {
             return Err(NewKeyError::UnknownScope(s.clone()));
         }
+        if new.tenant.is_some() && new.scopes.iter().any(|s| s == SCOPE_ADMIN) {
+            return Err(NewKeyError::TenantAdmin);
+        }
         let now = now_ms();
         if new.expires_at_ms.is_some_and(|e| e <= now) {
             return Err(NewKeyError::Expired);
@@ -254,7 +283,7 @@ impl NodeKeyStore {
             id: hash[..12].to_owned(),
             name: new.name.clone(),
             hint: format!("{}…", &key[..NODE_KEY_PREFIX.len() + 6]),
-            tenant: None,
+            tenant: new.tenant.clone(),
             scopes,
             created_at_ms: now,
             expires_at_ms: new.expires_at_ms,
@@ -264,7 +293,7 @@ impl NodeKeyStore {
         self.conn()
             .execute(
                 "INSERT INTO node_keys (id, hash, name, hint, tenant, scopes, created_at, \
-                 expires_at) VALUES (?1, ?2, ?3, ?4, NULL, ?5, ?6, ?7)",
+                 expires_at) VALUES (?1, ?2, ?3, ?4, ?8, ?5, ?6, ?7)",
                 params![
                     info.id,
                     hash,
@@ -272,7 +301,8 @@ impl NodeKeyStore {
                     info.hint,
                     scopes_text(&info.scopes),
                     info.created_at_ms,
-                    info.expires_at_ms
+                    info.expires_at_ms,
+                    info.tenant
                 ],
             )
             .map_err(StoreError::from)?;
@@ -376,7 +406,28 @@ mod tests {
             name: "a".into(),
             scopes: vec![SCOPE_ADMIN.into()],
             expires_at_ms: None,
+            tenant: None,
         }
+    }
+
+    #[test]
+    fn tenant_keys_have_tenant_scopes_only() {
+        let s = NodeKeyStore::open_in_memory().unwrap();
+        let mut k = admin();
+        k.tenant = Some("acme".into());
+        assert!(matches!(s.create(&k), Err(NewKeyError::TenantAdmin)));
+        k.scopes = default_tenant_scopes();
+        let (info, key) = s.create(&k).unwrap();
+        assert_eq!(info.tenant.as_deref(), Some("acme"));
+        assert!(!info.scopes.iter().any(|s| s == SCOPE_ADMIN));
+        assert!(info.has_scope("exec") && !info.has_scope(SCOPE_ADMIN));
+        match s.check(&key).unwrap() {
+            KeyCheck::Valid(v) => assert_eq!(v.tenant.as_deref(), Some("acme")),
+            other => panic!("{other:?}"),
+        }
+        k.scopes = vec!["root".into()];
+        assert!(matches!(s.create(&k), Err(NewKeyError::UnknownScope(_))));
+        assert!(!s.has_active_admin().unwrap());
     }
 
     #[test]

@@ -14,6 +14,7 @@ pub mod persist;
 pub mod ports;
 pub mod sandbox;
 pub mod template;
+pub mod tenant;
 
 pub use exec::{ExecEvent, ExecRequest, ExecResult, OutputBytes};
 pub use files::{FileEntry, FileList, FileType, FileWatchEvent, Health, MakeDir, MoveFile};
