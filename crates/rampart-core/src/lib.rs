@@ -20,6 +20,7 @@ mod metrics;
 mod namespace;
 mod network;
 pub mod persist;
+pub mod principal;
 mod proc;
 mod sandbox;
 mod secrets;
@@ -32,7 +33,8 @@ pub use audit::AuditConfig;
 pub use audit::NetEventBudget;
 pub use config::CoreConfig;
 pub use error::CoreError;
-pub use exec::{with_caller, Exec, ExecControl, ExecRecorder, ExecStart, InputSink};
+pub use exec::{Exec, ExecControl, ExecRecorder, ExecStart, InputSink};
+pub use principal::{with_caller, with_principal, Principal};
 pub use isolation::{FakeTier, InitFile, Isolation, IsolationError, LaunchSpec, Launched, Usage};
 pub use namespace::{DEFAULT_CGROUP_SUBTREE, JAIL_POOL_ENV};
 pub use network::NetworkConfig;
@@ -79,7 +81,7 @@ impl Manager {
     }
     /// Creates a sandbox and returns once its agent answers.
     pub async fn create(&self, req: CreateSandbox) -> Result<SandboxInfo, CoreError> {
-        Ok(self.inner.create(req, CreateOptions::default()).await?.info)
+        Ok(self.create_with(req, CreateOptions::default()).await?.info)
     }
     /// Like [`Manager::create`], with what a front end asks beyond the request: the E2B API
     /// asks for E2B facts (an envd access token and the template name it was given), which
@@ -90,10 +92,19 @@ impl Manager {
         req: CreateSandbox,
         opts: CreateOptions,
     ) -> Result<CreatedSandbox, CoreError> {
+        let mut req = req;
+        // A tenant's snapshot, volumes and stored secrets are its own (`principal`).
+        if let Some(name) = &mut req.snapshot {
+            *name = principal::qualify(name);
+        }
+        for v in &mut req.volumes {
+            v.name = principal::qualify(&v.name);
+        }
         self.inner.create(req, opts).await
     }
     /// One sandbox (any state, including destroyed ones kept for history).
     pub fn get(&self, id: &SandboxId) -> Result<SandboxInfo, CoreError> {
+        self.inner.visible(id)?;
         self.inner.get(id)
     }
     /// Sandboxes matching a state (alive ones when None) and all the given metadata pairs.
@@ -102,10 +113,13 @@ impl Manager {
         state: Option<SandboxState>,
         metadata: &BTreeMap<String, String>,
     ) -> Result<Vec<SandboxInfo>, CoreError> {
-        self.inner.list(state, metadata)
+        let mut all = self.inner.list(state, metadata)?;
+        all.retain(|s| principal::may_see(s.tenant.as_deref()));
+        Ok(all)
     }
     /// Destroys a sandbox; returns its final record.
     pub async fn destroy(&self, id: &SandboxId) -> Result<SandboxInfo, CoreError> {
+        self.inner.visible(id)?;
         self.inner
             .clone()
             .destroy(id, sandbox::EndReason::Request)
@@ -116,20 +130,24 @@ impl Manager {
     /// (expiry destroys it, or with `on_timeout: pause` leaves it paused without a deadline).
     /// Survives a daemon restart. Pausing a paused sandbox changes nothing.
     pub async fn pause(&self, id: &SandboxId) -> Result<SandboxInfo, CoreError> {
+        self.inner.visible(id)?;
         self.inner.pause(id).await
     }
     /// Resumes a paused sandbox: every process continues where it was. If its deadline
     /// passed while paused, the new one is now + the default timeout. Resuming a running
     /// sandbox changes nothing.
     pub async fn resume(&self, id: &SandboxId) -> Result<SandboxInfo, CoreError> {
+        self.inner.visible(id)?;
         self.inner.resume(id).await
     }
     /// Sets the deadline to now + `secs`.
     pub async fn set_timeout(&self, id: &SandboxId, secs: u64) -> Result<SandboxInfo, CoreError> {
+        self.inner.visible(id)?;
         self.inner.set_timeout(id, secs)
     }
     /// The agent client of a running sandbox (for the file API).
     pub fn agent(&self, id: &SandboxId) -> Result<AgentClient, CoreError> {
+        self.inner.visible(id)?;
         self.inner.agent(id)
     }
     /// Runs a command. `Exec::events` yields output, then exactly one `Exit` or `Error`
@@ -143,6 +161,7 @@ impl Manager {
         req: ExecRequest,
         keep_stdin_open: bool,
     ) -> Result<Exec, CoreError> {
+        self.inner.visible(id)?;
         self.inner.exec(id, req, keep_stdin_open).await
     }
     /// Writes a file in a running sandbox (streamed), hashing the bytes as they pass, and
@@ -154,6 +173,7 @@ impl Manager {
         user: Option<&str>,
         body: futures::stream::BoxStream<'static, Result<bytes::Bytes, std::io::Error>>,
     ) -> Result<String, CoreError> {
+        self.inner.visible(id)?;
         self.inner.write_file(id, path, user, body).await
     }
     /// Removes a file or directory tree in a running sandbox and records it.
@@ -163,6 +183,7 @@ impl Manager {
         path: &str,
         user: Option<&str>,
     ) -> Result<(), CoreError> {
+        self.inner.visible(id)?;
         let agent = self.inner.agent(id)?;
         agent.stat(path, user).await?;
         agent.remove(path, user).await?;
@@ -184,6 +205,7 @@ impl Manager {
         path: &str,
         user: Option<&str>,
     ) -> Result<rampart_agent::client::EntryInfo, CoreError> {
+        self.inner.visible(id)?;
         let agent = self.inner.agent(id)?;
         let info = agent.make_dir(path, user).await?;
         self.inner.record_file(
@@ -206,6 +228,7 @@ impl Manager {
         to: &str,
         user: Option<&str>,
     ) -> Result<rampart_agent::client::EntryInfo, CoreError> {
+        self.inner.visible(id)?;
         let agent = self.inner.agent(id)?;
         let info = agent.rename(from, to, user).await?;
         self.inner.record_file(
@@ -228,6 +251,7 @@ impl Manager {
         after: Option<u64>,
         limit: usize,
     ) -> Result<Vec<audit_types::Event>, CoreError> {
+        self.inner.visible(id)?;
         self.inner.get(id)?;
         self.inner.audit.events(id, after, limit)
     }
@@ -238,6 +262,7 @@ impl Manager {
     /// The bundle (`docs/proof.md`) of a sandbox's log: publishes its chain head to the node
     /// log and signs a tree head first if the chain moved since its last publication.
     pub async fn audit_bundle(&self, id: &SandboxId) -> Result<Vec<u8>, CoreError> {
+        self.inner.visible(id)?;
         self.inner.get(id)?;
         let audit = self.inner.audit.clone();
         let id = id.clone();
@@ -255,6 +280,7 @@ impl Manager {
     }
     /// Current resource usage of a running sandbox.
     pub async fn usage(&self, id: &SandboxId) -> Result<Usage, CoreError> {
+        self.inner.visible(id)?;
         self.inner.usage(id).await
     }
     /// The daemon's data directory (`state.db`, `templates/`, `sandboxes/`).
@@ -284,6 +310,7 @@ impl Manager {
         &self,
         id: &SandboxId,
     ) -> Result<rampart_types::network::NetworkInfo, CoreError> {
+        self.inner.visible(id)?;
         self.inner.network.info(self.inner.store.as_ref(), id)
     }
     /// Replaces a running sandbox's network policy; new connections obey it at once and live
@@ -293,6 +320,7 @@ impl Manager {
         id: &SandboxId,
         policy: rampart_types::NetworkPolicy,
     ) -> Result<rampart_types::network::NetworkInfo, CoreError> {
+        self.inner.visible(id)?;
         self.inner.set_network(id, policy).await
     }
     /// A sandbox's network log entries with `seq > after`, at most `limit` (empty without a
@@ -303,6 +331,7 @@ impl Manager {
         after: u64,
         limit: usize,
     ) -> Result<Vec<rampart_types::NetLogEntry>, CoreError> {
+        self.inner.visible(id)?;
         self.inner.network_log(id, after, limit)
     }
     /// New network log entries as they happen (None when the sandbox has no network log).
@@ -311,6 +340,7 @@ impl Manager {
         id: &SandboxId,
     ) -> Result<Option<tokio::sync::broadcast::Receiver<rampart_types::NetLogEntry>>, CoreError>
     {
+        self.inner.visible(id)?;
         self.inner.network_subscribe(id)
     }
     /// Every sandbox's access token, public ports and E2B facts (the port and envd proxies
@@ -327,6 +357,7 @@ impl Manager {
         id: &SandboxId,
         start: ExecStart,
     ) -> Result<ExecRecorder, CoreError> {
+        self.inner.visible(id)?;
         self.inner.record_exec_start(id, start)
     }
     /// Keeps the input sink of an exec recorded by another road (see
@@ -341,15 +372,24 @@ impl Manager {
         tag: Option<&str>,
         sink: InputSink,
     ) -> Option<ExecTicket> {
+        if self.inner.visible(id).is_err() {
+            return None;
+        }
         self.inner.registry.add_input(id, pid, tag, sink)
     }
     /// The input sink of the exec `which` names among those [`Manager::add_exec_input`]
     /// keeps for sandbox `id`.
     pub fn exec_input(&self, id: &SandboxId, which: ExecRef<'_>) -> Option<InputSink> {
+        if self.inner.visible(id).is_err() {
+            return None;
+        }
         self.inner.registry.input(id, which)
     }
     /// Removes what `ticket` registered (a later registration of the same pid or tag stays).
     pub fn remove_exec_input(&self, id: &SandboxId, ticket: &ExecTicket) {
+        if self.inner.visible(id).is_err() {
+            return;
+        }
         self.inner.registry.remove_input(id, ticket)
     }
     /// Records a file operation made in a sandbox by another road than the file methods.
@@ -358,6 +398,7 @@ impl Manager {
         id: &SandboxId,
         change: audit_types::FileChange,
     ) -> Result<(), CoreError> {
+        self.inner.visible(id)?;
         self.inner.record_file(id, change)
     }
     /// Takes a snapshot of a running or paused sandbox's filesystem (see [`crate::persist`]
@@ -367,23 +408,50 @@ impl Manager {
         id: &SandboxId,
         req: rampart_types::CreateSnapshot,
     ) -> Result<rampart_types::SnapshotInfo, CoreError> {
-        self.inner.snapshot(id, req).await
+        self.inner.visible(id)?;
+        let mut req = req;
+        // A tenant's snapshot is named `<tenant>:<name>`; its default name (the sandbox id
+        // and a random suffix) is given here so that it is too.
+        let plain = match req.name.take() {
+            Some(n) => {
+                persist::check_plain_name("name", &n)?;
+                n
+            }
+            None => format!("{id}-{}", rampart_store::keys::random_hex(4)),
+        };
+        req.name = Some(principal::qualify(&plain));
+        self.inner.admit_tenant_disk(0)?;
+        let info = self.inner.snapshot(id, req).await?;
+        Ok(own_snapshot(info))
     }
-    /// Every snapshot, oldest first.
+    /// Every snapshot (a tenant's own), oldest first.
     pub fn list_snapshots(&self) -> Result<Vec<rampart_types::SnapshotInfo>, CoreError> {
-        self.inner.persist.snapshots()
+        Ok(self
+            .inner
+            .persist
+            .snapshots()?
+            .into_iter()
+            .filter_map(|s| principal::unqualify(&s.name).map(|_| own_snapshot(s)))
+            .collect())
     }
     /// One snapshot.
     pub fn get_snapshot(&self, name: &str) -> Result<rampart_types::SnapshotInfo, CoreError> {
-        self.inner.persist.snapshot(name)
+        let stored = principal::qualify(name);
+        self.inner
+            .persist
+            .snapshot(&stored)
+            .map(own_snapshot)
+            .map_err(|e| renamed(e, &stored, name))
     }
     /// Removes a snapshot. Refused (409) while a create is cloning it; sandboxes made from it
     /// are not affected (each has its own copy).
     pub async fn delete_snapshot(&self, name: &str) -> Result<(), CoreError> {
+        let stored = principal::qualify(name);
         self.inner
             .persist
-            .delete_snapshot(&self.inner.iso, name)
+            .delete_snapshot(&self.inner.iso, &stored)
             .await
+            .map_err(|e| renamed(e, &stored, name))
     }
     /// Makes `count` sandboxes from one consistent point of a running or paused sandbox.
     pub async fn fork(
@@ -391,6 +459,7 @@ impl Manager {
         id: &SandboxId,
         req: rampart_types::ForkSandbox,
     ) -> Result<rampart_types::ForkResult, CoreError> {
+        self.inner.visible(id)?;
         self.inner.fork(id, req).await
     }
     /// Makes a volume.
@@ -398,24 +467,50 @@ impl Manager {
         &self,
         req: rampart_types::CreateVolume,
     ) -> Result<rampart_types::VolumeInfo, CoreError> {
-        self.inner.create_volume(req).await
+        let mut req = req;
+        persist::check_plain_name("name", &req.name)?;
+        let plain = req.name.clone();
+        req.name = principal::qualify(&req.name);
+        self.inner.admit_tenant_disk(req.size_mib << 20)?;
+        let stored = req.name.clone();
+        let mut info = self
+            .inner
+            .create_volume(req)
+            .await
+            .map_err(|e| renamed(e, &stored, &plain))?;
+        info.name = plain;
+        Ok(info)
     }
-    /// Every volume.
+    /// Every volume (a tenant's own).
     pub fn list_volumes(&self) -> Result<Vec<rampart_types::VolumeInfo>, CoreError> {
-        self.inner.persist.volumes(self.inner.iso.as_ref())
+        Ok(self
+            .inner
+            .persist
+            .volumes(self.inner.iso.as_ref())?
+            .into_iter()
+            .filter_map(|mut v| {
+                principal::unqualify(&v.name).map(|n| {
+                    v.name = n;
+                    v
+                })
+            })
+            .collect())
     }
     /// Removes a volume and its data. Refused (409) while a sandbox has it mounted.
     pub async fn delete_volume(&self, name: &str) -> Result<(), CoreError> {
         let inner = &self.inner;
+        let stored = principal::qualify(name);
         inner
             .persist
-            .delete_volume(&inner.iso, inner.store.as_ref(), name)
+            .delete_volume(&inner.iso, inner.store.as_ref(), &stored)
             .await
+            .map_err(|e| renamed(e, &stored, name))
     }
     /// A descriptor of the root of a running or paused sandbox's writable disk (see
     /// [`crate::Isolation::upper_root`]). Blocking-free: the tier's work runs on a blocking
     /// thread.
     pub async fn upper_root(&self, id: &SandboxId) -> Result<std::os::fd::OwnedFd, CoreError> {
+        self.inner.visible(id)?;
         self.inner.upper_root(id).await
     }
     /// Creates or replaces the stored secret `spec.name`. Running sandboxes keep the copy
@@ -435,10 +530,66 @@ impl Manager {
     pub fn delete_secret(&self, name: &str) -> Result<(), CoreError> {
         self.inner.secrets.delete(name)
     }
+    /// The usage of the caller's tenant (a tenant's principal: its own, whatever `tenant`
+    /// says; the node: `tenant`'s, or every sandbox's when None) in `[from_ms, to_ms)`,
+    /// hash-chained and signed by the node key (see `docs/tenants.md`).
+    pub async fn usage_report(
+        &self,
+        tenant: Option<String>,
+        from_ms: i64,
+        to_ms: i64,
+    ) -> Result<rampart_types::tenant::UsageReport, CoreError> {
+        let tenant = principal::current_tenant().or(tenant);
+        self.inner.usage_report(tenant, from_ms, to_ms).await
+    }
+    /// The node's change log: entries with `seq > after`, at most `limit` (a tenant's
+    /// principal: its own entries only).
+    pub fn changes(
+        &self,
+        after: i64,
+        limit: usize,
+    ) -> Result<Vec<rampart_store::tenants::Change>, CoreError> {
+        let tenant = principal::current_tenant();
+        self.inner
+            .store
+            .changes(tenant.as_deref(), after, limit)
+            .map_err(CoreError::from)
+    }
+    /// Appends entries to the node's change log (the API server's record of every call
+    /// that changes something).
+    pub fn record_changes(&self, changes: &[rampart_store::tenants::Change]) -> Result<(), CoreError> {
+        self.inner
+            .store
+            .append_changes(changes)
+            .map_err(CoreError::from)
+    }
     /// Stops the reaper; sandboxes keep running (a restarted daemon re-attaches).
     pub async fn shutdown(&self) {
         self.inner.stop_tasks();
         self.inner.network.shutdown(self.inner.store.as_ref()).await;
+    }
+}
+
+/// A snapshot as its tenant knows it (its name without the tenant).
+fn own_snapshot(mut s: rampart_types::SnapshotInfo) -> rampart_types::SnapshotInfo {
+    if let Some(n) = principal::unqualify(&s.name) {
+        s.name = n;
+    }
+    s
+}
+
+/// `e` with the stored name of an object replaced by the name its tenant gave.
+fn renamed(e: CoreError, stored: &str, given: &str) -> CoreError {
+    if stored == given {
+        return e;
+    }
+    match e {
+        CoreError::NotFound(m) => CoreError::NotFound(m.replace(stored, given)),
+        CoreError::BadRequest { field, message } => CoreError::BadRequest {
+            field,
+            message: message.replace(stored, given),
+        },
+        other => other,
     }
 }
 

@@ -127,9 +127,9 @@ fn bad(field: &str, message: impl Into<String>) -> CoreError {
     }
 }
 
-/// Checks a snapshot or volume name: 1 to 64 of letters, digits, `.`, `_`, `-`, starting
-/// with a letter or digit.
-pub fn check_name(field: &str, name: &str) -> Result<(), CoreError> {
+/// Checks a snapshot or volume name as a caller gives it: 1 to 64 of letters, digits, `.`,
+/// `_`, `-`, starting with a letter or digit.
+pub fn check_plain_name(field: &str, name: &str) -> Result<(), CoreError> {
     let ok = !name.is_empty()
         && name.len() <= 64
         && name.as_bytes()[0].is_ascii_alphanumeric()
@@ -145,6 +145,18 @@ pub fn check_name(field: &str, name: &str) -> Result<(), CoreError> {
                 "{name:?} is not a valid name (1-64 letters, digits, '.', '_', '-'; first a letter or digit)"
             ),
         ))
+    }
+}
+
+/// Checks a snapshot or volume name as stored: a plain name ([`check_plain_name`]), or a
+/// tenant's, `<tenant>:<plain name>` (see [`crate::principal`]).
+pub fn check_name(field: &str, name: &str) -> Result<(), CoreError> {
+    match name.split_once(':') {
+        Some((tenant, plain)) => {
+            rampart_types::tenant::check_tenant_name(tenant).map_err(|m| bad(field, m))?;
+            check_plain_name(field, plain)
+        }
+        None => check_plain_name(field, name),
     }
 }
 

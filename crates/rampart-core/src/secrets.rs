@@ -84,7 +84,7 @@ impl Secrets {
                     return Ok(s.clone());
                 }
                 let stored = store
-                    .get(&s.name)
+                    .get(&crate::principal::qualify(&s.name))
                     .map_err(CoreError::from)?
                     .ok_or_else(|| {
                         bad(format!(
@@ -115,25 +115,37 @@ impl Secrets {
     /// Creates or replaces the stored secret `spec.name`.
     pub(crate) fn set(&self, spec: SecretSpec) -> Result<StoredSecretInfo, CoreError> {
         check(&spec)?;
-        let stored = self.store()?.set(&spec).map_err(CoreError::from)?;
+        let plain = spec.name.clone();
+        let spec = SecretSpec {
+            name: crate::principal::qualify(&spec.name),
+            ..spec
+        };
+        let mut stored = self.store()?.set(&spec).map_err(CoreError::from)?;
         tracing::info!(secret = %spec.name, "stored secret set");
+        stored.spec.name = plain;
         Ok(info_of(stored))
     }
 
-    /// The stored secrets (never their values), by name.
+    /// The stored secrets (never their values), by name: a tenant's own.
     pub(crate) fn list(&self) -> Result<Vec<StoredSecretInfo>, CoreError> {
         Ok(self
             .store()?
             .list()
             .map_err(CoreError::from)?
             .into_iter()
-            .map(info_of)
+            .filter_map(|mut s| {
+                crate::principal::unqualify(&s.spec.name).map(|n| {
+                    s.spec.name = n;
+                    info_of(s)
+                })
+            })
             .collect())
     }
 
     /// Removes the stored secret `name` (`NotFound` if there is none).
     pub(crate) fn delete(&self, name: &str) -> Result<(), CoreError> {
-        if self.store()?.delete(name).map_err(CoreError::from)? {
+        let stored = crate::principal::qualify(name);
+        if self.store()?.delete(&stored).map_err(CoreError::from)? {
             tracing::info!(secret = %name, "stored secret removed");
             Ok(())
         } else {

@@ -337,6 +337,9 @@ pub trait SandboxStore: Send + Sync + std::fmt::Debug {
     /// within its quotas (`max_paused`, `max_sandboxes`, `max_vcpus`); a sandbox of no
     /// tenant always may.
     fn admit_transition(&self, id: &SandboxId, to: SandboxState) -> Result<(), StoreError>;
+    /// Checks that `tenant` may take on `demand` beside what it holds (a volume, a
+    /// snapshot).
+    fn admit_demand(&self, tenant: &str, demand: &tenants::Demand) -> Result<(), StoreError>;
     /// Records the final usage figures of a sandbox that ended (or is ending) at `at_ms`.
     fn finish_usage(
         &self,
@@ -925,6 +928,10 @@ impl SandboxStore for SqliteStore {
             _ => return Ok(()),
         };
         tenants::admit(&self.lock(), t, &demand)
+    }
+
+    fn admit_demand(&self, tenant: &str, demand: &tenants::Demand) -> Result<(), StoreError> {
+        tenants::admit(&self.lock(), tenant, demand)
     }
 
     fn finish_usage(

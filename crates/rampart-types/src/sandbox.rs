@@ -182,6 +182,9 @@ pub struct SandboxInfo {
     /// create and of `GET /v1/sandboxes/{id}` while it is alive.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub access_token: Option<String>,
+    /// The tenant it belongs to (absent: the node's own).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<String>,
 }
 
 /// The error body of every `/v1` endpoint: `{"error": {"code", "message"}}`.

@@ -237,6 +237,18 @@ impl Audit {
     }
 
     /// The node's public key (`ed25519:<hex>`) and key id.
+    /// Seals a usage report of `records` with the node key (`rampart_audit::usage`).
+    pub(crate) fn seal_usage(
+        &self,
+        tenant: Option<String>,
+        from: String,
+        to: String,
+        records: Vec<rampart_types::tenant::SandboxUsage>,
+    ) -> Result<rampart_types::tenant::UsageReport, CoreError> {
+        rampart_audit::usage::seal(tenant, from, to, rampart_audit::now(), records, &self.key)
+            .map_err(|e| CoreError::Internal(format!("sealing a usage report: {e}")))
+    }
+
     pub(crate) fn key(&self) -> (String, String) {
         (
             self.key.public_key().to_string(),

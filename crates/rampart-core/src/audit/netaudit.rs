@@ -278,12 +278,36 @@ pub(crate) fn body_of(e: &NetLogEntry) -> EventBody {
 pub(crate) struct NetAudit {
     audit: Arc<Audit>,
     budgets: Budgets,
+    /// Bytes each sandbox sent out, over the connections that ended (for its usage; every
+    /// entry counts, whether the budget records it or not).
+    egress: Mutex<HashMap<String, u64>>,
 }
 
 impl NetAudit {
     pub(crate) fn new(audit: Arc<Audit>) -> NetAudit {
         let budgets = Budgets::new(audit.config().network_events);
-        NetAudit { audit, budgets }
+        NetAudit {
+            audit,
+            budgets,
+            egress: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Counts an entry's bytes out towards its sandbox's usage.
+    fn count(&self, sandbox: &str, e: &NetLogEntry) {
+        if let Some(b) = e.bytes_out.filter(|b| *b > 0) {
+            *lock(&self.egress).entry(sandbox.to_owned()).or_default() += b;
+        }
+    }
+
+    /// Bytes `id` sent out so far.
+    pub(crate) fn egress_bytes(&self, id: &SandboxId) -> u64 {
+        lock(&self.egress).get(id.as_str()).copied().unwrap_or(0)
+    }
+
+    /// Bytes `id` sent out, forgotten (at its end).
+    pub(crate) fn take_egress_bytes(&self, id: &SandboxId) -> u64 {
+        lock(&self.egress).remove(id.as_str()).unwrap_or(0)
     }
 
     /// Records what the budget left out of a sandbox's record (at destroy, before its
@@ -327,6 +351,7 @@ pub(crate) async fn run(net: Arc<NetAudit>, mut rx: tokio::sync::mpsc::Receiver<
                 if SandboxId::parse(&ev.sandbox).is_err() {
                     continue;
                 }
+                net.count(&ev.sandbox, &ev.entry);
                 match net.budgets.admit(&ev.sandbox, &ev.entry, Instant::now()) {
                     Admit::Counted => {}
                     Admit::Record(summary) => {

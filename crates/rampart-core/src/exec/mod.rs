@@ -12,8 +12,8 @@ mod stream;
 
 pub use inputs::{ExecRef, ExecTicket};
 
-pub(crate) use record::{current_caller, ExecAudit};
-pub use record::{with_caller, ExecRecorder, ExecStart, InputSink};
+pub(crate) use record::ExecAudit;
+pub use record::{ExecRecorder, ExecStart, InputSink};
 
 use crate::audit::Audit;
 use crate::isolation::Isolation;

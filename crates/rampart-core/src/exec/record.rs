@@ -16,26 +16,6 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tracing::error;
 
-tokio::task_local! {
-    /// Who made the request being served (see [`with_caller`]).
-    static CALLER: String;
-}
-
-/// Runs `f` on behalf of `caller`: events recorded for requests it makes (`created.caller`)
-/// name them. The API server wraps each request in this; see `docs/proof.md` for the
-/// spellings (`local from 127.0.0.1:5000`, `e2b-key:<id>:<name> from ...`).
-pub async fn with_caller<F: std::future::Future>(caller: String, f: F) -> F::Output {
-    CALLER.scope(caller, f).await
-}
-
-/// The caller of the request being served: what [`with_caller`] set, else `local` (a call
-/// made in the daemon's own process, or by a server that does not say).
-pub(crate) fn current_caller() -> String {
-    CALLER
-        .try_with(|c| c.clone())
-        .unwrap_or_else(|_| "local".into())
-}
-
 /// A command about to be started in a sandbox, as its caller asked for it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ExecStart {

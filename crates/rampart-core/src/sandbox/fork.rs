@@ -64,10 +64,12 @@ impl Sandboxes {
         req: ForkSandbox,
     ) -> Result<ForkResult, CoreError> {
         let point = crate::persist::fork_point(self.iso.as_ref(), req.count)?;
+        let owner;
         let base_req = {
             let op = self.op_lock(id);
             let _g = op.lock().await;
             let (rec, uid_base) = self.point_source(id)?;
+            owner = rec.tenant.clone();
             let mut base = self.persist.source_request(&rec);
             // A fork runs the same servers: the source's public ports (as they are now) stay
             // public; each fork gets a token of its own at its create.
@@ -88,7 +90,17 @@ impl Sandboxes {
         for _ in 0..req.count {
             let mut r = base_req.clone();
             r.snapshot = Some(point.name().to_owned());
-            match self.create(r, Default::default()).await {
+            // A fork is its source's tenant's, whoever asked for it (and counts against
+            // that tenant's quotas).
+            let on_behalf = crate::principal::Principal {
+                caller: crate::principal::current_caller(),
+                tenant: owner.clone(),
+                key_id: crate::principal::current().and_then(|p| p.key_id),
+            };
+            let made_one =
+                crate::principal::with_principal(on_behalf, self.create(r, Default::default()))
+                    .await;
+            match made_one {
                 Ok(c) => made.push(c.info),
                 Err(e) => {
                     failure = Some(e);

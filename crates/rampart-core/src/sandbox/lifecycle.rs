@@ -239,6 +239,7 @@ impl Sandboxes {
             new.expires_at_ms,
             false,
             on_timeout,
+            new.tenant.clone(),
         );
         debug!(
             id = %new.id,
@@ -259,6 +260,7 @@ impl Sandboxes {
             ended_at: None,
             reason: None,
             access_token: new.access.as_ref().map(|a| a.token.clone()),
+            tenant: new.tenant.clone(),
         })
     }
 
@@ -291,6 +293,15 @@ impl Sandboxes {
         // The writable layer, pinned before its processes are killed (fs_diff below).
         let upper = self.manifests().pin_upper(id, &rec.template).await;
         let pinned_at = Instant::now();
+        // Its CPU time and peak memory, read from the tier before its cgroup goes.
+        let used = {
+            let iso = self.iso.clone();
+            let id2 = id.clone();
+            tokio::task::spawn_blocking(move || iso.usage(&id2))
+                .await
+                .ok()
+                .and_then(Result::ok)
+        };
         if let Err(e) = self.iso_destroy(id).await {
             error!(id = %id, "destroy failed: {e}; will retry");
             self.registry.retry_at(id, Instant::now() + DESTROY_RETRY);
@@ -306,6 +317,14 @@ impl Sandboxes {
         let diffed_at = Instant::now();
         // What the network events budget left out (its processes are dead: no more entries).
         self.netaudit.record_suppressed(id);
+        let finals = rampart_store::tenants::FinalUsage {
+            cpu_usec: used.as_ref().map_or(0, |u| u.cpu_usec),
+            memory_peak_bytes: used.as_ref().map_or(0, |u| u.memory_peak_bytes),
+            egress_bytes: self.netaudit.take_egress_bytes(id),
+        };
+        if let Err(e) = self.store.finish_usage(id, now_ms(), &finals) {
+            error!(id = %id, "recording its usage: {e}");
+        }
         let reason = why.message();
         let label = match &why {
             EndReason::Request => "api",
@@ -368,6 +387,12 @@ impl Sandboxes {
     pub(crate) async fn pause(&self, id: &SandboxId) -> Result<SandboxInfo, CoreError> {
         let op = self.op_lock(id);
         let _guard = op.lock().await;
+        if matches!(self.registry.standing(id), Standing::Running(_)) {
+            // Its tenant's `max_paused` (the reaper destroys what it may not pause).
+            self.store
+                .admit_transition(id, SandboxState::Paused)
+                .map_err(CoreError::from)?;
+        }
         // From now on new requests get 409 (a frozen agent would not answer them).
         match self.registry.begin_pause(id) {
             PauseStart::AlreadyPaused => return self.get(id),
@@ -419,6 +444,10 @@ impl Sandboxes {
             Standing::Running(_) => return self.get(id),
             Standing::Gone => return Err(self.not_running(id)),
         }
+        // Its tenant's `max_sandboxes` and `max_vcpus` count it again once it runs.
+        self.store
+            .admit_transition(id, SandboxState::Running)
+            .map_err(CoreError::from)?;
         let t0 = Instant::now();
         self.iso_freeze(id, false).await?;
         let thawed_at = Instant::now();
@@ -486,7 +515,7 @@ impl Sandboxes {
             template: new.template.clone(),
             template_digest: self.audit.template_digest(&new.template),
             policy: serde_json::Value::Null,
-            caller: exec::current_caller(),
+            caller: crate::principal::current_caller(),
         })
     }
 

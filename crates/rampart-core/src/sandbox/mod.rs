@@ -10,6 +10,7 @@ mod plan;
 mod recover;
 mod registry;
 mod tasks;
+mod usage;
 
 use tasks::{publisher, reaper, watch_init};
 
@@ -152,6 +153,7 @@ pub(crate) fn info_of(rec: &SandboxRecord) -> SandboxInfo {
         ended_at: rec.ended_at_ms.map(rfc3339),
         reason: rec.reason.clone(),
         access_token: None,
+        tenant: rec.tenant.clone(),
     }
 }
 
@@ -359,6 +361,7 @@ impl Sandboxes {
         expires_at_ms: i64,
         paused: bool,
         on_timeout: OnTimeout,
+        tenant: Option<String>,
     ) {
         let me = self.clone();
         self.registry.insert(
@@ -368,6 +371,7 @@ impl Sandboxes {
             instant_of(expires_at_ms),
             paused,
             on_timeout,
+            tenant,
             || tokio::spawn(watch_init(me, id.clone(), pidfd)).abort_handle(),
         );
     }
@@ -379,6 +383,41 @@ impl Sandboxes {
             .await
             .map_err(CoreError::task("destroy"))?
             .map_err(|e| CoreError::isolation("destroy", e))
+    }
+
+    /// Whether the current principal may see sandbox `id` (`crate::principal`): the node
+    /// sees every sandbox, a tenant its own; any other is not found, exactly as an id that
+    /// does not exist.
+    pub(crate) fn visible(&self, id: &SandboxId) -> Result<(), CoreError> {
+        let Some(tenant) = crate::principal::current_tenant() else {
+            return Ok(());
+        };
+        let owner = match self.registry.tenant(id) {
+            Some(owner) => owner,
+            None => self.store.get(id).map_err(CoreError::from)?.and_then(|r| r.tenant),
+        };
+        if owner.as_deref() == Some(tenant.as_str()) {
+            Ok(())
+        } else {
+            Err(CoreError::NotFound(id.to_string()))
+        }
+    }
+
+    /// Checks that the current tenant (if any) may take on `bytes` more disk (a volume; 0:
+    /// a snapshot, refused once its disk quota is used up).
+    pub(crate) fn admit_tenant_disk(&self, bytes: u64) -> Result<(), CoreError> {
+        let Some(tenant) = crate::principal::current_tenant() else {
+            return Ok(());
+        };
+        self.store
+            .admit_demand(
+                &tenant,
+                &rampart_store::tenants::Demand {
+                    disk_bytes: bytes.max(1),
+                    ..Default::default()
+                },
+            )
+            .map_err(CoreError::from)
     }
 
     pub(crate) fn get(&self, id: &SandboxId) -> Result<SandboxInfo, CoreError> {

@@ -72,6 +72,7 @@ impl Sandboxes {
             on_timeout: req.on_timeout.unwrap_or_default(),
             network: net,
             request: Some(staged.request().to_owned()),
+            tenant: crate::principal::current_tenant(),
         };
         Ok(Plan { new, staged })
     }

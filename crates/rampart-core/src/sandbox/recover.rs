@@ -103,6 +103,7 @@ impl Sandboxes {
             rec.expires_at_ms,
             false,
             rec.on_timeout,
+            rec.tenant.clone(),
         );
         true
     }
@@ -136,6 +137,7 @@ impl Sandboxes {
             rec.expires_at_ms,
             true,
             rec.on_timeout,
+            rec.tenant.clone(),
         );
         true
     }

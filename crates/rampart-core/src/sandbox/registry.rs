@@ -29,6 +29,8 @@ struct Live {
     paused: bool,
     /// What expiry does.
     on_timeout: OnTimeout,
+    /// Its tenant (none: the node's).
+    tenant: Option<String>,
     watcher: Option<AbortHandle>,
     /// The execs the envd proxy started and records (a paused sandbox keeps them: its
     /// processes resume with it).
@@ -96,6 +98,7 @@ impl Registry {
         deadline: Instant,
         paused: bool,
         on_timeout: OnTimeout,
+        tenant: Option<String>,
         watch: impl FnOnce() -> AbortHandle,
     ) {
         let mut live = lock(&self.live);
@@ -108,6 +111,7 @@ impl Registry {
                 stopping: false,
                 paused,
                 on_timeout,
+                tenant,
                 watcher: None,
                 inputs: Inputs::default(),
             },
@@ -118,6 +122,11 @@ impl Registry {
         }
         drop(live);
         self.deadlines_changed.notify_one();
+    }
+
+    /// The tenant of a live sandbox (`Some(None)`: the node's); None when it is not live.
+    pub(crate) fn tenant(&self, id: &SandboxId) -> Option<Option<String>> {
+        lock(&self.live).get(id).map(|l| l.tenant.clone())
     }
 
     /// Whether `id` is live here (running, paused or stopping).
@@ -305,6 +314,7 @@ mod tests {
             later,
             false,
             OnTimeout::Destroy,
+            None,
             dummy_task,
         );
         assert!(matches!(r.standing(&id), Standing::Running(_)));
@@ -339,6 +349,7 @@ mod tests {
             later,
             false,
             OnTimeout::Destroy,
+            None,
             dummy_task,
         );
         let t = r.add_input(&id, 7, Some("t"), sink()).expect("running");
