@@ -180,6 +180,7 @@ fn start_private_daemon_with(name: &str, config: Option<&str>) -> Result<(String
             name: "bench".into(),
             scopes: vec![rampart_store::node_keys::SCOPE_ADMIN.into()],
             expires_at_ms: None,
+            tenant: None,
         },
         bench_key(),
     ) {

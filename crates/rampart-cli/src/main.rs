@@ -70,6 +70,11 @@ enum Command {
     /// Manage API keys: of the native API (--native) and of the E2B-compatible API (on the
     /// daemon's host).
     Keys(commands::keys::KeysArgs),
+    /// Tenants and their quotas (the node administrator's): create, ls, show, set, rm.
+    Tenant(commands::tenant::TenantArgs),
+    /// Usage of sandboxes (a tenant's own, or any as the administrator), signed by the node;
+    /// `usage verify FILE` checks a report offline.
+    Usage(commands::tenant::UsageArgs),
     /// The signed record of what ran in a sandbox: show, export, verify.
     Audit(commands::audit::AuditArgs),
     /// Run a recorded session (a bundle) again in a fresh sandbox and compare step by step.
@@ -161,6 +166,8 @@ fn main() -> ExitCode {
             Command::Net(a) => commands::net::net(host, a).await,
             Command::Secret(a) => commands::secret::secret(host, a).await,
             Command::Replay(a) => commands::replay::replay(host, a).await,
+            Command::Tenant(a) => commands::tenant::tenant(host, a).await,
+            Command::Usage(a) => commands::tenant::usage(host, a).await,
             Command::Bench(_) | Command::Keys(_) | Command::Template(_) => {
                 unreachable!("bench and keys run before the runtime starts")
             }

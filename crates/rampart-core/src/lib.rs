@@ -34,10 +34,10 @@ pub use audit::NetEventBudget;
 pub use config::CoreConfig;
 pub use error::CoreError;
 pub use exec::{Exec, ExecControl, ExecRecorder, ExecStart, InputSink};
-pub use principal::{with_caller, with_principal, Principal};
 pub use isolation::{FakeTier, InitFile, Isolation, IsolationError, LaunchSpec, Launched, Usage};
 pub use namespace::{DEFAULT_CGROUP_SUBTREE, JAIL_POOL_ENV};
 pub use network::NetworkConfig;
+pub use principal::{with_caller, with_principal, Principal};
 pub use sandbox::{CreateOptions, CreatedSandbox};
 // The envd proxy's recorded execs (`Manager::add_exec_input`).
 pub use exec::{ExecRef, ExecTicket};
@@ -557,7 +557,10 @@ impl Manager {
     }
     /// Appends entries to the node's change log (the API server's record of every call
     /// that changes something).
-    pub fn record_changes(&self, changes: &[rampart_store::tenants::Change]) -> Result<(), CoreError> {
+    pub fn record_changes(
+        &self,
+        changes: &[rampart_store::tenants::Change],
+    ) -> Result<(), CoreError> {
         self.inner
             .store
             .append_changes(changes)

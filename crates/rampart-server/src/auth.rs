@@ -22,7 +22,7 @@ use axum::http::{header, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::serve::IncomingStream;
-use rampart_store::node_keys::{check_shape, KeyCheck, NodeKey, NodeKeyStore, SCOPE_ADMIN};
+use rampart_store::node_keys::{check_shape, KeyCheck, NodeKey, NodeKeyStore};
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
@@ -102,6 +102,8 @@ pub(crate) struct Auth {
     group: u32,
     /// The daemon's own uid.
     euid: u32,
+    /// Tenants: the create rate limit and the change log (none: a server without a store).
+    pub(crate) tenancy: Option<Arc<crate::tenancy::Tenancy>>,
 }
 
 /// Lowercase host name of a `Host` value, without its port and brackets.
@@ -149,6 +151,7 @@ impl Auth {
             any_ip,
             group: socket_group(),
             euid: nix::unistd::geteuid().as_raw(),
+            tenancy: None,
         }
     }
 
@@ -220,7 +223,7 @@ fn is_port_proxy(path: &str, method: &axum::http::Method) -> bool {
 /// Who a request authenticated as: recorded as the audit record's caller.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Principal {
-    /// A user on the Unix socket.
+    /// A user on the Unix socket (the node's administrator).
     Socket { uid: Option<u32> },
     /// A key over TCP.
     Key(NodeKey),
@@ -234,19 +237,157 @@ impl Principal {
                 None => "socket".into(),
             },
             Principal::Key(k) => format!(
-                "key:{}:{} ({}){}",
+                "key:{}:{} ({}){}{}",
                 k.id,
                 k.name,
                 k.scopes.join(","),
+                k.tenant
+                    .as_ref()
+                    .map(|t| format!(" tenant {t}"))
+                    .unwrap_or_default(),
                 crate::caller::from(peer)
             ),
         }
     }
+
+    /// Whether it may use an endpoint that needs `scope`.
+    fn may(&self, scope: &str) -> bool {
+        match self {
+            Principal::Socket { .. } => true,
+            Principal::Key(k) => k.has_scope(scope),
+        }
+    }
+
+    /// The tenant it acts for.
+    fn tenant(&self) -> Option<&str> {
+        match self {
+            Principal::Socket { .. } => None,
+            Principal::Key(k) => k.tenant.as_deref(),
+        }
+    }
+
+    /// As core knows it.
+    fn core(&self, peer: Option<SocketAddr>) -> rampart_core::Principal {
+        rampart_core::Principal {
+            caller: self.caller(peer),
+            tenant: self.tenant().map(str::to_owned),
+            key_id: match self {
+                Principal::Socket { .. } => None,
+                Principal::Key(k) => Some(k.id.clone()),
+            },
+        }
+    }
+}
+
+/// The scope an endpoint of the native API needs (`path` from `/v1` or `/metrics`); None:
+/// any authenticated caller (its tenant's own view). Unknown paths need `admin`.
+pub(crate) fn required_scope(method: &axum::http::Method, path: &str) -> Option<&'static str> {
+    let segs: Vec<&str> = path.trim_matches('/').split('/').collect();
+    let scope = match segs.as_slice() {
+        ["metrics"] => "admin",
+        ["v1", "tenants", ..] => "admin",
+        ["v1", "usage"] | ["v1", "audit", "key"] | ["v1", "openapi.json"] => return None,
+        ["v1", "changes"] => "audit",
+        ["v1", "templates", ..] => "templates",
+        ["v1", "secrets", ..] => "secrets",
+        ["v1", "approvals", ..] => "approve",
+        ["v1", "snapshots", ..] | ["v1", "volumes", ..] => "sandboxes",
+        ["v1", "sandboxes"] => "sandboxes",
+        ["v1", "sandboxes", _] => "sandboxes",
+        ["v1", "sandboxes", _, what, ..] => match *what {
+            "exec" => "exec",
+            "files" => "files",
+            "network" => "network",
+            "audit" => "audit",
+            "ports"
+                if segs.len() == 6 && segs[5] == "public" && method != axum::http::Method::GET =>
+            {
+                "network"
+            }
+            _ => "sandboxes",
+        },
+        _ => "admin",
+    };
+    Some(scope)
+}
+
+/// Serves an authenticated request: its scope, its tenant's create rate, then the request
+/// on behalf of its principal, and the change log.
+async fn serve_as(
+    auth: &Auth,
+    who: Principal,
+    peer: Option<SocketAddr>,
+    mut req: Request,
+    next: Next,
+) -> Response {
+    let method = req.method().clone();
+    let path = req.uri().path().to_owned();
+    if let Some(scope) = required_scope(&method, &path) {
+        if !who.may(scope) {
+            let id = match &who {
+                Principal::Key(k) => k.id.clone(),
+                Principal::Socket { .. } => "socket".into(),
+            };
+            return ApiError::new(
+                StatusCode::FORBIDDEN,
+                "forbidden",
+                format!("API key {id} lacks the scope `{scope}` this endpoint needs"),
+            )
+            .into_response();
+        }
+    }
+    let mut rate = None;
+    if let (Some(t), Some(tenancy)) = (who.tenant(), &auth.tenancy) {
+        if crate::tenancy::is_create(&method, &path) {
+            match tenancy.take_create(t) {
+                Ok(r) => rate = r,
+                Err(refused) => {
+                    let r = refused.native();
+                    log(auth, &who, peer, &method, &path, r.status());
+                    return r;
+                }
+            }
+        }
+    }
+    let p = who.core(peer);
+    req.extensions_mut().insert(who.clone());
+    let mut resp = rampart_core::with_principal(p, next.run(req)).await;
+    if let Some(r) = rate {
+        r.write(resp.headers_mut());
+    }
+    log(auth, &who, peer, &method, &path, resp.status());
+    resp
+}
+
+/// Records a call that may have changed something in the node's change log.
+fn log(
+    auth: &Auth,
+    who: &Principal,
+    peer: Option<SocketAddr>,
+    method: &axum::http::Method,
+    path: &str,
+    status: StatusCode,
+) {
+    let Some(t) = &auth.tenancy else { return };
+    if !crate::tenancy::is_change(method) {
+        return;
+    }
+    let p = who.core(peer);
+    t.log_change(rampart_store::tenants::Change {
+        seq: 0,
+        at_ms: rampart_store::now_ms(),
+        principal: p.caller,
+        key_id: p.key_id,
+        tenant: p.tenant,
+        method: method.to_string(),
+        path: path.to_owned(),
+        status: status.as_u16(),
+    });
 }
 
 /// Middleware on `/v1` and `/metrics`: the Unix socket's peer check, or over TCP the Host
 /// check and the key check. Serves the request on behalf of who it authenticated as.
-pub(crate) async fn guard(State(auth): State<Arc<Auth>>, mut req: Request, next: Next) -> Response {
+pub(crate) async fn guard(State(auth): State<Arc<Auth>>, req: Request, next: Next) -> Response {
     if let Some(ConnectInfo(p)) = req.extensions().get::<ConnectInfo<UnixPeer>>().copied() {
         if !auth.peer_is_admin(&p) {
             let who = p
@@ -260,10 +401,7 @@ pub(crate) async fn guard(State(auth): State<Arc<Auth>>, mut req: Request, next:
             ))
             .into_response();
         }
-        let who = Principal::Socket { uid: p.uid };
-        let caller = who.caller(None);
-        req.extensions_mut().insert(who);
-        return rampart_core::with_caller(caller, next.run(req)).await;
+        return serve_as(&auth, Principal::Socket { uid: p.uid }, None, req, next).await;
     }
     let host = req
         .headers()
@@ -334,17 +472,8 @@ pub(crate) async fn guard(State(auth): State<Arc<Auth>>, mut req: Request, next:
             }
         });
     }
-    if !k.has_scope(SCOPE_ADMIN) {
-        return ApiError::new(
-            StatusCode::FORBIDDEN,
-            "forbidden",
-            format!("API key {} has no scope for this endpoint", k.id),
-        )
-        .into_response();
-    }
-    let caller = Principal::Key(k.clone()).caller(crate::caller::peer(&req));
-    req.extensions_mut().insert(Principal::Key(k));
-    rampart_core::with_caller(caller, next.run(req)).await
+    let peer = crate::caller::peer(&req);
+    serve_as(&auth, Principal::Key(k), peer, req, next).await
 }
 
 #[cfg(test)]

@@ -8,7 +8,7 @@ use rampart_core::CoreError;
 use rampart_types::{ApiError as ApiErrorJson, ApiErrorBody, LimitError};
 
 /// An error answer of the API: a status, a stable code and a message.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct ApiError {
     /// HTTP status.
     pub status: StatusCode,
@@ -16,6 +16,8 @@ pub struct ApiError {
     pub code: &'static str,
     /// Human message, naming the field when there is one.
     pub message: String,
+    /// The quota passed (`quota_exceeded`, `rate_limited`).
+    pub quota: Option<rampart_types::tenant::QuotaRefusal>,
 }
 
 impl ApiError {
@@ -25,6 +27,7 @@ impl ApiError {
             status,
             code,
             message: message.into(),
+            quota: None,
         }
     }
     /// 400 `bad_request`; the message should name the field.
@@ -49,6 +52,7 @@ impl ApiError {
             error: ApiErrorJson {
                 code: self.code.to_owned(),
                 message: self.message.clone(),
+                quota: self.quota.clone(),
             },
         }
     }
@@ -123,6 +127,13 @@ impl From<CoreError> for ApiError {
             CoreError::Agent(a) => ApiError::from(a),
             CoreError::Unsupported(_) => {
                 ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "unsupported", message)
+            }
+            CoreError::Store(rampart_store::StoreError::Quota(q)) => ApiError {
+                quota: Some(q),
+                ..ApiError::new(StatusCode::FORBIDDEN, "quota_exceeded", message)
+            },
+            CoreError::Store(rampart_store::StoreError::NoTenant(_)) => {
+                ApiError::new(StatusCode::FORBIDDEN, "forbidden", message)
             }
             CoreError::Store(_)
             | CoreError::Isolation { .. }

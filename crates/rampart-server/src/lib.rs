@@ -23,6 +23,7 @@ mod proxy;
 mod sandboxes;
 mod secrets;
 mod templates;
+mod tenancy;
 
 pub use audit::{AuditKey, AuditPage};
 pub use auth::{socket_group, UnixPeer, ADMIN_KEY_FILE, SOCKET_FILE, SOCKET_GROUP};
@@ -33,7 +34,7 @@ pub use ports::{valid_domain, ServerOptions, DEFAULT_DOMAIN, TOKEN_HEADER, TOKEN
 
 use axum::http::{StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{any, delete, get, post};
+use axum::routing::{any, delete, get, post, put};
 use axum::{Json, Router};
 use bytes::Bytes;
 use futures::future::BoxFuture;
@@ -383,6 +384,8 @@ pub(crate) struct AppState {
     pub(crate) backend: Arc<dyn Backend>,
     pub(crate) http_metrics: Arc<metrics::HttpMetrics>,
     pub(crate) ports: Arc<ports::Ports>,
+    /// Tenants, the create rate and the change log (none: a backend without a store).
+    pub(crate) tenancy: Option<Arc<tenancy::Tenancy>>,
 }
 
 impl AppState {
@@ -410,7 +413,7 @@ pub fn router(manager: Arc<Manager>) -> Router {
 /// ports, E2B access tokens) is core's, kept with each sandbox ([`Manager::access`]).
 pub fn router_with_options(manager: Arc<Manager>, opts: &ServerOptions) -> Router {
     let ports = ports::Ports::with_access(opts, manager.access());
-    let state = app_state(manager.clone(), ports);
+    let mut state = app_state(manager.clone(), ports);
     let keys = match open_node_keys(manager.data_dir()) {
         Ok(k) => Some(Arc::new(k)),
         Err(e) => {
@@ -418,8 +421,22 @@ pub fn router_with_options(manager: Arc<Manager>, opts: &ServerOptions) -> Route
             None
         }
     };
-    let auth = auth::Auth::new(keys, opts.listen, &opts.domain, &opts.allowed_hosts);
-    let app = e2b::attach(v1_router(state.clone(), Some(Arc::new(auth))), manager);
+    let tenancy =
+        match rampart_store::tenants::TenantStore::open(&manager.data_dir().join("state.db")) {
+            Ok(t) => Some(tenancy::Tenancy::new(Arc::new(t), Some(manager.clone()))),
+            Err(e) => {
+                tracing::error!("tenants are unavailable: cannot open their store: {e}");
+                None
+            }
+        };
+    state.tenancy = tenancy.clone();
+    let mut auth = auth::Auth::new(keys, opts.listen, &opts.domain, &opts.allowed_hosts);
+    auth.tenancy = tenancy.clone();
+    let app = e2b::attach(
+        v1_router(state.clone(), Some(Arc::new(auth))),
+        manager,
+        tenancy,
+    );
     app.layer(axum::middleware::from_fn_with_state(
         state,
         ports::host_route,
@@ -445,6 +462,7 @@ fn app_state(backend: Arc<dyn Backend>, ports: ports::Ports) -> AppState {
         backend,
         http_metrics: Arc::new(metrics::HttpMetrics::new()),
         ports: Arc::new(ports),
+        tenancy: None,
     }
 }
 
@@ -462,6 +480,7 @@ fn open_node_keys(
                 name: "admin".into(),
                 scopes: vec![SCOPE_ADMIN.into()],
                 expires_at_ms: None,
+                tenant: None,
             })
             .map_err(|e| e.to_string())?;
         let path = data_dir.join(ADMIN_KEY_FILE);
@@ -533,6 +552,14 @@ fn v1_router(state: AppState, auth: Option<Arc<auth::Auth>>) -> Router {
         .route("/audit/key", get(audit::key))
         .route("/templates", get(templates::list))
         .route("/templates/{name}", get(templates::get_one))
+        .route("/tenants", post(tenancy::create).get(tenancy::list))
+        .route(
+            "/tenants/{name}",
+            get(tenancy::get_one).delete(tenancy::delete),
+        )
+        .route("/tenants/{name}/quotas", put(tenancy::set_quotas))
+        .route("/usage", get(tenancy::usage))
+        .route("/changes", get(tenancy::changes))
         .route("/openapi.json", get(openapi::serve_openapi))
         .layer(axum::middleware::from_fn(ports::refuse_browser_writes));
     let mut metrics_route = Router::new().route("/metrics", get(metrics::serve_metrics));

@@ -49,6 +49,7 @@ fn info(id: &str, metadata: BTreeMap<String, String>) -> SandboxInfo {
         ended_at: None,
         reason: None,
         access_token: None,
+        tenant: None,
     }
 }
 

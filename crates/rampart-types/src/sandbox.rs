@@ -197,9 +197,13 @@ pub struct ApiErrorBody {
 /// One error: a stable machine code and a human message that says what to do.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ApiError {
-    /// Stable code: `bad_request`, `not_found`, `conflict`, `too_large`, `limit_exceeded`,
-    /// `capacity`, `internal`, `timeout`.
+    /// Stable code: `bad_request`, `unauthorized`, `forbidden`, `not_found`, `conflict`,
+    /// `too_large`, `limit_exceeded`, `quota_exceeded`, `rate_limited`, `capacity`,
+    /// `internal`, `timeout`.
     pub code: String,
     /// What went wrong, naming the field where there is one.
     pub message: String,
+    /// With `quota_exceeded` and `rate_limited`: the limit, the use and the most.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quota: Option<crate::tenant::QuotaRefusal>,
 }

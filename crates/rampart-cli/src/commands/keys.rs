@@ -30,13 +30,22 @@ enum KeysCommand {
         #[arg(long, default_value = "")]
         name: String,
         /// A key of the native API (`rampart_...`) rather than of the E2B API.
-        #[arg(long)]
+        #[arg(long, conflicts_with = "e2b")]
         native: bool,
-        /// Scope of a native key (repeatable; today only `admin`, the default).
-        #[arg(long = "scope", value_name = "SCOPE", requires = "native")]
+        /// A key of the E2B API (the default without --tenant).
+        #[arg(long)]
+        e2b: bool,
+        /// The tenant the key acts for (it sees only that tenant's sandboxes); a native key
+        /// unless --e2b.
+        #[arg(long, value_name = "NAME")]
+        tenant: Option<String>,
+        /// Scope of a native key (repeatable): sandboxes, exec, files, network, secrets,
+        /// templates, audit, approve, admin. Default: admin for the node's keys, everything
+        /// but admin for a tenant's.
+        #[arg(long = "scope", value_name = "SCOPE", conflicts_with = "e2b")]
         scopes: Vec<String>,
         /// A native key stops working after this long (`90m`, `12h`, `30d`, `3600s`).
-        #[arg(long, value_name = "DURATION", requires = "native")]
+        #[arg(long, value_name = "DURATION", conflicts_with = "e2b")]
         expires: Option<String>,
         /// Print `{"key": ..., "id": ...}`.
         #[arg(long)]
@@ -58,6 +67,9 @@ enum KeysCommand {
     /// List keys of both kinds (their ids and first characters, never the keys).
     #[command(alias = "list")]
     Ls {
+        /// Only the keys of this tenant.
+        #[arg(long, value_name = "NAME")]
+        tenant: Option<String>,
         /// Print JSON.
         #[arg(long)]
         json: bool,
@@ -71,11 +83,15 @@ enum KeysCommand {
     },
 }
 
+fn data_dir(a: &KeysArgs) -> Result<PathBuf> {
+    match &a.data_dir {
+        Some(d) => Ok(d.clone()),
+        None => super::serve::default_data_dir(),
+    }
+}
+
 fn open(a: &KeysArgs) -> Result<(KeyStore, NodeKeyStore)> {
-    let dir = match &a.data_dir {
-        Some(d) => d.clone(),
-        None => super::serve::default_data_dir()?,
-    };
+    let dir = data_dir(a)?;
     super::serve::create_data_dir(&dir)?;
     let db = dir.join("state.db");
     let e2b = KeyStore::open(&db)
@@ -117,7 +133,20 @@ fn scopes_or_admin(scopes: Vec<String>) -> Vec<String> {
     }
 }
 
-fn time_of(ms: i64) -> String {
+/// Checks that `tenant` exists in the store of `dir`.
+fn check_tenant(dir: &std::path::Path, tenant: &str) -> Result<()> {
+    rampart_types::tenant::check_tenant_name(tenant)
+        .map_err(|e| anyhow::anyhow!("--tenant: {e}"))?;
+    let store = rampart_store::tenants::TenantStore::open(&dir.join("state.db"))
+        .with_context(|| format!("cannot open the tenant store in {}", dir.display()))?;
+    if store.get(tenant)?.is_none() {
+        bail!("--tenant: no tenant {tenant:?} (make it with `rampart tenant create {tenant}`)");
+    }
+    Ok(())
+}
+
+/// The time of a unix-ms instant, RFC 3339.
+pub fn time_of(ms: i64) -> String {
     time::OffsetDateTime::from_unix_timestamp(ms / 1000)
         .ok()
         .and_then(|t| {
@@ -130,22 +159,33 @@ fn time_of(ms: i64) -> String {
 /// `rampart keys ...`.
 pub fn run(a: KeysArgs) -> Result<u8> {
     let (store, native) = open(&a)?;
+    let dir = data_dir(&a)?;
     match a.command {
         KeysCommand::Create {
             name,
-            native: true,
+            native: is_native,
+            e2b,
+            tenant,
             scopes,
             expires,
             json,
-        } => {
+        } if is_native || (tenant.is_some() && !e2b) => {
+            if let Some(t) = &tenant {
+                check_tenant(&dir, t)?;
+            }
             let expires_at_ms = match expires {
                 Some(e) => Some(rampart_store::now_ms() + parse_duration_ms(&e)?),
                 None => None,
             };
+            let scopes = match (&tenant, scopes.is_empty()) {
+                (Some(_), true) => rampart_store::node_keys::default_tenant_scopes(),
+                _ => scopes_or_admin(scopes),
+            };
             let (info, key) = native.create(&NewKey {
                 name,
-                scopes: scopes_or_admin(scopes),
+                scopes,
                 expires_at_ms,
+                tenant,
             })?;
             if json {
                 println!(
@@ -178,6 +218,7 @@ pub fn run(a: KeysArgs) -> Result<u8> {
                     name,
                     scopes: scopes_or_admin(scopes),
                     expires_at_ms: None,
+                    tenant: None,
                 },
                 text.trim(),
             )?;
@@ -187,12 +228,23 @@ pub fn run(a: KeysArgs) -> Result<u8> {
                 eprintln!("imported native key id {}", info.id);
             }
         }
-        KeysCommand::Create { name, json, .. } => {
-            let (info, key) = store.create_key(&name)?;
+        KeysCommand::Create {
+            name, json, tenant, ..
+        } => {
+            if let Some(t) = &tenant {
+                check_tenant(&dir, t)?;
+            }
+            let (info, key) = store.create_tenant_key(&name, tenant.as_deref())?;
             if json {
                 println!(
                     "{}",
-                    serde_json::json!({"key": key, "id": info.id, "name": info.name})
+                    serde_json::json!({
+                        "key": key,
+                        "id": info.id,
+                        "name": info.name,
+                        "kind": "e2b",
+                        "tenant": info.tenant,
+                    })
                 );
             } else {
                 println!("{key}");
@@ -202,9 +254,13 @@ pub fn run(a: KeysArgs) -> Result<u8> {
                 );
             }
         }
-        KeysCommand::Ls { json } => {
-            let keys = store.list_keys()?;
-            let nkeys = native.list()?;
+        KeysCommand::Ls { json, tenant } => {
+            let mut keys = store.list_keys()?;
+            let mut nkeys = native.list()?;
+            if let Some(t) = &tenant {
+                keys.retain(|k| k.tenant.as_ref() == Some(t));
+                nkeys.retain(|k| k.tenant.as_ref() == Some(t));
+            }
             if json {
                 let mut out = Vec::new();
                 for k in &nkeys {
@@ -233,7 +289,7 @@ pub fn run(a: KeysArgs) -> Result<u8> {
                         "active"
                     };
                     println!(
-                        "{:<7} {:<14} {:<18} {:<22} {:<22} {:<10} {} [{}]",
+                        "{:<7} {:<14} {:<18} {:<22} {:<22} {:<10} {} [{}]{}",
                         "native",
                         k.id,
                         k.hint,
@@ -241,19 +297,21 @@ pub fn run(a: KeysArgs) -> Result<u8> {
                         k.last_used_at_ms.map(time_of).unwrap_or_else(|| "-".into()),
                         state,
                         k.name,
-                        k.scopes.join(",")
+                        k.scopes.join(","),
+                        k.tenant.map(|t| format!(" tenant {t}")).unwrap_or_default()
                     );
                 }
                 for k in keys {
                     println!(
-                        "{:<7} {:<14} {:<18} {:<22} {:<22} {:<10} {}",
+                        "{:<7} {:<14} {:<18} {:<22} {:<22} {:<10} {}{}",
                         "e2b",
                         k.id,
                         k.hint,
                         time_of(k.created_at_ms),
                         k.last_used_at_ms.map(time_of).unwrap_or_else(|| "-".into()),
                         "active",
-                        k.name
+                        k.name,
+                        k.tenant.map(|t| format!(" tenant {t}")).unwrap_or_default()
                     );
                 }
             }

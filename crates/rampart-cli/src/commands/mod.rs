@@ -13,6 +13,7 @@ pub mod sandbox;
 pub mod secret;
 pub mod serve;
 pub mod template;
+pub mod tenant;
 
 use anyhow::{anyhow, Result};
 use std::collections::BTreeMap;

@@ -394,7 +394,11 @@ impl Sandboxes {
         };
         let owner = match self.registry.tenant(id) {
             Some(owner) => owner,
-            None => self.store.get(id).map_err(CoreError::from)?.and_then(|r| r.tenant),
+            None => self
+                .store
+                .get(id)
+                .map_err(CoreError::from)?
+                .and_then(|r| r.tenant),
         };
         if owner.as_deref() == Some(tenant.as_str()) {
             Ok(())

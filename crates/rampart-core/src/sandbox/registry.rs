@@ -385,9 +385,36 @@ mod tests {
             SandboxId::generate(),
         );
         let past = Instant::now() - Duration::from_millis(1);
-        r.insert(&a, client(), 1, past, false, OnTimeout::Destroy, dummy_task);
-        r.insert(&b, client(), 2, past, false, OnTimeout::Pause, dummy_task);
-        r.insert(&c, client(), 3, past, true, OnTimeout::Pause, dummy_task);
+        r.insert(
+            &a,
+            client(),
+            1,
+            past,
+            false,
+            OnTimeout::Destroy,
+            None,
+            dummy_task,
+        );
+        r.insert(
+            &b,
+            client(),
+            2,
+            past,
+            false,
+            OnTimeout::Pause,
+            None,
+            dummy_task,
+        );
+        r.insert(
+            &c,
+            client(),
+            3,
+            past,
+            true,
+            OnTimeout::Pause,
+            None,
+            dummy_task,
+        );
         let mut got = r.take_expired();
         got.sort_by_key(|(id, _)| id.to_string());
         let mut want = vec![(a.clone(), Expiry::Destroy), (b.clone(), Expiry::Pause)];

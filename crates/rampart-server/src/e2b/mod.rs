@@ -37,6 +37,8 @@ pub(crate) struct E2b {
     pub(crate) keys: Arc<KeyStore>,
     /// Every sandbox's token, stripped from what the envd proxy forwards.
     pub(crate) creds: crate::ports::Credentials,
+    /// Tenants: the create rate and the change log.
+    pub(crate) tenancy: Option<Arc<crate::tenancy::Tenancy>>,
 }
 
 impl std::fmt::Debug for E2b {
@@ -84,6 +86,9 @@ impl From<rampart_core::CoreError> for E2bError {
             C::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             C::Agent(_) => StatusCode::BAD_GATEWAY,
             C::Unsupported(_) => StatusCode::SERVICE_UNAVAILABLE,
+            // E2B answers a passed concurrency limit with 429.
+            C::Store(rampart_store::StoreError::Quota(_)) => StatusCode::TOO_MANY_REQUESTS,
+            C::Store(rampart_store::StoreError::NoTenant(_)) => StatusCode::FORBIDDEN,
             C::Store(_)
             | C::Isolation { .. }
             | C::Io { .. }
@@ -148,7 +153,11 @@ pub(crate) fn write_secret(path: &std::path::Path, text: &str) -> std::io::Resul
 
 /// Adds the E2B API to `inner` (the daemon's router). If the key store cannot be opened the
 /// E2B paths answer 503 saying why, and `/v1` is unaffected.
-pub(crate) fn attach(inner: Router, manager: Arc<Manager>) -> Router {
+pub(crate) fn attach(
+    inner: Router,
+    manager: Arc<Manager>,
+    tenancy: Option<Arc<crate::tenancy::Tenancy>>,
+) -> Router {
     let keys = match open_keys(manager.data_dir()) {
         Ok(k) => Arc::new(k),
         Err(e) => {
@@ -171,6 +180,7 @@ pub(crate) fn attach(inner: Router, manager: Arc<Manager>) -> Router {
         manager,
         keys,
         creds,
+        tenancy,
     };
     let api = Router::new()
         .route("/sandboxes", post(api::create).get(api::list_v1))
@@ -222,32 +232,79 @@ async fn api_key(State(st): State<E2b>, req: Request, next: Next) -> Response {
     }
     let keys = st.keys.clone();
     // The key's id and name (never the key) name the caller in the audit record.
-    let ok = tokio::task::spawn_blocking(move || {
-        if !keys.check_key(&key)? {
-            return Ok(None);
+    let found = tokio::task::spawn_blocking(move || keys.lookup(&key)).await;
+    let info = match found {
+        Ok(Ok(Some(info))) => info,
+        Ok(Ok(None)) => {
+            return E2bError::new(
+                StatusCode::UNAUTHORIZED,
+                "invalid API key: use a key from `rampart keys create`",
+            )
+            .into_response()
         }
-        let id = rampart_store::keys::sha256_hex(key.as_bytes());
-        let id = id.get(..12).unwrap_or_default().to_owned();
-        let name = keys
-            .list_keys()?
-            .into_iter()
-            .find(|k| k.id == id)
-            .map(|k| k.name)
-            .unwrap_or_default();
-        Ok::<_, rampart_store::StoreError>(Some(format!("e2b-key:{id}:{name}")))
-    })
-    .await;
-    match ok {
-        Ok(Ok(Some(who))) => {
-            let caller = format!("{who}{}", crate::caller::from(crate::caller::peer(&req)));
-            rampart_core::with_caller(caller, next.run(req)).await
+        Ok(Err(e)) => return E2bError::from(e).into_response(),
+        Err(e) => return E2bError::internal(format!("checking the API key: {e}")).into_response(),
+    };
+    let peer = crate::caller::peer(&req);
+    let p = rampart_core::Principal {
+        caller: format!(
+            "e2b-key:{}:{}{}{}",
+            info.id,
+            info.name,
+            info.tenant
+                .as_ref()
+                .map(|t| format!(" tenant {t}"))
+                .unwrap_or_default(),
+            crate::caller::from(peer)
+        ),
+        tenant: info.tenant.clone(),
+        key_id: Some(info.id.clone()),
+    };
+    let method = req.method().clone();
+    let path = req.uri().path().to_owned();
+    let mut rate = None;
+    if let (Some(t), Some(tenancy)) = (&p.tenant, &st.tenancy) {
+        if crate::tenancy::is_create(&method, &path) {
+            match tenancy.take_create(t) {
+                Ok(r) => rate = r,
+                Err(refused) => {
+                    let mut r = E2bError::new(StatusCode::TOO_MANY_REQUESTS, refused.message())
+                        .into_response();
+                    refused.headers(r.headers_mut());
+                    log_change(&st, &p, &method, &path, r.status());
+                    return r;
+                }
+            }
         }
-        Ok(Ok(None)) => E2bError::new(
-            StatusCode::UNAUTHORIZED,
-            "invalid API key: use a key from `rampart keys create`",
-        )
-        .into_response(),
-        Ok(Err(e)) => E2bError::from(e).into_response(),
-        Err(e) => E2bError::internal(format!("checking the API key: {e}")).into_response(),
     }
+    let mut resp = rampart_core::with_principal(p.clone(), next.run(req)).await;
+    if let Some(r) = rate {
+        r.write(resp.headers_mut());
+    }
+    log_change(&st, &p, &method, &path, resp.status());
+    resp
+}
+
+/// Records a call of the E2B API that may have changed something in the change log.
+fn log_change(
+    st: &E2b,
+    p: &rampart_core::Principal,
+    method: &axum::http::Method,
+    path: &str,
+    status: StatusCode,
+) {
+    let Some(t) = &st.tenancy else { return };
+    if !crate::tenancy::is_change(method) {
+        return;
+    }
+    t.log_change(rampart_store::tenants::Change {
+        seq: 0,
+        at_ms: rampart_store::now_ms(),
+        principal: p.caller.clone(),
+        key_id: p.key_id.clone(),
+        tenant: p.tenant.clone(),
+        method: method.to_string(),
+        path: path.to_owned(),
+        status: status.as_u16(),
+    });
 }

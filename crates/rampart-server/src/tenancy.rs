@@ -1,0 +1,413 @@
+//! Tenants on the API (`docs/tenants.md`): their administration (`/v1/tenants`, admins
+//! only), their create rate (`creates_per_minute`, with `X-RateLimit-*` headers), their
+//! usage (`/v1/usage`) and the node's change log (`/v1/changes`), which records every call
+//! that changes something with who made it and what it answered.
+//!
+//! Quotas on what a tenant holds are not here: core checks them in the transaction that
+//! admits each sandbox.
+
+use crate::error::ApiError;
+use crate::extract::{ApiJson, ApiQuery};
+use crate::AppState;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, HeaderValue, Method, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use rampart_core::Manager;
+use rampart_store::tenants::{Change, TenantError, TenantRow, TenantStore};
+use rampart_types::tenant::{CreateTenant, QuotaRefusal, Quotas, TenantInfo, UsageReport};
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// The window of `creates_per_minute`.
+const RATE_WINDOW: Duration = Duration::from_secs(60);
+
+/// The tenant side of the API: the tenant store, the create rate limiter and the change log.
+#[derive(Debug)]
+pub(crate) struct Tenancy {
+    store: Arc<TenantStore>,
+    /// The creates of each tenant in the last minute.
+    windows: Mutex<HashMap<String, VecDeque<Instant>>>,
+    /// Changes to append to the log (written off the request path, in batches).
+    changes: tokio::sync::mpsc::UnboundedSender<Change>,
+}
+
+/// The rate limit as it stands after a request that counts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct RateState {
+    /// Creates allowed a minute.
+    pub(crate) limit: u64,
+    /// Creates left in the window.
+    pub(crate) remaining: u64,
+    /// Seconds until one more is allowed (0: one is).
+    pub(crate) reset_secs: u64,
+}
+
+impl RateState {
+    /// Adds the `X-RateLimit-*` headers.
+    pub(crate) fn write(&self, h: &mut HeaderMap) {
+        let mut put = |name: &'static str, v: u64| {
+            if let Ok(v) = HeaderValue::from_str(&v.to_string()) {
+                h.insert(name, v);
+            }
+        };
+        put("x-ratelimit-limit", self.limit);
+        put("x-ratelimit-remaining", self.remaining);
+        put("x-ratelimit-reset", self.reset_secs);
+    }
+}
+
+/// A create refused by the rate limit.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct RateRefusal {
+    pub(crate) state: RateState,
+    pub(crate) tenant: String,
+}
+
+impl RateRefusal {
+    /// The 429 of the native API.
+    pub(crate) fn native(&self) -> Response {
+        let s = self.state;
+        let e = ApiError {
+            quota: Some(QuotaRefusal {
+                limit: "creates_per_minute".into(),
+                used: s.limit as f64,
+                requested: 1.0,
+                max: s.limit as f64,
+            }),
+            ..ApiError::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                "rate_limited",
+                self.message(),
+            )
+        };
+        let mut r = e.into_response();
+        self.headers(r.headers_mut());
+        r
+    }
+
+    /// What it says.
+    pub(crate) fn message(&self) -> String {
+        format!(
+            "rate limit creates_per_minute exceeded: tenant {} made {} creates in the last \
+             minute, the most; try again in {} s",
+            self.tenant,
+            self.state.limit,
+            self.state.reset_secs.max(1)
+        )
+    }
+
+    /// The rate headers and `Retry-After`.
+    pub(crate) fn headers(&self, h: &mut HeaderMap) {
+        self.state.write(h);
+        if let Ok(v) = HeaderValue::from_str(&self.state.reset_secs.max(1).to_string()) {
+            h.insert(axum::http::header::RETRY_AFTER, v);
+        }
+    }
+}
+
+impl Tenancy {
+    /// The tenant side over `store`, appending changes through `manager`.
+    pub(crate) fn new(store: Arc<TenantStore>, manager: Option<Arc<Manager>>) -> Arc<Tenancy> {
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        if let Some(m) = manager {
+            tokio::spawn(write_changes(m, rx));
+        }
+        Arc::new(Tenancy {
+            store,
+            windows: Mutex::new(HashMap::new()),
+            changes: tx,
+        })
+    }
+
+    /// Counts a create of `tenant` against its `creates_per_minute`. Ok(None): no limit.
+    pub(crate) fn take_create(&self, tenant: &str) -> Result<Option<RateState>, RateRefusal> {
+        let limit = match self.store.get(tenant) {
+            Ok(Some(t)) => t.quotas.creates_per_minute,
+            // A tenant that is gone is refused by the create itself.
+            _ => None,
+        };
+        let Some(limit) = limit else {
+            return Ok(None);
+        };
+        let now = Instant::now();
+        let mut w = self.windows.lock().unwrap_or_else(|p| p.into_inner());
+        let q = w.entry(tenant.to_owned()).or_default();
+        while q
+            .front()
+            .is_some_and(|t| now.duration_since(*t) >= RATE_WINDOW)
+        {
+            q.pop_front();
+        }
+        let reset = |q: &VecDeque<Instant>| {
+            q.front().map_or(0, |t| {
+                RATE_WINDOW
+                    .saturating_sub(now.duration_since(*t))
+                    .as_secs_f64()
+                    .ceil() as u64
+            })
+        };
+        if q.len() as u64 >= limit {
+            return Err(RateRefusal {
+                state: RateState {
+                    limit,
+                    remaining: 0,
+                    reset_secs: reset(q),
+                },
+                tenant: tenant.to_owned(),
+            });
+        }
+        q.push_back(now);
+        let remaining = limit - q.len() as u64;
+        Ok(Some(RateState {
+            limit,
+            remaining,
+            reset_secs: if remaining == 0 { reset(q) } else { 0 },
+        }))
+    }
+
+    /// Records a call that changed something (or tried to).
+    pub(crate) fn log_change(&self, c: Change) {
+        let _ = self.changes.send(c);
+    }
+}
+
+/// Whether a request may change something (and so goes in the change log).
+pub(crate) fn is_change(m: &Method) -> bool {
+    !matches!(*m, Method::GET | Method::HEAD | Method::OPTIONS)
+}
+
+/// Whether `path` (with `method`) makes sandboxes: counted by `creates_per_minute`.
+pub(crate) fn is_create(method: &Method, path: &str) -> bool {
+    if *method != Method::POST {
+        return false;
+    }
+    let p = path.trim_end_matches('/');
+    let segs: Vec<&str> = p.trim_start_matches('/').split('/').collect();
+    matches!(
+        segs.as_slice(),
+        ["v1", "sandboxes"] | ["v1", "sandboxes", _, "fork"] | ["sandboxes"] | ["v2", "sandboxes"]
+    )
+}
+
+/// Appends changes in batches, off the request path.
+async fn write_changes(m: Arc<Manager>, mut rx: tokio::sync::mpsc::UnboundedReceiver<Change>) {
+    while let Some(first) = rx.recv().await {
+        let mut batch = vec![first];
+        while batch.len() < 512 {
+            match rx.try_recv() {
+                Ok(c) => batch.push(c),
+                Err(_) => break,
+            }
+        }
+        let m = m.clone();
+        let r = tokio::task::spawn_blocking(move || m.record_changes(&batch)).await;
+        if let Ok(Err(e)) = r {
+            tracing::warn!("writing the change log: {e}");
+        }
+    }
+}
+
+fn tenancy(st: &AppState) -> Result<&Arc<Tenancy>, ApiError> {
+    st.tenancy.as_ref().ok_or_else(|| {
+        ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "unsupported",
+            "this server has no tenant store",
+        )
+    })
+}
+
+fn tenant_error(e: TenantError) -> ApiError {
+    let message = e.to_string();
+    match e {
+        TenantError::Name(_) | TenantError::Quota(_) => ApiError::bad_request(message),
+        TenantError::Exists(_) | TenantError::Busy { .. } => {
+            ApiError::new(StatusCode::CONFLICT, "conflict", message)
+        }
+        TenantError::NotFound(_) => ApiError::not_found(message),
+        TenantError::Store(_) => ApiError::internal(message),
+    }
+}
+
+fn info(t: &Tenancy, row: TenantRow) -> TenantInfo {
+    let holds = t.store.holdings(&row.name).ok();
+    TenantInfo {
+        created_at: time::OffsetDateTime::from_unix_timestamp_nanos(
+            i128::from(row.created_at_ms) * 1_000_000,
+        )
+        .ok()
+        .and_then(|d| {
+            d.format(&time::format_description::well_known::Rfc3339)
+                .ok()
+        })
+        .unwrap_or_default(),
+        name: row.name,
+        quotas: row.quotas,
+        holds,
+    }
+}
+
+/// `POST /v1/tenants` (admin).
+pub(crate) async fn create(
+    State(st): State<AppState>,
+    ApiJson(req): ApiJson<CreateTenant>,
+) -> Result<(StatusCode, Json<TenantInfo>), ApiError> {
+    let t = tenancy(&st)?;
+    let row = t
+        .store
+        .create(&req.name, &req.quotas)
+        .map_err(tenant_error)?;
+    Ok((StatusCode::CREATED, Json(info(t, row))))
+}
+
+/// `GET /v1/tenants` (admin).
+pub(crate) async fn list(State(st): State<AppState>) -> Result<Json<Vec<TenantInfo>>, ApiError> {
+    let t = tenancy(&st)?;
+    let rows = t
+        .store
+        .list()
+        .map_err(|e| ApiError::internal(e.to_string()))?;
+    Ok(Json(rows.into_iter().map(|r| info(t, r)).collect()))
+}
+
+/// `GET /v1/tenants/{name}` (admin).
+pub(crate) async fn get_one(
+    State(st): State<AppState>,
+    Path(name): Path<String>,
+) -> Result<Json<TenantInfo>, ApiError> {
+    let t = tenancy(&st)?;
+    match t.store.get(&name) {
+        Ok(Some(r)) => Ok(Json(info(t, r))),
+        Ok(None) => Err(ApiError::not_found(format!("tenant {name} not found"))),
+        Err(e) => Err(ApiError::internal(e.to_string())),
+    }
+}
+
+/// `PUT /v1/tenants/{name}/quotas` (admin): replaces its quotas.
+pub(crate) async fn set_quotas(
+    State(st): State<AppState>,
+    Path(name): Path<String>,
+    ApiJson(q): ApiJson<Quotas>,
+) -> Result<Json<TenantInfo>, ApiError> {
+    let t = tenancy(&st)?;
+    let row = t.store.set_quotas(&name, &q).map_err(tenant_error)?;
+    Ok(Json(info(t, row)))
+}
+
+/// `DELETE /v1/tenants/{name}` (admin): refused while it has alive sandboxes; revokes its
+/// keys.
+pub(crate) async fn delete(
+    State(st): State<AppState>,
+    Path(name): Path<String>,
+) -> Result<StatusCode, ApiError> {
+    let t = tenancy(&st)?;
+    t.store.delete(&name).map_err(tenant_error)?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// The query of `GET /v1/usage`.
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct UsageQuery {
+    /// Start (RFC 3339; default: the start of time).
+    from: Option<String>,
+    /// End (RFC 3339; default: now).
+    to: Option<String>,
+    /// An admin's choice of tenant (a tenant's key gets its own whatever it says).
+    tenant: Option<String>,
+}
+
+fn parse_time(field: &str, s: &str) -> Result<i64, ApiError> {
+    time::OffsetDateTime::parse(s, &time::format_description::well_known::Rfc3339)
+        .map(|t| (t.unix_timestamp_nanos() / 1_000_000) as i64)
+        .map_err(|e| ApiError::bad_request(format!("{field}: {s:?} is not an RFC 3339 time: {e}")))
+}
+
+/// `GET /v1/usage?from=&to=[&tenant=]`: the usage report, signed by the node key.
+pub(crate) async fn usage(
+    State(st): State<AppState>,
+    ApiQuery(q): ApiQuery<UsageQuery>,
+) -> Result<Json<UsageReport>, ApiError> {
+    let m = st.manager_or("usage")?;
+    let from = match &q.from {
+        Some(s) => parse_time("from", s)?,
+        None => 0,
+    };
+    let to = match &q.to {
+        Some(s) => parse_time("to", s)?,
+        None => rampart_store::now_ms(),
+    };
+    if to < from {
+        return Err(ApiError::bad_request("to: the range ends before it starts"));
+    }
+    if let Some(t) = &q.tenant {
+        rampart_types::tenant::check_tenant_name(t).map_err(ApiError::bad_request)?;
+    }
+    Ok(Json(m.usage_report(q.tenant, from, to).await?))
+}
+
+/// The query of `GET /v1/changes`.
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct ChangesQuery {
+    /// Entries after this one (default: from the first).
+    after: Option<i64>,
+    /// At most this many (default 100, at most 1000).
+    limit: Option<usize>,
+}
+
+/// `GET /v1/changes`: the node's change log (a tenant's key: its own entries).
+pub(crate) async fn changes(
+    State(st): State<AppState>,
+    ApiQuery(q): ApiQuery<ChangesQuery>,
+) -> Result<Json<Vec<Change>>, ApiError> {
+    let m = st.manager_or("the change log")?;
+    let limit = q.limit.unwrap_or(100).clamp(1, 1000);
+    Ok(Json(m.changes(q.after.unwrap_or(0), limit)?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn creates_are_counted_in_a_minute_window() {
+        let store = Arc::new(TenantStore::open_in_memory().unwrap());
+        store
+            .create(
+                "acme",
+                &Quotas {
+                    creates_per_minute: Some(2),
+                    ..Quotas::default()
+                },
+            )
+            .unwrap();
+        store.create("free", &Quotas::default()).unwrap();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let _g = rt.enter();
+        let t = Tenancy::new(store, None);
+        let a = t.take_create("acme").unwrap().unwrap();
+        assert_eq!((a.limit, a.remaining), (2, 1));
+        let b = t.take_create("acme").unwrap().unwrap();
+        assert_eq!(b.remaining, 0);
+        assert!(b.reset_secs > 0 && b.reset_secs <= 60);
+        let refused = t.take_create("acme").unwrap_err();
+        assert_eq!(refused.state.remaining, 0);
+        assert!(refused.message().contains("creates_per_minute"));
+        assert_eq!(t.take_create("free").unwrap(), None);
+    }
+
+    #[test]
+    fn creates_are_the_paths_that_make_sandboxes() {
+        assert!(is_create(&Method::POST, "/v1/sandboxes"));
+        assert!(is_create(&Method::POST, "/v1/sandboxes/abc/fork"));
+        assert!(is_create(&Method::POST, "/sandboxes"));
+        assert!(is_create(&Method::POST, "/v2/sandboxes"));
+        assert!(!is_create(&Method::GET, "/v1/sandboxes"));
+        assert!(!is_create(&Method::POST, "/v1/sandboxes/abc/exec"));
+    }
+}
