@@ -321,7 +321,12 @@ async fn serve_as(
     next: Next,
 ) -> Response {
     let method = req.method().clone();
-    let path = req.uri().path().to_owned();
+    // Under `nest("/v1")` the request's path lacks the prefix; the original has it.
+    let path = req
+        .extensions()
+        .get::<axum::extract::OriginalUri>()
+        .map(|u| u.0.path().to_owned())
+        .unwrap_or_else(|| req.uri().path().to_owned());
     if let Some(scope) = required_scope(&method, &path) {
         if !who.may(scope) {
             let id = match &who {
