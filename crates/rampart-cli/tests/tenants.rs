@@ -343,6 +343,20 @@ fn tenants_see_only_their_own_on_every_endpoint() {
         .to_string();
     assert!(all.contains(&sa) && all.contains(&sb), "{all}");
 
+    // The node's metrics carry the tenant.
+    let m = http()
+        .get(format!("{url}/metrics"))
+        .header("authorization", format!("Bearer {admin}"))
+        .send()
+        .unwrap()
+        .text()
+        .unwrap();
+    assert!(
+        m.lines().any(|l| l.starts_with("rampart_tenant_sandboxes{")
+            && l.contains("tenant=\"acme\"")
+            && l.contains("state=\"running\"")),
+        "{m}"
+    );
     // Scopes: a tenant's key cannot administer; a key without `exec` cannot exec.
     for (m, path) in [
         (Method::GET, "/v1/tenants"),

@@ -10,6 +10,10 @@ use prometheus::{
 pub(crate) struct Metrics {
     registry: Registry,
     pub sandboxes: IntGaugeVec,
+    /// Alive sandboxes by tenant (`-`: the node's own) and state.
+    pub tenant_sandboxes: IntGaugeVec,
+    /// vCPUs of the alive sandboxes that are not paused, by tenant (milli-vCPUs).
+    pub tenant_millicpus: IntGaugeVec,
     pub creates: IntCounterVec,
     pub create_seconds: Histogram,
     pub execs: IntCounter,
@@ -28,6 +32,20 @@ impl Metrics {
                 "Sandboxes known to the store, by state.",
             ),
             &["state"],
+        )?;
+        let tenant_sandboxes = IntGaugeVec::new(
+            Opts::new(
+                "rampart_tenant_sandboxes",
+                "Alive sandboxes, by tenant (`-`: the node's own) and state.",
+            ),
+            &["tenant", "state"],
+        )?;
+        let tenant_millicpus = IntGaugeVec::new(
+            Opts::new(
+                "rampart_tenant_millicpus",
+                "vCPUs (in thousandths) of the sandboxes not paused, by tenant.",
+            ),
+            &["tenant"],
         )?;
         let creates = IntCounterVec::new(
             Opts::new(
@@ -67,6 +85,8 @@ impl Metrics {
         registry.register(Box::new(pauses.clone()))?;
         registry.register(Box::new(resumes.clone()))?;
         registry.register(Box::new(sandboxes.clone()))?;
+        registry.register(Box::new(tenant_sandboxes.clone()))?;
+        registry.register(Box::new(tenant_millicpus.clone()))?;
         registry.register(Box::new(creates.clone()))?;
         registry.register(Box::new(create_seconds.clone()))?;
         registry.register(Box::new(execs.clone()))?;
@@ -75,6 +95,8 @@ impl Metrics {
         Ok(Metrics {
             registry,
             sandboxes,
+            tenant_sandboxes,
+            tenant_millicpus,
             creates,
             create_seconds,
             execs,

@@ -1,8 +1,9 @@
-//! Who may call the native API (`/v1`, `/metrics`): the node's administrator, over the Unix
-//! socket or with an API key over TCP. `/health` is open; the E2B control plane checks its
-//! own keys (`e2b/mod.rs`); the port proxy and the envd proxy check each sandbox's access
-//! token (`ports.rs`, `e2b/envd.rs`), so the path form of the port proxy
-//! (`/v1/sandboxes/{id}/ports/{P}/...`) needs no API key, only the Host check.
+//! Who may call the native API (`/v1`, `/metrics`): the node's administrator over the Unix
+//! socket, or an API key over TCP acting for the node or for one tenant, within its scopes.
+//! `/health` is open; the E2B control plane checks its own keys (`e2b/mod.rs`); the port
+//! proxy and the envd proxy check each sandbox's access token (`ports.rs`, `e2b/envd.rs`),
+//! so the path form of the port proxy (`/v1/sandboxes/{id}/ports/{P}/...`) needs no API key,
+//! only the Host check.
 //!
 //! - **Unix socket** (`<data>/rampart.sock`, mode 0660): the caller is identified by
 //!   `SO_PEERCRED`; root, the daemon's own user and members of the socket's group are the
@@ -11,6 +12,11 @@
 //!   [`NodeKeyStore`], looked up by digest on every request (revocation is immediate). A
 //!   missing, malformed, unknown, expired or revoked key answers 401 `unauthorized` with a
 //!   message saying which.
+//! - **Scopes** ([`required_scope`]): each endpoint needs one; a key without it gets 403.
+//! - **Tenants**: the request is served on behalf of the key's [`rampart_core::Principal`],
+//!   which core confines to its tenant; a tenant's creates count against its
+//!   `creates_per_minute` (`crate::tenancy`), and every call that may change something goes
+//!   in the node's change log.
 //! - **Host** (TCP only, against DNS rebinding): the `Host` must name the daemon: a loopback
 //!   name (`localhost`, `127.0.0.1`, `[::1]`), the listen address, the port-routing domain or
 //!   a configured name; any port. Otherwise 421 `misdirected_request`.

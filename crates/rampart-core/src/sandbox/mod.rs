@@ -481,6 +481,26 @@ impl Sandboxes {
             }
             Err(e) => warn!("metrics: counting sandboxes: {e}"),
         }
+        match self.store.alive() {
+            Ok(alive) => {
+                let m = &self.metrics;
+                // Rebuilt at each scrape: a tenant with nothing alive has no series.
+                m.tenant_sandboxes.reset();
+                m.tenant_millicpus.reset();
+                for r in &alive {
+                    let t = r.tenant.as_deref().unwrap_or("-");
+                    m.tenant_sandboxes
+                        .with_label_values(&[t, r.state.as_str()])
+                        .inc();
+                    if r.state != SandboxState::Paused {
+                        m.tenant_millicpus
+                            .with_label_values(&[t])
+                            .add((r.limits.cpus * 1000.0).round() as i64);
+                    }
+                }
+            }
+            Err(e) => warn!("metrics: listing alive sandboxes: {e}"),
+        }
         self.metrics.text()
     }
 }
