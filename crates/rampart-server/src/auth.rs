@@ -558,6 +558,34 @@ mod tests {
     }
 
     #[test]
+    fn every_endpoint_needs_its_scope() {
+        use axum::http::Method;
+        let s = |m: Method, p: &str| required_scope(&m, p);
+        assert_eq!(s(Method::POST, "/v1/sandboxes"), Some("sandboxes"));
+        assert_eq!(s(Method::DELETE, "/v1/sandboxes/abc"), Some("sandboxes"));
+        assert_eq!(s(Method::POST, "/v1/sandboxes/abc/exec"), Some("exec"));
+        assert_eq!(s(Method::GET, "/v1/sandboxes/abc/exec/ws"), Some("exec"));
+        assert_eq!(s(Method::PUT, "/v1/sandboxes/abc/files"), Some("files"));
+        assert_eq!(s(Method::PUT, "/v1/sandboxes/abc/network"), Some("network"));
+        assert_eq!(
+            s(Method::POST, "/v1/sandboxes/abc/ports/80/public"),
+            Some("network")
+        );
+        assert_eq!(s(Method::GET, "/v1/sandboxes/abc/ports"), Some("sandboxes"));
+        assert_eq!(
+            s(Method::GET, "/v1/sandboxes/abc/audit/bundle"),
+            Some("audit")
+        );
+        assert_eq!(s(Method::POST, "/v1/secrets"), Some("secrets"));
+        assert_eq!(s(Method::GET, "/v1/templates"), Some("templates"));
+        assert_eq!(s(Method::DELETE, "/v1/volumes/v"), Some("sandboxes"));
+        assert_eq!(s(Method::POST, "/v1/tenants"), Some("admin"));
+        assert_eq!(s(Method::GET, "/metrics"), Some("admin"));
+        assert_eq!(s(Method::GET, "/v1/usage"), None);
+        assert_eq!(s(Method::GET, "/v1/something-new"), Some("admin"));
+    }
+
+    #[test]
     fn socket_peers() {
         let a = auth("127.0.0.1:3000");
         let root = UnixPeer {

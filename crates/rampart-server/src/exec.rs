@@ -325,7 +325,13 @@ pub(crate) async fn exec_ws(
     })?;
     // Answer an unknown sandbox with a plain 404 before upgrading.
     st.backend.get(&id)?;
-    Ok(ws.on_upgrade(move |socket| ws_session(st, id, socket)))
+    // The session runs after this request's task: it keeps acting for its principal (the
+    // record names it; a tenant stays confined to its own).
+    let who = rampart_core::principal::current().unwrap_or_else(|| rampart_core::Principal {
+        caller: crate::caller::native(None),
+        ..Default::default()
+    });
+    Ok(ws.on_upgrade(move |socket| rampart_core::with_principal(who, ws_session(st, id, socket))))
 }
 
 async fn ws_send(socket: &mut WebSocket, ev: &ExecEvent) -> Result<(), axum::Error> {
