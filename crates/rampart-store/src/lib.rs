@@ -279,6 +279,17 @@ pub trait SandboxStore: Send + Sync + std::fmt::Debug {
         reason: Option<&str>,
         event: Option<&NewEvent>,
     ) -> Result<(), StoreError>;
+    /// [`SandboxStore::set_state_audited`] to an ended state, with the sandbox's final usage
+    /// figures written in the same transaction.
+    fn set_ended_audited(
+        &self,
+        id: &SandboxId,
+        state: SandboxState,
+        ended_at_ms: i64,
+        reason: Option<&str>,
+        usage: &tenants::FinalUsage,
+        event: Option<&NewEvent>,
+    ) -> Result<(), StoreError>;
     /// [`SandboxStore::set_expiry`] and, in the same transaction, the audit event `event`.
     fn set_expiry_audited(
         &self,
@@ -340,13 +351,6 @@ pub trait SandboxStore: Send + Sync + std::fmt::Debug {
     /// Checks that `tenant` may take on `demand` beside what it holds (a volume, a
     /// snapshot).
     fn admit_demand(&self, tenant: &str, demand: &tenants::Demand) -> Result<(), StoreError>;
-    /// Records the final usage figures of a sandbox that ended (or is ending) at `at_ms`.
-    fn finish_usage(
-        &self,
-        id: &SandboxId,
-        at_ms: i64,
-        usage: &tenants::FinalUsage,
-    ) -> Result<(), StoreError>;
     /// Usage rows of the sandboxes of `tenant` (every sandbox when None) alive at some time
     /// in `[from_ms, to_ms)`, oldest first, with each one's count of `exec` events.
     fn usage_between(
@@ -495,6 +499,50 @@ impl SqliteStore {
         if let Some(c) = &self.checkpointer {
             c.committed();
         }
+    }
+
+    /// Sets the state (and for an ended state its end time, reason and final usage) and
+    /// records `event`, in one transaction.
+    fn set_state_with_usage(
+        &self,
+        id: &SandboxId,
+        state: SandboxState,
+        ended_at_ms: Option<i64>,
+        reason: Option<&str>,
+        usage: Option<&tenants::FinalUsage>,
+        event: Option<&NewEvent>,
+    ) -> Result<(), StoreError> {
+        let mut conn = self.lock();
+        let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+        let n = tx
+            .prepare_cached(
+                "UPDATE sandboxes SET state = ?2, ended_at = COALESCE(?3, ended_at), \
+                 reason = COALESCE(?4, reason) WHERE id = ?1",
+            )?
+            .execute(params![id.as_str(), state.as_str(), ended_at_ms, reason])?;
+        changed(n, id)?;
+        let now = ended_at_ms.unwrap_or_else(now_ms);
+        match state {
+            SandboxState::Paused => tenants::usage_paused(&tx, id.as_str(), true, now)?,
+            SandboxState::Running => tenants::usage_paused(&tx, id.as_str(), false, now)?,
+            _ => {}
+        }
+        if !state.is_alive() {
+            // An ended sandbox's tokens (its own and its E2B one) open nothing any more, and
+            // its E2B facts go, whatever ended it.
+            access::forget_in(&tx, id.as_str())?;
+            tenants::finish_usage(
+                &tx,
+                id.as_str(),
+                now,
+                usage.unwrap_or(&tenants::FinalUsage::default()),
+            )?;
+        }
+        if let Some(e) = event {
+            audit::insert_event(&tx, e)?;
+        }
+        tx.commit()?;
+        Ok(())
     }
 
     fn lock(&self) -> MutexGuard<'_, Connection> {
@@ -781,32 +829,19 @@ impl SandboxStore for SqliteStore {
         reason: Option<&str>,
         event: Option<&NewEvent>,
     ) -> Result<(), StoreError> {
-        let mut conn = self.lock();
-        let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-        let n = tx
-            .prepare_cached(
-                "UPDATE sandboxes SET state = ?2, ended_at = COALESCE(?3, ended_at), \
-                 reason = COALESCE(?4, reason) WHERE id = ?1",
-            )?
-            .execute(params![id.as_str(), state.as_str(), ended_at_ms, reason])?;
-        changed(n, id)?;
-        let now = ended_at_ms.unwrap_or_else(now_ms);
-        match state {
-            SandboxState::Paused => tenants::usage_paused(&tx, id.as_str(), true, now)?,
-            SandboxState::Running => tenants::usage_paused(&tx, id.as_str(), false, now)?,
-            _ => {}
-        }
-        if !state.is_alive() {
-            // An ended sandbox's tokens (its own and its E2B one) open nothing any more, and
-            // its E2B facts go, whatever ended it.
-            access::forget_in(&tx, id.as_str())?;
-            tenants::finish_usage(&tx, id.as_str(), now, &tenants::FinalUsage::default())?;
-        }
-        if let Some(e) = event {
-            audit::insert_event(&tx, e)?;
-        }
-        tx.commit()?;
-        Ok(())
+        self.set_state_with_usage(id, state, ended_at_ms, reason, None, event)
+    }
+
+    fn set_ended_audited(
+        &self,
+        id: &SandboxId,
+        state: SandboxState,
+        ended_at_ms: i64,
+        reason: Option<&str>,
+        usage: &tenants::FinalUsage,
+        event: Option<&NewEvent>,
+    ) -> Result<(), StoreError> {
+        self.set_state_with_usage(id, state, Some(ended_at_ms), reason, Some(usage), event)
     }
 
     fn set_expiry_audited(
@@ -932,15 +967,6 @@ impl SandboxStore for SqliteStore {
 
     fn admit_demand(&self, tenant: &str, demand: &tenants::Demand) -> Result<(), StoreError> {
         tenants::admit(&self.lock(), tenant, demand)
-    }
-
-    fn finish_usage(
-        &self,
-        id: &SandboxId,
-        at_ms: i64,
-        usage: &tenants::FinalUsage,
-    ) -> Result<(), StoreError> {
-        tenants::finish_usage(&self.lock(), id.as_str(), at_ms, usage)
     }
 
     fn usage_between(
@@ -1172,18 +1198,18 @@ mod tests {
         assert_eq!(tenants.holdings("acme").unwrap().paused, 1);
         // Usage rows: one per create that passed, ended with the sandbox.
         store
-            .finish_usage(
+            .set_ended_audited(
                 &ids[1],
+                SandboxState::Destroyed,
                 now_ms(),
+                None,
                 &tenants::FinalUsage {
                     cpu_usec: 3_000_000,
                     memory_peak_bytes: 1 << 20,
                     egress_bytes: 10,
                 },
+                None,
             )
-            .unwrap();
-        store
-            .set_state(&ids[1], SandboxState::Destroyed, Some(now_ms()), None)
             .unwrap();
         let rows = store.usage_between(Some("acme"), 0, i64::MAX).unwrap();
         assert_eq!(rows.len(), 4);

@@ -317,21 +317,19 @@ impl Sandboxes {
         let diffed_at = Instant::now();
         // What the network events budget left out (its processes are dead: no more entries).
         self.netaudit.record_suppressed(id);
+        // Its usage, final, written with its end.
         let finals = rampart_store::tenants::FinalUsage {
             cpu_usec: used.as_ref().map_or(0, |u| u.cpu_usec),
             memory_peak_bytes: used.as_ref().map_or(0, |u| u.memory_peak_bytes),
             egress_bytes: self.netaudit.take_egress_bytes(id),
         };
-        if let Err(e) = self.store.finish_usage(id, now_ms(), &finals) {
-            error!(id = %id, "recording its usage: {e}");
-        }
         let reason = why.message();
         let label = match &why {
             EndReason::Request => "api",
             EndReason::Expired => "timeout",
             EndReason::Died(_) => "died",
         };
-        self.record_end(id, SandboxState::Destroyed, &reason, label)?;
+        self.record_end(id, SandboxState::Destroyed, &reason, label, &finals)?;
         self.metrics
             .destroyed
             .with_label_values(&[why.label()])
@@ -527,6 +525,7 @@ impl Sandboxes {
         state: SandboxState,
         reason: &str,
         label: &str,
+        usage: &rampart_store::tenants::FinalUsage,
     ) -> Result<(), CoreError> {
         let store = &self.store;
         let why = format!("{label}: {reason}");
@@ -540,7 +539,7 @@ impl Sandboxes {
                 })
             },
             Vec::new(),
-            |e| store.set_state_audited(id, state, Some(now_ms()), Some(reason), e),
+            |e| store.set_ended_audited(id, state, now_ms(), Some(reason), usage, e),
         )?;
         if let Err(e) = self.audit.publish(std::slice::from_ref(id)) {
             error!(id = %id, "publishing the audit chain head: {e}");

@@ -45,7 +45,13 @@ impl Sandboxes {
                 error!(id = %rec.id, "recovery could not clean up sandbox: {e}");
                 continue;
             }
-            self.record_end(&rec.id, state, reason, "recovery")?;
+            self.record_end(
+                &rec.id,
+                state,
+                reason,
+                "recovery",
+                &rampart_store::tenants::FinalUsage::default(),
+            )?;
             self.metrics
                 .destroyed
                 .with_label_values(&["recovery"])
