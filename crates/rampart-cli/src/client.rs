@@ -69,6 +69,10 @@ pub enum Endpoint {
     },
 }
 
+/// Where a daemon started with `--socket /run/rampart/rampart.sock` (the group-reachable
+/// place) listens; the client tries it after the default data directory's socket.
+pub const RUN_SOCKET: &str = "/run/rampart/rampart.sock";
+
 impl Endpoint {
     /// Where the client commands go: the socket given (`--socket`, `RAMPART_SOCKET`); else
     /// the host given (`--host`, `RAMPART_HOST`) with `key` (`RAMPART_API_KEY`); else the
@@ -82,8 +86,12 @@ impl Endpoint {
         if let Some(base) = host {
             return Endpoint::Tcp { base, key };
         }
+        let mut candidates = Vec::new();
         if let Ok(dir) = crate::commands::serve::default_data_dir() {
-            let path = dir.join(rampart_server::SOCKET_FILE);
+            candidates.push(dir.join(rampart_server::SOCKET_FILE));
+        }
+        candidates.push(PathBuf::from(RUN_SOCKET));
+        for path in candidates {
             if std::os::unix::net::UnixStream::connect(&path).is_ok() {
                 return Endpoint::Unix { path };
             }

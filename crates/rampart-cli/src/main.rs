@@ -16,8 +16,11 @@ struct Cli {
     /// Default: the daemon's Unix socket when it can be reached, else http://127.0.0.1:3000.
     #[arg(long, global = true, env = "RAMPART_HOST")]
     host: Option<String>,
-    /// The daemon's Unix socket (client commands; default `<data>/rampart.sock` of the
-    /// default data directory, used when it can be connected to and no --host is given).
+    /// The daemon's Unix socket. For client commands: default `<data>/rampart.sock` of the
+    /// default data directory, else `/run/rampart/rampart.sock`, used when it can be
+    /// connected to and no --host is given. For `serve`: where it listens (default
+    /// `<data>/rampart.sock`; a directory it makes is 0750, group `rampart`, so the group's
+    /// members can reach it).
     #[arg(long, global = true, env = "RAMPART_SOCKET", value_name = "PATH")]
     socket: Option<std::path::PathBuf>,
     #[command(subcommand)]
@@ -137,6 +140,7 @@ fn main() -> ExitCode {
             return ExitCode::from(1);
         }
     };
+    let serve_socket = cli.socket.clone();
     let host =
         &client::Endpoint::resolve(cli.host, cli.socket, std::env::var("RAMPART_API_KEY").ok());
     // Like `docker run`: 125 when rampart itself fails, so it is not taken for the command's.
@@ -146,7 +150,7 @@ fn main() -> ExitCode {
     };
     let result = rt.block_on(async move {
         match cli.command {
-            Command::Serve(a) => commands::serve::run(a).await,
+            Command::Serve(a) => commands::serve::run(a, serve_socket).await,
             Command::Create(a) => commands::sandbox::create(host, a).await,
             Command::Exec(a) => commands::exec::exec(host, a).await,
             Command::Run(a) => commands::run::run(host, a).await,

@@ -483,3 +483,67 @@ fn the_native_api_answers_only_its_administrator() {
     );
     assert_eq!(a.status, 200, "destroy: {}", a.text);
 }
+
+/// A socket put outside the 0700 data directory (`serve --socket`, as `/run/rampart`): the
+/// daemon makes its directory 0750 with the socket's group, so a member of that group (here
+/// `nobody` with the group as its primary group, which `SO_PEERCRED` reports) is the node's
+/// administrator without a key, and `nobody` in its own group cannot even reach it.
+#[test]
+fn a_socket_outside_the_data_directory_serves_its_group() {
+    if let Some(why) = skip() {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    let root = std::env::temp_dir().join(format!("rampart-sock-{}", token()));
+    let data = root.join("data");
+    std::fs::create_dir_all(&data).unwrap();
+    // The test's own root is traversable, as `/run` is.
+    std::fs::set_permissions(&root, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let sock = root.join("run").join("rampart.sock");
+    let sock_s = sock.to_string_lossy().into_owned();
+    let daemon = support::spawn_daemon(&data, free_port(), &[("RAMPART_SOCKET", &sock_s)]);
+    let mut fresh = Fresh { daemon, root };
+    let dir = sock.parent().unwrap();
+    assert_eq!(mode(dir), 0o750, "the socket's directory");
+    use std::os::unix::fs::MetadataExt as _;
+    let group = std::fs::metadata(dir).unwrap().gid();
+    assert_eq!(std::fs::metadata(&sock).unwrap().gid(), group);
+    assert_eq!(mode(&sock), 0o660);
+    let in_group = [format!("--regid={group}")];
+    let mut cmd = Command::new("setpriv");
+    cmd.args([
+        &format!("--reuid={NOBODY}"),
+        &in_group[0],
+        "--clear-groups",
+        "--",
+    ])
+    .args([
+        "curl",
+        "-sS",
+        "-m",
+        "30",
+        "-w",
+        "\n%{http_code}",
+        "--unix-socket",
+        &sock_s,
+    ])
+    .arg("http://localhost/v1/sandboxes");
+    let out = cmd.output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        text.ends_with("\n200"),
+        "a member of group {group} on the socket: {text}"
+    );
+    let a = curl(
+        true,
+        &[],
+        &["--unix-socket", &sock_s, "http://localhost/v1/sandboxes"],
+    );
+    assert_eq!(
+        a.status, 0,
+        "nobody outside the group reached the socket: {}",
+        a.text
+    );
+    fresh.daemon.stop();
+    assert!(!sock.exists(), "the socket is removed at shutdown");
+}

@@ -601,8 +601,36 @@ async fn shutdown_signal() -> &'static str {
     }
 }
 
-/// `rampart serve`.
-pub async fn run(a: ServeArgs) -> Result<u8> {
+/// Makes the directory of a socket given outside the data directory (e.g. `/run/rampart`)
+/// when it is missing: mode 0750, group `group`, so that members of the group can reach the
+/// socket and nobody else can. A directory that exists is left as its owner set it.
+fn prepare_socket_dir(sock: &std::path::Path, group: u32) -> Result<()> {
+    use std::os::unix::fs::PermissionsExt as _;
+    let Some(dir) = sock.parent().filter(|d| !d.as_os_str().is_empty()) else {
+        return Ok(());
+    };
+    if dir.exists() {
+        return Ok(());
+    }
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    std::os::unix::fs::chown(dir, None, Some(group))
+        .or_else(|e| {
+            // A daemon that is not root keeps its own group.
+            if e.kind() == std::io::ErrorKind::PermissionDenied {
+                Ok(())
+            } else {
+                Err(e)
+            }
+        })
+        .with_context(|| format!("giving {} to group {group}", dir.display()))?;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o750))
+        .with_context(|| format!("chmod 0750 {}", dir.display()))?;
+    Ok(())
+}
+
+/// `rampart serve`; `socket`: where to put the Unix socket (`--socket`, `RAMPART_SOCKET`;
+/// default `<data>/rampart.sock`).
+pub async fn run(a: ServeArgs, socket: Option<PathBuf>) -> Result<u8> {
     // Before anything is created: private from the first byte (not a chmod afterwards).
     nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(DAEMON_UMASK));
     init_logging(a.log_format);
@@ -618,8 +646,14 @@ pub async fn run(a: ServeArgs) -> Result<u8> {
     // The Unix socket, for the node's administrator (root, the daemon's user, the `rampart`
     // group). Without it (e.g. a data directory whose path is too long for a socket) the
     // daemon still serves TCP, where API keys are needed.
-    let sock_path = data_dir.join(rampart_server::SOCKET_FILE);
     let group = rampart_server::socket_group();
+    let sock_path = match socket {
+        Some(p) => {
+            prepare_socket_dir(&p, group)?;
+            p
+        }
+        None => data_dir.join(rampart_server::SOCKET_FILE),
+    };
     let unix = match rampart_server::bind_socket(&sock_path, group) {
         Ok(l) => Some(l),
         Err(e) => {

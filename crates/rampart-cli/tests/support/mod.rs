@@ -180,6 +180,7 @@ pub fn spawn_daemon(data: &Path, port: u16, envs: &[(&str, &str)]) -> Daemon {
             "--data-dir",
         ])
         .arg(data)
+        .env_remove("RAMPART_SOCKET")
         .envs(DAEMON_ENV.iter().copied())
         .envs(envs.iter().copied())
         .stdin(Stdio::null())
