@@ -8,6 +8,11 @@
 //! notices at once when a sandbox's PID 1 dies (a pidfd per sandbox; the daemon is a child
 //! subreaper so it also reaps them), and on start re-attaches to the sandboxes a previous run
 //! left running and removes every trace of the rest.
+//!
+//! Every method below that takes a sandbox id first checks that the request's principal
+//! may see it ([`principal`]: a tenant sees only its own; another tenant's id is not found,
+//! as an id that does not exist), and the named objects (snapshots, volumes, stored
+//! secrets) of a tenant are its own. A new method that takes an id must do the same.
 
 mod audit;
 pub mod capacity;
