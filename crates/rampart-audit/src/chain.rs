@@ -531,6 +531,7 @@ mod tests {
                 stdin: false,
                 pty: false,
                 input: None,
+                caller: None,
             }),
         ];
         for body in bodies {

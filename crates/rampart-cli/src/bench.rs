@@ -1191,6 +1191,7 @@ fn generated_bundle(n: u64) -> Result<Vec<u8>> {
                 stdin: false,
                 pty: false,
                 input: None,
+                caller: Some("key:bench".into()),
             })
         } else {
             let out = format!("step {}\n", i - 1).into_bytes();

@@ -435,11 +435,23 @@ fn tenants_see_only_their_own_on_every_endpoint() {
         &format!("/v1/sandboxes/{sa}/audit"),
         None,
     );
-    assert!(
-        events.body.to_string().contains("tenant acme"),
-        "{}",
-        events.body
-    );
+    let evs = events.body["events"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    for kind in ["created", "file"] {
+        let caller = evs
+            .iter()
+            .find(|e| e["body"]["type"] == kind)
+            .and_then(|e| e["body"]["caller"].as_str())
+            .unwrap_or_default()
+            .to_owned();
+        assert!(
+            caller.starts_with("key:") && caller.contains("tenant acme"),
+            "{kind} names {caller:?}: {}",
+            events.body
+        );
+    }
 
     // Revocation is immediate.
     cli_local(&d.data, &["keys", "rm", &kb_id]).unwrap();
@@ -693,6 +705,25 @@ fn quotas_rates_and_metering_hold() {
         "billed {billed} vCPU-s for {secs} s of CPU"
     );
     assert!(recs[0]["exec_count"].as_u64().unwrap() >= 1, "{}", rep.body);
+    let audit = call(
+        &url,
+        &km,
+        Method::GET,
+        &format!("/v1/sandboxes/{mid}/audit"),
+        None,
+    );
+    let exec_caller = audit.body["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["body"]["type"] == "exec")
+        .and_then(|e| e["body"]["caller"].as_str())
+        .unwrap_or_default()
+        .to_owned();
+    assert!(
+        exec_caller.contains("tenant metered"),
+        "exec caller {exec_caller:?}"
+    );
     assert!(recs[0]["memory_gib_seconds"].as_f64().unwrap() > 0.0);
     assert!(recs[0]["ended_at"].is_string());
 

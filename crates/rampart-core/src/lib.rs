@@ -200,6 +200,7 @@ impl Manager {
                 to: None,
                 size: None,
                 digest: None,
+                caller: None,
             },
         )
     }
@@ -221,6 +222,7 @@ impl Manager {
                 to: None,
                 size: None,
                 digest: None,
+                caller: None,
             },
         )?;
         Ok(info)
@@ -244,6 +246,7 @@ impl Manager {
                 to: Some(info.path.clone()),
                 size: None,
                 digest: None,
+                caller: None,
             },
         )?;
         Ok(info)

@@ -132,6 +132,14 @@ fn required<'de, D: serde::Deserializer<'de>, T: Deserialize<'de>>(
     Option::<T>::deserialize(d)
 }
 
+/// Reads a member added to a body after records without it were written: absent (an older
+/// record) or a value, never `null`, so that each meaning still has one spelling.
+fn added_member<'de, D: serde::Deserializer<'de>, T: Deserialize<'de>>(
+    d: D,
+) -> Result<Option<T>, D::Error> {
+    T::deserialize(d).map(Some)
+}
+
 /// One record of a sandbox's audit log.
 ///
 /// `hash` is computed over (`seq`, `time`, `sandbox`, `prev`, `body`); `prev` is the `hash`
@@ -283,6 +291,14 @@ pub struct Exec {
     /// The input given at start (the request's stdin), `null` when none.
     #[serde(deserialize_with = "required")]
     pub input: Option<ContentRecord>,
+    /// Who asked for it, as `created.caller` names callers (absent in records made before
+    /// callers were named per action; never `null`, see [`added_member`]).
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "added_member"
+    )]
+    pub caller: Option<String>,
 }
 
 /// `exit`: a process ended.
@@ -347,6 +363,14 @@ pub struct FileChange {
     /// SHA-256 of the bytes written (for `write`), else `null`.
     #[serde(deserialize_with = "required")]
     pub digest: Option<Hash>,
+    /// Who did it, as `created.caller` names callers (absent in records made before
+    /// callers were named per action; never `null`, see [`added_member`]).
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "added_member"
+    )]
+    pub caller: Option<String>,
 }
 
 /// One path of an [`FsDiff`].

@@ -133,6 +133,7 @@ pub fn session(node: &mut Node, id: &str, execs: usize) -> Session {
                 stdin: input.is_some(),
                 pty: false,
                 input,
+                caller: Some("key:0123456789ab:ci (exec) tenant acme".into()),
             }),
         );
         // Every 4th command floods stdout past the cap: blob is a prefix, marked truncated.
@@ -169,6 +170,7 @@ pub fn session(node: &mut Node, id: &str, execs: usize) -> Session {
                     to: None,
                     size: Some(12),
                     digest: Some(content_digest(b"print('hi')\n")),
+                    caller: None,
                 }),
             );
             s.push(

@@ -134,6 +134,7 @@ impl ExecRecorder {
             stdin: start.stdin,
             pty: start.pty,
             input: None,
+            caller: None,
         };
         let audit = record_start(ctx.audit, ctx.iso, id, exec, start.input.as_deref())?;
         Ok(ExecRecorder {
@@ -165,6 +166,7 @@ pub(super) fn start_of_request(
             stdin: stdin_open,
             pty: v.pty,
             input: None,
+            caller: None,
         },
         v.stdin.as_deref(),
     )
@@ -188,6 +190,7 @@ pub(crate) fn record_start(
         None => (None, None),
     };
     exec.input = input;
+    exec.caller = Some(crate::principal::current_caller());
     let mut exec_id = String::new();
     audit.append(
         id,

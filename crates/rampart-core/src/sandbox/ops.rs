@@ -6,6 +6,10 @@ use super::*;
 impl Sandboxes {
     /// Records a file operation made through the API.
     pub(crate) fn record_file(&self, id: &SandboxId, change: FileChange) -> Result<(), CoreError> {
+        let change = FileChange {
+            caller: Some(crate::principal::current_caller()),
+            ..change
+        };
         self.audit
             .append(id, |_| EventBody::File(change), Vec::new())
     }
@@ -43,6 +47,7 @@ impl Sandboxes {
                 to: None,
                 size: Some(rec.size),
                 digest: Some(rec.digest),
+                caller: None,
             },
         )?;
         Ok(written)

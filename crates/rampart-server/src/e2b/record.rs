@@ -810,6 +810,7 @@ pub(crate) async fn answer(
                     to: entry_path.or(f.to),
                     size: None,
                     digest: None,
+                    caller: None,
                 },
                 op => FileChange {
                     op,
@@ -821,6 +822,7 @@ pub(crate) async fn answer(
                     to: None,
                     size: None,
                     digest: None,
+                    caller: None,
                 },
             };
             if let Err(e) = manager.record_file_change(id, change) {
@@ -852,6 +854,7 @@ pub(crate) async fn answer(
                     to: None,
                     size,
                     digest,
+                    caller: None,
                 };
                 if let Err(e) = manager.record_file_change(id, change) {
                     tracing::error!(id = %id, "recording a file write: {e}");
