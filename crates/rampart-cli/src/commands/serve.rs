@@ -422,7 +422,9 @@ fn resolve(a: &ServeArgs) -> Result<Resolved> {
         .parse()
         .map_err(|_| anyhow!("--listen: {listen_text:?} is not an address like 127.0.0.1:3000"))?;
     let data_dir = match a.data_dir.clone().or(file.data_dir.clone()) {
-        Some(d) => d,
+        // Absolute: the tier opens paths under it from other working directories.
+        Some(d) => std::path::absolute(&d)
+            .with_context(|| format!("--data-dir: cannot make {} absolute", d.display()))?,
         None => default_data_dir()?,
     };
     let jailer_bin = helper_bin(

@@ -112,7 +112,11 @@ pub fn parse_size(text: &str) -> Result<u64> {
         "mi" | "mib" => 1024.0 * 1024.0,
         "gi" | "gib" => 1024.0 * 1024.0 * 1024.0,
         "ti" | "tib" => 1024.0f64.powi(4),
-        u => bail!("{text:?}: unknown unit {u:?} (use B, KiB, MiB, GiB, TiB, KB, MB, GB, TB)"),
+        "p" | "pb" => 1e15,
+        "pi" | "pib" => 1024.0f64.powi(5),
+        u => bail!(
+            "{text:?}: unknown unit {u:?} (use B, KiB, MiB, GiB, TiB, PiB, KB, MB, GB, TB, PB)"
+        ),
     };
     Ok((n * mult).round() as u64)
 }
@@ -464,6 +468,7 @@ mod tests {
         assert_eq!(parse_size("512MiB").unwrap(), 512 << 20);
         assert_eq!(parse_size("1.5GB").unwrap(), 1_500_000_000);
         assert_eq!(parse_size("4096").unwrap(), 4096);
+        assert_eq!(parse_size("1PiB").unwrap(), 1 << 50);
         assert!(parse_size("-1GiB").is_err());
         assert!(parse_size("8 parsecs").is_err());
     }
