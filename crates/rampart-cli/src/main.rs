@@ -73,6 +73,9 @@ enum Command {
     /// Manage API keys: of the native API (--native) and of the E2B-compatible API (on the
     /// daemon's host).
     Keys(commands::keys::KeysArgs),
+    /// The MCP server on stdin/stdout: sandboxes as tools for agents (Claude Code, Codex,
+    /// Cursor...), calling this daemon.
+    Mcp(commands::mcp::McpArgs),
     /// Tenants and their quotas (the node administrator's): create, ls, show, set, rm.
     Tenant(commands::tenant::TenantArgs),
     /// Usage of sandboxes (a tenant's own, or any as the administrator), signed by the node;
@@ -171,6 +174,7 @@ fn main() -> ExitCode {
             Command::Secret(a) => commands::secret::secret(host, a).await,
             Command::Replay(a) => commands::replay::replay(host, a).await,
             Command::Tenant(a) => commands::tenant::tenant(host, a).await,
+            Command::Mcp(a) => commands::mcp::run(host, a).await,
             Command::Usage(a) => commands::tenant::usage(host, a).await,
             Command::Bench(_) | Command::Keys(_) | Command::Template(_) => {
                 unreachable!("bench and keys run before the runtime starts")

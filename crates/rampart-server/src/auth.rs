@@ -293,6 +293,8 @@ pub(crate) fn required_scope(method: &axum::http::Method, path: &str) -> Option<
         ["metrics"] => "admin",
         ["v1", "tenants", ..] => "admin",
         ["v1", "usage"] | ["v1", "audit", "key"] | ["v1", "openapi.json"] => return None,
+        // Each tool call is an API call with the same credentials, checked there.
+        ["mcp", ..] => return None,
         ["v1", "changes"] => "audit",
         ["v1", "templates", ..] => "templates",
         ["v1", "secrets", ..] => "secrets",
@@ -354,23 +356,41 @@ async fn serve_as(
                 Ok(r) => rate = r,
                 Err(refused) => {
                     let r = refused.native();
-                    log(auth, &who, peer, &method, &path, r.status());
+                    log(auth, &who, peer, &method, &path, r.status(), None);
                     return r;
                 }
             }
         }
     }
-    let p = who.core(peer);
+    let mut p = who.core(peer);
+    if let Some(client) = req
+        .headers()
+        .get(rampart_mcp::CLIENT_HEADER)
+        .and_then(|v| v.to_str().ok())
+    {
+        // The client's own claim, beside the principal that authenticated.
+        p.caller = format!("{} via mcp:{client}", p.caller);
+    }
     req.extensions_mut().insert(who.clone());
+    let caller = p.caller.clone();
     let mut resp = rampart_core::with_principal(p, next.run(req)).await;
     if let Some(r) = rate {
         r.write(resp.headers_mut());
     }
-    log(auth, &who, peer, &method, &path, resp.status());
+    log(
+        auth,
+        &who,
+        peer,
+        &method,
+        &path,
+        resp.status(),
+        Some(caller),
+    );
     resp
 }
 
-/// Records a call that may have changed something in the node's change log.
+/// Records a call that may have changed something in the node's change log (`caller`: as
+/// the request was served, else as `who` is named).
 fn log(
     auth: &Auth,
     who: &Principal,
@@ -378,16 +398,18 @@ fn log(
     method: &axum::http::Method,
     path: &str,
     status: StatusCode,
+    caller: Option<String>,
 ) {
     let Some(t) = &auth.tenancy else { return };
-    if !crate::tenancy::is_change(method) {
+    // An MCP message is not a change: the API calls its tools make are logged themselves.
+    if !crate::tenancy::is_change(method) || path.starts_with("/mcp") {
         return;
     }
     let p = who.core(peer);
     t.log_change(rampart_store::tenants::Change {
         seq: 0,
         at_ms: rampart_store::now_ms(),
-        principal: p.caller,
+        principal: caller.unwrap_or(p.caller),
         key_id: p.key_id,
         tenant: p.tenant,
         method: method.to_string(),

@@ -13,6 +13,7 @@ mod error;
 mod exec;
 mod extract;
 mod files;
+mod mcp;
 mod metrics;
 mod ndjson;
 mod network;
@@ -432,11 +433,17 @@ pub fn router_with_options(manager: Arc<Manager>, opts: &ServerOptions) -> Route
     state.tenancy = tenancy.clone();
     let mut auth = auth::Auth::new(keys, opts.listen, &opts.domain, &opts.allowed_hosts);
     auth.tenancy = tenancy.clone();
-    let app = e2b::attach(
-        v1_router(state.clone(), Some(Arc::new(auth))),
-        manager,
-        tenancy,
-    );
+    let auth = Arc::new(auth);
+    let api = v1_router(state.clone(), Some(auth.clone()));
+    // The MCP server's tools call this same API in process, with each MCP request's own
+    // credentials; `/mcp` itself is behind the same guard.
+    let tools = rampart_mcp::http_service(Arc::new(mcp::InProcess {
+        router: api.clone(),
+    }));
+    let mcp_route = Router::new()
+        .nest_service("/mcp", tools)
+        .layer(axum::middleware::from_fn_with_state(auth, auth::guard));
+    let app = e2b::attach(api.merge(mcp_route), manager, tenancy);
     app.layer(axum::middleware::from_fn_with_state(
         state,
         ports::host_route,

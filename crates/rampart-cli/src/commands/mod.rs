@@ -4,6 +4,7 @@ pub mod audit;
 pub mod cp;
 pub mod exec;
 pub mod keys;
+pub mod mcp;
 pub mod net;
 pub mod persist;
 pub mod port;
