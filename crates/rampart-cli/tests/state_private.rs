@@ -387,19 +387,6 @@ fn sandbox_runs_with_a_private_mktemp_data_dir() {
     assert!(out.status.success());
     let data = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
     assert_eq!(mode(&data), 0o700);
-    /// Destroys the daemon's sandboxes, stops it, unmounts its store, removes the directory.
-    struct Guard(Option<support::Daemon>, PathBuf);
-    impl Drop for Guard {
-        fn drop(&mut self) {
-            if let Some(d) = self.0.take() {
-                support::destroy_all(&d.url);
-                drop(d);
-            }
-            support::unmount_store(&self.1);
-            let _ = std::fs::remove_dir_all(&self.1);
-            let _ = std::fs::remove_file(self.1.with_extension("log"));
-        }
-    }
     let g = Guard(
         Some(support::start(&data, support::free_port(), &[])),
         data.clone(),
@@ -422,54 +409,31 @@ fn sandbox_runs_with_a_relative_data_dir() {
     let data = root.join("data");
     std::fs::create_dir_all(&data).unwrap();
     support::provision(&data);
-    let port = support::free_port();
-    let log = std::fs::File::create(root.join("daemon.log")).unwrap();
-    let child = Command::new(env!("CARGO_BIN_EXE_rampart"))
-        .args([
-            "serve",
-            "--listen",
-            &format!("127.0.0.1:{port}"),
-            "--data-dir",
-            "data",
-        ])
-        .current_dir(&root)
-        .env_remove("RAMPART_SOCKET")
-        .envs(support::DAEMON_ENV.iter().copied())
-        .stdin(std::process::Stdio::null())
-        .stdout(log.try_clone().unwrap())
-        .stderr(log)
-        .spawn()
-        .unwrap();
-    let d = support::Daemon {
-        child,
-        url: format!("http://127.0.0.1:{port}"),
-        data: data.clone(),
-    };
-    let c = support::client();
-    support::wait_until("the daemon answers /health", 180, || {
-        c.get(format!("{}/health", d.url))
-            .send()
-            .is_ok_and(|r| r.status().is_success())
-    });
-    /// Destroys the daemon's sandboxes, stops it, removes the directory.
-    struct Guard(Option<support::Daemon>, PathBuf);
-    impl Drop for Guard {
-        fn drop(&mut self) {
-            if let Some(d) = self.0.take() {
-                support::destroy_all(&d.url);
-                drop(d);
-            }
-            let _ = std::fs::remove_dir_all(&self.1);
-        }
-    }
+    let d = support::spawn_daemon_in(
+        Some(&root),
+        Path::new("data"),
+        &data,
+        support::free_port(),
+        &[],
+    );
     let g = Guard(Some(d), root.clone());
     let d = g.0.as_ref().unwrap();
     let sb = Sandbox::create(d, json!({"timeout_secs": 300}));
     let v = sb.exec(json!({"cmd": ["true"]}));
-    assert_eq!(
-        &v["exit_code"],
-        &json!(0),
-        "exec true: {v}; log: {}",
-        std::fs::read_to_string(root.join("daemon.log")).unwrap_or_default()
-    );
+    assert_eq!(&v["exit_code"], &json!(0), "exec true: {v}");
+}
+
+/// Destroys a test daemon's sandboxes, stops it, unmounts its store, removes its directory.
+struct Guard(Option<support::Daemon>, PathBuf);
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        if let Some(d) = self.0.take() {
+            support::destroy_all(&d.url);
+            drop(d);
+        }
+        support::unmount_store(&self.1);
+        let _ = std::fs::remove_dir_all(&self.1);
+        let _ = std::fs::remove_file(self.1.with_extension("log"));
+    }
 }

@@ -82,6 +82,19 @@ pub struct KeyStore {
     conn: Mutex<Connection>,
 }
 
+const KEY_COLUMNS: &str = "id, name, hint, created_at, last_used_at, tenant";
+
+fn row_info(r: &rusqlite::Row<'_>) -> rusqlite::Result<KeyInfo> {
+    Ok(KeyInfo {
+        id: r.get(0)?,
+        name: r.get(1)?,
+        hint: r.get(2)?,
+        created_at_ms: r.get(3)?,
+        last_used_at_ms: r.get(4)?,
+        tenant: r.get(5)?,
+    })
+}
+
 /// Adds the `tenant` column to a table made before tenants existed.
 fn add_tenant_column(conn: &Mutex<Connection>) -> Result<(), StoreError> {
     let c = side::lock(conn);
@@ -156,20 +169,10 @@ impl KeyStore {
     /// Every key, oldest first.
     pub fn list_keys(&self) -> Result<Vec<KeyInfo>, StoreError> {
         let conn = self.conn();
-        let mut st = conn.prepare(
-            "SELECT id, name, hint, created_at, last_used_at, tenant FROM api_keys \
-             ORDER BY created_at, id",
-        )?;
-        let rows = st.query_map([], |r| {
-            Ok(KeyInfo {
-                id: r.get(0)?,
-                name: r.get(1)?,
-                hint: r.get(2)?,
-                created_at_ms: r.get(3)?,
-                last_used_at_ms: r.get(4)?,
-                tenant: r.get(5)?,
-            })
-        })?;
+        let mut st = conn.prepare(&format!(
+            "SELECT {KEY_COLUMNS} FROM api_keys ORDER BY created_at, id"
+        ))?;
+        let rows = st.query_map([], row_info)?;
         Ok(rows.collect::<Result<Vec<_>, _>>()?)
     }
 
@@ -197,19 +200,9 @@ impl KeyStore {
         let conn = self.conn();
         let info = conn
             .query_row(
-                "SELECT id, name, hint, created_at, last_used_at, tenant FROM api_keys \
-                 WHERE hash = ?1",
+                &format!("SELECT {KEY_COLUMNS} FROM api_keys WHERE hash = ?1"),
                 params![hash],
-                |r| {
-                    Ok(KeyInfo {
-                        id: r.get(0)?,
-                        name: r.get(1)?,
-                        hint: r.get(2)?,
-                        created_at_ms: r.get(3)?,
-                        last_used_at_ms: r.get(4)?,
-                        tenant: r.get(5)?,
-                    })
-                },
+                row_info,
             )
             .optional()?;
         let Some(info) = info else {

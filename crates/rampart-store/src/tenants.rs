@@ -370,49 +370,41 @@ pub(crate) fn admit(conn: &Connection, tenant: &str, d: &Demand) -> Result<(), S
     };
     let q = &t.quotas;
     let h = holdings(conn, tenant)?;
-    if let Some(max) = q.max_sandboxes {
-        if d.sandboxes > 0 && h.sandboxes + d.sandboxes > max {
-            return Err(refuse(
-                "max_sandboxes",
-                h.sandboxes as f64,
-                d.sandboxes as f64,
-                max as f64,
-            ));
-        }
-    }
-    if let Some(max) = q.max_paused {
-        if d.paused > 0 && h.paused + d.paused > max {
-            return Err(refuse(
-                "max_paused",
-                h.paused as f64,
-                d.paused as f64,
-                max as f64,
-            ));
-        }
-    }
-    if let Some(max) = q.max_vcpus {
-        if d.vcpus > 0.0 && h.vcpus + d.vcpus > max + 1e-9 {
-            return Err(refuse("max_vcpus", h.vcpus, d.vcpus, max));
-        }
-    }
-    if let Some(max) = q.max_memory_bytes {
-        if d.memory_bytes > 0 && h.memory_bytes + d.memory_bytes > max {
-            return Err(refuse(
-                "max_memory_bytes",
-                h.memory_bytes as f64,
-                d.memory_bytes as f64,
-                max as f64,
-            ));
-        }
-    }
-    if let Some(max) = q.max_disk_bytes {
-        if d.disk_bytes > 0 && h.disk_bytes + d.disk_bytes > max {
-            return Err(refuse(
-                "max_disk_bytes",
-                h.disk_bytes as f64,
-                d.disk_bytes as f64,
-                max as f64,
-            ));
+    // (quota, most, held, asked for); u64 figures are exact in f64 below 2^53.
+    let checks = [
+        (
+            "max_sandboxes",
+            q.max_sandboxes.map(|m| m as f64),
+            h.sandboxes as f64,
+            d.sandboxes as f64,
+        ),
+        (
+            "max_paused",
+            q.max_paused.map(|m| m as f64),
+            h.paused as f64,
+            d.paused as f64,
+        ),
+        ("max_vcpus", q.max_vcpus, h.vcpus, d.vcpus),
+        (
+            "max_memory_bytes",
+            q.max_memory_bytes.map(|m| m as f64),
+            h.memory_bytes as f64,
+            d.memory_bytes as f64,
+        ),
+        (
+            "max_disk_bytes",
+            q.max_disk_bytes.map(|m| m as f64),
+            h.disk_bytes as f64,
+            d.disk_bytes as f64,
+        ),
+    ];
+    for (limit, max, used, asked) in checks {
+        if let Some(max) = max {
+            // Only what the request adds is limited: a tenant over a lowered quota may
+            // still do what adds nothing (destroy, pause when only `max_sandboxes` is over).
+            if asked > 0.0 && used + asked > max + 1e-9 {
+                return Err(refuse(limit, used, asked, max));
+            }
         }
     }
     Ok(())

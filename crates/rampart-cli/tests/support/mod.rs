@@ -167,19 +167,35 @@ pub fn start(data: &Path, port: u16, envs: &[(&str, &str)]) -> Daemon {
 /// Starts `rampart serve` on `data` and `port` as an operator does, with no key registered
 /// first (its log next to `data`), and waits until `/health` answers.
 pub fn spawn_daemon(data: &Path, port: u16, envs: &[(&str, &str)]) -> Daemon {
+    spawn_daemon_in(None, data, data, port, envs)
+}
+
+/// [`spawn_daemon`] started in `cwd` with `--data-dir data_arg` (which names `data` from
+/// there, e.g. a relative path).
+pub fn spawn_daemon_in(
+    cwd: Option<&Path>,
+    data_arg: &Path,
+    data: &Path,
+    port: u16,
+    envs: &[(&str, &str)],
+) -> Daemon {
     let log = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
         .open(data.with_extension("log"))
         .unwrap();
-    let child = Command::new(env!("CARGO_BIN_EXE_rampart"))
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_rampart"));
+    if let Some(dir) = cwd {
+        cmd.current_dir(dir);
+    }
+    let child = cmd
         .args([
             "serve",
             "--listen",
             &format!("127.0.0.1:{port}"),
             "--data-dir",
         ])
-        .arg(data)
+        .arg(data_arg)
         .env_remove("RAMPART_SOCKET")
         .envs(DAEMON_ENV.iter().copied())
         .envs(envs.iter().copied())
