@@ -38,11 +38,26 @@ fn python_verifier_agrees() {
     assert!(out.contains("VERIFIED"), "{out}");
     println!("{out}");
     // A changed argv fails there too.
-    let text = String::from_utf8(bytes)
-        .unwrap()
-        .replacen("marker-2; ls", "marker-7; ls", 1);
+    let text =
+        String::from_utf8(bytes.clone())
+            .unwrap()
+            .replacen("marker-2; ls", "marker-7; ls", 1);
     let (ok, out) = python(text.as_bytes(), Some(&key)).unwrap();
     assert!(!ok && out.contains("record seq"), "{out}");
+    // So does a changed signature: the Ed25519 check is pure Python, never skipped.
+    let mut v: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
+    let sig = v["tree_head"]["signature"].as_str().unwrap().to_owned();
+    let flipped = if sig.ends_with('0') { "1" } else { "0" };
+    v["tree_head"]["signature"] = format!("{}{flipped}", &sig[..sig.len() - 1]).into();
+    let (ok, out) = python(&serde_json::to_vec(&v).unwrap(), Some(&key)).unwrap();
+    assert!(!ok && out.contains("signature does not verify"), "{out}");
+    // And a key other than the one trusted.
+    let other = Node::new(9).key.public_key().to_string();
+    let (ok, out) = python(&bytes, Some(&other)).unwrap();
+    assert!(
+        !ok && out.contains("not signed by the trusted key"),
+        "{out}"
+    );
 }
 
 /// A `destroyed.manifest_digest` that names no `fs_diff` record before it is refused by

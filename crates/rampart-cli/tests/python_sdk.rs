@@ -1,0 +1,68 @@
+//! The Python SDK (`sdk/python`, installed by `scripts/python-sdk.sh` into
+//! `target/sdk-venv`) against a real daemon: its pytest suite (`sdk/python/tests`) with
+//! `RAMPART_HOST` and `RAMPART_API_KEY`, including the README's example as written.
+//! Without the venv, or without root and the kernel features, it prints `skipped: <reason>`.
+
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+fn workspace() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn python() -> PathBuf {
+    std::env::var_os("RAMPART_SDK_VENV")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            std::env::var_os("CARGO_TARGET_DIR")
+                .map(PathBuf::from)
+                .unwrap_or_else(|| workspace().join("target"))
+                .join("sdk-venv")
+        })
+        .join("bin/python")
+}
+
+#[test]
+fn the_python_sdk_against_a_daemon() {
+    if let Some(why) = support::skip_reason() {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    let ready = Command::new(python())
+        .args(["-c", "import rampart, httpx, pytest"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !ready {
+        eprintln!(
+            "skipped: no venv with the SDK, httpx and pytest at {} (scripts/python-sdk.sh makes it; needs PyPI)",
+            python().display()
+        );
+        return;
+    }
+    let d = support::start_tidy("python-sdk");
+    let out = Command::new(python())
+        .args(["-m", "pytest", "-q", "-p", "no:cacheprovider"])
+        .arg(workspace().join("sdk/python/tests"))
+        .current_dir(std::env::temp_dir())
+        .env_clear()
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+        .env("HOME", std::env::var_os("HOME").unwrap_or_else(|| "/root".into()))
+        .env("PYTHONDONTWRITEBYTECODE", "1")
+        .env("RAMPART_HOST", &d.url)
+        .env("RAMPART_API_KEY", support::admin_key())
+        .stdin(Stdio::null())
+        .output()
+        .expect("run pytest");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    eprintln!("{text}");
+    assert!(out.status.success(), "the SDK's tests failed:\n{text}");
+    assert!(text.contains("10 passed"), "{text}");
+}

@@ -1,0 +1,16 @@
+"""Rampart's Python SDK: sandboxes for agents, and offline verification of their signed
+record (`README.md`)."""
+
+from . import errors
+from ._client import AsyncRampart, Rampart, Sandbox
+from .errors import RampartError
+from .types import ExecEvent, ExecResult, FileEntry, SandboxInfo, SnapshotInfo, VolumeInfo
+from .verify import BundleReport, UsageCheck, VerificationError, verify_bundle, verify_usage
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AsyncRampart", "Rampart", "Sandbox", "RampartError", "errors", "ExecEvent", "ExecResult",
+    "FileEntry", "SandboxInfo", "SnapshotInfo", "VolumeInfo", "BundleReport", "UsageCheck",
+    "VerificationError", "verify_bundle", "verify_usage",
+]

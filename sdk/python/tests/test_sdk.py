@@ -1,0 +1,172 @@
+"""The SDK against a real daemon (RAMPART_HOST, RAMPART_API_KEY set by the Rust test)."""
+
+import asyncio
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+import rampart
+from rampart import AsyncRampart, Rampart, errors
+
+
+@pytest.fixture(scope="module")
+def rp():
+    with Rampart() as c:
+        yield c
+
+
+@pytest.fixture()
+def sb(rp):
+    with rp.create(timeout_secs=300, metadata={"suite": "python-sdk"}) as s:
+        yield s
+
+
+def test_create_exec_and_destroy_on_exit(rp):
+    with rp.create(timeout_secs=120, cpus=0.5, memory_bytes=256 << 20, env={"A": "b"}) as s:
+        assert s.info.state == "running"
+        assert s.info.limits.cpus == 0.5 and s.info.limits.memory_bytes == 256 << 20
+        assert "A" in s.info.env_names
+        r = s.exec("echo $A; echo err >&2; exit 4")
+        assert (r.stdout, r.stderr, r.exit_code, r.ok) == ("b\n", "err\n", 4, False)
+        r = s.exec(["pwd"], cwd="/tmp", user="root")
+        assert r.stdout == "/tmp\n"
+        assert s.exec(["cat"], stdin=b"\x00\x01").stdout == "\x00\x01"
+        assert s.exec("sleep 30", timeout_secs=1).timed_out
+        sid = s.id
+    assert rp.get(sid).info.state == "destroyed"
+
+
+def test_stream_yields_events_as_they_happen(sb):
+    events = list(sb.stream("for i in 1 2 3; do echo $i; done; exit 2"))
+    assert events[0].type == "start" and events[0].pid
+    out = b"".join(e.data for e in events if e.type == "stdout")
+    assert out == b"1\n2\n3\n"
+    assert events[-1].type == "exit" and events[-1].exit_code == 2
+
+
+def test_files(sb):
+    assert sb.write("/home/user/d/a.txt", "héllo") == "/home/user/d/a.txt"
+    assert sb.read("/home/user/d/a.txt") == "héllo".encode()
+    big = bytes(range(256)) * 4096
+    sb.write("/tmp/big.bin", (big[i:i + 65536] for i in range(0, len(big), 65536)))
+    assert b"".join(sb.download("/tmp/big.bin")) == big
+    names = [e.name for e in sb.list("/home/user/d")]
+    assert names == ["a.txt"]
+    st = sb.stat("/tmp/big.bin")
+    assert st.size == len(big) and st.type == "file"
+    sb.mkdir("/home/user/e/f")
+    sb.move("/home/user/d/a.txt", "/home/user/e/f/b.txt")
+    assert sb.read("/home/user/e/f/b.txt") == "héllo".encode()
+    sb.remove("/home/user/e")
+    with pytest.raises(errors.NotFound):
+        sb.read("/home/user/e/f/b.txt")
+
+
+def test_errors_are_classes_per_code(rp, sb):
+    with pytest.raises(errors.NotFound) as e:
+        rp.get("z0000000000000000000")
+    assert e.value.status == 404 and e.value.code == "not_found"
+    with pytest.raises(errors.BadRequest) as e:
+        rp.create(template="no-such-template")
+    assert "template" in e.value.message
+    with pytest.raises(errors.LimitExceeded):
+        rp.create(cpus=10_000)
+    with pytest.raises(errors.BadRequest):
+        sb.set_network({"mode": "bogus"})
+    with pytest.raises(errors.ConnectionFailed):
+        Rampart("http://127.0.0.1:9").list()
+    with pytest.raises(errors.Unauthorized):
+        Rampart(rp.base_url, "rampart_" + "0" * 40).list()
+
+
+def test_network_ports_pause_and_timeout(sb):
+    assert "mode" in json.dumps(sb.network())
+    assert isinstance(sb.ports(), list)
+    assert sb.pause().state == "paused"
+    with pytest.raises(errors.Conflict):
+        sb.exec("true")
+    assert sb.resume().state == "running"
+    assert sb.exec("true").ok
+    before = sb.info.expires_at
+    assert sb.set_timeout(600).expires_at != before
+
+
+def test_snapshot_fork_and_list(rp, sb):
+    sb.write("/home/user/state.txt", "v1")
+    snap = sb.snapshot(f"sdk-{os.getpid()}")
+    assert snap.source == sb.id
+    assert any(s.name == snap.name for s in rp.snapshots())
+    forks = sb.fork(2)
+    try:
+        assert len(forks) == 2
+        for f in forks:
+            assert f.read("/home/user/state.txt") == b"v1"
+    finally:
+        for f in forks:
+            f.destroy()
+    with rp.create(snapshot=snap.name) as again:
+        assert again.read("/home/user/state.txt") == b"v1"
+    rp.delete_snapshot(snap.name)
+    ids = [s.id for s in rp.list(metadata={"suite": "python-sdk"})]
+    assert sb.id in ids
+
+
+def test_the_record_verifies_offline_and_tampering_is_named(rp, sb):
+    sb.exec("echo recorded")
+    key = rp.audit_key()
+    rep = sb.verify(trusted_key=key)
+    assert rep.sandbox == sb.id and rep.records >= 3 and rep.key == key
+    bundle = json.loads(sb.audit_bundle())
+    for e in bundle["events"]:
+        if e["body"]["type"] == "exec":
+            e["body"]["argv"] = ["echo", "forged"]
+            break
+    with pytest.raises(rampart.VerificationError, match="does not match its hash"):
+        rampart.verify_bundle(json.dumps(bundle).encode(), key)
+    with pytest.raises(rampart.VerificationError, match="not signed by the trusted key"):
+        sb.verify(trusted_key="ed25519:" + "11" * 32)
+
+
+def test_usage_report_verifies(rp):
+    key = rp.audit_key()
+    report = rp.usage(verify_with=key)
+    assert report["version"] == 1
+    rampart.verify_usage(json.dumps(report).encode(), key)
+    if report["sandboxes"]:
+        report["sandboxes"][0]["exec_count"] += 1
+        with pytest.raises(rampart.VerificationError, match="record 0"):
+            rampart.verify_usage(json.dumps(report).encode(), key)
+
+
+def test_async_client():
+    async def main():
+        async with AsyncRampart() as rp:
+            async with await rp.create(timeout_secs=120) as sb:
+                r = await sb.exec("echo async")
+                assert r.stdout == "async\n"
+                seen = [ev.type async for ev in sb.stream("echo a; echo b")]
+                assert seen[0] == "start" and seen[-1] == "exit"
+                await sb.write("/tmp/x", b"y")
+                assert await sb.read("/tmp/x") == b"y"
+                chunks = [c async for c in sb.download("/tmp/x")]
+                assert b"".join(chunks) == b"y"
+                rep = await sb.verify(trusted_key=await rp.audit_key())
+                assert rep.records >= 2
+                sid = sb.id
+            assert (await rp.get(sid)).info.state == "destroyed"
+            with pytest.raises(errors.NotFound):
+                await rp.get("z0000000000000000000")
+    asyncio.run(main())
+
+
+def test_the_readme_example_works_as_written():
+    readme = open(os.path.join(os.path.dirname(__file__), "..", "README.md")).read()
+    first = re.search(r"```python\n(.*?)```", readme, re.S).group(1)
+    assert len(first.strip().splitlines()) == 5
+    out = subprocess.run([sys.executable, "-c", first], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("42\n") and "BundleReport" in out.stdout
