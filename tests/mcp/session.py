@@ -59,7 +59,8 @@ async def run(s, transport):
 
     r = await s.call_tool(
         "run_command",
-        {"sandbox_id": sid, "command": "for i in 1 2 3; do echo line $i; done; echo oops >&2; exit 3"},
+        # Output spread over a second: progress is sent at most four times a second.
+        {"sandbox_id": sid, "command": "for i in 1 2 3; do echo line $i; sleep 0.4; done; echo oops >&2; exit 3"},
         progress_callback=on_progress,
     )
     out = json.loads(text(r))

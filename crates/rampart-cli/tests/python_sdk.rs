@@ -50,7 +50,10 @@ fn the_python_sdk_against_a_daemon() {
         .current_dir(std::env::temp_dir())
         .env_clear()
         .env("PATH", std::env::var_os("PATH").unwrap_or_default())
-        .env("HOME", std::env::var_os("HOME").unwrap_or_else(|| "/root".into()))
+        .env(
+            "HOME",
+            std::env::var_os("HOME").unwrap_or_else(|| "/root".into()),
+        )
         .env("PYTHONDONTWRITEBYTECODE", "1")
         .env("RAMPART_HOST", &d.url)
         .env("RAMPART_API_KEY", support::admin_key())

@@ -386,7 +386,7 @@ impl RampartMcp {
     }
 
     #[tool(
-        description = "Run a shell command in a sandbox with `bash -lc` and wait for it. Returns JSON with stdout, stderr, exit_code (null if a signal ended it) and timed_out. Output beyond 64 KiB per stream is cut (with a note). Sends progress notifications while it runs."
+        description = "Run a shell command in a sandbox with `bash -lc` and wait for it. Returns JSON with stdout, stderr, exit_code (null if a signal ended it) and timed_out. Output beyond 64 KiB per stream is cut (with a note). Sends progress notifications while it runs (at most four a second)."
     )]
     async fn run_command(
         &self,
@@ -432,6 +432,7 @@ impl RampartMcp {
         let mut line = Vec::new();
         let mut result = json!({});
         let mut events = 0u32;
+        let mut last_progress = None;
         while let Some(chunk) = stream.next().await {
             let chunk = match chunk {
                 Ok(c) => c,
@@ -469,7 +470,12 @@ impl RampartMcp {
                     _ => {}
                 }
                 events += 1;
-                if let Some(token) = &progress {
+                // At most four a second (a chatty command must not flood the client).
+                let due = last_progress.is_none_or(|t: std::time::Instant| {
+                    t.elapsed() >= std::time::Duration::from_millis(250)
+                });
+                if let (Some(token), true) = (&progress, due) {
+                    last_progress = Some(std::time::Instant::now());
                     let _ = ctx
                         .peer
                         .notify_progress(
