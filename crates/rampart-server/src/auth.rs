@@ -368,7 +368,13 @@ async fn serve_as(
         .get(rampart_mcp::CLIENT_HEADER)
         .and_then(|v| v.to_str().ok())
     {
-        // The client's own claim, beside the principal that authenticated.
+        // The client's own claim, beside the principal that authenticated (printable,
+        // at most 64 characters: any caller can send the header).
+        let client: String = client
+            .chars()
+            .filter(|c| c.is_ascii_graphic() || *c == ' ')
+            .take(64)
+            .collect();
         p.caller = format!("{} via mcp:{client}", p.caller);
     }
     req.extensions_mut().insert(who.clone());
