@@ -6,7 +6,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 target="${CARGO_TARGET_DIR:-target}"
-PKGS=(httpx==0.28.1 pytest==8.3.4 setuptools==75.8.0 wheel==0.45.1)
+PKGS=(httpx==0.28.1 websockets==15.0.1 pytest==8.3.4 setuptools==75.8.0 wheel==0.45.1)
 venv="$target/sdk-venv"
 stamp="$venv/.rampart-installed"
 want="${PKGS[*]}"

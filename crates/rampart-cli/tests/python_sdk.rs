@@ -31,18 +31,28 @@ fn the_python_sdk_against_a_daemon() {
         return;
     }
     let ready = Command::new(python())
-        .args(["-c", "import rampart, httpx, pytest"])
+        .args(["-c", "import httpx, pytest, websockets"])
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .status()
         .is_ok_and(|s| s.success());
     if !ready {
         eprintln!(
-            "skipped: no venv with the SDK, httpx and pytest at {} (scripts/python-sdk.sh makes it; needs PyPI)",
+            "skipped: no venv with httpx, websockets and pytest at {} (scripts/python-sdk.sh makes it; needs PyPI)",
             python().display()
         );
         return;
     }
+    // The SDK itself must import: a broken one fails here, it is not skipped.
+    let import = Command::new(python())
+        .args(["-c", "import rampart"])
+        .output()
+        .unwrap();
+    assert!(
+        import.status.success(),
+        "the SDK does not import (scripts/python-sdk.sh installs it from sdk/python): {}",
+        String::from_utf8_lossy(&import.stderr)
+    );
     let d = support::start_tidy("python-sdk");
     let out = Command::new(python())
         .args(["-m", "pytest", "-q", "-p", "no:cacheprovider"])
@@ -67,5 +77,5 @@ fn the_python_sdk_against_a_daemon() {
     );
     eprintln!("{text}");
     assert!(out.status.success(), "the SDK's tests failed:\n{text}");
-    assert!(text.contains("10 passed"), "{text}");
+    assert!(text.contains("12 passed"), "{text}");
 }

@@ -170,3 +170,39 @@ def test_the_readme_example_works_as_written():
     out = subprocess.run([sys.executable, "-c", first], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.startswith("42\n") and "BundleReport" in out.stdout
+
+
+def test_interactive_sessions(sb):
+    with sb.session(["cat"]) as s:
+        assert s.pid
+        s.send("one\n")
+        s.send(b"two\n")
+        s.close_stdin()
+        r = s.wait()
+    assert (r.stdout, r.exit_code) == ("one\ntwo\n", 0)
+    with sb.session("sleep 30") as s:
+        s.signal(kill=True)
+        r = s.wait()
+    assert r.exit_code is None and r.signal == 9
+    with sb.session("tty", pty=True) as s:
+        s.resize(100, 30)
+        out = "".join(ev.data.decode() for ev in s if ev.type == "pty")
+    assert "/dev/pts/" in out
+    ghost = rampart.Sandbox(sb._client, sb.info)
+    ghost.info = rampart.SandboxInfo.from_dict({**sb.info.__dict__, "id": "z0000000000000000000",
+                                                "limits": sb.info.limits.__dict__})
+    with pytest.raises(errors.NotFound):
+        ghost.session("true")
+
+
+def test_async_sessions():
+    async def main():
+        async with AsyncRampart() as rp:
+            async with await rp.create(timeout_secs=120) as sb:
+                s = await sb.session(["cat"])
+                await s.send("hi\n")
+                await s.close_stdin()
+                r = await s.wait()
+                assert r.stdout == "hi\n" and r.exit_code == 0
+                await s.close()
+    asyncio.run(main())

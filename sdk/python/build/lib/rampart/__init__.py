@@ -3,6 +3,7 @@ record (`README.md`)."""
 
 from . import errors
 from ._client import AsyncRampart, Rampart, Sandbox
+from ._session import AsyncSession, Session
 from .errors import RampartError
 from .types import ExecEvent, ExecResult, FileEntry, SandboxInfo, SnapshotInfo, VolumeInfo
 from .verify import BundleReport, UsageCheck, VerificationError, verify_bundle, verify_usage
@@ -10,7 +11,7 @@ from .verify import BundleReport, UsageCheck, VerificationError, verify_bundle, 
 __version__ = "0.1.0"
 
 __all__ = [
-    "AsyncRampart", "Rampart", "Sandbox", "RampartError", "errors", "ExecEvent", "ExecResult",
+    "AsyncRampart", "Rampart", "Sandbox", "Session", "AsyncSession", "RampartError", "errors", "ExecEvent", "ExecResult",
     "FileEntry", "SandboxInfo", "SnapshotInfo", "VolumeInfo", "BundleReport", "UsageCheck",
     "VerificationError", "verify_bundle", "verify_usage",
 ]

@@ -10,7 +10,7 @@ from urllib.parse import quote
 
 import httpx
 
-from . import errors
+from . import _session, errors
 from .types import ExecEvent, ExecResult, FileEntry, SandboxInfo, SnapshotInfo, VolumeInfo
 from .verify import BundleReport, UsageCheck, verify_bundle, verify_usage
 
@@ -59,8 +59,9 @@ def _exec_body(cmd, *, cwd=None, env=None, user=None, timeout_secs=None, stdin=N
             body["stdin_base64"] = base64.b64encode(stdin).decode()
         else:
             body["stdin"] = stdin
-    if pty is not None:
-        body["pty"] = pty
+    if pty:
+        # A pseudo-terminal of this size (`True`: 80x24); output arrives as `pty` events.
+        body["tty"] = [80, 24] if pty is True else list(pty)
     return body
 
 
@@ -113,7 +114,8 @@ class Sandbox:
     # Commands
     def exec(self, cmd: Union[str, List[str]], **kw):
         """Runs a command and waits for it; a string runs with `bash -lc`. Keywords: cwd,
-        env, user, timeout_secs, stdin (str or bytes), pty, max_output_bytes."""
+        env, user, timeout_secs, stdin (str or bytes), pty (True, or (cols, rows)),
+        max_output_bytes."""
         return self._client._run(_Call("POST", self._path("/exec"), json=_exec_body(cmd, **kw),
                                        parse=lambda r: ExecResult.from_dict(r.json())))
 
@@ -123,6 +125,12 @@ class Sandbox:
         call = _Call("POST", self._path("/exec"), json=_exec_body(cmd, **kw),
                      headers={"accept": "application/x-ndjson"})
         return self._client._lines(call, lambda line: ExecEvent.from_dict(json.loads(line)))
+
+    def session(self, cmd: Union[str, List[str]], **kw):
+        """Starts a command over the exec WebSocket and returns its session: `send` stdin
+        as it comes, `close_stdin`, `resize` (with `pty=True`), `signal(kill=)`, iterate its
+        events, `wait()` for its result. Keywords as `exec`."""
+        return self._client._session(self._path("/exec/ws"), _exec_body(cmd, **kw))
 
     # Files
     def write(self, path: str, data: Union[bytes, str, Iterable[bytes]]):
@@ -275,6 +283,12 @@ class _Base:
 
     def _chunks(self, call: _Call):  # pragma: no cover
         raise NotImplementedError
+
+    def _session(self, path: str, request: Dict[str, Any]):  # pragma: no cover
+        raise NotImplementedError
+
+    def _ws_headers(self) -> Dict[str, str]:
+        return {k: v for k, v in self._headers.items() if k == "authorization"}
 
     # Sandboxes
     def create(self, template: Optional[str] = None, *, timeout_secs: Optional[int] = None,
@@ -445,6 +459,23 @@ class Rampart(_Base):
         finally:
             r.close()
 
+    def _session(self, path: str, request: Dict[str, Any]) -> "_session.Session":
+        from websockets.exceptions import InvalidStatus
+        from websockets.sync.client import connect, unix_connect
+
+        url, uds = _session.ws_target(self.base_url, self._transport_args, path)
+        try:
+            if uds:
+                ws = unix_connect(uds, url, additional_headers=self._ws_headers(), compression=None)
+            else:
+                ws = connect(url, additional_headers=self._ws_headers(), compression=None, proxy=None)
+        except InvalidStatus as e:
+            raise _session.rejected(e) from e
+        except OSError as e:
+            raise errors.ConnectionFailed(f"cannot reach the Rampart daemon at {self.base_url}: {e}") from e
+        ws.send(json.dumps(request))
+        return _session.Session(ws)
+
 
 class AsyncRampart(_Base):
     """The async client (same methods, awaited; `Sandbox.stream` and `download` are async
@@ -502,6 +533,23 @@ class AsyncRampart(_Base):
                 yield chunk
         finally:
             await r.aclose()
+
+    async def _session(self, path: str, request: Dict[str, Any]) -> "_session.AsyncSession":
+        from websockets.asyncio.client import connect, unix_connect
+        from websockets.exceptions import InvalidStatus
+
+        url, uds = _session.ws_target(self.base_url, self._transport_args, path)
+        try:
+            if uds:
+                ws = await unix_connect(uds, url, additional_headers=self._ws_headers(), compression=None)
+            else:
+                ws = await connect(url, additional_headers=self._ws_headers(), compression=None, proxy=None)
+        except InvalidStatus as e:
+            raise _session.rejected(e) from e
+        except OSError as e:
+            raise errors.ConnectionFailed(f"cannot reach the Rampart daemon at {self.base_url}: {e}") from e
+        await ws.send(json.dumps(request))
+        return await _session.AsyncSession.start(ws)
 
 
 __all__ = ["Rampart", "AsyncRampart", "Sandbox", "BundleReport", "UsageCheck"]
