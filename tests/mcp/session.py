@@ -18,7 +18,7 @@ from mcp.shared._httpx_utils import create_mcp_http_client
 EXPECTED_TOOLS = {
     "create_sandbox", "list_sandboxes", "kill_sandbox", "run_command", "read_file",
     "write_file", "list_files", "snapshot_sandbox", "fork_sandbox", "get_network_policy",
-    "set_network_policy", "get_port_url", "export_audit",
+    "set_network_policy", "get_port_url", "export_audit", "run_code",
 }
 
 failures = []
@@ -139,6 +139,26 @@ async def run(s, transport):
         check("missing arguments are refused", r.is_error, text(r))
     except Exception as e:
         check("missing arguments are refused", "sandbox_id" in str(e) or "missing" in str(e).lower(), repr(e))
+
+    # The code interpreter: a stateful kernel, charts as images.
+    r = await s.call_tool("run_code", {"sandbox_id": sid, "code": "1 + 1"})
+    check("run_code needs the interpreter's template", r.is_error and "code-interpreter-v1" in text(r), text(r))
+    if os.environ.get("RAMPART_NO_INTERPRETER"):
+        print("SKIP run_code: " + os.environ["RAMPART_NO_INTERPRETER"], flush=True)
+    else:
+        r = await s.call_tool("create_sandbox", {"template": "code-interpreter-v1", "timeout_secs": 300})
+        check("a code-interpreter sandbox", not r.is_error, text(r))
+        ci = json.loads(text(r))["id"]
+        r = await s.call_tool("run_code", {"sandbox_id": ci, "code": "x = 6 * 7\nprint(x)"})
+        check("run_code", not r.is_error and json.loads(text(r))["stdout"] == "42\n", text(r))
+        r = await s.call_tool("run_code", {"sandbox_id": ci, "code": "import matplotlib.pyplot as plt\nplt.plot([1, 3, 2])\nplt.title('t')\nplt.show()\nx + 1"})
+        images = [c for c in r.content if getattr(c, "type", "") == "image"]
+        check("run_code keeps state and returns the chart as an image",
+              not r.is_error and json.loads(text(r))["results"][-1] == "43" and images and images[0].mime_type == "image/png",
+              [getattr(c, "type", "") for c in r.content])
+        r = await s.call_tool("run_code", {"sandbox_id": ci, "code": "1 / 0"})
+        check("run_code's exception is a tool error with the traceback", r.is_error and "ZeroDivisionError" in text(r), text(r))
+        await s.call_tool("kill_sandbox", {"sandbox_id": ci})
 
     # Still answering after the errors.
     r = await s.call_tool("run_command", {"sandbox_id": sid, "command": "echo alive"})

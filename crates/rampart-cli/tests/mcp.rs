@@ -127,7 +127,17 @@ fn mcp_sessions_over_stdio_and_http_and_an_agent_framework() {
         .unwrap();
     assert_eq!(anon.status().as_u16(), 401, "/mcp without a key");
 
-    for (transport, envs) in [
+    // run_code needs the code interpreter's kernel from the host's /usr (setup-host.sh).
+    let kernel = Command::new("/usr/bin/python3")
+        .args(["-c", "import ipykernel, jupyter_client, matplotlib"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    let no_interpreter = (!kernel).then(|| {
+        "the host's /usr/bin/python3 lacks ipykernel, jupyter_client or matplotlib".to_owned()
+    });
+    for (transport, mut envs) in [
         (
             "stdio",
             vec![
@@ -150,6 +160,9 @@ fn mcp_sessions_over_stdio_and_http_and_an_agent_framework() {
             ],
         ),
     ] {
+        if let Some(why) = &no_interpreter {
+            envs.push(("RAMPART_NO_INTERPRETER", why.clone()));
+        }
         let (passed, f, out) = script("session.py", &[transport], &envs);
         assert!(
             passed.len() >= 30,

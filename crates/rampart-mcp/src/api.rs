@@ -22,6 +22,8 @@ pub struct ApiRequest {
     pub body: Option<Bytes>,
     /// `Accept` (the streamed exec asks for `application/x-ndjson`).
     pub accept: Option<&'static str>,
+    /// A sandbox's access token (`X-Rampart-Token`), for a call to one of its ports.
+    pub token: Option<String>,
     /// The HTTP request of the MCP call itself, when it came over Streamable HTTP: the
     /// in-process API takes its credentials (and connection) from it.
     pub origin: Option<http::request::Parts>,

@@ -22,6 +22,9 @@ use std::sync::Arc;
 const OUTPUT_CAP: usize = 64 * 1024;
 /// The most of a file `read_file` returns.
 const READ_CAP: usize = 1 << 20;
+/// The code interpreter's template and port (`rampart_core::interpreter`).
+const CODE_TEMPLATE: &str = "code-interpreter-v1";
+const CODE_PORT: u16 = 49999;
 /// The most of an API answer read whole (a bundle can be large).
 const ANSWER_CAP: usize = 64 << 20;
 
@@ -181,6 +184,17 @@ pub struct PolicyArgs {
 }
 
 #[derive(Debug, Deserialize, JsonSchema)]
+pub struct CodeArgs {
+    /// The sandbox's id (of the `code-interpreter-v1` template).
+    pub sandbox_id: String,
+    /// The code to run, in a stateful kernel (variables stay between calls).
+    pub code: String,
+    /// `python` (the default).
+    #[serde(default)]
+    pub language: Option<String>,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
 pub struct PortArgs {
     /// The sandbox's id.
     pub sandbox_id: String,
@@ -230,6 +244,7 @@ impl RampartMcp {
             json: None,
             body: None,
             accept: None,
+            token: None,
             origin: who.origin.clone(),
             client: who.client.clone(),
         }
@@ -499,6 +514,94 @@ impl RampartMcp {
             "signal": result.get("signal").cloned().unwrap_or(Value::Null),
             "timed_out": result.get("timed_out").cloned().unwrap_or(false.into()),
         }))
+    }
+
+    #[tool(
+        description = "Run code in a sandbox of the `code-interpreter-v1` template (create_sandbox with template \"code-interpreter-v1\"): a stateful Python kernel (variables and imports stay between calls), with numpy and matplotlib. Returns stdout, stderr, the results' text and any error; charts and images come back as images."
+    )]
+    async fn run_code(
+        &self,
+        Parameters(a): Parameters<CodeArgs>,
+        ctx: RequestContext<RoleServer>,
+    ) -> ToolResult {
+        if let Err(e) = check_id(&a.sandbox_id) {
+            return fail(e);
+        }
+        let who = Caller::of(&ctx);
+        let path = format!("/v1/sandboxes/{}", a.sandbox_id);
+        let info = match self.json(&who, http::Method::GET, path, None).await {
+            Ok(v) => v,
+            Err(e) => return fail(e),
+        };
+        if info["template"] != CODE_TEMPLATE {
+            return fail(format!(
+                "sandbox {} is of template {}; run_code needs one of template {CODE_TEMPLATE} (create_sandbox with that template)",
+                a.sandbox_id, info["template"]
+            ));
+        }
+        let Some(token) = info["access_token"].as_str().map(str::to_owned) else {
+            return fail(format!("sandbox {} is not running", a.sandbox_id));
+        };
+        let mut req = self.request(
+            &who,
+            http::Method::POST,
+            format!("/v1/sandboxes/{}/ports/{CODE_PORT}/execute", a.sandbox_id),
+        );
+        req.json = Some(json!({
+            "code": a.code,
+            "language": a.language.unwrap_or_else(|| "python".into()),
+        }));
+        req.token = Some(token);
+        let body = match self.send(req).await {
+            Ok(b) => b,
+            Err(e) => return fail(e),
+        };
+        let (mut stdout, mut stderr, mut texts) = (String::new(), String::new(), Vec::new());
+        let mut images = Vec::new();
+        let mut error = Value::Null;
+        for line in body.split(|b| *b == b'\n') {
+            let Ok(ev) = serde_json::from_slice::<Value>(line) else {
+                continue;
+            };
+            match ev["type"].as_str() {
+                Some("stdout") => stdout.push_str(ev["text"].as_str().unwrap_or_default()),
+                Some("stderr") => stderr.push_str(ev["text"].as_str().unwrap_or_default()),
+                Some("result") => {
+                    if let Some(png) = ev["png"].as_str() {
+                        images.push(ContentBlock::image(png, "image/png"));
+                    } else if let Some(jpeg) = ev["jpeg"].as_str() {
+                        images.push(ContentBlock::image(jpeg, "image/jpeg"));
+                    }
+                    if let Some(t) = ev["text"].as_str() {
+                        texts.push(Value::from(t));
+                    }
+                }
+                Some("error") => {
+                    error = json!({
+                        "name": ev["name"],
+                        "value": ev["value"],
+                        "traceback": ev["traceback"],
+                    })
+                }
+                _ => {}
+            }
+        }
+        let failed = !error.is_null();
+        let summary = json!({
+            "stdout": truncated(stdout.as_bytes(), OUTPUT_CAP),
+            "stderr": truncated(stderr.as_bytes(), OUTPUT_CAP),
+            "results": texts,
+            "error": error,
+        });
+        let mut content = vec![ContentBlock::text(
+            serde_json::to_string_pretty(&summary).unwrap_or_default(),
+        )];
+        content.extend(images);
+        Ok(if failed {
+            CallToolResult::error(content)
+        } else {
+            CallToolResult::success(content)
+        })
     }
 
     #[tool(

@@ -51,6 +51,9 @@ impl Api for InProcess {
             if let Some(a) = req.accept {
                 b = b.header("accept", a);
             }
+            if let Some(t) = &req.token {
+                b = b.header("x-rampart-token", t);
+            }
             let body = match (&req.json, req.body) {
                 (Some(v), _) => {
                     b = b.header("content-type", "application/json");

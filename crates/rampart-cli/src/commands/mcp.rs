@@ -32,6 +32,9 @@ impl Api for CliApi {
             if let Some(a) = req.accept {
                 rb = rb.header("accept", a);
             }
+            if let Some(t) = &req.token {
+                rb = rb.header("x-rampart-token", t);
+            }
             if let Some((name, value)) = rampart_mcp::client_header(&req.client) {
                 rb = rb.header(name, value);
             }
