@@ -77,5 +77,5 @@ fn the_python_sdk_against_a_daemon() {
     );
     eprintln!("{text}");
     assert!(out.status.success(), "the SDK's tests failed:\n{text}");
-    assert!(text.contains("12 passed"), "{text}");
+    assert!(text.contains("13 passed"), "{text}");
 }

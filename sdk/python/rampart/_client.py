@@ -22,10 +22,11 @@ DEFAULT_SOCKETS = ("/var/lib/rampart/rampart.sock", "/run/rampart/rampart.sock")
 class _Call:
     """One API call: the request, and how to make the answer into a result."""
 
-    __slots__ = ("method", "path", "params", "json", "content", "headers", "parse")
+    __slots__ = ("method", "path", "params", "json", "content", "headers", "parse", "timeout")
 
     def __init__(self, method: str, path: str, *, params=None, json=None, content=None,
-                 headers=None, parse: Optional[Callable[[httpx.Response], Any]] = None):
+                 headers=None, parse: Optional[Callable[[httpx.Response], Any]] = None,
+                 timeout: Optional[httpx.Timeout] = None):
         self.method = method
         self.path = path
         self.params = params
@@ -33,6 +34,8 @@ class _Call:
         self.content = content
         self.headers = headers or {}
         self.parse = parse or (lambda r: r.json() if r.content else None)
+        #: Overrides the client's timeout (a watch waits for changes as long as it takes).
+        self.timeout = timeout
 
 
 def _q(path: str) -> str:
@@ -176,6 +179,13 @@ class Sandbox:
         """Removes a file or a directory tree."""
         return self._client._run(_Call("DELETE", self._path(f"/files?path={_q(path)}"),
                                        parse=lambda r: None))
+
+    def watch(self, path: str, recursive: bool = False):
+        """Changes under a directory as they happen (dicts `{"name", "type"}`: create,
+        write, remove, rename, chmod), until the iterator is closed."""
+        q = f"/files/watch?path={_q(path)}" + ("&recursive=true" if recursive else "")
+        call = _Call("GET", self._path(q), timeout=httpx.Timeout(None, connect=10.0))
+        return self._client._lines(call, json.loads)
 
     # Network and ports
     def network(self):
@@ -423,8 +433,9 @@ class Rampart(_Base):
         self.close()
 
     def _request(self, call: _Call):
+        extra = {} if call.timeout is None else {"timeout": call.timeout}
         return self._http.build_request(call.method, call.path, params=call.params, json=call.json,
-                                        content=call.content, headers=call.headers)
+                                        content=call.content, headers=call.headers, **extra)
 
     def _send(self, req, stream=False):
         try:
@@ -437,27 +448,38 @@ class Rampart(_Base):
         _check(r)
         return call.parse(r)
 
-    def _lines(self, call: _Call, decode):
+    def _open(self, call: _Call) -> httpx.Response:
+        """Sends a streamed call now (its errors raise here), its body still to read."""
         r = self._send(self._request(call), stream=True)
-        try:
-            if r.status_code >= 400:
+        if r.status_code >= 400:
+            try:
                 r.read()
-                _check(r)
-            for line in r.iter_lines():
-                if line.strip():
-                    yield decode(line)
-        finally:
-            r.close()
+            finally:
+                r.close()
+            _check(r)
+        return r
+
+    def _lines(self, call: _Call, decode):
+        r = self._open(call)
+
+        def lines():
+            try:
+                for line in r.iter_lines():
+                    if line.strip():
+                        yield decode(line)
+            finally:
+                r.close()
+        return lines()
 
     def _chunks(self, call: _Call):
-        r = self._send(self._request(call), stream=True)
-        try:
-            if r.status_code >= 400:
-                r.read()
-                _check(r)
-            yield from r.iter_bytes()
-        finally:
-            r.close()
+        r = self._open(call)
+
+        def chunks():
+            try:
+                yield from r.iter_bytes()
+            finally:
+                r.close()
+        return chunks()
 
     def _session(self, path: str, request: Dict[str, Any]) -> "_session.Session":
         from websockets.exceptions import InvalidStatus
@@ -497,8 +519,9 @@ class AsyncRampart(_Base):
         await self.aclose()
 
     def _request(self, call: _Call):
+        extra = {} if call.timeout is None else {"timeout": call.timeout}
         return self._http.build_request(call.method, call.path, params=call.params, json=call.json,
-                                        content=call.content, headers=call.headers)
+                                        content=call.content, headers=call.headers, **extra)
 
     async def _send(self, req, stream=False):
         try:

@@ -206,3 +206,12 @@ def test_async_sessions():
                 assert r.stdout == "hi\n" and r.exit_code == 0
                 await s.close()
     asyncio.run(main())
+
+
+def test_watch_sees_changes(sb):
+    sb.mkdir("/tmp/w")
+    events = sb.watch("/tmp/w", recursive=True)
+    sb.write("/tmp/w/new.txt", "x")
+    first = next(events)
+    events.close()
+    assert first["name"] == "new.txt" and first["type"] in ("create", "write"), first
