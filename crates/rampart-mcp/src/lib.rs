@@ -51,6 +51,9 @@ pub fn http_service(api: Arc<dyn Api>) -> StreamableHttpService<RampartMcp, Loca
     StreamableHttpService::new(
         move || Ok(RampartMcp::new(api.clone())),
         Arc::new(LocalSessionManager::default()),
-        StreamableHttpServerConfig::default().disable_allowed_hosts(),
+        // Plain JSON answers for calls that send no notification (SSE only when one does).
+        StreamableHttpServerConfig::default()
+            .disable_allowed_hosts()
+            .with_json_response(true),
     )
 }
