@@ -561,6 +561,7 @@ fn quotas_rates_and_metering_hold() {
         ],
         vec!["tenant", "create", "paced", "--creates-per-minute", "3"],
         vec!["tenant", "create", "metered"],
+        vec!["tenant", "create", "forky", "--creates-per-minute", "3"],
     ] {
         cli_local(&d.data, &args).unwrap();
     }
@@ -662,6 +663,40 @@ fn quotas_rates_and_metering_hold() {
         .parse()
         .unwrap();
     assert!((1..=60).contains(&retry), "{retry}");
+    // A fork of N is N creates against the rate, all or none: with 2 of 3 left, a fork of
+    // 3 (one counted by the guard, the 2 more asked for by the handler) is refused and
+    // makes nothing.
+    let (_, kf) = make_key(&d.data, &["--tenant", "forky"]);
+    let src = create(&url, &kf, json!({}));
+    assert_eq!(src.status, 201, "{}", src.body);
+    let src = src.body["id"].as_str().unwrap().to_owned();
+    let fork = call(
+        &url,
+        &kf,
+        Method::POST,
+        &format!("/v1/sandboxes/{src}/fork"),
+        Some(json!({"count": 3})),
+    );
+    assert_eq!(fork.status, 429, "{}", fork.body);
+    assert_eq!(
+        fork.body["error"]["quota"]["requested"], 2.0,
+        "{}",
+        fork.body
+    );
+    let alive = call(&url, &kf, Method::GET, "/v1/sandboxes", None);
+    assert_eq!(
+        alive.body.as_array().map(Vec::len),
+        Some(1),
+        "{}",
+        alive.body
+    );
+    call(
+        &url,
+        &kf,
+        Method::DELETE,
+        &format!("/v1/sandboxes/{src}"),
+        None,
+    );
 
     // Metering: one CPU spun for 3 s is billed what it used.
     let m = create(&url, &km, json!({"limits": {"cpus": 1.0}}));

@@ -108,10 +108,20 @@ pub(crate) async fn fork(
     State(st): State<AppState>,
     SandboxPath(id): SandboxPath,
     ApiJson(req): ApiJson<ForkSandbox>,
-) -> Result<(StatusCode, Json<ForkResult>), ApiError> {
+) -> Result<axum::response::Response, ApiError> {
+    use axum::response::IntoResponse as _;
+    // A fork of `count` is `count` creates against its tenant's rate: the guard counted
+    // one, the rest are counted here, all or none.
+    let more = u64::from(req.count).saturating_sub(1);
+    let tenant = rampart_core::principal::current().and_then(|p| p.tenant);
+    if let (Some(t), Some(tenancy), true) = (tenant, &st.tenancy, more > 0) {
+        if let Err(refused) = tenancy.take_creates(&t, more) {
+            return Ok(refused.native());
+        }
+    }
     // Each fork has its own access token and the source's public ports, from core.
     let res = manager(&st)?.fork(&id, req).await?;
-    Ok((StatusCode::CREATED, Json(res)))
+    Ok((StatusCode::CREATED, Json(res)).into_response())
 }
 
 /// `POST /v1/volumes`: makes a volume.

@@ -63,6 +63,10 @@ impl RateState {
 pub(crate) struct RateRefusal {
     pub(crate) state: RateState,
     pub(crate) tenant: String,
+    /// Creates made in the window.
+    pub(crate) used: u64,
+    /// Creates the request asked for.
+    pub(crate) requested: u64,
 }
 
 impl RateRefusal {
@@ -72,8 +76,8 @@ impl RateRefusal {
         let e = ApiError {
             quota: Some(QuotaRefusal {
                 limit: "creates_per_minute".into(),
-                used: s.limit as f64,
-                requested: 1.0,
+                used: self.used as f64,
+                requested: self.requested as f64,
                 max: s.limit as f64,
             }),
             ..ApiError::new(
@@ -91,8 +95,10 @@ impl RateRefusal {
     pub(crate) fn message(&self) -> String {
         format!(
             "rate limit creates_per_minute exceeded: tenant {} made {} creates in the last \
-             minute, the most; try again in {} s",
+             minute, this asks for {} more, the most is {}; try again in {} s",
             self.tenant,
+            self.used,
+            self.requested,
             self.state.limit,
             self.state.reset_secs.max(1)
         )
@@ -123,6 +129,15 @@ impl Tenancy {
 
     /// Counts a create of `tenant` against its `creates_per_minute`. Ok(None): no limit.
     pub(crate) fn take_create(&self, tenant: &str) -> Result<Option<RateState>, RateRefusal> {
+        self.take_creates(tenant, 1)
+    }
+
+    /// Counts `n` creates at once (a fork of `n`): all of them, or none when fewer are left.
+    pub(crate) fn take_creates(
+        &self,
+        tenant: &str,
+        n: u64,
+    ) -> Result<Option<RateState>, RateRefusal> {
         let limit = match self.store.get(tenant) {
             Ok(Some(t)) => t.quotas.creates_per_minute,
             // A tenant that is gone is refused by the create itself.
@@ -148,17 +163,21 @@ impl Tenancy {
                     .ceil() as u64
             })
         };
-        if q.len() as u64 >= limit {
+        if q.len() as u64 + n > limit {
             return Err(RateRefusal {
                 state: RateState {
                     limit,
-                    remaining: 0,
+                    remaining: limit.saturating_sub(q.len() as u64),
                     reset_secs: reset(q),
                 },
                 tenant: tenant.to_owned(),
+                used: q.len() as u64,
+                requested: n,
             });
         }
-        q.push_back(now);
+        for _ in 0..n {
+            q.push_back(now);
+        }
         let remaining = limit - q.len() as u64;
         Ok(Some(RateState {
             limit,
@@ -405,6 +424,25 @@ mod tests {
         assert_eq!(refused.state.remaining, 0);
         assert!(refused.message().contains("creates_per_minute"));
         assert_eq!(t.take_create("free").unwrap(), None);
+        // A fork of n takes n, all or none.
+        store_fork(&t);
+    }
+
+    fn store_fork(t: &Tenancy) {
+        t.store
+            .create(
+                "forky",
+                &Quotas {
+                    creates_per_minute: Some(3),
+                    ..Quotas::default()
+                },
+            )
+            .unwrap();
+        t.take_create("forky").unwrap();
+        let refused = t.take_creates("forky", 3).unwrap_err();
+        assert_eq!((refused.used, refused.requested), (1, 3));
+        assert_eq!(refused.state.remaining, 2, "a refused fork takes nothing");
+        assert_eq!(t.take_creates("forky", 2).unwrap().unwrap().remaining, 0);
     }
 
     #[test]
