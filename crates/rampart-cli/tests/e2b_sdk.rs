@@ -14,21 +14,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use support::{client, start_tidy, Tidy};
 
-fn workspace() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
-fn target_dir() -> PathBuf {
-    std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| workspace().join("target"))
-}
+use support::{target_dir, workspace};
 
 fn venv_python() -> PathBuf {
-    std::env::var_os("RAMPART_E2B_VENV")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| target_dir().join("e2b-venv"))
-        .join("bin/python")
+    support::venv_python("RAMPART_E2B_VENV", "e2b-venv")
 }
 
 fn node_dir() -> PathBuf {

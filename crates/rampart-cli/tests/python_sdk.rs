@@ -5,23 +5,13 @@
 
 mod support;
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Command, Stdio};
 
-fn workspace() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
+use support::workspace;
 
 fn python() -> PathBuf {
-    std::env::var_os("RAMPART_SDK_VENV")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            std::env::var_os("CARGO_TARGET_DIR")
-                .map(PathBuf::from)
-                .unwrap_or_else(|| workspace().join("target"))
-                .join("sdk-venv")
-        })
-        .join("bin/python")
+    support::venv_python("RAMPART_SDK_VENV", "sdk-venv")
 }
 
 #[test]

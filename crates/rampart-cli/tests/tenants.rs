@@ -478,15 +478,7 @@ fn tenants_see_only_their_own_on_every_endpoint() {
 /// only its tenant's, and cannot reach `other` (another tenant's sandbox). Skipped (with a
 /// line) when the SDK's virtual environment is missing.
 fn e2b_sdk_sees_only_its_tenant(url: &str, key: &str, other: &str) {
-    let py = std::env::var_os("RAMPART_E2B_VENV")
-        .map(std::path::PathBuf::from)
-        .unwrap_or_else(|| {
-            std::env::var_os("CARGO_TARGET_DIR")
-                .map(std::path::PathBuf::from)
-                .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target"))
-                .join("e2b-venv")
-        })
-        .join("bin/python");
+    let py = support::venv_python("RAMPART_E2B_VENV", "e2b-venv");
     let has = Command::new(&py)
         .args(["-c", "import e2b"])
         .stdout(Stdio::null())

@@ -12,7 +12,7 @@ mod api;
 mod tools;
 
 pub use api::{Api, ApiRequest, ApiResponse, CLIENT_HEADER};
-pub use tools::{client_header, RampartMcp};
+pub use tools::{client_header, client_name, RampartMcp};
 
 use rmcp::transport::streamable_http_server::{
     session::local::LocalSessionManager, StreamableHttpServerConfig, StreamableHttpService,

@@ -887,14 +887,15 @@ impl ServerHandler for RampartMcp {
     }
 }
 
+/// An MCP client's name as the record keeps it: printable ASCII, at most 64 characters.
+pub fn client_name(raw: &str) -> String {
+    raw.chars()
+        .filter(|ch| ch.is_ascii_graphic() || *ch == ' ')
+        .take(64)
+        .collect()
+}
+
 /// Marks the request as made by this MCP client (see [`CLIENT_HEADER`]).
 pub fn client_header(client: &Option<String>) -> Option<(&'static str, String)> {
-    client.as_ref().map(|c| {
-        let clean: String = c
-            .chars()
-            .filter(|ch| ch.is_ascii_graphic() || *ch == ' ')
-            .take(64)
-            .collect();
-        (CLIENT_HEADER, clean)
-    })
+    client.as_ref().map(|c| (CLIENT_HEADER, client_name(c)))
 }

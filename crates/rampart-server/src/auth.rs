@@ -349,6 +349,16 @@ async fn serve_as(
             .into_response();
         }
     }
+    let mut p = who.core(peer);
+    if let Some(client) = req
+        .headers()
+        .get(rampart_mcp::CLIENT_HEADER)
+        .and_then(|v| v.to_str().ok())
+    {
+        // The client's own claim, beside the principal that authenticated (any caller can
+        // send the header).
+        p.caller = format!("{} via mcp:{}", p.caller, rampart_mcp::client_name(client));
+    }
     let mut rate = None;
     if let (Some(t), Some(tenancy)) = (who.tenant(), &auth.tenancy) {
         if crate::tenancy::is_create(&method, &path) {
@@ -356,72 +366,22 @@ async fn serve_as(
                 Ok(r) => rate = r,
                 Err(refused) => {
                     let r = refused.native();
-                    log(auth, &who, peer, &method, &path, r.status(), None);
+                    tenancy.log_call(&p, &method, &path, r.status());
                     return r;
                 }
             }
         }
     }
-    let mut p = who.core(peer);
-    if let Some(client) = req
-        .headers()
-        .get(rampart_mcp::CLIENT_HEADER)
-        .and_then(|v| v.to_str().ok())
-    {
-        // The client's own claim, beside the principal that authenticated (printable,
-        // at most 64 characters: any caller can send the header).
-        let client: String = client
-            .chars()
-            .filter(|c| c.is_ascii_graphic() || *c == ' ')
-            .take(64)
-            .collect();
-        p.caller = format!("{} via mcp:{client}", p.caller);
-    }
-    req.extensions_mut().insert(who.clone());
-    let caller = p.caller.clone();
+    req.extensions_mut().insert(who);
+    let logged = p.clone();
     let mut resp = rampart_core::with_principal(p, next.run(req)).await;
     if let Some(r) = rate {
         r.write(resp.headers_mut());
     }
-    log(
-        auth,
-        &who,
-        peer,
-        &method,
-        &path,
-        resp.status(),
-        Some(caller),
-    );
-    resp
-}
-
-/// Records a call that may have changed something in the node's change log (`caller`: as
-/// the request was served, else as `who` is named).
-fn log(
-    auth: &Auth,
-    who: &Principal,
-    peer: Option<SocketAddr>,
-    method: &axum::http::Method,
-    path: &str,
-    status: StatusCode,
-    caller: Option<String>,
-) {
-    let Some(t) = &auth.tenancy else { return };
-    // An MCP message is not a change: the API calls its tools make are logged themselves.
-    if !crate::tenancy::is_change(method) || path.starts_with("/mcp") {
-        return;
+    if let Some(t) = &auth.tenancy {
+        t.log_call(&logged, &method, &path, resp.status());
     }
-    let p = who.core(peer);
-    t.log_change(rampart_store::tenants::Change {
-        seq: 0,
-        at_ms: rampart_store::now_ms(),
-        principal: caller.unwrap_or(p.caller),
-        key_id: p.key_id,
-        tenant: p.tenant,
-        method: method.to_string(),
-        path: path.to_owned(),
-        status: status.as_u16(),
-    });
+    resp
 }
 
 /// Middleware on `/v1` and `/metrics`: the Unix socket's peer check, or over TCP the Host

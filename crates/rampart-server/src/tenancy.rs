@@ -186,9 +186,28 @@ impl Tenancy {
         }))
     }
 
-    /// Records a call that changed something (or tried to).
-    pub(crate) fn log_change(&self, c: Change) {
-        let _ = self.changes.send(c);
+    /// Records a call of `p` that may have changed something (any method but GET, HEAD,
+    /// OPTIONS; not an MCP message, whose tools' API calls are recorded themselves).
+    pub(crate) fn log_call(
+        &self,
+        p: &rampart_core::Principal,
+        method: &Method,
+        path: &str,
+        status: StatusCode,
+    ) {
+        if !is_change(method) || path.starts_with("/mcp") {
+            return;
+        }
+        let _ = self.changes.send(Change {
+            seq: 0,
+            at_ms: rampart_store::now_ms(),
+            principal: p.caller.clone(),
+            key_id: p.key_id.clone(),
+            tenant: p.tenant.clone(),
+            method: method.to_string(),
+            path: path.to_owned(),
+            status: status.as_u16(),
+        });
     }
 }
 

@@ -186,11 +186,6 @@ impl KeyStore {
         Ok(n > 0)
     }
 
-    /// Whether `key` is a current key. Records the use (at most once a minute per key).
-    pub fn check_key(&self, key: &str) -> Result<bool, StoreError> {
-        Ok(self.lookup(key)?.is_some())
-    }
-
     /// The current key `key`, if it is one. Records the use (at most once a minute per key).
     pub fn lookup(&self, key: &str) -> Result<Option<KeyInfo>, StoreError> {
         if !is_key_shaped(key) {
@@ -237,11 +232,12 @@ mod tests {
         let (info, key) = s.create_key("first").unwrap();
         assert!(is_key_shaped(&key), "{key}");
         assert!(key.starts_with(info.hint.trim_end_matches('…')));
-        assert!(s.check_key(&key).unwrap());
-        assert!(!s
-            .check_key("e2b_0000000000000000000000000000000000000000")
-            .unwrap());
-        assert!(!s.check_key("nonsense").unwrap());
+        assert!(s.lookup(&key).unwrap().is_some());
+        assert!(s
+            .lookup("e2b_0000000000000000000000000000000000000000")
+            .unwrap()
+            .is_none());
+        assert!(s.lookup("nonsense").unwrap().is_none());
         // Only the digest is stored.
         let stored: String = s
             .conn()
@@ -255,7 +251,7 @@ mod tests {
         assert!(listed[0].last_used_at_ms.is_some());
         assert!(!s.remove_key("zz'; DROP TABLE api_keys;--").unwrap());
         assert!(s.remove_key(&info.id).unwrap());
-        assert!(!s.check_key(&key).unwrap());
+        assert!(s.lookup(&key).unwrap().is_none());
         assert_eq!(s.count_keys().unwrap(), 0);
     }
 

@@ -824,3 +824,31 @@ impl Drop for Sandbox {
         }
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// The client environments `scripts/test` makes under the target directory
+// ---------------------------------------------------------------------------------------------
+
+/// The repository's root.
+#[allow(dead_code)]
+pub fn workspace() -> std::path::PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// Cargo's target directory (`CARGO_TARGET_DIR`, else `<workspace>/target`).
+#[allow(dead_code)]
+pub fn target_dir() -> std::path::PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| workspace().join("target"))
+}
+
+/// The Python of a client environment: `$var` if set, else `<target>/<dir>` (as the
+/// `scripts/*-sdks.sh` scripts make it), then `bin/python`.
+#[allow(dead_code)]
+pub fn venv_python(var: &str, dir: &str) -> std::path::PathBuf {
+    std::env::var_os(var)
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| target_dir().join(dir))
+        .join("bin/python")
+}

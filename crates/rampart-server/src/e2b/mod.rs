@@ -271,7 +271,9 @@ async fn api_key(State(st): State<E2b>, req: Request, next: Next) -> Response {
                     let mut r = E2bError::new(StatusCode::TOO_MANY_REQUESTS, refused.message())
                         .into_response();
                     refused.headers(r.headers_mut());
-                    log_change(&st, &p, &method, &path, r.status());
+                    if let Some(t) = &st.tenancy {
+                        t.log_call(&p, &method, &path, r.status());
+                    }
                     return r;
                 }
             }
@@ -281,30 +283,8 @@ async fn api_key(State(st): State<E2b>, req: Request, next: Next) -> Response {
     if let Some(r) = rate {
         r.write(resp.headers_mut());
     }
-    log_change(&st, &p, &method, &path, resp.status());
-    resp
-}
-
-/// Records a call of the E2B API that may have changed something in the change log.
-fn log_change(
-    st: &E2b,
-    p: &rampart_core::Principal,
-    method: &axum::http::Method,
-    path: &str,
-    status: StatusCode,
-) {
-    let Some(t) = &st.tenancy else { return };
-    if !crate::tenancy::is_change(method) {
-        return;
+    if let Some(t) = &st.tenancy {
+        t.log_call(&p, &method, &path, resp.status());
     }
-    t.log_change(rampart_store::tenants::Change {
-        seq: 0,
-        at_ms: rampart_store::now_ms(),
-        principal: p.caller.clone(),
-        key_id: p.key_id.clone(),
-        tenant: p.tenant.clone(),
-        method: method.to_string(),
-        path: path.to_owned(),
-        status: status.as_u16(),
-    });
+    resp
 }
