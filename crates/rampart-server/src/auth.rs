@@ -28,7 +28,7 @@ use axum::http::{header, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::serve::IncomingStream;
-use rampart_store::node_keys::{check_shape, KeyCheck, NodeKey, NodeKeyStore};
+use rampart_store::node_keys::{check_shape, KeyCheck, NodeKey, NodeKeyStore, SCOPE_ADMIN};
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
@@ -204,7 +204,35 @@ fn presented_key(req: &Request) -> Result<Option<String>, ApiError> {
             .map_err(|_| unauthorized("malformed X-API-Key header: not text"))?;
         return Ok(Some(text.trim().to_owned()));
     }
-    Ok(None)
+    Ok(websocket_key(req.headers()))
+}
+
+/// The prefix of the WebSocket subprotocol that carries an API key: a browser cannot set
+/// headers on a WebSocket, so the console offers `rampart.v1, rampart.key.<key>` and the
+/// server answers `rampart.v1` (the key is never echoed).
+pub const KEY_PROTOCOL_PREFIX: &str = "rampart.key.";
+/// The subprotocol the server selects when a client offers it.
+pub const WS_PROTOCOL: &str = "rampart.v1";
+
+/// The key offered as a WebSocket subprotocol, on an upgrade request only.
+fn websocket_key(headers: &axum::http::HeaderMap) -> Option<String> {
+    let upgrade = headers
+        .get(header::UPGRADE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.eq_ignore_ascii_case("websocket"));
+    if !upgrade {
+        return None;
+    }
+    headers
+        .get_all(header::SEC_WEBSOCKET_PROTOCOL)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .find_map(|p| {
+            p.trim()
+                .strip_prefix(KEY_PROTOCOL_PREFIX)
+                .map(str::to_owned)
+        })
 }
 
 fn unauthorized(message: impl Into<String>) -> ApiError {
@@ -292,7 +320,9 @@ pub(crate) fn required_scope(method: &axum::http::Method, path: &str) -> Option<
     let scope = match segs.as_slice() {
         ["metrics"] => "admin",
         ["v1", "tenants", ..] => "admin",
-        ["v1", "usage"] | ["v1", "audit", "key"] | ["v1", "openapi.json"] => return None,
+        ["v1", "usage"] | ["v1", "audit", "key"] | ["v1", "openapi.json"] | ["v1", "whoami"] => {
+            return None
+        }
         // Each tool call is an API call with the same credentials, checked there.
         ["mcp", ..] => return None,
         ["v1", "changes"] => "audit",
@@ -317,6 +347,30 @@ pub(crate) fn required_scope(method: &axum::http::Method, path: &str) -> Option<
         _ => "admin",
     };
     Some(scope)
+}
+
+/// `GET /v1/whoami`: who the request authenticated as (the console shows it, and hides what
+/// the key may not use). Any authenticated caller may ask.
+pub(crate) async fn whoami(
+    who: Option<axum::Extension<Principal>>,
+) -> axum::Json<serde_json::Value> {
+    let body = match who.map(|w| w.0) {
+        Some(Principal::Key(k)) => serde_json::json!({
+            "kind": "key",
+            "key_id": k.id,
+            "name": k.name,
+            "tenant": k.tenant,
+            "scopes": k.scopes,
+        }),
+        Some(Principal::Socket { uid }) => serde_json::json!({
+            "kind": "socket",
+            "uid": uid,
+            "tenant": null,
+            "scopes": [SCOPE_ADMIN],
+        }),
+        None => serde_json::json!({"kind": "none", "tenant": null, "scopes": [SCOPE_ADMIN]}),
+    };
+    axum::Json(body)
 }
 
 /// Serves an authenticated request: its scope, its tenant's create rate, then the request

@@ -297,14 +297,15 @@ pub(crate) async fn exec(
 ///
 /// The first client message is an [`ExecRequest`] (JSON text); then [`ExecInput`] messages
 /// (binary messages are raw stdin). The server sends [`ExecEvent`] JSON texts: `start`, output,
-/// then `exit` or `error`, and closes. Closing the socket early kills the process. Requests
-/// carrying an `Origin` header (browsers) are refused.
+/// then `exit` or `error`, and closes. Closing the socket early kills the process. A browser
+/// page may connect only from the daemon's own origin (the console), its key offered as the
+/// subprotocol `rampart.key.<key>` beside `rampart.v1`.
 #[utoipa::path(get, path = "/v1/sandboxes/{id}/exec/ws", tag = "exec",
     params(("id" = String, Path, description = "Sandbox id")),
     responses(
         (status = 101, description = "Upgraded; see the description for the messages"),
         (status = 400, description = "Not a WebSocket request, or a malformed id", body = ApiErrorBody),
-        (status = 403, description = "A browser (Origin header) asked", body = ApiErrorBody),
+        (status = 403, description = "A page of another origin asked", body = ApiErrorBody),
         (status = 404, description = "No such sandbox", body = ApiErrorBody),
     ))]
 pub(crate) async fn exec_ws(
@@ -313,16 +314,19 @@ pub(crate) async fn exec_ws(
     headers: HeaderMap,
     ws: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
 ) -> Result<Response, ApiError> {
-    if headers.contains_key(ORIGIN) {
+    // Browsers send `Origin` on every WebSocket: only the console's own pages are let in.
+    if headers.contains_key(ORIGIN) && !crate::ports::same_origin(&headers) {
         return Err(ApiError::new(
             StatusCode::FORBIDDEN,
             "forbidden",
-            "cross-origin WebSocket requests are refused (Origin header present)",
+            "cross-origin WebSocket requests are refused (an Origin other than the daemon's)",
         ));
     }
-    let ws = ws.map_err(|e| {
-        ApiError::bad_request(format!("expected a WebSocket upgrade: {}", e.body_text()))
-    })?;
+    let ws = ws
+        .map_err(|e| {
+            ApiError::bad_request(format!("expected a WebSocket upgrade: {}", e.body_text()))
+        })?
+        .protocols([crate::auth::WS_PROTOCOL]);
     // Answer an unknown sandbox with a plain 404 before upgrading.
     st.backend.get(&id)?;
     // The session runs after this request's task: it keeps acting for its principal (the

@@ -8,6 +8,7 @@
 mod audit;
 mod auth;
 mod caller;
+mod console;
 mod e2b;
 mod error;
 mod exec;
@@ -511,6 +512,7 @@ fn v1_router(state: AppState, auth: Option<Arc<auth::Auth>>) -> Router {
             "/sandboxes/{id}",
             get(sandboxes::get_one).delete(sandboxes::destroy),
         )
+        .route("/sandboxes/{id}/stats", get(sandboxes::stats))
         .route("/sandboxes/{id}/timeout", post(sandboxes::set_timeout))
         .route("/sandboxes/{id}/pause", post(sandboxes::pause))
         .route("/sandboxes/{id}/resume", post(sandboxes::resume))
@@ -568,6 +570,7 @@ fn v1_router(state: AppState, auth: Option<Arc<auth::Auth>>) -> Router {
         .route("/usage", get(tenancy::usage))
         .route("/changes", get(tenancy::changes))
         .route("/openapi.json", get(openapi::serve_openapi))
+        .route("/whoami", get(auth::whoami))
         .layer(axum::middleware::from_fn(ports::refuse_browser_writes));
     let mut metrics_route = Router::new().route("/metrics", get(metrics::serve_metrics));
     let v1 = match auth {
@@ -581,6 +584,7 @@ fn v1_router(state: AppState, auth: Option<Arc<auth::Auth>>) -> Router {
 
     Router::new()
         .route("/health", get(health))
+        .merge(console::routes())
         .merge(metrics_route)
         .nest("/v1", v1)
         .fallback(not_found)

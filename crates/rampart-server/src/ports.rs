@@ -1017,6 +1017,27 @@ fn from_browser(headers: &HeaderMap) -> bool {
             .is_some_and(|v| v.as_bytes() != b"none")
 }
 
+/// Whether a browser's request comes from a page of the daemon's own origin: `Origin` names
+/// exactly the `Host` it was sent to, and `Sec-Fetch-Site`, when sent, says `same-origin`.
+/// A page of an exposed port never is: by host name it is another origin, by path an opaque
+/// one (`Origin: null`).
+pub(crate) fn same_origin(headers: &HeaderMap) -> bool {
+    let text = |name| {
+        headers
+            .get(name)
+            .and_then(|v: &HeaderValue| v.to_str().ok())
+    };
+    let (Some(origin), Some(host)) = (text(header::ORIGIN), text(header::HOST)) else {
+        return false;
+    };
+    let authority = origin
+        .strip_prefix("http://")
+        .or_else(|| origin.strip_prefix("https://"));
+    let fetch_ok = text(axum::http::HeaderName::from_static("sec-fetch-site"))
+        .is_none_or(|s| s == "same-origin");
+    authority.is_some_and(|a| a.eq_ignore_ascii_case(host)) && fetch_ok
+}
+
 /// Middleware on `/v1` (paths seen without the prefix): a request from a browser page that
 /// could change something (any method but GET, HEAD, OPTIONS) is refused, except what goes
 /// to a sandbox's port (`/sandboxes/{id}/ports/{P}/...`, whose server answers for itself).
@@ -1024,12 +1045,18 @@ fn from_browser(headers: &HeaderMap) -> bool {
 /// a sibling of it (`{P}-{id}.localhost`); the API has no CORS and its key is a header a
 /// browser does not add by itself, so reads are closed to them; this refusal is a second
 /// wall for "simple" body-less POSTs (pause, resume) and form posts.
+/// The console (`/console`) is the one page let through: same origin as the daemon, and its
+/// request carries the key in a header, which only script holding the key can set (a page a
+/// sandbox serves by path runs in an opaque origin, see [`PATH_FORM_CSP`]).
 pub(crate) async fn refuse_browser_writes(req: Request, next: Next) -> Response {
     let reads = matches!(
         *req.method(),
         axum::http::Method::GET | axum::http::Method::HEAD | axum::http::Method::OPTIONS
     );
-    if reads || !from_browser(req.headers()) || is_port_path(req.uri().path()) {
+    let h = req.headers();
+    let console =
+        same_origin(h) && (h.contains_key(header::AUTHORIZATION) || h.contains_key("x-api-key"));
+    if reads || !from_browser(h) || console || is_port_path(req.uri().path()) {
         return next.run(req).await;
     }
     ApiError::new(

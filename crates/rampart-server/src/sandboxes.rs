@@ -6,7 +6,9 @@ use crate::AppState;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::Json;
-use rampart_types::{ApiErrorBody, CreateSandbox, SandboxInfo, SandboxState, SetTimeout};
+use rampart_types::{
+    ApiErrorBody, CreateSandbox, SandboxInfo, SandboxState, SandboxStats, SetTimeout,
+};
 use std::collections::BTreeMap;
 
 /// `POST /v1/sandboxes`: creates a sandbox and answers once its agent is up.
@@ -105,6 +107,38 @@ pub(crate) async fn get_one(
         info.access_token = Some(st.ports.ensure_token(&id).await?);
     }
     Ok(Json(info))
+}
+
+/// `GET /v1/sandboxes/{id}/stats`: its CPU, memory and processes now, from its cgroup.
+#[utoipa::path(get, path = "/v1/sandboxes/{id}/stats", tag = "sandboxes",
+    params(("id" = String, Path, description = "Sandbox id")),
+    responses(
+        (status = 200, description = "One sample", body = SandboxStats),
+        (status = 400, description = "Malformed id", body = ApiErrorBody),
+        (status = 404, description = "No such sandbox", body = ApiErrorBody),
+        (status = 409, description = "The sandbox is not running or paused", body = ApiErrorBody),
+    ))]
+pub(crate) async fn stats(
+    State(st): State<AppState>,
+    SandboxPath(id): SandboxPath,
+) -> Result<Json<SandboxStats>, ApiError> {
+    let manager = st.manager_or("this daemon runs no sandboxes")?;
+    let info = manager.get(&id)?;
+    let u = manager.usage(&id).await?;
+    let taken_at_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0);
+    Ok(Json(SandboxStats {
+        taken_at_ms,
+        cpu_usec: u.cpu_usec,
+        cpus: info.limits.cpus,
+        memory_bytes: u.memory_bytes,
+        memory_peak_bytes: u.memory_peak_bytes,
+        memory_limit_bytes: info.limits.memory_bytes,
+        pids: u.pids,
+        pids_limit: info.limits.pids,
+    }))
 }
 
 /// `DELETE /v1/sandboxes/{id}`: destroys the sandbox, answers its final record.

@@ -30,6 +30,7 @@ pub use persist::{
 };
 pub use ports::{PortInfo, PortList};
 pub use sandbox::{
-    ApiError, ApiErrorBody, CreateSandbox, OnTimeout, SandboxInfo, SandboxState, SetTimeout,
+    ApiError, ApiErrorBody, CreateSandbox, OnTimeout, SandboxInfo, SandboxState, SandboxStats,
+    SetTimeout,
 };
 pub use template::TemplateInfo;

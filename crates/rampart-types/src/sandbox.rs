@@ -187,6 +187,28 @@ pub struct SandboxInfo {
     pub tenant: Option<String>,
 }
 
+/// `GET /v1/sandboxes/{id}/stats`: one sample of a running sandbox's resource use, from its
+/// cgroup. CPU is cumulative: the rate is the difference of two samples over their times.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct SandboxStats {
+    /// When it was taken, Unix milliseconds.
+    pub taken_at_ms: u64,
+    /// CPU time used since it started, microseconds.
+    pub cpu_usec: u64,
+    /// Its CPU limit, vCPUs.
+    pub cpus: f64,
+    /// Memory in use, bytes.
+    pub memory_bytes: u64,
+    /// The most it has used, bytes (0 when the host cannot tell).
+    pub memory_peak_bytes: u64,
+    /// Its memory limit, bytes.
+    pub memory_limit_bytes: u64,
+    /// Live processes.
+    pub pids: u64,
+    /// Its process limit.
+    pub pids_limit: u64,
+}
+
 /// The error body of every `/v1` endpoint: `{"error": {"code", "message"}}`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ApiErrorBody {

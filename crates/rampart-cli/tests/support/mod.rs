@@ -322,10 +322,15 @@ impl std::ops::Deref for Tidy {
 
 /// Starts a [`Tidy`] daemon on a free port.
 pub fn start_tidy(name: &str) -> Tidy {
+    start_tidy_with(name, &[])
+}
+
+/// [`start_tidy`] with more environment for the daemon.
+pub fn start_tidy_with(name: &str, envs: &[(&str, &str)]) -> Tidy {
     let root = std::env::temp_dir().join(format!("rampart-{name}-{}", token()));
     let data = root.join("data");
     std::fs::create_dir_all(&data).unwrap();
-    let daemon = start(&data, free_port(), &[]);
+    let daemon = start(&data, free_port(), envs);
     Tidy { daemon, root, data }
 }
 

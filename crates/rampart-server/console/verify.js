@@ -1,0 +1,225 @@
+// Verification of a sandbox's audit bundle in the browser (docs/proof.md), with the
+// browser's own SHA-256 and Ed25519 (WebCrypto): the hash chain, the blobs, the anchor, the
+// inclusion proof in the signed tree head, the key id and the signature, and that a
+// `destroyed` record's `manifest_digest` names an `fs_diff` record before it. The same
+// checks as the Python SDK's `rampart.verify.verify_bundle`; the console fetches the bundle
+// and the node key from the daemon, and this code decides.
+"use strict";
+
+const RampartVerify = (() => {
+  const enc = new TextEncoder();
+
+  class VerificationError extends Error {}
+
+  const fail = (msg) => {
+    throw new VerificationError(msg);
+  };
+
+  function hex(bytes) {
+    return Array.from(bytes, (b) => b.toString(16).padStart(2, "0")).join("");
+  }
+
+  function unhex(text, what) {
+    if (typeof text !== "string" || text.length % 2 || /[^0-9a-fA-F]/.test(text)) {
+      fail(`${what} is not hex`);
+    }
+    const out = new Uint8Array(text.length / 2);
+    for (let i = 0; i < out.length; i++) out[i] = parseInt(text.substr(i * 2, 2), 16);
+    return out;
+  }
+
+  function concat(...parts) {
+    const n = parts.reduce((a, p) => a + p.length, 0);
+    const out = new Uint8Array(n);
+    let o = 0;
+    for (const p of parts) {
+      out.set(p, o);
+      o += p.length;
+    }
+    return out;
+  }
+
+  const equal = (a, b) => a.length === b.length && a.every((x, i) => x === b[i]);
+
+  async function sha256(bytes) {
+    return new Uint8Array(await crypto.subtle.digest("SHA-256", bytes));
+  }
+
+  // The canonical JSON of what the node signs (RFC 8785 for strings, integers, arrays and
+  // objects; the bundle holds no floating-point numbers).
+  function canonical(v) {
+    if (v === null) return "null";
+    if (v === true) return "true";
+    if (v === false) return "false";
+    if (typeof v === "number") {
+      if (!Number.isSafeInteger(v)) fail("a number that is not a safe integer");
+      return String(v);
+    }
+    if (typeof v === "string") return JSON.stringify(v);
+    if (Array.isArray(v)) return "[" + v.map(canonical).join(",") + "]";
+    if (typeof v === "object") {
+      // Keys in UTF-16 code unit order, which is what Array.prototype.sort compares.
+      const keys = Object.keys(v).sort();
+      return "{" + keys.map((k) => JSON.stringify(k) + ":" + canonical(v[k])).join(",") + "}";
+    }
+    fail("an unexpected JSON value");
+  }
+
+  function pick(obj, keys) {
+    const out = {};
+    for (const k of keys) {
+      if (!(k in obj)) fail(`missing member ${k}`);
+      out[k] = obj[k];
+    }
+    return out;
+  }
+
+  const node = (l, r) => sha256(concat(Uint8Array.of(1), l, r));
+
+  // RFC 9162 inclusion proof.
+  async function inclusion(leaf, index, size, proof, root) {
+    if (index >= size) return false;
+    let fn = index;
+    let sn = size - 1;
+    let r = leaf;
+    for (const p of proof) {
+      if (sn === 0) return false;
+      if (fn % 2 === 1 || fn === sn) {
+        r = await node(p, r);
+        while (fn % 2 === 0 && fn !== 0) {
+          fn = Math.floor(fn / 2);
+          sn = Math.floor(sn / 2);
+        }
+      } else {
+        r = await node(r, p);
+      }
+      fn = Math.floor(fn / 2);
+      sn = Math.floor(sn / 2);
+    }
+    return sn === 0 && equal(r, root);
+  }
+
+  function keyBytes(text) {
+    const b = unhex(String(text).trim().replace(/^ed25519:/, ""), "the public key");
+    if (b.length !== 32) fail("the public key is not 32 bytes");
+    return b;
+  }
+
+  async function ed25519(pub, msg, sig) {
+    const key = await crypto.subtle.importKey("raw", pub, { name: "Ed25519" }, false, ["verify"]);
+    return crypto.subtle.verify({ name: "Ed25519" }, key, sig, msg);
+  }
+
+  function b64(text) {
+    const bin = atob(text);
+    const out = new Uint8Array(bin.length);
+    for (let i = 0; i < bin.length; i++) out[i] = bin.charCodeAt(i);
+    return out;
+  }
+
+  function u64be(n) {
+    const out = new Uint8Array(8);
+    let x = BigInt(n);
+    for (let i = 7; i >= 0; i--) {
+      out[i] = Number(x & 0xffn);
+      x >>= 8n;
+    }
+    return out;
+  }
+
+  // Verifies `text` (the bundle's JSON); `trustedKey` (`ed25519:<hex>`) pins the signer.
+  // Resolves to {sandbox, records, treeSize, keyId}; rejects with VerificationError naming
+  // the first thing that is wrong.
+  async function verifyBundle(text, trustedKey) {
+    let b;
+    try {
+      b = JSON.parse(text);
+    } catch (e) {
+      fail(`not JSON: ${e.message}`);
+    }
+    if (!b || b.format !== "rampart.audit.bundle.v1") fail("not a Rampart audit bundle");
+    try {
+      return await check(b, trustedKey);
+    } catch (e) {
+      if (e instanceof VerificationError) throw e;
+      throw new VerificationError(`malformed bundle: ${e.message}`);
+    }
+  }
+
+  async function check(b, trustedKey) {
+    const sandbox = b.sandbox;
+    const pub = keyBytes(b.public_key);
+    const keyId = await sha256(pub);
+    if (trustedKey && !equal(keyBytes(trustedKey), pub)) {
+      fail("the bundle is not signed by the node's key");
+    }
+    const sth = b.tree_head;
+    if (!equal(unhex(sth.key_id, "the tree head's key id"), keyId)) {
+      fail("the tree head names another key");
+    }
+    const msg = concat(
+      enc.encode("rampart.audit.tree-head.v1\0"),
+      enc.encode(canonical(pick(sth, ["key_id", "root_hash", "timestamp", "tree_size"]))),
+    );
+    const sig = unhex(sth.signature, "the signature");
+    if (sig.length !== 64) fail("the signature is not 64 bytes");
+    if (!(await ed25519(pub, msg, sig))) fail("the tree head's signature does not verify");
+    let head = await sha256(concat(enc.encode("rampart.audit.genesis.v1\0"), enc.encode(sandbox)));
+    const fsDiffs = new Set();
+    const used = new Map();
+    for (const [i, e] of b.events.entries()) {
+      if (e.sandbox !== sandbox) fail(`record ${i} belongs to another sandbox`);
+      if (e.seq !== i) fail(`record at position ${i} has seq ${e.seq}`);
+      if (!equal(unhex(e.prev, "prev"), head)) {
+        fail(`record seq ${i} does not link to the one before it`);
+      }
+      const signed = pick(e, ["body", "prev", "sandbox", "seq", "time"]);
+      const h = await sha256(concat(enc.encode("rampart.audit.event.v1\0"), enc.encode(canonical(signed))));
+      if (hex(h) !== e.hash) fail(`record seq ${i}: its content does not match its hash`);
+      head = h;
+      const body = e.body || {};
+      if (body.type === "fs_diff") {
+        fsDiffs.add(hex(h));
+      } else if (body.type === "destroyed") {
+        if (!("manifest_digest" in body)) fail(`record seq ${i}: destroyed without manifest_digest`);
+        const m = body.manifest_digest;
+        if (m !== null && !fsDiffs.has(m)) {
+          fail(`record seq ${i}: manifest_digest ${m} names no fs_diff record before it`);
+        }
+      }
+      for (const name of ["input", "stdout", "stderr", "streamed_input"]) {
+        const rec = body[name];
+        if (rec && typeof rec === "object" && rec.blob && !used.has(rec.blob)) used.set(rec.blob, i);
+      }
+    }
+    const a = b.anchor;
+    const n = b.events.length;
+    if (a.chain_length !== n) {
+      fail(`the signed head covers ${a.chain_length} records, the bundle has ${n}`);
+    }
+    if (!equal(unhex(a.chain_head, "the chain head"), head)) {
+      fail("the log's head is not the signed chain head");
+    }
+    const sid = enc.encode(sandbox);
+    const leafData = concat(
+      enc.encode("rampart.audit.head.v1\0"),
+      Uint8Array.of(sid.length),
+      sid,
+      u64be(n),
+      head,
+    );
+    const leaf = await sha256(concat(Uint8Array.of(0), leafData));
+    const proof = a.inclusion_proof.map((p) => unhex(p, "a proof hash"));
+    if (!(await inclusion(leaf, a.leaf_index, sth.tree_size, proof, unhex(sth.root_hash, "the root")))) {
+      fail("the chain head is not in the signed tree");
+    }
+    for (const [digest, data] of Object.entries(b.blobs || {})) {
+      if (hex(await sha256(b64(data))) !== digest) {
+        fail(`blob ${digest} (record seq ${used.get(digest)}) does not match its digest`);
+      }
+    }
+    return { sandbox, records: n, treeSize: sth.tree_size, keyId: hex(keyId) };
+  }
+
+  return { verifyBundle, VerificationError, canonical };
+})();
