@@ -13,6 +13,23 @@ pub enum CoreError {
     /// 404: no such sandbox.
     #[error("sandbox {0} not found")]
     NotFound(String),
+    /// 404: the sandbox has no background process with this pid (or no longer: a finished
+    /// one is kept a while).
+    #[error("sandbox {id} has no background process {pid}")]
+    NoProcess {
+        /// The sandbox.
+        id: String,
+        /// The pid asked for.
+        pid: u32,
+    },
+    /// 409: the sandbox runs as many background processes as it may.
+    #[error("sandbox {id} runs {max} background processes, the most it may; end one first")]
+    TooManyProcesses {
+        /// The sandbox.
+        id: String,
+        /// The most.
+        max: usize,
+    },
     /// 400: bad input; `field` names the offending field.
     #[error("{field}: {message}")]
     BadRequest {

@@ -169,6 +169,72 @@ impl Manager {
         self.inner.visible(id)?;
         self.inner.exec(id, req, keep_stdin_open).await
     }
+    /// Starts a background process: the exec `req` (its `stream` is ignored) runs with no
+    /// client attached, recorded like any exec; its stdin stays open. Attach to it, send it
+    /// input and signals by pid; it is kept [`exec::background::RETAIN_FINISHED`] after it
+    /// ends, and goes with the sandbox.
+    pub async fn spawn_process(
+        &self,
+        id: &SandboxId,
+        req: ExecRequest,
+    ) -> Result<rampart_types::ProcessInfo, CoreError> {
+        self.inner.visible(id)?;
+        let cmd = req.cmd.clone();
+        let exec = self.inner.exec(id, req, true).await?;
+        let weak = Arc::downgrade(&self.inner);
+        let sid = id.clone();
+        let p = exec::background::Process::spawn(exec, cmd, move |pid| {
+            tokio::spawn(async move {
+                tokio::time::sleep(exec::background::RETAIN_FINISHED).await;
+                if let Some(inner) = weak.upgrade() {
+                    inner.registry.remove_process(&sid, pid);
+                }
+            });
+        });
+        let status = p.status();
+        match self.inner.registry.add_process(id, p.clone()) {
+            sandbox::registry::AddProcess::Added => Ok(status),
+            refused => {
+                // Not kept: it must not run unseen.
+                let _ = p.control().signal(true).await;
+                Err(match refused {
+                    sandbox::registry::AddProcess::Full => CoreError::TooManyProcesses {
+                        id: id.to_string(),
+                        max: exec::background::MAX_PER_SANDBOX,
+                    },
+                    _ => self.inner.not_running(id),
+                })
+            }
+        }
+    }
+    /// The background processes of a running sandbox, oldest first.
+    pub fn processes(&self, id: &SandboxId) -> Result<Vec<rampart_types::ProcessInfo>, CoreError> {
+        self.inner.visible(id)?;
+        self.inner.agent(id)?;
+        Ok(self
+            .inner
+            .registry
+            .processes(id)
+            .iter()
+            .map(|p| p.status())
+            .collect())
+    }
+    /// Background process `pid` of a running sandbox (attach, control).
+    pub fn process(
+        &self,
+        id: &SandboxId,
+        pid: u32,
+    ) -> Result<Arc<exec::background::Process>, CoreError> {
+        self.inner.visible(id)?;
+        self.inner.agent(id)?;
+        self.inner
+            .registry
+            .process(id, pid)
+            .ok_or_else(|| CoreError::NoProcess {
+                id: id.to_string(),
+                pid,
+            })
+    }
     /// Writes a file in a running sandbox (streamed), hashing the bytes as they pass, and
     /// records a `file` event (path, size, digest). Returns the absolute path written.
     pub async fn write_file(

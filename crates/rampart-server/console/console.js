@@ -652,7 +652,9 @@
     const open = (p) => act(null, () => load(p), "Files");
     async function download(f) {
       const r = await api(`${sid(id)}/files?path=${encodeURIComponent(f.path)}`, { raw: true });
-      const url = URL.createObjectURL(await r.blob());
+      // Typed as bytes: a blob: URL has the console's origin, so what the sandbox wrote must
+      // never be something the browser would render (HTML, SVG) there.
+      const url = URL.createObjectURL(new Blob([await r.arrayBuffer()], { type: "application/octet-stream" }));
       const a = h("a", { href: url, download: f.name });
       document.body.append(a);
       a.click();
@@ -785,7 +787,7 @@
     save.addEventListener("click", () =>
       act(save, async () => {
         const r = await api(`${sid(id)}/audit/bundle`, { raw: true });
-        const url = URL.createObjectURL(await r.blob());
+        const url = URL.createObjectURL(new Blob([await r.arrayBuffer()], { type: "application/octet-stream" }));
         const a = h("a", { href: url, download: `${id}.audit.json` });
         document.body.append(a);
         a.click();

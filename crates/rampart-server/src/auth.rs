@@ -333,7 +333,7 @@ pub(crate) fn required_scope(method: &axum::http::Method, path: &str) -> Option<
         ["v1", "sandboxes"] => "sandboxes",
         ["v1", "sandboxes", _] => "sandboxes",
         ["v1", "sandboxes", _, what, ..] => match *what {
-            "exec" => "exec",
+            "exec" | "processes" => "exec",
             "files" => "files",
             "network" => "network",
             "audit" => "audit",

@@ -111,7 +111,10 @@ impl From<CoreError> for ApiError {
     fn from(e: CoreError) -> Self {
         let message = e.to_string();
         match e {
-            CoreError::NotFound(_) => ApiError::not_found(message),
+            CoreError::NotFound(_) | CoreError::NoProcess { .. } => ApiError::not_found(message),
+            CoreError::TooManyProcesses { .. } => {
+                ApiError::new(StatusCode::CONFLICT, "conflict", message)
+            }
             CoreError::BadRequest { .. } => ApiError::bad_request(message),
             CoreError::WrongState { .. } => {
                 ApiError::new(StatusCode::CONFLICT, "conflict", message)

@@ -21,6 +21,7 @@ mod network;
 mod openapi;
 mod persist;
 mod ports;
+mod processes;
 mod proxy;
 mod sandboxes;
 mod secrets;
@@ -530,6 +531,22 @@ fn v1_router(state: AppState, auth: Option<Arc<auth::Auth>>) -> Router {
         .route("/volumes/{name}", delete(persist::delete_volume))
         .route("/sandboxes/{id}/exec", post(exec::exec))
         .route("/sandboxes/{id}/exec/ws", get(exec::exec_ws))
+        .route(
+            "/sandboxes/{id}/processes",
+            post(processes::start).get(processes::list),
+        )
+        .route(
+            "/sandboxes/{id}/processes/{pid}",
+            get(processes::get_one).delete(processes::kill),
+        )
+        .route(
+            "/sandboxes/{id}/processes/{pid}/events",
+            get(processes::events),
+        )
+        .route(
+            "/sandboxes/{id}/processes/{pid}/input",
+            post(processes::input),
+        )
         .route(
             "/sandboxes/{id}/files",
             get(files::read).put(files::write).delete(files::remove),

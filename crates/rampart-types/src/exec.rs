@@ -170,3 +170,33 @@ mod tests {
         assert!(bad.contains("not base64"), "{bad}");
     }
 }
+
+/// A background process (`POST /v1/sandboxes/{id}/processes`): started with no client
+/// attached, recorded like any exec; attach to its output (`.../processes/{pid}/events`)
+/// any time, send it input and signals by pid.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct ProcessInfo {
+    /// Its pid inside the sandbox.
+    pub pid: u32,
+    /// Its command line.
+    pub cmd: Vec<String>,
+    /// When it started, RFC 3339.
+    pub started_at: String,
+    /// Whether it still runs.
+    pub running: bool,
+    /// Its exit code, once it exited.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exit_code: Option<i32>,
+    /// The signal that ended it, if one did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signal: Option<i32>,
+    /// Whether its timeout killed it.
+    #[serde(default)]
+    pub timed_out: bool,
+    /// Why it failed, if it did (the sandbox went away, its output ended without a status).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// When it ended, RFC 3339.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ended_at: Option<String>,
+}

@@ -16,7 +16,7 @@ pub mod sandbox;
 pub mod template;
 pub mod tenant;
 
-pub use exec::{ExecEvent, ExecRequest, ExecResult, OutputBytes};
+pub use exec::{ExecEvent, ExecRequest, ExecResult, OutputBytes, ProcessInfo};
 pub use files::{FileEntry, FileList, FileType, FileWatchEvent, Health, MakeDir, MoveFile};
 pub use id::{IdError, SandboxId};
 pub use interactive::ExecInput;

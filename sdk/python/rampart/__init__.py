@@ -2,16 +2,17 @@
 record (`README.md`)."""
 
 from . import errors
-from ._client import AsyncRampart, Rampart, Sandbox
+from ._client import AsyncRampart, Process, Rampart, Sandbox
 from ._session import AsyncSession, Session
 from .errors import RampartError
-from .types import ExecEvent, ExecResult, FileEntry, SandboxInfo, SnapshotInfo, VolumeInfo
+from .types import (ExecEvent, ExecResult, FileEntry, ProcessInfo, SandboxInfo, SnapshotInfo,
+                    VolumeInfo)
 from .verify import BundleReport, UsageCheck, VerificationError, verify_bundle, verify_usage
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "AsyncRampart", "Rampart", "Sandbox", "Session", "AsyncSession", "RampartError", "errors", "ExecEvent", "ExecResult",
+    "AsyncRampart", "Rampart", "Sandbox", "Process", "ProcessInfo", "Session", "AsyncSession", "RampartError", "errors", "ExecEvent", "ExecResult",
     "FileEntry", "SandboxInfo", "SnapshotInfo", "VolumeInfo", "BundleReport", "UsageCheck",
     "VerificationError", "verify_bundle", "verify_usage",
 ]

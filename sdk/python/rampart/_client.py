@@ -11,7 +11,8 @@ from urllib.parse import quote
 import httpx
 
 from . import _session, errors
-from .types import ExecEvent, ExecResult, FileEntry, SandboxInfo, SnapshotInfo, VolumeInfo
+from .types import (ExecEvent, ExecResult, FileEntry, ProcessInfo, SandboxInfo, SnapshotInfo,
+                    VolumeInfo)
 from .verify import BundleReport, UsageCheck, verify_bundle, verify_usage
 
 DEFAULT_HOST = "http://127.0.0.1:3000"
@@ -134,6 +135,25 @@ class Sandbox:
         as it comes, `close_stdin`, `resize` (with `pty=True`), `signal(kill=)`, iterate its
         events, `wait()` for its result. Keywords as `exec`."""
         return self._client._session(self._path("/exec/ws"), _exec_body(cmd, **kw))
+
+    def start(self, cmd: Union[str, List[str]], **kw):
+        """Starts a command in the background and returns its `Process`: it runs on with no
+        client attached (recorded like any command); attach to its output any time
+        (`events`, `wait`), send it input and signals. Keywords as `exec`."""
+        return self._client._run(_Call("POST", self._path("/processes"), json=_exec_body(cmd, **kw),
+                                       parse=lambda r: Process(self, ProcessInfo.from_dict(r.json()))))
+
+    def processes(self):
+        """Its background processes (running, and those that ended in the last minutes)."""
+        return self._client._run(_Call(
+            "GET", self._path("/processes"),
+            parse=lambda r: [Process(self, ProcessInfo.from_dict(d)) for d in r.json()]))
+
+    def process(self, pid: int):
+        """Background process `pid`, to attach to again (from this or another program)."""
+        return self._client._run(_Call(
+            "GET", self._path(f"/processes/{int(pid)}"),
+            parse=lambda r: Process(self, ProcessInfo.from_dict(r.json()))))
 
     # Files
     def write(self, path: str, data: Union[bytes, str, Iterable[bytes]]):
@@ -272,6 +292,76 @@ def _resolve(host, api_key, socket):
         if os.path.exists(s) and os.access(s, os.W_OK):
             return "http://localhost", {"uds": s}, api_key
     return DEFAULT_HOST, {}, api_key
+
+
+class Process:
+    """A background process of a sandbox (`Sandbox.start`, `Sandbox.process(pid)`). Its
+    methods return results on a `Rampart` and awaitables on an `AsyncRampart` (`events` an
+    async iterator)."""
+
+    def __init__(self, sandbox: Sandbox, info: ProcessInfo):
+        self.sandbox = sandbox
+        self.info = info
+
+    @property
+    def pid(self) -> int:
+        return self.info.pid
+
+    def __repr__(self) -> str:
+        return f"Process({self.info.pid}, running={self.info.running!r})"
+
+    def _path(self, rest: str = "") -> str:
+        return self.sandbox._path(f"/processes/{self.info.pid}{rest}")
+
+    def _run(self, call: _Call):
+        return self.sandbox._client._run(call)
+
+    def _set(self, r: httpx.Response) -> ProcessInfo:
+        self.info = ProcessInfo.from_dict(r.json())
+        return self.info
+
+    def refresh(self):
+        """Reads its state again (running, or its exit)."""
+        return self._run(_Call("GET", self._path(), parse=self._set))
+
+    def _events_call(self) -> _Call:
+        return _Call("GET", self._path("/events"), timeout=httpx.Timeout(None, connect=10.0))
+
+    def events(self):
+        """Attaches: its output so far (the last 256 KiB), then as it comes, until its `exit` (or
+        `error`). Leaving early does not stop it."""
+        return self.sandbox._client._lines(self._events_call(),
+                                           lambda line: ExecEvent.from_dict(json.loads(line)))
+
+    def wait(self):
+        """Attaches and waits for its end: an `ExecResult` with the output kept."""
+        return self.sandbox._client._collect(self._events_call(),
+                                             lambda line: ExecEvent.from_dict(json.loads(line)))
+
+    def _input(self, body: Dict[str, Any]):
+        return self._run(_Call("POST", self._path("/input"), json=body))
+
+    def send(self, data: Union[bytes, str]):
+        """Sends bytes to its stdin (or PTY)."""
+        import base64
+        raw = data.encode() if isinstance(data, str) else data
+        return self._input({"type": "stdin", "data": base64.b64encode(raw).decode()})
+
+    def close_stdin(self):
+        """Closes its stdin."""
+        return self._input({"type": "close_stdin"})
+
+    def resize(self, cols: int, rows: int):
+        """Resizes its PTY."""
+        return self._input({"type": "resize", "cols": cols, "rows": rows})
+
+    def signal(self, kill: bool = False):
+        """Sends SIGTERM (or SIGKILL with `kill=True`)."""
+        return self._input({"type": "signal", "kill": kill})
+
+    def kill(self):
+        """Kills it (SIGKILL); returns what it is now (its end follows on `events`)."""
+        return self._run(_Call("DELETE", self._path(), parse=self._set))
 
 
 class _Base:
@@ -471,6 +561,12 @@ class Rampart(_Base):
                 r.close()
         return lines()
 
+    def _collect(self, call: _Call, decode) -> ExecResult:
+        c = _session._Collect()
+        for ev in self._lines(call, decode):
+            c.add(ev)
+        return c.result()
+
     def _chunks(self, call: _Call):
         r = self._open(call)
 
@@ -546,6 +642,12 @@ class AsyncRampart(_Base):
         finally:
             await r.aclose()
 
+    async def _collect(self, call: _Call, decode) -> ExecResult:
+        c = _session._Collect()
+        async for ev in self._lines(call, decode):
+            c.add(ev)
+        return c.result()
+
     async def _chunks(self, call: _Call):
         r = await self._send(self._request(call), stream=True)
         try:
@@ -575,4 +677,4 @@ class AsyncRampart(_Base):
         return await _session.AsyncSession.start(ws)
 
 
-__all__ = ["Rampart", "AsyncRampart", "Sandbox", "BundleReport", "UsageCheck"]
+__all__ = ["Rampart", "AsyncRampart", "Sandbox", "Process", "BundleReport", "UsageCheck"]

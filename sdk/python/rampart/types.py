@@ -100,6 +100,26 @@ class ExecEvent:
 
 
 @dataclasses.dataclass
+class ProcessInfo:
+    """A background process: running, or ended (with its exit code, signal or error)."""
+
+    pid: int
+    cmd: List[str]
+    started_at: str
+    running: bool
+    exit_code: Optional[int] = None
+    signal: Optional[int] = None
+    timed_out: bool = False
+    error: Optional[str] = None
+    ended_at: Optional[str] = None
+    extra: Dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    @classmethod
+    def from_dict(cls, d: Dict[str, Any]) -> "ProcessInfo":
+        return _take(cls, d)
+
+
+@dataclasses.dataclass
 class FileEntry:
     name: str
     path: str

@@ -215,3 +215,49 @@ def test_watch_sees_changes(sb):
     first = next(events)
     events.close()
     assert first["name"] == "new.txt" and first["type"] in ("create", "write"), first
+
+
+def test_background_processes_and_reattach(rp, sb):
+    p = sb.start("echo started; while read l; do echo got:$l; done; echo bye")
+    assert p.info.running and p.pid
+    # Another client (another program) finds it by pid and attaches.
+    with Rampart() as other:
+        again = other.get(sb.id).process(p.pid)
+        assert again.info.cmd == p.info.cmd
+        events = again.events()
+        first = next(events)
+        assert first.type == "stdout" and first.data == b"started\n", first
+        again.send("hello\n")
+        assert next(events).data == b"got:hello\n"
+        events.close()  # detaching leaves it running
+    assert p.refresh().running
+    assert [q.pid for q in sb.processes()] == [p.pid]
+    p.send(b"world\n")
+    p.close_stdin()
+    r = p.wait()  # replays what was kept, then waits for the end
+    assert r.stdout == "started\ngot:hello\ngot:world\nbye\n" and r.exit_code == 0, r
+    assert not p.refresh().running and p.info.exit_code == 0 and p.info.ended_at
+    # Killed by pid; a process that is not there is NotFound.
+    q = sb.start(["sleep", "300"])
+    assert not q.kill().running or q.wait().signal == 9
+    assert q.refresh().signal == 9
+    with pytest.raises(errors.NotFound):
+        sb.process(999999)
+    with pytest.raises(errors.Conflict):
+        p.send("too late\n")
+    # On the record like any command: the exec and its exit.
+    kinds = [(e["body"]["type"], e["body"].get("argv")) for e in sb.audit_events()]
+    assert ("exec", ["sleep", "300"]) in kinds
+
+
+def test_async_background_process():
+    async def main():
+        async with AsyncRampart() as rp:
+            async with await rp.create(timeout_secs=120) as sb:
+                p = await sb.start(["cat"])
+                await p.send("async bg\n")
+                await p.close_stdin()
+                r = await p.wait()
+                assert r.stdout == "async bg\n" and r.exit_code == 0
+                assert [e.type async for e in p.events()][-1] == "exit"
+    asyncio.run(main())

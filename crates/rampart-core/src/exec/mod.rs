@@ -6,6 +6,7 @@
 //! same events, and keep the execs they record in the sandbox's table of [`inputs`] (where
 //! input sent to them later is counted).
 
+pub mod background;
 pub(crate) mod inputs;
 mod record;
 mod stream;

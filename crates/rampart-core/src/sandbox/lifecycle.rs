@@ -479,7 +479,7 @@ impl Sandboxes {
     }
 
     /// The error for a sandbox that is not running.
-    pub(super) fn not_running(&self, id: &SandboxId) -> CoreError {
+    pub(crate) fn not_running(&self, id: &SandboxId) -> CoreError {
         match self.store.get(id) {
             Ok(None) => CoreError::NotFound(id.to_string()),
             Ok(Some(rec)) => {

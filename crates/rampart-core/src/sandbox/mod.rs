@@ -8,7 +8,7 @@ mod lifecycle;
 mod ops;
 mod plan;
 mod recover;
-mod registry;
+pub(crate) mod registry;
 mod tasks;
 mod usage;
 

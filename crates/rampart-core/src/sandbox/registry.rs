@@ -7,6 +7,7 @@
 //!
 //! Every method takes its std lock for one await-free step; none is held across an await.
 
+use crate::exec::background::{self, Process};
 use crate::exec::inputs::{ExecRef, ExecTicket, Inputs};
 use crate::exec::InputSink;
 use crate::util::lock;
@@ -35,6 +36,19 @@ struct Live {
     /// The execs the envd proxy started and records (a paused sandbox keeps them: its
     /// processes resume with it).
     inputs: Inputs<InputSink>,
+    /// Its background processes (running, or finished and kept a while), oldest first.
+    processes: Vec<Arc<Process>>,
+}
+
+/// Why a background process was not kept.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum AddProcess {
+    /// Kept.
+    Added,
+    /// The sandbox is not up.
+    NotUp,
+    /// It has [`background::MAX_PER_SANDBOX`] running already.
+    Full,
 }
 
 /// What the reaper does with an expired sandbox.
@@ -114,6 +128,7 @@ impl Registry {
                 tenant,
                 watcher: None,
                 inputs: Inputs::default(),
+                processes: Vec::new(),
             },
         );
         let watcher = watch();
@@ -155,6 +170,50 @@ impl Registry {
             l.stopping = true;
             l.deadline = None;
             l.inputs = Inputs::default();
+            l.processes.clear();
+        }
+    }
+
+    /// Keeps background process `p` of `id` (the oldest finished one goes when it has
+    /// [`background::MAX_PER_SANDBOX`]).
+    pub(crate) fn add_process(&self, id: &SandboxId, p: Arc<Process>) -> AddProcess {
+        let mut live = lock(&self.live);
+        let Some(l) = live.get_mut(id).filter(|l| !l.stopping) else {
+            return AddProcess::NotUp;
+        };
+        if l.processes.len() >= background::MAX_PER_SANDBOX {
+            match l.processes.iter().position(|p| p.ended()) {
+                Some(i) => {
+                    l.processes.remove(i);
+                }
+                None => return AddProcess::Full,
+            }
+        }
+        l.processes.push(p);
+        AddProcess::Added
+    }
+
+    /// Background process `pid` of `id`, if it is up and has it.
+    pub(crate) fn process(&self, id: &SandboxId, pid: u32) -> Option<Arc<Process>> {
+        lock(&self.live)
+            .get(id)
+            .filter(|l| !l.stopping)
+            .and_then(|l| l.processes.iter().find(|p| p.pid() == pid).cloned())
+    }
+
+    /// The background processes of `id`, oldest first (none when it is not up).
+    pub(crate) fn processes(&self, id: &SandboxId) -> Vec<Arc<Process>> {
+        lock(&self.live)
+            .get(id)
+            .filter(|l| !l.stopping)
+            .map(|l| l.processes.clone())
+            .unwrap_or_default()
+    }
+
+    /// Forgets finished background process `pid` of `id`.
+    pub(crate) fn remove_process(&self, id: &SandboxId, pid: u32) {
+        if let Some(l) = lock(&self.live).get_mut(id) {
+            l.processes.retain(|p| p.pid() != pid || !p.ended());
         }
     }
 

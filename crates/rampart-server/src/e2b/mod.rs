@@ -79,7 +79,8 @@ impl From<rampart_core::CoreError> for E2bError {
     fn from(e: rampart_core::CoreError) -> Self {
         use rampart_core::CoreError as C;
         let status = match &e {
-            C::NotFound(_) => StatusCode::NOT_FOUND,
+            C::NotFound(_) | C::NoProcess { .. } => StatusCode::NOT_FOUND,
+            C::TooManyProcesses { .. } => StatusCode::CONFLICT,
             C::BadRequest { .. } | C::Limit(_) => StatusCode::BAD_REQUEST,
             C::WrongState { .. } => StatusCode::CONFLICT,
             C::Capacity(_) => StatusCode::TOO_MANY_REQUESTS,
