@@ -352,6 +352,9 @@ pub(crate) struct ChainVerifier {
     scratch: Vec<u8>,
     /// Hashes of the `fs_diff` records seen (a `destroyed.manifest_digest` names one).
     fs_diffs: std::collections::HashSet<Hash>,
+    /// Approvals requested (id to the request's digest) and those approved.
+    requested: std::collections::HashMap<String, String>,
+    approved: std::collections::HashSet<String>,
 }
 
 impl ChainVerifier {
@@ -366,6 +369,8 @@ impl ChainVerifier {
             regressions: Vec::new(),
             scratch: Vec::with_capacity(1024),
             fs_diffs: std::collections::HashSet::new(),
+            requested: std::collections::HashMap::new(),
+            approved: std::collections::HashSet::new(),
         }
     }
 
@@ -426,6 +431,43 @@ impl ChainVerifier {
         match &body {
             EventBody::FsDiff(_) => {
                 self.fs_diffs.insert(e.hash);
+            }
+            EventBody::ApprovalRequested(r) => {
+                self.requested
+                    .insert(r.approval_id.clone(), r.digest.clone());
+            }
+            EventBody::ApprovalDecided(d) => {
+                let bad = |reason: String| VerifyError::BadBody { seq: e.seq, reason };
+                match self.requested.get(&d.approval_id) {
+                    None => {
+                        return Err(bad(format!(
+                            "decides approval {} that no approval_requested before it asked for",
+                            d.approval_id
+                        )))
+                    }
+                    Some(digest) if *digest != d.digest => {
+                        return Err(bad(format!(
+                            "decides approval {} on another request than was asked (digest {})",
+                            d.approval_id, d.digest
+                        )))
+                    }
+                    Some(_) => {}
+                }
+                if d.decision == "approved" {
+                    self.approved.insert(d.approval_id.clone());
+                }
+            }
+            EventBody::Exec(x) => {
+                if let Some(a) = &x.approval {
+                    if !self.approved.contains(a) {
+                        return Err(VerifyError::BadBody {
+                            seq: e.seq,
+                            reason: format!(
+                                "runs under approval {a}, which no record before it approved"
+                            ),
+                        });
+                    }
+                }
             }
             EventBody::Destroyed(d) => {
                 if let Some(m) = d.manifest_digest {
@@ -532,6 +574,7 @@ mod tests {
                 pty: false,
                 input: None,
                 caller: None,
+                approval: None,
             }),
         ];
         for body in bodies {
@@ -620,6 +663,70 @@ mod tests {
         let mut c = Chain::new(sid("abc"));
         let none = c.append(destroyed(None), now()).unwrap();
         assert!(verify_chain(&sid("abc"), &[none]).is_ok());
+    }
+
+    /// An `exec` that names an approval needs an `approval_decided` before it that approved
+    /// that approval, on the request it asked about.
+    #[test]
+    fn an_exec_runs_only_under_an_approval_given_before_it() {
+        use rampart_types::audit::{ApprovalDecided, ApprovalRequested, Exec};
+        let requested = EventBody::ApprovalRequested(ApprovalRequested {
+            approval_id: "ap_1".into(),
+            kind: "command".into(),
+            request: "rm x".into(),
+            digest: "d1".into(),
+            rule: "^rm".into(),
+            caller: "key:k".into(),
+        });
+        let decided = |decision: &str, digest: &str| {
+            EventBody::ApprovalDecided(ApprovalDecided {
+                approval_id: "ap_1".into(),
+                decision: decision.into(),
+                by: "key:j".into(),
+                reason: None,
+                digest: digest.into(),
+            })
+        };
+        let exec = EventBody::Exec(Exec {
+            exec_id: "x1".into(),
+            argv: vec!["rm".into(), "x".into()],
+            cwd: None,
+            user: "user".into(),
+            env_names: vec![],
+            stdin: false,
+            pty: false,
+            input: None,
+            caller: Some("key:k".into()),
+            approval: Some("ap_1".into()),
+        });
+        let run = |bodies: Vec<EventBody>| {
+            let mut c = Chain::new(sid("abc"));
+            let evs: Vec<_> = bodies
+                .into_iter()
+                .map(|b| c.append(b, now()).unwrap())
+                .collect();
+            verify_chain(&sid("abc"), &evs)
+        };
+        assert!(run(vec![
+            requested.clone(),
+            decided("approved", "d1"),
+            exec.clone()
+        ])
+        .is_ok());
+        for (bodies, seq) in [
+            (vec![exec.clone()], 0),
+            (
+                vec![requested.clone(), decided("denied", "d1"), exec.clone()],
+                2,
+            ),
+            (vec![requested.clone(), decided("approved", "d2")], 1),
+            (vec![decided("approved", "d1")], 0),
+        ] {
+            match run(bodies) {
+                Err(VerifyError::BadBody { seq: s, .. }) => assert_eq!(s, seq),
+                other => panic!("expected a bad body at {seq}: {other:?}"),
+            }
+        }
     }
 
     #[test]

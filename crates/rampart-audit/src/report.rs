@@ -178,12 +178,16 @@ impl Activity {
                 });
                 let input = x.input.as_ref().map(|r| format!(", input {} B", r.size));
                 format!(
-                    "exec [{}] as {}: {}{}{}",
+                    "exec [{}] as {}: {}{}{}{}",
                     printable(&x.exec_id),
                     printable(&x.user),
                     shell_words(&x.argv),
                     if x.pty { " (pty)" } else { "" },
-                    input.unwrap_or_default()
+                    input.unwrap_or_default(),
+                    x.approval
+                        .as_deref()
+                        .map(|a| format!(", approved [{}]", printable(a)))
+                        .unwrap_or_default()
                 )
             }
             EventBody::Exit(x) => {
@@ -319,6 +323,24 @@ impl Activity {
             EventBody::Paused(_) => "paused".to_owned(),
             EventBody::Resumed(_) => "resumed".to_owned(),
             EventBody::Snapshot(s) => format!("snapshot {}", printable(&s.name)),
+            EventBody::ApprovalRequested(r) => format!(
+                "approval requested [{}]: {} {} (rule {}) by {}",
+                printable(&r.approval_id),
+                printable(&r.kind),
+                printable(&r.request),
+                printable(&r.rule),
+                printable(&r.caller)
+            ),
+            EventBody::ApprovalDecided(d) => format!(
+                "approval {} {} by {}{}",
+                printable(&d.approval_id),
+                printable(&d.decision),
+                printable(&d.by),
+                d.reason
+                    .as_deref()
+                    .map(|r| format!(": {}", printable(r)))
+                    .unwrap_or_default()
+            ),
             EventBody::Destroyed(d) => format!(
                 "destroyed ({}), final manifest {}",
                 printable(&d.reason),

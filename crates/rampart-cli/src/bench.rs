@@ -1192,6 +1192,7 @@ fn generated_bundle(n: u64) -> Result<Vec<u8>> {
                 pty: false,
                 input: None,
                 caller: Some("key:bench".into()),
+                approval: None,
             })
         } else {
             let out = format!("step {}\n", i - 1).into_bytes();

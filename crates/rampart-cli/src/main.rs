@@ -81,6 +81,12 @@ enum Command {
     /// Usage of sandboxes (a tenant's own, or any as the administrator), signed by the node;
     /// `usage verify FILE` checks a report offline.
     Usage(commands::tenant::UsageArgs),
+    /// The requests sandboxes' approval policies hold (a key with the `approve` scope).
+    Approvals(commands::approve::ApprovalsArgs),
+    /// Approve a held request: it runs exactly as it was asked.
+    Approve(commands::approve::DecideArgs),
+    /// Deny a held request: it is refused (403 `denied`) and never starts.
+    Deny(commands::approve::DecideArgs),
     /// The signed record of what ran in a sandbox: show, export, verify.
     Audit(commands::audit::AuditArgs),
     /// Run a recorded session (a bundle) again in a fresh sandbox and compare step by step.
@@ -176,6 +182,9 @@ fn main() -> ExitCode {
             Command::Tenant(a) => commands::tenant::tenant(host, a).await,
             Command::Mcp(a) => commands::mcp::run(host, a).await,
             Command::Usage(a) => commands::tenant::usage(host, a).await,
+            Command::Approvals(a) => commands::approve::list(host, a).await,
+            Command::Approve(a) => commands::approve::decide(host, a, true).await,
+            Command::Deny(a) => commands::approve::decide(host, a, false).await,
             Command::Bench(_) | Command::Keys(_) | Command::Template(_) => {
                 unreachable!("bench and keys run before the runtime starts")
             }

@@ -30,6 +30,24 @@ pub enum CoreError {
         /// The most.
         max: usize,
     },
+    /// 403: the sandbox's approval policy held the request and it was denied (or nobody
+    /// decided in time); it never started.
+    #[error("denied: {reason} (approval {approval})")]
+    Denied {
+        /// The approval.
+        approval: String,
+        /// Why: the decider's reason, or the timeout.
+        reason: String,
+    },
+    /// 404: no pending approval with this id.
+    #[error("no pending approval {0}")]
+    NoApproval(String),
+    /// 409: the operation conflicts with what is (an approval already decided).
+    #[error("{0}")]
+    Conflict(String),
+    /// 403: the caller may not do this.
+    #[error("{0}")]
+    Forbidden(String),
     /// 400: bad input; `field` names the offending field.
     #[error("{field}: {message}")]
     BadRequest {

@@ -14,6 +14,7 @@
 //! as an id that does not exist), and the named objects (snapshots, volumes, stored
 //! secrets) of a tenant are its own. A new method that takes an id must do the same.
 
+pub mod approvals;
 mod audit;
 pub mod capacity;
 mod config;
@@ -168,6 +169,58 @@ impl Manager {
     ) -> Result<Exec, CoreError> {
         self.inner.visible(id)?;
         self.inner.exec(id, req, keep_stdin_open).await
+    }
+    /// The requests held for approval that the caller may see (its tenant's; all for the
+    /// node), oldest first.
+    pub fn approvals(&self) -> Vec<rampart_types::ApprovalInfo> {
+        self.inner
+            .approvals
+            .list(|a| principal::may_see(a.tenant.as_deref()))
+    }
+    /// Held request `id`.
+    pub fn approval(&self, id: &str) -> Result<rampart_types::ApprovalInfo, CoreError> {
+        self.inner
+            .approvals
+            .get(id, |a| principal::may_see(a.tenant.as_deref()))
+    }
+    /// Decides held request `id` as the current principal (who may not decide its own
+    /// unless the policy allows it); the held exec then runs or is refused.
+    pub fn decide_approval(
+        &self,
+        id: &str,
+        approve: bool,
+        reason: Option<String>,
+    ) -> Result<rampart_types::Decision, CoreError> {
+        self.inner.approvals.decide(id, approve, reason, |a| {
+            principal::may_see(a.tenant.as_deref())
+        })
+    }
+    /// Holds a command about to start by another road (the E2B envd proxy) if the sandbox's
+    /// approval policy says so: the approval it runs under (put it in its `ExecStart`), or
+    /// `Denied`.
+    pub async fn authorize_exec(
+        &self,
+        id: &SandboxId,
+        start: &ExecStart,
+    ) -> Result<Option<String>, CoreError> {
+        self.inner.visible(id)?;
+        let req = ExecRequest {
+            cmd: start.argv.clone(),
+            env: start
+                .env_names
+                .iter()
+                .map(|n| (n.clone(), String::new()))
+                .collect(),
+            cwd: start.cwd.clone(),
+            user: Some(start.user.clone()),
+            stdin: None,
+            stdin_base64: None,
+            tty: None,
+            timeout_secs: None,
+            stream: false,
+            max_output_bytes: None,
+        };
+        self.inner.gate(id, &req).await
     }
     /// Starts a background process: the exec `req` (its `stream` is ignored) runs with no
     /// client attached, recorded like any exec; its stdin stays open. Attach to it, send it

@@ -448,6 +448,23 @@ impl Persist {
         })
     }
 
+    /// The approval policy sandbox `id` was created with (from its kept create request).
+    pub(crate) fn approval_policy(
+        &self,
+        id: &SandboxId,
+    ) -> Result<Option<rampart_types::ApprovalPolicy>, CoreError> {
+        let Some(text) = self.db.request(id.as_str())? else {
+            return Ok(None);
+        };
+        let req: CreateSandbox = serde_json::from_str(&text).map_err(|e| {
+            CoreError::Internal(format!(
+                "the create request kept for sandbox {id} does not parse ({e}); its approval \
+                 policy cannot be read, so nothing it asks to run is started"
+            ))
+        })?;
+        Ok(req.approvals)
+    }
+
     /// The request a sandbox was created with (or one rebuilt from its record).
     pub(crate) fn source_request(&self, rec: &SandboxRecord) -> CreateSandbox {
         let kept = self

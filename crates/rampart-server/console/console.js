@@ -693,7 +693,7 @@
       case "created":
         return `from template ${b.template}; network ${b.policy ? b.policy.mode : "none"}`;
       case "exec":
-        return [h("code", {}, shellQuote(b.argv || [])), h("span", { class: "muted" }, `  as ${b.user || "default"}${b.cwd ? " in " + b.cwd : ""}${b.pty ? " · pty" : ""}${b.input ? " · stdin " + fmtBytes(b.input.size) : ""}`)];
+        return [h("code", {}, shellQuote(b.argv || [])), h("span", { class: "muted" }, `  as ${b.user || "default"}${b.cwd ? " in " + b.cwd : ""}${b.pty ? " · pty" : ""}${b.input ? " · stdin " + fmtBytes(b.input.size) : ""}${b.approval ? " · approved " + b.approval : ""}`)];
       case "exit": {
         const how = b.timed_out ? "timed out" : b.signal ? `killed by signal ${b.signal}` : `exit code ${b.exit_code}`;
         const out = b.stdout ? ` · stdout ${fmtBytes(b.stdout.size)}` : "";
@@ -723,6 +723,10 @@
       }
       case "snapshot":
         return `snapshot ${b.name} taken`;
+      case "approval_requested":
+        return [`held for approval ${b.approval_id}: `, h("code", {}, b.request), h("span", { class: "muted" }, ` (rule ${b.rule})`)];
+      case "approval_decided":
+        return [`${b.approval_id} `, badge(b.decision, b.decision === "approved" ? "ok" : "bad"), ` by ${b.by}${b.reason ? ": " + b.reason : ""}`];
       default: {
         const rest = Object.entries(b).filter(([k]) => k !== "type" && k !== "caller");
         return rest

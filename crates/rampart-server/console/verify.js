@@ -167,6 +167,8 @@ const RampartVerify = (() => {
     let head = await sha256(concat(enc.encode("rampart.audit.genesis.v1\0"), enc.encode(sandbox)));
     const fsDiffs = new Set();
     const used = new Map();
+    const requested = new Map();
+    const approved = new Set();
     for (const [i, e] of b.events.entries()) {
       if (e.sandbox !== sandbox) fail(`record ${i} belongs to another sandbox`);
       if (e.seq !== i) fail(`record at position ${i} has seq ${e.seq}`);
@@ -186,6 +188,19 @@ const RampartVerify = (() => {
         if (m !== null && !fsDiffs.has(m)) {
           fail(`record seq ${i}: manifest_digest ${m} names no fs_diff record before it`);
         }
+      }
+      if (body.type === "approval_requested") {
+        requested.set(body.approval_id, body.digest);
+      } else if (body.type === "approval_decided") {
+        if (!requested.has(body.approval_id)) {
+          fail(`record seq ${i}: decides approval ${body.approval_id} that no approval_requested before it asked for`);
+        }
+        if (requested.get(body.approval_id) !== body.digest) {
+          fail(`record seq ${i}: decides approval ${body.approval_id} on another request than was asked`);
+        }
+        if (body.decision === "approved") approved.add(body.approval_id);
+      } else if (body.type === "exec" && "approval" in body && !approved.has(body.approval)) {
+        fail(`record seq ${i}: runs under approval ${body.approval}, which no record before it approved`);
       }
       for (const name of ["input", "stdout", "stderr", "streamed_input"]) {
         const rec = body[name];

@@ -112,6 +112,10 @@ impl From<CoreError> for ApiError {
         let message = e.to_string();
         match e {
             CoreError::NotFound(_) | CoreError::NoProcess { .. } => ApiError::not_found(message),
+            CoreError::Denied { .. } => ApiError::new(StatusCode::FORBIDDEN, "denied", message),
+            CoreError::NoApproval(_) => ApiError::not_found(message),
+            CoreError::Conflict(_) => ApiError::new(StatusCode::CONFLICT, "conflict", message),
+            CoreError::Forbidden(_) => ApiError::new(StatusCode::FORBIDDEN, "forbidden", message),
             CoreError::TooManyProcesses { .. } => {
                 ApiError::new(StatusCode::CONFLICT, "conflict", message)
             }

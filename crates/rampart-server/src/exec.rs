@@ -55,7 +55,10 @@ impl Drop for KillOnDrop {
 
 /// Whether an event ends the exec.
 fn is_final(ev: &ExecEvent) -> bool {
-    matches!(ev, ExecEvent::Exit { .. } | ExecEvent::Error { .. })
+    matches!(
+        ev,
+        ExecEvent::Exit { .. } | ExecEvent::Error { .. } | ExecEvent::Denied { .. }
+    )
 }
 
 /// Decodes an event's base64 payload (falling back to the raw text, which cannot happen with a
@@ -132,6 +135,8 @@ impl OutputCollector {
                 duration_ms,
             })),
             ExecEvent::Error { message } => Some(Err(message)),
+            ExecEvent::Denied { reason, .. } => Some(Err(reason)),
+            ExecEvent::PendingApproval { .. } => None,
         }
     }
 }
@@ -251,46 +256,78 @@ pub(crate) async fn exec(
 ) -> Result<Response, ApiError> {
     let cap = output_cap(&req)?;
     let mode = mode(&headers, &req);
-    let exec = st.backend.exec(&id, req, false).await?;
-    match mode {
-        Mode::Wait => {
-            let Exec {
-                events, control, ..
-            } = exec;
-            let mut guard = KillOnDrop(Some(control));
-            let result = collect_output(events, cap).await;
-            guard.disarm();
-            match result {
-                Ok(r) => Ok(Json(r).into_response()),
-                Err(m) => Err(ApiError::new(
-                    StatusCode::BAD_GATEWAY,
-                    "exec_failed",
-                    format!("the command failed to run: {m}"),
-                )),
-            }
-        }
-        Mode::Ndjson => {
-            let body = event_stream(exec).map(|ev| Ok::<_, Infallible>(ndjson_line(&ev)));
-            Ok(crate::ndjson::response(Body::from_stream(body)))
-        }
-        Mode::Sse => {
-            let events = event_stream(exec).map(|ev| {
-                let name = match &ev {
-                    ExecEvent::Start { .. } => "start",
-                    ExecEvent::Stdout { .. } => "stdout",
-                    ExecEvent::Stderr { .. } => "stderr",
-                    ExecEvent::Pty { .. } => "pty",
-                    ExecEvent::Exit { .. } => "exit",
-                    ExecEvent::Error { .. } => "error",
-                };
-                let data = serde_json::to_string(&ev).unwrap_or_default();
-                Ok::<_, Infallible>(Event::default().event(name).data(data))
-            });
-            Ok(Sse::new(events)
-                .keep_alive(KeepAlive::default())
-                .into_response())
-        }
+    if mode == Mode::Wait {
+        let Exec {
+            events, control, ..
+        } = st.backend.exec(&id, req, false).await?;
+        let mut guard = KillOnDrop(Some(control));
+        let result = collect_output(events, cap).await;
+        guard.disarm();
+        return match result {
+            Ok(r) => Ok(Json(r).into_response()),
+            Err(m) => Err(ApiError::new(
+                StatusCode::BAD_GATEWAY,
+                "exec_failed",
+                format!("the command failed to run: {m}"),
+            )),
+        };
     }
+    // Streamed: a request the sandbox's approval policy holds answers 200 at once with
+    // `pending_approval`, then the events (or `denied`) once it is decided.
+    let (held_tx, mut held_rx) = tokio::sync::mpsc::unbounded_channel();
+    let backend = st.backend.clone();
+    let mut started = Box::pin(rampart_core::approvals::on_hold(held_tx, async move {
+        backend.exec(&id, req, false).await
+    }));
+    let held = tokio::select! {
+        r = &mut started => return Ok(streamed(mode, event_stream(r?).boxed())),
+        Some(info) = held_rx.recv() => info,
+    };
+    let pending = ExecEvent::PendingApproval {
+        approval_id: held.id,
+        request: held.request,
+    };
+    let rest = futures::stream::once(started).flat_map(|r| match r {
+        Ok(exec) => event_stream(exec).boxed(),
+        Err(rampart_core::CoreError::Denied { approval, reason }) => {
+            futures::stream::once(std::future::ready(ExecEvent::Denied {
+                approval_id: approval,
+                reason,
+            }))
+            .boxed()
+        }
+        Err(e) => futures::stream::once(std::future::ready(ExecEvent::Error {
+            message: ApiError::from(e).message,
+        }))
+        .boxed(),
+    });
+    let events = futures::stream::once(std::future::ready(pending)).chain(rest);
+    Ok(streamed(mode, events.boxed()))
+}
+
+/// A streamed exec's answer: NDJSON lines, or server-sent events named by type.
+fn streamed(mode: Mode, events: futures::stream::BoxStream<'static, ExecEvent>) -> Response {
+    if mode != Mode::Sse {
+        let body = events.map(|ev| Ok::<_, Infallible>(ndjson_line(&ev)));
+        return crate::ndjson::response(Body::from_stream(body));
+    }
+    let events = events.map(|ev| {
+        let name = match &ev {
+            ExecEvent::Start { .. } => "start",
+            ExecEvent::Stdout { .. } => "stdout",
+            ExecEvent::Stderr { .. } => "stderr",
+            ExecEvent::Pty { .. } => "pty",
+            ExecEvent::Exit { .. } => "exit",
+            ExecEvent::Error { .. } => "error",
+            ExecEvent::PendingApproval { .. } => "pending_approval",
+            ExecEvent::Denied { .. } => "denied",
+        };
+        let data = serde_json::to_string(&ev).unwrap_or_default();
+        Ok::<_, Infallible>(Event::default().event(name).data(data))
+    });
+    Sse::new(events)
+        .keep_alive(KeepAlive::default())
+        .into_response()
 }
 
 /// `GET /v1/sandboxes/{id}/exec/ws`: interactive exec over a WebSocket.
@@ -383,8 +420,46 @@ async fn ws_session(st: AppState, id: SandboxId, mut socket: WebSocket) {
         Ok(r) => r,
         Err(e) => return ws_fail(socket, e.message).await,
     };
-    let exec = match st.backend.exec(&id, req, true).await {
+    // A request the approval policy holds: `pending_approval` first, then the decision.
+    let (held_tx, mut held_rx) = tokio::sync::mpsc::unbounded_channel();
+    let backend = st.backend.clone();
+    let id2 = id.clone();
+    let mut started = Box::pin(rampart_core::approvals::on_hold(held_tx, async move {
+        backend.exec(&id2, req, true).await
+    }));
+    let mut held = false;
+    let result = loop {
+        tokio::select! {
+            r = &mut started => break r,
+            Some(info) = held_rx.recv() => {
+                held = true;
+                let ev = ExecEvent::PendingApproval { approval_id: info.id, request: info.request };
+                if ws_send(&mut socket, &ev).await.is_err() {
+                    return;
+                }
+            }
+            // Only while held (input sent before the start must not be read here).
+            msg = socket.recv(), if held => {
+                // The client left while its request was held: withdrawn (dropping it).
+                if !matches!(msg, Some(Ok(Message::Text(_) | Message::Binary(_) | Message::Ping(_) | Message::Pong(_)))) {
+                    return;
+                }
+            }
+        }
+    };
+    let exec = match result {
         Ok(e) => e,
+        Err(rampart_core::CoreError::Denied { approval, reason }) => {
+            let _ = ws_send(
+                &mut socket,
+                &ExecEvent::Denied {
+                    approval_id: approval,
+                    reason,
+                },
+            )
+            .await;
+            return ws_close(socket).await;
+        }
         Err(e) => return ws_fail(socket, ApiError::from(e).message).await,
     };
     let Exec {

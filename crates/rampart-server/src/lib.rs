@@ -5,6 +5,7 @@
 //! [`Backend`] trait, so the HTTP layer is testable without sandboxes) and translates the
 //! answers. Every failure is a JSON `{"error": {"code", "message"}}` with the right status.
 
+mod approvals;
 mod audit;
 mod auth;
 mod caller;
@@ -573,6 +574,10 @@ fn v1_router(state: AppState, auth: Option<Arc<auth::Auth>>) -> Router {
                 .delete(ports::make_private)
                 .fallback(ports::proxy),
         )
+        .route("/approvals", get(approvals::list))
+        .route("/approvals/{id}", get(approvals::get_one))
+        .route("/approvals/{id}/approve", post(approvals::approve))
+        .route("/approvals/{id}/deny", post(approvals::deny))
         .route("/secrets", post(secrets::set).get(secrets::list))
         .route("/secrets/{name}", delete(secrets::delete))
         .route("/audit/key", get(audit::key))

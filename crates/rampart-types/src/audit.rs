@@ -191,11 +191,15 @@ pub enum EventBody {
     Snapshot(Snapshot),
     /// The sandbox was destroyed.
     Destroyed(Destroyed),
+    /// A request was held for a person's approval.
+    ApprovalRequested(ApprovalRequested),
+    /// A held request was approved, denied, or timed out.
+    ApprovalDecided(ApprovalDecided),
 }
 
 impl EventBody {
     /// Every `type` this version knows, in declaration order.
-    pub const TYPES: [&'static str; 13] = [
+    pub const TYPES: [&'static str; 15] = [
         "created",
         "exec",
         "exit",
@@ -209,6 +213,8 @@ impl EventBody {
         "resumed",
         "snapshot",
         "destroyed",
+        "approval_requested",
+        "approval_decided",
     ];
 
     /// The body's `type` tag.
@@ -227,6 +233,8 @@ impl EventBody {
             EventBody::Resumed(_) => "resumed",
             EventBody::Snapshot(_) => "snapshot",
             EventBody::Destroyed(_) => "destroyed",
+            EventBody::ApprovalRequested(_) => "approval_requested",
+            EventBody::ApprovalDecided(_) => "approval_decided",
         }
     }
 }
@@ -299,6 +307,14 @@ pub struct Exec {
         deserialize_with = "added_member"
     )]
     pub caller: Option<String>,
+    /// The approval it ran under, when the sandbox's policy held it (absent otherwise, and
+    /// in records made before approvals existed; never `null`).
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "added_member"
+    )]
+    pub approval: Option<String>,
 }
 
 /// `exit`: a process ended.
@@ -452,6 +468,42 @@ pub struct TimeoutChanged {
 pub struct Snapshot {
     /// The snapshot's name.
     pub name: String,
+}
+
+/// `approval_requested`: a request the sandbox's approval policy holds until a person
+/// decides.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ApprovalRequested {
+    /// The approval's id.
+    pub approval_id: String,
+    /// What is held: `command`.
+    pub kind: String,
+    /// The exact command line.
+    pub request: String,
+    /// SHA-256 (hex) of the request as made; the decision and the `exec` that follows name it.
+    pub digest: String,
+    /// The policy's pattern it matched.
+    pub rule: String,
+    /// Who asked.
+    pub caller: String,
+}
+
+/// `approval_decided`: the decision on a held request.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ApprovalDecided {
+    /// The approval's id.
+    pub approval_id: String,
+    /// `approved`, `denied`, `timed_out`, or `withdrawn` (the asker left before a decision).
+    pub decision: String,
+    /// Who decided (`node` when nobody did).
+    pub by: String,
+    /// Why, as given.
+    #[serde(deserialize_with = "required")]
+    pub reason: Option<String>,
+    /// The digest of the request decided on.
+    pub digest: String,
 }
 
 /// `destroyed`: the sandbox is gone.

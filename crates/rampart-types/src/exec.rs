@@ -149,6 +149,21 @@ pub enum ExecEvent {
         /// What happened.
         message: String,
     },
+    /// The sandbox's approval policy holds the request until a person decides (sent first;
+    /// the process has not started).
+    PendingApproval {
+        /// The approval (`POST /v1/approvals/{id}/approve` or `/deny`).
+        approval_id: String,
+        /// The command line held.
+        request: String,
+    },
+    /// The held request was denied, or nobody decided in time: it never started (last).
+    Denied {
+        /// The approval.
+        approval_id: String,
+        /// Who decided and why.
+        reason: String,
+    },
 }
 
 #[cfg(test)]

@@ -3,6 +3,7 @@
 //! Everything here is plain data: no I/O. Request bodies refuse unknown fields
 //! (`deny_unknown_fields`) so a typo in a policy fails closed instead of being ignored.
 
+pub mod approval;
 pub mod audit;
 pub mod exec;
 pub mod files;
@@ -16,6 +17,7 @@ pub mod sandbox;
 pub mod template;
 pub mod tenant;
 
+pub use approval::{ApprovalInfo, ApprovalPolicy, Decide, Decision};
 pub use exec::{ExecEvent, ExecRequest, ExecResult, OutputBytes, ProcessInfo};
 pub use files::{FileEntry, FileList, FileType, FileWatchEvent, Health, MakeDir, MoveFile};
 pub use id::{IdError, SandboxId};

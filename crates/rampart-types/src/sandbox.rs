@@ -43,6 +43,10 @@ pub struct CreateSandbox {
     /// (`/v1/sandboxes/{id}/ports/{port}/...`, `{port}-{id}.<domain>`); other ports need it.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub public_ports: Vec<u16>,
+    /// Commands held for a person's approval before they run (see `approvals` in the API
+    /// reference).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub approvals: Option<crate::approval::ApprovalPolicy>,
 }
 
 /// What the reaper does with a sandbox whose deadline passed.

@@ -30,6 +30,8 @@ class _Collect:
             self.end = ev
         elif ev.type == "error":
             raise errors.RampartError(ev.message or "the command failed", code="exec_error")
+        elif ev.type == "denied":
+            raise errors.Denied(ev.reason or "denied", status=403, code="denied")
 
     def result(self) -> ExecResult:
         e = self.end
@@ -42,6 +44,13 @@ class _Collect:
         )
 
 
+def _started(first: Optional[ExecEvent]) -> None:
+    if first is not None and first.type == "denied":
+        raise errors.Denied(first.reason or "denied", status=403, code="denied")
+    if first is None or first.type != "start":
+        raise errors.RampartError(f"the command did not start: {first}", code="exec_error")
+
+
 class Session:
     """A running command (blocking client). Iterate it for its events; `wait()` collects
     them into an `ExecResult`."""
@@ -50,8 +59,12 @@ class Session:
         self._ws = ws
         self._done = False
         first = self._next()
-        if first is None or first.type != "start":
-            raise errors.RampartError(f"the command did not start: {first}", code="exec_error")
+        #: The approval it waited for, when the sandbox's policy held it.
+        self.approval_id = None
+        while first is not None and first.type == "pending_approval":
+            self.approval_id = first.approval_id
+            first = self._next()
+        _started(first)
         #: The process's pid inside the sandbox.
         self.pid = first.pid
 
@@ -65,7 +78,7 @@ class Session:
             self._done = True
             return None
         ev = ExecEvent.from_dict(json.loads(msg))
-        if ev.type in ("exit", "error"):
+        if ev.type in ("exit", "error", "denied"):
             self._done = True
         return ev
 
@@ -118,8 +131,11 @@ class AsyncSession:
     async def start(cls, ws) -> "AsyncSession":
         s = cls(ws, None)
         first = await s._next()
-        if first is None or first.type != "start":
-            raise errors.RampartError(f"the command did not start: {first}", code="exec_error")
+        s.approval_id = None
+        while first is not None and first.type == "pending_approval":
+            s.approval_id = first.approval_id
+            first = await s._next()
+        _started(first)
         s.pid = first.pid
         return s
 
@@ -133,7 +149,7 @@ class AsyncSession:
             self._done = True
             return None
         ev = ExecEvent.from_dict(json.loads(msg))
-        if ev.type in ("exit", "error"):
+        if ev.type in ("exit", "error", "denied"):
             self._done = True
         return ev
 

@@ -84,11 +84,19 @@ class InternalError(RampartError):
     code = "internal"
 
 
+class Denied(RampartError):
+    """The sandbox's approval policy held the command and it was denied, or nobody decided
+    in time: it never started."""
+
+    code = "denied"
+
+
 BY_CODE: Dict[str, Type[RampartError]] = {
     c.code: c
     for c in (
         BadRequest, Unauthorized, Forbidden, PermissionDenied, NotFound, Conflict, TooLarge,
         LimitExceeded, QuotaExceeded, RateLimited, Capacity, Timeout, AgentError, InternalError,
+        Denied,
     )
 }
 BY_CODE["agent_unreachable"] = AgentError

@@ -84,6 +84,10 @@ class ExecEvent:
     signal: Optional[int] = None
     timed_out: bool = False
     message: Optional[str] = None
+    #: With `pending_approval` (sent first when the sandbox's policy holds the command) and
+    #: `denied` (its end, when refused).
+    approval_id: Optional[str] = None
+    reason: Optional[str] = None
 
     @classmethod
     def from_dict(cls, d: Dict[str, Any]) -> "ExecEvent":
@@ -96,6 +100,8 @@ class ExecEvent:
             signal=d.get("signal"),
             timed_out=bool(d.get("timed_out", False)),
             message=d.get("message"),
+            approval_id=d.get("approval_id"),
+            reason=d.get("reason"),
         )
 
 

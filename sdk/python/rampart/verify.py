@@ -191,6 +191,7 @@ def _verify_bundle(b, trusted_key):
     head = _sha256(b"rampart.audit.genesis.v1\0" + sandbox.encode())
     used = {}
     fs_diffs = set()
+    requested, approved = {}, set()
     for i, e in enumerate(b["events"]):
         if e["sandbox"] != sandbox:
             raise VerificationError(f"record {i} belongs to another sandbox")
@@ -212,6 +213,19 @@ def _verify_bundle(b, trusted_key):
             m = body["manifest_digest"]
             if m is not None and m not in fs_diffs:
                 raise VerificationError(f"record seq {i}: manifest_digest {m} names no fs_diff record before it")
+        elif body.get("type") == "approval_requested":
+            requested[body["approval_id"]] = body["digest"]
+        elif body.get("type") == "approval_decided":
+            a = body["approval_id"]
+            if a not in requested:
+                raise VerificationError(f"record seq {i}: decides approval {a} that no approval_requested before it asked for")
+            if requested[a] != body["digest"]:
+                raise VerificationError(f"record seq {i}: decides approval {a} on another request than was asked")
+            if body["decision"] == "approved":
+                approved.add(a)
+        elif body.get("type") == "exec" and "approval" in body:
+            if body["approval"] not in approved:
+                raise VerificationError(f"record seq {i}: runs under approval {body['approval']}, which no record before it approved")
         for name in ("input", "stdout", "stderr", "streamed_input"):
             rec = body.get(name)
             if isinstance(rec, dict) and rec.get("blob"):

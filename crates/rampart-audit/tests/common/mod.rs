@@ -134,6 +134,7 @@ pub fn session(node: &mut Node, id: &str, execs: usize) -> Session {
                 pty: false,
                 input,
                 caller: Some("key:0123456789ab:ci (exec) tenant acme".into()),
+                approval: None,
             }),
         );
         // Every 4th command floods stdout past the cap: blob is a prefix, marked truncated.

@@ -169,6 +169,15 @@ fn handle_event(ev: ExecEvent) -> Result<Next> {
             return Ok(Next::Exit(exit_status(exit_code, signal, timed_out)));
         }
         ExecEvent::Error { message } => return Err(anyhow!("the command failed: {message}")),
+        ExecEvent::PendingApproval {
+            approval_id,
+            request,
+        } => eprintln!(
+            "rampart: the sandbox's policy holds `{request}` for approval {approval_id};              waiting (rampart approve {approval_id} / rampart deny {approval_id})"
+        ),
+        ExecEvent::Denied { reason, .. } => {
+            return Err(anyhow!("the command was not run: {reason}"))
+        }
     }
     Ok(Next::Continue)
 }

@@ -1,5 +1,6 @@
 //! The subcommands, one module each. Each returns the process's exit code.
 
+pub mod approve;
 pub mod audit;
 pub mod cp;
 pub mod exec;

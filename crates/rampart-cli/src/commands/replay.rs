@@ -329,6 +329,13 @@ async fn run_steps(
                     exit_code, signal, ..
                 } => end = Some((exit_code, signal)),
                 ExecEvent::Error { message } => bail!("replaying step {}: {message}", step.seq),
+                ExecEvent::Denied { reason, .. } => {
+                    bail!("replaying step {}: denied: {reason}", step.seq)
+                }
+                ExecEvent::PendingApproval { approval_id, .. } => eprintln!(
+                    "rampart: step {} waits for approval {approval_id} (rampart approve {approval_id})",
+                    step.seq
+                ),
                 ExecEvent::Start { .. } => {}
             }
         }

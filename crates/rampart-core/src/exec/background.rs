@@ -88,7 +88,10 @@ impl Process {
         let me = p.clone();
         tokio::spawn(async move {
             while let Some(ev) = events.next().await {
-                let last = matches!(ev, ExecEvent::Exit { .. } | ExecEvent::Error { .. });
+                let last = matches!(
+                    ev,
+                    ExecEvent::Exit { .. } | ExecEvent::Error { .. } | ExecEvent::Denied { .. }
+                );
                 me.push(ev);
                 if last {
                     break;

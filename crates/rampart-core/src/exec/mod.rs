@@ -98,11 +98,14 @@ pub(crate) async fn start(
     req: &ExecRequest,
     v: ValidExec,
     keep_stdin_open: bool,
+    approval: Option<String>,
 ) -> Result<Exec, CoreError> {
     let t0 = Instant::now();
     let feed_stdin = v.opts.stdin;
     let mut audit = if ctx.audit.enabled() {
-        Some(record::start_of_request(ctx, id, req, &v, feed_stdin)?)
+        Some(record::start_of_request(
+            ctx, id, req, &v, feed_stdin, approval,
+        )?)
     } else {
         None
     };

@@ -33,6 +33,8 @@ pub struct ExecStart {
     pub pty: bool,
     /// Input given with the request, if any.
     pub input: Option<Vec<u8>>,
+    /// The approval it runs under, when the sandbox's policy held it.
+    pub approval: Option<String>,
 }
 
 /// Where input sent to a recorded exec after its start is hashed (for `exit.streamed_input`).
@@ -135,6 +137,7 @@ impl ExecRecorder {
             pty: start.pty,
             input: None,
             caller: None,
+            approval: start.approval,
         };
         let audit = record_start(ctx.audit, ctx.iso, id, exec, start.input.as_deref())?;
         Ok(ExecRecorder {
@@ -152,6 +155,7 @@ pub(super) fn start_of_request(
     req: &ExecRequest,
     v: &ValidExec,
     stdin_open: bool,
+    approval: Option<String>,
 ) -> Result<ExecAudit, CoreError> {
     record_start(
         ctx.audit,
@@ -167,6 +171,7 @@ pub(super) fn start_of_request(
             pty: v.pty,
             input: None,
             caller: None,
+            approval,
         },
         v.stdin.as_deref(),
     )

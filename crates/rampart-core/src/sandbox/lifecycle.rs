@@ -310,6 +310,7 @@ impl Sandboxes {
         // The init watcher (if it has not fired yet) reaps the dead init and then sees no
         // entry; it is not aborted so that no zombie is left.
         self.registry.remove(id);
+        self.approvals.forget(id);
         let removed_at = Instant::now();
         if let Some(pinned) = upper {
             self.manifests().record_fs_diff(id, pinned, "destroy").await;

@@ -137,6 +137,8 @@ pub(crate) struct Sandboxes {
     pub(crate) secrets: crate::secrets::Secrets,
     /// Held from a disk admission check until what it admitted counts (see `capacity`).
     disk_admission: tokio::sync::Mutex<()>,
+    /// Requests held for approval, and the sandboxes' approval policies.
+    pub(crate) approvals: crate::approvals::Approvals,
 }
 
 /// The API view of a stored sandbox (never env values).
@@ -296,6 +298,7 @@ impl Sandboxes {
             network,
             secrets,
             disk_admission: tokio::sync::Mutex::new(()),
+            approvals: Default::default(),
         });
         inner.recover().await?;
         let c = inner.cfg.clone();

@@ -203,9 +203,54 @@ impl Sandboxes {
     ) -> Result<Exec, CoreError> {
         // Bad input is refused whatever the sandbox (validated once, here).
         let v = check_exec(&req, keep_stdin_open)?;
+        self.agent(id)?;
+        let approval = self.gate(id, &req).await?;
+        // Looked up again: the sandbox may have been paused or ended while it was held.
         let client = self.agent(id)?;
         self.metrics.execs.inc();
-        exec::start(&self.exec_context(), client, id, &req, v, keep_stdin_open).await
+        exec::start(
+            &self.exec_context(),
+            client,
+            id,
+            &req,
+            v,
+            keep_stdin_open,
+            approval,
+        )
+        .await
+    }
+
+    /// Holds `req` if the sandbox's approval policy says so: the approval it may run under
+    /// (None: not held), or `Denied`.
+    pub(crate) async fn gate(
+        &self,
+        id: &SandboxId,
+        req: &ExecRequest,
+    ) -> Result<Option<String>, CoreError> {
+        let Some(policy) = self
+            .approvals
+            .policy(id, || self.persist.approval_policy(id))?
+        else {
+            return Ok(None);
+        };
+        let tenant = self.registry.tenant(id).flatten();
+        let record =
+            |body: rampart_audit::EventBody| self.audit.append(id, move |_| body, Vec::new());
+        match self
+            .approvals
+            .hold(id, tenant, &policy, req, record)
+            .await?
+        {
+            None => Ok(None),
+            Some(crate::approvals::Outcome::Approved(a)) => Ok(Some(a)),
+            Some(crate::approvals::Outcome::Refused(d)) => Err(CoreError::Denied {
+                approval: d.id,
+                reason: match d.reason {
+                    Some(r) => format!("{} by {}: {r}", d.decision, d.by),
+                    None => format!("{} by {}", d.decision, d.by),
+                },
+            }),
+        }
     }
 
     pub(crate) fn record_exec_start(

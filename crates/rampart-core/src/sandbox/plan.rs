@@ -35,6 +35,10 @@ impl Sandboxes {
         opts: CreateOptions,
     ) -> Result<Plan, CoreError> {
         let cfg = &self.cfg;
+        // The approval policy first: a bad pattern is refused before anything is staged.
+        if let Some(a) = &req.approvals {
+            crate::approvals::compile(a)?;
+        }
         // Secrets by name (`/v1/secrets`) become secrets with their stored value, before the
         // request is kept for fork (a fork binds the same values).
         req.secrets = self.secrets.resolve(&req.secrets)?;

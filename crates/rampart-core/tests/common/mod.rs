@@ -42,6 +42,9 @@ pub async fn collect(mut exec: Exec) -> Ran {
                 ended += 1;
                 r.error = Some(message);
             }
+            ExecEvent::PendingApproval { .. } | ExecEvent::Denied { .. } => {
+                panic!("core's exec stream carries no approval events: {ev:?}")
+            }
         }
     }
     assert_eq!(ended, 1, "exactly one final event: {r:?}");

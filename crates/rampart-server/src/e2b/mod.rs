@@ -80,7 +80,9 @@ impl From<rampart_core::CoreError> for E2bError {
         use rampart_core::CoreError as C;
         let status = match &e {
             C::NotFound(_) | C::NoProcess { .. } => StatusCode::NOT_FOUND,
-            C::TooManyProcesses { .. } => StatusCode::CONFLICT,
+            C::TooManyProcesses { .. } | C::Conflict(_) => StatusCode::CONFLICT,
+            C::Denied { .. } | C::Forbidden(_) => StatusCode::FORBIDDEN,
+            C::NoApproval(_) => StatusCode::NOT_FOUND,
             C::BadRequest { .. } | C::Limit(_) => StatusCode::BAD_REQUEST,
             C::WrongState { .. } => StatusCode::CONFLICT,
             C::Capacity(_) => StatusCode::TOO_MANY_REQUESTS,

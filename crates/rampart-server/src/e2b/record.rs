@@ -389,7 +389,23 @@ pub(crate) async fn request(
     let (req, plan) = read(&execs, id, req).await?;
     let tap = match plan {
         Plan::Tap(t) => t,
-        Plan::Exec(e) => start_exec(manager, &execs, id, *e).map_err(|r| *r)?,
+        Plan::Exec(mut e) => {
+            // Held here if the sandbox's approval policy says so; refused if denied.
+            e.start.approval = manager.authorize_exec(id, &e.start).await.map_err(|err| {
+                let code = match &err {
+                    rampart_core::CoreError::Denied { .. } => Code::PermissionDenied,
+                    rampart_core::CoreError::NotFound(_) => Code::NotFound,
+                    _ => Code::Internal,
+                };
+                Refusal {
+                    code,
+                    message: err.to_string(),
+                    plain: false,
+                }
+                .response()
+            })?;
+            start_exec(manager, &execs, id, *e).map_err(|r| *r)?
+        }
     };
     Ok((req, tap))
 }
@@ -503,6 +519,7 @@ fn exec_of(headers: &HeaderMap, start: proto::StartRequest) -> Result<Exec, Refu
             stdin: start.stdin.unwrap_or(true),
             pty: start.pty.is_some(),
             input: None,
+            approval: None,
         },
         tag: start.tag.filter(|t| !t.is_empty()),
     })

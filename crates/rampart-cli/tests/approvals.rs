@@ -1,0 +1,428 @@
+//! Approvals against a real daemon: a sandbox whose policy holds `rm` and `git push`; the
+//! held exec waits (waited, streamed, background, WebSocket-free roads all go through the
+//! same gate) until a second key with the `approve` scope decides; approved runs exactly the
+//! request, denied and timed out answer 403 `denied` and never start; a caller may not
+//! approve its own request; the CLI lists and decides; every step is in the record, which
+//! verifies.
+
+mod support;
+
+use reqwest::Method;
+use serde_json::{json, Value};
+use std::io::{BufRead as _, BufReader};
+use std::path::Path;
+use std::process::{Command, Stdio};
+
+use support::Api as _;
+
+fn http() -> reqwest::blocking::Client {
+    reqwest::blocking::Client::builder()
+        .timeout(std::time::Duration::from_secs(120))
+        .build()
+        .unwrap()
+}
+
+fn call(url: &str, key: &str, method: Method, path: &str, body: Option<Value>) -> (u16, Value) {
+    let mut r = http()
+        .request(method, format!("{url}{path}"))
+        .header("authorization", format!("Bearer {key}"));
+    if let Some(b) = body {
+        r = r.json(&b);
+    }
+    let resp = r.send().unwrap();
+    let status = resp.status().as_u16();
+    let text = resp.text().unwrap_or_default();
+    (status, serde_json::from_str(&text).unwrap_or(Value::Null))
+}
+
+fn make_key(data: &Path, scopes: &[&str]) -> String {
+    let mut args = vec!["keys", "create", "--native", "--json", "--name", "test"];
+    for s in scopes {
+        args.extend(["--scope", s]);
+    }
+    let out = Command::new(env!("CARGO_BIN_EXE_rampart"))
+        .args(&args)
+        .arg("--data-dir")
+        .arg(data)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    v["key"].as_str().unwrap().to_owned()
+}
+
+/// Waits until exactly one approval of `sandbox` is pending, and returns it.
+fn pending(url: &str, key: &str, sandbox: &str) -> Value {
+    let mut found = Value::Null;
+    support::wait_until("the request to be held for approval", 30, || {
+        let (st, list) = call(url, key, Method::GET, "/v1/approvals", None);
+        assert_eq!(st, 200, "{list}");
+        let mine: Vec<&Value> = list
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|a| a["sandbox_id"] == sandbox)
+            .collect();
+        if let [one] = mine.as_slice() {
+            found = (*one).clone();
+            return true;
+        }
+        false
+    });
+    found
+}
+
+#[test]
+fn held_commands_wait_for_a_person() {
+    if let Some(why) = support::skip_reason() {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    let daemon = support::start_tidy("approvals");
+    let d = &daemon;
+    let url = d.url.clone();
+    let agent = make_key(&d.data, &["sandboxes", "exec", "files", "audit"]);
+    let approver = make_key(&d.data, &["approve", "audit"]);
+    let both = make_key(&d.data, &["sandboxes", "exec", "approve"]);
+
+    // Bad policies: 400 naming the pattern; nothing made.
+    let before = call(&url, &agent, Method::GET, "/v1/sandboxes", None).1;
+    for (policy, what) in [
+        (json!({"commands": ["(unclosed"]}), "commands[0]"),
+        (
+            json!({"commands": ["ok"], "timeout_secs": 0}),
+            "timeout_secs",
+        ),
+        (json!({"commands": ["ok"], "hostz": []}), "hostz"),
+    ] {
+        let (st, body) = call(
+            &url,
+            &agent,
+            Method::POST,
+            "/v1/sandboxes",
+            Some(json!({"approvals": policy})),
+        );
+        assert_eq!(st, 400, "{policy}: {body}");
+        assert!(body.to_string().contains(what), "{policy}: {body}");
+    }
+    assert_eq!(
+        call(&url, &agent, Method::GET, "/v1/sandboxes", None).1,
+        before
+    );
+
+    let (st, sb) = call(
+        &url,
+        &agent,
+        Method::POST,
+        "/v1/sandboxes",
+        Some(json!({
+            "timeout_secs": 300,
+            "approvals": {"commands": ["^rm( |$)", "^git push"], "timeout_secs": 20},
+        })),
+    );
+    assert_eq!(st, 201, "{sb}");
+    let id = sb["id"].as_str().unwrap().to_owned();
+    let exec = |key: &str, cmd: Value| {
+        call(
+            &url,
+            key,
+            Method::POST,
+            &format!("/v1/sandboxes/{id}/exec"),
+            Some(json!({"cmd": cmd})),
+        )
+    };
+    // Not matching: runs at once.
+    let (st, r) = exec(
+        &agent,
+        json!(["sh", "-c", "touch /tmp/a /tmp/b /tmp/c; echo made"]),
+    );
+    assert_eq!((st, r["stdout"].as_str()), (200, Some("made\n")), "{r}");
+
+    // Approved: the waited exec runs, exactly as asked.
+    let waiter = {
+        let (url, agent, id) = (url.clone(), agent.clone(), id.clone());
+        std::thread::spawn(move || {
+            call(
+                &url,
+                &agent,
+                Method::POST,
+                &format!("/v1/sandboxes/{id}/exec"),
+                Some(json!({"cmd": ["rm", "-v", "/tmp/a"]})),
+            )
+        })
+    };
+    let held = pending(&url, &approver, &id);
+    assert_eq!(held["kind"], "command");
+    assert_eq!(held["request"], "rm -v /tmp/a");
+    assert_eq!(held["rule"], "^rm( |$)");
+    assert!(
+        held["requested_by"].as_str().unwrap().starts_with("key:"),
+        "{held}"
+    );
+    let ap = held["id"].as_str().unwrap().to_owned();
+    // A key without the approve scope may neither list nor decide.
+    let (st, _) = call(&url, &agent, Method::GET, "/v1/approvals", None);
+    assert_eq!(st, 403);
+    let (st, _) = call(
+        &url,
+        &agent,
+        Method::POST,
+        &format!("/v1/approvals/{ap}/approve"),
+        None,
+    );
+    assert_eq!(st, 403);
+    let (st, dec) = call(
+        &url,
+        &approver,
+        Method::POST,
+        &format!("/v1/approvals/{ap}/approve"),
+        Some(json!({"reason": "cleanup is fine"})),
+    );
+    assert_eq!(
+        (st, dec["decision"].as_str()),
+        (200, Some("approved")),
+        "{dec}"
+    );
+    let (st, r) = waiter.join().unwrap();
+    assert_eq!(st, 200, "{r}");
+    assert_eq!(r["stdout"], "removed '/tmp/a'\n", "{r}");
+    // Decided: a second decision is a conflict; an unknown id is not found.
+    let (st, _) = call(
+        &url,
+        &approver,
+        Method::POST,
+        &format!("/v1/approvals/{ap}/deny"),
+        None,
+    );
+    assert_eq!(st, 409);
+    let (st, _) = call(
+        &url,
+        &approver,
+        Method::GET,
+        "/v1/approvals/ap_000000000000000000000000",
+        None,
+    );
+    assert_eq!(st, 404);
+
+    // Denied, through the CLI: 403 `denied` with the reason; it never started.
+    let waiter = {
+        let (url, agent, id) = (url.clone(), agent.clone(), id.clone());
+        std::thread::spawn(move || {
+            call(
+                &url,
+                &agent,
+                Method::POST,
+                &format!("/v1/sandboxes/{id}/exec"),
+                Some(json!({"cmd": ["bash", "-lc", "rm /tmp/b"]})),
+            )
+        })
+    };
+    let held = pending(&url, &approver, &id);
+    let ap2 = held["id"].as_str().unwrap().to_owned();
+    let cli = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_rampart"))
+            .args(args)
+            .env("RAMPART_HOST", &url)
+            .env("RAMPART_API_KEY", &approver)
+            .env_remove("RAMPART_SOCKET")
+            .stdin(Stdio::null())
+            .output()
+            .unwrap()
+    };
+    let ls = cli(&["approvals"]);
+    assert!(String::from_utf8_lossy(&ls.stdout).contains(&ap2), "{ls:?}");
+    let out = cli(&["deny", &ap2, "--reason", "not today"]);
+    assert!(out.status.success(), "{out:?}");
+    let (st, r) = waiter.join().unwrap();
+    assert_eq!(
+        (st, r["error"]["code"].as_str()),
+        (403, Some("denied")),
+        "{r}"
+    );
+    assert!(
+        r["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("not today"),
+        "{r}"
+    );
+    let (_, r) = exec(&agent, json!(["ls", "/tmp/b"]));
+    assert_eq!(r["exit_code"], 0, "denied, so /tmp/b is still there: {r}");
+
+    // A caller may not approve its own request.
+    let waiter = {
+        let (url, both, id) = (url.clone(), both.clone(), id.clone());
+        std::thread::spawn(move || {
+            call(
+                &url,
+                &both,
+                Method::POST,
+                &format!("/v1/sandboxes/{id}/exec"),
+                Some(json!({"cmd": ["git", "push"]})),
+            )
+        })
+    };
+    let held = pending(&url, &approver, &id);
+    let ap3 = held["id"].as_str().unwrap().to_owned();
+    let (st, body) = call(
+        &url,
+        &both,
+        Method::POST,
+        &format!("/v1/approvals/{ap3}/approve"),
+        None,
+    );
+    assert_eq!(st, 403, "{body}");
+    assert!(body.to_string().contains("its own request"), "{body}");
+    call(
+        &url,
+        &approver,
+        Method::POST,
+        &format!("/v1/approvals/{ap3}/deny"),
+        None,
+    );
+    assert_eq!(waiter.join().unwrap().0, 403);
+
+    // Streamed: `pending_approval` comes first, then the events once approved.
+    let resp = http()
+        .post(format!("{url}/v1/sandboxes/{id}/exec"))
+        .header("authorization", format!("Bearer {agent}"))
+        .header("accept", "application/x-ndjson")
+        .json(&json!({"cmd": ["rm", "-v", "/tmp/c"]}))
+        .send()
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 200);
+    let mut lines = BufReader::new(resp).lines();
+    let first: Value = serde_json::from_str(&lines.next().unwrap().unwrap()).unwrap();
+    assert_eq!(first["type"], "pending_approval", "{first}");
+    let ap4 = first["approval_id"].as_str().unwrap().to_owned();
+    call(
+        &url,
+        &approver,
+        Method::POST,
+        &format!("/v1/approvals/{ap4}/approve"),
+        None,
+    );
+    let rest: Vec<Value> = lines
+        .map(|l| serde_json::from_str(&l.unwrap()).unwrap())
+        .collect();
+    assert_eq!(rest.first().unwrap()["type"], "start", "{rest:?}");
+    assert_eq!(rest.last().unwrap()["type"], "exit", "{rest:?}");
+
+    // Nobody decides: refused when the policy's timeout passes (a background process: the
+    // create call itself waits).
+    let (st, body) = call(
+        &url,
+        &agent,
+        Method::POST,
+        "/v1/sandboxes",
+        Some(json!({"approvals": {"commands": ["^rm"], "timeout_secs": 1}})),
+    );
+    assert_eq!(st, 201, "{body}");
+    let quick = body["id"].as_str().unwrap().to_owned();
+    let (st, r) = call(
+        &url,
+        &agent,
+        Method::POST,
+        &format!("/v1/sandboxes/{quick}/processes"),
+        Some(json!({"cmd": ["rm", "-rf", "/tmp"]})),
+    );
+    assert_eq!(
+        (st, r["error"]["code"].as_str()),
+        (403, Some("denied")),
+        "{r}"
+    );
+    assert!(
+        r["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("no decision within 1 s"),
+        "{r}"
+    );
+
+    // The record: each request, each decision, and the exec that ran under its approval.
+    let (_, page) = call(
+        &url,
+        &approver,
+        Method::GET,
+        &format!("/v1/sandboxes/{id}/audit?limit=1000"),
+        None,
+    );
+    let events = page["events"].as_array().unwrap();
+    let of = |t: &str| -> Vec<&Value> {
+        events
+            .iter()
+            .filter(|e| e["body"]["type"] == t)
+            .map(|e| &e["body"])
+            .collect()
+    };
+    assert_eq!(of("approval_requested").len(), 4, "{page}");
+    let decided: Vec<(&str, &str)> = of("approval_decided")
+        .iter()
+        .map(|b| {
+            (
+                b["approval_id"].as_str().unwrap(),
+                b["decision"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        decided,
+        vec![
+            (ap.as_str(), "approved"),
+            (ap2.as_str(), "denied"),
+            (ap3.as_str(), "denied"),
+            (ap4.as_str(), "approved")
+        ]
+    );
+    let ran: Vec<&Value> = of("exec")
+        .into_iter()
+        .filter(|b| b.get("approval").is_some())
+        .collect();
+    assert_eq!(ran.len(), 2, "two ran under an approval: {ran:?}");
+    assert_eq!(ran[0]["approval"], ap.as_str());
+    assert_eq!(ran[0]["argv"], json!(["rm", "-v", "/tmp/a"]));
+    assert!(
+        !of("exec")
+            .iter()
+            .any(|b| b["argv"] == json!(["bash", "-lc", "rm /tmp/b"])),
+        "the denied one never ran"
+    );
+    let bundle = http()
+        .get(format!("{url}/v1/sandboxes/{id}/audit/bundle"))
+        .header("authorization", format!("Bearer {approver}"))
+        .send()
+        .unwrap()
+        .bytes()
+        .unwrap();
+    let file = d.root.join("bundle.json");
+    std::fs::write(&file, &bundle).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_rampart"))
+        .args(["audit", "verify"])
+        .arg(&file)
+        .output()
+        .unwrap();
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{text}\n{}", d.log_tail());
+    // An exec that claims an approval nobody gave is caught by the verifier.
+    let mut b: Value = serde_json::from_slice(&bundle).unwrap();
+    let first_decided = b["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .position(|e| e["body"]["type"] == "approval_decided")
+        .unwrap();
+    b["events"][first_decided]["body"]["decision"] = json!("denied");
+    std::fs::write(&file, serde_json::to_vec(&b).unwrap()).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_rampart"))
+        .args(["audit", "verify"])
+        .arg(&file)
+        .output()
+        .unwrap();
+    assert!(!out.status.success(), "a changed decision must not verify");
+}

@@ -1,0 +1,72 @@
+//! Approvals: commands a sandbox's policy holds until a person (a key with the `approve`
+//! scope) decides.
+
+use serde::{Deserialize, Serialize};
+
+/// A sandbox's approval policy (`"approvals"` at create).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ApprovalPolicy {
+    /// Regular expressions over a command line: an exec matching one is held until approved
+    /// (the argv joined with shell quoting, and for `sh -c SCRIPT` / `bash -lc SCRIPT` the
+    /// script itself).
+    #[serde(default)]
+    pub commands: Vec<String>,
+    /// Seconds a held request waits for a decision before it is refused (default 300, at
+    /// most 86400).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout_secs: Option<u64>,
+    /// Whether the key that asked may approve its own request (default: no).
+    #[serde(default)]
+    pub allow_self_approval: bool,
+}
+
+/// A request held for approval (`GET /v1/approvals`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct ApprovalInfo {
+    /// Its id (`ap_` and 24 hex digits).
+    pub id: String,
+    /// The sandbox it is for.
+    pub sandbox_id: String,
+    /// What is held: `command`.
+    pub kind: String,
+    /// The exact command line.
+    pub request: String,
+    /// SHA-256 (hex) of the request as made (argv, cwd, user, env names, stdin, PTY): the
+    /// approval is bound to it.
+    pub digest: String,
+    /// The policy's pattern it matched.
+    pub rule: String,
+    /// Who asked, as the record names callers.
+    pub requested_by: String,
+    /// When, RFC 3339.
+    pub requested_at: String,
+    /// When it is refused if nobody decides, RFC 3339.
+    pub expires_at: String,
+    /// The tenant of the sandbox (none: the node's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<String>,
+}
+
+/// Body of `POST /v1/approvals/{id}/approve` and `/deny`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Decide {
+    /// Why (recorded).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+/// A decision (`POST /v1/approvals/{id}/approve` and `/deny` answer it).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct Decision {
+    /// The approval.
+    pub id: String,
+    /// `approved`, `denied` or `timed_out`.
+    pub decision: String,
+    /// Who decided (`node` for a timeout).
+    pub by: String,
+    /// Why.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
