@@ -409,6 +409,18 @@ fn held_commands_wait_for_a_person() {
     let text =
         String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{text}\n{}", d.log_tail());
+    // The SDK's pure-Python verifier agrees (it checks the approvals too).
+    let py = Command::new("python3")
+        .arg(support::workspace().join("crates/rampart-audit/tools/verify_bundle.py"))
+        .arg(&file)
+        .output()
+        .unwrap();
+    assert!(
+        py.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&py.stdout),
+        String::from_utf8_lossy(&py.stderr)
+    );
     // An exec that claims an approval nobody gave is caught by the verifier.
     let mut b: Value = serde_json::from_slice(&bundle).unwrap();
     let first_decided = b["events"]
