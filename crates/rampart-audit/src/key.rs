@@ -246,6 +246,12 @@ impl NodeKey {
         self.public_key().key_id()
     }
 
+    /// Signs `message` as it is (for formats that carry their own domain separation, as
+    /// DSSE's pre-authentication encoding does): the 64 signature bytes.
+    pub fn sign_bytes(&self, message: &[u8]) -> [u8; 64] {
+        self.signing.sign(message).to_bytes()
+    }
+
     /// Signs `message` (which starts with its own domain string); the signature in hex.
     pub fn sign_hex(&self, message: &[u8]) -> String {
         let sig = self.signing.sign(message);
@@ -330,6 +336,11 @@ impl SignedTreeHead {
         }
         Ok(())
     }
+}
+
+/// Whether `sig` (64 bytes) is `key`'s strict Ed25519 signature over `message`.
+pub fn verify_bytes(key: &PublicKey, message: &[u8], sig: &[u8]) -> bool {
+    <[u8; 64]>::try_from(sig).is_ok_and(|b| key.verify(message, &Signature::from_bytes(&b)))
 }
 
 /// Whether `sig_hex` (128 hex digits) is `key`'s strict Ed25519 signature over `message`.

@@ -421,6 +421,98 @@ fn held_commands_wait_for_a_person() {
         String::from_utf8_lossy(&py.stdout),
         String::from_utf8_lossy(&py.stderr)
     );
+    // The DSSE export: `rampart audit export --format dsse`, verified by the CLI and by a
+    // standard library (securesystemslib) with the node key; one byte changed fails both.
+    let (_, key) = call(&url, &approver, Method::GET, "/v1/audit/key", None);
+    let (pubkey, keyid) = (
+        key["public_key"].as_str().unwrap().to_owned(),
+        key["key_id"].as_str().unwrap().to_owned(),
+    );
+    let env_file = d.root.join("session.dsse.json");
+    let out = Command::new(env!("CARGO_BIN_EXE_rampart"))
+        .args(["audit", "export", &id, "--format", "dsse", "-o"])
+        .arg(&env_file)
+        .env("RAMPART_HOST", &url)
+        .env("RAMPART_API_KEY", &approver)
+        .env_remove("RAMPART_SOCKET")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let envelope: Value = serde_json::from_slice(&std::fs::read(&env_file).unwrap()).unwrap();
+    assert_eq!(envelope["payloadType"], "application/vnd.in-toto+json");
+    let verify_cli = |f: &Path| {
+        Command::new(env!("CARGO_BIN_EXE_rampart"))
+            .args(["audit", "verify"])
+            .arg(f)
+            .args(["--key", &pubkey])
+            .output()
+            .unwrap()
+    };
+    let ok = verify_cli(&env_file);
+    let text = String::from_utf8_lossy(&ok.stdout).into_owned();
+    assert!(
+        ok.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&ok.stderr)
+    );
+    assert!(
+        text.contains("VERIFIED DSSE envelope") && text.contains(&format!("approved [{ap}]")),
+        "{text}"
+    );
+    let py = support::venv_python("RAMPART_SDK_VENV", "sdk-venv");
+    let sslib = Command::new(&py)
+        .args(["-c", "import securesystemslib.dsse"])
+        .status()
+        .is_ok_and(|s| s.success());
+    let standard = |f: &Path| {
+        Command::new(&py)
+            .arg(support::workspace().join("tests/dsse/verify_dsse.py"))
+            .arg(f)
+            .args([&pubkey, &keyid])
+            .output()
+            .unwrap()
+    };
+    if sslib {
+        let r = standard(&env_file);
+        let text = String::from_utf8_lossy(&r.stdout).into_owned();
+        assert!(
+            r.status.success(),
+            "{text}{}",
+            String::from_utf8_lossy(&r.stderr)
+        );
+        assert!(text.starts_with("VERIFIED rampart-sandbox:"), "{text}");
+        eprintln!("securesystemslib: {text}");
+    } else {
+        eprintln!("securesystemslib is not in {} (scripts/python-sdk.sh installs it): only the CLI checked the envelope", py.display());
+    }
+    // One byte of the payload changed (a command's exit code in the statement).
+    let mut bad = envelope.clone();
+    let payload = base64_decode(bad["payload"].as_str().unwrap());
+    let text =
+        String::from_utf8(payload)
+            .unwrap()
+            .replacen("\"exit_code\":0", "\"exit_code\":1", 1);
+    bad["payload"] = json!(base64_encode(text.as_bytes()));
+    let bad_file = d.root.join("bad.dsse.json");
+    std::fs::write(&bad_file, serde_json::to_vec(&bad).unwrap()).unwrap();
+    assert!(
+        !verify_cli(&bad_file).status.success(),
+        "a changed statement must not verify"
+    );
+    if sslib {
+        let r = standard(&bad_file);
+        assert!(
+            !r.status.success(),
+            "{}",
+            String::from_utf8_lossy(&r.stdout)
+        );
+        assert!(String::from_utf8_lossy(&r.stdout).starts_with("NOT VERIFIED"));
+    }
+
     // An exec that claims an approval nobody gave is caught by the verifier.
     let mut b: Value = serde_json::from_slice(&bundle).unwrap();
     let first_decided = b["events"]
@@ -437,4 +529,14 @@ fn held_commands_wait_for_a_person() {
         .output()
         .unwrap();
     assert!(!out.status.success(), "a changed decision must not verify");
+}
+
+fn base64_decode(s: &str) -> Vec<u8> {
+    use base64::Engine as _;
+    base64::engine::general_purpose::STANDARD.decode(s).unwrap()
+}
+
+fn base64_encode(b: &[u8]) -> String {
+    use base64::Engine as _;
+    base64::engine::general_purpose::STANDARD.encode(b)
 }

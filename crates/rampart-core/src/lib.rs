@@ -397,6 +397,17 @@ impl Manager {
             .await
             .map_err(CoreError::task("bundle"))?
     }
+    /// The record as a signed DSSE envelope around an in-toto Statement v1 (subject: its
+    /// chain head; predicate: its session).
+    pub async fn audit_attestation(&self, id: &SandboxId) -> Result<Vec<u8>, CoreError> {
+        self.inner.visible(id)?;
+        self.inner.get(id)?;
+        let audit = self.inner.audit.clone();
+        let id = id.clone();
+        tokio::task::spawn_blocking(move || audit.attestation(&id))
+            .await
+            .map_err(CoreError::task("attestation"))?
+    }
     /// The node's public key (`ed25519:<hex>`) and its key id (hex).
     pub fn audit_key(&self) -> (String, String) {
         self.inner.audit.key()

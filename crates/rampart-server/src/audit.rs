@@ -156,6 +156,32 @@ pub(crate) async fn bundle(
     Ok(resp)
 }
 
+/// `GET /v1/sandboxes/{id}/audit/dsse`: the record as a DSSE envelope
+/// (`application/vnd.in-toto+json` payload: an in-toto Statement v1 whose subject is the
+/// chain head), signed with the node's key.
+#[utoipa::path(get, path = "/v1/sandboxes/{id}/audit/dsse", tag = "audit",
+    params(("id" = String, Path, description = "Sandbox id")),
+    responses(
+        (status = 200, description = "The DSSE envelope (JSON)"),
+        (status = 404, description = "No such sandbox", body = ApiErrorBody),
+    ))]
+pub(crate) async fn dsse(
+    State(st): State<AppState>,
+    SandboxPath(id): SandboxPath,
+) -> Result<Response, ApiError> {
+    let bytes = st
+        .manager_or("this daemon keeps no audit record")?
+        .audit_attestation(&id)
+        .await?;
+    let mut resp = Body::from(bytes).into_response();
+    let h = resp.headers_mut();
+    h.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    if let Ok(v) = HeaderValue::from_str(&format!("attachment; filename=\"{id}.dsse.json\"")) {
+        h.insert(CONTENT_DISPOSITION, v);
+    }
+    Ok(resp)
+}
+
 /// `GET /v1/audit/key`: the node's public key (pin it to verify bundles) and the template
 /// digests.
 #[utoipa::path(get, path = "/v1/audit/key", tag = "audit",

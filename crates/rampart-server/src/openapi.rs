@@ -20,6 +20,7 @@ use utoipa::OpenApi;
         crate::sandboxes::list,
         crate::sandboxes::get_one,
         crate::sandboxes::stats,
+        crate::audit::dsse,
         crate::approvals::list,
         crate::approvals::get_one,
         crate::approvals::approve,

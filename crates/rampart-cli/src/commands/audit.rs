@@ -49,6 +49,10 @@ pub struct ExportArgs {
     /// Where to write the bundle (`-` for stdout).
     #[arg(long, short = 'o', value_name = "FILE")]
     output: PathBuf,
+    /// `bundle` (Rampart's own, with every record and blob) or `dsse` (a DSSE envelope
+    /// around an in-toto Statement v1 signed by the node, for tools that read those).
+    #[arg(long, value_name = "FORMAT", default_value = "bundle", value_parser = ["bundle", "dsse"])]
+    format: String,
 }
 
 /// `rampart audit verify`.
@@ -168,7 +172,14 @@ pub async fn fetch_bundle(c: &Client, id: &str) -> Result<Vec<u8>> {
 
 async fn export(host: &crate::client::Endpoint, a: ExportArgs) -> Result<u8> {
     let c = Client::new(host)?;
-    let bytes = fetch_bundle(&c, &a.id).await?;
+    let bytes = if a.format == "dsse" {
+        let resp = c
+            .send(c.request(Method::GET, &format!("/v1/sandboxes/{}/audit/dsse", a.id)))
+            .await?;
+        resp.bytes().await.context("reading the envelope")?.to_vec()
+    } else {
+        fetch_bundle(&c, &a.id).await?
+    };
     if a.output.as_os_str() == "-" {
         std::io::stdout().lock().write_all(&bytes)?;
     } else {
@@ -203,6 +214,11 @@ fn verify(a: VerifyArgs) -> Result<u8> {
     let key = trusted_key(a.key.as_deref(), a.key_file.as_deref())?;
     let bytes = std::fs::read(&a.file)
         .with_context(|| format!("cannot read the bundle {}", a.file.display()))?;
+    if serde_json::from_slice::<serde_json::Value>(&bytes)
+        .is_ok_and(|v| v.get("payloadType").is_some())
+    {
+        return verify_dsse(&a, &bytes, key.as_ref());
+    }
     match verify_bundle(&bytes, key.as_ref()) {
         Ok(report) => {
             print!("{report}");
@@ -222,4 +238,69 @@ fn verify(a: VerifyArgs) -> Result<u8> {
             bail!("FAILED: {}{at}: {e}", a.file.display())
         }
     }
+}
+
+/// A DSSE envelope: its signature by the trusted key (required: a DSSE envelope names no key
+/// of its own), then its statement, summarised.
+fn verify_dsse(a: &VerifyArgs, bytes: &[u8], key: Option<&PublicKey>) -> Result<u8> {
+    let Some(key) = key else {
+        bail!(
+            "{}: a DSSE envelope carries no public key; give the node's with --key (rampart audit key)",
+            a.file.display()
+        );
+    };
+    let st = rampart_audit::dsse::verify_envelope(bytes, key)
+        .map_err(|e| anyhow!("FAILED: {}: {e}", a.file.display()))?;
+    let p = &st["predicate"];
+    println!(
+        "VERIFIED DSSE envelope: in-toto Statement v1, predicate {}",
+        st["predicateType"].as_str().unwrap_or("?")
+    );
+    println!(
+        "subject: {} sha256:{}",
+        st["subject"][0]["name"].as_str().unwrap_or("?"),
+        st["subject"][0]["digest"]["sha256"].as_str().unwrap_or("?")
+    );
+    println!(
+        "signed by the node key {}; {} records, head in the signed tree of size {}",
+        key.key_id().to_hex(),
+        p["record"]["events"],
+        p["record"]["tree_size"]
+    );
+    let list = |k: &str| p[k].as_array().map(Vec::len).unwrap_or(0);
+    println!(
+        "{} commands, {} file changes, {} hosts, {} approvals",
+        list("commands"),
+        list("files"),
+        list("hosts"),
+        list("approvals")
+    );
+    for c in p["commands"].as_array().into_iter().flatten() {
+        let argv: Vec<&str> = c["argv"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|v| v.as_str())
+            .collect();
+        println!(
+            "  {} -> exit {} by {}{}",
+            rampart_audit::report::printable(&argv.join(" ")),
+            c["exit_code"],
+            rampart_audit::report::printable(c["caller"].as_str().unwrap_or("?")),
+            c["approval"]
+                .as_str()
+                .map(|a| format!(", approved [{a}]"))
+                .unwrap_or_default()
+        );
+    }
+    for ap in p["approvals"].as_array().into_iter().flatten() {
+        println!(
+            "  approval {}: {} {} by {}",
+            ap["id"].as_str().unwrap_or("?"),
+            rampart_audit::report::printable(ap["request"].as_str().unwrap_or("?")),
+            ap["decision"].as_str().unwrap_or("undecided"),
+            rampart_audit::report::printable(ap["decided_by"].as_str().unwrap_or("-"))
+        );
+    }
+    Ok(0)
 }

@@ -559,6 +559,18 @@ impl Audit {
             .collect()
     }
 
+    /// The record of sandbox `id` as a DSSE envelope around an in-toto Statement (see
+    /// [`rampart_audit::dsse`]), signed with the node's key; made from its bundle, which is
+    /// verified first.
+    pub(crate) fn attestation(&self, id: &SandboxId) -> Result<Vec<u8>, CoreError> {
+        let bundle = self.bundle(id)?;
+        let st = rampart_audit::dsse::statement(&bundle, &self.key.public_key()).map_err(|e| {
+            CoreError::Internal(format!("the record of sandbox {id} does not verify: {e}"))
+        })?;
+        serde_json::to_vec_pretty(&rampart_audit::dsse::envelope(&self.key, &st))
+            .map_err(|e| CoreError::Internal(format!("encoding the envelope: {e}")))
+    }
+
     /// The bundle of a sandbox's whole log, publishing its head first if it moved.
     pub(crate) fn bundle(&self, id: &SandboxId) -> Result<Vec<u8>, CoreError> {
         let events = self.events(id, None, usize::MAX)?;
