@@ -58,6 +58,7 @@
 pub mod bundle;
 pub mod canonical;
 pub mod chain;
+pub mod checkpoint;
 pub mod dsse;
 pub mod error;
 pub mod hash;

@@ -489,6 +489,42 @@ fn held_commands_wait_for_a_person() {
     } else {
         eprintln!("securesystemslib is not in {} (scripts/python-sdk.sh installs it): only the CLI checked the envelope", py.display());
     }
+    // The node log's head as a C2SP checkpoint (signed note), checked against the spec.
+    let cp = http()
+        .get(format!("{url}/v1/audit/checkpoint"))
+        .header("authorization", format!("Bearer {approver}"))
+        .send()
+        .unwrap();
+    assert_eq!(cp.status().as_u16(), 200);
+    let vkey = cp.headers()["x-rampart-note-key"]
+        .to_str()
+        .unwrap()
+        .to_owned();
+    let note = cp.text().unwrap();
+    let note_file = d.root.join("checkpoint.txt");
+    std::fs::write(&note_file, &note).unwrap();
+    if sslib {
+        let check = |f: &Path| {
+            Command::new(&py)
+                .arg(support::workspace().join("tests/dsse/verify_checkpoint.py"))
+                .arg(f)
+                .arg(&vkey)
+                .output()
+                .unwrap()
+        };
+        let r = check(&note_file);
+        let text = String::from_utf8_lossy(&r.stdout).into_owned();
+        assert!(
+            r.status.success() && text.starts_with("VERIFIED rampart/"),
+            "{text}{note}"
+        );
+        eprintln!("checkpoint: {text}");
+        std::fs::write(&note_file, note.replacen('\n', "\n9", 1)).unwrap();
+        assert!(
+            !check(&note_file).status.success(),
+            "a changed checkpoint must not verify"
+        );
+    }
     // One byte of the payload changed (a command's exit code in the statement).
     let mut bad = envelope.clone();
     let payload = base64_decode(bad["payload"].as_str().unwrap());

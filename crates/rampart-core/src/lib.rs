@@ -408,6 +408,10 @@ impl Manager {
             .await
             .map_err(CoreError::task("attestation"))?
     }
+    /// The node log's head as a C2SP checkpoint (signed note), and the note verifier key.
+    pub fn audit_checkpoint(&self) -> (String, String) {
+        self.inner.audit.checkpoint()
+    }
     /// The node's public key (`ed25519:<hex>`) and its key id (hex).
     pub fn audit_key(&self) -> (String, String) {
         self.inner.audit.key()

@@ -182,6 +182,29 @@ pub(crate) async fn dsse(
     Ok(resp)
 }
 
+/// `GET /v1/audit/checkpoint`: the node log's head as a C2SP checkpoint in a signed note
+/// (`text/plain`); `X-Rampart-Note-Key` carries the note verifier key.
+#[utoipa::path(get, path = "/v1/audit/checkpoint", tag = "audit",
+    responses(
+        (status = 200, description = "The checkpoint (text/plain, c2sp.org/tlog-checkpoint)"),
+        (status = 503, description = "This daemon keeps no audit record", body = ApiErrorBody),
+    ))]
+pub(crate) async fn checkpoint(State(st): State<AppState>) -> Result<Response, ApiError> {
+    let (note, vkey) = st
+        .manager_or("this daemon keeps no audit record")?
+        .audit_checkpoint();
+    let mut resp = note.into_response();
+    let h = resp.headers_mut();
+    h.insert(
+        CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    if let Ok(v) = HeaderValue::from_str(&vkey) {
+        h.insert("x-rampart-note-key", v);
+    }
+    Ok(resp)
+}
+
 /// `GET /v1/audit/key`: the node's public key (pin it to verify bundles) and the template
 /// digests.
 #[utoipa::path(get, path = "/v1/audit/key", tag = "audit",

@@ -320,9 +320,10 @@ pub(crate) fn required_scope(method: &axum::http::Method, path: &str) -> Option<
     let scope = match segs.as_slice() {
         ["metrics"] => "admin",
         ["v1", "tenants", ..] => "admin",
-        ["v1", "usage"] | ["v1", "audit", "key"] | ["v1", "openapi.json"] | ["v1", "whoami"] => {
-            return None
-        }
+        ["v1", "usage"]
+        | ["v1", "audit", "key" | "checkpoint"]
+        | ["v1", "openapi.json"]
+        | ["v1", "whoami"] => return None,
         // Each tool call is an API call with the same credentials, checked there.
         ["mcp", ..] => return None,
         ["v1", "changes"] => "audit",

@@ -582,6 +582,7 @@ fn v1_router(state: AppState, auth: Option<Arc<auth::Auth>>) -> Router {
         .route("/secrets", post(secrets::set).get(secrets::list))
         .route("/secrets/{name}", delete(secrets::delete))
         .route("/audit/key", get(audit::key))
+        .route("/audit/checkpoint", get(audit::checkpoint))
         .route("/templates", get(templates::list))
         .route("/templates/{name}", get(templates::get_one))
         .route("/tenants", post(tenancy::create).get(tenancy::list))

@@ -21,6 +21,7 @@ use utoipa::OpenApi;
         crate::sandboxes::get_one,
         crate::sandboxes::stats,
         crate::audit::dsse,
+        crate::audit::checkpoint,
         crate::approvals::list,
         crate::approvals::get_one,
         crate::approvals::approve,

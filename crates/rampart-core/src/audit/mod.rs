@@ -256,6 +256,19 @@ impl Audit {
         )
     }
 
+    /// The node log's latest signed tree head as a C2SP checkpoint (a signed note), and the
+    /// note verifier key.
+    pub(crate) fn checkpoint(&self) -> (String, String) {
+        let (size, root) = {
+            let node = lock(&self.node);
+            (node.log.size(), node.log.root())
+        };
+        (
+            rampart_audit::checkpoint::signed(&self.key, size, &root),
+            rampart_audit::checkpoint::verifier_key(&self.key.public_key()),
+        )
+    }
+
     /// Remembers a template's content digest.
     pub(crate) fn set_template_digest(&self, name: &str, digest: String) {
         lock(&self.templates).insert(name.to_owned(), digest);
