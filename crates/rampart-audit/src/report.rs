@@ -29,6 +29,10 @@ pub struct CommandRecord {
     pub timed_out: bool,
     /// Wall time in ms.
     pub wall_ms: Option<u64>,
+    /// Who asked for it (absent in older records).
+    pub caller: Option<String>,
+    /// The approval it ran under, if the sandbox's policy held it.
+    pub approval: Option<String>,
 }
 
 /// A change to a file: through the API (`write`, `move`, `remove`, `mkdir`) or seen in an
@@ -175,6 +179,8 @@ impl Activity {
                     signal: None,
                     timed_out: false,
                     wall_ms: None,
+                    caller: x.caller.clone(),
+                    approval: x.approval.clone(),
                 });
                 let input = x.input.as_ref().map(|r| format!(", input {} B", r.size));
                 format!(
@@ -364,6 +370,19 @@ impl fmt::Display for Activity {
                 None => "did not end".to_owned(),
             };
             writeln!(f, "  #{:<5} {:<16} {}", c.seq, status, shell_words(&c.argv))?;
+            // Who authorized it: the principal that asked and, where the policy held it,
+            // the approval it ran under (the verifier checked that approval was given).
+            if c.caller.is_some() || c.approval.is_some() {
+                writeln!(
+                    f,
+                    "         asked by {}{}",
+                    printable(c.caller.as_deref().unwrap_or("(not recorded)")),
+                    c.approval
+                        .as_deref()
+                        .map(|a| format!(", approved [{}]", printable(a)))
+                        .unwrap_or_default()
+                )?;
+            }
         }
         writeln!(f, "Files changed ({}):", self.files.len())?;
         for r in &self.files {

@@ -409,6 +409,11 @@ fn held_commands_wait_for_a_person() {
     let text =
         String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{text}\n{}", d.log_tail());
+    // It says who authorized what: the principal that asked, and the approval.
+    assert!(
+        text.contains(&format!("approved [{ap}]")) && text.contains("asked by key:"),
+        "{text}"
+    );
     // The SDK's pure-Python verifier agrees (it checks the approvals too).
     let py = Command::new("python3")
         .arg(support::workspace().join("crates/rampart-audit/tools/verify_bundle.py"))
