@@ -184,7 +184,9 @@ pub fn verify_envelope(bytes: &[u8], key: &PublicKey) -> Result<Value, VerifyErr
             .is_some_and(|sig| crate::key::verify_bytes(key, &msg, &sig))
     });
     if !ok {
-        return Err(VerifyError::BadSignature);
+        return Err(bad(
+            "no signature verifies with the given key over the payload (changed, or signed by another key)",
+        ));
     }
     let st: Value =
         serde_json::from_slice(&payload).map_err(|e| bad(&format!("statement: {e}")))?;

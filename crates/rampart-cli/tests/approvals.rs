@@ -384,6 +384,14 @@ fn held_commands_wait_for_a_person() {
         .filter(|b| b.get("approval").is_some())
         .collect();
     assert_eq!(ran.len(), 2, "two ran under an approval: {ran:?}");
+    // Each is recorded as asked by the agent's key, whether its client waited or streamed.
+    for r in &ran {
+        let by = r["caller"].as_str().unwrap_or_default();
+        assert!(
+            by.starts_with("key:") && by.contains("(audit,exec,files,sandboxes)"),
+            "{r}"
+        );
+    }
     assert_eq!(ran[0]["approval"], ap.as_str());
     assert_eq!(ran[0]["argv"], json!(["rm", "-v", "/tmp/a"]));
     assert!(

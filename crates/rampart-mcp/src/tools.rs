@@ -482,6 +482,29 @@ impl RampartMcp {
                             ev["message"].as_str().unwrap_or_default()
                         ))
                     }
+                    Some("denied") => {
+                        return fail(format!(
+                            "the command was not run: {}",
+                            ev["reason"].as_str().unwrap_or_default()
+                        ))
+                    }
+                    Some("pending_approval") => {
+                        // Held by the sandbox's approval policy: say so at once.
+                        if let Some(token) = &progress {
+                            let _ = ctx
+                                .peer
+                                .notify_progress(
+                                    ProgressNotificationParam::new(token.clone(), 0.0)
+                                        .with_message(format!(
+                                            "waiting for a person to approve {} (approval {})",
+                                            ev["request"].as_str().unwrap_or_default(),
+                                            ev["approval_id"].as_str().unwrap_or_default()
+                                        )),
+                                )
+                                .await;
+                        }
+                        continue;
+                    }
                     _ => {}
                 }
                 events += 1;

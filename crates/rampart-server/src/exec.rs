@@ -276,9 +276,19 @@ pub(crate) async fn exec(
     // `pending_approval`, then the events (or `denied`) once it is decided.
     let (held_tx, mut held_rx) = tokio::sync::mpsc::unbounded_channel();
     let backend = st.backend.clone();
-    let mut started = Box::pin(rampart_core::approvals::on_hold(held_tx, async move {
-        backend.exec(&id, req, false).await
-    }));
+    // Once held, the exec is polled by the response's body, after this handler returned:
+    // it keeps its principal (the record names the caller; the tenant stays confined).
+    let who = rampart_core::principal::current().unwrap_or_else(|| rampart_core::Principal {
+        caller: crate::caller::native(None),
+        ..Default::default()
+    });
+    let mut started = Box::pin(rampart_core::with_principal(
+        who,
+        rampart_core::approvals::on_hold(
+            held_tx,
+            async move { backend.exec(&id, req, false).await },
+        ),
+    ));
     let held = tokio::select! {
         r = &mut started => return Ok(streamed(mode, event_stream(r?).boxed())),
         Some(info) = held_rx.recv() => info,

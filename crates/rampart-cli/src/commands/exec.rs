@@ -173,7 +173,8 @@ fn handle_event(ev: ExecEvent) -> Result<Next> {
             approval_id,
             request,
         } => eprintln!(
-            "rampart: the sandbox's policy holds `{request}` for approval {approval_id};              waiting (rampart approve {approval_id} / rampart deny {approval_id})"
+            "rampart: the sandbox's policy holds `{request}` for approval {approval_id}; \
+             waiting (rampart approve {approval_id} / rampart deny {approval_id})"
         ),
         ExecEvent::Denied { reason, .. } => {
             return Err(anyhow!("the command was not run: {reason}"))
