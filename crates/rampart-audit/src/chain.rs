@@ -339,6 +339,26 @@ pub fn verify_chain(sandbox: &SandboxId, events: &[Event]) -> Result<ChainSummar
     Ok(v.finish())
 }
 
+/// Whether the principal a record names (`caller`) may run commands: a native key's scopes
+/// (`key:<id>:<name> (<scopes>) ...`) must hold `exec` or `admin`; the node's socket, E2B
+/// keys (whose teams hold every right) and the node itself may.
+pub fn may_exec(caller: &str) -> bool {
+    let Some(rest) = caller.strip_prefix("key:") else {
+        return true;
+    };
+    // The scopes are the last ` (a,b,c)` group of lowercase names (a key's name may hold
+    // parentheses of its own before it).
+    let scopes = rest.rmatch_indices(" (").find_map(|(i, _)| {
+        let inner = &rest[i + 2..];
+        let end = inner.find(')')?;
+        let list = &inner[..end];
+        list.bytes()
+            .all(|b| b.is_ascii_lowercase() || b == b',')
+            .then_some(list)
+    });
+    scopes.is_some_and(|l| l.split(',').any(|s| s == "exec" || s == "admin"))
+}
+
 /// Checks a log one record at a time, in order (so a large log never has to be held
 /// parsed in memory).
 #[derive(Debug)]
@@ -458,6 +478,16 @@ impl ChainVerifier {
                 }
             }
             EventBody::Exec(x) => {
+                if let Some(c) = &x.caller {
+                    if !may_exec(c) {
+                        return Err(VerifyError::BadBody {
+                            seq: e.seq,
+                            reason: format!(
+                                "asked by {c}, whose scopes hold neither exec nor admin"
+                            ),
+                        });
+                    }
+                }
                 if let Some(a) = &x.approval {
                     if !self.approved.contains(a) {
                         return Err(VerifyError::BadBody {
@@ -696,7 +726,7 @@ mod tests {
             stdin: false,
             pty: false,
             input: None,
-            caller: Some("key:k".into()),
+            caller: Some("key:k:agent (exec)".into()),
             approval: Some("ap_1".into()),
         });
         let run = |bodies: Vec<EventBody>| {
@@ -726,6 +756,24 @@ mod tests {
                 Err(VerifyError::BadBody { seq: s, .. }) => assert_eq!(s, seq),
                 other => panic!("expected a bad body at {seq}: {other:?}"),
             }
+        }
+    }
+
+    #[test]
+    fn an_exec_is_asked_by_a_principal_that_may_exec() {
+        for (c, ok) in [
+            ("key:abc:ci (exec,files) from 10.0.0.1:4000", true),
+            ("key:abc:ops (admin)", true),
+            (
+                "key:abc:ro (audit,sandboxes) tenant acme from 1.2.3.4:5",
+                false,
+            ),
+            ("key:abc:weird (exec) name (audit) via mcp:claude", false),
+            ("socket uid 0", true),
+            ("e2b-key:k1:team from 127.0.0.1:1", true),
+            ("local", true),
+        ] {
+            assert_eq!(may_exec(c), ok, "{c}");
         }
     }
 

@@ -1191,7 +1191,7 @@ fn generated_bundle(n: u64) -> Result<Vec<u8>> {
                 stdin: false,
                 pty: false,
                 input: None,
-                caller: Some("key:bench".into()),
+                caller: Some("key:0123456789ab:bench (exec)".into()),
                 approval: None,
             })
         } else {

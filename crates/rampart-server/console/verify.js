@@ -76,6 +76,16 @@ const RampartVerify = (() => {
 
   const node = (l, r) => sha256(concat(Uint8Array.of(1), l, r));
 
+  // Whether the principal a record names may run commands: a native key's scopes (the last
+  // " (a,b)" group of "key:<id>:<name> (scopes) ...") hold exec or admin; the socket, E2B
+  // keys and the node itself may.
+  function mayExec(caller) {
+    if (!caller.startsWith("key:")) return true;
+    const groups = [...caller.matchAll(/ \(([a-z,]+)\)/g)];
+    if (!groups.length) return false;
+    return groups[groups.length - 1][1].split(",").some((s) => s === "exec" || s === "admin");
+  }
+
   // RFC 9162 inclusion proof.
   async function inclusion(leaf, index, size, proof, root) {
     if (index >= size) return false;
@@ -199,8 +209,13 @@ const RampartVerify = (() => {
           fail(`record seq ${i}: decides approval ${body.approval_id} on another request than was asked`);
         }
         if (body.decision === "approved") approved.add(body.approval_id);
-      } else if (body.type === "exec" && "approval" in body && !approved.has(body.approval)) {
-        fail(`record seq ${i}: runs under approval ${body.approval}, which no record before it approved`);
+      } else if (body.type === "exec") {
+        if ("caller" in body && !mayExec(body.caller)) {
+          fail(`record seq ${i}: asked by ${body.caller}, whose scopes hold neither exec nor admin`);
+        }
+        if ("approval" in body && !approved.has(body.approval)) {
+          fail(`record seq ${i}: runs under approval ${body.approval}, which no record before it approved`);
+        }
       }
       for (const name of ["input", "stdout", "stderr", "streamed_input"]) {
         const rec = body[name];

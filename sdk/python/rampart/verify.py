@@ -113,6 +113,17 @@ def _no_duplicates(pairs):
     return d
 
 
+def may_exec(caller: str) -> bool:
+    """Whether the principal a record names may run commands: a native key's scopes (the
+    last ` (a,b)` group of `key:<id>:<name> (scopes) ...`) hold exec or admin; the socket,
+    E2B keys and the node itself may."""
+    if not caller.startswith("key:"):
+        return True
+    import re
+    groups = re.findall(r" \(([a-z,]+)\)", caller)
+    return bool(groups) and any(s in ("exec", "admin") for s in groups[-1].split(","))
+
+
 def _key_bytes(text: str) -> bytes:
     try:
         b = bytes.fromhex(text.strip().removeprefix("ed25519:"))
@@ -223,7 +234,9 @@ def _verify_bundle(b, trusted_key):
                 raise VerificationError(f"record seq {i}: decides approval {a} on another request than was asked")
             if body["decision"] == "approved":
                 approved.add(a)
-        elif body.get("type") == "exec" and "approval" in body:
+        elif body.get("type") == "exec" and "caller" in body and not may_exec(body["caller"]):
+            raise VerificationError(f"record seq {i}: asked by {body['caller']}, whose scopes hold neither exec nor admin")
+        if body.get("type") == "exec" and "approval" in body:
             if body["approval"] not in approved:
                 raise VerificationError(f"record seq {i}: runs under approval {body['approval']}, which no record before it approved")
         for name in ("input", "stdout", "stderr", "streamed_input"):
