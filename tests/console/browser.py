@@ -246,6 +246,22 @@ def run(driver, wait):
     check("usage page with the sandbox")
     shot(driver, "usage")
 
+    # Approvals: a command another key asked for is held; approved here, it runs.
+    held = os.environ.get("HELD_REQUEST")
+    if held:
+        driver.get(URL + "/console/#/approvals")
+        row = (By.XPATH, f'//table[@id="approvals-table"]//tr[td/code[text()="{held}"]]')
+        wait.until(EC.presence_of_element_located(row))
+        shot(driver, "approvals")
+        driver.find_element(*row).find_element(By.CSS_SELECTOR, "[data-approve]").click()
+        wait.until(EC.alert_is_present())
+        alert = driver.switch_to.alert
+        alert.send_keys("checked in the console")
+        alert.accept()
+        wait.until(text_in((By.ID, "banner"), "approved"))
+        wait.until(lambda d: not d.find_elements(*row))
+        check(f"approved the held `{held}` in the console")
+
     # An unknown sandbox: a clear page, not a crash.
     driver.get(URL + "/console/#/sandboxes/nosuchsandbox000000")
     wait.until(text_in((By.ID, "view"), "No sandbox"))

@@ -103,6 +103,65 @@ fn the_console_in_a_real_browser() {
             .is_some_and(|v| v["ports"].to_string().contains("8000"))
     });
 
+    // A command another key asks for in a sandbox whose policy holds `rm`: the console
+    // approves it (its own key did not ask, so it may).
+    let agent_key = {
+        let out = Command::new(env!("CARGO_BIN_EXE_rampart"))
+            .args(["keys", "create", "--native", "--json", "--name", "agent"])
+            .args(["--scope", "sandboxes", "--scope", "exec", "--data-dir"])
+            .arg(&d.data)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        v["key"].as_str().unwrap().to_owned()
+    };
+    let agent = reqwest::blocking::Client::builder()
+        .timeout(std::time::Duration::from_secs(300))
+        .build()
+        .unwrap();
+    let governed: serde_json::Value = agent
+        .post(format!("{}/v1/sandboxes", d.url))
+        .bearer_auth(&agent_key)
+        .json(&serde_json::json!({"approvals": {"commands": ["^rm "], "timeout_secs": 240}}))
+        .send()
+        .unwrap()
+        .json()
+        .unwrap();
+    let gid = governed["id"]
+        .as_str()
+        .expect("the governed sandbox")
+        .to_owned();
+    let touched = agent
+        .post(format!("{}/v1/sandboxes/{gid}/exec", d.url))
+        .bearer_auth(&agent_key)
+        .json(&serde_json::json!({"cmd": ["touch", "/tmp/held"]}))
+        .send()
+        .unwrap();
+    assert_eq!(
+        touched.status().as_u16(),
+        200,
+        "not held: it matches no pattern"
+    );
+    let held = {
+        let (url, key, gid) = (d.url.clone(), agent_key.clone(), gid.clone());
+        std::thread::spawn(move || {
+            let c = reqwest::blocking::Client::builder()
+                .timeout(std::time::Duration::from_secs(300))
+                .build()
+                .unwrap();
+            c.post(format!("{url}/v1/sandboxes/{gid}/exec"))
+                .bearer_auth(&key)
+                .json(&serde_json::json!({"cmd": ["rm", "-v", "/tmp/held"]}))
+                .send()
+                .map(|r| (r.status().as_u16(), r.text().unwrap_or_default()))
+        })
+    };
+
     let downloads = d.root.join("downloads");
     std::fs::create_dir_all(&downloads).unwrap();
     let mut cmd = Command::new(python());
@@ -114,6 +173,7 @@ fn the_console_in_a_real_browser() {
         .env("EXPECT_FILE", "/home/user/out/report.txt")
         .env("EXPECT_CONTENT", content)
         .env("DOWNLOADS", &downloads)
+        .env("HELD_REQUEST", "rm -v /tmp/held")
         .env("PYTHONDONTWRITEBYTECODE", "1")
         .env("HOME", &d.root)
         .stdin(Stdio::null());
@@ -132,7 +192,25 @@ fn the_console_in_a_real_browser() {
         "the console's browser test failed:\n{text}\n{}",
         d.log_tail()
     );
-    assert!(text.contains("ALL 22 CHECKS PASSED"), "{text}");
+    assert!(text.contains("ALL 23 CHECKS PASSED"), "{text}");
+    // The held command ran once the console approved it, and the record says who approved.
+    let (status, answer) = held.join().unwrap().expect("the held exec's answer");
+    assert_eq!(status, 200, "{answer}");
+    assert!(answer.contains("removed '/tmp/held'"), "{answer}");
+    let rec: serde_json::Value = http
+        .get(format!("{}/v1/sandboxes/{gid}/audit", d.url))
+        .send()
+        .unwrap()
+        .json()
+        .unwrap();
+    let decided = rec["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["body"]["type"] == "approval_decided")
+        .unwrap_or_else(|| panic!("no decision in {rec}"));
+    assert_eq!(decided["body"]["decision"], "approved");
+    assert_eq!(decided["body"]["reason"], "checked in the console");
 
     // What the browser did is on the record, by the key it signed in with.
     let ev: serde_json::Value = http

@@ -254,7 +254,7 @@
       a.classList.toggle("active", a.dataset.nav === page);
     }
     view.replaceChildren(h("div", { class: "loading" }, "Loading…"));
-    const pages = { sandboxes: parts[1] ? () => sandboxPage(parts[1], parts[2] || "overview") : sandboxList, snapshots, volumes, templates, usage };
+    const pages = { sandboxes: parts[1] ? () => sandboxPage(parts[1], parts[2] || "overview") : sandboxList, snapshots, volumes, templates, usage, approvals };
     (pages[page] || notFound)();
   }
   window.addEventListener("hashchange", render);
@@ -1063,6 +1063,65 @@
       tenant.addEventListener("change", () => act(null, load, "Usage"));
       await load();
     }, "Usage");
+  }
+
+  // Requests held by sandboxes' approval policies, decided here (a key with `approve`).
+  function approvals() {
+    const body = h("tbody");
+    const empty = h("div", { class: "empty" }, "Nothing is waiting for approval.");
+    const count = h("span", { class: "muted" });
+    view.replaceChildren(
+      h("div", { class: "page-head" }, h("h1", {}, "Approvals"), count),
+      h(
+        "div",
+        { class: "panel flush" },
+        h("table", { id: "approvals-table" }, h("thead", {}, h("tr", {}, ["Command", "Sandbox", "Rule", "Asked by", "Expires", ""].map((t) => h("th", {}, t)))), body),
+        empty,
+      ),
+      h("p", { class: "hint" }, "A held command runs exactly as it was asked once approved; denied, or not decided before it expires, it never starts. Each request and decision is in the sandbox's audit record. The key that asked may not decide its own request unless the sandbox's policy allows it."),
+    );
+    const decide = (a, approve, button) => {
+      const reason = prompt(`${approve ? "Approve" : "Deny"} ${a.request}? Reason (recorded):`, "");
+      if (reason === null) return;
+      act(button, async () => {
+        const d = await api(`/v1/approvals/${encodeURIComponent(a.id)}/${approve ? "approve" : "deny"}`, { method: "POST", body: reason ? { reason } : {} });
+        notice(`${d.id} ${d.decision}.`);
+      }, approve ? "Approve" : "Deny");
+    };
+    every(2000, async () => {
+      let list;
+      try {
+        list = await api("/v1/approvals");
+      } catch (e) {
+        if (e.status === 403) {
+          empty.textContent = "This key may not see approvals (it lacks the approve scope).";
+          empty.hidden = false;
+          body.replaceChildren();
+          return;
+        }
+        throw e;
+      }
+      count.textContent = list.length ? list.length + " waiting" : "";
+      empty.hidden = list.length > 0;
+      body.replaceChildren(
+        ...list.map((a) => {
+          const yes = h("button", { class: "small primary", dataset: { approve: a.id } }, "Approve");
+          const no = h("button", { class: "small danger", dataset: { deny: a.id } }, "Deny");
+          yes.addEventListener("click", () => decide(a, true, yes));
+          no.addEventListener("click", () => decide(a, false, no));
+          return h(
+            "tr",
+            { dataset: { approval: a.id } },
+            h("td", {}, h("code", {}, a.request)),
+            h("td", {}, h("a", { class: "mono", href: "#/sandboxes/" + encodeURIComponent(a.sandbox_id) + "/audit" }, a.sandbox_id)),
+            h("td", { class: "mono" }, a.rule),
+            h("td", { class: "muted" }, a.requested_by),
+            h("td", { class: "nowrap" }, fmtTime(a.expires_at)),
+            h("td", { class: "num nowrap" }, yes, " ", no),
+          );
+        }),
+      );
+    });
   }
 
   // ---- start ----------------------------------------------------------------------------
