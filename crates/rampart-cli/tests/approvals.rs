@@ -589,3 +589,61 @@ fn base64_encode(b: &[u8]) -> String {
     use base64::Engine as _;
     base64::engine::general_purpose::STANDARD.encode(b)
 }
+
+/// The policy is kept with the sandbox: after the daemon is killed and restarted, the
+/// re-attached sandbox still holds what its policy names (read back from its create request).
+#[test]
+fn the_policy_survives_a_daemon_restart() {
+    if let Some(why) = support::skip_reason() {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    let mut d = support::start_tidy("approvals-restart");
+    let agent = make_key(&d.data, &["sandboxes", "exec"]);
+    let (st, sb) = call(
+        &d.url,
+        &agent,
+        Method::POST,
+        "/v1/sandboxes",
+        Some(json!({"timeout_secs": 300, "approvals": {"commands": ["^rm "], "timeout_secs": 1}})),
+    );
+    assert_eq!(st, 201, "{sb}");
+    let id = sb["id"].as_str().unwrap().to_owned();
+    let port: u16 = d.url.rsplit(':').next().unwrap().parse().unwrap();
+    // SAFETY: kill(2) on the pid of the daemon this test spawned, not yet reaped.
+    unsafe { libc::kill(d.daemon.child.id() as i32, libc::SIGKILL) };
+    let _ = d.daemon.child.wait();
+    d.daemon = support::start(&d.data, port, &[]);
+    let (st, info) = call(
+        &d.url,
+        &agent,
+        Method::GET,
+        &format!("/v1/sandboxes/{id}"),
+        None,
+    );
+    assert_eq!(
+        (st, info["state"].as_str()),
+        (200, Some("running")),
+        "{info}"
+    );
+    let (st, r) = call(
+        &d.url,
+        &agent,
+        Method::POST,
+        &format!("/v1/sandboxes/{id}/exec"),
+        Some(json!({"cmd": ["rm", "-f", "/tmp/x"]})),
+    );
+    assert_eq!(
+        (st, r["error"]["code"].as_str()),
+        (403, Some("denied")),
+        "{r}"
+    );
+    let (st, r) = call(
+        &d.url,
+        &agent,
+        Method::POST,
+        &format!("/v1/sandboxes/{id}/exec"),
+        Some(json!({"cmd": ["true"]})),
+    );
+    assert_eq!(st, 200, "not held: {r}");
+}

@@ -200,6 +200,25 @@ impl Approvals {
         lock(&self.policies).remove(id);
     }
 
+    /// Keeps the policy of a sandbox just created (checked by its plan).
+    pub(crate) fn keep(&self, id: &SandboxId, p: Option<ApprovalPolicy>) {
+        let compiled = p.map(|p| Arc::new(Self::compiled_or_hold_all(id, &p)));
+        lock(&self.policies).insert(id.clone(), compiled);
+    }
+
+    /// `p` compiled; a policy that no longer compiles (a pattern this build refuses) holds
+    /// every command rather than none.
+    fn compiled_or_hold_all(id: &SandboxId, p: &ApprovalPolicy) -> Compiled {
+        compile(p).unwrap_or_else(|e| {
+            tracing::error!(id = %id, "the sandbox's approval policy does not compile ({e}); every command is held");
+            Compiled {
+                patterns: vec![(".*".into(), regex::Regex::new(".*").expect("a valid pattern"))],
+                timeout: DEFAULT_TIMEOUT,
+                allow_self: false,
+            }
+        })
+    }
+
     /// The policy of `id`: kept, else read from its create request (`load`; an error there
     /// refuses the request rather than run it ungoverned).
     pub(crate) fn policy(
@@ -210,18 +229,7 @@ impl Approvals {
         if let Some(p) = lock(&self.policies).get(id) {
             return Ok(p.clone());
         }
-        // A policy that was valid at create compiles again; one that does not (a pattern
-        // this build refuses) holds every command rather than none.
-        let p = load()?.map(|p| {
-            Arc::new(compile(&p).unwrap_or_else(|e| {
-                tracing::error!(id = %id, "the sandbox's approval policy no longer compiles ({e}); every command is held");
-                Compiled {
-                    patterns: vec![(".*".into(), regex::Regex::new(".*").expect("a valid pattern"))],
-                    timeout: DEFAULT_TIMEOUT,
-                    allow_self: false,
-                }
-            }))
-        });
+        let p = load()?.map(|p| Arc::new(Self::compiled_or_hold_all(id, &p)));
         lock(&self.policies).insert(id.clone(), p.clone());
         Ok(p)
     }

@@ -38,6 +38,7 @@ impl Sandboxes {
     ) -> Result<CreatedSandbox, CoreError> {
         let t0 = Instant::now();
         let cfg = &self.cfg;
+        let approvals = req.approvals.clone();
         let Plan { new, staged } = match self.plan(req, opts) {
             Ok(p) => p,
             Err(e) => {
@@ -84,6 +85,8 @@ impl Sandboxes {
                     .create_seconds
                     .observe(t0.elapsed().as_secs_f64());
                 info!(id = %id, slot, ms = t0.elapsed().as_millis() as u64, "sandbox created");
+                // Its approval policy, kept now: its first exec reads nothing from the store.
+                self.approvals.keep(&id, approvals);
                 let e2b = new.access.and_then(|a| a.e2b);
                 Ok(CreatedSandbox { info, e2b })
             }
