@@ -35,6 +35,21 @@ fn call(url: &str, key: &str, method: Method, path: &str, body: Option<Value>) -
     (status, serde_json::from_str(&text).unwrap_or(Value::Null))
 }
 
+/// A waited exec on its own thread (it blocks while the policy holds it): its answer.
+fn exec_in_background(
+    url: &str,
+    key: &str,
+    id: &str,
+    cmd: Value,
+) -> std::thread::JoinHandle<(u16, Value)> {
+    let (url, key, path) = (
+        url.to_owned(),
+        key.to_owned(),
+        format!("/v1/sandboxes/{id}/exec"),
+    );
+    std::thread::spawn(move || call(&url, &key, Method::POST, &path, Some(json!({"cmd": cmd}))))
+}
+
 fn make_key(data: &Path, scopes: &[&str]) -> String {
     let mut args = vec!["keys", "create", "--native", "--json", "--name", "test"];
     for s in scopes {
@@ -144,18 +159,7 @@ fn held_commands_wait_for_a_person() {
     assert_eq!((st, r["stdout"].as_str()), (200, Some("made\n")), "{r}");
 
     // Approved: the waited exec runs, exactly as asked.
-    let waiter = {
-        let (url, agent, id) = (url.clone(), agent.clone(), id.clone());
-        std::thread::spawn(move || {
-            call(
-                &url,
-                &agent,
-                Method::POST,
-                &format!("/v1/sandboxes/{id}/exec"),
-                Some(json!({"cmd": ["rm", "-v", "/tmp/a"]})),
-            )
-        })
-    };
+    let waiter = exec_in_background(&url, &agent, &id, json!(["rm", "-v", "/tmp/a"]));
     let held = pending(&url, &approver, &id);
     assert_eq!(held["kind"], "command");
     assert_eq!(held["request"], "rm -v /tmp/a");
@@ -210,18 +214,7 @@ fn held_commands_wait_for_a_person() {
     assert_eq!(st, 404);
 
     // Denied, through the CLI: 403 `denied` with the reason; it never started.
-    let waiter = {
-        let (url, agent, id) = (url.clone(), agent.clone(), id.clone());
-        std::thread::spawn(move || {
-            call(
-                &url,
-                &agent,
-                Method::POST,
-                &format!("/v1/sandboxes/{id}/exec"),
-                Some(json!({"cmd": ["bash", "-lc", "rm /tmp/b"]})),
-            )
-        })
-    };
+    let waiter = exec_in_background(&url, &agent, &id, json!(["bash", "-lc", "rm /tmp/b"]));
     let held = pending(&url, &approver, &id);
     let ap2 = held["id"].as_str().unwrap().to_owned();
     let cli = |args: &[&str]| {
@@ -255,18 +248,7 @@ fn held_commands_wait_for_a_person() {
     assert_eq!(r["exit_code"], 0, "denied, so /tmp/b is still there: {r}");
 
     // A caller may not approve its own request.
-    let waiter = {
-        let (url, both, id) = (url.clone(), both.clone(), id.clone());
-        std::thread::spawn(move || {
-            call(
-                &url,
-                &both,
-                Method::POST,
-                &format!("/v1/sandboxes/{id}/exec"),
-                Some(json!({"cmd": ["git", "push"]})),
-            )
-        })
-    };
+    let waiter = exec_in_background(&url, &both, &id, json!(["git", "push"]));
     let held = pending(&url, &approver, &id);
     let ap3 = held["id"].as_str().unwrap().to_owned();
     let (st, body) = call(
