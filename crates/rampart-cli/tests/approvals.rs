@@ -629,3 +629,533 @@ fn the_policy_survives_a_daemon_restart() {
     );
     assert_eq!(st, 200, "not held: {r}");
 }
+
+/// The test internet of [`held_connections_wait_for_a_person`]: DNS for the names of
+/// `*.approvals.test` (all at one address) and plain HTTP answering `hello <host>`.
+const HOSTS: &str = r#"
+import http.server, socket, struct, sys, threading
+addr = sys.argv[1]
+
+def dns():
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s.bind((addr, 53))
+    while True:
+        q, peer = s.recvfrom(4096)
+        try:
+            i, labels = 12, []
+            while q[i] != 0:
+                n = q[i]
+                labels.append(q[i + 1:i + 1 + n].decode().lower())
+                i += 1 + n
+            qtype, _ = struct.unpack(">HH", q[i + 1:i + 5])
+            question = q[12:i + 5]
+        except Exception:
+            continue
+        ok = ".".join(labels).endswith(".approvals.test")
+        an = 1 if ok and qtype == 1 else 0
+        r = q[:2] + struct.pack(">HHHHH", 0x8180 if ok else 0x8183, 1, an, 0, 0) + question
+        if an:
+            r += b"\xc0\x0c" + struct.pack(">HHIH", 1, 1, 60, 4) + socket.inet_aton(addr)
+        s.sendto(r, peer)
+
+class Hello(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    def do_GET(self):
+        b = ("hello %s\n" % self.headers.get("Host", "")).encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(b)))
+        self.end_headers()
+        self.wfile.write(b)
+    def log_message(self, *a):
+        pass
+
+threading.Thread(target=dns, daemon=True).start()
+http.server.ThreadingHTTPServer((addr, 80), Hello).serve_forever()
+"#;
+
+/// The test hosts: a network namespace linked to the host running [`HOSTS`].
+struct Hosts {
+    server: std::process::Child,
+    _netns: support::TestNetns,
+}
+
+impl Drop for Hosts {
+    fn drop(&mut self) {
+        let _ = self.server.kill();
+        let _ = self.server.wait();
+    }
+}
+
+const HOSTS_SIDE: &str = "203.0.113.17/29";
+const HOSTS_ADDR: &str = "203.0.113.18";
+
+impl Hosts {
+    fn start(dir: &Path) -> Option<Hosts> {
+        let pid = std::process::id();
+        let ns = format!("rst-apr-{pid}");
+        let netns = support::TestNetns::new(
+            &ns,
+            &format!("xapr{}", pid % 100_000),
+            HOSTS_SIDE,
+            &[&format!("{HOSTS_ADDR}/29")],
+        )?;
+        let script = dir.join("hosts.py");
+        std::fs::write(&script, HOSTS).ok()?;
+        let server = Command::new("ip")
+            .args(["netns", "exec", &ns, "python3"])
+            .arg(&script)
+            .arg(HOSTS_ADDR)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .spawn()
+            .ok()?;
+        let h = Hosts {
+            server,
+            _netns: netns,
+        };
+        support::wait_until("the test hosts' HTTP server accepts", 30, || {
+            std::net::TcpStream::connect_timeout(
+                &format!("{HOSTS_ADDR}:80").parse().unwrap(),
+                std::time::Duration::from_millis(200),
+            )
+            .is_ok()
+        });
+        Some(h)
+    }
+}
+
+/// A webhook receiver on loopback: each POST's headers and body, answered 200.
+/// A request the webhook receiver got: its headers (names lowercase) and body.
+type Delivery = (Vec<(String, String)>, Vec<u8>);
+
+fn webhook_receiver() -> (u16, std::sync::mpsc::Receiver<Delivery>) {
+    use std::io::{Read as _, Write as _};
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = l.local_addr().unwrap().port();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for s in l.incoming() {
+            let Ok(mut s) = s else { continue };
+            let mut r = BufReader::new(s.try_clone().unwrap());
+            let mut line = String::new();
+            if r.read_line(&mut line).unwrap_or(0) == 0 {
+                continue;
+            }
+            let mut headers = Vec::new();
+            loop {
+                let mut h = String::new();
+                r.read_line(&mut h).unwrap_or(0);
+                let h = h.trim_end();
+                if h.is_empty() {
+                    break;
+                }
+                if let Some((k, v)) = h.split_once(':') {
+                    headers.push((k.trim().to_ascii_lowercase(), v.trim().to_owned()));
+                }
+            }
+            let len: usize = headers
+                .iter()
+                .find(|(k, _)| k == "content-length")
+                .and_then(|(_, v)| v.parse().ok())
+                .unwrap_or(0);
+            let mut body = vec![0; len];
+            let _ = r.read_exact(&mut body);
+            let _ =
+                s.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\nconnection: close\r\n\r\n");
+            if tx.send((headers, body)).is_err() {
+                return;
+            }
+        }
+    });
+    (port, rx)
+}
+
+/// HMAC-SHA256 (RFC 2104) of `msg` under `key`, hex.
+fn hmac_sha256(key: &[u8], msg: &[u8]) -> String {
+    use sha2::{Digest as _, Sha256};
+    let mut k = [0u8; 64];
+    k[..key.len()].copy_from_slice(key);
+    let pad = |b: u8| k.iter().map(|x| x ^ b).collect::<Vec<u8>>();
+    let inner = Sha256::new()
+        .chain_update(pad(0x36))
+        .chain_update(msg)
+        .finalize();
+    let outer = Sha256::new()
+        .chain_update(pad(0x5c))
+        .chain_update(inner)
+        .finalize();
+    outer.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+#[test]
+fn held_connections_wait_for_a_person() {
+    if let Some(why) = support::skip_reason() {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let Some(_hosts) = Hosts::start(tmp.path()) else {
+        eprintln!("skipped: could not make the test hosts (ip netns)");
+        return;
+    };
+    let (hook_port, hooks) = webhook_receiver();
+    let secret = "whsec-test-1";
+    let config = tmp.path().join("rampart.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[approvals]\nwebhook_url = \"http://127.0.0.1:{hook_port}/hook\"\nwebhook_secret = \"{secret}\"\n"
+        ),
+    )
+    .unwrap();
+    let t = (std::process::id().wrapping_mul(11) + 5) % 250;
+    let table = format!("rampart_apr_{}", std::process::id());
+    let _table = support::TableGuard(table.clone());
+    let pool = format!("10.252.{t}.0/24");
+    let prefix = format!("ra{t}z");
+    let upstream = format!("{HOSTS_ADDR}:53");
+    let d = support::start_tidy_with(
+        "approvals-hosts",
+        &[
+            ("RAMPART_CONFIG", config.to_str().unwrap()),
+            ("RAMPART_NET_POOL", pool.as_str()),
+            ("RAMPART_NET_LINK_PREFIX", prefix.as_str()),
+            ("RAMPART_NET_TABLE", table.as_str()),
+            ("RAMPART_NET_DNS_PORT", "0"),
+            ("RAMPART_NET_PROXY_PORT", "0"),
+            ("RAMPART_NET_UPSTREAM_DNS", upstream.as_str()),
+        ],
+    );
+    let url = d.url.clone();
+    let agent = make_key(&d.data, &["sandboxes", "exec", "audit"]);
+    let approver = make_key(&d.data, &["approve", "audit"]);
+
+    // A host pattern that is an address, or not a host: 400 naming it.
+    for bad in ["10.0.0.0/8", "not a host!"] {
+        let (st, body) = call(
+            &url,
+            &agent,
+            Method::POST,
+            "/v1/sandboxes",
+            Some(json!({"network": {"mode": "allowlist"}, "approvals": {"hosts": [bad]}})),
+        );
+        assert_eq!(st, 400, "{bad}: {body}");
+        assert!(body.to_string().contains("hosts[0]"), "{bad}: {body}");
+    }
+
+    let (st, sb) = call(
+        &url,
+        &agent,
+        Method::POST,
+        "/v1/sandboxes",
+        Some(json!({
+            "timeout_secs": 300,
+            "network": {"mode": "allowlist", "deny": ["blocked.approvals.test"]},
+            "approvals": {"hosts": ["*.approvals.test"], "timeout_secs": 60},
+        })),
+    );
+    assert_eq!(st, 201, "{sb}");
+    let id = sb["id"].as_str().unwrap().to_owned();
+    let curl = |host: &str| {
+        json!([
+            "sh",
+            "-c",
+            format!("curl -s -m 100 -w ' %{{http_code}}' http://{host}/")
+        ])
+    };
+
+    // Held: the connection waits (nothing reached the host) until approved.
+    let waiter = exec_in_background(&url, &agent, &id, curl("a.approvals.test"));
+    let held = pending(&url, &approver, &id);
+    assert_eq!(held["kind"], "host", "{held}");
+    assert_eq!(held["request"], "a.approvals.test:80", "{held}");
+    assert_eq!(held["rule"], "*.approvals.test", "{held}");
+    assert!(
+        held["requested_by"].as_str().unwrap().contains(&id),
+        "the sandbox asked: {held}"
+    );
+    let ap = held["id"].as_str().unwrap().to_owned();
+    // The webhook was told, signed over the time and the body.
+    let (headers, body) = hooks
+        .recv_timeout(std::time::Duration::from_secs(60))
+        .expect("the webhook is told of the held connection");
+    let header = |k: &str| {
+        headers
+            .iter()
+            .find(|(n, _)| n == k)
+            .map(|(_, v)| v.clone())
+            .unwrap_or_default()
+    };
+    assert_eq!(header("x-rampart-event"), "approval.requested");
+    let notice: Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(notice["type"], "approval.requested", "{notice}");
+    assert_eq!(notice["approval"]["id"], ap.as_str(), "{notice}");
+    let sig = header("x-rampart-signature");
+    let (t, v1) = sig
+        .strip_prefix("t=")
+        .and_then(|r| r.split_once(",v1="))
+        .unwrap_or_else(|| panic!("signature {sig:?}"));
+    let mut signed = format!("{t}.").into_bytes();
+    signed.extend_from_slice(&body);
+    assert_eq!(v1, hmac_sha256(secret.as_bytes(), &signed), "{sig}");
+    assert_ne!(
+        v1,
+        hmac_sha256(b"another secret", &signed),
+        "the check can fail"
+    );
+
+    let (st, dec) = call(
+        &url,
+        &approver,
+        Method::POST,
+        &format!("/v1/approvals/{ap}/approve"),
+        Some(json!({"reason": "our test host"})),
+    );
+    assert_eq!(
+        (st, dec["decision"].as_str()),
+        (200, Some("approved")),
+        "{dec}"
+    );
+    let (st, r) = waiter.join().unwrap();
+    assert_eq!(st, 200, "{r}");
+    assert_eq!(r["stdout"], "hello a.approvals.test\n 200", "{r}");
+    let (_, body) = hooks
+        .recv_timeout(std::time::Duration::from_secs(60))
+        .expect("the webhook is told of the decision");
+    let notice: Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(notice["type"], "approval.decided", "{notice}");
+    assert_eq!(notice["decision"]["decision"], "approved", "{notice}");
+
+    // The decision holds for the host: the next connection is not asked about.
+    let (st, r) = call(
+        &url,
+        &agent,
+        Method::POST,
+        &format!("/v1/sandboxes/{id}/exec"),
+        Some(json!({"cmd": curl("a.approvals.test")})),
+    );
+    assert_eq!(
+        (st, r["stdout"].as_str()),
+        (200, Some("hello a.approvals.test\n 200")),
+        "{r}"
+    );
+
+    // Denied: refused (the proxy answers 403 to plain HTTP), and stays refused.
+    let waiter = exec_in_background(&url, &agent, &id, curl("b.approvals.test"));
+    let held = pending(&url, &approver, &id);
+    assert_eq!(held["request"], "b.approvals.test:80", "{held}");
+    let bp = held["id"].as_str().unwrap().to_owned();
+    let (st, _) = call(
+        &url,
+        &approver,
+        Method::POST,
+        &format!("/v1/approvals/{bp}/deny"),
+        Some(json!({"reason": "not this one"})),
+    );
+    assert_eq!(st, 200);
+    let (st, r) = waiter.join().unwrap();
+    assert_eq!(st, 200, "{r}");
+    let out = r["stdout"].as_str().unwrap();
+    assert!(out.ends_with(" 403") && !out.contains("hello"), "{r}");
+    let (_, r) = call(
+        &url,
+        &agent,
+        Method::POST,
+        &format!("/v1/sandboxes/{id}/exec"),
+        Some(json!({"cmd": curl("b.approvals.test")})),
+    );
+    assert!(r["stdout"].as_str().unwrap().ends_with(" 403"), "{r}");
+    // A deny rule is never asked about; neither is a name outside the patterns.
+    for host in ["blocked.approvals.test", "example.org"] {
+        let (_, r) = call(
+            &url,
+            &agent,
+            Method::POST,
+            &format!("/v1/sandboxes/{id}/exec"),
+            Some(json!({"cmd": curl(host)})),
+        );
+        assert!(
+            !r["stdout"].as_str().unwrap().contains("hello"),
+            "{host}: {r}"
+        );
+    }
+    let (_, list) = call(&url, &approver, Method::GET, "/v1/approvals", None);
+    assert_eq!(list, json!([]), "nothing else was asked about");
+
+    // The record: each request and decision, and the connections named by their approval.
+    let (st, log) = call(
+        &url,
+        &approver,
+        Method::GET,
+        &format!("/v1/sandboxes/{id}/audit?limit=10000"),
+        None,
+    );
+    assert_eq!(st, 200, "{log}");
+    let events = log["events"].as_array().unwrap_or_else(|| panic!("{log}"));
+    let bodies: Vec<&Value> = events.iter().map(|e| &e["body"]).collect();
+    let asked: Vec<&&Value> = bodies
+        .iter()
+        .filter(|b| b["type"] == "approval_requested")
+        .collect();
+    assert_eq!(asked.len(), 2, "{bodies:?}");
+    assert!(asked.iter().all(|b| b["kind"] == "host"), "{asked:?}");
+    let decided: Vec<(String, String)> = bodies
+        .iter()
+        .filter(|b| b["type"] == "approval_decided")
+        .map(|b| {
+            (
+                b["approval_id"].as_str().unwrap().to_owned(),
+                b["decision"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        decided,
+        vec![
+            (ap.clone(), "approved".into()),
+            (bp.clone(), "denied".into())
+        ]
+    );
+    let bundle = http()
+        .get(format!("{url}/v1/sandboxes/{id}/audit/bundle"))
+        .header("authorization", format!("Bearer {approver}"))
+        .send()
+        .unwrap()
+        .bytes()
+        .unwrap();
+    let file = tmp.path().join("bundle.json");
+    std::fs::write(&file, &bundle).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_rampart"))
+        .args(["audit", "verify"])
+        .arg(&file)
+        .output()
+        .unwrap();
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{text}\n{}", d.log_tail());
+}
+
+#[test]
+fn a_tenants_policy_holds_every_sandbox_of_it() {
+    if let Some(why) = support::skip_reason() {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    let d = support::start_tidy("approvals-tenant");
+    let url = d.url.clone();
+    let admin = support::admin_key();
+    // A bad default is refused with the reason, and no tenant is made.
+    let (st, body) = call(
+        &url,
+        admin,
+        Method::POST,
+        "/v1/tenants",
+        Some(json!({"name": "acme", "approvals": {"commands": ["(bad"]}})),
+    );
+    assert_eq!(st, 400, "{body}");
+    assert!(body.to_string().contains("commands[0]"), "{body}");
+    assert_eq!(
+        call(&url, admin, Method::GET, "/v1/tenants", None).1,
+        json!([])
+    );
+    let (st, t) = call(
+        &url,
+        admin,
+        Method::POST,
+        "/v1/tenants",
+        Some(json!({"name": "acme", "approvals": {"commands": ["^rm "], "timeout_secs": 1}})),
+    );
+    assert_eq!(st, 201, "{t}");
+    assert_eq!(t["approvals"]["commands"], json!(["^rm "]), "{t}");
+    let tenant_key = |extra: &[&str]| {
+        let mut args = vec!["keys", "create", "--json", "--tenant", "acme"];
+        args.extend_from_slice(extra);
+        let out = Command::new(env!("CARGO_BIN_EXE_rampart"))
+            .args(&args)
+            .arg("--data-dir")
+            .arg(&d.data)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+        v["key"].as_str().unwrap().to_owned()
+    };
+    let key = tenant_key(&[]);
+    // A sandbox with no policy of its own, and one with its own: both are held to `^rm `.
+    for own in [
+        Value::Null,
+        json!({"commands": ["^git push"], "allow_self_approval": true}),
+    ] {
+        let mut body = json!({"timeout_secs": 120});
+        if !own.is_null() {
+            body["approvals"] = own.clone();
+        }
+        let (st, sb) = call(&url, &key, Method::POST, "/v1/sandboxes", Some(body));
+        assert_eq!(st, 201, "{sb}");
+        let id = sb["id"].as_str().unwrap();
+        let (st, r) = call(
+            &url,
+            &key,
+            Method::POST,
+            &format!("/v1/sandboxes/{id}/exec"),
+            Some(json!({"cmd": ["rm", "-f", "/tmp/x"]})),
+        );
+        assert_eq!(
+            (st, r["error"]["code"].as_str()),
+            (403, Some("denied")),
+            "{own}: {r}"
+        );
+        assert!(r.to_string().contains("timed_out"), "{r}");
+        let (st, _) = call(
+            &url,
+            &key,
+            Method::POST,
+            &format!("/v1/sandboxes/{id}/exec"),
+            Some(json!({"cmd": ["true"]})),
+        );
+        assert_eq!(st, 200);
+    }
+    // The node's own sandboxes are not the tenant's: not held.
+    let (st, sb) = call(&url, admin, Method::POST, "/v1/sandboxes", Some(json!({})));
+    assert_eq!(st, 201, "{sb}");
+    let (st, r) = call(
+        &url,
+        admin,
+        Method::POST,
+        &format!("/v1/sandboxes/{}/exec", sb["id"].as_str().unwrap()),
+        Some(json!({"cmd": ["rm", "-f", "/tmp/x"]})),
+    );
+    assert_eq!(st, 200, "{r}");
+    // Removed (DELETE): new sandboxes of the tenant are no longer held.
+    let (st, t) = call(
+        &url,
+        admin,
+        Method::DELETE,
+        "/v1/tenants/acme/approvals",
+        None,
+    );
+    assert_eq!(st, 200, "{t}");
+    assert!(t.get("approvals").is_none(), "{t}");
+    let (st, sb) = call(&url, &key, Method::POST, "/v1/sandboxes", Some(json!({})));
+    assert_eq!(st, 201, "{sb}");
+    let (st, r) = call(
+        &url,
+        &key,
+        Method::POST,
+        &format!("/v1/sandboxes/{}/exec", sb["id"].as_str().unwrap()),
+        Some(json!({"cmd": ["rm", "-f", "/tmp/x"]})),
+    );
+    assert_eq!(st, 200, "{r}");
+    let (st, _) = call(
+        &url,
+        admin,
+        Method::PUT,
+        "/v1/tenants/nosuch/approvals",
+        Some(json!({"commands": ["x"]})),
+    );
+    assert_eq!(st, 404);
+}

@@ -31,6 +31,8 @@ const DECIDED_KEPT: usize = 4096;
 #[derive(Debug)]
 pub(crate) struct Compiled {
     patterns: Vec<(String, regex::Regex)>,
+    /// Hosts asked about (network rule syntax, checked by the egress tier).
+    pub(crate) hosts: Vec<String>,
     timeout: Duration,
     allow_self: bool,
 }
@@ -61,6 +63,13 @@ pub(crate) fn compile(p: &ApprovalPolicy) -> Result<Compiled, CoreError> {
             })?;
         patterns.push((c.clone(), re));
     }
+    if p.hosts.len() > MAX_PATTERNS {
+        return Err(bad(format!("at most {MAX_PATTERNS} host patterns")));
+    }
+    if let Err(e) = rampart_egress::ask::compile(&p.hosts) {
+        let i = p.hosts.iter().position(|h| *h == e.rule).unwrap_or(0);
+        return Err(bad(format!("hosts[{i}]: {e}")));
+    }
     let timeout = match p.timeout_secs {
         None => DEFAULT_TIMEOUT,
         Some(0) => return Err(bad("timeout_secs: must be at least 1".into())),
@@ -71,9 +80,39 @@ pub(crate) fn compile(p: &ApprovalPolicy) -> Result<Compiled, CoreError> {
     };
     Ok(Compiled {
         patterns,
+        hosts: p.hosts.clone(),
         timeout,
         allow_self: p.allow_self_approval,
     })
+}
+
+/// Checks a policy as create would (for a tenant's default, checked when it is set).
+pub fn check(p: &ApprovalPolicy) -> Result<(), CoreError> {
+    compile(p).map(|_| ())
+}
+
+/// A sandbox's policy under its tenant's default: the tenant's patterns and hosts are
+/// always held, the sandbox's add to them; the sandbox's timeout when it gives one; self
+/// approval only when both allow it.
+pub fn floor(tenant: &ApprovalPolicy, own: Option<ApprovalPolicy>) -> ApprovalPolicy {
+    let Some(own) = own else {
+        return tenant.clone();
+    };
+    let union = |a: &[String], b: Vec<String>| {
+        let mut out = a.to_vec();
+        for x in b {
+            if !out.contains(&x) {
+                out.push(x);
+            }
+        }
+        out
+    };
+    ApprovalPolicy {
+        commands: union(&tenant.commands, own.commands),
+        hosts: union(&tenant.hosts, own.hosts),
+        timeout_secs: own.timeout_secs.or(tenant.timeout_secs),
+        allow_self_approval: tenant.allow_self_approval && own.allow_self_approval,
+    }
 }
 
 /// The texts a command is matched as: its argv joined with shell quoting, and for a shell
@@ -136,6 +175,8 @@ pub(crate) struct Approvals {
     pending: Mutex<HashMap<String, Held>>,
     decided: Mutex<VecDeque<String>>,
     policies: Mutex<HashMap<SandboxId, Option<Arc<Compiled>>>>,
+    /// The approvals webhook, when the config names one.
+    pub(crate) webhook: std::sync::OnceLock<crate::webhook::Notifier>,
 }
 
 impl std::fmt::Debug for Approvals {
@@ -172,6 +213,22 @@ pub(crate) fn request_digest(req: &ExecRequest) -> String {
         "tty": req.tty,
     });
     rampart_audit::content_digest(&serde_json::to_vec(&v).unwrap_or_default()).to_hex()
+}
+
+/// The digest a host approval is bound to: SHA-256 of `{"host","port"}`.
+pub(crate) fn host_digest(host: &str, port: u16) -> String {
+    let v = serde_json::json!({ "host": host, "port": port });
+    rampart_audit::content_digest(&serde_json::to_vec(&v).unwrap_or_default()).to_hex()
+}
+
+/// A request to hold, before it has an id.
+struct Request {
+    kind: &'static str,
+    request: String,
+    digest: String,
+    rule: String,
+    caller: String,
+    key_id: Option<String>,
 }
 
 /// Removes a pending entry when the wait for it ends, however it ends.
@@ -213,6 +270,7 @@ impl Approvals {
             tracing::error!(id = %id, "the sandbox's approval policy does not compile ({e}); every command is held");
             Compiled {
                 patterns: vec![(".*".into(), regex::Regex::new(".*").expect("a valid pattern"))],
+                hosts: Vec::new(),
                 timeout: DEFAULT_TIMEOUT,
                 allow_self: false,
             }
@@ -244,22 +302,70 @@ impl Approvals {
         req: &ExecRequest,
         record: impl Fn(rampart_types::audit::EventBody) -> Result<(), CoreError>,
     ) -> Result<Option<Outcome>, CoreError> {
-        use rampart_types::audit::{ApprovalDecided, ApprovalRequested, EventBody};
         let Some(rule) = policy.matches(&req.cmd) else {
             return Ok(None);
         };
-        let principal = crate::principal::current();
-        let caller = crate::principal::current_caller();
+        let held = Request {
+            kind: "command",
+            request: shell_join(&req.cmd),
+            digest: request_digest(req),
+            rule: rule.to_owned(),
+            caller: crate::principal::current_caller(),
+            key_id: crate::principal::current().and_then(|p| p.key_id),
+        };
+        self.wait(id, tenant, policy, held, record).await.map(Some)
+    }
+
+    /// Holds a connection of sandbox `id` that an ask pattern of its policy names. The
+    /// sandbox asked (a process inside it), not an API caller: any key with the `approve`
+    /// scope may decide.
+    pub(crate) async fn hold_host(
+        &self,
+        id: &SandboxId,
+        tenant: Option<String>,
+        policy: &Compiled,
+        ask: &rampart_egress::ask::Ask,
+        record: impl Fn(rampart_types::audit::EventBody) -> Result<(), CoreError>,
+    ) -> Result<Outcome, CoreError> {
+        let held = Request {
+            kind: "host",
+            request: format!("{}:{}", ask.host, ask.port),
+            digest: host_digest(&ask.host, ask.port),
+            rule: ask.rule.clone(),
+            caller: format!("sandbox {id}"),
+            key_id: None,
+        };
+        self.wait(id, tenant, policy, held, record).await
+    }
+
+    /// Records `held` as requested, waits for its decision (or the policy's timeout),
+    /// records the decision.
+    async fn wait(
+        &self,
+        id: &SandboxId,
+        tenant: Option<String>,
+        policy: &Compiled,
+        held: Request,
+        record: impl Fn(rampart_types::audit::EventBody) -> Result<(), CoreError>,
+    ) -> Result<Outcome, CoreError> {
+        use rampart_types::audit::{ApprovalDecided, ApprovalRequested, EventBody};
         let approval_id = format!("ap_{}", &rampart_store::access::new_token()[..24]);
-        let digest = request_digest(req);
         let now = rampart_store::now_ms();
+        let Request {
+            kind,
+            request,
+            digest,
+            rule,
+            caller,
+            key_id,
+        } = held;
         let info = ApprovalInfo {
             id: approval_id.clone(),
             sandbox_id: id.to_string(),
-            kind: "command".into(),
-            request: shell_join(&req.cmd),
+            kind: kind.into(),
+            request,
             digest: digest.clone(),
-            rule: rule.to_owned(),
+            rule,
             requested_by: caller.clone(),
             requested_at: crate::util::rfc3339(now),
             expires_at: crate::util::rfc3339(now + policy.timeout.as_millis() as i64),
@@ -278,7 +384,7 @@ impl Approvals {
             approval_id.clone(),
             Held {
                 info: info.clone(),
-                key_id: principal.and_then(|p| p.key_id),
+                key_id,
                 caller,
                 allow_self: policy.allow_self,
                 tx,
@@ -289,6 +395,7 @@ impl Approvals {
             id: approval_id.clone(),
         });
         let _ = ON_HOLD.try_with(|t| t.send(info.clone()).is_ok());
+        self.notify(&info);
         // Withdrawn if the asker leaves: recorded by the guard's owner below when it can.
         let withdrawn = WithdrawOnDrop {
             record: &record,
@@ -317,11 +424,26 @@ impl Approvals {
             reason: decision.reason.clone(),
             digest: digest.clone(),
         }))?;
-        Ok(Some(if decision.decision == "approved" {
+        if let Some(w) = self.webhook.get() {
+            w.send(crate::webhook::Notice::Decided {
+                sandbox_id: id.to_string(),
+                decision: decision.clone(),
+            });
+        }
+        Ok(if decision.decision == "approved" {
             Outcome::Approved(approval_id.clone())
         } else {
             Outcome::Refused(decision)
-        }))
+        })
+    }
+
+    /// Tells the webhook (if any) of a held request.
+    fn notify(&self, info: &ApprovalInfo) {
+        if let Some(w) = self.webhook.get() {
+            w.send(crate::webhook::Notice::Requested {
+                approval: info.clone(),
+            });
+        }
     }
 
     fn remember(&self, id: &str) {
@@ -472,6 +594,28 @@ mod tests {
             });
             assert!(e.is_err(), "{t}");
         }
+    }
+
+    #[test]
+    fn a_tenants_policy_is_a_floor() {
+        let t = ApprovalPolicy {
+            commands: vec!["^rm".into()],
+            hosts: vec!["*.example.com".into()],
+            timeout_secs: Some(60),
+            allow_self_approval: false,
+        };
+        assert_eq!(floor(&t, None), t);
+        let own = ApprovalPolicy {
+            commands: vec!["^git push".into(), "^rm".into()],
+            hosts: vec![],
+            timeout_secs: None,
+            allow_self_approval: true,
+        };
+        let f = floor(&t, Some(own));
+        assert_eq!(f.commands, vec!["^rm".to_string(), "^git push".to_string()]);
+        assert_eq!(f.hosts, t.hosts);
+        assert_eq!(f.timeout_secs, Some(60));
+        assert!(!f.allow_self_approval);
     }
 
     #[test]

@@ -33,6 +33,7 @@ mod secrets;
 mod templates;
 mod util;
 pub mod validate;
+pub mod webhook;
 
 pub use audit::fsdiff::{diff_layer, DiffLimits, LayerDiff, Layers};
 pub use audit::AuditConfig;
@@ -55,10 +56,22 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 /// The manager. Cheap to share (`Arc`).
-#[derive(Debug)]
 pub struct Manager {
     inner: Arc<sandbox::Sandboxes>,
+    tenant_approvals: std::sync::OnceLock<TenantApprovals>,
 }
+
+impl std::fmt::Debug for Manager {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Manager")
+            .field("inner", &self.inner)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Reads a tenant's default approval policy (the server's tenant store).
+pub type TenantApprovals =
+    Arc<dyn Fn(&str) -> Result<Option<rampart_types::ApprovalPolicy>, String> + Send + Sync>;
 
 impl Manager {
     /// Probes the host, opens the store, builds the `base` template if missing, recovers
@@ -83,7 +96,16 @@ impl Manager {
         isolation: Arc<dyn Isolation>,
     ) -> Result<Arc<Manager>, CoreError> {
         let inner = sandbox::Sandboxes::start(cfg, isolation).await?;
-        Ok(Arc::new(Manager { inner }))
+        Ok(Arc::new(Manager {
+            inner,
+            tenant_approvals: std::sync::OnceLock::new(),
+        }))
+    }
+
+    /// Sets where tenants' default approval policies are read (once; later calls are
+    /// ignored). Without it, tenants have none.
+    pub fn set_tenant_approvals(&self, f: TenantApprovals) {
+        let _ = self.tenant_approvals.set(f);
     }
     /// Creates a sandbox and returns once its agent answers.
     pub async fn create(&self, req: CreateSandbox) -> Result<SandboxInfo, CoreError> {
@@ -99,6 +121,13 @@ impl Manager {
         opts: CreateOptions,
     ) -> Result<CreatedSandbox, CoreError> {
         let mut req = req;
+        // A tenant's default approval policy is a floor under the sandbox's own.
+        if let (Some(t), Some(f)) = (principal::current_tenant(), self.tenant_approvals.get()) {
+            let default = f(&t).map_err(CoreError::Internal)?;
+            if let Some(d) = default {
+                req.approvals = Some(approvals::floor(&d, req.approvals.take()));
+            }
+        }
         // A tenant's snapshot, volumes and stored secrets are its own (`principal`).
         if let Some(name) = &mut req.snapshot {
             *name = principal::qualify(name);

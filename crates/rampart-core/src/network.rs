@@ -266,6 +266,7 @@ impl Network {
         id: &SandboxId,
         slot: u32,
         net: &StoredNetwork,
+        ask: &[String],
     ) -> Result<Prepared, CoreError> {
         let (wiring, egress) = self.ready()?;
         let t0 = std::time::Instant::now();
@@ -281,6 +282,12 @@ impl Network {
                 net.secrets.clone(),
             )
             .map_err(|e| CoreError::Internal(format!("attaching to the egress proxy: {e}")))?;
+        if !ask.is_empty() {
+            // Checked at create; a pattern this build refuses leaves the host refused.
+            if let Err(e) = egress.set_ask_hosts(id.as_str(), ask) {
+                warn!(id = %id, "the approval policy's hosts: {e}; they are refused, not asked about");
+            }
+        }
         debug!(id = %id, attach_us = t0.elapsed().as_micros() as u64, "attached to the egress proxy");
         // (The egress makes the CA only for a sandbox with secrets.)
         Ok(Prepared { handle, attachment })
@@ -426,7 +433,12 @@ impl Network {
 
     /// After a restart: attaches a re-attached sandbox to the egress proxy again and re-wires
     /// its link if it went missing.
-    pub(crate) async fn reattach(&self, store: &dyn SandboxStore, rec: &SandboxRecord) {
+    pub(crate) async fn reattach(
+        &self,
+        store: &dyn SandboxStore,
+        rec: &SandboxRecord,
+        ask: &[String],
+    ) {
         let net = match store.network(&rec.id) {
             Ok(n) if networked(&n) => n,
             Ok(_) => return,
@@ -436,7 +448,7 @@ impl Network {
             }
         };
         let Some(net) = net else { return };
-        let prepared = match self.prepare(&rec.id, rec.uid_slot, &net) {
+        let prepared = match self.prepare(&rec.id, rec.uid_slot, &net, ask) {
             Ok(p) => p,
             Err(e) => {
                 warn!(id = %rec.id, "re-attaching to the egress proxy: {e}; its connections are refused");

@@ -245,7 +245,17 @@ async fn answer(inner: &Inner, peer: IpAddr, bytes: &[u8], udp: bool) -> Option<
     let raw_name = query.name().to_ascii();
     let name = normalize_name(&raw_name);
     let decision = match &name {
-        Some(n) => sb.policy().decide_dns(n),
+        Some(n) => {
+            let d = sb.policy().decide_dns(n);
+            // A host the approval policy asks about resolves: its connections are held.
+            match sb.asks_about(n) {
+                Some(rule) if d.rule == "default" => crate::Decision {
+                    verdict: Verdict::Allow,
+                    rule: format!("ask:{rule}"),
+                },
+                _ => d,
+            }
+        }
         None => crate::Decision {
             verdict: Verdict::Deny,
             rule: "invalid-name".into(),

@@ -45,6 +45,7 @@
 
 #![deny(missing_docs)]
 
+pub mod ask;
 #[cfg(feature = "bench")]
 pub mod bench;
 mod dns;
@@ -256,6 +257,10 @@ pub(crate) struct Sandbox {
     pub dns_tcp: std::sync::atomic::AtomicUsize,
     /// Connections of this sandbox held by the proxy.
     pub open_conns: std::sync::atomic::AtomicUsize,
+    /// Hosts its approval policy asks about (see [`ask`]).
+    pub ask: RwLock<Arc<Vec<policy::Rule>>>,
+    /// Decisions on asked hosts (`host:port`), pending or kept.
+    pub asked: Mutex<HashMap<String, Arc<tokio::sync::OnceCell<ask::Answer>>>>,
 }
 
 /// At most this many DNS queries of one sandbox in flight (more UDP ones are dropped).
@@ -389,6 +394,16 @@ impl Sandbox {
     }
 }
 
+/// The [`ask::HostAsker`] of the node.
+#[derive(Clone)]
+pub(crate) struct AskerRef(pub Arc<dyn ask::HostAsker>);
+
+impl std::fmt::Debug for AskerRef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("AskerRef")
+    }
+}
+
 /// Daemon-wide state shared by the listeners.
 #[derive(Debug)]
 pub(crate) struct Inner {
@@ -405,6 +420,8 @@ pub(crate) struct Inner {
     pub peek_timeout: Duration,
     /// Fair admission of DNS queries (per sandbox, across all listeners).
     pub dns_gate: Arc<dns::DnsGate>,
+    /// Who decides held connections (none: they are refused).
+    pub asker: RwLock<Option<AskerRef>>,
 }
 
 impl Inner {
@@ -649,6 +666,7 @@ impl Egress {
             log_capacity: cfg.log_capacity,
             peek_timeout: cfg.peek_timeout,
             dns_gate: Arc::new(dns::DnsGate::default()),
+            asker: RwLock::new(None),
         });
         inner.rebuild_blocklist(Some(host_view()?));
         let stop = CancellationToken::new();
@@ -846,6 +864,8 @@ impl Egress {
             gone: self.stop.child_token(),
             dns_tcp: std::sync::atomic::AtomicUsize::new(0),
             open_conns: std::sync::atomic::AtomicUsize::new(0),
+            ask: RwLock::new(Arc::new(Vec::new())),
+            asked: Mutex::new(HashMap::new()),
         });
         {
             let mut sbs = self
@@ -873,6 +893,22 @@ impl Egress {
         }
         self.inner.rebuild_blocklist(Some(host));
         Ok(att)
+    }
+
+    /// Sets who decides held connections (the daemon's approvals); until then, and
+    /// without one, a connection an ask pattern names is refused.
+    pub fn set_asker(&self, asker: Arc<dyn ask::HostAsker>) {
+        *self.inner.asker.write().unwrap_or_else(|e| e.into_inner()) = Some(AskerRef(asker));
+    }
+
+    /// Sets the hosts `id`'s approval policy asks about (checked with [`ask::compile`]):
+    /// a connection to one that no rule allows is held for a decision instead of refused,
+    /// and the resolver answers for them. Decisions kept so far stay.
+    pub fn set_ask_hosts(&self, id: &str, hosts: &[String]) -> Result<(), EgressError> {
+        let sb = self.sandbox(id)?;
+        let rules = ask::compile(hosts)?;
+        *sb.ask.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(rules);
+        Ok(())
     }
 
     /// Replaces the policy: new connections and queries obey it at once, and every live

@@ -52,7 +52,7 @@ impl Draft {
 /// One sandbox's log.
 #[derive(Debug)]
 pub(crate) struct NetLog {
-    id: String,
+    pub id: String,
     cap: usize,
     seq: AtomicU64,
     ring: Mutex<VecDeque<NetLogEntry>>,

@@ -219,7 +219,26 @@ pub(crate) async fn handle_for(
         sb.log.push(dr);
         return;
     }
-    let d = sb.decide(&inner.blocklist(), ip, port, name.as_deref());
+    let bl = inner.blocklist();
+    let mut d = sb.decide(&bl, ip, port, name.as_deref());
+    if let Some(rule) = sb.ask_rule(&d, &bl, ip, port, name.as_deref()) {
+        // Held for a person's decision (nothing has gone upstream yet).
+        let host = name.as_deref().unwrap_or_default();
+        let asker = inner
+            .asker
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+            .map(|a| a.0);
+        d = match sb.held(asker, &sb.log.id, &client, host, port, &rule).await {
+            Some(a) if a.approved => crate::Decision {
+                verdict: Verdict::Allow,
+                rule: format!("approved:{}", a.approval),
+            },
+            Some(a) => deny(&format!("refused:{}", a.approval)),
+            None => deny(&format!("withdrawn:{rule}")),
+        };
+    }
     let mut dr = conn_draft(NetEventKind::Connect, &d, ip, port);
     dr.name = name.clone();
     sb.log.push(dr);

@@ -427,7 +427,16 @@ pub fn router_with_options(manager: Arc<Manager>, opts: &ServerOptions) -> Route
     };
     let tenancy =
         match rampart_store::tenants::TenantStore::open(&manager.data_dir().join("state.db")) {
-            Ok(t) => Some(tenancy::Tenancy::new(Arc::new(t), Some(manager.clone()))),
+            Ok(t) => {
+                let t = Arc::new(t);
+                let store = t.clone();
+                manager.set_tenant_approvals(Arc::new(move |name: &str| {
+                    store
+                        .approvals(name)
+                        .map_err(|e| format!("reading tenant {name}'s approval policy: {e}"))
+                }));
+                Some(tenancy::Tenancy::new(t, Some(manager.clone())))
+            }
             Err(e) => {
                 tracing::error!("tenants are unavailable: cannot open their store: {e}");
                 None
@@ -591,6 +600,10 @@ fn v1_router(state: AppState, auth: Option<Arc<auth::Auth>>) -> Router {
             get(tenancy::get_one).delete(tenancy::delete),
         )
         .route("/tenants/{name}/quotas", put(tenancy::set_quotas))
+        .route(
+            "/tenants/{name}/approvals",
+            put(tenancy::set_approvals).delete(tenancy::clear_approvals),
+        )
         .route("/usage", get(tenancy::usage))
         .route("/changes", get(tenancy::changes))
         .route("/openapi.json", get(openapi::serve_openapi))

@@ -287,6 +287,7 @@ fn info(t: &Tenancy, row: TenantRow) -> TenantInfo {
                 .ok()
         })
         .unwrap_or_default(),
+        approvals: t.store.approvals(&row.name).ok().flatten(),
         name: row.name,
         quotas: row.quotas,
         holds,
@@ -299,11 +300,54 @@ pub(crate) async fn create(
     ApiJson(req): ApiJson<CreateTenant>,
 ) -> Result<(StatusCode, Json<TenantInfo>), ApiError> {
     let t = tenancy(&st)?;
+    if let Some(p) = &req.approvals {
+        rampart_core::approvals::check(p).map_err(ApiError::from)?;
+    }
     let row = t
         .store
         .create(&req.name, &req.quotas)
         .map_err(tenant_error)?;
+    if let Some(p) = &req.approvals {
+        if let Err(e) = t.store.set_approvals(&row.name, Some(p)) {
+            // Nothing half-made: the tenant goes with its policy.
+            let _ = t.store.delete(&row.name);
+            return Err(tenant_error(e));
+        }
+    }
     Ok((StatusCode::CREATED, Json(info(t, row))))
+}
+
+/// `PUT /v1/tenants/{name}/approvals` (admin): replaces its default approval policy.
+/// Sandboxes created from then on are held to it.
+pub(crate) async fn set_approvals(
+    State(st): State<AppState>,
+    Path(name): Path<String>,
+    ApiJson(p): ApiJson<rampart_types::ApprovalPolicy>,
+) -> Result<Json<TenantInfo>, ApiError> {
+    rampart_core::approvals::check(&p).map_err(ApiError::from)?;
+    put_approvals(&st, name, Some(&p))
+}
+
+/// `DELETE /v1/tenants/{name}/approvals` (admin): removes its default approval policy.
+pub(crate) async fn clear_approvals(
+    State(st): State<AppState>,
+    Path(name): Path<String>,
+) -> Result<Json<TenantInfo>, ApiError> {
+    put_approvals(&st, name, None)
+}
+
+fn put_approvals(
+    st: &AppState,
+    name: String,
+    p: Option<&rampart_types::ApprovalPolicy>,
+) -> Result<Json<TenantInfo>, ApiError> {
+    let t = tenancy(st)?;
+    t.store.set_approvals(&name, p).map_err(tenant_error)?;
+    match t.store.get(&name) {
+        Ok(Some(r)) => Ok(Json(info(t, r))),
+        Ok(None) => Err(ApiError::not_found(format!("tenant {name} not found"))),
+        Err(e) => Err(ApiError::internal(e.to_string())),
+    }
 }
 
 /// `GET /v1/tenants` (admin).

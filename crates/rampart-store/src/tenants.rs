@@ -12,7 +12,7 @@
 
 use crate::{now_ms, side, StoreError};
 use rampart_types::tenant::{check_tenant_name, Holdings, QuotaError, QuotaRefusal, Quotas};
-use rampart_types::Limits;
+use rampart_types::{ApprovalPolicy, Limits};
 use rusqlite::{params, Connection, OptionalExtension};
 use std::path::Path;
 use std::sync::Mutex;
@@ -22,6 +22,10 @@ pub(crate) const TENANTS_TABLE: &str = "CREATE TABLE IF NOT EXISTS tenants (
         name TEXT PRIMARY KEY NOT NULL,
         quotas TEXT NOT NULL,
         created_at INTEGER NOT NULL
+    );
+    CREATE TABLE IF NOT EXISTS tenant_approvals (
+        tenant TEXT PRIMARY KEY NOT NULL,
+        policy TEXT NOT NULL
     );";
 
 /// Migration 7: the sandbox's tenant, tenants, usage rows and the node's change log.
@@ -224,6 +228,52 @@ impl TenantStore {
         get(&conn, name)?.ok_or_else(|| TenantError::NotFound(name.to_owned()))
     }
 
+    /// The approval policy every sandbox of `name` is held to (none: no default).
+    pub fn approvals(&self, name: &str) -> Result<Option<ApprovalPolicy>, StoreError> {
+        let conn = side::lock(&self.conn);
+        let text: Option<String> = conn
+            .query_row(
+                "SELECT policy FROM tenant_approvals WHERE tenant = ?1",
+                [name],
+                |r| r.get(0),
+            )
+            .optional()?;
+        text.map(|t| {
+            serde_json::from_str(&t).map_err(|e| StoreError::Corrupt {
+                id: name.to_owned(),
+                detail: format!("tenant approval policy: {e}"),
+            })
+        })
+        .transpose()
+    }
+
+    /// Sets (or, with None, removes) the approval policy of tenant `name` (checked by the
+    /// caller: the store does not know the pattern syntax).
+    pub fn set_approvals(
+        &self,
+        name: &str,
+        policy: Option<&ApprovalPolicy>,
+    ) -> Result<(), TenantError> {
+        let conn = side::lock(&self.conn);
+        if get(&conn, name)?.is_none() {
+            return Err(TenantError::NotFound(name.to_owned()));
+        }
+        match policy {
+            Some(p) => {
+                let text = serde_json::to_string(p).expect("a policy encodes");
+                conn.execute(
+                    "INSERT INTO tenant_approvals (tenant, policy) VALUES (?1, ?2)
+                     ON CONFLICT(tenant) DO UPDATE SET policy = excluded.policy",
+                    params![name, text],
+                )?;
+            }
+            None => {
+                conn.execute("DELETE FROM tenant_approvals WHERE tenant = ?1", [name])?;
+            }
+        }
+        Ok(())
+    }
+
     /// Removes a tenant with no alive sandbox, and in the same transaction revokes its
     /// native keys and deletes its E2B keys. Its ended sandboxes' records and usage stay.
     pub fn delete(&self, name: &str) -> Result<(), TenantError> {
@@ -249,6 +299,7 @@ impl TenantStore {
         if has_table(&tx, "api_keys")? {
             tx.execute("DELETE FROM api_keys WHERE tenant = ?1", [name])?;
         }
+        tx.execute("DELETE FROM tenant_approvals WHERE tenant = ?1", [name])?;
         tx.execute("DELETE FROM tenants WHERE name = ?1", [name])?;
         tx.commit()?;
         Ok(())

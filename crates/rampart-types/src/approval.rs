@@ -12,6 +12,12 @@ pub struct ApprovalPolicy {
     /// script itself).
     #[serde(default)]
     pub commands: Vec<String>,
+    /// Hosts (network rule syntax: `example.com`, `*.example.com`, `example.com:443`) that
+    /// no allow rule admits but that should be asked about rather than refused: a
+    /// connection to one is held until approved (the decision then holds for the host and
+    /// port for the sandbox's life).
+    #[serde(default)]
+    pub hosts: Vec<String>,
     /// Seconds a held request waits for a decision before it is refused (default 300, at
     /// most 86400).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -28,9 +34,9 @@ pub struct ApprovalInfo {
     pub id: String,
     /// The sandbox it is for.
     pub sandbox_id: String,
-    /// What is held: `command`.
+    /// What is held: `command` or `host`.
     pub kind: String,
-    /// The exact command line.
+    /// The exact command line, or `host:port`.
     pub request: String,
     /// SHA-256 (hex) of the request as made (argv, cwd, user, env names, stdin, PTY): the
     /// approval is bound to it.

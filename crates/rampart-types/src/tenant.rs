@@ -110,6 +110,10 @@ pub struct CreateTenant {
     /// Its quotas (none: no limit).
     #[serde(default)]
     pub quotas: Quotas,
+    /// The approval policy every sandbox of the tenant is held to, at least (none: only
+    /// what each sandbox asks for).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub approvals: Option<crate::ApprovalPolicy>,
 }
 
 /// A tenant, with what it holds now.
@@ -121,6 +125,9 @@ pub struct TenantInfo {
     pub quotas: Quotas,
     /// Creation time, RFC 3339.
     pub created_at: String,
+    /// Its default approval policy (a floor: a sandbox's own policy adds to it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub approvals: Option<crate::ApprovalPolicy>,
     /// What it holds now (counted as its quotas are).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub holds: Option<Holdings>,

@@ -148,6 +148,19 @@ struct FileConfig {
     /// Sandbox networks (see `docs/network.md`).
     #[serde(default)]
     network: super::net::NetworkFileConfig,
+    /// Approvals (see `docs/api.md`, "Approvals").
+    #[serde(default)]
+    approvals: ApprovalsFileConfig,
+}
+
+/// `[approvals]` of the config file.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ApprovalsFileConfig {
+    /// Where each held request and each decision is posted.
+    webhook_url: Option<String>,
+    /// The HMAC key of the webhook's `X-Rampart-Signature` (unsigned without one).
+    webhook_secret: Option<String>,
 }
 
 /// `[audit]` of the config file.
@@ -571,6 +584,20 @@ fn resolve(a: &ServeArgs) -> Result<Resolved> {
             disk_overcommit,
             audit,
             network: super::net::resolve_network(&file.network)?,
+            approvals_webhook: match &file.approvals.webhook_url {
+                Some(url) => {
+                    let w = rampart_core::webhook::WebhookConfig {
+                        url: url.clone(),
+                        secret: file.approvals.webhook_secret.clone(),
+                    };
+                    w.check().map_err(|e| anyhow::anyhow!("[approvals] {e}"))?;
+                    Some(w)
+                }
+                None if file.approvals.webhook_secret.is_some() => {
+                    bail!("[approvals] webhook_secret is set without webhook_url")
+                }
+                None => None,
+            },
         },
     })
 }

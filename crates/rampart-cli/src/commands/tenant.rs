@@ -81,6 +81,21 @@ enum TenantCmd {
         #[arg(long)]
         json: bool,
     },
+    /// Set the approval policy every sandbox of the tenant is held to, at least (JSON as
+    /// `approvals` at create: `{"commands": ["^rm "], "hosts": ["*.example.com"]}`).
+    Approvals {
+        /// Its name.
+        name: String,
+        /// The policy as JSON.
+        #[arg(required_unless_present = "clear", conflicts_with = "clear")]
+        policy: Option<String>,
+        /// Remove its default policy.
+        #[arg(long)]
+        clear: bool,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
     /// Remove tenants with no alive sandbox; their keys are revoked.
     #[command(alias = "delete")]
     Rm {
@@ -171,10 +186,20 @@ impl QuotaFlags {
     }
 }
 
+/// The policy of `rampart tenant approvals` (None: `--clear`), checked as the server would.
+fn parse_policy(text: Option<&str>) -> Result<Option<rampart_types::ApprovalPolicy>> {
+    let Some(text) = text else { return Ok(None) };
+    let p: rampart_types::ApprovalPolicy =
+        serde_json::from_str(text).map_err(|e| anyhow::anyhow!("the approval policy: {e}"))?;
+    rampart_core::approvals::check(&p).map_err(|e| anyhow::anyhow!("{e}"))?;
+    Ok(Some(p))
+}
+
 fn row_info(store: &TenantStore, r: TenantRow) -> TenantInfo {
     TenantInfo {
         created_at: crate::commands::keys::time_of(r.created_at_ms),
         holds: store.holdings(&r.name).ok(),
+        approvals: store.approvals(&r.name).ok().flatten(),
         name: r.name,
         quotas: r.quotas,
     }
@@ -259,6 +284,16 @@ fn run_local(dir: &std::path::Path, cmd: TenantCmd) -> Result<u8> {
             let r = store.set_quotas(&name, &q)?;
             show(&[row_info(&store, r)], json)?;
         }
+        TenantCmd::Approvals {
+            name, policy, json, ..
+        } => {
+            let p = parse_policy(policy.as_deref())?;
+            store.set_approvals(&name, p.as_ref())?;
+            let r = store
+                .get(&name)?
+                .with_context(|| format!("tenant {name} not found"))?;
+            show(&[row_info(&store, r)], json)?;
+        }
         TenantCmd::Rm { names } => {
             for n in names {
                 store.delete(&n)?;
@@ -281,6 +316,7 @@ pub async fn tenant(host: &Endpoint, a: TenantArgs) -> Result<u8> {
             let body = CreateTenant {
                 name,
                 quotas: quotas.apply(&Quotas::default())?,
+                approvals: None,
             };
             let t: TenantInfo = client
                 .json(client.request(Method::POST, "/v1/tenants").json(&body))
@@ -315,6 +351,17 @@ pub async fn tenant(host: &Endpoint, a: TenantArgs) -> Result<u8> {
                         .json(&q),
                 )
                 .await?;
+            show(&[t], json)?;
+        }
+        TenantCmd::Approvals {
+            name, policy, json, ..
+        } => {
+            let at = format!("{}/approvals", path(&name));
+            let req = match parse_policy(policy.as_deref())? {
+                Some(p) => client.request(Method::PUT, &at).json(&p),
+                None => client.request(Method::DELETE, &at),
+            };
+            let t: TenantInfo = client.json(req).await?;
             show(&[t], json)?;
         }
         TenantCmd::Rm { names } => {

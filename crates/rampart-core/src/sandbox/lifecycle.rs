@@ -75,6 +75,9 @@ impl Sandboxes {
             }
         };
         let net = new.network.as_ref();
+        // Its approval policy, kept now: the launch reads its hosts, its first exec reads
+        // nothing from the store.
+        self.approvals.keep(&id, approvals);
         let res = self.launch(&new, slot, new.on_timeout, net).await;
         self.registry.forget_lock(&id);
         self.persist.unstage(&id);
@@ -85,14 +88,13 @@ impl Sandboxes {
                     .create_seconds
                     .observe(t0.elapsed().as_secs_f64());
                 info!(id = %id, slot, ms = t0.elapsed().as_millis() as u64, "sandbox created");
-                // Its approval policy, kept now: its first exec reads nothing from the store.
-                self.approvals.keep(&id, approvals);
                 let e2b = new.access.and_then(|a| a.e2b);
                 Ok(CreatedSandbox { info, e2b })
             }
             Err(e) => {
                 self.metrics.creates.with_label_values(&["error"]).inc();
                 warn!(id = %id, "sandbox create failed: {e}");
+                self.approvals.forget(&id);
                 if net.is_some() {
                     self.network.teardown(&id, slot).await;
                 }
@@ -142,14 +144,15 @@ impl Sandboxes {
         let mut prepared = None;
         let mut attaching = None;
         if let Some(n) = net {
+            let ask = self.ask_hosts(&new.id);
             if n.secrets.is_empty() {
                 // Nothing of the attachment goes into the environment: attach while launching.
                 let (me, id, n) = (self.clone(), new.id.clone(), n.clone());
                 attaching = Some(tokio::task::spawn_blocking(move || {
-                    me.network.prepare(&id, slot, &n)
+                    me.network.prepare(&id, slot, &n, &ask)
                 }));
             } else {
-                prepared = Some(self.network.prepare(&new.id, slot, n)?);
+                prepared = Some(self.network.prepare(&new.id, slot, n, &ask)?);
             }
         }
         let mut env = launch_env(&crate::templates::merged_env(image.as_ref(), &new.env));

@@ -300,6 +300,16 @@ impl Sandboxes {
             disk_admission: tokio::sync::Mutex::new(()),
             approvals: Default::default(),
         });
+        if let Some(w) = inner.cfg.approvals_webhook.clone() {
+            let n = crate::webhook::Notifier::start(w).map_err(|e| CoreError::BadRequest {
+                field: "approvals.webhook_url".into(),
+                message: e,
+            })?;
+            let _ = inner.approvals.webhook.set(n);
+        }
+        if let Some(e) = inner.network.egress() {
+            e.set_asker(Arc::new(ops::HostApprovals(Arc::downgrade(&inner))));
+        }
         inner.recover().await?;
         let c = inner.cfg.clone();
         let _ =

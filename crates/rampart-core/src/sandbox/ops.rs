@@ -114,7 +114,9 @@ impl Sandboxes {
                     policy: policy.clone(),
                     secrets: Vec::new(),
                 };
-                let p = self.network.prepare(id, rec.uid_slot, &stored)?;
+                let p = self
+                    .network
+                    .prepare(id, rec.uid_slot, &stored, &self.ask_hosts(id))?;
                 let pid = rec
                     .pid
                     .ok_or_else(|| CoreError::Internal("running sandbox without a pid".into()))?;
@@ -253,11 +255,93 @@ impl Sandboxes {
         }
     }
 
+    /// The hosts the approval policy of `id` asks about (none when it has no policy, or
+    /// the policy cannot be read: such connections are then refused, never let through).
+    pub(crate) fn ask_hosts(&self, id: &SandboxId) -> Vec<String> {
+        match self
+            .approvals
+            .policy(id, || self.persist.approval_policy(id))
+        {
+            Ok(p) => p.map(|p| p.hosts.clone()).unwrap_or_default(),
+            Err(e) => {
+                warn!(id = %id, "reading the approval policy: {e}; its hosts are refused, not asked about");
+                Vec::new()
+            }
+        }
+    }
+
+    /// Decides a connection the egress proxy holds (see [`HostApprovals`]).
+    async fn ask_host(&self, ask: rampart_egress::ask::Ask) -> rampart_egress::ask::Answer {
+        use rampart_egress::ask::Answer;
+        let refused = |approval: String| Answer {
+            approved: false,
+            approval,
+            lasting: false,
+        };
+        let Ok(id) = SandboxId::parse(&ask.sandbox) else {
+            return refused("none".into());
+        };
+        let policy = match self
+            .approvals
+            .policy(&id, || self.persist.approval_policy(&id))
+        {
+            Ok(Some(p)) => p,
+            Ok(None) | Err(_) => return refused("none".into()),
+        };
+        let tenant = self.registry.tenant(&id).flatten();
+        let record =
+            |body: rampart_audit::EventBody| self.audit.append(&id, move |_| body, Vec::new());
+        match self
+            .approvals
+            .hold_host(&id, tenant, &policy, &ask, record)
+            .await
+        {
+            Ok(crate::approvals::Outcome::Approved(a)) => Answer {
+                approved: true,
+                approval: a,
+                lasting: true,
+            },
+            Ok(crate::approvals::Outcome::Refused(d)) => Answer {
+                approved: false,
+                lasting: d.decision == "denied",
+                approval: d.id,
+            },
+            Err(e) => {
+                warn!(id = %id, host = %ask.host, "holding a connection for approval: {e}; refused");
+                refused("none".into())
+            }
+        }
+    }
+
     pub(crate) fn record_exec_start(
         &self,
         id: &SandboxId,
         start: ExecStart,
     ) -> Result<ExecRecorder, CoreError> {
         ExecRecorder::start(&self.exec_context(), id, start)
+    }
+}
+
+/// The daemon's approvals as the egress proxy's [`rampart_egress::ask::HostAsker`].
+pub(crate) struct HostApprovals(pub std::sync::Weak<Sandboxes>);
+
+impl rampart_egress::ask::HostAsker for HostApprovals {
+    fn ask(
+        &self,
+        ask: rampart_egress::ask::Ask,
+    ) -> std::pin::Pin<
+        Box<dyn std::future::Future<Output = rampart_egress::ask::Answer> + Send + 'static>,
+    > {
+        let me = self.0.clone();
+        Box::pin(async move {
+            match me.upgrade() {
+                Some(s) => s.ask_host(ask).await,
+                None => rampart_egress::ask::Answer {
+                    approved: false,
+                    approval: "none".into(),
+                    lasting: false,
+                },
+            }
+        })
     }
 }

@@ -11,12 +11,16 @@ impl Sandboxes {
         for rec in alive {
             if rec.state == SandboxState::Running && self.try_reattach(&rec).await {
                 info!(id = %rec.id, "re-attached to running sandbox");
-                self.network.reattach(self.store.as_ref(), &rec).await;
+                self.network
+                    .reattach(self.store.as_ref(), &rec, &self.ask_hosts(&rec.id))
+                    .await;
                 continue;
             }
             if rec.state == SandboxState::Paused && self.try_reattach_paused(&rec).await {
                 info!(id = %rec.id, "re-attached to paused sandbox");
-                self.network.reattach(self.store.as_ref(), &rec).await;
+                self.network
+                    .reattach(self.store.as_ref(), &rec, &self.ask_hosts(&rec.id))
+                    .await;
                 continue;
             }
             let (state, reason) = if rec.state == SandboxState::Creating {
