@@ -375,6 +375,10 @@ pub(crate) struct ChainVerifier {
     /// Approvals requested (id to the request's digest) and those approved.
     requested: std::collections::HashMap<String, String>,
     approved: std::collections::HashSet<String>,
+    /// Host approvals approved: id to the `host:port` asked about.
+    approved_hosts: std::collections::HashMap<String, String>,
+    /// Host approvals requested: id to the `host:port` asked about.
+    asked_hosts: std::collections::HashMap<String, String>,
 }
 
 impl ChainVerifier {
@@ -391,6 +395,8 @@ impl ChainVerifier {
             fs_diffs: std::collections::HashSet::new(),
             requested: std::collections::HashMap::new(),
             approved: std::collections::HashSet::new(),
+            approved_hosts: std::collections::HashMap::new(),
+            asked_hosts: std::collections::HashMap::new(),
         }
     }
 
@@ -455,6 +461,27 @@ impl ChainVerifier {
             EventBody::ApprovalRequested(r) => {
                 self.requested
                     .insert(r.approval_id.clone(), r.digest.clone());
+                if r.kind == "host" {
+                    self.asked_hosts
+                        .insert(r.approval_id.clone(), r.request.clone());
+                }
+            }
+            EventBody::Network(n) => {
+                // A connection let through by an approval names it: one given before, for
+                // this very host and port.
+                let rule = n.detail.get("rule").and_then(|r| r.as_str());
+                if let Some(a) = rule.and_then(|r| r.strip_prefix("approved:")) {
+                    let this = format!("{}:{}", n.host, n.port.unwrap_or(0));
+                    if self.approved_hosts.get(a) != Some(&this) {
+                        return Err(VerifyError::BadBody {
+                            seq: e.seq,
+                            reason: format!(
+                                "a connection to {this} let through under approval {a}, which \
+                                 no record before it approved for that host"
+                            ),
+                        });
+                    }
+                }
             }
             EventBody::ApprovalDecided(d) => {
                 let bad = |reason: String| VerifyError::BadBody { seq: e.seq, reason };
@@ -475,6 +502,9 @@ impl ChainVerifier {
                 }
                 if d.decision == "approved" {
                     self.approved.insert(d.approval_id.clone());
+                    if let Some(h) = self.asked_hosts.get(&d.approval_id) {
+                        self.approved_hosts.insert(d.approval_id.clone(), h.clone());
+                    }
                 }
             }
             EventBody::Exec(x) => {
@@ -751,6 +781,83 @@ mod tests {
             ),
             (vec![requested.clone(), decided("approved", "d2")], 1),
             (vec![decided("approved", "d1")], 0),
+        ] {
+            match run(bodies) {
+                Err(VerifyError::BadBody { seq: s, .. }) => assert_eq!(s, seq),
+                other => panic!("expected a bad body at {seq}: {other:?}"),
+            }
+        }
+    }
+
+    /// A connection let through under an approval names one approved before it, for the
+    /// same host and port.
+    #[test]
+    fn a_connection_runs_only_under_an_approval_of_its_host() {
+        use rampart_types::audit::{ApprovalDecided, ApprovalRequested, Network};
+        let requested = |kind: &str| {
+            EventBody::ApprovalRequested(ApprovalRequested {
+                approval_id: "ap_1".into(),
+                kind: kind.into(),
+                request: "a.example.com:443".into(),
+                digest: "d1".into(),
+                rule: "*.example.com".into(),
+                caller: "sandbox abc".into(),
+            })
+        };
+        let decided = |decision: &str| {
+            EventBody::ApprovalDecided(ApprovalDecided {
+                approval_id: "ap_1".into(),
+                decision: decision.into(),
+                by: "key:j".into(),
+                reason: None,
+                digest: "d1".into(),
+            })
+        };
+        let conn = |host: &str| {
+            EventBody::Network(Network {
+                kind: "connect".into(),
+                host: host.into(),
+                port: Some(443),
+                verdict: "allowed".into(),
+                detail: serde_json::json!({"rule": "approved:ap_1"}),
+            })
+        };
+        let run = |bodies: Vec<EventBody>| {
+            let mut c = Chain::new(sid("abc"));
+            let evs: Vec<_> = bodies
+                .into_iter()
+                .map(|b| c.append(b, now()).unwrap())
+                .collect();
+            verify_chain(&sid("abc"), &evs)
+        };
+        assert!(run(vec![
+            requested("host"),
+            decided("approved"),
+            conn("a.example.com")
+        ])
+        .is_ok());
+        for (bodies, seq) in [
+            (vec![conn("a.example.com")], 0),
+            (
+                vec![requested("host"), decided("denied"), conn("a.example.com")],
+                2,
+            ),
+            (
+                vec![
+                    requested("host"),
+                    decided("approved"),
+                    conn("b.example.com"),
+                ],
+                2,
+            ),
+            (
+                vec![
+                    requested("command"),
+                    decided("approved"),
+                    conn("a.example.com"),
+                ],
+                2,
+            ),
         ] {
             match run(bodies) {
                 Err(VerifyError::BadBody { seq: s, .. }) => assert_eq!(s, seq),

@@ -1033,6 +1033,19 @@ fn held_connections_wait_for_a_person() {
     let text =
         String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{text}\n{}", d.log_tail());
+    // The SDK's verifier agrees (it checks each connection let through names an approval
+    // of its host: see the chain's unit tests for the records it refuses).
+    let py = Command::new("python3")
+        .arg(support::workspace().join("sdk/python/rampart/verify.py"))
+        .arg(&file)
+        .output()
+        .unwrap();
+    assert!(
+        py.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&py.stdout),
+        String::from_utf8_lossy(&py.stderr)
+    );
 }
 
 #[test]

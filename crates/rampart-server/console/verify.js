@@ -179,6 +179,8 @@ const RampartVerify = (() => {
     const used = new Map();
     const requested = new Map();
     const approved = new Set();
+    const askedHosts = new Map();
+    const approvedHosts = new Map();
     for (const [i, e] of b.events.entries()) {
       if (e.sandbox !== sandbox) fail(`record ${i} belongs to another sandbox`);
       if (e.seq !== i) fail(`record at position ${i} has seq ${e.seq}`);
@@ -201,6 +203,16 @@ const RampartVerify = (() => {
       }
       if (body.type === "approval_requested") {
         requested.set(body.approval_id, body.digest);
+        if (body.kind === "host") askedHosts.set(body.approval_id, body.request);
+      } else if (body.type === "network") {
+        const rule = body.detail && body.detail.rule;
+        if (typeof rule === "string" && rule.startsWith("approved:")) {
+          const a = rule.slice("approved:".length);
+          const here = `${body.host}:${body.port || 0}`;
+          if (approvedHosts.get(a) !== here) {
+            fail(`record seq ${i}: a connection to ${here} let through under approval ${a}, which no record before it approved for that host`);
+          }
+        }
       } else if (body.type === "approval_decided") {
         if (!requested.has(body.approval_id)) {
           fail(`record seq ${i}: decides approval ${body.approval_id} that no approval_requested before it asked for`);
@@ -208,7 +220,10 @@ const RampartVerify = (() => {
         if (requested.get(body.approval_id) !== body.digest) {
           fail(`record seq ${i}: decides approval ${body.approval_id} on another request than was asked`);
         }
-        if (body.decision === "approved") approved.add(body.approval_id);
+        if (body.decision === "approved") {
+          approved.add(body.approval_id);
+          if (askedHosts.has(body.approval_id)) approvedHosts.set(body.approval_id, askedHosts.get(body.approval_id));
+        }
       } else if (body.type === "exec") {
         if ("caller" in body && !mayExec(body.caller)) {
           fail(`record seq ${i}: asked by ${body.caller}, whose scopes hold neither exec nor admin`);

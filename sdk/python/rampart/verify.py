@@ -203,6 +203,7 @@ def _verify_bundle(b, trusted_key):
     used = {}
     fs_diffs = set()
     requested, approved = {}, set()
+    asked_hosts, approved_hosts = {}, {}
     for i, e in enumerate(b["events"]):
         if e["sandbox"] != sandbox:
             raise VerificationError(f"record {i} belongs to another sandbox")
@@ -226,6 +227,15 @@ def _verify_bundle(b, trusted_key):
                 raise VerificationError(f"record seq {i}: manifest_digest {m} names no fs_diff record before it")
         elif body.get("type") == "approval_requested":
             requested[body["approval_id"]] = body["digest"]
+            if body.get("kind") == "host":
+                asked_hosts[body["approval_id"]] = body["request"]
+        elif body.get("type") == "network":
+            rule = (body.get("detail") or {}).get("rule")
+            if isinstance(rule, str) and rule.startswith("approved:"):
+                a = rule[len("approved:"):]
+                this = f"{body['host']}:{body['port'] or 0}"
+                if approved_hosts.get(a) != this:
+                    raise VerificationError(f"record seq {i}: a connection to {this} let through under approval {a}, which no record before it approved for that host")
         elif body.get("type") == "approval_decided":
             a = body["approval_id"]
             if a not in requested:
@@ -234,6 +244,8 @@ def _verify_bundle(b, trusted_key):
                 raise VerificationError(f"record seq {i}: decides approval {a} on another request than was asked")
             if body["decision"] == "approved":
                 approved.add(a)
+                if a in asked_hosts:
+                    approved_hosts[a] = asked_hosts[a]
         elif body.get("type") == "exec" and "caller" in body and not may_exec(body["caller"]):
             raise VerificationError(f"record seq {i}: asked by {body['caller']}, whose scopes hold neither exec nor admin")
         if body.get("type") == "exec" and "approval" in body:
