@@ -4,7 +4,7 @@ use crate::canonical::{normalize_numbers, EncodeError, StrictValue};
 use crate::error::VerifyError;
 use crate::hash::{event_canonical_bytes, event_hash, genesis, sha256, EVENT_DOMAIN};
 use crate::merkle::HeadLeaf;
-use rampart_types::audit::{Event, EventBody, Hash};
+use rampart_types::audit::{Authority, Event, EventBody, Hash};
 use rampart_types::SandboxId;
 use serde::Deserialize;
 use serde_json::Value;
@@ -182,6 +182,7 @@ impl Chain {
             &time,
             self.sandbox.as_str(),
             &self.head,
+            None,
             &value,
             &mut scratch,
         )?;
@@ -191,6 +192,7 @@ impl Chain {
             sandbox: self.sandbox.clone(),
             prev: self.head,
             hash,
+            auth: None,
             body,
         })
     }
@@ -203,9 +205,15 @@ impl Chain {
         &self,
         mut body: EventBody,
         time: String,
+        auth: Option<Authority>,
     ) -> Result<(Event, String), EncodeError> {
         normalize_body(&mut body);
         let value = serde_json::to_value(&body).map_err(|e| EncodeError::Json(e.to_string()))?;
+        let auth_value = auth
+            .as_ref()
+            .map(serde_json::to_value)
+            .transpose()
+            .map_err(|e| EncodeError::Json(e.to_string()))?;
         let mut buf = Vec::with_capacity(1024);
         buf.extend_from_slice(EVENT_DOMAIN);
         event_canonical_bytes(
@@ -213,6 +221,7 @@ impl Chain {
             &time,
             self.sandbox.as_str(),
             &self.head,
+            auth_value.as_ref(),
             &value,
             &mut buf,
         )?;
@@ -242,6 +251,7 @@ impl Chain {
             sandbox: self.sandbox.clone(),
             prev: self.head,
             hash,
+            auth,
             body,
         };
         Ok((event, json))
@@ -260,12 +270,19 @@ impl Chain {
         }
         let value =
             serde_json::to_value(&event.body).map_err(|e| EncodeError::Json(e.to_string()))?;
+        let auth = event
+            .auth
+            .as_ref()
+            .map(serde_json::to_value)
+            .transpose()
+            .map_err(|e| EncodeError::Json(e.to_string()))?;
         let mut scratch = Vec::with_capacity(512);
         let hash = event_hash(
             event.seq,
             &event.time,
             event.sandbox.as_str(),
             &event.prev,
+            auth.as_ref(),
             &value,
             &mut scratch,
         )?;
@@ -314,7 +331,21 @@ pub(crate) struct RawEvent {
     pub sandbox: String,
     pub prev: Hash,
     pub hash: Hash,
+    /// Absent in older records; never `null` (one meaning, one spelling).
+    #[serde(default, deserialize_with = "present")]
+    pub auth: Option<StrictValue>,
     pub body: StrictValue,
+}
+
+/// A member that, when present, has a value (`null` is refused).
+fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<StrictValue>, D::Error> {
+    let v = StrictValue::deserialize(d)?;
+    if v.0.is_null() {
+        return Err(serde::de::Error::custom(
+            "auth is absent or an object, never null",
+        ));
+    }
+    Ok(Some(v))
 }
 
 /// Checks typed events as one sandbox's complete log from seq 0: order, links, hashes,
@@ -326,12 +357,22 @@ pub fn verify_chain(sandbox: &SandboxId, events: &[Event]) -> Result<ChainSummar
             position: i as u64,
             reason: err.to_string(),
         })?;
+        let auth = e
+            .auth
+            .as_ref()
+            .map(|a| serde_json::to_value(a).map(StrictValue))
+            .transpose()
+            .map_err(|err| VerifyError::BadRecord {
+                position: i as u64,
+                reason: err.to_string(),
+            })?;
         let raw = RawEvent {
             seq: e.seq,
             time: e.time.clone(),
             sandbox: e.sandbox.to_string(),
             prev: e.prev,
             hash: e.hash,
+            auth,
             body: StrictValue(body),
         };
         v.check(&raw, |seq| events[i + 1..].iter().any(|x| x.seq == seq))?;
@@ -379,6 +420,8 @@ pub(crate) struct ChainVerifier {
     approved_hosts: std::collections::HashMap<String, String>,
     /// Host approvals requested: id to the `host:port` asked about.
     asked_hosts: std::collections::HashMap<String, String>,
+    /// The policy in force so far.
+    policy: crate::authority::PolicyState,
 }
 
 impl ChainVerifier {
@@ -397,6 +440,7 @@ impl ChainVerifier {
             approved: std::collections::HashSet::new(),
             approved_hosts: std::collections::HashMap::new(),
             asked_hosts: std::collections::HashMap::new(),
+            policy: crate::authority::PolicyState::new(),
         }
     }
 
@@ -443,6 +487,7 @@ impl ChainVerifier {
             &e.time,
             &e.sandbox,
             &e.prev,
+            e.auth.as_ref().map(|a| &a.0),
             &e.body.0,
             &mut self.scratch,
         )
@@ -454,6 +499,32 @@ impl ChainVerifier {
             return Err(VerifyError::BadHash { seq: e.seq });
         }
         let body = interpret(e.seq, &e.body.0)?;
+        self.policy.observe(&body);
+        if let Some(a) = &e.auth {
+            let a = Authority::deserialize(&a.0).map_err(|err| VerifyError::BadBody {
+                seq: e.seq,
+                reason: format!("auth: {err}"),
+            })?;
+            if a.policy != self.policy.digest() {
+                return Err(VerifyError::BadBody {
+                    seq: e.seq,
+                    reason: format!(
+                        "names policy {}, but the policy the record puts in force is {}",
+                        a.policy.short(),
+                        self.policy.digest().short()
+                    ),
+                });
+            }
+            if matches!(body, EventBody::Exec(_)) && !may_exec(&a.principal) {
+                return Err(VerifyError::BadBody {
+                    seq: e.seq,
+                    reason: format!(
+                        "done for {}, whose scopes hold neither exec nor admin",
+                        a.principal
+                    ),
+                });
+            }
+        }
         match &body {
             EventBody::FsDiff(_) => {
                 self.fs_diffs.insert(e.hash);
@@ -514,6 +585,17 @@ impl ChainVerifier {
                             seq: e.seq,
                             reason: format!(
                                 "asked by {c}, whose scopes hold neither exec nor admin"
+                            ),
+                        });
+                    }
+                }
+                if x.approval.is_none() {
+                    if let Some(rule) = self.policy.holds(&x.argv) {
+                        return Err(VerifyError::BadBody {
+                            seq: e.seq,
+                            reason: format!(
+                                "runs a command the approval policy holds ({rule:?}) without \
+                                 an approval"
                             ),
                         });
                     }
@@ -638,12 +720,102 @@ mod tests {
             }),
         ];
         for body in bodies {
-            let (event, json) = c.next_event_json(body.clone(), now()).unwrap();
-            assert_eq!(event, c.next_event(body, event.time.clone()).unwrap());
+            let (event, json) = c.next_event_json(body.clone(), now(), None).unwrap();
+            assert_eq!(
+                event,
+                c.next_event(body.clone(), event.time.clone()).unwrap()
+            );
             let value = serde_json::to_value(&event).unwrap();
             assert_eq!(json.as_bytes(), to_canonical(&value).unwrap());
-            c.advance(&event).unwrap();
+            // With an authority: sorted before the body, covered by the hash.
+            let auth = Authority {
+                principal: "key:k1:ci (exec)".into(),
+                policy: crate::authority::PolicyState::new().digest(),
+            };
+            let (signed, json) = c.next_event_json(body, now(), Some(auth)).unwrap();
+            assert_ne!(signed.hash, event.hash);
+            let value = serde_json::to_value(&signed).unwrap();
+            assert_eq!(json.as_bytes(), to_canonical(&value).unwrap());
+            assert!(json.starts_with("{\"auth\":{"), "{json}");
+            c.advance(&signed).unwrap();
         }
+    }
+
+    /// Each event's `auth` names the policy the record puts in force at it, and an exec
+    /// is done for a principal that may exec.
+    #[test]
+    fn an_event_names_the_policy_the_record_puts_in_force() {
+        use rampart_types::audit::{Created, Exec, PolicyChanged};
+        let created = EventBody::Created(Created {
+            spec: serde_json::json!({"approvals": {"commands": ["^rm "]}}),
+            template: "base".into(),
+            template_digest: "x".into(),
+            policy: serde_json::json!({"mode": "none"}),
+            caller: "local".into(),
+        });
+        let changed = EventBody::PolicyChanged(PolicyChanged {
+            policy: serde_json::json!({"mode": "open"}),
+        });
+        let exec = |argv: &[&str]| {
+            EventBody::Exec(Exec {
+                exec_id: "x1".into(),
+                argv: argv.iter().map(|a| a.to_string()).collect(),
+                cwd: None,
+                user: "user".into(),
+                env_names: vec![],
+                stdin: false,
+                pty: false,
+                input: None,
+                caller: None,
+                approval: None,
+            })
+        };
+        // Events as the daemon makes them: the digest after each body.
+        let build = |bodies: &[EventBody], principal: &str, lie_at: Option<usize>| {
+            let mut c = Chain::new(sid("abc"));
+            let mut p = crate::authority::PolicyState::new();
+            let mut out = Vec::new();
+            for (i, b) in bodies.iter().enumerate() {
+                p.observe(b);
+                let policy = if lie_at == Some(i) {
+                    crate::authority::PolicyState::new().digest()
+                } else {
+                    p.digest()
+                };
+                let auth = Authority {
+                    principal: principal.into(),
+                    policy,
+                };
+                let (e, _) = c.next_event_json(b.clone(), now(), Some(auth)).unwrap();
+                c.advance(&e).unwrap();
+                out.push(e);
+            }
+            verify_chain(&sid("abc"), &out)
+        };
+        let bodies = [created.clone(), exec(&["ls"]), changed, exec(&["ls"])];
+        assert!(build(&bodies, "key:k:ci (exec)", None).is_ok());
+        for lie in [0, 1, 2, 3] {
+            assert!(
+                matches!(
+                    build(&bodies, "key:k:ci (exec)", Some(lie)),
+                    Err(VerifyError::BadBody { seq, .. }) if seq == lie as u64
+                ),
+                "a stale policy digest at {lie} verified"
+            );
+        }
+        assert!(matches!(
+            build(&bodies, "key:k:ro (audit)", None),
+            Err(VerifyError::BadBody { seq: 1, .. })
+        ));
+        // A command the approval policy holds, recorded without an approval.
+        assert!(matches!(
+            build(
+                &[created, exec(&["rm", "-rf", "/"])],
+                "key:k:ci (exec)",
+                None
+            ),
+            Err(VerifyError::BadBody { seq: 1, .. })
+        ));
     }
 
     #[test]

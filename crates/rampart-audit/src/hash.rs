@@ -39,19 +39,28 @@ pub fn genesis(sandbox: &SandboxId) -> Hash {
 }
 
 /// The canonical bytes an event's hash covers: the canonical JSON of the object
-/// `{"body","prev","sandbox","seq","time"}` (the event without its `hash` member).
+/// `{"auth","body","prev","sandbox","seq","time"}` (the event without its `hash` member;
+/// `auth` only when the event has one).
 pub fn event_canonical_bytes(
     seq: u64,
     time: &str,
     sandbox: &str,
     prev: &Hash,
+    auth: Option<&Value>,
     body: &Value,
     out: &mut Vec<u8>,
 ) -> Result<(), EncodeError> {
     if seq > crate::canonical::MAX_SAFE_INTEGER {
         return Err(EncodeError::IntegerOutOfRange(seq.to_string()));
     }
-    out.extend_from_slice(b"{\"body\":");
+    match auth {
+        Some(a) => {
+            out.extend_from_slice(b"{\"auth\":");
+            write_canonical(a, out)?;
+            out.extend_from_slice(b",\"body\":");
+        }
+        None => out.extend_from_slice(b"{\"body\":"),
+    }
     write_canonical(body, out)?;
     out.extend_from_slice(b",\"prev\":\"");
     let mut hex = String::with_capacity(64);
@@ -69,17 +78,19 @@ pub fn event_canonical_bytes(
 
 /// An event's hash: `SHA-256(EVENT_DOMAIN || event_canonical_bytes(..))`. `scratch` is a
 /// reusable buffer (cleared first).
+#[allow(clippy::too_many_arguments)]
 pub fn event_hash(
     seq: u64,
     time: &str,
     sandbox: &str,
     prev: &Hash,
+    auth: Option<&Value>,
     body: &Value,
     scratch: &mut Vec<u8>,
 ) -> Result<Hash, EncodeError> {
     scratch.clear();
     scratch.extend_from_slice(EVENT_DOMAIN);
-    event_canonical_bytes(seq, time, sandbox, prev, body, scratch)?;
+    event_canonical_bytes(seq, time, sandbox, prev, auth, body, scratch)?;
     Ok(sha256(scratch))
 }
 

@@ -55,6 +55,7 @@
 //! A later tree head can be shown to extend an earlier one with
 //! [`MerkleLog::consistency_proof`] / [`merkle::verify_consistency`].
 
+pub mod authority;
 pub mod bundle;
 pub mod canonical;
 pub mod chain;

@@ -78,6 +78,7 @@ fn rehash(v: &mut Value, from: usize) {
             e["time"].as_str().unwrap(),
             e["sandbox"].as_str().unwrap(),
             &prev,
+            e.get("auth"),
             &e["body"],
             &mut scratch,
         )

@@ -628,6 +628,64 @@ fn the_policy_survives_a_daemon_restart() {
         Some(json!({"cmd": ["true"]})),
     );
     assert_eq!(st, 200, "not held: {r}");
+    // Every event names who it was for and the policy in force; the restarted daemon read
+    // the policy back from the record, so its events name the same digest, and it verifies.
+    let admin = support::admin_key();
+    let (st, log) = call(
+        &d.url,
+        admin,
+        Method::GET,
+        &format!("/v1/sandboxes/{id}/audit?limit=10000"),
+        None,
+    );
+    assert_eq!(st, 200, "{log}");
+    let events = log["events"].as_array().unwrap();
+    let digests: std::collections::BTreeSet<&str> = events
+        .iter()
+        .map(|e| {
+            e["auth"]["policy"]
+                .as_str()
+                .unwrap_or_else(|| panic!("{e}"))
+        })
+        .collect();
+    assert_eq!(digests.len(), 1, "one policy all along: {digests:?}");
+    for e in events {
+        let who = e["auth"]["principal"].as_str().unwrap();
+        match e["body"]["type"].as_str().unwrap() {
+            "created" | "exec" | "exit" | "approval_requested" => {
+                assert!(who.starts_with("key:"), "{e}")
+            }
+            _ => {}
+        }
+    }
+    let bundle = http()
+        .get(format!("{}/v1/sandboxes/{id}/audit/bundle", d.url))
+        .header("authorization", format!("Bearer {admin}"))
+        .send()
+        .unwrap()
+        .bytes()
+        .unwrap();
+    let file = d.root.join("bundle.json");
+    std::fs::write(&file, &bundle).unwrap();
+    for verifier in [
+        Command::new(env!("CARGO_BIN_EXE_rampart"))
+            .args(["audit", "verify"])
+            .arg(&file)
+            .output()
+            .unwrap(),
+        Command::new("python3")
+            .arg(support::workspace().join("sdk/python/rampart/verify.py"))
+            .arg(&file)
+            .output()
+            .unwrap(),
+    ] {
+        assert!(
+            verifier.status.success(),
+            "{}{}",
+            String::from_utf8_lossy(&verifier.stdout),
+            String::from_utf8_lossy(&verifier.stderr)
+        );
+    }
 }
 
 /// The test internet of [`held_connections_wait_for_a_person`]: DNS for the names of

@@ -115,39 +115,7 @@ pub fn floor(tenant: &ApprovalPolicy, own: Option<ApprovalPolicy>) -> ApprovalPo
     }
 }
 
-/// The texts a command is matched as: its argv joined with shell quoting, and for a shell
-/// given a script (`sh -c S`, `bash -lc S`, ...) the script.
-pub fn command_lines(argv: &[String]) -> Vec<String> {
-    let mut out = vec![shell_join(argv)];
-    let shell = argv.first().map(|p| p.rsplit('/').next().unwrap_or(p));
-    if matches!(shell, Some("sh" | "bash" | "dash" | "zsh" | "ash")) {
-        if let Some(i) = argv
-            .iter()
-            .position(|a| a.starts_with('-') && !a.starts_with("--") && a.contains('c'))
-        {
-            if let Some(script) = argv.get(i + 1) {
-                out.push(script.clone());
-            }
-        }
-    }
-    out
-}
-
-fn shell_join(argv: &[String]) -> String {
-    argv.iter()
-        .map(|a| {
-            if !a.is_empty()
-                && a.bytes()
-                    .all(|b| b.is_ascii_alphanumeric() || b"@%+=:,./-_".contains(&b))
-            {
-                a.clone()
-            } else {
-                format!("'{}'", a.replace('\'', r"'\''"))
-            }
-        })
-        .collect::<Vec<_>>()
-        .join(" ")
-}
+pub use rampart_types::approval::{command_lines, shell_join};
 
 impl Compiled {
     /// The pattern `argv` matches first, if any.

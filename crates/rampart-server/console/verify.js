@@ -181,6 +181,9 @@ const RampartVerify = (() => {
     const approved = new Set();
     const askedHosts = new Map();
     const approvedHosts = new Map();
+    let approvalsPolicy = null;
+    let networkPolicy = null;
+    let inForce = null;
     for (const [i, e] of b.events.entries()) {
       if (e.sandbox !== sandbox) fail(`record ${i} belongs to another sandbox`);
       if (e.seq !== i) fail(`record at position ${i} has seq ${e.seq}`);
@@ -188,10 +191,35 @@ const RampartVerify = (() => {
         fail(`record seq ${i} does not link to the one before it`);
       }
       const signed = pick(e, ["body", "prev", "sandbox", "seq", "time"]);
+      if ("auth" in e) {
+        if (!e.auth || typeof e.auth !== "object") fail(`record seq ${i}: auth is absent or an object, never ${e.auth}`);
+        signed.auth = e.auth;
+      }
       const h = await sha256(concat(enc.encode("rampart.audit.event.v1\0"), enc.encode(canonical(signed))));
       if (hex(h) !== e.hash) fail(`record seq ${i}: its content does not match its hash`);
       head = h;
       const body = e.body || {};
+      // The policy in force, as the record puts it: the create request's approvals and
+      // the network policy (then each policy_changed); each event's auth names its digest.
+      if (body.type === "created") {
+        approvalsPolicy = (body.spec && "approvals" in body.spec) ? body.spec.approvals : null;
+        networkPolicy = "policy" in body ? body.policy : null;
+        inForce = null;
+      } else if (body.type === "policy_changed") {
+        networkPolicy = body.policy;
+        inForce = null;
+      }
+      if ("auth" in e) {
+        if (inForce === null) {
+          inForce = hex(await sha256(enc.encode(canonical({ approvals: approvalsPolicy, network: networkPolicy }))));
+        }
+        if (e.auth.policy !== inForce) {
+          fail(`record seq ${i}: names policy ${e.auth.policy}, but the policy the record puts in force is ${inForce}`);
+        }
+        if (body.type === "exec" && !mayExec(e.auth.principal || "")) {
+          fail(`record seq ${i}: done for ${e.auth.principal}, whose scopes hold neither exec nor admin`);
+        }
+      }
       if (body.type === "fs_diff") {
         fsDiffs.add(hex(h));
       } else if (body.type === "destroyed") {

@@ -76,3 +76,40 @@ pub struct Decision {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
 }
+
+/// The texts a command line is matched as by a policy's `commands` patterns: its argv
+/// joined with shell quoting, and for a shell given a script (`sh -c S`, `bash -lc S`, ...)
+/// the script. (The daemon holds by these; a verifier checks by them.)
+pub fn command_lines(argv: &[String]) -> Vec<String> {
+    let mut out = vec![shell_join(argv)];
+    let shell = argv.first().map(|p| p.rsplit('/').next().unwrap_or(p));
+    if matches!(shell, Some("sh" | "bash" | "dash" | "zsh" | "ash")) {
+        if let Some(i) = argv
+            .iter()
+            .position(|a| a.starts_with('-') && !a.starts_with("--") && a.contains('c'))
+        {
+            if let Some(script) = argv.get(i + 1) {
+                out.push(script.clone());
+            }
+        }
+    }
+    out
+}
+
+/// `argv` joined as a POSIX shell would read it back: words of safe characters as they are,
+/// the rest in single quotes.
+pub fn shell_join(argv: &[String]) -> String {
+    argv.iter()
+        .map(|a| {
+            if !a.is_empty()
+                && a.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"@%+=:,./-_".contains(&b))
+            {
+                a.clone()
+            } else {
+                format!("'{}'", a.replace('\'', r"'\''"))
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}

@@ -157,8 +157,32 @@ pub struct Event {
     pub prev: Hash,
     /// This record's hash.
     pub hash: Hash,
+    /// Who it was done for and the policy in force (absent in records made before events
+    /// named them; never `null`, see [`added_member`]). Covered by `hash`.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "added_member"
+    )]
+    pub auth: Option<Authority>,
     /// What happened.
     pub body: EventBody,
+}
+
+/// Who an event was done for, and the digest of the policy in force when it was.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Authority {
+    /// The principal, as `created.caller` names callers (`key:<id>:<name> (<scopes>)
+    /// tenant <t> from <addr>`, `socket uid 0`, `e2b-key:...`); `sandbox` for what the
+    /// sandbox's own processes did (its network traffic); `node` for the daemon's own work
+    /// (the reaper, recovery).
+    pub principal: String,
+    /// SHA-256 of the canonical JSON of `{"approvals": A, "network": N}`: the sandbox's
+    /// approval policy (its create request's `approvals`, `null` when none) and its network
+    /// policy (`created.policy`, then each `policy_changed.policy`), as the record holds
+    /// them. A verifier recomputes it from the record.
+    pub policy: Hash,
 }
 
 /// What an audit event records, tagged by `type`.

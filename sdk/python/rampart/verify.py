@@ -19,6 +19,7 @@ import dataclasses
 import hashlib
 import json
 import math
+import re
 import sys
 from typing import Any, Optional
 
@@ -124,6 +125,54 @@ def may_exec(caller: str) -> bool:
     return bool(groups) and any(s in ("exec", "admin") for s in groups[-1].split(","))
 
 
+def policy_digest(approvals: Any, network: Any) -> str:
+    """The digest an event's ``auth.policy`` names: SHA-256 of the canonical JSON of
+    ``{"approvals": A, "network": N}`` (free numbers normalized)."""
+    v = normalize_numbers({"approvals": approvals, "network": network})
+    return _sha256(canonical(v).encode()).hex()
+
+
+_SAFE = set(b"@%+=:,./-_")
+
+
+def _shell_join(argv) -> str:
+    out = []
+    for a in argv:
+        if a and all(c < 128 and (chr(c).isalnum() or c in _SAFE) for c in a.encode()):
+            out.append(a)
+        else:
+            out.append("'" + a.replace("'", "'\\''") + "'")
+    return " ".join(out)
+
+
+def command_lines(argv) -> list:
+    """The texts an approval policy's command patterns are matched against."""
+    out = [_shell_join(argv)]
+    shell = argv[0].rsplit("/", 1)[-1] if argv else None
+    if shell in ("sh", "bash", "dash", "zsh", "ash"):
+        for i, a in enumerate(argv):
+            if a.startswith("-") and not a.startswith("--") and "c" in a:
+                if i + 1 < len(argv):
+                    out.append(argv[i + 1])
+                break
+    return out
+
+
+def _holds(patterns, argv) -> Optional[str]:
+    """The pattern of ``patterns`` that holds ``argv`` (Python's re reads the patterns;
+    one it cannot read holds every command, as the node holds under a pattern it cannot
+    compile)."""
+    lines = command_lines(argv)
+    for p in patterns:
+        try:
+            r = re.compile(p)
+        except re.error:
+            return p
+        if any(r.search(line) for line in lines):
+            return p
+    return None
+
+
 def _key_bytes(text: str) -> bytes:
     try:
         b = bytes.fromhex(text.strip().removeprefix("ed25519:"))
@@ -203,6 +252,8 @@ def _verify_bundle(b, trusted_key):
     used = {}
     fs_diffs = set()
     requested, approved = {}, set()
+    approvals_policy, network_policy, patterns = None, None, []
+    in_force = policy_digest(None, None)
     asked_hosts, approved_hosts = {}, {}
     for i, e in enumerate(b["events"]):
         if e["sandbox"] != sandbox:
@@ -212,11 +263,32 @@ def _verify_bundle(b, trusted_key):
         if bytes.fromhex(e["prev"]) != head:
             raise VerificationError(f"record seq {i} does not link to the one before it")
         signed = {k: e[k] for k in ("body", "prev", "sandbox", "seq", "time")}
+        if "auth" in e:
+            if not isinstance(e["auth"], dict):
+                raise VerificationError(f"record seq {i}: auth is absent or an object, never {e['auth']!r}")
+            signed["auth"] = e["auth"]
         h = _sha256(b"rampart.audit.event.v1\0" + canonical(signed).encode())
         if h.hex() != e["hash"]:
             raise VerificationError(f"record seq {i}: its content does not match its hash")
         head = h
         body = e["body"]
+        if body.get("type") == "created":
+            approvals_policy = (body.get("spec") or {}).get("approvals")
+            network_policy = body.get("policy")
+            patterns = [p for p in ((approvals_policy or {}).get("commands") or []) if isinstance(p, str)]
+            in_force = policy_digest(approvals_policy, network_policy)
+        elif body.get("type") == "policy_changed":
+            network_policy = body.get("policy")
+            in_force = policy_digest(approvals_policy, network_policy)
+        if "auth" in e:
+            if e["auth"].get("policy") != in_force:
+                raise VerificationError(f"record seq {i}: names policy {e['auth'].get('policy')}, but the policy the record puts in force is {in_force}")
+            if body.get("type") == "exec" and not may_exec(e["auth"].get("principal", "")):
+                raise VerificationError(f"record seq {i}: done for {e['auth'].get('principal')}, whose scopes hold neither exec nor admin")
+        if body.get("type") == "exec" and "approval" not in body:
+            rule = _holds(patterns, body.get("argv") or [])
+            if rule is not None:
+                raise VerificationError(f"record seq {i}: runs a command the approval policy holds ({rule!r}) without an approval")
         if body.get("type") == "fs_diff":
             fs_diffs.add(h.hex())
         elif body.get("type") == "destroyed":

@@ -89,13 +89,31 @@ struct NodeLog {
     published: HashMap<SandboxId, u64>,
 }
 
+/// A sandbox's chain and the policy its record puts in force (named by each event).
+#[derive(Debug)]
+struct Chained {
+    chain: Chain,
+    policy: rampart_audit::authority::PolicyState,
+}
+
+/// The principal an event is recorded for: the request's, `sandbox` for what the sandbox's
+/// processes did on their own (network traffic), `node` for the daemon's own work.
+fn principal_of(body: &EventBody) -> String {
+    if matches!(body, EventBody::Network(_) | EventBody::SecretUsed(_)) {
+        return "sandbox".into();
+    }
+    crate::principal::current()
+        .map(|p| p.caller)
+        .unwrap_or_else(|| "node".into())
+}
+
 /// The recorder. One per daemon.
 #[derive(Debug)]
 pub(crate) struct Audit {
     cfg: AuditConfig,
     store: Arc<dyn SandboxStore>,
     key: NodeKey,
-    chains: Mutex<HashMap<SandboxId, Arc<Mutex<Chain>>>>,
+    chains: Mutex<HashMap<SandboxId, Arc<Mutex<Chained>>>>,
     node: Mutex<NodeLog>,
     templates: Mutex<HashMap<String, String>>,
     appended: tokio::sync::watch::Sender<u64>,
@@ -288,23 +306,55 @@ impl Audit {
     }
 
     /// The chain of a sandbox: in memory, or resumed from its last stored event.
-    fn chain(&self, id: &SandboxId) -> Result<Arc<Mutex<Chain>>, CoreError> {
+    fn chain(&self, id: &SandboxId) -> Result<Arc<Mutex<Chained>>, CoreError> {
         if let Some(c) = lock(&self.chains).get(id) {
             return Ok(c.clone());
         }
         self.flush()?;
-        let chain = match self.store.last_event(id).map_err(CoreError::from)? {
-            Some((seq, hash)) => Chain::resume(
-                id.clone(),
-                seq + 1,
-                Hash::parse(&hash).map_err(|e| enc(format!("stored hash {hash:?}: {e}")))?,
+        let (chain, policy) = match self.store.last_event(id).map_err(CoreError::from)? {
+            Some((seq, hash)) => (
+                Chain::resume(
+                    id.clone(),
+                    seq + 1,
+                    Hash::parse(&hash).map_err(|e| enc(format!("stored hash {hash:?}: {e}")))?,
+                ),
+                self.stored_policy(id)?,
             ),
-            None => Chain::new(id.clone()),
+            None => (Chain::new(id.clone()), Default::default()),
         };
         Ok(lock(&self.chains)
             .entry(id.clone())
-            .or_insert_with(|| Arc::new(Mutex::new(chain)))
+            .or_insert_with(|| Arc::new(Mutex::new(Chained { chain, policy })))
             .clone())
+    }
+
+    /// The policy a sandbox's stored record puts in force (after a restart): its `created`
+    /// and every `policy_changed`, read back.
+    fn stored_policy(
+        &self,
+        id: &SandboxId,
+    ) -> Result<rampart_audit::authority::PolicyState, CoreError> {
+        let mut policy = rampart_audit::authority::PolicyState::new();
+        let mut after = None;
+        loop {
+            let page = self
+                .store
+                .events(id, after, 1000)
+                .map_err(CoreError::from)?;
+            let Some(last) = page.last() else { break };
+            after = Some(last.seq);
+            for e in &page {
+                if !(e.json.contains("\"type\":\"created\"")
+                    || e.json.contains("\"type\":\"policy_changed\""))
+                {
+                    continue;
+                }
+                let ev: rampart_types::audit::Event = serde_json::from_str(&e.json)
+                    .map_err(|err| enc(format!("stored event {} of {id}: {err}", e.seq)))?;
+                policy.observe(&ev.body);
+            }
+        }
+        Ok(policy)
     }
 
     /// Records an event made by `body` (given the event's seq) with `blobs`, inside the store
@@ -344,18 +394,32 @@ impl Audit {
         }
         let chain = self.chain(id)?;
         let mut chain = lock(&chain);
-        if (only_if_started && chain.is_empty()) || (unless_ended && self.is_ended(id)) {
+        if (only_if_started && chain.chain.is_empty()) || (unless_ended && self.is_ended(id)) {
             drop(chain);
             return write(None);
         }
-        let body = body(chain.len());
+        let body = body(chain.chain.len());
         // Marked under the chain's lock: an append waiting for it sees the end.
         let ending = matches!(body, EventBody::Destroyed(_));
         if ending {
             self.set_ended(id, true);
         }
+        // Who it is for, and the policy in force (a `created` or `policy_changed` puts its
+        // own in force: kept once the event is written).
+        let next_policy = match body {
+            EventBody::Created(_) | EventBody::PolicyChanged(_) => {
+                let mut p = chain.policy.clone();
+                p.observe(&body);
+                Some(p)
+            }
+            _ => None,
+        };
+        let auth = rampart_types::audit::Authority {
+            principal: principal_of(&body),
+            policy: next_policy.as_ref().unwrap_or(&chain.policy).digest(),
+        };
         // One encoding of the body gives both the hash and the stored canonical JSON.
-        let (event, json) = match chain.next_event_json(body, now()) {
+        let (event, json) = match chain.chain.next_event_json(body, now(), Some(auth)) {
             Ok(x) => x,
             Err(e) => {
                 if ending {
@@ -387,7 +451,10 @@ impl Audit {
         };
         // The event was made by `next_event` on this chain under this lock: moving past it
         // needs no second hash computation (what `advance` would check).
-        *chain = Chain::resume(id.clone(), event.seq + 1, event.hash);
+        chain.chain = Chain::resume(id.clone(), event.seq + 1, event.hash);
+        if let Some(p) = next_policy {
+            chain.policy = p;
+        }
         drop(chain);
         self.appended.send_modify(|n| *n = n.wrapping_add(1));
         Ok(out)
@@ -486,7 +553,7 @@ impl Audit {
     fn current(&self, id: &SandboxId) -> Result<(u64, Hash), CoreError> {
         let c = self.chain(id)?;
         let c = lock(&c);
-        Ok((c.len(), c.head()))
+        Ok((c.chain.len(), c.chain.head()))
     }
 
     /// Publishes the heads of `ids` that moved since their last publication, and signs a
