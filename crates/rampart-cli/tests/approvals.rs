@@ -649,6 +649,11 @@ fn the_policy_survives_a_daemon_restart() {
         })
         .collect();
     assert_eq!(digests.len(), 1, "one policy all along: {digests:?}");
+    assert_eq!(
+        events[0]["body"]["spec"]["approvals"]["commands"],
+        json!(["^rm "]),
+        "the record holds the approval policy its digests name"
+    );
     for e in events {
         let who = e["auth"]["principal"].as_str().unwrap();
         match e["body"]["type"].as_str().unwrap() {

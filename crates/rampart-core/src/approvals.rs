@@ -30,6 +30,8 @@ const DECIDED_KEPT: usize = 4096;
 /// A checked policy.
 #[derive(Debug)]
 pub(crate) struct Compiled {
+    /// The policy as given (the record's `created.spec.approvals`).
+    pub(crate) source: ApprovalPolicy,
     patterns: Vec<(String, regex::Regex)>,
     /// Hosts asked about (network rule syntax, checked by the egress tier).
     pub(crate) hosts: Vec<String>,
@@ -79,6 +81,7 @@ pub(crate) fn compile(p: &ApprovalPolicy) -> Result<Compiled, CoreError> {
         Some(s) => Duration::from_secs(s),
     };
     Ok(Compiled {
+        source: p.clone(),
         patterns,
         hosts: p.hosts.clone(),
         timeout,
@@ -237,6 +240,7 @@ impl Approvals {
         compile(p).unwrap_or_else(|e| {
             tracing::error!(id = %id, "the sandbox's approval policy does not compile ({e}); every command is held");
             Compiled {
+                source: p.clone(),
                 patterns: vec![(".*".into(), regex::Regex::new(".*").expect("a valid pattern"))],
                 hosts: Vec::new(),
                 timeout: DEFAULT_TIMEOUT,

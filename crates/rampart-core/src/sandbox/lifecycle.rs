@@ -229,6 +229,15 @@ impl Sandboxes {
             // The policy it starts with (its secrets are named in no record).
             c.policy = serde_json::to_value(&n.policy).unwrap_or_default();
         }
+        if let EventBody::Created(c) = &mut created {
+            // Its approval policy (kept at create): what holds its commands and hosts.
+            if let Ok(Some(p)) = self
+                .approvals
+                .policy(&new.id, || self.persist.approval_policy(&new.id))
+            {
+                c.spec["approvals"] = serde_json::to_value(&p.source).unwrap_or_default();
+            }
+        }
         let store = &self.store;
         self.audit.record(
             &new.id,
