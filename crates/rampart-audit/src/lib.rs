@@ -65,6 +65,7 @@ pub mod error;
 pub mod hash;
 pub mod key;
 pub mod merkle;
+pub mod redact;
 pub mod report;
 pub mod usage;
 

@@ -347,6 +347,13 @@ impl Activity {
                     .map(|r| format!(": {}", printable(r)))
                     .unwrap_or_default()
             ),
+            EventBody::Redacted(r) => format!(
+                "{} of {} edited: {} value(s) of {} redacted",
+                printable(&r.field),
+                printable(&r.exec_id),
+                r.count,
+                printable(&r.names.join(", "))
+            ),
             EventBody::Destroyed(d) => format!(
                 "destroyed ({}), final manifest {}",
                 printable(&d.reason),

@@ -747,3 +747,121 @@ fn wait_until_recorded(d: &Daemon, id: &str, mut f: impl FnMut(&[Value]) -> bool
         std::thread::sleep(Duration::from_millis(50));
     }
 }
+
+/// Values declared sensitive at create (`secret_env`) reach the process and the caller, but
+/// the record keeps every exec's input and output with them redacted, and says where in
+/// `redacted` events; the bundle holds the value nowhere and verifies.
+#[test]
+fn declared_secrets_are_redacted_from_the_record_and_each_edit_is_an_event() {
+    let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(why) = skip_reason() {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    let root = temp("redact");
+    let d = start(&root.join("data"), free_port(), POOL);
+    let value = format!("tok-{}", support::token());
+    let c = client();
+    // Bad declarations: 400 with the reason, nothing made.
+    for (body, what) in [
+        (
+            json!({"env": {"A": "long-enough"}, "secret_env": ["B"]}),
+            "not a variable of env",
+        ),
+        (
+            json!({"env": {"A": "short"}, "secret_env": ["A"]}),
+            "too short",
+        ),
+    ] {
+        let r = c
+            .post(format!("{}/v1/sandboxes", d.url))
+            .json(&body)
+            .send()
+            .unwrap();
+        assert_eq!(r.status().as_u16(), 400);
+        let t = r.text().unwrap();
+        assert!(t.contains(what), "{t}");
+    }
+    let sb = Sandbox::create(
+        &d,
+        json!({"timeout_secs": 600, "env": {"API_TOKEN": value, "PLAIN": "visible"},
+               "secret_env": ["API_TOKEN"]}),
+    );
+    let id = sb.id.clone();
+    // The process has the value and the caller gets it back as the process wrote it.
+    let v = sb.exec(json!({
+        "cmd": ["sh", "-c", "cat; echo \"out $API_TOKEN $PLAIN\"; echo \"err $API_TOKEN$API_TOKEN\" >&2"],
+        "stdin": format!("in {value}\n"),
+    }));
+    assert_eq!(
+        v["stdout"],
+        format!("in {value}\nout {value} visible\n"),
+        "{v}"
+    );
+    let log: Value = c
+        .get(format!("{}/v1/sandboxes/{id}/audit?limit=1000", d.url))
+        .send()
+        .unwrap()
+        .json()
+        .unwrap();
+    let events = log["events"].as_array().unwrap();
+    let edits: Vec<(String, u64)> = events
+        .iter()
+        .filter(|e| e["body"]["type"] == "redacted")
+        .map(|e| {
+            assert_eq!(e["body"]["names"], json!(["API_TOKEN"]), "{e}");
+            (
+                e["body"]["field"].as_str().unwrap().to_owned(),
+                e["body"]["count"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        edits,
+        vec![
+            ("input".to_owned(), 1),
+            ("stdout".to_owned(), 2),
+            ("stderr".to_owned(), 2)
+        ]
+    );
+    // The kept output is the edited one (its digest is of the edited bytes); no blob and
+    // no other byte of the bundle holds the value.
+    let bundle = root.join("bundle.json");
+    let o = d.cli(&["audit", "export", &id, "-o", bundle.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", text(&o));
+    let bytes = std::fs::read(&bundle).unwrap();
+    let holds = |b: &[u8]| b.windows(value.len()).any(|w| w == value.as_bytes());
+    assert!(!holds(&bytes), "the value is in the bundle");
+    let b: Value = serde_json::from_slice(&bytes).unwrap();
+    let exit = events.iter().find(|e| e["body"]["type"] == "exit").unwrap();
+    let blob = |digest: &str| {
+        use base64::Engine as _;
+        base64::engine::general_purpose::STANDARD
+            .decode(b["blobs"][digest].as_str().unwrap())
+            .unwrap()
+    };
+    assert_eq!(
+        blob(exit["body"]["stdout"]["blob"].as_str().unwrap()),
+        b"in [REDACTED:API_TOKEN]\nout [REDACTED:API_TOKEN] visible\n"
+    );
+    for (digest, _) in b["blobs"].as_object().unwrap() {
+        assert!(!holds(&blob(digest)), "blob {digest} holds the value");
+    }
+    let o = offline(&[
+        "audit",
+        "verify",
+        bundle.to_str().unwrap(),
+        "--key",
+        &key(&d),
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    let o = d.cli(&["audit", "show", &id]);
+    assert!(
+        text(&o).contains("stdout of x1 edited: 2 value(s) of API_TOKEN redacted"),
+        "{}",
+        text(&o)
+    );
+    sb.destroy();
+    drop(d);
+    let _ = std::fs::remove_dir_all(&root);
+}

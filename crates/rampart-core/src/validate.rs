@@ -29,6 +29,29 @@ fn bad(field: &str, message: impl Into<String>) -> CoreError {
     }
 }
 
+/// `secret_env` names entries of `env` whose values are long enough to redact.
+pub fn check_secret_env(req: &CreateSandbox) -> Result<(), CoreError> {
+    for (i, name) in req.secret_env.iter().enumerate() {
+        let Some(v) = req.env.get(name) else {
+            return Err(bad(
+                "secret_env",
+                format!("secret_env[{i}]: {name:?} is not a variable of env"),
+            ));
+        };
+        if v.len() < rampart_audit::redact::MIN_SECRET_LEN {
+            return Err(bad(
+                "secret_env",
+                format!(
+                    "secret_env[{i}]: the value of {name} is shorter than {} bytes: too short \
+                     to redact without editing ordinary output",
+                    rampart_audit::redact::MIN_SECRET_LEN
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// Checks environment variables: names non-empty without `=` or NUL, values without NUL.
 pub fn check_env(field: &str, env: &BTreeMap<String, String>) -> Result<(), CoreError> {
     if env.len() > MAX_ENV_VARS {
@@ -166,6 +189,7 @@ pub fn check_create_with(
         ));
     }
     check_env("env", &req.env)?;
+    check_secret_env(req)?;
     check_metadata(&req.metadata)?;
     check_not_yet(req)?;
     let timeout_secs = req.timeout_secs.unwrap_or(default_timeout);

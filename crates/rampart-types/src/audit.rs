@@ -219,11 +219,13 @@ pub enum EventBody {
     ApprovalRequested(ApprovalRequested),
     /// A held request was approved, denied, or timed out.
     ApprovalDecided(ApprovalDecided),
+    /// Values declared sensitive were edited out of what the record keeps.
+    Redacted(Redacted),
 }
 
 impl EventBody {
     /// Every `type` this version knows, in declaration order.
-    pub const TYPES: [&'static str; 15] = [
+    pub const TYPES: [&'static str; 16] = [
         "created",
         "exec",
         "exit",
@@ -239,6 +241,7 @@ impl EventBody {
         "destroyed",
         "approval_requested",
         "approval_decided",
+        "redacted",
     ];
 
     /// The body's `type` tag.
@@ -259,6 +262,7 @@ impl EventBody {
             EventBody::Destroyed(_) => "destroyed",
             EventBody::ApprovalRequested(_) => "approval_requested",
             EventBody::ApprovalDecided(_) => "approval_decided",
+            EventBody::Redacted(_) => "redacted",
         }
     }
 }
@@ -528,6 +532,22 @@ pub struct ApprovalDecided {
     pub reason: Option<String>,
     /// The digest of the request decided on.
     pub digest: String,
+}
+
+/// `redacted`: values declared sensitive at create (`secret_env`) were replaced by
+/// `[REDACTED:<name>]` in the bytes of one record member before they were hashed and kept.
+/// Names where and which, never the value.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Redacted {
+    /// The exec whose record member was edited.
+    pub exec_id: String,
+    /// The member: `input`, `stdout`, `stderr` or `streamed_input`.
+    pub field: String,
+    /// The names of the values replaced, sorted.
+    pub names: Vec<String>,
+    /// How many replacements were made.
+    pub count: u64,
 }
 
 /// `destroyed`: the sandbox is gone.

@@ -47,6 +47,11 @@ pub struct CreateSandbox {
     /// reference).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub approvals: Option<crate::approval::ApprovalPolicy>,
+    /// Names of `env` entries whose values are sensitive: the record keeps every exec's
+    /// input and output with them replaced by `[REDACTED:<name>]`, and says so in a
+    /// `redacted` event.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub secret_env: Vec<String>,
 }
 
 /// What the reaper does with a sandbox whose deadline passed.

@@ -13,8 +13,8 @@ use crate::isolation::{CounterFiles, CpuFormat};
 use crate::util::lock;
 use crate::CoreError;
 use rampart_audit::{
-    now, referenced_blobs, Bundle, Chain, ContentHasher, ContentRecord, Event, EventBody, Hash,
-    HeadLeaf, MerkleLog, NodeKey, SignedTreeHead,
+    now, referenced_blobs, Bundle, Chain, ContentHasher, Event, EventBody, Hash, HeadLeaf,
+    MerkleLog, NodeKey, SignedTreeHead,
 };
 use rampart_store::{LeafRow, NewEvent, SandboxStore, StoreError, TreeHeadRow};
 use rampart_types::SandboxId;
@@ -130,6 +130,8 @@ pub(crate) struct Audit {
     )>,
     /// The hash of each sandbox's `fs_diff` at destroy, until its `destroyed` takes it.
     manifests: Mutex<HashMap<SandboxId, Hash>>,
+    /// Values each sandbox declared sensitive (`secret_env`), redacted from what is kept.
+    secrets: Mutex<HashMap<SandboxId, rampart_audit::redact::Secrets>>,
 }
 
 /// How many ended sandboxes [`Audit`] remembers.
@@ -226,6 +228,7 @@ impl Audit {
             journal,
             ended: Mutex::new(Default::default()),
             manifests: Mutex::new(HashMap::new()),
+            secrets: Mutex::new(HashMap::new()),
         })
     }
 
@@ -532,6 +535,31 @@ impl Audit {
         lock(&self.chains).remove(id);
         lock(&self.meters).remove(id);
         lock(&self.manifests).remove(id);
+        lock(&self.secrets).remove(id);
+    }
+
+    /// Sets the values sandbox `id` declared sensitive (its `secret_env` entries of `env`):
+    /// from now on every exec's input and output is kept with them redacted.
+    pub(crate) fn set_secrets(&self, id: &SandboxId, values: Vec<(String, Vec<u8>)>) {
+        let mut m = lock(&self.secrets);
+        if values.is_empty() {
+            m.remove(id);
+        } else {
+            m.insert(id.clone(), values.into());
+        }
+    }
+
+    /// The values a create request declares sensitive (its `secret_env` entries of `env`).
+    pub(crate) fn secret_values(req: &rampart_types::CreateSandbox) -> Vec<(String, Vec<u8>)> {
+        req.secret_env
+            .iter()
+            .filter_map(|n| req.env.get(n).map(|v| (n.clone(), v.clone().into_bytes())))
+            .collect()
+    }
+
+    /// The values sandbox `id` declared sensitive, if any.
+    pub(crate) fn secrets(&self, id: &SandboxId) -> Option<rampart_audit::redact::Secrets> {
+        lock(&self.secrets).get(id).cloned()
     }
 
     /// The counter files of a sandbox, opened at its first exec from `files` (None when it
@@ -729,11 +757,6 @@ fn tree_head_row(sth: &SignedTreeHead) -> Result<TreeHeadRow, CoreError> {
         timestamp: sth.timestamp.clone(),
         json: serde_json::to_string(sth).map_err(enc)?,
     })
-}
-
-/// The record of some bytes kept up to `cap`, and the blob to store.
-pub(crate) fn content(bytes: &[u8], cap: usize) -> (ContentRecord, Option<Vec<u8>>) {
-    ContentHasher::record(bytes, cap)
 }
 
 /// A content digest of a template: SHA-256 over a manifest of its directory (every path,

@@ -60,7 +60,7 @@ pub struct ExecControl {
     pid: u32,
     pty: bool,
     /// Input sent after start, hashed for the `exit` record (None when not audited).
-    streamed: Option<Arc<std::sync::Mutex<rampart_audit::ContentHasher>>>,
+    streamed: Option<Arc<std::sync::Mutex<rampart_audit::redact::RedactingHasher>>>,
 }
 
 impl ExecControl {

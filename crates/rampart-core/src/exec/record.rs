@@ -9,7 +9,8 @@ use crate::isolation::Isolation;
 use crate::util::lock;
 use crate::validate::ValidExec;
 use crate::CoreError;
-use rampart_audit::{ContentHasher, EventBody};
+use rampart_audit::redact::RedactingHasher;
+use rampart_audit::EventBody;
 use rampart_types::audit::{Exec, Exit};
 use rampart_types::{ExecRequest, SandboxId};
 use std::sync::{Arc, Mutex};
@@ -39,7 +40,7 @@ pub struct ExecStart {
 
 /// Where input sent to a recorded exec after its start is hashed (for `exit.streamed_input`).
 #[derive(Clone)]
-pub struct InputSink(Option<Arc<Mutex<ContentHasher>>>);
+pub struct InputSink(Option<Arc<Mutex<RedactingHasher>>>);
 
 impl std::fmt::Debug for InputSink {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -187,12 +188,13 @@ pub(crate) fn record_start(
     stdin: Option<&[u8]>,
 ) -> Result<ExecAudit, CoreError> {
     let cap = audit.blob_cap();
-    let (input, blob) = match stdin {
+    let secrets = audit.secrets(id);
+    let (input, blob, input_hits) = match stdin {
         Some(b) => {
-            let (r, blob) = audit::content(b, cap);
-            (Some(r), blob)
+            let (r, blob, hits) = RedactingHasher::record(b, cap, secrets.clone());
+            (Some(r), blob, hits)
         }
-        None => (None, None),
+        None => (None, None, Default::default()),
     };
     exec.input = input;
     exec.caller = Some(crate::principal::current_caller());
@@ -206,6 +208,7 @@ pub(crate) fn record_start(
         },
         blob.into_iter().collect(),
     )?;
+    record_redactions(audit, id, &exec_id, "input", &input_hits);
     let meter = audit.meter(id, || iso.counter_files(id));
     let cpu0 = match &meter {
         Some(m) => m.cpu_usec(),
@@ -218,9 +221,9 @@ pub(crate) fn record_start(
         exec_id,
         meter,
         cpu0,
-        stdout: ContentHasher::new(cap),
-        stderr: ContentHasher::new(cap),
-        streamed: Arc::new(Mutex::new(ContentHasher::new(cap))),
+        stdout: RedactingHasher::new(cap, secrets.clone()),
+        stderr: RedactingHasher::new(cap, secrets.clone()),
+        streamed: Arc::new(Mutex::new(RedactingHasher::new(cap, secrets))),
     })
 }
 
@@ -234,9 +237,9 @@ pub(crate) struct ExecAudit {
     meter: Option<Arc<audit::Meter>>,
     /// The sandbox's CPU time when the exec started, microseconds.
     cpu0: Option<u64>,
-    pub(crate) stdout: ContentHasher,
-    pub(crate) stderr: ContentHasher,
-    pub(crate) streamed: Arc<Mutex<ContentHasher>>,
+    pub(crate) stdout: RedactingHasher,
+    pub(crate) stderr: RedactingHasher,
+    pub(crate) streamed: Arc<Mutex<RedactingHasher>>,
 }
 
 impl ExecAudit {
@@ -264,10 +267,18 @@ impl ExecAudit {
             (Some(a), Some(b)) => Some(b.saturating_sub(a) / 1000),
             _ => None,
         };
-        let (stdout, out_blob) = self.stdout.finish();
-        let (stderr, err_blob) = self.stderr.finish();
-        let streamed = std::mem::replace(&mut *lock(&self.streamed), ContentHasher::new(0));
-        let (streamed, in_blob) = streamed.finish();
+        let (stdout, out_blob, out_hits) = self.stdout.finish();
+        let (stderr, err_blob, err_hits) = self.stderr.finish();
+        let streamed = std::mem::replace(&mut *lock(&self.streamed), RedactingHasher::new(0, None));
+        let (streamed, in_blob, in_hits) = streamed.finish();
+        // The edits first: the `exit` that keeps the edited bytes follows them.
+        for (field, hits) in [
+            ("stdout", &out_hits),
+            ("stderr", &err_hits),
+            ("streamed_input", &in_hits),
+        ] {
+            record_redactions(&self.audit, &self.sandbox, &self.exec_id, field, hits);
+        }
         let streamed_input = (streamed.size > 0).then_some(streamed);
         let in_blob = if streamed_input.is_some() {
             in_blob
@@ -299,5 +310,27 @@ impl ExecAudit {
         ) {
             error!(id = %self.sandbox, "recording an exit: {e}");
         }
+    }
+}
+
+/// Records a `redacted` event for `field` of exec `exec_id` when values were replaced there.
+fn record_redactions(
+    audit: &Audit,
+    id: &SandboxId,
+    exec_id: &str,
+    field: &str,
+    hits: &std::collections::BTreeMap<String, u64>,
+) {
+    if hits.is_empty() {
+        return;
+    }
+    let body = EventBody::Redacted(rampart_types::audit::Redacted {
+        exec_id: exec_id.to_owned(),
+        field: field.to_owned(),
+        names: hits.keys().cloned().collect(),
+        count: hits.values().sum(),
+    });
+    if let Err(e) = audit.append(id, move |_| body, Vec::new()) {
+        error!(id = %id, "recording a redaction: {e}");
     }
 }

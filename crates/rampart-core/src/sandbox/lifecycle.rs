@@ -39,6 +39,7 @@ impl Sandboxes {
         let t0 = Instant::now();
         let cfg = &self.cfg;
         let approvals = req.approvals.clone();
+        let secrets = Audit::secret_values(&req);
         let Plan { new, staged } = match self.plan(req, opts) {
             Ok(p) => p,
             Err(e) => {
@@ -78,6 +79,7 @@ impl Sandboxes {
         // Its approval policy, kept now: the launch reads its hosts, its first exec reads
         // nothing from the store.
         self.approvals.keep(&id, approvals);
+        self.audit.set_secrets(&id, secrets);
         let res = self.launch(&new, slot, new.on_timeout, net).await;
         self.registry.forget_lock(&id);
         self.persist.unstage(&id);
@@ -95,6 +97,7 @@ impl Sandboxes {
                 self.metrics.creates.with_label_values(&["error"]).inc();
                 warn!(id = %id, "sandbox create failed: {e}");
                 self.approvals.forget(&id);
+                self.audit.set_secrets(&id, Vec::new());
                 if net.is_some() {
                     self.network.teardown(&id, slot).await;
                 }

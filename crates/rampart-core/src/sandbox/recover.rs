@@ -9,6 +9,11 @@ impl Sandboxes {
     pub(super) async fn recover(self: &Arc<Self>) -> Result<(), CoreError> {
         let alive = self.store.alive().map_err(CoreError::from)?;
         for rec in alive {
+            if matches!(rec.state, SandboxState::Running | SandboxState::Paused) {
+                // Its declared-sensitive values, before anything of it is recorded again.
+                let req = self.persist.source_request(&rec);
+                self.audit.set_secrets(&rec.id, Audit::secret_values(&req));
+            }
             if rec.state == SandboxState::Running && self.try_reattach(&rec).await {
                 info!(id = %rec.id, "re-attached to running sandbox");
                 self.network
