@@ -52,6 +52,8 @@ pub fn statement(bytes: &[u8], key: &PublicKey) -> Result<Value, VerifyError> {
     let mut files = Vec::new();
     let mut hosts: BTreeMap<String, (u64, u64)> = BTreeMap::new();
     let mut approvals: Vec<Value> = Vec::new();
+    let mut redactions: Vec<Value> = Vec::new();
+    let mut policies: Vec<Value> = Vec::new();
     let mut ended = Value::Null;
     for e in &b.events {
         match &e.body {
@@ -65,6 +67,7 @@ pub fn statement(bytes: &[u8], key: &PublicKey) -> Result<Value, VerifyError> {
                     "argv": x.argv,
                     "user": x.user,
                     "caller": x.caller,
+                    "principal": e.auth.as_ref().map(|a| a.principal.clone()),
                     "approval": x.approval,
                     "exit_code": null,
                     "signal": null,
@@ -111,7 +114,21 @@ pub fn statement(bytes: &[u8], key: &PublicKey) -> Result<Value, VerifyError> {
                 }
             }
             EventBody::Destroyed(d) => ended = json!({"time": e.time, "reason": d.reason}),
+            EventBody::Redacted(r) => redactions.push(json!({
+                "seq": e.seq,
+                "exec_id": r.exec_id,
+                "field": r.field,
+                "names": r.names,
+                "count": r.count,
+            })),
             _ => {}
+        }
+        // The policies in force, as the events name them (first seq of each).
+        if let Some(a) = &e.auth {
+            let d = a.policy.to_hex();
+            if policies.last().and_then(|p| p["sha256"].as_str()) != Some(d.as_str()) {
+                policies.push(json!({"sha256": d, "from_seq": e.seq}));
+            }
         }
     }
     let hosts: Vec<Value> = hosts
@@ -143,6 +160,8 @@ pub fn statement(bytes: &[u8], key: &PublicKey) -> Result<Value, VerifyError> {
             "files": files,
             "hosts": hosts,
             "approvals": approvals,
+            "redactions": redactions,
+            "policies": policies,
         },
     }))
 }
