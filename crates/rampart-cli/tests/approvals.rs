@@ -1195,6 +1195,67 @@ fn a_tenants_policy_holds_every_sandbox_of_it() {
         );
         assert_eq!(st, 200);
     }
+    // The E2B face is held to it too: a tenant's E2B key, a sandbox made through the E2B
+    // API, a command started through envd (as `commands.run` does) is refused.
+    let e2b_key = {
+        let out = Command::new(env!("CARGO_BIN_EXE_rampart"))
+            .args([
+                "keys",
+                "create",
+                "--e2b",
+                "--json",
+                "--tenant",
+                "acme",
+                "--data-dir",
+            ])
+            .arg(&d.data)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+        v["key"].as_str().unwrap().to_owned()
+    };
+    let r = http()
+        .post(format!("{url}/sandboxes"))
+        .header("x-api-key", &e2b_key)
+        .json(&json!({"templateID": "base", "timeout": 120}))
+        .send()
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 201);
+    let v: Value = r.json().unwrap();
+    let start = |args: Value| {
+        let msg =
+            serde_json::to_vec(&json!({"process": {"cmd": "/bin/sh", "args": args}})).unwrap();
+        let mut body = vec![0u8];
+        body.extend_from_slice(&(msg.len() as u32).to_be_bytes());
+        body.extend_from_slice(&msg);
+        let r = http()
+            .post(format!("{url}/process.Process/Start"))
+            .header("e2b-sandbox-id", v["sandboxID"].as_str().unwrap())
+            .header("x-access-token", v["envdAccessToken"].as_str().unwrap())
+            .header("content-type", "application/connect+json")
+            .body(body)
+            .send()
+            .unwrap();
+        (
+            r.status().as_u16(),
+            String::from_utf8_lossy(&r.bytes().unwrap()).into_owned(),
+        )
+    };
+    let (_, text) = start(json!(["-c", "rm -f /tmp/x"]));
+    assert!(
+        text.contains("permission_denied") && text.contains("timed_out"),
+        "{text}"
+    );
+    let (st, text) = start(json!(["-c", "true"]));
+    assert!(
+        st == 200 && !text.contains("permission_denied"),
+        "{st} {text}"
+    );
     // The node's own sandboxes are not the tenant's: not held.
     let (st, sb) = call(&url, admin, Method::POST, "/v1/sandboxes", Some(json!({})));
     assert_eq!(st, 201, "{sb}");
