@@ -79,7 +79,8 @@ pub struct Decision {
 
 /// The texts a command line is matched as by a policy's `commands` patterns: its argv
 /// joined with shell quoting, and for a shell given a script (`sh -c S`, `bash -lc S`, ...)
-/// the script. (The daemon holds by these; a verifier checks by them.)
+/// the script and each command in it ([`script_commands`]), so that `^rm( |$)` holds
+/// `sh -c "cd /x && rm -rf y"` too. (The daemon holds by these; a verifier checks by them.)
 pub fn command_lines(argv: &[String]) -> Vec<String> {
     let mut out = vec![shell_join(argv)];
     let shell = argv.first().map(|p| p.rsplit('/').next().unwrap_or(p));
@@ -90,9 +91,84 @@ pub fn command_lines(argv: &[String]) -> Vec<String> {
         {
             if let Some(script) = argv.get(i + 1) {
                 out.push(script.clone());
+                for c in script_commands(script) {
+                    if !out.contains(&c) {
+                        out.push(c);
+                    }
+                }
             }
         }
     }
+    out
+}
+
+/// The commands of a shell script, as far as a reading without a shell goes: the text
+/// between the separators `;` `&` `|` (so `&&`, `||`), newlines, `(` `)` `{` `}` `` ` ``
+/// and `$(`, outside single and double quotes, trimmed, without the keywords that begin a
+/// compound command's body (`then`, `do`, `else`, `!`...). A script can still hide a
+/// command from it (`eval`, variables, a script file): see the API reference.
+pub fn script_commands(script: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut cur = String::new();
+    let mut quote: Option<char> = None;
+    let mut chars = script.chars().peekable();
+    let mut flush = |cur: &mut String, out: &mut Vec<String>| {
+        let mut t = cur.trim();
+        loop {
+            let before = t;
+            for kw in [
+                "then", "do", "else", "elif", "if", "while", "until", "!", "time",
+            ] {
+                if let Some(rest) = t.strip_prefix(kw) {
+                    if rest.starts_with(char::is_whitespace) {
+                        t = rest.trim_start();
+                    }
+                }
+            }
+            if t == before {
+                break;
+            }
+        }
+        if !t.is_empty() {
+            out.push(t.to_owned());
+        }
+        cur.clear();
+    };
+    while let Some(c) = chars.next() {
+        match quote {
+            Some(q) => {
+                if c == q {
+                    quote = None;
+                } else if c == '\\' && q == '"' {
+                    cur.push(c);
+                    if let Some(n) = chars.next() {
+                        cur.push(n);
+                    }
+                    continue;
+                }
+                cur.push(c);
+            }
+            None => match c {
+                '\'' | '"' => {
+                    quote = Some(c);
+                    cur.push(c);
+                }
+                '\\' => {
+                    cur.push(c);
+                    if let Some(n) = chars.next() {
+                        cur.push(n);
+                    }
+                }
+                ';' | '&' | '|' | '\n' | '(' | ')' | '{' | '}' | '`' => flush(&mut cur, &mut out),
+                '$' if chars.peek() == Some(&'(') => {
+                    chars.next();
+                    flush(&mut cur, &mut out);
+                }
+                _ => cur.push(c),
+            },
+        }
+    }
+    flush(&mut cur, &mut out);
     out
 }
 
@@ -112,4 +188,37 @@ pub fn shell_join(argv: &[String]) -> String {
         })
         .collect::<Vec<_>>()
         .join(" ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_scripts_commands_are_matched_one_by_one() {
+        assert_eq!(
+            script_commands(
+                "cd /x && rm -rf y; echo 'a; rm no' | tee \"b && c\"\nif true; then rm z; fi"
+            ),
+            vec![
+                "cd /x",
+                "rm -rf y",
+                "echo 'a; rm no'",
+                "tee \"b && c\"",
+                "true",
+                "rm z",
+                "fi"
+            ]
+        );
+        assert_eq!(
+            script_commands("x=$(rm -v q) `rm w`"),
+            vec!["x=", "rm -v q", "rm w"]
+        );
+        let argv: Vec<String> = ["sh", "-c", "echo hi; rm -v /tmp/t"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        let lines = command_lines(&argv);
+        assert!(lines.contains(&"rm -v /tmp/t".to_string()), "{lines:?}");
+    }
 }

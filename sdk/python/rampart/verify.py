@@ -145,6 +145,61 @@ def _shell_join(argv) -> str:
     return " ".join(out)
 
 
+_KEYWORDS = ("then", "do", "else", "elif", "if", "while", "until", "!", "time")
+
+
+def script_commands(script: str) -> list:
+    """The commands of a shell script as the node reads them (rampart_types::approval::
+    script_commands): the text between ; & | newline ( ) { } ` and $( outside quotes,
+    trimmed, without the keywords that begin a compound command's body."""
+    out, cur, quote = [], [], None
+
+    def flush():
+        t = "".join(cur).strip()
+        while True:
+            before = t
+            for kw in _KEYWORDS:
+                if t.startswith(kw) and t[len(kw):len(kw) + 1].isspace():
+                    t = t[len(kw):].lstrip()
+            if t == before:
+                break
+        if t:
+            out.append(t)
+        cur.clear()
+
+    i, n = 0, len(script)
+    while i < n:
+        c = script[i]
+        if quote is not None:
+            if c == quote:
+                quote = None
+            elif c == "\\" and quote == '"':
+                cur.append(c)
+                if i + 1 < n:
+                    cur.append(script[i + 1])
+                i += 2
+                continue
+            cur.append(c)
+        elif c in "'\"":
+            quote = c
+            cur.append(c)
+        elif c == "\\":
+            cur.append(c)
+            if i + 1 < n:
+                cur.append(script[i + 1])
+                i += 1
+        elif c in ";&|\n(){}`":
+            flush()
+        elif c == "$" and i + 1 < n and script[i + 1] == "(":
+            i += 1
+            flush()
+        else:
+            cur.append(c)
+        i += 1
+    flush()
+    return out
+
+
 def command_lines(argv) -> list:
     """The texts an approval policy's command patterns are matched against."""
     out = [_shell_join(argv)]
@@ -154,6 +209,9 @@ def command_lines(argv) -> list:
             if a.startswith("-") and not a.startswith("--") and "c" in a:
                 if i + 1 < len(argv):
                     out.append(argv[i + 1])
+                    for cmd in script_commands(argv[i + 1]):
+                        if cmd not in out:
+                            out.append(cmd)
                 break
     return out
 
