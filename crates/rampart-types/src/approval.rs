@@ -112,7 +112,7 @@ pub fn script_commands(script: &str) -> Vec<String> {
     let mut cur = String::new();
     let mut quote: Option<char> = None;
     let mut chars = script.chars().peekable();
-    let mut flush = |cur: &mut String, out: &mut Vec<String>| {
+    let flush = |cur: &mut String, out: &mut Vec<String>| {
         let mut t = cur.trim();
         loop {
             let before = t;
