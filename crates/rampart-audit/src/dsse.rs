@@ -52,6 +52,7 @@ pub fn statement(bytes: &[u8], key: &PublicKey) -> Result<Value, VerifyError> {
     let mut files = Vec::new();
     let mut hosts: BTreeMap<String, (u64, u64)> = BTreeMap::new();
     let mut approvals: Vec<Value> = Vec::new();
+    let mut packages: Vec<Value> = Vec::new();
     let mut ended = Value::Null;
     for e in &b.events {
         match &e.body {
@@ -94,6 +95,16 @@ pub fn statement(bytes: &[u8], key: &PublicKey) -> Result<Value, VerifyError> {
                     h.1 += 1;
                 }
             }
+            EventBody::Package(p) => packages.push(json!({
+                "seq": e.seq,
+                "ecosystem": p.ecosystem,
+                "name": p.name,
+                "version": p.version,
+                "registry": p.registry,
+                "sha256": p.sha256.map(|h| h.to_hex()),
+                "verdict": p.verdict,
+                "rule": p.rule,
+            })),
             EventBody::ApprovalRequested(r) => approvals.push(json!({
                 "id": r.approval_id,
                 "kind": r.kind,
@@ -143,6 +154,7 @@ pub fn statement(bytes: &[u8], key: &PublicKey) -> Result<Value, VerifyError> {
             "files": files,
             "hosts": hosts,
             "approvals": approvals,
+            "packages": packages,
         },
     }))
 }

@@ -89,17 +89,26 @@ pub(crate) struct Prepared {
 }
 
 impl Prepared {
-    /// The egress CA (PEM), made only for a sandbox attached with secrets.
+    /// The egress CA (PEM), made only for a sandbox attached with secrets or with a policy
+    /// that allows a package registry.
     pub(crate) fn ca_pem(&self) -> Option<&str> {
         self.attachment.ca_cert_pem.as_deref()
     }
 
-    /// Variables the sandbox starts with: secret placeholders and, with secrets, where the
+    /// Variables the sandbox starts with: secret placeholders and, with a CA, where the
     /// trust store is.
     pub(crate) fn env(&self) -> Vec<(String, String)> {
         let mut env = self.attachment.env.clone();
         if self.ca_pem().is_some() {
-            for k in ["SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE"] {
+            // pip (`PIP_CERT`) and cargo (`CARGO_HTTP_CAINFO`) read their own settings
+            // before the system store: point them at the bundle with the CA too.
+            for k in [
+                "SSL_CERT_FILE",
+                "REQUESTS_CA_BUNDLE",
+                "CURL_CA_BUNDLE",
+                "PIP_CERT",
+                "CARGO_HTTP_CAINFO",
+            ] {
                 env.push((k.into(), CA_BUNDLE.into()));
             }
             env.push(("NODE_EXTRA_CA_CERTS".into(), CA_FILE.into()));
@@ -247,6 +256,12 @@ impl Network {
                 return Err(bad(
                     "network",
                     "allow and deny rules need network.mode allowlist or open",
+                ));
+            }
+            if !policy.packages.is_empty() {
+                return Err(bad(
+                    "network",
+                    "packages rules need network.mode allowlist or open",
                 ));
             }
             return Ok(None);

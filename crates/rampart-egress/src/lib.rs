@@ -50,6 +50,7 @@ pub mod bench;
 mod dns;
 mod limits;
 mod netlog;
+pub mod packages;
 pub mod peek;
 pub mod policy;
 mod proxy;
@@ -808,8 +809,13 @@ impl Egress {
         }
         let dir = self.state_dir(id);
         let fresh = !dir.exists();
+        // A package registry the policy allows is intercepted to record what is fetched
+        // (see `packages`): that needs the CA in the sandbox's trust store from the start.
+        let registries = packages::REGISTRY_HOSTS
+            .iter()
+            .any(|h| compiled.decide_dns(h).allowed());
         let result = (|| {
-            if secrets.is_empty() {
+            if secrets.is_empty() && !registries {
                 return Ok((Vec::new(), None));
             }
             let bound = build_secrets(&secrets, &self.load_placeholders(id))?;

@@ -337,7 +337,7 @@ pub(crate) fn required_scope(method: &axum::http::Method, path: &str) -> Option<
             "exec" | "processes" => "exec",
             "files" => "files",
             "network" => "network",
-            "audit" => "audit",
+            "audit" | "packages" => "audit",
             "ports"
                 if segs.len() == 6 && segs[5] == "public" && method != axum::http::Method::GET =>
             {

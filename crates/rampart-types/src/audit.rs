@@ -195,11 +195,13 @@ pub enum EventBody {
     ApprovalRequested(ApprovalRequested),
     /// A held request was approved, denied, or timed out.
     ApprovalDecided(ApprovalDecided),
+    /// A package download seen by the egress proxy (fetched, or refused by the policy).
+    Package(Package),
 }
 
 impl EventBody {
     /// Every `type` this version knows, in declaration order.
-    pub const TYPES: [&'static str; 15] = [
+    pub const TYPES: [&'static str; 16] = [
         "created",
         "exec",
         "exit",
@@ -215,6 +217,7 @@ impl EventBody {
         "destroyed",
         "approval_requested",
         "approval_decided",
+        "package",
     ];
 
     /// The body's `type` tag.
@@ -235,6 +238,7 @@ impl EventBody {
             EventBody::Destroyed(_) => "destroyed",
             EventBody::ApprovalRequested(_) => "approval_requested",
             EventBody::ApprovalDecided(_) => "approval_decided",
+            EventBody::Package(_) => "package",
         }
     }
 }
@@ -504,6 +508,32 @@ pub struct ApprovalDecided {
     pub reason: Option<String>,
     /// The digest of the request decided on.
     pub digest: String,
+}
+
+/// `package`: a package download the egress proxy recognised from a registry's URL layout.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Package {
+    /// `pypi`, `npm`, `debian` or `crates`.
+    pub ecosystem: String,
+    /// The package's name, normalized (lowercase; PyPI's runs of `-_.` as `-`).
+    pub name: String,
+    /// Its version, as the file name gives it.
+    pub version: String,
+    /// The registry host it was fetched from.
+    pub registry: String,
+    /// The request's path, without the query.
+    pub path: String,
+    /// `allowed` (fetched whole) or `denied` (refused before any byte reached the sandbox).
+    pub verdict: String,
+    /// The rule that decided: `package`, `pinned:<pin>`, `package-deny:<pattern>`, `unpinned`.
+    pub rule: String,
+    /// SHA-256 of the response body as fetched; `null` when denied.
+    #[serde(deserialize_with = "required")]
+    pub sha256: Option<Hash>,
+    /// Size in bytes of that body; `null` when denied.
+    #[serde(deserialize_with = "required")]
+    pub size: Option<u64>,
 }
 
 /// `destroyed`: the sandbox is gone.

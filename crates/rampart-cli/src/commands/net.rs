@@ -123,6 +123,7 @@ fn line(e: &NetLogEntry) -> String {
         rampart_types::NetEventKind::Connect => "connect",
         rampart_types::NetEventKind::Close => "close",
         rampart_types::NetEventKind::SecretUsed => "secret",
+        rampart_types::NetEventKind::Package => "package",
     };
     let verdict = match e.verdict {
         rampart_types::Verdict::Allow => "allow",
@@ -147,6 +148,12 @@ fn line(e: &NetLogEntry) -> String {
     }
     if let Some(sec) = &e.secret {
         s.push_str(&format!(" secret={sec}"));
+    }
+    if let Some(p) = &e.package {
+        s.push_str(&format!(" {}:{}=={}", p.ecosystem, p.name, p.version));
+        if let Some(h) = &p.sha256 {
+            s.push_str(&format!(" sha256={h}"));
+        }
     }
     s
 }
