@@ -131,7 +131,14 @@ pub fn recognise(host: &str, target: &str) -> Option<Fetch> {
     }
     let segs: Vec<&str> = path[1..].split('/').collect();
     let fetch = |ecosystem, name: String, version: String| {
-        (plausible(&name) && plausible(&version)).then(|| Fetch {
+        // A scoped npm name (`@scope/name`) has the one `/`.
+        let bare = match name.split_once('/') {
+            Some((scope, n)) if ecosystem == "npm" && scope.starts_with('@') => {
+                format!("{scope}-{n}")
+            }
+            _ => name.clone(),
+        };
+        (plausible(&bare) && plausible(&version)).then(|| Fetch {
             ecosystem,
             name,
             version,

@@ -124,6 +124,41 @@ def may_exec(caller: str) -> bool:
     return bool(groups) and any(s in ("exec", "admin") for s in groups[-1].split(","))
 
 
+PACKAGE_MEMBERS = {"type", "ecosystem", "name", "version", "registry", "path", "verdict", "rule", "sha256", "size"}
+
+
+def package_problem(body) -> "str | None":
+    """Why a `package` record does not hold together, or None: exactly its members, a known
+    ecosystem, a name, version, registry and absolute path; `allowed` with a sha256 (64
+    lowercase hex digits) and a size under rule `package` or `pinned:...`, `denied` with
+    both null under `unpinned` or `package-deny:...`."""
+    if set(body) != PACKAGE_MEMBERS:
+        return f"package members {sorted(body)}"
+    if body["ecosystem"] not in ("pypi", "npm", "debian", "crates"):
+        return f"package of unknown ecosystem {body['ecosystem']!r}"
+    for k in ("name", "version", "registry", "path", "rule"):
+        if not isinstance(body[k], str) or not body[k]:
+            return f"package without a {k}"
+    if not body["path"].startswith("/"):
+        return "package path is not absolute"
+    sha, size, rule = body["sha256"], body["size"], body["rule"]
+    if body["verdict"] == "allowed":
+        if not (isinstance(sha, str) and len(sha) == 64 and all(c in "0123456789abcdef" for c in sha)):
+            return "an allowed package without its sha256"
+        if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+            return "an allowed package without its size"
+        if rule != "package" and not rule.startswith("pinned:"):
+            return f"an allowed package under rule {rule!r}"
+    elif body["verdict"] == "denied":
+        if sha is not None or size is not None:
+            return "a denied package with a digest or size"
+        if rule != "unpinned" and not rule.startswith("package-deny:"):
+            return f"a denied package under rule {rule!r}"
+    else:
+        return f"package verdict {body['verdict']!r}"
+    return None
+
+
 def _key_bytes(text: str) -> bytes:
     try:
         b = bytes.fromhex(text.strip().removeprefix("ed25519:"))
@@ -234,6 +269,8 @@ def _verify_bundle(b, trusted_key):
                 raise VerificationError(f"record seq {i}: decides approval {a} on another request than was asked")
             if body["decision"] == "approved":
                 approved.add(a)
+        elif body.get("type") == "package" and package_problem(body):
+            raise VerificationError(f"record seq {i}: {package_problem(body)}")
         elif body.get("type") == "exec" and "caller" in body and not may_exec(body["caller"]):
             raise VerificationError(f"record seq {i}: asked by {body['caller']}, whose scopes hold neither exec nor admin")
         if body.get("type") == "exec" and "approval" in body:
