@@ -200,6 +200,20 @@ pub fn validate_policy(policy: &NetworkPolicy) -> Result<(), RuleError> {
     CompiledPolicy::compile(policy).map(|_| ())
 }
 
+/// Whether a sandbox attached with `policy` gets a CA even without secrets: the policy
+/// allows a package registry, whose TLS is intercepted to record what is fetched
+/// ([`packages::REGISTRY_HOSTS`]). Its certificate must then be in the sandbox's trust
+/// store from the start ([`Attachment::ca_cert_pem`]).
+pub fn policy_needs_ca(policy: &NetworkPolicy) -> bool {
+    CompiledPolicy::compile(policy).is_ok_and(|c| registries_allowed(&c))
+}
+
+fn registries_allowed(c: &CompiledPolicy) -> bool {
+    packages::REGISTRY_HOSTS
+        .iter()
+        .any(|h| c.decide_dns(h).allowed())
+}
+
 /// Checks secret specs without attaching anything.
 pub fn validate_secrets(specs: &[SecretSpec]) -> Result<(), EgressError> {
     build_secrets(specs, &HashMap::new()).map(|_| ())
@@ -811,9 +825,7 @@ impl Egress {
         let fresh = !dir.exists();
         // A package registry the policy allows is intercepted to record what is fetched
         // (see `packages`): that needs the CA in the sandbox's trust store from the start.
-        let registries = packages::REGISTRY_HOSTS
-            .iter()
-            .any(|h| compiled.decide_dns(h).allowed());
+        let registries = registries_allowed(&compiled);
         let result = (|| {
             if secrets.is_empty() && !registries {
                 return Ok((Vec::new(), None));
