@@ -501,10 +501,7 @@ impl ChainVerifier {
             }
             EventBody::Package(p) => {
                 if let Err(reason) = package_well_formed(p) {
-                    return Err(VerifyError::BadBody {
-                        seq: e.seq,
-                        reason,
-                    });
+                    return Err(VerifyError::BadBody { seq: e.seq, reason });
                 }
             }
             EventBody::Destroyed(d) => {
@@ -876,15 +873,11 @@ mod tests {
         let sb = sid("abc");
         let mut chain = Chain::new(sb.clone());
         let t = "2026-05-01T12:00:00.000Z".to_string();
-        let good = chain.append(EventBody::Package(ok.clone()), t.clone()).unwrap();
+        let good = chain
+            .append(EventBody::Package(ok.clone()), t.clone())
+            .unwrap();
         let bad = chain
-            .append(
-                EventBody::Package(Package {
-                    sha256: None,
-                    ..ok
-                }),
-                t,
-            )
+            .append(EventBody::Package(Package { sha256: None, ..ok }), t)
             .unwrap();
         assert!(verify_chain(&sb, std::slice::from_ref(&good)).is_ok());
         match verify_chain(&sb, &[good, bad]) {

@@ -137,16 +137,16 @@ fn pip_install_through_the_proxy_is_recorded_with_its_digest() {
     );
     let policy = json!({"mode": "allowlist", "allow": allow,
                         "packages": {"deny": ["^evil-", "^idna$"]}});
-    let sb = Sandbox::create(
-        &d,
-        json!({"network": policy.clone(), "timeout_secs": 900}),
-    );
+    let sb = Sandbox::create(&d, json!({"network": policy.clone(), "timeout_secs": 900}));
     let id = sb.id.clone();
 
     if std::env::var_os("PKG_DEBUG").is_some() {
         let (_, out) = sh(&sb, "env | sort; python3 -m pip --version; python3 -c 'import ssl;print(ssl.get_default_verify_paths())'; grep -c BEGIN /etc/ssl/certs/ca-certificates.crt; ls -la /etc/ssl/certs | head; python3 -m pip config list; curl -sv https://pypi.org/simple/six/ -o /dev/null 2>&1 | grep -iE 'issuer|subject|error|HTTP/'");
         eprintln!("DEBUG:\n{out}");
-        eprintln!("NETLOG: {}", get(&d, &format!("/v1/sandboxes/{}/network/log", sb.id)).1);
+        eprintln!(
+            "NETLOG: {}",
+            get(&d, &format!("/v1/sandboxes/{}/network/log", sb.id)).1
+        );
     }
     // A pinned install: recorded with the digest of what was fetched.
     let (code, out) = sh(
@@ -185,11 +185,7 @@ fn pip_install_through_the_proxy_is_recorded_with_its_digest() {
     );
     assert_eq!(code, 0, "PyPI's index: {published}");
     assert_eq!(inside, published.trim(), "the wheel's digest is PyPI's");
-    assert_eq!(
-        six["size"].as_u64(),
-        Some(11053),
-        "the wheel's size: {six}"
-    );
+    assert_eq!(six["size"].as_u64(), Some(11053), "the wheel's size: {six}");
     // Both downloads were recorded.
     wait_until("the second six download in /packages", 30, || {
         entries(&d, &id, "six", "allowed").len() >= 2
@@ -201,7 +197,10 @@ fn pip_install_through_the_proxy_is_recorded_with_its_digest() {
         "python3 -m pip install --no-cache-dir --target /tmp/site2 --no-deps idna==3.7",
     );
     assert_ne!(code, 0, "a denied package installed:\n{out}");
-    assert!(out.contains("403"), "pip's error does not show the 403:\n{out}");
+    assert!(
+        out.contains("403"),
+        "pip's error does not show the 403:\n{out}"
+    );
     wait_until("the denied idna in /packages", 30, || {
         !entries(&d, &id, "idna", "denied").is_empty()
     });
@@ -261,12 +260,14 @@ fn pip_install_through_the_proxy_is_recorded_with_its_digest() {
         .arg(&file)
         .output()
         .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout).into_owned()
-        + &String::from_utf8_lossy(&out.stderr);
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{text}");
     assert!(text.contains("Packages ("), "{text}");
     assert!(
-        text.contains(&format!("pypi    six==1.16.0 from files.pythonhosted.org  sha256 {inside}")),
+        text.contains(&format!(
+            "pypi    six==1.16.0 from files.pythonhosted.org  sha256 {inside}"
+        )),
         "{text}"
     );
     assert!(

@@ -103,8 +103,7 @@ fn pypi_file(file: &str) -> Option<(String, String)> {
     let cut = stem
         .match_indices('-')
         .map(|(i, _)| i)
-        .filter(|&i| stem[i + 1..].starts_with(|c: char| c.is_ascii_digit()))
-        .next_back()?;
+        .rfind(|&i| stem[i + 1..].starts_with(|c: char| c.is_ascii_digit()))?;
     Some((pypi_normalize(&stem[..cut]), stem[cut + 1..].to_string()))
 }
 
@@ -165,7 +164,10 @@ pub fn recognise(host: &str, target: &str) -> Option<Fetch> {
                 Some(_) => return None,
                 None => name,
             };
-            let version = file.strip_suffix(".tgz")?.strip_prefix(base)?.strip_prefix('-')?;
+            let version = file
+                .strip_suffix(".tgz")?
+                .strip_prefix(base)?
+                .strip_prefix('-')?;
             let lower = name.to_ascii_lowercase();
             fetch("npm", lower, version.to_string())
         }
@@ -189,7 +191,9 @@ pub fn recognise(host: &str, target: &str) -> Option<Fetch> {
                 return None;
             }
             let file = unescape(segs.last()?)?;
-            let stem = file.strip_suffix(".deb").or_else(|| file.strip_suffix(".udeb"))?;
+            let stem = file
+                .strip_suffix(".deb")
+                .or_else(|| file.strip_suffix(".udeb"))?;
             let mut parts = stem.split('_');
             let (name, version, _arch) = (parts.next()?, parts.next()?, parts.next()?);
             if parts.next().is_some() {
@@ -329,11 +333,17 @@ mod tests {
             some("pypi", "six", "1.16.0")
         );
         assert_eq!(
-            r(h, "/packages/ab/cd/ef/Typing_Extensions-4.12.2-1-py3-none-any.whl?x=1"),
+            r(
+                h,
+                "/packages/ab/cd/ef/Typing_Extensions-4.12.2-1-py3-none-any.whl?x=1"
+            ),
             some("pypi", "typing-extensions", "4.12.2")
         );
         assert_eq!(
-            r(h, "/packages/source/z/zope.interface/zope.interface-6.0.tar.gz"),
+            r(
+                h,
+                "/packages/source/z/zope.interface/zope.interface-6.0.tar.gz"
+            ),
             some("pypi", "zope-interface", "6.0")
         );
         assert_eq!(
@@ -342,7 +352,13 @@ mod tests {
         );
         // The index and metadata are not downloads.
         assert_eq!(r("pypi.org", "/simple/six/"), None);
-        assert_eq!(r(h, "/packages/aa/bb/six-1.16.0-py2.py3-none-any.whl.metadata"), None);
+        assert_eq!(
+            r(
+                h,
+                "/packages/aa/bb/six-1.16.0-py2.py3-none-any.whl.metadata"
+            ),
+            None
+        );
         assert_eq!(r(h, "/other/six-1.16.0-py2.py3-none-any.whl"), None);
         assert_eq!(r(h, "/packages/aa/bb/README.txt"), None);
     }
@@ -350,7 +366,10 @@ mod tests {
     #[test]
     fn npm_tarballs_plain_and_scoped() {
         let h = "registry.npmjs.org";
-        assert_eq!(r(h, "/left-pad/-/left-pad-1.3.0.tgz"), some("npm", "left-pad", "1.3.0"));
+        assert_eq!(
+            r(h, "/left-pad/-/left-pad-1.3.0.tgz"),
+            some("npm", "left-pad", "1.3.0")
+        );
         assert_eq!(
             r(h, "/@types/node/-/node-20.11.5.tgz"),
             some("npm", "@types/node", "20.11.5")
@@ -378,7 +397,10 @@ mod tests {
             some("crates", "serde", "1.0.200")
         );
         assert_eq!(
-            r("static.crates.io", "/crates/tokio-util/tokio-util-0.7.10.crate"),
+            r(
+                "static.crates.io",
+                "/crates/tokio-util/tokio-util-0.7.10.crate"
+            ),
             some("crates", "tokio-util", "0.7.10")
         );
         assert_eq!(
@@ -407,11 +429,20 @@ mod tests {
             some("debian", "libxml2", "2.9.14+dfsg-1")
         );
         assert_eq!(
-            r("deb.debian.org", "/debian/pool/main/s/systemd/libsystemd0_1%3a252-2_amd64.deb"),
+            r(
+                "deb.debian.org",
+                "/debian/pool/main/s/systemd/libsystemd0_1%3a252-2_amd64.deb"
+            ),
             some("debian", "libsystemd0", "1:252-2")
         );
-        assert_eq!(r("deb.debian.org", "/debian/dists/bookworm/InRelease"), None);
-        assert_eq!(r("deb.debian.org", "/debian/pool/main/c/curl/curl_7.88.dsc"), None);
+        assert_eq!(
+            r("deb.debian.org", "/debian/dists/bookworm/InRelease"),
+            None
+        );
+        assert_eq!(
+            r("deb.debian.org", "/debian/pool/main/c/curl/curl_7.88.dsc"),
+            None
+        );
         assert_eq!(r("example.com", "/pool/x.deb"), None);
     }
 
@@ -462,7 +493,10 @@ mod tests {
         assert!(e.reason.contains("unknown ecosystem"));
         let mut p = policy(&[], None);
         p.pinned = vec!["six==1.16.0".into()];
-        assert!(PackageRules::compile(&p).is_err(), "pins without require_pinned");
+        assert!(
+            PackageRules::compile(&p).is_err(),
+            "pins without require_pinned"
+        );
         assert!(PackageRules::compile(&policy(&[], Some(&["pypi:six==1.16.0", "x==1"]))).is_ok());
     }
 
@@ -484,10 +518,19 @@ mod tests {
             p.judge(&fetch("pypi", "six", "1.16.0")),
             Ok("pinned:pypi:Six==1.16.0".into())
         );
-        assert_eq!(p.judge(&fetch("pypi", "six", "1.17.0")), Err("unpinned".into()));
-        assert_eq!(p.judge(&fetch("npm", "six", "1.16.0")), Err("unpinned".into()));
+        assert_eq!(
+            p.judge(&fetch("pypi", "six", "1.17.0")),
+            Err("unpinned".into())
+        );
+        assert_eq!(
+            p.judge(&fetch("npm", "six", "1.16.0")),
+            Err("unpinned".into())
+        );
         assert!(p.judge(&fetch("npm", "left-pad", "1.3.0")).is_ok());
         assert!(p.judge(&fetch("crates", "left-pad", "1.3.0")).is_ok());
-        assert_eq!(p.judge(&fetch("pypi", "requests", "2.0")), Err("unpinned".into()));
+        assert_eq!(
+            p.judge(&fetch("pypi", "requests", "2.0")),
+            Err("unpinned".into())
+        );
     }
 }

@@ -424,7 +424,10 @@ mod tests {
         match body_of(&e) {
             EventBody::Package(p) => {
                 assert_eq!((p.name.as_str(), p.version.as_str()), ("six", "1.16.0"));
-                assert_eq!((p.verdict.as_str(), p.rule.as_str()), ("allowed", "package"));
+                assert_eq!(
+                    (p.verdict.as_str(), p.rule.as_str()),
+                    ("allowed", "package")
+                );
                 assert_eq!(p.sha256.map(|h| h.to_hex()), Some("ab".repeat(32)));
                 assert_eq!(p.size, Some(11053));
             }
