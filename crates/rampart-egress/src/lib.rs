@@ -27,7 +27,7 @@
 //! egress.set_policy(id, NetworkPolicy) -> Result<()>     (new connections at once; live ones cut)
 //! egress.set_secrets(id, Vec<SecretSpec>) -> Result<Vec<SecretInfo>>
 //! egress.detach(id) -> bool                              (cuts its connections, removes its CA)
-//! egress.ca_cert_pem(id) -> Option<String>        (its CA, once it has secrets; see set_secrets)
+//! egress.ca_cert_pem(id) -> Option<String>        (its CA: with secrets or a registry allowed)
 //! egress.log(id, after_seq, limit) -> Option<Vec<NetLogEntry>>
 //! egress.subscribe(id) -> Option<broadcast::Receiver<NetLogEntry>>       (for `?follow=1`)
 //! egress.take_events() -> Option<mpsc::Receiver<NetEvent>>              (audit hook, once)
@@ -153,6 +153,10 @@ pub struct EgressConfig {
     pub log_capacity: usize,
     /// How long the proxy waits for a connection's first bytes before treating it as raw TCP.
     pub peek_timeout: Duration,
+    /// Whether a sandbox whose policy allows a package registry gets a CA at attach, so that
+    /// the registries' HTTPS is intercepted and its downloads recorded (default `true`; the
+    /// template builder, which does not put the CA into its steps' trust store, says `false`).
+    pub record_packages: bool,
 }
 
 impl Default for EgressConfig {
@@ -167,6 +171,7 @@ impl Default for EgressConfig {
             blocked: Vec::new(),
             log_capacity: 2048,
             peek_timeout: Duration::from_secs(5),
+            record_packages: true,
         }
     }
 }
@@ -175,9 +180,9 @@ impl Default for EgressConfig {
 #[derive(Clone, PartialEq, Eq)]
 pub struct Attachment {
     /// The sandbox's CA certificate (PEM), for its trust store, when it was attached with
-    /// secrets (`None` without: the CA is only made for a sandbox that has secrets, since
-    /// TLS is intercepted only for hosts a secret is bound to). Its key never leaves the
-    /// daemon.
+    /// secrets or with a policy that allows a package registry ([`policy_needs_ca`]; `None`
+    /// otherwise: TLS is intercepted only for hosts a secret is bound to and for the
+    /// registries). Its key never leaves the daemon.
     pub ca_cert_pem: Option<String>,
     /// Environment variables to set in the sandbox: `(env, placeholder)` of each secret with
     /// an `env`.
@@ -418,6 +423,7 @@ pub(crate) struct Inner {
     pub state_dir: PathBuf,
     pub log_capacity: usize,
     pub peek_timeout: Duration,
+    pub record_packages: bool,
     /// Fair admission of DNS queries (per sandbox, across all listeners).
     pub dns_gate: Arc<dns::DnsGate>,
 }
@@ -663,6 +669,7 @@ impl Egress {
             state_dir: cfg.state_dir.clone(),
             log_capacity: cfg.log_capacity,
             peek_timeout: cfg.peek_timeout,
+            record_packages: cfg.record_packages,
             dns_gate: Arc::new(dns::DnsGate::default()),
         });
         inner.rebuild_blocklist(Some(host_view()?));
@@ -825,7 +832,7 @@ impl Egress {
         let fresh = !dir.exists();
         // A package registry the policy allows is intercepted to record what is fetched
         // (see `packages`): that needs the CA in the sandbox's trust store from the start.
-        let registries = registries_allowed(&compiled);
+        let registries = self.inner.record_packages && registries_allowed(&compiled);
         let result = (|| {
             if secrets.is_empty() && !registries {
                 return Ok((Vec::new(), None));
