@@ -619,6 +619,7 @@ mod tests {
             s(Method::GET, "/v1/sandboxes/abc/audit/bundle"),
             Some("audit")
         );
+        assert_eq!(s(Method::GET, "/v1/sandboxes/abc/packages"), Some("audit"));
         assert_eq!(s(Method::POST, "/v1/secrets"), Some("secrets"));
         assert_eq!(s(Method::GET, "/v1/templates"), Some("templates"));
         assert_eq!(s(Method::DELETE, "/v1/volumes/v"), Some("sandboxes"));

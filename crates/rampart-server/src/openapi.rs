@@ -117,6 +117,8 @@ use utoipa::OpenApi;
         rampart_types::network::NetworkInfo,
         rampart_types::network::NetLogPage,
         rampart_types::network::PackageEntry,
+        rampart_types::network::PackagePolicy,
+        rampart_types::network::PackageFetch,
         rampart_types::SecretSpec,
         rampart_types::SecretInjection,
         rampart_types::network::StoredSecretInfo,
