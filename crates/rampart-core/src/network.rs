@@ -282,22 +282,39 @@ impl Network {
         slot: u32,
         net: &StoredNetwork,
     ) -> Result<Prepared, CoreError> {
+        self.prepare_as(id, slot, net, false)
+    }
+
+    /// [`Network::prepare`] of a sandbox attached before this daemon started (`again`: see
+    /// `Egress::reattach`) or a new one.
+    fn prepare_as(
+        &self,
+        id: &SandboxId,
+        slot: u32,
+        net: &StoredNetwork,
+        again: bool,
+    ) -> Result<Prepared, CoreError> {
         let (wiring, egress) = self.ready()?;
         let t0 = std::time::Instant::now();
         let handle = wiring
             .handle(slot)
             .map_err(|e| CoreError::Capacity(e.to_string()))?;
-        let attachment = egress
-            .attach(
-                id.as_str(),
-                IpAddr::V4(handle.address),
-                IpAddr::V4(handle.gateway),
-                net.policy.clone(),
-                net.secrets.clone(),
-            )
-            .map_err(|e| CoreError::Internal(format!("attaching to the egress proxy: {e}")))?;
+        let attach = if again {
+            Egress::reattach
+        } else {
+            Egress::attach
+        };
+        let attachment = attach(
+            egress,
+            id.as_str(),
+            IpAddr::V4(handle.address),
+            IpAddr::V4(handle.gateway),
+            net.policy.clone(),
+            net.secrets.clone(),
+        )
+        .map_err(|e| CoreError::Internal(format!("attaching to the egress proxy: {e}")))?;
         debug!(id = %id, attach_us = t0.elapsed().as_micros() as u64, "attached to the egress proxy");
-        // (The egress makes the CA only for a sandbox with secrets.)
+        // (The egress makes the CA only for a sandbox with secrets or a registry allowed.)
         Ok(Prepared { handle, attachment })
     }
 
@@ -451,7 +468,7 @@ impl Network {
             }
         };
         let Some(net) = net else { return };
-        let prepared = match self.prepare(&rec.id, rec.uid_slot, &net) {
+        let prepared = match self.prepare_as(&rec.id, rec.uid_slot, &net, true) {
             Ok(p) => p,
             Err(e) => {
                 warn!(id = %rec.id, "re-attaching to the egress proxy: {e}; its connections are refused");

@@ -27,6 +27,7 @@
 //! egress.set_policy(id, NetworkPolicy) -> Result<()>     (new connections at once; live ones cut)
 //! egress.set_secrets(id, Vec<SecretSpec>) -> Result<Vec<SecretInfo>>
 //! egress.detach(id) -> bool                              (cuts its connections, removes its CA)
+//! egress.reattach(id, ip, gw, policy, secrets) -> Result<Attachment>   (after a daemon restart)
 //! egress.ca_cert_pem(id) -> Option<String>        (its CA: with secrets or a registry allowed)
 //! egress.log(id, after_seq, limit) -> Option<Vec<NetLogEntry>>
 //! egress.subscribe(id) -> Option<broadcast::Receiver<NetLogEntry>>       (for `?follow=1`)
@@ -37,6 +38,7 @@
 //! egress.dropped_events(id) -> u64                  (entries the event hook lost to a full queue)
 //! validate_policy(&NetworkPolicy) -> Result<(), RuleError>             (for create/PUT checks)
 //! validate_secrets(&[SecretSpec]) -> Result<(), EgressError>
+//! policy_needs_ca(&NetworkPolicy) -> bool     (a registry allowed: attach makes a CA, see packages)
 //! host_addrs(); host_networks(); resolv_conf_nameservers(path)             (helpers)
 //! ```
 //!
@@ -812,6 +814,33 @@ impl Egress {
         policy: NetworkPolicy,
         secrets: Vec<SecretSpec>,
     ) -> Result<Attachment, EgressError> {
+        self.attach_as(id, sandbox_ip, gateway_ip, policy, secrets, false)
+    }
+
+    /// [`Egress::attach`] for a sandbox that was attached before (a daemon restarted while it
+    /// ran): the same, except that a sandbox without secrets gets a CA for the registries
+    /// only if it had one (its trust store was made at create and cannot take a new one; a
+    /// policy changed since to allow a registry leaves that registry spliced, not recorded).
+    pub fn reattach(
+        &self,
+        id: &str,
+        sandbox_ip: IpAddr,
+        gateway_ip: IpAddr,
+        policy: NetworkPolicy,
+        secrets: Vec<SecretSpec>,
+    ) -> Result<Attachment, EgressError> {
+        self.attach_as(id, sandbox_ip, gateway_ip, policy, secrets, true)
+    }
+
+    fn attach_as(
+        &self,
+        id: &str,
+        sandbox_ip: IpAddr,
+        gateway_ip: IpAddr,
+        policy: NetworkPolicy,
+        secrets: Vec<SecretSpec>,
+        again: bool,
+    ) -> Result<Attachment, EgressError> {
         if !valid_id(id) {
             return Err(EgressError::InvalidId(id.to_string()));
         }
@@ -832,7 +861,9 @@ impl Egress {
         let fresh = !dir.exists();
         // A package registry the policy allows is intercepted to record what is fetched
         // (see `packages`): that needs the CA in the sandbox's trust store from the start.
-        let registries = self.inner.record_packages && registries_allowed(&compiled);
+        let registries = self.inner.record_packages
+            && registries_allowed(&compiled)
+            && (!again || tls::SandboxCa::stored(&dir));
         let result = (|| {
             if secrets.is_empty() && !registries {
                 return Ok((Vec::new(), None));
