@@ -11,7 +11,8 @@
 //! an unpinned one under `require_pinned`; a policy with an invalid pattern is a 400 that
 //! changes nothing; the bundle verifies with `rampart audit verify`, the Python verifier and
 //! the console's verify.js (under node), and its report lists the packages; the list is
-//! still there after the sandbox is destroyed.
+//! still there after the sandbox is destroyed; a `kill -9` and restart of the daemon keeps
+//! recording (the sandbox keeps its CA).
 //!
 //! Skipped, with the reason, without root, `nft`, the binaries, or when
 //! files.pythonhosted.org:443 cannot be reached from this host.
@@ -119,7 +120,8 @@ fn pip_install_through_the_proxy_is_recorded_with_its_digest() {
     ];
     let tmp = tempfile::tempdir().unwrap();
     let data = tmp.path().join("data");
-    let d = start(&data, free_port(), &envs);
+    let port = free_port();
+    let mut d = start(&data, port, &envs);
     let _sandboxes = Sandboxes(d.url.clone());
 
     let allow = json!(["pypi.org", "files.pythonhosted.org"]);
@@ -137,7 +139,7 @@ fn pip_install_through_the_proxy_is_recorded_with_its_digest() {
     );
     let policy = json!({"mode": "allowlist", "allow": allow,
                         "packages": {"deny": ["^evil-", "^idna$"]}});
-    let sb = Sandbox::create(&d, json!({"network": policy.clone(), "timeout_secs": 900}));
+    let mut sb = Sandbox::create(&d, json!({"network": policy.clone(), "timeout_secs": 900}));
     let id = sb.id.clone();
 
     if std::env::var_os("PKG_DEBUG").is_some() {
@@ -245,6 +247,29 @@ fn pip_install_through_the_proxy_is_recorded_with_its_digest() {
             .iter()
             .any(|p| p["rule"] == "unpinned")
     });
+
+    // kill -9 of the daemon and a new one on the same data: the sandbox is re-attached with
+    // its CA (pip still trusts the registries' certificates) and downloads are still recorded.
+    let pinned_before = entries(&d, &id, "six", "allowed").len();
+    d.child.kill().unwrap();
+    let _ = d.child.wait();
+    drop(d);
+    let d = start(&data, port, &envs);
+    let _sandboxes_again = Sandboxes(d.url.clone());
+    sb.reattach(&d);
+    let (code, out) = sh(
+        &sb,
+        "python3 -m pip download --no-cache-dir --no-deps -d /tmp/w5 six==1.16.0",
+    );
+    assert_eq!(
+        code, 0,
+        "a pinned download after the restart failed:\n{out}"
+    );
+    wait_until(
+        "the six download after the restart in /packages",
+        30,
+        || entries(&d, &id, "six", "allowed").len() > pinned_before,
+    );
 
     // The bundle verifies with all three verifiers, and its report lists the packages.
     let bundle = client()
