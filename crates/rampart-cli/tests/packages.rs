@@ -342,6 +342,37 @@ print("ok")
         Ok(out) => assert!(out.contains("ok"), "{out}"),
     }
 
+    // The Python SDK's `Sandbox.packages()` (when its venv is there: scripts/*-sdks.sh).
+    let venv = support::venv_python("RAMPART_SDK_VENV", "sdk-venv");
+    if venv.is_file() {
+        let script = "import os, sys\n\
+            sys.path.insert(0, os.environ['SDK'])\n\
+            import rampart\n\
+            with rampart.Rampart() as c:\n\
+            \x20   ps = c.get(os.environ['ID']).packages()\n\
+            print(sorted({(p['name'], p['verdict']) for p in ps}))\n";
+        let out = Command::new(&venv)
+            .args(["-c", script])
+            .env("SDK", support::workspace().join("sdk/python"))
+            .env("ID", &id)
+            .env("RAMPART_HOST", &d.url)
+            .env("RAMPART_API_KEY", support::admin_key())
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(
+            out.status.success(),
+            "{text}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(
+            text.contains("('idna', 'denied')") && text.contains("('six', 'allowed')"),
+            "{text}"
+        );
+    } else {
+        eprintln!("SKIP (SDK half): no SDK venv at {}", venv.display());
+    }
+
     // The DSSE predicate lists them too.
     let (status, env) = get(&d, &format!("/v1/sandboxes/{id}/audit/dsse"));
     assert_eq!(status, 200);
