@@ -493,6 +493,11 @@ mod tests {
             b.admit("sb", &entry(NetEventKind::SecretUsed), t0),
             Admit::Record(None)
         );
+        // So has a package download.
+        assert_eq!(
+            b.admit("sb", &entry(NetEventKind::Package), t0),
+            Admit::Record(None)
+        );
         // Another sandbox has its own budget.
         assert_eq!(b.admit("other", &dns, t0), Admit::Record(None));
         // Nothing is due before a token is back.
