@@ -8,14 +8,15 @@
 //! `GET /v1/sandboxes/{id}/packages` lists it with the SHA-256 that `sha256sum` gives of the
 //! same wheel inside the sandbox and that PyPI publishes for it; a package whose name a
 //! `deny` pattern matches is refused (pip fails, a denied event names the rule), and so is
-//! an unpinned one under `require_pinned`; a policy with an invalid pattern is a 400 that
+//! an unpinned one under `require_pinned`; an npm tarball, a crate and a Debian package
+//! (HTTPS and plain HTTP) fetched with curl are recorded with their `sha256sum` digests; a policy with an invalid pattern is a 400 that
 //! changes nothing; the bundle verifies with `rampart audit verify`, the Python verifier and
 //! the console's verify.js (under node), and its report lists the packages; the list is
 //! still there after the sandbox is destroyed; a `kill -9` and restart of the daemon keeps
 //! recording (the sandbox keeps its CA).
 //!
-//! Skipped, with the reason, without root, `nft`, the binaries, or when
-//! files.pythonhosted.org:443 cannot be reached from this host.
+//! Skipped, with the reason, without root, `nft`, the binaries, or when one of the
+//! registries (PyPI, npm, static.crates.io, deb.debian.org) cannot be reached from this host.
 
 mod support;
 
@@ -32,8 +33,15 @@ fn skip() -> Option<String> {
     if Command::new("nft").arg("--version").output().is_err() {
         return Some("nft (Debian package nftables) is not installed".into());
     }
-    for host in ["pypi.org", "files.pythonhosted.org"] {
-        let addrs = match (host, 443).to_socket_addrs() {
+    for (host, port) in [
+        ("pypi.org", 443),
+        ("files.pythonhosted.org", 443),
+        ("registry.npmjs.org", 443),
+        ("static.crates.io", 443),
+        ("deb.debian.org", 443),
+        ("deb.debian.org", 80),
+    ] {
+        let addrs = match (host, port).to_socket_addrs() {
             Ok(a) => a.collect::<Vec<_>>(),
             Err(e) => return Some(format!("{host} does not resolve on this host: {e}")),
         };
@@ -41,7 +49,7 @@ fn skip() -> Option<String> {
             .iter()
             .any(|a| std::net::TcpStream::connect_timeout(a, Duration::from_secs(5)).is_ok())
         {
-            return Some(format!("{host}:443 is unreachable from this host"));
+            return Some(format!("{host}:{port} is unreachable from this host"));
         }
     }
     None
@@ -212,6 +220,61 @@ fn pip_install_through_the_proxy_is_recorded_with_its_digest() {
     assert!(entries(&d, &id, "idna", "allowed").is_empty());
     let (code, _) = sh(&sb, "test -e /tmp/site2/idna");
     assert_ne!(code, 0, "idna reached the sandbox");
+
+    // The other registries, fetched with curl: an npm tarball, a crate, a Debian package over
+    // HTTPS and over plain HTTP, each recorded with the digest `sha256sum` gives inside.
+    let wide = json!({"mode": "allowlist",
+        "allow": ["pypi.org", "files.pythonhosted.org", "registry.npmjs.org",
+                  "static.crates.io", "deb.debian.org"],
+        "packages": policy["packages"]});
+    let (status, body) = put(&d, &format!("/v1/sandboxes/{id}/network"), &wide);
+    assert!(status == 200 || status == 204, "{status} {body}");
+    for (n, (url, ecosystem, name, version)) in [
+        (
+            "https://registry.npmjs.org/left-pad/-/left-pad-1.3.0.tgz",
+            "npm",
+            "left-pad",
+            "1.3.0",
+        ),
+        (
+            "https://static.crates.io/crates/cfg-if/cfg-if-1.0.0.crate",
+            "crates",
+            "cfg-if",
+            "1.0.0",
+        ),
+        (
+            "https://deb.debian.org/debian/pool/main/h/hello/hello_2.10-3_amd64.deb",
+            "debian",
+            "hello",
+            "2.10-3",
+        ),
+        (
+            "http://deb.debian.org/debian/pool/main/h/hello/hello_2.10-3_amd64.deb",
+            "debian",
+            "hello",
+            "2.10-3",
+        ),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let (code, out) = sh(
+            &sb,
+            &format!("curl -sSf -o /tmp/f{n} {url} && sha256sum /tmp/f{n}"),
+        );
+        assert_eq!(code, 0, "curl {url}: {out}");
+        let digest = out.split_whitespace().next().unwrap_or_default().to_owned();
+        let seen = if url.starts_with("http://") { 2 } else { 1 };
+        wait_until(&format!("{url} in /packages"), 30, || {
+            let got = entries(&d, &id, name, "allowed");
+            got.len() >= seen
+                && got.iter().all(|p| {
+                    p["ecosystem"] == ecosystem
+                        && p["version"] == version
+                        && p["sha256"] == digest.as_str()
+                })
+        });
+    }
 
     // A policy change with a bad pin is a 400 and changes nothing.
     let bad = json!({"mode": "allowlist", "allow": allow,
