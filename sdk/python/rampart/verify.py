@@ -3,8 +3,9 @@
 - `verify_bundle(data, trusted_key=None)`: a sandbox's audit bundle (docs/proof.md): the hash
   chain, the blobs, the anchor, the inclusion proof in the signed tree, the key id and the
   Ed25519 signature, and that a `destroyed` record's `manifest_digest` names an `fs_diff`
-  record before it. It checks the cryptography and the encoding; the Rust verifier
-  (`rampart audit verify`) also checks each body's members and types.
+  record before it, and that each `package` record holds together (`package_problem`). It
+  checks the cryptography and the encoding; the Rust verifier (`rampart audit verify`) also
+  checks each body's members and types.
 - `verify_usage(data, trusted_key=None)`: a usage report (docs/tenants.md): each record's
   hash and link, the head, the totals, the signature.
 
