@@ -611,6 +611,11 @@ impl ChainVerifier {
                     }
                 }
             }
+            EventBody::Package(p) => {
+                if let Err(reason) = package_well_formed(p) {
+                    return Err(VerifyError::BadBody { seq: e.seq, reason });
+                }
+            }
             EventBody::Destroyed(d) => {
                 if let Some(m) = d.manifest_digest {
                     if !self.fs_diffs.contains(&m) {
@@ -652,6 +657,38 @@ impl ChainVerifier {
             last_time: self.last_time,
             time_regressions: self.regressions,
         }
+    }
+}
+
+/// The ecosystems a `package` record may name.
+pub const PACKAGE_ECOSYSTEMS: [&str; 4] = ["pypi", "npm", "debian", "crates"];
+
+/// Whether a `package` body holds together: a known ecosystem, a name, version, registry
+/// and path; `allowed` with a digest and a size (the download completed) under an allowing
+/// rule, `denied` with neither (nothing was fetched) under a refusing one.
+pub fn package_well_formed(p: &rampart_types::audit::Package) -> Result<(), String> {
+    if !PACKAGE_ECOSYSTEMS.contains(&p.ecosystem.as_str()) {
+        return Err(format!("package of unknown ecosystem {:?}", p.ecosystem));
+    }
+    if p.name.is_empty() || p.version.is_empty() || p.registry.is_empty() {
+        return Err("package without a name, version or registry".into());
+    }
+    if !p.path.starts_with('/') {
+        return Err(format!("package path {:?} is not absolute", p.path));
+    }
+    let fetched = p.sha256.is_some() && p.size.is_some();
+    let nothing = p.sha256.is_none() && p.size.is_none();
+    match p.verdict.as_str() {
+        "allowed" if !fetched => Err("an allowed package without its sha256 and size".into()),
+        "allowed" if p.rule != "package" && !p.rule.starts_with("pinned:") => {
+            Err(format!("an allowed package under rule {:?}", p.rule))
+        }
+        "denied" if !nothing => Err("a denied package with a digest or size".into()),
+        "denied" if p.rule != "unpinned" && !p.rule.starts_with("package-deny:") => {
+            Err(format!("a denied package under rule {:?}", p.rule))
+        }
+        "allowed" | "denied" => Ok(()),
+        v => Err(format!("package verdict {v:?} (allowed or denied)")),
     }
 }
 
@@ -1053,6 +1090,80 @@ mod tests {
             ("local", true),
         ] {
             assert_eq!(may_exec(c), ok, "{c}");
+        }
+    }
+
+    #[test]
+    fn package_records_must_hold_together() {
+        use rampart_types::audit::Package;
+        let ok = Package {
+            ecosystem: "pypi".into(),
+            name: "six".into(),
+            version: "1.16.0".into(),
+            registry: "files.pythonhosted.org".into(),
+            path: "/packages/x/six-1.16.0-py2.py3-none-any.whl".into(),
+            verdict: "allowed".into(),
+            rule: "package".into(),
+            sha256: Some(Hash([7; 32])),
+            size: Some(11053),
+        };
+        assert_eq!(package_well_formed(&ok), Ok(()));
+        let denied = Package {
+            verdict: "denied".into(),
+            rule: "package-deny:^six$".into(),
+            sha256: None,
+            size: None,
+            ..ok.clone()
+        };
+        assert_eq!(package_well_formed(&denied), Ok(()));
+        for bad in [
+            Package {
+                ecosystem: "cpan".into(),
+                ..ok.clone()
+            },
+            Package {
+                sha256: None,
+                ..ok.clone()
+            },
+            Package {
+                rule: "unpinned".into(),
+                ..ok.clone()
+            },
+            Package {
+                size: Some(1),
+                ..denied.clone()
+            },
+            Package {
+                rule: "package".into(),
+                ..denied.clone()
+            },
+            Package {
+                verdict: "maybe".into(),
+                ..ok.clone()
+            },
+            Package {
+                name: String::new(),
+                ..ok.clone()
+            },
+        ] {
+            assert!(package_well_formed(&bad).is_err(), "{bad:?}");
+        }
+        // In a chain: the verifier refuses the record by its seq.
+        let sb = sid("abc");
+        let mut chain = Chain::new(sb.clone());
+        let t = "2026-05-01T12:00:00.000Z".to_string();
+        let good = chain
+            .append(EventBody::Package(ok.clone()), t.clone())
+            .unwrap();
+        let bad = chain
+            .append(EventBody::Package(Package { sha256: None, ..ok }), t)
+            .unwrap();
+        assert!(verify_chain(&sb, std::slice::from_ref(&good)).is_ok());
+        match verify_chain(&sb, &[good, bad]) {
+            Err(VerifyError::BadBody { seq: 1, reason }) => {
+                assert!(reason.contains("sha256"), "{reason}")
+            }
+            other => panic!("{other:?}"),
         }
     }
 

@@ -54,6 +54,7 @@ pub fn statement(bytes: &[u8], key: &PublicKey) -> Result<Value, VerifyError> {
     let mut approvals: Vec<Value> = Vec::new();
     let mut redactions: Vec<Value> = Vec::new();
     let mut policies: Vec<Value> = Vec::new();
+    let mut packages: Vec<Value> = Vec::new();
     let mut ended = Value::Null;
     for e in &b.events {
         match &e.body {
@@ -97,6 +98,16 @@ pub fn statement(bytes: &[u8], key: &PublicKey) -> Result<Value, VerifyError> {
                     h.1 += 1;
                 }
             }
+            EventBody::Package(p) => packages.push(json!({
+                "seq": e.seq,
+                "ecosystem": p.ecosystem,
+                "name": p.name,
+                "version": p.version,
+                "registry": p.registry,
+                "sha256": p.sha256.map(|h| h.to_hex()),
+                "verdict": p.verdict,
+                "rule": p.rule,
+            })),
             EventBody::ApprovalRequested(r) => approvals.push(json!({
                 "id": r.approval_id,
                 "kind": r.kind,
@@ -162,6 +173,7 @@ pub fn statement(bytes: &[u8], key: &PublicKey) -> Result<Value, VerifyError> {
             "approvals": approvals,
             "redactions": redactions,
             "policies": policies,
+            "packages": packages,
         },
     }))
 }

@@ -60,6 +60,27 @@ pub struct HostRecord {
     pub secrets: Vec<String>,
 }
 
+/// A package fetched (or refused) through the egress proxy.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PackageRecord {
+    /// Seq of its `package` record.
+    pub seq: u64,
+    /// `pypi`, `npm`, `debian`, `crates`.
+    pub ecosystem: String,
+    /// Name.
+    pub name: String,
+    /// Version.
+    pub version: String,
+    /// Registry host.
+    pub registry: String,
+    /// SHA-256 of what was fetched (`None`: refused).
+    pub sha256: Option<Hash>,
+    /// `allowed` or `denied`.
+    pub verdict: String,
+    /// The rule that decided.
+    pub rule: String,
+}
+
 /// One line of the timeline.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TimelineEntry {
@@ -80,6 +101,8 @@ pub struct Activity {
     pub files: Vec<FileRecord>,
     /// Hosts contacted, by name.
     pub hosts: BTreeMap<String, HostRecord>,
+    /// Packages fetched or refused, in order.
+    pub packages: Vec<PackageRecord>,
     /// Network log entries the node's budget left out of the record (counted in `network`
     /// records of kind `suppressed`, not recorded one by one).
     pub suppressed: u64,
@@ -322,6 +345,30 @@ impl Activity {
                     printable(&s.host)
                 )
             }
+            EventBody::Package(p) => {
+                a.packages.push(PackageRecord {
+                    seq,
+                    ecosystem: p.ecosystem.clone(),
+                    name: p.name.clone(),
+                    version: p.version.clone(),
+                    registry: p.registry.clone(),
+                    sha256: p.sha256,
+                    verdict: p.verdict.clone(),
+                    rule: p.rule.clone(),
+                });
+                format!(
+                    "package {} {} {} from {}: {} ({}){}",
+                    printable(&p.ecosystem),
+                    printable(&p.name),
+                    printable(&p.version),
+                    printable(&p.registry),
+                    printable(&p.verdict),
+                    printable(&p.rule),
+                    p.sha256
+                        .map(|h| format!(", sha256 {}, {} B", h.to_hex(), p.size.unwrap_or(0)))
+                        .unwrap_or_default()
+                )
+            }
             EventBody::PolicyChanged(_) => "network policy changed".to_owned(),
             EventBody::TimeoutChanged(t) => {
                 format!("deadline set to {}", printable(&t.expires_at))
@@ -435,6 +482,23 @@ impl fmt::Display for Activity {
                 "  (and {} network log entries left out of the record by the node's budget, \
                  counted in its `suppressed` records)",
                 self.suppressed
+            )?;
+        }
+        writeln!(f, "Packages ({}):", self.packages.len())?;
+        for p in &self.packages {
+            let what = match p.sha256 {
+                Some(h) => format!("sha256 {}", h.to_hex()),
+                None => format!("{} ({})", printable(&p.verdict), printable(&p.rule)),
+            };
+            writeln!(
+                f,
+                "  #{:<5} {:<7} {}=={} from {}  {}",
+                p.seq,
+                printable(&p.ecosystem),
+                printable(&p.name),
+                printable(&p.version),
+                printable(&p.registry),
+                what
             )?;
         }
         writeln!(f, "Timeline:")?;

@@ -89,17 +89,26 @@ pub(crate) struct Prepared {
 }
 
 impl Prepared {
-    /// The egress CA (PEM), made only for a sandbox attached with secrets.
+    /// The egress CA (PEM), made only for a sandbox attached with secrets or with a policy
+    /// that allows a package registry.
     pub(crate) fn ca_pem(&self) -> Option<&str> {
         self.attachment.ca_cert_pem.as_deref()
     }
 
-    /// Variables the sandbox starts with: secret placeholders and, with secrets, where the
+    /// Variables the sandbox starts with: secret placeholders and, with a CA, where the
     /// trust store is.
     pub(crate) fn env(&self) -> Vec<(String, String)> {
         let mut env = self.attachment.env.clone();
         if self.ca_pem().is_some() {
-            for k in ["SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE"] {
+            // pip (`PIP_CERT`) and cargo (`CARGO_HTTP_CAINFO`) read their own settings
+            // before the system store: point them at the bundle with the CA too.
+            for k in [
+                "SSL_CERT_FILE",
+                "REQUESTS_CA_BUNDLE",
+                "CURL_CA_BUNDLE",
+                "PIP_CERT",
+                "CARGO_HTTP_CAINFO",
+            ] {
                 env.push((k.into(), CA_BUNDLE.into()));
             }
             env.push(("NODE_EXTRA_CA_CERTS".into(), CA_FILE.into()));
@@ -249,6 +258,12 @@ impl Network {
                     "allow and deny rules need network.mode allowlist or open",
                 ));
             }
+            if !policy.packages.is_empty() {
+                return Err(bad(
+                    "network",
+                    "packages rules need network.mode allowlist or open",
+                ));
+            }
             return Ok(None);
         }
         rampart_egress::validate_policy(&policy).map_err(|e| bad("network", &e.to_string()))?;
@@ -268,20 +283,38 @@ impl Network {
         net: &StoredNetwork,
         ask: &[String],
     ) -> Result<Prepared, CoreError> {
+        self.prepare_as(id, slot, net, false, ask)
+    }
+
+    /// [`Network::prepare`] of a sandbox attached before this daemon started (`again`: see
+    /// `Egress::reattach`) or a new one.
+    fn prepare_as(
+        &self,
+        id: &SandboxId,
+        slot: u32,
+        net: &StoredNetwork,
+        again: bool,
+        ask: &[String],
+    ) -> Result<Prepared, CoreError> {
         let (wiring, egress) = self.ready()?;
         let t0 = std::time::Instant::now();
         let handle = wiring
             .handle(slot)
             .map_err(|e| CoreError::Capacity(e.to_string()))?;
-        let attachment = egress
-            .attach(
-                id.as_str(),
-                IpAddr::V4(handle.address),
-                IpAddr::V4(handle.gateway),
-                net.policy.clone(),
-                net.secrets.clone(),
-            )
-            .map_err(|e| CoreError::Internal(format!("attaching to the egress proxy: {e}")))?;
+        let attach = if again {
+            Egress::reattach
+        } else {
+            Egress::attach
+        };
+        let attachment = attach(
+            egress,
+            id.as_str(),
+            IpAddr::V4(handle.address),
+            IpAddr::V4(handle.gateway),
+            net.policy.clone(),
+            net.secrets.clone(),
+        )
+        .map_err(|e| CoreError::Internal(format!("attaching to the egress proxy: {e}")))?;
         if !ask.is_empty() {
             // Checked at create; a pattern this build refuses leaves the host refused.
             if let Err(e) = egress.set_ask_hosts(id.as_str(), ask) {
@@ -289,7 +322,7 @@ impl Network {
             }
         }
         debug!(id = %id, attach_us = t0.elapsed().as_micros() as u64, "attached to the egress proxy");
-        // (The egress makes the CA only for a sandbox with secrets.)
+        // (The egress makes the CA only for a sandbox with secrets or a registry allowed.)
         Ok(Prepared { handle, attachment })
     }
 
@@ -448,7 +481,7 @@ impl Network {
             }
         };
         let Some(net) = net else { return };
-        let prepared = match self.prepare(&rec.id, rec.uid_slot, &net, ask) {
+        let prepared = match self.prepare_as(&rec.id, rec.uid_slot, &net, true, ask) {
             Ok(p) => p,
             Err(e) => {
                 warn!(id = %rec.id, "re-attaching to the egress proxy: {e}; its connections are refused");

@@ -27,7 +27,8 @@
 //! egress.set_policy(id, NetworkPolicy) -> Result<()>     (new connections at once; live ones cut)
 //! egress.set_secrets(id, Vec<SecretSpec>) -> Result<Vec<SecretInfo>>
 //! egress.detach(id) -> bool                              (cuts its connections, removes its CA)
-//! egress.ca_cert_pem(id) -> Option<String>        (its CA, once it has secrets; see set_secrets)
+//! egress.reattach(id, ip, gw, policy, secrets) -> Result<Attachment>   (after a daemon restart)
+//! egress.ca_cert_pem(id) -> Option<String>        (its CA: with secrets or a registry allowed)
 //! egress.log(id, after_seq, limit) -> Option<Vec<NetLogEntry>>
 //! egress.subscribe(id) -> Option<broadcast::Receiver<NetLogEntry>>       (for `?follow=1`)
 //! egress.take_events() -> Option<mpsc::Receiver<NetEvent>>              (audit hook, once)
@@ -37,6 +38,7 @@
 //! egress.dropped_events(id) -> u64                  (entries the event hook lost to a full queue)
 //! validate_policy(&NetworkPolicy) -> Result<(), RuleError>             (for create/PUT checks)
 //! validate_secrets(&[SecretSpec]) -> Result<(), EgressError>
+//! policy_needs_ca(&NetworkPolicy) -> bool     (a registry allowed: attach makes a CA, see packages)
 //! host_addrs(); host_networks(); resolv_conf_nameservers(path)             (helpers)
 //! ```
 //!
@@ -51,6 +53,7 @@ pub mod bench;
 mod dns;
 mod limits;
 mod netlog;
+pub mod packages;
 pub mod peek;
 pub mod policy;
 mod proxy;
@@ -153,6 +156,10 @@ pub struct EgressConfig {
     pub log_capacity: usize,
     /// How long the proxy waits for a connection's first bytes before treating it as raw TCP.
     pub peek_timeout: Duration,
+    /// Whether a sandbox whose policy allows a package registry gets a CA at attach, so that
+    /// the registries' HTTPS is intercepted and its downloads recorded (default `true`; the
+    /// template builder, which does not put the CA into its steps' trust store, says `false`).
+    pub record_packages: bool,
 }
 
 impl Default for EgressConfig {
@@ -167,6 +174,7 @@ impl Default for EgressConfig {
             blocked: Vec::new(),
             log_capacity: 2048,
             peek_timeout: Duration::from_secs(5),
+            record_packages: true,
         }
     }
 }
@@ -175,9 +183,9 @@ impl Default for EgressConfig {
 #[derive(Clone, PartialEq, Eq)]
 pub struct Attachment {
     /// The sandbox's CA certificate (PEM), for its trust store, when it was attached with
-    /// secrets (`None` without: the CA is only made for a sandbox that has secrets, since
-    /// TLS is intercepted only for hosts a secret is bound to). Its key never leaves the
-    /// daemon.
+    /// secrets or with a policy that allows a package registry ([`policy_needs_ca`]; `None`
+    /// otherwise: TLS is intercepted only for hosts a secret is bound to and for the
+    /// registries). Its key never leaves the daemon.
     pub ca_cert_pem: Option<String>,
     /// Environment variables to set in the sandbox: `(env, placeholder)` of each secret with
     /// an `env`.
@@ -198,6 +206,20 @@ impl std::fmt::Debug for Attachment {
 /// Checks a policy's rules without attaching anything (the first bad rule is the error).
 pub fn validate_policy(policy: &NetworkPolicy) -> Result<(), RuleError> {
     CompiledPolicy::compile(policy).map(|_| ())
+}
+
+/// Whether a sandbox attached with `policy` gets a CA even without secrets: the policy
+/// allows a package registry, whose TLS is intercepted to record what is fetched
+/// ([`packages::REGISTRY_HOSTS`]). Its certificate must then be in the sandbox's trust
+/// store from the start ([`Attachment::ca_cert_pem`]).
+pub fn policy_needs_ca(policy: &NetworkPolicy) -> bool {
+    CompiledPolicy::compile(policy).is_ok_and(|c| registries_allowed(&c))
+}
+
+fn registries_allowed(c: &CompiledPolicy) -> bool {
+    packages::REGISTRY_HOSTS
+        .iter()
+        .any(|h| c.decide_dns(h).allowed())
 }
 
 /// Checks secret specs without attaching anything.
@@ -418,6 +440,7 @@ pub(crate) struct Inner {
     pub state_dir: PathBuf,
     pub log_capacity: usize,
     pub peek_timeout: Duration,
+    pub record_packages: bool,
     /// Fair admission of DNS queries (per sandbox, across all listeners).
     pub dns_gate: Arc<dns::DnsGate>,
     /// Who decides held connections (none: they are refused).
@@ -665,6 +688,7 @@ impl Egress {
             state_dir: cfg.state_dir.clone(),
             log_capacity: cfg.log_capacity,
             peek_timeout: cfg.peek_timeout,
+            record_packages: cfg.record_packages,
             dns_gate: Arc::new(dns::DnsGate::default()),
             asker: RwLock::new(None),
         });
@@ -808,6 +832,33 @@ impl Egress {
         policy: NetworkPolicy,
         secrets: Vec<SecretSpec>,
     ) -> Result<Attachment, EgressError> {
+        self.attach_as(id, sandbox_ip, gateway_ip, policy, secrets, false)
+    }
+
+    /// [`Egress::attach`] for a sandbox that was attached before (a daemon restarted while it
+    /// ran): the same, except that a sandbox without secrets gets a CA for the registries
+    /// only if it had one (its trust store was made at create and cannot take a new one; a
+    /// policy changed since to allow a registry leaves that registry spliced, not recorded).
+    pub fn reattach(
+        &self,
+        id: &str,
+        sandbox_ip: IpAddr,
+        gateway_ip: IpAddr,
+        policy: NetworkPolicy,
+        secrets: Vec<SecretSpec>,
+    ) -> Result<Attachment, EgressError> {
+        self.attach_as(id, sandbox_ip, gateway_ip, policy, secrets, true)
+    }
+
+    fn attach_as(
+        &self,
+        id: &str,
+        sandbox_ip: IpAddr,
+        gateway_ip: IpAddr,
+        policy: NetworkPolicy,
+        secrets: Vec<SecretSpec>,
+        again: bool,
+    ) -> Result<Attachment, EgressError> {
         if !valid_id(id) {
             return Err(EgressError::InvalidId(id.to_string()));
         }
@@ -826,8 +877,13 @@ impl Egress {
         }
         let dir = self.state_dir(id);
         let fresh = !dir.exists();
+        // A package registry the policy allows is intercepted to record what is fetched
+        // (see `packages`): that needs the CA in the sandbox's trust store from the start.
+        let registries = self.inner.record_packages
+            && registries_allowed(&compiled)
+            && (!again || tls::SandboxCa::stored(&dir));
         let result = (|| {
-            if secrets.is_empty() {
+            if secrets.is_empty() && !registries {
                 return Ok((Vec::new(), None));
             }
             let bound = build_secrets(&secrets, &self.load_placeholders(id))?;

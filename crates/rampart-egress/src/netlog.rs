@@ -5,7 +5,7 @@ use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
-use rampart_types::network::{NetEventKind, NetLogEntry, Verdict};
+use rampart_types::network::{NetEventKind, NetLogEntry, PackageFetch, Verdict};
 use tokio::sync::{broadcast, mpsc};
 
 /// A network log entry with the sandbox it belongs to (the event hook's item).
@@ -30,6 +30,7 @@ pub(crate) struct Draft {
     pub bytes_out: Option<u64>,
     pub bytes_in: Option<u64>,
     pub secret: Option<String>,
+    pub package: Option<PackageFetch>,
 }
 
 impl Draft {
@@ -45,6 +46,7 @@ impl Draft {
             bytes_out: None,
             bytes_in: None,
             secret: None,
+            package: None,
         }
     }
 }
@@ -98,6 +100,7 @@ impl NetLog {
             bytes_out: d.bytes_out,
             bytes_in: d.bytes_in,
             secret: d.secret,
+            package: d.package,
         };
         if ring.len() >= self.cap {
             ring.pop_front();

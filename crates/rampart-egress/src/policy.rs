@@ -252,6 +252,8 @@ pub struct CompiledPolicy {
     pub deny: Vec<Rule>,
     /// The policy as given (limits are read from it).
     pub source: NetworkPolicy,
+    /// The `packages` rules.
+    pub packages: crate::packages::PackageRules,
 }
 
 /// What a connection looks like to the policy.
@@ -278,11 +280,13 @@ impl CompiledPolicy {
             .iter()
             .map(|r| Rule::parse(r))
             .collect::<Result<Vec<_>, _>>()?;
+        let packages = crate::packages::PackageRules::compile(&policy.packages)?;
         Ok(CompiledPolicy {
             mode: policy.mode,
             allow,
             deny,
             source: policy.clone(),
+            packages,
         })
     }
 

@@ -11,7 +11,8 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use rampart_types::network::{NetEventKind, Verdict};
+use rampart_types::network::{NetEventKind, PackageFetch, Verdict};
+use sha2::{Digest, Sha256};
 use tokio::io::{
     AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader, ReadBuf,
 };
@@ -19,6 +20,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
 
 use crate::netlog::Draft;
+use crate::packages::{is_registry_host, recognise, Fetch};
 use crate::peek::{classify, Peek};
 use crate::policy::canonical;
 use crate::secrets::{
@@ -267,8 +269,13 @@ pub(crate) async fn handle_for(
     let bound = name
         .as_deref()
         .is_some_and(|n| secrets.iter().any(|s| s.bound_to(n, Some(port))));
+    // A package registry's HTTPS is terminated too (when the sandbox has a CA: see
+    // `docs/network.md`, "Packages"), to read what is fetched and hash it.
+    let registry = name
+        .as_deref()
+        .is_some_and(|n| port == 443 && is_registry_host(n) && sb.ca().is_some());
     let result = match (&peek, &name) {
-        (Peek::Tls(_), Some(n)) if bound => {
+        (Peek::Tls(_), Some(n)) if bound || registry => {
             intercept(inner, &sb, client, pre, dst, n, &counters, &live.cancel).await
         }
         // Plain HTTP is relayed request by request: every request on the connection must
@@ -461,10 +468,10 @@ async fn intercept(
     c: &Counters,
     cancel: &CancellationToken,
 ) -> io::Result<()> {
-    // Every sandbox with secrets has a CA (and only secret-bound hosts are intercepted).
+    // Only a sandbox with a CA has its secret-bound and registry hosts intercepted.
     let ca = sb
         .ca()
-        .ok_or_else(|| io::Error::other("the sandbox has no CA (no secrets)"))?;
+        .ok_or_else(|| io::Error::other("the sandbox has no CA"))?;
     let cfg = ca
         .server_config(name)
         .map_err(|e| io::Error::other(e.to_string()))?;
@@ -531,6 +538,32 @@ impl Relay<'_> {
         self.sb.log.push(dr);
     }
 
+    /// The host a request of this connection names: the judged name, else the address.
+    fn host(&self) -> String {
+        self.conn
+            .map(str::to_string)
+            .unwrap_or_else(|| self.ip.to_string())
+    }
+
+    /// A `package` entry: a completed download (`sha256` and `size`) or a refused one.
+    fn log_package(&self, f: &Fetch, verdict: Verdict, rule: &str, got: Option<(String, u64)>) {
+        let mut dr = Draft::new(NetEventKind::Package, verdict, rule);
+        dr.name = Some(self.host());
+        dr.addrs = vec![self.ip.to_string()];
+        dr.port = Some(self.port);
+        let (sha256, size) = got.unzip();
+        dr.package = Some(PackageFetch {
+            ecosystem: f.ecosystem.to_string(),
+            name: f.name.clone(),
+            version: f.version.clone(),
+            registry: self.host(),
+            path: f.path.clone(),
+            sha256,
+            size,
+        });
+        self.sb.log.push(dr);
+    }
+
     /// One entry per secret whose value was taken out of what went back to the sandbox.
     fn log_scrubbed(&self, hits: &[String]) {
         for s in hits {
@@ -559,6 +592,11 @@ struct Pending {
     switch: Switch,
     /// Told whether the connection switched protocols (for a request that may switch).
     decided: Option<tokio::sync::oneshot::Sender<bool>>,
+    /// The package download this request is (allowed, with the rule that allowed it).
+    package: Option<(Fetch, String)>,
+    /// An answer the proxy gives itself instead of the server's (a refused package): sent,
+    /// then the connection is closed.
+    answer: Option<Vec<u8>>,
 }
 
 /// How the request side ended.
@@ -659,6 +697,36 @@ where
             dr.secret = Some(s.clone());
             sb.log.push(dr);
         }
+        let package = match package_of(&head, &rl.host()) {
+            None => None,
+            Some(f) => match sb.policy().packages.judge(&f) {
+                Ok(rule) => Some((f, rule)),
+                Err(rule) => {
+                    rl.log_package(&f, Verdict::Deny, &rule, None);
+                    let body = format!(
+                        "rampart: package {} {} ({}) refused by the network policy ({rule})\n",
+                        f.name, f.version, f.ecosystem
+                    );
+                    let answer = format!(
+                        "HTTP/1.1 403 Forbidden\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                        body.len()
+                    );
+                    tx.send(Pending {
+                        head_method: false,
+                        version: rh.version,
+                        switch: Switch::No,
+                        decided: None,
+                        package: None,
+                        answer: Some(answer.into_bytes()),
+                    })
+                    .await
+                    .map_err(|_| io::Error::other("the response side ended"))?;
+                    return Ok(ReqEnd::Refused(io::Error::other(
+                        "package refused by the policy",
+                    )));
+                }
+            },
+        };
         let (decided, verdict) = if rh.switch == Switch::No {
             (None, None)
         } else {
@@ -670,6 +738,8 @@ where
             version: rh.version,
             switch: rh.switch,
             decided,
+            package,
+            answer: None,
         })
         .await
         .map_err(|_| io::Error::other("the response side ended"))?;
@@ -690,6 +760,25 @@ where
             }
         }
     }
+}
+
+/// The package a request head fetches (a `GET` whose target is a registry download).
+fn package_of(head: &[u8], host: &str) -> Option<Fetch> {
+    let line = head.split(|b| *b == b'\n').next()?;
+    let line = std::str::from_utf8(line).ok()?.trim_end();
+    let mut parts = line.split(' ');
+    if parts.next()? != "GET" {
+        return None;
+    }
+    recognise(host, parts.next()?)
+}
+
+fn hex(b: &[u8]) -> String {
+    use std::fmt::Write;
+    b.iter().fold(String::with_capacity(64), |mut s, x| {
+        let _ = write!(s, "{x:02x}");
+        s
+    })
 }
 
 async fn write_client<W: AsyncWrite + Unpin>(w: &mut W, b: &[u8], c: &Counters) -> io::Result<()> {
@@ -951,6 +1040,12 @@ where
             let _ = cw.shutdown().await;
             return Ok(());
         };
+        if let Some(answer) = p.answer.take() {
+            write_client(&mut cw, &answer, c).await?;
+            cw.flush().await?;
+            let _ = cw.shutdown().await;
+            return Ok(());
+        }
         let secrets = rl.sb.secrets();
         let mut sc = Scrubber::new(&secrets);
         let mut hits = Vec::new();
@@ -988,6 +1083,12 @@ where
             return raw_down(rl, ur, cw, sc).await;
         }
         let framing = resp.framing(p.head_method)?;
+        // A package download is hashed as it streams, and recorded once whole.
+        let mut digest = p
+            .package
+            .take()
+            .filter(|_| resp.code == 200 && framing != BodyFraming::None)
+            .map(|(f, rule)| (f, rule, Sha256::new(), 0u64));
         let out = match framing {
             BodyFraming::None => Out::AsIs,
             BodyFraming::Length(_) if !sc.active() => Out::AsIs,
@@ -1000,6 +1101,10 @@ where
             let mut body = BodyReader::new(framing);
             let mut whole = Vec::new();
             while let Some(p) = body.next(&mut ur).await? {
+                if let Some((_, _, h, n)) = &mut digest {
+                    h.update(&p);
+                    *n += p.len() as u64;
+                }
                 whole.extend_from_slice(&p);
             }
             let whole = sc.scrub_all(&whole, &mut hits);
@@ -1009,6 +1114,9 @@ where
             write_client(&mut cw, &bytes, c).await?;
             cw.flush().await?;
             rl.log_scrubbed(&hits);
+            if let Some((f, rule, h, n)) = digest {
+                rl.log_package(&f, Verdict::Allow, &rule, Some((hex(&h.finalize()), n)));
+            }
             continue;
         }
         let head = match out {
@@ -1021,6 +1129,10 @@ where
         let mut buf = Vec::new();
         loop {
             let piece = body.next(&mut ur).await?;
+            if let (Some(p), Some((_, _, h, n))) = (&piece, &mut digest) {
+                h.update(p);
+                *n += p.len() as u64;
+            }
             buf.clear();
             match &piece {
                 Some(p) => sc.feed(p, &mut buf, &mut hits),
@@ -1050,6 +1162,9 @@ where
         }
         cw.flush().await?;
         rl.log_scrubbed(&hits);
+        if let Some((f, rule, h, n)) = digest {
+            rl.log_package(&f, Verdict::Allow, &rule, Some((hex(&h.finalize()), n)));
+        }
         if out == Out::Close {
             let _ = cw.shutdown().await;
             return Ok(());

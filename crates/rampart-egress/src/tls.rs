@@ -65,6 +65,11 @@ fn ca_params(id: &str) -> Result<CertificateParams, EgressError> {
 }
 
 impl SandboxCa {
+    /// Whether `dir` holds a CA that [`SandboxCa::load_or_create`] would load.
+    pub fn stored(dir: &Path) -> bool {
+        dir.join("ca.crt").is_file() && dir.join("ca.key").is_file()
+    }
+
     /// Loads the CA of `id` from `dir` (`ca.crt`, `ca.key`) or makes and stores a new one.
     ///
     /// The files are written whole (temporary file, then rename) but not synced: they only

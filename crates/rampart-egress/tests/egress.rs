@@ -720,6 +720,99 @@ impl Ctx {
     }
 }
 
+/// Package downloads over plain HTTP (a Debian pool path on any host): hashed as relayed,
+/// by length and chunked (the digest is of the body without its chunk framing), recorded
+/// once whole; a name a `deny` pattern matches gets the proxy's 403 and never goes upstream.
+#[test]
+fn package_downloads_are_hashed_and_denied_ones_never_reach_upstream() {
+    use sha2::{Digest, Sha256};
+    scenario(|cx| async move {
+        let mut p = policy(
+            NetworkMode::Allowlist,
+            &["allowed.test", "api.test", "*.wild.test"],
+            &["denied.test"],
+        );
+        p.packages.deny = vec!["^evil-".into()];
+        cx.egress.set_policy("sbx1", p).unwrap();
+        let (code, _) = cx
+            .sandbox(|| dns_query(ANY_DNS, "allowed.test", RecordType::A, false))
+            .await;
+        assert_eq!(code, ResponseCode::NoError);
+        let get = |path: &'static str| {
+            let req =
+                format!("GET {path} HTTP/1.1\r\nHost: allowed.test\r\nConnection: close\r\n\r\n");
+            move || tcp_all(format!("{WEB1}:80").parse().unwrap(), req.as_bytes())
+        };
+        let package = |name: &'static str| {
+            let log = cx.log();
+            log.into_iter()
+                .filter(|e| e.kind == NetEventKind::Package)
+                .find(|e| e.package.as_ref().is_some_and(|p| p.name == name))
+        };
+        for (path, name) in [
+            ("/debian/pool/main/h/hello/hello_2.10-3_amd64.deb", "hello"),
+            (
+                "/chunked/pool/main/c/curl/curl_7.88.1-10+deb12u5_amd64.deb",
+                "curl",
+            ),
+        ] {
+            let got = cx.sandbox(get(path)).await.unwrap();
+            assert!(got.starts_with("HTTP/1.1 200"), "{got}");
+            // The body the server sent is the request head it saw.
+            let head = cx
+                .seen
+                .requests()
+                .into_iter()
+                .find(|h| h.starts_with(&format!("GET {path} ")))
+                .expect("the server saw the request");
+            let deadline = Instant::now() + Duration::from_secs(10);
+            let e = loop {
+                if let Some(e) = package(name) {
+                    break e;
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "no package entry: {:#?}",
+                    cx.log()
+                );
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            };
+            let p = e.package.unwrap();
+            assert_eq!((e.verdict, e.rule.as_str()), (Verdict::Allow, "package"));
+            assert_eq!(p.ecosystem, "debian");
+            assert_eq!(p.registry, "allowed.test");
+            assert_eq!(p.path, path);
+            let want: String = Sha256::digest(head.as_bytes())
+                .iter()
+                .map(|b| format!("{b:02x}"))
+                .collect();
+            assert_eq!(p.sha256.as_deref(), Some(want.as_str()), "{path}");
+            assert_eq!(p.size, Some(head.len() as u64));
+        }
+        // Denied by name: the proxy answers 403 and the server never sees the request.
+        let path = "/debian/pool/main/e/evil-tool/evil-tool_1.0_amd64.deb";
+        let got = cx.sandbox(get(path)).await.unwrap();
+        assert!(got.starts_with("HTTP/1.1 403"), "{got}");
+        assert!(got.contains("package-deny:^evil-"), "{got}");
+        let e = cx
+            .entry(NetEventKind::Package, Some("allowed.test"), None)
+            .await;
+        let p = e.package.unwrap();
+        assert_eq!(
+            (e.verdict, e.rule.as_str()),
+            (Verdict::Deny, "package-deny:^evil-")
+        );
+        assert_eq!(
+            (p.name.as_str(), p.sha256, p.size),
+            ("evil-tool", None, None)
+        );
+        assert!(
+            !cx.seen.requests().iter().any(|h| h.contains("evil-tool")),
+            "a denied package went upstream"
+        );
+    });
+}
+
 #[test]
 fn connection_rate_and_egress_bandwidth_limits_hold() {
     scenario(|cx| async move {

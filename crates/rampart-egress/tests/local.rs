@@ -191,6 +191,61 @@ async fn the_ca_is_made_only_for_a_sandbox_with_secrets() {
     assert!(!state.join("sec").exists());
 }
 
+/// A policy that allows a package registry gets a CA at attach (its TLS is intercepted to
+/// record downloads), kept across a restart; a re-attach makes none for a sandbox that had
+/// none (its trust store has no CA), and a daemon configured not to record packages (the
+/// template builder) makes none at all.
+#[tokio::test]
+async fn a_registry_in_the_policy_brings_a_ca_at_create_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("egress");
+    let gw: IpAddr = "10.201.0.2".parse().unwrap();
+    let ip = |n: u8| -> IpAddr { format!("10.201.0.{n}").parse().unwrap() };
+    assert!(rampart_egress::policy_needs_ca(&allow(&["pypi.org"])));
+    assert!(rampart_egress::policy_needs_ca(&allow(&["*.crates.io"])));
+    assert!(!rampart_egress::policy_needs_ca(&allow(&["ok.com"])));
+    let open = NetworkPolicy {
+        mode: NetworkMode::Open,
+        ..Default::default()
+    };
+    assert!(rampart_egress::policy_needs_ca(&open));
+    {
+        let e = Egress::start(cfg(&state, vec![])).await.unwrap();
+        let a = e
+            .attach("pkg", ip(3), gw, allow(&["pypi.org"]), vec![])
+            .unwrap();
+        let ca = a.ca_cert_pem.expect("a CA for a registry");
+        assert!(state.join("pkg/ca.key").exists());
+        assert!(a.env.is_empty());
+        // A restarted daemon re-attaches it with the same CA; one that had none gets none,
+        // even if its policy now allows a registry.
+        drop(e);
+        let e = Egress::start(cfg(&state, vec![])).await.unwrap();
+        let again = e
+            .reattach("pkg", ip(3), gw, allow(&["pypi.org"]), vec![])
+            .unwrap();
+        assert_eq!(again.ca_cert_pem.as_deref(), Some(ca.as_str()));
+        let none = e
+            .reattach("late", ip(4), gw, allow(&["pypi.org"]), vec![])
+            .unwrap();
+        assert!(none.ca_cert_pem.is_none());
+        assert!(!state.join("late").exists());
+        assert!(e.detach("pkg") && e.detach("late"));
+        assert!(!state.join("pkg").exists());
+    }
+    let e = Egress::start(rampart_egress::EgressConfig {
+        record_packages: false,
+        ..cfg(&state, vec![])
+    })
+    .await
+    .unwrap();
+    let a = e
+        .attach("build", ip(5), gw, allow(&["pypi.org"]), vec![])
+        .unwrap();
+    assert!(a.ca_cert_pem.is_none());
+    assert!(e.detach("build"));
+}
+
 /// A one-name upstream resolver on loopback counting the questions it gets.
 async fn upstream() -> (SocketAddr, Arc<Mutex<Vec<String>>>) {
     let sock = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();

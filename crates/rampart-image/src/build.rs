@@ -1232,6 +1232,8 @@ mod runner {
                 dns_port: 0,
                 state_dir,
                 blocked: vec![super::BUILD_NET_BLOCK.to_owned()],
+                // A step's trust store is the image's own: no CA, no interception.
+                record_packages: false,
                 ..EgressConfig::default()
             }))
             .map_err(|e| fail("starting the egress proxy", e.to_string()))?;

@@ -86,6 +86,33 @@ const RampartVerify = (() => {
     return groups[groups.length - 1][1].split(",").some((s) => s === "exec" || s === "admin");
   }
 
+  // Why a `package` record does not hold together, or null (as the Rust and Python
+  // verifiers judge it).
+  const PACKAGE_MEMBERS = ["ecosystem", "name", "path", "registry", "rule", "sha256", "size", "type", "verdict", "version"];
+  function packageProblem(body) {
+    const keys = Object.keys(body).sort();
+    if (keys.join(",") !== PACKAGE_MEMBERS.join(",")) return `package members ${keys.join(",")}`;
+    if (!["pypi", "npm", "debian", "crates"].includes(body.ecosystem)) {
+      return `package of unknown ecosystem ${JSON.stringify(body.ecosystem)}`;
+    }
+    for (const k of ["name", "version", "registry", "path", "rule"]) {
+      if (typeof body[k] !== "string" || !body[k]) return `package without a ${k}`;
+    }
+    if (!body.path.startsWith("/")) return "package path is not absolute";
+    const { sha256, size, rule } = body;
+    if (body.verdict === "allowed") {
+      if (typeof sha256 !== "string" || !/^[0-9a-f]{64}$/.test(sha256)) return "an allowed package without its sha256";
+      if (!Number.isSafeInteger(size) || size < 0) return "an allowed package without its size";
+      if (rule !== "package" && !rule.startsWith("pinned:")) return `an allowed package under rule ${JSON.stringify(rule)}`;
+    } else if (body.verdict === "denied") {
+      if (sha256 !== null || size !== null) return "a denied package with a digest or size";
+      if (rule !== "unpinned" && !rule.startsWith("package-deny:")) return `a denied package under rule ${JSON.stringify(rule)}`;
+    } else {
+      return `package verdict ${JSON.stringify(body.verdict)}`;
+    }
+    return null;
+  }
+
   // RFC 9162 inclusion proof.
   async function inclusion(leaf, index, size, proof, root) {
     if (index >= size) return false;
@@ -252,6 +279,9 @@ const RampartVerify = (() => {
           approved.add(body.approval_id);
           if (askedHosts.has(body.approval_id)) approvedHosts.set(body.approval_id, askedHosts.get(body.approval_id));
         }
+      } else if (body.type === "package") {
+        const why = packageProblem(body);
+        if (why) fail(`record seq ${i}: ${why}`);
       } else if (body.type === "exec") {
         if ("caller" in body && !mayExec(body.caller)) {
           fail(`record seq ${i}: asked by ${body.caller}, whose scopes hold neither exec nor admin`);
@@ -294,5 +324,5 @@ const RampartVerify = (() => {
     return { sandbox, records: n, treeSize: sth.tree_size, keyId: hex(keyId) };
   }
 
-  return { verifyBundle, VerificationError, canonical };
+  return { verifyBundle, VerificationError, canonical, packageProblem };
 })();

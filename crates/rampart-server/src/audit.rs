@@ -132,6 +132,49 @@ pub(crate) async fn events(
     Ok(ndjson::channel_response(rx))
 }
 
+/// `GET /v1/sandboxes/{id}/packages`: the packages the sandbox fetched (or was refused)
+/// through its network, read from its audit record (`package` events), oldest first. Works
+/// as long as the record does, after the sandbox is destroyed too.
+#[utoipa::path(get, path = "/v1/sandboxes/{id}/packages", tag = "audit",
+    params(("id" = String, Path, description = "Sandbox id")),
+    responses(
+        (status = 200, description = "Package downloads, oldest first", body = Vec<rampart_types::network::PackageEntry>),
+        (status = 404, description = "No such sandbox", body = ApiErrorBody),
+    ))]
+pub(crate) async fn packages(
+    State(st): State<AppState>,
+    SandboxPath(id): SandboxPath,
+) -> Result<Json<Vec<rampart_types::network::PackageEntry>>, ApiError> {
+    use rampart_types::audit::EventBody;
+    let mut out = Vec::new();
+    let mut after = None;
+    loop {
+        let events = st.backend.audit_events(&id, after, MAX_AUDIT_PAGE)?;
+        let n = events.len();
+        for e in events {
+            after = Some(e.seq);
+            if let EventBody::Package(p) = e.body {
+                out.push(rampart_types::network::PackageEntry {
+                    seq: e.seq,
+                    time: e.time,
+                    ecosystem: p.ecosystem,
+                    name: p.name,
+                    version: p.version,
+                    registry: p.registry,
+                    path: p.path,
+                    sha256: p.sha256.map(|h| h.to_hex()),
+                    size: p.size,
+                    verdict: p.verdict,
+                    rule: p.rule,
+                });
+            }
+        }
+        if n < MAX_AUDIT_PAGE {
+            return Ok(Json(out));
+        }
+    }
+}
+
 /// `GET /v1/sandboxes/{id}/audit/bundle`: the sandbox's bundle (events, blobs, signed tree
 /// head, inclusion proof, public key), verifiable offline with `rampart audit verify`.
 /// Publishes the sandbox's chain head first if it moved since its last publication.

@@ -337,7 +337,7 @@ pub(crate) fn required_scope(method: &axum::http::Method, path: &str) -> Option<
             "exec" | "processes" => "exec",
             "files" => "files",
             "network" => "network",
-            "audit" => "audit",
+            "audit" | "packages" => "audit",
             "ports"
                 if segs.len() == 6 && segs[5] == "public" && method != axum::http::Method::GET =>
             {
@@ -619,6 +619,7 @@ mod tests {
             s(Method::GET, "/v1/sandboxes/abc/audit/bundle"),
             Some("audit")
         );
+        assert_eq!(s(Method::GET, "/v1/sandboxes/abc/packages"), Some("audit"));
         assert_eq!(s(Method::POST, "/v1/secrets"), Some("secrets"));
         assert_eq!(s(Method::GET, "/v1/templates"), Some("templates"));
         assert_eq!(s(Method::DELETE, "/v1/volumes/v"), Some("sandboxes"));

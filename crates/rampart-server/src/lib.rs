@@ -574,6 +574,7 @@ fn v1_router(state: AppState, auth: Option<Arc<auth::Auth>>) -> Router {
         .route("/sandboxes/{id}/audit", get(audit::events))
         .route("/sandboxes/{id}/audit/bundle", get(audit::bundle))
         .route("/sandboxes/{id}/audit/dsse", get(audit::dsse))
+        .route("/sandboxes/{id}/packages", get(audit::packages))
         .route("/sandboxes/{id}/ports", get(ports::list))
         .route("/sandboxes/{id}/ports/{port}", any(ports::proxy))
         .route("/sandboxes/{id}/ports/{port}/", any(ports::proxy))

@@ -263,6 +263,7 @@ async fn openapi_lists_every_path() {
         "/v1/snapshots/{name}",
         "/v1/volumes",
         "/v1/volumes/{name}",
+        "/v1/sandboxes/{id}/packages",
     ] {
         assert!(paths.contains_key(p), "openapi lacks {p}");
     }
@@ -274,6 +275,8 @@ async fn openapi_lists_every_path() {
         "ExecEvent",
         "FileEntry",
         "ApiErrorBody",
+        "PackageEntry",
+        "PackagePolicy",
     ] {
         assert!(
             v["components"]["schemas"].get(s).is_some(),

@@ -221,11 +221,13 @@ pub enum EventBody {
     ApprovalDecided(ApprovalDecided),
     /// Values declared sensitive were edited out of what the record keeps.
     Redacted(Redacted),
+    /// A package download seen by the egress proxy (fetched, or refused by the policy).
+    Package(Package),
 }
 
 impl EventBody {
     /// Every `type` this version knows, in declaration order.
-    pub const TYPES: [&'static str; 16] = [
+    pub const TYPES: [&'static str; 17] = [
         "created",
         "exec",
         "exit",
@@ -242,6 +244,7 @@ impl EventBody {
         "approval_requested",
         "approval_decided",
         "redacted",
+        "package",
     ];
 
     /// The body's `type` tag.
@@ -263,6 +266,7 @@ impl EventBody {
             EventBody::ApprovalRequested(_) => "approval_requested",
             EventBody::ApprovalDecided(_) => "approval_decided",
             EventBody::Redacted(_) => "redacted",
+            EventBody::Package(_) => "package",
         }
     }
 }
@@ -548,6 +552,32 @@ pub struct Redacted {
     pub names: Vec<String>,
     /// How many replacements were made.
     pub count: u64,
+}
+
+/// `package`: a package download the egress proxy recognised from a registry's URL layout.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Package {
+    /// `pypi`, `npm`, `debian` or `crates`.
+    pub ecosystem: String,
+    /// The package's name, normalized (lowercase; PyPI's runs of `-_.` as `-`).
+    pub name: String,
+    /// Its version, as the file name gives it.
+    pub version: String,
+    /// The registry host it was fetched from.
+    pub registry: String,
+    /// The request's path, without the query.
+    pub path: String,
+    /// `allowed` (fetched whole) or `denied` (refused before any byte reached the sandbox).
+    pub verdict: String,
+    /// The rule that decided: `package`, `pinned:<pin>`, `package-deny:<pattern>`, `unpinned`.
+    pub rule: String,
+    /// SHA-256 of the response body as fetched; `null` when denied.
+    #[serde(deserialize_with = "required")]
+    pub sha256: Option<Hash>,
+    /// Size in bytes of that body; `null` when denied.
+    #[serde(deserialize_with = "required")]
+    pub size: Option<u64>,
 }
 
 /// `destroyed`: the sandbox is gone.

@@ -65,6 +65,89 @@ pub struct NetworkPolicy {
     /// Egress limits.
     #[serde(default)]
     pub limits: NetworkLimits,
+    /// Rules for packages fetched from the registries the proxy recognises (see
+    /// `docs/network.md`, "Packages"); absent means none.
+    #[serde(default, skip_serializing_if = "PackagePolicy::is_empty")]
+    pub packages: PackagePolicy,
+}
+
+/// What packages a sandbox may fetch through its network (`network.packages`).
+///
+/// The egress proxy recognises downloads from PyPI, npm, Debian-style pools and crates.io
+/// by their URLs; a refused download gets a 403 from the proxy before any byte of it reaches
+/// the sandbox.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PackagePolicy {
+    /// Regular expressions (Rust `regex` syntax, unanchored unless written with `^`/`$`)
+    /// matched against the package's normalized name (lowercase; for PyPI, runs of `-`, `_`
+    /// and `.` become `-`); a package that matches one is refused, in every ecosystem.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub deny: Vec<String>,
+    /// Only what `pinned` names may be fetched: a download of any other package, or of
+    /// another version of a pinned one, is refused.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub require_pinned: bool,
+    /// Pins, `name==version` (any ecosystem) or `ecosystem:name==version` with ecosystem
+    /// `pypi`, `npm`, `debian` or `crates`. Only with `require_pinned`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pinned: Vec<String>,
+}
+
+impl PackagePolicy {
+    /// No rule at all (the default).
+    pub fn is_empty(&self) -> bool {
+        self.deny.is_empty() && !self.require_pinned && self.pinned.is_empty()
+    }
+}
+
+/// A package download the egress proxy recognised (network log entries of kind `package`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct PackageFetch {
+    /// `pypi`, `npm`, `debian` or `crates`.
+    pub ecosystem: String,
+    /// The package's name, normalized (see [`PackagePolicy::deny`]).
+    pub name: String,
+    /// Its version as the file name gives it.
+    pub version: String,
+    /// The registry host it came from.
+    pub registry: String,
+    /// The request's path (without the query).
+    pub path: String,
+    /// SHA-256 (hex) of the response body as fetched; `None` when refused.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sha256: Option<String>,
+    /// Size in bytes of that body; `None` when refused.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub size: Option<u64>,
+}
+
+/// One entry of `GET /v1/sandboxes/{id}/packages`: a `package` event of the audit record.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct PackageEntry {
+    /// The audit event's `seq`.
+    pub seq: u64,
+    /// The audit event's time.
+    pub time: String,
+    /// `pypi`, `npm`, `debian` or `crates`.
+    pub ecosystem: String,
+    /// The package's name (normalized).
+    pub name: String,
+    /// Its version.
+    pub version: String,
+    /// The registry host.
+    pub registry: String,
+    /// The request's path.
+    pub path: String,
+    /// SHA-256 (hex) of what was fetched; `null` when refused.
+    pub sha256: Option<String>,
+    /// Bytes fetched; `null` when refused.
+    pub size: Option<u64>,
+    /// `allowed` or `denied`.
+    pub verdict: String,
+    /// The rule that decided (`package`, `pinned:<pin>`, `package-deny:<pattern>`,
+    /// `unpinned`).
+    pub rule: String,
 }
 
 /// How the egress proxy places a secret on requests to its hosts.
@@ -153,6 +236,8 @@ pub enum NetEventKind {
     Close,
     /// A secret was injected into a request.
     SecretUsed,
+    /// A package download was recognised (completed, or refused by the policy).
+    Package,
 }
 
 /// A verdict of the policy.
@@ -200,6 +285,9 @@ pub struct NetLogEntry {
     /// Secret name (secret_used entries).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub secret: Option<String>,
+    /// The package (package entries).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub package: Option<PackageFetch>,
 }
 
 /// `GET /v1/sandboxes/{id}/network`: the policy in force and, for a sandbox with a network,

@@ -245,6 +245,12 @@ class Sandbox:
         q = f"?limit={limit}" + (f"&after={after}" if after is not None else "")
         return self._client._run(_Call("GET", self._path(f"/audit{q}"), parse=lambda r: r.json()["events"]))
 
+    def packages(self):
+        """The packages it fetched (or was refused) through its network, from its audit
+        record: dicts with ecosystem, name, version, registry, path, sha256, size, verdict,
+        rule (docs/network.md, "Packages")."""
+        return self._client._run(_Call("GET", self._path("/packages")))
+
     def audit_bundle(self):
         """Its signed record as a bundle (bytes of JSON; `rampart.verify_bundle` checks it)."""
         return self._client._run(_Call("GET", self._path("/audit/bundle"), parse=lambda r: r.content))

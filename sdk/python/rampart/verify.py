@@ -3,8 +3,9 @@
 - `verify_bundle(data, trusted_key=None)`: a sandbox's audit bundle (docs/proof.md): the hash
   chain, the blobs, the anchor, the inclusion proof in the signed tree, the key id and the
   Ed25519 signature, and that a `destroyed` record's `manifest_digest` names an `fs_diff`
-  record before it. It checks the cryptography and the encoding; the Rust verifier
-  (`rampart audit verify`) also checks each body's members and types.
+  record before it, and that each `package` record holds together (`package_problem`). It
+  checks the cryptography and the encoding; the Rust verifier (`rampart audit verify`) also
+  checks each body's members and types.
 - `verify_usage(data, trusted_key=None)`: a usage report (docs/tenants.md): each record's
   hash and link, the head, the totals, the signature.
 
@@ -231,6 +232,41 @@ def _holds(patterns, argv) -> Optional[str]:
     return None
 
 
+PACKAGE_MEMBERS = {"type", "ecosystem", "name", "version", "registry", "path", "verdict", "rule", "sha256", "size"}
+
+
+def package_problem(body) -> "str | None":
+    """Why a `package` record does not hold together, or None: exactly its members, a known
+    ecosystem, a name, version, registry and absolute path; `allowed` with a sha256 (64
+    lowercase hex digits) and a size under rule `package` or `pinned:...`, `denied` with
+    both null under `unpinned` or `package-deny:...`."""
+    if set(body) != PACKAGE_MEMBERS:
+        return f"package members {sorted(body)}"
+    if body["ecosystem"] not in ("pypi", "npm", "debian", "crates"):
+        return f"package of unknown ecosystem {body['ecosystem']!r}"
+    for k in ("name", "version", "registry", "path", "rule"):
+        if not isinstance(body[k], str) or not body[k]:
+            return f"package without a {k}"
+    if not body["path"].startswith("/"):
+        return "package path is not absolute"
+    sha, size, rule = body["sha256"], body["size"], body["rule"]
+    if body["verdict"] == "allowed":
+        if not (isinstance(sha, str) and len(sha) == 64 and all(c in "0123456789abcdef" for c in sha)):
+            return "an allowed package without its sha256"
+        if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+            return "an allowed package without its size"
+        if rule != "package" and not rule.startswith("pinned:"):
+            return f"an allowed package under rule {rule!r}"
+    elif body["verdict"] == "denied":
+        if sha is not None or size is not None:
+            return "a denied package with a digest or size"
+        if rule != "unpinned" and not rule.startswith("package-deny:"):
+            return f"a denied package under rule {rule!r}"
+    else:
+        return f"package verdict {body['verdict']!r}"
+    return None
+
+
 def _key_bytes(text: str) -> bytes:
     try:
         b = bytes.fromhex(text.strip().removeprefix("ed25519:"))
@@ -376,6 +412,8 @@ def _verify_bundle(b, trusted_key):
                 approved.add(a)
                 if a in asked_hosts:
                     approved_hosts[a] = asked_hosts[a]
+        elif body.get("type") == "package" and package_problem(body):
+            raise VerificationError(f"record seq {i}: {package_problem(body)}")
         elif body.get("type") == "exec" and "caller" in body and not may_exec(body["caller"]):
             raise VerificationError(f"record seq {i}: asked by {body['caller']}, whose scopes hold neither exec nor admin")
         if body.get("type") == "exec" and "approval" in body:

@@ -23,6 +23,14 @@ pub struct NetFlags {
     /// Denied destination (repeatable); wins over --allow.
     #[arg(long = "deny", value_name = "RULE")]
     pub deny: Vec<String>,
+    /// Refuse packages whose name matches this regular expression (repeatable), e.g.
+    /// `^evil-` (docs/network.md, "Packages").
+    #[arg(long = "deny-package", value_name = "REGEX")]
+    pub deny_package: Vec<String>,
+    /// Let through only pinned packages: `name==version` or `pypi:name==version`
+    /// (repeatable; sets `require_pinned`).
+    #[arg(long = "pin", value_name = "PIN")]
+    pub pin: Vec<String>,
 }
 
 fn mode(s: &str) -> Result<NetworkMode> {
@@ -38,15 +46,23 @@ impl NetFlags {
     /// The policy these flags ask for (None: the daemon's default, no network). Rules
     /// without a mode mean `allowlist`.
     pub fn policy(&self) -> Result<Option<NetworkPolicy>> {
+        let packages = rampart_types::network::PackagePolicy {
+            deny: self.deny_package.clone(),
+            require_pinned: !self.pin.is_empty(),
+            pinned: self.pin.clone(),
+        };
         let m = match &self.net_mode {
             Some(m) => mode(m)?,
-            None if self.allow.is_empty() && self.deny.is_empty() => return Ok(None),
+            None if self.allow.is_empty() && self.deny.is_empty() && packages.is_empty() => {
+                return Ok(None)
+            }
             None => NetworkMode::Allowlist,
         };
         Ok(Some(NetworkPolicy {
             mode: m,
             allow: self.allow.clone(),
             deny: self.deny.clone(),
+            packages,
             ..NetworkPolicy::default()
         }))
     }
@@ -123,6 +139,7 @@ fn line(e: &NetLogEntry) -> String {
         rampart_types::NetEventKind::Connect => "connect",
         rampart_types::NetEventKind::Close => "close",
         rampart_types::NetEventKind::SecretUsed => "secret",
+        rampart_types::NetEventKind::Package => "package",
     };
     let verdict = match e.verdict {
         rampart_types::Verdict::Allow => "allow",
@@ -147,6 +164,12 @@ fn line(e: &NetLogEntry) -> String {
     }
     if let Some(sec) = &e.secret {
         s.push_str(&format!(" secret={sec}"));
+    }
+    if let Some(p) = &e.package {
+        s.push_str(&format!(" {}:{}=={}", p.ecosystem, p.name, p.version));
+        if let Some(h) = &p.sha256 {
+            s.push_str(&format!(" sha256={h}"));
+        }
     }
     s
 }
@@ -327,6 +350,16 @@ mod tests {
             net_mode: Some("wide".into()),
             ..NetFlags::default()
         };
-        assert!(f.policy().is_err());
+        assert!(f.policy().is_err()); // Package rules: patterns, and pins that turn require_pinned on.
+        let f = NetFlags {
+            allow: vec!["pypi.org".into()],
+            deny_package: vec!["^evil-".into()],
+            pin: vec!["pypi:six==1.16.0".into()],
+            ..NetFlags::default()
+        };
+        let p = f.policy().unwrap().unwrap().packages;
+        assert_eq!(p.deny, vec!["^evil-".to_string()]);
+        assert!(p.require_pinned);
+        assert_eq!(p.pinned, vec!["pypi:six==1.16.0".to_string()]);
     }
 }

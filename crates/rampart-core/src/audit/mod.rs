@@ -99,7 +99,10 @@ struct Chained {
 /// The principal an event is recorded for: the request's, `sandbox` for what the sandbox's
 /// processes did on their own (network traffic), `node` for the daemon's own work.
 fn principal_of(body: &EventBody) -> String {
-    if matches!(body, EventBody::Network(_) | EventBody::SecretUsed(_)) {
+    if matches!(
+        body,
+        EventBody::Network(_) | EventBody::SecretUsed(_) | EventBody::Package(_)
+    ) {
         return "sandbox".into();
     }
     crate::principal::current()

@@ -18,7 +18,7 @@ use crate::audit::{Audit, NetEventBudget};
 use crate::util::lock;
 use rampart_audit::EventBody;
 use rampart_egress::NetEvent;
-use rampart_types::audit::{Network, SecretUsed};
+use rampart_types::audit::{Hash, Network, Package, SecretUsed};
 use rampart_types::network::{NetEventKind, NetLogEntry, Verdict};
 use rampart_types::SandboxId;
 use std::collections::{BTreeMap, HashMap};
@@ -91,7 +91,8 @@ impl Budgets {
     /// needs a second one), or count it.
     pub(crate) fn admit(&self, sandbox: &str, entry: &NetLogEntry, now: Instant) -> Admit {
         let mut all = lock(&self.buckets);
-        let class = entry.kind == NetEventKind::SecretUsed;
+        // Secret uses and packages are rare and each matters: a bucket of their own.
+        let class = matches!(entry.kind, NetEventKind::SecretUsed | NetEventKind::Package);
         let scrub = is_scrub(entry);
         let b = all
             .entry((sandbox.to_owned(), class))
@@ -170,6 +171,7 @@ fn kind_name(k: NetEventKind) -> &'static str {
         NetEventKind::Connect => "connect",
         NetEventKind::Close => "close",
         NetEventKind::SecretUsed => "secret_used",
+        NetEventKind::Package => "package",
     }
 }
 
@@ -240,6 +242,19 @@ pub(crate) fn body_of(e: &NetLogEntry) -> EventBody {
             port: e.port,
             verdict: verdict_name(e.verdict).into(),
             detail: serde_json::Value::Object(detail),
+        });
+    }
+    if let (NetEventKind::Package, Some(p)) = (e.kind, &e.package) {
+        return EventBody::Package(Package {
+            ecosystem: p.ecosystem.clone(),
+            name: p.name.clone(),
+            version: p.version.clone(),
+            registry: p.registry.clone(),
+            path: p.path.clone(),
+            verdict: verdict_name(e.verdict).into(),
+            rule: e.rule.clone(),
+            sha256: p.sha256.as_deref().and_then(|h| Hash::parse(h).ok()),
+            size: p.size,
         });
     }
     if e.kind == NetEventKind::SecretUsed {
@@ -388,6 +403,35 @@ mod tests {
             bytes_out: None,
             bytes_in: None,
             secret: Some("PYPI_TOKEN".into()),
+            package: None,
+        }
+    }
+
+    #[test]
+    fn package_entries_become_package_bodies() {
+        let mut e = entry(NetEventKind::Package);
+        e.verdict = Verdict::Allow;
+        e.rule = "package".into();
+        e.package = Some(rampart_types::network::PackageFetch {
+            ecosystem: "pypi".into(),
+            name: "six".into(),
+            version: "1.16.0".into(),
+            registry: "files.pythonhosted.org".into(),
+            path: "/packages/x/six-1.16.0-py2.py3-none-any.whl".into(),
+            sha256: Some("ab".repeat(32)),
+            size: Some(11053),
+        });
+        match body_of(&e) {
+            EventBody::Package(p) => {
+                assert_eq!((p.name.as_str(), p.version.as_str()), ("six", "1.16.0"));
+                assert_eq!(
+                    (p.verdict.as_str(), p.rule.as_str()),
+                    ("allowed", "package")
+                );
+                assert_eq!(p.sha256.map(|h| h.to_hex()), Some("ab".repeat(32)));
+                assert_eq!(p.size, Some(11053));
+            }
+            other => panic!("{other:?}"),
         }
     }
 
@@ -447,6 +491,11 @@ mod tests {
         // A secret use has its own bucket: the DNS flood does not leave it out.
         assert_eq!(
             b.admit("sb", &entry(NetEventKind::SecretUsed), t0),
+            Admit::Record(None)
+        );
+        // So has a package download.
+        assert_eq!(
+            b.admit("sb", &entry(NetEventKind::Package), t0),
             Admit::Record(None)
         );
         // Another sandbox has its own budget.

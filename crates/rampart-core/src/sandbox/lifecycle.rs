@@ -148,8 +148,9 @@ impl Sandboxes {
         let mut attaching = None;
         if let Some(n) = net {
             let ask = self.ask_hosts(&new.id);
-            if n.secrets.is_empty() {
-                // Nothing of the attachment goes into the environment: attach while launching.
+            if n.secrets.is_empty() && !rampart_egress::policy_needs_ca(&n.policy) {
+                // Nothing of the attachment goes into the environment or the trust store
+                // (no secrets, no registry to intercept): attach while launching.
                 let (me, id, n) = (self.clone(), new.id.clone(), n.clone());
                 attaching = Some(tokio::task::spawn_blocking(move || {
                     me.network.prepare(&id, slot, &n, &ask)

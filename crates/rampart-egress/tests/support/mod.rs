@@ -415,8 +415,8 @@ async fn dns_server(sock: tokio::net::UdpSocket, seen: Arc<Seen>) {
 
 /// An HTTP/1.1 server answering each request with its head as the body (and recording the
 /// head in `seen`). Paths: `/stream` sends a line every 20 ms forever; `/echo-headers` also
-/// reflects the `Authorization` header in a response header; `/chunked` sends the head as a
-/// chunked body in 7-byte chunks; `/split` writes the head and 70 KiB of padding in two
+/// reflects the `Authorization` header in a response header; `/chunked` (and paths below
+/// it) sends the head as a chunked body in 7-byte chunks; `/split` writes the head and 70 KiB of padding in two
 /// writes 30 ms apart, split in the middle of the `Authorization` value; `/close` answers without a length and closes;
 /// `/ws` with `Upgrade: websocket` answers `101` and then echoes raw bytes (`/ws-auth` first
 /// sends `auth=<Authorization header>` raw). `Connection:
@@ -502,7 +502,7 @@ where
                 );
                 w.write_all(resp.as_bytes()).await.is_ok()
             }
-            "/chunked" => {
+            p if p == "/chunked" || p.starts_with("/chunked/") => {
                 let mut resp = format!(
                     "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nConnection: {conn}\r\n\r\n"
                 )
