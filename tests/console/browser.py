@@ -189,7 +189,8 @@ def run(driver, wait):
     # Files: list the directory, download the file made through the API.
     driver.find_element(By.CSS_SELECTOR, '[data-tab="files"]').click()
     parent = EXPECT_FILE.rsplit("/", 1)[0]
-    path = driver.find_element(By.ID, "file-path")
+    # The tab renders once its listing arrives: wait for it, do not assume it is there.
+    path = wait.until(EC.presence_of_element_located((By.ID, "file-path")))
     wait.until(EC.presence_of_element_located((By.CSS_SELECTOR, "#file-table tbody tr")))
     path.clear()
     path.send_keys(parent + Keys.ENTER)
