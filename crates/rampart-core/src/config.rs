@@ -35,6 +35,8 @@ pub struct CoreConfig {
     /// How far the disk quotas of sandboxes, snapshots and volumes may exceed the space the
     /// store can hold (see [`capacity`]); 1.0, the default, admits no overcommit.
     pub disk_overcommit: f64,
+    /// Artifacts: how long they are kept, how much of a sandbox is kept.
+    pub artifacts: crate::artifacts::ArtifactConfig,
 }
 
 impl CoreConfig {
@@ -66,6 +68,7 @@ impl CoreConfig {
             audit: AuditConfig::default(),
             network: NetworkConfig::default(),
             disk_overcommit: 1.0,
+            artifacts: Default::default(),
         }
     }
 }

@@ -15,6 +15,7 @@
 //! secrets) of a tenant are its own. A new method that takes an id must do the same.
 
 pub mod approvals;
+pub mod artifacts;
 mod audit;
 pub mod capacity;
 mod config;

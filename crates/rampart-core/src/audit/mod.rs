@@ -785,6 +785,7 @@ mod tests {
                 EventBody::Destroyed(Destroyed {
                     reason: "api: test".into(),
                     manifest_digest: None,
+                    artifacts: None,
                 })
             },
             Vec::new(),
