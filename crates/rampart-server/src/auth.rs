@@ -335,7 +335,8 @@ pub(crate) fn required_scope(method: &axum::http::Method, path: &str) -> Option<
         ["v1", "sandboxes", _] => "sandboxes",
         ["v1", "sandboxes", _, what, ..] => match *what {
             "exec" | "processes" => "exec",
-            "files" => "files",
+            // Reading what a sandbox left is reading its files.
+            "files" | "artifacts" => "files",
             "network" => "network",
             "audit" => "audit",
             "ports"
