@@ -53,6 +53,7 @@ pub fn statement(bytes: &[u8], key: &PublicKey) -> Result<Value, VerifyError> {
     let mut hosts: BTreeMap<String, (u64, u64)> = BTreeMap::new();
     let mut approvals: Vec<Value> = Vec::new();
     let mut ended = Value::Null;
+    let mut artifacts = Value::Null;
     for e in &b.events {
         match &e.body {
             EventBody::Created(c) => {
@@ -110,7 +111,21 @@ pub fn statement(bytes: &[u8], key: &PublicKey) -> Result<Value, VerifyError> {
                     a["reason"] = json!(d.reason);
                 }
             }
-            EventBody::Destroyed(d) => ended = json!({"time": e.time, "reason": d.reason}),
+            EventBody::Destroyed(d) => {
+                ended = json!({"time": e.time, "reason": d.reason});
+                if let Some(a) = &d.artifacts {
+                    artifacts = json!({
+                        "paths": a.paths,
+                        "files": a.files.iter().map(|f| json!({
+                            "path": f.path,
+                            "size": f.size,
+                            "sha256": f.digest.to_hex(),
+                        })).collect::<Vec<_>>(),
+                        "skipped": a.skipped,
+                        "truncated": a.truncated,
+                    });
+                }
+            }
             _ => {}
         }
     }
@@ -143,6 +158,7 @@ pub fn statement(bytes: &[u8], key: &PublicKey) -> Result<Value, VerifyError> {
             "files": files,
             "hosts": hosts,
             "approvals": approvals,
+            "artifacts": artifacts,
         },
     }))
 }
