@@ -86,7 +86,7 @@ fn python_verifier_checks_the_manifest_digest() {
                     EventBody::Destroyed(Destroyed {
                         reason: "api".into(),
                         manifest_digest: Some(wrong),
-                    artifacts: None,
+                        artifacts: None,
                     }),
                     last.time,
                 )

@@ -119,8 +119,11 @@ impl Capture<'_> {
             self.out.truncated = true;
             return;
         }
-        let fd = match open_beneath(dir, name, OFlags::RDONLY | OFlags::NONBLOCK | OFlags::NOCTTY)
-        {
+        let fd = match open_beneath(
+            dir,
+            name,
+            OFlags::RDONLY | OFlags::NONBLOCK | OFlags::NOCTTY,
+        ) {
             Ok(fd) => fd,
             Err(_) => {
                 self.out.skipped += 1;
@@ -193,7 +196,8 @@ impl Capture<'_> {
                     return;
                 }
                 let child = format!("{path}/{name}");
-                let Ok(st) = rustix::fs::statat(&fd, name.as_str(), rustix::fs::AtFlags::SYMLINK_NOFOLLOW)
+                let Ok(st) =
+                    rustix::fs::statat(&fd, name.as_str(), rustix::fs::AtFlags::SYMLINK_NOFOLLOW)
                 else {
                     self.out.skipped += 1;
                     continue;
@@ -565,7 +569,10 @@ mod tests {
         )
         .unwrap();
         let (a, m) = run(&t, &["/home/user/out"], ArtifactLimits::default());
-        assert_eq!(names(&a), ["/home/user/out/a.txt", "/home/user/out/sub/b.bin"]);
+        assert_eq!(
+            names(&a),
+            ["/home/user/out/a.txt", "/home/user/out/sub/b.bin"]
+        );
         assert_eq!(a.files[0].size, 5);
         assert_eq!(a.files[0].digest, rampart_audit::content_digest(b"alpha"));
         assert_eq!(a.files[0].mode, 0o751);
@@ -605,7 +612,10 @@ mod tests {
             ],
             ArtifactLimits::default(),
         );
-        assert_eq!(names(&a), ["/home/user/out/a.txt", "/home/user/out/sub/b.bin"]);
+        assert_eq!(
+            names(&a),
+            ["/home/user/out/a.txt", "/home/user/out/sub/b.bin"]
+        );
         assert_eq!(a.skipped, 6, "{a:?}");
         for (_, bytes) in &m.0 {
             assert!(!bytes.windows(10).any(|w| w == b"HOSTSECRET"));
@@ -633,7 +643,11 @@ mod tests {
         let (a, _) = run(&t, &["/home/user/out"], ArtifactLimits::default());
         assert_eq!(
             names(&a),
-            ["/home/user/out/a.txt", "/home/user/out/hard", "/home/user/out/sub/b.bin"]
+            [
+                "/home/user/out/a.txt",
+                "/home/user/out/hard",
+                "/home/user/out/sub/b.bin"
+            ]
         );
         assert_eq!(a.files[1].digest, rampart_audit::content_digest(b"alpha"));
         if dev {
@@ -707,9 +721,15 @@ mod tests {
         );
         use std::os::unix::fs::PermissionsExt;
         let dir = data.path().join("artifacts").join("abc123");
-        assert_eq!(std::fs::metadata(&dir).unwrap().permissions().mode() & 0o777, 0o700);
+        assert_eq!(
+            std::fs::metadata(&dir).unwrap().permissions().mode() & 0o777,
+            0o700
+        );
         let blob = dir.join("blobs").join(a.files[0].digest.to_hex());
-        assert_eq!(std::fs::metadata(blob).unwrap().permissions().mode() & 0o777, 0o600);
+        assert_eq!(
+            std::fs::metadata(blob).unwrap().permissions().mode() & 0o777,
+            0o600
+        );
         assert_eq!(store.prune(), 0);
         // Kept long ago: expired, not served, then removed.
         cfg.retention = Duration::from_millis(1);

@@ -448,9 +448,13 @@ impl Manager {
                 "artifact {path:?} of sandbox {id} (not a file it kept)"
             )));
         };
-        let file = self.inner.artifacts.open_blob(id, &f.digest).ok_or_else(|| {
-            CoreError::NotFound(format!("artifact {path:?} of sandbox {id} (removed)"))
-        })?;
+        let file = self
+            .inner
+            .artifacts
+            .open_blob(id, &f.digest)
+            .ok_or_else(|| {
+                CoreError::NotFound(format!("artifact {path:?} of sandbox {id} (removed)"))
+            })?;
         Ok((f, file))
     }
     /// The node log's head as a C2SP checkpoint (signed note), and the note verifier key.

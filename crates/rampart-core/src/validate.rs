@@ -207,7 +207,9 @@ pub fn check_artifacts(paths: &[String], volumes: &[VolumeMount]) -> Result<(), 
     for p in paths {
         let why = |m: &str| bad("artifacts", format!("{p:?}: {m}"));
         if !p.starts_with('/') {
-            return Err(why("must be an absolute path inside the sandbox (start with /)"));
+            return Err(why(
+                "must be an absolute path inside the sandbox (start with /)",
+            ));
         }
         if p.len() > 4096 {
             return Err(why("longer than 4096 bytes"));
@@ -216,7 +218,9 @@ pub fn check_artifacts(paths: &[String], volumes: &[VolumeMount]) -> Result<(), 
             return Err(why("contains a NUL or control character"));
         }
         if p == "/" {
-            return Err(why("must name a file or directory below /, not the whole root"));
+            return Err(why(
+                "must name a file or directory below /, not the whole root",
+            ));
         }
         if p.ends_with('/') {
             return Err(why("ends with /: name the directory without it"));
@@ -430,9 +434,8 @@ mod tests {
 
     #[test]
     fn artifact_paths_must_stay_inside_the_sandbox() {
-        let ok = |p: &[&str]| {
-            check_artifacts(&p.iter().map(|s| s.to_string()).collect::<Vec<_>>(), &[])
-        };
+        let ok =
+            |p: &[&str]| check_artifacts(&p.iter().map(|s| s.to_string()).collect::<Vec<_>>(), &[]);
         assert!(ok(&[]).is_ok());
         assert!(ok(&["/home/user/out", "/tmp/report.txt", "/devices"]).is_ok());
         for (p, why) in [

@@ -323,7 +323,9 @@ impl Jail {
             Err(e) if !fresh && e.raw_os_error() == Some(libc::EBUSY) => mount(false),
             r => r,
         }
-        .map_err(io(format!("mount the disk of sandbox {id} (its init is gone)")))?;
+        .map_err(io(format!(
+            "mount the disk of sandbox {id} (its init is gone)"
+        )))?;
         Ok(root)
     }
 

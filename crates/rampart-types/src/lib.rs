@@ -32,8 +32,7 @@ pub use persist::{
 };
 pub use ports::{PortInfo, PortList};
 pub use sandbox::{
-    ArtifactList,
-    ApiError, ApiErrorBody, CreateSandbox, OnTimeout, SandboxInfo, SandboxState, SandboxStats,
-    SetTimeout,
+    ApiError, ApiErrorBody, ArtifactList, CreateSandbox, OnTimeout, SandboxInfo, SandboxState,
+    SandboxStats, SetTimeout,
 };
 pub use template::TemplateInfo;

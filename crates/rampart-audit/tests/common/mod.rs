@@ -234,7 +234,7 @@ pub fn session(node: &mut Node, id: &str, execs: usize) -> Session {
         EventBody::Destroyed(Destroyed {
             reason: "api".into(),
             manifest_digest: manifest,
-        artifacts: None,
+            artifacts: None,
         }),
     );
     s
