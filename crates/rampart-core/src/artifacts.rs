@@ -266,7 +266,7 @@ impl Capture<'_> {
 /// Where the sandbox path `p` (absolute, checked by `validate::check_artifacts`) lies on a
 /// disk root: the layer directory (`upper` for `/`, `usr-upper` for `/usr` when the disk
 /// has one) and the path relative to it (empty: the layer's root).
-fn layer_of<'a>(p: &'a str, has_usr_upper: bool) -> (&'static str, &'a str) {
+fn layer_of(p: &str, has_usr_upper: bool) -> (&'static str, &str) {
     if has_usr_upper {
         if p == "/usr" {
             return ("usr-upper", "");
