@@ -610,6 +610,7 @@ mod tests {
         assert_eq!(s(Method::POST, "/v1/sandboxes/abc/exec"), Some("exec"));
         assert_eq!(s(Method::GET, "/v1/sandboxes/abc/exec/ws"), Some("exec"));
         assert_eq!(s(Method::PUT, "/v1/sandboxes/abc/files"), Some("files"));
+        assert_eq!(s(Method::GET, "/v1/sandboxes/abc/artifacts"), Some("files"));
         assert_eq!(s(Method::PUT, "/v1/sandboxes/abc/network"), Some("network"));
         assert_eq!(
             s(Method::POST, "/v1/sandboxes/abc/ports/80/public"),
