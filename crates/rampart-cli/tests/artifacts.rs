@@ -358,6 +358,13 @@ fn artifacts_survive_destroy_expiry_and_a_killed_init_and_the_bundle_verifies_th
     // SAFETY: kill(2) on the init of a sandbox this test created (found in its cgroup).
     assert_eq!(unsafe { libc::kill(pid, libc::SIGKILL) }, 0);
     check_kept(&t, &sb.id, &digest, "died:");
+    let log = std::fs::read_to_string(t.log().unwrap()).unwrap_or_default();
+    assert!(
+        log.lines()
+            .any(|l| l.contains(&sb.id) && l.contains("mounted detached")),
+        "the disk was read through the detached mount:\n{}",
+        t.log_tail()
+    );
     wait_until("the dead sandbox's mounts are gone", 30, || {
         mounts_of(&sb.id).is_empty()
     });

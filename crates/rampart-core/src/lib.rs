@@ -416,12 +416,18 @@ impl Manager {
     /// nothing, or whose artifacts' retention passed, is 404.
     pub fn artifacts(&self, id: &SandboxId) -> Result<rampart_types::ArtifactList, CoreError> {
         self.inner.visible(id)?;
-        let info = self.inner.get(id)?;
-        if info.state.is_alive() {
-            return Err(CoreError::WrongState {
-                id: id.to_string(),
-                state: info.state.as_str().to_owned(),
-            });
+        match self.inner.get(id) {
+            Ok(info) if info.state.is_alive() => {
+                return Err(CoreError::WrongState {
+                    id: id.to_string(),
+                    state: info.state.as_str().to_owned(),
+                })
+            }
+            Ok(_) => {}
+            // Gone from the history (7 days) but still kept (a longer retention): the node
+            // still serves them (a tenant's key was refused above: its sandbox is unknown).
+            Err(CoreError::NotFound(_)) => {}
+            Err(e) => return Err(e),
         }
         let Some(i) = self.inner.artifacts.index(id)? else {
             return Err(CoreError::NotFound(format!(

@@ -326,6 +326,11 @@ impl Jail {
         .map_err(io(format!(
             "mount the disk of sandbox {id} (its init is gone)"
         )))?;
+        tracing::info!(
+            id = %id,
+            loop_device = if fresh { "new, read-only" } else { "the sandbox's" },
+            "the disk of a sandbox whose init is gone, mounted detached"
+        );
         Ok(root)
     }
 

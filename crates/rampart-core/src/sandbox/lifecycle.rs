@@ -589,6 +589,10 @@ impl Sandboxes {
             truncated: true,
         };
         let Some(root) = root else {
+            // A capture that finished before the daemon was killed (its disk went since).
+            if let Ok(Some(i)) = self.artifacts.index(id) {
+                return Some(i.artifacts);
+            }
             return Some(failed(paths));
         };
         let store = self.artifacts.clone();
