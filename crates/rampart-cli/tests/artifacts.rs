@@ -201,6 +201,34 @@ fn python_verify(bundle: &Path, key: &str) -> Option<(bool, String)> {
     }
 }
 
+/// The console's verifier (`console/verify.js`, WebCrypto) on `bundle` under Node, or None
+/// (said why) without `node`.
+fn console_verify(bundle: &Path, key: &str) -> Option<(bool, String)> {
+    const RUN: &str = r#"
+const fs = require("fs");
+const src = fs.readFileSync(process.argv[1], "utf8");
+const V = new Function(src + "\nreturn RampartVerify;")();
+V.verifyBundle(fs.readFileSync(process.argv[2], "utf8"), process.argv[3]).then(
+  () => console.log("VERIFIED"),
+  (e) => { console.log("FAILED: " + e.message); process.exit(1); });
+"#;
+    let js = support::workspace().join("crates/rampart-server/console/verify.js");
+    match std::process::Command::new("node")
+        .arg("-e")
+        .arg(RUN)
+        .arg(js)
+        .arg(bundle)
+        .arg(key)
+        .output()
+    {
+        Ok(o) => Some((o.status.success(), text(&o))),
+        Err(e) => {
+            eprintln!("skipped the console's verifier: node: {e}");
+            None
+        }
+    }
+}
+
 /// Host pid of the sandbox's init: the process of its cgroup that is pid 1 of its pid
 /// namespace.
 fn init_pid(id: &str) -> i32 {
@@ -322,6 +350,9 @@ fn artifacts_survive_destroy_expiry_and_a_killed_init_and_the_bundle_verifies_th
     if let Some((ok, out)) = python_verify(&bundle, &key) {
         assert!(ok && out.contains("VERIFIED"), "{out}");
     }
+    if let Some((ok, out)) = console_verify(&bundle, &key) {
+        assert!(ok && out.contains("VERIFIED"), "{out}");
+    }
     // One artifact altered: both verifiers refuse it, naming the blob.
     b["blobs"][&digest] = Value::String(b64.encode(b"not what the sandbox left"));
     let tampered = dir.path().join("tampered.json");
@@ -330,6 +361,9 @@ fn artifacts_survive_destroy_expiry_and_a_killed_init_and_the_bundle_verifies_th
     assert!(!o.status.success(), "{}", text(&o));
     assert!(text(&o).contains(&digest[..12]), "{}", text(&o));
     if let Some((ok, out)) = python_verify(&tampered, &key) {
+        assert!(!ok && out.contains("does not match its digest"), "{out}");
+    }
+    if let Some((ok, out)) = console_verify(&tampered, &key) {
         assert!(!ok && out.contains("does not match its digest"), "{out}");
     }
     // The DSSE statement lists them.
