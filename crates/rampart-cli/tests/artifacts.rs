@@ -341,6 +341,12 @@ fn artifacts_survive_destroy_expiry_and_a_killed_init_and_the_bundle_verifies_th
     let key = key["public_key"].as_str().unwrap().to_owned();
     let o = offline(&["audit", "verify", bundle.to_str().unwrap(), "--key", &key]);
     assert!(o.status.success(), "{}", text(&o));
+    assert!(
+        text(&o).contains("Artifacts kept (4, 3 not regular files, not kept)")
+            && text(&o).contains("/home/user/out/sub/b.bin"),
+        "{}",
+        text(&o)
+    );
     let mut b: Value = serde_json::from_slice(&std::fs::read(&bundle).unwrap()).unwrap();
     let b64 = base64::engine::general_purpose::STANDARD;
     let kept = b["blobs"][&digest]
