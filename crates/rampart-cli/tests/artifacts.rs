@@ -372,6 +372,24 @@ fn artifacts_survive_destroy_expiry_and_a_killed_init_and_the_bundle_verifies_th
     if let Some((ok, out)) = console_verify(&tampered, &key) {
         assert!(!ok && out.contains("does not match its digest"), "{out}");
     }
+    // The CLI lists them and downloads one, checking its digest.
+    let o = t.cli(&["artifacts", &sb.id]);
+    assert!(
+        o.status.success()
+            && text(&o).contains(&format!("{digest}      70000 750 /home/user/out/sub/b.bin")),
+        "{}",
+        text(&o)
+    );
+    let got = dir.path().join("b.bin");
+    let o = t.cli(&[
+        "artifacts",
+        &sb.id,
+        "/home/user/out/sub/b.bin",
+        "-o",
+        got.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert_eq!(sha256_hex(&std::fs::read(&got).unwrap()), digest);
     // The DSSE statement lists them.
     let r = c.get(sb.url("/audit/dsse")).send().unwrap();
     assert_eq!(r.status().as_u16(), 200);
@@ -394,11 +412,26 @@ fn artifacts_survive_destroy_expiry_and_a_killed_init_and_the_bundle_verifies_th
     // 3. Its init killed with SIGKILL: the daemon sees PID 1 die, mounts what is left of
     // its disk read-only and detached, keeps the artifacts and removes the rest.
     let (sb, digest) = prepared(&t);
+    // The loop device of its disk names the image by a path that ends like the daemon's.
+    let attached: Vec<String> = std::fs::read_dir("/sys/block")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| std::fs::read_to_string(e.path().join("loop/backing_file")).ok())
+        .filter(|b| b.contains(&sb.id))
+        .collect();
+    assert_eq!(attached.len(), 1, "{attached:?}");
+    assert!(
+        attached[0].ends_with(&format!("/{}/disk.img\n", sb.id)),
+        "{attached:?}"
+    );
     let pid = init_pid(&sb.id);
     // SAFETY: kill(2) on the init of a sandbox this test created (found in its cgroup).
     assert_eq!(unsafe { libc::kill(pid, libc::SIGKILL) }, 0);
     check_kept(&t, &sb.id, &digest, "died:");
     let log = std::fs::read_to_string(t.log().unwrap()).unwrap_or_default();
+    for l in log.lines().filter(|l| l.contains("mounted detached")) {
+        eprintln!("{l}");
+    }
     assert!(
         log.lines()
             .any(|l| l.contains(&sb.id) && l.contains("mounted detached")),
@@ -479,7 +512,10 @@ fn artifacts_go_once_their_retention_passed() {
         return;
     }
     let (t, _cfg) = daemon("artifacts-retention", "[artifacts]\nretention_secs = 2\n");
-    let sb = Sandbox::create(&t, json!({"artifacts": ["/tmp/out.txt"]}));
+    // Made with the CLI's `--artifact`.
+    let o = t.cli(&["create", "--artifact", "/tmp/out.txt"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let sb = Sandbox::adopt(&t, String::from_utf8_lossy(&o.stdout).trim());
     sb.sh("echo kept > /tmp/out.txt");
     sb.destroy();
     let events = follow_to_end(&t, &sb.id);

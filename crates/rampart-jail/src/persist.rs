@@ -45,10 +45,14 @@ fn io(step: String) -> impl FnOnce(std::io::Error) -> JailError {
 }
 
 /// An open loop device attached to the file `image` whose (device, inode) is `ident`, if
-/// one is (read from `/sys/block/loop*/loop/backing_file`, then checked on the open device:
-/// a device held open cannot be detached and reused meanwhile).
+/// one is. Candidates are the devices whose `/sys/block/loop*/loop/backing_file` ends like
+/// `image` (its last two components: the jailer attaches it from its own mount namespace,
+/// where the path is spelled otherwise); each is opened and its backing inode checked on the
+/// open device (a device held open cannot be detached and reused meanwhile).
 fn attached_loop(image: &Path, ident: (u64, u64)) -> Option<OwnedFd> {
-    let want = image.as_os_str().as_encoded_bytes();
+    let mut tail = image.components().rev().take(2).collect::<Vec<_>>();
+    tail.reverse();
+    let want = format!("/{}", tail.iter().collect::<PathBuf>().display()).into_bytes();
     for e in std::fs::read_dir("/sys/block").ok()?.flatten() {
         let name = e.file_name();
         let Some(n) = name.to_str().filter(|n| n.starts_with("loop")) else {
@@ -57,7 +61,7 @@ fn attached_loop(image: &Path, ident: (u64, u64)) -> Option<OwnedFd> {
         let Ok(b) = std::fs::read(e.path().join("loop/backing_file")) else {
             continue;
         };
-        if b.strip_suffix(b"\n").unwrap_or(&b) != want {
+        if !b.strip_suffix(b"\n").unwrap_or(&b).ends_with(&want) {
             continue;
         }
         let Ok(f) = std::fs::OpenOptions::new()
