@@ -446,8 +446,10 @@ mod tests {
             volumes: vec!["data:/data:ro".into()],
             net: Default::default(),
             secrets: vec!["tok".into()],
+            artifacts: vec!["/home/user/out".into()],
         };
         let r = f.request().unwrap();
+        assert_eq!(r.artifacts, ["/home/user/out"]);
         assert!(r.volumes[0].read_only);
         assert_eq!(r.limits.memory_bytes, Some(256 << 20));
         assert_eq!(r.limits.disk_bytes, Some(1 << 30));
