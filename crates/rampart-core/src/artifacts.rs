@@ -322,6 +322,10 @@ pub(crate) fn capture(
     c.out
 }
 
+/// How old an unfinished capture (`<id>.partial/`) must be for [`ArtifactStore::prune`] to
+/// remove it.
+const PARTIAL_MAX_AGE: Duration = Duration::from_secs(3600);
+
 /// What `index.json` of a sandbox's artifacts holds.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -490,6 +494,20 @@ impl ArtifactStore {
         for e in rd.flatten() {
             let name = e.file_name();
             let Some(name) = name.to_str() else { continue };
+            // A capture a killed daemon left unfinished: removed once it is surely not
+            // running any more (an hour old).
+            if let Some(id) = name.strip_suffix(".partial") {
+                let stale = e
+                    .metadata()
+                    .and_then(|m| m.modified())
+                    .ok()
+                    .and_then(|t| t.elapsed().ok())
+                    .is_some_and(|age| age >= PARTIAL_MAX_AGE);
+                if stale && SandboxId::parse(id).is_ok() {
+                    let _ = std::fs::remove_dir_all(e.path());
+                }
+                continue;
+            }
             let Ok(id) = SandboxId::parse(name) else {
                 continue;
             };
@@ -740,5 +758,14 @@ mod tests {
         assert!(store.index(&id).unwrap().is_none());
         assert_eq!(store.prune(), 1);
         assert!(!dir.exists());
+        // An unfinished capture stays while it may still be running, goes when stale.
+        let partial = data.path().join("artifacts").join("abc123.partial");
+        std::fs::create_dir_all(&partial).unwrap();
+        store.prune();
+        assert!(partial.exists());
+        let old = std::time::SystemTime::now() - PARTIAL_MAX_AGE - Duration::from_secs(1);
+        File::open(&partial).unwrap().set_modified(old).unwrap();
+        store.prune();
+        assert!(!partial.exists());
     }
 }
