@@ -265,6 +265,18 @@ fn sandbox_pids(id: &str) -> Vec<i32> {
     Vec::new()
 }
 
+/// Loop devices whose backing file names `id`.
+fn loops_of(id: &str) -> Vec<String> {
+    std::fs::read_dir("/sys/block")
+        .map(|rd| {
+            rd.flatten()
+                .filter_map(|e| std::fs::read_to_string(e.path().join("loop/backing_file")).ok())
+                .filter(|b| b.contains(id))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
 /// Lines of /proc/self/mountinfo that name `id` (a mount left behind).
 fn mounts_of(id: &str) -> Vec<String> {
     std::fs::read_to_string("/proc/self/mountinfo")
@@ -438,9 +450,12 @@ fn artifacts_survive_destroy_expiry_and_a_killed_init_and_the_bundle_verifies_th
         "the disk was read through the detached mount:\n{}",
         t.log_tail()
     );
-    wait_until("the dead sandbox's mounts are gone", 30, || {
-        mounts_of(&sb.id).is_empty()
-    });
+    // Nothing of the capture stays: no mount, no loop device over its (deleted) disk.
+    wait_until(
+        "the dead sandbox's mounts and loop devices are gone",
+        30,
+        || mounts_of(&sb.id).is_empty() && loops_of(&sb.id).is_empty(),
+    );
 }
 
 #[test]
@@ -497,7 +512,9 @@ fn artifacts_survive_a_daemon_restart_that_finds_the_sandbox_dead() {
         .unwrap();
     assert_eq!(r.status().as_u16(), 200);
     assert_eq!(sha256_hex(&r.bytes().unwrap()), digest);
-    assert!(mounts_of(&sb.id).is_empty(), "{:?}", mounts_of(&sb.id));
+    wait_until("no mount or loop device of the capture is left", 30, || {
+        mounts_of(&sb.id).is_empty() && loops_of(&sb.id).is_empty()
+    });
     support::destroy_all(&second.url);
     drop(sb);
     drop(second);
