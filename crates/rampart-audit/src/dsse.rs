@@ -129,16 +129,25 @@ pub fn statement(bytes: &[u8], key: &PublicKey) -> Result<Value, VerifyError> {
             _ => {}
         }
     }
+    // The record first (its chain head), then every file the session left as an artifact:
+    // what it produced, by digest, as in-toto subjects are.
+    let mut subject = vec![json!({
+        "name": format!("rampart-sandbox:{}", report.sandbox),
+        "digest": {"sha256": report.chain_head.to_hex()},
+    })];
+    for f in artifacts["files"].as_array().into_iter().flatten() {
+        subject.push(json!({
+            "name": format!("rampart-artifact:{}:{}", report.sandbox, f["path"].as_str().unwrap_or("")),
+            "digest": {"sha256": f["sha256"]},
+        }));
+    }
     let hosts: Vec<Value> = hosts
         .into_iter()
         .map(|(h, (a, d))| json!({"host": h, "allowed": a, "denied": d}))
         .collect();
     Ok(json!({
         "_type": STATEMENT_TYPE,
-        "subject": [{
-            "name": format!("rampart-sandbox:{}", report.sandbox),
-            "digest": {"sha256": report.chain_head.to_hex()},
-        }],
+        "subject": subject,
         "predicateType": PREDICATE_TYPE,
         "predicate": {
             "sandbox": report.sandbox.to_string(),

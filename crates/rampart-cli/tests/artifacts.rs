@@ -410,6 +410,14 @@ fn artifacts_survive_destroy_expiry_and_a_killed_init_and_the_bundle_verifies_th
         serde_json::from_slice(&b64.decode(env["payload"].as_str().unwrap()).unwrap()).unwrap();
     let listed = &st["predicate"]["artifacts"]["files"];
     assert_eq!(listed[2]["sha256"], digest, "{listed}");
+    // Each artifact is a subject of the statement, after the record's chain head.
+    let subjects = st["subject"].as_array().unwrap();
+    assert_eq!(subjects.len(), 5, "{subjects:?}");
+    assert_eq!(
+        subjects[3]["name"],
+        format!("rampart-artifact:{}:/home/user/out/sub/b.bin", sb.id)
+    );
+    assert_eq!(subjects[3]["digest"]["sha256"], digest);
 
     // 2. At its deadline (a short timeout set after the files are written).
     let (sb, digest) = prepared(&t);
