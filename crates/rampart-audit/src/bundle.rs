@@ -154,7 +154,7 @@ fn seq_of(r: &RawValue) -> Option<u64> {
 }
 
 /// The content digests of every blob the events refer to (what an exporter should put in
-/// the bundle).
+/// the bundle), artifacts included.
 pub fn referenced_blobs(events: &[Event]) -> BTreeSet<Hash> {
     let mut set = BTreeSet::new();
     for e in events {
@@ -163,8 +163,30 @@ pub fn referenced_blobs(events: &[Event]) -> BTreeSet<Hash> {
                 set.insert(b);
             }
         }
+        for r in artifact_records(&e.body) {
+            set.insert(r.digest);
+        }
     }
     set
+}
+
+/// The files `destroyed.artifacts` lists, as content records: each kept whole, its blob
+/// named by its digest.
+pub(crate) fn artifact_records(body: &EventBody) -> Vec<ContentRecord> {
+    match body {
+        EventBody::Destroyed(d) => d
+            .artifacts
+            .iter()
+            .flat_map(|a| &a.files)
+            .map(|f| ContentRecord {
+                size: f.size,
+                digest: f.digest,
+                blob: Some(f.digest),
+                truncated: false,
+            })
+            .collect(),
+        _ => Vec::new(),
+    }
 }
 
 /// The content records of a body, with their names.
@@ -279,6 +301,9 @@ pub fn verify_bundle(bytes: &[u8], trusted_key: Option<&PublicKey>) -> Result<Re
         let body = chain.check(&e, |seq| later.iter().any(|r| seq_of(r) == Some(seq)))?;
         for (name, rec) in content_records(&body) {
             records.push((e.seq, name, rec.clone()));
+        }
+        for rec in artifact_records(&body) {
+            records.push((e.seq, "artifact", rec));
         }
         activity.push(e.seq, &e.time, &body);
     }

@@ -915,6 +915,7 @@ mod tests {
             EventBody::Destroyed(Destroyed {
                 reason: "api".into(),
                 manifest_digest: m,
+                artifacts: None,
             })
         };
         let mut c = Chain::new(sid("abc"));

@@ -56,6 +56,7 @@ pub fn statement(bytes: &[u8], key: &PublicKey) -> Result<Value, VerifyError> {
     let mut policies: Vec<Value> = Vec::new();
     let mut packages: Vec<Value> = Vec::new();
     let mut ended = Value::Null;
+    let mut artifacts = Value::Null;
     for e in &b.events {
         match &e.body {
             EventBody::Created(c) => {
@@ -124,7 +125,21 @@ pub fn statement(bytes: &[u8], key: &PublicKey) -> Result<Value, VerifyError> {
                     a["reason"] = json!(d.reason);
                 }
             }
-            EventBody::Destroyed(d) => ended = json!({"time": e.time, "reason": d.reason}),
+            EventBody::Destroyed(d) => {
+                ended = json!({"time": e.time, "reason": d.reason});
+                if let Some(a) = &d.artifacts {
+                    artifacts = json!({
+                        "paths": a.paths,
+                        "files": a.files.iter().map(|f| json!({
+                            "path": f.path,
+                            "size": f.size,
+                            "sha256": f.digest.to_hex(),
+                        })).collect::<Vec<_>>(),
+                        "skipped": a.skipped,
+                        "truncated": a.truncated,
+                    });
+                }
+            }
             EventBody::Redacted(r) => redactions.push(json!({
                 "seq": e.seq,
                 "exec_id": r.exec_id,
@@ -142,16 +157,25 @@ pub fn statement(bytes: &[u8], key: &PublicKey) -> Result<Value, VerifyError> {
             }
         }
     }
+    // The record first (its chain head), then every file the session left as an artifact:
+    // what it produced, by digest, as in-toto subjects are.
+    let mut subject = vec![json!({
+        "name": format!("rampart-sandbox:{}", report.sandbox),
+        "digest": {"sha256": report.chain_head.to_hex()},
+    })];
+    for f in artifacts["files"].as_array().into_iter().flatten() {
+        subject.push(json!({
+            "name": format!("rampart-artifact:{}:{}", report.sandbox, f["path"].as_str().unwrap_or("")),
+            "digest": {"sha256": f["sha256"]},
+        }));
+    }
     let hosts: Vec<Value> = hosts
         .into_iter()
         .map(|(h, (a, d))| json!({"host": h, "allowed": a, "denied": d}))
         .collect();
     Ok(json!({
         "_type": STATEMENT_TYPE,
-        "subject": [{
-            "name": format!("rampart-sandbox:{}", report.sandbox),
-            "digest": {"sha256": report.chain_head.to_hex()},
-        }],
+        "subject": subject,
         "predicateType": PREDICATE_TYPE,
         "predicate": {
             "sandbox": report.sandbox.to_string(),
@@ -174,6 +198,7 @@ pub fn statement(bytes: &[u8], key: &PublicKey) -> Result<Value, VerifyError> {
             "redactions": redactions,
             "policies": policies,
             "packages": packages,
+            "artifacts": artifacts,
         },
     }))
 }

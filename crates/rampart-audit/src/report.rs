@@ -106,6 +106,8 @@ pub struct Activity {
     /// Network log entries the node's budget left out of the record (counted in `network`
     /// records of kind `suppressed`, not recorded one by one).
     pub suppressed: u64,
+    /// The files kept as artifacts when the sandbox ended (`destroyed.artifacts`).
+    pub artifacts: Option<rampart_types::audit::Artifacts>,
     /// Every record, in words.
     pub timeline: Vec<TimelineEntry>,
     /// Commands without an exit yet: exec id -> index in `commands`.
@@ -401,11 +403,18 @@ impl Activity {
                 r.count,
                 printable(&r.names.join(", "))
             ),
-            EventBody::Destroyed(d) => format!(
-                "destroyed ({}), final manifest {}",
-                printable(&d.reason),
-                opt_hash(&d.manifest_digest)
-            ),
+            EventBody::Destroyed(d) => {
+                a.artifacts.clone_from(&d.artifacts);
+                format!(
+                    "destroyed ({}), final manifest {}{}",
+                    printable(&d.reason),
+                    opt_hash(&d.manifest_digest),
+                    d.artifacts
+                        .as_ref()
+                        .map(|x| format!(", {} artifact file(s) kept", x.files.len()))
+                        .unwrap_or_default()
+                )
+            }
         };
         a.timeline.push(TimelineEntry {
             seq,
@@ -452,6 +461,33 @@ impl fmt::Display for Activity {
                 printable(&r.path),
                 to
             )?;
+        }
+        if let Some(a) = &self.artifacts {
+            writeln!(
+                f,
+                "Artifacts kept ({}{}{}):",
+                a.files.len(),
+                if a.skipped > 0 {
+                    format!(", {} not regular files, not kept", a.skipped)
+                } else {
+                    String::new()
+                },
+                if a.truncated {
+                    ", cut short by the node's bounds"
+                } else {
+                    ""
+                }
+            )?;
+            for x in &a.files {
+                writeln!(
+                    f,
+                    "  {} {:>10} {:o} {}",
+                    x.digest.short(),
+                    x.size,
+                    x.mode,
+                    printable(&x.path)
+                )?;
+            }
         }
         writeln!(f, "Hosts contacted ({}):", self.hosts.len())?;
         for (host, h) in &self.hosts {

@@ -86,6 +86,7 @@ fn python_verifier_checks_the_manifest_digest() {
                     EventBody::Destroyed(Destroyed {
                         reason: "api".into(),
                         manifest_digest: Some(wrong),
+                        artifacts: None,
                     }),
                     last.time,
                 )
@@ -123,4 +124,88 @@ fn python_verifier_checks_the_manifest_digest() {
     verify_bundle(&bytes, Some(&key)).unwrap();
     let (ok, out) = python(&bytes, Some(&key.to_string())).unwrap();
     assert!(ok, "{out}");
+}
+
+/// `destroyed.artifacts`: the files' blobs travel in the bundle; both verifiers accept it,
+/// and both refuse an artifact blob whose bytes were changed, or one of another size than
+/// the record lists.
+#[test]
+fn both_verifiers_check_artifact_blobs() {
+    use base64::Engine as _;
+    use rampart_audit::{referenced_blobs, verify_bundle, Chain};
+    use rampart_types::audit::{ArtifactFile, Artifacts, Destroyed, EventBody};
+
+    let mut node = Node::new(5);
+    let s = session(&mut node, "art1fact", 2);
+    let key = node.key.public_key();
+    let out = b"the report the sandbox left\n".to_vec();
+    let digest = rampart_audit::hash::content_digest(&out);
+    let build = |size: u64| {
+        let mut events = s.events.clone();
+        let last = events.pop().unwrap();
+        let EventBody::Destroyed(d) = last.body else {
+            panic!("the session ends with destroyed")
+        };
+        let mut chain = Chain::new(s.chain.sandbox().clone());
+        let mut v = Vec::new();
+        for e in events {
+            v.push(chain.append(e.body, e.time).unwrap());
+        }
+        v.push(
+            chain
+                .append(
+                    EventBody::Destroyed(Destroyed {
+                        artifacts: Some(Artifacts {
+                            paths: vec!["/home/user/out".into()],
+                            files: vec![ArtifactFile {
+                                path: "/home/user/out/report.txt".into(),
+                                size,
+                                digest,
+                                mode: 0o644,
+                            }],
+                            skipped: 1,
+                            truncated: false,
+                        }),
+                        ..d
+                    }),
+                    last.time,
+                )
+                .unwrap(),
+        );
+        (chain, v)
+    };
+    let (chain, events) = build(out.len() as u64);
+    assert!(referenced_blobs(&events).contains(&digest));
+    let mut blobs = s.blobs.clone();
+    blobs.push(out.clone());
+    let mut node2 = node;
+    let bytes = node2.export(&chain, events, blobs.clone()).to_bytes();
+    let report = verify_bundle(&bytes, Some(&key)).unwrap();
+    assert!(report.warnings.is_empty(), "{:?}", report.warnings);
+    let py = python(&bytes, Some(&key.to_string()));
+    if let Some((ok, text)) = &py {
+        assert!(ok, "{text}");
+    } else {
+        println!("SKIP: python3 is not available");
+    }
+    // The artifact's bytes changed in the bundle: refused by both.
+    let mut v: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
+    let b64 = base64::engine::general_purpose::STANDARD;
+    v["blobs"][digest.to_hex()] = b64.encode(b"something else").into();
+    let tampered = serde_json::to_vec(&v).unwrap();
+    let err = verify_bundle(&tampered, Some(&key)).unwrap_err();
+    assert!(err.to_string().contains(&digest.to_hex()[..12]), "{err}");
+    if py.is_some() {
+        let (ok, text) = python(&tampered, Some(&key.to_string())).unwrap();
+        assert!(!ok && text.contains("does not match its digest"), "{text}");
+    }
+    // A record that lists another size than the blob has: refused by both.
+    let (chain, events) = build(out.len() as u64 + 1);
+    let bytes = node2.export(&chain, events, blobs).to_bytes();
+    let err = verify_bundle(&bytes, Some(&key)).unwrap_err();
+    assert!(err.to_string().contains("artifact"), "{err}");
+    if py.is_some() {
+        let (ok, text) = python(&bytes, Some(&key.to_string())).unwrap();
+        assert!(!ok && text.contains("artifact blob"), "{text}");
+    }
 }

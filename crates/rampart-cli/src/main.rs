@@ -47,6 +47,8 @@ enum Command {
     Info(commands::sandbox::InfoArgs),
     /// Copy a file into or out of a sandbox (`ID:/path` on one side, `-` for stdin/stdout).
     Cp(commands::cp::CpArgs),
+    /// What an ended sandbox kept (`create --artifact`): list, or download one file.
+    Artifacts(commands::artifacts::ArtifactsArgs),
     /// Open an interactive shell (bash -l under a PTY) in a sandbox.
     Shell(commands::exec::ShellArgs),
     /// Pause sandboxes: freeze every process (no CPU used, memory kept).
@@ -167,6 +169,7 @@ fn main() -> ExitCode {
             Command::Rm(a) => commands::sandbox::rm(host, a).await,
             Command::Info(a) => commands::sandbox::info(host, a).await,
             Command::Cp(a) => commands::cp::cp(host, a).await,
+            Command::Artifacts(a) => commands::artifacts::artifacts(host, a).await,
             Command::Shell(a) => commands::exec::shell(host, a).await,
             Command::Timeout(a) => commands::sandbox::timeout(host, a).await,
             Command::Port(a) => commands::port::port(host, a).await,

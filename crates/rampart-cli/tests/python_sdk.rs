@@ -67,5 +67,5 @@ fn the_python_sdk_against_a_daemon() {
     );
     eprintln!("{text}");
     assert!(out.status.success(), "the SDK's tests failed:\n{text}");
-    assert!(text.contains("15 passed"), "{text}");
+    assert!(text.contains("16 passed"), "{text}");
 }

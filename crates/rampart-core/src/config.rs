@@ -37,6 +37,8 @@ pub struct CoreConfig {
     pub disk_overcommit: f64,
     /// Where each request held for approval, and each decision, is posted (none: nowhere).
     pub approvals_webhook: Option<crate::webhook::WebhookConfig>,
+    /// Artifacts: how long they are kept, how much of a sandbox is kept.
+    pub artifacts: crate::artifacts::ArtifactConfig,
 }
 
 impl CoreConfig {
@@ -69,6 +71,7 @@ impl CoreConfig {
             network: NetworkConfig::default(),
             disk_overcommit: 1.0,
             approvals_webhook: None,
+            artifacts: Default::default(),
         }
     }
 }

@@ -15,6 +15,7 @@
 //! secrets) of a tenant are its own. A new method that takes an id must do the same.
 
 pub mod approvals;
+pub mod artifacts;
 mod audit;
 pub mod capacity;
 mod config;
@@ -421,8 +422,9 @@ impl Manager {
         self.inner.visible(id)?;
         self.inner.get(id)?;
         let audit = self.inner.audit.clone();
+        let kept = self.inner.artifacts.clone();
         let id = id.clone();
-        tokio::task::spawn_blocking(move || audit.bundle(&id))
+        tokio::task::spawn_blocking(move || audit.bundle_with(&id, &|d| kept.blob(&id, d)))
             .await
             .map_err(CoreError::task("bundle"))?
     }
@@ -432,10 +434,63 @@ impl Manager {
         self.inner.visible(id)?;
         self.inner.get(id)?;
         let audit = self.inner.audit.clone();
+        let kept = self.inner.artifacts.clone();
         let id = id.clone();
-        tokio::task::spawn_blocking(move || audit.attestation(&id))
+        tokio::task::spawn_blocking(move || audit.attestation(&id, &|d| kept.blob(&id, d)))
             .await
             .map_err(CoreError::task("attestation"))?
+    }
+    /// What sandbox `id` kept as artifacts when it ended (`destroyed.artifacts`), while its
+    /// retention lasts. A sandbox that still runs has kept nothing yet (409); one that kept
+    /// nothing, or whose artifacts' retention passed, is 404.
+    pub fn artifacts(&self, id: &SandboxId) -> Result<rampart_types::ArtifactList, CoreError> {
+        self.inner.visible(id)?;
+        match self.inner.get(id) {
+            Ok(info) if info.state.is_alive() => {
+                return Err(CoreError::WrongState {
+                    id: id.to_string(),
+                    state: info.state.as_str().to_owned(),
+                })
+            }
+            Ok(_) => {}
+            // Gone from the history (7 days) but still kept (a longer retention): the node
+            // still serves them (a tenant's key was refused above: its sandbox is unknown).
+            Err(CoreError::NotFound(_)) => {}
+            Err(e) => return Err(e),
+        }
+        let Some(i) = self.inner.artifacts.index(id)? else {
+            return Err(CoreError::NotFound(format!(
+                "artifacts of sandbox {id} (none were kept, or their retention passed)"
+            )));
+        };
+        Ok(rampart_types::ArtifactList {
+            sandbox_id: id.to_string(),
+            kept_at: util::rfc3339(i.kept_at_ms),
+            expires_at: util::rfc3339(i.expires_at_ms),
+            artifacts: i.artifacts,
+        })
+    }
+    /// One file of sandbox `id`'s artifacts (its path inside the sandbox, as listed): its
+    /// entry and its bytes, opened.
+    pub fn artifact(
+        &self,
+        id: &SandboxId,
+        path: &str,
+    ) -> Result<(audit_types::ArtifactFile, std::fs::File), CoreError> {
+        let list = self.artifacts(id)?;
+        let Some(f) = list.artifacts.files.into_iter().find(|f| f.path == path) else {
+            return Err(CoreError::NotFound(format!(
+                "artifact {path:?} of sandbox {id} (not a file it kept)"
+            )));
+        };
+        let file = self
+            .inner
+            .artifacts
+            .open_blob(id, &f.digest)
+            .ok_or_else(|| {
+                CoreError::NotFound(format!("artifact {path:?} of sandbox {id} (removed)"))
+            })?;
+        Ok((f, file))
     }
     /// The node log's head as a C2SP checkpoint (signed note), and the note verifier key.
     pub fn audit_checkpoint(&self) -> (String, String) {

@@ -465,6 +465,22 @@ impl Persist {
         Ok(req.approvals)
     }
 
+    /// The `artifacts` paths sandbox `id` was created with (from its kept create request);
+    /// none when it kept no request. A request that does not parse is an error: the caller
+    /// records that nothing could be kept rather than pretend nothing was asked.
+    pub(crate) fn artifact_paths(&self, id: &SandboxId) -> Result<Vec<String>, CoreError> {
+        let Some(text) = self.db.request(id.as_str())? else {
+            return Ok(Vec::new());
+        };
+        let req: CreateSandbox = serde_json::from_str(&text).map_err(|e| {
+            CoreError::Internal(format!(
+                "the create request kept for sandbox {id} does not parse ({e}); its artifacts \
+                 cannot be named"
+            ))
+        })?;
+        Ok(req.artifacts)
+    }
+
     /// The request a sandbox was created with (or one rebuilt from its record).
     pub(crate) fn source_request(&self, rec: &SandboxRecord) -> CreateSandbox {
         let kept = self

@@ -3,7 +3,7 @@
 use crate::CoreError;
 use base64::Engine;
 use rampart_agent::client::StartOptions;
-use rampart_types::{CreateSandbox, ExecRequest, LimitError, Limits};
+use rampart_types::{CreateSandbox, ExecRequest, LimitError, Limits, VolumeMount};
 use std::collections::BTreeMap;
 use std::time::Duration;
 
@@ -192,6 +192,7 @@ pub fn check_create_with(
     check_secret_env(req)?;
     check_metadata(&req.metadata)?;
     check_not_yet(req)?;
+    check_artifacts(&req.artifacts, &req.volumes)?;
     let timeout_secs = req.timeout_secs.unwrap_or(default_timeout);
     check_timeout("timeout_secs", timeout_secs, max_timeout)?;
     let limits = req.limits.resolve(defaults, max)?;
@@ -200,6 +201,77 @@ pub fn check_create_with(
         limits,
         timeout_secs,
     })
+}
+
+/// Most `artifacts` paths a create may name.
+pub const MAX_ARTIFACT_PATHS: usize = 32;
+
+/// Trees of the sandbox that are not on its disk (kernel file systems the tier mounts), so
+/// nothing of them could be kept.
+const NOT_ON_DISK: [&str; 3] = ["/proc", "/sys", "/dev"];
+
+/// Whether `p` is `dir` or below it (both normal absolute paths).
+fn is_under(p: &str, dir: &str) -> bool {
+    let dir = dir.trim_end_matches('/');
+    p == dir || (p.starts_with(dir) && p.as_bytes().get(dir.len()) == Some(&b'/'))
+}
+
+/// Checks the `artifacts` of a create: each an absolute, normal path inside the sandbox (no
+/// `.`, `..` or empty component, no trailing `/`, no NUL or control character, not `/`
+/// itself), on the sandbox's disk (not under `/proc`, `/sys`, `/dev`, nor on one of its
+/// `volumes`, which outlive it anyway), given once, at most [`MAX_ARTIFACT_PATHS`].
+pub fn check_artifacts(paths: &[String], volumes: &[VolumeMount]) -> Result<(), CoreError> {
+    if paths.len() > MAX_ARTIFACT_PATHS {
+        return Err(bad(
+            "artifacts",
+            format!("at most {MAX_ARTIFACT_PATHS} paths, got {}", paths.len()),
+        ));
+    }
+    let mut seen = std::collections::BTreeSet::new();
+    for p in paths {
+        let why = |m: &str| bad("artifacts", format!("{p:?}: {m}"));
+        if !p.starts_with('/') {
+            return Err(why(
+                "must be an absolute path inside the sandbox (start with /)",
+            ));
+        }
+        if p.len() > 4096 {
+            return Err(why("longer than 4096 bytes"));
+        }
+        if p.chars().any(char::is_control) {
+            return Err(why("contains a NUL or control character"));
+        }
+        if p == "/" {
+            return Err(why(
+                "must name a file or directory below /, not the whole root",
+            ));
+        }
+        if p.ends_with('/') {
+            return Err(why("ends with /: name the directory without it"));
+        }
+        for c in p[1..].split('/') {
+            match c {
+                "" => return Err(why("has an empty component (//)")),
+                "." | ".." => {
+                    return Err(why("has a . or .. component: the path must stay inside the sandbox and be written one way"))
+                }
+                _ => {}
+            }
+        }
+        if let Some(d) = NOT_ON_DISK.iter().find(|d| is_under(p, d)) {
+            return Err(why(&format!("{d} is not on the sandbox's disk")));
+        }
+        if let Some(v) = volumes.iter().find(|v| is_under(p, &v.path)) {
+            return Err(why(&format!(
+                "is on volume {:?} (mounted at {}), which outlives the sandbox by itself",
+                v.name, v.path
+            )));
+        }
+        if !seen.insert(p.as_str()) {
+            return Err(why("given twice"));
+        }
+    }
+    Ok(())
 }
 
 /// Refuses (fail closed) the create fields whose implementation has not landed, so a policy
@@ -383,6 +455,48 @@ pub fn exit_of(exit_code: i32, exited: bool, status: &str) -> (Option<i32>, Opti
 mod tests {
     use super::*;
     use rampart_types::LimitsRequest;
+
+    #[test]
+    fn artifact_paths_must_stay_inside_the_sandbox() {
+        let ok =
+            |p: &[&str]| check_artifacts(&p.iter().map(|s| s.to_string()).collect::<Vec<_>>(), &[]);
+        assert!(ok(&[]).is_ok());
+        assert!(ok(&["/home/user/out", "/tmp/report.txt", "/devices"]).is_ok());
+        for (p, why) in [
+            ("home/user/out", "absolute"),
+            ("", "absolute"),
+            ("./out", "absolute"),
+            ("/home/../etc/shadow", ".."),
+            ("/home/user/..", ".."),
+            ("/home/./user", "."),
+            ("/home//user", "empty component"),
+            ("/home/user/", "ends with /"),
+            ("/", "whole root"),
+            ("/home/a\0b", "NUL"),
+            ("/home/a\nb", "control"),
+            ("/proc/1/root", "/proc is not on"),
+            ("/sys", "/sys is not on"),
+            ("/dev/shm/x", "/dev is not on"),
+        ] {
+            let e = ok(&[p]).expect_err(p).to_string();
+            assert!(e.contains(why), "{p:?}: {e}");
+            assert!(e.contains("artifacts"), "{p:?}: {e}");
+        }
+        let e = ok(&["/a", "/a"]).unwrap_err().to_string();
+        assert!(e.contains("twice"), "{e}");
+        let many: Vec<String> = (0..=MAX_ARTIFACT_PATHS).map(|i| format!("/o{i}")).collect();
+        assert!(check_artifacts(&many, &[]).is_err());
+        let vol = VolumeMount {
+            name: "data".into(),
+            path: "/data".into(),
+            read_only: false,
+        };
+        let e = check_artifacts(&["/data/out".into()], std::slice::from_ref(&vol))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("volume"), "{e}");
+        assert!(check_artifacts(&["/database".into()], &[vol]).is_ok());
+    }
 
     fn max() -> Limits {
         Limits {

@@ -546,3 +546,56 @@ async fn the_audit_record_has_the_lifecycle_and_its_bundle_verifies() {
     assert!(rampart_audit::verify_bundle(forged.as_bytes(), Some(&key)).is_err());
     m.shutdown().await;
 }
+
+/// A tier that gives no access to a sandbox's disk (the fake tier) keeps no artifacts, and
+/// says so: `destroyed.artifacts` names the paths, lists no file and is `truncated`; the
+/// API has nothing to serve.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn artifacts_on_a_tier_without_disk_access_are_recorded_as_not_kept() {
+    let w = World::new();
+    let m = w.start().await;
+    let s = m
+        .create(CreateSandbox {
+            artifacts: vec!["/tmp/out".into()],
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert!(matches!(
+        m.artifacts(&s.id),
+        Err(rampart_core::CoreError::WrongState { .. })
+    ));
+    m.destroy(&s.id).await.unwrap();
+    let events = m.audit_events(&s.id, None, 1000).unwrap();
+    let EventBody::Destroyed(d) = &events.last().unwrap().body else {
+        panic!("no destroyed record")
+    };
+    let a = d.artifacts.as_ref().expect("artifacts were asked for");
+    assert_eq!(a.paths, ["/tmp/out"]);
+    assert!(a.files.is_empty() && a.truncated, "{a:?}");
+    match &events[0].body {
+        EventBody::Created(c) => assert_eq!(c.spec["artifacts"], serde_json::json!(["/tmp/out"])),
+        other => panic!("not created: {other:?}"),
+    }
+    assert!(matches!(
+        m.artifacts(&s.id),
+        Err(rampart_core::CoreError::NotFound(_))
+    ));
+    // A sandbox that asked for none has no `artifacts` member at all.
+    let plain = m.create(CreateSandbox::default()).await.unwrap();
+    m.destroy(&plain.id).await.unwrap();
+    let events = m.audit_events(&plain.id, None, 1000).unwrap();
+    let EventBody::Destroyed(d) = &events.last().unwrap().body else {
+        panic!("no destroyed record")
+    };
+    assert!(d.artifacts.is_none());
+    // Bad paths are refused before anything is made.
+    let e = m
+        .create(CreateSandbox {
+            artifacts: vec!["/tmp/../etc".into()],
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert!(e.to_string().contains("artifacts"), "{e}");
+}

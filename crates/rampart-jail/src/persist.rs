@@ -44,6 +44,40 @@ fn io(step: String) -> impl FnOnce(std::io::Error) -> JailError {
     move |source| JailError::Sys { step, source }
 }
 
+/// An open loop device attached to the file `image` whose (device, inode) is `ident`, if
+/// one is. Candidates are the devices whose `/sys/block/loop*/loop/backing_file` ends like
+/// `image` (its last two components: the jailer attaches it from its own mount namespace,
+/// where the path is spelled otherwise); each is opened and its backing inode checked on the
+/// open device (a device held open cannot be detached and reused meanwhile).
+fn attached_loop(image: &Path, ident: (u64, u64)) -> Option<OwnedFd> {
+    let mut tail = image.components().rev().take(2).collect::<Vec<_>>();
+    tail.reverse();
+    let want = format!("/{}", tail.iter().collect::<PathBuf>().display()).into_bytes();
+    for e in std::fs::read_dir("/sys/block").ok()?.flatten() {
+        let name = e.file_name();
+        let Some(n) = name.to_str().filter(|n| n.starts_with("loop")) else {
+            continue;
+        };
+        let Ok(b) = std::fs::read(e.path().join("loop/backing_file")) else {
+            continue;
+        };
+        if !b.strip_suffix(b"\n").unwrap_or(&b).ends_with(&want) {
+            continue;
+        }
+        let Ok(f) = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_CLOEXEC)
+            .open(format!("/dev/{n}"))
+        else {
+            continue;
+        };
+        if sys::loop_backing_inode_fd(&f) == Some(ident) {
+            return Some(OwnedFd::from(f));
+        }
+    }
+    None
+}
+
 /// A disk image to start from instead of an empty disk.
 #[derive(Debug, Clone)]
 pub struct DiskSource {
@@ -235,6 +269,73 @@ impl Jail {
         Err(JailError::Init(format!(
             "sandbox {id} does not hold its disk's root (started by an older Rampart?)"
         )))
+    }
+
+    /// A descriptor of the root of a sandbox's disk (as [`Jail::upper_root`] gives), also
+    /// when its init is gone (it died, or was killed, or the daemon found it dead at start)
+    /// but its disk image is still there (until [`Jail::destroy`]): then the image's file
+    /// system is mounted **detached** (`fsopen`/`fsmount`: in no mount namespace, seen by no
+    /// process, unmounted when the descriptor closes), read-only, `nosuid,nodev,noexec`. The
+    /// loop device still attached to the image (the sandbox's last mount going away) is
+    /// reused, held open while its backing file is checked to be this image, so the mount
+    /// shares a file system still being released rather than making a second one over the
+    /// same bytes; else a new read-only loop device is attached (autoclear). Blocking.
+    pub fn disk_root(&self, id: &rampart_types::SandboxId) -> Result<OwnedFd, JailError> {
+        if let Ok(fd) = self.upper_root(id) {
+            return Ok(fd);
+        }
+        let image = self.disk_image(id);
+        let img = std::fs::metadata(&image).map_err(io(format!("stat {}", image.display())))?;
+        let ident = (img.dev(), img.ino());
+        let (dev, fresh) = match attached_loop(&image, ident) {
+            Some(f) => (f, false),
+            None => (sys::loop_attach_with(&image, true)?.1, true),
+        };
+        let mount = |ro_superblock: bool| -> std::io::Result<OwnedFd> {
+            use rustix::mount::{
+                fsconfig_create, fsconfig_set_flag, fsconfig_set_string, fsmount, fsopen,
+                FsMountFlags, FsOpenFlags, MountAttrFlags,
+            };
+            let fs = fsopen("ext4", FsOpenFlags::FSOPEN_CLOEXEC)?;
+            fsconfig_set_string(&fs, "source", format!("/proc/self/fd/{}", dev.as_raw_fd()))?;
+            if ro_superblock {
+                fsconfig_set_flag(&fs, "ro")?;
+            }
+            fsconfig_create(&fs)?;
+            let mnt = fsmount(
+                &fs,
+                FsMountFlags::FSMOUNT_CLOEXEC,
+                MountAttrFlags::MOUNT_ATTR_RDONLY
+                    | MountAttrFlags::MOUNT_ATTR_NOSUID
+                    | MountAttrFlags::MOUNT_ATTR_NODEV
+                    | MountAttrFlags::MOUNT_ATTR_NOEXEC,
+            )?;
+            // A real descriptor of the mount's root (`fsmount` gives an O_PATH one); it holds
+            // the detached mount once `mnt` is closed.
+            Ok(rustix::fs::openat(
+                &mnt,
+                ".",
+                rustix::fs::OFlags::RDONLY
+                    | rustix::fs::OFlags::DIRECTORY
+                    | rustix::fs::OFlags::CLOEXEC,
+                rustix::fs::Mode::empty(),
+            )?)
+        };
+        // A file system still mounted read-write (being released) cannot be shared
+        // read-only at the superblock (EBUSY): then only the mount is read-only.
+        let root = match mount(true) {
+            Err(e) if !fresh && e.raw_os_error() == Some(libc::EBUSY) => mount(false),
+            r => r,
+        }
+        .map_err(io(format!(
+            "mount the disk of sandbox {id} (its init is gone)"
+        )))?;
+        tracing::info!(
+            id = %id,
+            loop_device = if fresh { "new, read-only" } else { "the sandbox's" },
+            "the disk of a sandbox whose init is gone, mounted detached"
+        );
+        Ok(root)
     }
 
     /// Host pid of a sandbox's PID 1 (the task of its cgroup that is pid 1 of its namespace).

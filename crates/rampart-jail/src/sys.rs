@@ -230,12 +230,18 @@ pub struct CloneArgs {
 const LOOP_CTL_GET_FREE: libc::c_ulong = 0x4C82;
 const LOOP_CONFIGURE: libc::c_ulong = 0x4C0A;
 const LO_FLAGS_AUTOCLEAR: u32 = 4;
+const LO_FLAGS_READ_ONLY: u32 = 1;
 
 const LOOP_GET_STATUS64: libc::c_ulong = 0x4C05;
 
 /// The (device, inode) of the file a loop device is attached to, if it is attached.
 pub fn loop_backing_inode(dev: &Path) -> Option<(u64, u64)> {
     let f = std::fs::File::open(dev).ok()?;
+    loop_backing_inode_fd(&f)
+}
+
+/// [`loop_backing_inode`] of an open loop device.
+pub fn loop_backing_inode_fd(f: &impl AsRawFd) -> Option<(u64, u64)> {
     // SAFETY: an all-zero LoopInfo64 is valid (plain integers and arrays).
     let mut info: LoopInfo64 = unsafe { std::mem::zeroed() };
     // SAFETY: LOOP_GET_STATUS64 fills a loop_info64 we own.
@@ -277,9 +283,15 @@ struct LoopConfig {
 /// Attaches `image` to a free loop device with autoclear (the device detaches itself when the
 /// last user closes it). Returns the device path and an open fd on it.
 pub fn loop_attach(image: &Path) -> Result<(String, OwnedFd), JailError> {
+    loop_attach_with(image, false)
+}
+
+/// [`loop_attach`], the device read-only when `read_only` (the image is opened read-only and
+/// nothing can write it through the device).
+pub fn loop_attach_with(image: &Path, read_only: bool) -> Result<(String, OwnedFd), JailError> {
     let img = std::fs::OpenOptions::new()
         .read(true)
-        .write(true)
+        .write(!read_only)
         .open(image)
         .map_err(|e| JailError::Sys {
             step: format!("open {}", image.display()),
@@ -301,7 +313,7 @@ pub fn loop_attach(image: &Path) -> Result<(String, OwnedFd), JailError> {
         let dev = format!("/dev/loop{n}");
         let f = match std::fs::OpenOptions::new()
             .read(true)
-            .write(true)
+            .write(!read_only)
             .open(&dev)
         {
             Ok(f) => f,
@@ -316,7 +328,7 @@ pub fn loop_attach(image: &Path) -> Result<(String, OwnedFd), JailError> {
         // SAFETY: an all-zero LoopConfig is valid (plain integers and arrays).
         let mut cfg: LoopConfig = unsafe { std::mem::zeroed() };
         cfg.fd = img.as_raw_fd() as u32;
-        cfg.info.lo_flags = LO_FLAGS_AUTOCLEAR;
+        cfg.info.lo_flags = LO_FLAGS_AUTOCLEAR | if read_only { LO_FLAGS_READ_ONLY } else { 0 };
         let name = image.as_os_str().as_bytes();
         let k = name.len().min(63);
         cfg.info.lo_file_name[..k].copy_from_slice(&name[..k]);

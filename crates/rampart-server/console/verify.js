@@ -204,6 +204,7 @@ const RampartVerify = (() => {
     let head = await sha256(concat(enc.encode("rampart.audit.genesis.v1\0"), enc.encode(sandbox)));
     const fsDiffs = new Set();
     const used = new Map();
+    const artifactSizes = new Map();
     const requested = new Map();
     const approved = new Set();
     const askedHosts = new Map();
@@ -254,6 +255,20 @@ const RampartVerify = (() => {
         const m = body.manifest_digest;
         if (m !== null && !fsDiffs.has(m)) {
           fail(`record seq ${i}: manifest_digest ${m} names no fs_diff record before it`);
+        }
+        // `artifacts`: absent, or the files kept, each blob named by its digest.
+        if ("artifacts" in body) {
+          const arts = body.artifacts;
+          if (!arts || typeof arts !== "object" || !Array.isArray(arts.files)) {
+            fail(`record seq ${i}: artifacts is not an object with files`);
+          }
+          for (const f of arts.files) {
+            if (typeof f.digest !== "string" || !/^[0-9a-f]{64}$/.test(f.digest)) {
+              fail(`record seq ${i}: artifact ${f.path} has a digest that is not 64 lowercase hex digits`);
+            }
+            artifactSizes.set(f.digest, f.size);
+            if (!used.has(f.digest)) used.set(f.digest, i);
+          }
         }
       }
       if (body.type === "approval_requested") {
@@ -317,8 +332,12 @@ const RampartVerify = (() => {
       fail("the chain head is not in the signed tree");
     }
     for (const [digest, data] of Object.entries(b.blobs || {})) {
-      if (hex(await sha256(b64(data))) !== digest) {
+      const raw = b64(data);
+      if (hex(await sha256(raw)) !== digest) {
         fail(`blob ${digest} (record seq ${used.get(digest)}) does not match its digest`);
+      }
+      if (artifactSizes.has(digest) && raw.length !== artifactSizes.get(digest)) {
+        fail(`artifact blob ${digest} (record seq ${used.get(digest)}) has ${raw.length} bytes, not the ${artifactSizes.get(digest)} listed`);
       }
     }
     return { sandbox, records: n, treeSize: sth.tree_size, keyId: hex(keyId) };

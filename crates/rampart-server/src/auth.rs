@@ -335,7 +335,8 @@ pub(crate) fn required_scope(method: &axum::http::Method, path: &str) -> Option<
         ["v1", "sandboxes", _] => "sandboxes",
         ["v1", "sandboxes", _, what, ..] => match *what {
             "exec" | "processes" => "exec",
-            "files" => "files",
+            // Reading what a sandbox left is reading its files.
+            "files" | "artifacts" => "files",
             "network" => "network",
             "audit" | "packages" => "audit",
             "ports"
@@ -609,6 +610,7 @@ mod tests {
         assert_eq!(s(Method::POST, "/v1/sandboxes/abc/exec"), Some("exec"));
         assert_eq!(s(Method::GET, "/v1/sandboxes/abc/exec/ws"), Some("exec"));
         assert_eq!(s(Method::PUT, "/v1/sandboxes/abc/files"), Some("files"));
+        assert_eq!(s(Method::GET, "/v1/sandboxes/abc/artifacts"), Some("files"));
         assert_eq!(s(Method::PUT, "/v1/sandboxes/abc/network"), Some("network"));
         assert_eq!(
             s(Method::POST, "/v1/sandboxes/abc/ports/80/public"),

@@ -6,6 +6,7 @@
 //! answers. Every failure is a JSON `{"error": {"code", "message"}}` with the right status.
 
 mod approvals;
+mod artifacts;
 mod audit;
 mod auth;
 mod caller;
@@ -571,6 +572,7 @@ fn v1_router(state: AppState, auth: Option<Arc<auth::Auth>>) -> Router {
             get(network::get).put(network::put),
         )
         .route("/sandboxes/{id}/network/log", get(network::log))
+        .route("/sandboxes/{id}/artifacts", get(artifacts::get))
         .route("/sandboxes/{id}/audit", get(audit::events))
         .route("/sandboxes/{id}/audit/bundle", get(audit::bundle))
         .route("/sandboxes/{id}/audit/dsse", get(audit::dsse))

@@ -589,6 +589,44 @@ pub struct Destroyed {
     /// SHA-256 of the final writable-layer manifest, when one was taken.
     #[serde(deserialize_with = "required")]
     pub manifest_digest: Option<Hash>,
+    /// The files kept as artifacts (the create request's `artifacts`): absent when none were
+    /// asked for, and in records made before artifacts existed; never `null`.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "added_member"
+    )]
+    pub artifacts: Option<Artifacts>,
+}
+
+/// What a sandbox kept of its files when it ended (`destroyed.artifacts`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Artifacts {
+    /// The paths asked for at create, as given.
+    pub paths: Vec<String>,
+    /// Every regular file kept, sorted by path; its bytes are the blob named `digest`.
+    pub files: Vec<ArtifactFile>,
+    /// Entries under the paths that were not kept because they are not regular files
+    /// (symbolic links, which are never followed, fifos, sockets, devices) or could not be
+    /// read.
+    pub skipped: u64,
+    /// The node's bounds (files, bytes) stopped the capture: `files` is not all there was.
+    pub truncated: bool,
+}
+
+/// One file of [`Artifacts`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ArtifactFile {
+    /// Its absolute path inside the sandbox.
+    pub path: String,
+    /// Its size in bytes.
+    pub size: u64,
+    /// SHA-256 of its bytes (the name of its blob).
+    pub digest: Hash,
+    /// Its permission bits (`st_mode & 0o7777`).
+    pub mode: u32,
 }
 
 #[cfg(test)]
@@ -623,6 +661,30 @@ mod tests {
         );
         let ok = r#"{"type":"destroyed","reason":"api","manifest_digest":null}"#;
         assert!(serde_json::from_str::<EventBody>(ok).is_ok());
+        // `artifacts` was added later: absent (an older record) or an object, never null.
+        let null = r#"{"type":"destroyed","reason":"api","manifest_digest":null,"artifacts":null}"#;
+        assert!(serde_json::from_str::<EventBody>(null).is_err());
+        let d = EventBody::Destroyed(Destroyed {
+            reason: "api".into(),
+            manifest_digest: None,
+            artifacts: Some(Artifacts {
+                paths: vec!["/out".into()],
+                files: vec![ArtifactFile {
+                    path: "/out/a".into(),
+                    size: 1,
+                    digest: Hash([1; 32]),
+                    mode: 0o644,
+                }],
+                skipped: 0,
+                truncated: false,
+            }),
+        });
+        let j = serde_json::to_string(&d).unwrap();
+        assert_eq!(serde_json::from_str::<EventBody>(&j).unwrap(), d);
+        assert_eq!(
+            serde_json::to_string(&serde_json::from_str::<EventBody>(ok).unwrap()).unwrap(),
+            ok
+        );
         for t in EventBody::TYPES {
             assert!(EventBody::TYPES.contains(&t));
         }

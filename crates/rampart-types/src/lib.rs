@@ -32,7 +32,7 @@ pub use persist::{
 };
 pub use ports::{PortInfo, PortList};
 pub use sandbox::{
-    ApiError, ApiErrorBody, CreateSandbox, OnTimeout, SandboxInfo, SandboxState, SandboxStats,
-    SetTimeout,
+    ApiError, ApiErrorBody, ArtifactList, CreateSandbox, OnTimeout, SandboxInfo, SandboxState,
+    SandboxStats, SetTimeout,
 };
 pub use template::TemplateInfo;

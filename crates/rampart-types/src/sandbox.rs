@@ -52,6 +52,11 @@ pub struct CreateSandbox {
     /// `redacted` event.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub secret_env: Vec<String>,
+    /// Absolute paths inside the sandbox (files or directories) kept when the sandbox ends,
+    /// for any reason, as content-addressed blobs listed in its `destroyed` record and
+    /// downloadable from `GET /v1/sandboxes/{id}/artifacts` for the node's retention time.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub artifacts: Vec<String>,
 }
 
 /// What the reaper does with a sandbox whose deadline passed.
@@ -237,4 +242,19 @@ pub struct ApiError {
     /// With `quota_exceeded` and `rate_limited`: the limit, the use and the most.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub quota: Option<crate::tenant::QuotaRefusal>,
+}
+
+/// Body of `GET /v1/sandboxes/{id}/artifacts`: the files kept when the sandbox ended.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ArtifactList {
+    /// The sandbox.
+    pub sandbox_id: String,
+    /// When they were kept (the sandbox's end), RFC 3339 UTC.
+    pub kept_at: String,
+    /// When they are removed, RFC 3339 UTC.
+    pub expires_at: String,
+    /// What was kept, as the `destroyed` record lists it.
+    #[schema(value_type = Object)]
+    pub artifacts: crate::audit::Artifacts,
 }

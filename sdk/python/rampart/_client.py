@@ -262,6 +262,18 @@ class Sandbox:
         return self._client._run(_Call("GET", self._path("/audit/bundle"),
                                        parse=lambda r: verify_bundle(r.content, trusted_key)))
 
+    # Artifacts
+    def artifacts(self):
+        """What it kept when it ended (`artifacts` at create): `{"sandbox_id", "kept_at",
+        "expires_at", "artifacts": {"paths", "files": [{"path", "size", "digest", "mode"}],
+        "skipped", "truncated"}}`. Works after it is gone, while the node keeps them."""
+        return self._client._run(_Call("GET", self._path("/artifacts"), parse=lambda r: r.json()))
+
+    def download_artifact(self, path: str) -> bytes:
+        """The bytes of one kept file (its path inside the sandbox, as listed)."""
+        return self._client._run(_Call("GET", self._path(f"/artifacts?path={_q(path)}"),
+                                       parse=lambda r: r.content))
+
     # Context managers
     def __enter__(self):
         return self
@@ -403,15 +415,17 @@ class _Base:
                env: Optional[Dict[str, str]] = None, metadata: Optional[Dict[str, str]] = None,
                network: Optional[Dict[str, Any]] = None, secrets: Optional[List[Dict[str, Any]]] = None,
                snapshot: Optional[str] = None, volumes: Optional[List[Dict[str, Any]]] = None,
-               public_ports: Optional[List[int]] = None, on_timeout: Optional[str] = None):
-        """Creates a sandbox (every option of `POST /v1/sandboxes`) and returns it running."""
+               public_ports: Optional[List[int]] = None, on_timeout: Optional[str] = None,
+               artifacts: Optional[List[str]] = None):
+        """Creates a sandbox (every option of `POST /v1/sandboxes`) and returns it running.
+        `artifacts`: absolute paths kept when it ends (`Sandbox.artifacts()` lists them)."""
         body: Dict[str, Any] = {}
         limits = {k: v for k, v in (("cpus", cpus), ("memory_bytes", memory_bytes),
                                     ("disk_bytes", disk_bytes), ("pids", pids)) if v is not None}
         for k, v in (("template", template), ("timeout_secs", timeout_secs), ("env", env),
                      ("metadata", metadata), ("network", network), ("secrets", secrets),
                      ("snapshot", snapshot), ("volumes", volumes), ("public_ports", public_ports),
-                     ("on_timeout", on_timeout)):
+                     ("on_timeout", on_timeout), ("artifacts", artifacts)):
             if v is not None:
                 body[k] = v
         if limits:

@@ -1,11 +1,14 @@
 """Offline verification of what a Rampart node signed, in pure Python (no dependency).
 
 - `verify_bundle(data, trusted_key=None)`: a sandbox's audit bundle (docs/proof.md): the hash
-  chain, the blobs, the anchor, the inclusion proof in the signed tree, the key id and the
-  Ed25519 signature, and that a `destroyed` record's `manifest_digest` names an `fs_diff`
-  record before it, and that each `package` record holds together (`package_problem`). It
-  checks the cryptography and the encoding; the Rust verifier (`rampart audit verify`) also
-  checks each body's members and types.
+  chain, the blobs (artifact blobs against their listed size too), the anchor, the inclusion
+  proof in the signed tree, the key id and the Ed25519 signature, that a `destroyed`
+  record's `manifest_digest` names an `fs_diff` record before it, that each `package` record
+  holds together (`package_problem`), the approvals (a decision follows its request, an exec
+  or connection under an approval follows its approval), each event's `auth` (the policy
+  digest recomputed from the record, a principal that may exec) and that a command the
+  approval policy holds carries an approval. It checks the cryptography and the encoding;
+  the Rust verifier (`rampart audit verify`) also checks each body's members and types.
 - `verify_usage(data, trusted_key=None)`: a usage report (docs/tenants.md): each record's
   hash and link, the head, the totals, the signature.
 
@@ -310,6 +313,26 @@ def _signature(sig_hex: str) -> bytes:
     return sig
 
 
+def _artifacts(i, body, sizes, used):
+    """`destroyed.artifacts`: absent (none asked for, or an older record) or an object,
+    never null; each file's blob is named by its digest and has its size."""
+    if "artifacts" not in body:
+        return
+    a = body["artifacts"]
+    if not isinstance(a, dict) or set(a) != {"paths", "files", "skipped", "truncated"}:
+        raise VerificationError(f"record seq {i}: artifacts is not an object of paths, files, skipped, truncated")
+    for f in a["files"]:
+        if set(f) != {"path", "size", "digest", "mode"}:
+            raise VerificationError(f"record seq {i}: an artifact file without path, size, digest and mode")
+        d = f["digest"]
+        if not isinstance(d, str) or len(d) != 64 or d.strip("0123456789abcdef"):
+            raise VerificationError(f"record seq {i}: artifact {f['path']!r} has a digest that is not 64 lowercase hex digits")
+        if f["size"] == 0 and d != _sha256(b"").hex():
+            raise VerificationError(f"record seq {i}: artifact {f['path']!r} is empty with a digest that is not SHA-256 of nothing")
+        sizes[d] = f["size"]
+        used.setdefault(d, i)
+
+
 def verify_bundle(data: bytes, trusted_key: Optional[str] = None) -> BundleReport:
     """Verifies an audit bundle (its JSON bytes); raises VerificationError if it fails."""
 
@@ -344,6 +367,7 @@ def _verify_bundle(b, trusted_key):
         raise VerificationError("the tree head's signature does not verify")
     head = _sha256(b"rampart.audit.genesis.v1\0" + sandbox.encode())
     used = {}
+    artifact_sizes = {}
     fs_diffs = set()
     requested, approved = {}, set()
     approvals_policy, network_policy, patterns = None, None, []
@@ -391,6 +415,7 @@ def _verify_bundle(b, trusted_key):
             m = body["manifest_digest"]
             if m is not None and m not in fs_diffs:
                 raise VerificationError(f"record seq {i}: manifest_digest {m} names no fs_diff record before it")
+            _artifacts(i, body, artifact_sizes, used)
         elif body.get("type") == "approval_requested":
             requested[body["approval_id"]] = body["digest"]
             if body.get("kind") == "host":
@@ -436,8 +461,11 @@ def _verify_bundle(b, trusted_key):
     if not _verify_inclusion(leaf, a["leaf_index"], sth["tree_size"], proof, bytes.fromhex(sth["root_hash"])):
         raise VerificationError("the chain head is not in the signed tree")
     for digest, data in b["blobs"].items():
-        if _sha256(base64.b64decode(data, validate=True)).hex() != digest:
+        raw = base64.b64decode(data, validate=True)
+        if _sha256(raw).hex() != digest:
             raise VerificationError(f"blob {digest} (record seq {used.get(digest)}) does not match its digest")
+        if digest in artifact_sizes and len(raw) != artifact_sizes[digest]:
+            raise VerificationError(f"artifact blob {digest} (record seq {used.get(digest)}) has {len(raw)} bytes, not the {artifact_sizes[digest]} listed")
     return BundleReport(
         sandbox=sandbox,
         records=n,

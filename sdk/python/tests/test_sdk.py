@@ -131,6 +131,21 @@ def test_the_record_verifies_offline_and_tampering_is_named(rp, sb):
         sb.verify(trusted_key="ed25519:" + "11" * 32)
 
 
+def test_artifacts_are_kept_and_verified(rp):
+    s = rp.create(timeout_secs=300, artifacts=["/home/user/out"])
+    s.exec("mkdir -p /home/user/out && printf kept > /home/user/out/a.txt")
+    s.destroy()
+    kept = s.artifacts()["artifacts"]
+    assert [f["path"] for f in kept["files"]] == ["/home/user/out/a.txt"]
+    assert s.download_artifact("/home/user/out/a.txt") == b"kept"
+    bundle = s.audit_bundle()
+    rampart.verify_bundle(bundle, rp.audit_key())
+    b = json.loads(bundle)
+    b["blobs"][kept["files"][0]["digest"]] = "Zm9yZ2Vk"
+    with pytest.raises(rampart.VerificationError, match="does not match its digest"):
+        rampart.verify_bundle(json.dumps(b).encode(), rp.audit_key())
+
+
 def test_usage_report_verifies(rp):
     key = rp.audit_key()
     report = rp.usage(verify_with=key)

@@ -234,6 +234,7 @@ pub fn session(node: &mut Node, id: &str, execs: usize) -> Session {
         EventBody::Destroyed(Destroyed {
             reason: "api".into(),
             manifest_digest: manifest,
+            artifacts: None,
         }),
     );
     s

@@ -293,6 +293,14 @@ fn verify_dsse(a: &VerifyArgs, bytes: &[u8], key: Option<&PublicKey>) -> Result<
                 .unwrap_or_default()
         );
     }
+    for f in p["artifacts"]["files"].as_array().into_iter().flatten() {
+        println!(
+            "  artifact {} sha256:{} ({} bytes)",
+            rampart_audit::report::printable(f["path"].as_str().unwrap_or("?")),
+            f["sha256"].as_str().unwrap_or("?"),
+            f["size"]
+        );
+    }
     for ap in p["approvals"].as_array().into_iter().flatten() {
         println!(
             "  approval {}: {} {} by {}",

@@ -1,6 +1,7 @@
 //! The subcommands, one module each. Each returns the process's exit code.
 
 pub mod approve;
+pub mod artifacts;
 pub mod audit;
 pub mod cp;
 pub mod exec;

@@ -55,6 +55,10 @@ pub struct CreateFlags {
     /// Bind a stored secret (`rampart secret set`) by name (repeatable); needs a network.
     #[arg(long = "secret", value_name = "NAME")]
     pub secrets: Vec<String>,
+    /// Keep this path (file or directory) when the sandbox ends (repeatable); `rampart
+    /// artifacts ID` lists what was kept.
+    #[arg(long = "artifact", value_name = "/PATH")]
+    pub artifacts: Vec<String>,
 }
 
 fn size(flag: &str, v: &Option<String>) -> Result<Option<u64>> {
@@ -91,6 +95,7 @@ impl CreateFlags {
                 .collect::<Result<_>>()?,
             network: self.net.policy()?,
             secrets: super::secret::references(&self.secrets),
+            artifacts: self.artifacts.clone(),
             ..CreateSandbox::default()
         })
     }
@@ -441,8 +446,10 @@ mod tests {
             volumes: vec!["data:/data:ro".into()],
             net: Default::default(),
             secrets: vec!["tok".into()],
+            artifacts: vec!["/home/user/out".into()],
         };
         let r = f.request().unwrap();
+        assert_eq!(r.artifacts, ["/home/user/out"]);
         assert!(r.volumes[0].read_only);
         assert_eq!(r.limits.memory_bytes, Some(256 << 20));
         assert_eq!(r.limits.disk_bytes, Some(1 << 30));

@@ -140,6 +140,8 @@ struct FileConfig {
     max_limits: LimitsConfig,
     #[serde(default)]
     audit: AuditFileConfig,
+    #[serde(default)]
+    artifacts: ArtifactsFileConfig,
     /// Domain of host-name routing to sandbox ports.
     domain: Option<String>,
     /// More host names the native API answers to over TCP.
@@ -183,6 +185,18 @@ struct AuditFileConfig {
     network_events_burst: Option<u32>,
     /// Network events per second a sandbox records in the long run (default 50).
     network_events_per_sec: Option<f64>,
+}
+
+/// `[artifacts]` of the config file.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ArtifactsFileConfig {
+    /// Seconds artifacts are kept after their sandbox ended (default 604800: 7 days).
+    retention_secs: Option<u64>,
+    /// Most files kept per sandbox (default 10000).
+    max_files: Option<usize>,
+    /// Most bytes kept per sandbox (default 1G).
+    max_bytes: Option<SizeValue>,
 }
 
 fn read_config(path: &Path) -> Result<FileConfig> {
@@ -531,6 +545,19 @@ fn resolve(a: &ServeArgs) -> Result<Resolved> {
         }
         audit.network_events.per_sec = r;
     }
+    let mut artifacts = rampart_core::artifacts::ArtifactConfig::default();
+    if let Some(s) = file.artifacts.retention_secs {
+        if s == 0 {
+            bail!("artifacts.retention_secs must be at least 1");
+        }
+        artifacts.retention = Duration::from_secs(s);
+    }
+    if let Some(n) = file.artifacts.max_files {
+        artifacts.limits.max_files = n;
+    }
+    if let Some(b) = &file.artifacts.max_bytes {
+        artifacts.limits.max_bytes = b.bytes("artifacts.max_bytes")?;
+    }
     if !audit.enabled {
         tracing::warn!("the audit record is disabled by the config file ([audit] enabled = false)");
     }
@@ -583,6 +610,7 @@ fn resolve(a: &ServeArgs) -> Result<Resolved> {
             uid_slots,
             disk_overcommit,
             audit,
+            artifacts,
             network: super::net::resolve_network(&file.network)?,
             approvals_webhook: match &file.approvals.webhook_url {
                 Some(url) => {

@@ -673,8 +673,12 @@ impl Audit {
     /// The record of sandbox `id` as a DSSE envelope around an in-toto Statement (see
     /// [`rampart_audit::dsse`]), signed with the node's key; made from its bundle, which is
     /// verified first.
-    pub(crate) fn attestation(&self, id: &SandboxId) -> Result<Vec<u8>, CoreError> {
-        let bundle = self.bundle(id)?;
+    pub(crate) fn attestation(
+        &self,
+        id: &SandboxId,
+        more: &dyn Fn(&Hash) -> Option<Vec<u8>>,
+    ) -> Result<Vec<u8>, CoreError> {
+        let bundle = self.bundle_with(id, more)?;
         let st = rampart_audit::dsse::statement(&bundle, &self.key.public_key()).map_err(|e| {
             CoreError::Internal(format!("the record of sandbox {id} does not verify: {e}"))
         })?;
@@ -682,8 +686,13 @@ impl Audit {
             .map_err(|e| CoreError::Internal(format!("encoding the envelope: {e}")))
     }
 
-    /// The bundle of a sandbox's whole log, publishing its head first if it moved.
-    pub(crate) fn bundle(&self, id: &SandboxId) -> Result<Vec<u8>, CoreError> {
+    /// The bundle of a sandbox's whole log, publishing its head first if it moved; the
+    /// blobs the store does not hold (artifacts) are looked up in `more`.
+    pub(crate) fn bundle_with(
+        &self,
+        id: &SandboxId,
+        more: &dyn Fn(&Hash) -> Option<Vec<u8>>,
+    ) -> Result<Vec<u8>, CoreError> {
         let events = self.events(id, None, usize::MAX)?;
         let Some(last) = events.last() else {
             return Err(CoreError::BadRequest {
@@ -737,6 +746,8 @@ impl Audit {
         let mut blobs = Vec::new();
         for digest in referenced_blobs(&events) {
             if let Some(b) = self.store.blob(&digest.to_hex()).map_err(CoreError::from)? {
+                blobs.push(b);
+            } else if let Some(b) = more(&digest) {
                 blobs.push(b);
             }
         }
@@ -878,6 +889,7 @@ mod tests {
                 EventBody::Destroyed(Destroyed {
                     reason: "api: test".into(),
                     manifest_digest: None,
+                    artifacts: None,
                 })
             },
             Vec::new(),

@@ -166,6 +166,9 @@ impl Isolation for Jail {
     fn upper_root(&self, id: &SandboxId) -> Result<std::os::fd::OwnedFd, IsolationError> {
         Ok(Jail::upper_root(self, id)?)
     }
+    fn disk_root(&self, id: &SandboxId) -> Result<std::os::fd::OwnedFd, IsolationError> {
+        Ok(Jail::disk_root(self, id)?)
+    }
     fn snapshot_disk(&self, id: &SandboxId, dest: &Path) -> Result<u64, IsolationError> {
         Ok(Jail::snapshot_disk(self, id, dest)?)
     }

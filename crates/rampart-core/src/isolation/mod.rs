@@ -244,6 +244,13 @@ pub trait Isolation: Send + Sync + std::fmt::Debug {
             self.name()
         )))
     }
+    /// [`Isolation::upper_root`], also for a sandbox whose processes are gone but whose disk
+    /// is still there (its init died; found dead at the daemon's start): what the sandbox
+    /// left, read-only, until [`Isolation::destroy`]. Nothing of the sandbox writes any more
+    /// then. The default is [`Isolation::upper_root`].
+    fn disk_root(&self, id: &SandboxId) -> Result<std::os::fd::OwnedFd, IsolationError> {
+        self.upper_root(id)
+    }
     /// Takes a consistent copy of a sandbox's disk at `dest` (which must not exist): freeze,
     /// flush, clone, thaw. Returns its allocated bytes. On error `dest` does not exist.
     fn snapshot_disk(&self, id: &SandboxId, dest: &Path) -> Result<u64, IsolationError> {

@@ -311,6 +311,8 @@ impl Sandboxes {
         let unwired_at = Instant::now();
         // The writable layer, pinned before its processes are killed (fs_diff below).
         let upper = self.manifests().pin_upper(id, &rec.template).await;
+        // Its disk for the artifacts, pinned too (mounted read-only when its init is gone).
+        let artifacts = self.pin_artifacts(id).await;
         let pinned_at = Instant::now();
         // Its CPU time and peak memory, read from the tier before its cgroup goes.
         let used = {
@@ -334,6 +336,7 @@ impl Sandboxes {
         if let Some(pinned) = upper {
             self.manifests().record_fs_diff(id, pinned, "destroy").await;
         }
+        let artifacts = self.keep_artifacts(id, artifacts).await;
         let diffed_at = Instant::now();
         // What the network events budget left out (its processes are dead: no more entries).
         self.netaudit.record_suppressed(id);
@@ -349,7 +352,14 @@ impl Sandboxes {
             EndReason::Expired => "timeout",
             EndReason::Died(_) => "died",
         };
-        self.record_end(id, SandboxState::Destroyed, &reason, label, &finals)?;
+        self.record_end(
+            id,
+            SandboxState::Destroyed,
+            &reason,
+            label,
+            &finals,
+            artifacts,
+        )?;
         self.metrics
             .destroyed
             .with_label_values(&[why.label()])
@@ -520,7 +530,7 @@ impl Sandboxes {
 
     /// The `created` body of a sandbox (env names only, never values).
     pub(super) fn created_body(&self, new: &NewSandbox) -> EventBody {
-        let spec = serde_json::json!({
+        let mut spec = serde_json::json!({
             "template": new.template,
             "limits": new.limits,
             "env_names": new.env.keys().collect::<Vec<_>>(),
@@ -528,6 +538,16 @@ impl Sandboxes {
             "created_at": rfc3339(new.created_at_ms),
             "expires_at": rfc3339(new.expires_at_ms),
         });
+        // The paths it keeps as artifacts, when it asked for some.
+        let artifacts = new
+            .request
+            .as_deref()
+            .and_then(|r| serde_json::from_str::<CreateSandbox>(r).ok())
+            .map(|r| r.artifacts)
+            .unwrap_or_default();
+        if !artifacts.is_empty() {
+            spec["artifacts"] = serde_json::json!(artifacts);
+        }
         EventBody::Created(Created {
             spec,
             template: new.template.clone(),
@@ -537,8 +557,92 @@ impl Sandboxes {
         })
     }
 
-    /// Records a sandbox's end (`destroyed`, in the transaction of its final state), then
-    /// publishes its chain head to the node log and forgets its chain.
+    /// The disk of sandbox `id` held for its artifacts, if it asked for any: its paths and
+    /// the disk's root (None when the tier gives no access; then nothing can be kept).
+    /// Called before its processes are killed, or once they are gone (the disk stays until
+    /// the tier's destroy).
+    pub(super) async fn pin_artifacts(
+        &self,
+        id: &SandboxId,
+    ) -> Option<(Vec<String>, Option<OwnedFd>)> {
+        let paths = match self.persist.artifact_paths(id) {
+            Ok(p) if p.is_empty() => return None,
+            Ok(p) => p,
+            Err(e) => {
+                error!(id = %id, "artifacts: {e}");
+                return Some((Vec::new(), None));
+            }
+        };
+        let iso = self.iso.clone();
+        let id2 = id.clone();
+        let root = match tokio::task::spawn_blocking(move || iso.disk_root(&id2)).await {
+            Ok(Ok(fd)) => Some(fd),
+            Ok(Err(e)) => {
+                warn!(id = %id, "artifacts: no access to the sandbox's disk: {e}");
+                None
+            }
+            Err(e) => {
+                warn!(id = %id, "artifacts: {e}");
+                None
+            }
+        };
+        Some((paths, root))
+    }
+
+    /// Captures and keeps what [`Sandboxes::pin_artifacts`] held (call it once nothing of
+    /// the sandbox runs): what `destroyed.artifacts` lists. A disk that could not be read
+    /// gives an empty, `truncated` list.
+    pub(super) async fn keep_artifacts(
+        &self,
+        id: &SandboxId,
+        pinned: Option<(Vec<String>, Option<OwnedFd>)>,
+    ) -> Option<rampart_types::audit::Artifacts> {
+        let (paths, root) = pinned?;
+        let failed = |paths: Vec<String>| rampart_types::audit::Artifacts {
+            paths,
+            files: Vec::new(),
+            skipped: 0,
+            truncated: true,
+        };
+        let Some(root) = root else {
+            // A capture that finished before the daemon was killed (its disk went since).
+            if let Ok(Some(i)) = self.artifacts.index(id) {
+                return Some(i.artifacts);
+            }
+            return Some(failed(paths));
+        };
+        let store = self.artifacts.clone();
+        let (id2, paths2) = (id.clone(), paths.clone());
+        let kept = tokio::task::spawn_blocking(move || {
+            use std::os::fd::AsFd;
+            store.keep(&id2, root.as_fd(), &paths2, now_ms())
+        })
+        .await;
+        match kept {
+            Ok(Ok(a)) => {
+                info!(
+                    id = %id,
+                    files = a.files.len(),
+                    skipped = a.skipped,
+                    truncated = a.truncated,
+                    "artifacts kept"
+                );
+                Some(a)
+            }
+            Ok(Err(e)) => {
+                error!(id = %id, "keeping artifacts: {e}");
+                Some(failed(paths))
+            }
+            Err(e) => {
+                error!(id = %id, "keeping artifacts: {e}");
+                Some(failed(paths))
+            }
+        }
+    }
+
+    /// Records a sandbox's end (`destroyed`, in the transaction of its final state, with
+    /// the artifacts kept), then publishes its chain head to the node log and forgets its
+    /// chain.
     pub(super) fn record_end(
         &self,
         id: &SandboxId,
@@ -546,6 +650,7 @@ impl Sandboxes {
         reason: &str,
         label: &str,
         usage: &rampart_store::tenants::FinalUsage,
+        artifacts: Option<rampart_types::audit::Artifacts>,
     ) -> Result<(), CoreError> {
         let store = &self.store;
         let why = format!("{label}: {reason}");
@@ -556,6 +661,7 @@ impl Sandboxes {
                 EventBody::Destroyed(Destroyed {
                     reason: why,
                     manifest_digest: self.audit.take_manifest(id),
+                    artifacts,
                 })
             },
             Vec::new(),

@@ -139,6 +139,8 @@ pub(crate) struct Sandboxes {
     disk_admission: tokio::sync::Mutex<()>,
     /// Requests held for approval, and the sandboxes' approval policies.
     pub(crate) approvals: crate::approvals::Approvals,
+    /// The files sandboxes left as artifacts.
+    pub(crate) artifacts: crate::artifacts::ArtifactStore,
 }
 
 /// The API view of a stored sandbox (never env values).
@@ -281,6 +283,7 @@ impl Sandboxes {
         persist.clean(iso.store_root().as_deref());
         let secrets = crate::secrets::Secrets::new(&cfg.data_dir);
         let netaudit = Arc::new(NetAudit::new(audit.clone()));
+        let artifacts = crate::artifacts::ArtifactStore::new(&cfg.data_dir, cfg.artifacts);
         let inner = Arc::new(Sandboxes {
             cfg,
             store,
@@ -299,6 +302,7 @@ impl Sandboxes {
             secrets,
             disk_admission: tokio::sync::Mutex::new(()),
             approvals: Default::default(),
+            artifacts,
         });
         if let Some(w) = inner.cfg.approvals_webhook.clone() {
             let n = crate::webhook::Notifier::start(w).map_err(|e| CoreError::BadRequest {
@@ -336,6 +340,8 @@ impl Sandboxes {
         }
         let reaper = tokio::spawn(reaper(inner.clone()));
         lock(&inner.tasks).push(reaper.abort_handle());
+        let pruner = tokio::spawn(tasks::artifact_pruner(inner.clone()));
+        lock(&inner.tasks).push(pruner.abort_handle());
         if inner.audit.enabled() {
             let publisher = tokio::spawn(publisher(inner.audit.clone()));
             lock(&inner.tasks).push(publisher.abort_handle());

@@ -50,16 +50,24 @@ impl Sandboxes {
             self.network
                 .teardown_stored(self.store.as_ref(), &rec.id, rec.uid_slot)
                 .await;
+            // What it left as artifacts: its disk is still there until the tier's destroy.
+            let artifacts = if rec.state == SandboxState::Creating {
+                None
+            } else {
+                self.pin_artifacts(&rec.id).await
+            };
             if let Err(e) = self.iso_destroy(&rec.id).await {
                 error!(id = %rec.id, "recovery could not clean up sandbox: {e}");
                 continue;
             }
+            let artifacts = self.keep_artifacts(&rec.id, artifacts).await;
             self.record_end(
                 &rec.id,
                 state,
                 reason,
                 "recovery",
                 &rampart_store::tenants::FinalUsage::default(),
+                artifacts,
             )?;
             self.metrics
                 .destroyed

@@ -40,6 +40,23 @@ pub(super) async fn reaper(inner: Arc<Sandboxes>) {
     }
 }
 
+/// Removes the artifacts whose retention passed: at start, then every quarter of the
+/// retention (between 1 s and 10 min).
+pub(super) async fn artifact_pruner(inner: Arc<Sandboxes>) {
+    let every = (inner.artifacts.config().retention / 4)
+        .clamp(Duration::from_secs(1), Duration::from_secs(600));
+    let mut tick = tokio::time::interval(every);
+    loop {
+        tick.tick().await;
+        let store = inner.artifacts.clone();
+        match tokio::task::spawn_blocking(move || store.prune()).await {
+            Ok(n) if n > 0 => debug!(count = n, "removed expired artifacts"),
+            Ok(_) => {}
+            Err(e) => warn!("removing expired artifacts: task failed: {e}"),
+        }
+    }
+}
+
 /// Publishes the chain heads of live sandboxes that moved, at the configured interval.
 pub(super) async fn publisher(audit: Arc<Audit>) {
     let every = audit.publish_interval().max(Duration::from_secs(1));
