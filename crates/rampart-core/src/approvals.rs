@@ -24,6 +24,10 @@ const MAX_TIMEOUT_SECS: u64 = 86_400;
 /// Patterns a policy may have, and the length of one.
 const MAX_PATTERNS: usize = 64;
 const MAX_PATTERN_LEN: usize = 1024;
+/// Requests of one sandbox held at once: a sandbox that asks about host after host (or a
+/// caller that sends command after command) is refused beyond it, not queued without end
+/// in front of the people who decide.
+pub const MAX_PENDING_PER_SANDBOX: usize = 32;
 /// Decided ids remembered (so a second decision is a conflict, not "unknown").
 const DECIDED_KEPT: usize = 4096;
 
@@ -321,6 +325,16 @@ impl Approvals {
         record: impl Fn(rampart_types::audit::EventBody) -> Result<(), CoreError>,
     ) -> Result<Outcome, CoreError> {
         use rampart_types::audit::{ApprovalDecided, ApprovalRequested, EventBody};
+        let waiting = lock(&self.pending)
+            .values()
+            .filter(|h| h.info.sandbox_id == id.as_str())
+            .count();
+        if waiting >= MAX_PENDING_PER_SANDBOX {
+            return Err(CoreError::Conflict(format!(
+                "sandbox {id} has {waiting} requests waiting for approval, the most it may; \
+                 decide some first"
+            )));
+        }
         let approval_id = format!("ap_{}", &rampart_store::access::new_token()[..24]);
         let now = rampart_store::now_ms();
         let Request {
@@ -566,6 +580,46 @@ mod tests {
             });
             assert!(e.is_err(), "{t}");
         }
+    }
+
+    #[tokio::test]
+    async fn a_sandbox_may_keep_only_so_many_requests_waiting() {
+        let a = Approvals::default();
+        let policy = compile(&ApprovalPolicy {
+            hosts: vec!["*.example.com".into()],
+            timeout_secs: Some(600),
+            ..Default::default()
+        })
+        .unwrap();
+        let id = SandboxId::parse("abc").unwrap();
+        let other = SandboxId::parse("def").unwrap();
+        let ask = |n: usize| rampart_egress::ask::Ask {
+            sandbox: "abc".into(),
+            host: format!("h{n}.example.com"),
+            port: 443,
+            rule: "*.example.com".into(),
+        };
+        let record = |_| Ok(());
+        let asks: Vec<_> = (0..=MAX_PENDING_PER_SANDBOX).map(ask).collect();
+        let mut held = Vec::new();
+        for q in &asks[..MAX_PENDING_PER_SANDBOX] {
+            let mut f = Box::pin(a.hold_host(&id, None, &policy, q, record));
+            // Polled once: it records its request and waits.
+            assert!(futures::poll!(&mut f).is_pending());
+            held.push(f);
+        }
+        assert_eq!(a.list(|_| true).len(), MAX_PENDING_PER_SANDBOX);
+        let e = a
+            .hold_host(&id, None, &policy, &asks[MAX_PENDING_PER_SANDBOX], record)
+            .await
+            .err()
+            .expect("refused beyond the bound");
+        assert!(matches!(e, CoreError::Conflict(_)), "{e}");
+        // Another sandbox is not held back by this one.
+        let mut f = Box::pin(a.hold_host(&other, None, &policy, &asks[0], record));
+        assert!(futures::poll!(&mut f).is_pending());
+        drop(held);
+        assert_eq!(a.list(|_| true).len(), 1, "dropped waits are withdrawn");
     }
 
     #[test]

@@ -306,6 +306,8 @@ impl Sandboxes {
                 lasting: d.decision == "denied",
                 approval: d.id,
             },
+            // Too many waiting: the sandbox's doing, refused quietly (it could fill the log).
+            Err(CoreError::Conflict(_)) => refused("too-many-waiting".into()),
             Err(e) => {
                 warn!(id = %id, host = %ask.host, "holding a connection for approval: {e}; refused");
                 refused("none".into())
