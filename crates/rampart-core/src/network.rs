@@ -81,24 +81,6 @@ pub(crate) struct Network {
     _lock: Option<std::os::unix::net::UnixListener>,
 }
 
-/// Where the trust store is, for a sandbox with the egress CA: pip (`PIP_CERT`) and cargo
-/// (`CARGO_HTTP_CAINFO`) read their own settings before the system store, so they are
-/// pointed at the bundle with the CA too.
-pub(crate) fn ca_env() -> Vec<(String, String)> {
-    let mut env: Vec<(String, String)> = [
-        "SSL_CERT_FILE",
-        "REQUESTS_CA_BUNDLE",
-        "CURL_CA_BUNDLE",
-        "PIP_CERT",
-        "CARGO_HTTP_CAINFO",
-    ]
-    .into_iter()
-    .map(|k| (k.into(), CA_BUNDLE.into()))
-    .collect();
-    env.push(("NODE_EXTRA_CA_CERTS".into(), CA_FILE.into()));
-    env
-}
-
 /// What a create with a network has set up before launch.
 #[derive(Debug)]
 pub(crate) struct Prepared {
@@ -118,7 +100,18 @@ impl Prepared {
     pub(crate) fn env(&self) -> Vec<(String, String)> {
         let mut env = self.attachment.env.clone();
         if self.ca_pem().is_some() {
-            env.extend(ca_env());
+            // pip (`PIP_CERT`) and cargo (`CARGO_HTTP_CAINFO`) read their own settings
+            // before the system store: point them at the bundle with the CA too.
+            for k in [
+                "SSL_CERT_FILE",
+                "REQUESTS_CA_BUNDLE",
+                "CURL_CA_BUNDLE",
+                "PIP_CERT",
+                "CARGO_HTTP_CAINFO",
+            ] {
+                env.push((k.into(), CA_BUNDLE.into()));
+            }
+            env.push(("NODE_EXTRA_CA_CERTS".into(), CA_FILE.into()));
         }
         env
     }
@@ -280,20 +273,6 @@ impl Network {
             policy,
             secrets: secrets.to_vec(),
         }))
-    }
-
-    /// The CA sandbox `id` is attached with because its policy allows a package registry,
-    /// made before the launch (PEM; None when it needs none): the attach can then run while
-    /// it launches.
-    pub(crate) fn registry_ca(
-        &self,
-        id: &SandboxId,
-        policy: &NetworkPolicy,
-    ) -> Result<Option<String>, CoreError> {
-        let (_, egress) = self.ready()?;
-        egress
-            .registry_ca(id.as_str(), policy)
-            .map_err(|e| CoreError::Internal(format!("the sandbox's egress CA: {e}")))
     }
 
     /// Attaches a sandbox to the egress proxy (before launch: its address is its slot's).

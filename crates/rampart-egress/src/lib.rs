@@ -951,26 +951,6 @@ impl Egress {
         Ok(att)
     }
 
-    /// The CA a new sandbox `id` with `policy` will be attached with because its policy
-    /// allows a package registry (see [`policy_needs_ca`]), made (or loaded) now: its PEM,
-    /// or None when none is needed. Lets the caller put the CA in the sandbox's trust store
-    /// and attach while the sandbox launches; [`Egress::attach`] then loads the same CA.
-    pub fn registry_ca(
-        &self,
-        id: &str,
-        policy: &NetworkPolicy,
-    ) -> Result<Option<String>, EgressError> {
-        if !valid_id(id) {
-            return Err(EgressError::InvalidId(id.to_string()));
-        }
-        let compiled = CompiledPolicy::compile(policy)?;
-        if !(self.inner.record_packages && registries_allowed(&compiled)) {
-            return Ok(None);
-        }
-        let ca = SandboxCa::load_or_create(id, &self.state_dir(id))?;
-        Ok(Some(ca.cert_pem().to_string()))
-    }
-
     /// Sets who decides held connections (the daemon's approvals); until then, and
     /// without one, a connection an ask pattern names is refused.
     pub fn set_asker(&self, asker: Arc<dyn ask::HostAsker>) {

@@ -146,15 +146,11 @@ impl Sandboxes {
         }
         let mut prepared = None;
         let mut attaching = None;
-        // The CA of a sandbox whose policy allows a package registry, made first: it goes
-        // into the trust store, and the attach (which loads it) runs while launching.
-        let mut early_ca = None;
         if let Some(n) = net {
             let ask = self.ask_hosts(&new.id);
-            if n.secrets.is_empty() {
-                // Nothing of the attachment but the CA goes into the environment or the
-                // trust store (no secrets): attach while launching.
-                early_ca = self.network.registry_ca(&new.id, &n.policy)?;
+            if n.secrets.is_empty() && !rampart_egress::policy_needs_ca(&n.policy) {
+                // Nothing of the attachment goes into the environment or the trust store
+                // (no secrets, no registry to intercept): attach while launching.
                 let (me, id, n) = (self.clone(), new.id.clone(), n.clone());
                 attaching = Some(tokio::task::spawn_blocking(move || {
                     me.network.prepare(&id, slot, &n, &ask)
@@ -166,17 +162,12 @@ impl Sandboxes {
         let mut env = launch_env(&crate::templates::merged_env(image.as_ref(), &new.env));
         if let Some(p) = &prepared {
             env.extend(p.env());
-        } else if early_ca.is_some() {
-            env.extend(crate::network::ca_env());
         }
         let template_dir = self.templates_dir.join(&new.template);
         // Written by the tier before the agent starts: no round trip after health.
         let files = match net {
             Some(_) => {
-                let ca = prepared
-                    .as_ref()
-                    .and_then(|p| p.ca_pem())
-                    .or(early_ca.as_deref());
+                let ca = prepared.as_ref().and_then(|p| p.ca_pem());
                 self.network.init_files(slot, ca, &template_dir)?
             }
             None => Vec::new(),
