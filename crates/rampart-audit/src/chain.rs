@@ -416,8 +416,6 @@ pub(crate) struct ChainVerifier {
     /// Approvals requested (id to the request's digest) and those approved.
     requested: std::collections::HashMap<String, String>,
     approved: std::collections::HashSet<String>,
-    /// Host approvals approved: id to the `host:port` asked about.
-    approved_hosts: std::collections::HashMap<String, String>,
     /// Host approvals requested: id to the `host:port` asked about.
     asked_hosts: std::collections::HashMap<String, String>,
     /// The policy in force so far.
@@ -438,7 +436,6 @@ impl ChainVerifier {
             fs_diffs: std::collections::HashSet::new(),
             requested: std::collections::HashMap::new(),
             approved: std::collections::HashSet::new(),
-            approved_hosts: std::collections::HashMap::new(),
             asked_hosts: std::collections::HashMap::new(),
             policy: crate::authority::PolicyState::new(),
         }
@@ -543,7 +540,7 @@ impl ChainVerifier {
                 let rule = n.detail.get("rule").and_then(|r| r.as_str());
                 if let Some(a) = rule.and_then(|r| r.strip_prefix("approved:")) {
                     let this = format!("{}:{}", n.host, n.port.unwrap_or(0));
-                    if self.approved_hosts.get(a) != Some(&this) {
+                    if !self.approved.contains(a) || self.asked_hosts.get(a) != Some(&this) {
                         return Err(VerifyError::BadBody {
                             seq: e.seq,
                             reason: format!(
@@ -573,9 +570,6 @@ impl ChainVerifier {
                 }
                 if d.decision == "approved" {
                     self.approved.insert(d.approval_id.clone());
-                    if let Some(h) = self.asked_hosts.get(&d.approval_id) {
-                        self.approved_hosts.insert(d.approval_id.clone(), h.clone());
-                    }
                 }
             }
             EventBody::Exec(x) => {

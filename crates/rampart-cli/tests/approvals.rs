@@ -49,12 +49,18 @@ fn exec_in_background(
 }
 
 fn make_key(data: &Path, scopes: &[&str]) -> String {
-    let mut args = vec!["keys", "create", "--native", "--json", "--name", "test"];
+    let mut args = vec!["--native", "--name", "test"];
     for s in scopes {
         args.extend(["--scope", s]);
     }
+    create_key(data, &args)
+}
+
+/// `rampart keys create --json ARGS --data-dir DATA`: the key made.
+fn create_key(data: &Path, args: &[&str]) -> String {
     let out = Command::new(env!("CARGO_BIN_EXE_rampart"))
-        .args(&args)
+        .args(["keys", "create", "--json"])
+        .args(args)
         .arg("--data-dir")
         .arg(data)
         .stdin(Stdio::null())
@@ -1095,24 +1101,7 @@ fn a_tenants_policy_holds_every_sandbox_of_it() {
     );
     assert_eq!(st, 201, "{t}");
     assert_eq!(t["approvals"]["commands"], json!(["^rm "]), "{t}");
-    let tenant_key = |extra: &[&str]| {
-        let mut args = vec!["keys", "create", "--json", "--tenant", "acme"];
-        args.extend_from_slice(extra);
-        let out = Command::new(env!("CARGO_BIN_EXE_rampart"))
-            .args(&args)
-            .arg("--data-dir")
-            .arg(&d.data)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let v: Value = serde_json::from_slice(&out.stdout).unwrap();
-        v["key"].as_str().unwrap().to_owned()
-    };
-    let key = tenant_key(&[]);
+    let key = create_key(&d.data, &["--tenant", "acme"]);
     // A sandbox with no policy of its own, and one with its own: both are held to `^rm `.
     for own in [
         Value::Null,
@@ -1149,28 +1138,7 @@ fn a_tenants_policy_holds_every_sandbox_of_it() {
     }
     // The E2B face is held to it too: a tenant's E2B key, a sandbox made through the E2B
     // API, a command started through envd (as `commands.run` does) is refused.
-    let e2b_key = {
-        let out = Command::new(env!("CARGO_BIN_EXE_rampart"))
-            .args([
-                "keys",
-                "create",
-                "--e2b",
-                "--json",
-                "--tenant",
-                "acme",
-                "--data-dir",
-            ])
-            .arg(&d.data)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let v: Value = serde_json::from_slice(&out.stdout).unwrap();
-        v["key"].as_str().unwrap().to_owned()
-    };
+    let e2b_key = create_key(&d.data, &["--e2b", "--tenant", "acme"]);
     let r = http()
         .post(format!("{url}/sandboxes"))
         .header("x-api-key", &e2b_key)

@@ -208,7 +208,6 @@ const RampartVerify = (() => {
     const requested = new Map();
     const approved = new Set();
     const askedHosts = new Map();
-    const approvedHosts = new Map();
     let approvalsPolicy = null;
     let networkPolicy = null;
     let inForce = null;
@@ -279,7 +278,7 @@ const RampartVerify = (() => {
         if (typeof rule === "string" && rule.startsWith("approved:")) {
           const a = rule.slice("approved:".length);
           const here = `${body.host}:${body.port || 0}`;
-          if (approvedHosts.get(a) !== here) {
+          if (!approved.has(a) || askedHosts.get(a) !== here) {
             fail(`record seq ${i}: a connection to ${here} let through under approval ${a}, which no record before it approved for that host`);
           }
         }
@@ -290,10 +289,7 @@ const RampartVerify = (() => {
         if (requested.get(body.approval_id) !== body.digest) {
           fail(`record seq ${i}: decides approval ${body.approval_id} on another request than was asked`);
         }
-        if (body.decision === "approved") {
-          approved.add(body.approval_id);
-          if (askedHosts.has(body.approval_id)) approvedHosts.set(body.approval_id, askedHosts.get(body.approval_id));
-        }
+        if (body.decision === "approved") approved.add(body.approval_id);
       } else if (body.type === "package") {
         const why = packageProblem(body);
         if (why) fail(`record seq ${i}: ${why}`);

@@ -372,7 +372,7 @@ def _verify_bundle(b, trusted_key):
     requested, approved = {}, set()
     approvals_policy, network_policy, patterns = None, None, []
     in_force = policy_digest(None, None)
-    asked_hosts, approved_hosts = {}, {}
+    asked_hosts = {}
     for i, e in enumerate(b["events"]):
         if e["sandbox"] != sandbox:
             raise VerificationError(f"record {i} belongs to another sandbox")
@@ -425,7 +425,7 @@ def _verify_bundle(b, trusted_key):
             if isinstance(rule, str) and rule.startswith("approved:"):
                 a = rule[len("approved:"):]
                 this = f"{body['host']}:{body['port'] or 0}"
-                if approved_hosts.get(a) != this:
+                if a not in approved or asked_hosts.get(a) != this:
                     raise VerificationError(f"record seq {i}: a connection to {this} let through under approval {a}, which no record before it approved for that host")
         elif body.get("type") == "approval_decided":
             a = body["approval_id"]
@@ -435,8 +435,6 @@ def _verify_bundle(b, trusted_key):
                 raise VerificationError(f"record seq {i}: decides approval {a} on another request than was asked")
             if body["decision"] == "approved":
                 approved.add(a)
-                if a in asked_hosts:
-                    approved_hosts[a] = asked_hosts[a]
         elif body.get("type") == "package" and package_problem(body):
             raise VerificationError(f"record seq {i}: {package_problem(body)}")
         elif body.get("type") == "exec" and "caller" in body and not may_exec(body["caller"]):

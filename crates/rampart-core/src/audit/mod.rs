@@ -105,9 +105,7 @@ fn principal_of(body: &EventBody) -> String {
     ) {
         return "sandbox".into();
     }
-    crate::principal::current()
-        .map(|p| p.caller)
-        .unwrap_or_else(|| "node".into())
+    crate::principal::caller().unwrap_or_else(|| "node".into())
 }
 
 /// The recorder. One per daemon.
