@@ -205,6 +205,11 @@ pub(crate) fn content_records(body: &EventBody) -> Vec<(&'static str, &ContentRe
                 v.push(("streamed_input", r));
             }
         }
+        EventBody::Desktop(d) => {
+            if let Some(r) = &d.image {
+                v.push(("image", r));
+            }
+        }
         _ => {}
     }
     v

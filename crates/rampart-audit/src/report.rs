@@ -81,6 +81,21 @@ pub struct PackageRecord {
     pub rule: String,
 }
 
+/// An action on the desktop, or a screenshot of it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DesktopRecord {
+    /// Seq of its `desktop` record.
+    pub seq: u64,
+    /// Its time.
+    pub time: String,
+    /// The exec that carried it.
+    pub exec_id: String,
+    /// What it did, in words (`click left at 100,200`, `screenshot 1024x768`...).
+    pub text: String,
+    /// A screenshot's image: digest of its blob.
+    pub image: Option<Hash>,
+}
+
 /// One line of the timeline.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TimelineEntry {
@@ -103,6 +118,8 @@ pub struct Activity {
     pub hosts: BTreeMap<String, HostRecord>,
     /// Packages fetched or refused, in order.
     pub packages: Vec<PackageRecord>,
+    /// Desktop actions and screenshots, in order (what the agent did and saw).
+    pub desktop: Vec<DesktopRecord>,
     /// Network log entries the node's budget left out of the record (counted in `network`
     /// records of kind `suppressed`, not recorded one by one).
     pub suppressed: u64,
@@ -112,6 +129,37 @@ pub struct Activity {
     pub timeline: Vec<TimelineEntry>,
     /// Commands without an exit yet: exec id -> index in `commands`.
     open: HashMap<String, usize>,
+}
+
+/// A desktop record in words (every text from the record made printable).
+fn desktop_text(d: &rampart_types::audit::Desktop) -> String {
+    let mut t = printable(&d.action).replace('_', " ");
+    if let Some(b) = &d.button {
+        t.push_str(&format!(" {}", printable(b)));
+    }
+    if let (Some(x), Some(y)) = (d.x, d.y) {
+        t.push_str(&format!(" at {x},{y}"));
+    }
+    if let Some(r) = d.repeat.filter(|&r| r != 1) {
+        t.push_str(&format!(" x{r}"));
+    }
+    if let Some(k) = &d.keys {
+        let k: Vec<String> = k.iter().map(|k| printable(k)).collect();
+        t.push_str(&format!(" {}", k.join(" ")));
+    }
+    if let Some(x) = &d.text {
+        t.push_str(&format!(" {} chars (sha256 {})", x.chars, x.digest.to_hex()));
+    }
+    if let (Some(w), Some(h)) = (d.width, d.height) {
+        t.push_str(&format!(" {w}x{h}"));
+    }
+    if let Some(i) = &d.image {
+        t.push_str(&format!(", {} B", i.size));
+    }
+    if let Some(m) = &d.missing {
+        t.push_str(&format!(" (no image: {})", printable(m)));
+    }
+    t
 }
 
 /// Makes text safe to print on a terminal: control characters (escape sequences included)
@@ -371,6 +419,17 @@ impl Activity {
                         .unwrap_or_default()
                 )
             }
+            EventBody::Desktop(d) => {
+                let text = desktop_text(d);
+                a.desktop.push(DesktopRecord {
+                    seq,
+                    time: time.to_owned(),
+                    exec_id: d.exec_id.clone(),
+                    text: text.clone(),
+                    image: d.image.as_ref().map(|i| i.digest),
+                });
+                format!("desktop ({}): {text}", printable(&d.exec_id))
+            }
             EventBody::PolicyChanged(_) => "network policy changed".to_owned(),
             EventBody::TimeoutChanged(t) => {
                 format!("deadline set to {}", printable(&t.expires_at))
@@ -535,6 +594,19 @@ impl fmt::Display for Activity {
                 printable(&p.version),
                 printable(&p.registry),
                 what
+            )?;
+        }
+        writeln!(f, "Desktop ({}):", self.desktop.len())?;
+        for d in &self.desktop {
+            writeln!(
+                f,
+                "  #{:<5} {}  {}{}",
+                d.seq,
+                printable(&d.time),
+                d.text,
+                d.image
+                    .map(|h| format!("  blob {}", h.to_hex()))
+                    .unwrap_or_default()
             )?;
         }
         writeln!(f, "Timeline:")?;

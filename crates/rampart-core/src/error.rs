@@ -73,6 +73,9 @@ pub enum CoreError {
     /// 413: input too large.
     #[error("too large: {0}")]
     TooLarge(String),
+    /// 502: a desktop command (xdotool, scrot, the browser) failed in the sandbox.
+    #[error("desktop: {0}")]
+    Desktop(String),
     /// The agent answered an error (mapped by its Connect code) or is unreachable (502).
     #[error(transparent)]
     Agent(#[from] ClientError),

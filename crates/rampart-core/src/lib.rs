@@ -19,6 +19,7 @@ pub mod artifacts;
 mod audit;
 pub mod capacity;
 mod config;
+mod desktop;
 mod error;
 mod exec;
 mod interpreter;

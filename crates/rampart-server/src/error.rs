@@ -132,6 +132,9 @@ impl From<CoreError> for ApiError {
             }
             CoreError::TooLarge(_) => ApiError::too_large(message),
             CoreError::Agent(a) => ApiError::from(a),
+            CoreError::Desktop(_) => {
+                ApiError::new(StatusCode::BAD_GATEWAY, "desktop_error", message)
+            }
             CoreError::Unsupported(_) => {
                 ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "unsupported", message)
             }

@@ -223,11 +223,13 @@ pub enum EventBody {
     Redacted(Redacted),
     /// A package download seen by the egress proxy (fetched, or refused by the policy).
     Package(Package),
+    /// An action on the sandbox's desktop (a click, keys, typed text) or a screenshot of it.
+    Desktop(Desktop),
 }
 
 impl EventBody {
     /// Every `type` this version knows, in declaration order.
-    pub const TYPES: [&'static str; 17] = [
+    pub const TYPES: [&'static str; 18] = [
         "created",
         "exec",
         "exit",
@@ -245,6 +247,7 @@ impl EventBody {
         "approval_decided",
         "redacted",
         "package",
+        "desktop",
     ];
 
     /// The body's `type` tag.
@@ -267,6 +270,7 @@ impl EventBody {
             EventBody::ApprovalDecided(_) => "approval_decided",
             EventBody::Redacted(_) => "redacted",
             EventBody::Package(_) => "package",
+            EventBody::Desktop(_) => "desktop",
         }
     }
 }
@@ -552,6 +556,101 @@ pub struct Redacted {
     pub names: Vec<String>,
     /// How many replacements were made.
     pub count: u64,
+}
+
+/// `desktop`: what an exec did on the sandbox's desktop (read from its command: `xdotool`,
+/// `scrot`), recorded right after that exec's `exec`; a screenshot is recorded when it was
+/// taken (before its exec's `exit`), with the image kept as a blob.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Desktop {
+    /// The exec that carried it.
+    pub exec_id: String,
+    /// `screenshot`, `click`, `mouse_down`, `mouse_up`, `move`, `key`, `key_down`,
+    /// `key_up` or `type`.
+    pub action: String,
+    /// Where (`move`, and a click or screenshot pointer when the command named one).
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "added_member"
+    )]
+    pub x: Option<i64>,
+    /// Where, with `x`.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "added_member"
+    )]
+    pub y: Option<i64>,
+    /// The button of a click, press or release: `left`, `middle`, `right`, `wheel_up`,
+    /// `wheel_down`, `wheel_left`, `wheel_right`, or its number for others.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "added_member"
+    )]
+    pub button: Option<String>,
+    /// How many times (a double click is 2; a scroll by 3 is 3).
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "added_member"
+    )]
+    pub repeat: Option<u64>,
+    /// The keys of `key`, `key_down`, `key_up` (X keysym names, `ctrl+c` as one entry).
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "added_member"
+    )]
+    pub keys: Option<Vec<String>>,
+    /// Text typed: its length and digest only, never the text (it may be a password).
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "added_member"
+    )]
+    pub text: Option<TypedText>,
+    /// The screenshot's image (PNG), kept whole as a blob.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "added_member"
+    )]
+    pub image: Option<ContentRecord>,
+    /// The screenshot's size in pixels, from its header.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "added_member"
+    )]
+    pub width: Option<u32>,
+    /// The screenshot's height in pixels.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "added_member"
+    )]
+    pub height: Option<u32>,
+    /// Why a screenshot's image is not in the record (the command failed, the file is not
+    /// on the sandbox's disk, it is too large, not a PNG).
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "added_member"
+    )]
+    pub missing: Option<String>,
+}
+
+/// Text typed on a desktop, as the record keeps it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TypedText {
+    /// Its length in characters.
+    pub chars: u64,
+    /// SHA-256 of its UTF-8 bytes.
+    pub digest: Hash,
 }
 
 /// `package`: a package download the egress proxy recognised from a registry's URL layout.

@@ -5,6 +5,7 @@
 
 pub mod approval;
 pub mod audit;
+pub mod desktop;
 pub mod exec;
 pub mod files;
 pub mod id;

@@ -189,6 +189,11 @@ pub(crate) fn record_start(
 ) -> Result<ExecAudit, CoreError> {
     let cap = audit.blob_cap();
     let secrets = audit.secrets(id);
+    // What it does on a desktop: typed text leaves the recorded command here.
+    let desktop = crate::desktop::read(&exec.argv, exec.cwd.as_deref());
+    if let Some(d) = &desktop {
+        exec.argv = d.argv.clone();
+    }
     let (input, blob, input_hits) = match stdin {
         Some(b) => {
             let (r, blob, hits) = RedactingHasher::record(b, cap, secrets.clone());
@@ -209,6 +214,18 @@ pub(crate) fn record_start(
         blob.into_iter().collect(),
     )?;
     record_redactions(audit, id, &exec_id, "input", &input_hits);
+    let screenshots = match desktop {
+        Some(d) => {
+            for mut a in d.actions {
+                a.exec_id = exec_id.clone();
+                if let Err(e) = audit.append(id, move |_| EventBody::Desktop(a), Vec::new()) {
+                    error!(id = %id, "recording a desktop action: {e}");
+                }
+            }
+            d.screenshots
+        }
+        None => Vec::new(),
+    };
     let meter = audit.meter(id, || iso.counter_files(id));
     let cpu0 = match &meter {
         Some(m) => m.cpu_usec(),
@@ -224,6 +241,7 @@ pub(crate) fn record_start(
         stdout: RedactingHasher::new(cap, secrets.clone()),
         stderr: RedactingHasher::new(cap, secrets.clone()),
         streamed: Arc::new(Mutex::new(RedactingHasher::new(cap, secrets))),
+        screenshots,
     })
 }
 
@@ -240,6 +258,8 @@ pub(crate) struct ExecAudit {
     pub(crate) stdout: RedactingHasher,
     pub(crate) stderr: RedactingHasher,
     pub(crate) streamed: Arc<Mutex<RedactingHasher>>,
+    /// The files its screenshots are written to (read at a clean exit).
+    screenshots: Vec<Result<String, String>>,
 }
 
 impl ExecAudit {
@@ -263,6 +283,7 @@ impl ExecAudit {
                 Err(_) => (None, None),
             },
         };
+        self.record_screenshots(exit_code);
         let cpu_ms = match (self.cpu0, cpu1) {
             (Some(a), Some(b)) => Some(b.saturating_sub(a) / 1000),
             _ => None,
@@ -309,6 +330,48 @@ impl ExecAudit {
             blobs,
         ) {
             error!(id = %self.sandbox, "recording an exit: {e}");
+        }
+    }
+}
+
+impl ExecAudit {
+    /// Records the screenshots the command took, each with its image read from the
+    /// sandbox's disk (before the `exit`, so before the caller can remove the file).
+    fn record_screenshots(&self, exit_code: Option<i32>) {
+        for shot in &self.screenshots {
+            let mut a = crate::desktop::action("screenshot");
+            a.exec_id = self.exec_id.clone();
+            let blob = match (shot, exit_code) {
+                (Err(why), _) => {
+                    a.missing = Some(why.clone());
+                    None
+                }
+                (Ok(_), c) if c != Some(0) => {
+                    a.missing = Some(match c {
+                        Some(c) => format!("the command exited {c}"),
+                        None => "the command did not exit".to_owned(),
+                    });
+                    None
+                }
+                (Ok(path), _) => match self.iso.upper_root(&self.sandbox) {
+                    Ok(root) => crate::desktop::capture(
+                        std::os::fd::AsFd::as_fd(&root),
+                        path,
+                        &mut a,
+                    ),
+                    Err(e) => {
+                        a.missing = Some(format!("the sandbox's disk: {e}"));
+                        None
+                    }
+                },
+            };
+            if let Err(e) = self.audit.append(
+                &self.sandbox,
+                move |_| EventBody::Desktop(a),
+                blob.into_iter().collect(),
+            ) {
+                error!(id = %self.sandbox, "recording a screenshot: {e}");
+            }
         }
     }
 }
