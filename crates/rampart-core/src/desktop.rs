@@ -662,11 +662,18 @@ impl Manager {
             return Ok(None);
         };
         let headed = !v.user_agent.contains("Headless");
+        // `ws://localhost:9222/devtools/browser/<id>`: its path.
+        let ws_path = v
+            .ws_url
+            .split_once("://")
+            .and_then(|(_, rest)| rest.find('/').map(|i| rest[i..].to_owned()))
+            .unwrap_or_default();
         Ok(Some(BrowserInfo {
             port: BROWSER_PORT,
             headed,
             pid: None,
             version: v.browser,
+            ws_path,
             cdp_url: String::new(),
             ws_url: String::new(),
         }))
@@ -680,6 +687,8 @@ struct DevtoolsVersion {
     browser: String,
     #[serde(rename = "User-Agent", default)]
     user_agent: String,
+    #[serde(rename = "webSocketDebuggerUrl")]
+    ws_url: String,
 }
 
 /// Asks `/json/version` over a tunnel to the DevTools port.

@@ -334,7 +334,7 @@ pub(crate) fn required_scope(method: &axum::http::Method, path: &str) -> Option<
         ["v1", "sandboxes"] => "sandboxes",
         ["v1", "sandboxes", _] => "sandboxes",
         ["v1", "sandboxes", _, what, ..] => match *what {
-            "exec" | "processes" => "exec",
+            "exec" | "processes" | "desktop" | "browser" => "exec",
             // Reading what a sandbox left is reading its files.
             "files" | "artifacts" => "files",
             "network" => "network",

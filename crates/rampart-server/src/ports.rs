@@ -14,6 +14,7 @@
 use crate::error::ApiError;
 use crate::extract::{QueryPairs, SandboxPath};
 use crate::AppState;
+use axum::body::Body;
 use axum::extract::{FromRequestParts, OriginalUri, Path, Request, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::middleware::Next;
@@ -711,6 +712,67 @@ fn confine_cookies(headers: &mut HeaderMap, prefix: Option<&str>) {
     }
 }
 
+/// The largest DevTools listing rewritten (`/json/version`, `/json/list`).
+const DEVTOOLS_LISTING_MAX: usize = 1 << 20;
+
+/// For a request of a DevTools protocol's listing (`/json/version`, `/json`, `/json/list`,
+/// as Chromium serves them, e.g. the browser of `POST /v1/sandboxes/{id}/browser`): the
+/// WebSocket address the server inside names (`ws://localhost:{port}`, as the proxy sends
+/// it that `Host`) and the one that reaches it through the daemon (the request's `Host`
+/// and, in the path form, `prefix`), so that a client that follows the listing
+/// (Playwright's `connect_over_cdp`, Puppeteer's `browserURL`) connects through the proxy.
+fn devtools_listing(
+    rest: &str,
+    headers: &HeaderMap,
+    prefix: &str,
+    port: u16,
+) -> Option<(String, String)> {
+    let path = rest.trim_end_matches('/');
+    if !matches!(path, "/json" | "/json/version" | "/json/list") {
+        return None;
+    }
+    let host = headers.get(header::HOST)?.to_str().ok()?;
+    if host.is_empty()
+        || !host
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b".-:[]".contains(&b))
+    {
+        return None;
+    }
+    let prefix = if prefix == "/" { "" } else { prefix };
+    Some((format!("localhost:{port}"), format!("{host}{prefix}")))
+}
+
+/// Rewrites a DevTools listing's WebSocket addresses from `inside` to `outside`
+/// (`ws://` and the `ws=` of front-end URLs); any other answer passes as it is.
+async fn rewrite_devtools(resp: Response, inside: &str, outside: &str) -> Response {
+    let json = resp
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/json"));
+    if resp.status() != StatusCode::OK || !json {
+        return resp;
+    }
+    let (mut parts, body) = resp.into_parts();
+    let bytes = match axum::body::to_bytes(body, DEVTOOLS_LISTING_MAX).await {
+        Ok(b) => b,
+        Err(e) => {
+            return ApiError::new(
+                StatusCode::BAD_GATEWAY,
+                "port_error",
+                format!("a DevTools listing of the sandbox: {e}"),
+            )
+            .into_response()
+        }
+    };
+    let text = String::from_utf8_lossy(&bytes)
+        .replace(&format!("ws://{inside}/"), &format!("ws://{outside}/"))
+        .replace(&format!("ws={inside}/"), &format!("ws={outside}/"));
+    parts.headers.remove(header::CONTENT_LENGTH);
+    Response::from_parts(parts, Body::from(text))
+}
+
 /// Checks, scrubs, rewrites and relays one request for `port` of `id`; `rest` is the path
 /// for the server inside; `cookie_path` the path of the cookie set when the token came in
 /// the query.
@@ -735,6 +797,7 @@ async fn serve_port(
         Err(e) => return e.into_response(),
     };
     scrub(&mut req, token.as_deref());
+    let devtools = devtools_listing(rest, req.headers(), cookie_path, port);
     let pq = path_and_query(rest, query.as_deref());
     match pq.parse() {
         Ok(uri) => *req.uri_mut() = uri,
@@ -743,6 +806,9 @@ async fn serve_port(
     // Any other sandbox's token, an E2B key: none reaches the server inside either.
     strip_credentials(&st.ports.known_credentials(), &mut req).await;
     let mut resp = relay(st, id, port, req).await;
+    if let Some((inside, outside)) = devtools {
+        resp = rewrite_devtools(resp, &inside, &outside).await;
+    }
     confine_cookies(
         resp.headers_mut(),
         (cookie_path != "/").then_some(cookie_path),

@@ -120,6 +120,8 @@ pub struct BrowserInfo {
     pub pid: Option<u32>,
     /// The browser's version, as its DevTools protocol names it.
     pub version: String,
+    /// The path of the browser's own WebSocket (`/devtools/browser/<id>`).
+    pub ws_path: String,
     /// The DevTools endpoint for `connect_over_cdp` (Playwright) or `puppeteer.connect`
     /// (`browserURL`): send the sandbox's access token with it (`X-Rampart-Token`).
     /// Filled in by the server.

@@ -87,7 +87,7 @@ impl From<rampart_core::CoreError> for E2bError {
             C::WrongState { .. } => StatusCode::CONFLICT,
             C::Capacity(_) => StatusCode::TOO_MANY_REQUESTS,
             C::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
-            C::Agent(_) => StatusCode::BAD_GATEWAY,
+            C::Agent(_) | C::Desktop(_) => StatusCode::BAD_GATEWAY,
             C::Unsupported(_) => StatusCode::SERVICE_UNAVAILABLE,
             // E2B answers a passed concurrency limit with 429.
             C::Store(rampart_store::StoreError::Quota(_)) => StatusCode::TOO_MANY_REQUESTS,
