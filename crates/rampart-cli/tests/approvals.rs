@@ -679,96 +679,15 @@ fn the_policy_survives_a_daemon_restart() {
 }
 
 /// The test internet of [`held_connections_wait_for_a_person`]: DNS for the names of
-/// `*.approvals.test` (all at one address) and plain HTTP answering `hello <host>`.
-const HOSTS: &str = r#"
-import http.server, socket, struct, sys, threading
-addr = sys.argv[1]
-
-def dns():
-    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    s.bind((addr, 53))
-    while True:
-        q, peer = s.recvfrom(4096)
-        try:
-            i, labels = 12, []
-            while q[i] != 0:
-                n = q[i]
-                labels.append(q[i + 1:i + 1 + n].decode().lower())
-                i += 1 + n
-            qtype, _ = struct.unpack(">HH", q[i + 1:i + 5])
-            question = q[12:i + 5]
-        except Exception:
-            continue
-        ok = ".".join(labels).endswith(".approvals.test")
-        an = 1 if ok and qtype == 1 else 0
-        r = q[:2] + struct.pack(">HHHHH", 0x8180 if ok else 0x8183, 1, an, 0, 0) + question
-        if an:
-            r += b"\xc0\x0c" + struct.pack(">HHIH", 1, 1, 60, 4) + socket.inet_aton(addr)
-        s.sendto(r, peer)
-
-class Hello(http.server.BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-    def do_GET(self):
-        b = ("hello %s\n" % self.headers.get("Host", "")).encode()
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(b)))
-        self.end_headers()
-        self.wfile.write(b)
-    def log_message(self, *a):
-        pass
-
-threading.Thread(target=dns, daemon=True).start()
-http.server.ThreadingHTTPServer((addr, 80), Hello).serve_forever()
-"#;
-
-/// The test hosts: a network namespace linked to the host running [`HOSTS`].
-struct Hosts {
-    server: std::process::Child,
-    _netns: support::TestNetns,
-}
-
-impl Drop for Hosts {
-    fn drop(&mut self) {
-        let _ = self.server.kill();
-        let _ = self.server.wait();
-    }
-}
+/// The test hosts (`*.approvals.test`): [`support::TestHosts`].
+struct Hosts;
 
 const HOSTS_SIDE: &str = "203.0.113.17/29";
 const HOSTS_ADDR: &str = "203.0.113.18";
 
 impl Hosts {
-    fn start(dir: &Path) -> Option<Hosts> {
-        let pid = std::process::id();
-        let ns = format!("rst-apr-{pid}");
-        let netns = support::TestNetns::new(
-            &ns,
-            &format!("xapr{}", pid % 100_000),
-            HOSTS_SIDE,
-            &[&format!("{HOSTS_ADDR}/29")],
-        )?;
-        let script = dir.join("hosts.py");
-        std::fs::write(&script, HOSTS).ok()?;
-        let server = Command::new("ip")
-            .args(["netns", "exec", &ns, "python3"])
-            .arg(&script)
-            .arg(HOSTS_ADDR)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .spawn()
-            .ok()?;
-        let h = Hosts {
-            server,
-            _netns: netns,
-        };
-        support::wait_until("the test hosts' HTTP server accepts", 30, || {
-            std::net::TcpStream::connect_timeout(
-                &format!("{HOSTS_ADDR}:80").parse().unwrap(),
-                std::time::Duration::from_millis(200),
-            )
-            .is_ok()
-        });
-        Some(h)
+    fn start(dir: &Path) -> Option<support::TestHosts> {
+        support::TestHosts::start(dir, "apr", HOSTS_SIDE, HOSTS_ADDR, "approvals.test")
     }
 }
 

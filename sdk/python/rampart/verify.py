@@ -442,7 +442,7 @@ def _verify_bundle(b, trusted_key):
         if body.get("type") == "exec" and "approval" in body:
             if body["approval"] not in approved:
                 raise VerificationError(f"record seq {i}: runs under approval {body['approval']}, which no record before it approved")
-        for name in ("input", "stdout", "stderr", "streamed_input"):
+        for name in ("input", "stdout", "stderr", "streamed_input", "image"):
             rec = body.get(name)
             if isinstance(rec, dict) and rec.get("blob"):
                 used.setdefault(rec["blob"], i)

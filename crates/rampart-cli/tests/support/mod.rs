@@ -857,3 +857,107 @@ pub fn venv_python(var: &str, dir: &str) -> std::path::PathBuf {
         .unwrap_or_else(|| target_dir().join(dir))
         .join("bin/python")
 }
+
+// ---------------------------------------------------------------------------------------------
+// Test hosts: a DNS server and web server in a network namespace
+// ---------------------------------------------------------------------------------------------
+
+/// Test hosts at one address: DNS answering every name under a suffix (`argv[2]`) with the
+/// address (`argv[1]`), NXDOMAIN for the rest, and plain HTTP answering `hello <host>` (an
+/// HTML page for `/page.html`).
+const TEST_HOSTS: &str = r#"
+import http.server, socket, struct, sys, threading
+addr, suffix = sys.argv[1], "." + sys.argv[2]
+
+def dns():
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s.bind((addr, 53))
+    while True:
+        q, peer = s.recvfrom(4096)
+        try:
+            i, labels = 12, []
+            while q[i] != 0:
+                n = q[i]
+                labels.append(q[i + 1:i + 1 + n].decode().lower())
+                i += 1 + n
+            qtype, _ = struct.unpack(">HH", q[i + 1:i + 5])
+            question = q[12:i + 5]
+        except Exception:
+            continue
+        ok = ".".join(labels).endswith(suffix)
+        an = 1 if ok and qtype == 1 else 0
+        r = q[:2] + struct.pack(">HHHHH", 0x8180 if ok else 0x8183, 1, an, 0, 0) + question
+        if an:
+            r += b"\xc0\x0c" + struct.pack(">HHIH", 1, 1, 60, 4) + socket.inet_aton(addr)
+        s.sendto(r, peer)
+
+class Hello(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    def do_GET(self):
+        host = self.headers.get("Host", "")
+        if self.path.startswith("/page.html"):
+            b = ("<html><head><title>test host %s</title></head><body><h1 id=greeting>hello %s</h1></body></html>" % (host, host)).encode()
+            ctype = "text/html"
+        else:
+            b = ("hello %s\n" % host).encode()
+            ctype = "text/plain"
+        self.send_response(200)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(b)))
+        self.end_headers()
+        self.wfile.write(b)
+    def log_message(self, *a):
+        pass
+
+threading.Thread(target=dns, daemon=True).start()
+http.server.ThreadingHTTPServer((addr, 80), Hello).serve_forever()
+"#;
+
+/// Test hosts ([`TEST_HOSTS`]) in a network namespace linked to the host; a daemon sends
+/// its DNS to `<addr>:53` (`RAMPART_NET_UPSTREAM_DNS`). Ended and removed on drop.
+pub struct TestHosts {
+    server: Child,
+    _netns: TestNetns,
+}
+
+impl Drop for TestHosts {
+    fn drop(&mut self) {
+        let _ = self.server.kill();
+        let _ = self.server.wait();
+    }
+}
+
+impl TestHosts {
+    /// Starts them (namespace `rst-<tag>-<pid>`, host side `side` (a CIDR), the hosts at
+    /// `addr` in it, names under `suffix`), waiting until HTTP accepts; `None` when the
+    /// namespace cannot be made.
+    pub fn start(dir: &Path, tag: &str, side: &str, addr: &str, suffix: &str) -> Option<TestHosts> {
+        let pid = std::process::id();
+        let ns = format!("rst-{tag}-{pid}");
+        let netns = TestNetns::new(
+            &ns,
+            &format!("x{tag}{}", pid % 100_000),
+            side,
+            &[&format!("{addr}/{}", side.rsplit('/').next().unwrap_or("29"))],
+        )?;
+        let script = dir.join(format!("hosts-{tag}.py"));
+        std::fs::write(&script, TEST_HOSTS).ok()?;
+        let server = Command::new("ip")
+            .args(["netns", "exec", &ns, "python3"])
+            .arg(&script)
+            .args([addr, suffix])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .spawn()
+            .ok()?;
+        let h = TestHosts {
+            server,
+            _netns: netns,
+        };
+        let at: std::net::SocketAddr = format!("{addr}:80").parse().ok()?;
+        wait_until("the test hosts' HTTP server accepts", 30, || {
+            std::net::TcpStream::connect_timeout(&at, Duration::from_millis(200)).is_ok()
+        });
+        Some(h)
+    }
+}

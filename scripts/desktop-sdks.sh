@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Installs what the desktop test (crates/rampart-cli/tests/desktop.rs) drives a desktop
+# sandbox with: the unmodified `e2b-desktop` SDK and Playwright (which connects to the
+# sandbox's Chromium over CDP and downloads no browser for that) from PyPI, into
+# target/desktop-venv. Idempotent and cached. Without registry access it says so and
+# returns 0 (the test then prints `skipped: ...`). The desktop template itself is built by
+# the test from templates/desktop.toml (Debian packages; cached in its data directory).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+target="${CARGO_TARGET_DIR:-target}"
+PY_PKGS=(e2b-desktop==2.7.2 e2b==2.63.0 playwright==1.65.2)
+
+venv="$target/desktop-venv"
+stamp="$venv/.rampart-installed"
+want="${PY_PKGS[*]}"
+if [[ -f "$stamp" && "$(cat "$stamp")" == "$want" ]]; then
+  exit 0
+fi
+if ! command -v python3 >/dev/null; then
+  echo "desktop-sdks: no python3; the desktop test will be skipped" >&2
+  exit 0
+fi
+echo "desktop-sdks: installing ${want} into $venv" >&2
+if [[ -x "$venv/bin/python" ]] || python3 -m venv "$venv"; then
+  if "$venv/bin/python" -m pip install -q --disable-pip-version-check "${PY_PKGS[@]}"; then
+    echo "$want" > "$stamp"
+  else
+    echo "desktop-sdks: pip install failed (no PyPI access?); the desktop test will be skipped" >&2
+  fi
+else
+  echo "desktop-sdks: cannot make a venv (python3-venv missing?); the desktop test will be skipped" >&2
+fi
