@@ -14,6 +14,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 mod cpu;
+mod desktop;
 mod net;
 mod persist;
 
@@ -67,6 +68,10 @@ pub struct BenchArgs {
     /// private data directory; no network).
     #[arg(long)]
     pub templates: bool,
+    /// Only the desktop measurement: create -> first screenshot, the screenshot round trip,
+    /// an idle desktop's memory. Needs `--daemon` with the `desktop` template built.
+    #[arg(long, requires = "daemon")]
+    pub desktop: bool,
 }
 
 /// Latency samples of one measurement.
@@ -509,6 +514,9 @@ pub fn run(args: BenchArgs) -> Result<()> {
         client: client.clone(),
         url,
     };
+    if args.desktop {
+        return desktop::run(&args, &api);
+    }
     if args.persist {
         let data = _private.as_ref().map(|d| d.data_dir.clone());
         return persist::run(&api, data.as_deref(), args.iterations);

@@ -687,9 +687,24 @@
   }
 
   // One line of the record, in words.
+  function desktopText(b) {
+    let t = b.action.replace(/_/g, " ");
+    if (b.button) t += " " + b.button;
+    if (b.x !== undefined && b.y !== undefined) t += ` at ${b.x},${b.y}`;
+    if (b.repeat && b.repeat !== 1) t += " x" + b.repeat;
+    if (b.keys) t += " " + b.keys.join(" ");
+    if (b.text) t += ` ${b.text.chars} characters (not kept)`;
+    if (b.width) t += ` ${b.width}x${b.height}`;
+    if (b.image) t += " · " + fmtBytes(b.image.size);
+    if (b.missing) t += " · no image: " + b.missing;
+    return t;
+  }
+
   function describe(body) {
     const b = body || {};
     switch (b.type) {
+      case "desktop":
+        return `${b.exec_id}: ${desktopText(b)}`;
       case "created":
         return `from template ${b.template}; network ${b.policy ? b.policy.mode : "none"}`;
       case "exec":
@@ -742,8 +757,10 @@
     const save = h("button", { class: "small" }, "Download bundle");
     const list = h("div", { class: "timeline", id: "timeline" });
     const count = h("span", { class: "muted" });
+    const film = h("div", { class: "filmstrip", id: "filmstrip" });
     el.replaceChildren(
       result,
+      film,
       h("div", { class: "page-head" }, h("h2", { style: "margin:0" }, "Timeline"), count, h("div", { class: "spacer" }), recheck, save),
       h("div", { class: "panel flush" }, list),
     );
@@ -771,12 +788,38 @@
         after = page.next_after;
       }
     }
+    // What the agent saw: each screenshot of the verified bundle (its image is a blob there,
+    // checked against its digest), with the desktop actions since the one before.
+    function filmstrip(bundle) {
+      const frames = [];
+      let actions = [];
+      for (const e of bundle.events) {
+        const b = e.body || {};
+        if (b.type !== "desktop") continue;
+        if (b.action !== "screenshot") {
+          actions.push(desktopText(b));
+          continue;
+        }
+        const data = b.image && bundle.blobs[b.image.digest];
+        frames.push(
+          h(
+            "figure",
+            { class: "frame", dataset: { seq: e.seq } },
+            data ? h("img", { src: "data:image/png;base64," + data, alt: `screenshot #${e.seq}`, loading: "lazy" }) : h("div", { class: "noimage" }, b.missing || "no image"),
+            h("figcaption", {}, h("span", { class: "seq" }, "#" + e.seq + " " + fmtClock(e.time)), actions.length ? h("span", { class: "muted" }, " after " + actions.join(", ")) : null),
+          ),
+        );
+        actions = [];
+      }
+      film.replaceChildren(...(frames.length ? [h("h2", {}, `What the agent saw (${frames.length} screenshots)`), h("div", { class: "frames" }, ...frames)] : []));
+    }
     async function verify() {
       result.className = "verify pending";
       result.textContent = "Verifying the record in this browser…";
       try {
         const [text, key] = await Promise.all([api(`${sid(id)}/audit/bundle`, { raw: true }).then((r) => r.text()), api("/v1/audit/key")]);
         const r = await RampartVerify.verifyBundle(text, key.public_key);
+        filmstrip(JSON.parse(text));
         result.className = "verify ok";
         result.replaceChildren(
           h("strong", {}, "Verified"),

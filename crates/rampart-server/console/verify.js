@@ -301,7 +301,7 @@ const RampartVerify = (() => {
           fail(`record seq ${i}: runs under approval ${body.approval}, which no record before it approved`);
         }
       }
-      for (const name of ["input", "stdout", "stderr", "streamed_input"]) {
+      for (const name of ["input", "stdout", "stderr", "streamed_input", "image"]) {
         const rec = body[name];
         if (rec && typeof rec === "object" && rec.blob && !used.has(rec.blob)) used.set(rec.blob, i);
       }
