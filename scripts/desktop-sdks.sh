@@ -9,6 +9,22 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 target="${CARGO_TARGET_DIR:-target}"
 PY_PKGS=(e2b-desktop==2.7.2 e2b==2.63.0 playwright==1.65.2)
+JS_PKG="@e2b/desktop@2.4.0"
+
+node_dir="$target/desktop-node"
+if [[ -f "$node_dir/.rampart-installed" && "$(cat "$node_dir/.rampart-installed")" == "$JS_PKG" ]]; then
+  :
+elif ! command -v npm >/dev/null; then
+  echo "desktop-sdks: no npm; the JS desktop script will be skipped" >&2
+else
+  mkdir -p "$node_dir"
+  [[ -f "$node_dir/package.json" ]] || echo '{"private": true}' > "$node_dir/package.json"
+  if (cd "$node_dir" && npm install -q --no-audit --no-fund "$JS_PKG" >/dev/null); then
+    echo "$JS_PKG" > "$node_dir/.rampart-installed"
+  else
+    echo "desktop-sdks: npm install $JS_PKG failed (no npm registry access?); the JS desktop script will be skipped" >&2
+  fi
+fi
 
 venv="$target/desktop-venv"
 stamp="$venv/.rampart-installed"

@@ -12,6 +12,7 @@ import json
 import os
 import struct
 
+from e2b import CommandExitException
 from e2b_desktop import Sandbox
 from harness import run, test, wait_for
 
@@ -45,9 +46,13 @@ def a_desktop_is_clicked_typed_into_and_seen():
 
         # A terminal: the window shows, it takes the keyboard, the screen changes.
         term = s.commands.run("xterm -geometry 80x24+40+40", background=True, timeout=0)
-        wids = wait_for(
-            lambda: [w for w in s.get_application_windows("xterm") if w], 30, "the xterm window"
-        )
+        def windows():
+            try:
+                return [w for w in s.get_application_windows("xterm") if w]
+            except CommandExitException:  # xdotool search finds none yet: exit 1
+                return None
+
+        wids = wait_for(windows, 30, "the xterm window")
         title = s.get_window_title(wids[0])
         assert title, wids
         before = s.screenshot()

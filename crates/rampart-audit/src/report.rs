@@ -148,7 +148,11 @@ fn desktop_text(d: &rampart_types::audit::Desktop) -> String {
         t.push_str(&format!(" {}", k.join(" ")));
     }
     if let Some(x) = &d.text {
-        t.push_str(&format!(" {} chars (sha256 {})", x.chars, x.digest.to_hex()));
+        t.push_str(&format!(
+            " {} chars (sha256 {})",
+            x.chars,
+            x.digest.to_hex()
+        ));
     }
     if let (Some(w), Some(h)) = (d.width, d.height) {
         t.push_str(&format!(" {w}x{h}"));

@@ -67,9 +67,11 @@ fn build_template(data: &Path) -> Result<(), String> {
         "No such file or directory (os error 2): mmdebstrap",
     ];
     if offline.iter().any(|m| text.contains(m)) {
-        return Err("the desktop template cannot be built here (no Debian mirror or no \
+        return Err(
+            "the desktop template cannot be built here (no Debian mirror or no \
                     mmdebstrap; scripts/setup-host.sh installs it)"
-            .into());
+                .into(),
+        );
     }
     panic!("building the desktop template failed:\n{text}");
 }
@@ -89,13 +91,26 @@ impl Drop for Node {
 }
 
 fn run_script(d: &support::Daemon, key: &str, script: &str, args: &[&str], envs: &[(&str, &str)]) {
-    let out = Command::new(venv_python())
-        .arg(workspace().join("tests/e2b").join(script))
+    let mut path = workspace().join("tests/e2b").join(script);
+    let program = if script.ends_with(".mjs") {
+        // ESM resolves `@e2b/desktop` from the script's own directory: run a copy there.
+        let copy = target_dir().join("desktop-node").join(script);
+        std::fs::copy(&path, &copy).unwrap();
+        path = copy;
+        PathBuf::from("node")
+    } else {
+        venv_python()
+    };
+    let out = Command::new(program)
+        .arg(&path)
         .args(args)
         .current_dir(workspace().join("tests/e2b"))
         .env_clear()
         .env("PATH", std::env::var_os("PATH").unwrap_or_default())
-        .env("HOME", std::env::var_os("HOME").unwrap_or_else(|| "/root".into()))
+        .env(
+            "HOME",
+            std::env::var_os("HOME").unwrap_or_else(|| "/root".into()),
+        )
         .env("PYTHONDONTWRITEBYTECODE", "1")
         .env("E2B_API_KEY", key)
         .env("E2B_API_URL", &d.url)
@@ -228,6 +243,17 @@ fn a_desktop_is_driven_by_the_e2b_desktop_sdk_and_its_browser_by_playwright() {
             ("RAMPART_DESKTOP_SHOT", shot.to_str().unwrap()),
         ],
     );
+    // And the JS SDK from npm, when it is installed.
+    if target_dir()
+        .join("desktop-node/node_modules/@e2b/desktop")
+        .exists()
+    {
+        run_script(d, &key, "desktop.mjs", &[], &[]);
+    } else {
+        eprintln!(
+            "skipped the JS desktop script: no target/desktop-node (scripts/desktop-sdks.sh)"
+        );
+    }
     let facts: Value = serde_json::from_slice(&std::fs::read(&facts_path).unwrap()).unwrap();
     let id = facts["sandbox"].as_str().unwrap().to_owned();
     let info: Value = c
@@ -243,7 +269,10 @@ fn a_desktop_is_driven_by_the_e2b_desktop_sdk_and_its_browser_by_playwright() {
     // reaches the VNC server.
     let url = facts["stream_url"].as_str().unwrap();
     let host = format!("6080-{id}.localhost");
-    assert!(url.starts_with(&format!("https://{host}/vnc.html?")), "{url}");
+    assert!(
+        url.starts_with(&format!("https://{host}/vnc.html?")),
+        "{url}"
+    );
     let path = &url[url.find("/vnc.html").unwrap()..];
     let (st, _, _) = host_form(&addr, &host, path, "");
     assert_eq!(st, 401, "the viewer without the sandbox's token");
@@ -253,7 +282,10 @@ fn a_desktop_is_driven_by_the_e2b_desktop_sdk_and_its_browser_by_playwright() {
     assert!(page.contains("noVNC"), "{page}");
     let cookie = head
         .lines()
-        .find_map(|l| l.strip_prefix("set-cookie: ").or(l.strip_prefix("Set-Cookie: ")))
+        .find_map(|l| {
+            l.strip_prefix("set-cookie: ")
+                .or(l.strip_prefix("Set-Cookie: "))
+        })
         .and_then(|c| c.split(';').next())
         .expect("the token's cookie")
         .to_owned();
@@ -297,7 +329,10 @@ fn a_desktop_is_driven_by_the_e2b_desktop_sdk_and_its_browser_by_playwright() {
         .iter()
         .any(|b| b["action"] == "key" && b["keys"] == json!(["Control_L+l"])));
     let typed: Vec<&&Value> = desktop.iter().filter(|b| b["action"] == "type").collect();
-    let chars: u64 = typed.iter().map(|b| b["text"]["chars"].as_u64().unwrap()).sum();
+    let chars: u64 = typed
+        .iter()
+        .map(|b| b["text"]["chars"].as_u64().unwrap())
+        .sum();
     assert_eq!(chars, facts["typed_chars"].as_u64().unwrap(), "{typed:?}");
     let all = serde_json::to_string(&events).unwrap();
     assert!(
@@ -372,7 +407,10 @@ fn a_desktop_is_driven_by_the_e2b_desktop_sdk_and_its_browser_by_playwright() {
         .unwrap();
     assert!(!all.contains("native secret text"));
     let digest = sha256_hex(&png);
-    assert!(all.contains(&digest), "the native screenshot is not recorded");
+    assert!(
+        all.contains(&digest),
+        "the native screenshot is not recorded"
+    );
 
     // A crashed X server is an error, not a hang.
     let r = c
@@ -416,7 +454,10 @@ fn a_desktop_is_driven_by_the_e2b_desktop_sdk_and_its_browser_by_playwright() {
     assert_eq!(browser["headed"], false, "no display: headless");
     let cdp = browser["cdp_url"].as_str().unwrap();
     let ws = browser["ws_url"].as_str().unwrap();
-    assert!(cdp.ends_with(&format!("/v1/sandboxes/{bid}/ports/9222")), "{cdp}");
+    assert!(
+        cdp.ends_with(&format!("/v1/sandboxes/{bid}/ports/9222")),
+        "{cdp}"
+    );
     run_script(
         d,
         &key,

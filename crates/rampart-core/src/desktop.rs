@@ -14,14 +14,14 @@
 use crate::{CoreError, Manager};
 use futures::StreamExt as _;
 use rampart_audit::content_digest;
+use rampart_types::approval::script_commands;
+use rampart_types::audit::{ContentRecord, Desktop, TypedText};
 use rampart_types::desktop::{BrowserInfo, DesktopAction, ScrollDirection};
 use rampart_types::{ExecEvent, ExecRequest, SandboxId};
-use std::time::Duration;
-use rampart_types::audit::{ContentRecord, Desktop, TypedText};
-use rampart_types::approval::script_commands;
 use rustix::fs::{Mode, OFlags, ResolveFlags};
 use std::io::Read as _;
 use std::os::fd::{AsFd as _, BorrowedFd};
+use std::time::Duration;
 
 /// The largest screenshot kept in the record (bytes); a larger file is recorded as missing.
 pub(crate) const MAX_SCREENSHOT: u64 = 32 << 20;
@@ -770,9 +770,19 @@ fn xdotool_argv(a: &DesktopAction) -> Result<Vec<Vec<String>>, CoreError> {
             vec![x(&s(&["mouseup", &button.number().to_string()]))]
         }
         DesktopAction::Drag { from, to } => vec![
-            x(&s(&["mousemove", "--sync", &from[0].to_string(), &from[1].to_string()])),
+            x(&s(&[
+                "mousemove",
+                "--sync",
+                &from[0].to_string(),
+                &from[1].to_string(),
+            ])),
             x(&s(&["mousedown", "1"])),
-            x(&s(&["mousemove", "--sync", &to[0].to_string(), &to[1].to_string()])),
+            x(&s(&[
+                "mousemove",
+                "--sync",
+                &to[0].to_string(),
+                &to[1].to_string(),
+            ])),
             x(&s(&["mouseup", "1"])),
         ],
         DesktopAction::Scroll { direction, amount } => {
@@ -803,7 +813,13 @@ fn xdotool_argv(a: &DesktopAction) -> Result<Vec<Vec<String>>, CoreError> {
             if text.is_empty() {
                 return Ok(Vec::new());
             }
-            vec![x(&["type".into(), "--delay".into(), "12".into(), "--".into(), text.clone()])]
+            vec![x(&[
+                "type".into(),
+                "--delay".into(),
+                "12".into(),
+                "--".into(),
+                text.clone(),
+            ])]
         }
     })
 }
@@ -847,7 +863,10 @@ mod tests {
     #[test]
     fn typed_text_is_never_kept() {
         let secret = "hunter2 is my password";
-        let script = format!("xdotool type --delay 75 -- {}", shlex::try_quote(secret).unwrap());
+        let script = format!(
+            "xdotool type --delay 75 -- {}",
+            shlex::try_quote(secret).unwrap()
+        );
         let r = read(&argv(&script), None).unwrap();
         let t = r.actions[0].text.as_ref().unwrap();
         assert_eq!(t.chars, secret.chars().count() as u64);
@@ -855,7 +874,10 @@ mod tests {
         let kept = r.argv.join(" ");
         assert!(!kept.contains("hunter2"), "{kept}");
         assert!(kept.contains("--delay 75"), "{kept}");
-        assert!(kept.contains(&content_digest(secret.as_bytes()).to_hex()), "{kept}");
+        assert!(
+            kept.contains(&content_digest(secret.as_bytes()).to_hex()),
+            "{kept}"
+        );
 
         // In a longer script, directly, and when the script cannot be split.
         let r = read(
@@ -875,8 +897,14 @@ mod tests {
     #[test]
     fn scrot_files_are_found() {
         let a = |s: &[&str]| s.iter().map(|x| x.to_string()).collect::<Vec<_>>();
-        assert_eq!(scrot_file(&a(&["-q", "80", "/tmp/x.png"]), None), Ok("/tmp/x.png".into()));
-        assert_eq!(scrot_file(&a(&["x.png"]), Some("/home/user")), Ok("/home/user/x.png".into()));
+        assert_eq!(
+            scrot_file(&a(&["-q", "80", "/tmp/x.png"]), None),
+            Ok("/tmp/x.png".into())
+        );
+        assert_eq!(
+            scrot_file(&a(&["x.png"]), Some("/home/user")),
+            Ok("/home/user/x.png".into())
+        );
         assert!(scrot_file(&a(&["x.png"]), None).is_err());
         assert!(scrot_file(&a(&["--pointer"]), None).is_err());
     }

@@ -7,11 +7,11 @@
 
 mod approvals;
 mod artifacts;
-mod desktop;
 mod audit;
 mod auth;
 mod caller;
 mod console;
+mod desktop;
 mod e2b;
 mod error;
 mod exec;
@@ -578,7 +578,10 @@ fn v1_router(state: AppState, auth: Option<Arc<auth::Auth>>) -> Router {
         .route("/sandboxes/{id}/audit/bundle", get(audit::bundle))
         .route("/sandboxes/{id}/audit/dsse", get(audit::dsse))
         .route("/sandboxes/{id}/packages", get(audit::packages))
-        .route("/sandboxes/{id}/desktop/screenshot", post(desktop::screenshot))
+        .route(
+            "/sandboxes/{id}/desktop/screenshot",
+            post(desktop::screenshot),
+        )
         .route("/sandboxes/{id}/desktop/actions", post(desktop::action))
         .route("/sandboxes/{id}/browser", post(desktop::browser))
         .route("/sandboxes/{id}/ports", get(ports::list))

@@ -148,7 +148,10 @@ pub(super) fn run(args: &BenchArgs, api: &Api) -> Result<()> {
     api.destroy(&id)?;
     let (rt, mem, size) = res?;
     let floor = host_floor(rt.ms.len());
-    println!("\n## Desktop (ms; {n} creates, {} screenshots)\n", rt.ms.len());
+    println!(
+        "\n## Desktop (ms; {n} creates, {} screenshots)\n",
+        rt.ms.len()
+    );
     println!("| what | p50 | p99 |");
     println!("|---|---:|---:|");
     for s in [&first, &up, &rt].into_iter().chain(floor.as_ref()) {

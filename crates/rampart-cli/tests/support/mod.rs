@@ -938,7 +938,10 @@ impl TestHosts {
             &ns,
             &format!("x{tag}{}", pid % 100_000),
             side,
-            &[&format!("{addr}/{}", side.rsplit('/').next().unwrap_or("29"))],
+            &[&format!(
+                "{addr}/{}",
+                side.rsplit('/').next().unwrap_or("29")
+            )],
         )?;
         let script = dir.join(format!("hosts-{tag}.py"));
         std::fs::write(&script, TEST_HOSTS).ok()?;

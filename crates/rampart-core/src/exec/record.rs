@@ -354,11 +354,9 @@ impl ExecAudit {
                     None
                 }
                 (Ok(path), _) => match self.iso.upper_root(&self.sandbox) {
-                    Ok(root) => crate::desktop::capture(
-                        std::os::fd::AsFd::as_fd(&root),
-                        path,
-                        &mut a,
-                    ),
+                    Ok(root) => {
+                        crate::desktop::capture(std::os::fd::AsFd::as_fd(&root), path, &mut a)
+                    }
                     Err(e) => {
                         a.missing = Some(format!("the sandbox's disk: {e}"));
                         None
