@@ -49,6 +49,9 @@ enum Command {
     Cp(commands::cp::CpArgs),
     /// What an ended sandbox kept (`create --artifact`): list, or download one file.
     Artifacts(commands::artifacts::ArtifactsArgs),
+    /// A desktop sandbox's screen, input and browser: screenshot, click, move, type, key,
+    /// scroll, browser (docs/desktop.md).
+    Desktop(commands::desktop::DesktopArgs),
     /// Open an interactive shell (bash -l under a PTY) in a sandbox.
     Shell(commands::exec::ShellArgs),
     /// Pause sandboxes: freeze every process (no CPU used, memory kept).
@@ -170,6 +173,7 @@ fn main() -> ExitCode {
             Command::Info(a) => commands::sandbox::info(host, a).await,
             Command::Cp(a) => commands::cp::cp(host, a).await,
             Command::Artifacts(a) => commands::artifacts::artifacts(host, a).await,
+            Command::Desktop(a) => commands::desktop::desktop(host, a).await,
             Command::Shell(a) => commands::exec::shell(host, a).await,
             Command::Timeout(a) => commands::sandbox::timeout(host, a).await,
             Command::Port(a) => commands::port::port(host, a).await,

@@ -328,8 +328,7 @@ pub fn debian_key(suite: &str, variant: &str, packages: &[String], mirror: &str)
     let mut p = packages.to_vec();
     p.sort();
     p.dedup();
-    // v2: `/etc/hosts` names localhost (mmdebstrap leaves it empty).
-    let mut k = KeyHasher::new("rampart debian base v2");
+    let mut k = KeyHasher::new("rampart debian base v1");
     k.str(suite).str(variant).str(mirror);
     for x in &p {
         k.str(x);
@@ -630,7 +629,6 @@ impl<'a> Builder<'a> {
                         &self.cancel,
                         events,
                     )?;
-                    ensure_localhost(&fs)?;
                     self.store.commit_layer(&fs, &key, &describe)?;
                 }
                 base_layers.push(key);
@@ -850,33 +848,6 @@ impl<'a> Builder<'a> {
         self.store.commit_layer(&fs, key, &step.describe())?;
         Ok(())
     }
-}
-
-/// What Debian's installer writes to `/etc/hosts`: loopback's names, IPv4 and IPv6.
-const LOCALHOST_HOSTS: &str = "127.0.0.1\tlocalhost\n::1\t\tlocalhost ip6-localhost ip6-loopback\n\
-                               ff02::1\t\tip6-allnodes\nff02::2\t\tip6-allrouters\n";
-
-/// Gives a new root filesystem at `fs` an `/etc/hosts` that names localhost when it has
-/// none (mmdebstrap leaves it empty, as the installer writes it), keeping what it has.
-fn ensure_localhost(fs: &Path) -> Result<(), ImageError> {
-    let p = fs.join("etc/hosts");
-    let text = match std::fs::symlink_metadata(&p) {
-        // Whatever a symlink names is the image's business.
-        Ok(m) if m.file_type().is_symlink() => return Ok(()),
-        Ok(_) => std::fs::read_to_string(&p).map_err(io(format!("read {}", p.display())))?,
-        Err(_) => String::new(),
-    };
-    let names_localhost = text.lines().any(|l| {
-        let l = l.split('#').next().unwrap_or_default();
-        l.split_whitespace().skip(1).any(|n| n == "localhost")
-    });
-    if names_localhost {
-        return Ok(());
-    }
-    std::fs::write(&p, format!("{LOCALHOST_HOSTS}{text}"))
-        .map_err(io(format!("write {}", p.display())))?;
-    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o644))
-        .map_err(io(format!("chmod {}", p.display())))
 }
 
 /// Runs mmdebstrap (in a private mount namespace of its own, so that its mounts of `/proc`
@@ -1565,38 +1536,5 @@ mod network_tests {
             assert!(allow.iter().any(|a| a == h), "{h} missing from {allow:?}");
         }
         assert!(allow.windows(2).all(|w| w[0] < w[1]), "{allow:?}");
-    }
-}
-
-#[cfg(test)]
-mod hosts_tests {
-    use super::*;
-
-    #[test]
-    fn a_new_root_names_localhost_and_keeps_its_own_hosts() {
-        let t = tempfile::tempdir().unwrap();
-        std::fs::create_dir(t.path().join("etc")).unwrap();
-        let hosts = t.path().join("etc/hosts");
-        // Empty (mmdebstrap): the loopback names.
-        std::fs::write(&hosts, "").unwrap();
-        ensure_localhost(t.path()).unwrap();
-        let text = std::fs::read_to_string(&hosts).unwrap();
-        assert!(text.starts_with("127.0.0.1\tlocalhost\n::1\t"), "{text}");
-        // Entries of its own, no localhost: kept after them.
-        std::fs::write(&hosts, "10.0.0.1 db # localhost is not here\n").unwrap();
-        ensure_localhost(t.path()).unwrap();
-        let text = std::fs::read_to_string(&hosts).unwrap();
-        assert!(
-            text.starts_with("127.0.0.1\tlocalhost\n")
-                && text.ends_with("10.0.0.1 db # localhost is not here\n"),
-            "{text}"
-        );
-        // Already there: untouched.
-        std::fs::write(&hosts, "127.0.0.1 localhost me\n").unwrap();
-        ensure_localhost(t.path()).unwrap();
-        assert_eq!(
-            std::fs::read_to_string(&hosts).unwrap(),
-            "127.0.0.1 localhost me\n"
-        );
     }
 }

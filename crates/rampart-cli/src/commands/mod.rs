@@ -2,6 +2,7 @@
 
 pub mod approve;
 pub mod artifacts;
+pub mod desktop;
 pub mod audit;
 pub mod cp;
 pub mod exec;
