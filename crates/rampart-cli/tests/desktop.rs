@@ -293,13 +293,7 @@ fn a_desktop_is_driven_by_the_e2b_desktop_sdk_and_its_browser_by_playwright() {
     assert!(banner.starts_with("RFB 003."), "{banner:?}");
 
     // ---- What the agent did and saw is on the record; the typed text is not.
-    let events: Value = c
-        .get(format!("{}/v1/sandboxes/{id}/audit", d.url))
-        .send()
-        .unwrap()
-        .json()
-        .unwrap();
-    let events = events.as_array().cloned().unwrap_or_default();
+    let events = audit_events(d, &id);
     let desktop: Vec<&Value> = events
         .iter()
         .map(|e| &e["body"])
@@ -399,12 +393,7 @@ fn a_desktop_is_driven_by_the_e2b_desktop_sdk_and_its_browser_by_playwright() {
         .send()
         .unwrap();
     assert_eq!(r.status(), 400, "x without y");
-    let all = c
-        .get(format!("{}/v1/sandboxes/{id}/audit", d.url))
-        .send()
-        .unwrap()
-        .text()
-        .unwrap();
+    let all = serde_json::to_string(&audit_events(d, &id)).unwrap();
     assert!(!all.contains("native secret text"));
     let digest = sha256_hex(&png);
     assert!(
@@ -480,6 +469,30 @@ fn a_desktop_is_driven_by_the_e2b_desktop_sdk_and_its_browser_by_playwright() {
         .unwrap();
     assert!(log.contains("allowed.desktop.test"), "{log}");
     assert!(log.contains("other.desktop.test"), "{log}");
+}
+
+/// Every event of a sandbox's record, page by page.
+fn audit_events(d: &support::Daemon, id: &str) -> Vec<Value> {
+    let c = client();
+    let mut out = Vec::new();
+    let mut after: Option<u64> = None;
+    loop {
+        let q = after.map(|a| format!("&after={a}")).unwrap_or_default();
+        let page: Value = c
+            .get(format!("{}/v1/sandboxes/{id}/audit?limit=500{q}", d.url))
+            .send()
+            .unwrap()
+            .json()
+            .unwrap();
+        let events = page["events"].as_array().cloned().unwrap_or_default();
+        let next = page["next_after"].as_u64();
+        let done = events.is_empty() || next.is_none() || next == after;
+        out.extend(events);
+        if done {
+            return out;
+        }
+        after = next;
+    }
 }
 
 fn sha256_hex(b: &[u8]) -> String {
