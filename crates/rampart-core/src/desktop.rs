@@ -181,8 +181,11 @@ fn takes_value(opt: &str) -> bool {
     )
 }
 
-/// The words after a command's options (and its option values), and the options' values.
-fn split_opts(words: &[String]) -> (Vec<(&str, Option<&str>)>, Vec<&str>, usize) {
+/// A command's options, each with its value if it takes one.
+type Opts<'a> = Vec<(&'a str, Option<&'a str>)>;
+
+/// A command's options, the words after them, and how many words the options took.
+fn split_opts(words: &[String]) -> (Opts<'_>, Vec<&str>, usize) {
     let mut opts = Vec::new();
     let mut i = 0;
     while i < words.len() {
@@ -881,7 +884,7 @@ mod tests {
 
         // In a longer script, directly, and when the script cannot be split.
         let r = read(
-            &argv(&format!("cd /tmp; xdotool type 'pass word'; echo done")),
+            &argv("cd /tmp; xdotool type 'pass word'; echo done"),
             None,
         )
         .unwrap();

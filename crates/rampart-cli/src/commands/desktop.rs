@@ -188,7 +188,10 @@ pub async fn desktop(host: &crate::client::Endpoint, a: DesktopArgs) -> Result<u
     client
         .send(
             client
-                .request(Method::POST, &format!("/v1/sandboxes/{id}/desktop/actions{q}"))
+                .request(
+                    Method::POST,
+                    &format!("/v1/sandboxes/{id}/desktop/actions{q}"),
+                )
                 .json(&action),
         )
         .await?;

@@ -2,9 +2,9 @@
 
 pub mod approve;
 pub mod artifacts;
-pub mod desktop;
 pub mod audit;
 pub mod cp;
+pub mod desktop;
 pub mod exec;
 pub mod keys;
 pub mod mcp;
