@@ -275,10 +275,45 @@ async fn to_sandbox(st: &E2b, t: Target, req: Request) -> Response {
     };
     let live = match st.live(&id).await {
         Ok(Some(l)) => l,
-        Ok(None) => return not_found_502(&t.id),
+        Ok(None) => match auto_resume(st, &id).await {
+            Ok(Some(l)) => l,
+            Ok(None) => return not_found_502(&t.id),
+            Err(e) => return e.into_response(),
+        },
         Err(e) => return e.into_response(),
     };
     to_live(st, &id, t, live, req).await
+}
+
+/// A paused sandbox made with `autoResume` is resumed by the first request for it (envd's
+/// or a port's), with its create's timeout again, and the request goes on to it. None: the
+/// sandbox is not there for the proxy (not paused, not auto-resumed, or gone).
+async fn auto_resume(st: &E2b, id: &SandboxId) -> Result<Option<Live>, E2bError> {
+    let Some(facts) = st.facts(id).await? else {
+        return Ok(None);
+    };
+    let opts = super::network::Options::parse(&facts.options);
+    if !opts.auto_resume {
+        return Ok(None);
+    }
+    match st.manager.get(id) {
+        Ok(info) if info.state == rampart_types::SandboxState::Paused => {}
+        _ => return Ok(None),
+    }
+    match st.manager.resume(id).await {
+        Ok(_) => {
+            tracing::info!(id = %id, "auto-resumed by a request");
+            let secs = opts
+                .timeout
+                .unwrap_or(super::api::DEFAULT_TIMEOUT_SECS)
+                .max(1);
+            st.manager.set_timeout(id, secs).await?;
+        }
+        // Another request resumed it first.
+        Err(CoreError::WrongState { .. }) | Err(CoreError::Conflict(_)) => {}
+        Err(e) => return Err(e.into()),
+    }
+    st.live(id).await
 }
 
 /// A request for a sandbox found live.
@@ -334,8 +369,12 @@ fn authorize_port(req: &Request, facts: &E2bSandbox) -> Result<(), Box<Response>
 /// sent over a tunnel through the agent to `127.0.0.1:{port}` inside the sandbox, the answer
 /// streamed back. Nothing listening there answers 502 "port is not open".
 async fn to_port(st: &E2b, id: &SandboxId, t: Target, live: Live, mut req: Request) -> Response {
-    if let Err(r) = authorize_port(&req, &live.facts) {
-        return *r;
+    let opts = super::network::Options::parse(&live.facts.options);
+    // `allowPublicTraffic`: every port but envd's answers without the token.
+    if !opts.allow_public_traffic {
+        if let Err(r) = authorize_port(&req, &live.facts) {
+            return *r;
+        }
     }
     // Nor any other credential of the daemon's (another sandbox's token, an E2B key).
     crate::ports::strip_credentials(&st.creds, &mut req).await;
@@ -360,7 +399,9 @@ async fn to_port(st: &E2b, id: &SandboxId, t: Target, live: Live, mut req: Reque
             };
         }
     };
-    match crate::proxy::forward_over(up, t.port, req, &PRIVATE).await {
+    // `maskRequestHost`: the Host the server inside sees (`${PORT}` is the port).
+    let host = opts.host_for(t.port);
+    match crate::proxy::forward_over(up, t.port, req, &PRIVATE, host.as_deref()).await {
         Ok(r) => r,
         Err(e) => port_closed_502(&t.id, t.port, &e),
     }
