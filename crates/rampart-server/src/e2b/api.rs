@@ -514,42 +514,17 @@ pub(crate) async fn unsupported(uri: axum::http::Uri) -> E2bError {
     )
 }
 
-/// `GET /sandboxes/{id}/metrics`: 200 `[SandboxMetric]`, one sample taken now.
+/// `GET /sandboxes/{id}/metrics?start=&end=`: 200 `[SandboxMetric]`, the samples kept over
+/// the sandbox's life in that range (see `metrics.rs`).
 pub(crate) async fn metrics(
     State(st): State<E2b>,
     Path(id): Path<String>,
+    RawQuery(raw): RawQuery,
 ) -> Result<Response, E2bError> {
-    let (sid, info, _) = st.must(&id).await?;
-    let usage = st.manager.usage(&sid).await?;
-    let now = OffsetDateTime::now_utc();
-    let started = parse_time(&info.created_at).unwrap_or(now);
-    let elapsed_us = ((now - started).whole_microseconds().max(1)) as f64;
-    let cpus = info.limits.cpus.max(0.01);
-    let pct = (usage.cpu_usec as f64 / elapsed_us / cpus * 100.0).clamp(0.0, 100.0);
-    let disk_used = std::fs::metadata(
-        st.manager
-            .data_dir()
-            .join("sandboxes")
-            .join(sid.as_str())
-            .join("disk.img"),
-    )
-    .map(|m| {
-        use std::os::unix::fs::MetadataExt as _;
-        m.blocks() * 512
-    })
-    .unwrap_or(0);
-    let sample = json!({
-        "timestamp": now.format(&Rfc3339).unwrap_or_default(),
-        "timestampUnix": now.unix_timestamp(),
-        "cpuCount": info.limits.cpus.ceil().max(1.0) as u64,
-        "cpuUsedPct": (pct * 100.0).round() / 100.0,
-        "memUsed": usage.memory_bytes,
-        "memTotal": info.limits.memory_bytes,
-        "memCache": 0,
-        "diskUsed": disk_used.min(info.limits.disk_bytes),
-        "diskTotal": info.limits.disk_bytes,
-    });
-    Ok(Json(json!([sample])).into_response())
+    let (start, end) = super::metrics::range_of(raw.as_deref())?;
+    let (_, info, _) = st.must(&id).await?;
+    let samples = super::metrics::answer(&st, &info, start, end).await;
+    Ok(Json(Value::Array(samples)).into_response())
 }
 
 /// Decodes E2B's double-encoded metadata filter (`a%20b=c%26d` after the normal query

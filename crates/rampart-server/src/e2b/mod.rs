@@ -11,6 +11,7 @@
 mod api;
 mod envd;
 mod idempotency;
+mod metrics;
 mod network;
 mod record;
 
@@ -43,6 +44,8 @@ pub(crate) struct E2b {
     pub(crate) tenancy: Option<Arc<crate::tenancy::Tenancy>>,
     /// The outcomes of creates with an `Idempotency-Key`.
     pub(crate) idempotency: Arc<idempotency::Idempotency>,
+    /// The samples of every live sandbox's resource use.
+    pub(crate) metrics: metrics::Shared,
 }
 
 impl std::fmt::Debug for E2b {
@@ -204,7 +207,9 @@ pub(crate) fn attach(
         creds,
         tenancy,
         idempotency: Default::default(),
+        metrics: Default::default(),
     };
+    metrics::start(st.clone());
     let api = Router::new()
         .route("/sandboxes", post(api::create).get(api::list_v1))
         .route("/v2/sandboxes", post(api::create).get(api::list))
