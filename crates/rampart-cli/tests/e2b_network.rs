@@ -275,7 +275,10 @@ fn e2b_network_options_on_the_egress_policy() {
         .current_dir(&tests)
         .env_clear()
         .env("PATH", std::env::var_os("PATH").unwrap_or_default())
-        .env("HOME", std::env::var_os("HOME").unwrap_or_else(|| "/root".into()))
+        .env(
+            "HOME",
+            std::env::var_os("HOME").unwrap_or_else(|| "/root".into()),
+        )
         .env("PYTHONDONTWRITEBYTECODE", "1")
         .env("E2B_API_KEY", &key)
         .env("E2B_API_URL", &d.url)
