@@ -296,9 +296,59 @@ fn e2b_network_options_on_the_egress_policy() {
         "--- network.py ---\n{stdout}{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let _ = target_dir();
-    let failed: Vec<&str> = stdout.lines().filter(|l| l.starts_with("FAIL ")).collect();
+    let mut failed: Vec<String> = stdout
+        .lines()
+        .filter(|l| l.starts_with("FAIL "))
+        .map(str::to_owned)
+        .collect();
     assert!(stdout.contains("SUMMARY "), "network.py did not finish");
+    let mut passed = stdout.lines().filter(|l| l.starts_with("PASS ")).count();
+
+    // The JS SDK from npm, when scripts/test installed it.
+    let node = std::env::var_os("RAMPART_E2B_NODE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| target_dir().join("e2b-node"));
+    if node.join("node_modules/e2b").is_dir() {
+        // ESM resolves `e2b` from the script's own directory: run a copy placed there.
+        let script = node.join("rampart-network-test.mjs");
+        std::fs::copy(tests.join("network.mjs"), &script).unwrap();
+        let out = Command::new("node")
+            .arg(&script)
+            .current_dir(&node)
+            .env_clear()
+            .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+            .env(
+                "HOME",
+                std::env::var_os("HOME").unwrap_or_else(|| "/root".into()),
+            )
+            .env("E2B_API_KEY", &key)
+            .env("E2B_API_URL", &d.url)
+            .env("E2B_SANDBOX_URL", &d.url)
+            .env("E2B_NET_HOST_A", HOST_A)
+            .env("E2B_NET_HOST_B", HOST_B)
+            .env("E2B_NET_LOG", &inet.log)
+            .stdin(Stdio::null())
+            .output()
+            .expect("run tests/e2b/network.mjs");
+        let js = String::from_utf8_lossy(&out.stdout);
+        eprintln!(
+            "--- network.mjs ---\n{js}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(js.contains("SUMMARY "), "network.mjs did not finish");
+        failed.extend(
+            js.lines()
+                .filter(|l| l.starts_with("FAIL "))
+                .map(str::to_owned),
+        );
+        passed += js.lines().filter(|l| l.starts_with("PASS ")).count();
+    } else {
+        eprintln!(
+            "JS SDK skipped: no {}",
+            node.join("node_modules/e2b").display()
+        );
+    }
     assert!(failed.is_empty(), "failed:\n{}", failed.join("\n"));
-    assert!(stdout.lines().filter(|l| l.starts_with("PASS ")).count() >= 8);
+    assert!(passed >= 8, "only {passed} passed");
+    eprintln!("passed: {passed}");
 }

@@ -63,12 +63,15 @@ impl History {
         let usage = st.manager.usage(&info.id).await.ok()?;
         let now = OffsetDateTime::now_utc();
         let started = OffsetDateTime::parse(&info.created_at, &Rfc3339).unwrap_or(now);
-        let (prev_at, prev_cpu) = self
-            .lock()
-            .get(&info.id)
-            .and_then(|q| q.back())
-            .map(|s| (s.at, s.cpu_usec))
-            .unwrap_or((started, 0));
+        let last = self.lock().get(&info.id).and_then(|q| q.back()).cloned();
+        // At most one sample a second, so no two share a second of `start`/`end`.
+        if let Some(l) = last
+            .as_ref()
+            .filter(|l| now - l.at < time::Duration::seconds(1))
+        {
+            return Some(l.clone());
+        }
+        let (prev_at, prev_cpu) = last.map(|s| (s.at, s.cpu_usec)).unwrap_or((started, 0));
         let elapsed_us = ((now - prev_at).whole_microseconds().max(1)) as f64;
         let cpus = info.limits.cpus.max(0.01);
         let used = usage.cpu_usec.saturating_sub(prev_cpu) as f64;
@@ -182,15 +185,7 @@ pub(crate) async fn answer(
     start: Option<i64>,
     end: Option<i64>,
 ) -> Vec<Value> {
-    let fresh = st
-        .metrics
-        .lock()
-        .get(&info.id)
-        .and_then(|q| q.back())
-        .is_none_or(|s| (OffsetDateTime::now_utc() - s.at) >= time::Duration::seconds(1));
-    if fresh {
-        st.metrics.take(st, info).await;
-    }
+    st.metrics.take(st, info).await;
     st.metrics.range(&info.id, start, end)
 }
 
