@@ -803,8 +803,14 @@ mod tests {
             "deny:*.example.com"
         );
         // A name rule never opens a private address, precedence or not.
+        assert!(!conn(&p, "10.9.9.9", 443, Some("api.example.com"), true).allowed());
+        let no_wildcard = CompiledPolicy::compile(&NetworkPolicy {
+            deny: vec![],
+            ..src.clone()
+        })
+        .unwrap();
         assert_eq!(
-            conn(&p, "10.9.9.9", 443, Some("api.example.com"), true).rule,
+            conn(&no_wildcard, "10.9.9.9", 443, Some("api.example.com"), true).rule,
             "blocked:private"
         );
         // Always-blocked stays blocked.
