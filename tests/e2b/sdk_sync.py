@@ -202,7 +202,15 @@ def pause_then_connect_resumes():
         p = Sandbox.list(query=SandboxQuery(metadata={"suite": RUN, "kind": "pause"}, state=[SandboxState.RUNNING]))
         assert p.next_items() == []
         # connect resumes it; its processes go on from where they were.
-        c = Sandbox.connect(s.sandbox_id)
+        # A reboot is refused, and leaves it paused.
+        try:
+            Sandbox.connect(s.sandbox_id, on_resume="reboot")
+        except SandboxException as e:
+            assert "reboot" in str(e), e
+        else:
+            raise AssertionError("connect(on_resume='reboot') was accepted")
+        assert s.get_info().state == SandboxState.PAUSED
+        c = Sandbox.connect(s.sandbox_id, on_resume="restore")
         assert c.is_running()
         assert c.get_info().state == SandboxState.RUNNING
         n = count(c)

@@ -381,6 +381,16 @@ pub(crate) async fn kill(
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 
+/// `ConnectSandboxV2`.
+#[derive(Debug, Default, Deserialize)]
+struct ConnectBody {
+    #[serde(default)]
+    timeout: Option<u64>,
+    /// `false`: `on_resume="reboot"`.
+    #[serde(default)]
+    memory: Option<bool>,
+}
+
 #[derive(Debug, Default, Deserialize)]
 struct TimeoutBody {
     #[serde(default)]
@@ -410,7 +420,15 @@ pub(crate) async fn connect(
     Path(id): Path<String>,
     body: Bytes,
 ) -> Result<Response, E2bError> {
-    let b: TimeoutBody = parse_body(&body)?;
+    let b: ConnectBody = parse_body(&body)?;
+    if b.memory == Some(false) {
+        // `on_resume="reboot"`: a cold boot from the disk, which this server cannot do; a
+        // resume that silently restored the memory would not be what was asked for.
+        return Err(E2bError::bad_request(
+            "on_resume=\"reboot\" (memory: false) is not supported by this server: a paused \
+             sandbox always resumes with its memory, every process where it was",
+        ));
+    }
     let (sid, info, facts) = st.must(&id).await?;
     let (status, info) = if info.state == SandboxState::Paused {
         (StatusCode::CREATED, st.manager.resume(&sid).await?)
