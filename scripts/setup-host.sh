@@ -4,9 +4,10 @@
 set -euo pipefail
 
 # Runtime: e2fsprogs (mkfs.ext4 for the per-sandbox disk), and what the `base` template
-# promises inside a sandbox (bash, python3, curl, git, tput, coreutils, sudo).
+# promises inside a sandbox (bash, python3 and `python` for it as E2B's base has,
+# curl, git, tput, coreutils, sudo).
 # Benchmarks compare against bubblewrap, runc and util-linux's unshare.
-pkgs=(e2fsprogs util-linux bash coreutils python3 curl git ncurses-bin sudo ca-certificates
+pkgs=(e2fsprogs util-linux bash coreutils python3 python-is-python3 curl git ncurses-bin sudo ca-certificates
       procps iproute2 bubblewrap runc
       # Per-sandbox networks: the daemon loads its table through `nft -j -f -`.
       nftables

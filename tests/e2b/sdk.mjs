@@ -57,5 +57,39 @@ await test('js_background_and_stdin', async () => {
   }
 })
 
+await test('js_auto_resume_and_metrics', async () => {
+  const sbx = await Sandbox.create({ timeoutMs: 120_000, lifecycle: { onTimeout: 'pause', autoResume: true } })
+  try {
+    const info = await sbx.getInfo()
+    check(info.lifecycle && info.lifecycle.autoResume === true && info.lifecycle.onTimeout === 'pause',
+      `lifecycle ${JSON.stringify(info.lifecycle)}`)
+    await sbx.files.write('/tmp/js-state', 'kept')
+    check((await sbx.pause()) !== false, 'pause')
+    check((await sbx.getInfo()).state === 'paused', 'not paused')
+    // The first request resumes it.
+    const r = await sbx.commands.run('cat /tmp/js-state')
+    check(r.stdout === 'kept', `stdout ${JSON.stringify(r.stdout)}`)
+    check((await sbx.getInfo()).state === 'running', 'not running again')
+    const m = await sbx.getMetrics()
+    check(m.length >= 1 && m[0].memTotal > 0, `metrics ${JSON.stringify(m)}`)
+    const none = await sbx.getMetrics({ end: new Date(Date.now() - 3600_000) })
+    check(none.length === 0, `metrics before the sandbox: ${JSON.stringify(none)}`)
+  } finally {
+    await sbx.kill()
+  }
+})
+
+await test('js_kill_during_run', async () => {
+  const sbx = await Sandbox.create({ timeoutMs: 60_000 })
+  setTimeout(() => Sandbox.kill(sbx.sandboxId), 1000)
+  try {
+    await sbx.commands.run('sleep 30')
+    throw new Error('the command outlived its sandbox')
+  } catch (e) {
+    // Connect's unavailable, as envd's proxy answers (not a cut connection).
+    check(String(e.message).includes('ended before the stream completed'), `error ${e}`)
+  }
+})
+
 console.log(`SUMMARY passed=${passed} failed=${failed}`)
 process.exit(failed ? 1 : 0)

@@ -21,6 +21,8 @@ from e2b import (
     TimeoutException,
 )
 
+from e2b.exceptions import SandboxNotRunningException
+
 RUN = "a" + uuid.uuid4().hex[:10]
 
 
@@ -43,6 +45,35 @@ async def async_lifecycle():
         assert await s.kill() is True
     assert not await s.is_running()
     assert await AsyncSandbox.kill(s.sandbox_id) is False
+
+
+@test
+async def async_auto_resume_idempotency_and_kill():
+    key = "ak-" + uuid.uuid4().hex
+    s = await AsyncSandbox.create(timeout=120, metadata={"suite": RUN, "kind": "auto"},
+                                  lifecycle={"on_timeout": "pause", "auto_resume": True},
+                                  idempotency_key=key)
+    try:
+        again = await AsyncSandbox.create(timeout=120, metadata={"suite": RUN, "kind": "auto"},
+                                          lifecycle={"on_timeout": "pause", "auto_resume": True},
+                                          idempotency_key=key)
+        assert again.sandbox_id == s.sandbox_id
+        await s.files.write("/tmp/x", "before pause")
+        assert await s.pause() is True
+        assert (await s.get_info()).state == SandboxState.PAUSED
+        assert await s.files.read("/tmp/x") == "before pause"
+        assert (await s.get_info()).state == SandboxState.RUNNING
+        # A command of a sandbox killed while it runs: envd's "killed" exception.
+        h = await s.commands.run("sleep 30", background=True)
+        await AsyncSandbox.kill(s.sandbox_id)
+        try:
+            await h.wait()
+        except SandboxNotRunningException as e:
+            assert "killed or reached its end of life" in str(e) and "EOF" not in str(e), e
+        else:
+            raise AssertionError("the command outlived its sandbox")
+    finally:
+        await s.kill()
 
 
 @test

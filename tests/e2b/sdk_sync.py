@@ -26,7 +26,7 @@ from e2b import (
     SandboxState,
     TimeoutException,
 )
-from e2b.exceptions import SandboxNotFoundException
+from e2b.exceptions import SandboxNotFoundException, SandboxNotRunningException
 
 RUN = "t" + uuid.uuid4().hex[:10]
 _shared = None
@@ -157,6 +157,32 @@ def metrics():
 
 
 @test
+def metrics_are_kept_over_time_and_answer_their_range():
+    import datetime
+
+    s = Sandbox.create(metadata={"suite": RUN}, timeout=120)
+    try:
+        t0 = datetime.datetime.now(datetime.timezone.utc)
+        first = s.get_metrics()
+        assert len(first) == 1, first
+        # The sampler adds one every 5 s; a request adds one too.
+        many = wait_for(lambda: (lambda m: m if len(m) >= 3 else None)(s.get_metrics()),
+                        timeout=30, what="samples over time")
+        times = [x.timestamp for x in many]
+        assert times == sorted(times) and len(set(times)) == len(times), times
+        mid = times[1]
+        after = s.get_metrics(start=mid)
+        assert after and all(x.timestamp >= mid.replace(microsecond=0) for x in after), after
+        assert len(after) < len(s.get_metrics()), (after, many)
+        before = s.get_metrics(end=t0 - datetime.timedelta(seconds=60))
+        assert before == [], before
+        window = s.get_metrics(start=times[0], end=times[1])
+        assert 1 <= len(window) <= 2, window
+    finally:
+        s.kill()
+
+
+@test
 def pause_then_connect_resumes():
     s = Sandbox.create(metadata={"suite": RUN, "kind": "pause"}, timeout=120)
     try:
@@ -176,7 +202,15 @@ def pause_then_connect_resumes():
         p = Sandbox.list(query=SandboxQuery(metadata={"suite": RUN, "kind": "pause"}, state=[SandboxState.RUNNING]))
         assert p.next_items() == []
         # connect resumes it; its processes go on from where they were.
-        c = Sandbox.connect(s.sandbox_id)
+        # A reboot is refused, and leaves it paused.
+        try:
+            Sandbox.connect(s.sandbox_id, on_resume="reboot")
+        except SandboxException as e:
+            assert "reboot" in str(e), e
+        else:
+            raise AssertionError("connect(on_resume='reboot') was accepted")
+        assert s.get_info().state == SandboxState.PAUSED
+        c = Sandbox.connect(s.sandbox_id, on_resume="restore")
         assert c.is_running()
         assert c.get_info().state == SandboxState.RUNNING
         n = count(c)
@@ -185,6 +219,97 @@ def pause_then_connect_resumes():
         assert c.commands.run("echo back").stdout == "back\n"
     finally:
         s.kill()
+
+
+@test
+def auto_resume_on_the_first_request():
+    s = Sandbox.create(metadata={"suite": RUN, "kind": "auto"}, timeout=120,
+                       lifecycle={"on_timeout": "pause", "auto_resume": True})
+    try:
+        info = s.get_info()
+        assert info.lifecycle == {"on_timeout": "pause", "auto_resume": True}, info.lifecycle
+        s.commands.run("echo kept > /tmp/state")
+        assert s.pause() is True
+        assert s.get_info().state == SandboxState.PAUSED
+        # The first request (a command through envd) resumes it and is answered.
+        r = s.commands.run("cat /tmp/state")
+        assert r.stdout == "kept\n", r.stdout
+        assert s.get_info().state == SandboxState.RUNNING
+        # A port's request too.
+        s.commands.run("python3 -m http.server 8123 --bind 127.0.0.1 >/dev/null 2>&1 &")
+        wait_for(lambda: s.commands.run("curl -s -o /dev/null -w '%{http_code}' localhost:8123 || true").stdout == "200",
+                 what="the server inside")
+        assert s.pause() is True
+        r = httpx.get(os.environ["E2B_SANDBOX_URL"] + "/",
+                      headers={"E2b-Sandbox-Id": s.sandbox_id, "E2b-Sandbox-Port": "8123",
+                               "E2B-Traffic-Access-Token": s.traffic_access_token}, timeout=30)
+        assert r.status_code == 200, (r.status_code, r.text)
+        assert s.get_info().state == SandboxState.RUNNING
+    finally:
+        s.kill()
+    # Without auto_resume a paused sandbox stays paused: envd answers 502.
+    s = Sandbox.create(metadata={"suite": RUN}, timeout=60, lifecycle={"on_timeout": "pause"})
+    try:
+        assert s.get_info().lifecycle == {"on_timeout": "pause", "auto_resume": False}
+        s.pause()
+        assert not s.is_running()
+        assert s.get_info().state == SandboxState.PAUSED
+    finally:
+        s.kill()
+    # The SDK refuses auto_resume with kill; the server refuses it without autoPause.
+    r = httpx.post(os.environ["E2B_API_URL"] + "/v2/sandboxes",
+                   json={"templateID": "base", "autoResume": {"enabled": True}},
+                   headers={"X-API-KEY": os.environ["E2B_API_KEY"]})
+    assert r.status_code == 400 and "autoPause" in r.json()["message"], r.text
+
+
+@test
+def idempotency_key_makes_one_sandbox():
+    key = "k-" + uuid.uuid4().hex
+    a = Sandbox.create(metadata={"suite": RUN, "kind": "idem"}, timeout=60, idempotency_key=key)
+    try:
+        b = Sandbox.create(metadata={"suite": RUN, "kind": "idem"}, timeout=60, idempotency_key=key)
+        assert a.sandbox_id == b.sandbox_id
+        p = Sandbox.list(query=SandboxQuery(metadata={"suite": RUN, "kind": "idem"}))
+        assert [i.sandbox_id for i in p.next_items()] == [a.sandbox_id]
+        # The same key for another request: refused (E2B's idempotency_request_mismatch).
+        try:
+            Sandbox.create(metadata={"suite": RUN, "kind": "other"}, timeout=60, idempotency_key=key)
+        except SandboxException as e:
+            assert "another request" in str(e), e
+        else:
+            raise AssertionError("a reused key made a sandbox")
+        c = Sandbox.create(metadata={"suite": RUN, "kind": "idem"}, timeout=60,
+                           idempotency_key=key + "-2")
+        assert c.sandbox_id != a.sandbox_id
+        c.kill()
+    finally:
+        a.kill()
+
+
+@test
+def list_pages_through_paused_and_running():
+    tag = RUN + "-pp"
+    made = [Sandbox.create(metadata={"suite": tag}, timeout=120) for _ in range(4)]
+    try:
+        made[1].pause()
+        made[3].pause()
+        seen = []
+        p = Sandbox.list(query=SandboxQuery(metadata={"suite": tag},
+                                            state=[SandboxState.RUNNING, SandboxState.PAUSED]), limit=1)
+        while p.has_next:
+            seen += [(i.sandbox_id, i.state) for i in p.next_items()]
+        assert sorted(seen) == sorted(
+            (m.sandbox_id, SandboxState.PAUSED if k in (1, 3) else SandboxState.RUNNING)
+            for k, m in enumerate(made)), seen
+        p = Sandbox.list(query=SandboxQuery(metadata={"suite": tag}, state=[SandboxState.PAUSED]), limit=1)
+        paused = []
+        while p.has_next:
+            paused += [i.sandbox_id for i in p.next_items()]
+        assert paused == [made[3].sandbox_id, made[1].sandbox_id], paused
+    finally:
+        for m in made:
+            m.kill()
 
 
 # --- commands --------------------------------------------------------------------------
@@ -211,6 +336,12 @@ def commands_run():
     assert r.stdout == "root\n"
     r = s.commands.run("pwd", cwd="/tmp")
     assert r.stdout == "/tmp\n"
+
+
+@test
+def base_has_python_on_path():
+    r = sbx().commands.run("python -c 'import sys; print(sys.version_info[0])' && command -v python")
+    assert r.stdout.splitlines()[0] == "3", r.stdout
 
 
 @test
@@ -300,8 +431,21 @@ def commands_sandbox_killed_during_run():
     threading.Thread(target=killer, daemon=True).start()
     try:
         s.commands.run("echo up; sleep 30", on_stdout=lambda _: started.set())
-    except TimeoutException as e:
+    except SandboxNotRunningException as e:
         assert "sandbox was killed or reached its end of life" in str(e), e
+        # As envd's proxy ends it: the stream closes with an error, the connection is not cut.
+        assert "ended before the stream completed" in str(e), e
+        assert "body error" not in str(e) and "EOF" not in str(e), e
+    else:
+        raise AssertionError("the command outlived its sandbox")
+    # Silent until killed, and waited on in the background.
+    s = Sandbox.create(metadata={"suite": RUN}, timeout=60)
+    h = s.commands.run("sleep 30", background=True)
+    threading.Thread(target=lambda: (time.sleep(1), s.kill()), daemon=True).start()
+    try:
+        h.wait()
+    except SandboxNotRunningException as e:
+        assert "killed or reached its end of life" in str(e) and "EOF" not in str(e), e
     else:
         raise AssertionError("the command outlived its sandbox")
 
@@ -382,6 +526,11 @@ def files_gzip_octet_and_metadata():
     s.files.write("gz/meta.txt", "m", metadata={"owner": "me"})
     info = s.files.get_info("gz/meta.txt")
     assert info.metadata.get("owner") == "me", info
+    # Written again: only the new write's metadata (none, then another key).
+    s.files.write("gz/meta.txt", "m2")
+    assert not s.files.get_info("gz/meta.txt").metadata, s.files.get_info("gz/meta.txt")
+    s.files.write("gz/meta.txt", "m3", metadata={"k": "v"})
+    assert s.files.get_info("gz/meta.txt").metadata == {"k": "v"}
 
 
 @test
@@ -453,6 +602,21 @@ def files_watch():
 
     wait_for(got, what=f"watch events (have {events})")
     h.stop()
+    # A new directory tree and a file written in it at once (before the watch of the new
+    # directories can be in place): create, create, create and the write, every time.
+    for i in range(5):
+        h = s.files.watch_dir("w", recursive=True)
+        s.commands.run(f"mkdir -p w/n{i}/m && echo x > w/n{i}/m/f.txt")
+        want = [(f"n{i}", FilesystemEventType.CREATE), (f"n{i}/m", FilesystemEventType.CREATE),
+                (f"n{i}/m/f.txt", FilesystemEventType.CREATE), (f"n{i}/m/f.txt", FilesystemEventType.WRITE)]
+        seen = []
+
+        def all_seen():
+            seen.extend((e.name, e.type) for e in h.get_new_events())
+            return all(w in seen for w in want)
+
+        wait_for(all_seen, what=f"the events of n{i} (have {seen})")
+        h.stop()
     try:
         s.files.watch_dir("w/nothing-here")
     except FileNotFoundException:

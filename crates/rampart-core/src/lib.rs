@@ -46,7 +46,7 @@ pub use exec::{Exec, ExecControl, ExecRecorder, ExecStart, InputSink};
 pub use isolation::{FakeTier, InitFile, Isolation, IsolationError, LaunchSpec, Launched, Usage};
 pub use namespace::{DEFAULT_CGROUP_SUBTREE, JAIL_POOL_ENV};
 pub use network::NetworkConfig;
-pub use principal::{with_caller, with_principal, Principal};
+pub use principal::{current as current_principal, with_caller, with_principal, Principal};
 pub use sandbox::{CreateOptions, CreatedSandbox};
 // The envd proxy's recorded execs (`Manager::add_exec_input`).
 pub use exec::{ExecRef, ExecTicket};
@@ -548,7 +548,20 @@ impl Manager {
         policy: rampart_types::NetworkPolicy,
     ) -> Result<rampart_types::network::NetworkInfo, CoreError> {
         self.inner.visible(id)?;
-        self.inner.set_network(id, policy).await
+        self.inner.set_network(id, policy, None).await
+    }
+    /// [`Manager::set_network`] that also replaces the sandbox's secrets (a secret that keeps
+    /// its name keeps its placeholder; requests on live intercepted connections use the new
+    /// set from their next one). A sandbox that had no egress CA gets one, written into its
+    /// trust store through its agent.
+    pub async fn set_network_and_secrets(
+        &self,
+        id: &SandboxId,
+        policy: rampart_types::NetworkPolicy,
+        secrets: Vec<rampart_types::SecretSpec>,
+    ) -> Result<rampart_types::network::NetworkInfo, CoreError> {
+        self.inner.visible(id)?;
+        self.inner.set_network(id, policy, Some(secrets)).await
     }
     /// A sandbox's network log entries with `seq > after`, at most `limit` (empty without a
     /// network, or once the sandbox has ended).

@@ -363,20 +363,10 @@ impl Network {
             "/etc/resolv.conf",
             format!("nameserver {}\noptions edns0\n", handle.gateway),
         )];
-        // Secrets are given at create and never changed later, so the CA is never made
-        // after this point.
+        // A CA made later (secrets given to a running sandbox) is written by
+        // `Network::ca_files` then. The host's bundle is read only when the template has none.
         if let Some(ca) = ca {
-            let tmpl = template_dir.join("rootfs/etc/ssl/certs/ca-certificates.crt");
-            // The host's bundle is read only when the template has none.
-            let mut bundle = std::fs::read_to_string(&tmpl)
-                .or_else(|_| std::fs::read_to_string(CA_BUNDLE))
-                .unwrap_or_default();
-            if !bundle.is_empty() && !bundle.ends_with('\n') {
-                bundle.push('\n');
-            }
-            bundle.push_str(ca);
-            files.push(file(CA_BUNDLE, bundle));
-            files.push(file(CA_FILE, ca.to_owned()));
+            files.extend(self.ca_files(ca, template_dir));
         }
         Ok(files)
     }
@@ -445,6 +435,51 @@ impl Network {
         egress
             .set_policy(id.as_str(), policy)
             .map_err(|e| CoreError::Internal(format!("egress policy: {e}")))
+    }
+
+    /// Replaces a wired sandbox's secrets (a secret that keeps its name keeps its
+    /// placeholder). Returns the sandbox's egress CA (PEM) when this made it (the sandbox had
+    /// none: its trust store must be given it now).
+    pub(crate) fn set_secrets(
+        &self,
+        id: &SandboxId,
+        secrets: Vec<SecretSpec>,
+    ) -> Result<Option<String>, CoreError> {
+        let (_, egress) = self.ready()?;
+        let had = egress.ca_cert_pem(id.as_str()).is_some();
+        egress
+            .set_secrets(id.as_str(), secrets)
+            .map_err(|e| CoreError::Internal(format!("egress secrets: {e}")))?;
+        Ok(if had {
+            None
+        } else {
+            egress.ca_cert_pem(id.as_str())
+        })
+    }
+
+    /// The trust-store files that give a running sandbox its egress CA `ca` (the bundle of
+    /// its template with the CA appended, and the CA alone).
+    pub(crate) fn ca_files(&self, ca: &str, template_dir: &Path) -> Vec<InitFile> {
+        let tmpl = template_dir.join("rootfs/etc/ssl/certs/ca-certificates.crt");
+        let mut bundle = std::fs::read_to_string(&tmpl)
+            .or_else(|_| std::fs::read_to_string(CA_BUNDLE))
+            .unwrap_or_default();
+        if !bundle.is_empty() && !bundle.ends_with('\n') {
+            bundle.push('\n');
+        }
+        bundle.push_str(ca);
+        vec![
+            InitFile {
+                path: CA_BUNDLE.to_owned(),
+                text: bundle,
+                mode: 0o644,
+            },
+            InitFile {
+                path: CA_FILE.to_owned(),
+                text: ca.to_owned(),
+                mode: 0o644,
+            },
+        ]
     }
 
     /// Tears down the network of a sandbox that has one (by its stored policy).

@@ -299,6 +299,7 @@ async fn e2b_facts_and_recorded_execs_live_and_end_with_their_sandbox() {
     let m = w.start().await;
     let e2b = |template: &str| CreateOptions {
         e2b_template: Some(template.to_owned()),
+        ..Default::default()
     };
     let killed = m
         .create_with(CreateSandbox::default(), e2b("base"))

@@ -290,11 +290,50 @@ impl CompiledPolicy {
         })
     }
 
+    fn allow_wins(&self) -> bool {
+        self.source.precedence == rampart_types::Precedence::Allow
+    }
+
+    /// The allow verdict of an allow rule that covers the connection on its own (an IP/CIDR
+    /// rule for the address, or a name rule for the name seen when the sandbox's resolver
+    /// answered that name with this address), if one does.
+    fn explicit_allow(
+        &self,
+        q: ConnQuery<'_>,
+        ip: IpAddr,
+        blocklist: &Blocklist,
+        pinned: &dyn Fn(&str) -> bool,
+    ) -> Option<Decision> {
+        let port = Some(q.port);
+        if let Some(r) = self
+            .allow
+            .iter()
+            .find(|r| r.matches_ip(ip) && r.matches_port(port))
+        {
+            return Some(Decision::allow(format!("allow:{}", r.text)));
+        }
+        let name = q.name?;
+        let r = self
+            .allow
+            .iter()
+            .find(|r| r.matches_name(name) && r.matches_port(port))?;
+        // Private ranges stay closed to name rules, as without precedence.
+        if blocklist.private(ip).is_some() || !pinned(name) {
+            return None;
+        }
+        Some(Decision::allow(format!("allow:{}", r.text)))
+    }
+
     /// May the resolver answer (forward) a query for `name`? The port is not known yet, so a
     /// deny rule with a port does not stop resolution, and any allow rule for the name does.
     pub fn decide_dns(&self, name: &str) -> Decision {
         if self.mode == NetworkMode::None {
             return Decision::deny("mode:none");
+        }
+        if self.allow_wins() {
+            if let Some(r) = self.allow.iter().find(|r| r.matches_name(name)) {
+                return Decision::allow(format!("allow:{}", r.text));
+            }
         }
         if let Some(r) = self
             .deny
@@ -328,6 +367,13 @@ impl CompiledPolicy {
         }
         if self.mode == NetworkMode::None {
             return Decision::deny("mode:none");
+        }
+        // With `precedence: allow`, an allow rule that covers the destination wins over the
+        // deny rules (and a name rule still needs the name resolved to this address).
+        if self.allow_wins() {
+            if let Some(d) = self.explicit_allow(q, ip, blocklist, pinned) {
+                return d;
+            }
         }
         // Deny wins: by the name seen, or by the address.
         if let Some(name) = q.name {
@@ -706,6 +752,79 @@ mod tests {
         assert!(!pol(NetworkMode::Open, &[], &["x.com"])
             .decide_dns("x.com")
             .allowed());
+    }
+
+    #[test]
+    fn allow_precedence_wins_over_deny() {
+        let mut src = NetworkPolicy {
+            mode: NetworkMode::Open,
+            allow: vec!["93.184.216.34".into(), "api.example.com".into()],
+            deny: vec![
+                "93.184.0.0/16".into(),
+                "example.com".into(),
+                "*.example.com".into(),
+            ],
+            ..Default::default()
+        };
+        // Deny wins by default.
+        let p = CompiledPolicy::compile(&src).unwrap();
+        assert_eq!(
+            conn(&p, "93.184.216.34", 443, None, false).rule,
+            "deny:93.184.0.0/16"
+        );
+        assert!(!p.decide_dns("api.example.com").allowed());
+        src.precedence = rampart_types::Precedence::Allow;
+        let p = CompiledPolicy::compile(&src).unwrap();
+        // The allowed address inside the denied range is reachable, its neighbours are not.
+        assert_eq!(
+            conn(&p, "93.184.216.34", 443, None, false).rule,
+            "allow:93.184.216.34"
+        );
+        assert_eq!(
+            conn(&p, "93.184.216.35", 443, None, false).rule,
+            "deny:93.184.0.0/16"
+        );
+        // An allowed name below a denied wildcard resolves and connects (once resolved).
+        assert_eq!(
+            p.decide_dns("api.example.com").rule,
+            "allow:api.example.com"
+        );
+        assert!(!p.decide_dns("www.example.com").allowed());
+        assert_eq!(
+            conn(&p, "8.8.4.4", 443, Some("api.example.com"), false).rule,
+            "deny:*.example.com"
+        );
+        assert_eq!(
+            conn(&p, "8.8.4.4", 443, Some("api.example.com"), true).rule,
+            "allow:api.example.com"
+        );
+        assert_eq!(
+            conn(&p, "8.8.4.4", 443, Some("www.example.com"), true).rule,
+            "deny:*.example.com"
+        );
+        // A name rule never opens a private address, precedence or not.
+        assert!(!conn(&p, "10.9.9.9", 443, Some("api.example.com"), true).allowed());
+        let no_wildcard = CompiledPolicy::compile(&NetworkPolicy {
+            deny: vec![],
+            ..src.clone()
+        })
+        .unwrap();
+        assert_eq!(
+            conn(&no_wildcard, "10.9.9.9", 443, Some("api.example.com"), true).rule,
+            "blocked:private"
+        );
+        // Always-blocked stays blocked.
+        assert_eq!(
+            conn(&p, "169.254.169.254", 80, Some("api.example.com"), true).rule,
+            "blocked:metadata"
+        );
+        // An allowlist with precedence: everything not allowed is still refused.
+        src.mode = NetworkMode::Allowlist;
+        let p = CompiledPolicy::compile(&src).unwrap();
+        assert_eq!(
+            conn(&p, "1.1.1.1", 443, Some("other.org"), true).rule,
+            "default"
+        );
     }
 
     #[test]

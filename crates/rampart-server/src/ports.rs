@@ -653,7 +653,7 @@ async fn relay(st: &AppState, id: &SandboxId, port: u16, req: Request) -> Respon
             }
         }
     };
-    match crate::proxy::forward_over(up, port, req, &[]).await {
+    match crate::proxy::forward_over(up, port, req, &[], None).await {
         Ok(r) => r,
         Err(e) => ApiError::new(
             StatusCode::BAD_GATEWAY,
@@ -1401,6 +1401,7 @@ mod tests {
                         e2b: Some(access::E2bSandbox {
                             access_token: e2b_token.clone(),
                             template: "base".into(),
+                            options: String::new(),
                         }),
                     }),
                     on_timeout: Default::default(),

@@ -65,7 +65,7 @@ pub(crate) fn origin_form(parts: &mut axum::http::request::Parts) -> Result<(), 
 
 /// Sends `req` to the server at the other end of the tunnel `up` (port `port` inside the
 /// sandbox) and streams its answer back. The request goes with its path and query as they
-/// are, `Host: localhost:{port}`, without hop-by-hop headers and without the `private`
+/// are, `Host: localhost:{port}` (or `host`), without hop-by-hop headers and without the `private`
 /// ones (also removed from the answer). An upgrade (a WebSocket) is passed through: after
 /// both sides agree (101), bytes are relayed both ways until either side closes.
 pub(crate) async fn forward_over(
@@ -73,6 +73,7 @@ pub(crate) async fn forward_over(
     port: u16,
     mut req: Request,
     private: &[&str],
+    host: Option<&str>,
 ) -> Result<Response, String> {
     let (mut sender, conn) = hyper::client::conn::http1::Builder::new()
         .handshake::<_, Body>(up)
@@ -96,7 +97,9 @@ pub(crate) async fn forward_over(
     };
     strip(&mut parts.headers, private);
     parts.headers.extend(keep);
-    let host = HeaderValue::from_str(&format!("localhost:{port}"))
+    let host = host
+        .and_then(|h| HeaderValue::from_str(h).ok())
+        .or_else(|| HeaderValue::from_str(&format!("localhost:{port}")).ok())
         .unwrap_or(HeaderValue::from_static("localhost"));
     parts.headers.insert(header::HOST, host);
     origin_form(&mut parts)?;

@@ -37,7 +37,11 @@ pub(crate) const MIGRATION: &str = "CREATE TABLE IF NOT EXISTS sandbox_tokens (
         template TEXT NOT NULL,
         created_at INTEGER NOT NULL
     );
-    CREATE INDEX IF NOT EXISTS e2b_sandboxes_token ON e2b_sandboxes(access_token);";
+    CREATE INDEX IF NOT EXISTS e2b_sandboxes_token ON e2b_sandboxes(access_token);
+    CREATE TABLE IF NOT EXISTS e2b_options (
+        id TEXT PRIMARY KEY NOT NULL,
+        options TEXT NOT NULL
+    );";
 
 /// What the E2B API keeps about one sandbox it made.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -46,6 +50,10 @@ pub struct E2bSandbox {
     pub access_token: String,
     /// The template id the client asked for (`base`, `code-interpreter-v1`, ...).
     pub template: String,
+    /// The E2B options the sandbox was made with and that are E2B's alone (JSON: its
+    /// `network` as given, `autoResume`, ...; empty for none). The server reads and
+    /// changes them (`AccessStore::set_e2b_options`).
+    pub options: String,
 }
 
 /// A new sandbox's access, recorded with it (see [`crate::NewSandbox::access`]).
@@ -92,6 +100,13 @@ pub(crate) fn insert(
             params![id, e.access_token, e.template, now_ms()],
         )?;
     }
+    tx.execute("DELETE FROM e2b_options WHERE id = ?1", params![id])?;
+    if let Some(e) = a.e2b.as_ref().filter(|e| !e.options.is_empty()) {
+        tx.execute(
+            "INSERT INTO e2b_options (id, options) VALUES (?1, ?2)",
+            params![id, e.options],
+        )?;
+    }
     Ok(())
 }
 
@@ -103,6 +118,7 @@ pub(crate) fn forget_in(tx: &rusqlite::Transaction<'_>, id: &str) -> Result<(), 
         params![id],
     )?;
     tx.execute("DELETE FROM e2b_sandboxes WHERE id = ?1", params![id])?;
+    tx.execute("DELETE FROM e2b_options WHERE id = ?1", params![id])?;
     Ok(())
 }
 
@@ -186,16 +202,29 @@ impl AccessStore {
         Ok(self
             .conn()
             .query_row(
-                "SELECT access_token, template FROM e2b_sandboxes WHERE id = ?1",
+                "SELECT s.access_token, s.template, o.options FROM e2b_sandboxes s
+                 LEFT JOIN e2b_options o ON o.id = s.id WHERE s.id = ?1",
                 params![id],
                 |r| {
                     Ok(E2bSandbox {
                         access_token: r.get(0)?,
                         template: r.get(1)?,
+                        options: r.get::<_, Option<String>>(2)?.unwrap_or_default(),
                     })
                 },
             )
             .optional()?)
+    }
+
+    /// Replaces the E2B options of sandbox `id` (see [`E2bSandbox::options`]); nothing for a
+    /// sandbox the E2B API did not make or that has ended.
+    pub fn set_e2b_options(&self, id: &str, options: &str) -> Result<(), StoreError> {
+        self.conn().execute(
+            "INSERT OR REPLACE INTO e2b_options (id, options)
+             SELECT id, ?2 FROM e2b_sandboxes WHERE id = ?1",
+            params![id, options],
+        )?;
+        Ok(())
     }
 
     /// Whether `candidate` is the E2B access token of some sandbox (stripped by the proxies

@@ -1280,6 +1280,7 @@ mod tests {
         access::E2bSandbox {
             access_token: token.into(),
             template: "code-interpreter-v1".into(),
+            options: String::new(),
         }
     }
 
@@ -1438,6 +1439,7 @@ mod tests {
         let old1 = access::E2bSandbox {
             access_token: "tok1".into(),
             template: "base".into(),
+            options: String::new(),
         };
         assert_eq!(access.e2b("old1").unwrap(), Some(old1));
         assert!(access.is_e2b_token("tok2").unwrap());

@@ -25,7 +25,7 @@ pub use id::{IdError, SandboxId};
 pub use interactive::ExecInput;
 pub use limits::{LimitError, Limits, LimitsRequest};
 pub use network::{
-    NetEventKind, NetLogEntry, NetworkLimits, NetworkMode, NetworkPolicy, SecretInfo,
+    NetEventKind, NetLogEntry, NetworkLimits, NetworkMode, NetworkPolicy, Precedence, SecretInfo,
     SecretInjection, SecretSpec, Verdict,
 };
 pub use persist::{

@@ -31,6 +31,26 @@ impl NetworkMode {
     }
 }
 
+/// Which of a policy's lists wins for a destination both match.
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize, utoipa::ToSchema,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum Precedence {
+    /// A deny rule wins over any allow rule (the native API's default).
+    #[default]
+    Deny,
+    /// An allow rule wins over any deny rule (E2B's semantics).
+    Allow,
+}
+
+impl Precedence {
+    /// Whether this is the default (`deny`).
+    pub fn is_default(&self) -> bool {
+        *self == Precedence::Deny
+    }
+}
+
 /// Per-sandbox egress limits; absent fields mean no limit.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
@@ -59,9 +79,15 @@ pub struct NetworkPolicy {
     /// Allowed destinations (used by `allowlist`).
     #[serde(default)]
     pub allow: Vec<String>,
-    /// Denied destinations (win over `allow`, and apply in `open` mode).
+    /// Denied destinations (win over `allow` unless `precedence` is `allow`, and apply in
+    /// `open` mode).
     #[serde(default)]
     pub deny: Vec<String>,
+    /// Which list wins when a destination matches both: `deny` (the default) or `allow`
+    /// (E2B's `allowOut`/`denyOut` semantics: an allowed host stays reachable inside a
+    /// denied range).
+    #[serde(default, skip_serializing_if = "Precedence::is_default")]
+    pub precedence: Precedence,
     /// Egress limits.
     #[serde(default)]
     pub limits: NetworkLimits,

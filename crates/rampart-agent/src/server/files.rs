@@ -1,7 +1,7 @@
 //! `GET /files` (download) and `POST /files` (upload), streamed both ways.
 
 use super::creds::{self, Creds};
-use super::fs::{chown_to, code_of, make_dirs, write_metadata};
+use super::fs::{chown_to, clear_metadata, code_of, make_dirs, write_metadata};
 use super::users::{self, User};
 use super::{http_error, json, Body, State};
 use crate::connect::Code;
@@ -249,6 +249,8 @@ fn written(path: &Path, metadata: &BTreeMap<String, String>) -> WrittenEntry {
 }
 
 fn apply_metadata(path: &Path, metadata: &BTreeMap<String, String>) -> Result<(), UpErr> {
+    // The file was written anew: what an earlier write set goes.
+    clear_metadata(path).map_err(|e| io_up(&e, "clearing the metadata of", path))?;
     for (k, v) in metadata {
         write_metadata(path, k, v)
             .map_err(|e| io_up(&e, &format!("setting metadata '{k}' on"), path))?;

@@ -142,6 +142,39 @@ pub fn read_metadata(path: &Path) -> BTreeMap<String, String> {
     out
 }
 
+/// Removes every `user.e2b.*` xattr of a path (a file written anew has only the metadata
+/// of that write, as with E2B's envd).
+pub fn clear_metadata(path: &Path) -> std::io::Result<()> {
+    let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes())?;
+    let mut names = vec![0u8; 65536];
+    // SAFETY: the buffer pointer and length describe a live, writable allocation.
+    let n = unsafe { libc::llistxattr(c.as_ptr(), names.as_mut_ptr().cast(), names.len()) };
+    if n < 0 {
+        let e = std::io::Error::last_os_error();
+        // A file system without xattrs has no metadata to clear.
+        return match e.raw_os_error() {
+            Some(libc::ENOTSUP) => Ok(()),
+            _ => Err(e),
+        };
+    }
+    names.truncate(n as usize);
+    for name in names
+        .split(|b| *b == 0)
+        .filter(|n| n.starts_with(b"user.e2b."))
+    {
+        let cname = std::ffi::CString::new(name)?;
+        // SAFETY: valid C strings.
+        let r = unsafe { libc::lremovexattr(c.as_ptr(), cname.as_ptr()) };
+        if r < 0 {
+            let e = std::io::Error::last_os_error();
+            if e.raw_os_error() != Some(libc::ENODATA) {
+                return Err(e);
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Set `user.e2b.<key>` on a path.
 pub fn write_metadata(path: &Path, key: &str, value: &str) -> std::io::Result<()> {
     let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes())?;

@@ -46,6 +46,11 @@ struct Tree {
     /// Paths reported as created by the scan of a new directory: a file created between the
     /// directory's watch and its scan is seen by both, so its inotify create event is dropped.
     scanned: HashSet<PathBuf>,
+    /// Non-empty files found by such a scan, with their size then: they were written before
+    /// their directory's watch was in place, so the scan reports their write too, and the
+    /// inotify modify event of that same write (same size), if the watch did see it, is
+    /// dropped.
+    scanned_written: HashMap<PathBuf, u64>,
 }
 
 fn mask() -> AddWatchFlags {
@@ -100,6 +105,16 @@ impl Tree {
                     self.scanned.clear();
                 }
                 self.scanned.insert(crel.clone());
+                let written = std::fs::symlink_metadata(abs.join(&name))
+                    .ok()
+                    .filter(|m| m.is_file() && m.len() > 0);
+                if let Some(m) = written {
+                    o.push(self.event(&crel, EventType::Write, names));
+                    if self.scanned_written.len() >= MAX_SCANNED {
+                        self.scanned_written.clear();
+                    }
+                    self.scanned_written.insert(crel.clone(), m.len());
+                }
             }
             if is_dir {
                 // A subdirectory that vanished or is unreadable is skipped.
@@ -139,6 +154,13 @@ impl Tree {
                     let _ = self.add(ino, &abs, &rel, Some(&mut out), names);
                 }
                 continue;
+            }
+            if let Some(size) = self.scanned_written.remove(&rel) {
+                // The write the scan reported, seen by the watch too.
+                let now = std::fs::symlink_metadata(self.root.join(&rel)).map(|m| m.len());
+                if m.contains(AddWatchFlags::IN_MODIFY) && now.is_ok_and(|n| n == size) {
+                    continue;
+                }
             }
             let kind = if m.contains(AddWatchFlags::IN_MODIFY) {
                 EventType::Write
@@ -207,6 +229,7 @@ impl Watch {
                 recursive,
                 include_entry,
                 scanned: HashSet::new(),
+                scanned_written: HashMap::new(),
             };
             tree.add(&ino, &root, Path::new(""), None, None)
                 .map_err(|e| watch_err(e, &root))?;

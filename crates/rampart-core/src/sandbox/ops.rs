@@ -2,6 +2,7 @@
 //! root of its writable disk.
 
 use super::*;
+use rampart_types::SecretSpec;
 
 impl Sandboxes {
     /// Records a file operation made through the API.
@@ -86,6 +87,7 @@ impl Sandboxes {
         self: &Arc<Self>,
         id: &SandboxId,
         policy: NetworkPolicy,
+        new_secrets: Option<Vec<SecretSpec>>,
     ) -> Result<NetworkInfo, CoreError> {
         let op = self.op_lock(id);
         let _guard = op.lock().await;
@@ -102,17 +104,35 @@ impl Sandboxes {
             });
         }
         let old = self.store.network(id).map_err(CoreError::from)?;
-        let secrets = old.as_ref().map(|n| n.secrets.clone()).unwrap_or_default();
+        let changes_secrets = new_secrets.is_some();
+        let secrets = match new_secrets {
+            Some(s) => s,
+            None => old.as_ref().map(|n| n.secrets.clone()).unwrap_or_default(),
+        };
         let was = networked(&old);
-        let new = self.network.check(Some(&policy), &[])?;
+        // Secrets are checked against the new policy only when they change (the kept ones
+        // were checked when given).
+        let checked: &[SecretSpec] = if changes_secrets { &secrets } else { &[] };
+        let new = self.network.check(Some(&policy), checked)?;
         match (was, new.is_some()) {
             (true, true) => {
+                // Both checked above, so neither fails on its input.
                 self.network.set_policy(id, policy.clone())?;
+                if changes_secrets {
+                    if let Some(ca) = self.network.set_secrets(id, secrets.clone())? {
+                        // The sandbox had no CA: its trust store gets the one just made,
+                        // else HTTPS to the bound hosts fails its certificate check.
+                        let files = self
+                            .network
+                            .ca_files(&ca, &self.templates_dir().join(&rec.template));
+                        crate::network::Network::write_inside(&client, files).await?;
+                    }
+                }
             }
             (false, true) => {
                 let stored = StoredNetwork {
                     policy: policy.clone(),
-                    secrets: Vec::new(),
+                    secrets: secrets.clone(),
                 };
                 let p = self
                     .network

@@ -17,6 +17,9 @@ pub struct CreateOptions {
     /// envd access token and this name), recorded and forgotten with it (see
     /// [`rampart_store::access`]).
     pub e2b_template: Option<String>,
+    /// With `e2b_template`: the E2B options to record with the facts (JSON, see
+    /// [`rampart_store::access::E2bSandbox::options`]).
+    pub e2b_options: Option<String>,
 }
 
 /// What a create will make.
@@ -61,6 +64,7 @@ impl Sandboxes {
             e2b: opts.e2b_template.map(|template| E2bSandbox {
                 access_token: new_token(),
                 template,
+                options: opts.e2b_options.unwrap_or_default(),
             }),
         };
         let created = now_ms();

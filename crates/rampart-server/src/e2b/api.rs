@@ -1,5 +1,6 @@
 //! The E2B control plane: create, connect/resume, get, list, kill, timeout, pause, metrics.
 
+use super::network::Options;
 use super::{E2b, E2bError, ENVD_VERSION};
 use axum::body::Bytes;
 use axum::extract::{Path, RawQuery, State};
@@ -21,6 +22,8 @@ const BASE: &str = "base";
 const CODE_INTERPRETER: &str = "code-interpreter-v1";
 /// E2B's own name for the "client" that runs a sandbox; constant on one host.
 const CLIENT_ID: &str = "rampart";
+/// The timeout E2B's SDKs give a sandbox when none is asked for (seconds).
+pub(crate) const DEFAULT_TIMEOUT_SECS: u64 = 300;
 /// Most list items per page (E2B's maximum).
 const MAX_PAGE: usize = 100;
 
@@ -38,6 +41,8 @@ struct NewSandbox {
     env_vars: Option<BTreeMap<String, String>>,
     #[serde(rename = "autoPause", default)]
     auto_pause: Option<bool>,
+    #[serde(rename = "autoPauseMemory", default)]
+    auto_pause_memory: Option<bool>,
     #[serde(rename = "autoResume", default)]
     auto_resume: Option<Value>,
     #[serde(default)]
@@ -53,20 +58,7 @@ struct NewSandbox {
 }
 
 fn check_unsupported(n: &NewSandbox) -> Result<(), E2bError> {
-    if n.auto_resume
-        .as_ref()
-        .is_some_and(|v| v.get("enabled").and_then(Value::as_bool) == Some(true))
-    {
-        return Err(E2bError::bad_request(
-            "autoResume is not supported by this server",
-        ));
-    }
     let set = |v: &Option<Value>| v.as_ref().is_some_and(|v| !v.is_null());
-    if set(&n.network) {
-        return Err(E2bError::bad_request(
-            "network rules are not supported by this server's E2B API yet",
-        ));
-    }
     if set(&n.mcp) {
         return Err(E2bError::bad_request("mcp is not supported by this server"));
     }
@@ -79,6 +71,32 @@ fn check_unsupported(n: &NewSandbox) -> Result<(), E2bError> {
         ));
     }
     Ok(())
+}
+
+/// `autoResume` (`{"enabled": bool}`; a bare bool from older clients).
+fn auto_resume_of(n: &NewSandbox) -> Result<bool, E2bError> {
+    let on = match &n.auto_resume {
+        None | Some(Value::Null) => false,
+        Some(Value::Bool(b)) => *b,
+        Some(v) => match v.get("enabled") {
+            None | Some(Value::Null) => false,
+            Some(Value::Bool(b)) => *b,
+            Some(_) => {
+                return Err(E2bError::bad_request("autoResume.enabled: a boolean"));
+            }
+        },
+    };
+    if on && n.auto_pause != Some(true) {
+        return Err(E2bError::bad_request(
+            "autoResume needs autoPause (lifecycle on_timeout \"pause\")",
+        ));
+    }
+    if on && n.auto_pause_memory == Some(false) {
+        return Err(E2bError::bad_request(
+            "autoResume cannot be combined with a filesystem-only auto-pause",
+        ));
+    }
+    Ok(on)
 }
 
 /// Maps an E2B template id to a Rampart template.
@@ -194,23 +212,78 @@ fn detail_json(_st: &E2b, info: &SandboxInfo, facts: &E2bSandbox, with_token: bo
         "volumeMounts": [],
     });
     if with_token {
+        let o = Options::parse(&facts.options);
         v["envdAccessToken"] = json!(facts.access_token);
         v["domain"] = Value::Null;
-        v["lifecycle"] = json!({"autoResume": false, "onTimeout": "kill"});
+        let on_timeout = if o.auto_pause { "pause" } else { "kill" };
+        v["lifecycle"] = json!({"autoResume": o.auto_resume, "onTimeout": on_timeout});
+        v["allowInternetAccess"] = json!(o.allow_internet_access.unwrap_or(true));
+        if let Some(n) = o.network {
+            v["network"] = n;
+        }
     }
     v
 }
 
-/// `POST /sandboxes`, `POST /v2/sandboxes`: 201 `Sandbox`.
-pub(crate) async fn create(State(st): State<E2b>, body: Bytes) -> Result<Response, E2bError> {
-    let n: NewSandbox = parse_body(&body)?;
+/// `POST /sandboxes`, `POST /v2/sandboxes`: 201 `Sandbox`. With `Idempotency-Key`, a
+/// repeat of the same request (same key and body, same API key) answers what the first one
+/// did, without making another sandbox.
+pub(crate) async fn create(
+    State(st): State<E2b>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Response, E2bError> {
+    let answer = match super::idempotency::key_of(&headers)? {
+        Some(k) => {
+            let caller = rampart_core::current_principal()
+                .and_then(|p| p.key_id)
+                .unwrap_or_default();
+            st.idempotency
+                .run(&caller, &k, &body, || create_now(&st, &body))
+                .await?
+        }
+        None => create_now(&st, &body).await?,
+    };
+    Ok((StatusCode::CREATED, Json(answer)).into_response())
+}
+
+/// The create itself (once per idempotency key).
+async fn create_now(st: &E2b, body: &Bytes) -> Result<Value, E2bError> {
+    let n: NewSandbox = parse_body(body)?;
     check_unsupported(&n)?;
+    let auto_resume = auto_resume_of(&n)?;
     let requested = n.template_id.clone().unwrap_or_else(|| BASE.into());
     let template = match template_of(&requested) {
         Ok(t) => t.to_owned(),
         // A template built with `rampart template build` (docs/templates.md).
         Err(_) if st.manager.template(&requested).is_ok() => requested.clone(),
         Err(e) => return Err(e),
+    };
+    let net = match &n.network {
+        Some(v) if !v.is_null() => Some(super::network::parse(v)?),
+        _ => None,
+    };
+    // E2B sandboxes have internet by default: without `network` or
+    // `allow_internet_access` they get an open network when this daemon has sandbox
+    // networks. Rules asked for need them (core answers 503 otherwise).
+    let (policy, secrets) = super::network::policy_of(net.as_ref(), n.allow_internet_access)?;
+    let network = match (&net, n.allow_internet_access) {
+        (None, None) => st.manager.network_available().then_some(policy),
+        // No network at all, loopback only (`update_network` wires it later if asked).
+        (None, Some(false)) => None,
+        _ => Some(policy),
+    };
+    let options = Options {
+        network: net.as_ref().map(super::network::info_of),
+        allow_internet_access: n.allow_internet_access,
+        allow_public_traffic: net
+            .as_ref()
+            .and_then(|n| n.allow_public_traffic)
+            .unwrap_or(false),
+        mask_request_host: net.as_ref().and_then(|n| n.mask_request_host.clone()),
+        auto_resume,
+        auto_pause: n.auto_pause == Some(true),
+        timeout: n.timeout,
     };
     let req = CreateSandbox {
         template: Some(template.to_owned()),
@@ -219,28 +292,70 @@ pub(crate) async fn create(State(st): State<E2b>, body: Bytes) -> Result<Respons
         timeout_secs: n.timeout,
         // autoPause: at its timeout the sandbox is paused instead of killed.
         on_timeout: (n.auto_pause == Some(true)).then_some(OnTimeout::Pause),
-        network: (n.allow_internet_access != Some(false) && st.manager.network_available()).then(
-            || rampart_types::NetworkPolicy {
-                mode: rampart_types::NetworkMode::Open,
-                ..Default::default()
-            },
-        ),
+        network,
+        secrets,
         ..Default::default()
     };
-    // Core makes the envd access token and records it, with the template name asked for, in
-    // the create's own transaction; the sandbox's end forgets them.
+    // Core makes the envd access token and records it, with the template name asked for and
+    // the E2B options, in the create's own transaction; the sandbox's end forgets them.
     let opts = CreateOptions {
         e2b_template: Some(requested),
+        e2b_options: Some(options.to_json()),
     };
     let created = st.manager.create_with(req, opts).await?;
     let facts = created.e2b.ok_or_else(|| {
         E2bError::internal("the sandbox was made without its E2B facts".to_owned())
     })?;
-    Ok((
-        StatusCode::CREATED,
-        Json(sandbox_json(&created.info, &facts)),
-    )
-        .into_response())
+    Ok(sandbox_json(&created.info, &facts))
+}
+
+/// `PUT /sandboxes/{id}/network` (`update_network`): replaces the sandbox's egress rules
+/// and header transforms at once (fields left out are cleared, as E2B does;
+/// `allowPublicTraffic` and `maskRequestHost` are create's and stay). Live connections the
+/// new rules deny are cut. 204.
+pub(crate) async fn update_network(
+    State(st): State<E2b>,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> Result<Response, E2bError> {
+    let v: Value = parse_body(&body)?;
+    let (sid, info, facts) = st.must(&id).await?;
+    if info.state != SandboxState::Running {
+        return Err(E2bError::new(
+            StatusCode::CONFLICT,
+            format!("sandbox \"{id}\" is paused: resume it to change its network"),
+        ));
+    }
+    let net = super::network::parse(&v)?;
+    if net.allow_public_traffic.is_some() || net.mask_request_host.is_some() {
+        return Err(E2bError::bad_request(
+            "allowPublicTraffic and maskRequestHost are set at create only",
+        ));
+    }
+    let (policy, secrets) = super::network::policy_of(Some(&net), net.allow_internet_access)?;
+    st.manager
+        .set_network_and_secrets(&sid, policy, secrets)
+        .await?;
+    let mut o = Options::parse(&facts.options);
+    let mut shown = super::network::info_of(&net);
+    if let Some(old) = o.network.as_ref() {
+        for k in ["allowPublicTraffic", "maskRequestHost"] {
+            if let Some(x) = old.get(k) {
+                shown[k] = x.clone();
+            }
+        }
+    }
+    o.network = Some(shown);
+    if net.allow_internet_access.is_some() {
+        o.allow_internet_access = net.allow_internet_access;
+    }
+    let access = st.manager.access();
+    let sid_s = sid.as_str().to_owned();
+    let json = o.to_json();
+    tokio::task::spawn_blocking(move || access.set_e2b_options(&sid_s, &json))
+        .await
+        .map_err(|e| E2bError::internal(e.to_string()))??;
+    Ok(StatusCode::NO_CONTENT.into_response())
 }
 
 /// `GET /sandboxes/{id}`: 200 `SandboxDetail`.
@@ -264,6 +379,16 @@ pub(crate) async fn kill(
     }
     // Its E2B facts went with it (core forgets them at any end).
     Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+/// `ConnectSandboxV2`.
+#[derive(Debug, Default, Deserialize)]
+struct ConnectBody {
+    #[serde(default)]
+    timeout: Option<u64>,
+    /// `false`: `on_resume="reboot"`.
+    #[serde(default)]
+    memory: Option<bool>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -295,7 +420,15 @@ pub(crate) async fn connect(
     Path(id): Path<String>,
     body: Bytes,
 ) -> Result<Response, E2bError> {
-    let b: TimeoutBody = parse_body(&body)?;
+    let b: ConnectBody = parse_body(&body)?;
+    if b.memory == Some(false) {
+        // `on_resume="reboot"`: a cold boot from the disk, which this server cannot do; a
+        // resume that silently restored the memory would not be what was asked for.
+        return Err(E2bError::bad_request(
+            "on_resume=\"reboot\" (memory: false) is not supported by this server: a paused \
+             sandbox always resumes with its memory, every process where it was",
+        ));
+    }
     let (sid, info, facts) = st.must(&id).await?;
     let (status, info) = if info.state == SandboxState::Paused {
         (StatusCode::CREATED, st.manager.resume(&sid).await?)
@@ -399,42 +532,17 @@ pub(crate) async fn unsupported(uri: axum::http::Uri) -> E2bError {
     )
 }
 
-/// `GET /sandboxes/{id}/metrics`: 200 `[SandboxMetric]`, one sample taken now.
+/// `GET /sandboxes/{id}/metrics?start=&end=`: 200 `[SandboxMetric]`, the samples kept over
+/// the sandbox's life in that range (see `metrics.rs`).
 pub(crate) async fn metrics(
     State(st): State<E2b>,
     Path(id): Path<String>,
+    RawQuery(raw): RawQuery,
 ) -> Result<Response, E2bError> {
-    let (sid, info, _) = st.must(&id).await?;
-    let usage = st.manager.usage(&sid).await?;
-    let now = OffsetDateTime::now_utc();
-    let started = parse_time(&info.created_at).unwrap_or(now);
-    let elapsed_us = ((now - started).whole_microseconds().max(1)) as f64;
-    let cpus = info.limits.cpus.max(0.01);
-    let pct = (usage.cpu_usec as f64 / elapsed_us / cpus * 100.0).clamp(0.0, 100.0);
-    let disk_used = std::fs::metadata(
-        st.manager
-            .data_dir()
-            .join("sandboxes")
-            .join(sid.as_str())
-            .join("disk.img"),
-    )
-    .map(|m| {
-        use std::os::unix::fs::MetadataExt as _;
-        m.blocks() * 512
-    })
-    .unwrap_or(0);
-    let sample = json!({
-        "timestamp": now.format(&Rfc3339).unwrap_or_default(),
-        "timestampUnix": now.unix_timestamp(),
-        "cpuCount": info.limits.cpus.ceil().max(1.0) as u64,
-        "cpuUsedPct": (pct * 100.0).round() / 100.0,
-        "memUsed": usage.memory_bytes,
-        "memTotal": info.limits.memory_bytes,
-        "memCache": 0,
-        "diskUsed": disk_used.min(info.limits.disk_bytes),
-        "diskTotal": info.limits.disk_bytes,
-    });
-    Ok(Json(json!([sample])).into_response())
+    let (start, end) = super::metrics::range_of(raw.as_deref())?;
+    let (_, info, _) = st.must(&id).await?;
+    let samples = super::metrics::answer(&st, &info, start, end).await;
+    Ok(Json(Value::Array(samples)).into_response())
 }
 
 /// Decodes E2B's double-encoded metadata filter (`a%20b=c%26d` after the normal query

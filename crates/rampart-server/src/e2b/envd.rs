@@ -275,10 +275,45 @@ async fn to_sandbox(st: &E2b, t: Target, req: Request) -> Response {
     };
     let live = match st.live(&id).await {
         Ok(Some(l)) => l,
-        Ok(None) => return not_found_502(&t.id),
+        Ok(None) => match auto_resume(st, &id).await {
+            Ok(Some(l)) => l,
+            Ok(None) => return not_found_502(&t.id),
+            Err(e) => return e.into_response(),
+        },
         Err(e) => return e.into_response(),
     };
     to_live(st, &id, t, live, req).await
+}
+
+/// A paused sandbox made with `autoResume` is resumed by the first request for it (envd's
+/// or a port's), with its create's timeout again, and the request goes on to it. None: the
+/// sandbox is not there for the proxy (not paused, not auto-resumed, or gone).
+async fn auto_resume(st: &E2b, id: &SandboxId) -> Result<Option<Live>, E2bError> {
+    let Some(facts) = st.facts(id).await? else {
+        return Ok(None);
+    };
+    let opts = super::network::Options::parse(&facts.options);
+    if !opts.auto_resume {
+        return Ok(None);
+    }
+    match st.manager.get(id) {
+        Ok(info) if info.state == rampart_types::SandboxState::Paused => {}
+        _ => return Ok(None),
+    }
+    match st.manager.resume(id).await {
+        Ok(_) => {
+            tracing::info!(id = %id, "auto-resumed by a request");
+            let secs = opts
+                .timeout
+                .unwrap_or(super::api::DEFAULT_TIMEOUT_SECS)
+                .max(1);
+            st.manager.set_timeout(id, secs).await?;
+        }
+        // Another request resumed it first.
+        Err(CoreError::WrongState { .. }) | Err(CoreError::Conflict(_)) => {}
+        Err(e) => return Err(e.into()),
+    }
+    st.live(id).await
 }
 
 /// A request for a sandbox found live.
@@ -298,7 +333,7 @@ async fn to_live(st: &E2b, id: &SandboxId, t: Target, live: Live, mut req: Reque
         Err(r) => return r,
     };
     match forward(&live.agent, req).await {
-        Ok(r) => super::record::answer(&st.manager, id, tap, r).await,
+        Ok(r) => ended_cleanly(super::record::answer(&st.manager, id, tap, r).await, id),
         Err(e) => {
             if let Some(r) = tap.refusal() {
                 // Broken off on its way: a message that could not be read.
@@ -312,6 +347,98 @@ async fn to_live(st: &E2b, id: &SandboxId, t: Target, live: Live, mut req: Reque
             }
         }
     }
+}
+
+/// Where a Connect stream's framing is: in the 5-byte head of the next envelope (`head`
+/// bytes of it seen) or in an envelope's body (`left` bytes of it to come).
+#[derive(Debug, Default)]
+struct Framing {
+    head: Vec<u8>,
+    left: usize,
+}
+
+impl Framing {
+    /// Follows `chunk` through the envelopes.
+    fn feed(&mut self, mut chunk: &[u8]) {
+        while !chunk.is_empty() {
+            if self.left > 0 {
+                let n = self.left.min(chunk.len());
+                self.left -= n;
+                chunk = &chunk[n..];
+                continue;
+            }
+            let n = (5 - self.head.len()).min(chunk.len());
+            self.head.extend_from_slice(&chunk[..n]);
+            chunk = &chunk[n..];
+            if self.head.len() == 5 {
+                self.left =
+                    u32::from_be_bytes([self.head[1], self.head[2], self.head[3], self.head[4]])
+                        as usize;
+                self.head.clear();
+            }
+        }
+    }
+    /// Between two envelopes.
+    fn at_boundary(&self) -> bool {
+        self.head.is_empty() && self.left == 0
+    }
+}
+
+/// A Connect end-of-stream envelope carrying error `code` and `message`.
+fn end_stream(code: &str, message: &str) -> bytes::Bytes {
+    let body = serde_json::json!({"error": {"code": code, "message": message}}).to_string();
+    let mut out = Vec::with_capacity(5 + body.len());
+    out.push(0x02);
+    out.extend_from_slice(&(body.len() as u32).to_be_bytes());
+    out.extend_from_slice(body.as_bytes());
+    out.into()
+}
+
+/// A streamed Connect answer (commands, watches) whose connection to the agent breaks off
+/// (the sandbox was killed, or ended, while it ran) ends as envd's proxy ends it: with an
+/// end-of-stream `unavailable` error ("the connection to sandbox ... ended before the stream
+/// completed") instead of a cut connection, so the SDK checks the sandbox's health and raises
+/// its "sandbox was killed or reached its end of life" exception. Other answers pass as they
+/// are.
+fn ended_cleanly(resp: Response, id: &SandboxId) -> Response {
+    let streamed = resp
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|t| t.starts_with("application/connect+"));
+    if !streamed {
+        return resp;
+    }
+    use futures::StreamExt as _;
+    let message = format!("the connection to sandbox {id} ended before the stream completed");
+    let (parts, body) = resp.into_parts();
+    let data = body.into_data_stream();
+    let s = futures::stream::unfold(
+        (data, Framing::default(), false),
+        move |(mut data, mut framing, done)| {
+            let message = message.clone();
+            async move {
+                if done {
+                    return None;
+                }
+                match data.next().await {
+                    Some(Ok(chunk)) => {
+                        framing.feed(&chunk);
+                        Some((Ok(chunk), (data, framing, false)))
+                    }
+                    Some(Err(e)) if framing.at_boundary() => {
+                        tracing::debug!("envd stream broke off: {e}");
+                        let end = end_stream("unavailable", &message);
+                        Some((Ok(end), (data, framing, true)))
+                    }
+                    // Inside an envelope nothing can be said any more: cut, as it was.
+                    Some(Err(e)) => Some((Err(e), (data, framing, true))),
+                    None => None,
+                }
+            }
+        },
+    );
+    Response::from_parts(parts, Body::from_stream(s))
 }
 
 /// Authorizes a request for a port other than envd's: the sandbox's token in
@@ -334,8 +461,12 @@ fn authorize_port(req: &Request, facts: &E2bSandbox) -> Result<(), Box<Response>
 /// sent over a tunnel through the agent to `127.0.0.1:{port}` inside the sandbox, the answer
 /// streamed back. Nothing listening there answers 502 "port is not open".
 async fn to_port(st: &E2b, id: &SandboxId, t: Target, live: Live, mut req: Request) -> Response {
-    if let Err(r) = authorize_port(&req, &live.facts) {
-        return *r;
+    let opts = super::network::Options::parse(&live.facts.options);
+    // `allowPublicTraffic`: every port but envd's answers without the token.
+    if !opts.allow_public_traffic {
+        if let Err(r) = authorize_port(&req, &live.facts) {
+            return *r;
+        }
     }
     // Nor any other credential of the daemon's (another sandbox's token, an E2B key).
     crate::ports::strip_credentials(&st.creds, &mut req).await;
@@ -360,7 +491,9 @@ async fn to_port(st: &E2b, id: &SandboxId, t: Target, live: Live, mut req: Reque
             };
         }
     };
-    match crate::proxy::forward_over(up, t.port, req, &PRIVATE).await {
+    // `maskRequestHost`: the Host the server inside sees (`${PORT}` is the port).
+    let host = opts.host_for(t.port);
+    match crate::proxy::forward_over(up, t.port, req, &PRIVATE, host.as_deref()).await {
         Ok(r) => r,
         Err(e) => port_closed_502(&t.id, t.port, &e),
     }
@@ -443,6 +576,31 @@ pub(crate) async fn signed_files(State(st): State<E2b>, req: Request) -> Respons
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn framing_follows_envelopes() {
+        let mut f = Framing::default();
+        assert!(f.at_boundary());
+        let env = |n: usize| {
+            let mut v = vec![0u8];
+            v.extend_from_slice(&(n as u32).to_be_bytes());
+            v.extend(std::iter::repeat_n(b'x', n));
+            v
+        };
+        let two = [env(3), env(0), env(10)].concat();
+        f.feed(&two[..2]);
+        assert!(!f.at_boundary());
+        f.feed(&two[2..9]);
+        assert!(!f.at_boundary());
+        f.feed(&two[9..]);
+        assert!(f.at_boundary());
+        let end = end_stream("unavailable", "gone");
+        assert_eq!(end[0], 2);
+        let n = u32::from_be_bytes([end[1], end[2], end[3], end[4]]) as usize;
+        let v: serde_json::Value = serde_json::from_slice(&end[5..]).unwrap();
+        assert_eq!(n, end.len() - 5);
+        assert_eq!(v["error"]["code"], "unavailable");
+    }
 
     #[test]
     fn targets_come_from_headers_or_host() {

@@ -10,6 +10,9 @@
 
 mod api;
 mod envd;
+mod idempotency;
+mod metrics;
+mod network;
 mod record;
 
 use axum::extract::{Request, State};
@@ -39,6 +42,10 @@ pub(crate) struct E2b {
     pub(crate) creds: crate::ports::Credentials,
     /// Tenants: the create rate and the change log.
     pub(crate) tenancy: Option<Arc<crate::tenancy::Tenancy>>,
+    /// The outcomes of creates with an `Idempotency-Key`.
+    pub(crate) idempotency: Arc<idempotency::Idempotency>,
+    /// The samples of every live sandbox's resource use.
+    pub(crate) metrics: metrics::Shared,
 }
 
 impl std::fmt::Debug for E2b {
@@ -52,6 +59,8 @@ impl std::fmt::Debug for E2b {
 pub(crate) struct E2bError {
     status: StatusCode,
     message: String,
+    /// E2B's machine-readable `error_code`, where it has one.
+    error_code: Option<&'static str>,
 }
 
 impl E2bError {
@@ -59,7 +68,17 @@ impl E2bError {
         E2bError {
             status,
             message: message.into(),
+            error_code: None,
         }
+    }
+    /// With E2B's `error_code`.
+    pub(crate) fn with_code(mut self, code: &'static str) -> Self {
+        self.error_code = Some(code);
+        self
+    }
+    #[cfg(test)]
+    pub(crate) fn status(&self) -> StatusCode {
+        self.status
     }
     pub(crate) fn not_found(id: &str) -> Self {
         Self::new(
@@ -111,7 +130,10 @@ impl From<rampart_store::StoreError> for E2bError {
 
 impl IntoResponse for E2bError {
     fn into_response(self) -> Response {
-        let body = serde_json::json!({"code": self.status.as_u16(), "message": self.message});
+        let mut body = serde_json::json!({"code": self.status.as_u16(), "message": self.message});
+        if let Some(c) = self.error_code {
+            body["error_code"] = serde_json::json!(c);
+        }
         let mut r = (self.status, axum::Json(body)).into_response();
         // The SDK retries 429/502/503/504 unless told not to; these answers will not change.
         r.headers_mut()
@@ -184,7 +206,10 @@ pub(crate) fn attach(
         keys,
         creds,
         tenancy,
+        idempotency: Default::default(),
+        metrics: Default::default(),
     };
+    metrics::start(st.clone());
     let api = Router::new()
         .route("/sandboxes", post(api::create).get(api::list_v1))
         .route("/v2/sandboxes", post(api::create).get(api::list))
@@ -195,6 +220,10 @@ pub(crate) fn attach(
         .route("/sandboxes/{id}/resume", post(api::resume))
         .route("/sandboxes/{id}/pause", post(api::pause))
         .route("/sandboxes/{id}/metrics", get(api::metrics))
+        .route(
+            "/sandboxes/{id}/network",
+            axum::routing::put(api::update_network),
+        )
         .route(
             "/sandboxes/{id}/{*rest}",
             axum::routing::any(api::unsupported),

@@ -1,0 +1,355 @@
+//! E2B's network options on Rampart's egress policy: `network` at create
+//! (`allowOut`, `denyOut`, `rules`, `allowPublicTraffic`, `maskRequestHost`, `dnsServers`),
+//! `allow_internet_access`, and `PUT /sandboxes/{id}/network` (`update_network`).
+//!
+//! The mapping (E2B's semantics: everything is allowed unless denied, and an `allowOut`
+//! entry wins over a `denyOut` one):
+//! - `denyOut` holding `0.0.0.0/0` (E2B's `ALL_TRAFFIC`), or `allow_internet_access: false`:
+//!   mode `allowlist` with `allowOut` as its rules (nothing else gets out);
+//! - `allowOut` holding `0.0.0.0/0`: mode `open` without deny rules (allow wins);
+//! - otherwise mode `open` with `denyOut` as deny rules and `allowOut` as allow rules, with
+//!   `precedence: allow`, so an allowed host inside a denied range stays reachable.
+//!
+//! `rules` (per-host header transforms) become header secrets of the egress proxy, bound to
+//! the host over HTTPS and plain HTTP: the proxy sets each header on every request to that
+//! host, and the values never enter the sandbox (its HTTPS to the host is intercepted with
+//! the sandbox's own CA, as for any secret; docs/network.md, Secrets).
+
+use super::E2bError;
+use rampart_types::{NetworkMode, NetworkPolicy, Precedence, SecretInjection, SecretSpec};
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+use std::collections::BTreeMap;
+
+/// E2B's "all traffic" (`ALL_TRAFFIC`).
+pub(crate) const ALL_TRAFFIC: &str = "0.0.0.0/0";
+
+/// The `network` of a create (`SandboxNetworkConfig`) or the body of `PUT .../network`
+/// (`SandboxNetworkUpdateConfig`, which also has `allow_internet_access`).
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct E2bNetwork {
+    #[serde(default)]
+    allow_out: Option<Vec<String>>,
+    #[serde(default)]
+    deny_out: Option<Vec<String>>,
+    #[serde(default)]
+    rules: Option<BTreeMap<String, Vec<E2bRule>>>,
+    #[serde(default)]
+    pub(crate) allow_public_traffic: Option<bool>,
+    #[serde(default)]
+    pub(crate) mask_request_host: Option<String>,
+    #[serde(default)]
+    dns_servers: Option<Vec<String>>,
+    #[serde(default)]
+    egress_proxy: Option<Value>,
+    #[serde(default)]
+    https_ports: Option<Vec<u16>>,
+    #[serde(rename = "allow_internet_access", default)]
+    pub(crate) allow_internet_access: Option<bool>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+struct E2bRule {
+    #[serde(default)]
+    transform: Option<E2bTransform>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+struct E2bTransform {
+    #[serde(default)]
+    headers: Option<BTreeMap<String, String>>,
+}
+
+/// What the E2B API keeps about a sandbox besides core's policy (JSON in its E2B facts).
+#[derive(Debug, Default, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct Options {
+    /// The `network` as the info endpoint shows it (header values left out).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) network: Option<Value>,
+    /// `allow_internet_access` as given at create.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) allow_internet_access: Option<bool>,
+    /// Every port but envd's answers without the traffic token.
+    #[serde(default)]
+    pub(crate) allow_public_traffic: bool,
+    /// The `Host` sent to the sandbox's ports (`${PORT}` stands for the port).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) mask_request_host: Option<String>,
+    /// A paused sandbox resumes on the first request for it.
+    #[serde(default)]
+    pub(crate) auto_resume: bool,
+    /// `autoPause`: paused, not killed, at its timeout.
+    #[serde(default)]
+    pub(crate) auto_pause: bool,
+    /// The create's `timeout` (seconds), which an auto-resume gives the sandbox again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) timeout: Option<u64>,
+}
+
+impl Options {
+    pub(crate) fn parse(s: &str) -> Options {
+        if s.is_empty() {
+            return Options::default();
+        }
+        serde_json::from_str(s).unwrap_or_default()
+    }
+    pub(crate) fn to_json(&self) -> String {
+        serde_json::to_string(self).unwrap_or_default()
+    }
+    /// The `Host` header for a request to `port`, when a mask is set.
+    pub(crate) fn host_for(&self, port: u16) -> Option<String> {
+        self.mask_request_host
+            .as_ref()
+            .map(|m| m.replace("${PORT}", &port.to_string()))
+    }
+}
+
+/// The egress policy and header secrets of an E2B network (None: no `network` given) and
+/// `allow_internet_access`. Refuses what this server cannot do, saying why.
+pub(crate) fn policy_of(
+    net: Option<&E2bNetwork>,
+    allow_internet_access: Option<bool>,
+) -> Result<(NetworkPolicy, Vec<SecretSpec>), E2bError> {
+    let empty = E2bNetwork::default();
+    let net = net.unwrap_or(&empty);
+    if net.egress_proxy.as_ref().is_some_and(|v| !v.is_null()) {
+        return Err(E2bError::bad_request(
+            "network.egressProxy (a SOCKS5 proxy of your own) is not supported by this \
+             server: the sandbox's egress goes out through the host's own proxy",
+        ));
+    }
+    if net.https_ports.as_ref().is_some_and(|p| !p.is_empty()) {
+        return Err(E2bError::bad_request(
+            "network.httpsPorts is not supported by this server: ports are reached over \
+             plain HTTP inside the sandbox",
+        ));
+    }
+    if let Some(m) = &net.mask_request_host {
+        if m.is_empty()
+            || m.len() > 253
+            || !m
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"-.:${}_".contains(&b))
+        {
+            return Err(E2bError::bad_request(format!(
+                "network.maskRequestHost {m:?}: not a host name (letters, digits, '-', '.', \
+                 ':' and ${{PORT}})"
+            )));
+        }
+    }
+    for d in net.dns_servers.iter().flatten() {
+        if d.parse::<std::net::Ipv4Addr>().is_err() {
+            return Err(E2bError::bad_request(format!(
+                "network.dnsServers: {d:?} is not an IPv4 address"
+            )));
+        }
+    }
+    let is_all = |s: &String| s.trim() == ALL_TRAFFIC;
+    let allow: Vec<String> = net.allow_out.iter().flatten().cloned().collect();
+    let deny: Vec<String> = net.deny_out.iter().flatten().cloned().collect();
+    for r in allow.iter().chain(&deny) {
+        if r.trim().is_empty() {
+            return Err(E2bError::bad_request(
+                "network: an empty allowOut/denyOut entry",
+            ));
+        }
+    }
+    let allow_all = allow.iter().any(is_all);
+    let deny_all = deny.iter().any(is_all) || allow_internet_access == Some(false);
+    let rest = |v: &[String]| -> Vec<String> {
+        v.iter()
+            .filter(|s| !is_all(s))
+            .map(|s| s.trim().to_owned())
+            .collect()
+    };
+    let policy = if allow_all {
+        NetworkPolicy {
+            mode: NetworkMode::Open,
+            allow: rest(&allow),
+            ..Default::default()
+        }
+    } else if deny_all {
+        NetworkPolicy {
+            mode: NetworkMode::Allowlist,
+            allow: rest(&allow),
+            ..Default::default()
+        }
+    } else {
+        NetworkPolicy {
+            mode: NetworkMode::Open,
+            allow: rest(&allow),
+            deny: rest(&deny),
+            precedence: Precedence::Allow,
+            ..Default::default()
+        }
+    };
+    let mut secrets = Vec::new();
+    for (host, rules) in net.rules.iter().flatten() {
+        let h = host.trim().to_ascii_lowercase();
+        if h.parse::<std::net::IpAddr>().is_ok() || h.contains('/') {
+            return Err(E2bError::bad_request(format!(
+                "network.rules: {host:?}: header transforms are bound to host names on this \
+                 server (the proxy matches them by TLS name or Host), not to addresses"
+            )));
+        }
+        for rule in rules {
+            let headers = rule
+                .transform
+                .as_ref()
+                .and_then(|t| t.headers.as_ref())
+                .into_iter()
+                .flatten();
+            for (name, value) in headers {
+                if value.is_empty() {
+                    return Err(E2bError::bad_request(format!(
+                        "network.rules[{host:?}]: header {name:?} has an empty value"
+                    )));
+                }
+                secrets.push(SecretSpec {
+                    name: format!("e2b-rule-{}", secrets.len() + 1),
+                    value: value.clone(),
+                    hosts: vec![format!("http://{h}")],
+                    inject: SecretInjection::Header {
+                        name: name.clone(),
+                        template: "{value}".into(),
+                    },
+                    env: None,
+                });
+            }
+        }
+    }
+    Ok((policy, secrets))
+}
+
+/// The `network` of the info endpoint: what was given, header values left out (they are
+/// the proxy's alone, like every secret's).
+pub(crate) fn info_of(net: &E2bNetwork) -> Value {
+    let mut v = json!({});
+    if let Some(a) = &net.allow_out {
+        v["allowOut"] = json!(a);
+    }
+    if let Some(d) = &net.deny_out {
+        v["denyOut"] = json!(d);
+    }
+    if let Some(rules) = &net.rules {
+        let shown: BTreeMap<&String, Vec<Value>> = rules
+            .iter()
+            .map(|(host, rs)| {
+                let list = rs
+                    .iter()
+                    .map(
+                        |r| match r.transform.as_ref().and_then(|t| t.headers.as_ref()) {
+                            Some(h) => {
+                                let names: BTreeMap<&String, &str> =
+                                    h.keys().map(|k| (k, "<set by the proxy>")).collect();
+                                json!({"transform": {"headers": names}})
+                            }
+                            None => json!({}),
+                        },
+                    )
+                    .collect();
+                (host, list)
+            })
+            .collect();
+        v["rules"] = json!(shown);
+    }
+    if let Some(d) = &net.dns_servers {
+        v["dnsServers"] = json!(d);
+    }
+    if let Some(p) = net.allow_public_traffic {
+        v["allowPublicTraffic"] = json!(p);
+    }
+    if let Some(m) = &net.mask_request_host {
+        v["maskRequestHost"] = json!(m);
+    }
+    v
+}
+
+/// Parses a `network` value (of a create or an update).
+pub(crate) fn parse(v: &Value) -> Result<E2bNetwork, E2bError> {
+    serde_json::from_value(v.clone()).map_err(|e| E2bError::bad_request(format!("network: {e}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn net(v: Value) -> E2bNetwork {
+        parse(&v).unwrap()
+    }
+
+    #[test]
+    fn e2b_lists_map_onto_the_policy() {
+        // Nothing given: open, nothing denied.
+        let (p, s) = policy_of(None, None).unwrap();
+        assert_eq!(p.mode, NetworkMode::Open);
+        assert!(p.allow.is_empty() && p.deny.is_empty() && s.is_empty());
+        // allow_internet_access=false: nothing gets out.
+        let (p, _) = policy_of(None, Some(false)).unwrap();
+        assert_eq!(p.mode, NetworkMode::Allowlist);
+        assert!(p.allow.is_empty());
+        // Deny everything but one host.
+        let n = net(json!({"allowOut": ["api.example.com", "1.1.1.1"], "denyOut": [ALL_TRAFFIC]}));
+        let (p, _) = policy_of(Some(&n), None).unwrap();
+        assert_eq!(p.mode, NetworkMode::Allowlist);
+        assert_eq!(p.allow, vec!["api.example.com", "1.1.1.1"]);
+        assert!(p.deny.is_empty());
+        // Deny a range but one address in it: open, allow wins.
+        let n = net(json!({"allowOut": ["8.8.8.8"], "denyOut": ["8.8.8.0/24"]}));
+        let (p, _) = policy_of(Some(&n), None).unwrap();
+        assert_eq!(p.mode, NetworkMode::Open);
+        assert_eq!(p.precedence, Precedence::Allow);
+        assert_eq!(p.deny, vec!["8.8.8.0/24"]);
+        // allowOut of all traffic wins over any deny.
+        let n = net(json!({"allowOut": [ALL_TRAFFIC], "denyOut": [ALL_TRAFFIC]}));
+        let (p, _) = policy_of(Some(&n), Some(false)).unwrap();
+        assert_eq!(p.mode, NetworkMode::Open);
+        assert!(p.deny.is_empty());
+    }
+
+    #[test]
+    fn rules_become_header_secrets_and_hide_their_values() {
+        let n = net(json!({
+            "allowOut": ["api.example.com"],
+            "denyOut": [ALL_TRAFFIC],
+            "rules": {"API.example.com": [
+                {"transform": {"headers": {"Authorization": "Bearer s3cr3t", "X-Team": "t1"}}},
+                {}
+            ]},
+        }));
+        let (_, s) = policy_of(Some(&n), None).unwrap();
+        assert_eq!(s.len(), 2);
+        assert_eq!(s[0].hosts, vec!["http://api.example.com"]);
+        assert_eq!(s[0].value, "Bearer s3cr3t");
+        assert!(
+            matches!(&s[0].inject, SecretInjection::Header { name, template }
+            if name == "Authorization" && template == "{value}")
+        );
+        let shown = info_of(&n).to_string();
+        assert!(!shown.contains("s3cr3t") && shown.contains("Authorization"));
+        // Addresses cannot carry header rules; egress proxies and HTTPS ports are refused.
+        for bad in [
+            json!({"rules": {"10.0.0.1": [{"transform": {"headers": {"a": "b"}}}]}}),
+            json!({"egressProxy": {"address": "p:1080"}}),
+            json!({"httpsPorts": [3000]}),
+            json!({"maskRequestHost": "bad host"}),
+            json!({"dnsServers": ["dns.google"]}),
+        ] {
+            assert!(policy_of(Some(&net(bad.clone())), None).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn masks_name_the_port() {
+        let o = Options {
+            mask_request_host: Some("${PORT}-app.example.com".into()),
+            ..Default::default()
+        };
+        assert_eq!(o.host_for(8080).as_deref(), Some("8080-app.example.com"));
+        let back = Options::parse(&o.to_json());
+        assert_eq!(back.mask_request_host, o.mask_request_host);
+        assert!(!Options::parse("").auto_resume);
+    }
+}
