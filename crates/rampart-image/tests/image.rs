@@ -498,6 +498,8 @@ fn cache_keys_follow_inputs() {
     let copy = Step::Copy {
         src: "app".into(),
         dest: "/opt/app".into(),
+        owner: None,
+        mode: None,
     };
     let chain = vec!["a".repeat(64)];
     let cfg = TemplateConfig::default();
@@ -512,7 +514,10 @@ fn cache_keys_follow_inputs() {
         step_key(&chain2, &copy, &cfg, d.path()).unwrap(),
         "the chain below changes it"
     );
-    let run = Step::Run("echo hi".into());
+    let run = Step::Run {
+        cmd: "echo hi".into(),
+        user: None,
+    };
     let r1 = step_key(&chain, &run, &cfg, d.path()).unwrap();
     let mut cfg2 = cfg.clone();
     cfg2.user = Some("user".into());
@@ -523,7 +528,30 @@ fn cache_keys_follow_inputs() {
     );
     assert_ne!(
         r1,
-        step_key(&chain, &Step::Run("echo ho".into()), &cfg, d.path()).unwrap()
+        step_key(
+            &chain,
+            &Step::Run {
+                cmd: "echo ho".into(),
+                user: None
+            },
+            &cfg,
+            d.path()
+        )
+        .unwrap()
+    );
+    assert_ne!(
+        r1,
+        step_key(
+            &chain,
+            &Step::Run {
+                cmd: "echo hi".into(),
+                user: Some("root".into())
+            },
+            &cfg,
+            d.path()
+        )
+        .unwrap(),
+        "a run's own user changes its key"
     );
     assert_eq!(
         rampart_image::build::debian_key("bookworm", "apt", &["b".into(), "a".into()], "m"),
