@@ -467,8 +467,16 @@ struct CopyAttrs {
 
 /// Copies `src` into `fs` at `dest` (absolute inside the image; a file source with a `dest`
 /// ending in `/` goes into that directory), entries owned by `attrs` (root by default),
-/// modes kept unless `attrs` sets one, parent directories 0755 owned by root.
-fn copy_into(fs: &Path, src: &Path, dest: &str, attrs: CopyAttrs) -> Result<(), ImageError> {
+/// modes kept unless `attrs` sets one. Parent directories the image below has (in `lowers`,
+/// its roots top first) keep their owner and mode (the layer's copy of a directory is what
+/// the merged view shows); new ones are 0755, owned by root.
+fn copy_into(
+    fs: &Path,
+    src: &Path,
+    dest: &str,
+    attrs: CopyAttrs,
+    lowers: &[PathBuf],
+) -> Result<(), ImageError> {
     let mut d = fs.to_path_buf();
     let mut comps: Vec<String> = dest
         .split('/')
@@ -485,11 +493,22 @@ fn copy_into(fs: &Path, src: &Path, dest: &str, attrs: CopyAttrs) -> Result<(), 
         // dest = "/": copy a directory's contents into the root.
         return copy_tree(src, fs, true, attrs);
     };
+    let mut rel = PathBuf::new();
     for c in parents {
         d.push(c);
+        rel.push(c);
         if !d.exists() {
             std::fs::create_dir(&d).map_err(io(format!("mkdir {}", d.display())))?;
-            std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o755))
+            let below = lowers
+                .iter()
+                .find_map(|r| std::fs::symlink_metadata(r.join(&rel)).ok())
+                .filter(|m| m.is_dir());
+            let (mode, uid, gid) = below
+                .map(|m| (m.mode() & 0o7777, m.uid(), m.gid()))
+                .unwrap_or((0o755, 0, 0));
+            std::os::unix::fs::lchown(&d, Some(uid), Some(gid))
+                .map_err(io(format!("chown {}", d.display())))?;
+            std::fs::set_permissions(&d, std::fs::Permissions::from_mode(mode))
                 .map_err(io(format!("chmod {}", d.display())))?;
         }
     }
@@ -1000,14 +1019,17 @@ impl<'a> Builder<'a> {
                 owner,
                 mode,
             } => {
+                let mut roots: Vec<PathBuf> = layer_paths.iter().rev().cloned().collect();
+                roots.extend(base_dir.iter().map(|d| d.join("rootfs")));
                 let (uid, gid) = match owner {
                     None => (0, 0),
-                    Some(o) => {
-                        let mut roots: Vec<PathBuf> = layer_paths.iter().rev().cloned().collect();
-                        roots.extend(base_dir.iter().map(|d| d.join("rootfs")));
-                        resolve_owner(&roots, o).map_err(fail)?
-                    }
+                    Some(o) => resolve_owner(&roots, o).map_err(fail)?,
                 };
+                // On `base`, /usr below the layers is the host's.
+                let mut lowers = roots.clone();
+                if base_dir.is_some() && dest.trim_start_matches('/').starts_with("usr/") {
+                    lowers.push(PathBuf::from("/"));
+                }
                 let attrs = CopyAttrs {
                     uid,
                     gid,
@@ -1016,7 +1038,7 @@ impl<'a> Builder<'a> {
                 std::fs::create_dir(&fs).map_err(io("mkdir layer"))?;
                 std::fs::set_permissions(&fs, std::fs::Permissions::from_mode(0o755))
                     .map_err(io("chmod layer"))?;
-                copy_into(&fs, &spec_dir.join(src), dest, attrs)
+                copy_into(&fs, &spec_dir.join(src), dest, attrs, &lowers)
                     .map_err(|e| fail(e.to_string()))?;
                 self.store.commit_layer(&fs, key, &step.describe())?;
                 return Ok(());
