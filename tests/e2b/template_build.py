@@ -42,6 +42,9 @@ def make_context():
         f.write("print('hello from the template')\n")
     with open(os.path.join(CTX, "app", "lib", "util.txt"), "w") as f:
         f.write("util\n")
+    # Unique per run: the first build is a cold one even on a daemon that built this before.
+    with open(os.path.join(CTX, "app", "run-id.txt"), "w") as f:
+        f.write(NAME + "\n")
     # A relative symlink: copied as a link (resolve_symlinks defaults to False).
     os.symlink("main.py", os.path.join(CTX, "app", "entry.py"))
     with open(os.path.join(CTX, "config.json"), "w") as f:
@@ -165,6 +168,7 @@ def sandbox_of_the_template_has_every_step():
         assert sh("echo $APP_MODE $APP_PORT") == "sdk 8123"
         assert sh("cat /opt/app/main.py") == "print('hello from the template')"
         assert sh("cat /opt/app/lib/util.txt") == "util"
+        assert sh("cat /opt/app/run-id.txt") == NAME
         assert sh("readlink /opt/app/entry.py") == "main.py"
         assert sh("cat /etc/app/config.json") == '{"mode": "sdk"}'
         assert sh("stat -c '%U %a' /home/user/data/data.txt") == "user 640"

@@ -242,7 +242,6 @@ pub(crate) fn attach(
                 .delete(templates::delete)
                 .fallback(api::unsupported),
         )
-        .route("/templates/{*rest}", axum::routing::any(api::unsupported))
         .route("/volumes", axum::routing::any(api::unsupported))
         .route("/volumes/{*rest}", axum::routing::any(api::unsupported))
         .route_layer(axum::middleware::from_fn_with_state(st.clone(), api_key))
