@@ -72,7 +72,11 @@ fn run_script(d: &Tidy, args: &[&str]) -> Vec<String> {
         "the script did not finish ({})",
         out.status
     );
-    assert!(failed.is_empty(), "SDK template tests failed:\n{}", failed.join("\n"));
+    assert!(
+        failed.is_empty(),
+        "SDK template tests failed:\n{}",
+        failed.join("\n")
+    );
     stdout
         .lines()
         .filter_map(|l| l.strip_prefix("PASS "))
@@ -83,7 +87,7 @@ fn run_script(d: &Tidy, args: &[&str]) -> Vec<String> {
 /// Nothing of the builds is left running: no build sandbox, no temp layer.
 fn assert_no_build_leftovers(d: &Tidy) {
     let images = d.data.join("images");
-    for sub in ["build/sandboxes", "tmp"] {
+    for sub in ["build", "tmp"] {
         let p = images.join(sub);
         let left: Vec<_> = std::fs::read_dir(&p)
             .map(|r| r.flatten().map(|e| e.file_name()).collect())
@@ -111,7 +115,10 @@ fn sdk_builds_caches_tags_and_runs_templates() {
         "failures_are_reported",
         "list_and_delete",
     ] {
-        assert!(passed.iter().any(|p| p == t), "{t} did not pass: {passed:?}");
+        assert!(
+            passed.iter().any(|p| p == t),
+            "{t} did not pass: {passed:?}"
+        );
     }
     // Uploads are kept by hash for the next build; no half-made upload remains.
     let uploads: Vec<String> = std::fs::read_dir(d.data.join("images/uploads"))
@@ -121,9 +128,7 @@ fn sdk_builds_caches_tags_and_runs_templates() {
         .collect();
     assert!(uploads.len() >= 4, "{uploads:?}");
     assert!(
-        uploads
-            .iter()
-            .all(|u| u.len() == 68 && u.ends_with(".tar")),
+        uploads.iter().all(|u| u.len() == 68 && u.ends_with(".tar")),
         "{uploads:?}"
     );
     assert_no_build_leftovers(&d);
@@ -148,7 +153,11 @@ fn sdk_builds_from_a_debian_dockerfile() {
         eprintln!("skipped: {why}");
         return;
     }
-    if Command::new("mmdebstrap").arg("--version").output().is_err() {
+    if Command::new("mmdebstrap")
+        .arg("--version")
+        .output()
+        .is_err()
+    {
         eprintln!("skipped: mmdebstrap is not installed (scripts/setup-host.sh installs it)");
         return;
     }

@@ -282,14 +282,8 @@ impl TemplateBuilds {
     /// Log entries of a build from `offset`, at most `limit`.
     pub fn logs(&self, build_id: &str, offset: usize, limit: usize) -> Option<Vec<LogEntry>> {
         let b = self.builds.lock().unwrap_or_else(|e| e.into_inner());
-        b.get(build_id).map(|r| {
-            r.logs
-                .iter()
-                .skip(offset)
-                .take(limit)
-                .cloned()
-                .collect()
-        })
+        b.get(build_id)
+            .map(|r| r.logs.iter().skip(offset).take(limit).cloned().collect())
     }
 
     fn log(&self, build_id: &str, level: &'static str, step: Option<String>, message: String) {
@@ -329,7 +323,10 @@ impl TemplateBuilds {
     /// [`UPLOAD_LINK_TTL`]).
     pub fn upload_token(&self, hash: &str) -> Result<String, CoreError> {
         if !is_files_hash(hash) {
-            return Err(bad("hash", format!("{hash:?} is not a files hash (64 hex digits)")));
+            return Err(bad(
+                "hash",
+                format!("{hash:?} is not a files hash (64 hex digits)"),
+            ));
         }
         let token = rampart_store::access::new_token();
         let mut u = self.uploads.lock().unwrap_or_else(|e| e.into_inner());
@@ -355,9 +352,11 @@ impl TemplateBuilds {
     /// A temp file for an upload of `hash` (under the uploads directory).
     pub fn upload_tmp(&self, hash: &str) -> Result<PathBuf, CoreError> {
         let dir = self.uploads_dir();
-        std::fs::create_dir_all(&dir)
-            .map_err(CoreError::io(format!("mkdir {}", dir.display())))?;
-        Ok(dir.join(format!(".{hash}.{}.part", rampart_store::access::new_token())))
+        std::fs::create_dir_all(&dir).map_err(CoreError::io(format!("mkdir {}", dir.display())))?;
+        Ok(dir.join(format!(
+            ".{hash}.{}.part",
+            rampart_store::access::new_token()
+        )))
     }
 
     /// Moves a complete upload into place.
@@ -407,7 +406,12 @@ impl TemplateBuilds {
             };
             match r {
                 Ok(tid) => {
-                    me.log(&id, "info", Some("finalize".into()), "Template is ready".into());
+                    me.log(
+                        &id,
+                        "info",
+                        Some("finalize".into()),
+                        "Template is ready".into(),
+                    );
                     me.set(&id, |i| {
                         i.status = BuildStatus::Ready;
                         i.template_id = Some(tid);
@@ -415,7 +419,12 @@ impl TemplateBuilds {
                     });
                 }
                 Err((message, step)) => {
-                    me.log(&id, "error", step.clone(), format!("Build failed: {message}"));
+                    me.log(
+                        &id,
+                        "error",
+                        step.clone(),
+                        format!("Build failed: {message}"),
+                    );
                     me.set(&id, |i| {
                         i.status = BuildStatus::Error;
                         i.reason = Some((message, step));
@@ -474,7 +483,10 @@ impl TemplateBuilds {
                     let src = stage_upload(&self.uploads_dir().join(format!("{hash}.tar")), &at)
                         .map_err(|e| (format!("copy: {e}"), name.clone()))?;
                     Step::Copy {
-                        src: src.strip_prefix(staging.path()).unwrap_or(&src).to_path_buf(),
+                        src: src
+                            .strip_prefix(staging.path())
+                            .unwrap_or(&src)
+                            .to_path_buf(),
                         dest,
                         owner,
                         mode,
@@ -533,19 +545,18 @@ impl TemplateBuilds {
                     }
                 }
             }
-            BuildEvent::StepDone { index, cached, secs } => {
+            BuildEvent::StepDone {
+                index,
+                cached,
+                secs,
+            } => {
                 if !pending.trim().is_empty() {
                     let line = std::mem::take(&mut pending);
                     self.log(id, "info", step_name(index), line.trim_end().to_owned());
                 }
                 pending.clear();
                 let msg = if cached {
-                    format!(
-                        "CACHED [builder {}/{}] {}",
-                        index + 1,
-                        current.1,
-                        current.2
-                    )
+                    format!("CACHED [builder {}/{}] {}", index + 1, current.1, current.2)
                 } else {
                     format!(
                         "DONE [builder {}/{}] {} ({secs:.2} s)",
@@ -567,13 +578,15 @@ impl TemplateBuilds {
             .split_first()
             .ok_or_else(|| ("a build needs a tag".to_owned(), None))?;
         let primary = format!("{}:{first}", info.name);
-        let report = builder.build(&spec, &primary, &opts, &mut events).map_err(|e| {
-            let step = match &e {
-                ImageError::Step { index, .. } => step_name(*index),
-                _ => None,
-            };
-            (e.to_string(), step)
-        })?;
+        let report = builder
+            .build(&spec, &primary, &opts, &mut events)
+            .map_err(|e| {
+                let step = match &e {
+                    ImageError::Step { index, .. } => step_name(*index),
+                    _ => None,
+                };
+                (e.to_string(), step)
+            })?;
         for t in rest {
             store
                 .tag_build(&format!("{}:{t}", info.name), &report.id, Some(id))
@@ -610,10 +623,17 @@ fn stage_upload(archive: &Path, at: &Path) -> Result<PathBuf, String> {
     // The archive's own entries: the sources are those whose parent is not one.
     let mut entries: Vec<String> = Vec::new();
     let mut ar = tar::Archive::new(open()?);
-    for e in ar.entries().map_err(|e| format!("reading the archive: {e}"))? {
+    for e in ar
+        .entries()
+        .map_err(|e| format!("reading the archive: {e}"))?
+    {
         let e = e.map_err(|e| format!("reading the archive: {e}"))?;
         let p = e.path().map_err(|e| format!("an entry's path: {e}"))?;
-        let p = p.to_string_lossy().trim_start_matches("./").trim_end_matches('/').to_owned();
+        let p = p
+            .to_string_lossy()
+            .trim_start_matches("./")
+            .trim_end_matches('/')
+            .to_owned();
         if !p.is_empty() && p != "." {
             entries.push(p);
         }

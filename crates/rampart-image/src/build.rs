@@ -403,7 +403,8 @@ pub fn step_key(
             hash_tree(&mut k, &spec_dir.join(src), Path::new(""))?;
             if owner.is_some() || mode.is_some() {
                 k.str("owner").str(owner.as_deref().unwrap_or(""));
-                k.str("mode").str(&mode.map(|m| m.to_string()).unwrap_or_default());
+                k.str("mode")
+                    .str(&mode.map(|m| m.to_string()).unwrap_or_default());
                 // The owner's name is resolved through the image's /etc/passwd.
                 if owner.is_some() {
                     config_fields(&mut k, config);
@@ -617,7 +618,9 @@ fn merge_usr_upper(fs: &Path, usr_upper: &Path) -> Result<(), ImageError> {
     }
     let usr = fs.join("usr");
     match std::fs::symlink_metadata(&usr) {
-        Err(_) => std::fs::rename(usr_upper, &usr).map_err(io("move the /usr changes into the layer")),
+        Err(_) => {
+            std::fs::rename(usr_upper, &usr).map_err(io("move the /usr changes into the layer"))
+        }
         Ok(md) if md.is_dir() => {
             for e in std::fs::read_dir(usr_upper)
                 .map_err(io("read the /usr changes"))?
@@ -768,11 +771,12 @@ impl<'a> Builder<'a> {
             describe: describe.clone(),
         });
         let network = step_network(spec);
-        if spec
-            .steps
-            .iter()
-            .any(|s| matches!(s, Step::Apt(_) | Step::Pip(_) | Step::Npm(_) | Step::Run { .. }))
-        {
+        if spec.steps.iter().any(|s| {
+            matches!(
+                s,
+                Step::Apt(_) | Step::Pip(_) | Step::Npm(_) | Step::Run { .. }
+            )
+        }) {
             events(BuildEvent::Output {
                 text: match &network {
                     StepNetwork::None => "network of the steps: none\n".to_owned(),
@@ -1005,13 +1009,14 @@ impl<'a> Builder<'a> {
             message,
         };
         let layer_paths: Vec<PathBuf> = chain.iter().map(|k| self.store.layer_fs(k)).collect();
-        let base_dir = if on_base {
-            Some(self.base_dir.clone().ok_or_else(|| {
-                fail("the built-in base is not available to this build".into())
-            })?)
-        } else {
-            None
-        };
+        let base_dir =
+            if on_base {
+                Some(self.base_dir.clone().ok_or_else(|| {
+                    fail("the built-in base is not available to this build".into())
+                })?)
+            } else {
+                None
+            };
         let command = match step {
             Step::Copy {
                 src,

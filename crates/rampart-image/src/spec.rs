@@ -191,10 +191,7 @@ impl Step {
                 d
             }
             Step::Run { cmd, user: None } => format!("run {cmd}"),
-            Step::Run {
-                cmd,
-                user: Some(u),
-            } => format!("run (as {u}) {cmd}"),
+            Step::Run { cmd, user: Some(u) } => format!("run (as {u}) {cmd}"),
             Step::Env(e) => format!(
                 "env {}",
                 e.iter()

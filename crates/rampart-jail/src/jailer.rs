@@ -183,7 +183,10 @@ fn mount_on_base(
             }
             (
                 (PathBuf::from("build-upper"), PathBuf::from("build-work")),
-                (PathBuf::from("build-usr-upper"), PathBuf::from("build-usr-work")),
+                (
+                    PathBuf::from("build-usr-upper"),
+                    PathBuf::from("build-usr-work"),
+                ),
             )
         }
         None => (

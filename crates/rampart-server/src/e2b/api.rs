@@ -98,7 +98,9 @@ fn template_of(name: &str) -> Result<&'static str, E2bError> {
     }
 }
 
-pub(super) fn parse_body<T: for<'de> Deserialize<'de> + Default>(body: &Bytes) -> Result<T, E2bError> {
+pub(super) fn parse_body<T: for<'de> Deserialize<'de> + Default>(
+    body: &Bytes,
+) -> Result<T, E2bError> {
     if body.iter().all(u8::is_ascii_whitespace) {
         return Ok(T::default());
     }

@@ -248,7 +248,10 @@ pub(crate) fn attach(
         // Signed download/upload URLs opened without the routing headers.
         .route("/files", get(envd::signed_files).post(envd::signed_files))
         // Template file uploads: the link's token is the authorization (as a presigned URL).
-        .route("/e2b/uploads/{token}", axum::routing::put(templates::upload))
+        .route(
+            "/e2b/uploads/{token}",
+            axum::routing::put(templates::upload),
+        )
         .with_state(st.clone());
     inner
         .merge(api)

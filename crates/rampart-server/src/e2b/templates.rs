@@ -602,7 +602,10 @@ pub(crate) async fn build_status(
         .get(&bid)
         .filter(|i| i.name == id)
         .ok_or_else(|| not_found_build(&id, &bid))?;
-    let offset: usize = q.get("logsOffset").and_then(|v| v.parse().ok()).unwrap_or(0);
+    let offset: usize = q
+        .get("logsOffset")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
     let limit = q
         .get("limit")
         .and_then(|v| v.parse().ok())
@@ -681,7 +684,9 @@ pub(crate) async fn alias(
 ) -> Result<Response, E2bError> {
     let found = store(&st).and_then(|s| s.name(&alias));
     match found {
-        Some(_) => Ok(Json(json!({"templateID": split_name(&alias).0, "public": false})).into_response()),
+        Some(_) => {
+            Ok(Json(json!({"templateID": split_name(&alias).0, "public": false})).into_response())
+        }
         None => Err(E2bError::new(
             StatusCode::NOT_FOUND,
             format!("template alias \"{alias}\" not found"),
@@ -828,10 +833,7 @@ struct AssignTags {
 }
 
 /// `POST /templates/tags` `{target: "name:tag", tags}`: 201 `{tags, buildID}`.
-pub(crate) async fn assign_tags(
-    State(st): State<E2b>,
-    body: Bytes,
-) -> Result<Response, E2bError> {
+pub(crate) async fn assign_tags(State(st): State<E2b>, body: Bytes) -> Result<Response, E2bError> {
     let a: AssignTags = super::api::parse_body(&body)?;
     if a.tags.is_empty() {
         return Err(E2bError::bad_request("tags: give at least one tag"));
@@ -865,10 +867,7 @@ struct DeleteTags {
 }
 
 /// `DELETE /templates/tags` `{name, tags}`: 204; 404 when a tag is not the template's.
-pub(crate) async fn delete_tags(
-    State(st): State<E2b>,
-    body: Bytes,
-) -> Result<Response, E2bError> {
+pub(crate) async fn delete_tags(State(st): State<E2b>, body: Bytes) -> Result<Response, E2bError> {
     let d: DeleteTags = super::api::parse_body(&body)?;
     let s = store(&st).ok_or_else(|| not_found_template(&d.name))?;
     let name = split_name(&d.name).0;
@@ -953,7 +952,10 @@ mod tests {
     fn paths_are_made_absolute_like_docker() {
         assert_eq!(absolute("/home/user", "app"), "/home/user/app");
         assert_eq!(absolute("/home/user", "./src/"), "/home/user/src/");
-        assert_eq!(absolute("/", "/etc/app/config.json"), "/etc/app/config.json");
+        assert_eq!(
+            absolute("/", "/etc/app/config.json"),
+            "/etc/app/config.json"
+        );
         assert_eq!(absolute("/a/b", "../c"), "/a/c");
         assert_eq!(absolute("/a", "/"), "/");
         assert_eq!(absolute("/a", "."), "/a");
