@@ -272,6 +272,9 @@ fn sh_quote(s: &str) -> String {
     format!("'{}'", s.replace('\'', r"'\''"))
 }
 
+/// Plan steps, each with the SDK step name it reports.
+type Steps = Vec<(PlanStep, Option<String>)>;
+
 /// What a build step needs of the image so far.
 struct Cursor {
     user: String,
@@ -279,10 +282,7 @@ struct Cursor {
 }
 
 /// The base of an E2B build, the metadata it starts with, and steps it adds first.
-fn base_of(
-    st: &E2b,
-    t: &StartV2,
-) -> Result<(Base, Cursor, Vec<(PlanStep, Option<String>)>), E2bError> {
+fn base_of(st: &E2b, t: &StartV2) -> Result<(Base, Cursor, Steps), E2bError> {
     let builtin = || {
         (
             Base::Template(rampart_image::build::BUILTIN_BASE.to_owned()),
