@@ -17,6 +17,8 @@ import time
 from harness import run, test
 
 from e2b import (
+    AsyncSandbox,
+    AsyncTemplate,
     Sandbox,
     Template,
     wait_for_file,
@@ -236,6 +238,32 @@ def ready_checks_of_the_sdk():
         finally:
             sbx.kill()
         Template_delete(name)
+
+
+@test
+async def async_build_exists_and_sandbox():
+    name = f"{NAME}-async"
+    t = (
+        AsyncTemplate()
+        .from_template("base")
+        .run_cmd("echo async > /opt/async", user="root")
+        .set_envs({"ASYNC_BUILD": "1"})
+    )
+    logs = []
+    info = await AsyncTemplate.build(t, name, on_build_logs=logs.append)
+    assert info.template_id == name
+    assert any(e.message.startswith("DONE [builder") for e in logs), [e.message for e in logs]
+    assert await AsyncTemplate.exists(name)
+    tags = await AsyncTemplate.get_tags(name)
+    assert [x.tag for x in tags] == ["default"], tags
+    sbx = await AsyncSandbox.create(template=name, timeout=60)
+    try:
+        r = await sbx.commands.run("cat /opt/async; echo $ASYNC_BUILD")
+        assert r.stdout.split() == ["async", "1"], r.stdout
+    finally:
+        await sbx.kill()
+    assert Template_delete(name) == 204
+    assert not await AsyncTemplate.exists(name)
 
 
 @test

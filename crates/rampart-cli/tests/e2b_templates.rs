@@ -112,6 +112,7 @@ fn sdk_builds_caches_tags_and_runs_templates() {
         "sandbox_of_the_template_has_every_step",
         "sandbox_of_a_tagged_child_template",
         "ready_checks_of_the_sdk",
+        "async_build_exists_and_sandbox",
         "failures_are_reported",
         "list_and_delete",
     ] {
