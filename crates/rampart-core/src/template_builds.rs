@@ -24,6 +24,7 @@ use rampart_image::spec::{Base, BuildNetwork, StartSpec};
 use rampart_image::{ImageError, Spec, Step, Store};
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::io::Read;
+use std::os::unix::fs::DirBuilderExt as _;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -352,7 +353,12 @@ impl TemplateBuilds {
     /// A temp file for an upload of `hash` (under the uploads directory).
     pub fn upload_tmp(&self, hash: &str) -> Result<PathBuf, CoreError> {
         let dir = self.uploads_dir();
-        std::fs::create_dir_all(&dir).map_err(CoreError::io(format!("mkdir {}", dir.display())))?;
+        // Private, as the store's other directories are.
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&dir)
+            .map_err(CoreError::io(format!("mkdir {}", dir.display())))?;
         Ok(dir.join(format!(
             ".{hash}.{}.part",
             rampart_store::access::new_token()

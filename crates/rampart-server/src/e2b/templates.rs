@@ -173,7 +173,11 @@ pub(crate) async fn upload(
     })?;
     let tmp = b.upload_tmp(&hash)?;
     let r = async {
-        let mut f = tokio::fs::File::create(&tmp)
+        let mut f = tokio::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&tmp)
             .await
             .map_err(|e| E2bError::internal(format!("creating the upload: {e}")))?;
         let mut n: u64 = 0;
