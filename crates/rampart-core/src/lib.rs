@@ -32,6 +32,7 @@ pub mod principal;
 mod proc;
 mod sandbox;
 mod secrets;
+pub mod template_builds;
 mod templates;
 mod util;
 pub mod validate;
@@ -61,6 +62,7 @@ use std::sync::Arc;
 pub struct Manager {
     inner: Arc<sandbox::Sandboxes>,
     tenant_approvals: std::sync::OnceLock<TenantApprovals>,
+    builds: Arc<template_builds::TemplateBuilds>,
 }
 
 impl std::fmt::Debug for Manager {
@@ -97,10 +99,17 @@ impl Manager {
         cfg: CoreConfig,
         isolation: Arc<dyn Isolation>,
     ) -> Result<Arc<Manager>, CoreError> {
+        let jailed = isolation.name() == "namespace";
         let inner = sandbox::Sandboxes::start(cfg, isolation).await?;
+        let builds = Arc::new(template_builds::TemplateBuilds::new(
+            &inner.cfg,
+            inner.templates_dir(),
+            jailed,
+        ));
         Ok(Arc::new(Manager {
             inner,
             tenant_approvals: std::sync::OnceLock::new(),
+            builds,
         }))
     }
 
@@ -523,6 +532,18 @@ impl Manager {
     pub fn template(&self, name: &str) -> Result<rampart_types::TemplateInfo, CoreError> {
         templates::get(self.inner.data_dir(), name)
             .ok_or_else(|| CoreError::NotFound(format!("template {name}")))
+    }
+    /// The limits a sandbox gets when its request names none.
+    pub fn default_limits(&self) -> rampart_types::Limits {
+        self.inner.cfg.default_limits.clone()
+    }
+    /// Template builds through the API (see [`template_builds`]).
+    pub fn template_builds(&self) -> &Arc<template_builds::TemplateBuilds> {
+        &self.builds
+    }
+    /// The built templates' store, if any template was built (see `docs/templates.md`).
+    pub fn template_store(&self) -> Option<rampart_image::Store> {
+        rampart_image::Store::open_existing(self.inner.data_dir())
     }
     /// Prometheus text exposition of the daemon's metrics.
     pub fn metrics_text(&self) -> String {

@@ -28,6 +28,8 @@ pub(crate) struct Resolved {
     pub keys: Vec<String>,
     /// Its metadata.
     pub config: TemplateConfig,
+    /// The built-in template its layers stack on (`base`), if any.
+    pub on_base: Option<String>,
 }
 
 /// Whether `name` is a built template in `data`'s store.
@@ -53,6 +55,7 @@ pub(crate) fn resolve(data: &Path, name: &str) -> Result<Option<Resolved>, CoreE
         layers,
         keys: m.layers,
         config: m.config,
+        on_base: m.base,
     }))
 }
 
@@ -115,17 +118,22 @@ fn keep_tail(buf: &mut Vec<u8>, b: &[u8]) {
     }
 }
 
-/// Runs `cmd` (shell) to its end as `user`; whether it exited 0.
+/// Runs `cmd` (shell) to its end as `user`, for at most until `deadline` (a check may take
+/// time, as E2B's `wait_for_timeout` does); whether it exited 0.
 async fn probe_cmd(
     client: &AgentClient,
     cmd: &str,
     user: Option<String>,
+    cwd: Option<String>,
+    deadline: Instant,
 ) -> Result<bool, CoreError> {
+    let left = deadline.saturating_duration_since(Instant::now());
     let opts = StartOptions {
         cmd: "/bin/sh".into(),
         args: vec!["-c".into(), cmd.to_owned()],
         user,
-        timeout: Some(Duration::from_secs(10)),
+        cwd,
+        timeout: Some(left.max(Duration::from_secs(1))),
         ..Default::default()
     };
     let mut ev = client.start(opts).await?;
@@ -140,23 +148,26 @@ async fn probe_cmd(
 /// Starts the template's start command (if any) as its user in its workdir, and waits for
 /// its readiness check: a TCP port that accepts (through the agent's port tunnel) or a
 /// command that exits 0, polled until the template's timeout. Fails with the command's
-/// output if it exits first or is not ready in time.
+/// output if it exits first or is not ready in time. A readiness check without a start
+/// command (E2B's `set_ready_cmd` alone) is awaited the same way.
 pub(crate) async fn start(client: &AgentClient, t: &Resolved) -> Result<(), CoreError> {
     let Some(s) = &t.config.start else {
         return Ok(());
     };
-    let Some((cmd, args)) = s.cmd.split_first() else {
-        return Ok(());
+    let mut events = match s.cmd.split_first() {
+        Some((cmd, args)) => {
+            let opts = StartOptions {
+                cmd: cmd.clone(),
+                args: args.to_vec(),
+                user: t.config.user.clone(),
+                cwd: t.config.workdir.clone(),
+                tag: Some(START_TAG.into()),
+                ..Default::default()
+            };
+            Some(client.start(opts).await?)
+        }
+        None => None,
     };
-    let opts = StartOptions {
-        cmd: cmd.clone(),
-        args: args.to_vec(),
-        user: t.config.user.clone(),
-        cwd: t.config.workdir.clone(),
-        tag: Some(START_TAG.into()),
-        ..Default::default()
-    };
-    let mut events = client.start(opts).await?;
     let Some(ready) = &s.ready else {
         return Ok(());
     };
@@ -170,7 +181,16 @@ pub(crate) async fn start(client: &AgentClient, t: &Resolved) -> Result<(), Core
                 Err(ClientError::Rpc { .. }) => false,
                 Err(e) => return Err(e.into()),
             },
-            Ready::Cmd(c) => probe_cmd(client, c, t.config.user.clone()).await?,
+            Ready::Cmd(c) => {
+                probe_cmd(
+                    client,
+                    c,
+                    t.config.user.clone(),
+                    t.config.workdir.clone(),
+                    deadline,
+                )
+                .await?
+            }
         };
         if ok {
             return Ok(());
@@ -187,7 +207,12 @@ pub(crate) async fn start(client: &AgentClient, t: &Resolved) -> Result<(), Core
         loop {
             tokio::select! {
                 () = &mut pause => break,
-                ev = events.next() => match ev {
+                ev = async {
+                    match events.as_mut() {
+                        Some(e) => e.next().await,
+                        None => std::future::pending().await,
+                    }
+                } => match ev {
                     Some(Ok(ProcessEvent::Stdout(b) | ProcessEvent::Stderr(b))) => keep_tail(&mut output, &b),
                     Some(Ok(ProcessEvent::End { status, .. })) => {
                         return Err(CoreError::Internal(format!(

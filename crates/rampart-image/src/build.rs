@@ -292,6 +292,21 @@ pub struct RunRequest {
     /// A host directory of the step's own for the runner's files (its `resolv.conf`, the
     /// egress state), removed after the step.
     pub scratch: PathBuf,
+    /// Layers on the built-in `base`: its directory (its `rootfs/` is the bottom of `/`,
+    /// the host's `/usr` the bottom of `/usr`) and the upper and work directories of the
+    /// `/usr` overlay (the builder moves that upper into the layer's `usr/` afterwards).
+    pub on_base: Option<OnBase>,
+}
+
+/// How a build step on the built-in `base` is mounted (see [`RunRequest::on_base`]).
+#[derive(Debug, Clone)]
+pub struct OnBase {
+    /// The `base` template's directory (holding `rootfs/`).
+    pub template_dir: PathBuf,
+    /// The `/usr` overlay's upper directory.
+    pub usr_upper: PathBuf,
+    /// Its work directory.
+    pub usr_work: PathBuf,
 }
 
 /// Runs build steps in sandboxes. [`JailRunner`] is the real one.
@@ -312,7 +327,16 @@ pub trait StepRunner: std::fmt::Debug {
 pub struct BuildOptions {
     /// Ignore cached step layers (rebuild every step; the base is still reused).
     pub no_cache: bool,
+    /// Ignore cached layers from this step on (1 = the first step; E2B's `skip_cache()`
+    /// before a step).
+    pub no_cache_from: Option<usize>,
+    /// The build's id, kept with the name it sets (E2B's `buildID`).
+    pub build_id: Option<String>,
 }
+
+/// The name of the built-in template built templates may stack on (`from =
+/// "template:base"`).
+pub const BUILTIN_BASE: &str = "base";
 
 /// The key of a chain of layers.
 pub fn chain_key(layers: &[String]) -> String {
@@ -355,19 +379,37 @@ pub fn step_key(
     let mut k = KeyHasher::new("rampart step v1");
     k.str(&chain_key(chain)).str(step.kind());
     match step {
-        Step::Apt(p) | Step::Pip(p) => {
+        Step::Apt(p) | Step::Pip(p) | Step::Npm(p) => {
             for x in p {
                 k.str(x);
             }
             config_fields(&mut k, config);
         }
-        Step::Run(c) => {
-            k.str(c);
+        Step::Run { cmd, user } => {
+            k.str(cmd);
+            // A run as the template's user keeps its v1 key.
+            if let Some(u) = user {
+                k.str("as").str(u);
+            }
             config_fields(&mut k, config);
         }
-        Step::Copy { src, dest } => {
+        Step::Copy {
+            src,
+            dest,
+            owner,
+            mode,
+        } => {
             k.str(dest);
             hash_tree(&mut k, &spec_dir.join(src), Path::new(""))?;
+            if owner.is_some() || mode.is_some() {
+                k.str("owner").str(owner.as_deref().unwrap_or(""));
+                k.str("mode")
+                    .str(&mode.map(|m| m.to_string()).unwrap_or_default());
+                // The owner's name is resolved through the image's /etc/passwd.
+                if owner.is_some() {
+                    config_fields(&mut k, config);
+                }
+            }
         }
         Step::Env(_) | Step::User(_) | Step::Workdir(_) => {}
     }
@@ -416,36 +458,71 @@ fn hash_tree(k: &mut KeyHasher, p: &Path, rel: &Path) -> Result<(), ImageError> 
     Ok(())
 }
 
-/// Copies `src` into `fs` at `dest` (absolute inside the image), files owned by root,
-/// modes kept, parent directories 0755.
-fn copy_into(fs: &Path, src: &Path, dest: &str) -> Result<(), ImageError> {
+/// Owner and mode of copied entries.
+#[derive(Debug, Clone, Copy)]
+struct CopyAttrs {
+    uid: u32,
+    gid: u32,
+    mode: Option<u32>,
+}
+
+/// Copies `src` into `fs` at `dest` (absolute inside the image; a file source with a `dest`
+/// ending in `/` goes into that directory), entries owned by `attrs` (root by default),
+/// modes kept unless `attrs` sets one. Parent directories the image below has (in `lowers`,
+/// its roots top first) keep their owner and mode (the layer's copy of a directory is what
+/// the merged view shows); new ones are 0755, owned by root.
+fn copy_into(
+    fs: &Path,
+    src: &Path,
+    dest: &str,
+    attrs: CopyAttrs,
+    lowers: &[PathBuf],
+) -> Result<(), ImageError> {
     let mut d = fs.to_path_buf();
-    let comps: Vec<&str> = dest
+    let mut comps: Vec<String> = dest
         .split('/')
         .filter(|c| !c.is_empty() && *c != ".")
+        .map(str::to_owned)
         .collect();
+    let src_is_dir = std::fs::symlink_metadata(src).is_ok_and(|m| m.is_dir());
+    if dest.ends_with('/') && !src_is_dir {
+        if let Some(n) = src.file_name() {
+            comps.push(n.to_string_lossy().into_owned());
+        }
+    }
     let Some((last, parents)) = comps.split_last() else {
         // dest = "/": copy a directory's contents into the root.
-        return copy_tree(src, fs, true);
+        return copy_tree(src, fs, true, attrs);
     };
+    let mut rel = PathBuf::new();
     for c in parents {
         d.push(c);
+        rel.push(c);
         if !d.exists() {
             std::fs::create_dir(&d).map_err(io(format!("mkdir {}", d.display())))?;
-            std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o755))
+            let below = lowers
+                .iter()
+                .find_map(|r| std::fs::symlink_metadata(r.join(&rel)).ok())
+                .filter(|m| m.is_dir());
+            let (mode, uid, gid) = below
+                .map(|m| (m.mode() & 0o7777, m.uid(), m.gid()))
+                .unwrap_or((0o755, 0, 0));
+            std::os::unix::fs::lchown(&d, Some(uid), Some(gid))
+                .map_err(io(format!("chown {}", d.display())))?;
+            std::fs::set_permissions(&d, std::fs::Permissions::from_mode(mode))
                 .map_err(io(format!("chmod {}", d.display())))?;
         }
     }
-    copy_tree(src, &d.join(last), false)
+    copy_tree(src, &d.join(last), false, attrs)
 }
 
-fn copy_tree(src: &Path, dst: &Path, merge: bool) -> Result<(), ImageError> {
+fn copy_tree(src: &Path, dst: &Path, merge: bool, a: CopyAttrs) -> Result<(), ImageError> {
     let md = std::fs::symlink_metadata(src).map_err(io(format!("stat {}", src.display())))?;
     let ft = md.file_type();
     if ft.is_symlink() {
         let t = std::fs::read_link(src).map_err(io(format!("readlink {}", src.display())))?;
         std::os::unix::fs::symlink(t, dst).map_err(io(format!("symlink {}", dst.display())))?;
-        std::os::unix::fs::lchown(dst, Some(0), Some(0))
+        std::os::unix::fs::lchown(dst, Some(a.uid), Some(a.gid))
             .map_err(io(format!("chown {}", dst.display())))?;
         return Ok(());
     }
@@ -457,17 +534,110 @@ fn copy_tree(src: &Path, dst: &Path, merge: bool) -> Result<(), ImageError> {
             .map_err(io(format!("read {}", src.display())))?
             .flatten()
         {
-            copy_tree(&e.path(), &dst.join(e.file_name()), false)?;
+            copy_tree(&e.path(), &dst.join(e.file_name()), false, a)?;
         }
     } else if ft.is_file() {
         std::fs::copy(src, dst).map_err(io(format!("copy {}", src.display())))?;
     } else {
         return Ok(());
     }
-    std::os::unix::fs::lchown(dst, Some(0), Some(0))
+    std::os::unix::fs::lchown(dst, Some(a.uid), Some(a.gid))
         .map_err(io(format!("chown {}", dst.display())))?;
-    std::fs::set_permissions(dst, std::fs::Permissions::from_mode(md.mode() & 0o7777))
+    let mode = a.mode.unwrap_or(md.mode() & 0o7777);
+    std::fs::set_permissions(dst, std::fs::Permissions::from_mode(mode))
         .map_err(io(format!("chmod {}", dst.display())))
+}
+
+/// The top-most `rel` file of the merged view of `roots` (top first), unless a whiteout
+/// hides it.
+fn merged_file(roots: &[PathBuf], rel: &str) -> Option<String> {
+    use std::os::unix::fs::FileTypeExt;
+    for r in roots {
+        if let Ok(md) = std::fs::symlink_metadata(r.join(rel)) {
+            if md.file_type().is_char_device() && md.rdev() == 0 {
+                return None;
+            }
+            if md.is_file() {
+                return std::fs::read_to_string(r.join(rel)).ok();
+            }
+            return None;
+        }
+    }
+    None
+}
+
+/// Resolves `user[:group]` (names through the image's `/etc/passwd` and `/etc/group`, or
+/// numbers) to ids; a user alone gets its primary group.
+fn resolve_owner(roots: &[PathBuf], owner: &str) -> Result<(u32, u32), String> {
+    let (u, g) = match owner.split_once(':') {
+        Some((u, g)) => (u, Some(g)),
+        None => (owner, None),
+    };
+    let passwd = merged_file(roots, "etc/passwd").unwrap_or_default();
+    let find = |text: &str, name: &str, gid_field: bool| -> Option<(u32, u32)> {
+        text.lines().find_map(|l| {
+            let f: Vec<&str> = l.split(':').collect();
+            if f.len() < 3 || f[0] != name {
+                return None;
+            }
+            let id = f[2].parse().ok()?;
+            let g = if gid_field {
+                f.get(3).and_then(|g| g.parse().ok()).unwrap_or(id)
+            } else {
+                id
+            };
+            Some((id, g))
+        })
+    };
+    let (uid, primary) = match u.parse::<u32>() {
+        Ok(n) => (n, find(&passwd, u, true).map(|x| x.1).unwrap_or(n)),
+        Err(_) => find(&passwd, u, true)
+            .ok_or_else(|| format!("owner {owner:?}: no user {u:?} in the image's /etc/passwd"))?,
+    };
+    let gid = match g {
+        None => primary,
+        Some(g) => match g.parse::<u32>() {
+            Ok(n) => n,
+            Err(_) => {
+                let group = merged_file(roots, "etc/group").unwrap_or_default();
+                find(&group, g, false).map(|x| x.0).ok_or_else(|| {
+                    format!("owner {owner:?}: no group {g:?} in the image's /etc/group")
+                })?
+            }
+        },
+    };
+    Ok((uid, gid))
+}
+
+/// Moves the `/usr` overlay's upper directory of a build step on `base` into the layer's
+/// `usr/` (the layer then holds `/usr` changes like any other path).
+fn merge_usr_upper(fs: &Path, usr_upper: &Path) -> Result<(), ImageError> {
+    let empty = std::fs::read_dir(usr_upper).map_or(true, |mut r| r.next().is_none());
+    if empty {
+        return Ok(());
+    }
+    let usr = fs.join("usr");
+    match std::fs::symlink_metadata(&usr) {
+        Err(_) => {
+            std::fs::rename(usr_upper, &usr).map_err(io("move the /usr changes into the layer"))
+        }
+        Ok(md) if md.is_dir() => {
+            for e in std::fs::read_dir(usr_upper)
+                .map_err(io("read the /usr changes"))?
+                .flatten()
+            {
+                let to = usr.join(e.file_name());
+                if std::fs::symlink_metadata(&to).is_ok() {
+                    remove_tree(&to).map_err(io(format!("replace {}", to.display())))?;
+                }
+                std::fs::rename(e.path(), &to).map_err(io(format!("move {}", to.display())))?;
+            }
+            Ok(())
+        }
+        Ok(_) => Err(ImageError::Sandbox(
+            "the step replaced /usr with a non-directory".into(),
+        )),
+    }
 }
 
 /// Turns a build sandbox's upper directory into a layer: owners moved from the sandbox's
@@ -539,6 +709,9 @@ pub struct Builder<'a> {
     pub cancel: Arc<AtomicBool>,
     /// The uid base the runner's sandboxes use (to shift owners back).
     pub uid_base: u32,
+    /// The built-in `base` template's directory, for `from = "template:base"` (none: such
+    /// a build fails saying so).
+    pub base_dir: Option<PathBuf>,
 }
 
 impl<'a> Builder<'a> {
@@ -550,7 +723,14 @@ impl<'a> Builder<'a> {
             runner,
             cancel: Arc::new(AtomicBool::new(false)),
             uid_base,
+            base_dir: None,
         }
+    }
+
+    /// Lets builds stack on the built-in `base`, whose directory is `dir`.
+    pub fn with_base_dir(mut self, dir: PathBuf) -> Self {
+        self.base_dir = Some(dir);
+        self
     }
 
     fn check_cancel(&self) -> Result<(), ImageError> {
@@ -571,7 +751,7 @@ impl<'a> Builder<'a> {
         opts: &BuildOptions,
         events: &mut dyn FnMut(BuildEvent),
     ) -> Result<BuildReport, ImageError> {
-        crate::check_name(name)?;
+        crate::check_ref(name)?;
         let t_all = Instant::now();
         let total = spec.steps.len() + 1;
         let mut report = Vec::new();
@@ -591,11 +771,12 @@ impl<'a> Builder<'a> {
             describe: describe.clone(),
         });
         let network = step_network(spec);
-        if spec
-            .steps
-            .iter()
-            .any(|s| matches!(s, Step::Apt(_) | Step::Pip(_) | Step::Run(_)))
-        {
+        if spec.steps.iter().any(|s| {
+            matches!(
+                s,
+                Step::Apt(_) | Step::Pip(_) | Step::Npm(_) | Step::Run { .. }
+            )
+        }) {
             events(BuildEvent::Output {
                 text: match &network {
                     StepNetwork::None => "network of the steps: none\n".to_owned(),
@@ -608,6 +789,8 @@ impl<'a> Builder<'a> {
         }
         let mut base_layers = Vec::new();
         let mut base_cached = true;
+        // Layers stacked on a built-in template (`base`).
+        let mut on: Option<String> = None;
         match &spec.from {
             Base::Debian {
                 suite,
@@ -664,13 +847,39 @@ impl<'a> Builder<'a> {
                 }
                 config = img.config;
             }
+            Base::Template(n) if n == BUILTIN_BASE => {
+                if self.base_dir.is_none() {
+                    return Err(ImageError::Spec(crate::SpecError {
+                        field: "from".into(),
+                        message: "template:base: the built-in base is not available to this \
+                                  build (pass the daemon's data directory)"
+                            .into(),
+                    }));
+                }
+                // The base's root provides the mount points: no skeleton.
+                chain.clear();
+                on = Some(BUILTIN_BASE.to_owned());
+                // What a sandbox of `base` starts with.
+                config.user = Some(rampart_jail::template::USER_NAME.to_owned());
+                config.workdir = Some(format!("/home/{}", rampart_jail::template::USER_NAME));
+            }
             Base::Template(n) => {
                 let (_, m) = self.store.resolve(n)?;
                 self.store.layer_paths(&m)?;
-                // Its chain starts with the skeleton already.
+                // Its chain starts with the skeleton already (or stacks on `base`).
                 chain.clear();
                 base_layers = m.layers;
                 config = m.config;
+                on = m.base;
+                if on.is_some() && self.base_dir.is_none() {
+                    return Err(ImageError::Spec(crate::SpecError {
+                        field: "from".into(),
+                        message: format!(
+                            "template:{n} stacks on the built-in base, which is not \
+                             available to this build"
+                        ),
+                    }));
+                }
             }
         }
         chain.extend(base_layers.iter().cloned());
@@ -717,11 +926,26 @@ impl<'a> Builder<'a> {
                 Step::User(u) => config.user = Some(u.clone()),
                 Step::Workdir(w) => config.workdir = Some(w.clone()),
                 _ => {
-                    let key = step_key(&chain, step, &config, &spec.dir)?;
-                    if opts.no_cache || !self.store.has_layer(&key) {
+                    // The key of a chain on `base` names it first.
+                    let key_chain: Vec<String> = on
+                        .iter()
+                        .map(|b| format!("builtin:{b}"))
+                        .chain(chain.iter().cloned())
+                        .collect();
+                    let key = step_key(&key_chain, step, &config, &spec.dir)?;
+                    let skip = opts.no_cache || opts.no_cache_from.is_some_and(|f| index >= f);
+                    if skip || !self.store.has_layer(&key) {
                         cached = false;
                         self.make_step_layer(
-                            index, step, &chain, &config, &spec.dir, &key, &network, events,
+                            index,
+                            step,
+                            &chain,
+                            on.is_some(),
+                            &config,
+                            &spec.dir,
+                            &key,
+                            &network,
+                            events,
                         )?;
                     }
                     chain.push(key.clone());
@@ -751,9 +975,10 @@ impl<'a> Builder<'a> {
             schema: SCHEMA,
             layers: chain,
             config,
+            base: on,
         };
         let id = self.store.put_manifest(&manifest)?;
-        self.store.tag(name, &id)?;
+        self.store.tag_build(name, &id, opts.build_id.as_deref())?;
         Ok(BuildReport {
             name: name.to_owned(),
             id,
@@ -769,6 +994,7 @@ impl<'a> Builder<'a> {
         index: usize,
         step: &Step,
         chain: &[String],
+        on_base: bool,
         config: &TemplateConfig,
         spec_dir: &Path,
         key: &str,
@@ -782,12 +1008,43 @@ impl<'a> Builder<'a> {
             kind: step.kind().into(),
             message,
         };
+        let layer_paths: Vec<PathBuf> = chain.iter().map(|k| self.store.layer_fs(k)).collect();
+        let base_dir =
+            if on_base {
+                Some(self.base_dir.clone().ok_or_else(|| {
+                    fail("the built-in base is not available to this build".into())
+                })?)
+            } else {
+                None
+            };
         let command = match step {
-            Step::Copy { src, dest } => {
+            Step::Copy {
+                src,
+                dest,
+                owner,
+                mode,
+            } => {
+                let mut roots: Vec<PathBuf> = layer_paths.iter().rev().cloned().collect();
+                roots.extend(base_dir.iter().map(|d| d.join("rootfs")));
+                let (uid, gid) = match owner {
+                    None => (0, 0),
+                    Some(o) => resolve_owner(&roots, o).map_err(fail)?,
+                };
+                // On `base`, /usr below the layers is the host's.
+                let mut lowers = roots.clone();
+                if base_dir.is_some() && dest.trim_start_matches('/').starts_with("usr/") {
+                    lowers.push(PathBuf::from("/"));
+                }
+                let attrs = CopyAttrs {
+                    uid,
+                    gid,
+                    mode: *mode,
+                };
                 std::fs::create_dir(&fs).map_err(io("mkdir layer"))?;
                 std::fs::set_permissions(&fs, std::fs::Permissions::from_mode(0o755))
                     .map_err(io("chmod layer"))?;
-                copy_into(&fs, &spec_dir.join(src), dest).map_err(|e| fail(e.to_string()))?;
+                copy_into(&fs, &spec_dir.join(src), dest, attrs, &lowers)
+                    .map_err(|e| fail(e.to_string()))?;
                 self.store.commit_layer(&fs, key, &step.describe())?;
                 return Ok(());
             }
@@ -804,19 +1061,45 @@ impl<'a> Builder<'a> {
                  else echo 'pip: python3 -m pip is not available in the image' >&2; exit 127; fi",
                 pk = p.join(" ")
             ),
-            Step::Run(c) => c.clone(),
+            Step::Npm(p) => format!(
+                "set -e; if command -v npm >/dev/null 2>&1; then \
+                 npm install -g --no-fund --no-audit --no-update-notifier {}; \
+                 else echo 'npm: npm is not available in the image' >&2; exit 127; fi",
+                p.join(" ")
+            ),
+            Step::Run { cmd, .. } => cmd.clone(),
             Step::Env(_) | Step::User(_) | Step::Workdir(_) => return Ok(()),
         };
-        let layer_paths: Vec<PathBuf> = chain.iter().map(|k| self.store.layer_fs(k)).collect();
-        let had_rc = chain_has(&layer_paths, "etc/resolv.conf");
+        let mut rc_roots = layer_paths.clone();
+        if let Some(b) = &base_dir {
+            rc_roots.insert(0, b.join("rootfs"));
+        }
+        let had_rc = chain_has(&rc_roots, "etc/resolv.conf");
         let mut env = BTreeMap::new();
         env.insert("PATH".to_owned(), BUILD_PATH.to_owned());
         env.insert("HOME".to_owned(), "/root".to_owned());
         env.extend(config.env.clone());
-        // apt and pip run as root; `run` as the template's user so far.
+        // apt, pip and npm run as root; `run` as its own user or the template's so far.
         let user = match step {
-            Step::Run(_) => config.user.clone().unwrap_or_else(|| "root".into()),
+            Step::Run { user: Some(u), .. } => u.clone(),
+            Step::Run { user: None, .. } => config.user.clone().unwrap_or_else(|| "root".into()),
             _ => "root".into(),
+        };
+        let on_base = match &base_dir {
+            Some(d) => {
+                let b = OnBase {
+                    template_dir: d.clone(),
+                    usr_upper: tmp.path().join("usr-upper"),
+                    usr_work: tmp.path().join("usr-work"),
+                };
+                for p in [&b.usr_upper, &b.usr_work] {
+                    std::fs::create_dir(p).map_err(io(format!("mkdir {}", p.display())))?;
+                    std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o755))
+                        .map_err(io(format!("chmod {}", p.display())))?;
+                }
+                Some(b)
+            }
+            None => None,
         };
         let req = RunRequest {
             layers: layer_paths,
@@ -825,12 +1108,13 @@ impl<'a> Builder<'a> {
             command,
             user,
             cwd: match step {
-                Step::Run(_) => config.workdir.clone(),
+                Step::Run { .. } => config.workdir.clone(),
                 _ => Some("/".into()),
             },
             env,
             network: network.clone(),
             scratch: tmp.path().join("scratch"),
+            on_base,
         };
         std::fs::create_dir(&req.scratch).map_err(io("mkdir the step's scratch directory"))?;
         let mut out = |b: &[u8]| {
@@ -842,6 +1126,10 @@ impl<'a> Builder<'a> {
         self.check_cancel()?;
         if code != 0 {
             return Err(fail(format!("exited with status {code}")));
+        }
+        if let Some(b) = &req.on_base {
+            merge_usr_upper(&fs, &b.usr_upper)?;
+            let _ = remove_tree(&b.usr_work);
         }
         finish_upper(&fs, self.uid_base, had_rc)?;
         let _ = remove_tree(&tmp.path().join("work"));
@@ -1298,7 +1586,11 @@ mod runner {
             }
             let spec = LaunchSpec {
                 id: id.clone(),
-                template_dir: PathBuf::new(),
+                template_dir: req
+                    .on_base
+                    .as_ref()
+                    .map(|b| b.template_dir.clone())
+                    .unwrap_or_default(),
                 uid_base: self.uid_base,
                 limits: self.limits.clone(),
                 hostname: "rampart-build".into(),
@@ -1308,11 +1600,14 @@ mod runner {
                     .map(|(k, v)| (k.clone(), v.clone()))
                     .collect(),
                 layers: req.layers.clone(),
+                layers_on_base: req.on_base.is_some(),
                 build: Some(BuildMounts {
                     upper: req.upper.clone(),
                     work: req.work.clone(),
                     // A network namespace of its own (loopback only until wired below).
                     resolv_conf: Some(resolv),
+                    usr_upper: req.on_base.as_ref().map(|b| b.usr_upper.clone()),
+                    usr_work: req.on_base.as_ref().map(|b| b.usr_work.clone()),
                 }),
                 agent_args: vec!["--default-user".into(), "root".into()],
                 files: Vec::new(),

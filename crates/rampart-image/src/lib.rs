@@ -93,6 +93,48 @@ pub(crate) fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> Imag
 /// cannot be taken by built ones.
 pub const RESERVED_NAMES: &[&str] = &["base", "code-interpreter-v1"];
 
+/// The tag a bare template name stands for (E2B's `default`).
+pub const DEFAULT_TAG: &str = "default";
+
+/// Checks a template reference, `name` or `name:tag` (a tag: 1 to 64 bytes of
+/// `[A-Za-z0-9._-]`, starting with a letter or digit); returns the store's spelling of it
+/// (`name:default` is `name`).
+pub fn check_ref(r: &str) -> Result<String, ImageError> {
+    let Some((name, tag)) = r.split_once(':') else {
+        check_name(r)?;
+        return Ok(r.to_owned());
+    };
+    check_name(name)?;
+    check_tag(tag).map_err(|reason| ImageError::BadName {
+        name: r.to_owned(),
+        reason,
+    })?;
+    Ok(if tag == DEFAULT_TAG {
+        name.to_owned()
+    } else {
+        format!("{name}:{tag}")
+    })
+}
+
+/// Checks a tag (see [`check_ref`]).
+pub fn check_tag(tag: &str) -> Result<(), String> {
+    if tag.is_empty() || tag.len() > 64 {
+        return Err("a tag must be 1 to 64 bytes".into());
+    }
+    if !tag
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
+    {
+        return Err(format!(
+            "tag {tag:?}: only A-Z, a-z, 0-9, '.', '_' and '-' are allowed"
+        ));
+    }
+    if !tag.as_bytes()[0].is_ascii_alphanumeric() {
+        return Err(format!("tag {tag:?} must start with a letter or a digit"));
+    }
+    Ok(())
+}
+
 /// Checks a template name: 1 to 64 bytes of `[a-z0-9._-]`, starting with a letter or digit,
 /// not reserved.
 pub fn check_name(name: &str) -> Result<(), ImageError> {

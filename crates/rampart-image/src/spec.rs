@@ -118,15 +118,28 @@ pub enum Step {
     Apt(Vec<String>),
     /// Python packages (`pip install`).
     Pip(Vec<String>),
+    /// Node.js packages, installed globally as root (`npm install -g`).
+    Npm(Vec<String>),
     /// Files from the spec's directory into the image.
     Copy {
         /// Source, relative to the spec's directory (file or directory).
         src: PathBuf,
-        /// Absolute destination inside the image.
+        /// Absolute destination inside the image (a file source and a destination ending in
+        /// `/` put the file into that directory).
         dest: String,
+        /// Owner of every copied entry, `user[:group]` (names of the image's `/etc/passwd`
+        /// and `/etc/group`, or numbers); root when none.
+        owner: Option<String>,
+        /// Permission bits of every copied entry; the source's when none.
+        mode: Option<u32>,
     },
     /// A shell command (`/bin/sh -c`).
-    Run(String),
+    Run {
+        /// The command.
+        cmd: String,
+        /// Who runs it (none: the template's user so far).
+        user: Option<String>,
+    },
     /// Environment variables (metadata; no layer).
     Env(BTreeMap<String, String>),
     /// Default user (metadata; no layer).
@@ -141,8 +154,9 @@ impl Step {
         match self {
             Step::Apt(_) => "apt",
             Step::Pip(_) => "pip",
+            Step::Npm(_) => "npm",
             Step::Copy { .. } => "copy",
-            Step::Run(_) => "run",
+            Step::Run { .. } => "run",
             Step::Env(_) => "env",
             Step::User(_) => "user",
             Step::Workdir(_) => "workdir",
@@ -152,7 +166,7 @@ impl Step {
     pub fn makes_layer(&self) -> bool {
         matches!(
             self,
-            Step::Apt(_) | Step::Pip(_) | Step::Copy { .. } | Step::Run(_)
+            Step::Apt(_) | Step::Pip(_) | Step::Npm(_) | Step::Copy { .. } | Step::Run { .. }
         )
     }
     /// A one-line description.
@@ -160,8 +174,24 @@ impl Step {
         match self {
             Step::Apt(p) => format!("apt {}", p.join(" ")),
             Step::Pip(p) => format!("pip {}", p.join(" ")),
-            Step::Copy { src, dest } => format!("copy {} -> {dest}", src.display()),
-            Step::Run(c) => format!("run {c}"),
+            Step::Npm(p) => format!("npm {}", p.join(" ")),
+            Step::Copy {
+                src,
+                dest,
+                owner,
+                mode,
+            } => {
+                let mut d = format!("copy {} -> {dest}", src.display());
+                if let Some(o) = owner {
+                    d.push_str(&format!(" (owner {o})"));
+                }
+                if let Some(m) = mode {
+                    d.push_str(&format!(" (mode {m:04o})"));
+                }
+                d
+            }
+            Step::Run { cmd, user: None } => format!("run {cmd}"),
+            Step::Run { cmd, user: Some(u) } => format!("run (as {u}) {cmd}"),
             Step::Env(e) => format!(
                 "env {}",
                 e.iter()
@@ -333,6 +363,54 @@ fn check_pip(field: &str, p: &str) -> Result<(), SpecError> {
     }
 }
 
+/// An npm package spec (`name`, `@scope/name`, `name@version`): no whitespace, no shell
+/// metacharacters, not an option.
+fn check_npm(field: &str, p: &str) -> Result<(), SpecError> {
+    let ok = !p.is_empty()
+        && !p.starts_with('-')
+        && p.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-_.@/~^<>=:+".contains(&b));
+    if ok {
+        Ok(())
+    } else {
+        Err(err(field, format!("{p:?} is not an npm package")))
+    }
+}
+
+/// A user name (or number) of the image.
+pub fn check_user(field: &str, u: &str) -> Result<(), SpecError> {
+    if u.is_empty()
+        || u.len() > 64
+        || u.contains(['/', '\0', ':'])
+        || u.contains(char::is_whitespace)
+    {
+        return Err(err(field, format!("{u:?} is not a user name")));
+    }
+    Ok(())
+}
+
+/// An owner: `user` or `user:group`.
+pub fn check_owner(field: &str, o: &str) -> Result<(), SpecError> {
+    let (u, g) = match o.split_once(':') {
+        Some((u, g)) => (u, Some(g)),
+        None => (o, None),
+    };
+    check_user(field, u)?;
+    if let Some(g) = g {
+        check_user(field, g).map_err(|_| err(field, format!("{o:?} is not user[:group]")))?;
+    }
+    Ok(())
+}
+
+/// An octal mode (`"755"`, `"0755"`, `"0o755"`) up to `0o7777`.
+pub fn parse_mode(m: &str) -> Option<u32> {
+    let d = m.strip_prefix("0o").unwrap_or(m);
+    if d.is_empty() || d.len() > 5 {
+        return None;
+    }
+    u32::from_str_radix(d, 8).ok().filter(|m| *m <= 0o7777)
+}
+
 fn check_abs(field: &str, p: &str) -> Result<(), SpecError> {
     if !p.starts_with('/') || p.contains('\0') {
         return Err(err(field, format!("{p:?} must be an absolute path")));
@@ -429,7 +507,7 @@ fn parse_from(s: &str, debian: Option<&Value>, dir: &Path) -> Result<Base, SpecE
     }
 }
 
-const STEP_KINDS: &str = "apt, pip, copy, run, env, user, workdir";
+const STEP_KINDS: &str = "apt, pip, npm, copy, run, env, user, workdir";
 
 fn parse_step(field: &str, v: &Value) -> Result<Step, SpecError> {
     let t = v
@@ -458,15 +536,22 @@ fn parse_step(field: &str, v: &Value) -> Result<Step, SpecError> {
             }
             Step::Pip(p)
         }
+        "npm" => {
+            let p = want_str_list(&f, v)?;
+            for x in &p {
+                check_npm(&f, x)?;
+            }
+            Step::Npm(p)
+        }
         "copy" => {
             let c = v
                 .as_table()
                 .ok_or_else(|| err(&f, "must be a table { src = ..., dest = ... }"))?;
             for key in c.keys() {
-                if key != "src" && key != "dest" {
+                if !["src", "dest", "owner", "mode"].contains(&key.as_str()) {
                     return Err(err(
                         format!("{f}.{key}"),
-                        "unknown field (expected src, dest)",
+                        "unknown field (expected src, dest, owner, mode)",
                     ));
                 }
             }
@@ -487,21 +572,70 @@ fn parse_step(field: &str, v: &Value) -> Result<Step, SpecError> {
                     .ok_or_else(|| err(format!("{f}.dest"), "missing"))?,
             )?;
             check_abs(&format!("{f}.dest"), dest)?;
+            let owner = match c.get("owner") {
+                None => None,
+                Some(o) => {
+                    let o = want_str(&format!("{f}.owner"), o)?;
+                    check_owner(&format!("{f}.owner"), o)?;
+                    Some(o.to_owned())
+                }
+            };
+            let mode = match c.get("mode") {
+                None => None,
+                Some(Value::Integer(m)) if (0..=0o7777).contains(m) => Some(*m as u32),
+                Some(Value::String(m)) => Some(parse_mode(m).ok_or_else(|| {
+                    err(format!("{f}.mode"), format!("{m:?} is not an octal mode"))
+                })?),
+                Some(_) => {
+                    return Err(err(
+                        format!("{f}.mode"),
+                        "must be an octal string (\"0755\") or an integer up to 0o7777",
+                    ))
+                }
+            };
             Step::Copy {
                 src: PathBuf::from(src),
                 dest: dest.to_owned(),
+                owner,
+                mode,
             }
         }
         "run" => {
-            let s = match v {
+            let (cmd_v, user) = match v {
+                Value::Table(t) => {
+                    for key in t.keys() {
+                        if key != "cmd" && key != "user" {
+                            return Err(err(
+                                format!("{f}.{key}"),
+                                "unknown field (expected cmd, user)",
+                            ));
+                        }
+                    }
+                    let user = match t.get("user") {
+                        None => None,
+                        Some(u) => {
+                            let u = want_str(&format!("{f}.user"), u)?;
+                            check_user(&format!("{f}.user"), u)?;
+                            Some(u.to_owned())
+                        }
+                    };
+                    (
+                        t.get("cmd")
+                            .ok_or_else(|| err(format!("{f}.cmd"), "missing"))?,
+                        user,
+                    )
+                }
+                v => (v, None),
+            };
+            let s = match cmd_v {
                 Value::String(s) => s.clone(),
-                Value::Array(_) => want_str_list(&f, v)?.join(" && "),
+                Value::Array(_) => want_str_list(&f, cmd_v)?.join(" && "),
                 o => return Err(err(&f, format!("must be a string, not {}", o.type_str()))),
             };
             if s.trim().is_empty() || s.contains('\0') {
                 return Err(err(&f, "must be a non-empty command"));
             }
-            Step::Run(s)
+            Step::Run { cmd: s, user }
         }
         "env" => {
             let t = v
@@ -522,9 +656,7 @@ fn parse_step(field: &str, v: &Value) -> Result<Step, SpecError> {
         }
         "user" => {
             let u = want_str(&f, v)?;
-            if u.is_empty() || u.contains(['/', '\0', ':']) || u.contains(char::is_whitespace) {
-                return Err(err(&f, format!("{u:?} is not a user name")));
-            }
+            check_user(&f, u)?;
             Step::User(u.to_owned())
         }
         "workdir" => {

@@ -59,6 +59,10 @@ pub struct Manifest {
     pub layers: Vec<String>,
     /// Metadata.
     pub config: TemplateConfig,
+    /// A built-in template the layers stack on (`base`: its root file system and the host's
+    /// `/usr` under them); none: the layers are the whole root.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub base: Option<String>,
 }
 
 impl Manifest {
@@ -94,6 +98,9 @@ pub struct NameRecord {
     pub id: String,
     /// When the name was (last) set.
     pub created_at: String,
+    /// The build that set it (E2B's `buildID`), if a build through the API did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub build: Option<String>,
 }
 
 /// One template as listed.
@@ -457,13 +464,19 @@ impl Store {
         serde_json::from_slice(&b).map_err(|e| ImageError::Corrupt(format!("{}: {e}", p.display())))
     }
 
-    /// Points `name` at template `id`.
+    /// Points `name` (a name, or `name:tag`, see [`crate::check_ref`]) at template `id`.
     pub fn tag(&self, name: &str, id: &str) -> Result<(), ImageError> {
-        crate::check_name(name)?;
+        self.tag_build(name, id, None)
+    }
+
+    /// [`Store::tag`], recording the build that made it.
+    pub fn tag_build(&self, name: &str, id: &str, build: Option<&str>) -> Result<(), ImageError> {
+        let name = crate::check_ref(name)?;
         let rec = NameRecord {
-            name: name.to_owned(),
+            name: name.clone(),
             id: id.to_owned(),
             created_at: now_rfc3339(),
+            build: build.map(str::to_owned),
         };
         write_atomic(
             &self.root.join("names").join(format!("{name}.json")),
@@ -471,11 +484,42 @@ impl Store {
         )
     }
 
-    /// The record of `name`, if it exists.
+    /// The record of `name` (a name or `name:tag`; `name:default` is `name`), if it exists.
     pub fn name(&self, name: &str) -> Option<NameRecord> {
-        crate::check_name(name).ok()?;
+        let name = crate::check_ref(name).ok()?;
         let b = std::fs::read(self.root.join("names").join(format!("{name}.json"))).ok()?;
         serde_json::from_slice(&b).ok()
+    }
+
+    /// The tags of template `name`: (`default` for the bare name, then `name:TAG`'s tags),
+    /// each with its record.
+    pub fn tags(&self, name: &str) -> Vec<(String, NameRecord)> {
+        let mut out = Vec::new();
+        if crate::check_name(name).is_err() {
+            return out;
+        }
+        if let Some(r) = self.name(name) {
+            out.push((crate::DEFAULT_TAG.to_owned(), r));
+        }
+        let prefix = format!("{name}:");
+        let Ok(rd) = std::fs::read_dir(self.root.join("names")) else {
+            return out;
+        };
+        let mut tagged = Vec::new();
+        for e in rd.flatten() {
+            let f = e.file_name().to_string_lossy().into_owned();
+            let Some(r) = f.strip_suffix(".json") else {
+                continue;
+            };
+            if let Some(tag) = r.strip_prefix(&prefix) {
+                if let Some(rec) = self.name(r) {
+                    tagged.push((tag.to_owned(), rec));
+                }
+            }
+        }
+        tagged.sort_by(|a, b| a.0.cmp(&b.0));
+        out.extend(tagged);
+        out
     }
 
     /// Resolves a name to its id and manifest.
@@ -535,11 +579,12 @@ impl Store {
         out
     }
 
-    /// Removes a name (its manifest and layers stay until [`Store::gc`]).
+    /// Removes a name or `name:tag` (its manifest and layers stay until [`Store::gc`]).
     pub fn remove(&self, name: &str) -> Result<(), ImageError> {
         if self.name(name).is_none() {
             return Err(ImageError::UnknownTemplate(name.to_owned()));
         }
+        let name = crate::check_ref(name)?;
         let p = self.root.join("names").join(format!("{name}.json"));
         std::fs::remove_file(&p).map_err(io(format!("remove {}", p.display())))
     }
@@ -686,6 +731,7 @@ mod tests {
                 schema: SCHEMA,
                 layers: vec![key.clone()],
                 config: TemplateConfig::default(),
+                base: None,
             })
             .unwrap();
         s.tag("t", &id).unwrap();

@@ -498,6 +498,8 @@ fn cache_keys_follow_inputs() {
     let copy = Step::Copy {
         src: "app".into(),
         dest: "/opt/app".into(),
+        owner: None,
+        mode: None,
     };
     let chain = vec!["a".repeat(64)];
     let cfg = TemplateConfig::default();
@@ -512,7 +514,10 @@ fn cache_keys_follow_inputs() {
         step_key(&chain2, &copy, &cfg, d.path()).unwrap(),
         "the chain below changes it"
     );
-    let run = Step::Run("echo hi".into());
+    let run = Step::Run {
+        cmd: "echo hi".into(),
+        user: None,
+    };
     let r1 = step_key(&chain, &run, &cfg, d.path()).unwrap();
     let mut cfg2 = cfg.clone();
     cfg2.user = Some("user".into());
@@ -523,7 +528,30 @@ fn cache_keys_follow_inputs() {
     );
     assert_ne!(
         r1,
-        step_key(&chain, &Step::Run("echo ho".into()), &cfg, d.path()).unwrap()
+        step_key(
+            &chain,
+            &Step::Run {
+                cmd: "echo ho".into(),
+                user: None
+            },
+            &cfg,
+            d.path()
+        )
+        .unwrap()
+    );
+    assert_ne!(
+        r1,
+        step_key(
+            &chain,
+            &Step::Run {
+                cmd: "echo hi".into(),
+                user: Some("root".into())
+            },
+            &cfg,
+            d.path()
+        )
+        .unwrap(),
+        "a run's own user changes its key"
     );
     assert_eq!(
         rampart_image::build::debian_key("bookworm", "apt", &["b".into(), "a".into()], "m"),
@@ -537,6 +565,7 @@ fn cache_keys_follow_inputs() {
 #[derive(Debug, Default)]
 struct FakeRunner {
     runs: std::sync::Mutex<Vec<String>>,
+    users: std::sync::Mutex<Vec<String>>,
 }
 
 impl StepRunner for FakeRunner {
@@ -548,6 +577,7 @@ impl StepRunner for FakeRunner {
     ) -> Result<i32, ImageError> {
         let mut runs = self.runs.lock().unwrap();
         runs.push(req.command.clone());
+        self.users.lock().unwrap().push(req.user.clone());
         std::fs::create_dir_all(req.upper.join("ran")).unwrap();
         std::fs::write(req.upper.join(format!("ran/{}", runs.len())), &req.command).unwrap();
         out(b"fake output\n");
@@ -974,4 +1004,154 @@ fn oci_and_docker_save_archives_are_read() {
     std::fs::create_dir(&zo).unwrap();
     let e = rampart_image::oci::extract_layer(&zi.layers[0], &zo).unwrap_err();
     assert!(e.to_string().contains("zstd"), "{e}");
+}
+
+#[test]
+fn new_step_kinds_parse_and_name_their_errors() {
+    let s = parse(
+        r#"from = "template:base"
+[[steps]]
+npm = ["typescript@5", "@scope/tool"]
+[[steps]]
+run = { cmd = ["id -un", "true"], user = "user" }
+[[steps]]
+copy = { src = "a", dest = "/etc/app/", owner = "user:user", mode = "0640" }
+"#,
+    )
+    .unwrap();
+    assert_eq!(s.from, Base::Template("base".into()));
+    assert_eq!(
+        s.steps[0],
+        Step::Npm(vec!["typescript@5".into(), "@scope/tool".into()])
+    );
+    assert_eq!(
+        s.steps[1],
+        Step::Run {
+            cmd: "id -un && true".into(),
+            user: Some("user".into())
+        }
+    );
+    assert_eq!(
+        s.steps[2],
+        Step::Copy {
+            src: "a".into(),
+            dest: "/etc/app/".into(),
+            owner: Some("user:user".into()),
+            mode: Some(0o640)
+        }
+    );
+    for (extra, field) in [
+        ("[[steps]]\nnpm = [\"--global\"]", "steps[1].npm"),
+        ("[[steps]]\nnpm = [\"a; rm -rf /\"]", "steps[1].npm"),
+        (
+            "[[steps]]\nrun = { cmd = \"x\", user = \"a b\" }",
+            "steps[1].run.user",
+        ),
+        (
+            "[[steps]]\nrun = { cmd = \"x\", as = \"root\" }",
+            "steps[1].run.as",
+        ),
+        (
+            "[[steps]]\ncopy = { src = \"a\", dest = \"/x\", mode = \"999\" }",
+            "steps[1].copy.mode",
+        ),
+        (
+            "[[steps]]\ncopy = { src = \"a\", dest = \"/x\", owner = \"a:b:c\" }",
+            "steps[1].copy.owner",
+        ),
+    ] {
+        let e = parse(&format!("from = \"oci:x\"\n{extra}")).unwrap_err();
+        assert_eq!(e.field, field, "{extra}: {e}");
+    }
+}
+
+#[test]
+fn template_references_and_tags() {
+    assert_eq!(rampart_image::check_ref("t").unwrap(), "t");
+    assert_eq!(rampart_image::check_ref("t:default").unwrap(), "t");
+    assert_eq!(rampart_image::check_ref("t:V1.2-rc").unwrap(), "t:V1.2-rc");
+    for bad in ["t:", "t:a/b", "t:-x", "T:x", "base", "base:v1", "t:a:b"] {
+        assert!(rampart_image::check_ref(bad).is_err(), "{bad}");
+    }
+}
+
+#[test]
+fn run_users_copy_owners_tags_and_skipping_the_cache() {
+    if !is_root() {
+        eprintln!("skipped: needs root (owners)");
+        return;
+    }
+    let d = tempfile::tempdir().unwrap();
+    write_layout(
+        &d.path().join("img"),
+        &whiteout_layers(),
+        serde_json::json!({"User": "root"}),
+    );
+    std::fs::write(d.path().join("cfg.json"), "{}").unwrap();
+    let spec = Spec::parse(
+        r#"from = "oci:img"
+[[steps]]
+run = { cmd = "echo as-user", user = "1000" }
+[[steps]]
+run = "echo as-template-user"
+[[steps]]
+copy = { src = "cfg.json", dest = "/etc/app/", owner = "1000:1000", mode = "0640" }
+[[steps]]
+run = "echo last"
+"#,
+        d.path(),
+    )
+    .unwrap();
+    let store = Store::open(&d.path().join("data")).unwrap();
+    let fake = FakeRunner::default();
+    let b = Builder::new(&store, &fake, 100_000);
+    let opts = BuildOptions {
+        build_id: Some("b1".into()),
+        ..Default::default()
+    };
+    let r = b.build(&spec, "t:v1", &opts, &mut |_| {}).unwrap();
+    assert_eq!(*fake.users.lock().unwrap(), ["1000", "root", "root"]);
+    // The copy went into /etc/app/ with its owner and mode.
+    let copy_layer = store.layer_fs(&r.steps[3].layers[0]);
+    let md = std::fs::metadata(copy_layer.join("etc/app/cfg.json")).unwrap();
+    assert_eq!(
+        (md.uid(), md.gid(), md.mode() & 0o7777),
+        (1000, 1000, 0o640)
+    );
+    // Tagged: `t:v1` is a reference of its own, with the build id; `t` is not made.
+    let rec = store.name("t:v1").unwrap();
+    assert_eq!(rec.build.as_deref(), Some("b1"));
+    assert!(store.name("t").is_none());
+    store.tag("t", &r.id).unwrap();
+    let tags: Vec<String> = store.tags("t").into_iter().map(|(t, _)| t).collect();
+    assert_eq!(tags, ["default", "v1"]);
+    // Skipping the cache from step 3 on redoes steps 3 and 4 only.
+    let before = fake.runs.lock().unwrap().len();
+    let opts = BuildOptions {
+        no_cache_from: Some(3),
+        ..Default::default()
+    };
+    let r2 = b.build(&spec, "t:v1", &opts, &mut |_| {}).unwrap();
+    let cached: Vec<bool> = r2.steps.iter().map(|s| s.cached).collect();
+    assert_eq!(cached, [true, true, true, false, false]);
+    assert_eq!(fake.runs.lock().unwrap().len(), before + 1);
+    store.remove("t:v1").unwrap();
+    assert!(store.name("t:v1").is_none());
+    // `template:base` needs the built-in base's directory.
+    let e = b
+        .build(
+            &Spec::parse(
+                "from = \"template:base\"\n[[steps]]\nrun = \"true\"",
+                d.path(),
+            )
+            .unwrap(),
+            "onbase",
+            &BuildOptions::default(),
+            &mut |_| {},
+        )
+        .unwrap_err();
+    assert!(
+        e.to_string().contains("built-in base is not available"),
+        "{e}"
+    );
 }

@@ -48,6 +48,7 @@ fn main() {
             hostname: "bench".into(),
             env: vec![],
             layers: vec![],
+            layers_on_base: false,
             build: None,
             agent_args: vec![],
             files: vec![],

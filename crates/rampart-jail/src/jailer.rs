@@ -121,6 +121,109 @@ pub fn prepare(dir: &Path, disk_image: &Path, join: &[PathBuf]) -> Result<(), Ja
     Ok(())
 }
 
+/// The root of a template whose layers stack on `base` (see
+/// [`crate::LaunchSpec::layers_on_base`]): `/` is an overlay of the layers over the base's
+/// rootfs, `/usr` an overlay of the layers' `usr/` directories over the host's `/usr`, every
+/// lower idmapped. A layer whose `usr` is opaque (or not a directory) hides what is below it.
+fn mount_on_base(
+    spec: &JailerSpec,
+    lay: &Layout,
+    userns: &std::fs::File,
+    rel: &dyn Fn(&Path) -> PathBuf,
+    up: &dyn Fn(&str) -> PathBuf,
+) -> Result<(), JailError> {
+    let mut lowers = Vec::with_capacity(spec.layers.len() + 1);
+    let mut usr_lowers = Vec::new();
+    let mut usr_hidden = false;
+    for (i, l) in spec.layers.iter().enumerate() {
+        let at = spec.sandbox_dir.join(format!("l{i}"));
+        mkdir(&at, 0o700)?;
+        sys::idmapped_bind(l, &at, userns.as_raw_fd())?;
+    }
+    for (i, l) in spec.layers.iter().enumerate().rev() {
+        lowers.push(format!("l{i}"));
+        if usr_hidden {
+            continue;
+        }
+        match std::fs::symlink_metadata(l.join("usr")) {
+            Ok(md) if md.is_dir() => {
+                usr_lowers.push(format!("l{i}/usr"));
+                usr_hidden = sys::is_opaque(&l.join("usr"));
+            }
+            Ok(_) => usr_hidden = true,
+            Err(_) => {}
+        }
+    }
+    sys::idmapped_bind(&spec.rootfs, &lay.lower_root, userns.as_raw_fd())?;
+    lowers.push(rel(&lay.lower_root).display().to_string());
+    if !usr_hidden {
+        sys::idmapped_bind(&spec.usr_source, &lay.lower_usr, userns.as_raw_fd())?;
+        usr_lowers.push(rel(&lay.lower_usr).display().to_string());
+    }
+    if usr_lowers.is_empty() {
+        return Err(JailError::Template(
+            "the template's layers remove /usr".into(),
+        ));
+    }
+    let ((upper, work), (usr_upper, usr_work)) = match &spec.build {
+        Some(b) => {
+            let (Some(uu), Some(uw)) = (&b.usr_upper, &b.usr_work) else {
+                return Err(JailError::Init(
+                    "a build step on base needs the /usr overlay's directories".into(),
+                ));
+            };
+            for (link, to) in [
+                ("build-upper", &b.upper),
+                ("build-work", &b.work),
+                ("build-usr-upper", uu),
+                ("build-usr-work", uw),
+            ] {
+                let _ = std::fs::remove_file(link);
+                std::os::unix::fs::symlink(to, link).map_err(io(format!("symlink {link}")))?;
+            }
+            (
+                (PathBuf::from("build-upper"), PathBuf::from("build-work")),
+                (
+                    PathBuf::from("build-usr-upper"),
+                    PathBuf::from("build-usr-work"),
+                ),
+            )
+        }
+        None => (
+            (rel(&up("upper")), rel(&up("work"))),
+            (rel(&up("usr-upper")), rel(&up("usr-work"))),
+        ),
+    };
+    let opts = |lowers: &[String], u: &Path, w: &Path| {
+        format!(
+            "lowerdir={},upperdir={},workdir={},index=off,metacopy=off,redirect_dir=off,xino=off",
+            lowers.join(":"),
+            u.display(),
+            w.display()
+        )
+    };
+    sys::mount(
+        Some("overlay"),
+        &lay.root,
+        Some("overlay"),
+        0,
+        Some(&opts(&lowers, &upper, &work)),
+    )?;
+    let usr = lay.root.join("usr");
+    if !usr.is_dir() {
+        return Err(JailError::Template(
+            "the template's root has no usr/ directory".into(),
+        ));
+    }
+    sys::mount(
+        Some("overlay"),
+        &usr,
+        Some("overlay"),
+        0,
+        Some(&opts(&usr_lowers, &usr_upper, &usr_work)),
+    )
+}
+
 /// Builds the sandbox described by `spec` and returns the host pid of its PID 1. With
 /// `prepared`, [`prepare`] already ran (for the directory now at `spec.sandbox_dir`).
 /// Must run in a single-threaded process (it forks without exec).
@@ -136,6 +239,11 @@ pub fn run(spec: &JailerSpec, prepared: bool) -> Result<i32, JailError> {
         mkdir(&b.upper, 0o755)?;
         chown(&b.upper, ub, gb)?;
         mkdir(&b.work, 0o700)?;
+        if let (Some(u), Some(w)) = (&b.usr_upper, &b.usr_work) {
+            mkdir(u, 0o755)?;
+            chown(u, ub, gb)?;
+            mkdir(w, 0o700)?;
+        }
     }
     for (n, owner) in [
         ("upper", ub),
@@ -294,6 +402,9 @@ pub fn run(spec: &JailerSpec, prepared: bool) -> Result<i32, JailError> {
             );
             sys::mount(Some("overlay"), at, Some("overlay"), 0, Some(&opts))
         };
+        if spec.layers_on_base {
+            return mount_on_base(spec, &lay, &userns, &rel, &up);
+        }
         if !spec.layers.is_empty() {
             // A layered template: every layer idmapped, stacked (top first in lowerdir);
             // no host /usr.

@@ -130,6 +130,10 @@ pub struct LaunchSpec {
     /// the overlay's lower layers (each idmapped like the `base` rootfs), `template_dir` is
     /// not used and the host's `/usr` is NOT mounted.
     pub layers: Vec<PathBuf>,
+    /// The layers stack on the `base` template at `template_dir`: its `rootfs` is the bottom
+    /// lower layer of `/`, and `/usr` is an overlay of the layers' `usr/` directories over
+    /// the host's `/usr` (idmapped, as for `base`). A template built `from = "template:base"`.
+    pub layers_on_base: bool,
     /// Build sandboxes only (see [`BuildMounts`]); `None` for every sandbox of the API.
     pub build: Option<BuildMounts>,
     /// Extra arguments of the agent (e.g. `--default-user NAME`).
@@ -171,6 +175,13 @@ pub struct BuildMounts {
     /// network namespace of its own like every sandbox: its way out is what the builder
     /// wires into it.
     pub resolv_conf: Option<PathBuf>,
+    /// With [`LaunchSpec::layers_on_base`]: the upper and work directories (host) of the
+    /// `/usr` overlay, which the builder moves into the layer's `usr/` afterwards.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usr_upper: Option<PathBuf>,
+    /// The `/usr` overlay's work directory (same file system as `usr_upper`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usr_work: Option<PathBuf>,
 }
 
 /// A launched sandbox.
@@ -242,6 +253,9 @@ pub struct JailerSpec {
     /// Layered root: lower layers, bottom first (see [`LaunchSpec::layers`]).
     #[serde(default)]
     pub layers: Vec<PathBuf>,
+    /// The layers stack on `rootfs` and `usr_source` (see [`LaunchSpec::layers_on_base`]).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub layers_on_base: bool,
     /// Build sandbox mounts (see [`BuildMounts`]).
     #[serde(default)]
     pub build: Option<BuildMounts>,
@@ -484,7 +498,8 @@ impl Jail {
                 l.display()
             )));
         }
-        if spec.layers.is_empty() && (!rootfs.join("usr").is_dir() || !rootfs.join("etc").is_dir())
+        if (spec.layers.is_empty() || spec.layers_on_base)
+            && (!rootfs.join("usr").is_dir() || !rootfs.join("etc").is_dir())
         {
             return Err(JailError::Template(format!(
                 "{} is not a built template (no rootfs/usr, rootfs/etc)",
@@ -515,6 +530,7 @@ impl Jail {
             agent_bin: self.cfg.agent_bin.clone(),
             agent_socket: dir.join("agent.sock"),
             layers: spec.layers.clone(),
+            layers_on_base: spec.layers_on_base,
             build: spec.build.clone(),
             agent_args: spec.agent_args.clone(),
             shift_uids_from: None,

@@ -453,6 +453,26 @@ pub fn fexecve(fd: RawFd, argv: &[CString], env: &[CString]) -> JailError {
     last("execveat agent")
 }
 
+/// Whether the directory `p` is an overlayfs opaque directory (`trusted.overlay.opaque` is
+/// `y`): in a lower layer it hides the layers below it.
+pub fn is_opaque(p: &Path) -> bool {
+    use std::os::unix::ffi::OsStrExt as _;
+    let Ok(c) = std::ffi::CString::new(p.as_os_str().as_bytes()) else {
+        return false;
+    };
+    let mut v = [0u8; 4];
+    // SAFETY: valid C strings and a buffer of the given length.
+    let n = unsafe {
+        libc::lgetxattr(
+            c.as_ptr(),
+            c"trusted.overlay.opaque".as_ptr(),
+            v.as_mut_ptr().cast(),
+            v.len(),
+        )
+    };
+    n == 1 && v[0] == b'y'
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -79,6 +79,7 @@ fn spec(t: &TestEnv, uid_slot: u32, limits: Limits) -> LaunchSpec {
         hostname: "sbx".into(),
         env: vec![("FOO".into(), "bar".into())],
         layers: vec![],
+        layers_on_base: false,
         build: None,
         agent_args: vec![],
         files: vec![],

@@ -262,7 +262,9 @@ pub fn build(data: &Path, a: BuildArgs) -> Result<u8> {
         helper("rampart-agent", a.agent_bin.clone())?,
         a.uid_base,
     )?;
-    let builder = Builder::new(&store, &runner, runner.uid_base());
+    // `from = "template:base"`: the daemon's built-in base (made at its first start).
+    let builder = Builder::new(&store, &runner, runner.uid_base())
+        .with_base_dir(data.join("templates").join("base"));
     on_interrupt(builder.cancel.clone())?;
     let pb = if a.json {
         ProgressBar::hidden()
@@ -328,6 +330,7 @@ pub fn build(data: &Path, a: BuildArgs) -> Result<u8> {
         &name,
         &BuildOptions {
             no_cache: a.no_cache,
+            ..Default::default()
         },
         &mut events,
     );

@@ -500,7 +500,7 @@ impl Isolation for FakeTier {
                     .into(),
             ));
         }
-        if !spec.layers.is_empty() {
+        if !spec.layers.is_empty() || spec.layers_on_base {
             return Err(FakeTierError::Unsupported(
                 "the fake tier runs the built-in templates only (no layered root)".into(),
             )

@@ -32,6 +32,7 @@ impl From<&LaunchSpec> for rampart_jail::LaunchSpec {
             hostname: s.hostname.clone(),
             env: s.env.clone(),
             layers: s.layers.clone(),
+            layers_on_base: s.layers_on_base,
             // Template builds drive the jail themselves (rampart-image); the manager's
             // sandboxes are never build sandboxes.
             build: None,
@@ -220,6 +221,7 @@ mod tests {
             hostname: "h".into(),
             env: vec![("A".into(), "1".into())],
             layers: vec!["/l1".into(), "/l2".into()],
+            layers_on_base: true,
             agent_args: vec!["--default-user".into(), "root".into()],
             files: vec![crate::isolation::InitFile {
                 path: "/etc/resolv.conf".into(),

@@ -63,6 +63,9 @@ pub struct LaunchSpec {
     /// template's layers, bottom first, each in overlayfs format. When non-empty they make
     /// the root filesystem and `template_dir` is not used.
     pub layers: Vec<PathBuf>,
+    /// The layers stack on the `base` template at `template_dir` (its rootfs under them,
+    /// the host's `/usr` under their `usr/`): a template built on `template:base`.
+    pub layers_on_base: bool,
     /// Extra arguments of the agent (e.g. `--default-user NAME`).
     pub agent_args: Vec<String>,
     /// Files the sandbox starts with, written into its root before its agent starts.

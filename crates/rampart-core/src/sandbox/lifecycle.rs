@@ -163,7 +163,11 @@ impl Sandboxes {
         if let Some(p) = &prepared {
             env.extend(p.env());
         }
-        let template_dir = self.templates_dir.join(&new.template);
+        // A template built on `base` stacks its layers on base's root.
+        let on_base = image.as_ref().and_then(|i| i.on_base.clone());
+        let template_dir = self
+            .templates_dir
+            .join(on_base.as_deref().unwrap_or(&new.template));
         // Written by the tier before the agent starts: no round trip after health.
         let files = match net {
             Some(_) => {
@@ -180,6 +184,7 @@ impl Sandboxes {
             hostname: new.id.to_string(),
             env,
             layers: image.as_ref().map(|i| i.layers.clone()).unwrap_or_default(),
+            layers_on_base: on_base.is_some(),
             agent_args: crate::templates::agent_args(image.as_ref()),
             files,
         };

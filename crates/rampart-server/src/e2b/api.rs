@@ -116,7 +116,9 @@ fn template_of(name: &str) -> Result<&'static str, E2bError> {
     }
 }
 
-fn parse_body<T: for<'de> Deserialize<'de> + Default>(body: &Bytes) -> Result<T, E2bError> {
+pub(super) fn parse_body<T: for<'de> Deserialize<'de> + Default>(
+    body: &Bytes,
+) -> Result<T, E2bError> {
     if body.iter().all(u8::is_ascii_whitespace) {
         return Ok(T::default());
     }
@@ -255,8 +257,9 @@ async fn create_now(st: &E2b, body: &Bytes) -> Result<Value, E2bError> {
     let requested = n.template_id.clone().unwrap_or_else(|| BASE.into());
     let template = match template_of(&requested) {
         Ok(t) => t.to_owned(),
-        // A template built with `rampart template build` (docs/templates.md).
-        Err(_) if st.manager.template(&requested).is_ok() => requested.clone(),
+        // A built template (`rampart template build` or the SDK's `Template.build`, by
+        // name or `name:tag`; docs/templates.md).
+        Err(_) if super::templates::is_built(&st, &requested) => requested.clone(),
         Err(e) => return Err(e),
     };
     let net = match &n.network {

@@ -14,6 +14,7 @@ mod idempotency;
 mod metrics;
 mod network;
 mod record;
+mod templates;
 
 use axum::extract::{Request, State};
 use axum::http::{HeaderValue, StatusCode};
@@ -233,13 +234,53 @@ pub(crate) fn attach(
             axum::routing::any(api::unsupported),
         )
         .route("/snapshots", axum::routing::any(api::unsupported))
-        .route("/templates", axum::routing::any(api::unsupported))
-        .route("/templates/{*rest}", axum::routing::any(api::unsupported))
+        // Templates built from the SDK (`Template().build()`, tags, `Template.exists`).
+        .route("/v3/templates", post(templates::request_build))
+        .route(
+            "/v2/templates/{id}/builds/{bid}",
+            post(templates::start_build),
+        )
+        .route(
+            "/templates/{id}/builds/{bid}/status",
+            get(templates::build_status),
+        )
+        .route(
+            "/templates/{id}/builds/{bid}/logs",
+            get(templates::build_logs),
+        )
+        .route(
+            "/templates/{id}/files/{hash}",
+            get(templates::file_upload_link),
+        )
+        .route("/templates/aliases/{alias}", get(templates::alias))
+        .route(
+            "/templates/tags",
+            post(templates::assign_tags).delete(templates::delete_tags),
+        )
+        .route("/templates/{id}/tags", get(templates::tags))
+        .route("/templates/{id}/tags/count", get(templates::tags_count))
+        .route("/templates/{id}/tags/exists", get(templates::tag_exists))
+        .route(
+            "/templates",
+            get(templates::list).fallback(api::unsupported),
+        )
+        .route("/v2/templates", get(templates::list))
+        .route(
+            "/templates/{id}",
+            get(templates::get_one)
+                .delete(templates::delete)
+                .fallback(api::unsupported),
+        )
         .route("/volumes", axum::routing::any(api::unsupported))
         .route("/volumes/{*rest}", axum::routing::any(api::unsupported))
         .route_layer(axum::middleware::from_fn_with_state(st.clone(), api_key))
         // Signed download/upload URLs opened without the routing headers.
         .route("/files", get(envd::signed_files).post(envd::signed_files))
+        // Template file uploads: the link's token is the authorization (as a presigned URL).
+        .route(
+            "/e2b/uploads/{token}",
+            axum::routing::put(templates::upload),
+        )
         .with_state(st.clone());
     inner
         .merge(api)

@@ -1,0 +1,173 @@
+//! Compatibility (tier 4): E2B's template builds (`Template().build()`, the layer cache seen
+//! through the build logs, tags, `Template.exists`, list, delete, sandboxes of the built
+//! templates) with the unmodified SDK (`e2b==2.63.0`, `tests/e2b/template_build.py`) against
+//! a real daemon. The builds stack on the built-in `base` (no network needed);
+//! `sdk_builds_from_a_debian_dockerfile` builds `FROM debian:bookworm` through mmdebstrap
+//! (skipped, with the reason, without mmdebstrap or deb.debian.org).
+//!
+//! Skips with the reason when not root, without the binaries or without the SDK's venv
+//! (`scripts/test` makes `target/e2b-venv`).
+
+mod support;
+
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+use support::{start_tidy, workspace, Tidy};
+
+fn venv_python() -> PathBuf {
+    support::venv_python("RAMPART_E2B_VENV", "e2b-venv")
+}
+
+fn skip_reason() -> Option<String> {
+    if let Some(why) = support::skip_reason() {
+        return Some(why);
+    }
+    let py = venv_python();
+    let ok = Command::new(&py)
+        .args(["-c", "import e2b"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    (!ok).then(|| {
+        format!(
+            "no Python venv with e2b at {} (scripts/test makes it; needs PyPI access)",
+            py.display()
+        )
+    })
+}
+
+/// Runs `tests/e2b/template_build.py` (with `args`) with only the E2B variables set; returns
+/// the passed test names, failing if any test failed or the script did not finish.
+fn run_script(d: &Tidy, args: &[&str]) -> Vec<String> {
+    let key = std::fs::read_to_string(d.data.join("api-key"))
+        .expect("the daemon writes <data>/api-key")
+        .trim()
+        .to_owned();
+    let tests = workspace().join("tests/e2b");
+    let out = Command::new(venv_python())
+        .arg(tests.join("template_build.py"))
+        .args(args)
+        .current_dir(&tests)
+        .env_clear()
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+        .env(
+            "HOME",
+            std::env::var_os("HOME").unwrap_or_else(|| "/root".into()),
+        )
+        .env("PYTHONDONTWRITEBYTECODE", "1")
+        .env("E2B_API_KEY", &key)
+        .env("E2B_API_URL", &d.url)
+        .env("E2B_SANDBOX_URL", &d.url)
+        .stdin(Stdio::null())
+        .output()
+        .expect("run tests/e2b/template_build.py");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    eprintln!("--- template_build.py {args:?} ---\n{stdout}{stderr}");
+    let failed: Vec<&str> = stdout.lines().filter(|l| l.starts_with("FAIL ")).collect();
+    assert!(
+        stdout.contains("SUMMARY "),
+        "the script did not finish ({})",
+        out.status
+    );
+    assert!(
+        failed.is_empty(),
+        "SDK template tests failed:\n{}",
+        failed.join("\n")
+    );
+    stdout
+        .lines()
+        .filter_map(|l| l.strip_prefix("PASS "))
+        .map(str::to_owned)
+        .collect()
+}
+
+/// Nothing of the builds is left running: no build sandbox, no temp layer.
+fn assert_no_build_leftovers(d: &Tidy) {
+    let images = d.data.join("images");
+    for sub in ["build", "tmp"] {
+        let p = images.join(sub);
+        let left: Vec<_> = std::fs::read_dir(&p)
+            .map(|r| r.flatten().map(|e| e.file_name()).collect())
+            .unwrap_or_default();
+        assert!(left.is_empty(), "{} holds {left:?}", p.display());
+    }
+}
+
+#[test]
+fn sdk_builds_caches_tags_and_runs_templates() {
+    if let Some(why) = skip_reason() {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    let d = start_tidy("e2b-templates");
+    let passed = run_script(&d, &[]);
+    for t in [
+        "build_from_base",
+        "second_build_is_served_from_the_cache",
+        "exists_and_aliases",
+        "tags_assign_list_remove",
+        "sandbox_of_the_template_has_every_step",
+        "sandbox_of_a_tagged_child_template",
+        "ready_checks_of_the_sdk",
+        "async_build_exists_and_sandbox",
+        "failures_are_reported",
+        "list_and_delete",
+    ] {
+        assert!(
+            passed.iter().any(|p| p == t),
+            "{t} did not pass: {passed:?}"
+        );
+    }
+    // Uploads are kept by hash for the next build; no half-made upload remains.
+    let uploads: Vec<String> = std::fs::read_dir(d.data.join("images/uploads"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(uploads.len() >= 4, "{uploads:?}");
+    assert!(
+        uploads.iter().all(|u| u.len() == 68 && u.ends_with(".tar")),
+        "{uploads:?}"
+    );
+    assert_no_build_leftovers(&d);
+}
+
+fn debian_reachable() -> Result<(), String> {
+    use std::net::ToSocketAddrs;
+    let addrs = ("deb.debian.org", 80)
+        .to_socket_addrs()
+        .map_err(|e| format!("deb.debian.org does not resolve: {e}"))?;
+    for a in addrs {
+        if std::net::TcpStream::connect_timeout(&a, Duration::from_secs(5)).is_ok() {
+            return Ok(());
+        }
+    }
+    Err("deb.debian.org:80 is unreachable".into())
+}
+
+#[test]
+fn sdk_builds_from_a_debian_dockerfile() {
+    if let Some(why) = skip_reason() {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    if Command::new("mmdebstrap")
+        .arg("--version")
+        .output()
+        .is_err()
+    {
+        eprintln!("skipped: mmdebstrap is not installed (scripts/setup-host.sh installs it)");
+        return;
+    }
+    if let Err(why) = debian_reachable() {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    let d = start_tidy("e2b-templates-debian");
+    let passed = run_script(&d, &["debian_dockerfile"]);
+    assert_eq!(passed, ["debian_dockerfile"]);
+    assert_no_build_leftovers(&d);
+}

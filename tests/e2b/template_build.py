@@ -1,0 +1,352 @@
+"""E2B's template builds (`Template().build()`, tags, `Template.exists`, list, delete) with the
+unmodified SDK (`e2b==2.63.0`) against Rampart.
+
+Builds run on Rampart's builder; the default tests stack on the built-in `base` (no network
+needed but the package registries' for nothing here), so they are fast. `debian_dockerfile`
+(run only when named on the command line) builds `FROM debian:bookworm` through mmdebstrap
+and needs deb.debian.org.
+
+Each test prints PASS/FAIL (tests/e2b/harness.py).
+"""
+
+import os
+import sys
+import tempfile
+import time
+
+from harness import run, test
+
+from e2b import (
+    AsyncSandbox,
+    AsyncTemplate,
+    Sandbox,
+    Template,
+    wait_for_file,
+    wait_for_port,
+    wait_for_process,
+    wait_for_timeout,
+    wait_for_url,
+)
+from e2b.api.client.api.templates import delete_templates_template_id, get_templates
+from e2b.api.client_sync import get_api_client
+from e2b.connection_config import ConnectionConfig
+from e2b.exceptions import BuildException
+
+NAME = f"sdk-tpl-{os.getpid()}"
+CHILD = f"{NAME}-child"
+CTX = tempfile.mkdtemp(prefix="rampart-e2b-ctx-")
+STATE = {}
+
+
+def make_context():
+    os.makedirs(os.path.join(CTX, "app", "lib"), exist_ok=True)
+    with open(os.path.join(CTX, "app", "main.py"), "w") as f:
+        f.write("print('hello from the template')\n")
+    with open(os.path.join(CTX, "app", "lib", "util.txt"), "w") as f:
+        f.write("util\n")
+    # Unique per run: the first build is a cold one even on a daemon that built this before.
+    with open(os.path.join(CTX, "app", "run-id.txt"), "w") as f:
+        f.write(NAME + "\n")
+    # A relative symlink: copied as a link (resolve_symlinks defaults to False).
+    os.symlink("main.py", os.path.join(CTX, "app", "entry.py"))
+    with open(os.path.join(CTX, "config.json"), "w") as f:
+        f.write('{"mode": "sdk"}\n')
+    with open(os.path.join(CTX, "data.txt"), "w") as f:
+        f.write("data\n")
+    # A symlink resolved at upload (resolve_symlinks=True): a regular file arrives.
+    os.symlink("data.txt", os.path.join(CTX, "data-link.txt"))
+
+
+def template():
+    return (
+        Template(file_context_path=CTX)
+        .from_template("base")
+        .set_envs({"APP_MODE": "sdk", "APP_PORT": "8123"})
+        .copy("app", "/opt/app", user="root")
+        .copy("config.json", "/etc/app/config.json", user="root", mode=0o644)
+        .copy("data.txt", "/home/user/data/", mode=0o640)
+        .copy("data-link.txt", "/home/user/resolved.txt", resolve_symlinks=True)
+        .run_cmd("echo built > /opt/marker && id -un > /opt/who-root", user="root")
+        .run_cmd(["id -un > /home/user/who", "echo $APP_MODE > /home/user/env"])
+        .make_dir("/opt/made", user="root")
+        .set_workdir("/srv/work")
+        .run_cmd("pwd > /tmp/build-pwd && id -un >> /tmp/build-pwd", user="root")
+        .set_user("user")
+        .set_start_cmd(
+            "python3 -m http.server 8123 --directory /opt/app", wait_for_port(8123)
+        )
+    )
+
+
+def build(t, name, **kw):
+    logs = []
+    t0 = time.monotonic()
+    info = Template.build(t, name, on_build_logs=logs.append, **kw)
+    secs = time.monotonic() - t0
+    messages = [e.message for e in logs]
+    return info, messages, secs
+
+
+@test
+def build_from_base():
+    make_context()
+    assert not Template.exists(NAME), "the template exists before its build"
+    info, logs, secs = build(template(), NAME)
+    print(f"  first build: {secs:.2f} s", flush=True)
+    assert info.template_id == NAME, info
+    assert info.name == NAME
+    assert info.tags == ["default"], info.tags
+    assert len(info.build_id) == 36, info.build_id
+    assert any(m.startswith("Uploaded 'app'") for m in logs), logs
+    done = [m for m in logs if m.startswith("DONE [builder")]
+    assert len(done) >= 6, logs  # the layer steps ran
+    assert not any(m.startswith("CACHED [builder") and "run " in m for m in logs), logs
+    assert any("Template is ready" in m for m in logs), logs
+    STATE["first"] = info
+    STATE["first_secs"] = secs
+
+
+@test
+def second_build_is_served_from_the_cache():
+    info, logs, secs = build(template(), NAME)
+    print(f"  second build: {secs:.2f} s", flush=True)
+    # Every upload is known, every layer step comes from the cache.
+    assert any(m.startswith("Skipping upload of 'app', already cached") for m in logs), logs
+    assert not any(m.startswith("Uploaded ") for m in logs), logs
+    assert not any(m.startswith("DONE [builder") for m in logs), [
+        m for m in logs if m.startswith("DONE")
+    ]
+    cached = [m for m in logs if m.startswith("CACHED [builder")]
+    assert len(cached) >= 10, cached
+    assert any("steps from the cache" in m for m in logs), logs
+    assert info.build_id != STATE["first"].build_id
+    # skip_cache rebuilds every step.
+    info2, logs2, _ = build(template(), NAME, skip_cache=True)
+    assert not any(
+        m.startswith("CACHED [builder") and "run " in m for m in logs2
+    ), logs2
+    assert any(m.startswith("DONE [builder") for m in logs2), logs2
+
+
+@test
+def exists_and_aliases():
+    assert Template.exists(NAME)
+    assert Template.alias_exists(NAME)
+    assert not Template.exists(f"{NAME}-nope")
+
+
+@test
+def tags_assign_list_remove():
+    r = Template.assign_tags(f"{NAME}:default", ["stable", "v1"])
+    assert sorted(r.tags) == ["stable", "v1"], r
+    tags = {t.tag: t for t in Template.get_tags(NAME)}
+    assert set(tags) == {"default", "stable", "v1"}, tags
+    assert str(tags["stable"].build_id) == str(tags["default"].build_id)
+    Template.remove_tags(NAME, "v1")
+    assert {t.tag for t in Template.get_tags(NAME)} == {"default", "stable"}
+    # A build with a tag in its name and more tags.
+    t = (
+        Template()
+        .from_template(f"{NAME}:stable")
+        .run_cmd("echo child > /opt/child", user="root")
+        .set_start_cmd("touch /tmp/started; exec sleep infinity", wait_for_file("/tmp/started"))
+    )
+    info, logs, _ = build(t, f"{CHILD}:v2", tags=["latest"])
+    assert info.tags == ["v2", "latest"], info.tags
+    assert {x.tag for x in Template.get_tags(CHILD)} == {"v2", "latest"}
+
+
+@test
+def sandbox_of_the_template_has_every_step():
+    sbx = Sandbox.create(template=NAME, timeout=120)
+    try:
+        def sh(cmd, **kw):
+            return sbx.commands.run(cmd, **kw).stdout.strip()
+
+        assert sh("cat /opt/marker") == "built"
+        assert sh("cat /opt/who-root") == "root"
+        assert sh("cat /home/user/who") == "user"
+        assert sh("cat /home/user/env") == "sdk"
+        assert sh("echo $APP_MODE $APP_PORT") == "sdk 8123"
+        assert sh("cat /opt/app/main.py") == "print('hello from the template')"
+        assert sh("cat /opt/app/lib/util.txt") == "util"
+        assert sh("cat /opt/app/run-id.txt") == NAME
+        assert sh("readlink /opt/app/entry.py") == "main.py"
+        assert sh("cat /etc/app/config.json") == '{"mode": "sdk"}'
+        assert sh("stat -c '%U %a' /home/user/data/data.txt") == "user 640"
+        assert sh("stat -c '%U %a' /etc/app/config.json") == "root 644"
+        assert sh("test -L /home/user/resolved.txt || cat /home/user/resolved.txt") == "data"
+        assert sh("test -d /opt/made && echo yes") == "yes"
+        assert sh("cat /tmp/build-pwd") == "/srv/work\nroot"
+        # The template's user and workdir.
+        assert sh("whoami") == "user"
+        assert sh("pwd") == "/srv/work"
+        # The start command ran and was ready before the create returned.
+        out = sh(
+            "python3 -c \"import urllib.request;"
+            "print(urllib.request.urlopen('http://127.0.0.1:8123/main.py').read().decode().strip())\""
+        )
+        assert out == "print('hello from the template')", out
+        # The sandbox writes over the template's files (the layers stay read-only).
+        sbx.files.write("/home/user/who", "changed")
+        assert sbx.files.read("/home/user/who") == "changed"
+    finally:
+        sbx.kill()
+    # A new sandbox of the template sees the template, not the last one's writes.
+    sbx = Sandbox.create(template=f"{NAME}:stable", timeout=60)
+    try:
+        assert sbx.commands.run("cat /home/user/who").stdout.strip() == "user"
+    finally:
+        sbx.kill()
+
+
+@test
+def sandbox_of_a_tagged_child_template():
+    sbx = Sandbox.create(template=f"{CHILD}:v2", timeout=60)
+    try:
+        assert sbx.commands.run("cat /opt/child").stdout.strip() == "child"
+        assert sbx.commands.run("cat /opt/marker").stdout.strip() == "built"
+        assert sbx.commands.run("test -f /tmp/started && echo ok").stdout.strip() == "ok"
+    finally:
+        sbx.kill()
+    sbx = Sandbox.create(template=f"{CHILD}:latest", timeout=60)
+    sbx.kill()
+
+
+@test
+def ready_checks_of_the_sdk():
+    # wait_for_process / wait_for_url / wait_for_timeout, each as a template's ready check.
+    for i, ready in enumerate(
+        [
+            wait_for_process("sleep"),
+            wait_for_url("http://127.0.0.1:8124/", 200),
+            wait_for_timeout(1000),
+        ]
+    ):
+        start = (
+            "python3 -m http.server 8124"
+            if i == 1
+            else "exec sleep infinity"
+        )
+        t = Template().from_template("base").set_start_cmd(start, ready)
+        name = f"{NAME}-ready{i}"
+        build(t, name)
+        sbx = Sandbox.create(template=name, timeout=60)
+        try:
+            procs = sbx.commands.run("ps -eo args").stdout
+            assert ("http.server" if i == 1 else "sleep infinity") in procs, procs
+        finally:
+            sbx.kill()
+        Template_delete(name)
+
+
+@test
+async def async_build_exists_and_sandbox():
+    name = f"{NAME}-async"
+    t = (
+        AsyncTemplate()
+        .from_template("base")
+        .run_cmd("echo async > /opt/async", user="root")
+        .set_envs({"ASYNC_BUILD": "1"})
+    )
+    logs = []
+    info = await AsyncTemplate.build(t, name, on_build_logs=logs.append)
+    assert info.template_id == name
+    assert any(e.message.startswith("DONE [builder") for e in logs), [e.message for e in logs]
+    assert await AsyncTemplate.exists(name)
+    tags = await AsyncTemplate.get_tags(name)
+    assert [x.tag for x in tags] == ["default"], tags
+    sbx = await AsyncSandbox.create(template=name, timeout=60)
+    try:
+        r = await sbx.commands.run("cat /opt/async; echo $ASYNC_BUILD")
+        assert r.stdout.split() == ["async", "1"], r.stdout
+    finally:
+        await sbx.kill()
+    assert Template_delete(name) == 204
+    assert not await AsyncTemplate.exists(name)
+
+
+@test
+def failures_are_reported():
+    # An image from a registry this host cannot reach: a clear error.
+    try:
+        Template.build(Template().from_image("python:3"), f"{NAME}-py")
+        raise AssertionError("a python:3 build succeeded")
+    except BuildException as e:
+        assert "cannot pull images from a registry" in str(e), e
+    # A failing step: the error names it; nothing is tagged.
+    t = Template().from_template("base").run_cmd("echo about to fail; exit 3")
+    try:
+        Template.build(t, f"{NAME}-fail")
+        raise AssertionError("a failing build succeeded")
+    except BuildException as e:
+        assert "exited with status 3" in str(e), e
+    assert not Template.exists(f"{NAME}-fail")
+
+
+def Template_delete(name):
+    client = get_api_client(ConnectionConfig())
+    r = delete_templates_template_id.sync_detailed(name, client=client)
+    return r.status_code
+
+
+@test
+def list_and_delete():
+    client = get_api_client(ConnectionConfig())
+    r = get_templates.sync_detailed(client=client)
+    assert r.status_code == 200, r.content
+    names = {t.template_id for t in r.parsed}
+    assert {NAME, CHILD} <= names, names
+    assert Template_delete(CHILD) == 204
+    assert Template_delete(NAME) == 204
+    assert Template_delete(NAME) == 404
+    assert not Template.exists(NAME)
+    assert not Template.exists(CHILD)
+    r = get_templates.sync_detailed(client=client)
+    names = {t.template_id for t in r.parsed}
+    assert NAME not in names and CHILD not in names, names
+
+
+def debian_dockerfile():
+    """FROM debian:bookworm through mmdebstrap, from a Dockerfile."""
+    with open(os.path.join(CTX, "hello.txt"), "w") as f:
+        f.write("hello from debian\n")
+    dockerfile = (
+        "FROM debian:bookworm\n"
+        "ENV GREETING=moin\n"
+        "RUN echo \"$GREETING\" > /etc/greeting\n"
+        "WORKDIR /app\n"
+        "COPY hello.txt /app/\n"
+        "RUN chmod 0644 /app/hello.txt\n"
+        "USER user\n"
+        "CMD [\"sleep\", \"infinity\"]\n"
+    )
+    name = f"{NAME}-debian"
+    t = Template(file_context_path=CTX).from_dockerfile(dockerfile)
+    info, logs, secs = build(t, name)
+    print(f"  debian:bookworm build: {secs:.1f} s", flush=True)
+    _, logs2, secs2 = build(t, name)
+    print(f"  debian:bookworm rebuild: {secs2:.2f} s", flush=True)
+    assert not any(m.startswith("DONE [builder") for m in logs2), logs2
+    sbx = Sandbox.create(template=name, timeout=120)
+    try:
+        def sh(cmd):
+            return sbx.commands.run(cmd).stdout.strip()
+
+        assert "bookworm" in sh("cat /etc/os-release"), sh("cat /etc/os-release")
+        assert sh("cat /etc/greeting") == "moin"
+        assert sh("cat /app/hello.txt") == "hello from debian"
+        assert sh("whoami") == "user"
+        assert sh("pwd") == "/app"
+        assert sh("sudo -n id -un") == "root"
+    finally:
+        sbx.kill()
+    assert Template_delete(name) == 204
+
+
+if "debian_dockerfile" in sys.argv[1:]:
+    make_context()
+    test(debian_dockerfile)
+
+if __name__ == "__main__":
+    run()
