@@ -1,9 +1,12 @@
 """The unmodified `e2b-code-interpreter` Python SDK (sync and async) against a Rampart daemon.
 
 Configured only by E2B_API_KEY, E2B_API_URL and E2B_SANDBOX_URL. Mirrors what the
-code-interpreter's own tests check (python/tests/sync, async, charts, images, env_vars):
-state across calls, the last expression as the main result, display(), matplotlib PNGs,
-streamed stdout/stderr, errors, timeouts, contexts.
+code-interpreter's own tests check (python/tests/sync, async, charts, images, env_vars, cwd):
+state across calls, the last expression as the main result, display() in every format,
+matplotlib PNGs and their structured charts (line, scatter, bar, pie, box and whisker,
+superchart), pandas `data`, streamed stdout/stderr, errors, timeouts, env vars (sandbox and per
+run), contexts with a cwd; and each language (python, javascript/js, typescript/ts, r, java,
+bash) in a stateful session of its own.
 """
 
 import base64
@@ -65,7 +68,8 @@ def last_expression_and_display():
     assert len(e.results) == 3, [r.formats() for r in e.results]
     html, plain, main = e.results
     assert not html.is_main_result and html.html == "<b>hi</b>", html.html
-    assert plain.text == "'plain'", plain.text
+    # A str shows as its text (as E2B shows it), inside a container with its quotes.
+    assert plain.text == "plain", plain.text
     assert main.is_main_result and main.text == "{'a': 1}", main.text
     assert e.text == "{'a': 1}"
 
@@ -130,7 +134,15 @@ def errors_have_name_value_traceback():
 def env_vars_per_execution():
     s = sbx()
     e = s.run_code("import os; os.environ.get('RAMPART_CI')", envs={"RAMPART_CI": "yes"})
-    assert e.text == "'yes'", e.text
+    assert e.text == "yes", e.text
+    out = []
+    e = s.run_code(
+        "import os; print(os.environ['RAMPART_CI'])", envs={"RAMPART_CI": "supertest"},
+        on_stdout=out.append,
+    )
+    assert e.error is None, e.error
+    assert "".join(e.logs.stdout) == "supertest\n", e.logs.stdout
+    assert [m.line for m in out] == ["supertest\n"], out
     e = s.run_code("import os; os.environ.get('RAMPART_CI')")
     assert e.text in (None, "None"), e.text
 
@@ -157,7 +169,7 @@ def contexts_create_run_list_restart_remove():
     ctx = s.create_code_context(cwd="/tmp")
     assert ctx.id and ctx.language == "python" and ctx.cwd == "/tmp", ctx
     e = s.run_code("import os; z = 5; os.getcwd()", context=ctx)
-    assert e.text == "'/tmp'", e.text
+    assert e.text == "/tmp", e.text
     # Contexts are separate: the default one has no `z`.
     e = s.run_code("z")
     assert e.error is not None and e.error.name == "NameError", e.error

@@ -1,11 +1,14 @@
 //! The `code-interpreter-v1` template: the `base` template plus E2B's code-interpreter API,
-//! served by `templates/code-interpreter/server.py` (embedded here) over IPython kernels.
+//! served by `templates/code-interpreter/server.py` (embedded here, with the files it loads)
+//! over Jupyter kernels.
 //!
-//! The template's rootfs is `base`'s with the server at [`SERVER_PATH`]; the kernel itself
-//! (`python3-ipykernel`, `python3-jupyter-client`, `python3-matplotlib`, `python3-numpy`)
-//! comes from the host's `/usr`, which every sandbox sees (`scripts/setup-host.sh` installs
-//! it). At create, core starts the server through the agent as `user`, tagged [`TAG`], and
-//! answers only once it listens on [`PORT`] (it listens after its default kernel is ready).
+//! The template's rootfs is `base`'s with the server and its files in [`SERVER_DIR`]
+//! ([`FILES`]); the kernels come from the host's `/usr`, which every sandbox sees
+//! (`scripts/setup-host.sh` installs them): IPython with matplotlib and pandas, R's IRkernel,
+//! the JDK's JShell (under the Java kernel shipped here), and in `/usr/local/lib/rampart-kernels`
+//! Deno (JavaScript, TypeScript) and bash_kernel. At create, core starts the server through the
+//! agent as `user`, tagged [`TAG`], and answers only once it listens on [`PORT`] (it listens
+//! after its default Python kernel is ready).
 
 use crate::CoreError;
 use futures::StreamExt as _;
@@ -19,18 +22,37 @@ pub const TEMPLATE: &str = "code-interpreter-v1";
 pub const PORT: u16 = 49999;
 /// The tag of the server's process (`commands.list()` shows it).
 pub const TAG: &str = "code-interpreter";
+/// Where the server and its files are inside the sandbox.
+pub const SERVER_DIR: &str = "/opt/rampart/code-interpreter";
 /// Where the server is inside the sandbox.
 pub const SERVER_PATH: &str = "/opt/rampart/code-interpreter/server.py";
 /// The server's source.
 const SERVER: &str = include_str!("../templates/code-interpreter/server.py");
+/// The files installed in [`SERVER_DIR`]: the server, what it loads into IPython kernels
+/// (strings as text, DataFrames' `data`, matplotlib charts), and the Java kernel over JShell.
+pub const FILES: &[(&str, &str)] = &[
+    ("server.py", SERVER),
+    (
+        "rampart_ipython.py",
+        include_str!("../templates/code-interpreter/rampart_ipython.py"),
+    ),
+    (
+        "java_kernel.py",
+        include_str!("../templates/code-interpreter/java_kernel.py"),
+    ),
+    (
+        "JShellBridge.java",
+        include_str!("../templates/code-interpreter/JShellBridge.java"),
+    ),
+];
 /// How long a create waits for the server (and its first kernel) to listen.
 const READY_DEADLINE: Duration = Duration::from_secs(60);
 /// Most bytes of the server's output kept to explain a failed start.
 const OUTPUT_TAIL: usize = 4096;
 
-/// Puts the current server into the template at `template_dir` (built from `base`), if it
-/// is not there already or differs (a newer daemon): `rootfs/opt/rampart/code-interpreter/
-/// server.py`, owned by root, mode 0644. Blocking.
+/// Puts the current server and its [`FILES`] into the template at `template_dir` (built from
+/// `base`), each if it is not there already or differs (a newer daemon):
+/// `rootfs/opt/rampart/code-interpreter/*`, owned by root, mode 0644. Blocking.
 pub(crate) fn install(template_dir: &Path) -> std::io::Result<()> {
     install_from(template_dir, Path::new("/etc"))
 }
@@ -58,18 +80,19 @@ fn install_from(template_dir: &Path, host_etc: &Path) -> std::io::Result<()> {
         write_public(&tmp, &want)?;
         std::fs::rename(&tmp, &dest)?;
     }
-    let rel = SERVER_PATH.trim_start_matches('/');
-    let dest = rootfs.join(rel);
-    if std::fs::read(&dest).is_ok_and(|b| b == SERVER.as_bytes()) {
-        return Ok(());
+    let dir = Path::new(SERVER_DIR.trim_start_matches('/'));
+    for (name, text) in FILES {
+        let dest = rootfs.join(dir).join(name);
+        if std::fs::read(&dest).is_ok_and(|b| b == text.as_bytes()) {
+            continue;
+        }
+        make_dirs(&rootfs, dir)?;
+        // Written aside and renamed over: a sandbox starting meanwhile sees one or the other.
+        let tmp = rootfs.join(dir).join(format!(".{name}.tmp"));
+        write_public(&tmp, text.as_bytes())?;
+        std::fs::rename(&tmp, &dest)?;
     }
-    let parent = Path::new(rel)
-        .parent()
-        .ok_or_else(|| std::io::Error::other("server path has no parent"))?;
-    make_dirs(&rootfs, parent)?;
-    let tmp = dest.with_extension("py.tmp");
-    write_public(&tmp, SERVER.as_bytes())?;
-    std::fs::rename(&tmp, &dest)
+    Ok(())
 }
 
 /// Makes `root` and `root/rel` (and every directory between) exist with mode 0755.
@@ -191,6 +214,9 @@ mod tests {
             ("rootfs/opt/rampart", 0o755),
             ("rootfs/opt/rampart/code-interpreter", 0o755),
             ("rootfs/opt/rampart/code-interpreter/server.py", 0o644),
+            ("rootfs/opt/rampart/code-interpreter/rampart_ipython.py", 0o644),
+            ("rootfs/opt/rampart/code-interpreter/java_kernel.py", 0o644),
+            ("rootfs/opt/rampart/code-interpreter/JShellBridge.java", 0o644),
         ] {
             assert_eq!(mode(&d.path().join(rel)), m, "{rel}");
         }
@@ -206,5 +232,12 @@ mod tests {
         install_from(d.path(), etc.path()).unwrap();
         assert_eq!(std::fs::read_to_string(&p).unwrap(), SERVER);
         assert!(SERVER.contains("/execute") && SERVER.contains("/contexts"));
+        // Every file the server loads is installed next to it.
+        for name in ["rampart_ipython.py", "java_kernel.py", "JShellBridge.java"] {
+            let f = p.with_file_name(name);
+            let want = FILES.iter().find(|(n, _)| *n == name).unwrap().1;
+            assert_eq!(std::fs::read_to_string(&f).unwrap(), want, "{name}");
+        }
+        assert!(SERVER_PATH.starts_with(SERVER_DIR));
     }
 }
