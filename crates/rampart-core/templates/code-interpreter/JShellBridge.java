@@ -1,6 +1,7 @@
 // Rampart's bridge to JShell (the JDK's `jdk.jshell` API), driven by java_kernel.py.
 //
-// Run with the JDK's source launcher (`java JShellBridge.java`): nothing is compiled ahead.
+// Compiled by java_kernel.py at its first start (once per user, into ~/.cache), or run by the
+// JDK's source launcher (`java JShellBridge.java`) where there is no javac.
 // It keeps one JShell whose snippets run in a separate JVM (JShell's default execution
 // engine), and speaks a line protocol on stdin/stdout, every field base64 (UTF-8):
 //
@@ -248,6 +249,7 @@ public class JShellBridge {
                 .out(new PrintStream(new Relay("OUT"), true, StandardCharsets.UTF_8))
                 .err(new PrintStream(new Relay("ERR"), true, StandardCharsets.UTF_8))
                 .remoteVMOptions("--add-opens", "java.base/java.util=ALL-UNNAMED",
+                        "-XX:+UseSerialGC", "-Xshare:auto",
                         "-Duser.dir=" + System.getProperty("user.dir"))
                 .build();
         // JShell's usual start: the imports its console has.

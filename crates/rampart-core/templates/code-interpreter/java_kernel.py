@@ -19,6 +19,7 @@ Needs: Debian's python3-ipykernel and a JDK with jdk.jshell (default-jdk-headles
 """
 
 import base64
+import hashlib
 import json
 import os
 import queue
@@ -34,6 +35,10 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 BRIDGE = os.path.join(HERE, "JShellBridge.java")
 ENV_MAGIC = "%rampart-env "
 READY_SECS = 120
+# The bridge's JVM compiles the snippets (javac inside JShell); the snippets' own JVM keeps the
+# JDK's defaults but for its collector. Small and serial: a sandbox runs several kernels.
+BRIDGE_JVM = ["-Xmx160m", "-Xss1m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1",
+              "-Xshare:auto"]
 
 
 def b64(s):
@@ -48,15 +53,43 @@ class BridgeDied(Exception):
     pass
 
 
+def compiled_bridge():
+    """The directory holding JShellBridge.class, compiled once per user and source (in
+    ~/.cache); None when javac is missing (the source launcher is used then)."""
+    javac = shutil.which("javac")
+    if javac is None:
+        return None
+    with open(BRIDGE, "rb") as f:
+        digest = hashlib.sha256(f.read()).hexdigest()[:16]
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    out = os.path.join(cache, "rampart-java-kernel", digest)
+    if os.path.isfile(os.path.join(out, "JShellBridge.class")):
+        return out
+    tmp = f"{out}.tmp{os.getpid()}"
+    os.makedirs(tmp, exist_ok=True)
+    r = subprocess.run([javac, "-J-Xmx192m", "-J-XX:+UseSerialGC", "-nowarn", "-d", tmp, BRIDGE],
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise BridgeDied(f"compiling the JShell bridge failed: {r.stderr.strip()}")
+    try:
+        os.rename(tmp, out)
+    except OSError:  # another kernel compiled it meanwhile
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
 class Bridge:
     """The JShellBridge subprocess and a thread reading its lines into a queue."""
 
     def __init__(self):
         java = shutil.which("java") or "/usr/bin/java"
+        classes = compiled_bridge()
+        main = ["-cp", classes, "JShellBridge"] if classes else [BRIDGE]
         # A session of its own: a SIGINT the kernel manager sends the kernel's process group
         # must not end the JVMs (the kernel turns it into a STOP).
         self.proc = subprocess.Popen(
-            [java, "-Xshare:auto", "--add-modules", "jdk.jshell", BRIDGE],
+            [java, *BRIDGE_JVM, "--add-modules", "jdk.jshell", *main],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=None,
             start_new_session=True, bufsize=0,
         )

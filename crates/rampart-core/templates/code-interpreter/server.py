@@ -275,6 +275,9 @@ class Context:
                 "del __rampart_sys, __rampart_ip\n")
             self.drain()
 
+    def deno(self):
+        return self.language in ("javascript", "typescript", "deno")
+
     def wait_iopub(self):
         """Waits until the kernel's iopub messages reach us: a subscription made just now may
         miss what is published before it is connected (ZeroMQ's slow joiner), and the first
@@ -376,6 +379,7 @@ class Context:
         # without error is its main result (held back until the next output or the end).
         held = None
         failed = False
+        fence = None
         while not idle:
             if client_gone():
                 raise ClientGone()
@@ -394,7 +398,17 @@ class Context:
                     emit({"type": "keepalive"})
                     last_sent = time.monotonic()
                 continue
-            if msg.get("parent_header", {}).get("msg_id") != msg_id:
+            parent = msg.get("parent_header", {}).get("msg_id")
+            if fence is not None and parent == fence:
+                # Every message Deno published for the execution came before this one.
+                if msg["msg_type"] == "status":
+                    fence, idle = None, True
+                    if held is not None:
+                        held["is_main_result"] = not failed
+                        emit(held)
+                        held = None
+                continue
+            if parent != msg_id:
                 continue
             t = msg["msg_type"]
             c = msg["content"]
@@ -426,6 +440,10 @@ class Context:
                     out["traceback"] = out["traceback"] or f"exit status {out['value']}"
             elif t == "execute_input":
                 count = c.get("execution_count")
+            elif t == "status" and c.get("execution_state") == "idle" and self.deno():
+                # Deno may publish an execution's result after its idle status: a
+                # kernel_info request is a fence, its status comes after all of them.
+                fence = self.kc.kernel_info()
             elif t == "status" and c.get("execution_state") == "idle":
                 idle = True
                 if held is not None:
