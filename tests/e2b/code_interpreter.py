@@ -252,6 +252,26 @@ async def async_sdk_run_code_and_contexts():
         await s.remove_code_context(ctx)
         e = await s.run_code("1/0")
         assert e.error.name == "ZeroDivisionError", e.error
+        # Other languages through the async SDK: a context each, state across calls,
+        # streamed output, errors.
+        for lang, define, use, want in [
+            ("javascript", "let n = 41", "n + 1", "42"),
+            ("typescript", "let n: number = 41", "n + 1", "42"),
+            ("r", "n <- 41", "n + 1", "[1] 42"),
+            ("java", "int n = 41;", "n + 1", "42"),
+        ]:
+            ctx = await s.create_code_context(language=lang)
+            try:
+                assert (await s.run_code(define, context=ctx, timeout=120)).error is None
+                e = await s.run_code(use, context=ctx)
+                assert e.text == want, (lang, e.text, e.error)
+            finally:
+                await s.remove_code_context(ctx)
+        out = []
+        e = await s.run_code("echo one; echo two >&2", language="bash", on_stdout=out.append)
+        # bash_kernel runs bash on a terminal: its stderr comes as stdout too.
+        assert "".join(m.line for m in out) == "one\ntwo\n", out
+        assert e.error is None, e.error
     finally:
         await s.kill()
 
