@@ -124,7 +124,10 @@ fn kernel_missing() -> Option<String> {
             ok("/usr/bin/Rscript", &["-e", "library(IRkernel)"]),
             "r-base-core or r-cran-irkernel",
         ),
-        (ok("jshell", &["--version"]), "default-jdk-headless (jshell)"),
+        (
+            ok("jshell", &["--version"]),
+            "default-jdk-headless (jshell)",
+        ),
         (
             kernels.join("python/bash_kernel").is_dir(),
             "bash_kernel in /usr/local/lib/rampart-kernels/python",

@@ -358,9 +358,15 @@ mod tests {
             ("rootfs/opt/rampart", 0o755),
             ("rootfs/opt/rampart/code-interpreter", 0o755),
             ("rootfs/opt/rampart/code-interpreter/server.py", 0o644),
-            ("rootfs/opt/rampart/code-interpreter/rampart_ipython.py", 0o644),
+            (
+                "rootfs/opt/rampart/code-interpreter/rampart_ipython.py",
+                0o644,
+            ),
             ("rootfs/opt/rampart/code-interpreter/java_kernel.py", 0o644),
-            ("rootfs/opt/rampart/code-interpreter/JShellBridge.java", 0o644),
+            (
+                "rootfs/opt/rampart/code-interpreter/JShellBridge.java",
+                0o644,
+            ),
         ] {
             assert_eq!(mode(&d.path().join(rel)), m, "{rel}");
         }
