@@ -1,6 +1,6 @@
-//! Compatibility (tier 4): the unmodified E2B SDKs from PyPI (`e2b==2.63.0`) and npm (`e2b`)
-//! against a real daemon, configured only by `E2B_API_KEY`, `E2B_API_URL` and
-//! `E2B_SANDBOX_URL`.
+//! Compatibility (tier 4): the unmodified E2B SDKs from PyPI (`e2b==2.63.0`,
+//! `e2b-code-interpreter==2.11.5`) and npm (`e2b`, `@e2b/code-interpreter`) against a real
+//! daemon, configured only by `E2B_API_KEY`, `E2B_API_URL` and `E2B_SANDBOX_URL`.
 //!
 //! `scripts/test` makes the Python virtual environment (`target/e2b-venv`) and the npm
 //! directory (`target/e2b-node`); without them (no registry access) this prints

@@ -25,7 +25,6 @@ import os
 import queue
 import shutil
 import subprocess
-import sys
 import threading
 
 from ipykernel.kernelapp import IPKernelApp

@@ -133,9 +133,9 @@ def _has_python_module(mod, path=None):
             sys.path.remove(path)
 
 
-def _js_env(env):
-    # Plain text, no update checks (nothing is fetched at run time), a private cache.
-    return {"NO_COLOR": "1", "DENO_NO_UPDATE_CHECK": "1", "DENO_NO_PROMPT": "1"}
+# Deno: plain text (no ANSI colours in results), no update checks and no prompts (nothing is
+# fetched at run time, nobody answers).
+DENO_ENV = {"NO_COLOR": "1", "DENO_NO_UPDATE_CHECK": "1", "DENO_NO_PROMPT": "1"}
 
 
 def kernel_for(language):
@@ -149,7 +149,7 @@ def kernel_for(language):
             raise KernelMissing(
                 f"the {language} kernel (Deno, npm `deno`) is not installed in "
                 f"{KERNELS_DIR}/node (scripts/setup-host.sh installs it)")
-        return [deno, "jupyter", "--kernel", "--conn", "{connection_file}"], _js_env(None)
+        return [deno, "jupyter", "--kernel", "--conn", "{connection_file}"], DENO_ENV
     if language == "r":
         r = shutil.which("R")
         if r is None or not glob.glob("/usr/lib/R/site-library/IRkernel") + glob.glob(
