@@ -1,6 +1,6 @@
-//! Compatibility (tier 4): the unmodified E2B SDKs from PyPI (`e2b==2.63.0`) and npm (`e2b`)
-//! against a real daemon, configured only by `E2B_API_KEY`, `E2B_API_URL` and
-//! `E2B_SANDBOX_URL`.
+//! Compatibility (tier 4): the unmodified E2B SDKs from PyPI (`e2b==2.63.0`,
+//! `e2b-code-interpreter==2.11.5`) and npm (`e2b`, `@e2b/code-interpreter`) against a real
+//! daemon, configured only by `E2B_API_KEY`, `E2B_API_URL` and `E2B_SANDBOX_URL`.
 //!
 //! `scripts/test` makes the Python virtual environment (`target/e2b-venv`) and the npm
 //! directory (`target/e2b-node`); without them (no registry access) this prints
@@ -96,19 +96,54 @@ fn run_script(
     (passed, failed)
 }
 
-/// Why the code-interpreter template cannot run here, if it cannot.
+/// Why the code-interpreter template cannot run here, if it cannot: its kernels are the
+/// host's (every sandbox sees its /usr), installed by scripts/setup-host.sh.
 fn kernel_missing() -> Option<String> {
-    let ok = Command::new("/usr/bin/python3")
-        .args(["-c", "import ipykernel, jupyter_client, matplotlib"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .map(|s| s.success())
+    let ok = |cmd: &str, args: &[&str]| {
+        Command::new(cmd)
+            .args(args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .map(|s| s.success())
+            .unwrap_or(false)
+    };
+    let kernels = Path::new("/usr/local/lib/rampart-kernels");
+    let deno = std::fs::read_dir(kernels.join("node/node_modules/@deno"))
+        .map(|rd| rd.flatten().any(|e| e.path().join("deno").is_file()))
         .unwrap_or(false);
-    (!ok).then(|| {
-        "the host's /usr/bin/python3 lacks ipykernel, jupyter_client or matplotlib \
-         (scripts/setup-host.sh installs them)"
-            .to_owned()
+    let missing: Vec<&str> = [
+        (
+            ok(
+                "/usr/bin/python3",
+                &["-c", "import ipykernel, jupyter_client, matplotlib, pandas"],
+            ),
+            "python3-ipykernel, -jupyter-client, -matplotlib or -pandas",
+        ),
+        (
+            ok("/usr/bin/Rscript", &["-e", "library(IRkernel)"]),
+            "r-base-core or r-cran-irkernel",
+        ),
+        (
+            ok("jshell", &["--version"]),
+            "default-jdk-headless (jshell)",
+        ),
+        (
+            kernels.join("python/bash_kernel").is_dir(),
+            "bash_kernel in /usr/local/lib/rampart-kernels/python",
+        ),
+        (deno, "deno in /usr/local/lib/rampart-kernels/node"),
+    ]
+    .into_iter()
+    .filter(|(present, _)| !present)
+    .map(|(_, what)| what)
+    .collect();
+    (!missing.is_empty()).then(|| {
+        format!(
+            "the code interpreter's kernels are missing on this host: {} \
+             (scripts/setup-host.sh installs them)",
+            missing.join(", ")
+        )
     })
 }
 
@@ -185,7 +220,8 @@ fn e2b_sdks_run_unmodified_against_rampart() {
     }
     // The code interpreter (`e2b-code-interpreter`, template code-interpreter-v1) needs the
     // host's IPython kernel, which every sandbox sees in its /usr (scripts/setup-host.sh).
-    match kernel_missing() {
+    let kernels = kernel_missing();
+    match &kernels {
         None => {
             let script = tests.join("code_interpreter.py");
             let (p, f) = run_script(&d, &key, &py, &script, &tests);
@@ -207,6 +243,22 @@ fn e2b_sdks_run_unmodified_against_rampart() {
             "JS SDK skipped: no {} (scripts/test runs `npm install e2b`)",
             node_modules.display()
         );
+    }
+    // The code interpreter's JS SDK (`@e2b/code-interpreter`), every language.
+    let ci_modules = node_dir().join("node_modules/@e2b/code-interpreter");
+    match (&kernels, ci_modules.is_dir()) {
+        (None, true) => {
+            let script = node_dir().join("rampart-code-interpreter-test.mjs");
+            std::fs::copy(tests.join("code_interpreter.mjs"), &script).unwrap();
+            let (p, f) = run_script(&d, &key, Path::new("node"), &script, &node_dir());
+            passed.extend(p);
+            failed.extend(f);
+        }
+        (Some(why), _) => eprintln!("code interpreter JS SDK skipped: {why}"),
+        (None, false) => eprintln!(
+            "code interpreter JS SDK skipped: no {} (scripts/e2b-sdks.sh installs it)",
+            ci_modules.display()
+        ),
     }
 
     // `rampart keys rm` revokes at once.

@@ -47,9 +47,15 @@ impl Sandboxes {
         req.secrets = self.secrets.resolve(&req.secrets)?;
         // Snapshot and volumes (fills the template from the snapshot).
         let staged = self.persist.prepare_create(self.iso.as_ref(), &mut req)?;
+        // A code-interpreter sandbox runs a kernel per context: more memory unless asked.
+        let defaults = crate::interpreter::default_limits(
+            req.template.as_deref(),
+            &cfg.default_limits,
+            &cfg.max_limits,
+        );
         let v = validate::check_create_with(
             &req,
-            &cfg.default_limits,
+            &defaults,
             &cfg.max_limits,
             cfg.default_timeout_secs,
             cfg.max_timeout_secs,

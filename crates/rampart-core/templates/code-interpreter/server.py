@@ -17,17 +17,28 @@ API (as `e2b-code-interpreter` 2.11 calls it):
   GET    /health                  -> 200 "OK"
 
 An unknown context answers 404 (text/plain `Context <id> not found`). A client that goes away
-during an execution (the SDK's timeout) interrupts it. Only Python is served.
+during an execution (the SDK's timeout) interrupts it.
+
+Languages, each context its own kernel (see `KERNELS`): `python` (IPython; with
+rampart_ipython.py: a str shows as its text, DataFrames give `data`, matplotlib figures a
+`chart`), `javascript`/`js` and `typescript`/`ts` (Deno's Jupyter kernel, also as `deno`), `r`
+(IRkernel), `java` (java_kernel.py over JShell), `bash` (bash_kernel). A language whose kernel
+is not installed answers 400 with what is missing. Nothing is downloaded here: the kernels come
+from Debian packages and from /usr/local/lib/rampart-kernels (scripts/setup-host.sh, or the
+image's build steps).
 
 Standard library plus jupyter_client (Debian's python3-jupyter-client / python3-ipykernel).
 """
 
-import base64
 import datetime
+import glob
 import http.server
 import json
 import os
+import pwd
 import queue
+import shlex
+import shutil
 import select
 import socket
 import sys
@@ -35,14 +46,28 @@ import threading
 import time
 import uuid
 
+from jupyter_client.kernelspec import KernelSpec
 from jupyter_client.manager import KernelManager
 
+HERE = os.path.dirname(os.path.abspath(__file__))
 HOST = "127.0.0.1"
 PORT = int(os.environ.get("RAMPART_CODE_INTERPRETER_PORT", "49999"))
-DEFAULT_CWD = os.environ.get("HOME", "/home/user")
+KERNELS_DIR = os.environ.get("RAMPART_KERNELS_DIR", "/usr/local/lib/rampart-kernels")
 KEEPALIVE_SECS = 5.0
-KERNEL_READY_SECS = 60.0
-LANGUAGES = ("python", "python3")
+KERNEL_READY_SECS = 120.0
+CHART_MIME = "application/vnd.rampart.chart+json"
+DATA_MIME = "application/vnd.rampart.data+json"
+
+# Names the SDKs send -> the context's language.
+ALIASES = {
+    "python": "python", "python3": "python", "py": "python",
+    "javascript": "javascript", "js": "javascript",
+    "typescript": "typescript", "ts": "typescript",
+    "deno": "deno",
+    "r": "r",
+    "java": "java",
+    "bash": "bash", "sh": "bash", "shell": "bash",
+}
 
 # MIME type -> the SDK's `Result` field.
 MIME_FIELDS = {
@@ -56,6 +81,8 @@ MIME_FIELDS = {
     "text/latex": "latex",
     "application/json": "json",
     "application/javascript": "javascript",
+    CHART_MIME: "chart",
+    DATA_MIME: "data",
 }
 
 
@@ -70,6 +97,132 @@ def now_iso():
 
 class ClientGone(Exception):
     """The HTTP client closed its connection."""
+
+
+class KernelMissing(Exception):
+    """The language's kernel is not installed here."""
+
+
+def _home():
+    try:
+        return pwd.getpwuid(os.getuid()).pw_dir
+    except KeyError:
+        return os.environ.get("HOME") or "/tmp"
+
+
+HOME = _home()
+DEFAULT_CWD = HOME if os.path.isdir(HOME) else "/tmp"
+
+
+def _deno():
+    for p in sorted(glob.glob(os.path.join(KERNELS_DIR, "node/node_modules/@deno/*/deno"))):
+        if os.access(p, os.X_OK):
+            return p
+    return shutil.which("deno")
+
+
+def _has_python_module(mod, path=None):
+    import importlib.util  # noqa: PLC0415
+
+    if path:
+        sys.path.insert(0, path)
+    try:
+        return importlib.util.find_spec(mod) is not None
+    finally:
+        if path:
+            sys.path.remove(path)
+
+
+# Deno: plain text (no ANSI colours in results), no update checks and no prompts (nothing is
+# fetched at run time, nobody answers).
+DENO_ENV = {"NO_COLOR": "1", "DENO_NO_UPDATE_CHECK": "1", "DENO_NO_PROMPT": "1"}
+
+
+def kernel_for(language):
+    """(argv, extra env) that start `language`'s kernel; raises KernelMissing."""
+    py = sys.executable or "/usr/bin/python3"
+    if language == "python":
+        return [py, "-m", "ipykernel_launcher", "-f", "{connection_file}"], {}
+    if language in ("javascript", "typescript", "deno"):
+        deno = _deno()
+        if deno is None:
+            raise KernelMissing(
+                f"the {language} kernel (Deno, npm `deno`) is not installed in "
+                f"{KERNELS_DIR}/node (scripts/setup-host.sh installs it)")
+        return [deno, "jupyter", "--kernel", "--conn", "{connection_file}"], DENO_ENV
+    if language == "r":
+        r = shutil.which("R")
+        if r is None or not glob.glob("/usr/lib/R/site-library/IRkernel") + glob.glob(
+                "/usr/local/lib/R/site-library/IRkernel"):
+            raise KernelMissing(
+                "the R kernel is not installed (Debian's r-base-core and r-cran-irkernel)")
+        return [r, "--slave", "-e", "IRkernel::main()", "--args", "{connection_file}"], {}
+    if language == "java":
+        if shutil.which("java") is None or shutil.which("jshell") is None:
+            raise KernelMissing("the Java kernel needs JShell (Debian's default-jdk-headless)")
+        return [py, os.path.join(HERE, "java_kernel.py"), "-f", "{connection_file}"], {}
+    if language == "bash":
+        path = os.path.join(KERNELS_DIR, "python")
+        if not _has_python_module("bash_kernel", path):
+            raise KernelMissing(
+                f"the bash kernel (PyPI bash_kernel) is not installed in {path} "
+                "(scripts/setup-host.sh installs it)")
+        pp = os.environ.get("PYTHONPATH")
+        return [py, "-m", "bash_kernel", "-f", "{connection_file}"], {
+            "PYTHONPATH": path + (os.pathsep + pp if pp else "")}
+    raise KernelMissing(f"language {language!r} is not supported")
+
+
+def _js_str(s):
+    return json.dumps(s)
+
+
+def env_code(language, env):
+    """Code that sets (value str) or removes (value None) environment variables in a kernel
+    of `language`, run silently around an execution with `env_vars`."""
+    if language == "python":
+        code = "import os as __rampart_os\n"
+        for k, v in env.items():
+            if v is None:
+                code += f"__rampart_os.environ.pop({json.dumps(k)}, None)\n"
+            else:
+                code += f"__rampart_os.environ[{json.dumps(k)}] = {json.dumps(v)}\n"
+        return code + "del __rampart_os\n"
+    if language in ("javascript", "typescript", "deno"):
+        return "".join(
+            f"Deno.env.delete({_js_str(k)});" if v is None
+            else f"Deno.env.set({_js_str(k)}, {_js_str(v)});" for k, v in env.items())
+    if language == "r":
+        return "\n".join(
+            f"invisible(Sys.unsetenv({json.dumps(k)}))" if v is None
+            else f"invisible(do.call(Sys.setenv, setNames(list({json.dumps(v)}), {json.dumps(k)})))"
+            for k, v in env.items())
+    if language == "bash":
+        return "\n".join(
+            f"unset {shlex.quote(k)}" if v is None else f"export {shlex.quote(k)}={shlex.quote(v)}"
+            for k, v in env.items())
+    if language == "java":
+        return "%rampart-env " + json.dumps(env)
+    raise KernelMissing(f"language {language!r} is not supported")
+
+
+def _unquote_js(text):
+    """A string value as Deno shows it ("x", 'x' or `x`) -> its text; anything else as is."""
+    if len(text) < 2 or text[0] != text[-1] or text[0] not in "\"'`":
+        return text
+    q = text[0]
+    body = text[1:-1]
+    if q == '"':
+        try:
+            v = json.loads(text)
+            return v if isinstance(v, str) else text
+        except ValueError:
+            return text
+    # Deno escapes only the quote, backslashes and control characters in the other styles.
+    try:
+        return json.loads('"' + body.replace('\\' + q, q).replace('"', '\\"') + '"')
+    except ValueError:
+        return text
 
 
 class Context:
@@ -87,8 +240,17 @@ class Context:
         return {"id": self.id, "language": self.language, "cwd": self.cwd}
 
     def start(self):
-        km = KernelManager(kernel_name="python3")
-        km.start_kernel(cwd=self.cwd)
+        argv, extra = kernel_for(self.language)
+        env = dict(os.environ)
+        env.update(extra)
+        env["HOME"] = HOME
+        env.setdefault("PYDEVD_DISABLE_FILE_VALIDATION", "1")
+        env.setdefault("LANG", "C.UTF-8")
+        km = KernelManager()
+        # The spec is given, not looked up: the kernels need no kernelspec directories.
+        km._kernel_spec = KernelSpec(argv=argv, display_name=self.language,
+                                     language=self.language, resource_dir=HERE, env={})
+        km.start_kernel(cwd=self.cwd, env=env)
         kc = km.blocking_client()
         kc.start_channels()
         try:
@@ -98,6 +260,48 @@ class Context:
             km.shutdown_kernel(now=True)
             raise
         self.km, self.kc = km, kc
+        try:
+            self.wait_iopub()
+        except Exception:
+            self.stop()
+            raise
+        if self.language == "python":
+            self.run_silent(
+                "import sys as __rampart_sys\n"
+                f"__rampart_sys.path.insert(0, {HERE!r})\n"
+                "import rampart_ipython as __rampart_ip\n"
+                f"__rampart_sys.path.remove({HERE!r})\n"
+                "__rampart_ip.load(get_ipython())\n"
+                "del __rampart_sys, __rampart_ip\n")
+            self.drain()
+
+    def deno(self):
+        return self.language in ("javascript", "typescript", "deno")
+
+    def wait_iopub(self):
+        """Waits until the kernel's iopub messages reach us: a subscription made just now may
+        miss what is published before it is connected (ZeroMQ's slow joiner), and the first
+        execution's outputs with it. A kernel_info request's status messages show it is."""
+        deadline = time.monotonic() + KERNEL_READY_SECS
+        while time.monotonic() < deadline:
+            mid = self.kc.kernel_info()
+            until = time.monotonic() + 0.5
+            while time.monotonic() < until:
+                try:
+                    msg = self.kc.get_iopub_msg(timeout=0.1)
+                except queue.Empty:
+                    continue
+                if msg.get("parent_header", {}).get("msg_id") == mid:
+                    self.drain()
+                    while True:  # its shell reply
+                        try:
+                            self.kc.get_shell_msg(timeout=0)
+                        except queue.Empty:
+                            break
+                    return
+            if not self.km.is_alive():
+                raise RuntimeError("the kernel exited at start")
+        raise RuntimeError("the kernel's messages did not arrive")
 
     def stop(self):
         if self.kc is not None:
@@ -144,25 +348,14 @@ class Context:
         restore = None
         if env_vars:
             restore = {k: os.environ.get(k) for k in env_vars}
-            self.run_silent(
-                "import os as __rampart_os\n"
-                f"__rampart_os.environ.update({json.dumps(env_vars)!s})\n"
-                "del __rampart_os\n"
-            )
+            self.run_silent(env_code(self.language, env_vars))
             self.drain()
         try:
             self._execute(code, emit, client_gone)
         finally:
             if env_vars and self.alive():
                 # Put back what the variables were in the server (the kernel's start env).
-                code = "import os as __rampart_os\n"
-                for k, v in restore.items():
-                    if v is None:
-                        code += f"__rampart_os.environ.pop({json.dumps(k)}, None)\n"
-                    else:
-                        code += f"__rampart_os.environ[{json.dumps(k)}] = {json.dumps(v)}\n"
-                code += "del __rampart_os\n"
-                self.run_silent(code)
+                self.run_silent(env_code(self.language, restore))
                 self.drain()
 
     def _execute(self, code, emit, client_gone):
@@ -182,6 +375,11 @@ class Context:
         last_sent = time.monotonic()
         count = None
         idle = False
+        # IRkernel shows a cell's value as display_data: the last result of an execution
+        # without error is its main result (held back until the next output or the end).
+        held = None
+        failed = False
+        fence = None
         while not idle:
             if client_gone():
                 raise ClientGone()
@@ -200,7 +398,17 @@ class Context:
                     emit({"type": "keepalive"})
                     last_sent = time.monotonic()
                 continue
-            if msg.get("parent_header", {}).get("msg_id") != msg_id:
+            parent = msg.get("parent_header", {}).get("msg_id")
+            if fence is not None and parent == fence:
+                # Every message Deno published for the execution came before this one.
+                if msg["msg_type"] == "status":
+                    fence, idle = None, True
+                    if held is not None:
+                        held["is_main_result"] = not failed
+                        emit(held)
+                        held = None
+                continue
+            if parent != msg_id:
                 continue
             t = msg["msg_type"]
             c = msg["content"]
@@ -211,34 +419,65 @@ class Context:
                 if out["type"] not in ("stdout", "stderr"):
                     out["type"] = "stdout"
             elif t == "execute_result":
-                out = result_of(c.get("data", {}), True)
+                out = result_of(self.language, c.get("data", {}), True)
             elif t == "display_data":
-                out = result_of(c.get("data", {}), False)
+                out = result_of(self.language, c.get("data", {}), False)
+                if self.language == "r":
+                    if held is not None:
+                        emit(held)
+                    held, out = out, None
             elif t == "error":
+                failed = True
                 out = {
                     "type": "error",
                     "name": c.get("ename", ""),
                     "value": c.get("evalue", ""),
                     "traceback": "\n".join(c.get("traceback", [])),
                 }
+                if self.language == "bash" and not out["name"]:
+                    # bash_kernel reports a failed command by its exit status alone.
+                    out["name"] = "ExitCode"
+                    out["traceback"] = out["traceback"] or f"exit status {out['value']}"
             elif t == "execute_input":
                 count = c.get("execution_count")
+            elif t == "status" and c.get("execution_state") == "idle" and self.deno():
+                # Deno may publish an execution's result after its idle status: a
+                # kernel_info request is a fence, its status comes after all of them.
+                fence = self.kc.kernel_info()
             elif t == "status" and c.get("execution_state") == "idle":
                 idle = True
+                if held is not None:
+                    held["is_main_result"] = not failed
+                    out, held = held, None
             if out is not None:
+                if held is not None:
+                    emit(held)
+                    held = None
                 emit(out)
                 last_sent = time.monotonic()
+        if held is not None:
+            emit(held)
         return count
 
     def interrupt(self, msg_id):
         """Interrupts the running execution and waits (bounded) for the kernel to be idle;
         restarts the kernel if it does not get there."""
+        if self.language in ("javascript", "typescript", "deno"):
+            # Deno's kernel cannot be interrupted (SIGINT ends it; an interrupt_request is not
+            # answered): a fresh kernel is the only way to stop what runs.
+            log(f"context {self.id} ({self.language}): restarting its kernel to stop the execution")
+            self.restart()
+            return
         try:
             self.km.interrupt_kernel()
         except Exception as e:
             log(f"interrupting {self.id}: {e}")
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
+            if not self.alive():
+                log(f"context {self.id} ended at the interrupt: restarting its kernel")
+                self.restart()
+                return
             try:
                 msg = self.kc.get_iopub_msg(timeout=0.25)
             except queue.Empty:
@@ -251,7 +490,7 @@ class Context:
         self.restart()
 
 
-def result_of(data, is_main):
+def result_of(language, data, is_main):
     out = {"type": "result", "is_main_result": is_main}
     extra = {}
     for mime, value in data.items():
@@ -260,6 +499,8 @@ def result_of(data, is_main):
             extra[mime] = value
         else:
             out[field] = value
+    if language in ("javascript", "typescript", "deno") and isinstance(out.get("text"), str):
+        out["text"] = _unquote_js(out["text"])
     if extra:
         out["extra"] = extra
     return out
@@ -269,7 +510,7 @@ class Contexts:
     def __init__(self):
         self.lock = threading.Lock()
         self.by_id = {}
-        self.default = None
+        self.defaults = {}  # language -> its default context
 
     def create(self, language, cwd):
         ctx = Context(str(uuid.uuid4()), language, cwd)
@@ -285,25 +526,26 @@ class Contexts:
     def remove(self, cid):
         with self.lock:
             ctx = self.by_id.pop(cid, None)
-            if ctx is not None and self.default is ctx:
-                self.default = None
+            if ctx is not None and self.defaults.get(ctx.language) is ctx:
+                del self.defaults[ctx.language]
         return ctx
 
     def all(self):
         with self.lock:
             return list(self.by_id.values())
 
-    def default_context(self):
+    def default_context(self, language="python"):
+        """The language's default context (made at its first use), in the home directory."""
         with self.lock:
-            d = self.default
+            d = self.defaults.get(language)
         if d is not None:
             return d
-        d = self.create("python", DEFAULT_CWD)
+        d = self.create(language, DEFAULT_CWD)
         with self.lock:
-            if self.default is None:
-                self.default = d
+            if language not in self.defaults:
+                self.defaults[language] = d
                 return d
-            other = self.default
+            other = self.defaults[language]
         # Another request made one meanwhile.
         self.remove(d.id)
         d.stop()
@@ -311,6 +553,19 @@ class Contexts:
 
 
 CONTEXTS = Contexts()
+
+
+def canonical(language):
+    """(the context language for an SDK's `language`, None) or (None, why it is refused)."""
+    if language is None or language == "":
+        return "python", None
+    if not isinstance(language, str):
+        return None, "`language` must be a string"
+    lang = ALIASES.get(language.strip().lower())
+    if lang is None:
+        return None, (f"language {language!r} is not supported: this interpreter runs "
+                      "python, javascript (js), typescript (ts), r, java and bash")
+    return lang, None
 
 
 class Handler(http.server.BaseHTTPRequestHandler):
@@ -404,17 +659,25 @@ class Handler(http.server.BaseHTTPRequestHandler):
         if path == "/execute":
             return self.execute(body)
         if path == "/contexts":
-            language = body.get("language") or "python"
-            if language not in LANGUAGES:
-                return self.bad_request(
-                    f"language {language!r} is not supported: this interpreter runs python")
+            language, err = canonical(body.get("language"))
+            if err:
+                return self.bad_request(err)
             cwd = body.get("cwd") or DEFAULT_CWD
+            if not isinstance(cwd, str) or not os.path.isabs(cwd):
+                return self.bad_request(f"cwd {cwd!r} must be an absolute path")
             if not os.path.isdir(cwd):
-                return self.bad_request(f"cwd {cwd!r} is not a directory")
+                # A missing working directory is made (as the kernel's user), like a shell's
+                # `mkdir -p`; one that cannot be is refused with the reason.
+                try:
+                    os.makedirs(cwd, exist_ok=True)
+                except OSError as e:
+                    return self.bad_request(f"cwd {cwd!r}: {e.strerror}")
             try:
-                ctx = CONTEXTS.create("python", cwd)
+                ctx = CONTEXTS.create(language, cwd)
+            except KernelMissing as e:
+                return self.bad_request(str(e))
             except Exception as e:
-                return self.send_body(500, f"starting a kernel: {e}", "text/plain")
+                return self.send_body(500, f"starting the {language} kernel: {e}", "text/plain")
             return self.send_body(200, ctx.json())
         parts = path.strip("/").split("/")
         if len(parts) == 3 and parts[0] == "contexts" and parts[2] == "restart":
@@ -444,13 +707,15 @@ class Handler(http.server.BaseHTTPRequestHandler):
             if ctx is None:
                 return self.not_found(cid)
         else:
-            if language and language not in LANGUAGES:
-                return self.bad_request(
-                    f"language {language!r} is not supported: this interpreter runs python")
+            language, err = canonical(language)
+            if err:
+                return self.bad_request(err)
             try:
-                ctx = CONTEXTS.default_context()
+                ctx = CONTEXTS.default_context(language)
+            except KernelMissing as e:
+                return self.bad_request(str(e))
             except Exception as e:
-                return self.send_body(500, f"starting a kernel: {e}", "text/plain")
+                return self.send_body(500, f"starting the {language} kernel: {e}", "text/plain")
         with ctx.lock:
             if not ctx.alive():
                 try:
@@ -485,14 +750,30 @@ class Server(http.server.ThreadingHTTPServer):
     allow_reuse_address = True
 
 
-def main():
+def _start_default(language):
     try:
-        CONTEXTS.default_context()
+        CONTEXTS.default_context(language)
+    except KernelMissing as e:
+        log(f"no default {language} context: {e}")
+    except Exception as e:  # noqa: BLE001 (made again at its first use)
+        log(f"starting the default {language} context: {e}")
+
+
+def main():
+    os.environ["HOME"] = HOME
+    # Connection files in a directory of this user (never under another user's home).
+    os.environ.setdefault("JUPYTER_RUNTIME_DIR", os.path.join(
+        os.environ.get("XDG_RUNTIME_DIR") or "/tmp", f"rampart-jupyter-{os.getuid()}"))
+    os.makedirs(os.environ["JUPYTER_RUNTIME_DIR"], mode=0o700, exist_ok=True)
+    try:
+        CONTEXTS.default_context("python")
     except Exception as e:
         log(f"cannot start the default Python kernel: {e}")
         sys.exit(1)
     srv = Server((HOST, PORT), Handler)
     log(f"listening on {HOST}:{PORT}")
+    # As E2B's: a default JavaScript context too, started once the server answers.
+    threading.Thread(target=_start_default, args=("javascript",), daemon=True).start()
     srv.serve_forever()
 
 
