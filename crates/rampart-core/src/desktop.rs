@@ -883,11 +883,7 @@ mod tests {
         );
 
         // In a longer script, directly, and when the script cannot be split.
-        let r = read(
-            &argv("cd /tmp; xdotool type 'pass word'; echo done"),
-            None,
-        )
-        .unwrap();
+        let r = read(&argv("cd /tmp; xdotool type 'pass word'; echo done"), None).unwrap();
         assert!(!r.argv[3].contains("pass word"), "{}", r.argv[3]);
         assert!(r.argv[3].starts_with("cd /tmp; ") && r.argv[3].ends_with("; echo done"));
         let direct: Vec<String> = ["xdotool", "type", "s3cret!"].map(String::from).to_vec();

@@ -259,7 +259,7 @@ async fn create_now(st: &E2b, body: &Bytes) -> Result<Value, E2bError> {
         Ok(t) => t.to_owned(),
         // A built template (`rampart template build` or the SDK's `Template.build`, by
         // name or `name:tag`; docs/templates.md).
-        Err(_) if super::templates::is_built(&st, &requested) => requested.clone(),
+        Err(_) if super::templates::is_built(st, &requested) => requested.clone(),
         Err(e) => return Err(e),
     };
     let net = match &n.network {
