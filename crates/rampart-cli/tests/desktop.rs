@@ -25,20 +25,11 @@ fn skip_reason() -> Option<String> {
     if let Some(why) = support::skip_reason() {
         return Some(why);
     }
-    let py = venv_python();
-    let ok = Command::new(&py)
-        .args(["-c", "import e2b_desktop, playwright"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
-    (!ok).then(|| {
-        format!(
-            "no Python venv with e2b-desktop and playwright at {} (scripts/desktop-sdks.sh \
-             makes it; needs PyPI access)",
-            py.display()
-        )
-    })
+    support::venv_lacks(
+        &venv_python(),
+        "e2b_desktop, playwright",
+        "scripts/desktop-sdks.sh makes it",
+    )
 }
 
 /// Builds the desktop template in `data` (cached after the first build); `Err` with why

@@ -33,19 +33,11 @@ fn skip() -> Option<String> {
             return Some(format!("{bin} is not installed"));
         }
     }
-    let py = support::venv_python("RAMPART_E2B_VENV", "e2b-venv");
-    let ok = Command::new(&py)
-        .args(["-c", "import e2b, httpx"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
-    (!ok).then(|| {
-        format!(
-            "no Python venv with e2b at {} (scripts/test makes it; needs PyPI access)",
-            py.display()
-        )
-    })
+    support::venv_lacks(
+        &support::venv_python("RAMPART_E2B_VENV", "e2b-venv"),
+        "e2b, httpx",
+        "scripts/test makes it",
+    )
 }
 
 /// Makes the test CA and a certificate for both names; returns (ca, cert, key).

@@ -30,22 +30,11 @@ fn skip_reason() -> Option<String> {
     if let Some(why) = support::skip_reason() {
         return Some(why);
     }
-    let py = venv_python();
-    let ok = Command::new(&py)
-        .args(["-c", "import e2b, httpx"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .map(|s| s.success())
-        .unwrap_or(false);
-    if !ok {
-        return Some(format!(
-            "no Python venv with e2b at {} (scripts/test makes it with `pip install e2b==2.63.0`; \
-             needs PyPI access)",
-            py.display()
-        ));
-    }
-    None
+    support::venv_lacks(
+        &venv_python(),
+        "e2b, httpx",
+        "scripts/test makes it with `pip install e2b==2.63.0`",
+    )
 }
 
 /// Runs a script with only the three E2B variables (plus PATH/HOME) set; returns

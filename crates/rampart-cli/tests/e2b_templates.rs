@@ -23,19 +23,7 @@ fn skip_reason() -> Option<String> {
     if let Some(why) = support::skip_reason() {
         return Some(why);
     }
-    let py = venv_python();
-    let ok = Command::new(&py)
-        .args(["-c", "import e2b"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
-    (!ok).then(|| {
-        format!(
-            "no Python venv with e2b at {} (scripts/test makes it; needs PyPI access)",
-            py.display()
-        )
-    })
+    support::venv_lacks(&venv_python(), "e2b", "scripts/test makes it")
 }
 
 /// Runs `tests/e2b/template_build.py` (with `args`) with only the E2B variables set; returns

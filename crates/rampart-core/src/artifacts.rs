@@ -81,7 +81,11 @@ fn beneath() -> ResolveFlags {
 }
 
 /// Opens `path` (relative) beneath `dir` with `flags` (plus `O_NOFOLLOW | O_CLOEXEC`).
-fn open_beneath(dir: BorrowedFd<'_>, path: &str, flags: OFlags) -> rustix::io::Result<OwnedFd> {
+pub(crate) fn open_beneath(
+    dir: BorrowedFd<'_>,
+    path: &str,
+    flags: OFlags,
+) -> rustix::io::Result<OwnedFd> {
     rustix::fs::openat2(
         dir,
         path,

@@ -18,7 +18,7 @@ use rampart_types::approval::script_commands;
 use rampart_types::audit::{ContentRecord, Desktop, TypedText};
 use rampart_types::desktop::{BrowserInfo, DesktopAction, ScrollDirection};
 use rampart_types::{ExecEvent, ExecRequest, SandboxId};
-use rustix::fs::{Mode, OFlags, ResolveFlags};
+use rustix::fs::OFlags;
 use std::io::Read as _;
 use std::os::fd::{AsFd as _, BorrowedFd};
 use std::time::Duration;
@@ -72,6 +72,13 @@ fn base(prog: &str) -> &str {
 
 /// Reads `argv` (run in `cwd`); `None` when it does nothing on a desktop.
 pub(crate) fn read(argv: &[String], cwd: Option<&str>) -> Option<Reading> {
+    // Every exec passes here: most name neither tool, and are not parsed at all.
+    if !argv
+        .iter()
+        .any(|a| a.contains("xdotool") || a.contains("scrot"))
+    {
+        return None;
+    }
     let prog = argv.first()?;
     let mut out = Reading {
         argv: argv.to_vec(),
@@ -269,11 +276,10 @@ fn read_xdotool(words: &[String], out: &mut Reading) -> Option<Vec<String>> {
                     return None;
                 }
                 let text: String = rest.concat();
-                a.text = Some(TypedText {
+                let typed = TypedText {
                     chars: text.chars().count() as u64,
                     digest: content_digest(text.as_bytes()),
-                });
-                out.actions.push(a);
+                };
                 for (n, v) in &opts {
                     hidden.push((*n).to_owned());
                     if let Some(v) = v {
@@ -283,9 +289,11 @@ fn read_xdotool(words: &[String], out: &mut Reading) -> Option<Vec<String>> {
                 hidden.push("--".to_owned());
                 hidden.push(format!(
                     "[typed text: {} chars, sha256:{}]",
-                    text.chars().count(),
-                    content_digest(text.as_bytes()).to_hex()
+                    typed.chars,
+                    typed.digest.to_hex()
                 ));
+                a.text = Some(typed);
+                out.actions.push(a);
                 return Some(hidden);
             }
             _ => i += 1,
@@ -399,19 +407,7 @@ pub(crate) fn capture(root: BorrowedFd<'_>, path: &str, a: &mut Desktop) -> Opti
 }
 
 fn read_beneath(root: BorrowedFd<'_>, path: &str) -> Result<Vec<u8>, String> {
-    let how = ResolveFlags::BENEATH
-        | ResolveFlags::NO_SYMLINKS
-        | ResolveFlags::NO_MAGICLINKS
-        | ResolveFlags::NO_XDEV;
-    let open = |dir: BorrowedFd<'_>, p: &str, flags: OFlags| {
-        rustix::fs::openat2(
-            dir,
-            p,
-            flags | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-            Mode::empty(),
-            how,
-        )
-    };
+    let open = crate::artifacts::open_beneath;
     let (layer, rel) = match path.strip_prefix("/usr/") {
         Some(rel) if open(root, "usr-upper", OFlags::PATH | OFlags::DIRECTORY).is_ok() => {
             ("usr-upper", rel)

@@ -7,7 +7,7 @@ use crate::error::ApiError;
 use crate::extract::{ApiJson, ApiQuery, SandboxPath};
 use crate::AppState;
 use axum::extract::State;
-use axum::http::header::{CACHE_CONTROL, CONTENT_TYPE, HOST};
+use axum::http::header::{CACHE_CONTROL, CONTENT_TYPE};
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -95,15 +95,7 @@ pub(crate) async fn browser(
 ) -> Result<Json<BrowserInfo>, ApiError> {
     let m = st.manager_or("this daemon has no desktops")?;
     let mut info = m.start_browser(&id, q.display.as_deref()).await?;
-    let host = headers
-        .get(HOST)
-        .and_then(|h| h.to_str().ok())
-        .filter(|h| {
-            !h.is_empty()
-                && h.bytes()
-                    .all(|b| b.is_ascii_alphanumeric() || b".-:[]".contains(&b))
-        })
-        .unwrap_or("127.0.0.1:3000");
+    let host = crate::ports::plain_host(&headers).unwrap_or("127.0.0.1:3000");
     let base = format!("{host}/v1/sandboxes/{id}/ports/{}", info.port);
     info.cdp_url = format!("http://{base}");
     info.ws_url = format!("ws://{base}{}", info.ws_path);

@@ -715,6 +715,17 @@ fn confine_cookies(headers: &mut HeaderMap, prefix: Option<&str>) {
 /// The largest DevTools listing rewritten (`/json/version`, `/json/list`).
 const DEVTOOLS_LISTING_MAX: usize = 1 << 20;
 
+/// The request's `Host` when it is a plain `name[:port]` (or `[v6]:port`), safe to put in a
+/// URL the answer names.
+pub(crate) fn plain_host(headers: &HeaderMap) -> Option<&str> {
+    let host = headers.get(header::HOST)?.to_str().ok()?;
+    (!host.is_empty()
+        && host
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b".-:[]".contains(&b)))
+    .then_some(host)
+}
+
 /// For a request of a DevTools protocol's listing (`/json/version`, `/json`, `/json/list`,
 /// as Chromium serves them, e.g. the browser of `POST /v1/sandboxes/{id}/browser`): the
 /// WebSocket address the server inside names (`ws://localhost:{port}`, as the proxy sends
@@ -731,14 +742,7 @@ fn devtools_listing(
     if !matches!(path, "/json" | "/json/version" | "/json/list") {
         return None;
     }
-    let host = headers.get(header::HOST)?.to_str().ok()?;
-    if host.is_empty()
-        || !host
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b".-:[]".contains(&b))
-    {
-        return None;
-    }
+    let host = plain_host(headers)?;
     let prefix = if prefix == "/" { "" } else { prefix };
     Some((format!("localhost:{port}"), format!("{host}{prefix}")))
 }

@@ -858,6 +858,23 @@ pub fn venv_python(var: &str, dir: &str) -> std::path::PathBuf {
         .join("bin/python")
 }
 
+/// Why `python` cannot run a test's SDK scripts, if it cannot: it fails to import `modules`
+/// (`"e2b, httpx"`); `how` names what makes the venv.
+pub fn venv_lacks(python: &Path, modules: &str, how: &str) -> Option<String> {
+    let ok = Command::new(python)
+        .args(["-c", &format!("import {modules}")])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    (!ok).then(|| {
+        format!(
+            "no Python venv with {modules} at {} ({how}; needs PyPI access)",
+            python.display()
+        )
+    })
+}
+
 // ---------------------------------------------------------------------------------------------
 // Test hosts: a DNS server and web server in a network namespace
 // ---------------------------------------------------------------------------------------------
