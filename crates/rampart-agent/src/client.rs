@@ -514,7 +514,9 @@ impl AgentClient {
     async fn handshake(
         &self,
     ) -> Result<(hyper::client::conn::http1::SendRequest<ReqBody>, Conn), ClientError> {
-        let stream = tokio::net::UnixStream::connect(&self.socket)
+        let at = rampart_types::sockpath::SocketPath::new(&self.socket)
+            .map_err(|e| ClientError::Unreachable(format!("{}: {e}", self.socket.display())))?;
+        let stream = tokio::net::UnixStream::connect(at.path())
             .await
             .map_err(|e| ClientError::Unreachable(format!("{}: {e}", self.socket.display())))?;
         hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))

@@ -92,7 +92,9 @@ impl Endpoint {
         }
         candidates.push(PathBuf::from(RUN_SOCKET));
         for path in candidates {
-            if std::os::unix::net::UnixStream::connect(&path).is_ok() {
+            let reachable = rampart_types::sockpath::SocketPath::new(&path)
+                .and_then(|at| std::os::unix::net::UnixStream::connect(at.path()));
+            if reachable.is_ok() {
                 return Endpoint::Unix { path };
             }
         }
@@ -113,12 +115,15 @@ pub struct Client {
     base: String,
     http: reqwest::Client,
     endpoint: Endpoint,
+    /// Holds the socket's directory open while `http` connects through it (long paths).
+    _socket: Option<std::sync::Arc<rampart_types::sockpath::SocketPath>>,
 }
 
 impl Client {
     /// A client of the daemon at `endpoint`.
     pub fn new(endpoint: &Endpoint) -> Result<Self> {
         let builder = reqwest::Client::builder().connect_timeout(Duration::from_secs(5));
+        let mut socket = None;
         let (base, builder) = match endpoint {
             Endpoint::Tcp { base, key } => {
                 let base = base.trim_end_matches('/').to_owned();
@@ -135,13 +140,20 @@ impl Client {
                 (base, builder.default_headers(headers))
             }
             // The Host the daemon sees (and builds URLs from) is its default address.
-            Endpoint::Unix { path } => (DEFAULT_HOST.to_owned(), builder.unix_socket(path.clone())),
+            Endpoint::Unix { path } => {
+                let at = rampart_types::sockpath::SocketPath::new(path)
+                    .with_context(|| format!("cannot reach {}", path.display()))?;
+                let builder = builder.unix_socket(at.path());
+                socket = Some(std::sync::Arc::new(at));
+                (DEFAULT_HOST.to_owned(), builder)
+            }
         };
         let http = builder.build().context("cannot build the HTTP client")?;
         Ok(Client {
             base,
             http,
             endpoint: endpoint.clone(),
+            _socket: socket,
         })
     }
 
@@ -169,7 +181,10 @@ impl Client {
         ))?;
         let mut req = format!("ws://{rest}{path}").into_client_request()?;
         let io: Box<dyn Io> = match &self.endpoint {
-            Endpoint::Unix { path } => Box::new(tokio::net::UnixStream::connect(path).await?),
+            Endpoint::Unix { path } => {
+                let at = rampart_types::sockpath::SocketPath::new(path)?;
+                Box::new(tokio::net::UnixStream::connect(at.path()).await?)
+            }
             Endpoint::Tcp { key, .. } => {
                 if let Some(k) = key {
                     if let Ok(v) = format!("Bearer {k}").parse() {

@@ -423,6 +423,47 @@ fn sandbox_runs_with_a_relative_data_dir() {
     assert_eq!(&v["exit_code"], &json!(0), "exec true: {v}");
 }
 
+/// A data directory deep enough that the daemon's and the agents' socket paths are longer
+/// than a socket address may be (108 bytes; a CI checkout's target directory is such a
+/// place): sandboxes start, and the CLI reaches the daemon over its Unix socket there.
+#[test]
+fn sandbox_runs_with_a_data_dir_past_the_socket_path_limit() {
+    if let Some(why) = support::skip_reason() {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    let root = std::env::temp_dir().join(format!("rampart-deepdir-{}", support::token()));
+    let data = root.join("a".repeat(50)).join("b".repeat(50));
+    std::fs::create_dir_all(&data).unwrap();
+    let socket = data.join("rampart.sock");
+    assert!(socket.as_os_str().len() > 108, "{}", socket.display());
+    let g = Guard(
+        Some(support::start(&data, support::free_port(), &[])),
+        root.clone(),
+    );
+    let d = g.0.as_ref().unwrap();
+    let sb = Sandbox::create(d, json!({"timeout_secs": 300}));
+    let v = sb.exec(json!({"cmd": ["echo", "deep"]}));
+    assert_eq!(&v["exit_code"], &json!(0), "exec: {v}");
+
+    // The CLI as root on the host finds no key and uses the socket it is pointed at.
+    let out = Command::new(env!("CARGO_BIN_EXE_rampart"))
+        .args(["exec", &sb.id, "--", "echo", "over-the-socket"])
+        .env("RAMPART_SOCKET", &socket)
+        .env_remove("RAMPART_HOST")
+        .env_remove("RAMPART_API_KEY")
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("run rampart");
+    assert!(
+        out.status.success(),
+        "rampart exec over {}: {}",
+        socket.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "over-the-socket\n");
+}
+
 /// Destroys a test daemon's sandboxes, stops it, unmounts its store, removes its directory.
 struct Guard(Option<support::Daemon>, PathBuf);
 

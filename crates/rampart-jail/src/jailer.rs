@@ -272,7 +272,8 @@ pub fn run(spec: &JailerSpec, prepared: bool) -> Result<i32, JailError> {
     let agent = std::fs::File::open(&spec.agent_bin)
         .map_err(io(format!("open agent {}", spec.agent_bin.display())))?;
     let _ = std::fs::remove_file(&spec.agent_socket);
-    let listener = std::os::unix::net::UnixListener::bind(&spec.agent_socket)
+    let listener = rampart_types::sockpath::SocketPath::new(&spec.agent_socket)
+        .and_then(|at| std::os::unix::net::UnixListener::bind(at.path()))
         .map_err(io(format!("bind {}", spec.agent_socket.display())))?;
     std::fs::set_permissions(&spec.agent_socket, std::fs::Permissions::from_mode(0o600))
         .map_err(io("chmod agent socket".into()))?;

@@ -724,7 +724,7 @@ pub fn bind_socket(
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
         Err(e) => return Err(e),
     }
-    let l = tokio::net::UnixListener::bind(path)?;
+    let l = tokio::net::UnixListener::bind(rampart_types::sockpath::SocketPath::new(path)?.path())?;
     if let Err(e) = std::os::unix::fs::chown(path, None, Some(group)) {
         // A daemon that is not root may not give its socket to a group it is not in: the
         // socket keeps the daemon's group, whose members the peer check still refuses

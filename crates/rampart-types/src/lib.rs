@@ -1,6 +1,7 @@
 //! Wire and domain types shared by every Rampart crate.
 //!
-//! Everything here is plain data: no I/O. Request bodies refuse unknown fields
+//! Everything here is plain data, with one exception: [`sockpath`], which opens a directory
+//! so a socket at a long path can be bound and reached. Request bodies refuse unknown fields
 //! (`deny_unknown_fields`) so a typo in a policy fails closed instead of being ignored.
 
 pub mod approval;
@@ -15,6 +16,7 @@ pub mod network;
 pub mod persist;
 pub mod ports;
 pub mod sandbox;
+pub mod sockpath;
 pub mod template;
 pub mod tenant;
 

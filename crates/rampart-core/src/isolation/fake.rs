@@ -182,7 +182,8 @@ impl FakeTier {
         }
         // Bound and listening before the agent runs: a connection made as soon as this
         // returns waits in the backlog until the agent accepts it.
-        let listener = std::os::unix::net::UnixListener::bind(&sock)
+        let listener = rampart_types::sockpath::SocketPath::new(&sock)
+            .and_then(|at| std::os::unix::net::UnixListener::bind(at.path()))
             .map_err(io_err(format!("bind {}", sock.display())))?;
         let log_path = dir.join(LOG_FILE);
         let log = std::fs::File::create(&log_path)
