@@ -39,6 +39,8 @@ pub struct CoreConfig {
     pub approvals_webhook: Option<crate::webhook::WebhookConfig>,
     /// Artifacts: how long they are kept, how much of a sandbox is kept.
     pub artifacts: crate::artifacts::ArtifactConfig,
+    /// Lifecycle events: how long they are kept, where webhooks may be posted.
+    pub events: crate::events::EventsConfig,
 }
 
 impl CoreConfig {
@@ -72,6 +74,7 @@ impl CoreConfig {
             disk_overcommit: 1.0,
             approvals_webhook: None,
             artifacts: Default::default(),
+            events: Default::default(),
         }
     }
 }

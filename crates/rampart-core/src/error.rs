@@ -39,6 +39,9 @@ pub enum CoreError {
         /// Why: the decider's reason, or the timeout.
         reason: String,
     },
+    /// 404: no webhook with this id (or not the caller's).
+    #[error("no webhook {0}")]
+    NoWebhook(String),
     /// 404: no pending approval with this id.
     #[error("no pending approval {0}")]
     NoApproval(String),

@@ -21,6 +21,7 @@ pub mod capacity;
 mod config;
 mod desktop;
 mod error;
+pub mod events;
 mod exec;
 mod interpreter;
 pub mod isolation;
@@ -684,6 +685,39 @@ impl Manager {
         self.inner.admit_tenant_disk(0)?;
         let info = self.inner.snapshot(id, req).await?;
         Ok(own_snapshot(info))
+    }
+    /// Lifecycle events of the sandboxes the caller may see (a tenant its own), in the
+    /// shape of E2B's events (`events`).
+    pub fn lifecycle_events(
+        &self,
+        q: &events::EventQuery,
+    ) -> Result<Vec<serde_json::Value>, CoreError> {
+        // Filtered by the caller's tenant: another tenant's sandbox has no events for it.
+        self.inner.events.list(q)
+    }
+    /// Registers a webhook of the caller's tenant (`events`).
+    pub fn create_webhook(&self, c: events::WebhookChange) -> Result<events::Webhook, CoreError> {
+        self.inner.events.create_webhook(c)
+    }
+    /// The caller's webhooks.
+    pub fn webhooks(&self) -> Result<Vec<events::Webhook>, CoreError> {
+        self.inner.events.webhooks()
+    }
+    /// One of the caller's webhooks.
+    pub fn webhook(&self, id: &str) -> Result<events::Webhook, CoreError> {
+        self.inner.events.webhook(id)
+    }
+    /// Changes the fields `c` sets of one of the caller's webhooks.
+    pub fn update_webhook(
+        &self,
+        id: &str,
+        c: events::WebhookChange,
+    ) -> Result<events::Webhook, CoreError> {
+        self.inner.events.update_webhook(id, c)
+    }
+    /// Removes one of the caller's webhooks.
+    pub fn delete_webhook(&self, id: &str) -> Result<(), CoreError> {
+        self.inner.events.delete_webhook(id)
     }
     /// Every snapshot (a tenant's own), oldest first.
     pub fn list_snapshots(&self) -> Result<Vec<rampart_types::SnapshotInfo>, CoreError> {

@@ -12,6 +12,7 @@
 
 pub mod access;
 mod audit;
+pub mod events;
 pub mod journal;
 pub mod keys;
 mod network;

@@ -1,5 +1,5 @@
 //! The connection shared by the side stores ([`crate::access::AccessStore`],
-//! [`crate::keys::KeyStore`], [`crate::persist::PersistStore`],
+//! [`crate::keys::KeyStore`], [`crate::persist::PersistStore`], [`crate::events::EventStore`],
 //! [`crate::secrets::SecretStore`]): each keeps its own connection to `state.db` and makes
 //! its tables with an idempotent schema (`CREATE TABLE IF NOT EXISTS`) when it opens.
 

@@ -153,6 +153,20 @@ struct FileConfig {
     /// Approvals (see `docs/api.md`, "Approvals").
     #[serde(default)]
     approvals: ApprovalsFileConfig,
+    /// Lifecycle events and webhooks (see `docs/events.md`).
+    #[serde(default)]
+    events: EventsFileConfig,
+}
+
+/// `[events]` of the config file.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct EventsFileConfig {
+    /// Seconds lifecycle events are kept (default 604800: 7 days).
+    retention_secs: Option<u64>,
+    /// Address ranges that are not public but that webhooks may be posted to (default none).
+    #[serde(default)]
+    webhook_allow_cidrs: Vec<String>,
 }
 
 /// `[approvals]` of the config file.
@@ -625,6 +639,19 @@ fn resolve(a: &ServeArgs) -> Result<Resolved> {
                     bail!("[approvals] webhook_secret is set without webhook_url")
                 }
                 None => None,
+            },
+            events: {
+                let mut e = rampart_core::events::EventsConfig::default();
+                if let Some(r) = file.events.retention_secs {
+                    if r == 0 {
+                        bail!("[events] retention_secs must be at least 1");
+                    }
+                    e.retention_secs = r;
+                }
+                e.webhook_allow_cidrs =
+                    rampart_core::events::parse_cidrs(&file.events.webhook_allow_cidrs)
+                        .map_err(|m| anyhow::anyhow!("[events] webhook_allow_cidrs: {m}"))?;
+                e
             },
         },
     })

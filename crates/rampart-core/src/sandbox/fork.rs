@@ -47,6 +47,13 @@ impl Sandboxes {
             self.manifests()
                 .record_snapshot(id, &rec.template, rec.state == SandboxState::Paused, &name)
                 .await;
+            let data = serde_json::json!({"snapshot_id": crate::principal::unqualify(&name)});
+            self.lifecycle(
+                crate::events::Kind::Checkpointed,
+                &info_of(&rec),
+                None,
+                data,
+            );
             info
         };
         if req.stop {

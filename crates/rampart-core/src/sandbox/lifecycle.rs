@@ -3,6 +3,8 @@
 
 use super::plan::{CreateOptions, Plan};
 use super::*;
+use crate::events::Kind;
+use serde_json::{json, Value};
 
 impl Sandboxes {
     /// Disk admission (see `capacity`): whether `asked` more bytes of quota fit beside what
@@ -91,6 +93,8 @@ impl Sandboxes {
                     .observe(t0.elapsed().as_secs_f64());
                 info!(id = %id, slot, ms = t0.elapsed().as_millis() as u64, "sandbox created");
                 let e2b = new.access.and_then(|a| a.e2b);
+                let template = e2b.as_ref().map(|e| e.template.clone());
+                self.lifecycle(Kind::Created, &info, template, Value::Null);
                 Ok(CreatedSandbox { info, e2b })
             }
             Err(e) => {
@@ -351,6 +355,13 @@ impl Sandboxes {
             memory_peak_bytes: used.as_ref().map_or(0, |u| u.memory_peak_bytes),
             egress_bytes: self.netaudit.take_egress_bytes(id),
         };
+        // The template its creator named (E2B's facts are forgotten with its end).
+        let e2b_template = self
+            .access
+            .e2b(id.as_str())
+            .ok()
+            .flatten()
+            .map(|e| e.template);
         let reason = why.message();
         let label = match &why {
             EndReason::Request => "api",
@@ -380,7 +391,10 @@ impl Sandboxes {
             "destroy phases"
         );
         info!(id = %id, reason, "sandbox destroyed");
-        self.get(id)
+        let info = self.get(id)?;
+        let data = json!({"execution": execution(&info), "reason": label});
+        self.lifecycle(Kind::Killed, &info, e2b_template, data);
+        Ok(info)
     }
 
     pub(crate) fn set_timeout(&self, id: &SandboxId, secs: u64) -> Result<SandboxInfo, CoreError> {
@@ -411,7 +425,10 @@ impl Sandboxes {
                 |e| store.set_expiry_audited(id, expires, e),
             )?;
         }
-        self.get(id)
+        let info = self.get(id)?;
+        let data = json!({"set_timeout": info.expires_at});
+        self.lifecycle(Kind::Updated, &info, None, data);
+        Ok(info)
     }
 
     /// Pauses a running sandbox: freezes its processes, then records `paused` (state and
@@ -462,7 +479,10 @@ impl Sandboxes {
             record_us = frozen_at.elapsed().as_micros() as u64,
             "sandbox paused"
         );
-        self.get(id)
+        let info = self.get(id)?;
+        let data = json!({"execution": execution(&info)});
+        self.lifecycle(Kind::Paused, &info, None, data);
+        Ok(info)
     }
 
     /// Resumes a paused sandbox: thaws its processes (they continue where they were), then
@@ -507,10 +527,12 @@ impl Sandboxes {
             record_us = thawed_at.elapsed().as_micros() as u64,
             "sandbox resumed"
         );
+        let info = self.get(id)?;
+        self.lifecycle(Kind::Resumed, &info, None, Value::Null);
         if expired {
             return self.set_timeout(id, self.cfg.default_timeout_secs);
         }
-        self.get(id)
+        Ok(info)
     }
 
     /// The error for a sandbox that is not running.
@@ -678,4 +700,56 @@ impl Sandboxes {
         self.audit.forget(id);
         Ok(())
     }
+}
+
+impl Sandboxes {
+    /// Records lifecycle event `kind` of the sandbox `info` describes; `template` is the
+    /// template its creator named when it is no longer in the access store.
+    pub(crate) fn lifecycle(
+        &self,
+        kind: Kind,
+        info: &SandboxInfo,
+        template: Option<String>,
+        data: Value,
+    ) {
+        let template = template
+            .or_else(|| {
+                self.access
+                    .e2b(info.id.as_str())
+                    .ok()
+                    .flatten()
+                    .map(|e| e.template)
+            })
+            .unwrap_or_else(|| info.template.clone());
+        let subject = crate::events::Subject {
+            id: info.id.as_str(),
+            tenant: info.tenant.as_deref(),
+            template: &template,
+            metadata: &info.metadata,
+        };
+        self.events.emit(kind, &subject, data);
+    }
+}
+
+/// What a `killed` or `paused` event says of the run: when it started, its size, how long
+/// it has run (ms).
+fn execution(info: &SandboxInfo) -> Value {
+    let started = time::OffsetDateTime::parse(
+        &info.created_at,
+        &time::format_description::well_known::Rfc3339,
+    )
+    .ok();
+    let ran_ms = started
+        .map(|t| {
+            (time::OffsetDateTime::now_utc() - t)
+                .whole_milliseconds()
+                .max(0) as u64
+        })
+        .unwrap_or(0);
+    json!({
+        "started_at": info.created_at,
+        "vcpu_count": info.limits.cpus.ceil() as u64,
+        "memory_mb": info.limits.memory_bytes >> 20,
+        "execution_time": ran_ms,
+    })
 }

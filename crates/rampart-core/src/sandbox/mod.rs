@@ -141,6 +141,8 @@ pub(crate) struct Sandboxes {
     pub(crate) approvals: crate::approvals::Approvals,
     /// The files sandboxes left as artifacts.
     pub(crate) artifacts: crate::artifacts::ArtifactStore,
+    /// Lifecycle events and their webhooks.
+    pub(crate) events: Arc<crate::events::Lifecycle>,
 }
 
 /// The API view of a stored sandbox (never env values).
@@ -284,6 +286,10 @@ impl Sandboxes {
         let secrets = crate::secrets::Secrets::new(&cfg.data_dir);
         let netaudit = Arc::new(NetAudit::new(audit.clone()));
         let artifacts = crate::artifacts::ArtifactStore::new(&cfg.data_dir, cfg.artifacts);
+        let events = Arc::new(crate::events::Lifecycle::open(
+            &cfg.data_dir,
+            cfg.events.clone(),
+        )?);
         let inner = Arc::new(Sandboxes {
             cfg,
             store,
@@ -303,6 +309,7 @@ impl Sandboxes {
             disk_admission: tokio::sync::Mutex::new(()),
             approvals: Default::default(),
             artifacts,
+            events,
         });
         if let Some(w) = inner.cfg.approvals_webhook.clone() {
             let n = crate::webhook::Notifier::start(w).map_err(|e| CoreError::BadRequest {
@@ -342,6 +349,8 @@ impl Sandboxes {
         lock(&inner.tasks).push(reaper.abort_handle());
         let pruner = tokio::spawn(tasks::artifact_pruner(inner.clone()));
         lock(&inner.tasks).push(pruner.abort_handle());
+        let deliveries = inner.events.start_delivery();
+        lock(&inner.tasks).push(deliveries.abort_handle());
         if inner.audit.enabled() {
             let publisher = tokio::spawn(publisher(inner.audit.clone()));
             lock(&inner.tasks).push(publisher.abort_handle());

@@ -160,6 +160,7 @@ impl Sandboxes {
             (false, false) => {}
         }
         let recorded = serde_json::to_value(&policy).unwrap_or_default();
+        let data = serde_json::json!({"network": recorded.clone()});
         self.store
             .set_network(id, &StoredNetwork { policy, secrets })
             .map_err(CoreError::from)?;
@@ -172,6 +173,8 @@ impl Sandboxes {
             },
             Vec::new(),
         )?;
+        let info = info_of(&rec);
+        self.lifecycle(crate::events::Kind::Updated, &info, None, data);
         self.network.info(self.store.as_ref(), id)
     }
 

@@ -54,6 +54,9 @@ pub(super) async fn artifact_pruner(inner: Arc<Sandboxes>) {
             Ok(_) => {}
             Err(e) => warn!("removing expired artifacts: task failed: {e}"),
         }
+        // Lifecycle events past their retention go at the same pace.
+        let events = inner.events.clone();
+        let _ = tokio::task::spawn_blocking(move || events.prune()).await;
     }
 }
 

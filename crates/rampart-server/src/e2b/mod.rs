@@ -10,6 +10,7 @@
 
 mod api;
 mod envd;
+mod events;
 mod idempotency;
 mod metrics;
 mod network;
@@ -102,7 +103,7 @@ impl From<rampart_core::CoreError> for E2bError {
             C::NotFound(_) | C::NoProcess { .. } => StatusCode::NOT_FOUND,
             C::TooManyProcesses { .. } | C::Conflict(_) => StatusCode::CONFLICT,
             C::Denied { .. } | C::Forbidden(_) => StatusCode::FORBIDDEN,
-            C::NoApproval(_) => StatusCode::NOT_FOUND,
+            C::NoApproval(_) | C::NoWebhook(_) => StatusCode::NOT_FOUND,
             C::BadRequest { .. } | C::Limit(_) => StatusCode::BAD_REQUEST,
             C::WrongState { .. } => StatusCode::CONFLICT,
             C::Capacity(_) => StatusCode::TOO_MANY_REQUESTS,
@@ -270,6 +271,19 @@ pub(crate) fn attach(
             get(templates::get_one)
                 .delete(templates::delete)
                 .fallback(api::unsupported),
+        )
+        // Lifecycle events and webhooks (REST only).
+        .route("/events/sandboxes", get(events::list))
+        .route("/events/sandboxes/{id}", get(events::list_one))
+        .route(
+            "/events/webhooks",
+            post(events::create).get(events::list_webhooks),
+        )
+        .route(
+            "/events/webhooks/{id}",
+            get(events::get_webhook)
+                .patch(events::update_webhook)
+                .delete(events::delete_webhook),
         )
         .route("/volumes", axum::routing::any(api::unsupported))
         .route("/volumes/{*rest}", axum::routing::any(api::unsupported))

@@ -1,0 +1,102 @@
+//! E2B lifecycle events and webhooks (`tests/e2b/events.py`): the lifecycle driven with the
+//! unmodified `e2b==2.63.0` SDK, the events API and webhook CRUD over HTTP as E2B documents
+//! them, deliveries received on 127.0.0.1 by the script itself (the daemon's config allows
+//! that one address; public addresses only otherwise), both signatures checked, retries,
+//! and a tenant's isolation from the node's and other tenants' events.
+
+mod support;
+
+use std::process::{Command, Stdio};
+use support::{start_tidy_with, workspace};
+
+fn skip() -> Option<String> {
+    if let Some(r) = support::skip_reason() {
+        return Some(r);
+    }
+    support::venv_lacks(
+        &support::venv_python("RAMPART_E2B_VENV", "e2b-venv"),
+        "e2b, httpx",
+        "scripts/test makes it",
+    )
+}
+
+#[test]
+fn lifecycle_events_and_webhooks_as_e2b_serves_them() {
+    if let Some(why) = skip() {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    let conf_dir = std::env::temp_dir().join(format!("rampart-e2b-events-{}", support::token()));
+    std::fs::create_dir_all(&conf_dir).unwrap();
+    let conf = conf_dir.join("rampart.toml");
+    std::fs::write(
+        &conf,
+        "[events]\nwebhook_allow_cidrs = [\"127.0.0.1/32\"]\n",
+    )
+    .unwrap();
+    let conf_s = conf.to_string_lossy().into_owned();
+    let d = start_tidy_with("e2b-events", &[("RAMPART_CONFIG", conf_s.as_str())]);
+    let key = std::fs::read_to_string(d.data.join("api-key"))
+        .unwrap()
+        .trim()
+        .to_owned();
+
+    // Tenant `acme`, and an E2B key of it.
+    let made = support::client()
+        .post(format!("{}/v1/tenants", d.daemon.url))
+        .header("Authorization", format!("Bearer {}", support::admin_key()))
+        .json(&serde_json::json!({"name": "acme"}))
+        .send()
+        .unwrap();
+    assert!(made.status().is_success(), "tenant: {}", made.status());
+    let out = Command::new(env!("CARGO_BIN_EXE_rampart"))
+        .args([
+            "keys",
+            "create",
+            "--e2b",
+            "--tenant",
+            "acme",
+            "--json",
+            "--data-dir",
+        ])
+        .arg(&d.data)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let tenant_key = v["key"].as_str().unwrap().to_owned();
+
+    let tests = workspace().join("tests/e2b");
+    let out = Command::new(support::venv_python("RAMPART_E2B_VENV", "e2b-venv"))
+        .arg(tests.join("events.py"))
+        .current_dir(&tests)
+        .env_clear()
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+        .env(
+            "HOME",
+            std::env::var_os("HOME").unwrap_or_else(|| "/root".into()),
+        )
+        .env("PYTHONDONTWRITEBYTECODE", "1")
+        .env("E2B_API_KEY", &key)
+        .env("E2B_TENANT_KEY", &tenant_key)
+        .env("E2B_API_URL", &d.daemon.url)
+        .env("E2B_SANDBOX_URL", &d.daemon.url)
+        .stdin(Stdio::null())
+        .output()
+        .expect("run tests/e2b/events.py");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    eprintln!(
+        "--- events.py ---\n{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let _ = std::fs::remove_dir_all(&conf_dir);
+    assert!(stdout.contains("SUMMARY "), "events.py did not finish");
+    let failed: Vec<&str> = stdout.lines().filter(|l| l.starts_with("FAIL ")).collect();
+    assert!(failed.is_empty(), "failed:\n{}", failed.join("\n"));
+    let passed = stdout.lines().filter(|l| l.starts_with("PASS ")).count();
+    assert_eq!(passed, 5, "{stdout}");
+}
