@@ -178,6 +178,9 @@ pub struct WebhookChange {
 pub struct Lifecycle {
     store: Arc<EventStore>,
     appended: watch::Sender<i64>,
+    /// The newest event when the daemon started: delivery starts after it (events of the
+    /// start itself, like the recovery's, are delivered).
+    opened_at_seq: i64,
     cfg: EventsConfig,
 }
 
@@ -208,6 +211,7 @@ impl Lifecycle {
         Ok(Lifecycle {
             store,
             appended,
+            opened_at_seq: last,
             cfg,
         })
     }
@@ -441,7 +445,8 @@ impl Lifecycle {
         let me = self.clone();
         let mut rx = self.appended.subscribe();
         tokio::spawn(async move {
-            let mut cursor = *rx.borrow_and_update();
+            rx.borrow_and_update();
+            let mut cursor = me.opened_at_seq;
             // At most this many deliveries in flight; more wait for a place.
             let inflight = Arc::new(Semaphore::new(32));
             loop {
@@ -607,6 +612,7 @@ mod tests {
         Lifecycle {
             store,
             appended: watch::channel(0).0,
+            opened_at_seq: 0,
             cfg: EventsConfig {
                 webhook_allow_cidrs: allow.iter().map(|c| c.parse().unwrap()).collect(),
                 ..Default::default()
