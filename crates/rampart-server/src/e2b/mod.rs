@@ -13,6 +13,7 @@ mod envd;
 mod idempotency;
 mod metrics;
 mod network;
+mod persist;
 mod record;
 mod templates;
 
@@ -225,6 +226,9 @@ pub(crate) fn attach(
             "/sandboxes/{id}/network",
             axum::routing::put(api::update_network),
         )
+        // Snapshots and fork (persist.rs), on core's implementation.
+        .route("/sandboxes/{id}/snapshots", post(persist::create_snapshot))
+        .route("/sandboxes/{id}/fork", post(persist::fork))
         .route(
             "/sandboxes/{id}/{*rest}",
             axum::routing::any(api::unsupported),
@@ -233,7 +237,10 @@ pub(crate) fn attach(
             "/v2/sandboxes/{id}/{*rest}",
             axum::routing::any(api::unsupported),
         )
-        .route("/snapshots", axum::routing::any(api::unsupported))
+        .route(
+            "/snapshots",
+            get(persist::list_snapshots).fallback(api::unsupported),
+        )
         // Templates built from the SDK (`Template().build()`, tags, `Template.exists`).
         .route("/v3/templates", post(templates::request_build))
         .route(
@@ -268,7 +275,7 @@ pub(crate) fn attach(
         .route(
             "/templates/{id}",
             get(templates::get_one)
-                .delete(templates::delete)
+                .delete(persist::delete_template_or_snapshot)
                 .fallback(api::unsupported),
         )
         .route("/volumes", axum::routing::any(api::unsupported))
