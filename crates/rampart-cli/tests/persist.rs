@@ -349,7 +349,7 @@ fn a_fork_that_fails_midway_leaves_no_fork_and_no_image() {
     let (s, v) = post(
         &d,
         &format!("/v1/sandboxes/{}/fork", a.id),
-        json!({"count": 17}),
+        json!({"count": 21}),
     );
     assert_eq!(s, 400, "{v}");
     // The source is untouched and can still be forked.

@@ -754,8 +754,21 @@ impl Manager {
         id: &SandboxId,
         req: rampart_types::ForkSandbox,
     ) -> Result<rampart_types::ForkResult, CoreError> {
+        let made = self.fork_with(id, req, CreateOptions::default()).await?;
+        Ok(rampart_types::ForkResult {
+            sandboxes: made.into_iter().map(|c| c.info).collect(),
+        })
+    }
+    /// Like [`Manager::fork`], each fork made with `opts` (the E2B API asks for E2B facts:
+    /// the source's template name and options; each fork gets an envd token of its own).
+    pub async fn fork_with(
+        &self,
+        id: &SandboxId,
+        req: rampart_types::ForkSandbox,
+        opts: CreateOptions,
+    ) -> Result<Vec<CreatedSandbox>, CoreError> {
         self.inner.visible(id)?;
-        self.inner.fork(id, req).await
+        self.inner.fork(id, req, opts).await
     }
     /// Makes a volume.
     pub async fn create_volume(

@@ -42,8 +42,8 @@ snapshot holds the sandbox's writable layer, not its processes or memory (no pro
 checkpoint/restore on this kernel); a future microVM tier will keep memory. Use \
 \"memory\": false, or pause (which keeps memory while the sandbox stays on this host)";
 
-/// Most sandboxes one fork call makes.
-pub const MAX_FORK: u32 = 16;
+/// Most sandboxes one fork call makes (E2B's limit too).
+pub const MAX_FORK: u32 = 20;
 /// Largest volume, MiB (1 TiB).
 pub const MAX_VOLUME_MIB: u64 = 1 << 20;
 

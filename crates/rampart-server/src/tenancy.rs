@@ -225,7 +225,11 @@ pub(crate) fn is_create(method: &Method, path: &str) -> bool {
     let segs: Vec<&str> = p.trim_start_matches('/').split('/').collect();
     matches!(
         segs.as_slice(),
-        ["v1", "sandboxes"] | ["v1", "sandboxes", _, "fork"] | ["sandboxes"] | ["v2", "sandboxes"]
+        ["v1", "sandboxes"]
+            | ["v1", "sandboxes", _, "fork"]
+            | ["sandboxes"]
+            | ["v2", "sandboxes"]
+            | ["sandboxes", _, "fork"]
     )
 }
 
@@ -514,6 +518,7 @@ mod tests {
         assert!(is_create(&Method::POST, "/v1/sandboxes/abc/fork"));
         assert!(is_create(&Method::POST, "/sandboxes"));
         assert!(is_create(&Method::POST, "/v2/sandboxes"));
+        assert!(is_create(&Method::POST, "/sandboxes/abc/fork"));
         assert!(!is_create(&Method::GET, "/v1/sandboxes"));
         assert!(!is_create(&Method::POST, "/v1/sandboxes/abc/exec"));
     }

@@ -5,7 +5,7 @@
 
 use super::*;
 use rampart_types::VolumeInfo;
-use rampart_types::{CreateSnapshot, CreateVolume, ForkResult, ForkSandbox, SnapshotInfo};
+use rampart_types::{CreateSnapshot, CreateVolume, ForkSandbox, SnapshotInfo};
 
 impl Sandboxes {
     /// The record and first host uid of a sandbox a consistent point can be taken of (running
@@ -63,13 +63,15 @@ impl Sandboxes {
     }
 
     /// Makes `count` sandboxes from one consistent point of a running or paused sandbox,
-    /// through the normal create path with the source's create request; if one fails, those
-    /// already made are destroyed.
+    /// through the normal create path with the source's create request and `opts` (the E2B
+    /// API's facts, each fork getting a token of its own); if one fails, those already made
+    /// are destroyed.
     pub(crate) async fn fork(
         self: &Arc<Self>,
         id: &SandboxId,
         req: ForkSandbox,
-    ) -> Result<ForkResult, CoreError> {
+        opts: CreateOptions,
+    ) -> Result<Vec<CreatedSandbox>, CoreError> {
         let point = crate::persist::fork_point(self.iso.as_ref(), req.count)?;
         let owner;
         let base_req = {
@@ -105,10 +107,9 @@ impl Sandboxes {
                 key_id: crate::principal::current().and_then(|p| p.key_id),
             };
             let made_one =
-                crate::principal::with_principal(on_behalf, self.create(r, Default::default()))
-                    .await;
+                crate::principal::with_principal(on_behalf, self.create(r, opts.clone())).await;
             match made_one {
-                Ok(c) => made.push(c.info),
+                Ok(c) => made.push(c),
                 Err(e) => {
                     failure = Some(e);
                     break;
@@ -118,14 +119,15 @@ impl Sandboxes {
         self.persist.release(point).await;
         if let Some(e) = failure {
             for s in &made {
-                if let Err(de) = self.clone().destroy(&s.id, EndReason::Request).await {
-                    warn!(id = %s.id, "destroying a fork after a failed fork: {de}");
+                let fork = &s.info.id;
+                if let Err(de) = self.clone().destroy(fork, EndReason::Request).await {
+                    warn!(id = %fork, "destroying a fork after a failed fork: {de}");
                 }
             }
             return Err(e);
         }
         info!(id = %id, count = made.len(), "forked");
-        Ok(ForkResult { sandboxes: made })
+        Ok(made)
     }
 
     /// Makes a volume, its size admitted against the disk beside what else was promised.

@@ -100,7 +100,7 @@ fn auto_resume_of(n: &NewSandbox) -> Result<bool, E2bError> {
 }
 
 /// Maps an E2B template id to a Rampart template.
-fn template_of(name: &str) -> Result<&'static str, E2bError> {
+pub(super) fn template_of(name: &str) -> Result<&'static str, E2bError> {
     match name {
         "" | "base" | "rampart" => Ok(BASE),
         "code-interpreter-v1" | "code-interpreter" | "code-interpreter-stateful" => {
@@ -164,7 +164,10 @@ impl E2b {
         Ok(self.facts(id).await?.map(|f| (info, f)))
     }
 
-    async fn must(&self, id: &str) -> Result<(SandboxId, SandboxInfo, E2bSandbox), E2bError> {
+    pub(super) async fn must(
+        &self,
+        id: &str,
+    ) -> Result<(SandboxId, SandboxInfo, E2bSandbox), E2bError> {
         let sid = sandbox_id(id)?;
         match self.lookup(&sid).await? {
             Some((i, f)) => Ok((sid, i, f)),
@@ -182,7 +185,7 @@ fn state_name(info: &SandboxInfo) -> &'static str {
 }
 
 /// The `Sandbox` answer of create and connect.
-fn sandbox_json(info: &SandboxInfo, facts: &E2bSandbox) -> Value {
+pub(super) fn sandbox_json(info: &SandboxInfo, facts: &E2bSandbox) -> Value {
     json!({
         "templateID": facts.template,
         "alias": facts.template,
@@ -255,11 +258,16 @@ async fn create_now(st: &E2b, body: &Bytes) -> Result<Value, E2bError> {
     check_unsupported(&n)?;
     let auto_resume = auto_resume_of(&n)?;
     let requested = n.template_id.clone().unwrap_or_else(|| BASE.into());
+    // --- snapshots (e2b/persist.rs): a `templateID` naming one of the caller's snapshots
+    // starts from it; core takes the template from the snapshot.
+    let snapshot = super::persist::snapshot_for_create(st, &requested)?;
+    // --- end snapshots
     let template = match template_of(&requested) {
-        Ok(t) => t.to_owned(),
+        Ok(t) => Some(t.to_owned()),
+        Err(_) if snapshot.is_some() => None,
         // A built template (`rampart template build` or the SDK's `Template.build`, by
         // name or `name:tag`; docs/templates.md).
-        Err(_) if super::templates::is_built(st, &requested) => requested.clone(),
+        Err(_) if super::templates::is_built(st, &requested) => Some(requested.clone()),
         Err(e) => return Err(e),
     };
     let net = match &n.network {
@@ -289,7 +297,8 @@ async fn create_now(st: &E2b, body: &Bytes) -> Result<Value, E2bError> {
         timeout: n.timeout,
     };
     let req = CreateSandbox {
-        template: Some(template.to_owned()),
+        template,
+        snapshot,
         env: n.env_vars.unwrap_or_default(),
         metadata: n.metadata.unwrap_or_default(),
         timeout_secs: n.timeout,

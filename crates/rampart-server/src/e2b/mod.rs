@@ -14,6 +14,7 @@ mod events;
 mod idempotency;
 mod metrics;
 mod network;
+mod persist;
 mod record;
 mod templates;
 
@@ -226,6 +227,9 @@ pub(crate) fn attach(
             "/sandboxes/{id}/network",
             axum::routing::put(api::update_network),
         )
+        // Snapshots and fork (persist.rs), on core's implementation.
+        .route("/sandboxes/{id}/snapshots", post(persist::create_snapshot))
+        .route("/sandboxes/{id}/fork", post(persist::fork))
         .route(
             "/sandboxes/{id}/{*rest}",
             axum::routing::any(api::unsupported),
@@ -234,7 +238,10 @@ pub(crate) fn attach(
             "/v2/sandboxes/{id}/{*rest}",
             axum::routing::any(api::unsupported),
         )
-        .route("/snapshots", axum::routing::any(api::unsupported))
+        .route(
+            "/snapshots",
+            get(persist::list_snapshots).fallback(api::unsupported),
+        )
         // Templates built from the SDK (`Template().build()`, tags, `Template.exists`).
         .route("/v3/templates", post(templates::request_build))
         .route(
@@ -269,7 +276,7 @@ pub(crate) fn attach(
         .route(
             "/templates/{id}",
             get(templates::get_one)
-                .delete(templates::delete)
+                .delete(persist::delete_template_or_snapshot)
                 .fallback(api::unsupported),
         )
         // Lifecycle events and webhooks (REST only).
