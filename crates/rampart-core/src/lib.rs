@@ -36,6 +36,7 @@ pub mod template_builds;
 mod templates;
 mod util;
 pub mod validate;
+pub mod volume_files;
 pub mod webhook;
 
 pub use audit::fsdiff::{diff_layer, DiffLimits, LayerDiff, Layers};
@@ -756,6 +757,35 @@ impl Manager {
                 })
             })
             .collect())
+    }
+    /// One volume (a tenant's own).
+    pub fn volume(&self, name: &str) -> Result<rampart_types::VolumeInfo, CoreError> {
+        persist::check_plain_name("name", name)?;
+        self.list_volumes()?
+            .into_iter()
+            .find(|v| v.name == name)
+            .ok_or_else(|| CoreError::NotFound(format!("volume {name}")))
+    }
+    /// Opens the volume `name` (a tenant's own) for the file API
+    /// ([`volume_files::VolumeRoot`]): its removal is refused until the handle is dropped.
+    /// Its file system is the one sandboxes mounting it share.
+    pub async fn open_volume(
+        &self,
+        name: &str,
+    ) -> Result<std::sync::Arc<volume_files::VolumeRoot>, CoreError> {
+        persist::check_plain_name("name", name)?;
+        let stored = principal::qualify(name);
+        let busy = self
+            .inner
+            .persist
+            .hold_volume(&stored)
+            .map_err(|e| renamed(e, &stored, name))?;
+        let image = self.inner.iso.volume_image(&stored)?;
+        let iso = self.inner.iso.clone();
+        let root = tokio::task::spawn_blocking(move || iso.volume_root(&image))
+            .await
+            .map_err(|e| CoreError::Internal(format!("volume: {e}")))??;
+        Ok(std::sync::Arc::new(volume_files::VolumeRoot::new(root, busy)))
     }
     /// Removes a volume and its data. Refused (409) while a sandbox has it mounted.
     pub async fn delete_volume(&self, name: &str) -> Result<(), CoreError> {
