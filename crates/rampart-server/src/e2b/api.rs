@@ -62,14 +62,6 @@ fn check_unsupported(n: &NewSandbox) -> Result<(), E2bError> {
     if set(&n.mcp) {
         return Err(E2bError::bad_request("mcp is not supported by this server"));
     }
-    if n.volume_mounts
-        .as_ref()
-        .is_some_and(|v| v.as_array().is_some_and(|a| !a.is_empty()))
-    {
-        return Err(E2bError::bad_request(
-            "volume mounts are not supported by this server",
-        ));
-    }
     Ok(())
 }
 
@@ -211,7 +203,7 @@ fn detail_json(_st: &E2b, info: &SandboxInfo, facts: &E2bSandbox, with_token: bo
         "envdVersion": ENVD_VERSION,
         "state": state_name(info),
         "metadata": info.metadata,
-        "volumeMounts": [],
+        "volumeMounts": super::volumes::mounts_json(&facts.options),
     });
     if with_token {
         let o = Options::parse(&facts.options);
@@ -287,6 +279,8 @@ async fn create_now(st: &E2b, body: &Bytes) -> Result<Value, E2bError> {
         auto_resume,
         auto_pause: n.auto_pause == Some(true),
         timeout: n.timeout,
+        // Volumes (`volumeMounts`): e2b/volumes.rs.
+        volume_mounts: super::volumes::mounts_of(n.volume_mounts.as_ref())?,
     };
     let req = CreateSandbox {
         template: Some(template.to_owned()),
@@ -297,6 +291,7 @@ async fn create_now(st: &E2b, body: &Bytes) -> Result<Value, E2bError> {
         on_timeout: (n.auto_pause == Some(true)).then_some(OnTimeout::Pause),
         network,
         secrets,
+        volumes: super::volumes::native_mounts(&options.volume_mounts),
         ..Default::default()
     };
     // Core makes the envd access token and records it, with the template name asked for and
