@@ -84,7 +84,12 @@ impl TestHost {
     fn start(dir: &Path) -> Option<TestHost> {
         let ns = format!("rst-e2bv-{}", std::process::id());
         let link = format!("xe2v{}", std::process::id() % 100_000);
-        let netns = TestNetns::new(&ns, &link, &format!("{HOST_SIDE}/30"), &[&format!("{ADDR}/30")])?;
+        let netns = TestNetns::new(
+            &ns,
+            &link,
+            &format!("{HOST_SIDE}/30"),
+            &[&format!("{ADDR}/30")],
+        )?;
         let mut h = TestHost {
             server: None,
             log: dir.join("requests.jsonl"),
@@ -125,12 +130,7 @@ impl Drop for TestHost {
 }
 
 /// Runs `program script` with the E2B variables; returns (passed, failed lines).
-fn run(
-    program: &Path,
-    script: &Path,
-    cwd: &Path,
-    envs: &[(&str, &str)],
-) -> (usize, Vec<String>) {
+fn run(program: &Path, script: &Path, cwd: &Path, envs: &[(&str, &str)]) -> (usize, Vec<String>) {
     let mut c = Command::new(program);
     c.arg(script)
         .current_dir(cwd)
@@ -158,9 +158,16 @@ fn run(
         .map(str::to_owned)
         .collect();
     if !stdout.contains("SUMMARY ") {
-        failed.push(format!("{} did not finish: {}", script.display(), out.status));
+        failed.push(format!(
+            "{} did not finish: {}",
+            script.display(),
+            out.status
+        ));
     }
-    (stdout.lines().filter(|l| l.starts_with("PASS ")).count(), failed)
+    (
+        stdout.lines().filter(|l| l.starts_with("PASS ")).count(),
+        failed,
+    )
 }
 
 #[test]
@@ -229,7 +236,10 @@ fn e2b_volumes_and_secrets_with_the_unmodified_sdks() {
         passed += p;
         failed.extend(f);
     } else {
-        eprintln!("JS SDK skipped: no {}", node.join("node_modules/e2b").display());
+        eprintln!(
+            "JS SDK skipped: no {}",
+            node.join("node_modules/e2b").display()
+        );
     }
 
     // Nothing of the host changed.

@@ -787,7 +787,9 @@ impl Manager {
         let root = tokio::task::spawn_blocking(move || iso.volume_root(&image))
             .await
             .map_err(|e| CoreError::Internal(format!("volume: {e}")))??;
-        Ok(std::sync::Arc::new(volume_files::VolumeRoot::new(root, busy)))
+        Ok(std::sync::Arc::new(volume_files::VolumeRoot::new(
+            root, busy,
+        )))
     }
     /// Removes a volume and its data. Refused (409) while a sandbox has it mounted.
     pub async fn delete_volume(&self, name: &str) -> Result<(), CoreError> {

@@ -265,7 +265,9 @@ impl Secrets {
             Ok(Some(x)) => x,
             Ok(None) => return Err(CoreError::Internal("secret not stored".into())),
             Err(rampart_store::StoreError::Duplicate(_)) => {
-                return Err(CoreError::Conflict(format!("a secret named {name:?} exists")))
+                return Err(CoreError::Conflict(format!(
+                    "a secret named {name:?} exists"
+                )))
             }
             Err(e) => return Err(e.into()),
         };
@@ -294,7 +296,7 @@ impl Secrets {
             ..old.spec
         };
         let meta = metadata
-            .map(|m| serde_json::to_string(m))
+            .map(serde_json::to_string)
             .transpose()
             .map_err(|e| CoreError::Internal(format!("secret metadata: {e}")))?;
         let (s, row) = store

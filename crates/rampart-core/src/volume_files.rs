@@ -119,7 +119,10 @@ pub(crate) fn components(path: &str) -> Result<Vec<&str>, CoreError> {
                 ))
             }
             c if c.len() > 255 => {
-                return Err(bad("path", format!("{path:?}: a name is at most 255 bytes")))
+                return Err(bad(
+                    "path",
+                    format!("{path:?}: a name is at most 255 bytes"),
+                ))
             }
             c => out.push(c),
         }
@@ -216,15 +219,10 @@ impl VolumeRoot {
         Ok((dir, last))
     }
 
-    fn entry(
-        &self,
-        dir: BorrowedFd<'_>,
-        name: &str,
-        comps: &[&str],
-    ) -> Result<VolumeEntry, Errno> {
+    fn entry(&self, dir: BorrowedFd<'_>, name: &str, comps: &[&str]) -> Result<VolumeEntry, Errno> {
         let at = if name.is_empty() { "." } else { name };
         let st = rustix::fs::statat(dir, at, AtFlags::SYMLINK_NOFOLLOW)?;
-        let kind = kind_of(st.st_mode as u32);
+        let kind = kind_of(st.st_mode);
         let target = if kind == EntryKind::Symlink {
             let t = rustix::fs::readlinkat(dir, at, Vec::new())?;
             Some(String::from_utf8_lossy(t.as_bytes()).into_owned())
@@ -236,7 +234,7 @@ impl VolumeRoot {
             kind,
             path: shown(comps),
             size: st.st_size as u64,
-            mode: st.st_mode as u32 & 0o7777,
+            mode: st.st_mode & 0o7777,
             uid: st.st_uid,
             gid: st.st_gid,
             atime: (st.st_atime as i64, st.st_atime_nsec as u32),
@@ -411,7 +409,7 @@ impl VolumeRoot {
         )
         .map_err(|e| fs_err(path, "open", e))?;
         let st = rustix::fs::fstat(&fd).map_err(|e| fs_err(path, "stat", e))?;
-        match kind_of(st.st_mode as u32) {
+        match kind_of(st.st_mode) {
             EntryKind::File => {}
             EntryKind::Directory => return Err(bad("path", format!("{path:?} is a directory"))),
             _ => return Err(bad("path", format!("{path:?} is not a regular file"))),
@@ -442,14 +440,14 @@ impl VolumeRoot {
         let (dir, last) = self.parent(path, &comps)?;
         let mut meta = meta;
         match rustix::fs::statat(&dir, last, AtFlags::SYMLINK_NOFOLLOW) {
-            Ok(st) => match kind_of(st.st_mode as u32) {
+            Ok(st) => match kind_of(st.st_mode) {
                 EntryKind::Directory => {
                     return Err(bad("path", format!("{path:?} is a directory")))
                 }
                 EntryKind::File => {
                     meta.uid = meta.uid.or(Some(st.st_uid));
                     meta.gid = meta.gid.or(Some(st.st_gid));
-                    meta.mode = meta.mode.or(Some(st.st_mode as u32 & 0o7777));
+                    meta.mode = meta.mode.or(Some(st.st_mode & 0o7777));
                 }
                 // A symlink or other entry is replaced by the file, never written through.
                 _ => {}
@@ -504,9 +502,12 @@ impl VolumeRoot {
         };
         let st = rustix::fs::statat(&dir, last, AtFlags::SYMLINK_NOFOLLOW)
             .map_err(|e| fs_err(path, "stat", e))?;
-        if kind_of(st.st_mode as u32) == EntryKind::Symlink {
+        if kind_of(st.st_mode) == EntryKind::Symlink {
             if meta.mode.is_some() {
-                return Err(bad("mode", format!("{path:?} is a symlink, which has no mode")));
+                return Err(bad(
+                    "mode",
+                    format!("{path:?} is a symlink, which has no mode"),
+                ));
             }
             rustix::fs::chownat(
                 &dir,
@@ -579,7 +580,7 @@ fn set_owner_mode(fd: &OwnedFd, meta: EntryMeta, default_mode: u32) -> Result<()
 /// Removes `name` in `dir`: a directory depth first, anything else unlinked.
 fn remove_at(dir: BorrowedFd<'_>, name: &str) -> Result<(), Errno> {
     let st = rustix::fs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW)?;
-    if kind_of(st.st_mode as u32) != EntryKind::Directory {
+    if kind_of(st.st_mode) != EntryKind::Directory {
         return rustix::fs::unlinkat(dir, name, AtFlags::empty());
     }
     let sub = rustix::fs::openat2(
@@ -609,7 +610,9 @@ fn remove_at(dir: BorrowedFd<'_>, name: &str) -> Result<(), Errno> {
 impl Upload {
     /// The temporary file to write the content to.
     pub fn file(&mut self) -> &mut std::fs::File {
-        self.file.as_mut().expect("the upload's file is kept until commit")
+        self.file
+            .as_mut()
+            .expect("the upload's file is kept until commit")
     }
 
     /// Takes the file out (to write it on another thread); give it back with
@@ -697,7 +700,10 @@ mod tests {
         let mut up = v.start_write("/a/b/f.txt", me, true).unwrap();
         up.file().write_all(b"hello").unwrap();
         let e = up.commit().unwrap();
-        assert_eq!((e.path.as_str(), e.size, e.kind), ("/a/b/f.txt", 5, EntryKind::File));
+        assert_eq!(
+            (e.path.as_str(), e.size, e.kind),
+            ("/a/b/f.txt", 5, EntryKind::File)
+        );
         assert_eq!(e.mode, 0o644);
         let (mut f, n) = v.open_file("a/b/f.txt").unwrap();
         let mut s = String::new();
@@ -705,7 +711,12 @@ mod tests {
         assert_eq!((s.as_str(), n), ("hello", 5));
         // An uncommitted upload leaves nothing.
         drop(v.start_write("/a/b/g.txt", me, false).unwrap());
-        let names: Vec<String> = v.list("/", 3).unwrap().into_iter().map(|e| e.path).collect();
+        let names: Vec<String> = v
+            .list("/", 3)
+            .unwrap()
+            .into_iter()
+            .map(|e| e.path)
+            .collect();
         assert_eq!(names, vec!["/a", "/a/b", "/a/b/f.txt"]);
         // A symlink out of the volume is not followed; one inside is.
         let outside = tempfile::NamedTempFile::new().unwrap();
@@ -724,18 +735,27 @@ mod tests {
         up.commit().unwrap();
         assert_eq!(std::fs::read_to_string(outside.path()).unwrap(), "host");
         assert!(matches!(
-            v.set_meta("/a/up", EntryMeta { mode: Some(0o600), ..me }),
+            v.set_meta(
+                "/a/up",
+                EntryMeta {
+                    mode: Some(0o600),
+                    ..me
+                }
+            ),
             Err(CoreError::BadRequest { .. })
         ));
         v.remove("/a").unwrap();
         assert!(matches!(v.stat("/a"), Err(CoreError::NotFound(_))));
         assert!(v.remove("/").is_err());
+        assert!(matches!(v.make_dir("/x", me, false).map(|_| ()), Ok(())));
         assert!(matches!(
-            v.make_dir("/x", me, false).map(|_| ()),
-            Ok(())
+            v.make_dir("/x", me, false),
+            Err(CoreError::Conflict(_))
         ));
-        assert!(matches!(v.make_dir("/x", me, false), Err(CoreError::Conflict(_))));
         assert!(v.make_dir("/x", me, true).is_ok());
-        assert!(matches!(v.make_dir("/y/z", me, false), Err(CoreError::NotFound(_))));
+        assert!(matches!(
+            v.make_dir("/y/z", me, false),
+            Err(CoreError::NotFound(_))
+        ));
     }
 }

@@ -186,7 +186,9 @@ pub fn volume_root(image: &Path) -> Result<OwnedFd, JailError> {
         Ok(rustix::fs::openat(
             &mnt,
             ".",
-            rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::DIRECTORY | rustix::fs::OFlags::CLOEXEC,
+            rustix::fs::OFlags::RDONLY
+                | rustix::fs::OFlags::DIRECTORY
+                | rustix::fs::OFlags::CLOEXEC,
             rustix::fs::Mode::empty(),
         )?)
     };

@@ -222,10 +222,12 @@ impl SecretStore {
             id: format!("secret {}", spec.name),
             detail: "missing right after it was written".into(),
         })?;
-        let row = self.e2b_row(&spec.name)?.ok_or_else(|| StoreError::Corrupt {
-            id: format!("secret {}", spec.name),
-            detail: "its E2B row is missing right after it was written".into(),
-        })?;
+        let row = self
+            .e2b_row(&spec.name)?
+            .ok_or_else(|| StoreError::Corrupt {
+                id: format!("secret {}", spec.name),
+                detail: "its E2B row is missing right after it was written".into(),
+            })?;
         Ok(Some((stored, row)))
     }
 
@@ -319,13 +321,19 @@ mod tests {
         ));
         let (b, r2) = s.set_e2b(&spec("tok", "v2"), None, None).unwrap().unwrap();
         assert_eq!((b.spec.value.as_str(), r2.version), ("v2", 2));
-        assert_eq!((r2.id.as_str(), r2.metadata.as_str()), ("sec_1", r#"{"a":"b"}"#));
+        assert_eq!(
+            (r2.id.as_str(), r2.metadata.as_str()),
+            ("sec_1", r#"{"a":"b"}"#)
+        );
         assert_eq!(s.e2b_name_of("sec_1").unwrap().as_deref(), Some("tok"));
         assert!(s.set_e2b(&spec("nope", "v"), None, None).unwrap().is_none());
         // A natively set secret gets its row at its first E2B update.
         s.set(&spec("native", "x")).unwrap();
         assert!(s.e2b_row("native").unwrap().is_none());
-        let (_, r3) = s.set_e2b(&spec("native", "y"), None, None).unwrap().unwrap();
+        let (_, r3) = s
+            .set_e2b(&spec("native", "y"), None, None)
+            .unwrap()
+            .unwrap();
         assert_eq!(r3.version, 2);
         assert!(s.delete("tok").unwrap());
         assert!(s.e2b_row("tok").unwrap().is_none());

@@ -521,7 +521,7 @@ pub(crate) async fn pause(
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 
-/// Every other E2B path (snapshots, fork, templates, volumes, network, logs): 404 in E2B's
+/// Every other E2B path (snapshots, fork, templates, network, logs): 404 in E2B's
 /// error shape, so the SDK raises its own exception (or returns `False` where 404 means so).
 pub(crate) async fn unsupported(uri: axum::http::Uri) -> E2bError {
     E2bError::new(

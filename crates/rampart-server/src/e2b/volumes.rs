@@ -68,9 +68,8 @@ fn key(st: &E2b) -> Result<Vec<u8>, E2bError> {
         Ok(s) if s.trim().len() >= 64 => s.trim().as_bytes().to_vec(),
         _ => {
             let k = rampart_store::keys::random_hex(32);
-            super::write_secret(&path, &format!("{k}\n")).map_err(|e| {
-                E2bError::internal(format!("writing {}: {e}", path.display()))
-            })?;
+            super::write_secret(&path, &format!("{k}\n"))
+                .map_err(|e| E2bError::internal(format!("writing {}: {e}", path.display())))?;
             k.into_bytes()
         }
     };
@@ -82,7 +81,7 @@ fn hex(b: &[u8]) -> String {
 }
 
 fn unhex(s: &str) -> Option<Vec<u8>> {
-    if s.len() % 2 != 0 {
+    if !s.len().is_multiple_of(2) {
         return None;
     }
     (0..s.len())
@@ -212,7 +211,10 @@ async fn authorize(st: &E2b, headers: &HeaderMap, id: &str) -> Result<Principal,
 fn time_of((s, ns): (i64, u32)) -> String {
     time::OffsetDateTime::from_unix_timestamp_nanos(i128::from(s) * 1_000_000_000 + i128::from(ns))
         .ok()
-        .and_then(|t| t.format(&time::format_description::well_known::Rfc3339).ok())
+        .and_then(|t| {
+            t.format(&time::format_description::well_known::Rfc3339)
+                .ok()
+        })
         .unwrap_or_else(|| "1970-01-01T00:00:00Z".into())
 }
 
@@ -417,9 +419,9 @@ pub(crate) async fn write_file(
     let path = q.path.clone();
     let (meta, parents) = (q.meta(), q.force == Some(true));
     let mut up = tokio::task::spawn_blocking(move || v2.start_write(&path, meta, parents))
-    .await
-    .map_err(|e| E2bError::internal(format!("volume call: {e}")))?
-    .map_err(file_err)?;
+        .await
+        .map_err(|e| E2bError::internal(format!("volume call: {e}")))?
+        .map_err(file_err)?;
     let std_file = up
         .take_file()
         .ok_or_else(|| E2bError::internal("the upload has no file"))?;
