@@ -32,11 +32,12 @@ pub mod persist;
 pub mod principal;
 mod proc;
 mod sandbox;
-mod secrets;
+pub mod secrets;
 pub mod template_builds;
 mod templates;
 mod util;
 pub mod validate;
+pub mod volume_files;
 pub mod webhook;
 
 pub use audit::fsdiff::{diff_layer, DiffLimits, LayerDiff, Layers};
@@ -583,6 +584,8 @@ impl Manager {
         secrets: Vec<rampart_types::SecretSpec>,
     ) -> Result<rampart_types::network::NetworkInfo, CoreError> {
         self.inner.visible(id)?;
+        // References to stored secrets (empty values) are resolved as at create.
+        let secrets = self.inner.secrets.resolve(&secrets)?;
         self.inner.set_network(id, policy, Some(secrets)).await
     }
     /// A sandbox's network log entries with `seq > after`, at most `limit` (empty without a
@@ -804,6 +807,37 @@ impl Manager {
             })
             .collect())
     }
+    /// One volume (a tenant's own).
+    pub fn volume(&self, name: &str) -> Result<rampart_types::VolumeInfo, CoreError> {
+        persist::check_plain_name("name", name)?;
+        self.list_volumes()?
+            .into_iter()
+            .find(|v| v.name == name)
+            .ok_or_else(|| CoreError::NotFound(format!("volume {name}")))
+    }
+    /// Opens the volume `name` (a tenant's own) for the file API
+    /// ([`volume_files::VolumeRoot`]): its removal is refused until the handle is dropped.
+    /// Its file system is the one sandboxes mounting it share.
+    pub async fn open_volume(
+        &self,
+        name: &str,
+    ) -> Result<std::sync::Arc<volume_files::VolumeRoot>, CoreError> {
+        persist::check_plain_name("name", name)?;
+        let stored = principal::qualify(name);
+        let busy = self
+            .inner
+            .persist
+            .hold_volume(&stored)
+            .map_err(|e| renamed(e, &stored, name))?;
+        let image = self.inner.iso.volume_image(&stored)?;
+        let iso = self.inner.iso.clone();
+        let root = tokio::task::spawn_blocking(move || iso.volume_root(&image))
+            .await
+            .map_err(|e| CoreError::Internal(format!("volume: {e}")))??;
+        Ok(std::sync::Arc::new(volume_files::VolumeRoot::new(
+            root, busy,
+        )))
+    }
     /// Removes a volume and its data. Refused (409) while a sandbox has it mounted.
     pub async fn delete_volume(&self, name: &str) -> Result<(), CoreError> {
         let inner = &self.inner;
@@ -832,6 +866,37 @@ impl Manager {
     /// The stored secrets (never their values), by name.
     pub fn list_secrets(&self) -> Result<Vec<rampart_types::network::StoredSecretInfo>, CoreError> {
         self.inner.secrets.list()
+    }
+    /// Makes the stored secret `name` for the E2B face: unbound (a sandbox binds it to a
+    /// host and header by a `network.rules` placeholder). `Conflict` if the name is taken.
+    pub fn create_e2b_secret(
+        &self,
+        name: &str,
+        value: &str,
+        metadata: Option<&BTreeMap<String, String>>,
+    ) -> Result<secrets::E2bSecretInfo, CoreError> {
+        self.inner.secrets.create_e2b(name, value, metadata)
+    }
+    /// Gives the stored secret `id_or_name` a new value (its next version).
+    pub fn update_e2b_secret(
+        &self,
+        id_or_name: &str,
+        value: &str,
+        metadata: Option<&BTreeMap<String, String>>,
+    ) -> Result<secrets::E2bSecretInfo, CoreError> {
+        self.inner.secrets.update_e2b(id_or_name, value, metadata)
+    }
+    /// The stored secret `id_or_name` as the E2B face shows it (never its value).
+    pub fn e2b_secret(&self, id_or_name: &str) -> Result<secrets::E2bSecretInfo, CoreError> {
+        self.inner.secrets.get_e2b(id_or_name)
+    }
+    /// The caller's stored secrets as the E2B face shows them (never their values).
+    pub fn list_e2b_secrets(&self) -> Result<Vec<secrets::E2bSecretInfo>, CoreError> {
+        self.inner.secrets.list_e2b()
+    }
+    /// Removes the stored secret `id_or_name`.
+    pub fn delete_e2b_secret(&self, id_or_name: &str) -> Result<(), CoreError> {
+        self.inner.secrets.delete_e2b(id_or_name)
     }
     /// Removes the stored secret `name` (`NotFound` if there is none). Running sandboxes keep
     /// the copy they were created with.

@@ -87,8 +87,9 @@ impl Persist {
     }
 }
 
-/// Keeps snapshots and volumes marked busy while a create uses them.
-#[derive(Debug)]
+/// Keeps snapshots and volumes marked busy while a create (or a volume file call) uses
+/// them.
+#[derive(Debug, Default)]
 pub(crate) struct Busy {
     held: Vec<(Counts, String)>,
 }
@@ -746,6 +747,20 @@ impl Persist {
                 created_at: rfc3339(r.created_at_ms),
             })
             .collect())
+    }
+
+    /// Marks the volume `name` busy (its removal is refused while the mark is held) if it
+    /// exists: checked and marked under the lock [`Persist::delete_volume`] holds from its
+    /// checks to the row's removal.
+    pub(crate) fn hold_volume(&self, name: &str) -> Result<Busy, CoreError> {
+        check_name("name", name)?;
+        let mut m = lock(&self.busy_volumes);
+        if self.db.volume(name).map_err(CoreError::from)?.is_none() {
+            return Err(CoreError::NotFound(format!("volume {name}")));
+        }
+        let mut busy = Busy::default();
+        busy.hold_locked(&mut m, &self.busy_volumes, name);
+        Ok(busy)
     }
 
     /// Removes a volume and its image on tier `iso`. Refused (409) while a sandbox alive in

@@ -154,6 +154,195 @@ impl Secrets {
     }
 }
 
+/// A stored secret as the E2B face shows it (never its value).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct E2bSecretInfo {
+    /// Its E2B id (`sec_...`; a secret set natively and never touched by the E2B face has
+    /// its name as id).
+    pub id: String,
+    /// Its name.
+    pub name: String,
+    /// Its current version (1 at create).
+    pub version: i64,
+    /// Its metadata.
+    pub metadata: std::collections::BTreeMap<String, String>,
+    /// RFC 3339 creation time.
+    pub created_at: String,
+    /// RFC 3339 time of the last change.
+    pub updated_at: String,
+}
+
+/// Checks an E2B secret before storing: a name the egress proxy can bind (1 to 64 letters,
+/// digits, `_`, `-`) and a value it can inject (not empty, no CR, LF or NUL).
+fn check_e2b(name: &str, value: &str) -> Result<(), CoreError> {
+    let ok = !name.is_empty()
+        && name.len() <= 64
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
+    if !ok {
+        return Err(CoreError::BadRequest {
+            field: "name".into(),
+            message: format!("{name:?}: a secret name is 1 to 64 letters, digits, '_' or '-'"),
+        });
+    }
+    if value.is_empty() {
+        return Err(CoreError::BadRequest {
+            field: "value".into(),
+            message: "a secret needs a value".into(),
+        });
+    }
+    if value.bytes().any(|b| b == b'\r' || b == b'\n' || b == 0) {
+        return Err(CoreError::BadRequest {
+            field: "value".into(),
+            message: "a secret value cannot contain CR, LF or NUL (it is sent in headers)".into(),
+        });
+    }
+    Ok(())
+}
+
+fn metadata_of(json: &str) -> std::collections::BTreeMap<String, String> {
+    serde_json::from_str(json).unwrap_or_default()
+}
+
+impl Secrets {
+    fn e2b_info(
+        &self,
+        plain: String,
+        s: &StoredSecret,
+        row: Option<rampart_store::secrets::E2bSecretRow>,
+    ) -> E2bSecretInfo {
+        let (id, version, metadata) = match row {
+            Some(r) => (r.id, r.version, metadata_of(&r.metadata)),
+            None => (plain.clone(), 1, Default::default()),
+        };
+        E2bSecretInfo {
+            id,
+            name: plain,
+            version,
+            metadata,
+            created_at: crate::util::rfc3339(s.created_at_ms),
+            updated_at: crate::util::rfc3339(s.updated_at_ms),
+        }
+    }
+
+    /// The stored name of the caller's secret `id_or_name` (an E2B id, else a name).
+    fn stored_name_of(&self, id_or_name: &str) -> Result<Option<(String, String)>, CoreError> {
+        let store = self.store()?;
+        if let Some(stored) = store.e2b_name_of(id_or_name).map_err(CoreError::from)? {
+            if let Some(plain) = crate::principal::unqualify(&stored) {
+                return Ok(Some((stored, plain)));
+            }
+        }
+        let stored = crate::principal::qualify(id_or_name);
+        Ok(store
+            .get(&stored)
+            .map_err(CoreError::from)?
+            .map(|_| (stored, id_or_name.to_owned())))
+    }
+
+    /// Makes the secret `name` (`Conflict` if the caller has one by that name). It is kept
+    /// unbound (no hosts, no injection): a sandbox binds it to a host and a header through a
+    /// `network.rules` placeholder.
+    pub(crate) fn create_e2b(
+        &self,
+        name: &str,
+        value: &str,
+        metadata: Option<&std::collections::BTreeMap<String, String>>,
+    ) -> Result<E2bSecretInfo, CoreError> {
+        check_e2b(name, value)?;
+        let spec = SecretSpec {
+            name: crate::principal::qualify(name),
+            value: value.to_owned(),
+            hosts: Vec::new(),
+            inject: SecretInjection::Placeholder,
+            env: None,
+        };
+        let id = format!("sec_{}", rampart_store::keys::random_hex(12));
+        let meta = serde_json::to_string(&metadata.cloned().unwrap_or_default())
+            .map_err(|e| CoreError::Internal(format!("secret metadata: {e}")))?;
+        let (stored, row) = match self.store()?.set_e2b(&spec, Some(&id), Some(&meta)) {
+            Ok(Some(x)) => x,
+            Ok(None) => return Err(CoreError::Internal("secret not stored".into())),
+            Err(rampart_store::StoreError::Duplicate(_)) => {
+                return Err(CoreError::Conflict(format!(
+                    "a secret named {name:?} exists"
+                )))
+            }
+            Err(e) => return Err(e.into()),
+        };
+        tracing::info!(secret = %spec.name, "stored secret made (E2B)");
+        Ok(self.e2b_info(name.to_owned(), &stored, Some(row)))
+    }
+
+    /// Gives the secret `id_or_name` a new value (its next version), and `metadata` when
+    /// given. Its binding (hosts, injection) stays.
+    pub(crate) fn update_e2b(
+        &self,
+        id_or_name: &str,
+        value: &str,
+        metadata: Option<&std::collections::BTreeMap<String, String>>,
+    ) -> Result<E2bSecretInfo, CoreError> {
+        let not_found = || CoreError::NotFound(format!("secret {id_or_name}"));
+        let (stored, plain) = self.stored_name_of(id_or_name)?.ok_or_else(not_found)?;
+        check_e2b(&plain, value)?;
+        let store = self.store()?;
+        let old = store
+            .get(&stored)
+            .map_err(CoreError::from)?
+            .ok_or_else(not_found)?;
+        let spec = SecretSpec {
+            value: value.to_owned(),
+            ..old.spec
+        };
+        let meta = metadata
+            .map(serde_json::to_string)
+            .transpose()
+            .map_err(|e| CoreError::Internal(format!("secret metadata: {e}")))?;
+        let (s, row) = store
+            .set_e2b(&spec, None, meta.as_deref())
+            .map_err(CoreError::from)?
+            .ok_or_else(not_found)?;
+        tracing::info!(secret = %stored, "stored secret updated (E2B)");
+        Ok(self.e2b_info(plain, &s, Some(row)))
+    }
+
+    /// The secret `id_or_name` (never its value).
+    pub(crate) fn get_e2b(&self, id_or_name: &str) -> Result<E2bSecretInfo, CoreError> {
+        let not_found = || CoreError::NotFound(format!("secret {id_or_name}"));
+        let (stored, plain) = self.stored_name_of(id_or_name)?.ok_or_else(not_found)?;
+        let store = self.store()?;
+        let s = store
+            .get(&stored)
+            .map_err(CoreError::from)?
+            .ok_or_else(not_found)?;
+        let row = store.e2b_row(&stored).map_err(CoreError::from)?;
+        Ok(self.e2b_info(plain, &s, row))
+    }
+
+    /// The caller's secrets (never their values), by name.
+    pub(crate) fn list_e2b(&self) -> Result<Vec<E2bSecretInfo>, CoreError> {
+        let store = self.store()?;
+        let mut out = Vec::new();
+        for s in store.list().map_err(CoreError::from)? {
+            let Some(plain) = crate::principal::unqualify(&s.spec.name) else {
+                continue;
+            };
+            let row = store.e2b_row(&s.spec.name).map_err(CoreError::from)?;
+            out.push(self.e2b_info(plain, &s, row));
+        }
+        Ok(out)
+    }
+
+    /// Removes the secret `id_or_name` (`NotFound` if there is none).
+    pub(crate) fn delete_e2b(&self, id_or_name: &str) -> Result<(), CoreError> {
+        let (_, plain) = self
+            .stored_name_of(id_or_name)?
+            .ok_or_else(|| CoreError::NotFound(format!("secret {id_or_name}")))?;
+        self.delete(&plain)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

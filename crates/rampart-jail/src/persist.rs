@@ -155,6 +155,52 @@ pub fn volume_in_use(image: &Path) -> bool {
     !store::loops_of(image).is_empty()
 }
 
+/// A descriptor (`O_RDONLY | O_DIRECTORY`, close-on-exec) of the root of the volume whose
+/// image is `image`, for the daemon's own use (the E2B volume file API): its file system is
+/// mounted **detached** (`fsopen`/`fsmount`: in no mount namespace, seen by no process,
+/// unmounted when the last descriptor of it closes), read-write, `nosuid,nodev,noexec`. The
+/// volume's one loop device is found or attached exactly as for a sandbox's mount (under the
+/// same lock), so while any sandbox has the volume mounted this mount shares its superblock:
+/// one ext4 instance over the image, never two writers. Blocking.
+pub fn volume_root(image: &Path) -> Result<OwnedFd, JailError> {
+    let (device, dev) = attach_volume(image)?;
+    let mount = || -> std::io::Result<OwnedFd> {
+        use rustix::mount::{
+            fsconfig_create, fsconfig_set_string, fsmount, fsopen, FsMountFlags, FsOpenFlags,
+            MountAttrFlags,
+        };
+        let fs = fsopen("ext4", FsOpenFlags::FSOPEN_CLOEXEC)?;
+        fsconfig_set_string(&fs, "source", format!("/proc/self/fd/{}", dev.as_raw_fd()))?;
+        fsconfig_set_string(&fs, "errors", "remount-ro")?;
+        fsconfig_create(&fs)?;
+        let mnt = fsmount(
+            &fs,
+            FsMountFlags::FSMOUNT_CLOEXEC,
+            MountAttrFlags::MOUNT_ATTR_NOSUID
+                | MountAttrFlags::MOUNT_ATTR_NODEV
+                | MountAttrFlags::MOUNT_ATTR_NOEXEC
+                | MountAttrFlags::MOUNT_ATTR_NOATIME,
+        )?;
+        // A real descriptor of the mount's root (`fsmount` gives an O_PATH one); it holds
+        // the detached mount once `mnt` is closed.
+        Ok(rustix::fs::openat(
+            &mnt,
+            ".",
+            rustix::fs::OFlags::RDONLY
+                | rustix::fs::OFlags::DIRECTORY
+                | rustix::fs::OFlags::CLOEXEC,
+            rustix::fs::Mode::empty(),
+        )?)
+    };
+    let root = mount().map_err(io(format!(
+        "mount volume {} ({device}) detached",
+        image.display()
+    )))?;
+    // The mount holds the device now; the loop fd can go (autoclear once the mount goes).
+    drop(dev);
+    Ok(root)
+}
+
 /// Makes a volume image of `size_mib` MiB at `image` (which must not exist), formatted ext4
 /// with its root owned by 1000:1000. Nothing is left on error.
 pub fn create_volume(image: &Path, size_mib: u64) -> Result<(), JailError> {

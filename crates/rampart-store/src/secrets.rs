@@ -19,7 +19,25 @@ const MIGRATION: &str = "CREATE TABLE IF NOT EXISTS named_secrets (
         spec TEXT NOT NULL,
         created_at INTEGER NOT NULL,
         updated_at INTEGER NOT NULL
+    ) WITHOUT ROWID;
+    CREATE TABLE IF NOT EXISTS e2b_secrets (
+        name TEXT PRIMARY KEY NOT NULL,
+        id TEXT NOT NULL UNIQUE,
+        version INTEGER NOT NULL,
+        metadata TEXT NOT NULL
     ) WITHOUT ROWID;";
+
+/// What the E2B face keeps of a stored secret besides its spec: its id, version (1 at
+/// create, one more at each update) and metadata (a JSON object of strings).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct E2bSecretRow {
+    /// The secret's E2B id.
+    pub id: String,
+    /// Its current version.
+    pub version: i64,
+    /// Its metadata (JSON).
+    pub metadata: String,
+}
 
 /// A stored secret: its spec (with the value) and its times (unix ms).
 #[derive(Clone, PartialEq, Eq)]
@@ -135,12 +153,120 @@ impl SecretStore {
             .collect()
     }
 
+    /// Stores `spec` with its E2B facts in one transaction. `create`: a new secret with id
+    /// `id` and version 1 (`Duplicate` if the name is taken); else the existing secret
+    /// `spec.name` (`Ok(None)` if there is none) gets the new value and the next version,
+    /// and its metadata when `metadata` is given.
+    pub fn set_e2b(
+        &self,
+        spec: &SecretSpec,
+        create: Option<&str>,
+        metadata: Option<&str>,
+    ) -> Result<Option<(StoredSecret, E2bSecretRow)>, StoreError> {
+        let json = serde_json::to_string(spec).map_err(|e| corrupt(&spec.name, e))?;
+        let now = now_ms();
+        {
+            let mut conn = self.conn();
+            let tx = conn.transaction()?;
+            let exists: bool = tx
+                .query_row(
+                    "SELECT 1 FROM named_secrets WHERE name = ?1",
+                    params![spec.name],
+                    |_| Ok(()),
+                )
+                .optional()?
+                .is_some();
+            match create {
+                Some(id) => {
+                    if exists {
+                        return Err(StoreError::Duplicate(spec.name.clone()));
+                    }
+                    tx.execute(
+                        "INSERT INTO named_secrets (name, spec, created_at, updated_at)
+                         VALUES (?1, ?2, ?3, ?3)",
+                        params![spec.name, json, now],
+                    )?;
+                    tx.execute(
+                        "INSERT OR REPLACE INTO e2b_secrets (name, id, version, metadata)
+                         VALUES (?1, ?2, 1, ?3)",
+                        params![spec.name, id, metadata.unwrap_or("{}")],
+                    )?;
+                }
+                None => {
+                    if !exists {
+                        return Ok(None);
+                    }
+                    tx.execute(
+                        "UPDATE named_secrets SET spec = ?2, updated_at = ?3 WHERE name = ?1",
+                        params![spec.name, json, now],
+                    )?;
+                    // A secret set natively has no E2B row yet: it gets one (version 2, as
+                    // its first value was version 1).
+                    tx.execute(
+                        "INSERT INTO e2b_secrets (name, id, version, metadata)
+                         VALUES (?1, ?4, 2, COALESCE(?3, '{}'))
+                         ON CONFLICT(name) DO UPDATE SET version = version + 1,
+                             metadata = COALESCE(?3, metadata)",
+                        params![
+                            spec.name,
+                            now,
+                            metadata,
+                            format!("sec_{}", crate::keys::random_hex(12))
+                        ],
+                    )?;
+                }
+            }
+            tx.commit()?;
+        }
+        let stored = self.get(&spec.name)?.ok_or_else(|| StoreError::Corrupt {
+            id: format!("secret {}", spec.name),
+            detail: "missing right after it was written".into(),
+        })?;
+        let row = self
+            .e2b_row(&spec.name)?
+            .ok_or_else(|| StoreError::Corrupt {
+                id: format!("secret {}", spec.name),
+                detail: "its E2B row is missing right after it was written".into(),
+            })?;
+        Ok(Some((stored, row)))
+    }
+
+    /// The E2B facts of the secret named `name`, if it has them.
+    pub fn e2b_row(&self, name: &str) -> Result<Option<E2bSecretRow>, StoreError> {
+        Ok(self
+            .conn()
+            .query_row(
+                "SELECT id, version, metadata FROM e2b_secrets WHERE name = ?1",
+                params![name],
+                |r| {
+                    Ok(E2bSecretRow {
+                        id: r.get(0)?,
+                        version: r.get(1)?,
+                        metadata: r.get(2)?,
+                    })
+                },
+            )
+            .optional()?)
+    }
+
+    /// The name of the secret whose E2B id is `id`.
+    pub fn e2b_name_of(&self, id: &str) -> Result<Option<String>, StoreError> {
+        Ok(self
+            .conn()
+            .query_row(
+                "SELECT name FROM e2b_secrets WHERE id = ?1",
+                params![id],
+                |r| r.get(0),
+            )
+            .optional()?)
+    }
+
     /// Removes the secret named `name`; whether it existed. Sandboxes it was bound to keep
     /// their copy until they end.
     pub fn delete(&self, name: &str) -> Result<bool, StoreError> {
-        let n = self
-            .conn()
-            .execute("DELETE FROM named_secrets WHERE name = ?1", params![name])?;
+        let conn = self.conn();
+        let n = conn.execute("DELETE FROM named_secrets WHERE name = ?1", params![name])?;
+        conn.execute("DELETE FROM e2b_secrets WHERE name = ?1", params![name])?;
         Ok(n > 0)
     }
 }
@@ -179,6 +305,39 @@ mod tests {
         assert!(s.delete("tok").unwrap());
         assert!(!s.delete("tok").unwrap());
         assert!(s.get("tok").unwrap().is_none());
+    }
+
+    #[test]
+    fn e2b_rows_follow_their_secret() {
+        let s = SecretStore::open_in_memory().unwrap();
+        let (a, r) = s
+            .set_e2b(&spec("tok", "v1"), Some("sec_1"), Some(r#"{"a":"b"}"#))
+            .unwrap()
+            .unwrap();
+        assert_eq!((a.spec.value.as_str(), r.version), ("v1", 1));
+        assert!(matches!(
+            s.set_e2b(&spec("tok", "v9"), Some("sec_2"), None),
+            Err(StoreError::Duplicate(_))
+        ));
+        let (b, r2) = s.set_e2b(&spec("tok", "v2"), None, None).unwrap().unwrap();
+        assert_eq!((b.spec.value.as_str(), r2.version), ("v2", 2));
+        assert_eq!(
+            (r2.id.as_str(), r2.metadata.as_str()),
+            ("sec_1", r#"{"a":"b"}"#)
+        );
+        assert_eq!(s.e2b_name_of("sec_1").unwrap().as_deref(), Some("tok"));
+        assert!(s.set_e2b(&spec("nope", "v"), None, None).unwrap().is_none());
+        // A natively set secret gets its row at its first E2B update.
+        s.set(&spec("native", "x")).unwrap();
+        assert!(s.e2b_row("native").unwrap().is_none());
+        let (_, r3) = s
+            .set_e2b(&spec("native", "y"), None, None)
+            .unwrap()
+            .unwrap();
+        assert_eq!(r3.version, 2);
+        assert!(s.delete("tok").unwrap());
+        assert!(s.e2b_row("tok").unwrap().is_none());
+        assert!(s.e2b_name_of("sec_1").unwrap().is_none());
     }
 
     #[test]

@@ -198,6 +198,9 @@ impl Isolation for Jail {
     fn volume_in_use(&self, image: &Path) -> bool {
         rampart_jail::persist::volume_in_use(image)
     }
+    fn volume_root(&self, image: &Path) -> Result<std::os::fd::OwnedFd, IsolationError> {
+        Ok(rampart_jail::persist::volume_root(image)?)
+    }
     fn trim_store(&self) {
         rampart_jail::store::trim(&Jail::store_root(self));
     }

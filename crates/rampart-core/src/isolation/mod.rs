@@ -300,6 +300,16 @@ pub trait Isolation: Send + Sync + std::fmt::Debug {
         let _ = image;
         false
     }
+    /// A descriptor of the root of the volume whose image is `image`, mounted for the
+    /// daemon's own use (the volume file API), sharing the file system instance of any
+    /// sandbox that has it mounted. Blocking.
+    fn volume_root(&self, image: &Path) -> Result<std::os::fd::OwnedFd, IsolationError> {
+        let _ = image;
+        Err(IsolationError::Unsupported(format!(
+            "the {} tier cannot open volumes",
+            self.name()
+        )))
+    }
     /// Gives the space of removed snapshots and volumes back to the host, if the store
     /// holds on to it. Blocking; the default does nothing.
     fn trim_store(&self) {}

@@ -62,14 +62,6 @@ fn check_unsupported(n: &NewSandbox) -> Result<(), E2bError> {
     if set(&n.mcp) {
         return Err(E2bError::bad_request("mcp is not supported by this server"));
     }
-    if n.volume_mounts
-        .as_ref()
-        .is_some_and(|v| v.as_array().is_some_and(|a| !a.is_empty()))
-    {
-        return Err(E2bError::bad_request(
-            "volume mounts are not supported by this server",
-        ));
-    }
     Ok(())
 }
 
@@ -214,7 +206,7 @@ fn detail_json(_st: &E2b, info: &SandboxInfo, facts: &E2bSandbox, with_token: bo
         "envdVersion": ENVD_VERSION,
         "state": state_name(info),
         "metadata": info.metadata,
-        "volumeMounts": [],
+        "volumeMounts": super::volumes::mounts_json(&facts.options),
     });
     if with_token {
         let o = Options::parse(&facts.options);
@@ -295,6 +287,8 @@ async fn create_now(st: &E2b, body: &Bytes) -> Result<Value, E2bError> {
         auto_resume,
         auto_pause: n.auto_pause == Some(true),
         timeout: n.timeout,
+        // Volumes (`volumeMounts`): e2b/volumes.rs.
+        volume_mounts: super::volumes::mounts_of(n.volume_mounts.as_ref())?,
     };
     let req = CreateSandbox {
         template,
@@ -306,6 +300,7 @@ async fn create_now(st: &E2b, body: &Bytes) -> Result<Value, E2bError> {
         on_timeout: (n.auto_pause == Some(true)).then_some(OnTimeout::Pause),
         network,
         secrets,
+        volumes: super::volumes::native_mounts(&options.volume_mounts),
         ..Default::default()
     };
     // Core makes the envd access token and records it, with the template name asked for and
@@ -535,7 +530,7 @@ pub(crate) async fn pause(
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 
-/// Every other E2B path (snapshots, fork, templates, volumes, network, logs): 404 in E2B's
+/// Every other E2B path (snapshots, fork, templates, network, logs): 404 in E2B's
 /// error shape, so the SDK raises its own exception (or returns `False` where 404 means so).
 pub(crate) async fn unsupported(uri: axum::http::Uri) -> E2bError {
     E2bError::new(

@@ -16,7 +16,9 @@ mod metrics;
 mod network;
 mod persist;
 mod record;
+mod secrets;
 mod templates;
+mod volumes;
 
 use axum::extract::{Request, State};
 use axum::http::{HeaderValue, StatusCode};
@@ -292,9 +294,37 @@ pub(crate) fn attach(
                 .patch(events::update_webhook)
                 .delete(events::delete_webhook),
         )
-        .route("/volumes", axum::routing::any(api::unsupported))
-        .route("/volumes/{*rest}", axum::routing::any(api::unsupported))
+        // Volumes (`Volume.create`, `list`, `get_info`, `destroy`) on the native ones.
+        .route("/volumes", post(volumes::create).get(volumes::list))
+        .route(
+            "/volumes/{id}",
+            get(volumes::get_one).delete(volumes::delete),
+        )
+        // Secrets (`Secret.create`, `list`, `get_info`, `update`, `destroy`) in the native
+        // secret store; sandboxes use them through `network.rules` placeholders.
+        .route("/secrets", post(secrets::create).get(secrets::list))
+        .route(
+            "/secrets/{id}",
+            get(secrets::get_one)
+                .post(secrets::update)
+                .delete(secrets::delete),
+        )
         .route_layer(axum::middleware::from_fn_with_state(st.clone(), api_key))
+        // The volume file API: the volume's token is the authorization.
+        .route(
+            "/volumecontent/{id}/path",
+            get(volumes::stat)
+                .patch(volumes::update_meta)
+                .delete(volumes::remove),
+        )
+        .route(
+            "/volumecontent/{id}/dir",
+            get(volumes::list_dir).post(volumes::make_dir),
+        )
+        .route(
+            "/volumecontent/{id}/file",
+            get(volumes::read_file).put(volumes::write_file),
+        )
         // Signed download/upload URLs opened without the routing headers.
         .route("/files", get(envd::signed_files).post(envd::signed_files))
         // Template file uploads: the link's token is the authorization (as a presigned URL).

@@ -86,6 +86,9 @@ pub(crate) struct Options {
     /// The create's `timeout` (seconds), which an auto-resume gives the sandbox again.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) timeout: Option<u64>,
+    /// The create's `volumeMounts` (name, path), as info shows them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub(crate) volume_mounts: Vec<super::volumes::Mount>,
 }
 
 impl Options {
@@ -104,6 +107,48 @@ impl Options {
             .as_ref()
             .map(|m| m.replace("${PORT}", &port.to_string()))
     }
+}
+
+/// The start of a stored-secret placeholder (`Secret.fill`).
+const PLACEHOLDER: &str = "${e2b.secrets.";
+
+/// The stored secret a header value refers to by `${e2b.secrets.NAME}`, and the header's
+/// template with `{value}` in its place; None for a value without a placeholder.
+fn stored_secret_in(
+    host: &str,
+    header: &str,
+    value: &str,
+) -> Result<Option<(String, String)>, E2bError> {
+    let Some(start) = value.find(PLACEHOLDER) else {
+        return Ok(None);
+    };
+    let rest = &value[start + PLACEHOLDER.len()..];
+    let end = rest.find('}').ok_or_else(|| {
+        E2bError::bad_request(format!(
+            "network.rules[{host:?}]: header {header:?}: \"${{e2b.secrets.\" is not closed by \"}}\""
+        ))
+    })?;
+    let name = &rest[..end];
+    let after = &rest[end + 1..];
+    let before = &value[..start];
+    if after.contains(PLACEHOLDER) {
+        return Err(E2bError::bad_request(format!(
+            "network.rules[{host:?}]: header {header:?} refers to more than one secret; \
+             a header carries at most one"
+        )));
+    }
+    if before.contains("{value}") || after.contains("{value}") {
+        return Err(E2bError::bad_request(format!(
+            "network.rules[{host:?}]: header {header:?}: \"{{value}}\" cannot stand next to a \
+             secret placeholder"
+        )));
+    }
+    if name.is_empty() {
+        return Err(E2bError::bad_request(format!(
+            "network.rules[{host:?}]: header {header:?}: the placeholder names no secret"
+        )));
+    }
+    Ok(Some((name.to_owned(), format!("{before}{{value}}{after}"))))
 }
 
 /// The egress policy and header secrets of an E2B network (None: no `network` given) and
@@ -185,7 +230,7 @@ pub(crate) fn policy_of(
             ..Default::default()
         }
     };
-    let mut secrets = Vec::new();
+    let mut secrets: Vec<SecretSpec> = Vec::new();
     for (host, rules) in net.rules.iter().flatten() {
         let h = host.trim().to_ascii_lowercase();
         if h.parse::<std::net::IpAddr>().is_ok() || h.contains('/') {
@@ -207,16 +252,48 @@ pub(crate) fn policy_of(
                         "network.rules[{host:?}]: header {name:?} has an empty value"
                     )));
                 }
-                secrets.push(SecretSpec {
-                    name: format!("e2b-rule-{}", secrets.len() + 1),
-                    value: value.clone(),
-                    hosts: vec![format!("http://{h}")],
-                    inject: SecretInjection::Header {
-                        name: name.clone(),
-                        template: "{value}".into(),
-                    },
-                    env: None,
-                });
+                let host = format!("http://{h}");
+                match stored_secret_in(&h, name, value)? {
+                    // `${e2b.secrets.NAME}`: a reference to the stored secret (an empty
+                    // value, which core fills from the store); one entry per secret, bound
+                    // to every host whose rules use it the same way.
+                    Some((secret, template)) => {
+                        let inject = SecretInjection::Header {
+                            name: name.clone(),
+                            template,
+                        };
+                        if let Some(same) = secrets.iter_mut().find(|s| s.name == secret) {
+                            if same.inject != inject || !same.value.is_empty() {
+                                return Err(E2bError::bad_request(format!(
+                                    "network.rules[{host:?}]: secret {secret:?} is used in \
+                                     two different headers; a sandbox binds one secret to one \
+                                     header (store a second secret for the other)"
+                                )));
+                            }
+                            if !same.hosts.contains(&host) {
+                                same.hosts.push(host);
+                            }
+                        } else {
+                            secrets.push(SecretSpec {
+                                name: secret,
+                                value: String::new(),
+                                hosts: vec![host],
+                                inject,
+                                env: None,
+                            });
+                        }
+                    }
+                    None => secrets.push(SecretSpec {
+                        name: format!("e2b-rule-{}", secrets.len() + 1),
+                        value: value.clone(),
+                        hosts: vec![host],
+                        inject: SecretInjection::Header {
+                            name: name.clone(),
+                            template: "{value}".into(),
+                        },
+                        env: None,
+                    }),
+                }
             }
         }
     }
