@@ -6,7 +6,7 @@
 
 mod support;
 
-use std::process::{Command, Stdio};
+use std::process::Command;
 use support::{start_tidy_with, workspace};
 
 fn skip() -> Option<String> {
@@ -71,32 +71,19 @@ fn lifecycle_events_and_webhooks_as_e2b_serves_them() {
     let tenant_key = v["key"].as_str().unwrap().to_owned();
 
     let tests = workspace().join("tests/e2b");
-    let out = Command::new(support::venv_python("RAMPART_E2B_VENV", "e2b-venv"))
-        .arg(tests.join("events.py"))
-        .current_dir(&tests)
-        .env_clear()
-        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
-        .env(
-            "HOME",
-            std::env::var_os("HOME").unwrap_or_else(|| "/root".into()),
-        )
-        .env("PYTHONDONTWRITEBYTECODE", "1")
-        .env("E2B_API_KEY", &key)
-        .env("E2B_TENANT_KEY", &tenant_key)
-        .env("E2B_API_URL", &d.daemon.url)
-        .env("E2B_SANDBOX_URL", &d.daemon.url)
-        .stdin(Stdio::null())
-        .output()
-        .expect("run tests/e2b/events.py");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    eprintln!(
-        "--- events.py ---\n{stdout}{}",
-        String::from_utf8_lossy(&out.stderr)
+    let url = d.daemon.url.as_str();
+    let r = support::run_sdk_script(
+        &support::venv_python("RAMPART_E2B_VENV", "e2b-venv"),
+        &tests.join("events.py"),
+        &tests,
+        &[
+            ("E2B_API_KEY", &key),
+            ("E2B_TENANT_KEY", &tenant_key),
+            ("E2B_API_URL", url),
+            ("E2B_SANDBOX_URL", url),
+        ],
     );
     let _ = std::fs::remove_dir_all(&conf_dir);
-    assert!(stdout.contains("SUMMARY "), "events.py did not finish");
-    let failed: Vec<&str> = stdout.lines().filter(|l| l.starts_with("FAIL ")).collect();
-    assert!(failed.is_empty(), "failed:\n{}", failed.join("\n"));
-    let passed = stdout.lines().filter(|l| l.starts_with("PASS ")).count();
-    assert_eq!(passed, 5, "{stdout}");
+    assert!(r.failed.is_empty(), "failed:\n{}", r.failed.join("\n"));
+    assert_eq!(r.passed.len(), 5, "passed: {:?}", r.passed);
 }

@@ -35,43 +35,17 @@ fn run_script(
     script: &Path,
     cwd: &Path,
 ) -> (Vec<String>, Vec<String>) {
-    let out = Command::new(program)
-        .arg(script)
-        .current_dir(cwd)
-        .env_clear()
-        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
-        .env(
-            "HOME",
-            std::env::var_os("HOME").unwrap_or_else(|| "/root".into()),
-        )
-        .env("PYTHONDONTWRITEBYTECODE", "1")
-        .env("E2B_API_KEY", key)
-        .env("E2B_API_URL", &d.url)
-        .env("E2B_SANDBOX_URL", &d.url)
-        .stdin(Stdio::null())
-        .output()
-        .expect("run the SDK script");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    eprintln!("--- {} ---\n{stdout}{stderr}", script.display());
-    let passed = stdout
-        .lines()
-        .filter_map(|l| l.strip_prefix("PASS "))
-        .map(str::to_owned)
-        .collect();
-    let mut failed: Vec<String> = stdout
-        .lines()
-        .filter(|l| l.starts_with("FAIL "))
-        .map(str::to_owned)
-        .collect();
-    if !stdout.contains("SUMMARY ") {
-        failed.push(format!(
-            "{} did not finish: {}",
-            script.display(),
-            out.status
-        ));
-    }
-    (passed, failed)
+    let r = support::run_sdk_script(
+        program,
+        script,
+        cwd,
+        &[
+            ("E2B_API_KEY", key),
+            ("E2B_API_URL", &d.url),
+            ("E2B_SANDBOX_URL", &d.url),
+        ],
+    );
+    (r.passed, r.failed)
 }
 
 /// An E2B control-plane call with `key`: (status, JSON body or null).

@@ -131,43 +131,8 @@ impl Drop for TestHost {
 
 /// Runs `program script` with the E2B variables; returns (passed, failed lines).
 fn run(program: &Path, script: &Path, cwd: &Path, envs: &[(&str, &str)]) -> (usize, Vec<String>) {
-    let mut c = Command::new(program);
-    c.arg(script)
-        .current_dir(cwd)
-        .env_clear()
-        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
-        .env(
-            "HOME",
-            std::env::var_os("HOME").unwrap_or_else(|| "/root".into()),
-        )
-        .env("PYTHONDONTWRITEBYTECODE", "1")
-        .stdin(Stdio::null());
-    for (k, v) in envs {
-        c.env(k, v);
-    }
-    let out = c.output().expect("run the SDK script");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    eprintln!(
-        "--- {} ---\n{stdout}{}",
-        script.display(),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let mut failed: Vec<String> = stdout
-        .lines()
-        .filter(|l| l.starts_with("FAIL "))
-        .map(str::to_owned)
-        .collect();
-    if !stdout.contains("SUMMARY ") {
-        failed.push(format!(
-            "{} did not finish: {}",
-            script.display(),
-            out.status
-        ));
-    }
-    (
-        stdout.lines().filter(|l| l.starts_with("PASS ")).count(),
-        failed,
-    )
+    let r = support::run_sdk_script(program, script, cwd, envs);
+    (r.passed.len(), r.failed)
 }
 
 #[test]

@@ -981,3 +981,62 @@ impl TestHosts {
         Some(h)
     }
 }
+
+/// What an SDK script (`tests/e2b/harness.py` or the JS runner) reported.
+#[allow(dead_code)]
+pub struct ScriptReport {
+    /// The names after `PASS `.
+    pub passed: Vec<String>,
+    /// The `FAIL ` lines, and a line of its own when the script did not reach `SUMMARY`.
+    pub failed: Vec<String>,
+}
+
+/// Runs `program script` in `cwd` with only PATH, HOME and `envs` in its environment (so
+/// the SDK sees just the variables a test gives it), prints its output, and reads its
+/// `PASS`/`FAIL`/`SUMMARY` lines.
+#[allow(dead_code)]
+pub fn run_sdk_script(
+    program: &Path,
+    script: &Path,
+    cwd: &Path,
+    envs: &[(&str, &str)],
+) -> ScriptReport {
+    let out = Command::new(program)
+        .arg(script)
+        .current_dir(cwd)
+        .env_clear()
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+        .env(
+            "HOME",
+            std::env::var_os("HOME").unwrap_or_else(|| "/root".into()),
+        )
+        .env("PYTHONDONTWRITEBYTECODE", "1")
+        .envs(envs.iter().copied())
+        .stdin(Stdio::null())
+        .output()
+        .expect("run the SDK script");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    eprintln!(
+        "--- {} ---\n{stdout}{}",
+        script.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let passed = stdout
+        .lines()
+        .filter_map(|l| l.strip_prefix("PASS "))
+        .map(str::to_owned)
+        .collect();
+    let mut failed: Vec<String> = stdout
+        .lines()
+        .filter(|l| l.starts_with("FAIL "))
+        .map(str::to_owned)
+        .collect();
+    if !stdout.contains("SUMMARY ") {
+        failed.push(format!(
+            "{} did not finish: {}",
+            script.display(),
+            out.status
+        ));
+    }
+    ScriptReport { passed, failed }
+}
