@@ -93,8 +93,9 @@ impl Sandboxes {
                     .observe(t0.elapsed().as_secs_f64());
                 info!(id = %id, slot, ms = t0.elapsed().as_millis() as u64, "sandbox created");
                 let e2b = new.access.and_then(|a| a.e2b);
-                let template = e2b.as_ref().map(|e| e.template.clone());
-                self.lifecycle(Kind::Created, &info, template, Value::Null);
+                // Known here: no read of the access store on the create path.
+                let template = e2b.as_ref().map_or(&info.template, |e| &e.template).clone();
+                self.lifecycle(Kind::Created, &info, Some(template), Value::Null);
                 Ok(CreatedSandbox { info, e2b })
             }
             Err(e) => {
