@@ -735,7 +735,7 @@ mod tests {
         use rampart_types::audit::Exec;
         let mut c = Chain::new(sid("abc"));
         let bodies = [
-            EventBody::Paused(Empty {}),
+            EventBody::Paused(Default::default()),
             EventBody::Exec(Exec {
                 exec_id: "x1".into(),
                 // Text that looks like the member after the body does not confuse it.
@@ -856,7 +856,7 @@ mod tests {
         let mut events = Vec::new();
         for i in 0..5 {
             let body = if i % 2 == 0 {
-                EventBody::Paused(Empty {})
+                EventBody::Paused(Default::default())
             } else {
                 EventBody::Snapshot(Snapshot {
                     name: format!("s{i}"),
@@ -871,7 +871,7 @@ mod tests {
         assert_eq!(Chain::from_events(sid("abc"), &events).unwrap(), c);
 
         // next_event does not move the chain; advance checks.
-        let e = c.next_event(EventBody::Resumed(Empty {}), now()).unwrap();
+        let e = c.next_event(EventBody::Resumed(Default::default()), now()).unwrap();
         assert_eq!(c.len(), 5);
         let mut forged = e.clone();
         forged.time = "2000-01-01T00:00:00.000Z".into();
@@ -918,7 +918,7 @@ mod tests {
         assert!(verify_chain(&sid("abc"), &[d.clone(), ok]).is_ok());
 
         let mut c = Chain::new(sid("abc"));
-        let p = c.append(EventBody::Paused(Empty {}), now()).unwrap();
+        let p = c.append(EventBody::Paused(Default::default()), now()).unwrap();
         let bad = c.append(destroyed(Some(p.hash)), now()).unwrap();
         assert!(matches!(
             verify_chain(&sid("abc"), &[p, bad]),

@@ -54,10 +54,12 @@ enum Command {
     Desktop(commands::desktop::DesktopArgs),
     /// Open an interactive shell (bash -l under a PTY) in a sandbox.
     Shell(commands::exec::ShellArgs),
-    /// Pause sandboxes: freeze every process (no CPU used, memory kept).
+    /// Pause sandboxes: freeze every process (no CPU used, memory kept); `--filesystem`:
+    /// end every process and keep the disk.
     Pause(commands::sandbox::PauseArgs),
-    /// Resume paused sandboxes: every process continues where it was.
-    Resume(commands::sandbox::PauseArgs),
+    /// Resume paused sandboxes: every process continues where it was (a sandbox paused to
+    /// its filesystem, or with `--reboot`, boots again from its disk).
+    Resume(commands::sandbox::ResumeArgs),
     /// Snapshots of a sandbox's filesystem: `snapshot ID [--name N] [--stop]`, `snapshot ls`,
     /// `snapshot rm NAME...`.
     Snapshot(commands::persist::SnapshotArgs),
@@ -177,8 +179,8 @@ fn main() -> ExitCode {
             Command::Shell(a) => commands::exec::shell(host, a).await,
             Command::Timeout(a) => commands::sandbox::timeout(host, a).await,
             Command::Port(a) => commands::port::port(host, a).await,
-            Command::Pause(a) => commands::sandbox::pause(host, a, false).await,
-            Command::Resume(a) => commands::sandbox::pause(host, a, true).await,
+            Command::Pause(a) => commands::sandbox::pause(host, &a.ids, false, a.filesystem).await,
+            Command::Resume(a) => commands::sandbox::pause(host, &a.ids, true, a.reboot).await,
             Command::Audit(a) => commands::audit::audit(host, a).await,
             Command::Snapshot(a) => commands::persist::snapshot(host, a).await,
             Command::Fork(a) => commands::persist::fork(host, a).await,

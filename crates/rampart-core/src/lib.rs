@@ -185,8 +185,32 @@ impl Manager {
     /// passed while paused, the new one is now + the default timeout. Resuming a running
     /// sandbox changes nothing.
     pub async fn resume(&self, id: &SandboxId) -> Result<SandboxInfo, CoreError> {
+        self.resume_with(id, false).await
+    }
+    /// Pauses a sandbox; `memory: false` pauses it to its filesystem: its processes end, its
+    /// disk is kept, and its resume boots it again from that disk (see `sandbox/cold.rs`).
+    pub async fn pause_with(
+        &self,
+        id: &SandboxId,
+        memory: bool,
+    ) -> Result<SandboxInfo, CoreError> {
         self.inner.visible(id)?;
-        self.inner.resume(id).await
+        if memory {
+            self.inner.pause(id).await
+        } else {
+            self.inner.pause_to_disk(id).await
+        }
+    }
+    /// Resumes a paused sandbox. One paused to its filesystem, or any with `reboot`, boots
+    /// again from its disk (its processes start afresh, its memory is gone); a frozen one
+    /// otherwise continues where it was. A running sandbox is left as it is.
+    pub async fn resume_with(
+        &self,
+        id: &SandboxId,
+        reboot: bool,
+    ) -> Result<SandboxInfo, CoreError> {
+        self.inner.visible(id)?;
+        self.inner.resume_with(id, reboot).await
     }
     /// Sets the deadline to now + `secs`.
     pub async fn set_timeout(&self, id: &SandboxId, secs: u64) -> Result<SandboxInfo, CoreError> {

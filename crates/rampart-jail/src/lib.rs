@@ -617,6 +617,9 @@ impl Jail {
     /// janitor's thread waits for the processes to end and removes both (see [`janitor`];
     /// [`Jail::settle`] waits for it). Elsewhere it waits for the processes itself.
     pub fn destroy(&self, id: &SandboxId) -> Result<(), JailError> {
+        // A stopped sandbox's disk moved aside by a relaunch cut short comes back, to go
+        // with the rest.
+        self.is_stopped(id);
         let dir = self.sandbox_dir(id);
         let dying = format!("{}{id}", janitor::DYING_PREFIX);
         let mut handed_over = false;

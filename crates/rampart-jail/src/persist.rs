@@ -410,6 +410,100 @@ impl Jail {
         Err(JailError::Init(format!("sandbox {id} has no running init")))
     }
 
+    /// Whether a sandbox is stopped ([`Jail::stop`]): its disk is there, its cgroup is not.
+    /// A relaunch cut short (the daemon killed between moving the disk aside and the new
+    /// launch) is rolled back first, so the disk is found where it belongs. Blocking (cheap).
+    pub fn is_stopped(&self, id: &rampart_types::SandboxId) -> bool {
+        let dir = self.sandbox_dir(id);
+        let aside = self.relaunch_dir(id);
+        if !dir.exists() && aside.join("disk.img").exists() {
+            if let Err(e) = std::fs::rename(&aside, &dir) {
+                tracing::warn!(id = %id, "restoring a stopped sandbox's disk: {e}");
+            }
+        }
+        self.disk_image(id).exists() && self.cgroups.dirs(id.as_str()).iter().all(|d| !d.exists())
+    }
+
+    fn relaunch_dir(&self, id: &rampart_types::SandboxId) -> PathBuf {
+        self.config().state_dir.join(format!(".relaunch-{id}"))
+    }
+
+    /// Ends every process of a sandbox and removes its cgroup, keeping its directory and its
+    /// disk: a filesystem-only pause. The disk is flushed first (the sandbox frozen, its file
+    /// system `syncfs`ed), then every process is killed, and this returns once the disk's
+    /// loop device is released (its last mount gone with the sandbox's mount namespace), so
+    /// the image is at rest. Afterwards [`Jail::disk_root`] reads the disk,
+    /// [`Jail::snapshot_disk`] copies it, [`Jail::relaunch`] boots it again and
+    /// [`Jail::destroy`] removes it. A stopped sandbox stops again as a no-op. Blocking.
+    pub fn stop(&self, id: &rampart_types::SandboxId) -> Result<(), JailError> {
+        if self.is_stopped(id) {
+            return Ok(());
+        }
+        if !self.is_frozen(id)? {
+            self.freeze(id)?;
+        }
+        let root = self.upper_root(id)?;
+        // SAFETY: syncfs on a descriptor we own.
+        let rc = unsafe { libc::syncfs(root.as_raw_fd()) };
+        sys::check(rc.into(), || format!("syncfs of sandbox {id}'s disk"))?;
+        drop(root);
+        self.cgroups.destroy(id.as_str())?;
+        let image = self.disk_image(id);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        let mut nap = std::time::Duration::from_micros(200);
+        while !store::loops_of(&image).is_empty() {
+            if std::time::Instant::now() > deadline {
+                return Err(JailError::Sys {
+                    step: format!("release the disk of stopped sandbox {id}"),
+                    source: std::io::Error::from_raw_os_error(libc::EBUSY),
+                });
+            }
+            std::thread::sleep(nap);
+            nap = (nap * 2).min(std::time::Duration::from_millis(20));
+        }
+        Ok(())
+    }
+
+    /// Boots a stopped sandbox ([`Jail::stop`]) again on its own disk: what it wrote is
+    /// there, nothing of its processes is (a cold boot). `spec` is its launch spec (the same
+    /// id and uid range); `extras` its volumes (`extras.disk` is ignored: the disk is the
+    /// sandbox's own). The disk is moved aside, the sandbox launched on a clone of it (a
+    /// reflink on the store), and the old copy removed; on error the sandbox is stopped as
+    /// before, its disk back in place. Blocking.
+    pub fn relaunch(
+        &self,
+        spec: &crate::LaunchSpec,
+        extras: &LaunchExtras,
+    ) -> Result<crate::Launched, JailError> {
+        let id = &spec.id;
+        if !self.is_stopped(id) {
+            return Err(JailError::Init(format!("sandbox {id} is not stopped")));
+        }
+        let dir = self.sandbox_dir(id);
+        let aside = self.relaunch_dir(id);
+        sys::rename_noreplace(&dir, &aside)?;
+        let mut x = extras.clone();
+        x.disk = Some(DiskSource {
+            image: aside.join("disk.img"),
+            uid_base: spec.uid_base,
+        });
+        match self.launch_with(spec, &x) {
+            Ok(l) => {
+                if let Err(e) = std::fs::remove_dir_all(&aside) {
+                    tracing::warn!(id = %id, "removing a relaunched sandbox's old disk: {e}");
+                }
+                Ok(l)
+            }
+            Err(e) => {
+                // launch_with removed what it made; the disk goes back.
+                if let Err(re) = std::fs::rename(&aside, &dir) {
+                    tracing::error!(id = %id, "putting a stopped sandbox's disk back: {re}");
+                }
+                Err(e)
+            }
+        }
+    }
+
     /// Takes a consistent copy of a sandbox's disk at `dest` (which must not exist): freezes
     /// the sandbox (unless it is frozen already), flushes its filesystem, clones the image,
     /// thaws. Returns the bytes the copy shares or holds (allocated). On error `dest` does not
@@ -419,6 +513,11 @@ impl Jail {
         id: &rampart_types::SandboxId,
         dest: &Path,
     ) -> Result<u64, JailError> {
+        if self.is_stopped(id) {
+            // Nothing runs on it: the image is at rest.
+            store::clone_file(&self.disk_image(id), dest)?;
+            return Ok(allocated_bytes(dest));
+        }
         let was_frozen = self.is_frozen(id)?;
         if !was_frozen {
             self.freeze(id)?;

@@ -95,6 +95,8 @@ use utoipa::OpenApi;
         rampart_types::SandboxState,
         rampart_types::OnTimeout,
         rampart_types::SetTimeout,
+        rampart_types::PauseSandbox,
+        rampart_types::ResumeSandbox,
         rampart_types::CreateSnapshot,
         rampart_types::SnapshotInfo,
         rampart_types::ForkSandbox,

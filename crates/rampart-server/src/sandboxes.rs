@@ -7,7 +7,8 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::Json;
 use rampart_types::{
-    ApiErrorBody, CreateSandbox, SandboxInfo, SandboxState, SandboxStats, SetTimeout,
+    ApiErrorBody, CreateSandbox, PauseSandbox, ResumeSandbox, SandboxInfo, SandboxState,
+    SandboxStats, SetTimeout,
 };
 use std::collections::BTreeMap;
 
@@ -178,9 +179,12 @@ pub(crate) async fn set_timeout(
 }
 
 /// `POST /v1/sandboxes/{id}/pause`: freezes every process of the sandbox (no CPU used,
-/// memory kept); commands and files answer 409 until it is resumed. Idempotent.
+/// memory kept); commands and files answer 409 until it is resumed. Idempotent. With the
+/// optional body `{"memory": false}`, pauses it to its filesystem instead: every process
+/// ends, the disk is kept, and the resume boots it again from that disk.
 #[utoipa::path(post, path = "/v1/sandboxes/{id}/pause", tag = "sandboxes",
     params(("id" = String, Path, description = "Sandbox id")),
+    request_body(content = PauseSandbox, description = "Optional"),
     responses(
         (status = 200, description = "Paused (or already paused)", body = SandboxInfo),
         (status = 400, description = "Malformed id", body = ApiErrorBody),
@@ -190,15 +194,31 @@ pub(crate) async fn set_timeout(
 pub(crate) async fn pause(
     State(st): State<AppState>,
     SandboxPath(id): SandboxPath,
+    body: axum::body::Bytes,
 ) -> Result<Json<SandboxInfo>, ApiError> {
-    Ok(Json(st.backend.pause(&id).await?))
+    let req: PauseSandbox = optional_body(&body)?;
+    if req.memory {
+        return Ok(Json(st.backend.pause(&id).await?));
+    }
+    let m = st.manager_or("this daemon cannot pause sandboxes to their filesystem")?;
+    Ok(Json(m.pause_with(&id, false).await?))
+}
+
+/// An optional JSON body: empty is `T::default()`.
+fn optional_body<T: serde::de::DeserializeOwned + Default>(body: &[u8]) -> Result<T, ApiError> {
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Ok(T::default());
+    }
+    crate::extract::parse_json(body)
 }
 
 /// `POST /v1/sandboxes/{id}/resume`: every process of a paused sandbox continues where it
 /// was. Idempotent. If its deadline passed while it was paused (`on_timeout: pause`), the new
-/// deadline is now + the daemon's default timeout.
+/// deadline is now + the daemon's default timeout. A sandbox paused to its filesystem, or
+/// any with the optional body `{"reboot": true}`, boots again from its disk instead.
 #[utoipa::path(post, path = "/v1/sandboxes/{id}/resume", tag = "sandboxes",
     params(("id" = String, Path, description = "Sandbox id")),
+    request_body(content = ResumeSandbox, description = "Optional"),
     responses(
         (status = 200, description = "Running again (or was running)", body = SandboxInfo),
         (status = 400, description = "Malformed id", body = ApiErrorBody),
@@ -208,8 +228,14 @@ pub(crate) async fn pause(
 pub(crate) async fn resume(
     State(st): State<AppState>,
     SandboxPath(id): SandboxPath,
+    body: axum::body::Bytes,
 ) -> Result<Json<SandboxInfo>, ApiError> {
-    Ok(Json(st.backend.resume(&id).await?))
+    let req: ResumeSandbox = optional_body(&body)?;
+    if !req.reboot {
+        return Ok(Json(st.backend.resume(&id).await?));
+    }
+    let m = st.manager_or("this daemon cannot boot sandboxes from their disk")?;
+    Ok(Json(m.resume_with(&id, true).await?))
 }
 
 #[cfg(test)]

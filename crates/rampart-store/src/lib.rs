@@ -280,6 +280,10 @@ pub trait SandboxStore: Send + Sync + std::fmt::Debug {
         reason: Option<&str>,
         event: Option<&NewEvent>,
     ) -> Result<(), StoreError>;
+    /// Marks a sandbox paused to its filesystem (no process: its pid and agent socket are
+    /// cleared) and, in the same transaction, the audit event `event`. A paused sandbox
+    /// without a pid is one whose disk waits for a boot.
+    fn set_stopped_audited(&self, id: &SandboxId, event: Option<&NewEvent>) -> Result<(), StoreError>;
     /// [`SandboxStore::set_state_audited`] to an ended state, with the sandbox's final usage
     /// figures written in the same transaction.
     fn set_ended_audited(
@@ -815,6 +819,8 @@ impl SandboxStore for SqliteStore {
                 agent_socket
             ])?;
         changed(n, id)?;
+        // A sandbox booted again after a pause to its filesystem: its paused time ends.
+        tenants::usage_paused(&tx, id.as_str(), false, now_ms())?;
         if let Some(e) = event {
             audit::insert_event(&tx, e)?;
         }
@@ -831,6 +837,24 @@ impl SandboxStore for SqliteStore {
         event: Option<&NewEvent>,
     ) -> Result<(), StoreError> {
         self.set_state_with_usage(id, state, ended_at_ms, reason, None, event)
+    }
+
+    fn set_stopped_audited(&self, id: &SandboxId, event: Option<&NewEvent>) -> Result<(), StoreError> {
+        let mut conn = self.lock();
+        let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+        let n = tx
+            .prepare_cached(
+                "UPDATE sandboxes SET state = 'paused', pid = NULL, pid_start_time = NULL, \
+                 agent_socket = NULL WHERE id = ?1",
+            )?
+            .execute(params![id.as_str()])?;
+        changed(n, id)?;
+        tenants::usage_paused(&tx, id.as_str(), true, now_ms())?;
+        if let Some(e) = event {
+            audit::insert_event(&tx, e)?;
+        }
+        tx.commit()?;
+        Ok(())
     }
 
     fn set_ended_audited(

@@ -208,9 +208,9 @@ pub enum EventBody {
     /// The sandbox's deadline changed.
     TimeoutChanged(TimeoutChanged),
     /// The sandbox was paused.
-    Paused(Empty),
+    Paused(Pause),
     /// The sandbox was resumed.
-    Resumed(Empty),
+    Resumed(Resume),
     /// A snapshot was taken.
     Snapshot(Snapshot),
     /// The sandbox was destroyed.
@@ -275,10 +275,29 @@ impl EventBody {
     }
 }
 
-/// A body without fields (`paused`, `resumed`).
+/// A body without fields.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Empty {}
+
+/// `paused`: `{}` for a pause that froze the processes (memory kept), as records before
+/// pauses to the filesystem were written.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Pause {
+    /// `false`: paused to its filesystem: every process ended, the disk was kept.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory: Option<bool>,
+}
+
+/// `resumed`: `{}` for a resume that thawed the processes where they were.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Resume {
+    /// `true`: booted again from its disk (a cold boot: no process of before runs).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reboot: Option<bool>,
+}
 
 /// `created`: the sandbox as asked for and as built.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -745,7 +764,7 @@ mod tests {
 
     #[test]
     fn bodies_are_tagged_and_strict() {
-        let b = EventBody::Paused(Empty {});
+        let b = EventBody::Paused(Pause::default());
         assert_eq!(serde_json::to_string(&b).unwrap(), r#"{"type":"paused"}"#);
         let b: EventBody = serde_json::from_str(r#"{"type":"snapshot","name":"s1"}"#).unwrap();
         assert_eq!(b.type_name(), "snapshot");

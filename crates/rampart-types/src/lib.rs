@@ -35,7 +35,7 @@ pub use persist::{
 };
 pub use ports::{PortInfo, PortList};
 pub use sandbox::{
-    ApiError, ApiErrorBody, ArtifactList, CreateSandbox, OnTimeout, SandboxInfo, SandboxState,
-    SandboxStats, SetTimeout,
+    ApiError, ApiErrorBody, ArtifactList, CreateSandbox, OnTimeout, PauseSandbox, ResumeSandbox,
+    SandboxInfo, SandboxState, SandboxStats, SetTimeout,
 };
 pub use template::TemplateInfo;

@@ -71,6 +71,9 @@ pub enum OnTimeout {
     /// Pause it (its processes are frozen, memory kept); a paused sandbox whose deadline
     /// passes again is destroyed.
     Pause,
+    /// Pause it to its filesystem: its processes end, its disk is kept, and a resume boots
+    /// it again from that disk (a cold boot).
+    PauseFilesystem,
 }
 
 impl OnTimeout {
@@ -79,6 +82,7 @@ impl OnTimeout {
         match self {
             OnTimeout::Destroy => "destroy",
             OnTimeout::Pause => "pause",
+            OnTimeout::PauseFilesystem => "pause_filesystem",
         }
     }
 
@@ -87,9 +91,48 @@ impl OnTimeout {
         match s {
             "destroy" => Some(OnTimeout::Destroy),
             "pause" => Some(OnTimeout::Pause),
+            "pause_filesystem" => Some(OnTimeout::PauseFilesystem),
             _ => None,
         }
     }
+}
+
+impl OnTimeout {
+    /// Whether the deadline pauses the sandbox (with or without its memory).
+    pub fn pauses(self) -> bool {
+        matches!(self, OnTimeout::Pause | OnTimeout::PauseFilesystem)
+    }
+}
+
+/// Body of `POST /v1/sandboxes/{id}/pause` (optional).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PauseSandbox {
+    /// Keep the processes and their memory (frozen; the default). `false`: a pause to the
+    /// filesystem: every process ends, the disk is kept, and the resume boots the sandbox
+    /// again from it.
+    #[serde(default = "yes")]
+    pub memory: bool,
+}
+
+impl Default for PauseSandbox {
+    fn default() -> Self {
+        PauseSandbox { memory: true }
+    }
+}
+
+fn yes() -> bool {
+    true
+}
+
+/// Body of `POST /v1/sandboxes/{id}/resume` (optional).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ResumeSandbox {
+    /// Boot the sandbox again from its disk instead of thawing its processes (what a
+    /// sandbox paused to its filesystem always does): its memory and processes are dropped.
+    #[serde(default)]
+    pub reboot: bool,
 }
 
 /// Body of `POST /v1/sandboxes/{id}/timeout`: the new deadline, counted from now.

@@ -376,28 +376,57 @@ pub async fn timeout(host: &crate::client::Endpoint, a: TimeoutArgs) -> Result<u
     Ok(0)
 }
 
-/// `rampart pause` and `rampart resume`.
+/// `rampart pause`.
 #[derive(Debug, Args)]
 pub struct PauseArgs {
     /// Sandbox ids.
     #[arg(required = true)]
-    ids: Vec<String>,
+    pub ids: Vec<String>,
+    /// Pause to the filesystem: every process ends, the disk is kept, and the resume boots
+    /// the sandbox again from it (no memory is kept).
+    #[arg(long)]
+    pub filesystem: bool,
 }
 
-/// Pauses (`resume` false) or resumes a sandbox through the API.
-pub async fn pause_sandbox(client: &Client, id: &str, resume: bool) -> Result<SandboxInfo> {
-    let verb = if resume { "resume" } else { "pause" };
-    client
-        .json(client.request(Method::POST, &format!("/v1/sandboxes/{id}/{verb}")))
-        .await
+/// `rampart resume`.
+#[derive(Debug, Args)]
+pub struct ResumeArgs {
+    /// Sandbox ids.
+    #[arg(required = true)]
+    pub ids: Vec<String>,
+    /// Boot the sandbox again from its disk instead of thawing its processes (a sandbox
+    /// paused with `--filesystem` always boots so).
+    #[arg(long)]
+    pub reboot: bool,
+}
+
+/// Pauses (`resume` false) or resumes a sandbox through the API; `cold` pauses it to its
+/// filesystem, or boots it from its disk.
+async fn pause_sandbox(client: &Client, id: &str, resume: bool, cold: bool) -> Result<SandboxInfo> {
+    let (verb, body) = match (resume, cold) {
+        (false, false) => ("pause", None),
+        (false, true) => ("pause", Some(serde_json::json!({"memory": false}))),
+        (true, false) => ("resume", None),
+        (true, true) => ("resume", Some(serde_json::json!({"reboot": true}))),
+    };
+    let mut req = client.request(Method::POST, &format!("/v1/sandboxes/{id}/{verb}"));
+    if let Some(b) = body {
+        req = req.json(&b);
+    }
+    client.json(req).await
 }
 
 /// `rampart pause` / `rampart resume`: each id in turn; exits 1 if any failed.
-pub async fn pause(host: &crate::client::Endpoint, a: PauseArgs, resume: bool) -> Result<u8> {
+pub async fn pause(
+    host: &crate::client::Endpoint,
+    ids: &[String],
+    resume: bool,
+    cold: bool,
+) -> Result<u8> {
     let client = Client::new(host)?;
     let mut code = 0;
-    for id in &a.ids {
-        match pause_sandbox(&client, id, resume).await {
+    for id in ids {
+        match pause_sandbox(&client, id, resume, cold).await {
             Ok(s) => println!("{} {}", s.id, s.state.as_str()),
             Err(e) => {
                 eprintln!("rampart: {id}: {e:#}");

@@ -41,10 +41,11 @@ impl Manifests<'_> {
         }
         let iso = self.iso.clone();
         let id2 = id.clone();
-        let root = match tokio::task::spawn_blocking(move || iso.upper_root(&id2)).await {
+        // The disk's root, also of a sandbox whose processes are gone (paused to its
+        // filesystem, or dead) while its disk is there.
+        let root = match tokio::task::spawn_blocking(move || iso.disk_root(&id2)).await {
             Ok(Ok(fd)) => fd,
             Ok(Err(e)) => {
-                // A sandbox whose init is gone has no pinned root any more.
                 debug!(id = %id, "fs_diff: no access to the writable layer: {e}");
                 return None;
             }

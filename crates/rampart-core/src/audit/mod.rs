@@ -877,7 +877,7 @@ mod tests {
             Arc::new(rampart_store::SqliteStore::open(&d.path().join("state.db")).unwrap());
         let a = Audit::open(AuditConfig::default(), store.clone(), d.path()).unwrap();
         let id = SandboxId::parse("z9").unwrap();
-        a.append(&id, |_| EventBody::Paused(Empty {}), Vec::new())
+        a.append(&id, |_| EventBody::Paused(Default::default()), Vec::new())
             .unwrap();
         let s2 = store.clone();
         a.record(
@@ -899,9 +899,9 @@ mod tests {
         .unwrap();
         a.forget(&id);
         // A late event (a network entry, an exit of a killed process) is not appended.
-        a.append(&id, |_| EventBody::Resumed(Empty {}), Vec::new())
+        a.append(&id, |_| EventBody::Resumed(Default::default()), Vec::new())
             .unwrap();
-        a.append_if_started(&id, EventBody::Resumed(Empty {}))
+        a.append_if_started(&id, EventBody::Resumed(Default::default()))
             .unwrap();
         let evs = a.events(&id, None, 100).unwrap();
         assert_eq!(evs.len(), 2);

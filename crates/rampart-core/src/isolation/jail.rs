@@ -173,6 +173,19 @@ impl Isolation for Jail {
     fn snapshot_disk(&self, id: &SandboxId, dest: &Path) -> Result<u64, IsolationError> {
         Ok(Jail::snapshot_disk(self, id, dest)?)
     }
+    fn stop(&self, id: &SandboxId) -> Result<(), IsolationError> {
+        Ok(Jail::stop(self, id)?)
+    }
+    fn relaunch(
+        &self,
+        spec: &LaunchSpec,
+        extras: &LaunchExtras,
+    ) -> Result<Launched, IsolationError> {
+        Ok(Jail::relaunch(self, &spec.into(), &extras.into())?.into())
+    }
+    fn is_stopped(&self, id: &SandboxId) -> bool {
+        Jail::is_stopped(self, id)
+    }
     fn store_root(&self) -> Option<PathBuf> {
         Some(Jail::store_root(self))
     }

@@ -263,6 +263,36 @@ pub trait Isolation: Send + Sync + std::fmt::Debug {
             self.name()
         )))
     }
+    /// Ends every process of a running or paused sandbox, keeping its disk (a filesystem-only
+    /// pause): its file system is flushed first, and this returns once the disk is at rest.
+    /// Afterwards [`Isolation::disk_root`] and [`Isolation::snapshot_disk`] read the disk,
+    /// [`Isolation::relaunch`] boots it again, [`Isolation::destroy`] removes it. Idempotent.
+    fn stop(&self, id: &SandboxId) -> Result<(), IsolationError> {
+        let _ = id;
+        Err(IsolationError::Unsupported(format!(
+            "the {} tier cannot stop a sandbox and keep its disk",
+            self.name()
+        )))
+    }
+    /// Boots a stopped sandbox ([`Isolation::stop`]) again on its own disk, with `spec` (the
+    /// same id and uid range as before) and `extras`' volumes: what it wrote is there,
+    /// nothing of its processes. On error it is stopped as before, its disk kept.
+    fn relaunch(
+        &self,
+        spec: &LaunchSpec,
+        extras: &LaunchExtras,
+    ) -> Result<Launched, IsolationError> {
+        let _ = (spec, extras);
+        Err(IsolationError::Unsupported(format!(
+            "the {} tier cannot boot a stopped sandbox",
+            self.name()
+        )))
+    }
+    /// Whether a sandbox is stopped ([`Isolation::stop`]): its disk kept, nothing running.
+    fn is_stopped(&self, id: &SandboxId) -> bool {
+        let _ = id;
+        false
+    }
     /// Where snapshots (`snapshots/`) and volumes (`volumes/`) live, if the tier has them.
     fn store_root(&self) -> Option<PathBuf> {
         None

@@ -129,6 +129,67 @@ impl Sandboxes {
         on_timeout: OnTimeout,
         net: Option<&rampart_store::StoredNetwork>,
     ) -> Result<SandboxInfo, CoreError> {
+        let extras = self.persist.take_staged(&new.id);
+        let booted = self.boot(new, slot, net, extras, false).await?;
+        let mut created = self.created_body(new);
+        if let (EventBody::Created(c), Some(n)) = (&mut created, net) {
+            // The policy it starts with (its secrets are named in no record).
+            c.policy = serde_json::to_value(&n.policy).unwrap_or_default();
+        }
+        if let EventBody::Created(c) = &mut created {
+            // Its approval policy (kept at create): what holds its commands and hosts.
+            if let Ok(Some(p)) = self
+                .approvals
+                .policy(&new.id, || self.persist.approval_policy(&new.id))
+            {
+                c.spec["approvals"] = serde_json::to_value(&p.source).unwrap_or_default();
+            }
+        }
+        let store = &self.store;
+        self.audit.record(
+            &new.id,
+            false,
+            |_| created,
+            Vec::new(),
+            |e| store.set_running_audited(&new.id, booted.pid, booted.start, &booted.sock, e),
+        )?;
+        self.register(
+            &new.id,
+            booted.client,
+            booted.pid,
+            booted.pidfd,
+            new.expires_at_ms,
+            false,
+            on_timeout,
+            new.tenant.clone(),
+        );
+        Ok(SandboxInfo {
+            id: new.id.clone(),
+            template: new.template.clone(),
+            state: SandboxState::Running,
+            limits: new.limits.clone(),
+            metadata: new.metadata.clone(),
+            env_names: new.env.keys().cloned().collect(),
+            created_at: rfc3339(new.created_at_ms),
+            expires_at: rfc3339(new.expires_at_ms),
+            ended_at: None,
+            reason: None,
+            access_token: new.access.as_ref().map(|a| a.token.clone()),
+            tenant: new.tenant.clone(),
+        })
+    }
+
+    /// Builds and starts the sandbox `new` on the tier (`again`: boots a sandbox paused to
+    /// its filesystem on its own disk, [`Isolation::relaunch`]), wires its network, waits for
+    /// its agent and starts its template's servers. Records nothing: the caller does.
+    pub(super) async fn boot(
+        self: &Arc<Self>,
+        new: &NewSandbox,
+        slot: u32,
+        net: Option<&rampart_store::StoredNetwork>,
+        extras: crate::isolation::LaunchExtras,
+        again: bool,
+    ) -> Result<Booted, CoreError> {
         let uid_base = uid_base(self.cfg.uid_range_start, slot, self.cfg.uid_slots)
             .ok_or_else(|| CoreError::Capacity(format!("uid slot {slot} is out of range")))?;
         // A built template (rampart-image): its layers, metadata and start command.
@@ -140,14 +201,24 @@ impl Sandboxes {
         } else {
             crate::templates::pin_guard(&self.cfg.data_dir)?
         };
-        let image = if builtin {
+        let mut image = if builtin {
             None
         } else {
             crate::templates::resolve(&self.cfg.data_dir, &new.template)?
         };
-        if let Some(i) = &image {
-            let dir = self.state_dir.join(new.id.as_str());
-            crate::templates::pin(&self.cfg.data_dir, new.id.as_str(), &dir, i)?;
+        if let Some(i) = &mut image {
+            if again {
+                // Its disk's writable layer sits on the layers it was made with, even if
+                // the template's name was built again since.
+                if let Some(l) = rampart_image::Store::open_existing(&self.cfg.data_dir)
+                    .and_then(|s| s.pinned_layers(new.id.as_str()))
+                {
+                    i.layers = l;
+                }
+            } else {
+                let dir = self.state_dir.join(new.id.as_str());
+                crate::templates::pin(&self.cfg.data_dir, new.id.as_str(), &dir, i)?;
+            }
         }
         let mut prepared = None;
         let mut attaching = None;
@@ -195,11 +266,16 @@ impl Sandboxes {
         };
         let t0 = Instant::now();
         let iso = self.iso.clone();
-        let extras = self.persist.take_staged(&new.id);
-        let launched = tokio::task::spawn_blocking(move || iso.launch_with(&spec, &extras))
-            .await
-            .map_err(CoreError::task("launch"))
-            .and_then(|r| r.map_err(|e| CoreError::isolation("launch", e)));
+        let launched = tokio::task::spawn_blocking(move || {
+            if again {
+                iso.relaunch(&spec, &extras)
+            } else {
+                iso.launch_with(&spec, &extras)
+            }
+        })
+        .await
+        .map_err(CoreError::task("launch"))
+        .and_then(|r| r.map_err(|e| CoreError::isolation("launch", e)));
         drop(pin_guard);
         if let Some(t) = attaching {
             // Awaited even when the launch failed, so that the teardown finds it attached.
@@ -236,60 +312,19 @@ impl Sandboxes {
             self.audit
                 .set_template_digest(&new.template, format!("sha256:{}", i.id));
         }
-        let healthy_at = Instant::now();
-        let sock = launched.agent_socket.to_string_lossy().into_owned();
-        let mut created = self.created_body(new);
-        if let (EventBody::Created(c), Some(n)) = (&mut created, net) {
-            // The policy it starts with (its secrets are named in no record).
-            c.policy = serde_json::to_value(&n.policy).unwrap_or_default();
-        }
-        if let EventBody::Created(c) = &mut created {
-            // Its approval policy (kept at create): what holds its commands and hosts.
-            if let Ok(Some(p)) = self
-                .approvals
-                .policy(&new.id, || self.persist.approval_policy(&new.id))
-            {
-                c.spec["approvals"] = serde_json::to_value(&p.source).unwrap_or_default();
-            }
-        }
-        let store = &self.store;
-        self.audit.record(
-            &new.id,
-            false,
-            |_| created,
-            Vec::new(),
-            |e| store.set_running_audited(&new.id, pid, start, &sock, e),
-        )?;
-        self.register(
-            &new.id,
-            client,
-            pid,
-            pidfd,
-            new.expires_at_ms,
-            false,
-            on_timeout,
-            new.tenant.clone(),
-        );
         debug!(
             id = %new.id,
             launch_us = (launched_at - t0).as_micros() as u64,
-            health_us = (healthy_at - launched_at).as_micros() as u64,
-            record_us = healthy_at.elapsed().as_micros() as u64,
-            "create phases"
+            health_us = launched_at.elapsed().as_micros() as u64,
+            again,
+            "boot phases"
         );
-        Ok(SandboxInfo {
-            id: new.id.clone(),
-            template: new.template.clone(),
-            state: SandboxState::Running,
-            limits: new.limits.clone(),
-            metadata: new.metadata.clone(),
-            env_names: new.env.keys().cloned().collect(),
-            created_at: rfc3339(new.created_at_ms),
-            expires_at: rfc3339(new.expires_at_ms),
-            ended_at: None,
-            reason: None,
-            access_token: new.access.as_ref().map(|a| a.token.clone()),
-            tenant: new.tenant.clone(),
+        Ok(Booted {
+            pid,
+            pidfd,
+            start,
+            sock: launched.agent_socket.to_string_lossy().into_owned(),
+            client,
         })
     }
 
@@ -447,6 +482,8 @@ impl Sandboxes {
         // From now on new requests get 409 (a frozen agent would not answer them).
         match self.registry.begin_pause(id) {
             PauseStart::AlreadyPaused => return self.get(id),
+            // Paused to its filesystem: paused already.
+            PauseStart::NotRunning if self.is_cold(id).await? => return self.get(id),
             PauseStart::NotRunning => return Err(self.not_running(id)),
             PauseStart::Started => {}
         }
@@ -463,7 +500,7 @@ impl Sandboxes {
         let recorded = self.audit.record(
             id,
             false,
-            |_| EventBody::Paused(Empty {}),
+            |_| EventBody::Paused(Default::default()),
             Vec::new(),
             |e| store.set_state_audited(id, SandboxState::Paused, None, None, e),
         );
@@ -509,7 +546,7 @@ impl Sandboxes {
         let recorded = self.audit.record(
             id,
             false,
-            |_| EventBody::Resumed(Empty {}),
+            |_| EventBody::Resumed(Default::default()),
             Vec::new(),
             |e| store.set_state_audited(id, SandboxState::Running, None, None, e),
         );
@@ -534,6 +571,19 @@ impl Sandboxes {
             return self.set_timeout(id, self.cfg.default_timeout_secs);
         }
         Ok(info)
+    }
+
+    /// Resumes a paused sandbox: thaws it ([`Sandboxes::resume`]), or boots it from its disk
+    /// when it was paused to its filesystem or `reboot` asks for it ([`Sandboxes::reboot`]).
+    pub(crate) async fn resume_with(
+        self: &Arc<Self>,
+        id: &SandboxId,
+        reboot: bool,
+    ) -> Result<SandboxInfo, CoreError> {
+        if reboot || self.is_cold(id).await? {
+            return self.reboot(id).await;
+        }
+        self.resume(id).await
     }
 
     /// The error for a sandbox that is not running.
@@ -734,7 +784,7 @@ impl Sandboxes {
 
 /// What a `killed` or `paused` event says of the run: when it started, its size, how long
 /// it has run (ms).
-fn execution(info: &SandboxInfo) -> Value {
+pub(super) fn execution(info: &SandboxInfo) -> Value {
     let started = time::OffsetDateTime::parse(
         &info.created_at,
         &time::format_description::well_known::Rfc3339,

@@ -3,6 +3,7 @@
 //! tier and the services (audit, network, persist, secrets: each called with what it needs),
 //! and the background tasks (reaper, PID 1 watchers, chain-head publisher).
 
+mod cold;
 mod fork;
 mod lifecycle;
 mod ops;
@@ -12,6 +13,7 @@ pub(crate) mod registry;
 mod tasks;
 mod usage;
 
+use cold::Booted;
 use tasks::{publisher, reaper, watch_init};
 
 pub use plan::CreateOptions;
@@ -38,7 +40,7 @@ use rampart_store::access::AccessStore;
 use rampart_store::{
     now_ms, NewSandbox, SandboxRecord, SandboxStore, SqliteStore, StoreError, StoredNetwork,
 };
-use rampart_types::audit::{Created, Destroyed, Empty, FileChange, FileOp, TimeoutChanged};
+use rampart_types::audit::{Created, Destroyed, FileChange, FileOp, TimeoutChanged};
 use rampart_types::network::NetworkInfo;
 use rampart_types::{
     CreateSandbox, ExecRequest, NetLogEntry, NetworkPolicy, OnTimeout, SandboxId, SandboxInfo,

@@ -8,6 +8,8 @@ impl Sandboxes {
     /// Re-attaches to the sandboxes that still run; cleans up the rest and any leftover.
     pub(super) async fn recover(self: &Arc<Self>) -> Result<(), CoreError> {
         let alive = self.store.alive().map_err(CoreError::from)?;
+        // Sandboxes paused to their filesystem: nothing of them runs, their disks wait.
+        let mut cold = std::collections::HashSet::new();
         for rec in alive {
             if matches!(rec.state, SandboxState::Running | SandboxState::Paused) {
                 // Its declared-sensitive values, before anything of it is recorded again.
@@ -19,6 +21,11 @@ impl Sandboxes {
                 self.network
                     .reattach(self.store.as_ref(), &rec, &self.ask_hosts(&rec.id))
                     .await;
+                continue;
+            }
+            if rec.state == SandboxState::Paused && rec.pid.is_none() && self.is_cold(&rec.id).await? {
+                info!(id = %rec.id, "kept a sandbox paused to its filesystem");
+                cold.insert(rec.id.clone());
                 continue;
             }
             if rec.state == SandboxState::Paused && self.try_reattach_paused(&rec).await {
@@ -82,7 +89,7 @@ impl Sandboxes {
             .map_err(CoreError::task("listing leftovers"))?
             .map_err(|e| CoreError::isolation("listing leftovers", e))?;
         for id in leftovers {
-            if self.registry.contains(&id) {
+            if self.registry.contains(&id) || cold.contains(&id) {
                 continue;
             }
             let ours = self.store.get(&id).map_err(CoreError::from)?.is_some()

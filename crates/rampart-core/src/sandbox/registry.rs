@@ -56,6 +56,8 @@ pub(crate) enum AddProcess {
 pub(crate) enum Expiry {
     Destroy,
     Pause,
+    /// Pause to the filesystem.
+    PauseFilesystem,
 }
 
 /// How a sandbox stands in memory.
@@ -329,7 +331,10 @@ impl Registry {
                 match (l.on_timeout, l.paused) {
                     (OnTimeout::Destroy, _) => out.push((id.clone(), Expiry::Destroy)),
                     (OnTimeout::Pause, false) => out.push((id.clone(), Expiry::Pause)),
-                    (OnTimeout::Pause, true) => {}
+                    (OnTimeout::PauseFilesystem, false) => {
+                        out.push((id.clone(), Expiry::PauseFilesystem))
+                    }
+                    (OnTimeout::Pause | OnTimeout::PauseFilesystem, true) => {}
                 }
             }
         }

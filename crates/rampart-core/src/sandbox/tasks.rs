@@ -23,7 +23,13 @@ pub(super) async fn reaper(inner: Arc<Sandboxes>) {
         for (id, what) in inner.registry.take_expired() {
             let inner2 = inner.clone();
             tokio::spawn(async move {
-                if what == Expiry::Pause {
+                if what == Expiry::PauseFilesystem {
+                    info!(id = %id, "deadline passed; pausing to the filesystem");
+                    match inner2.pause_to_disk(&id).await {
+                        Ok(_) => return,
+                        Err(e) => warn!(id = %id, "reaper: pausing failed ({e}); destroying"),
+                    }
+                } else if what == Expiry::Pause {
                     info!(id = %id, "deadline passed; pausing (on_timeout: pause)");
                     match inner2.pause(&id).await {
                         Ok(_) => return,

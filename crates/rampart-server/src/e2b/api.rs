@@ -296,8 +296,13 @@ async fn create_now(st: &E2b, body: &Bytes) -> Result<Value, E2bError> {
         env: n.env_vars.unwrap_or_default(),
         metadata: n.metadata.unwrap_or_default(),
         timeout_secs: n.timeout,
-        // autoPause: at its timeout the sandbox is paused instead of killed.
-        on_timeout: (n.auto_pause == Some(true)).then_some(OnTimeout::Pause),
+        // autoPause: at its timeout the sandbox is paused instead of killed; with
+        // `autoPauseMemory: false` (`mode="filesystem"`) paused to its filesystem.
+        on_timeout: (n.auto_pause == Some(true)).then_some(if n.auto_pause_memory == Some(false) {
+            OnTimeout::PauseFilesystem
+        } else {
+            OnTimeout::Pause
+        }),
         network,
         secrets,
         volumes: super::volumes::native_mounts(&options.volume_mounts),
@@ -428,17 +433,12 @@ pub(crate) async fn connect(
     body: Bytes,
 ) -> Result<Response, E2bError> {
     let b: ConnectBody = parse_body(&body)?;
-    if b.memory == Some(false) {
-        // `on_resume="reboot"`: a cold boot from the disk, which this server cannot do; a
-        // resume that silently restored the memory would not be what was asked for.
-        return Err(E2bError::bad_request(
-            "on_resume=\"reboot\" (memory: false) is not supported by this server: a paused \
-             sandbox always resumes with its memory, every process where it was",
-        ));
-    }
     let (sid, info, facts) = st.must(&id).await?;
     let (status, info) = if info.state == SandboxState::Paused {
-        (StatusCode::CREATED, st.manager.resume(&sid).await?)
+        // `on_resume="reboot"` (`memory: false`): a cold boot from the disk; a sandbox paused
+        // to its filesystem always boots so.
+        let reboot = b.memory == Some(false);
+        (StatusCode::CREATED, st.manager.resume_with(&sid, reboot).await?)
     } else {
         (StatusCode::OK, info)
     };
@@ -488,10 +488,9 @@ pub(crate) async fn resume(
 
 #[derive(Debug, Default, Deserialize)]
 struct PauseBody {
-    /// `false` (`mode="filesystem"`) asks to drop memory; this server always keeps it (the
-    /// processes are frozen, not stopped), which resumes to the same state either way.
+    /// `false` (`mode="filesystem"`): a pause to the filesystem (the processes end, the disk
+    /// is kept, the resume boots from it); otherwise the processes are frozen, memory kept.
     #[serde(default)]
-    #[allow(dead_code)]
     memory: Option<bool>,
     /// `strict=True`: refuse (503) when the sandbox's envd does not answer.
     #[serde(rename = "requireHealthyGuest", default)]
@@ -514,7 +513,9 @@ pub(crate) async fn pause(
             format!("sandbox \"{id}\" is already paused"),
         ));
     }
-    if b.require_healthy_guest == Some(true) {
+    let to_disk = b.memory == Some(false);
+    // A pause to the filesystem always needs a guest that answers (as E2B's does).
+    if b.require_healthy_guest == Some(true) || to_disk {
         let agent = st.manager.agent(&sid)?;
         let healthy = tokio::time::timeout(std::time::Duration::from_secs(2), agent.health())
             .await
@@ -526,7 +527,7 @@ pub(crate) async fn pause(
             ));
         }
     }
-    st.manager.pause(&sid).await?;
+    st.manager.pause_with(&sid, !to_disk).await?;
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 
