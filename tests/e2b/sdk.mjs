@@ -79,6 +79,32 @@ await test('js_auto_resume_and_metrics', async () => {
   }
 })
 
+await test('js_pause_to_the_filesystem_and_reboot', async () => {
+  const sbx = await Sandbox.create({ timeoutMs: 120_000 })
+  const running = async (s) =>
+    (await s.commands.run("pgrep -f '^sleep 4242$' || true")).stdout.trim() !== ''
+  try {
+    await sbx.files.write('/home/user/js-disk.txt', 'on disk')
+    await sbx.commands.run('sleep 4242', { background: true })
+    check(await running(sbx), 'the background process did not start')
+    // keepMemory: false is a pause to the filesystem: connect boots it from its disk.
+    check((await sbx.pause({ keepMemory: false })) === true, 'pause to the filesystem')
+    check((await sbx.getInfo()).state === 'paused', 'not paused')
+    const c = await Sandbox.connect(sbx.sandboxId)
+    check((await c.files.read('/home/user/js-disk.txt')) === 'on disk', 'the file is gone')
+    check(!(await running(c)), 'a process survived the pause to the filesystem')
+    // A frozen pause resumed with onResume: 'reboot' drops the memory too.
+    await c.commands.run('sleep 4242', { background: true })
+    check((await c.pause()) === true, 'pause')
+    const r = await Sandbox.connect(sbx.sandboxId, { onResume: 'reboot' })
+    check((await r.getInfo()).state === 'running', 'not running after the reboot')
+    check(!(await running(r)), 'a frozen process survived the reboot')
+    check((await r.files.read('/home/user/js-disk.txt')) === 'on disk', 'the file is gone after the reboot')
+  } finally {
+    await sbx.kill()
+  }
+})
+
 await test('js_kill_during_run', async () => {
   const sbx = await Sandbox.create({ timeoutMs: 60_000 })
   setTimeout(() => Sandbox.kill(sbx.sandboxId), 1000)

@@ -202,14 +202,6 @@ def pause_then_connect_resumes():
         p = Sandbox.list(query=SandboxQuery(metadata={"suite": RUN, "kind": "pause"}, state=[SandboxState.RUNNING]))
         assert p.next_items() == []
         # connect resumes it; its processes go on from where they were.
-        # A reboot is refused, and leaves it paused.
-        try:
-            Sandbox.connect(s.sandbox_id, on_resume="reboot")
-        except SandboxException as e:
-            assert "reboot" in str(e), e
-        else:
-            raise AssertionError("connect(on_resume='reboot') was accepted")
-        assert s.get_info().state == SandboxState.PAUSED
         c = Sandbox.connect(s.sandbox_id, on_resume="restore")
         assert c.is_running()
         assert c.get_info().state == SandboxState.RUNNING
@@ -219,6 +211,93 @@ def pause_then_connect_resumes():
         assert c.commands.run("echo back").stdout == "back\n"
     finally:
         s.kill()
+
+
+def counter_running(sb) -> bool:
+    """Whether the counter loop of the pause tests runs in `sb` (by its command line)."""
+    r = sb.commands.run("pgrep -f 'echo [$]i > /tmp/count' || true")
+    return r.stdout.strip() != ""
+
+
+@test
+def pause_to_the_filesystem_boots_from_the_disk():
+    s = Sandbox.create(metadata={"suite": RUN, "kind": "fspause"}, timeout=120, envs={"KEEP": "env kept"})
+    try:
+        loop = "i=0; while :; do i=$((i+1)); echo $i > /tmp/count; sleep 0.05; done"
+        s.commands.run(f"echo 0 > /tmp/count; nohup sh -c '{loop}' >/dev/null 2>&1 &")
+        s.files.write("/home/user/notes.txt", "written before the pause")
+        s.commands.run("mkdir -p /home/user/d && echo deep > /home/user/d/f && rm -f /etc/motd", user="root")
+        wait_for(lambda: counter_running(s), what="the counter to start")
+        assert s.pause(mode="filesystem") is True
+        assert not s.is_running()
+        assert s.get_info().state == SandboxState.PAUSED
+        assert Sandbox.pause(s.sandbox_id, mode="filesystem") is False
+        # connect boots it from its disk: the files are there, the processes are not.
+        c = Sandbox.connect(s.sandbox_id)
+        assert c.is_running()
+        assert c.get_info().state == SandboxState.RUNNING
+        assert c.files.read("/home/user/notes.txt") == "written before the pause"
+        assert c.files.read("/home/user/d/f") == "deep\n"
+        assert not c.files.exists("/etc/motd")
+        assert not counter_running(c), "a process of before the pause runs after the boot"
+        n = int(c.files.read("/tmp/count").strip())
+        assert n > 0
+        # The same sandbox: id, env, user, and its envd token still open it.
+        assert c.sandbox_id == s.sandbox_id
+        assert c.commands.run("echo $KEEP; whoami").stdout == "env kept\nuser\n"
+        assert s.commands.run("echo same token").stdout == "same token\n"
+        # A second pause to the filesystem, then the old resume route (SDK 2.45's).
+        assert s.pause(mode="filesystem") is True
+        r = httpx.post(os.environ["E2B_API_URL"] + f"/sandboxes/{s.sandbox_id}/resume", json={},
+                       headers={"X-API-KEY": os.environ["E2B_API_KEY"]})
+        assert r.status_code == 201, r.text
+        assert s.files.read("/home/user/notes.txt") == "written before the pause"
+    finally:
+        s.kill()
+
+
+@test
+def connect_with_reboot_drops_the_memory():
+    s = Sandbox.create(metadata={"suite": RUN, "kind": "reboot"}, timeout=120)
+    try:
+        loop = "i=0; while :; do i=$((i+1)); echo $i > /tmp/count; sleep 0.05; done"
+        s.commands.run(f"echo 0 > /tmp/count; nohup sh -c '{loop}' >/dev/null 2>&1 &")
+        wait_for(lambda: counter_running(s), what="the counter to start")
+        s.files.write("/home/user/kept.txt", "on disk")
+        # A reboot of a running sandbox changes nothing (as E2B documents).
+        c = Sandbox.connect(s.sandbox_id, on_resume="reboot")
+        assert counter_running(c)
+        assert s.pause() is True
+        c = Sandbox.connect(s.sandbox_id, on_resume="reboot")
+        assert c.get_info().state == SandboxState.RUNNING
+        assert not counter_running(c), "the frozen processes came back"
+        assert c.files.read("/home/user/kept.txt") == "on disk"
+    finally:
+        s.kill()
+
+
+@test
+def on_timeout_pause_to_the_filesystem():
+    s = Sandbox.create(metadata={"suite": RUN, "kind": "fstimeout"}, timeout=3,
+                       lifecycle={"on_timeout": {"action": "pause", "mode": "filesystem"}})
+    try:
+        assert s.get_info().lifecycle["on_timeout"] == "pause", s.get_info().lifecycle
+        s.files.write("/home/user/t.txt", "before the timeout")
+        wait_for(lambda: s.get_info().state == SandboxState.PAUSED, timeout=30,
+                 what="the timeout to pause the sandbox")
+        assert not s.is_running()
+        c = Sandbox.connect(s.sandbox_id, timeout=60)
+        assert c.files.read("/home/user/t.txt") == "before the timeout"
+        assert c.get_info().state == SandboxState.RUNNING
+    finally:
+        s.kill()
+    # auto_resume cannot go with a filesystem-only auto-pause (the SDK refuses it; so does
+    # the server, for a client that sends it).
+    r = httpx.post(os.environ["E2B_API_URL"] + "/v2/sandboxes",
+                   json={"templateID": "base", "autoPause": True, "autoPauseMemory": False,
+                         "autoResume": {"enabled": True}},
+                   headers={"X-API-KEY": os.environ["E2B_API_KEY"]})
+    assert r.status_code == 400 and "filesystem" in r.json()["message"], r.text
 
 
 @test

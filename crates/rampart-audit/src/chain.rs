@@ -711,7 +711,7 @@ fn interpret(seq: u64, body: &Value) -> Result<EventBody, VerifyError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use rampart_types::audit::{Empty, Snapshot};
+    use rampart_types::audit::Snapshot;
 
     fn sid(s: &str) -> SandboxId {
         SandboxId::parse(s).unwrap()
@@ -871,7 +871,9 @@ mod tests {
         assert_eq!(Chain::from_events(sid("abc"), &events).unwrap(), c);
 
         // next_event does not move the chain; advance checks.
-        let e = c.next_event(EventBody::Resumed(Default::default()), now()).unwrap();
+        let e = c
+            .next_event(EventBody::Resumed(Default::default()), now())
+            .unwrap();
         assert_eq!(c.len(), 5);
         let mut forged = e.clone();
         forged.time = "2000-01-01T00:00:00.000Z".into();
@@ -918,7 +920,9 @@ mod tests {
         assert!(verify_chain(&sid("abc"), &[d.clone(), ok]).is_ok());
 
         let mut c = Chain::new(sid("abc"));
-        let p = c.append(EventBody::Paused(Default::default()), now()).unwrap();
+        let p = c
+            .append(EventBody::Paused(Default::default()), now())
+            .unwrap();
         let bad = c.append(destroyed(Some(p.hash)), now()).unwrap();
         assert!(matches!(
             verify_chain(&sid("abc"), &[p, bad]),

@@ -438,7 +438,13 @@ impl Activity {
             EventBody::TimeoutChanged(t) => {
                 format!("deadline set to {}", printable(&t.expires_at))
             }
+            EventBody::Paused(p) if p.memory == Some(false) => {
+                "paused to its filesystem (processes ended, disk kept)".to_owned()
+            }
             EventBody::Paused(_) => "paused".to_owned(),
+            EventBody::Resumed(r) if r.reboot == Some(true) => {
+                "resumed: booted again from its disk".to_owned()
+            }
             EventBody::Resumed(_) => "resumed".to_owned(),
             EventBody::Snapshot(s) => format!("snapshot {}", printable(&s.name)),
             EventBody::ApprovalRequested(r) => format!(

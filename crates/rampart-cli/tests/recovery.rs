@@ -282,3 +282,143 @@ fn a_paused_sandbox_survives_kill_9_and_resumes_where_it_was() {
     drop(second);
     let _ = std::fs::remove_dir_all(&root);
 }
+
+#[test]
+fn a_sandbox_paused_to_its_filesystem_survives_kill_9_and_boots_from_its_disk() {
+    if let Some(why) = skip_reason() {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    let root: PathBuf =
+        std::env::temp_dir().join(format!("rampart-fspause-{}", std::process::id()));
+    let data = root.join("data");
+    std::fs::create_dir_all(&data).unwrap();
+    let port = free_port();
+
+    let first = start(&data, port, &[]);
+    let sb = create(&first);
+    bash(
+        &sb,
+        "echo kept > /home/user/f; setsid bash -c 'i=0; while :; do i=$((i+1)); echo $i > /tmp/count; sleep 0.05; done' \
+         >/dev/null 2>&1 < /dev/null &",
+    );
+    wait_until("the counter starts", 30, || count(&sb) > 0);
+    let running = traces(&data, &sb.id);
+    assert!(
+        running.iter().any(|t| t.starts_with("process")),
+        "{running:?}"
+    );
+    // A pause to the filesystem: every process ends, the disk stays (its directory only: no
+    // cgroup, process, mount or loop device).
+    let out = first.cli(&["pause", "--filesystem", &sb.id]);
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        format!("{} paused\n", sb.id)
+    );
+    let at_rest = traces(&data, &sb.id);
+    assert_eq!(at_rest.len(), 1, "{at_rest:?}");
+    assert!(at_rest[0].starts_with("dir "), "{at_rest:?}");
+    let (s, v) = post(
+        &first,
+        &format!("/v1/sandboxes/{}/exec", sb.id),
+        json!({"cmd": ["true"]}),
+    );
+    assert_eq!(s, 409, "{v}");
+    // Pausing it again changes nothing.
+    let (s, v) = post(
+        &first,
+        &format!("/v1/sandboxes/{}/pause", sb.id),
+        json!({"memory": false}),
+    );
+    assert_eq!((s, v["state"].as_str()), (200, Some("paused")), "{v}");
+
+    // kill -9 the daemon; a new one keeps the disk and the sandbox paused.
+    drop(first);
+    let second = start(&data, port, &[]);
+    assert_eq!(state(&second, &sb.id), "paused");
+    assert_eq!(
+        traces(&data, &sb.id),
+        at_rest,
+        "recovery touched the kept disk"
+    );
+
+    // `rampart resume` boots it from its disk: the file is there, the counter is not.
+    let out = second.cli(&["resume", &sb.id]);
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        format!("{} running\n", sb.id)
+    );
+    assert_eq!(bash(&sb, "cat /home/user/f")["stdout"], "kept\n");
+    let n = count(&sb);
+    assert!(n > 0, "the counter's file was kept");
+    assert_eq!(
+        bash(&sb, "pgrep -f 'echo [$]i' || echo none")["stdout"],
+        "none\n",
+        "a process of before the pause runs"
+    );
+    // The record says what happened.
+    let show = second.cli(&["audit", "show", &sb.id]);
+    let text = String::from_utf8_lossy(&show.stdout);
+    assert!(text.contains("paused to its filesystem"), "{text}");
+    assert!(
+        text.contains("resumed: booted again from its disk"),
+        "{text}"
+    );
+
+    // A frozen pause resumed with a reboot drops the processes too.
+    bash(&sb, "setsid sleep 4242 >/dev/null 2>&1 < /dev/null &");
+    let (s, _) = post(
+        &second,
+        &format!("/v1/sandboxes/{}/pause", sb.id),
+        json!({}),
+    );
+    assert_eq!(s, 200);
+    let out = second.cli(&["resume", "--reboot", &sb.id]);
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(
+        bash(&sb, "pgrep -x sleep || echo none")["stdout"],
+        "none\n",
+        "the frozen process came back"
+    );
+
+    // Expiry with on_timeout=pause_filesystem.
+    let auto = Sandbox::create(
+        &second,
+        json!({"timeout_secs": 1, "on_timeout": "pause_filesystem"}),
+    );
+    bash(&auto, "echo at-expiry > /home/user/g");
+    wait_until("on_timeout=pause_filesystem pauses at expiry", 30, || {
+        state(&second, &auto.id) == "paused"
+    });
+    wait_until("its processes end", 30, || {
+        sandbox_pids(&auto.id).is_empty()
+    });
+    let (s, v) = post(
+        &second,
+        &format!("/v1/sandboxes/{}/resume", auto.id),
+        json!({}),
+    );
+    assert_eq!((s, v["state"].as_str()), (200, Some("running")), "{v}");
+    assert_eq!(bash(&auto, "cat /home/user/g")["stdout"], "at-expiry\n");
+
+    // Destroyed while paused to its filesystem: nothing is left.
+    let out = second.cli(&["pause", "--filesystem", &auto.id]);
+    assert!(out.status.success(), "{out:?}");
+    for s in [&sb, &auto] {
+        s.destroy();
+        wait_until("the destroyed sandbox's traces are gone", 30, || {
+            traces(&data, &s.id).is_empty()
+        });
+    }
+    let leftovers: Vec<_> = std::fs::read_dir(support::sandboxes_dir(&data))
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.contains(&sb.id) || n.contains(&auto.id))
+        .collect();
+    assert!(leftovers.is_empty(), "{leftovers:?}");
+    drop(second);
+    let _ = std::fs::remove_dir_all(&root);
+}

@@ -189,11 +189,7 @@ impl Manager {
     }
     /// Pauses a sandbox; `memory: false` pauses it to its filesystem: its processes end, its
     /// disk is kept, and its resume boots it again from that disk (see `sandbox/cold.rs`).
-    pub async fn pause_with(
-        &self,
-        id: &SandboxId,
-        memory: bool,
-    ) -> Result<SandboxInfo, CoreError> {
+    pub async fn pause_with(&self, id: &SandboxId, memory: bool) -> Result<SandboxInfo, CoreError> {
         self.inner.visible(id)?;
         if memory {
             self.inner.pause(id).await

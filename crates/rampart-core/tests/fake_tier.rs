@@ -491,8 +491,25 @@ async fn pause_stops_every_process_and_resume_continues() {
         b"back\n"
     );
 
-    // A paused sandbox is destroyed like any other.
+    // A tier that cannot keep a disk without its processes refuses a pause to the
+    // filesystem, and a reboot, with the reason; the sandbox is left as it was.
+    let e = m.pause_with(&s.id, false).await.unwrap_err();
+    assert!(
+        matches!(&e, CoreError::Unsupported(m) if m.contains("filesystem")),
+        "{e}"
+    );
+    assert_eq!(m.get(&s.id).unwrap().state, SandboxState::Running);
+    assert_eq!(
+        run(&m, &s.id, cmd(&["echo", "still"])).await.stdout,
+        b"still\n"
+    );
     m.pause(&s.id).await.unwrap();
+    let e = m.resume_with(&s.id, true).await.unwrap_err();
+    assert!(matches!(&e, CoreError::Unsupported(_)), "{e}");
+    assert_eq!(m.get(&s.id).unwrap().state, SandboxState::Paused);
+    assert_eq!(bg.state(), Some('T'));
+
+    // A paused sandbox is destroyed like any other.
     m.destroy(&s.id).await.unwrap();
     assert!(!agent.exists() && !bg.exists());
     assert!(!w.sandbox_dir(&s.id).exists());

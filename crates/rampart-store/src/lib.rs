@@ -283,7 +283,11 @@ pub trait SandboxStore: Send + Sync + std::fmt::Debug {
     /// Marks a sandbox paused to its filesystem (no process: its pid and agent socket are
     /// cleared) and, in the same transaction, the audit event `event`. A paused sandbox
     /// without a pid is one whose disk waits for a boot.
-    fn set_stopped_audited(&self, id: &SandboxId, event: Option<&NewEvent>) -> Result<(), StoreError>;
+    fn set_stopped_audited(
+        &self,
+        id: &SandboxId,
+        event: Option<&NewEvent>,
+    ) -> Result<(), StoreError>;
     /// [`SandboxStore::set_state_audited`] to an ended state, with the sandbox's final usage
     /// figures written in the same transaction.
     fn set_ended_audited(
@@ -839,7 +843,11 @@ impl SandboxStore for SqliteStore {
         self.set_state_with_usage(id, state, ended_at_ms, reason, None, event)
     }
 
-    fn set_stopped_audited(&self, id: &SandboxId, event: Option<&NewEvent>) -> Result<(), StoreError> {
+    fn set_stopped_audited(
+        &self,
+        id: &SandboxId,
+        event: Option<&NewEvent>,
+    ) -> Result<(), StoreError> {
         let mut conn = self.lock();
         let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
         let n = tx
@@ -1642,6 +1650,33 @@ mod tests {
         );
         assert!(matches!(
             s.set_on_timeout(&id("zz"), OnTimeout::Pause),
+            Err(StoreError::NotFound(_))
+        ));
+    }
+
+    #[test]
+    fn a_stopped_sandbox_is_paused_without_a_pid_and_keeps_its_slot() {
+        let s = SqliteStore::open_in_memory().unwrap();
+        s.insert_creating(&new("a", &[]), 10, 10).unwrap();
+        s.set_on_timeout(&id("a"), OnTimeout::PauseFilesystem)
+            .unwrap();
+        s.set_running(&id("a"), 1, 2, "/s").unwrap();
+        s.set_stopped_audited(&id("a"), None).unwrap();
+        let a = s.get(&id("a")).unwrap().unwrap();
+        assert_eq!(a.state, SandboxState::Paused);
+        assert_eq!(
+            (a.pid, a.pid_start_time, a.agent_socket),
+            (None, None, None)
+        );
+        assert_eq!(a.on_timeout, OnTimeout::PauseFilesystem);
+        assert_eq!(s.alive().unwrap().len(), 1);
+        assert_eq!(s.insert_creating(&new("b", &[]), 10, 10).unwrap(), 1);
+        // Booted again: running with its new init.
+        s.set_running(&id("a"), 7, 8, "/t").unwrap();
+        let a = s.get(&id("a")).unwrap().unwrap();
+        assert_eq!((a.state, a.pid), (SandboxState::Running, Some(7)));
+        assert!(matches!(
+            s.set_stopped_audited(&id("zz"), None),
             Err(StoreError::NotFound(_))
         ));
     }

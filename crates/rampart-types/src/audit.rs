@@ -275,11 +275,6 @@ impl EventBody {
     }
 }
 
-/// A body without fields.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Empty {}
-
 /// `paused`: `{}` for a pause that froze the processes (memory kept), as records before
 /// pauses to the filesystem were written.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]

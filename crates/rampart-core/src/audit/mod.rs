@@ -871,7 +871,7 @@ mod tests {
 
     #[test]
     fn nothing_is_appended_after_destroyed() {
-        use rampart_types::audit::{Destroyed, Empty};
+        use rampart_types::audit::Destroyed;
         let d = tempfile::tempdir().unwrap();
         let store: Arc<dyn SandboxStore> =
             Arc::new(rampart_store::SqliteStore::open(&d.path().join("state.db")).unwrap());

@@ -183,6 +183,9 @@ impl Isolation for Jail {
     ) -> Result<Launched, IsolationError> {
         Ok(Jail::relaunch(self, &spec.into(), &extras.into())?.into())
     }
+    fn can_stop(&self) -> bool {
+        true
+    }
     fn is_stopped(&self, id: &SandboxId) -> bool {
         Jail::is_stopped(self, id)
     }

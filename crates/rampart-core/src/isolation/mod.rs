@@ -288,6 +288,10 @@ pub trait Isolation: Send + Sync + std::fmt::Debug {
             self.name()
         )))
     }
+    /// Whether this tier can [`Isolation::stop`] and [`Isolation::relaunch`] sandboxes.
+    fn can_stop(&self) -> bool {
+        false
+    }
     /// Whether a sandbox is stopped ([`Isolation::stop`]): its disk kept, nothing running.
     fn is_stopped(&self, id: &SandboxId) -> bool {
         let _ = id;

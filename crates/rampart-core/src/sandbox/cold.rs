@@ -71,6 +71,12 @@ impl Sandboxes {
 
     /// [`Sandboxes::pause_to_disk`] under the sandbox's operation lock.
     async fn stop_locked(self: &Arc<Self>, id: &SandboxId) -> Result<(), Stop> {
+        if !self.iso.can_stop() {
+            return Err(Stop::Refused(CoreError::Unsupported(format!(
+                "the {} tier cannot pause a sandbox to its filesystem (or boot it from its disk)",
+                self.iso.name()
+            ))));
+        }
         let was_running = match self.registry.standing(id) {
             Standing::Running(_) => true,
             Standing::Paused => false,
@@ -204,7 +210,10 @@ impl Sandboxes {
             disk: None,
             volumes: self.volumes_of(&rec)?,
         };
-        let booted = match self.boot(&new, rec.uid_slot, net.as_ref(), extras, true).await {
+        let booted = match self
+            .boot(&new, rec.uid_slot, net.as_ref(), extras, true)
+            .await
+        {
             Ok(b) => b,
             Err(e) => {
                 warn!(id = %id, "booting a sandbox paused to its filesystem failed: {e}");
@@ -226,13 +235,20 @@ impl Sandboxes {
             Vec::new(),
             |e| store.set_running_audited(id, booted.pid, booted.start, &booted.sock, e),
         )?;
+        // A deadline that passed while it was paused: a new one (set below) from now, already
+        // in the registry so the reaper does not take it for expired meanwhile.
         let expired = rec.expires_at_ms <= now_ms();
+        let deadline_ms = if expired {
+            now_ms().saturating_add((self.cfg.default_timeout_secs as i64).saturating_mul(1000))
+        } else {
+            rec.expires_at_ms
+        };
         self.register(
             id,
             booted.client,
             booted.pid,
             booted.pidfd,
-            rec.expires_at_ms,
+            deadline_ms,
             false,
             rec.on_timeout,
             rec.tenant.clone(),

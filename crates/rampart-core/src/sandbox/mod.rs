@@ -402,7 +402,7 @@ impl Sandboxes {
             paused,
             on_timeout,
             tenant,
-            || tokio::spawn(watch_init(me, id.clone(), pidfd)).abort_handle(),
+            || tokio::spawn(watch_init(me, id.clone(), pid, pidfd)).abort_handle(),
         );
     }
 

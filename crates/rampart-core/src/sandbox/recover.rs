@@ -23,7 +23,10 @@ impl Sandboxes {
                     .await;
                 continue;
             }
-            if rec.state == SandboxState::Paused && rec.pid.is_none() && self.is_cold(&rec.id).await? {
+            if rec.state == SandboxState::Paused
+                && rec.pid.is_none()
+                && self.is_cold(&rec.id).await?
+            {
                 info!(id = %rec.id, "kept a sandbox paused to its filesystem");
                 cold.insert(rec.id.clone());
                 continue;

@@ -84,7 +84,7 @@ pub(super) async fn publisher(audit: Arc<Audit>) {
 
 /// Waits for a sandbox's init to exit, reaps it, and destroys the sandbox unless that exit
 /// was ours.
-pub(super) async fn watch_init(inner: Arc<Sandboxes>, id: SandboxId, pidfd: OwnedFd) {
+pub(super) async fn watch_init(inner: Arc<Sandboxes>, id: SandboxId, pid: i32, pidfd: OwnedFd) {
     let how = match proc::wait_exit(pidfd).await {
         Ok(Some(ExitStatus::Code(c))) => format!("exit status {c}"),
         Ok(Some(ExitStatus::Signal(s))) => format!("killed by signal {s}"),
@@ -97,7 +97,8 @@ pub(super) async fn watch_init(inner: Arc<Sandboxes>, id: SandboxId, pidfd: Owne
     if inner.stopped.load(Ordering::SeqCst) {
         return;
     }
-    if let Some(pid) = inner.registry.pid_if_up(&id) {
+    // Only the init it watches: a sandbox booted again from its disk has another.
+    if inner.registry.pid_if_up(&id) == Some(pid) {
         warn!(id = %id, pid, how, "the sandbox's init exited by itself; destroying the sandbox");
         let inner2 = inner.clone();
         tokio::spawn(async move {

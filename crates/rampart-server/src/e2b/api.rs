@@ -438,7 +438,10 @@ pub(crate) async fn connect(
         // `on_resume="reboot"` (`memory: false`): a cold boot from the disk; a sandbox paused
         // to its filesystem always boots so.
         let reboot = b.memory == Some(false);
-        (StatusCode::CREATED, st.manager.resume_with(&sid, reboot).await?)
+        (
+            StatusCode::CREATED,
+            st.manager.resume_with(&sid, reboot).await?,
+        )
     } else {
         (StatusCode::OK, info)
     };
