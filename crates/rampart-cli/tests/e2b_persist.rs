@@ -320,6 +320,49 @@ fn e2b_snapshots_and_fork() {
     );
     assert_eq!(s, 200);
     assert_eq!(v["tenant"], "acme", "{v}");
+    // Each fork succeeds or fails on its own (E2B's fork): with room for one more sandbox
+    // under acme's quota, a fork of three makes one and answers 429 for the other two.
+    let (s, v) = native(
+        &d,
+        Method::PUT,
+        "/v1/tenants/acme/quotas",
+        Some(json!({"max_sandboxes": 4})),
+    );
+    assert_eq!(s, 200, "{v}");
+    let (s, forks) = e2b(
+        &d,
+        &ka,
+        Method::POST,
+        &format!("/sandboxes/{sa}/fork"),
+        Some(json!({"count": 3})),
+    );
+    assert_eq!(s, 201, "{forks}");
+    let items = forks.as_array().unwrap();
+    assert_eq!(items.len(), 3, "{forks}");
+    assert!(items[0]["sandbox"]["sandboxID"].is_string(), "{forks}");
+    for e in &items[1..] {
+        assert_eq!(e["error"]["code"], 429, "{forks}");
+        assert!(
+            e["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("max_sandboxes"),
+            "{forks}"
+        );
+        assert!(e.get("sandbox").is_none(), "{forks}");
+    }
+    let extra = items[0]["sandbox"]["sandboxID"].as_str().unwrap();
+    assert_eq!(sh(&d, extra, "cat ~/a.txt"), "acme");
+    let (s, _) = e2b(
+        &d,
+        &ka,
+        Method::DELETE,
+        &format!("/sandboxes/{extra}"),
+        None,
+    );
+    assert_eq!(s, 204);
+    let (s, v) = native(&d, Method::PUT, "/v1/tenants/acme/quotas", Some(json!({})));
+    assert_eq!(s, 200, "{v}");
     // Acme's delete removes its own, not rival's of the same name.
     let (s, _) = e2b(&d, &ka, Method::DELETE, "/templates/shared-name", None);
     assert_eq!(s, 204);

@@ -777,21 +777,31 @@ impl Manager {
         id: &SandboxId,
         req: rampart_types::ForkSandbox,
     ) -> Result<rampart_types::ForkResult, CoreError> {
-        let made = self.fork_with(id, req, CreateOptions::default()).await?;
+        self.inner.visible(id)?;
+        let made = self
+            .inner
+            .fork(id, req, CreateOptions::default(), true)
+            .await?;
         Ok(rampart_types::ForkResult {
-            sandboxes: made.into_iter().map(|c| c.info).collect(),
+            sandboxes: made
+                .into_iter()
+                .filter_map(Result::ok)
+                .map(|c| c.info)
+                .collect(),
         })
     }
     /// Like [`Manager::fork`], each fork made with `opts` (the E2B API asks for E2B facts:
-    /// the source's template name and options; each fork gets an envd token of its own).
-    pub async fn fork_with(
+    /// the source's template name and options; each fork gets an envd token of its own), and
+    /// each succeeding or failing on its own: one result per fork, in order (E2B's fork). A
+    /// failure before any fork is made (the source, its consistent point) is the call's.
+    pub async fn fork_each(
         &self,
         id: &SandboxId,
         req: rampart_types::ForkSandbox,
         opts: CreateOptions,
-    ) -> Result<Vec<CreatedSandbox>, CoreError> {
+    ) -> Result<Vec<Result<CreatedSandbox, CoreError>>, CoreError> {
         self.inner.visible(id)?;
-        self.inner.fork(id, req, opts).await
+        self.inner.fork(id, req, opts, false).await
     }
     /// Makes a volume.
     pub async fn create_volume(

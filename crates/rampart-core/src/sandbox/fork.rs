@@ -64,14 +64,17 @@ impl Sandboxes {
 
     /// Makes `count` sandboxes from one consistent point of a running or paused sandbox,
     /// through the normal create path with the source's create request and `opts` (the E2B
-    /// API's facts, each fork getting a token of its own); if one fails, those already made
-    /// are destroyed.
+    /// API's facts, each fork getting a token of its own). `all_or_none`: if one fails, those
+    /// already made are destroyed and the call fails; otherwise each fork succeeds or fails
+    /// on its own, one result per fork in order (E2B's fork). A failure before any fork is
+    /// made (the source, the consistent point) fails the call either way.
     pub(crate) async fn fork(
         self: &Arc<Self>,
         id: &SandboxId,
         req: ForkSandbox,
         opts: CreateOptions,
-    ) -> Result<Vec<CreatedSandbox>, CoreError> {
+        all_or_none: bool,
+    ) -> Result<Vec<Result<CreatedSandbox, CoreError>>, CoreError> {
         let point = crate::persist::fork_point(self.iso.as_ref(), req.count)?;
         let owner;
         let base_req = {
@@ -96,6 +99,7 @@ impl Sandboxes {
         };
         let mut made = Vec::new();
         let mut failure = None;
+        let mut results = Vec::new();
         for _ in 0..req.count {
             let mut r = base_req.clone();
             r.snapshot = Some(point.name().to_owned());
@@ -109,10 +113,16 @@ impl Sandboxes {
             let made_one =
                 crate::principal::with_principal(on_behalf, self.create(r, opts.clone())).await;
             match made_one {
-                Ok(c) => made.push(c),
-                Err(e) => {
+                Ok(c) if all_or_none => made.push(c),
+                Err(e) if all_or_none => {
                     failure = Some(e);
                     break;
+                }
+                r => {
+                    if let Err(e) = &r {
+                        warn!(id = %id, "one fork failed: {e}");
+                    }
+                    results.push(r);
                 }
             }
         }
@@ -126,8 +136,12 @@ impl Sandboxes {
             }
             return Err(e);
         }
-        info!(id = %id, count = made.len(), "forked");
-        Ok(made)
+        if all_or_none {
+            results = made.into_iter().map(Ok).collect();
+        }
+        let ok = results.iter().filter(|r| r.is_ok()).count();
+        info!(id = %id, count = ok, failed = results.len() - ok, "forked");
+        Ok(results)
     }
 
     /// Makes a volume, its size admitted against the disk beside what else was promised.

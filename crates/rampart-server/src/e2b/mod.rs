@@ -133,12 +133,20 @@ impl From<rampart_store::StoreError> for E2bError {
     }
 }
 
-impl IntoResponse for E2bError {
-    fn into_response(self) -> Response {
+impl E2bError {
+    /// The body E2B answers: `{"code", "message"[, "error_code"]}`.
+    pub(crate) fn body(&self) -> serde_json::Value {
         let mut body = serde_json::json!({"code": self.status.as_u16(), "message": self.message});
         if let Some(c) = self.error_code {
             body["error_code"] = serde_json::json!(c);
         }
+        body
+    }
+}
+
+impl IntoResponse for E2bError {
+    fn into_response(self) -> Response {
+        let body = self.body();
         let mut r = (self.status, axum::Json(body)).into_response();
         // The SDK retries 429/502/503/504 unless told not to; these answers will not change.
         r.headers_mut()

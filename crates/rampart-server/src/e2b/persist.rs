@@ -253,11 +253,12 @@ pub(crate) async fn delete_template_or_snapshot(
     }
 }
 
-/// `POST /sandboxes/{id}/fork` `{"timeout"?, "count"?}`: 201, one `{"sandbox"}` per fork.
-/// All are made from one consistent point of the source's filesystem (running or paused;
-/// it goes on as before), through the normal create path with the source's create request,
-/// each with a fresh identity and envd token; if one cannot be made, none is left and the
-/// call fails with why (so no `{"error"}` item is ever answered).
+/// `POST /sandboxes/{id}/fork` `{"timeout"?, "count"?}`: 201, one `{"sandbox"}` or
+/// `{"error": {"code", "message"}}` per fork, in order: each succeeds or fails on its own
+/// (a tenant's quota, the host's capacity), as E2B's. All are made from one consistent point
+/// of the source's filesystem (running or paused; it goes on as before), through the normal
+/// create path with the source's create request, each with a fresh identity and envd token.
+/// What fails before any fork is made (the source, its consistent point) fails the call.
 pub(crate) async fn fork(
     State(st): State<E2b>,
     Path(id): Path<String>,
@@ -305,15 +306,27 @@ pub(crate) async fn fork(
         count,
         timeout_secs: b.timeout,
     };
-    let made = st.manager.fork_with(&sid, req, opts).await?;
+    let made = st.manager.fork_each(&sid, req, opts).await?;
     let mut out = Vec::with_capacity(made.len());
-    for c in &made {
-        let facts = c.e2b.as_ref().ok_or_else(|| {
-            E2bError::internal(format!("fork {} was made without its E2B facts", c.info.id))
-        })?;
-        out.push(json!({"sandbox": super::api::sandbox_json(&c.info, facts)}));
+    for r in made {
+        let item = match r {
+            Ok(c) => match c.e2b.as_ref() {
+                Some(facts) => json!({"sandbox": super::api::sandbox_json(&c.info, facts)}),
+                None => fork_error(E2bError::internal(format!(
+                    "fork {} was made without its E2B facts",
+                    c.info.id
+                ))),
+            },
+            Err(e) => fork_error(e.into()),
+        };
+        out.push(item);
     }
     Ok((StatusCode::CREATED, Json(Value::Array(out))).into_response())
+}
+
+/// One fork's error, as E2B answers it in a fork's entry.
+fn fork_error(e: E2bError) -> Value {
+    json!({"error": e.body()})
 }
 
 #[cfg(test)]
