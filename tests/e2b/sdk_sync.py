@@ -343,6 +343,20 @@ def auto_resume_on_the_first_request():
 
 
 @test
+def mcp_gateway_is_refused_with_the_reason():
+    # E2B's MCP gateway pulls servers from E2B's catalog; this host cannot. The SDK gets the
+    # error it gives when the gateway fails to start, and no sandbox is left.
+    try:
+        Sandbox.create(mcp={"exa": {"apiKey": "k"}}, metadata={"suite": RUN, "kind": "mcp"})
+    except SandboxException as e:
+        assert "Failed to start MCP gateway" in str(e) and "catalog" in str(e), e
+    else:
+        raise AssertionError("a sandbox with mcp was made")
+    p = Sandbox.list(query=SandboxQuery(metadata={"suite": RUN, "kind": "mcp"}))
+    assert p.next_items() == []
+
+
+@test
 def idempotency_key_makes_one_sandbox():
     key = "k-" + uuid.uuid4().hex
     a = Sandbox.create(metadata={"suite": RUN, "kind": "idem"}, timeout=60, idempotency_key=key)

@@ -57,10 +57,20 @@ struct NewSandbox {
     volume_mounts: Option<Value>,
 }
 
+/// Why `mcp` at create is refused (docs/e2b.md).
+const MCP_REFUSAL: &str = "Failed to start MCP gateway: this server cannot run E2B's MCP \
+gateway, which pulls the MCP servers it is given from E2B's catalog of container images; this \
+host reaches no such registry. Start the MCP server you need inside the sandbox yourself \
+(commands.run), or drive sandboxes through Rampart's own MCP server (`rampart mcp`, docs/mcp.md)";
+
 fn check_unsupported(n: &NewSandbox) -> Result<(), E2bError> {
     let set = |v: &Option<Value>| v.as_ref().is_some_and(|v| !v.is_null());
     if set(&n.mcp) {
-        return Err(E2bError::bad_request("mcp is not supported by this server"));
+        // E2B's `mcp` starts its MCP gateway (template `mcp-gateway`), which pulls the MCP
+        // servers named from E2B's catalog (container images) at start. The SDK reports that
+        // gateway failing to start as "Failed to start MCP gateway: <why>"; this server says
+        // the same at create, before any sandbox is made.
+        return Err(E2bError::bad_request(MCP_REFUSAL));
     }
     Ok(())
 }
