@@ -223,10 +223,58 @@ def public_traffic_and_request_host_mask():
         sbx.kill()
 
 
+TLS_SERVER = (
+    "import http.server, ssl\n"
+    "class H(http.server.BaseHTTPRequestHandler):\n"
+    "    def do_GET(self):\n"
+    "        b = ('tls:' + (self.headers.get('Host') or '')).encode()\n"
+    "        self.send_response(200); self.send_header('Content-Length', str(len(b)))\n"
+    "        self.end_headers(); self.wfile.write(b)\n"
+    "s = http.server.HTTPServer(('127.0.0.1', 8443), H)\n"
+    "c = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)\n"
+    "c.load_cert_chain('/tmp/tls/cert.pem', '/tmp/tls/key.pem')\n"
+    "s.socket = c.wrap_socket(s.socket, server_side=True)\n"
+    "s.serve_forever()\n"
+)
+
+
+@test
+def https_ports_reach_a_tls_server_inside():
+    sbx = Sandbox.create(network={"https_ports": [8443]}, timeout=120)
+    try:
+        assert sbx.get_info().network["https_ports"] == [8443]
+        # A self-signed certificate: the proxy encrypts the hop, it verifies nothing.
+        sbx.commands.run("mkdir -p /tmp/tls && openssl req -x509 -newkey rsa:2048 -nodes "
+                         "-keyout /tmp/tls/key.pem -out /tmp/tls/cert.pem -days 1 "
+                         "-subj /CN=sandbox 2>/dev/null")
+        sbx.files.write("/tmp/tls.py", TLS_SERVER)
+        sbx.commands.run("python3 /tmp/tls.py", background=True)
+        wait_for(lambda: sbx.commands.run("curl -sk https://localhost:8443/ || true").stdout != "",
+                 what="the TLS server inside")
+        r = port_get(sbx, 8443, token=sbx.traffic_access_token)
+        assert r.status_code == 200, (r.status_code, r.text)
+        assert r.text == "tls:localhost:8443", r.text
+        # The same server is not plain HTTP: a port not listed is reached without TLS, so
+        # the server refuses what it gets.
+        start_server(sbx)
+        r = port_get(sbx, 8000, token=sbx.traffic_access_token)
+        assert r.status_code == 200 and r.text == "localhost:8000", (r.status_code, r.text)
+    finally:
+        sbx.kill()
+    # A port listed as HTTPS whose server speaks plain HTTP: 502, saying why.
+    sbx = Sandbox.create(network={"https_ports": [8000]}, timeout=120)
+    try:
+        start_server(sbx)
+        r = port_get(sbx, 8000, token=sbx.traffic_access_token)
+        assert r.status_code == 502 and "TLS" in r.text, (r.status_code, r.text)
+    finally:
+        sbx.kill()
+
+
 @test
 def bad_network_options_are_refused():
     for net, word in [
-        ({"egress_proxy": {"address": "proxy.example.com:1080"}}, "egressProxy"),
+        ({"https_ports": [49983]}, "httpsPorts"),
         ({"allow_out": ["foo*.com"], "deny_out": [ALL_TRAFFIC]}, "foo*.com"),
         ({"rules": {ADDR_A: [{"transform": {"headers": {"a": "b"}}}]}}, "addresses"),
     ]:

@@ -653,7 +653,7 @@ async fn relay(st: &AppState, id: &SandboxId, port: u16, req: Request) -> Respon
             }
         }
     };
-    match crate::proxy::forward_over(up, port, req, &[], None).await {
+    match crate::proxy::forward_over(up, port, req, &[], None, false).await {
         Ok(r) => r,
         Err(e) => ApiError::new(
             StatusCode::BAD_GATEWAY,

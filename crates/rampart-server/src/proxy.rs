@@ -67,16 +67,122 @@ pub(crate) fn origin_form(parts: &mut axum::http::request::Parts) -> Result<(), 
 /// sandbox) and streams its answer back. The request goes with its path and query as they
 /// are, `Host: localhost:{port}` (or `host`), without hop-by-hop headers and without the `private`
 /// ones (also removed from the answer). An upgrade (a WebSocket) is passed through: after
-/// both sides agree (101), bytes are relayed both ways until either side closes.
+/// both sides agree (101), bytes are relayed both ways until either side closes. With `tls`,
+/// the server speaks TLS itself: the hop to it is TLS ([`tls_to_sandbox`]).
 pub(crate) async fn forward_over(
     up: hyper::upgrade::Upgraded,
+    port: u16,
+    req: Request,
+    private: &[&str],
+    host: Option<&str>,
+    tls: bool,
+) -> Result<Response, String> {
+    if !tls {
+        return forward_on(up, port, req, private, host).await;
+    }
+    let stream = tls_to_sandbox(TokioIo::new(up), host.unwrap_or("localhost"))
+        .await
+        .map_err(|e| format!("TLS with the sandbox's server: {e}"))?;
+    forward_on(TokioIo::new(stream), port, req, private, host).await
+}
+
+/// A TLS client over `io` to a server inside a sandbox (E2B's `httpsPorts`), with SNI `host`
+/// (its part before any `:`; `localhost` if it is not a DNS name). The server's certificate
+/// is not verified (a server inside a sandbox has no certificate anyone could check; E2B's
+/// proxy does the same): this encrypts the hop, it authenticates nothing. The handshake's
+/// signatures are still checked against the certificate's key.
+pub(crate) async fn tls_to_sandbox<T>(
+    io: T,
+    host: &str,
+) -> std::io::Result<tokio_rustls::client::TlsStream<T>>
+where
+    T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    use rustls::pki_types::ServerName;
+    static CONFIG: std::sync::OnceLock<std::sync::Arc<rustls::ClientConfig>> =
+        std::sync::OnceLock::new();
+    let config = CONFIG.get_or_init(|| {
+        let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+        let mut c = rustls::ClientConfig::builder_with_provider(provider.clone())
+            .with_safe_default_protocol_versions()
+            .unwrap_or_else(|_| {
+                rustls::ClientConfig::builder_with_provider(provider.clone())
+                    .with_protocol_versions(rustls::DEFAULT_VERSIONS)
+                    .expect("rustls's default versions")
+            })
+            .dangerous()
+            .with_custom_certificate_verifier(std::sync::Arc::new(Unverified(provider)))
+            .with_no_client_auth();
+        c.alpn_protocols = vec![b"http/1.1".to_vec()];
+        std::sync::Arc::new(c)
+    });
+    let name = host.split(':').next().unwrap_or("localhost");
+    let name = ServerName::try_from(name.to_owned())
+        .unwrap_or_else(|_| ServerName::try_from("localhost").expect("a DNS name"));
+    tokio_rustls::TlsConnector::from(config.clone())
+        .connect(name, io)
+        .await
+}
+
+/// Accepts any certificate (see [`tls_to_sandbox`]); checks the handshake's signatures.
+#[derive(Debug)]
+struct Unverified(std::sync::Arc<rustls::crypto::CryptoProvider>);
+
+impl rustls::client::danger::ServerCertVerifier for Unverified {
+    fn verify_server_cert(
+        &self,
+        _end_entity: &rustls::pki_types::CertificateDer<'_>,
+        _intermediates: &[rustls::pki_types::CertificateDer<'_>],
+        _server_name: &rustls::pki_types::ServerName<'_>,
+        _ocsp_response: &[u8],
+        _now: rustls::pki_types::UnixTime,
+    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
+        Ok(rustls::client::danger::ServerCertVerified::assertion())
+    }
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &rustls::pki_types::CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &rustls::pki_types::CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.0.signature_verification_algorithms.supported_schemes()
+    }
+}
+
+/// [`forward_over`] on a connection `io` to the server.
+async fn forward_on<T>(
+    io: T,
     port: u16,
     mut req: Request,
     private: &[&str],
     host: Option<&str>,
-) -> Result<Response, String> {
+) -> Result<Response, String>
+where
+    T: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+{
     let (mut sender, conn) = hyper::client::conn::http1::Builder::new()
-        .handshake::<_, Body>(up)
+        .handshake::<_, Body>(io)
         .await
         .map_err(|e| format!("handshake with the sandbox's server: {e}"))?;
     tokio::spawn(async move {

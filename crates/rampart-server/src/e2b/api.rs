@@ -294,6 +294,10 @@ async fn create_now(st: &E2b, body: &Bytes) -> Result<Value, E2bError> {
             .and_then(|n| n.allow_public_traffic)
             .unwrap_or(false),
         mask_request_host: net.as_ref().and_then(|n| n.mask_request_host.clone()),
+        https_ports: net
+            .as_ref()
+            .and_then(|n| n.https_ports.clone())
+            .unwrap_or_default(),
         auto_resume,
         auto_pause: n.auto_pause == Some(true),
         timeout: n.timeout,

@@ -493,7 +493,9 @@ async fn to_port(st: &E2b, id: &SandboxId, t: Target, live: Live, mut req: Reque
     };
     // `maskRequestHost`: the Host the server inside sees (`${PORT}` is the port).
     let host = opts.host_for(t.port);
-    match crate::proxy::forward_over(up, t.port, req, &PRIVATE, host.as_deref()).await {
+    // `httpsPorts`: the server speaks TLS; the hop to it is TLS too.
+    let tls = opts.https_ports.contains(&t.port);
+    match crate::proxy::forward_over(up, t.port, req, &PRIVATE, host.as_deref(), tls).await {
         Ok(r) => r,
         Err(e) => port_closed_502(&t.id, t.port, &e),
     }

@@ -44,7 +44,7 @@ pub(crate) struct E2bNetwork {
     #[serde(default)]
     egress_proxy: Option<Value>,
     #[serde(default)]
-    https_ports: Option<Vec<u16>>,
+    pub(crate) https_ports: Option<Vec<u16>>,
     #[serde(rename = "allow_internet_access", default)]
     pub(crate) allow_internet_access: Option<bool>,
 }
@@ -86,6 +86,10 @@ pub(crate) struct Options {
     /// The create's `timeout` (seconds), which an auto-resume gives the sandbox again.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) timeout: Option<u64>,
+    /// `httpsPorts`: ports whose server speaks TLS itself; the proxy reaches them over TLS
+    /// (the certificate not verified, as E2B's proxy does).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub(crate) https_ports: Vec<u16>,
     /// The create's `volumeMounts` (name, path), as info shows them.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub(crate) volume_mounts: Vec<super::volumes::Mount>,
@@ -165,11 +169,20 @@ pub(crate) fn policy_of(
              server: the sandbox's egress goes out through the host's own proxy",
         ));
     }
-    if net.https_ports.as_ref().is_some_and(|p| !p.is_empty()) {
+    let https = net.https_ports.as_deref().unwrap_or_default();
+    if https.len() > 64 {
         return Err(E2bError::bad_request(
-            "network.httpsPorts is not supported by this server: ports are reached over \
-             plain HTTP inside the sandbox",
+            "network.httpsPorts: at most 64 ports",
         ));
+    }
+    for &p in https {
+        if p == 0 || p == super::envd::ENVD_PORT {
+            return Err(E2bError::bad_request(format!(
+                "network.httpsPorts: {p} is not a port a server of the sandbox can take \
+                 (envd's {} is always plain HTTP)",
+                super::envd::ENVD_PORT
+            )));
+        }
     }
     if let Some(m) = &net.mask_request_host {
         if m.is_empty()
@@ -341,6 +354,9 @@ pub(crate) fn info_of(net: &E2bNetwork) -> Value {
     if let Some(m) = &net.mask_request_host {
         v["maskRequestHost"] = json!(m);
     }
+    if let Some(p) = net.https_ports.as_ref().filter(|p| !p.is_empty()) {
+        v["httpsPorts"] = json!(p);
+    }
     v
 }
 
@@ -406,11 +422,14 @@ mod tests {
         );
         let shown = info_of(&n).to_string();
         assert!(!shown.contains("s3cr3t") && shown.contains("Authorization"));
-        // Addresses cannot carry header rules; egress proxies and HTTPS ports are refused.
+        // Addresses cannot carry header rules; envd's port is never an HTTPS port.
+        let ok = net(json!({"httpsPorts": [3000, 8443]}));
+        assert!(policy_of(Some(&ok), None).is_ok());
+        assert_eq!(info_of(&ok)["httpsPorts"], json!([3000, 8443]));
         for bad in [
             json!({"rules": {"10.0.0.1": [{"transform": {"headers": {"a": "b"}}}]}}),
-            json!({"egressProxy": {"address": "p:1080"}}),
-            json!({"httpsPorts": [3000]}),
+            json!({"httpsPorts": [49983]}),
+            json!({"httpsPorts": [0]}),
             json!({"maskRequestHost": "bad host"}),
             json!({"dnsServers": ["dns.google"]}),
         ] {
