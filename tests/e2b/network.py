@@ -271,6 +271,70 @@ def https_ports_reach_a_tls_server_inside():
         sbx.kill()
 
 
+def tunnels():
+    return [(h["target"], h["user"], h["tls"]) for h in requests_to("<socks>")]
+
+
+@test
+def egress_proxy_tunnels_allowed_connections():
+    proxy = {"address": f"{ADDR_A}:1080", "username": "u", "password": "p"}
+    sbx = Sandbox.create(network={"allow_out": [B], "deny_out": [ALL_TRAFFIC], "egress_proxy": proxy},
+                         timeout=120)
+    try:
+        shown = sbx.get_info().network["egress_proxy"]
+        assert shown == {"address": f"{ADDR_A}:1080", "username": "u"}, shown
+        before = len(tunnels())
+        path = "/via-socks-" + uuid.uuid4().hex[:8]
+        assert reach(sbx, f"http://{B}{path}") == 200
+        assert len(requests_to(path)) == 1
+        # Through the proxy, by the address the policy judged, with its credentials.
+        assert tunnels()[before:] == [(f"{ADDR_B}:80", "u", "0")], tunnels()[before:]
+        # HTTPS is tunneled as it is (the sandbox does not trust the test CA: -k).
+        r = sbx.commands.run(f"curl -sk -o /dev/null -w '%{{http_code}}' --max-time 5 https://{B}/tls-socks || true")
+        assert r.stdout.strip() == "200", r.stdout
+        assert tunnels()[-1] == (f"{ADDR_B}:443", "u", "0"), tunnels()[-1]
+        # What the policy denies never reaches the proxy.
+        n = len(tunnels())
+        assert reach(sbx, f"http://{A}/denied-not-tunneled") != 200
+        assert len(tunnels()) == n
+        # A wrong password: the connection fails; it never goes out directly instead.
+        sbx.update_network({"allow_out": [B], "deny_out": [ALL_TRAFFIC],
+                            "egress_proxy": dict(proxy, password="wrong")})
+        path = "/wrong-password-" + uuid.uuid4().hex[:8]
+        assert reach(sbx, f"http://{B}{path}") == 0
+        assert requests_to(path) == []
+        # Cleared by an update that leaves it out: straight out again.
+        sbx.update_network({"allow_out": [B], "deny_out": [ALL_TRAFFIC]})
+        n = len(tunnels())
+        assert reach(sbx, f"http://{B}/direct") == 200
+        assert len(tunnels()) == n
+        assert "egress_proxy" not in (sbx.get_info().network or {})
+    finally:
+        sbx.kill()
+    # TLS to the proxy: its certificate is checked (the test CA the daemon trusts) against
+    # server_name; the SOCKS5 exchange runs inside the TLS session.
+    sbx = Sandbox.create(network={"allow_out": [B], "deny_out": [ALL_TRAFFIC],
+                                  "egress_proxy": {"address": f"{ADDR_A}:1443", "username": "u",
+                                                   "password": "p", "tls": {"server_name": A}}},
+                         timeout=120)
+    try:
+        assert sbx.get_info().network["egress_proxy"]["tls"] == {"server_name": A}
+        assert reach(sbx, f"http://{B}/over-tls-proxy") == 200
+        assert tunnels()[-1] == (f"{ADDR_B}:80", "u", "1"), tunnels()[-1]
+    finally:
+        sbx.kill()
+    # The daemon dials a caller's proxy only on a public address (or a range the operator
+    # allows): loopback, the metadata address, private ranges are refused at create.
+    for bad in ["127.0.0.1:1080", "169.254.169.254:80", "10.0.0.1:1080", "localhost:1080"]:
+        try:
+            Sandbox.create(network={"egress_proxy": {"address": bad}}, timeout=30).kill()
+            raise AssertionError(f"egress_proxy {bad} was accepted")
+        except AssertionError:
+            raise
+        except Exception as e:  # noqa: BLE001
+            assert "not a public address" in str(e), (bad, e)
+
+
 @test
 def bad_network_options_are_refused():
     for net, word in [

@@ -113,7 +113,9 @@ fn make_pki(dir: &Path) -> Option<(PathBuf, PathBuf, PathBuf)> {
 }
 
 /// DNS for the two names, and HTTP (80) and HTTPS (443) on both addresses answering 200 to
-/// any GET, logging `{"path", "headers"}` per request.
+/// any GET, logging `{"path", "headers"}` per request; a SOCKS5 proxy (user `u`, password
+/// `p`) on A's 1080, and the same over TLS (A's certificate) on 1443, logging each tunnel as
+/// `{"path": "<socks>", "headers": [["target", ...], ["user", ...], ["tls", ...]]}`.
 const SERVERS: &str = r#"
 import http.server, json, socket, ssl, struct, sys, threading
 log, cert, key, a, b = sys.argv[1:6]
@@ -149,8 +151,70 @@ class Echo(http.server.BaseHTTPRequestHandler):
     def log_message(self, *x):
         pass
 threading.Thread(target=dns, daemon=True).start()
+def exact(c, n):
+    b = b""
+    while len(b) < n:
+        d = c.recv(n - len(b))
+        if not d:
+            raise EOFError
+        b += d
+    return b
+def pipe(x, y):
+    try:
+        while True:
+            d = x.recv(65536)
+            if not d:
+                break
+            y.sendall(d)
+    except Exception:
+        pass
+    for s in (x, y):
+        try:
+            s.shutdown(socket.SHUT_RDWR)
+        except Exception:
+            pass
+def socks(c, tls):
+    try:
+        ver, n = exact(c, 2)
+        methods = exact(c, n)
+        if 2 not in methods:
+            c.sendall(b"\x05\xff"); return
+        c.sendall(b"\x05\x02")
+        _, ul = exact(c, 2); user = exact(c, ul); pl = exact(c, 1)[0]; pw = exact(c, pl)
+        if (user, pw) != (b"u", b"p"):
+            c.sendall(b"\x01\x01"); return
+        c.sendall(b"\x01\x00")
+        _, cmd, _, atyp = exact(c, 4)
+        if atyp == 1:
+            host = socket.inet_ntoa(exact(c, 4))
+        elif atyp == 4:
+            host = socket.inet_ntop(socket.AF_INET6, exact(c, 16))
+        else:
+            host = exact(c, exact(c, 1)[0]).decode()
+        port = struct.unpack(">H", exact(c, 2))[0]
+        with lock, open(log, "a") as f:
+            f.write(json.dumps({"path": "<socks>", "headers": [["target", f"{host}:{port}"], ["user", user.decode()], ["tls", "1" if tls else "0"]]}) + "\n")
+        up = socket.create_connection((host, port), timeout=5)
+        c.sendall(b"\x05\x00\x00\x01\x00\x00\x00\x00\x00\x00")
+        threading.Thread(target=pipe, args=(up, c), daemon=True).start()
+        pipe(c, up)
+    except Exception:
+        pass
+def socks_server(port, tls):
+    l = socket.socket(); l.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    l.bind((a, port)); l.listen(64)
+    while True:
+        c, _ = l.accept()
+        if tls:
+            try:
+                c = ctx.wrap_socket(c, server_side=True)
+            except Exception:
+                continue
+        threading.Thread(target=socks, args=(c, tls), daemon=True).start()
 ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
 ctx.load_cert_chain(cert, key)
+threading.Thread(target=socks_server, args=(1080, False), daemon=True).start()
+threading.Thread(target=socks_server, args=(1443, True), daemon=True).start()
 ctx.set_alpn_protocols(["http/1.1"])
 class Tls(http.server.ThreadingHTTPServer):
     def get_request(self):
@@ -200,10 +264,10 @@ impl Internet {
             .spawn()
             .ok()?;
         h.server = Some(child);
-        for port in [80, 443] {
+        for (addr, port) in [(ADDR_B, 80), (ADDR_B, 443), (ADDR_A, 1080), (ADDR_A, 1443)] {
             wait_until("the test internet's servers accept", 30, || {
                 std::net::TcpStream::connect_timeout(
-                    &format!("{ADDR_B}:{port}").parse().unwrap(),
+                    &format!("{addr}:{port}").parse().unwrap(),
                     Duration::from_millis(200),
                 )
                 .is_ok()
@@ -254,6 +318,8 @@ fn e2b_network_options_on_the_egress_policy() {
             ("RAMPART_NET_PROXY_PORT", "0"),
             ("RAMPART_NET_UPSTREAM_DNS", upstream_dns.as_str()),
             ("RAMPART_NET_UPSTREAM_ROOTS", roots.as_str()),
+            // The test internet's SOCKS5 proxies (sandboxes' `egress_proxy`).
+            ("RAMPART_NET_PROXY_ALLOW", "198.51.100.0/24"),
         ],
     );
     let key = std::fs::read_to_string(d.data.join("api-key"))

@@ -51,6 +51,8 @@ pub struct NetworkConfig {
     pub upstream_dns: Vec<SocketAddr>,
     /// Extra PEM roots the proxy trusts upstream (tests).
     pub extra_upstream_roots: Vec<String>,
+    /// Ranges a sandbox's upstream SOCKS5 proxy may be in besides public addresses.
+    pub upstream_proxy_allow: Vec<ipnet::IpNet>,
 }
 
 impl Default for NetworkConfig {
@@ -64,6 +66,7 @@ impl Default for NetworkConfig {
             proxy_port: rampart_net::DEFAULT_PROXY_PORT,
             upstream_dns: Vec::new(),
             extra_upstream_roots: Vec::new(),
+            upstream_proxy_allow: Vec::new(),
         }
     }
 }
@@ -173,6 +176,7 @@ impl Network {
             dns_port: cfg.dns_port,
             upstream_dns: cfg.upstream_dns.clone(),
             extra_upstream_roots: cfg.extra_upstream_roots.clone(),
+            upstream_proxy_allow: cfg.upstream_proxy_allow.clone(),
             state_dir: self.egress_dir.clone(),
             blocked: vec![pool.to_string()],
             ..EgressConfig::default()
@@ -267,12 +271,32 @@ impl Network {
             return Ok(None);
         }
         rampart_egress::validate_policy(&policy).map_err(|e| bad("network", &e.to_string()))?;
+        if let Some(u) = &policy.upstream_proxy {
+            u.check().map_err(|e| bad("network.upstream_proxy", &e))?;
+        }
         rampart_egress::validate_secrets(secrets).map_err(|e| bad("secrets", &e.to_string()))?;
         self.ready()?;
         Ok(Some(StoredNetwork {
             policy,
             secrets: secrets.to_vec(),
         }))
+    }
+
+    /// Checks that a policy's upstream proxy resolves to addresses the daemon may dial for a
+    /// caller (public ones, or in `[network] upstream_proxy_allow`): a create or a change
+    /// naming another is refused before anything is made.
+    pub(crate) async fn check_proxy(
+        &self,
+        policy: Option<&NetworkPolicy>,
+    ) -> Result<(), CoreError> {
+        let Some(u) = policy.and_then(|p| p.upstream_proxy.as_ref()) else {
+            return Ok(());
+        };
+        let (_, egress) = self.ready()?;
+        egress
+            .check_upstream_proxy(u)
+            .await
+            .map_err(|e| bad("network.upstream_proxy", &e))
     }
 
     /// Attaches a sandbox to the egress proxy (before launch: its address is its slot's).
@@ -614,9 +638,10 @@ impl Network {
             .map_err(CoreError::from)?
             .ok_or_else(|| CoreError::NotFound(id.to_string()))?;
         let stored = store.network(id).map_err(CoreError::from)?;
+        // The proxy's password is write-only.
         let policy = stored
             .as_ref()
-            .map(|n| n.policy.clone())
+            .map(|n| n.policy.public())
             .unwrap_or_default();
         let handle = (rec.state.is_alive() && policy.mode != NetworkMode::None)
             .then(|| self.handle(rec.uid_slot))

@@ -307,6 +307,9 @@ fn fill_limits(req: &mut LimitsRequest, l: &Limits) {
 /// outlives its sandbox; the secret values given at its create must not).
 fn snapshot_request(mut req: CreateSandbox) -> String {
     req.secrets.clear();
+    if let Some(p) = req.network.as_mut().and_then(|n| n.upstream_proxy.as_mut()) {
+        p.password = None;
+    }
     serde_json::to_string(&req).unwrap_or_default()
 }
 

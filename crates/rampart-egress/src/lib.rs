@@ -59,6 +59,7 @@ pub mod policy;
 mod proxy;
 mod secrets;
 mod tls;
+pub mod upstream;
 
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
@@ -160,6 +161,9 @@ pub struct EgressConfig {
     /// the registries' HTTPS is intercepted and its downloads recorded (default `true`; the
     /// template builder, which does not put the CA into its steps' trust store, says `false`).
     pub record_packages: bool,
+    /// Ranges a sandbox's upstream SOCKS5 proxy may be in besides public addresses (the
+    /// operator's own proxies on private networks; tests' hosts).
+    pub upstream_proxy_allow: Vec<IpNet>,
 }
 
 impl Default for EgressConfig {
@@ -175,6 +179,7 @@ impl Default for EgressConfig {
             log_capacity: 2048,
             peek_timeout: Duration::from_secs(5),
             record_packages: true,
+            upstream_proxy_allow: Vec::new(),
         }
     }
 }
@@ -445,6 +450,8 @@ pub(crate) struct Inner {
     pub dns_gate: Arc<dns::DnsGate>,
     /// Who decides held connections (none: they are refused).
     pub asker: RwLock<Option<AskerRef>>,
+    /// See [`EgressConfig::upstream_proxy_allow`].
+    pub upstream_proxy_allow: Vec<IpNet>,
 }
 
 impl Inner {
@@ -643,6 +650,20 @@ async fn bind_dns(
 }
 
 impl Egress {
+    /// Checks that the upstream proxy `p` resolves, and only to addresses the daemon may dial
+    /// for a caller (see [`upstream`]): what a create or a policy change naming it is refused
+    /// for, before anything is made.
+    pub async fn check_upstream_proxy(
+        &self,
+        p: &rampart_types::UpstreamProxy,
+    ) -> Result<(), String> {
+        let bl = self.inner.blocklist();
+        upstream::resolve_proxy(p, &self.inner.upstream_proxy_allow, &bl)
+            .await
+            .map(|_| ())
+            .map_err(|e| e.to_string())
+    }
+
     /// Binds the proxy and the resolver and starts serving (must be called inside a tokio
     /// runtime). Reads the host's addresses and resolvers. Raises the process's soft limit
     /// on open files to its hard limit.
@@ -691,6 +712,7 @@ impl Egress {
             record_packages: cfg.record_packages,
             dns_gate: Arc::new(dns::DnsGate::default()),
             asker: RwLock::new(None),
+            upstream_proxy_allow: cfg.upstream_proxy_allow.clone(),
         });
         inner.rebuild_blocklist(Some(host_view()?));
         let stop = CancellationToken::new();

@@ -27,6 +27,7 @@ use crate::secrets::{
     first_request_misdirected, rewrite_head_at, BodyFraming, HeadError, Header, Scrubber, Switch,
     Transport,
 };
+use crate::upstream::Upstream;
 use crate::{Inner, LiveConn, Sandbox};
 
 /// The most bytes read to find the SNI or Host.
@@ -284,7 +285,7 @@ pub(crate) async fn handle_for(
         // (`http://host`), and only at an address the sandbox's resolver answered for the
         // host: no certificate proves who is at the other end, and `open` mode or an
         // address rule admits any address whatever Host the request names.
-        (Peek::Http(_), _) => match connect(dst).await {
+        (Peek::Http(_), _) => match connect(inner, &sb, dst).await {
             Ok(up) => {
                 let c = Rewind::new(pre, client);
                 let rl = Relay {
@@ -301,7 +302,7 @@ pub(crate) async fn handle_for(
             }
             Err(e) => Err(e),
         },
-        _ => match connect(dst).await {
+        _ => match connect(inner, &sb, dst).await {
             Ok(up) => splice(&sb, client, up, &pre, &counters, &live.cancel).await,
             Err(e) => Err(e),
         },
@@ -341,12 +342,18 @@ fn short_err(e: &io::Error) -> String {
     }
 }
 
-async fn connect(dst: SocketAddr) -> io::Result<TcpStream> {
+/// Connects to `dst` for `sb`: directly, or through its policy's upstream proxy.
+async fn connect(inner: &Inner, sb: &Sandbox, dst: SocketAddr) -> io::Result<Upstream> {
+    if let Some(p) = &sb.policy().source.upstream_proxy {
+        let bl = inner.blocklist();
+        return crate::upstream::dial(p, dst, &inner.upstream_proxy_allow, &bl, &inner.client_tls)
+            .await;
+    }
     let s = tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(dst))
         .await
         .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "upstream connect timed out"))??;
     let _ = s.set_nodelay(true);
-    Ok(s)
+    Ok(Upstream::Tcp(s))
 }
 
 /// Reads until the first bytes say what they are. Waits `first` for the first byte and
@@ -432,13 +439,40 @@ where
 async fn splice(
     sb: &Sandbox,
     client: TcpStream,
-    upstream: TcpStream,
+    upstream: Upstream,
     pre: &[u8],
     c: &Counters,
     cancel: &CancellationToken,
 ) -> io::Result<()> {
-    let (mut cr, mut cw) = client.into_split();
-    let (mut ur, mut uw) = upstream.into_split();
+    let (cr, cw) = client.into_split();
+    match upstream {
+        Upstream::Tcp(u) => {
+            let (ur, uw) = u.into_split();
+            splice_halves(sb, (cr, cw), (ur, uw), pre, c, cancel).await
+        }
+        Upstream::Tls(u) => {
+            let (ur, uw) = tokio::io::split(*u);
+            splice_halves(sb, (cr, cw), (ur, uw), pre, c, cancel).await
+        }
+    }
+}
+
+/// Relays bytes both ways between the client's and the upstream's halves, `pre` (what was
+/// read to judge the connection) first.
+async fn splice_halves<CR, CW, UR, UW>(
+    sb: &Sandbox,
+    (mut cr, mut cw): (CR, CW),
+    (mut ur, mut uw): (UR, UW),
+    pre: &[u8],
+    c: &Counters,
+    cancel: &CancellationToken,
+) -> io::Result<()>
+where
+    CR: AsyncRead + Unpin,
+    CW: AsyncWrite + Unpin,
+    UR: AsyncRead + Unpin,
+    UW: AsyncWrite + Unpin,
+{
     let run = async {
         if !pre.is_empty() {
             throttle(sb, pre.len()).await;
@@ -482,7 +516,7 @@ async fn intercept(
                 .await
                 .map_err(|_| io::Error::other("client handshake timed out"))?
                 .map_err(|e| io::Error::other(format!("client handshake: {e}")))?;
-        let up = connect(dst).await?;
+        let up = connect(inner, sb, dst).await?;
         let sn = rustls::pki_types::ServerName::try_from(name.to_string())
             .map_err(|_| io::Error::other("bad server name"))?;
         let tls_up = tokio::time::timeout(

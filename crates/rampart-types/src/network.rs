@@ -95,6 +95,120 @@ pub struct NetworkPolicy {
     /// `docs/network.md`, "Packages"); absent means none.
     #[serde(default, skip_serializing_if = "PackagePolicy::is_empty")]
     pub packages: PackagePolicy,
+    /// A SOCKS5 proxy of the caller's that every allowed TCP connection goes out through
+    /// (after the policy judged it; fails closed when the proxy cannot be reached). Absent:
+    /// connections go out directly.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upstream_proxy: Option<UpstreamProxy>,
+}
+
+impl NetworkPolicy {
+    /// The policy as records and answers show it: the upstream proxy's password left out
+    /// (it is kept only in the daemon's state, as secret values are).
+    pub fn public(&self) -> NetworkPolicy {
+        let mut p = self.clone();
+        if let Some(u) = &mut p.upstream_proxy {
+            u.password = None;
+        }
+        p
+    }
+}
+
+/// A SOCKS5 proxy (RFC 1928, with RFC 1929 user name and password when given) that a
+/// sandbox's allowed TCP connections are tunneled through, from the host: nothing of it is
+/// inside the sandbox. The address is resolved at each dial and must be a public one (or in
+/// a range the operator allows, `[network] upstream_proxy_allow`); the destination is given
+/// to the proxy as the address the policy judged.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct UpstreamProxy {
+    /// `host:port` (a name or an IP literal; `[v6]:port`).
+    pub address: String,
+    /// User name (RFC 1929), with `password`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub username: Option<String>,
+    /// Password. Write-only: never in a record or an answer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub password: Option<String>,
+    /// TLS to the proxy (the system's roots, or `ca_cert`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub tls: bool,
+    /// The name the proxy's certificate is checked against (default: the address's host).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub server_name: Option<String>,
+    /// PEM certificate(s) trusted for the proxy instead of the system's roots.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ca_cert: Option<String>,
+}
+
+impl std::fmt::Debug for UpstreamProxy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("UpstreamProxy")
+            .field("address", &self.address)
+            .field("username", &self.username)
+            .field("password", &self.password.as_ref().map(|_| "<redacted>"))
+            .field("tls", &self.tls)
+            .field("server_name", &self.server_name)
+            .field("ca_cert", &self.ca_cert.as_ref().map(|_| "<pem>"))
+            .finish()
+    }
+}
+
+impl UpstreamProxy {
+    /// The host and port of `address`; an error names what is wrong.
+    pub fn host_port(&self) -> Result<(String, u16), String> {
+        let a = self.address.trim();
+        let (host, port) = if let Some(rest) = a.strip_prefix('[') {
+            let (h, p) = rest
+                .split_once("]:")
+                .ok_or_else(|| format!("{a:?}: an IPv6 address is written [addr]:port"))?;
+            (h, p)
+        } else {
+            a.rsplit_once(':')
+                .ok_or_else(|| format!("{a:?}: not host:port"))?
+        };
+        let port: u16 = port
+            .parse()
+            .ok()
+            .filter(|p| *p != 0)
+            .ok_or_else(|| format!("{a:?}: {port:?} is not a port"))?;
+        let ok_host = !host.is_empty()
+            && host.len() <= 253
+            && (host.parse::<std::net::IpAddr>().is_ok()
+                || host
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.'));
+        if !ok_host {
+            return Err(format!("{a:?}: {host:?} is not a host name or address"));
+        }
+        Ok((host.to_owned(), port))
+    }
+
+    /// Checks the fields: the address, the credentials' sizes (RFC 1929: 1 to 255 bytes each,
+    /// a password only with a user name), and that TLS settings come with `tls`.
+    pub fn check(&self) -> Result<(), String> {
+        self.host_port()?;
+        let sized = |what: &str, v: &Option<String>| match v {
+            Some(s) if s.is_empty() || s.len() > 255 => {
+                Err(format!("{what}: 1 to 255 bytes (RFC 1929)"))
+            }
+            _ => Ok(()),
+        };
+        sized("username", &self.username)?;
+        sized("password", &self.password)?;
+        if self.password.is_some() && self.username.is_none() {
+            return Err("password: given without a username".into());
+        }
+        if !self.tls && (self.server_name.is_some() || self.ca_cert.is_some()) {
+            return Err("server_name and ca_cert need tls".into());
+        }
+        if let Some(pem) = &self.ca_cert {
+            if !pem.contains("-----BEGIN CERTIFICATE-----") || pem.len() > 64 * 1024 {
+                return Err("ca_cert: PEM certificates (at most 64 KiB)".into());
+            }
+        }
+        Ok(())
+    }
 }
 
 /// What packages a sandbox may fetch through its network (`network.packages`).
@@ -354,4 +468,44 @@ pub struct StoredSecretInfo {
     pub created_at: String,
     /// RFC 3339 time its value or binding last changed.
     pub updated_at: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_upstream_proxy_password_is_write_only() {
+        let p: NetworkPolicy = serde_json::from_value(serde_json::json!({
+            "mode": "open",
+            "upstream_proxy": {"address": "proxy.example.com:1080", "username": "u",
+                               "password": "hunter2-secret"}
+        }))
+        .unwrap();
+        let u = p.upstream_proxy.as_ref().unwrap();
+        assert_eq!(u.host_port().unwrap(), ("proxy.example.com".into(), 1080));
+        assert!(u.check().is_ok());
+        assert!(!format!("{u:?}").contains("hunter2"));
+        let shown = serde_json::to_string(&p.public()).unwrap();
+        assert!(
+            !shown.contains("hunter2") && shown.contains("proxy.example.com"),
+            "{shown}"
+        );
+        // Kept whole where the daemon keeps it.
+        assert!(serde_json::to_string(&p).unwrap().contains("hunter2"));
+        let bad = |v: serde_json::Value| -> String {
+            serde_json::from_value::<UpstreamProxy>(v)
+                .unwrap()
+                .check()
+                .unwrap_err()
+        };
+        assert!(bad(serde_json::json!({"address": "nohost"})).contains("host:port"));
+        assert!(bad(serde_json::json!({"address": "h:0"})).contains("port"));
+        assert!(bad(serde_json::json!({"address": "h:1", "password": "x"})).contains("username"));
+        assert!(bad(serde_json::json!({"address": "h:1", "ca_cert": "x"})).contains("tls"));
+        assert!(bad(serde_json::json!({"address": "a b:1"})).contains("host"));
+        let v6: UpstreamProxy =
+            serde_json::from_value(serde_json::json!({"address": "[2001:db8::1]:1080"})).unwrap();
+        assert_eq!(v6.host_port().unwrap(), ("2001:db8::1".into(), 1080));
+    }
 }

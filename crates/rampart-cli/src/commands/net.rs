@@ -245,7 +245,9 @@ pub async fn net(host: &crate::client::Endpoint, a: NetArgs) -> Result<u8> {
 /// `RAMPART_NET_TABLE`, `RAMPART_NET_DNS_PORT`, `RAMPART_NET_PROXY_PORT` and
 /// `RAMPART_NET_UPSTREAM_DNS` (comma-separated `ip:port`) override it;
 /// `RAMPART_NET_UPSTREAM_ROOTS` names a PEM file of extra roots the egress proxy trusts
-/// upstream when it intercepts for secrets (tests' private CAs).
+/// upstream when it intercepts for secrets (tests' private CAs); `RAMPART_NET_PROXY_ALLOW`
+/// (comma-separated CIDRs) overrides `upstream_proxy_allow`, the ranges a sandbox's own
+/// SOCKS5 proxy may be in besides public addresses.
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct NetworkFileConfig {
@@ -256,6 +258,7 @@ pub struct NetworkFileConfig {
     dns_port: Option<u16>,
     proxy_port: Option<u16>,
     upstream_dns: Option<Vec<String>>,
+    upstream_proxy_allow: Option<Vec<String>>,
 }
 
 fn env(name: &str) -> Option<String> {
@@ -310,6 +313,29 @@ pub fn resolve_network(file: &NetworkFileConfig) -> Result<NetworkConfig> {
         c.upstream_dns = upstream("RAMPART_NET_UPSTREAM_DNS", &list)?;
     } else if let Some(u) = &file.upstream_dns {
         c.upstream_dns = upstream("network.upstream_dns", u)?;
+    }
+    let allow = match env("RAMPART_NET_PROXY_ALLOW") {
+        Some(v) => Some((
+            "RAMPART_NET_PROXY_ALLOW",
+            v.split(',')
+                .map(|s| s.trim().to_owned())
+                .collect::<Vec<_>>(),
+        )),
+        None => file
+            .upstream_proxy_allow
+            .clone()
+            .map(|l| ("network.upstream_proxy_allow", l)),
+    };
+    if let Some((name, list)) = allow {
+        c.upstream_proxy_allow = list
+            .iter()
+            .filter(|s| !s.is_empty())
+            .map(|s| {
+                s.parse::<ipnet::IpNet>()
+                    .or_else(|_| s.parse::<std::net::IpAddr>().map(ipnet::IpNet::from))
+                    .map_err(|_| anyhow!("{name}: {s:?} is not a CIDR"))
+            })
+            .collect::<Result<_>>()?;
     }
     if let Some(f) = env("RAMPART_NET_UPSTREAM_ROOTS") {
         let pem = std::fs::read_to_string(&f)

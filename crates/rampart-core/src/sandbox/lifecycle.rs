@@ -42,6 +42,10 @@ impl Sandboxes {
         let cfg = &self.cfg;
         let approvals = req.approvals.clone();
         let secrets = Audit::secret_values(&req);
+        if let Err(e) = self.network.check_proxy(req.network.as_ref()).await {
+            self.metrics.creates.with_label_values(&["rejected"]).inc();
+            return Err(e);
+        }
         let Plan { new, staged } = match self.plan(req, opts) {
             Ok(p) => p,
             Err(e) => {
@@ -134,7 +138,7 @@ impl Sandboxes {
         let mut created = self.created_body(new);
         if let (EventBody::Created(c), Some(n)) = (&mut created, net) {
             // The policy it starts with (its secrets are named in no record).
-            c.policy = serde_json::to_value(&n.policy).unwrap_or_default();
+            c.policy = serde_json::to_value(n.policy.public()).unwrap_or_default();
         }
         if let EventBody::Created(c) = &mut created {
             // Its approval policy (kept at create): what holds its commands and hosts.

@@ -114,6 +114,7 @@ impl Sandboxes {
         // were checked when given).
         let checked: &[SecretSpec] = if changes_secrets { &secrets } else { &[] };
         let new = self.network.check(Some(&policy), checked)?;
+        self.network.check_proxy(Some(&policy)).await?;
         match (was, new.is_some()) {
             (true, true) => {
                 // Both checked above, so neither fails on its input.
@@ -159,7 +160,8 @@ impl Sandboxes {
             (true, false) => self.network.teardown(id, rec.uid_slot).await,
             (false, false) => {}
         }
-        let recorded = serde_json::to_value(&policy).unwrap_or_default();
+        // The proxy's password is in no record.
+        let recorded = serde_json::to_value(policy.public()).unwrap_or_default();
         let data = serde_json::json!({"network": recorded.clone()});
         self.store
             .set_network(id, &StoredNetwork { policy, secrets })

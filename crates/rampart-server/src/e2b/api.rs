@@ -353,9 +353,12 @@ pub(crate) async fn update_network(
         ));
     }
     let net = super::network::parse(&v)?;
-    if net.allow_public_traffic.is_some() || net.mask_request_host.is_some() {
+    if net.allow_public_traffic.is_some()
+        || net.mask_request_host.is_some()
+        || net.https_ports.is_some()
+    {
         return Err(E2bError::bad_request(
-            "allowPublicTraffic and maskRequestHost are set at create only",
+            "allowPublicTraffic, maskRequestHost and httpsPorts are set at create only",
         ));
     }
     let (policy, secrets) = super::network::policy_of(Some(&net), net.allow_internet_access)?;
@@ -365,7 +368,7 @@ pub(crate) async fn update_network(
     let mut o = Options::parse(&facts.options);
     let mut shown = super::network::info_of(&net);
     if let Some(old) = o.network.as_ref() {
-        for k in ["allowPublicTraffic", "maskRequestHost"] {
+        for k in ["allowPublicTraffic", "maskRequestHost", "httpsPorts"] {
             if let Some(x) = old.get(k) {
                 shown[k] = x.clone();
             }

@@ -163,12 +163,7 @@ pub(crate) fn policy_of(
 ) -> Result<(NetworkPolicy, Vec<SecretSpec>), E2bError> {
     let empty = E2bNetwork::default();
     let net = net.unwrap_or(&empty);
-    if net.egress_proxy.as_ref().is_some_and(|v| !v.is_null()) {
-        return Err(E2bError::bad_request(
-            "network.egressProxy (a SOCKS5 proxy of your own) is not supported by this \
-             server: the sandbox's egress goes out through the host's own proxy",
-        ));
-    }
+    let upstream = egress_proxy_of(net.egress_proxy.as_ref())?;
     let https = net.https_ports.as_deref().unwrap_or_default();
     if https.len() > 64 {
         return Err(E2bError::bad_request(
@@ -222,7 +217,7 @@ pub(crate) fn policy_of(
             .map(|s| s.trim().to_owned())
             .collect()
     };
-    let policy = if allow_all {
+    let mut policy = if allow_all {
         NetworkPolicy {
             mode: NetworkMode::Open,
             allow: rest(&allow),
@@ -243,6 +238,7 @@ pub(crate) fn policy_of(
             ..Default::default()
         }
     };
+    policy.upstream_proxy = upstream;
     let mut secrets: Vec<SecretSpec> = Vec::new();
     for (host, rules) in net.rules.iter().flatten() {
         let h = host.trim().to_ascii_lowercase();
@@ -313,8 +309,59 @@ pub(crate) fn policy_of(
     Ok((policy, secrets))
 }
 
+/// E2B's `egressProxy` (`{address, username?, password?, tls?: {enabled, serverName?,
+/// caCert?}}`) as the policy's upstream proxy; null or absent: none.
+fn egress_proxy_of(v: Option<&Value>) -> Result<Option<rampart_types::UpstreamProxy>, E2bError> {
+    #[derive(Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Tls {
+        enabled: bool,
+        #[serde(rename = "serverName", default)]
+        server_name: Option<String>,
+        #[serde(rename = "caCert", default)]
+        ca_cert: Option<String>,
+    }
+    #[derive(Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Proxy {
+        address: String,
+        #[serde(default)]
+        username: Option<String>,
+        #[serde(default)]
+        password: Option<String>,
+        #[serde(default)]
+        tls: Option<Tls>,
+    }
+    let Some(v) = v.filter(|v| !v.is_null()) else {
+        return Ok(None);
+    };
+    let p: Proxy = serde_json::from_value(v.clone())
+        .map_err(|e| E2bError::bad_request(format!("network.egressProxy: {e}")))?;
+    let tls = p.tls.unwrap_or(Tls {
+        enabled: false,
+        server_name: None,
+        ca_cert: None,
+    });
+    if !tls.enabled && (tls.server_name.is_some() || tls.ca_cert.is_some()) {
+        return Err(E2bError::bad_request(
+            "network.egressProxy.tls: serverName and caCert need enabled: true",
+        ));
+    }
+    let u = rampart_types::UpstreamProxy {
+        address: p.address,
+        username: p.username,
+        password: p.password,
+        tls: tls.enabled,
+        server_name: tls.server_name,
+        ca_cert: tls.ca_cert,
+    };
+    u.check()
+        .map_err(|e| E2bError::bad_request(format!("network.egressProxy: {e}")))?;
+    Ok(Some(u))
+}
+
 /// The `network` of the info endpoint: what was given, header values left out (they are
-/// the proxy's alone, like every secret's).
+/// the proxy's alone, like every secret's), and the proxy's password.
 pub(crate) fn info_of(net: &E2bNetwork) -> Value {
     let mut v = json!({});
     if let Some(a) = &net.allow_out {
@@ -356,6 +403,19 @@ pub(crate) fn info_of(net: &E2bNetwork) -> Value {
     }
     if let Some(p) = net.https_ports.as_ref().filter(|p| !p.is_empty()) {
         v["httpsPorts"] = json!(p);
+    }
+    if let Ok(Some(u)) = egress_proxy_of(net.egress_proxy.as_ref()) {
+        let mut shown = json!({"address": u.address});
+        if let Some(n) = u.username {
+            shown["username"] = json!(n);
+        }
+        if u.tls {
+            shown["tls"] = json!({"enabled": true});
+            if let Some(s) = u.server_name {
+                shown["tls"]["serverName"] = json!(s);
+            }
+        }
+        v["egressProxy"] = shown;
     }
     v
 }
