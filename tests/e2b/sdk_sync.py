@@ -357,6 +357,20 @@ def mcp_gateway_is_refused_with_the_reason():
 
 
 @test
+def iam_tokens_are_refused_with_the_reason():
+    from e2b import Secret
+
+    tokens = {"aws": Secret.iam_token(audience="sts.amazonaws.com", token_type="JWT-SVID")}
+    try:
+        Sandbox.create(iam={"tokens": tokens}, metadata={"suite": RUN, "kind": "iam"})
+    except SandboxException as e:
+        assert "iam" in str(e) and "Secret.create" in str(e), e
+    else:
+        raise AssertionError("a sandbox with workload identity tokens was made")
+    assert Sandbox.list(query=SandboxQuery(metadata={"suite": RUN, "kind": "iam"})).next_items() == []
+
+
+@test
 def idempotency_key_makes_one_sandbox():
     key = "k-" + uuid.uuid4().hex
     a = Sandbox.create(metadata={"suite": RUN, "kind": "idem"}, timeout=60, idempotency_key=key)

@@ -55,6 +55,9 @@ struct NewSandbox {
     mcp: Option<Value>,
     #[serde(rename = "volumeMounts", default)]
     volume_mounts: Option<Value>,
+    /// Workload identity (`iam.tokens`): refused, see [`IAM_REFUSAL`].
+    #[serde(default)]
+    iam: Option<Value>,
 }
 
 /// Why `mcp` at create is refused (docs/e2b.md).
@@ -63,8 +66,25 @@ gateway, which pulls the MCP servers it is given from E2B's catalog of container
 host reaches no such registry. Start the MCP server you need inside the sandbox yourself \
 (commands.run), or drive sandboxes through Rampart's own MCP server (`rampart mcp`, docs/mcp.md)";
 
+/// Why workload identity tokens (`iam`) are refused (docs/e2b.md).
+pub(super) const IAM_REFUSAL: &str = "iam (workload identity tokens) is not supported by this \
+server: it issues no JWT-SVID tokens, and a cloud's token exchange (AWS STS, GCP) would have to \
+reach this host as an OIDC issuer. Bind the credential as a stored secret instead \
+(Secret.create, then \"${e2b.secrets.NAME}\" in network.rules), which the egress proxy injects \
+without the sandbox seeing it";
+
 fn check_unsupported(n: &NewSandbox) -> Result<(), E2bError> {
     let set = |v: &Option<Value>| v.as_ref().is_some_and(|v| !v.is_null());
+    // An empty `tokens` map asks for nothing (the SDK's default is to send no `iam`).
+    let tokens = n
+        .iam
+        .as_ref()
+        .and_then(|v| v.get("tokens"))
+        .and_then(Value::as_object)
+        .is_some_and(|t| !t.is_empty());
+    if tokens {
+        return Err(E2bError::bad_request(IAM_REFUSAL));
+    }
     if set(&n.mcp) {
         // E2B's `mcp` starts its MCP gateway (template `mcp-gateway`), which pulls the MCP
         // servers named from E2B's catalog (container images) at start. The SDK reports that

@@ -261,6 +261,13 @@ pub(crate) fn policy_of(
                         "network.rules[{host:?}]: header {name:?} has an empty value"
                     )));
                 }
+                if value.contains("${e2b.identity.") {
+                    // Never sent as it is: the placeholder would reach the host verbatim.
+                    return Err(E2bError::bad_request(format!(
+                        "network.rules[{host:?}]: header {name:?}: {}",
+                        super::api::IAM_REFUSAL
+                    )));
+                }
                 let host = format!("http://{h}");
                 match stored_secret_in(&h, name, value)? {
                     // `${e2b.secrets.NAME}`: a reference to the stored secret (an empty
