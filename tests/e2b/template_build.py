@@ -267,6 +267,38 @@ async def async_build_exists_and_sandbox():
 
 
 @test
+def code_interpreter_template_of_your_own():
+    # E2B's way to customize the code interpreter: a template built on code-interpreter-v1.
+    # Its sandboxes run the interpreter's server, with what the build added.
+    from e2b_code_interpreter import Sandbox as CodeInterpreter
+
+    name = f"{NAME}-ci"
+    t = (
+        Template()
+        .from_template("code-interpreter-v1")
+        .run_cmd("mkdir -p /home/user/lib && printf 'ANSWER = 42\\n' > /home/user/lib/mymod.py")
+        .set_envs({"PYTHONPATH": "/home/user/lib", "CI_BUILD": "custom"})
+    )
+    info, logs, _ = build(t, name)
+    assert info.template_id == name
+    sbx = CodeInterpreter.create(template=name, timeout=120)
+    try:
+        ex = sbx.run_code("import mymod, os; mymod.ANSWER * 2")
+        assert ex.error is None, ex.error
+        assert ex.text == "84", ex.text
+        ex = sbx.run_code("os.environ['CI_BUILD']")
+        assert ex.text == "custom", ex.text
+        # A context of another language works as in code-interpreter-v1.
+        ex = sbx.run_code("echo from-bash", language="bash")
+        assert "from-bash" in "".join(ex.logs.stdout), ex
+        # The interpreter's server is one of its listed processes.
+        assert any(p.tag == "code-interpreter" for p in sbx.commands.list()), sbx.commands.list()
+    finally:
+        sbx.kill()
+    assert Template_delete(name) == 204
+
+
+@test
 def failures_are_reported():
     # An image from a registry this host cannot reach: a clear error.
     try:

@@ -54,12 +54,12 @@ pub const DEFAULT_MEMORY_BYTES: u64 = 2 << 30;
 /// The default limits of a create of `template`: the daemon's, with at least
 /// [`DEFAULT_MEMORY_BYTES`] (capped by `max`) for this template.
 pub(crate) fn default_limits(
-    template: Option<&str>,
+    interpreter: bool,
     defaults: &rampart_types::Limits,
     max: &rampart_types::Limits,
 ) -> rampart_types::Limits {
     let mut l = defaults.clone();
-    if template == Some(TEMPLATE) {
+    if interpreter {
         l.memory_bytes = l
             .memory_bytes
             .max(DEFAULT_MEMORY_BYTES.min(max.memory_bytes));
@@ -301,28 +301,22 @@ mod tests {
             ..d.clone()
         };
         assert_eq!(
-            default_limits(Some(TEMPLATE), &d, &max).memory_bytes,
+            default_limits(true, &d, &max).memory_bytes,
             DEFAULT_MEMORY_BYTES
         );
-        assert_eq!(default_limits(Some("base"), &d, &max), d);
-        assert_eq!(default_limits(None, &d, &max), d);
+        assert_eq!(default_limits(false, &d, &max), d);
+        assert_eq!(default_limits(false, &d, &max), d);
         // Never above the maximum, never below the daemon's own default.
         let small = rampart_types::Limits {
             memory_bytes: 1 << 30,
             ..d.clone()
         };
-        assert_eq!(
-            default_limits(Some(TEMPLATE), &d, &small).memory_bytes,
-            1 << 30
-        );
+        assert_eq!(default_limits(true, &d, &small).memory_bytes, 1 << 30);
         let big = rampart_types::Limits {
             memory_bytes: 4 << 30,
             ..d.clone()
         };
-        assert_eq!(
-            default_limits(Some(TEMPLATE), &big, &max).memory_bytes,
-            4 << 30
-        );
+        assert_eq!(default_limits(true, &big, &max).memory_bytes, 4 << 30);
     }
 
     #[test]

@@ -34,7 +34,7 @@ mod proc;
 mod sandbox;
 pub mod secrets;
 pub mod template_builds;
-mod templates;
+pub mod templates;
 mod util;
 pub mod validate;
 pub mod volume_files;

@@ -150,7 +150,8 @@ struct Upload {
 #[derive(Debug)]
 pub struct TemplateBuilds {
     data: PathBuf,
-    base_dir: PathBuf,
+    /// The built-in templates' directory (`base`, `code-interpreter-v1`: builds stack on them).
+    templates_dir: PathBuf,
     jailer_bin: PathBuf,
     agent_bin: PathBuf,
     /// Whether sandboxes run in the jail (builds need it).
@@ -201,7 +202,7 @@ impl TemplateBuilds {
     pub(crate) fn new(cfg: &crate::CoreConfig, templates_dir: &Path, jailed: bool) -> Self {
         TemplateBuilds {
             data: cfg.data_dir.clone(),
-            base_dir: templates_dir.join(rampart_image::build::BUILTIN_BASE),
+            templates_dir: templates_dir.to_path_buf(),
             jailer_bin: cfg.jailer_bin.clone(),
             agent_bin: cfg.agent_bin.clone(),
             jailed,
@@ -515,8 +516,10 @@ impl TemplateBuilds {
             DEFAULT_BUILD_UID_BASE,
         )
         .map_err(|e| (e.to_string(), None))?;
-        let builder =
-            Builder::new(&store, &runner, runner.uid_base()).with_base_dir(self.base_dir.clone());
+        let builder = crate::templates::with_builtins(
+            Builder::new(&store, &runner, runner.uid_base()),
+            &self.templates_dir,
+        );
         let step_name = |index: usize| -> Option<String> {
             if index == 0 {
                 Some("base".into())

@@ -86,6 +86,30 @@ pub(crate) fn pin(
         .map_err(|e| CoreError::Internal(format!("pinning the template's layers: {e}")))
 }
 
+/// `builder` able to stack on the built-in templates in `templates_dir` (`base`, and the
+/// code interpreter's `code-interpreter-v1`: base with the interpreter's server, which a
+/// sandbox of a template built on it starts as one of `code-interpreter-v1` does).
+pub fn with_builtins<'a>(
+    builder: rampart_image::build::Builder<'a>,
+    templates_dir: &Path,
+) -> rampart_image::build::Builder<'a> {
+    crate::validate::TEMPLATES
+        .iter()
+        .fold(builder, |b, t| b.with_builtin(t, templates_dir.join(t)))
+}
+
+/// Whether sandboxes of `template` run the code interpreter's server: the built-in one, or
+/// a template built on it.
+pub(crate) fn runs_interpreter(data: &Path, template: &str) -> bool {
+    template == crate::interpreter::TEMPLATE
+        || resolve(data, template)
+            .ok()
+            .flatten()
+            .and_then(|r| r.on_base)
+            .as_deref()
+            == Some(crate::interpreter::TEMPLATE)
+}
+
 /// The request's environment over the template's (the daemon's base under both).
 pub(crate) fn merged_env(
     t: Option<&Resolved>,

@@ -709,9 +709,9 @@ pub struct Builder<'a> {
     pub cancel: Arc<AtomicBool>,
     /// The uid base the runner's sandboxes use (to shift owners back).
     pub uid_base: u32,
-    /// The built-in `base` template's directory, for `from = "template:base"` (none: such
-    /// a build fails saying so).
-    pub base_dir: Option<PathBuf>,
+    /// The built-in templates builds may stack on (`from = "template:base"`), by name, with
+    /// their directories (none: such a build fails saying so).
+    pub builtins: Vec<(String, PathBuf)>,
 }
 
 impl<'a> Builder<'a> {
@@ -723,14 +723,28 @@ impl<'a> Builder<'a> {
             runner,
             cancel: Arc::new(AtomicBool::new(false)),
             uid_base,
-            base_dir: None,
+            builtins: Vec::new(),
         }
     }
 
     /// Lets builds stack on the built-in `base`, whose directory is `dir`.
-    pub fn with_base_dir(mut self, dir: PathBuf) -> Self {
-        self.base_dir = Some(dir);
+    pub fn with_base_dir(self, dir: PathBuf) -> Self {
+        self.with_builtin(BUILTIN_BASE, dir)
+    }
+
+    /// Lets builds stack on the built-in template `name` (a root like `base`'s, under the
+    /// host's `/usr`), whose directory is `dir`.
+    pub fn with_builtin(mut self, name: &str, dir: PathBuf) -> Self {
+        self.builtins.push((name.to_owned(), dir));
         self
+    }
+
+    /// The directory of the built-in template `name`, if builds may stack on it.
+    fn builtin_dir(&self, name: &str) -> Option<&PathBuf> {
+        self.builtins
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, d)| d)
     }
 
     fn check_cancel(&self) -> Result<(), ImageError> {
@@ -847,8 +861,8 @@ impl<'a> Builder<'a> {
                 }
                 config = img.config;
             }
-            Base::Template(n) if n == BUILTIN_BASE => {
-                if self.base_dir.is_none() {
+            Base::Template(n) if n == BUILTIN_BASE || self.builtin_dir(n).is_some() => {
+                if self.builtin_dir(n).is_none() {
                     return Err(ImageError::Spec(crate::SpecError {
                         field: "from".into(),
                         message: "template:base: the built-in base is not available to this \
@@ -856,9 +870,9 @@ impl<'a> Builder<'a> {
                             .into(),
                     }));
                 }
-                // The base's root provides the mount points: no skeleton.
+                // The built-in's root provides the mount points: no skeleton.
                 chain.clear();
-                on = Some(BUILTIN_BASE.to_owned());
+                on = Some(n.clone());
                 // What a sandbox of `base` starts with.
                 config.user = Some(rampart_jail::template::USER_NAME.to_owned());
                 config.workdir = Some(format!("/home/{}", rampart_jail::template::USER_NAME));
@@ -871,7 +885,7 @@ impl<'a> Builder<'a> {
                 base_layers = m.layers;
                 config = m.config;
                 on = m.base;
-                if on.is_some() && self.base_dir.is_none() {
+                if on.as_deref().is_some_and(|b| self.builtin_dir(b).is_none()) {
                     return Err(ImageError::Spec(crate::SpecError {
                         field: "from".into(),
                         message: format!(
@@ -940,7 +954,7 @@ impl<'a> Builder<'a> {
                             index,
                             step,
                             &chain,
-                            on.is_some(),
+                            on.as_deref(),
                             &config,
                             &spec.dir,
                             &key,
@@ -994,7 +1008,7 @@ impl<'a> Builder<'a> {
         index: usize,
         step: &Step,
         chain: &[String],
-        on_base: bool,
+        on_base: Option<&str>,
         config: &TemplateConfig,
         spec_dir: &Path,
         key: &str,
@@ -1010,12 +1024,11 @@ impl<'a> Builder<'a> {
         };
         let layer_paths: Vec<PathBuf> = chain.iter().map(|k| self.store.layer_fs(k)).collect();
         let base_dir =
-            if on_base {
-                Some(self.base_dir.clone().ok_or_else(|| {
-                    fail("the built-in base is not available to this build".into())
-                })?)
-            } else {
-                None
+            match on_base {
+                Some(b) => Some(self.builtin_dir(b).cloned().ok_or_else(|| {
+                    fail(format!("the built-in {b} is not available to this build"))
+                })?),
+                None => None,
             };
         let command = match step {
             Step::Copy {

@@ -262,9 +262,12 @@ pub fn build(data: &Path, a: BuildArgs) -> Result<u8> {
         helper("rampart-agent", a.agent_bin.clone())?,
         a.uid_base,
     )?;
-    // `from = "template:base"`: the daemon's built-in base (made at its first start).
-    let builder = Builder::new(&store, &runner, runner.uid_base())
-        .with_base_dir(data.join("templates").join("base"));
+    // `from = "template:base"` (or `template:code-interpreter-v1`): the daemon's built-in
+    // templates (made at its first start).
+    let builder = rampart_core::templates::with_builtins(
+        Builder::new(&store, &runner, runner.uid_base()),
+        &data.join("templates"),
+    );
     on_interrupt(builder.cancel.clone())?;
     let pb = if a.json {
         ProgressBar::hidden()

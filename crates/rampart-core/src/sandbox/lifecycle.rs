@@ -308,7 +308,10 @@ impl Sandboxes {
         let (wired, healthy) = tokio::join!(wiring, wait_health(&client, HEALTH_DEADLINE));
         wired?;
         healthy?;
-        if new.template == interpreter::TEMPLATE {
+        // The code interpreter's server: `code-interpreter-v1`, or a template built on it.
+        if new.template == interpreter::TEMPLATE
+            || on_base.as_deref() == Some(interpreter::TEMPLATE)
+        {
             interpreter::start(&client).await?;
         }
         if let Some(i) = &image {

@@ -48,11 +48,12 @@ impl Sandboxes {
         // Snapshot and volumes (fills the template from the snapshot).
         let staged = self.persist.prepare_create(self.iso.as_ref(), &mut req)?;
         // A code-interpreter sandbox runs a kernel per context: more memory unless asked.
-        let defaults = crate::interpreter::default_limits(
-            req.template.as_deref(),
-            &cfg.default_limits,
-            &cfg.max_limits,
-        );
+        let interp = req
+            .template
+            .as_deref()
+            .is_some_and(|t| crate::templates::runs_interpreter(&cfg.data_dir, t));
+        let defaults =
+            crate::interpreter::default_limits(interp, &cfg.default_limits, &cfg.max_limits);
         let v = validate::check_create_with(
             &req,
             &defaults,

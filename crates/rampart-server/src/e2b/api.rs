@@ -19,7 +19,7 @@ use time::OffsetDateTime;
 /// The template of E2B's `base` (and of an empty template id).
 const BASE: &str = "base";
 /// The template of E2B's code interpreter (`e2b-code-interpreter`'s default).
-const CODE_INTERPRETER: &str = "code-interpreter-v1";
+pub(super) const CODE_INTERPRETER: &str = "code-interpreter-v1";
 /// E2B's own name for the "client" that runs a sandbox; constant on one host.
 const CLIENT_ID: &str = "rampart";
 /// The timeout E2B's SDKs give a sandbox when none is asked for (seconds).

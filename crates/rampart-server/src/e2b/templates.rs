@@ -287,9 +287,9 @@ struct Cursor {
 
 /// The base of an E2B build, the metadata it starts with, and steps it adds first.
 fn base_of(st: &E2b, t: &StartV2) -> Result<(Base, Cursor, Steps), E2bError> {
-    let builtin = || {
+    let builtin = |name: &str| {
         (
-            Base::Template(rampart_image::build::BUILTIN_BASE.to_owned()),
+            Base::Template(name.to_owned()),
             Cursor {
                 user: E2B_USER.into(),
                 workdir: format!("/home/{E2B_USER}"),
@@ -299,12 +299,10 @@ fn base_of(st: &E2b, t: &StartV2) -> Result<(Base, Cursor, Steps), E2bError> {
     };
     if let Some(tpl) = t.from_template.as_deref().filter(|s| !s.is_empty()) {
         return match tpl {
-            "base" | "rampart" => Ok(builtin()),
-            "code-interpreter-v1" | "code-interpreter" => Err(E2bError::bad_request(
-                "fromTemplate \"code-interpreter-v1\": the built-in code interpreter is base plus \
-                 a server the daemon starts, not layers a build can stack on; build from \"base\" \
-                 (or crates/rampart-core/templates/code-interpreter's code-interpreter-debian)",
-            )),
+            "base" | "rampart" => Ok(builtin(rampart_image::build::BUILTIN_BASE)),
+            // The code interpreter's template: its sandboxes start the interpreter's server,
+            // and so do those of a template built on it.
+            "code-interpreter-v1" | "code-interpreter" => Ok(builtin(super::api::CODE_INTERPRETER)),
             other => {
                 let s = store(st).ok_or_else(|| not_found_template(other))?;
                 let (_, m) = s.resolve(other).map_err(|_| {
@@ -333,7 +331,10 @@ fn base_of(st: &E2b, t: &StartV2) -> Result<(Base, Cursor, Steps), E2bError> {
         _ => (bare, "latest"),
     };
     if repo == "e2bdev/base" {
-        return Ok(builtin());
+        return Ok(builtin(rampart_image::build::BUILTIN_BASE));
+    }
+    if repo == "e2bdev/code-interpreter" {
+        return Ok(builtin(super::api::CODE_INTERPRETER));
     }
     let refuse = |why: &str| {
         E2bError::bad_request(format!(
