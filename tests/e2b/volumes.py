@@ -318,5 +318,67 @@ def secrets_are_write_only_and_injected_by_the_proxy():
     raises(lambda: Secret.get_info(n), SecretNotFoundException)
 
 
+@test
+def update_network_binds_a_stored_secret():
+    n = name("upd-token")
+    value = "upd-" + uuid.uuid4().hex
+    Secret.create(n, value)
+    try:
+        sbx = Sandbox.create(network={"allow_out": [HOST], "deny_out": [ALL_TRAFFIC]}, timeout=180)
+        try:
+            marker = "/before-" + uuid.uuid4().hex
+            sh(sbx, f"curl -sS -o /dev/null --max-time 10 http://{HOST}{marker}")
+            assert "authorization" not in requests_to(marker)[0]
+            sbx.update_network({
+                "allow_out": [HOST],
+                "deny_out": [ALL_TRAFFIC],
+                "rules": {HOST: [{"transform": {"headers": {"Authorization": "Token " + Secret.fill(n)}}}]},
+            })
+            marker = "/after-" + uuid.uuid4().hex
+            out = sh(sbx, f"curl -sS -o /dev/null -w '%{{http_code}}' --max-time 10 http://{HOST}{marker}")
+            assert out.strip() == "200", out
+            got = requests_to(marker)
+            assert len(got) == 1 and got[0].get("authorization") == f"Token {value}", got
+            assert value not in json.dumps(sbx.get_info().network)
+        finally:
+            sbx.kill()
+    finally:
+        Secret.destroy(n)
+
+
+@test
+def tenants_see_only_their_own_volumes_and_secrets():
+    a, b = os.environ["E2B_KEY_A"], os.environ["E2B_KEY_B"]
+    vn, sn = name("acme-vol"), name("acme-secret")
+    vol = Volume.create(vn, api_key=a)
+    sec = Secret.create(sn, "acme-" + uuid.uuid4().hex, api_key=a)
+    try:
+        # The rival: not listed, not found, not removable, not mountable, not usable.
+        assert vn not in [v.name for v in Volume.list(api_key=b)]
+        raises(lambda: Volume.get_info(vn, api_key=b), VolumeNotFoundException)
+        assert Volume.destroy(vn, api_key=b) is False
+        raises(lambda: Sandbox.create(volume_mounts={"/data": vn}, timeout=60, api_key=b))
+        seen = []
+        pages = Secret.list(api_key=b)
+        while pages.has_next:
+            seen.extend(pages.next_items())
+        assert sn not in [s.name for s in seen], seen
+        raises(lambda: Secret.get_info(sn, api_key=b), SecretNotFoundException)
+        raises(lambda: Secret.get_info(sec.secret_id, api_key=b), SecretNotFoundException)
+        assert Secret.destroy(sec.secret_id, api_key=b) is False
+        raises(lambda: Sandbox.create(
+            network={"allow_out": [HOST],
+                     "rules": {HOST: [{"transform": {"headers": {"X-K": Secret.fill(sn)}}}]}},
+            timeout=60, api_key=b))
+        # The owner still has both, untouched.
+        assert Volume.get_info(vn, api_key=a).name == vn
+        assert Secret.get_info(sn, api_key=a).secret_id == sec.secret_id
+        # The node's own key sees every tenant's, under its qualified name (docs/tenants.md).
+        assert f"acme:{vn}" in [v.name for v in Volume.list()], [v.name for v in Volume.list()]
+    finally:
+        assert Volume.destroy(vn, api_key=a) is True
+        assert Secret.destroy(sec.secret_id, api_key=a) is True
+
+
 if __name__ == "__main__":
     run()

@@ -72,25 +72,6 @@ fn native(d: &Tidy, m: Method, path: &str, body: Option<Value>) -> (u16, Value) 
     (status, resp.json().unwrap_or(Value::Null))
 }
 
-/// `rampart keys create --json ARGS` on the daemon's host: the key.
-fn make_key(data: &Path, args: &[&str]) -> String {
-    let out = Command::new(env!("CARGO_BIN_EXE_rampart"))
-        .args(["keys", "create", "--json"])
-        .args(args)
-        .arg("--data-dir")
-        .arg(data)
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "keys create: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
-    v["key"].as_str().unwrap().to_owned()
-}
-
 /// Runs `cmd` in an E2B sandbox through the native exec (the node sees every sandbox).
 fn sh(d: &Tidy, id: &str, cmd: &str) -> String {
     let (s, v) = native(
@@ -231,8 +212,8 @@ fn e2b_snapshots_and_fork() {
         let (s, v) = native(&d, Method::POST, "/v1/tenants", Some(json!({"name": t})));
         assert_eq!(s, 201, "{v}");
     }
-    let ka = make_key(&d.data, &["--e2b", "--tenant", "acme"]);
-    let kb = make_key(&d.data, &["--e2b", "--tenant", "rival"]);
+    let ka = support::make_key(&d.data, &["--e2b", "--tenant", "acme"]);
+    let kb = support::make_key(&d.data, &["--e2b", "--tenant", "rival"]);
     let (s, sb) = e2b(&d, &ka, Method::POST, "/v2/sandboxes", Some(json!({})));
     assert_eq!(s, 201, "{sb}");
     let sa = sb["sandboxID"].as_str().unwrap().to_owned();

@@ -175,6 +175,17 @@ fn e2b_volumes_and_secrets_with_the_unmodified_sdks() {
         .unwrap()
         .trim()
         .to_owned();
+    // Two tenants, each with an E2B key: each sees only its own volumes and secrets.
+    for t in ["acme", "rival"] {
+        let r = support::client()
+            .post(format!("{}/v1/tenants", d.url))
+            .json(&serde_json::json!({"name": t}))
+            .send()
+            .unwrap();
+        assert_eq!(r.status().as_u16(), 201, "{:?}", r.text());
+    }
+    let key_a = support::make_key(&d.data, &["--e2b", "--tenant", "acme"]);
+    let key_b = support::make_key(&d.data, &["--e2b", "--tenant", "rival"]);
     let log = host.log.to_string_lossy().into_owned();
     let hf = host_file.to_string_lossy().into_owned();
     let envs = [
@@ -185,6 +196,8 @@ fn e2b_volumes_and_secrets_with_the_unmodified_sdks() {
         ("E2B_NET_HOST", HOST),
         ("E2B_NET_LOG", log.as_str()),
         ("E2B_HOST_FILE", hf.as_str()),
+        ("E2B_KEY_A", key_a.as_str()),
+        ("E2B_KEY_B", key_b.as_str()),
     ];
     let tests = workspace().join("tests/e2b");
     let py = support::venv_python("RAMPART_E2B_VENV", "e2b-venv");

@@ -239,6 +239,26 @@ pub fn client() -> Client {
     client_builder().build().unwrap()
 }
 
+/// `rampart keys create --json ARGS` on the daemon's host (its data directory `data`): the
+/// new key.
+pub fn make_key(data: &Path, args: &[&str]) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_rampart"))
+        .args(["keys", "create", "--json"])
+        .args(args)
+        .arg("--data-dir")
+        .arg(data)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "keys create: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    v["key"].as_str().unwrap().to_owned()
+}
+
 /// POSTs `body` as JSON to `path` on the daemon: (status, JSON answer or null).
 pub fn post(d: &Daemon, path: &str, body: serde_json::Value) -> (u16, serde_json::Value) {
     let r = client()
