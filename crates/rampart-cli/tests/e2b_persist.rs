@@ -13,7 +13,6 @@ mod support;
 use reqwest::Method;
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 use support::{client, start_tidy, target_dir, workspace, Tidy};
 
 fn venv_python() -> PathBuf {
