@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Installs the unmodified E2B SDKs the compatibility test (crates/rampart-cli/tests/e2b_sdk.rs)
 # runs against a daemon: `e2b==2.63.0` and `e2b-code-interpreter==2.11.5` from PyPI into
-# target/e2b-venv, and `e2b` and `@e2b/code-interpreter` from npm into target/e2b-node.
+# target/e2b-venv, an older release (`e2b==2.45.1`, `e2b-code-interpreter==2.9.1`, the routes
+# programs not yet moved call) into target/e2b-venv-old, and `e2b` and `@e2b/code-interpreter`
+# from npm into target/e2b-node.
 # Idempotent and cached: a rerun
 # with the same versions does nothing. Without registry access it says so and returns 0 (the
 # test then prints `skipped: ...`). Uses only the PyPI and npm registries.
@@ -9,27 +11,34 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 target="${CARGO_TARGET_DIR:-target}"
 PY_PKGS=(e2b==2.63.0 e2b-code-interpreter==2.11.5)
+PY_OLD_PKGS=(e2b==2.45.1 e2b-code-interpreter==2.9.1)
 JS_PKGS=(e2b@2.51.0 @e2b/code-interpreter@2.8.0)
 
-venv="$target/e2b-venv"
-stamp="$venv/.rampart-installed"
-want="${PY_PKGS[*]}"
-if [[ -f "$stamp" && "$(cat "$stamp")" == "$want" ]]; then
-  :
-elif ! command -v python3 >/dev/null; then
-  echo "e2b-sdks: no python3; the Python SDK test will be skipped" >&2
-else
-  echo "e2b-sdks: installing ${want} into $venv" >&2
-  if [[ -x "$venv/bin/python" ]] || python3 -m venv "$venv"; then
-    if "$venv/bin/pip" install -q --disable-pip-version-check "${PY_PKGS[@]}"; then
-      echo "$want" > "$stamp"
-    else
-      echo "e2b-sdks: pip install failed (no PyPI access?); the Python SDK test will be skipped" >&2
-    fi
+# install_venv DIR PACKAGES...: a venv at DIR with exactly PACKAGES (stamped, so a rerun with
+# the same pins does nothing).
+install_venv() {
+  local venv="$1"
+  shift
+  local stamp="$venv/.rampart-installed" want="$*"
+  if [[ -f "$stamp" && "$(cat "$stamp")" == "$want" ]]; then
+    return 0
+  elif ! command -v python3 >/dev/null; then
+    echo "e2b-sdks: no python3; the Python SDK test will be skipped" >&2
   else
-    echo "e2b-sdks: cannot make a venv (python3-venv missing?); the Python SDK test will be skipped" >&2
+    echo "e2b-sdks: installing ${want} into $venv" >&2
+    if [[ -x "$venv/bin/python" ]] || python3 -m venv "$venv"; then
+      if "$venv/bin/pip" install -q --disable-pip-version-check "$@"; then
+        echo "$want" > "$stamp"
+      else
+        echo "e2b-sdks: pip install failed (no PyPI access?); the Python SDK test will be skipped" >&2
+      fi
+    else
+      echo "e2b-sdks: cannot make a venv (python3-venv missing?); the Python SDK test will be skipped" >&2
+    fi
   fi
-fi
+}
+install_venv "$target/e2b-venv" "${PY_PKGS[@]}"
+install_venv "$target/e2b-venv-old" "${PY_OLD_PKGS[@]}"
 
 node_dir="$target/e2b-node"
 node_stamp="$node_dir/.rampart-installed"

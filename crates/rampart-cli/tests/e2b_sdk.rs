@@ -207,6 +207,18 @@ fn e2b_sdks_run_unmodified_against_rampart() {
         passed.extend(p);
         failed.extend(f);
     }
+    // An older SDK release (scripts/e2b-sdks.sh pins it): the older routes.
+    let old = support::venv_python("RAMPART_E2B_VENV_OLD", "e2b-venv-old");
+    if old.exists() {
+        let (p, f) = run_script(&d, &key, &old, &tests.join("sdk_old.py"), &tests);
+        passed.extend(p);
+        failed.extend(f);
+    } else {
+        eprintln!(
+            "older SDK skipped: no {} (scripts/e2b-sdks.sh installs it)",
+            old.display()
+        );
+    }
     // The code interpreter (`e2b-code-interpreter`, template code-interpreter-v1) needs the
     // host's IPython kernel, which every sandbox sees in its /usr (scripts/setup-host.sh).
     let kernels = kernel_missing();
