@@ -77,6 +77,28 @@ async def async_auto_resume_idempotency_and_kill():
 
 
 @test
+async def async_pause_to_the_filesystem_and_reboot():
+    s = await AsyncSandbox.create(timeout=120, metadata={"suite": RUN, "kind": "fs"})
+    try:
+        await s.files.write("/home/user/fs.txt", "on disk")
+        await s.commands.run("sleep 4343", background=True)
+        running = "pgrep -f '^sleep 4343$' || true"
+        assert (await s.commands.run(running)).stdout.strip() != ""
+        assert await s.pause(mode="filesystem") is True
+        assert (await s.get_info()).state == SandboxState.PAUSED
+        c = await AsyncSandbox.connect(s.sandbox_id)
+        assert await c.files.read("/home/user/fs.txt") == "on disk"
+        assert (await c.commands.run(running)).stdout.strip() == ""
+        await c.commands.run("sleep 4343", background=True)
+        assert await c.pause() is True
+        r = await AsyncSandbox.connect(s.sandbox_id, on_resume="reboot")
+        assert (await r.commands.run(running)).stdout.strip() == ""
+        assert await r.files.read("/home/user/fs.txt") == "on disk"
+    finally:
+        await s.kill()
+
+
+@test
 async def async_commands():
     s = await AsyncSandbox.create(metadata={"suite": RUN}, timeout=120)
     try:
