@@ -53,27 +53,9 @@ fn make_key(data: &Path, scopes: &[&str]) -> String {
     for s in scopes {
         args.extend(["--scope", s]);
     }
-    create_key(data, &args)
+    support::make_key(data, &args)
 }
 
-/// `rampart keys create --json ARGS --data-dir DATA`: the key made.
-fn create_key(data: &Path, args: &[&str]) -> String {
-    let out = Command::new(env!("CARGO_BIN_EXE_rampart"))
-        .args(["keys", "create", "--json"])
-        .args(args)
-        .arg("--data-dir")
-        .arg(data)
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
-    v["key"].as_str().unwrap().to_owned()
-}
 
 /// Fetches sandbox `id`'s bundle (with `key`) into `dir/bundle.json` and checks that both
 /// `rampart audit verify` and the Python SDK's verifier accept it: the file and what the
@@ -1020,7 +1002,7 @@ fn a_tenants_policy_holds_every_sandbox_of_it() {
     );
     assert_eq!(st, 201, "{t}");
     assert_eq!(t["approvals"]["commands"], json!(["^rm "]), "{t}");
-    let key = create_key(&d.data, &["--tenant", "acme"]);
+    let key = support::make_key(&d.data, &["--tenant", "acme"]);
     // A sandbox with no policy of its own, and one with its own: both are held to `^rm `.
     for own in [
         Value::Null,
@@ -1057,7 +1039,7 @@ fn a_tenants_policy_holds_every_sandbox_of_it() {
     }
     // The E2B face is held to it too: a tenant's E2B key, a sandbox made through the E2B
     // API, a command started through envd (as `commands.run` does) is refused.
-    let e2b_key = create_key(&d.data, &["--e2b", "--tenant", "acme"]);
+    let e2b_key = support::make_key(&d.data, &["--e2b", "--tenant", "acme"]);
     let r = http()
         .post(format!("{url}/sandboxes"))
         .header("x-api-key", &e2b_key)

@@ -6,7 +6,6 @@
 
 mod support;
 
-use std::process::Command;
 use support::{start_tidy_with, workspace};
 
 fn skip() -> Option<String> {
@@ -49,26 +48,7 @@ fn lifecycle_events_and_webhooks_as_e2b_serves_them() {
         .send()
         .unwrap();
     assert!(made.status().is_success(), "tenant: {}", made.status());
-    let out = Command::new(env!("CARGO_BIN_EXE_rampart"))
-        .args([
-            "keys",
-            "create",
-            "--e2b",
-            "--tenant",
-            "acme",
-            "--json",
-            "--data-dir",
-        ])
-        .arg(&d.data)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    let tenant_key = v["key"].as_str().unwrap().to_owned();
+    let tenant_key = support::make_key(&d.data, &["--e2b", "--tenant", "acme"]);
 
     let tests = workspace().join("tests/e2b");
     let url = d.daemon.url.as_str();

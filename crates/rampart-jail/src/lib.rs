@@ -214,6 +214,9 @@ pub struct Jail {
     cgroups: cgroup::Cgroups,
     pool: Option<pool::Pool>,
     janitor: janitor::Janitor,
+    /// Sandboxes a [`Jail::relaunch`] of this process is booting (their disk moved aside):
+    /// [`Jail::is_stopped`] puts a disk back only when no relaunch holds it.
+    relaunching: std::sync::Mutex<std::collections::HashSet<SandboxId>>,
 }
 
 /// Default size of the warm jailer pool (see [`Jail::with_pool`]).
@@ -390,6 +393,7 @@ impl Jail {
             cgroups: cg,
             pool: None,
             janitor,
+            relaunching: std::sync::Mutex::default(),
         })
     }
 

@@ -412,10 +412,19 @@ impl Jail {
 
     /// Whether a sandbox is stopped ([`Jail::stop`]): its disk is there, its cgroup is not.
     /// A relaunch cut short (the daemon killed between moving the disk aside and the new
-    /// launch) is rolled back first, so the disk is found where it belongs. Blocking (cheap).
+    /// launch) is rolled back first, so the disk is found where it belongs; one in progress
+    /// in this process is left alone. Blocking (cheap).
     pub fn is_stopped(&self, id: &rampart_types::SandboxId) -> bool {
         let dir = self.sandbox_dir(id);
         let aside = self.relaunch_dir(id);
+        let booting = self
+            .relaunching
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains(id);
+        if booting {
+            return false;
+        }
         if !dir.exists() && aside.join("disk.img").exists() {
             if let Err(e) = std::fs::rename(&aside, &dir) {
                 tracing::warn!(id = %id, "restoring a stopped sandbox's disk: {e}");
@@ -481,6 +490,8 @@ impl Jail {
         }
         let dir = self.sandbox_dir(id);
         let aside = self.relaunch_dir(id);
+        // Marked before the disk moves: a concurrent `is_stopped` must not put it back.
+        let _booting = Booting::new(&self.relaunching, id);
         sys::rename_noreplace(&dir, &aside)?;
         let mut x = extras.clone();
         x.disk = Some(DiskSource {
@@ -556,6 +567,36 @@ impl Jail {
             });
         }
         Ok((vols, holds))
+    }
+}
+
+/// Marks a sandbox as being relaunched while it lives.
+struct Booting<'a> {
+    set: &'a std::sync::Mutex<std::collections::HashSet<rampart_types::SandboxId>>,
+    id: rampart_types::SandboxId,
+}
+
+impl<'a> Booting<'a> {
+    fn new(
+        set: &'a std::sync::Mutex<std::collections::HashSet<rampart_types::SandboxId>>,
+        id: &rampart_types::SandboxId,
+    ) -> Self {
+        set.lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(id.clone());
+        Booting {
+            set,
+            id: id.clone(),
+        }
+    }
+}
+
+impl Drop for Booting<'_> {
+    fn drop(&mut self) {
+        self.set
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&self.id);
     }
 }
 
