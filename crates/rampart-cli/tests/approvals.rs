@@ -56,7 +56,6 @@ fn make_key(data: &Path, scopes: &[&str]) -> String {
     support::make_key(data, &args)
 }
 
-
 /// Fetches sandbox `id`'s bundle (with `key`) into `dir/bundle.json` and checks that both
 /// `rampart audit verify` and the Python SDK's verifier accept it: the file and what the
 /// CLI printed.

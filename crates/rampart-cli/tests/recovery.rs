@@ -333,7 +333,11 @@ fn a_sandbox_paused_to_its_filesystem_survives_kill_9_and_boots_from_its_disk() 
     );
     assert_eq!((s, v["state"].as_str()), (200, Some("paused")), "{v}");
 
-    // kill -9 the daemon; a new one keeps the disk and the sandbox paused.
+    // kill -9 the daemon as if during a boot from the disk: the disk moved aside
+    // (`.relaunch-<id>`), no new sandbox yet (the store is the daemon's mount: moved while it
+    // runs). A new daemon puts the disk back, keeps the sandbox paused, and boots it later.
+    let dir = support::sandboxes_dir(&data);
+    std::fs::rename(dir.join(&sb.id), dir.join(format!(".relaunch-{}", sb.id))).unwrap();
     drop(first);
     let second = start(&data, port, &[]);
     assert_eq!(state(&second, &sb.id), "paused");
