@@ -267,11 +267,18 @@ async def async_sdk_run_code_and_contexts():
                 assert e.text == want, (lang, e.text, e.error)
             finally:
                 await s.remove_code_context(ctx)
-        out = []
-        e = await s.run_code("echo one; echo two >&2", language="bash", on_stdout=out.append)
-        # bash_kernel runs bash on a terminal: its stderr comes as stdout too.
-        assert "".join(m.line for m in out) == "one\ntwo\n", out
+        out, err = [], []
+        e = await s.run_code("echo one; echo two >&2; echo three", language="bash",
+                             on_stdout=out.append, on_stderr=err.append)
+        # stdout and stderr apart, as separate streams (bash itself runs on a terminal).
+        assert "".join(m.line for m in out) == "one\nthree\n", out
+        assert "".join(m.line for m in err) == "two\n", err
         assert e.error is None, e.error
+        assert "".join(e.logs.stderr) == "two\n", e.logs
+        # A failing command: its stderr, then its exit status as the error.
+        e = await s.run_code("ls /no/such/dir", language="bash")
+        assert "No such file" in "".join(e.logs.stderr), e.logs
+        assert e.error is not None and e.error.name == "ExitCode", e.error
     finally:
         await s.kill()
 

@@ -29,7 +29,8 @@ pub const SERVER_PATH: &str = "/opt/rampart/code-interpreter/server.py";
 /// The server's source.
 const SERVER: &str = include_str!("../templates/code-interpreter/server.py");
 /// The files installed in [`SERVER_DIR`]: the server, what it loads into IPython kernels
-/// (strings as text, DataFrames' `data`, matplotlib charts), and the Java kernel over JShell.
+/// (strings as text, DataFrames' `data`, matplotlib charts), the Java kernel over JShell and
+/// the bash kernel that keeps stderr apart.
 pub const FILES: &[(&str, &str)] = &[
     ("server.py", SERVER),
     (
@@ -43,6 +44,10 @@ pub const FILES: &[(&str, &str)] = &[
     (
         "JShellBridge.java",
         include_str!("../templates/code-interpreter/JShellBridge.java"),
+    ),
+    (
+        "rampart_bash_kernel.py",
+        include_str!("../templates/code-interpreter/rampart_bash_kernel.py"),
     ),
 ];
 /// The memory a sandbox of the template gets when its create asks for none (the daemon's
@@ -359,6 +364,10 @@ mod tests {
             ("rootfs/opt/rampart/code-interpreter/java_kernel.py", 0o644),
             (
                 "rootfs/opt/rampart/code-interpreter/JShellBridge.java",
+                0o644,
+            ),
+            (
+                "rootfs/opt/rampart/code-interpreter/rampart_bash_kernel.py",
                 0o644,
             ),
         ] {

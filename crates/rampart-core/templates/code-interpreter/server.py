@@ -22,7 +22,8 @@ during an execution (the SDK's timeout) interrupts it.
 Languages, each context its own kernel (see `KERNELS`): `python` (IPython; with
 rampart_ipython.py: a str shows as its text, DataFrames give `data`, matplotlib figures a
 `chart`), `javascript`/`js` and `typescript`/`ts` (Deno's Jupyter kernel, also as `deno`), `r`
-(IRkernel), `java` (java_kernel.py over JShell), `bash` (bash_kernel). A language whose kernel
+(IRkernel), `java` (java_kernel.py over JShell), `bash` (bash_kernel, its stderr kept apart
+by rampart_bash_kernel.py). A language whose kernel
 is not installed answers 400 with what is missing. Nothing is downloaded here: the kernels come
 from Debian packages and from /usr/local/lib/rampart-kernels (scripts/setup-host.sh, or the
 image's build steps).
@@ -168,7 +169,8 @@ def kernel_for(language):
                 f"the bash kernel (PyPI bash_kernel) is not installed in {path} "
                 "(scripts/setup-host.sh installs it)")
         pp = os.environ.get("PYTHONPATH")
-        return [py, "-m", "bash_kernel", "-f", "{connection_file}"], {
+        # bash_kernel, with stderr kept apart (rampart_bash_kernel.py).
+        return [py, os.path.join(HERE, "rampart_bash_kernel.py"), "-f", "{connection_file}"], {
             "PYTHONPATH": path + (os.pathsep + pp if pp else "")}
     raise KernelMissing(f"language {language!r} is not supported")
 
