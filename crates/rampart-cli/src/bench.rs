@@ -424,15 +424,22 @@ impl Api {
     }
     /// `POST /v1/sandboxes/{id}/pause` or `/resume`; checks the state it answers.
     fn pause(&self, id: &str, resume: bool) -> Result<()> {
+        self.pause_with(id, resume, None)
+    }
+    /// [`Api::pause`] with a body (`{"memory": false}`: to the filesystem).
+    fn pause_with(&self, id: &str, resume: bool, body: Option<Value>) -> Result<()> {
         let (verb, want) = if resume {
             ("resume", "running")
         } else {
             ("pause", "paused")
         };
-        let r = self
+        let mut req = self
             .client
-            .post(format!("{}/v1/sandboxes/{id}/{verb}", self.url))
-            .send()?;
+            .post(format!("{}/v1/sandboxes/{id}/{verb}", self.url));
+        if let Some(b) = body {
+            req = req.json(&b);
+        }
+        let r = req.send()?;
         let status = r.status();
         let v: Value = r.json()?;
         if !status.is_success() || v["state"] != json!(want) {
@@ -522,8 +529,8 @@ pub fn run(args: BenchArgs) -> Result<()> {
         return persist::run(&api, data.as_deref(), args.iterations);
     }
     if args.pause_only {
-        let (pause, resume) = measure_pause(&api, args.iterations)?;
-        print_pause(&pause, &resume);
+        let p = measure_pause(&api, args.iterations)?;
+        print_pause(&p);
         return Ok(());
     }
 
@@ -599,7 +606,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
         )?);
     }
 
-    let (pause, resume) = measure_pause(&api, args.iterations)?;
+    let p = measure_pause(&api, args.iterations)?;
 
     eprintln!(
         "bench: {} create+destroy at concurrency {}...",
@@ -694,7 +701,8 @@ pub fn run(args: BenchArgs) -> Result<()> {
     println!("| what | p50 | p99 | p50 vs bwrap |");
     println!("|---|---:|---:|---:|");
     let mut rows: Vec<&Samples> = peers.iter().collect();
-    rows.extend([&cycle, &full, &cli, &rtt, &streamed, &host, &pause, &resume]);
+    rows.extend([&cycle, &full, &cli, &rtt, &streamed, &host]);
+    rows.extend(p.rows());
     for s in &rows {
         let ratio = bwrap_p50
             .map(|b| format!("{:.2}x", s.pct(50.0) / b))
@@ -792,8 +800,12 @@ pub fn run(args: BenchArgs) -> Result<()> {
     }
     println!(
         "- resume p50 < 5 ms: {:.3} ms ({})",
-        resume.pct(50.0),
-        pass(resume.pct(50.0) < 5.0)
+        p.resume.pct(50.0),
+        pass(p.resume.pct(50.0) < 5.0)
+    );
+    println!(
+        "- a boot from the disk costs {:.2}x a fresh create (p50, same run)",
+        p.boot.pct(50.0) / p.create.pct(50.0)
     );
     println!(
         "- >= 300 create+destroy per second: {:.1} ({})",
@@ -968,9 +980,32 @@ sbx.kill()
     (rows.iter().all(|s| !s.ms.is_empty())).then_some(rows)
 }
 
+/// Pause and resume, frozen and to the filesystem, with a fresh create in the same run.
+struct PauseBench {
+    pause: Samples,
+    resume: Samples,
+    pause_fs: Samples,
+    boot: Samples,
+    create: Samples,
+}
+
+impl PauseBench {
+    fn rows(&self) -> [&Samples; 5] {
+        [
+            &self.pause,
+            &self.resume,
+            &self.pause_fs,
+            &self.boot,
+            &self.create,
+        ]
+    }
+}
+
 /// Pause and resume latency through the API (request to answer: the sandbox's cgroup frozen
-/// or thawed and the state recorded) of a warm sandbox running a few processes.
-fn measure_pause(api: &Api, iterations: usize) -> Result<(Samples, Samples)> {
+/// or thawed and the state recorded) of a warm sandbox running a few processes; then the
+/// pause to the filesystem (flush, kill, disk at rest) and the boot from that disk, next to a
+/// fresh create of the same template in the same run (what a boot from the disk is worth).
+fn measure_pause(api: &Api, iterations: usize) -> Result<PauseBench> {
     eprintln!("bench: pause / resume of a warm sandbox...");
     let id = api.create()?;
     let r = api
@@ -981,39 +1016,64 @@ fn measure_pause(api: &Api, iterations: usize) -> Result<(Samples, Samples)> {
     if !r.status().is_success() {
         bail!("exec: {}", r.status());
     }
-    let mut pause = Samples::new("rampart pause (API, warm sandbox, 6 processes)");
-    let mut resume = Samples::new("rampart resume (API, warm sandbox, 6 processes)");
+    let mut p = PauseBench {
+        pause: Samples::new("rampart pause (API, warm sandbox, 6 processes)"),
+        resume: Samples::new("rampart resume (API, warm sandbox, 6 processes)"),
+        pause_fs: Samples::new("rampart pause to the filesystem (API, 6 processes)"),
+        boot: Samples::new("rampart resume: boot from the disk (API, then exec true)"),
+        create: Samples::new("rampart create (API, fresh sandbox, then exec true)"),
+    };
     let res = (|| -> Result<()> {
         for _ in 0..iterations.max(20) {
             let t = Instant::now();
             api.pause(&id, false)?;
-            pause.push(t.elapsed());
+            p.pause.push(t.elapsed());
             let t = Instant::now();
             api.pause(&id, true)?;
-            resume.push(t.elapsed());
+            p.resume.push(t.elapsed());
         }
         // Still alive and working after all that.
-        api.exec_true(&id)
+        api.exec_true(&id)?;
+        let cold = Some(json!({"memory": false}));
+        for _ in 0..iterations.max(20) {
+            let t = Instant::now();
+            api.pause_with(&id, false, cold.clone())?;
+            p.pause_fs.push(t.elapsed());
+            let t = Instant::now();
+            api.pause(&id, true)?;
+            api.exec_true(&id)?;
+            p.boot.push(t.elapsed());
+            let t = Instant::now();
+            let fresh = api.create()?;
+            api.exec_true(&fresh)?;
+            p.create.push(t.elapsed());
+            api.destroy(&fresh)?;
+        }
+        Ok(())
     })();
     api.destroy(&id)?;
     res?;
-    Ok((pause, resume))
+    Ok(p)
 }
 
-fn print_pause(pause: &Samples, resume: &Samples) {
+fn print_pause(p: &PauseBench) {
     println!(
         "\n## Pause and resume (ms), {} iterations\n",
-        pause.ms.len()
+        p.pause.ms.len()
     );
     println!("| what | p50 | p99 |");
     println!("|---|---:|---:|");
-    for s in [pause, resume] {
+    for s in p.rows() {
         println!("| {} | {:.3} | {:.3} |", s.name, s.pct(50.0), s.pct(99.0));
     }
     println!(
         "\n- resume p50 < 5 ms: {:.3} ms ({})",
-        resume.pct(50.0),
-        pass(resume.pct(50.0) < 5.0)
+        p.resume.pct(50.0),
+        pass(p.resume.pct(50.0) < 5.0)
+    );
+    println!(
+        "- a boot from the disk costs {:.2}x a fresh create (p50, same run)",
+        p.boot.pct(50.0) / p.create.pct(50.0)
     );
 }
 
