@@ -3,7 +3,10 @@
 //! templates) with the unmodified SDK (`e2b==2.63.0`, `tests/e2b/template_build.py`) against
 //! a real daemon. The builds stack on the built-in `base` (no network needed);
 //! `sdk_builds_from_a_debian_dockerfile` builds `FROM debian:bookworm` through mmdebstrap
-//! (skipped, with the reason, without mmdebstrap or deb.debian.org).
+//! (skipped, with the reason, without mmdebstrap or deb.debian.org);
+//! `sdk_builds_from_a_registry_image` pulls `python:3` from a registry the script serves on
+//! loopback (HTTPS with a test CA, a token service, redirected blobs, a private repository),
+//! which the daemon knows as its mirror of docker.io.
 //!
 //! Skips with the reason when not root, without the binaries or without the SDK's venv
 //! (`scripts/test` makes `target/e2b-venv`).
@@ -29,6 +32,11 @@ fn skip_reason() -> Option<String> {
 /// Runs `tests/e2b/template_build.py` (with `args`) with only the E2B variables set; returns
 /// the passed test names, failing if any test failed or the script did not finish.
 fn run_script(d: &Tidy, args: &[&str]) -> Vec<String> {
+    run_script_with(d, args, &[])
+}
+
+/// [`run_script`] with more environment for the script.
+fn run_script_with(d: &Tidy, args: &[&str], envs: &[(&str, String)]) -> Vec<String> {
     let key = std::fs::read_to_string(d.data.join("api-key"))
         .expect("the daemon writes <data>/api-key")
         .trim()
@@ -48,6 +56,7 @@ fn run_script(d: &Tidy, args: &[&str]) -> Vec<String> {
         .env("E2B_API_KEY", &key)
         .env("E2B_API_URL", &d.url)
         .env("E2B_SANDBOX_URL", &d.url)
+        .envs(envs.iter().map(|(k, v)| (*k, v.as_str())))
         .stdin(Stdio::null())
         .output()
         .expect("run tests/e2b/template_build.py");
@@ -158,4 +167,120 @@ fn sdk_builds_from_a_debian_dockerfile() {
     let passed = run_script(&d, &["debian_dockerfile"]);
     assert_eq!(passed, ["debian_dockerfile"]);
     assert_no_build_leftovers(&d);
+}
+
+#[test]
+fn sdk_builds_from_a_registry_image() {
+    if let Some(why) = skip_reason() {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    let tmp = std::env::temp_dir().join(format!("rampart-registry-{}", support::token()));
+    std::fs::create_dir_all(&tmp).unwrap();
+    let (cert, key) = (tmp.join("cert.pem"), tmp.join("key.pem"));
+    let ca = tmp.join("ca.pem");
+    std::fs::write(
+        tmp.join("leaf.ext"),
+        "subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\n",
+    )
+    .unwrap();
+    // A test CA, and the registry's certificate signed by it.
+    let openssl = |args: &[&str]| {
+        Command::new("openssl")
+            .args(args)
+            .current_dir(&tmp)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    };
+    let made = openssl(&[
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-days",
+        "1",
+        "-subj",
+        "/CN=rampart-test-ca",
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.pem",
+    ]) && openssl(&[
+        "req",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-subj",
+        "/CN=127.0.0.1",
+        "-keyout",
+        "key.pem",
+        "-out",
+        "leaf.csr",
+    ]) && openssl(&[
+        "x509",
+        "-req",
+        "-in",
+        "leaf.csr",
+        "-CA",
+        "ca.pem",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-days",
+        "1",
+        "-extfile",
+        "leaf.ext",
+        "-out",
+        "cert.pem",
+    ]);
+    if !made {
+        eprintln!("skipped: openssl cannot make a test CA and certificate");
+        let _ = std::fs::remove_dir_all(&tmp);
+        return;
+    }
+    // The image the registry serves, of two layers: host programs with the libraries of the
+    // agent (the build's and the sandbox's PID 1, on the image's libraries), then bash (which
+    // the SDK's commands run).
+    let agent = PathBuf::from(env!("CARGO_BIN_EXE_rampart")).with_file_name("rampart-agent");
+    let layout = tmp.join("image");
+    rampart_image::sample::write_host_image_with(&layout, &[agent], &["/usr/bin/bash".into()])
+        .unwrap();
+    let port = support::free_port();
+    let d = support::start_tidy_with(
+        "e2b-templates-registry",
+        &[
+            (
+                "RAMPART_REGISTRY_MIRRORS",
+                &format!("docker.io=https://127.0.0.1:{port}"),
+            ),
+            ("RAMPART_REGISTRY_CA", ca.to_str().unwrap()),
+        ],
+    );
+    let passed = run_script_with(
+        &d,
+        &["registry"],
+        &[
+            ("REGISTRY_PORT", port.to_string()),
+            ("REGISTRY_CERT", cert.display().to_string()),
+            ("REGISTRY_KEY", key.display().to_string()),
+            ("REGISTRY_LAYOUT", layout.display().to_string()),
+        ],
+    );
+    for t in [
+        "registry_image_builds_and_runs",
+        "registry_second_pull_is_cached",
+        "registry_private_image_needs_its_login",
+        "registry_failures_are_reported",
+    ] {
+        assert!(
+            passed.iter().any(|p| p == t),
+            "{t} did not pass: {passed:?}"
+        );
+    }
+    assert_no_build_leftovers(&d);
+    drop(d);
+    let _ = std::fs::remove_dir_all(&tmp);
 }

@@ -41,6 +41,9 @@ pub struct CoreConfig {
     pub artifacts: crate::artifacts::ArtifactConfig,
     /// Lifecycle events: how long they are kept, where webhooks may be posted.
     pub events: crate::events::EventsConfig,
+    /// How template builds pull `image:` bases (mirrors, insecure registries, allowed
+    /// ranges, a CA).
+    pub registry: rampart_image::registry::RegistryConfig,
 }
 
 impl CoreConfig {
@@ -75,6 +78,7 @@ impl CoreConfig {
             approvals_webhook: None,
             artifacts: Default::default(),
             events: Default::default(),
+            registry: Default::default(),
         }
     }
 }

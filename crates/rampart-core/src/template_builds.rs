@@ -91,6 +91,8 @@ pub struct BuildPlan {
     pub no_cache: bool,
     /// Rebuild from this step on (1 = the first).
     pub no_cache_from: Option<usize>,
+    /// The user and password of an `image:` base's registry.
+    pub registry_auth: Option<rampart_image::registry::Credentials>,
 }
 
 /// A step of a [`BuildPlan`].
@@ -154,6 +156,8 @@ pub struct TemplateBuilds {
     templates_dir: PathBuf,
     jailer_bin: PathBuf,
     agent_bin: PathBuf,
+    /// How `image:` bases are pulled.
+    registry: rampart_image::registry::RegistryConfig,
     /// Whether sandboxes run in the jail (builds need it).
     jailed: bool,
     builds: Mutex<HashMap<String, Record>>,
@@ -205,6 +209,7 @@ impl TemplateBuilds {
             templates_dir: templates_dir.to_path_buf(),
             jailer_bin: cfg.jailer_bin.clone(),
             agent_bin: cfg.agent_bin.clone(),
+            registry: cfg.registry.clone(),
             jailed,
             builds: Mutex::new(HashMap::new()),
             order: Mutex::new(VecDeque::new()),
@@ -519,7 +524,8 @@ impl TemplateBuilds {
         let builder = crate::templates::with_builtins(
             Builder::new(&store, &runner, runner.uid_base()),
             &self.templates_dir,
-        );
+        )
+        .with_registry(self.registry.clone());
         let step_name = |index: usize| -> Option<String> {
             if index == 0 {
                 Some("base".into())
@@ -581,6 +587,9 @@ impl TemplateBuilds {
             no_cache: plan.no_cache,
             no_cache_from: plan.no_cache_from,
             build_id: Some(id.to_owned()),
+            registry_auth: plan.registry_auth.clone(),
+            // E2B runs only the start command a build sets, never the image's `CMD`.
+            drop_image_cmd: true,
         };
         let (first, rest) = info
             .tags

@@ -332,6 +332,11 @@ pub struct BuildOptions {
     pub no_cache_from: Option<usize>,
     /// The build's id, kept with the name it sets (E2B's `buildID`).
     pub build_id: Option<String>,
+    /// The user and password of an `image:` base's registry.
+    pub registry_auth: Option<crate::registry::Credentials>,
+    /// Leave an `image:` base's `Entrypoint`/`Cmd` out of the template's start command (E2B
+    /// runs only the start command a build sets).
+    pub drop_image_cmd: bool,
 }
 
 /// The name of the built-in template built templates may stack on (`from =
@@ -712,6 +717,8 @@ pub struct Builder<'a> {
     /// The built-in templates builds may stack on (`from = "template:base"`), by name, with
     /// their directories (none: such a build fails saying so).
     pub builtins: Vec<(String, PathBuf)>,
+    /// How `image:` bases are pulled.
+    pub registry: crate::registry::RegistryConfig,
 }
 
 impl<'a> Builder<'a> {
@@ -724,7 +731,51 @@ impl<'a> Builder<'a> {
             cancel: Arc::new(AtomicBool::new(false)),
             uid_base,
             builtins: Vec::new(),
+            registry: Default::default(),
         }
+    }
+
+    /// Pulls `image:` bases with `cfg` (mirrors, insecure registries, allowed ranges).
+    pub fn with_registry(mut self, cfg: crate::registry::RegistryConfig) -> Self {
+        self.registry = cfg;
+        self
+    }
+
+    /// Extracts the layers of `img` the store lacks and appends every layer's key to
+    /// `layers`; whether all were in the store already.
+    fn import_layers(
+        &self,
+        img: &oci::OciImage,
+        layers: &mut Vec<String>,
+        events: &mut dyn FnMut(BuildEvent),
+    ) -> Result<bool, ImageError> {
+        let mut cached = true;
+        for l in &img.layers {
+            self.check_cancel()?;
+            if !self.store.has_layer(&l.key) {
+                cached = false;
+                let tmp = self.store.tmp_dir("oci-layer")?;
+                let fs = tmp.path().join("fs");
+                std::fs::create_dir(&fs).map_err(io("mkdir layer"))?;
+                let st = oci::extract_layer(l, &fs)?;
+                events(BuildEvent::Output {
+                    text: format!(
+                        "layer {}: {} entries, {} whiteouts, {} opaque directories\n",
+                        l.digest.as_deref().unwrap_or("?"),
+                        st.entries,
+                        st.whiteouts,
+                        st.opaque_dirs
+                    ),
+                });
+                self.store.commit_layer(
+                    &fs,
+                    &l.key,
+                    &format!("oci layer {}", l.digest.as_deref().unwrap_or("?")),
+                )?;
+            }
+            layers.push(l.key.clone());
+        }
+        Ok(cached)
     }
 
     /// Lets builds stack on the built-in `base`, whose directory is `dir`.
@@ -777,6 +828,7 @@ impl<'a> Builder<'a> {
             Base::Debian { suite, variant, .. } => format!("debian:{suite} ({})", variant.as_str()),
             Base::Oci(p) => format!("oci:{}", p.display()),
             Base::Template(n) => format!("template:{n}"),
+            Base::Image(r) => format!("image:{r}"),
         };
         events(BuildEvent::Step {
             index: 0,
@@ -834,32 +886,23 @@ impl<'a> Builder<'a> {
             }
             Base::Oci(p) => {
                 let img = oci::open(p, self.store)?;
-                for l in &img.layers {
-                    self.check_cancel()?;
-                    if !self.store.has_layer(&l.key) {
-                        base_cached = false;
-                        let tmp = self.store.tmp_dir("oci-layer")?;
-                        let fs = tmp.path().join("fs");
-                        std::fs::create_dir(&fs).map_err(io("mkdir layer"))?;
-                        let st = oci::extract_layer(l, &fs)?;
-                        events(BuildEvent::Output {
-                            text: format!(
-                                "layer {}: {} entries, {} whiteouts, {} opaque directories\n",
-                                l.digest.as_deref().unwrap_or("?"),
-                                st.entries,
-                                st.whiteouts,
-                                st.opaque_dirs
-                            ),
-                        });
-                        self.store.commit_layer(
-                            &fs,
-                            &l.key,
-                            &format!("oci layer {}", l.digest.as_deref().unwrap_or("?")),
-                        )?;
-                    }
-                    base_layers.push(l.key.clone());
-                }
+                base_cached &= self.import_layers(&img, &mut base_layers, events)?;
                 config = img.config;
+            }
+            Base::Image(r) => {
+                let img = crate::registry::pull(
+                    &self.registry,
+                    r,
+                    opts.registry_auth.as_ref(),
+                    self.store,
+                    &self.cancel,
+                    &mut |text| events(BuildEvent::Output { text }),
+                )?;
+                base_cached &= self.import_layers(&img, &mut base_layers, events)?;
+                config = img.config;
+                if opts.drop_image_cmd {
+                    config.start = None;
+                }
             }
             Base::Template(n) if n == BUILTIN_BASE || self.builtin_dir(n).is_some() => {
                 if self.builtin_dir(n).is_none() {

@@ -8,6 +8,7 @@
 //!   (no path or link may leave the layer; symlinks from the archive are never followed),
 //!   turning OCI whiteouts into overlayfs whiteouts.
 //! - [`oci`]: reading an OCI image layout directory or an OCI / `docker save` archive.
+//! - [`registry`]: pulling an image from a registry (the OCI distribution API) into a layout.
 //! - [`build`]: the builder: the step cache, the build sandbox runner on the jail, progress.
 //!
 //! Layout and formats are documented in `docs/templates.md`.
@@ -16,6 +17,7 @@ pub mod build;
 pub mod digest;
 pub mod extract;
 pub mod oci;
+pub mod registry;
 pub mod sample;
 pub mod spec;
 pub mod store;
@@ -79,6 +81,9 @@ pub enum ImageError {
     /// The build sandbox failed.
     #[error("build sandbox: {0}")]
     Sandbox(String),
+    /// Pulling an image from a registry failed.
+    #[error("registry: {0}")]
+    Registry(String),
     /// Another build holds the store's lock.
     #[error("another build holds {0}")]
     Locked(String),

@@ -37,10 +37,13 @@ pub struct OciImage {
 }
 
 #[derive(Debug, Clone, Deserialize)]
-struct Descriptor {
+pub(crate) struct Descriptor {
     #[serde(rename = "mediaType", default)]
-    media_type: String,
-    digest: String,
+    pub(crate) media_type: String,
+    pub(crate) digest: String,
+    /// Bytes (0: not given).
+    #[serde(default)]
+    pub(crate) size: u64,
     #[serde(default)]
     platform: Option<Platform>,
 }
@@ -54,14 +57,14 @@ struct Platform {
 }
 
 #[derive(Debug, Deserialize)]
-struct Index {
-    manifests: Vec<Descriptor>,
+pub(crate) struct Index {
+    pub(crate) manifests: Vec<Descriptor>,
 }
 
 #[derive(Debug, Deserialize)]
-struct ImageManifest {
-    config: Descriptor,
-    layers: Vec<Descriptor>,
+pub(crate) struct ImageManifest {
+    pub(crate) config: Descriptor,
+    pub(crate) layers: Vec<Descriptor>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -159,6 +162,14 @@ pub fn open(path: &Path, store: &Store) -> Result<OciImage, ImageError> {
     crate::extract::apply_layer(f, tmp.path())?;
     let root = tmp.path().to_path_buf();
     open_dir(&root, Some(tmp))
+}
+
+/// Opens a layout a pull wrote into `tmp` (kept with the image). Layer blobs the store
+/// already has are absent from it; nothing reads them.
+pub(crate) fn open_pulled(tmp: TmpDir) -> Result<OciImage, ImageError> {
+    let mut img = open_dir(tmp.path(), None)?;
+    img._unpacked = Some(tmp);
+    Ok(img)
 }
 
 fn open_dir(root: &Path, unpacked: Option<TmpDir>) -> Result<OciImage, ImageError> {
@@ -265,13 +276,19 @@ fn safe_join(root: &Path, rel: &str) -> Result<PathBuf, ImageError> {
     Ok(p)
 }
 
-/// Picks the linux/amd64 (or the only, or the first) manifest of an index.
-fn pick(ds: &[Descriptor]) -> Result<&Descriptor, ImageError> {
-    let arch = match std::env::consts::ARCH {
+/// This host's architecture as OCI names it.
+pub(crate) fn host_arch() -> &'static str {
+    match std::env::consts::ARCH {
         "x86_64" => "amd64",
         "aarch64" => "arm64",
         o => o,
-    };
+    }
+}
+
+/// The manifest of this host's platform (linux and [`host_arch`]) in an index, or one that
+/// names no platform.
+pub(crate) fn pick_platform(ds: &[Descriptor]) -> Option<&Descriptor> {
+    let arch = host_arch();
     ds.iter()
         .find(|d| {
             d.platform
@@ -279,6 +296,25 @@ fn pick(ds: &[Descriptor]) -> Result<&Descriptor, ImageError> {
                 .is_some_and(|p| p.os == "linux" && p.architecture == arch)
         })
         .or_else(|| ds.iter().find(|d| d.platform.is_none()))
+}
+
+/// The platforms an index lists, for an error.
+pub(crate) fn platforms(ds: &[Descriptor]) -> String {
+    let v: Vec<String> = ds
+        .iter()
+        .filter_map(|d| d.platform.as_ref())
+        .map(|p| format!("{}/{}", p.os, p.architecture))
+        .collect();
+    if v.is_empty() {
+        "none named".into()
+    } else {
+        v.join(", ")
+    }
+}
+
+/// Picks the linux/amd64 (or the only, or the first) manifest of a layout's index.
+fn pick(ds: &[Descriptor]) -> Result<&Descriptor, ImageError> {
+    pick_platform(ds)
         .or_else(|| ds.first())
         .ok_or_else(|| oci("index.json lists no manifest"))
 }

@@ -68,8 +68,18 @@ fn header(kind: tar::EntryType, mode: u32, uid: u64, size: u64) -> tar::Header {
 }
 
 /// Writes the sample image as an OCI layout at `dir` (one layer): [`PROGRAMS`] plus
-/// `extra` host binaries (e.g. the agent, whose libraries must be there too).
+/// the libraries of `extra` host binaries (e.g. the agent, whose libraries must be there).
 pub fn write_host_image(dir: &Path, extra: &[PathBuf]) -> Result<(), ImageError> {
+    write_host_image_with(dir, extra, &[])
+}
+
+/// [`write_host_image`] with a second, gzip-compressed layer holding the host programs
+/// `on_top` (their libraries in the first layer).
+pub fn write_host_image_with(
+    dir: &Path,
+    extra: &[PathBuf],
+    on_top: &[PathBuf],
+) -> Result<(), ImageError> {
     let e = |what: &str| io(format!("sample image: {what}"));
     let mut b = tar::Builder::new(Vec::new());
     for d in [
@@ -112,6 +122,7 @@ pub fn write_host_image(dir: &Path, extra: &[PathBuf]) -> Result<(), ImageError>
         b.append_data(&mut h, &name, &data[..]).map_err(e("file"))?;
     }
     progs.extend(extra.iter().cloned());
+    progs.extend(on_top.iter().cloned());
     for l in libraries(&progs)? {
         let name = usr_path(&l);
         if !seen.insert(name.clone()) {
@@ -138,10 +149,22 @@ pub fn write_host_image(dir: &Path, extra: &[PathBuf]) -> Result<(), ImageError>
         let mut h = header(tar::EntryType::Regular, 0o644, 0, body.len() as u64);
         b.append_data(&mut h, n, body).map_err(e("file"))?;
     }
-    let layer = b.into_inner().map_err(e("tar"))?;
+    let mut layers = vec![b.into_inner().map_err(e("tar"))?];
+    if !on_top.is_empty() {
+        let gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        let mut t = tar::Builder::new(gz);
+        for p in on_top {
+            let data = std::fs::read(p).map_err(e("read program"))?;
+            let mut h = header(tar::EntryType::Regular, 0o755, 0, data.len() as u64);
+            t.append_data(&mut h, usr_path(p), &data[..])
+                .map_err(e("file"))?;
+        }
+        let gz = t.into_inner().map_err(e("tar"))?;
+        layers.push(gz.finish().map_err(e("gzip"))?);
+    }
     write_layout(
         dir,
-        &[layer],
+        &layers,
         &serde_json::json!({"Env": ["PATH=/usr/bin:/bin"], "User": "root", "WorkingDir": "/"}),
     )
 }

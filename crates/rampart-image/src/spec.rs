@@ -87,6 +87,8 @@ pub enum Base {
     Oci(PathBuf),
     /// Another template, by name.
     Template(String),
+    /// An image pulled from a registry (`image:python:3`, `image:ghcr.io/o/r@sha256:...`).
+    Image(crate::registry::ImageRef),
 }
 
 /// The readiness check of a start command.
@@ -500,9 +502,12 @@ fn parse_from(s: &str, debian: Option<&Value>, dir: &Path) -> Result<Base, SpecE
             }
             Ok(Base::Template(rest.to_owned()))
         }
+        "image" => crate::registry::ImageRef::parse(rest)
+            .map(Base::Image)
+            .map_err(|e| err("from", e.to_string())),
         o => Err(err(
             "from",
-            format!("unknown base kind {o:?} (expected debian, oci or template)"),
+            format!("unknown base kind {o:?} (expected debian, oci, template or image)"),
         )),
     }
 }

@@ -156,6 +156,47 @@ struct FileConfig {
     /// Lifecycle events and webhooks (see `docs/events.md`).
     #[serde(default)]
     events: EventsFileConfig,
+    /// Template builds' image pulls (see `docs/templates.md`, "Images from a registry").
+    #[serde(default)]
+    templates: TemplatesFileConfig,
+}
+
+/// `[templates]` of the config file.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TemplatesFileConfig {
+    /// Registry name (`docker.io`, `ghcr.io`) to the URL of a mirror pulls of it go to.
+    #[serde(default)]
+    registry_mirrors: std::collections::BTreeMap<String, String>,
+    /// Registries (`host[:port]`) spoken to over plain HTTP.
+    #[serde(default)]
+    insecure_registries: Vec<String>,
+    /// Address ranges that are not public but that registries may have (default none).
+    #[serde(default)]
+    registry_allow_cidrs: Vec<String>,
+    /// A PEM file of more roots trusted for registries.
+    registry_ca: Option<PathBuf>,
+}
+
+/// The registry configuration of `[templates]`, with `RAMPART_REGISTRY_*` over it.
+fn resolve_registry(
+    t: &TemplatesFileConfig,
+) -> anyhow::Result<rampart_image::registry::RegistryConfig> {
+    let cfg = rampart_image::registry::RegistryConfig {
+        mirrors: t.registry_mirrors.clone(),
+        insecure: t.insecure_registries.clone(),
+        allow_cidrs: rampart_core::events::parse_cidrs(&t.registry_allow_cidrs)
+            .map_err(|m| anyhow::anyhow!("[templates] registry_allow_cidrs: {m}"))?,
+        ca_pem: match &t.registry_ca {
+            Some(p) => Some(std::fs::read(p).map_err(|e| {
+                anyhow::anyhow!("[templates] registry_ca: read {}: {e}", p.display())
+            })?),
+            None => None,
+        },
+    };
+    cfg.check()
+        .map_err(|e| anyhow::anyhow!("[templates] {e}"))?;
+    Ok(cfg.with_env()?)
 }
 
 /// `[events]` of the config file.
@@ -653,6 +694,7 @@ fn resolve(a: &ServeArgs) -> Result<Resolved> {
                         .map_err(|m| anyhow::anyhow!("[events] webhook_allow_cidrs: {m}"))?;
                 e
             },
+            registry: resolve_registry(&file.templates)?,
         },
     })
 }

@@ -267,7 +267,8 @@ pub fn build(data: &Path, a: BuildArgs) -> Result<u8> {
     let builder = rampart_core::templates::with_builtins(
         Builder::new(&store, &runner, runner.uid_base()),
         &data.join("templates"),
-    );
+    )
+    .with_registry(rampart_image::registry::RegistryConfig::default().with_env()?);
     on_interrupt(builder.cancel.clone())?;
     let pb = if a.json {
         ProgressBar::hidden()

@@ -23,6 +23,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use futures::StreamExt as _;
 use rampart_core::template_builds::{BuildPlan, LogEntry, PlanStep};
+use rampart_image::registry::ImageRef;
 use rampart_image::spec::{Base, BuildNetwork, Ready, StartSpec, Variant};
 use rampart_image::{Step, Store};
 use serde::Deserialize;
@@ -285,8 +286,16 @@ struct Cursor {
     workdir: String,
 }
 
-/// The base of an E2B build, the metadata it starts with, and steps it adds first.
-fn base_of(st: &E2b, t: &StartV2) -> Result<(Base, Cursor, Steps), E2bError> {
+/// The base of an E2B build, the metadata it starts with, the steps it adds first and the
+/// credentials of its registry.
+type BaseOf = (
+    Base,
+    Cursor,
+    Steps,
+    Option<rampart_image::registry::Credentials>,
+);
+
+fn base_of(st: &E2b, t: &StartV2) -> Result<BaseOf, E2bError> {
     let builtin = |name: &str| {
         (
             Base::Template(name.to_owned()),
@@ -295,6 +304,7 @@ fn base_of(st: &E2b, t: &StartV2) -> Result<(Base, Cursor, Steps), E2bError> {
                 workdir: format!("/home/{E2B_USER}"),
             },
             Vec::new(),
+            None,
         )
     };
     if let Some(tpl) = t.from_template.as_deref().filter(|s| !s.is_empty()) {
@@ -314,6 +324,7 @@ fn base_of(st: &E2b, t: &StartV2) -> Result<(Base, Cursor, Steps), E2bError> {
                     Base::Template(other.to_owned()),
                     Cursor { user, workdir },
                     Vec::new(),
+                    None,
                 ))
             }
         };
@@ -336,18 +347,26 @@ fn base_of(st: &E2b, t: &StartV2) -> Result<(Base, Cursor, Steps), E2bError> {
     if repo == "e2bdev/code-interpreter" {
         return Ok(builtin(super::api::CODE_INTERPRETER));
     }
-    let refuse = |why: &str| {
-        E2bError::bad_request(format!(
-            "fromImage {image:?}: {why}; this server builds from debian:SUITE (made with mmdebstrap \
-             from deb.debian.org), e2bdev/base (its built-in base) and its own templates \
-             (fromTemplate); it pulls no image from a registry"
-        ))
-    };
-    if repo != "debian" {
-        return Err(refuse("this host cannot pull images from a registry"));
+    let refuse = |why: &str| E2bError::bad_request(format!("fromImage {image:?}: {why}"));
+    if repo != "debian" || image.contains('@') {
+        // Any other image is pulled from its registry (or the operator's mirror of it).
+        let r = ImageRef::parse(image).map_err(|e| E2bError::bad_request(e.to_string()))?;
+        let creds = registry_credentials(t.from_image_registry.as_ref())?;
+        return Ok((
+            Base::Image(r),
+            Cursor {
+                user: E2B_USER.into(),
+                workdir: format!("/home/{E2B_USER}"),
+            },
+            e2b_account_steps(image_account_cmd()),
+            creds,
+        ));
     }
     if t.from_image_registry.as_ref().is_some_and(|v| !v.is_null()) {
-        return Err(refuse("registry credentials are of no use here"));
+        return Err(refuse(
+            "registry credentials are of no use for debian images, which are made with \
+             mmdebstrap from deb.debian.org",
+        ));
     }
     let (suite, variant) = match tag.strip_suffix("-slim") {
         Some(s) => (s, Variant::Minbase),
@@ -363,18 +382,6 @@ fn base_of(st: &E2b, t: &StartV2) -> Result<(Base, Cursor, Steps), E2bError> {
     if suite.is_empty() || !suite.bytes().all(|b| b.is_ascii_lowercase() || b == b'-') {
         return Err(refuse(&format!("{suite:?} is not a Debian suite")));
     }
-    // E2B's templates have a `user` account with passwordless sudo and its home.
-    let provision = Step::Run {
-        cmd: format!(
-            "set -e; if ! id -u {u} >/dev/null 2>&1; then \
-             if getent passwd 1000 >/dev/null; then useradd -m -s /bin/bash {u}; \
-             else useradd -m -s /bin/bash -u 1000 {u}; fi; fi; \
-             mkdir -p /etc/sudoers.d; echo '{u} ALL=(ALL:ALL) NOPASSWD: ALL' > /etc/sudoers.d/{u}; \
-             chmod 0440 /etc/sudoers.d/{u}",
-            u = E2B_USER
-        ),
-        user: Some("root".into()),
-    };
     Ok((
         Base::Debian {
             suite: suite.to_owned(),
@@ -386,23 +393,101 @@ fn base_of(st: &E2b, t: &StartV2) -> Result<(Base, Cursor, Steps), E2bError> {
             user: E2B_USER.into(),
             workdir: format!("/home/{E2B_USER}"),
         },
-        vec![
-            (PlanStep::Step(provision), Some("base".into())),
-            (
-                PlanStep::Step(Step::User(E2B_USER.into())),
-                Some("base".into()),
-            ),
-            (
-                PlanStep::Step(Step::Workdir(format!("/home/{E2B_USER}"))),
-                Some("base".into()),
-            ),
-        ],
+        e2b_account_steps(format!(
+            "set -e; if ! id -u {u} >/dev/null 2>&1; then \
+             if getent passwd 1000 >/dev/null; then useradd -m -s /bin/bash {u}; \
+             else useradd -m -s /bin/bash -u 1000 {u}; fi; fi; \
+             mkdir -p /etc/sudoers.d; echo '{u} ALL=(ALL:ALL) NOPASSWD: ALL' > /etc/sudoers.d/{u}; \
+             chmod 0440 /etc/sudoers.d/{u}",
+            u = E2B_USER
+        )),
+        None,
     ))
+}
+
+/// The steps that give an image E2B's `user` account (made by `cmd`, as root), then make it
+/// the user and its home the working directory.
+fn e2b_account_steps(cmd: String) -> Steps {
+    let base = || Some("base".to_owned());
+    vec![
+        (
+            PlanStep::Step(Step::Run {
+                cmd,
+                user: Some("root".into()),
+            }),
+            base(),
+        ),
+        (PlanStep::Step(Step::User(E2B_USER.into())), base()),
+        (
+            PlanStep::Step(Step::Workdir(format!("/home/{E2B_USER}"))),
+            base(),
+        ),
+    ]
+}
+
+/// E2B's `user` account in a pulled image, whatever its tools: `useradd` (Debian, Ubuntu,
+/// Fedora) or BusyBox's `adduser` (Alpine); passwordless sudo when the image has sudo; its
+/// shell bash when there is one.
+fn image_account_cmd() -> String {
+    format!(
+        "set -e; u={u}; sh=/bin/sh; if [ -x /bin/bash ]; then sh=/bin/bash; fi; \
+         if ! id -u $u >/dev/null 2>&1; then \
+         if command -v useradd >/dev/null 2>&1; then \
+         if command -v getent >/dev/null 2>&1 && getent passwd 1000 >/dev/null; then \
+         useradd -m -s $sh $u; else useradd -m -s $sh -u 1000 $u; fi; \
+         elif command -v adduser >/dev/null 2>&1; then adduser -D -s $sh -u 1000 $u || adduser -D -s $sh $u; \
+         else echo \"the image has no useradd or adduser to make the account $u\" >&2; exit 1; fi; fi; \
+         if [ ! -d /home/$u ]; then mkdir -p /home/$u; chown $u /home/$u 2>/dev/null || true; fi; \
+         if command -v sudo >/dev/null 2>&1; then mkdir -p /etc/sudoers.d; \
+         echo \"$u ALL=(ALL:ALL) NOPASSWD: ALL\" > /etc/sudoers.d/$u; chmod 0440 /etc/sudoers.d/$u; fi",
+        u = E2B_USER
+    )
+}
+
+/// The registry credentials of an E2B build (`fromImageRegistry`): `registry` (a user and
+/// password, `from_image(image, username, password)`), `gcp` (a service account's JSON key,
+/// sent as GCP registries take it: user `_json_key`); `aws` needs a call to AWS and is
+/// refused with the way around it.
+fn registry_credentials(
+    v: Option<&Value>,
+) -> Result<Option<rampart_image::registry::Credentials>, E2bError> {
+    let Some(v) = v.filter(|v| !v.is_null()) else {
+        return Ok(None);
+    };
+    let field = |k: &str| v.get(k).and_then(Value::as_str).map(str::to_owned);
+    let cred = |username: String, password: String| {
+        Ok(Some(rampart_image::registry::Credentials {
+            username,
+            password,
+        }))
+    };
+    match field("type").as_deref() {
+        Some("registry") => match (field("username"), field("password")) {
+            (Some(u), Some(p)) if !u.is_empty() => cred(u, p),
+            _ => Err(E2bError::bad_request(
+                "fromImageRegistry: a registry login needs a username and a password",
+            )),
+        },
+        Some("gcp") => match field("serviceAccountJson") {
+            Some(j) if !j.is_empty() => cred("_json_key".into(), j),
+            _ => Err(E2bError::bad_request(
+                "fromImageRegistry: a gcp login needs serviceAccountJson",
+            )),
+        },
+        Some("aws") => Err(E2bError::bad_request(
+            "fromImageRegistry: aws: this server does not call AWS for an ECR token; give the \
+             token as a registry login instead: from_image(image, username=\"AWS\", \
+             password=<the output of `aws ecr get-login-password`>)",
+        )),
+        o => Err(E2bError::bad_request(format!(
+            "fromImageRegistry: unknown type {o:?} (expected registry, gcp or aws)"
+        ))),
+    }
 }
 
 /// The build plan of an E2B `TemplateBuildStartV2`.
 fn plan_of(st: &E2b, t: StartV2) -> Result<BuildPlan, E2bError> {
-    let (from, mut cur, mut steps) = base_of(st, &t)?;
+    let (from, mut cur, mut steps, registry_auth) = base_of(st, &t)?;
     let mut no_cache_from = None;
     let bad = |i: usize, m: String| E2bError::bad_request(format!("steps[{i}]: {m}"));
     for (i, s) in t.steps.unwrap_or_default().into_iter().enumerate() {
@@ -552,6 +637,7 @@ fn plan_of(st: &E2b, t: StartV2) -> Result<BuildPlan, E2bError> {
         network: BuildNetwork::Registries,
         no_cache: t.force == Some(true),
         no_cache_from,
+        registry_auth,
     })
 }
 
