@@ -2,7 +2,8 @@
 //!
 //! ```toml
 //! name = "py"                       # optional; `--name` overrides
-//! from = "debian:bookworm"          # or "oci:PATH" (layout dir or archive), "template:NAME"
+//! from = "debian:bookworm"          # or "oci:PATH" (layout dir or archive), "template:NAME",
+//!                                   # "image:REF" (pulled from a registry, e.g. image:python:3)
 //! [debian]                          # only with from = "debian:..."
 //! variant = "apt"                   # or "minbase"
 //! packages = ["ca-certificates"]
@@ -427,7 +428,7 @@ fn parse_from(s: &str, debian: Option<&Value>, dir: &Path) -> Result<Base, SpecE
     let (scheme, rest) = s.split_once(':').ok_or_else(|| {
         err(
             "from",
-            format!("{s:?}: expected debian:SUITE, oci:PATH or template:NAME"),
+            format!("{s:?}: expected debian:SUITE, oci:PATH, template:NAME or image:REF"),
         )
     })?;
     if scheme != "debian" && debian.is_some() {
@@ -813,6 +814,22 @@ mod tests {
 
     fn parse(extra: &str) -> Result<Spec, SpecError> {
         Spec::parse(&format!("from = \"template:x\"\n{extra}"), Path::new("."))
+    }
+
+    #[test]
+    fn image_bases_are_references() {
+        let s = Spec::parse("from = \"image:python:3.12-slim\"", Path::new(".")).unwrap();
+        assert_eq!(
+            s.from,
+            Base::Image(crate::registry::ImageRef {
+                registry: "docker.io".into(),
+                repository: "library/python".into(),
+                reference: "3.12-slim".into(),
+            })
+        );
+        let e = Spec::parse("from = \"image:Python\"", Path::new(".")).unwrap_err();
+        assert_eq!(e.field, "from");
+        assert!(e.message.contains("lowercase"), "{e}");
     }
 
     #[test]
