@@ -417,6 +417,7 @@ def start_registry():
     base = f"https://127.0.0.1:{port}"
     private = {"private/app"}
     login = ("puller", "s3cret")
+    ecr_login = "Basic " + base64.b64encode(b"AWS:ecr-pass").decode()
 
     def blob(d):
         p = os.path.join(blobs, d.split(":", 1)[1])
@@ -438,6 +439,19 @@ def start_registry():
         def error(self, code, err, msg, headers=()):
             body = json.dumps({"errors": [{"code": err, "message": msg}]}).encode()
             self.send(code, body, headers=headers)
+
+        def do_POST(self):
+            # ECR's GetAuthorizationToken, its Signature Version 4 checked as AWS checks it.
+            u = urllib.parse.urlparse(self.path)
+            body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
+            REGISTRY["log"].append((u.path, self.headers.get("Authorization", "")))
+            if not ecr_signature_ok(self, u.path, body):
+                return self.send(400, json.dumps({
+                    "__type": "com.amazon.coral.service#UnrecognizedClientException",
+                    "message": "The security token included in the request is invalid."}).encode())
+            token = base64.b64encode(b"AWS:ecr-pass").decode()
+            return self.send(200, json.dumps({"authorizationData": [
+                {"authorizationToken": token, "expiresAt": 0, "proxyEndpoint": base}]}).encode())
 
         def do_GET(self):
             u = urllib.parse.urlparse(self.path)
@@ -463,12 +477,18 @@ def start_registry():
                 return self.send(404)
             repo, kind, ref = "/".join(parts[2:-2]), parts[-2], parts[-1]
             tok = self.headers.get("Authorization", "")
+            if repo == "ecr/app":
+                # As ECR does: Basic auth with the login GetAuthorizationToken gave.
+                if tok != ecr_login:
+                    return self.error(401, "DENIED", "Your authorization token has expired.",
+                                      [("WWW-Authenticate", f'Basic realm="{base}/",service="ecr.amazonaws.com"')])
+                tok = f"Bearer t:{repo}:AWS"
             want = f"Bearer t:{repo}:"
             if not tok.startswith(want) or (repo in private and tok == want):
                 realm = f'Bearer realm="{base}/token",service="test-registry",scope="repository:{repo}:pull"'
                 return self.error(401, "UNAUTHORIZED", "authentication required",
                                   [("WWW-Authenticate", realm)])
-            if repo not in ("library/python", "private/app"):
+            if repo not in ("library/python", "private/app", "ecr/app"):
                 return self.error(404, "NAME_UNKNOWN", "repository name not known to registry")
             if kind == "manifests":
                 if ref in ("3", "1"):
@@ -496,6 +516,64 @@ def start_registry():
         l["digest"]
         for l in json.loads(blob(manifest_desc["digest"]))["layers"]
     ]
+
+
+ECR_KEY = ("AKIDTEST", "ecr-test-secret")
+
+
+def ecr_signature_ok(req, path, body):
+    """Checks a request's AWS Signature Version 4 (service ecr) with ECR_KEY."""
+    import hashlib
+    import hmac
+    import re
+
+    auth = req.headers.get("Authorization", "")
+    m = re.fullmatch(
+        r"AWS4-HMAC-SHA256 Credential=([^/]+)/(\d{8})/([a-z0-9-]+)/ecr/aws4_request, "
+        r"SignedHeaders=([a-z0-9;-]+), Signature=([0-9a-f]{64})", auth)
+    if not m or m.group(1) != ECR_KEY[0]:
+        return False
+    date, region, signed, sig = m.group(2), m.group(3), m.group(4).split(";"), m.group(5)
+    if not {"host", "x-amz-date", "x-amz-target"} <= set(signed):
+        return False
+    if req.headers.get("X-Amz-Target") != "AmazonEC2ContainerRegistry_V20150921.GetAuthorizationToken":
+        return False
+    amz_date = req.headers.get("X-Amz-Date", "")
+    canonical = "\n".join([
+        "POST", path, "",
+        "".join(f"{h}:{req.headers.get(h, '').strip()}\n" for h in signed),
+        ";".join(signed), hashlib.sha256(body).hexdigest()])
+    scope = f"{date}/{region}/ecr/aws4_request"
+    to_sign = "\n".join(["AWS4-HMAC-SHA256", amz_date, scope,
+                         hashlib.sha256(canonical.encode()).hexdigest()])
+    k = ("AWS4" + ECR_KEY[1]).encode()
+    for part in (date, region, "ecr", "aws4_request"):
+        k = hmac.new(k, part.encode(), hashlib.sha256).digest()
+    return hmac.compare_digest(hmac.new(k, to_sign.encode(), hashlib.sha256).hexdigest(), sig)
+
+
+ECR_IMAGE = "123456789012.dkr.ecr.us-east-1.amazonaws.com/ecr/app:1"
+
+
+def registry_ecr_image_with_an_access_key():
+    """from_aws_registry: the key is exchanged for an ECR login (SigV4), which pulls."""
+    try:
+        Template.build(
+            Template().from_aws_registry(ECR_IMAGE, ECR_KEY[0], "wrong-secret", "us-east-1"),
+            f"{NAME}-ecr",
+        )
+        raise AssertionError("a wrong secret pulled")
+    except BuildException as e:
+        assert "ECR refused the access key" in str(e), e
+        assert "UnrecognizedClientException" in str(e), e
+    info, logs, _ = build(
+        Template().from_aws_registry(ECR_IMAGE, ECR_KEY[0], ECR_KEY[1], "us-east-1"),
+        f"{NAME}-ecr",
+    )
+    assert any("logged in to ECR (us-east-1) as AKIDTEST" in m for m in logs), logs
+    assert any(f"pulled {ECR_IMAGE}" in m for m in logs), logs
+    assert not any(ECR_KEY[1] in m or "ecr-pass" in m for m in logs), logs
+    assert Template_delete(f"{NAME}-ecr") == 204
 
 
 def layer_fetches():
@@ -564,8 +642,7 @@ def registry_failures_are_reported():
             Template().from_image(f"127.0.0.1:{os.environ['REGISTRY_PORT']}/library/python:3"),
             "not public",
         ),
-        (Template().from_aws_registry("1.dkr.ecr.us-east-1.amazonaws.com/a:1", "AKIA", "s", "us-east-1"),
-         "does not call AWS"),
+        (Template().from_aws_registry(ECR_IMAGE, "AKIA", "s", "us/east"), "not an AWS region"),
     ]
     for t, want in cases:
         try:
@@ -585,6 +662,7 @@ if "registry" in sys.argv[1:]:
         registry_image_builds_and_runs,
         registry_second_pull_is_cached,
         registry_private_image_needs_its_login,
+        registry_ecr_image_with_an_access_key,
         registry_failures_are_reported,
     ):
         test(fn)

@@ -254,7 +254,14 @@ fn sdk_builds_from_a_registry_image() {
         &[
             (
                 "RAMPART_REGISTRY_MIRRORS",
-                &format!("docker.io=https://127.0.0.1:{port}"),
+                &format!(
+                    "docker.io=https://127.0.0.1:{port},\
+                     123456789012.dkr.ecr.us-east-1.amazonaws.com=https://127.0.0.1:{port}"
+                ),
+            ),
+            (
+                "RAMPART_ECR_ENDPOINT",
+                &format!("https://127.0.0.1:{port}/ecr-api/"),
             ),
             ("RAMPART_REGISTRY_CA", ca.to_str().unwrap()),
         ],
@@ -273,6 +280,7 @@ fn sdk_builds_from_a_registry_image() {
         "registry_image_builds_and_runs",
         "registry_second_pull_is_cached",
         "registry_private_image_needs_its_login",
+        "registry_ecr_image_with_an_access_key",
         "registry_failures_are_reported",
     ] {
         assert!(

@@ -92,7 +92,7 @@ pub struct BuildPlan {
     /// Rebuild from this step on (1 = the first).
     pub no_cache_from: Option<usize>,
     /// The user and password of an `image:` base's registry.
-    pub registry_auth: Option<rampart_image::registry::Credentials>,
+    pub registry_auth: Option<rampart_image::registry::RegistryAuth>,
 }
 
 /// A step of a [`BuildPlan`].

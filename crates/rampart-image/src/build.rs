@@ -333,7 +333,7 @@ pub struct BuildOptions {
     /// The build's id, kept with the name it sets (E2B's `buildID`).
     pub build_id: Option<String>,
     /// The user and password of an `image:` base's registry.
-    pub registry_auth: Option<crate::registry::Credentials>,
+    pub registry_auth: Option<crate::registry::RegistryAuth>,
     /// Leave an `image:` base's `Entrypoint`/`Cmd` out of the template's start command (E2B
     /// runs only the start command a build sets).
     pub drop_image_cmd: bool,

@@ -15,6 +15,7 @@
 
 pub mod build;
 pub mod digest;
+pub mod ecr;
 pub mod extract;
 pub mod oci;
 pub mod registry;

@@ -59,6 +59,9 @@ pub struct RegistryConfig {
     pub allow_cidrs: Vec<ipnet::IpNet>,
     /// More trusted roots (PEM), e.g. a private registry's CA.
     pub ca_pem: Option<Vec<u8>>,
+    /// ECR's API endpoint for every region (default `https://api.ecr.REGION.amazonaws.com/`);
+    /// its host may have any address.
+    pub ecr_endpoint: Option<String>,
 }
 
 impl RegistryConfig {
@@ -91,6 +94,9 @@ impl RegistryConfig {
                 })?,
             );
         }
+        if let Ok(e) = std::env::var("RAMPART_ECR_ENDPOINT") {
+            self.ecr_endpoint = Some(e);
+        }
         if let Ok(p) = std::env::var("RAMPART_REGISTRY_CA") {
             self.ca_pem = Some(std::fs::read(&p).map_err(io(format!("read {p}")))?);
         }
@@ -98,15 +104,21 @@ impl RegistryConfig {
         Ok(self)
     }
 
-    /// Checks the mirrors' URLs and the CA.
+    /// Checks the mirrors' URLs, the ECR endpoint and the CA.
     pub fn check(&self) -> Result<(), ImageError> {
-        for (name, url) in &self.mirrors {
+        let ecr = self
+            .ecr_endpoint
+            .iter()
+            .map(|u| ("ecr_endpoint".to_owned(), u));
+        let mirrors = self
+            .mirrors
+            .iter()
+            .map(|(n, u)| (format!("mirror of {n}"), u));
+        for (what, url) in mirrors.chain(ecr) {
             let u = reqwest::Url::parse(url)
-                .map_err(|e| reg(format!("mirror of {name}: {url:?} is not a URL: {e}")))?;
+                .map_err(|e| reg(format!("{what}: {url:?} is not a URL: {e}")))?;
             if !matches!(u.scheme(), "http" | "https") || u.host_str().is_none() {
-                return Err(reg(format!(
-                    "mirror of {name}: {url:?} is not an http(s) URL"
-                )));
+                return Err(reg(format!("{what}: {url:?} is not an http(s) URL")));
             }
         }
         if let Some(pem) = &self.ca_pem {
@@ -115,6 +127,15 @@ impl RegistryConfig {
         }
         Ok(())
     }
+}
+
+/// How a pull logs in to its registry.
+#[derive(Debug, Clone)]
+pub enum RegistryAuth {
+    /// A user and password (or token).
+    Login(Credentials),
+    /// An AWS access key, exchanged for an ECR login first.
+    Aws(crate::ecr::AwsKeys),
 }
 
 /// A user and password for a registry. Never printed.
@@ -326,7 +347,7 @@ pub type Progress<'a> = &'a mut dyn FnMut(String);
 pub fn pull(
     cfg: &RegistryConfig,
     image: &ImageRef,
-    creds: Option<&Credentials>,
+    auth: Option<&RegistryAuth>,
     store: &Store,
     cancel: &AtomicBool,
     progress: Progress<'_>,
@@ -339,7 +360,7 @@ pub fn pull(
     rt.block_on(pull_into(
         cfg,
         image,
-        creds,
+        auth,
         store,
         tmp.path(),
         cancel,
@@ -351,13 +372,24 @@ pub fn pull(
 async fn pull_into(
     cfg: &RegistryConfig,
     image: &ImageRef,
-    creds: Option<&Credentials>,
+    auth: Option<&RegistryAuth>,
     store: &Store,
     dir: &Path,
     cancel: &AtomicBool,
     progress: Progress<'_>,
 ) -> Result<(), ImageError> {
-    let mut s = Session::new(cfg, image, creds)?;
+    let mut s = Session::new(cfg, image)?;
+    match auth {
+        None => {}
+        Some(RegistryAuth::Login(c)) => s.creds = Some(c.clone()),
+        Some(RegistryAuth::Aws(keys)) => {
+            s.creds = Some(ecr_login(cfg, keys).await?);
+            progress(format!(
+                "logged in to ECR ({}) as {}\n",
+                keys.region, keys.access_key_id
+            ));
+        }
+    }
     progress(format!("pulling {image} from {}\n", s.base));
     // The manifest, through an index if it is one.
     let mut reference = image.reference.clone();
@@ -465,6 +497,73 @@ fn write_blob(blobs: &Path, digest: &str, bytes: &[u8]) -> Result<(), ImageError
     std::fs::write(blob_path(blobs, digest)?, bytes).map_err(io("write blob"))
 }
 
+/// A client whose every connection (and redirect, at most 5; plain HTTP only when
+/// `plain_ok`) goes to addresses `check` allows.
+fn client(
+    cfg: &RegistryConfig,
+    check: Arc<AddrCheck>,
+    plain_ok: bool,
+) -> Result<reqwest::Client, ImageError> {
+    let rc = check.clone();
+    let mut b = reqwest::Client::builder()
+        .user_agent(concat!("rampart/", env!("CARGO_PKG_VERSION")))
+        .connect_timeout(Duration::from_secs(15))
+        .read_timeout(Duration::from_secs(60))
+        .dns_resolver(Arc::new(CheckedResolver(check)))
+        .redirect(reqwest::redirect::Policy::custom(move |a| {
+            if a.previous().len() >= 5 {
+                return a.error("more than 5 redirects");
+            }
+            let u = a.url();
+            let verdict = if u.scheme() != "https" && !(plain_ok && u.scheme() == "http") {
+                Err(format!("a redirect to {} (not https)", u.scheme()))
+            } else {
+                rc.check_url(u)
+            };
+            match verdict {
+                Ok(()) => a.follow(),
+                Err(m) => a.error(m),
+            }
+        }));
+    if let Some(pem) = &cfg.ca_pem {
+        for c in reqwest::Certificate::from_pem_bundle(pem)
+            .map_err(|e| reg(format!("registry CA: {e}")))?
+        {
+            b = b.add_root_certificate(c);
+        }
+    }
+    b.build()
+        .map_err(|e| reg(format!("HTTP client: {}", chain(&e))))
+}
+
+/// Exchanges `keys` for an ECR login at the operator's endpoint (whose host, like a
+/// mirror's, may have any address) or the region's.
+async fn ecr_login(
+    cfg: &RegistryConfig,
+    keys: &crate::ecr::AwsKeys,
+) -> Result<Credentials, ImageError> {
+    keys.check()?;
+    let (endpoint, trusted) = match &cfg.ecr_endpoint {
+        Some(e) => {
+            let u = reqwest::Url::parse(e).map_err(|x| reg(format!("ecr_endpoint {e:?}: {x}")))?;
+            let host = u.host_str().unwrap_or_default().to_owned();
+            (u, vec![host])
+        }
+        None => {
+            let e = keys.endpoint();
+            let u = reqwest::Url::parse(&e).map_err(|x| reg(format!("ECR endpoint {e:?}: {x}")))?;
+            (u, Vec::new())
+        }
+    };
+    let check = Arc::new(AddrCheck {
+        allow: cfg.allow_cidrs.clone(),
+        trusted,
+    });
+    check.check_url(&endpoint).map_err(reg)?;
+    let c = client(cfg, check, false)?;
+    crate::ecr::login(&c, &endpoint, keys).await
+}
+
 /// One pull's client, base URL and authorization.
 struct Session {
     client: reqwest::Client,
@@ -478,11 +577,7 @@ struct Session {
 }
 
 impl Session {
-    fn new(
-        cfg: &RegistryConfig,
-        image: &ImageRef,
-        creds: Option<&Credentials>,
-    ) -> Result<Session, ImageError> {
+    fn new(cfg: &RegistryConfig, image: &ImageRef) -> Result<Session, ImageError> {
         let (base, trusted) = match cfg.mirrors.get(&image.registry) {
             Some(m) => {
                 let u = reqwest::Url::parse(m)
@@ -511,44 +606,13 @@ impl Session {
             trusted,
         });
         check.check_url(&base).map_err(reg)?;
-        let rc = check.clone();
-        let plain_ok = base.scheme() == "http";
-        let mut b = reqwest::Client::builder()
-            .user_agent(concat!("rampart/", env!("CARGO_PKG_VERSION")))
-            .connect_timeout(Duration::from_secs(15))
-            .read_timeout(Duration::from_secs(60))
-            .dns_resolver(Arc::new(CheckedResolver(check.clone())))
-            .redirect(reqwest::redirect::Policy::custom(move |a| {
-                if a.previous().len() >= 5 {
-                    return a.error("more than 5 redirects");
-                }
-                let u = a.url();
-                let verdict = if u.scheme() != "https" && !(plain_ok && u.scheme() == "http") {
-                    Err(format!("a redirect to {} (not https)", u.scheme()))
-                } else {
-                    rc.check_url(u)
-                };
-                match verdict {
-                    Ok(()) => a.follow(),
-                    Err(m) => a.error(m),
-                }
-            }));
-        if let Some(pem) = &cfg.ca_pem {
-            for c in reqwest::Certificate::from_pem_bundle(pem)
-                .map_err(|e| reg(format!("registry CA: {e}")))?
-            {
-                b = b.add_root_certificate(c);
-            }
-        }
-        let client = b
-            .build()
-            .map_err(|e| reg(format!("HTTP client: {}", chain(&e))))?;
+        let client = client(cfg, check.clone(), base.scheme() == "http")?;
         Ok(Session {
             client,
             base,
             repository: image.repository.clone(),
             registry: image.registry.clone(),
-            creds: creds.cloned(),
+            creds: None,
             auth: None,
             check,
         })

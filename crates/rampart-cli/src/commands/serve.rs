@@ -176,6 +176,8 @@ struct TemplatesFileConfig {
     registry_allow_cidrs: Vec<String>,
     /// A PEM file of more roots trusted for registries.
     registry_ca: Option<PathBuf>,
+    /// ECR's API endpoint for every region (default `https://api.ecr.REGION.amazonaws.com/`).
+    ecr_endpoint: Option<String>,
 }
 
 /// The registry configuration of `[templates]`, with `RAMPART_REGISTRY_*` over it.
@@ -193,6 +195,7 @@ fn resolve_registry(
             })?),
             None => None,
         },
+        ecr_endpoint: t.ecr_endpoint.clone(),
     };
     cfg.check()
         .map_err(|e| anyhow::anyhow!("[templates] {e}"))?;

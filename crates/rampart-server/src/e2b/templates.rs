@@ -23,7 +23,8 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use futures::StreamExt as _;
 use rampart_core::template_builds::{BuildPlan, LogEntry, PlanStep};
-use rampart_image::registry::ImageRef;
+use rampart_image::ecr::AwsKeys;
+use rampart_image::registry::{Credentials, ImageRef, RegistryAuth};
 use rampart_image::spec::{Base, BuildNetwork, Ready, StartSpec, Variant};
 use rampart_image::{Step, Store};
 use serde::Deserialize;
@@ -288,12 +289,7 @@ struct Cursor {
 
 /// The base of an E2B build, the metadata it starts with, the steps it adds first and the
 /// credentials of its registry.
-type BaseOf = (
-    Base,
-    Cursor,
-    Steps,
-    Option<rampart_image::registry::Credentials>,
-);
+type BaseOf = (Base, Cursor, Steps, Option<RegistryAuth>);
 
 fn base_of(st: &E2b, t: &StartV2) -> Result<BaseOf, E2bError> {
     let builtin = |name: &str| {
@@ -444,43 +440,57 @@ fn image_account_cmd() -> String {
     )
 }
 
-/// The registry credentials of an E2B build (`fromImageRegistry`): `registry` (a user and
+/// The registry login of an E2B build (`fromImageRegistry`): `registry` (a user and
 /// password, `from_image(image, username, password)`), `gcp` (a service account's JSON key,
-/// sent as GCP registries take it: user `_json_key`); `aws` needs a call to AWS and is
-/// refused with the way around it.
-fn registry_credentials(
-    v: Option<&Value>,
-) -> Result<Option<rampart_image::registry::Credentials>, E2bError> {
+/// sent as GCP registries take it: user `_json_key`), `aws` (an access key, exchanged for an
+/// ECR login with ECR's `GetAuthorizationToken`).
+fn registry_credentials(v: Option<&Value>) -> Result<Option<RegistryAuth>, E2bError> {
     let Some(v) = v.filter(|v| !v.is_null()) else {
         return Ok(None);
     };
-    let field = |k: &str| v.get(k).and_then(Value::as_str).map(str::to_owned);
-    let cred = |username: String, password: String| {
-        Ok(Some(rampart_image::registry::Credentials {
+    let field = |k: &str| {
+        v.get(k)
+            .and_then(Value::as_str)
+            .filter(|s| !s.is_empty())
+            .map(str::to_owned)
+    };
+    let login = |username: String, password: String| {
+        Ok(Some(RegistryAuth::Login(Credentials {
             username,
             password,
-        }))
+        })))
     };
+    let missing = |what: &str| E2bError::bad_request(format!("fromImageRegistry: {what}"));
     match field("type").as_deref() {
         Some("registry") => match (field("username"), field("password")) {
-            (Some(u), Some(p)) if !u.is_empty() => cred(u, p),
-            _ => Err(E2bError::bad_request(
-                "fromImageRegistry: a registry login needs a username and a password",
-            )),
+            (Some(u), Some(p)) => login(u, p),
+            _ => Err(missing("a registry login needs a username and a password")),
         },
         Some("gcp") => match field("serviceAccountJson") {
-            Some(j) if !j.is_empty() => cred("_json_key".into(), j),
-            _ => Err(E2bError::bad_request(
-                "fromImageRegistry: a gcp login needs serviceAccountJson",
+            Some(j) => login("_json_key".into(), j),
+            None => Err(missing("a gcp login needs serviceAccountJson")),
+        },
+        Some("aws") => match (
+            field("awsAccessKeyId"),
+            field("awsSecretAccessKey"),
+            field("awsRegion"),
+        ) {
+            (Some(access_key_id), Some(secret_access_key), Some(region)) => {
+                let keys = AwsKeys {
+                    access_key_id,
+                    secret_access_key,
+                    region,
+                };
+                keys.check()
+                    .map_err(|e| E2bError::bad_request(format!("fromImageRegistry: {e}")))?;
+                Ok(Some(RegistryAuth::Aws(keys)))
+            }
+            _ => Err(missing(
+                "an aws login needs awsAccessKeyId, awsSecretAccessKey and awsRegion",
             )),
         },
-        Some("aws") => Err(E2bError::bad_request(
-            "fromImageRegistry: aws: this server does not call AWS for an ECR token; give the \
-             token as a registry login instead: from_image(image, username=\"AWS\", \
-             password=<the output of `aws ecr get-login-password`>)",
-        )),
-        o => Err(E2bError::bad_request(format!(
-            "fromImageRegistry: unknown type {o:?} (expected registry, gcp or aws)"
+        o => Err(missing(&format!(
+            "unknown type {o:?} (expected registry, gcp or aws)"
         ))),
     }
 }
