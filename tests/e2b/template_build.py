@@ -414,12 +414,31 @@ def start_registry():
         ],
     }).encode()
     top_digest = "sha256:" + hashlib.sha256(top).hexdigest()
+    # liar/app:1: a manifest whose new layer is longer than its descriptor says.
+    import io as _io
+    import tarfile
+
+    buf = _io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tf:
+        data = os.urandom(4096)
+        ti = tarfile.TarInfo("extra.bin")
+        ti.size = len(data)
+        tf.addfile(ti, _io.BytesIO(data))
+    extra_layer = buf.getvalue()
+    extra_digest = "sha256:" + hashlib.sha256(extra_layer).hexdigest()
+    real = json.loads(open(os.path.join(blobs, manifest_desc["digest"].split(":", 1)[1]), "rb").read())
+    real["layers"].append({"mediaType": "application/vnd.oci.image.layer.v1.tar",
+                           "digest": extra_digest, "size": 100})
+    liar = json.dumps(real).encode()
+    extra_blobs = {extra_digest: extra_layer}
     base = f"https://127.0.0.1:{port}"
     private = {"private/app"}
     login = ("puller", "s3cret")
     ecr_login = "Basic " + base64.b64encode(b"AWS:ecr-pass").decode()
 
     def blob(d):
+        if d in extra_blobs:
+            return extra_blobs[d]
         p = os.path.join(blobs, d.split(":", 1)[1])
         return open(p, "rb").read() if os.path.isfile(p) else None
 
@@ -488,7 +507,9 @@ def start_registry():
                 realm = f'Bearer realm="{base}/token",service="test-registry",scope="repository:{repo}:pull"'
                 return self.error(401, "UNAUTHORIZED", "authentication required",
                                   [("WWW-Authenticate", realm)])
-            if repo not in ("library/python", "private/app", "ecr/app"):
+            if repo == "liar/app" and kind == "manifests":
+                return self.send(200, liar, "application/vnd.oci.image.manifest.v1+json")
+            if repo not in ("library/python", "private/app", "ecr/app", "liar/app"):
                 return self.error(404, "NAME_UNKNOWN", "repository name not known to registry")
             if kind == "manifests":
                 if ref in ("3", "1"):
@@ -643,6 +664,7 @@ def registry_failures_are_reported():
             "not public",
         ),
         (Template().from_aws_registry(ECR_IMAGE, "AKIA", "s", "us/east"), "not an AWS region"),
+        (Template().from_image("liar/app:1"), "longer than its descriptor's 100 bytes"),
     ]
     for t, want in cases:
         try:

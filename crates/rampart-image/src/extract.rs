@@ -281,10 +281,15 @@ fn set_xattr(
 /// a reserve (1/20 of its size, at most 256 MiB; 1/20 of its inodes, at most 10,000):
 /// a layer (a small gzip can expand a thousandfold) never fills the host's disk.
 fn has_room(dir: &Dir, bytes: u64) -> bool {
+    fd_has_room(dir.fd(), bytes)
+}
+
+/// [`has_room`] of the file system of the open file `fd`.
+pub(crate) fn fd_has_room(fd: libc::c_int, bytes: u64) -> bool {
     // SAFETY: fstatvfs fills the zeroed struct for a valid fd.
     let mut v: libc::statvfs = unsafe { std::mem::zeroed() };
-    // SAFETY: valid fd and a pointer to a statvfs we own.
-    if unsafe { libc::fstatvfs(dir.fd(), &mut v) } != 0 {
+    // SAFETY: `fd` is open (the caller holds it) and the pointer is to a statvfs we own.
+    if unsafe { libc::fstatvfs(fd, &mut v) } != 0 {
         return true; // no answer: the write itself will fail on a full disk
     }
     let unit = v.f_frsize as u64;

@@ -839,9 +839,20 @@ impl Session {
         path: &Path,
         cancel: &AtomicBool,
     ) -> Result<u64, ImageError> {
-        let r = self.blob_response(digest).await?;
+        // The descriptor's size bounds the download (OCI and Docker require it), and the
+        // store's file system keeps its reserve (as a layer's extraction does).
+        if size == 0 {
+            return Err(reg(format!("the manifest gives no size for blob {digest}")));
+        }
         let part = path.with_extension("part");
         let mut f = std::fs::File::create(&part).map_err(io("create blob"))?;
+        if !crate::extract::fd_has_room(std::os::fd::AsRawFd::as_raw_fd(&f), size) {
+            return Err(reg(format!(
+                "not enough space left in the store for blob {digest} ({size} bytes; a reserve \
+                 is kept free)"
+            )));
+        }
+        let r = self.blob_response(digest).await?;
         let mut h = Sha256::new();
         let mut n: u64 = 0;
         let mut body = r.bytes_stream();
@@ -851,7 +862,7 @@ impl Session {
             }
             let chunk = chunk.map_err(|e| self.net(e))?;
             n += chunk.len() as u64;
-            if size > 0 && n > size {
+            if n > size {
                 return Err(reg(format!(
                     "blob {digest} is longer than its descriptor's {size} bytes"
                 )));
