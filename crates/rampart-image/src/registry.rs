@@ -260,6 +260,56 @@ impl ImageRef {
     }
 }
 
+/// The login `docker login` stored for `image`'s registry, read from Docker's config
+/// (`$DOCKER_CONFIG/config.json`, else `~/.docker/config.json`): its `auths` entry's `auth`
+/// (base64 of `user:password`) or `username` and `password`. Credential helpers
+/// (`credsStore`, `credHelpers`) are not run. For a build on the host by its operator
+/// (`rampart template build`); the daemon never reads it.
+pub fn docker_config_login(image: &ImageRef) -> Option<RegistryAuth> {
+    let path = match std::env::var_os("DOCKER_CONFIG") {
+        Some(d) => PathBuf::from(d).join("config.json"),
+        None => PathBuf::from(std::env::var_os("HOME")?).join(".docker/config.json"),
+    };
+    let text = std::fs::read_to_string(path).ok()?;
+    login_from_docker_config(&text, &image.registry)
+}
+
+fn login_from_docker_config(text: &str, registry: &str) -> Option<RegistryAuth> {
+    let v: serde_json::Value = serde_json::from_str(text).ok()?;
+    let auths = v.get("auths")?.as_object()?;
+    let key_host = |k: &str| {
+        let k = k
+            .trim_start_matches("https://")
+            .trim_start_matches("http://");
+        let host = k.split('/').next().unwrap_or(k);
+        match host {
+            "index.docker.io" | "registry-1.docker.io" => DOCKER_HUB.to_owned(),
+            h => h.to_owned(),
+        }
+    };
+    let entry = auths
+        .iter()
+        .find(|(k, _)| key_host(k) == registry)
+        .map(|(_, e)| e)?;
+    let field = |k: &str| {
+        entry
+            .get(k)
+            .and_then(|x| x.as_str())
+            .filter(|s| !s.is_empty())
+    };
+    let (username, password) = match field("auth") {
+        Some(a) => {
+            use base64::Engine as _;
+            let d = base64::engine::general_purpose::STANDARD.decode(a).ok()?;
+            let d = String::from_utf8(d).ok()?;
+            let (u, p) = d.split_once(':')?;
+            (u.to_owned(), p.to_owned())
+        }
+        None => (field("username")?.to_owned(), field("password")?.to_owned()),
+    };
+    Some(RegistryAuth::Login(Credentials { username, password }))
+}
+
 /// Checks the addresses the client connects to.
 #[derive(Debug)]
 struct AddrCheck {
@@ -989,6 +1039,24 @@ mod tests {
         ] {
             assert!(ImageRef::parse(bad).is_err(), "{bad:?} was accepted");
         }
+    }
+
+    #[test]
+    fn docker_config_logins_are_found_by_registry() {
+        let cfg = r#"{"auths": {
+            "https://index.docker.io/v1/": {"auth": "aHViOmh1Yi1wYXNz"},
+            "ghcr.io": {"username": "gh", "password": "gh-pass"},
+            "quay.io": {"identitytoken": "x"}
+        }, "credsStore": "desktop"}"#;
+        let login = |r: &str| match login_from_docker_config(cfg, r) {
+            Some(RegistryAuth::Login(c)) => Some((c.username, c.password)),
+            _ => None,
+        };
+        assert_eq!(login("docker.io"), Some(("hub".into(), "hub-pass".into())));
+        assert_eq!(login("ghcr.io"), Some(("gh".into(), "gh-pass".into())));
+        assert_eq!(login("quay.io"), None);
+        assert_eq!(login("example.com"), None);
+        assert!(login_from_docker_config("not json", "ghcr.io").is_none());
     }
 
     #[test]

@@ -334,6 +334,13 @@ pub fn build(data: &Path, a: BuildArgs) -> Result<u8> {
         &name,
         &BuildOptions {
             no_cache: a.no_cache,
+            // An `image:` base logs in as `docker login` did on this host, if it did.
+            registry_auth: match &spec.from {
+                rampart_image::spec::Base::Image(r) => {
+                    rampart_image::registry::docker_config_login(r)
+                }
+                _ => None,
+            },
             ..Default::default()
         },
         &mut events,
