@@ -677,6 +677,14 @@ def registry_failures_are_reported():
         assert Template_delete(n) == 204
 
 
+if "serve-registry" in sys.argv[1:]:
+    # Only the registry, for a build outside this script (`rampart template build`): READY
+    # once it listens; it serves until stdin closes.
+    start_registry()
+    print("READY", flush=True)
+    sys.stdin.read()
+    sys.exit(0)
+
 if "registry" in sys.argv[1:]:
     sys.argv.remove("registry")
     start_registry()

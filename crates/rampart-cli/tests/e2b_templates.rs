@@ -289,6 +289,99 @@ fn sdk_builds_from_a_registry_image() {
         );
     }
     assert_no_build_leftovers(&d);
+    native_build_logs_in_as_docker_login_did(&d, &tmp, port, &ca, &cert, &key, &layout);
     drop(d);
     let _ = std::fs::remove_dir_all(&tmp);
+}
+
+/// `rampart template build` of `from = "image:private/app:1"` (the private repository of
+/// the script's registry, served by `template_build.py serve-registry`), logging in with the
+/// `auths` entry `docker login` would have written; a sandbox of the template runs.
+fn native_build_logs_in_as_docker_login_did(
+    d: &Tidy,
+    tmp: &std::path::Path,
+    port: u16,
+    ca: &std::path::Path,
+    cert: &std::path::Path,
+    key: &std::path::Path,
+    layout: &std::path::Path,
+) {
+    use std::io::BufRead as _;
+    let tests = workspace().join("tests/e2b");
+    let mut server = Command::new(venv_python())
+        .arg(tests.join("template_build.py"))
+        .arg("serve-registry")
+        .current_dir(&tests)
+        .env("REGISTRY_PORT", port.to_string())
+        .env("REGISTRY_CERT", cert)
+        .env("REGISTRY_KEY", key)
+        .env("REGISTRY_LAYOUT", layout)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("start the registry");
+    let mut ready = String::new();
+    std::io::BufReader::new(server.stdout.take().unwrap())
+        .read_line(&mut ready)
+        .unwrap();
+    assert_eq!(ready.trim(), "READY", "the registry did not start");
+    let docker = tmp.join("docker");
+    std::fs::create_dir_all(&docker).unwrap();
+    // base64("puller:s3cret"), as `docker login` writes it.
+    std::fs::write(
+        docker.join("config.json"),
+        r#"{"auths": {"https://index.docker.io/v1/": {"auth": "cHVsbGVyOnMzY3JldA=="}}}"#,
+    )
+    .unwrap();
+    let spec = tmp.join("native.toml");
+    std::fs::write(
+        &spec,
+        "from = \"image:private/app:1\"\n[[steps]]\nrun = \"echo native > /marker\"\n",
+    )
+    .unwrap();
+    let build = |docker_config: &std::path::Path| {
+        Command::new(env!("CARGO_BIN_EXE_rampart"))
+            .args([
+                "template",
+                "build",
+                "--json",
+                "--name",
+                "native-reg",
+                "--data-dir",
+            ])
+            .arg(&d.data)
+            .arg("-f")
+            .arg(&spec)
+            .env("DOCKER_CONFIG", docker_config)
+            .env(
+                "RAMPART_REGISTRY_MIRRORS",
+                format!("docker.io=https://127.0.0.1:{port}"),
+            )
+            .env("RAMPART_REGISTRY_CA", ca)
+            .output()
+            .expect("run rampart template build")
+    };
+    // Without the login: refused, saying so.
+    let o = build(&tmp.join("no-docker-config"));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success(),
+        "an anonymous pull of a private image built"
+    );
+    assert!(err.contains("refused an anonymous pull"), "{err}");
+    let o = build(&docker);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "rampart template build: {err}");
+    assert!(err.contains("pulled docker.io/private/app:1"), "{err}");
+    assert!(!err.contains("s3cret"), "{err}");
+    drop(server.stdin.take());
+    let _ = server.wait();
+    let sbx = support::Sandbox::create(
+        d.url.as_str(),
+        serde_json::json!({"template": "native-reg"}),
+    );
+    let r = sbx.sh("cat /marker; ls /usr/bin/dash");
+    assert_eq!(r["exit_code"], 0, "{r}");
+    assert_eq!(r["stdout"], "native\n/usr/bin/dash\n", "{r}");
+    sbx.destroy();
 }
