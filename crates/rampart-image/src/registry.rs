@@ -392,7 +392,8 @@ fn chain(e: &(dyn std::error::Error + 'static)) -> String {
 /// What a pull reports as it goes.
 pub type Progress<'a> = &'a mut dyn FnMut(String);
 
-/// Pulls `image` (with `creds`, if any) into a temporary layout of `store` and opens it.
+/// Pulls `image` (logging in with `auth`, if any) into a temporary layout of `store` and
+/// opens it.
 /// Layers `store` has already are not fetched (their blobs are absent from the layout).
 pub fn pull(
     cfg: &RegistryConfig,
