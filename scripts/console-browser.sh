@@ -13,24 +13,6 @@ if ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null; the
   { apt-get update -qq && apt-get install -y -qq --no-install-recommends chromium chromium-driver fonts-dejavu-core >/dev/null; } ||
     echo "console-browser: apt-get install chromium chromium-driver failed; the console test will be skipped" >&2
 fi
-venv="$target/console-venv"
-stamp="$venv/.rampart-installed"
-want="${PKGS[*]}"
-if [[ -f "$stamp" && "$(cat "$stamp")" == "$want" ]]; then
-  exit 0
-fi
-if ! command -v python3 >/dev/null; then
-  echo "console-browser: no python3; the console test will be skipped" >&2
-  exit 0
-fi
-echo "console-browser: installing ${want} into $venv" >&2
-if ! { [[ -x "$venv/bin/python" ]] || python3 -m venv "$venv"; }; then
-  echo "console-browser: cannot make a venv (python3-venv missing?); the console test will be skipped" >&2
-  exit 0
-fi
-if ! "$venv/bin/pip" install -q --disable-pip-version-check "${PKGS[@]}"; then
-  echo "console-browser: pip install failed (no PyPI access?); the console test will be skipped" >&2
-  exit 0
-fi
-echo "$want" > "$stamp"
+source scripts/venv.sh
+install_venv console-browser "console test" "$target/console-venv" "${PKGS[@]}"
 exit 0

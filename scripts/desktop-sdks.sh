@@ -26,23 +26,6 @@ else
   fi
 fi
 
-venv="$target/desktop-venv"
-stamp="$venv/.rampart-installed"
-want="${PY_PKGS[*]}"
-if [[ -f "$stamp" && "$(cat "$stamp")" == "$want" ]]; then
-  exit 0
-fi
-if ! command -v python3 >/dev/null; then
-  echo "desktop-sdks: no python3; the desktop test will be skipped" >&2
-  exit 0
-fi
-echo "desktop-sdks: installing ${want} into $venv" >&2
-if [[ -x "$venv/bin/python" ]] || python3 -m venv "$venv"; then
-  if "$venv/bin/python" -m pip install -q --disable-pip-version-check "${PY_PKGS[@]}"; then
-    echo "$want" > "$stamp"
-  else
-    echo "desktop-sdks: pip install failed (no PyPI access?); the desktop test will be skipped" >&2
-  fi
-else
-  echo "desktop-sdks: cannot make a venv (python3-venv missing?); the desktop test will be skipped" >&2
-fi
+source scripts/venv.sh
+install_venv desktop-sdks "desktop test" "$target/desktop-venv" "${PY_PKGS[@]}"
+exit 0

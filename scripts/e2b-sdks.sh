@@ -14,31 +14,9 @@ PY_PKGS=(e2b==2.63.0 e2b-code-interpreter==2.11.5)
 PY_OLD_PKGS=(e2b==2.45.1 e2b-code-interpreter==2.9.1)
 JS_PKGS=(e2b@2.51.0 @e2b/code-interpreter@2.8.0)
 
-# install_venv DIR PACKAGES...: a venv at DIR with exactly PACKAGES (stamped, so a rerun with
-# the same pins does nothing).
-install_venv() {
-  local venv="$1"
-  shift
-  local stamp="$venv/.rampart-installed" want="$*"
-  if [[ -f "$stamp" && "$(cat "$stamp")" == "$want" ]]; then
-    return 0
-  elif ! command -v python3 >/dev/null; then
-    echo "e2b-sdks: no python3; the Python SDK test will be skipped" >&2
-  else
-    echo "e2b-sdks: installing ${want} into $venv" >&2
-    if [[ -x "$venv/bin/python" ]] || python3 -m venv "$venv"; then
-      if "$venv/bin/pip" install -q --disable-pip-version-check "$@"; then
-        echo "$want" > "$stamp"
-      else
-        echo "e2b-sdks: pip install failed (no PyPI access?); the Python SDK test will be skipped" >&2
-      fi
-    else
-      echo "e2b-sdks: cannot make a venv (python3-venv missing?); the Python SDK test will be skipped" >&2
-    fi
-  fi
-}
-install_venv "$target/e2b-venv" "${PY_PKGS[@]}"
-install_venv "$target/e2b-venv-old" "${PY_OLD_PKGS[@]}"
+source scripts/venv.sh
+install_venv e2b-sdks "Python SDK test" "$target/e2b-venv" "${PY_PKGS[@]}"
+install_venv e2b-sdks "older Python SDK's script" "$target/e2b-venv-old" "${PY_OLD_PKGS[@]}"
 
 node_dir="$target/e2b-node"
 node_stamp="$node_dir/.rampart-installed"

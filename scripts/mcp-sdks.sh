@@ -8,24 +8,6 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 target="${CARGO_TARGET_DIR:-target}"
 PKGS=(mcp==2.3.0 openai-agents==0.24.0)
-venv="$target/mcp-venv"
-stamp="$venv/.rampart-installed"
-want="${PKGS[*]}"
-if [[ -f "$stamp" && "$(cat "$stamp")" == "$want" ]]; then
-  exit 0
-fi
-if ! command -v python3 >/dev/null; then
-  echo "mcp-sdks: no python3; the MCP test will be skipped" >&2
-  exit 0
-fi
-echo "mcp-sdks: installing ${want} into $venv" >&2
-if [[ -x "$venv/bin/python" ]] || python3 -m venv "$venv"; then
-  if "$venv/bin/pip" install -q --disable-pip-version-check "${PKGS[@]}"; then
-    echo "$want" > "$stamp"
-  else
-    echo "mcp-sdks: pip install failed (no PyPI access?); the MCP test will be skipped" >&2
-  fi
-else
-  echo "mcp-sdks: cannot make a venv (python3-venv missing?); the MCP test will be skipped" >&2
-fi
+source scripts/venv.sh
+install_venv mcp-sdks "MCP test" "$target/mcp-venv" "${PKGS[@]}"
 exit 0
