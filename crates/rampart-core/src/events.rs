@@ -332,15 +332,10 @@ impl Lifecycle {
 
     /// Whether a webhook may be posted to `ip`.
     fn allowed(&self, ip: IpAddr) -> Result<(), String> {
-        let ip = match ip {
-            IpAddr::V6(v6) => v6.to_ipv4_mapped().map(IpAddr::V4).unwrap_or(ip),
-            v4 => v4,
-        };
-        if rampart_egress::policy::special(ip).is_none()
-            || self.cfg.webhook_allow_cidrs.iter().any(|n| n.contains(&ip))
-        {
+        if rampart_egress::policy::refused_special(ip, &self.cfg.webhook_allow_cidrs).is_none() {
             return Ok(());
         }
+        let ip = rampart_egress::policy::canonical(ip);
         Err(format!(
             "{ip} is not a public address; webhooks are posted only to public addresses \
              unless the operator allows the range ([events] webhook_allow_cidrs)"

@@ -470,6 +470,17 @@ fn v6net(a: [u16; 8], len: u8) -> IpNet {
         .unwrap_or_else(|_| IpNet::from(IpAddr::from(a)))
 }
 
+/// Why the daemon may not connect to `ip` on a client's behalf (a webhook, a registry): the
+/// special range it is in ([`special`]), unless a range of `allow` (the operator's) holds it.
+pub fn refused_special(ip: IpAddr, allow: &[IpNet]) -> Option<&'static str> {
+    let ip = canonical(ip);
+    if allow.iter().any(|n| n.contains(&ip)) {
+        None
+    } else {
+        special(ip)
+    }
+}
+
 /// IANA special-purpose ranges (IPv4 and IPv6 registries) that are not globally reachable,
 /// plus ranges reserved or deprecated for which reaching anything is no use to a sandbox,
 /// beyond what [`Blocklist::always_blocked`] and [`Blocklist::private`] already cover.

@@ -133,13 +133,12 @@ const TARGET: &str = "AmazonEC2ContainerRegistry_V20150921.GetAuthorizationToken
 const CONTENT_TYPE: &str = "application/x-amz-json-1.1";
 
 /// Calls `GetAuthorizationToken` at `endpoint` with `client` and returns the registry login
-/// it gives (user `AWS`).
+/// it gives (user `AWS`). `keys` are checked ([`AwsKeys::check`]) by the caller.
 pub(crate) async fn login(
     client: &reqwest::Client,
     endpoint: &reqwest::Url,
     keys: &AwsKeys,
 ) -> Result<Credentials, ImageError> {
-    keys.check()?;
     let host = match (endpoint.host_str(), endpoint.port()) {
         (Some(h), Some(p)) => format!("{h}:{p}"),
         (Some(h), None) => h.to_owned(),

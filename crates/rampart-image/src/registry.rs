@@ -323,15 +323,10 @@ impl AddrCheck {
         if self.trusted.iter().any(|t| t.eq_ignore_ascii_case(host)) {
             return Ok(());
         }
-        let ip = match ip {
-            IpAddr::V6(v6) => v6.to_ipv4_mapped().map(IpAddr::V4).unwrap_or(ip),
-            v4 => v4,
-        };
-        if rampart_egress::policy::special(ip).is_none()
-            || self.allow.iter().any(|n| n.contains(&ip))
-        {
+        if rampart_egress::policy::refused_special(ip, &self.allow).is_none() {
             return Ok(());
         }
+        let ip = rampart_egress::policy::canonical(ip);
         Err(format!(
             "{host} has the address {ip}, which is not public; registries are reached only at \
              public addresses unless the operator allows the range ([templates] \
@@ -536,12 +531,16 @@ fn check_digest(digest: &str, bytes: &[u8]) -> Result<(), ImageError> {
     Ok(())
 }
 
-fn blob_path(blobs: &Path, digest: &str) -> Result<PathBuf, ImageError> {
-    let h = digest
+/// The hex of a `sha256:<64 hex>` digest (no other is accepted: it names files and URLs).
+fn sha256_hex(digest: &str) -> Result<&str, ImageError> {
+    digest
         .strip_prefix("sha256:")
         .filter(|h| crate::digest::is_hex64(h))
-        .ok_or_else(|| reg(format!("unsupported digest {digest:?} (sha256 only)")))?;
-    Ok(blobs.join(h))
+        .ok_or_else(|| reg(format!("unsupported digest {digest:?} (sha256 only)")))
+}
+
+fn blob_path(blobs: &Path, digest: &str) -> Result<PathBuf, ImageError> {
+    Ok(blobs.join(sha256_hex(digest)?))
 }
 
 fn write_blob(blobs: &Path, digest: &str, bytes: &[u8]) -> Result<(), ImageError> {
@@ -669,7 +668,7 @@ impl Session {
         })
     }
 
-    fn url(&self, kind: &str, reference: &str) -> Result<reqwest::Url, ImageError> {
+    fn url(&self, kind: &str, reference: &str) -> reqwest::Url {
         let path = format!(
             "{}v2/{}/{kind}/{reference}",
             self.base.path().trim_end_matches('/').to_owned() + "/",
@@ -677,7 +676,7 @@ impl Session {
         );
         let mut u = self.base.clone();
         u.set_path(&path);
-        Ok(u)
+        u
     }
 
     fn net(&self, e: reqwest::Error) -> ImageError {
@@ -847,7 +846,7 @@ impl Session {
     }
 
     async fn manifest(&mut self, reference: &str) -> Result<(Vec<u8>, String), ImageError> {
-        let url = self.url("manifests", reference)?;
+        let url = self.url("manifests", reference);
         let r = self.get(url, Some(ACCEPT)).await?;
         if !r.status().is_success() {
             let what = format!("manifest {}:{reference}", self.repository);
@@ -867,8 +866,8 @@ impl Session {
     }
 
     async fn blob_response(&mut self, digest: &str) -> Result<reqwest::Response, ImageError> {
-        blob_path(Path::new(""), digest)?;
-        let url = self.url("blobs", digest)?;
+        sha256_hex(digest)?;
+        let url = self.url("blobs", digest);
         let r = self.get(url, None).await?;
         if !r.status().is_success() {
             return Err(self.failed(&format!("blob {digest}"), r).await);

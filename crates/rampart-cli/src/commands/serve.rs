@@ -197,9 +197,9 @@ fn resolve_registry(
         },
         ecr_endpoint: t.ecr_endpoint.clone(),
     };
-    cfg.check()
-        .map_err(|e| anyhow::anyhow!("[templates] {e}"))?;
-    Ok(cfg.with_env()?)
+    // Checked (mirror URLs, the CA) once the environment is read over it.
+    cfg.with_env()
+        .map_err(|e| anyhow::anyhow!("[templates] or RAMPART_REGISTRY_*: {e}"))
 }
 
 /// `[events]` of the config file.
