@@ -509,6 +509,13 @@ def start_registry():
                                   [("WWW-Authenticate", realm)])
             if repo == "liar/app" and kind == "manifests":
                 return self.send(200, liar, "application/vnd.oci.image.manifest.v1+json")
+            if repo == "loop/app":
+                # A redirect to itself, for ever.
+                return self.send(307, headers=[("Location", f"{base}{u.path}")])
+            if repo == "old/app" and kind == "manifests":
+                old = json.dumps({"schemaVersion": 1, "name": repo, "tag": ref,
+                                  "fsLayers": [{"blobSum": manifest_desc["digest"]}]}).encode()
+                return self.send(200, old, "application/vnd.docker.distribution.manifest.v1+prettyjws")
             if repo not in ("library/python", "private/app", "ecr/app", "liar/app"):
                 return self.error(404, "NAME_UNKNOWN", "repository name not known to registry")
             if kind == "manifests":
@@ -665,6 +672,8 @@ def registry_failures_are_reported():
         ),
         (Template().from_aws_registry(ECR_IMAGE, "AKIA", "s", "us/east"), "not an AWS region"),
         (Template().from_image("liar/app:1"), "longer than its descriptor's 100 bytes"),
+        (Template().from_image("loop/app:1"), "more than 5 redirects"),
+        (Template().from_image("old/app:1"), "a schema 1 manifest"),
     ]
     for t, want in cases:
         try:

@@ -269,19 +269,8 @@ fn the_native_api_answers_only_its_administrator() {
 
     // 3. A key made with `rampart keys create --native`, then revoked: refused at once.
     let rk = |args: &[&str]| {
-        let out = Command::new(env!("CARGO_BIN_EXE_rampart"))
-            .arg("keys")
-            .args(args)
-            .arg("--data-dir")
-            .arg(&data)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "rampart keys {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).into_owned()
+        support::cli_local(&data, &[&["keys"], args].concat())
+            .unwrap_or_else(|e| panic!("rampart keys {args:?}: {e}"))
     };
     let made: Value =
         serde_json::from_str(&rk(&["create", "--native", "--name", "ci", "--json"])).unwrap();

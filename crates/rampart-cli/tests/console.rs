@@ -105,21 +105,18 @@ fn the_console_in_a_real_browser() {
 
     // A command another key asks for in a sandbox whose policy holds `rm`: the console
     // approves it (its own key did not ask, so it may).
-    let agent_key = {
-        let out = Command::new(env!("CARGO_BIN_EXE_rampart"))
-            .args(["keys", "create", "--native", "--json", "--name", "agent"])
-            .args(["--scope", "sandboxes", "--scope", "exec", "--data-dir"])
-            .arg(&d.data)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-        v["key"].as_str().unwrap().to_owned()
-    };
+    let agent_key = support::make_key(
+        &d.data,
+        &[
+            "--native",
+            "--name",
+            "agent",
+            "--scope",
+            "sandboxes",
+            "--scope",
+            "exec",
+        ],
+    );
     let agent = reqwest::blocking::Client::builder()
         .timeout(std::time::Duration::from_secs(300))
         .build()

@@ -24,6 +24,7 @@ use serde_json::{json, Value};
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Duration;
+use support::cli_local;
 
 fn http() -> Client {
     Client::builder()
@@ -54,22 +55,6 @@ fn call(url: &str, key: &str, method: Method, path: &str, body: Option<Value>) -
         status,
         body: serde_json::from_str(&text).unwrap_or(Value::Null),
         headers,
-    }
-}
-
-/// Runs the CLI on the daemon's host (`--data-dir`): its stdout, or a panic with stderr.
-fn cli_local(data: &Path, args: &[&str]) -> Result<String, String> {
-    let out = Command::new(env!("CARGO_BIN_EXE_rampart"))
-        .args(args)
-        .arg("--data-dir")
-        .arg(data)
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
-    if out.status.success() {
-        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-    } else {
-        Err(String::from_utf8_lossy(&out.stderr).into_owned())
     }
 }
 

@@ -239,23 +239,29 @@ pub fn client() -> Client {
     client_builder().build().unwrap()
 }
 
-/// `rampart keys create --json ARGS` on the daemon's host (its data directory `data`): the
-/// new key.
-pub fn make_key(data: &Path, args: &[&str]) -> String {
+/// Runs the CLI on the daemon's host (`rampart ARGS --data-dir DATA`, no stdin): its
+/// stdout, or its stderr when it fails.
+pub fn cli_local(data: &Path, args: &[&str]) -> Result<String, String> {
     let out = Command::new(env!("CARGO_BIN_EXE_rampart"))
-        .args(["keys", "create", "--json"])
         .args(args)
         .arg("--data-dir")
         .arg(data)
         .stdin(Stdio::null())
         .output()
         .unwrap();
-    assert!(
-        out.status.success(),
-        "keys create: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    if out.status.success() {
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    } else {
+        Err(String::from_utf8_lossy(&out.stderr).into_owned())
+    }
+}
+
+/// `rampart keys create --json ARGS` on the daemon's host (its data directory `data`): the
+/// new key.
+pub fn make_key(data: &Path, args: &[&str]) -> String {
+    let args = [&["keys", "create", "--json"], args].concat();
+    let out = cli_local(data, &args).unwrap_or_else(|e| panic!("keys create: {e}"));
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
     v["key"].as_str().unwrap().to_owned()
 }
 
