@@ -99,15 +99,18 @@ pub fn with_builtins<'a>(
 }
 
 /// Whether sandboxes of `template` run the code interpreter's server: the built-in one, or
-/// a template built on it.
+/// a template built on it. A built-in name is answered without reading the store (the
+/// create of a `base` sandbox does no template I/O here).
 pub(crate) fn runs_interpreter(data: &Path, template: &str) -> bool {
-    template == crate::interpreter::TEMPLATE
-        || resolve(data, template)
-            .ok()
-            .flatten()
-            .and_then(|r| r.on_base)
-            .as_deref()
-            == Some(crate::interpreter::TEMPLATE)
+    if crate::validate::TEMPLATES.contains(&template) {
+        return template == crate::interpreter::TEMPLATE;
+    }
+    // Only the manifest's `base` is needed (not its layers' paths).
+    Store::open_existing(data)
+        .and_then(|s| s.resolve(template).ok())
+        .and_then(|(_, m)| m.base)
+        .as_deref()
+        == Some(crate::interpreter::TEMPLATE)
 }
 
 /// The request's environment over the template's (the daemon's base under both).
