@@ -50,13 +50,21 @@ async fn main() {
         (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for _ in 0..n {
         let t0 = Instant::now();
-        let s = m.create(CreateSandbox::default()).await.expect("create");
+        let s = m
+            .create(&node(), CreateSandbox::default())
+            .await
+            .expect("create");
         let t1 = Instant::now();
         let run = |cmd: &str| ExecRequest {
             cmd: vec![cmd.to_owned()],
             ..Default::default()
         };
-        let mut e = m.exec(&s.id, run("true"), false).await.expect("exec");
+        let mut e = m
+            .sandbox(&node(), &s.id)
+            .unwrap()
+            .exec(run("true"), false)
+            .await
+            .expect("exec");
         while let Some(ev) = e.events.next().await {
             if let ExecEvent::Exit { exit_code, .. } = ev {
                 assert_eq!(exit_code, Some(0));
@@ -64,11 +72,20 @@ async fn main() {
         }
         let t2 = Instant::now();
         let t3 = Instant::now();
-        let mut e = m.exec(&s.id, run("true"), false).await.expect("exec");
+        let mut e = m
+            .sandbox(&node(), &s.id)
+            .unwrap()
+            .exec(run("true"), false)
+            .await
+            .expect("exec");
         while e.events.next().await.is_some() {}
         warm.push(t3.elapsed());
         let t4 = Instant::now();
-        m.destroy(&s.id).await.expect("destroy");
+        m.sandbox(&node(), &s.id)
+            .unwrap()
+            .destroy()
+            .await
+            .expect("destroy");
         destroy.push(t4.elapsed());
         create.push(t1 - t0);
         first.push(t2 - t1);
@@ -95,4 +112,9 @@ async fn main() {
             let _ = std::fs::remove_dir(c.path().join(&subtree));
         }
     }
+}
+
+/// The node, as the daemon acts for its administrator.
+fn node() -> rampart_core::Principal {
+    rampart_core::Principal::node("test")
 }

@@ -11,13 +11,13 @@
 //! This reads what callers ask to run; it is not containment. A desktop action hidden from
 //! it (a script file, `eval`, another tool) still runs and still has its `exec` and `exit`.
 
-use crate::{CoreError, Manager};
+use crate::CoreError;
 use futures::StreamExt as _;
 use rampart_audit::content_digest;
 use rampart_types::approval::script_commands;
 use rampart_types::audit::{ContentRecord, Desktop, TypedText};
 use rampart_types::desktop::{BrowserInfo, DesktopAction, ScrollDirection};
-use rampart_types::{ExecEvent, ExecRequest, SandboxId};
+use rampart_types::{ExecEvent, ExecRequest};
 use rustix::fs::OFlags;
 use std::io::Read as _;
 use std::os::fd::{AsFd as _, BorrowedFd};
@@ -499,14 +499,9 @@ fn check_display(display: &str) -> Result<(), CoreError> {
     }
 }
 
-impl Manager {
-    /// Runs `cmd` on `display` of sandbox `id` (recorded like any exec) and waits for it.
-    async fn on_desktop(
-        &self,
-        id: &SandboxId,
-        cmd: Vec<String>,
-        display: &str,
-    ) -> Result<Ran, CoreError> {
+impl crate::Sandbox<'_> {
+    /// Runs `cmd` on `display` of the sandbox (recorded like any exec) and waits for it.
+    async fn on_desktop(&self, cmd: Vec<String>, display: &str) -> Result<Ran, CoreError> {
         let req = ExecRequest {
             cmd,
             env: [("DISPLAY".to_owned(), display.to_owned())].into(),
@@ -519,7 +514,7 @@ impl Manager {
             stream: false,
             max_output_bytes: None,
         };
-        let mut exec = self.exec(id, req, false).await?;
+        let mut exec = self.exec(req, false).await?;
         let mut ran = Ran {
             code: None,
             stdout: Vec::new(),
@@ -540,14 +535,10 @@ impl Manager {
         Ok(ran)
     }
 
-    /// Takes a screenshot of `display` (default `:0`) of sandbox `id` with `scrot`, the
+    /// Takes a screenshot of `display` (default `:0`) of the sandbox with `scrot`, the
     /// pointer drawn in: the PNG. Recorded as every screenshot is (a `desktop` event with the
     /// image as a blob).
-    pub async fn screenshot(
-        &self,
-        id: &SandboxId,
-        display: Option<&str>,
-    ) -> Result<Vec<u8>, CoreError> {
+    pub async fn screenshot(&self, display: Option<&str>) -> Result<Vec<u8>, CoreError> {
         let display = display.unwrap_or(DEFAULT_DISPLAY);
         check_display(display)?;
         let path = format!(
@@ -555,7 +546,6 @@ impl Manager {
             &rampart_store::access::new_token()[..16]
         );
         self.on_desktop(
-            id,
             ["scrot", "--overwrite", "--pointer", &path]
                 .map(String::from)
                 .to_vec(),
@@ -563,7 +553,7 @@ impl Manager {
         )
         .await?
         .check("scrot", display)?;
-        let root = self.upper_root(id).await?;
+        let root = self.upper_root().await?;
         let p = path.clone();
         let read = tokio::task::spawn_blocking(move || {
             let mut a = action("screenshot");
@@ -571,21 +561,20 @@ impl Manager {
         })
         .await
         .map_err(|e| CoreError::Internal(format!("reading a screenshot: {e}")))?;
-        let _ = self.remove_file(id, &path, None).await;
+        let _ = self.remove_file(&path, None).await;
         read.map_err(CoreError::Desktop)
     }
 
-    /// Does `action` on `display` (default `:0`) of sandbox `id` with `xdotool`.
+    /// Does `action` on `display` (default `:0`) of the sandbox with `xdotool`.
     pub async fn desktop_action(
         &self,
-        id: &SandboxId,
         action: &DesktopAction,
         display: Option<&str>,
     ) -> Result<(), CoreError> {
         let display = display.unwrap_or(DEFAULT_DISPLAY);
         check_display(display)?;
         for cmd in xdotool_argv(action)? {
-            self.on_desktop(id, cmd, display)
+            self.on_desktop(cmd, display)
                 .await?
                 .check("xdotool", display)?;
         }
@@ -595,14 +584,10 @@ impl Manager {
     /// Starts the sandbox's browser (Chromium, through the template's `rampart-browser`)
     /// with its DevTools protocol on 127.0.0.1:9222, on `display` when an X server answers
     /// there, headless otherwise; or finds it running. Returns once the protocol answers.
-    pub async fn start_browser(
-        &self,
-        id: &SandboxId,
-        display: Option<&str>,
-    ) -> Result<BrowserInfo, CoreError> {
+    pub async fn start_browser(&self, display: Option<&str>) -> Result<BrowserInfo, CoreError> {
         let display = display.unwrap_or(DEFAULT_DISPLAY);
         check_display(display)?;
-        if let Some(info) = self.browser_version(id).await? {
+        if let Some(info) = self.browser_version().await? {
             return Ok(info);
         }
         let req = ExecRequest {
@@ -617,12 +602,12 @@ impl Manager {
             stream: false,
             max_output_bytes: None,
         };
-        let p = self.spawn_process(id, req).await?;
-        let proc = self.process(id, p.pid)?;
+        let p = self.spawn_process(req).await?;
+        let proc = self.process(p.pid)?;
         let deadline = tokio::time::Instant::now() + BROWSER_START;
         let mut delay = Duration::from_millis(20);
         loop {
-            if let Some(mut info) = self.browser_version(id).await? {
+            if let Some(mut info) = self.browser_version().await? {
                 info.pid = Some(p.pid);
                 return Ok(info);
             }
@@ -652,8 +637,8 @@ impl Manager {
     }
 
     /// The running browser's DevTools version answer, if one answers on its port.
-    async fn browser_version(&self, id: &SandboxId) -> Result<Option<BrowserInfo>, CoreError> {
-        let agent = self.agent(id)?;
+    async fn browser_version(&self) -> Result<Option<BrowserInfo>, CoreError> {
+        let agent = self.agent()?;
         let Ok(up) = agent.tunnel(BROWSER_PORT).await else {
             return Ok(None);
         };

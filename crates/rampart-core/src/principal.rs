@@ -1,9 +1,9 @@
-//! Who a request is served for: the [`Principal`] the API server authenticated, set for
-//! the request's task with [`with_principal`].
+//! Who a request is served for: the [`Principal`] the API server authenticated, given
+//! explicitly to every entry point of core ([`crate::Manager::sandbox`] and the methods of
+//! `Manager` that act for someone); inside core, the entry point scopes the work it starts
+//! on it (the record names it: `created.caller` and the other callers of events).
 //!
-//! Core reads it in two places only: the record names it (`created.caller` and the other
-//! callers of events), and the [`crate::Manager`] facade confines a tenant's principal to
-//! its tenant. A tenant sees only its own sandboxes (another tenant's id is not found,
+//! A tenant's principal is confined to its tenant. A tenant sees only its own sandboxes (another tenant's id is not found,
 //! exactly as an id that does not exist), and its snapshots, volumes and stored secrets are
 //! kept under `<tenant>:<name>` ([`qualify`]), so two tenants may use the same name and
 //! neither sees the other's. Work the daemon does for itself (the reaper, recovery, a call
@@ -25,21 +25,25 @@ tokio::task_local! {
     static PRINCIPAL: Principal;
 }
 
-/// Runs `f` on behalf of `p`: the record names it, and the facade confines it to its tenant.
-pub async fn with_principal<F: std::future::Future>(p: Principal, f: F) -> F::Output {
+impl Principal {
+    /// A principal of the node (no tenant): its administrator, or the daemon itself.
+    pub fn node(caller: impl Into<String>) -> Self {
+        Principal {
+            caller: caller.into(),
+            ..Principal::default()
+        }
+    }
+}
+
+/// Runs `f` on behalf of `p`: the record names it. Set only by core's entry points
+/// (`Manager`'s methods and the [`crate::Sandbox`] handle), from the caller they are given.
+pub(crate) async fn scope<F: std::future::Future>(p: Principal, f: F) -> F::Output {
     PRINCIPAL.scope(p, f).await
 }
 
-/// Runs `f` on behalf of `caller`, a principal of the node (no tenant).
-pub async fn with_caller<F: std::future::Future>(caller: String, f: F) -> F::Output {
-    with_principal(
-        Principal {
-            caller,
-            ..Principal::default()
-        },
-        f,
-    )
-    .await
+/// [`scope`] for a function that does not wait.
+pub(crate) fn sync_scope<T>(p: Principal, f: impl FnOnce() -> T) -> T {
+    PRINCIPAL.sync_scope(p, f)
 }
 
 /// The caller of the request being served, else `local` (a call made in the daemon's own
@@ -59,8 +63,8 @@ pub(crate) fn current_tenant() -> Option<String> {
     PRINCIPAL.try_with(|p| p.tenant.clone()).ok().flatten()
 }
 
-/// The principal of the request being served, if a server set one.
-pub fn current() -> Option<Principal> {
+/// The principal of the request being served, if an entry point set one.
+pub(crate) fn current() -> Option<Principal> {
     PRINCIPAL.try_with(Clone::clone).ok()
 }
 
@@ -109,7 +113,7 @@ mod tests {
             tenant: Some("acme".into()),
             key_id: Some("1".into()),
         };
-        with_principal(acme, async {
+        scope(acme, async {
             assert_eq!(current_caller(), "key:1");
             assert_eq!(qualify("snap"), "acme:snap");
             assert_eq!(unqualify("acme:snap").as_deref(), Some("snap"));
@@ -120,7 +124,7 @@ mod tests {
             assert!(!may_see(Some("other")) && !may_see(None));
         })
         .await;
-        with_caller("socket uid 0".into(), async {
+        scope(Principal::node("socket uid 0"), async {
             assert_eq!(unqualify("acme:snap").as_deref(), Some("acme:snap"));
             assert!(may_see(Some("acme")));
         })

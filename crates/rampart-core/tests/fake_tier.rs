@@ -158,7 +158,9 @@ fn wait_exited(pid: i32) {
 }
 
 fn kinds(m: &Manager, id: &SandboxId) -> Vec<&'static str> {
-    m.audit_events(id, None, 1000)
+    m.sandbox(&node(), id)
+        .unwrap()
+        .audit_events(None, 1000)
         .unwrap()
         .iter()
         .map(|e| e.body.type_name())
@@ -166,7 +168,9 @@ fn kinds(m: &Manager, id: &SandboxId) -> Vec<&'static str> {
 }
 
 fn destroyed_reason(m: &Manager, id: &SandboxId) -> String {
-    m.audit_events(id, None, 1000)
+    m.sandbox(&node(), id)
+        .unwrap()
+        .audit_events(None, 1000)
         .unwrap()
         .into_iter()
         .find_map(|e| match e.body {
@@ -181,10 +185,13 @@ async fn create_exec_destroy() {
     let w = World::new();
     let m = w.start().await;
     let info = m
-        .create(CreateSandbox {
-            env: [("GREETING".to_string(), "hello".to_string())].into(),
-            ..Default::default()
-        })
+        .create(
+            &node(),
+            CreateSandbox {
+                env: [("GREETING".to_string(), "hello".to_string())].into(),
+                ..Default::default()
+            },
+        )
         .await
         .expect("create");
     let id = info.id.clone();
@@ -232,11 +239,21 @@ async fn create_exec_destroy() {
     .await;
     let bg = Proc::of(String::from_utf8_lossy(&r.stdout).trim().parse().unwrap());
 
-    let usage = m.usage(&id).await.expect("usage");
+    let usage = m
+        .sandbox(&node(), &id)
+        .unwrap()
+        .usage()
+        .await
+        .expect("usage");
     assert!(usage.pids >= 2, "the agent and the sleep: {usage:?}");
     assert!(usage.memory_bytes > 0, "{usage:?}");
 
-    let done = m.destroy(&id).await.expect("destroy");
+    let done = m
+        .sandbox(&node(), &id)
+        .unwrap()
+        .destroy()
+        .await
+        .expect("destroy");
     assert_eq!(done.state, SandboxState::Destroyed);
     assert_eq!(done.reason.as_deref(), Some("destroyed by request"));
     assert!(
@@ -248,9 +265,20 @@ async fn create_exec_destroy() {
     assert!(!bg.exists(), "background process left: {:?}", bg.state());
 
     // Idempotent; a destroyed sandbox refuses work.
-    assert_eq!(m.destroy(&id).await.unwrap().state, SandboxState::Destroyed);
+    assert_eq!(
+        m.sandbox(&node(), &id)
+            .unwrap()
+            .destroy()
+            .await
+            .unwrap()
+            .state,
+        SandboxState::Destroyed
+    );
     assert!(matches!(
-        m.exec(&id, cmd(&["true"]), false).await,
+        m.sandbox(&node(), &id)
+            .unwrap()
+            .exec(cmd(&["true"]), false)
+            .await,
         Err(CoreError::WrongState { .. })
     ));
     assert!(m
@@ -264,17 +292,23 @@ async fn the_reaper_destroys_an_expired_sandbox() {
     let w = World::new();
     let m = w.start().await;
     let short = m
-        .create(CreateSandbox {
-            timeout_secs: Some(1),
-            ..Default::default()
-        })
+        .create(
+            &node(),
+            CreateSandbox {
+                timeout_secs: Some(1),
+                ..Default::default()
+            },
+        )
         .await
         .unwrap();
     let long = m
-        .create(CreateSandbox {
-            timeout_secs: Some(600),
-            ..Default::default()
-        })
+        .create(
+            &node(),
+            CreateSandbox {
+                timeout_secs: Some(600),
+                ..Default::default()
+            },
+        )
         .await
         .unwrap();
     let agent = Proc::of(w.pid(&short.id));
@@ -284,10 +318,17 @@ async fn the_reaper_destroys_an_expired_sandbox() {
     assert!(!w.sandbox_dir(&short.id).exists());
     assert!(!agent.exists(), "agent left: {:?}", agent.state());
     // Only the expired one.
-    assert_eq!(m.get(&long.id).unwrap().state, SandboxState::Running);
+    assert_eq!(
+        m.sandbox(&node(), &long.id).unwrap().info().unwrap().state,
+        SandboxState::Running
+    );
     assert_eq!(run(&m, &long.id, cmd(&["true"])).await.exit_code, Some(0));
     // Shortening a deadline wakes the reaper.
-    m.set_timeout(&long.id, 1).await.unwrap();
+    m.sandbox(&node(), &long.id)
+        .unwrap()
+        .set_timeout(1)
+        .await
+        .unwrap();
     wait_state(&m, &long.id, SandboxState::Destroyed, WITHIN).await;
     assert!(!w.sandbox_dir(&long.id).exists());
     m.shutdown().await;
@@ -302,11 +343,12 @@ async fn e2b_facts_and_recorded_execs_live_and_end_with_their_sandbox() {
         ..Default::default()
     };
     let killed = m
-        .create_with(CreateSandbox::default(), e2b("base"))
+        .create_with(&node(), CreateSandbox::default(), e2b("base"))
         .await
         .unwrap();
     let expiring = m
         .create_with(
+            &node(),
             CreateSandbox {
                 timeout_secs: Some(1),
                 ..Default::default()
@@ -315,7 +357,7 @@ async fn e2b_facts_and_recorded_execs_live_and_end_with_their_sandbox() {
         )
         .await
         .unwrap();
-    let plain = m.create(CreateSandbox::default()).await.unwrap();
+    let plain = m.create(&node(), CreateSandbox::default()).await.unwrap();
     let access = m.access();
     let facts = killed.e2b.clone().expect("asked for E2B facts");
     assert_eq!(facts.template, "base");
@@ -338,38 +380,74 @@ async fn e2b_facts_and_recorded_execs_live_and_end_with_their_sandbox() {
     // The envd proxy's recorded execs live in core with them, by pid and tag.
     let recorded = |id: &SandboxId, pid: u32| {
         let rec = m
-            .record_exec_start(
-                id,
-                ExecStart {
-                    argv: vec!["sleep".into(), "60".into()],
-                    user: "user".into(),
-                    stdin: true,
-                    ..Default::default()
-                },
-            )
+            .sandbox(&node(), id)
+            .unwrap()
+            .record_exec_start(ExecStart {
+                argv: vec!["sleep".into(), "60".into()],
+                user: "user".into(),
+                stdin: true,
+                ..Default::default()
+            })
             .unwrap();
-        let ticket = m.add_exec_input(id, pid, Some("bg"), rec.input_sink());
+        let ticket =
+            m.sandbox(&node(), id)
+                .unwrap()
+                .add_exec_input(pid, Some("bg"), rec.input_sink());
         (rec, ticket.expect("a running sandbox takes it"))
     };
     let (_k, kt) = recorded(&killed.info.id, 7);
     let (_e, _) = recorded(&expiring.info.id, 7);
-    assert!(m.exec_input(&killed.info.id, ExecRef::Tag("bg")).is_some());
-    assert!(m.exec_input(&expiring.info.id, ExecRef::Pid(7)).is_some());
-    assert!(m.exec_input(&plain.id, ExecRef::Pid(7)).is_none());
+    assert!(m
+        .sandbox(&node(), &killed.info.id)
+        .unwrap()
+        .exec_input(ExecRef::Tag("bg"))
+        .is_some());
+    assert!(m
+        .sandbox(&node(), &expiring.info.id)
+        .unwrap()
+        .exec_input(ExecRef::Pid(7))
+        .is_some());
+    assert!(m
+        .sandbox(&node(), &plain.id)
+        .unwrap()
+        .exec_input(ExecRef::Pid(7))
+        .is_none());
 
     // Killed: gone with it.
-    m.destroy(&killed.info.id).await.unwrap();
+    m.sandbox(&node(), &killed.info.id)
+        .unwrap()
+        .destroy()
+        .await
+        .unwrap();
     assert_eq!(access.e2b(killed.info.id.as_str()).unwrap(), None);
     assert!(!access.is_e2b_token(&facts.access_token).unwrap());
-    assert!(m.exec_input(&killed.info.id, ExecRef::Pid(7)).is_none());
-    assert!(m.exec_input(&killed.info.id, ExecRef::Tag("bg")).is_none());
-    m.remove_exec_input(&killed.info.id, &kt);
+    assert!(m
+        .sandbox(&node(), &killed.info.id)
+        .unwrap()
+        .exec_input(ExecRef::Pid(7))
+        .is_none());
+    assert!(m
+        .sandbox(&node(), &killed.info.id)
+        .unwrap()
+        .exec_input(ExecRef::Tag("bg"))
+        .is_none());
+    m.sandbox(&node(), &killed.info.id)
+        .unwrap()
+        .remove_exec_input(&kt);
     // Expired (the reaper): gone with it too.
     wait_state(&m, &expiring.info.id, SandboxState::Destroyed, WITHIN).await;
     assert_eq!(access.e2b(expiring.info.id.as_str()).unwrap(), None);
     assert!(!access.is_e2b_token(&soon.access_token).unwrap());
-    assert!(m.exec_input(&expiring.info.id, ExecRef::Pid(7)).is_none());
-    m.destroy(&plain.id).await.unwrap();
+    assert!(m
+        .sandbox(&node(), &expiring.info.id)
+        .unwrap()
+        .exec_input(ExecRef::Pid(7))
+        .is_none());
+    m.sandbox(&node(), &plain.id)
+        .unwrap()
+        .destroy()
+        .await
+        .unwrap();
     m.shutdown().await;
 }
 
@@ -377,7 +455,7 @@ async fn e2b_facts_and_recorded_execs_live_and_end_with_their_sandbox() {
 async fn an_agent_killed_from_outside_destroys_its_sandbox() {
     let w = World::new();
     let m = w.start().await;
-    let s = m.create(CreateSandbox::default()).await.unwrap();
+    let s = m.create(&node(), CreateSandbox::default()).await.unwrap();
     let agent = Proc::of(w.pid(&s.id));
     // SAFETY: kill of the agent this test's manager started.
     assert_eq!(unsafe { libc::kill(agent.pid, libc::SIGKILL) }, 0);
@@ -399,17 +477,23 @@ async fn a_restart_reattaches_the_living_and_cleans_the_dead() {
     let w = World::new();
     let m = w.start().await;
     let alive = m
-        .create(CreateSandbox {
-            timeout_secs: Some(600),
-            ..Default::default()
-        })
+        .create(
+            &node(),
+            CreateSandbox {
+                timeout_secs: Some(600),
+                ..Default::default()
+            },
+        )
         .await
         .unwrap();
     let dead = m
-        .create(CreateSandbox {
-            timeout_secs: Some(600),
-            ..Default::default()
-        })
+        .create(
+            &node(),
+            CreateSandbox {
+                timeout_secs: Some(600),
+                ..Default::default()
+            },
+        )
         .await
         .unwrap();
     let r = run(&m, &alive.id, cmd(&["sh", "-c", "echo kept > mark"])).await;
@@ -429,13 +513,16 @@ async fn a_restart_reattaches_the_living_and_cleans_the_dead() {
 
     let m = w.start().await;
     // The living one: the same process, re-attached, and it works.
-    assert_eq!(m.get(&alive.id).unwrap().state, SandboxState::Running);
+    assert_eq!(
+        m.sandbox(&node(), &alive.id).unwrap().info().unwrap().state,
+        SandboxState::Running
+    );
     assert_eq!(w.pid(&alive.id), alive_agent.pid);
     assert!(alive_agent.exists());
     let r = run(&m, &alive.id, cmd(&["cat", "mark"])).await;
     assert_eq!(r.stdout, b"kept\n", "{r:?}");
     // The dead one: destroyed, cleaned and reaped.
-    let d = m.get(&dead.id).unwrap();
+    let d = m.sandbox(&node(), &dead.id).unwrap().info().unwrap();
     assert_eq!(d.state, SandboxState::Destroyed);
     assert_eq!(
         d.reason.as_deref(),
@@ -464,7 +551,7 @@ async fn a_restart_reattaches_the_living_and_cleans_the_dead() {
 async fn pause_stops_every_process_and_resume_continues() {
     let w = World::new();
     let m = w.start().await;
-    let s = m.create(CreateSandbox::default()).await.unwrap();
+    let s = m.create(&node(), CreateSandbox::default()).await.unwrap();
     let agent = Proc::of(w.pid(&s.id));
     let r = run(
         &m,
@@ -474,16 +561,37 @@ async fn pause_stops_every_process_and_resume_continues() {
     .await;
     let bg = Proc::of(String::from_utf8_lossy(&r.stdout).trim().parse().unwrap());
 
-    assert_eq!(m.pause(&s.id).await.unwrap().state, SandboxState::Paused);
+    assert_eq!(
+        m.sandbox(&node(), &s.id)
+            .unwrap()
+            .pause()
+            .await
+            .unwrap()
+            .state,
+        SandboxState::Paused
+    );
     assert_eq!(agent.state(), Some('T'));
     assert_eq!(bg.state(), Some('T'));
-    let e = m.exec(&s.id, cmd(&["true"]), false).await.unwrap_err();
+    let e = m
+        .sandbox(&node(), &s.id)
+        .unwrap()
+        .exec(cmd(&["true"]), false)
+        .await
+        .unwrap_err();
     assert!(
         matches!(&e, CoreError::WrongState { state, .. } if state == "paused"),
         "{e}"
     );
 
-    assert_eq!(m.resume(&s.id).await.unwrap().state, SandboxState::Running);
+    assert_eq!(
+        m.sandbox(&node(), &s.id)
+            .unwrap()
+            .resume()
+            .await
+            .unwrap()
+            .state,
+        SandboxState::Running
+    );
     assert_ne!(agent.state(), Some('T'));
     assert_ne!(bg.state(), Some('T'));
     assert_eq!(
@@ -493,24 +601,40 @@ async fn pause_stops_every_process_and_resume_continues() {
 
     // A tier that cannot keep a disk without its processes refuses a pause to the
     // filesystem, and a reboot, with the reason; the sandbox is left as it was.
-    let e = m.pause_with(&s.id, false).await.unwrap_err();
+    let e = m
+        .sandbox(&node(), &s.id)
+        .unwrap()
+        .pause_with(false)
+        .await
+        .unwrap_err();
     assert!(
         matches!(&e, CoreError::Unsupported(m) if m.contains("filesystem")),
         "{e}"
     );
-    assert_eq!(m.get(&s.id).unwrap().state, SandboxState::Running);
+    assert_eq!(
+        m.sandbox(&node(), &s.id).unwrap().info().unwrap().state,
+        SandboxState::Running
+    );
     assert_eq!(
         run(&m, &s.id, cmd(&["echo", "still"])).await.stdout,
         b"still\n"
     );
-    m.pause(&s.id).await.unwrap();
-    let e = m.resume_with(&s.id, true).await.unwrap_err();
+    m.sandbox(&node(), &s.id).unwrap().pause().await.unwrap();
+    let e = m
+        .sandbox(&node(), &s.id)
+        .unwrap()
+        .resume_with(true)
+        .await
+        .unwrap_err();
     assert!(matches!(&e, CoreError::Unsupported(_)), "{e}");
-    assert_eq!(m.get(&s.id).unwrap().state, SandboxState::Paused);
+    assert_eq!(
+        m.sandbox(&node(), &s.id).unwrap().info().unwrap().state,
+        SandboxState::Paused
+    );
     assert_eq!(bg.state(), Some('T'));
 
     // A paused sandbox is destroyed like any other.
-    m.destroy(&s.id).await.unwrap();
+    m.sandbox(&node(), &s.id).unwrap().destroy().await.unwrap();
     assert!(!agent.exists() && !bg.exists());
     assert!(!w.sandbox_dir(&s.id).exists());
     m.shutdown().await;
@@ -520,17 +644,21 @@ async fn pause_stops_every_process_and_resume_continues() {
 async fn the_audit_record_has_the_lifecycle_and_its_bundle_verifies() {
     let w = World::new();
     let m = w.start().await;
-    let s = m.create(CreateSandbox::default()).await.unwrap();
+    let s = m.create(&node(), CreateSandbox::default()).await.unwrap();
     let r = run(&m, &s.id, cmd(&["echo", "hi"])).await;
     assert_eq!(r.stdout, b"hi\n");
-    m.destroy(&s.id).await.unwrap();
+    m.sandbox(&node(), &s.id).unwrap().destroy().await.unwrap();
 
     assert_eq!(
         kinds(&m, &s.id),
         ["created", "exec", "exit", "destroyed"],
         "the fake tier records no fs_diff (no writable layer)"
     );
-    let events = m.audit_events(&s.id, None, 1000).unwrap();
+    let events = m
+        .sandbox(&node(), &s.id)
+        .unwrap()
+        .audit_events(None, 1000)
+        .unwrap();
     match &events[1].body {
         EventBody::Exec(x) => assert_eq!(x.argv, ["echo", "hi"]),
         other => panic!("not an exec: {other:?}"),
@@ -547,7 +675,12 @@ async fn the_audit_record_has_the_lifecycle_and_its_bundle_verifies() {
     }
     assert!(destroyed_reason(&m, &s.id).starts_with("api:"));
 
-    let bundle = m.audit_bundle(&s.id).await.expect("bundle");
+    let bundle = m
+        .sandbox(&node(), &s.id)
+        .unwrap()
+        .audit_bundle()
+        .await
+        .expect("bundle");
     let key = rampart_audit::PublicKey::parse(&m.audit_key().0).unwrap();
     let report = rampart_audit::verify_bundle(&bundle, Some(&key)).expect("the bundle verifies");
     assert!(report.key_pinned);
@@ -573,18 +706,25 @@ async fn artifacts_on_a_tier_without_disk_access_are_recorded_as_not_kept() {
     let w = World::new();
     let m = w.start().await;
     let s = m
-        .create(CreateSandbox {
-            artifacts: vec!["/tmp/out".into()],
-            ..Default::default()
-        })
+        .create(
+            &node(),
+            CreateSandbox {
+                artifacts: vec!["/tmp/out".into()],
+                ..Default::default()
+            },
+        )
         .await
         .unwrap();
     assert!(matches!(
-        m.artifacts(&s.id),
+        m.sandbox(&node(), &s.id).unwrap().artifacts(),
         Err(rampart_core::CoreError::WrongState { .. })
     ));
-    m.destroy(&s.id).await.unwrap();
-    let events = m.audit_events(&s.id, None, 1000).unwrap();
+    m.sandbox(&node(), &s.id).unwrap().destroy().await.unwrap();
+    let events = m
+        .sandbox(&node(), &s.id)
+        .unwrap()
+        .audit_events(None, 1000)
+        .unwrap();
     let EventBody::Destroyed(d) = &events.last().unwrap().body else {
         panic!("no destroyed record")
     };
@@ -596,24 +736,40 @@ async fn artifacts_on_a_tier_without_disk_access_are_recorded_as_not_kept() {
         other => panic!("not created: {other:?}"),
     }
     assert!(matches!(
-        m.artifacts(&s.id),
+        m.sandbox(&node(), &s.id).unwrap().artifacts(),
         Err(rampart_core::CoreError::NotFound(_))
     ));
     // A sandbox that asked for none has no `artifacts` member at all.
-    let plain = m.create(CreateSandbox::default()).await.unwrap();
-    m.destroy(&plain.id).await.unwrap();
-    let events = m.audit_events(&plain.id, None, 1000).unwrap();
+    let plain = m.create(&node(), CreateSandbox::default()).await.unwrap();
+    m.sandbox(&node(), &plain.id)
+        .unwrap()
+        .destroy()
+        .await
+        .unwrap();
+    let events = m
+        .sandbox(&node(), &plain.id)
+        .unwrap()
+        .audit_events(None, 1000)
+        .unwrap();
     let EventBody::Destroyed(d) = &events.last().unwrap().body else {
         panic!("no destroyed record")
     };
     assert!(d.artifacts.is_none());
     // Bad paths are refused before anything is made.
     let e = m
-        .create(CreateSandbox {
-            artifacts: vec!["/tmp/../etc".into()],
-            ..Default::default()
-        })
+        .create(
+            &node(),
+            CreateSandbox {
+                artifacts: vec!["/tmp/../etc".into()],
+                ..Default::default()
+            },
+        )
         .await
         .unwrap_err();
     assert!(e.to_string().contains("artifacts"), "{e}");
+}
+
+/// The node, as the daemon acts for its administrator.
+fn node() -> rampart_core::Principal {
+    rampart_core::Principal::node("test")
 }

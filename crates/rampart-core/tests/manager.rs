@@ -190,11 +190,14 @@ async fn lifecycle_exec_and_destroy_leave_nothing() {
     let w = world_or_skip!("life", 0);
     let m = start_or_skip!(w);
     let info = m
-        .create(CreateSandbox {
-            env: [("GREETING".to_string(), "hello".to_string())].into(),
-            metadata: [("team".to_string(), "core".to_string())].into(),
-            ..Default::default()
-        })
+        .create(
+            &node(),
+            CreateSandbox {
+                env: [("GREETING".to_string(), "hello".to_string())].into(),
+                metadata: [("team".to_string(), "core".to_string())].into(),
+                ..Default::default()
+            },
+        )
         .await
         .expect("create");
     let id = info.id.clone();
@@ -242,7 +245,12 @@ async fn lifecycle_exec_and_destroy_leave_nothing() {
     );
 
     // Interactive stdin, then a signal.
-    let exec = m.exec(&id, cmd(&["cat"]), true).await.expect("exec cat");
+    let exec = m
+        .sandbox(&node(), &id)
+        .unwrap()
+        .exec(cmd(&["cat"]), true)
+        .await
+        .expect("exec cat");
     let control = exec.control.clone();
     control
         .send_stdin(bytes::Bytes::from_static(b"ping\n"))
@@ -254,7 +262,9 @@ async fn lifecycle_exec_and_destroy_leave_nothing() {
     assert_eq!(r.exit_code, Some(0));
 
     let exec = m
-        .exec(&id, cmd(&["sleep", "60"]), false)
+        .sandbox(&node(), &id)
+        .unwrap()
+        .exec(cmd(&["sleep", "60"]), false)
         .await
         .expect("exec sleep");
     exec.control.signal(false).await.unwrap();
@@ -296,26 +306,39 @@ async fn lifecycle_exec_and_destroy_leave_nothing() {
 
     // Bad input.
     assert!(matches!(
-        m.exec(&id, cmd(&[]), false).await,
+        m.sandbox(&node(), &id).unwrap().exec(cmd(&[]), false).await,
         Err(CoreError::BadRequest { field, .. }) if field == "cmd"
     ));
     let missing = SandboxId::parse("nosuchsandbox").unwrap();
     assert!(matches!(
-        m.exec(&missing, cmd(&["true"]), false).await,
+        m.sandbox(&node(), &missing)
+            .unwrap()
+            .exec(cmd(&["true"]), false)
+            .await,
         Err(CoreError::NotFound(_))
     ));
 
     // Listing and metadata filters.
     let team: BTreeMap<_, _> = [("team".to_string(), "core".to_string())].into();
-    assert_eq!(m.list(None, &team).unwrap().len(), 1);
+    assert_eq!(m.list(&node(), None, &team).unwrap().len(), 1);
     let other: BTreeMap<_, _> = [("team".to_string(), "x".to_string())].into();
-    assert!(m.list(None, &other).unwrap().is_empty());
+    assert!(m.list(&node(), None, &other).unwrap().is_empty());
 
-    let usage = m.usage(&id).await.expect("usage");
+    let usage = m
+        .sandbox(&node(), &id)
+        .unwrap()
+        .usage()
+        .await
+        .expect("usage");
     assert!(usage.pids >= 1, "{usage:?}");
 
     let init_pid = w.store().get(&id).unwrap().unwrap().pid.unwrap();
-    let done = m.destroy(&id).await.expect("destroy");
+    let done = m
+        .sandbox(&node(), &id)
+        .unwrap()
+        .destroy()
+        .await
+        .expect("destroy");
     assert_eq!(done.state, SandboxState::Destroyed);
     assert!(done.ended_at.is_some());
     assert_eq!(w.traces(&id), Vec::<String>::new());
@@ -328,13 +351,24 @@ async fn lifecycle_exec_and_destroy_leave_nothing() {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     // Idempotent, and a destroyed sandbox refuses work with 409.
-    assert_eq!(m.destroy(&id).await.unwrap().state, SandboxState::Destroyed);
+    assert_eq!(
+        m.sandbox(&node(), &id)
+            .unwrap()
+            .destroy()
+            .await
+            .unwrap()
+            .state,
+        SandboxState::Destroyed
+    );
     assert!(matches!(
-        m.exec(&id, cmd(&["true"]), false).await,
+        m.sandbox(&node(), &id)
+            .unwrap()
+            .exec(cmd(&["true"]), false)
+            .await,
         Err(CoreError::WrongState { .. })
     ));
     assert!(matches!(
-        m.set_timeout(&id, 10).await,
+        m.sandbox(&node(), &id).unwrap().set_timeout(10).await,
         Err(CoreError::WrongState { .. })
     ));
 
@@ -357,32 +391,52 @@ async fn expiry_destroys_and_timeout_extends() {
     let w = world_or_skip!("expiry", 1);
     let m = start_or_skip!(w);
     let a = m
-        .create(CreateSandbox {
-            timeout_secs: Some(1),
-            ..Default::default()
-        })
+        .create(
+            &node(),
+            CreateSandbox {
+                timeout_secs: Some(1),
+                ..Default::default()
+            },
+        )
         .await
         .unwrap();
     let b = m
-        .create(CreateSandbox {
-            timeout_secs: Some(1),
-            ..Default::default()
-        })
+        .create(
+            &node(),
+            CreateSandbox {
+                timeout_secs: Some(1),
+                ..Default::default()
+            },
+        )
         .await
         .unwrap();
     // Extend b before it expires; a expires.
-    m.set_timeout(&b.id, 600).await.unwrap();
+    m.sandbox(&node(), &b.id)
+        .unwrap()
+        .set_timeout(600)
+        .await
+        .unwrap();
     let gone = wait_state(&m, &a.id, SandboxState::Destroyed, Duration::from_secs(30)).await;
     assert_eq!(gone.reason.as_deref(), Some("timeout expired"));
     assert_eq!(w.traces(&a.id), Vec::<String>::new());
-    assert_eq!(m.get(&b.id).unwrap().state, SandboxState::Running);
+    assert_eq!(
+        m.sandbox(&node(), &b.id).unwrap().info().unwrap().state,
+        SandboxState::Running
+    );
     assert_eq!(run(&m, &b.id, cmd(&["true"])).await.exit_code, Some(0));
     // Shortening it wakes the reaper.
-    m.set_timeout(&b.id, 1).await.unwrap();
+    m.sandbox(&node(), &b.id)
+        .unwrap()
+        .set_timeout(1)
+        .await
+        .unwrap();
     wait_state(&m, &b.id, SandboxState::Destroyed, Duration::from_secs(30)).await;
     assert_eq!(w.traces(&b.id), Vec::<String>::new());
     assert!(matches!(
-        m.set_timeout(&b.id, 100_000).await,
+        m.sandbox(&node(), &b.id)
+            .unwrap()
+            .set_timeout(100_000)
+            .await,
         Err(CoreError::Limit(_))
     ));
     m.shutdown().await;
@@ -392,7 +446,7 @@ async fn expiry_destroys_and_timeout_extends() {
 async fn a_dying_init_is_noticed_and_cleaned() {
     let w = world_or_skip!("died", 2);
     let m = start_or_skip!(w);
-    let s = m.create(CreateSandbox::default()).await.unwrap();
+    let s = m.create(&node(), CreateSandbox::default()).await.unwrap();
     let pid = w.store().get(&s.id).unwrap().unwrap().pid.unwrap();
     // SAFETY: kill of the sandbox's init, a process this test's manager started.
     assert_eq!(unsafe { libc::kill(pid, libc::SIGKILL) }, 0);
@@ -411,17 +465,17 @@ async fn capacity_and_bad_requests_are_refused() {
     w.cfg.max_sandboxes = 1;
     let m = start_or_skip!(w);
     assert!(matches!(
-        m.create(CreateSandbox { template: Some("nope".into()), ..Default::default() }).await,
+        m.create(&node(), CreateSandbox { template: Some("nope".into()), ..Default::default() }).await,
         Err(CoreError::BadRequest { field, .. }) if field == "template"
     ));
-    let s = m.create(CreateSandbox::default()).await.unwrap();
+    let s = m.create(&node(), CreateSandbox::default()).await.unwrap();
     assert!(matches!(
-        m.create(CreateSandbox::default()).await,
+        m.create(&node(), CreateSandbox::default()).await,
         Err(CoreError::Capacity(_))
     ));
-    m.destroy(&s.id).await.unwrap();
-    let s2 = m.create(CreateSandbox::default()).await.unwrap();
-    m.destroy(&s2.id).await.unwrap();
+    m.sandbox(&node(), &s.id).unwrap().destroy().await.unwrap();
+    let s2 = m.create(&node(), CreateSandbox::default()).await.unwrap();
+    m.sandbox(&node(), &s2.id).unwrap().destroy().await.unwrap();
     m.shutdown().await;
 }
 
@@ -430,17 +484,23 @@ async fn restart_reattaches_the_living_and_cleans_the_dead() {
     let w = world_or_skip!("restart", 4);
     let m = start_or_skip!(w);
     let alive = m
-        .create(CreateSandbox {
-            timeout_secs: Some(600),
-            ..Default::default()
-        })
+        .create(
+            &node(),
+            CreateSandbox {
+                timeout_secs: Some(600),
+                ..Default::default()
+            },
+        )
         .await
         .unwrap();
     let dead = m
-        .create(CreateSandbox {
-            timeout_secs: Some(600),
-            ..Default::default()
-        })
+        .create(
+            &node(),
+            CreateSandbox {
+                timeout_secs: Some(600),
+                ..Default::default()
+            },
+        )
         .await
         .unwrap();
     // Leave a process running in the living one to see it survive.
@@ -465,10 +525,13 @@ async fn restart_reattaches_the_living_and_cleans_the_dead() {
 
     let m = start_or_skip!(w);
     assert_eq!(w.traces(&stray), Vec::<String>::new());
-    assert_eq!(m.get(&alive.id).unwrap().state, SandboxState::Running);
+    assert_eq!(
+        m.sandbox(&node(), &alive.id).unwrap().info().unwrap().state,
+        SandboxState::Running
+    );
     let r = run(&m, &alive.id, cmd(&["cat", "/tmp/mark"])).await;
     assert_eq!(r.stdout, b"kept\n", "{r:?}");
-    let d = m.get(&dead.id).unwrap();
+    let d = m.sandbox(&node(), &dead.id).unwrap().info().unwrap();
     assert_eq!(d.state, SandboxState::Destroyed);
     assert_eq!(
         d.reason.as_deref(),
@@ -478,7 +541,11 @@ async fn restart_reattaches_the_living_and_cleans_the_dead() {
     let stat = std::fs::read_to_string(format!("/proc/{dead_pid}/stat")).unwrap_or_default();
     assert!(!stat.contains(") Z "), "zombie left: {stat}");
 
-    m.destroy(&alive.id).await.unwrap();
+    m.sandbox(&node(), &alive.id)
+        .unwrap()
+        .destroy()
+        .await
+        .unwrap();
     assert_eq!(w.traces(&alive.id), Vec::<String>::new());
     m.shutdown().await;
 }
@@ -491,7 +558,7 @@ async fn concurrent_creates_get_their_own_uid_ranges() {
     let creates: Vec<_> = (0..4)
         .map(|_| {
             let m = m.clone();
-            tokio::spawn(async move { m.create(CreateSandbox::default()).await })
+            tokio::spawn(async move { m.create(&node(), CreateSandbox::default()).await })
         })
         .collect();
     let mut ids = Vec::new();
@@ -499,7 +566,7 @@ async fn concurrent_creates_get_their_own_uid_ranges() {
         ids.push(c.await.unwrap().expect("create").id);
     }
     assert!(matches!(
-        m.create(CreateSandbox::default()).await,
+        m.create(&node(), CreateSandbox::default()).await,
         Err(CoreError::Capacity(_))
     ));
     let store = w.store();
@@ -535,7 +602,7 @@ async fn concurrent_creates_get_their_own_uid_ranges() {
     host_uids.dedup();
     assert_eq!(host_uids.len(), 4);
     assert_eq!(
-        m.list(Some(SandboxState::Running), &BTreeMap::new())
+        m.list(&node(), Some(SandboxState::Running), &BTreeMap::new())
             .unwrap()
             .len(),
         4
@@ -545,7 +612,7 @@ async fn concurrent_creates_get_their_own_uid_ranges() {
         .cloned()
         .map(|id| {
             let m = m.clone();
-            tokio::spawn(async move { m.destroy(&id).await })
+            tokio::spawn(async move { m.sandbox(&node(), &id).unwrap().destroy().await })
         })
         .collect();
     for d in destroys {
@@ -587,10 +654,13 @@ async fn pause_freezes_resume_continues_and_a_paused_sandbox_survives_a_restart(
     let w = world_or_skip!("pause", 6);
     let m = start_or_skip!(w);
     let s = m
-        .create(CreateSandbox {
-            timeout_secs: Some(600),
-            ..Default::default()
-        })
+        .create(
+            &node(),
+            CreateSandbox {
+                timeout_secs: Some(600),
+                ..Default::default()
+            },
+        )
         .await
         .unwrap();
     let bg = "i=0; while :; do i=$((i+1)); echo $i > /tmp/count; sleep 0.02; done";
@@ -603,21 +673,52 @@ async fn pause_freezes_resume_continues_and_a_paused_sandbox_survives_a_restart(
     assert_eq!(r.exit_code, Some(0), "{r:?}");
     let c0 = counter_above(&m, &s.id, 0).await;
 
-    let info = m.pause(&s.id).await.unwrap();
+    let info = m.sandbox(&node(), &s.id).unwrap().pause().await.unwrap();
     assert_eq!(info.state, SandboxState::Paused);
-    assert_eq!(m.get(&s.id).unwrap().state, SandboxState::Paused);
+    assert_eq!(
+        m.sandbox(&node(), &s.id).unwrap().info().unwrap().state,
+        SandboxState::Paused
+    );
     // Pausing again changes nothing.
-    assert_eq!(m.pause(&s.id).await.unwrap().state, SandboxState::Paused);
-    let e = m.exec(&s.id, cmd(&["true"]), false).await.unwrap_err();
+    assert_eq!(
+        m.sandbox(&node(), &s.id)
+            .unwrap()
+            .pause()
+            .await
+            .unwrap()
+            .state,
+        SandboxState::Paused
+    );
+    let e = m
+        .sandbox(&node(), &s.id)
+        .unwrap()
+        .exec(cmd(&["true"]), false)
+        .await
+        .unwrap_err();
     assert!(
         matches!(&e, CoreError::WrongState { state, .. } if state == "paused"),
         "{e}"
     );
-    assert!(matches!(m.agent(&s.id), Err(CoreError::WrongState { .. })));
+    assert!(matches!(
+        m.sandbox(&node(), &s.id).unwrap().agent(),
+        Err(CoreError::WrongState { .. })
+    ));
     // No CPU used while paused.
-    let u1 = m.usage(&s.id).await.unwrap().cpu_usec;
+    let u1 = m
+        .sandbox(&node(), &s.id)
+        .unwrap()
+        .usage()
+        .await
+        .unwrap()
+        .cpu_usec;
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let u2 = m.usage(&s.id).await.unwrap().cpu_usec;
+    let u2 = m
+        .sandbox(&node(), &s.id)
+        .unwrap()
+        .usage()
+        .await
+        .unwrap()
+        .cpu_usec;
     assert!(u2 - u1 < 1000, "paused sandbox used {} us of CPU", u2 - u1);
 
     // The daemon goes away and comes back: the sandbox is re-attached as paused (the CLI's
@@ -625,20 +726,38 @@ async fn pause_freezes_resume_continues_and_a_paused_sandbox_survives_a_restart(
     m.shutdown().await;
     drop(m);
     let m = start_or_skip!(w);
-    assert_eq!(m.get(&s.id).unwrap().state, SandboxState::Paused);
-    assert!(m.exec(&s.id, cmd(&["true"]), false).await.is_err());
+    assert_eq!(
+        m.sandbox(&node(), &s.id).unwrap().info().unwrap().state,
+        SandboxState::Paused
+    );
+    assert!(m
+        .sandbox(&node(), &s.id)
+        .unwrap()
+        .exec(cmd(&["true"]), false)
+        .await
+        .is_err());
 
-    let info = m.resume(&s.id).await.unwrap();
+    let info = m.sandbox(&node(), &s.id).unwrap().resume().await.unwrap();
     assert_eq!(info.state, SandboxState::Running);
     // Resuming a running sandbox changes nothing.
-    assert_eq!(m.resume(&s.id).await.unwrap().state, SandboxState::Running);
+    assert_eq!(
+        m.sandbox(&node(), &s.id)
+            .unwrap()
+            .resume()
+            .await
+            .unwrap()
+            .state,
+        SandboxState::Running
+    );
     // The loop went on from where it was (not restarted).
     let c1 = counter(&m, &s.id).await;
     assert!(c1 >= c0, "counter went back: {c0} -> {c1}");
     counter_above(&m, &s.id, c1).await;
 
     let kinds: Vec<&str> = m
-        .audit_events(&s.id, None, 1000)
+        .sandbox(&node(), &s.id)
+        .unwrap()
+        .audit_events(None, 1000)
         .unwrap()
         .iter()
         .map(|e| e.body.type_name())
@@ -648,8 +767,8 @@ async fn pause_freezes_resume_continues_and_a_paused_sandbox_survives_a_restart(
     assert!(p < r, "{kinds:?}");
 
     // Destroying a paused sandbox leaves nothing.
-    m.pause(&s.id).await.unwrap();
-    m.destroy(&s.id).await.unwrap();
+    m.sandbox(&node(), &s.id).unwrap().pause().await.unwrap();
+    m.sandbox(&node(), &s.id).unwrap().destroy().await.unwrap();
     assert_eq!(w.traces(&s.id), Vec::<String>::new());
     m.shutdown().await;
 }
@@ -659,21 +778,27 @@ async fn on_timeout_pause_pauses_at_expiry_and_a_paused_sandbox_still_expires() 
     let w = world_or_skip!("pauseexp", 7);
     let m = start_or_skip!(w);
     let a = m
-        .create(CreateSandbox {
-            timeout_secs: Some(1),
-            on_timeout: Some(rampart_types::OnTimeout::Pause),
-            ..Default::default()
-        })
+        .create(
+            &node(),
+            CreateSandbox {
+                timeout_secs: Some(1),
+                on_timeout: Some(rampart_types::OnTimeout::Pause),
+                ..Default::default()
+            },
+        )
         .await
         .unwrap();
     let b = m
-        .create(CreateSandbox {
-            timeout_secs: Some(2),
-            ..Default::default()
-        })
+        .create(
+            &node(),
+            CreateSandbox {
+                timeout_secs: Some(2),
+                ..Default::default()
+            },
+        )
         .await
         .unwrap();
-    m.pause(&b.id).await.unwrap();
+    m.sandbox(&node(), &b.id).unwrap().pause().await.unwrap();
     wait_state(&m, &a.id, SandboxState::Paused, Duration::from_secs(30)).await;
     // b was paused by hand and its deadline destroys it.
     let gone = wait_state(&m, &b.id, SandboxState::Destroyed, Duration::from_secs(30)).await;
@@ -684,13 +809,23 @@ async fn on_timeout_pause_pauses_at_expiry_and_a_paused_sandbox_still_expires() 
         w.store().get(&a.id).unwrap().unwrap().on_timeout,
         rampart_types::OnTimeout::Pause
     );
-    assert_eq!(m.get(&a.id).unwrap().state, SandboxState::Paused);
+    assert_eq!(
+        m.sandbox(&node(), &a.id).unwrap().info().unwrap().state,
+        SandboxState::Paused
+    );
     // Resumed, it gets a fresh deadline and works.
-    let info = m.resume(&a.id).await.unwrap();
+    let info = m.sandbox(&node(), &a.id).unwrap().resume().await.unwrap();
     assert_eq!(info.state, SandboxState::Running);
-    assert!(info.expires_at > m.get(&a.id).unwrap().created_at);
+    assert!(
+        info.expires_at
+            > m.sandbox(&node(), &a.id)
+                .unwrap()
+                .info()
+                .unwrap()
+                .created_at
+    );
     assert_eq!(run(&m, &a.id, cmd(&["true"])).await.exit_code, Some(0));
-    m.destroy(&a.id).await.unwrap();
+    m.sandbox(&node(), &a.id).unwrap().destroy().await.unwrap();
     assert_eq!(w.traces(&a.id), Vec::<String>::new());
     m.shutdown().await;
 }
@@ -700,7 +835,7 @@ async fn exit_records_carry_fresh_cpu_and_peak_memory() {
     use rampart_types::audit::EventBody;
     let w = world_or_skip!("meter", 8);
     let m = start_or_skip!(w);
-    let s = m.create(CreateSandbox::default()).await.unwrap();
+    let s = m.create(&node(), CreateSandbox::default()).await.unwrap();
     // Two execs that burn CPU: the second's CPU time is read afresh from the kept-open
     // counter files, not the first's value again.
     let burn = "i=0; while [ $i -lt 100000 ]; do i=$((i+1)); done";
@@ -711,7 +846,9 @@ async fn exit_records_carry_fresh_cpu_and_peak_memory() {
         );
     }
     let exits: Vec<_> = m
-        .audit_events(&s.id, None, 1000)
+        .sandbox(&node(), &s.id)
+        .unwrap()
+        .audit_events(None, 1000)
         .unwrap()
         .into_iter()
         .filter_map(|e| match e.body {
@@ -724,6 +861,11 @@ async fn exit_records_carry_fresh_cpu_and_peak_memory() {
         assert!(x.cpu_ms.is_some_and(|c| c > 0), "{x:?}");
         assert!(x.peak_memory_bytes.is_some_and(|p| p > 0), "{x:?}");
     }
-    m.destroy(&s.id).await.unwrap();
+    m.sandbox(&node(), &s.id).unwrap().destroy().await.unwrap();
     m.shutdown().await;
+}
+
+/// The node, as the daemon acts for its administrator.
+fn node() -> rampart_core::Principal {
+    rampart_core::Principal::node("test")
 }

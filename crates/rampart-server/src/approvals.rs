@@ -8,18 +8,17 @@ use axum::extract::{Path, State};
 use axum::Json;
 use rampart_types::{ApiErrorBody, ApprovalInfo, Decide, Decision};
 
-fn manager(st: &AppState) -> Result<&rampart_core::Manager, ApiError> {
-    st.manager_or("this daemon runs no sandboxes")
-}
-
 /// `GET /v1/approvals`: what is held, oldest first.
 #[utoipa::path(get, path = "/v1/approvals", tag = "approvals",
     responses(
         (status = 200, description = "Pending approvals", body = Vec<ApprovalInfo>),
         (status = 403, description = "The key lacks the approve scope", body = ApiErrorBody),
     ))]
-pub(crate) async fn list(State(st): State<AppState>) -> Result<Json<Vec<ApprovalInfo>>, ApiError> {
-    Ok(Json(manager(&st)?.approvals()))
+pub(crate) async fn list(
+    State(st): State<AppState>,
+    crate::caller::Caller(who): crate::caller::Caller,
+) -> Result<Json<Vec<ApprovalInfo>>, ApiError> {
+    Ok(Json(st.manager.approvals(&who)))
 }
 
 /// `GET /v1/approvals/{id}`.
@@ -32,13 +31,15 @@ pub(crate) async fn list(State(st): State<AppState>) -> Result<Json<Vec<Approval
     ))]
 pub(crate) async fn get_one(
     State(st): State<AppState>,
+    crate::caller::Caller(who): crate::caller::Caller,
     Path(id): Path<String>,
 ) -> Result<Json<ApprovalInfo>, ApiError> {
-    Ok(Json(manager(&st)?.approval(&id)?))
+    Ok(Json(st.manager.approval(&who, &id)?))
 }
 
 async fn decide(
     st: AppState,
+    who: crate::caller::Caller,
     id: String,
     approve: bool,
     body: axum::body::Bytes,
@@ -52,7 +53,9 @@ async fn decide(
     if reason.as_ref().is_some_and(|r| r.len() > 4096) {
         return Err(ApiError::bad_request("reason: at most 4096 bytes"));
     }
-    Ok(Json(manager(&st)?.decide_approval(&id, approve, reason)?))
+    Ok(Json(
+        st.manager.decide_approval(&who, &id, approve, reason)?,
+    ))
 }
 
 /// `POST /v1/approvals/{id}/approve`: the held exec runs, exactly as it was asked.
@@ -67,10 +70,11 @@ async fn decide(
     ))]
 pub(crate) async fn approve(
     State(st): State<AppState>,
+    who: crate::caller::Caller,
     Path(id): Path<String>,
     body: axum::body::Bytes,
 ) -> Result<Json<Decision>, ApiError> {
-    decide(st, id, true, body).await
+    decide(st, who, id, true, body).await
 }
 
 /// `POST /v1/approvals/{id}/deny`: the held exec answers 403 `denied` and never starts.
@@ -85,8 +89,9 @@ pub(crate) async fn approve(
     ))]
 pub(crate) async fn deny(
     State(st): State<AppState>,
+    who: crate::caller::Caller,
     Path(id): Path<String>,
     body: axum::body::Bytes,
 ) -> Result<Json<Decision>, ApiError> {
-    decide(st, id, false, body).await
+    decide(st, who, id, false, body).await
 }

@@ -36,14 +36,15 @@ pub(crate) struct ArtifactQuery {
     ))]
 pub(crate) async fn get(
     State(st): State<AppState>,
+    crate::caller::Caller(who): crate::caller::Caller,
     SandboxPath(id): SandboxPath,
     ApiQuery(q): ApiQuery<ArtifactQuery>,
 ) -> Result<Response, ApiError> {
-    let m = st.manager_or("this daemon keeps no artifacts")?;
+    let m = &*st.manager;
     let Some(path) = q.path else {
-        return Ok(Json(m.artifacts(&id)?).into_response());
+        return Ok(Json(m.sandbox(&who, &id)?.artifacts()?).into_response());
     };
-    let (f, file) = m.artifact(&id, &path)?;
+    let (f, file) = m.sandbox(&who, &id)?.artifact(&path)?;
     let stream = tokio_util::io::ReaderStream::new(tokio::fs::File::from_std(file));
     let mut resp = Body::from_stream(stream).into_response();
     let h = resp.headers_mut();

@@ -71,32 +71,38 @@ pub struct AuditKey {
     ))]
 pub(crate) async fn events(
     State(st): State<AppState>,
+    crate::caller::Caller(who): crate::caller::Caller,
     SandboxPath(id): SandboxPath,
     ApiQuery(q): ApiQuery<AuditQuery>,
 ) -> Result<Response, ApiError> {
     let limit = ndjson::page_limit(q.limit, DEFAULT_AUDIT_PAGE, MAX_AUDIT_PAGE)?;
     if !ndjson::is_true(q.follow.as_deref()) {
-        let events = st.backend.audit_events(&id, q.after, limit)?;
+        let events = st
+            .manager
+            .sandbox(&who, &id)?
+            .audit_events(q.after, limit)?;
         let next_after = events.last().map(|e| e.seq).or(q.after);
         return Ok(Json(AuditPage { events, next_after }).into_response());
     }
     // Checks the sandbox exists before answering 200.
-    st.backend.get(&id)?;
-    let mut changes = st.backend.audit_subscribe();
-    let backend = st.backend.clone();
+    st.manager.sandbox(&who, &id)?.info()?;
+    let mut changes = st.manager.audit_subscribe();
+    let manager = st.manager.clone();
     let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, Infallible>>(16);
     let mut after = q.after;
     tokio::spawn(async move {
         loop {
             // Mark the current version seen before reading, so no append is missed.
-            if let Some(c) = changes.as_mut() {
-                c.borrow_and_update();
-            }
-            let ended = backend
-                .get(&id)
-                .map(|i| !i.state.is_alive())
-                .unwrap_or(true);
-            let events = match backend.audit_events(&id, after, MAX_AUDIT_PAGE) {
+            changes.borrow_and_update();
+            let sandbox = match manager.sandbox(&who, &id) {
+                Ok(s) => s,
+                Err(e) => {
+                    tracing::debug!(id = %id, "following the audit log: {e}");
+                    return;
+                }
+            };
+            let ended = sandbox.info().map(|i| !i.state.is_alive()).unwrap_or(true);
+            let events = match sandbox.audit_events(after, MAX_AUDIT_PAGE) {
                 Ok(e) => e,
                 Err(e) => {
                     tracing::debug!(id = %id, "following the audit log: {e}");
@@ -117,15 +123,10 @@ pub(crate) async fn events(
                 return;
             }
             // Wake on an append, or re-check the sandbox's state now and then.
-            match changes.as_mut() {
-                Some(c) => {
-                    tokio::select! {
-                        _ = c.changed() => {}
-                        () = tokio::time::sleep(Duration::from_secs(1)) => {}
-                        () = tx.closed() => return,
-                    }
-                }
-                None => tokio::time::sleep(Duration::from_millis(500)).await,
+            tokio::select! {
+                _ = changes.changed() => {}
+                () = tokio::time::sleep(Duration::from_secs(1)) => {}
+                () = tx.closed() => return,
             }
         }
     });
@@ -143,13 +144,17 @@ pub(crate) async fn events(
     ))]
 pub(crate) async fn packages(
     State(st): State<AppState>,
+    crate::caller::Caller(who): crate::caller::Caller,
     SandboxPath(id): SandboxPath,
 ) -> Result<Json<Vec<rampart_types::network::PackageEntry>>, ApiError> {
     use rampart_types::audit::EventBody;
     let mut out = Vec::new();
     let mut after = None;
     loop {
-        let events = st.backend.audit_events(&id, after, MAX_AUDIT_PAGE)?;
+        let events = st
+            .manager
+            .sandbox(&who, &id)?
+            .audit_events(after, MAX_AUDIT_PAGE)?;
         let n = events.len();
         for e in events {
             after = Some(e.seq);
@@ -187,9 +192,10 @@ pub(crate) async fn packages(
     ))]
 pub(crate) async fn bundle(
     State(st): State<AppState>,
+    crate::caller::Caller(who): crate::caller::Caller,
     SandboxPath(id): SandboxPath,
 ) -> Result<Response, ApiError> {
-    let bytes = st.backend.audit_bundle(&id).await?;
+    let bytes = st.manager.sandbox(&who, &id)?.audit_bundle().await?;
     let mut resp = Body::from(bytes).into_response();
     let h = resp.headers_mut();
     h.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
@@ -210,12 +216,10 @@ pub(crate) async fn bundle(
     ))]
 pub(crate) async fn dsse(
     State(st): State<AppState>,
+    crate::caller::Caller(who): crate::caller::Caller,
     SandboxPath(id): SandboxPath,
 ) -> Result<Response, ApiError> {
-    let bytes = st
-        .manager_or("this daemon keeps no audit record")?
-        .audit_attestation(&id)
-        .await?;
+    let bytes = st.manager.sandbox(&who, &id)?.audit_attestation().await?;
     let mut resp = Body::from(bytes).into_response();
     let h = resp.headers_mut();
     h.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
@@ -233,9 +237,7 @@ pub(crate) async fn dsse(
         (status = 503, description = "This daemon keeps no audit record", body = ApiErrorBody),
     ))]
 pub(crate) async fn checkpoint(State(st): State<AppState>) -> Result<Response, ApiError> {
-    let (note, vkey) = st
-        .manager_or("this daemon keeps no audit record")?
-        .audit_checkpoint();
+    let (note, vkey) = st.manager.audit_checkpoint();
     let mut resp = note.into_response();
     let h = resp.headers_mut();
     h.insert(
@@ -256,13 +258,14 @@ pub(crate) async fn checkpoint(State(st): State<AppState>) -> Result<Response, A
         (status = 404, description = "This daemon keeps no audit record", body = ApiErrorBody),
     ))]
 pub(crate) async fn key(State(st): State<AppState>) -> Result<Json<AuditKey>, ApiError> {
-    let (public_key, key_id) = st
-        .backend
-        .audit_key()
-        .ok_or_else(|| ApiError::not_found("this daemon keeps no audit record"))?;
+    let (public_key, key_id) = st.manager.audit_key();
+    let templates = rampart_core::validate::TEMPLATES
+        .iter()
+        .map(|t| ((*t).to_owned(), st.manager.template_digest(t)))
+        .collect();
     Ok(Json(AuditKey {
         public_key,
         key_id,
-        templates: st.backend.template_digests(),
+        templates,
     }))
 }

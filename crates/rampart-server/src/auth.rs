@@ -430,7 +430,8 @@ async fn serve_as(
     }
     req.extensions_mut().insert(who);
     let logged = p.clone();
-    let mut resp = rampart_core::with_principal(p, next.run(req)).await;
+    crate::caller::set(&mut req, p);
+    let mut resp = next.run(req).await;
     if let Some(r) = rate {
         r.write(resp.headers_mut());
     }

@@ -9,6 +9,7 @@
 use axum::extract::{ConnectInfo, Request};
 use axum::middleware::Next;
 use axum::response::Response;
+use rampart_core::Principal;
 use std::net::SocketAddr;
 
 /// The peer address of a request, when the server recorded it.
@@ -32,10 +33,58 @@ pub(crate) fn native(peer: Option<SocketAddr>) -> String {
     format!("{who}{}", from(peer))
 }
 
-/// Middleware: serves the request on behalf of its (native) caller.
-pub(crate) async fn scope(req: Request, next: Next) -> Response {
-    let caller = native(peer(&req));
-    rampart_core::with_caller(caller, next.run(req)).await
+/// Middleware: names the request's caller before any authentication (`local` or
+/// `remote`, a principal of the node); the API's checks replace it with who they
+/// authenticated ([`set`]).
+pub(crate) async fn scope(mut req: Request, next: Next) -> Response {
+    let who = Principal::node(native(peer(&req)));
+    set(&mut req, who);
+    next.run(req).await
+}
+
+/// Serves `req` on behalf of `who`: the handlers' [`Caller`].
+pub(crate) fn set(req: &mut Request, who: Principal) {
+    req.extensions_mut().insert(Caller(who));
+}
+
+/// Who `req` is served for (see [`Caller`]).
+pub(crate) fn of(req: &Request) -> Principal {
+    match req.extensions().get::<Caller>() {
+        Some(c) => c.0.clone(),
+        None => Principal::node(native(peer(req))),
+    }
+}
+
+/// Who a request is served for, as the authentication set it ([`set`]): handlers pass it
+/// to core explicitly (`Manager::sandbox(&caller, id)` and the methods that act for
+/// someone). A request no middleware named is the node's, named by its peer address.
+#[derive(Debug, Clone)]
+pub(crate) struct Caller(pub(crate) Principal);
+
+impl std::ops::Deref for Caller {
+    type Target = Principal;
+    fn deref(&self) -> &Principal {
+        &self.0
+    }
+}
+
+impl<S: Send + Sync> axum::extract::FromRequestParts<S> for Caller {
+    type Rejection = std::convert::Infallible;
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        _: &S,
+    ) -> Result<Self, Self::Rejection> {
+        Ok(match parts.extensions.get::<Caller>() {
+            Some(c) => c.clone(),
+            None => {
+                let peer = parts
+                    .extensions
+                    .get::<ConnectInfo<SocketAddr>>()
+                    .map(|c| c.0);
+                Caller(Principal::node(native(peer)))
+            }
+        })
+    }
 }
 
 #[cfg(test)]

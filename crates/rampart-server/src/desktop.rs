@@ -38,11 +38,15 @@ pub(crate) struct DisplayQuery {
     ))]
 pub(crate) async fn screenshot(
     State(st): State<AppState>,
+    crate::caller::Caller(who): crate::caller::Caller,
     SandboxPath(id): SandboxPath,
     ApiQuery(q): ApiQuery<DisplayQuery>,
 ) -> Result<Response, ApiError> {
-    let m = st.manager_or("this daemon has no desktops")?;
-    let png = m.screenshot(&id, q.display.as_deref()).await?;
+    let m = &*st.manager;
+    let png = m
+        .sandbox(&who, &id)?
+        .screenshot(q.display.as_deref())
+        .await?;
     let mut resp = png.into_response();
     resp.headers_mut()
         .insert(CONTENT_TYPE, HeaderValue::from_static("image/png"));
@@ -65,12 +69,15 @@ pub(crate) async fn screenshot(
     ))]
 pub(crate) async fn action(
     State(st): State<AppState>,
+    crate::caller::Caller(who): crate::caller::Caller,
     SandboxPath(id): SandboxPath,
     ApiQuery(q): ApiQuery<DisplayQuery>,
     ApiJson(a): ApiJson<DesktopAction>,
 ) -> Result<StatusCode, ApiError> {
-    let m = st.manager_or("this daemon has no desktops")?;
-    m.desktop_action(&id, &a, q.display.as_deref()).await?;
+    let m = &*st.manager;
+    m.sandbox(&who, &id)?
+        .desktop_action(&a, q.display.as_deref())
+        .await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -89,12 +96,16 @@ pub(crate) async fn action(
     ))]
 pub(crate) async fn browser(
     State(st): State<AppState>,
+    crate::caller::Caller(who): crate::caller::Caller,
     SandboxPath(id): SandboxPath,
     ApiQuery(q): ApiQuery<DisplayQuery>,
     headers: HeaderMap,
 ) -> Result<Json<BrowserInfo>, ApiError> {
-    let m = st.manager_or("this daemon has no desktops")?;
-    let mut info = m.start_browser(&id, q.display.as_deref()).await?;
+    let m = &*st.manager;
+    let mut info = m
+        .sandbox(&who, &id)?
+        .start_browser(q.display.as_deref())
+        .await?;
     let host = crate::ports::plain_host(&headers).unwrap_or("127.0.0.1:3000");
     let base = format!("{host}/v1/sandboxes/{id}/ports/{}", info.port);
     info.cdp_url = format!("http://{base}");

@@ -17,7 +17,7 @@ use base64::engine::general_purpose::STANDARD as B64;
 use base64::Engine as _;
 use bytes::Bytes;
 use futures::{Stream, StreamExt};
-use rampart_core::{Exec, ExecControl};
+use rampart_core::{Exec, ExecControl, Principal, Started};
 use rampart_types::exec::DEFAULT_OUTPUT_CAP;
 use rampart_types::{ApiErrorBody, ExecEvent, ExecInput, ExecRequest, ExecResult, SandboxId};
 use std::convert::Infallible;
@@ -250,6 +250,7 @@ fn ndjson_line(ev: &ExecEvent) -> Bytes {
     ))]
 pub(crate) async fn exec(
     State(st): State<AppState>,
+    crate::caller::Caller(who): crate::caller::Caller,
     SandboxPath(id): SandboxPath,
     headers: HeaderMap,
     ApiJson(req): ApiJson<ExecRequest, { crate::EXEC_BODY_LIMIT }>,
@@ -259,7 +260,7 @@ pub(crate) async fn exec(
     if mode == Mode::Wait {
         let Exec {
             events, control, ..
-        } = st.backend.exec(&id, req, false).await?;
+        } = st.manager.sandbox(&who, &id)?.exec(req, false).await?;
         let mut guard = KillOnDrop(Some(control));
         let result = collect_output(events, cap).await;
         guard.disarm();
@@ -274,30 +275,16 @@ pub(crate) async fn exec(
     }
     // Streamed: a request the sandbox's approval policy holds answers 200 at once with
     // `pending_approval`, then the events (or `denied`) once it is decided.
-    let (held_tx, mut held_rx) = tokio::sync::mpsc::unbounded_channel();
-    let backend = st.backend.clone();
-    // Once held, the exec is polled by the response's body, after this handler returned:
-    // it keeps its principal (the record names the caller; the tenant stays confined).
-    let who = rampart_core::principal::current().unwrap_or_else(|| rampart_core::Principal {
-        caller: crate::caller::native(None),
-        ..Default::default()
-    });
-    let mut started = Box::pin(rampart_core::with_principal(
-        who,
-        rampart_core::approvals::on_hold(
-            held_tx,
-            async move { backend.exec(&id, req, false).await },
-        ),
-    ));
-    let held = tokio::select! {
-        r = &mut started => return Ok(streamed(mode, event_stream(r?).boxed())),
-        Some(info) = held_rx.recv() => info,
+    // Once held, the exec is polled by the response's body, after this handler returned.
+    let held = match st.manager.sandbox(&who, &id)?.start(req, false).await? {
+        Started::Running(exec) => return Ok(streamed(mode, event_stream(exec).boxed())),
+        Started::Held(held) => held,
     };
     let pending = ExecEvent::PendingApproval {
-        approval_id: held.id,
-        request: held.request,
+        approval_id: held.approval.id.clone(),
+        request: held.approval.request.clone(),
     };
-    let rest = futures::stream::once(started).flat_map(|r| match r {
+    let rest = futures::stream::once(held.decided()).flat_map(|r| match r {
         Ok(exec) => event_stream(exec).boxed(),
         Err(rampart_core::CoreError::Denied { approval, reason }) => {
             futures::stream::once(std::future::ready(ExecEvent::Denied {
@@ -357,6 +344,7 @@ fn streamed(mode: Mode, events: futures::stream::BoxStream<'static, ExecEvent>) 
     ))]
 pub(crate) async fn exec_ws(
     State(st): State<AppState>,
+    crate::caller::Caller(who): crate::caller::Caller,
     SandboxPath(id): SandboxPath,
     headers: HeaderMap,
     ws: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
@@ -375,14 +363,10 @@ pub(crate) async fn exec_ws(
         })?
         .protocols([crate::auth::WS_PROTOCOL]);
     // Answer an unknown sandbox with a plain 404 before upgrading.
-    st.backend.get(&id)?;
-    // The session runs after this request's task: it keeps acting for its principal (the
+    st.manager.sandbox(&who, &id)?.info()?;
+    // The session runs after this request's task: it keeps acting for its caller (the
     // record names it; a tenant stays confined to its own).
-    let who = rampart_core::principal::current().unwrap_or_else(|| rampart_core::Principal {
-        caller: crate::caller::native(None),
-        ..Default::default()
-    });
-    Ok(ws.on_upgrade(move |socket| rampart_core::with_principal(who, ws_session(st, id, socket))))
+    Ok(ws.on_upgrade(move |socket| ws_session(st, who, id, socket)))
 }
 
 async fn ws_send(socket: &mut WebSocket, ev: &ExecEvent) -> Result<(), axum::Error> {
@@ -415,7 +399,7 @@ async fn ws_close(mut socket: WebSocket) {
     let _ = tokio::time::timeout(WS_CLOSE_TIMEOUT, drain).await;
 }
 
-async fn ws_session(st: AppState, id: SandboxId, mut socket: WebSocket) {
+async fn ws_session(st: AppState, who: Principal, id: SandboxId, mut socket: WebSocket) {
     let first = tokio::time::timeout(WS_FIRST_MESSAGE_TIMEOUT, socket.recv()).await;
     let parsed = match first {
         Ok(Some(Ok(Message::Text(t)))) => parse_json::<ExecRequest>(t.as_bytes()),
@@ -431,31 +415,35 @@ async fn ws_session(st: AppState, id: SandboxId, mut socket: WebSocket) {
         Err(e) => return ws_fail(socket, e.message).await,
     };
     // A request the approval policy holds: `pending_approval` first, then the decision.
-    let (held_tx, mut held_rx) = tokio::sync::mpsc::unbounded_channel();
-    let backend = st.backend.clone();
-    let id2 = id.clone();
-    let mut started = Box::pin(rampart_core::approvals::on_hold(held_tx, async move {
-        backend.exec(&id2, req, true).await
-    }));
-    let mut held = false;
-    let result = loop {
-        tokio::select! {
-            r = &mut started => break r,
-            Some(info) = held_rx.recv() => {
-                held = true;
-                let ev = ExecEvent::PendingApproval { approval_id: info.id, request: info.request };
-                if ws_send(&mut socket, &ev).await.is_err() {
-                    return;
-                }
+    let started = match st.manager.sandbox(&who, &id) {
+        Ok(s) => s.start(req, true).await,
+        Err(e) => Err(e),
+    };
+    let result = match started {
+        Ok(Started::Running(exec)) => Ok(exec),
+        Ok(Started::Held(held)) => {
+            let ev = ExecEvent::PendingApproval {
+                approval_id: held.approval.id.clone(),
+                request: held.approval.request.clone(),
+            };
+            if ws_send(&mut socket, &ev).await.is_err() {
+                return;
             }
-            // Only while held (input sent before the start must not be read here).
-            msg = socket.recv(), if held => {
-                // The client left while its request was held: withdrawn (dropping it).
-                if !matches!(msg, Some(Ok(Message::Text(_) | Message::Binary(_) | Message::Ping(_) | Message::Pong(_)))) {
-                    return;
+            let mut decided = std::pin::pin!(held.decided());
+            loop {
+                tokio::select! {
+                    r = &mut decided => break r,
+                    // Input sent while held is not read as the command's: the client left
+                    // (withdrawn, by dropping it), or it is dropped.
+                    msg = socket.recv() => {
+                        if !matches!(msg, Some(Ok(Message::Text(_) | Message::Binary(_) | Message::Ping(_) | Message::Pong(_)))) {
+                            return;
+                        }
+                    }
                 }
             }
         }
+        Err(e) => Err(e),
     };
     let exec = match result {
         Ok(e) => e,

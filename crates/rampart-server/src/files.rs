@@ -143,12 +143,13 @@ fn is_not_found(e: &ClientError) -> bool {
     ))]
 pub(crate) async fn read(
     State(st): State<AppState>,
+    crate::caller::Caller(who): crate::caller::Caller,
     SandboxPath(id): SandboxPath,
     ApiQuery(q): ApiQuery<PathQuery>,
 ) -> Result<Response, ApiError> {
     check_path("path", &q.path)?;
     check_user(q.user.as_deref())?;
-    let agent = st.backend.agent(&id)?;
+    let agent = st.manager.sandbox(&who, &id)?.agent()?;
     let stream = agent.read_file(&q.path, q.user.as_deref()).await?;
     let body = stream.map(|r| r.map_err(|e| std::io::Error::other(e.to_string())));
     let mut resp = Body::from_stream(body).into_response();
@@ -176,12 +177,13 @@ pub(crate) async fn read(
     ))]
 pub(crate) async fn write(
     State(st): State<AppState>,
+    crate::caller::Caller(who): crate::caller::Caller,
     SandboxPath(id): SandboxPath,
     ApiQuery(q): ApiQuery<PathQuery>,
     body: Body,
 ) -> Response {
     let (stream, stop) = pump(body);
-    match write_inner(&st, &id, &q, stream).await {
+    match write_inner(&st, &who, &id, &q, stream).await {
         Ok(ok) => ok.into_response(),
         Err(e) => {
             // The client may still be sending: the rest of its body is read and discarded
@@ -197,13 +199,15 @@ pub(crate) async fn write(
 
 async fn write_inner(
     st: &AppState,
+    who: &rampart_core::Principal,
     id: &SandboxId,
     q: &PathQuery,
     stream: BoxStream<'static, Result<Bytes, std::io::Error>>,
 ) -> Result<(StatusCode, Json<FileEntry>), ApiError> {
     check_path("path", &q.path)?;
     check_user(q.user.as_deref())?;
-    let agent = st.backend.agent(id)?;
+    let sandbox = st.manager.sandbox(who, id)?;
+    let agent = sandbox.agent()?;
     let user = q.user.as_deref();
     let existed = match agent.stat(&q.path, user).await {
         Ok(_) => true,
@@ -211,9 +215,8 @@ async fn write_inner(
         // A parent that does not exist yet, or one that is not a directory: let the write say.
         Err(_) => false,
     };
-    let written = st
-        .backend
-        .write_file(id, &q.path, user, stream)
+    let written = sandbox
+        .write_file(&q.path, user, stream)
         .await
         .map_err(core_write_error)?;
     let info = agent.stat(&written, user).await?;
@@ -282,13 +285,15 @@ fn pump(
     ))]
 pub(crate) async fn remove(
     State(st): State<AppState>,
+    crate::caller::Caller(who): crate::caller::Caller,
     SandboxPath(id): SandboxPath,
     ApiQuery(q): ApiQuery<PathQuery>,
 ) -> Result<StatusCode, ApiError> {
     check_path("path", &q.path)?;
     check_user(q.user.as_deref())?;
-    st.backend
-        .remove_file(&id, &q.path, q.user.as_deref())
+    st.manager
+        .sandbox(&who, &id)?
+        .remove_file(&q.path, q.user.as_deref())
         .await?;
     Ok(StatusCode::NO_CONTENT)
 }
@@ -302,12 +307,13 @@ pub(crate) async fn remove(
     ))]
 pub(crate) async fn stat(
     State(st): State<AppState>,
+    crate::caller::Caller(who): crate::caller::Caller,
     SandboxPath(id): SandboxPath,
     ApiQuery(q): ApiQuery<PathQuery>,
 ) -> Result<Json<FileEntry>, ApiError> {
     check_path("path", &q.path)?;
     check_user(q.user.as_deref())?;
-    let agent = st.backend.agent(&id)?;
+    let agent = st.manager.sandbox(&who, &id)?.agent()?;
     Ok(Json(entry(agent.stat(&q.path, q.user.as_deref()).await?)))
 }
 
@@ -321,6 +327,7 @@ pub(crate) async fn stat(
     ))]
 pub(crate) async fn list(
     State(st): State<AppState>,
+    crate::caller::Caller(who): crate::caller::Caller,
     SandboxPath(id): SandboxPath,
     ApiQuery(q): ApiQuery<ListQuery>,
 ) -> Result<Json<FileList>, ApiError> {
@@ -332,7 +339,7 @@ pub(crate) async fn list(
             "depth: must be 1 to {MAX_LIST_DEPTH}"
         )));
     }
-    let agent = st.backend.agent(&id)?;
+    let agent = st.manager.sandbox(&who, &id)?.agent()?;
     let entries = agent.list_dir(&q.path, depth, q.user.as_deref()).await?;
     Ok(Json(FileList {
         entries: entries.into_iter().map(entry).collect(),
@@ -352,14 +359,16 @@ pub(crate) async fn list(
     ))]
 pub(crate) async fn mkdir(
     State(st): State<AppState>,
+    crate::caller::Caller(who): crate::caller::Caller,
     SandboxPath(id): SandboxPath,
     ApiJson(req): ApiJson<MakeDir>,
 ) -> Result<(StatusCode, Json<FileEntry>), ApiError> {
     check_path("path", &req.path)?;
     check_user(req.user.as_deref())?;
     let info = st
-        .backend
-        .make_dir(&id, &req.path, req.user.as_deref())
+        .manager
+        .sandbox(&who, &id)?
+        .make_dir(&req.path, req.user.as_deref())
         .await
         .map_err(core_write_error)?;
     Ok((StatusCode::CREATED, Json(entry(info))))
@@ -376,6 +385,7 @@ pub(crate) async fn mkdir(
     ))]
 pub(crate) async fn rename(
     State(st): State<AppState>,
+    crate::caller::Caller(who): crate::caller::Caller,
     SandboxPath(id): SandboxPath,
     ApiJson(req): ApiJson<MoveFile>,
 ) -> Result<Json<FileEntry>, ApiError> {
@@ -383,8 +393,9 @@ pub(crate) async fn rename(
     check_path("to", &req.to)?;
     check_user(req.user.as_deref())?;
     Ok(Json(entry(
-        st.backend
-            .rename(&id, &req.from, &req.to, req.user.as_deref())
+        st.manager
+            .sandbox(&who, &id)?
+            .rename(&req.from, &req.to, req.user.as_deref())
             .await
             .map_err(core_write_error)?,
     )))
@@ -400,12 +411,13 @@ pub(crate) async fn rename(
     ))]
 pub(crate) async fn watch(
     State(st): State<AppState>,
+    crate::caller::Caller(who): crate::caller::Caller,
     SandboxPath(id): SandboxPath,
     ApiQuery(q): ApiQuery<WatchQuery>,
 ) -> Result<Response, ApiError> {
     check_path("path", &q.path)?;
     check_user(q.user.as_deref())?;
-    let agent = st.backend.agent(&id)?;
+    let agent = st.manager.sandbox(&who, &id)?.agent()?;
     let events = agent
         .watch(&q.path, q.recursive.unwrap_or(false), q.user.as_deref())
         .await?;

@@ -97,7 +97,7 @@ pub(crate) async fn track(State(st): State<AppState>, req: Request, next: Next) 
 #[utoipa::path(get, path = "/metrics", tag = "daemon",
     responses((status = 200, description = "Prometheus text format", content_type = "text/plain", body = String)))]
 pub(crate) async fn serve_metrics(State(st): State<AppState>) -> Response {
-    let mut text = st.backend.metrics_text();
+    let mut text = st.manager.metrics_text();
     if !text.is_empty() && !text.ends_with('\n') {
         text.push('\n');
     }

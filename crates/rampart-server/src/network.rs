@@ -47,9 +47,10 @@ pub(crate) struct NetLogQuery {
     ))]
 pub(crate) async fn get(
     State(st): State<AppState>,
+    crate::caller::Caller(who): crate::caller::Caller,
     SandboxPath(id): SandboxPath,
 ) -> Result<Json<NetworkInfo>, ApiError> {
-    Ok(Json(st.backend.network(&id)?))
+    Ok(Json(st.manager.sandbox(&who, &id)?.network()?))
 }
 
 /// `PUT /v1/sandboxes/{id}/network`: replaces the policy of a running sandbox. New
@@ -67,10 +68,13 @@ pub(crate) async fn get(
     ))]
 pub(crate) async fn put(
     State(st): State<AppState>,
+    crate::caller::Caller(who): crate::caller::Caller,
     SandboxPath(id): SandboxPath,
     ApiJson(policy): ApiJson<NetworkPolicy>,
 ) -> Result<Json<NetworkInfo>, ApiError> {
-    Ok(Json(st.backend.set_network(&id, policy).await?))
+    Ok(Json(
+        st.manager.sandbox(&who, &id)?.set_network(policy).await?,
+    ))
 }
 
 /// `GET /v1/sandboxes/{id}/network/log`: every DNS answer and connection decision of the
@@ -85,25 +89,29 @@ pub(crate) async fn put(
     ))]
 pub(crate) async fn log(
     State(st): State<AppState>,
+    crate::caller::Caller(who): crate::caller::Caller,
     SandboxPath(id): SandboxPath,
     ApiQuery(q): ApiQuery<NetLogQuery>,
 ) -> Result<Response, ApiError> {
     let limit = ndjson::page_limit(q.limit, DEFAULT_NET_LOG_PAGE, MAX_NET_LOG_PAGE)?;
     let after = q.after.unwrap_or(0);
     if !ndjson::is_true(q.follow.as_deref()) {
-        let entries = st.backend.network_log(&id, after, limit)?;
+        let entries = st.manager.sandbox(&who, &id)?.network_log(after, limit)?;
         return Ok(Json(NetLogPage { entries }).into_response());
     }
     // Subscribe before reading the backlog, so no entry falls between the two.
-    let mut sub = st.backend.network_subscribe(&id)?;
-    let backend = st.backend.clone();
+    let mut sub = st.manager.sandbox(&who, &id)?.network_subscribe()?;
+    let manager = st.manager.clone();
     let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, Infallible>>(64);
     tokio::spawn(async move {
         let mut after = after;
         loop {
             // The backlog (or what a lagging receiver missed).
             loop {
-                let page = match backend.network_log(&id, after, MAX_NET_LOG_PAGE) {
+                let page = match manager
+                    .sandbox(&who, &id)
+                    .and_then(|s| s.network_log(after, MAX_NET_LOG_PAGE))
+                {
                     Ok(p) => p,
                     Err(_) => return,
                 };
@@ -140,8 +148,9 @@ pub(crate) async fn log(
                     Some(Err(RecvError::Lagged(_))) => break,
                     Some(Err(RecvError::Closed)) => return,
                     None => {
-                        let alive = backend
-                            .get(&id)
+                        let alive = manager
+                            .sandbox(&who, &id)
+                            .and_then(|s| s.info())
                             .map(|i| i.state.is_alive())
                             .unwrap_or(false);
                         if !alive {

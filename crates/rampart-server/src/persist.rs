@@ -6,14 +6,10 @@ use crate::AppState;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::Json;
-use rampart_core::{CoreError, Manager};
+use rampart_core::CoreError;
 use rampart_types::{
     ApiErrorBody, CreateSnapshot, CreateVolume, ForkResult, ForkSandbox, SnapshotInfo, VolumeInfo,
 };
-
-fn manager(st: &AppState) -> Result<&Manager, ApiError> {
-    st.manager_or("this daemon has no snapshots or volumes")
-}
 
 /// Maps the errors of a named snapshot or volume (`what` = "snapshot NAME").
 fn named(what: &str, e: CoreError) -> ApiError {
@@ -40,10 +36,11 @@ fn named(what: &str, e: CoreError) -> ApiError {
     ))]
 pub(crate) async fn snapshot(
     State(st): State<AppState>,
+    crate::caller::Caller(who): crate::caller::Caller,
     SandboxPath(id): SandboxPath,
     ApiJson(req): ApiJson<CreateSnapshot>,
 ) -> Result<(StatusCode, Json<SnapshotInfo>), ApiError> {
-    let info = manager(&st)?.snapshot(&id, req).await?;
+    let info = st.manager.sandbox(&who, &id)?.snapshot(req).await?;
     Ok((StatusCode::CREATED, Json(info)))
 }
 
@@ -52,8 +49,9 @@ pub(crate) async fn snapshot(
     responses((status = 200, description = "Snapshots, oldest first", body = [SnapshotInfo])))]
 pub(crate) async fn list_snapshots(
     State(st): State<AppState>,
+    crate::caller::Caller(who): crate::caller::Caller,
 ) -> Result<Json<Vec<SnapshotInfo>>, ApiError> {
-    Ok(Json(manager(&st)?.list_snapshots()?))
+    Ok(Json(st.manager.list_snapshots(&who)?))
 }
 
 /// `GET /v1/snapshots/{name}`: one snapshot.
@@ -65,10 +63,11 @@ pub(crate) async fn list_snapshots(
     ))]
 pub(crate) async fn get_snapshot(
     State(st): State<AppState>,
+    crate::caller::Caller(who): crate::caller::Caller,
     Path(name): Path<String>,
 ) -> Result<Json<SnapshotInfo>, ApiError> {
-    let m = manager(&st)?;
-    m.get_snapshot(&name)
+    let m = st.manager;
+    m.get_snapshot(&who, &name)
         .map(Json)
         .map_err(|e| named(&format!("snapshot {name}"), e))
 }
@@ -84,10 +83,11 @@ pub(crate) async fn get_snapshot(
     ))]
 pub(crate) async fn delete_snapshot(
     State(st): State<AppState>,
+    crate::caller::Caller(who): crate::caller::Caller,
     Path(name): Path<String>,
 ) -> Result<StatusCode, ApiError> {
-    manager(&st)?
-        .delete_snapshot(&name)
+    st.manager
+        .delete_snapshot(&who, &name)
         .await
         .map_err(|e| named(&format!("snapshot {name}"), e))?;
     Ok(StatusCode::NO_CONTENT)
@@ -106,6 +106,7 @@ pub(crate) async fn delete_snapshot(
     ))]
 pub(crate) async fn fork(
     State(st): State<AppState>,
+    crate::caller::Caller(who): crate::caller::Caller,
     SandboxPath(id): SandboxPath,
     ApiJson(req): ApiJson<ForkSandbox>,
 ) -> Result<axum::response::Response, ApiError> {
@@ -113,14 +114,14 @@ pub(crate) async fn fork(
     // A fork of `count` is `count` creates against its tenant's rate: the guard counted
     // one, the rest are counted here, all or none.
     let more = u64::from(req.count).saturating_sub(1);
-    let tenant = rampart_core::principal::current().and_then(|p| p.tenant);
+    let tenant = who.tenant.clone();
     if let (Some(t), Some(tenancy), true) = (tenant, &st.tenancy, more > 0) {
         if let Err(refused) = tenancy.take_creates(&t, more) {
             return Ok(refused.native());
         }
     }
     // Each fork has its own access token and the source's public ports, from core.
-    let res = manager(&st)?.fork(&id, req).await?;
+    let res = st.manager.sandbox(&who, &id)?.fork(req).await?;
     Ok((StatusCode::CREATED, Json(res)).into_response())
 }
 
@@ -133,9 +134,10 @@ pub(crate) async fn fork(
     ))]
 pub(crate) async fn create_volume(
     State(st): State<AppState>,
+    crate::caller::Caller(who): crate::caller::Caller,
     ApiJson(req): ApiJson<CreateVolume>,
 ) -> Result<(StatusCode, Json<VolumeInfo>), ApiError> {
-    let v = manager(&st)?.create_volume(req).await?;
+    let v = st.manager.create_volume(&who, req).await?;
     Ok((StatusCode::CREATED, Json(v)))
 }
 
@@ -144,8 +146,9 @@ pub(crate) async fn create_volume(
     responses((status = 200, description = "Volumes by name", body = [VolumeInfo])))]
 pub(crate) async fn list_volumes(
     State(st): State<AppState>,
+    crate::caller::Caller(who): crate::caller::Caller,
 ) -> Result<Json<Vec<VolumeInfo>>, ApiError> {
-    Ok(Json(manager(&st)?.list_volumes()?))
+    Ok(Json(st.manager.list_volumes(&who)?))
 }
 
 /// `DELETE /v1/volumes/{name}`: removes a volume and its data; 409 while mounted.
@@ -158,10 +161,11 @@ pub(crate) async fn list_volumes(
     ))]
 pub(crate) async fn delete_volume(
     State(st): State<AppState>,
+    crate::caller::Caller(who): crate::caller::Caller,
     Path(name): Path<String>,
 ) -> Result<StatusCode, ApiError> {
-    manager(&st)?
-        .delete_volume(&name)
+    st.manager
+        .delete_volume(&who, &name)
         .await
         .map_err(|e| named(&format!("volume {name}"), e))?;
     Ok(StatusCode::NO_CONTENT)

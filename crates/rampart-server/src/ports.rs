@@ -21,6 +21,7 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use rampart_agent::client::ClientError;
+use rampart_core::Principal;
 use rampart_store::access::AccessStore;
 use rampart_store::StoreError;
 use rampart_types::{ApiErrorBody, PortInfo, PortList, SandboxId, SandboxState};
@@ -107,24 +108,11 @@ async fn blocking<T: Send + 'static>(
 }
 
 impl Ports {
-    /// Port access over core's store of every sandbox's access (or a stand-in backend's).
+    /// Port access over core's store of every sandbox's access.
     pub(crate) fn with_access(opts: &ServerOptions, access: Arc<AccessStore>) -> Ports {
         Ports {
             domain: opts.domain.clone(),
             access,
-        }
-    }
-
-    /// Keeps everything in memory (a router over a stand-in backend).
-    pub(crate) fn in_memory(opts: &ServerOptions) -> Ports {
-        let access = match AccessStore::open_in_memory() {
-            Ok(s) => s,
-            // An in-memory SQLite database only fails to open when out of memory.
-            Err(e) => panic!("cannot open an in-memory SQLite database: {e}"),
-        };
-        Ports {
-            domain: opts.domain.clone(),
-            access: Arc::new(access),
         }
     }
 
@@ -409,8 +397,8 @@ fn parse_port(raw: &str) -> Result<u16, ApiError> {
 
 /// The sandbox of a port request, if it can serve one: 404 when unknown or ended, 409 when
 /// not running.
-async fn running(st: &AppState, id: &SandboxId) -> Result<(), ApiError> {
-    let info = st.backend.get(id)?;
+async fn running(st: &AppState, who: &Principal, id: &SandboxId) -> Result<(), ApiError> {
+    let info = st.manager.sandbox(who, id)?.info()?;
     match info.state {
         SandboxState::Running => Ok(()),
         SandboxState::Paused | SandboxState::Creating => Err(ApiError::new(
@@ -623,8 +611,14 @@ fn path_and_query(rest: &str, query: Option<&str>) -> String {
 
 /// Sends `req` (already authorized, its URI the path and query for the server inside) to
 /// `port` of `id` through the agent's tunnel.
-async fn relay(st: &AppState, id: &SandboxId, port: u16, req: Request) -> Response {
-    let agent = match st.backend.agent(id) {
+async fn relay(
+    st: &AppState,
+    who: &Principal,
+    id: &SandboxId,
+    port: u16,
+    req: Request,
+) -> Response {
+    let agent = match st.manager.sandbox(who, id).and_then(|s| s.agent()) {
         Ok(a) => a,
         Err(e) => return ApiError::from(e).into_response(),
     };
@@ -642,7 +636,7 @@ async fn relay(st: &AppState, id: &SandboxId, port: u16, req: Request) -> Respon
             .into_response()
         }
         Err(e) => {
-            return match running(st, id).await {
+            return match running(st, who, id).await {
                 Err(gone) => gone.into_response(),
                 Ok(()) => ApiError::new(
                     StatusCode::BAD_GATEWAY,
@@ -788,7 +782,8 @@ async fn serve_port(
     cookie_path: &str,
     mut req: Request,
 ) -> Response {
-    if let Err(e) = running(st, id).await {
+    let who = &crate::caller::of(&req);
+    if let Err(e) = running(st, who, id).await {
         return e.into_response();
     }
     let query = req.uri().query().map(str::to_owned);
@@ -809,7 +804,7 @@ async fn serve_port(
     }
     // Any other sandbox's token, an E2B key: none reaches the server inside either.
     strip_credentials(&st.ports.known_credentials(), &mut req).await;
-    let mut resp = relay(st, id, port, req).await;
+    let mut resp = relay(st, who, id, port, req).await;
     if let Some((inside, outside)) = devtools {
         resp = rewrite_devtools(resp, &inside, &outside).await;
     }
@@ -972,8 +967,8 @@ fn base_of(headers: &HeaderMap) -> (String, String) {
 
 /// The ports listening inside a sandbox on an address the tunnel reaches (asked of its
 /// agent; none when it does not answer).
-async fn listening(st: &AppState, id: &SandboxId) -> BTreeSet<u16> {
-    let Ok(agent) = st.backend.agent(id) else {
+async fn listening(st: &AppState, who: &Principal, id: &SandboxId) -> BTreeSet<u16> {
+    let Ok(agent) = st.manager.sandbox(who, id).and_then(|s| s.agent()) else {
         return BTreeSet::new();
     };
     match agent.listening_ports().await {
@@ -1021,6 +1016,7 @@ fn port_info(
     ))]
 pub(crate) async fn list(
     State(st): State<AppState>,
+    crate::caller::Caller(who): crate::caller::Caller,
     SandboxPath(id): SandboxPath,
     QueryPairs(q): QueryPairs,
     headers: HeaderMap,
@@ -1036,7 +1032,7 @@ pub(crate) async fn list(
             }
         }
     }
-    let info = st.backend.get(&id)?;
+    let info = st.manager.sandbox(&who, &id)?.info()?;
     if !matches!(
         info.state,
         SandboxState::Running | SandboxState::Paused | SandboxState::Creating
@@ -1048,7 +1044,7 @@ pub(crate) async fn list(
     }
     let public: BTreeSet<u16> = st.ports.public_ports(&id).await?.into_iter().collect();
     let listen = if info.state == SandboxState::Running {
-        listening(&st, &id).await
+        listening(&st, &who, &id).await
     } else {
         BTreeSet::new()
     };
@@ -1149,6 +1145,7 @@ fn is_port_path(path: &str) -> bool {
 
 async fn set_public(
     st: &AppState,
+    who: &Principal,
     id: &SandboxId,
     raw_port: &str,
     headers: &HeaderMap,
@@ -1164,7 +1161,7 @@ async fn set_public(
         ));
     }
     let port = parse_port(raw_port)?;
-    running(st, id).await.or_else(|e| {
+    running(st, who, id).await.or_else(|e| {
         // A paused sandbox's ports can still be made public or private.
         if e.status == StatusCode::CONFLICT {
             Ok(())
@@ -1198,11 +1195,12 @@ async fn set_public(
     ))]
 pub(crate) async fn make_public(
     State(st): State<AppState>,
+    crate::caller::Caller(who): crate::caller::Caller,
     Path((id, port)): Path<(String, String)>,
     headers: HeaderMap,
 ) -> Result<Json<PortInfo>, ApiError> {
     let id = SandboxId::parse(&id).map_err(|e| ApiError::bad_request(format!("id: {e}")))?;
-    set_public(&st, &id, &port, &headers, true).await
+    set_public(&st, &who, &id, &port, &headers, true).await
 }
 
 /// `DELETE /v1/sandboxes/{id}/ports/{port}/public`: the port needs the token again.
@@ -1219,11 +1217,12 @@ pub(crate) async fn make_public(
     ))]
 pub(crate) async fn make_private(
     State(st): State<AppState>,
+    crate::caller::Caller(who): crate::caller::Caller,
     Path((id, port)): Path<(String, String)>,
     headers: HeaderMap,
 ) -> Result<Json<PortInfo>, ApiError> {
     let id = SandboxId::parse(&id).map_err(|e| ApiError::bad_request(format!("id: {e}")))?;
-    set_public(&st, &id, &port, &headers, false).await
+    set_public(&st, &who, &id, &port, &headers, false).await
 }
 
 #[cfg(test)]

@@ -11,16 +11,11 @@ use axum::http::{HeaderValue, StatusCode};
 use axum::response::Response;
 use axum::Json;
 use futures::StreamExt as _;
-use rampart_core::Manager;
 use rampart_types::{ApiErrorBody, ExecEvent, ExecInput, ExecRequest, ProcessInfo, SandboxId};
 use std::convert::Infallible;
 
 /// The header of an attach that says how many output bytes were dropped before the replay.
 pub(crate) const DROPPED_HEADER: &str = "x-rampart-dropped-bytes";
-
-fn manager(st: &AppState) -> Result<&Manager, ApiError> {
-    st.manager_or("this daemon runs no sandboxes")
-}
 
 /// The `{id}` and `{pid}` of a process's path.
 pub(crate) struct ProcessPath(SandboxId, u32);
@@ -56,10 +51,11 @@ impl<S: Send + Sync> axum::extract::FromRequestParts<S> for ProcessPath {
     ))]
 pub(crate) async fn start(
     State(st): State<AppState>,
+    crate::caller::Caller(who): crate::caller::Caller,
     SandboxPath(id): SandboxPath,
     ApiJson(req): ApiJson<ExecRequest, { crate::EXEC_BODY_LIMIT }>,
 ) -> Result<(StatusCode, Json<ProcessInfo>), ApiError> {
-    let info = manager(&st)?.spawn_process(&id, req).await?;
+    let info = st.manager.sandbox(&who, &id)?.spawn_process(req).await?;
     Ok((StatusCode::CREATED, Json(info)))
 }
 
@@ -73,9 +69,10 @@ pub(crate) async fn start(
     ))]
 pub(crate) async fn list(
     State(st): State<AppState>,
+    crate::caller::Caller(who): crate::caller::Caller,
     SandboxPath(id): SandboxPath,
 ) -> Result<Json<Vec<ProcessInfo>>, ApiError> {
-    Ok(Json(manager(&st)?.processes(&id)?))
+    Ok(Json(st.manager.sandbox(&who, &id)?.processes()?))
 }
 
 /// `GET /v1/sandboxes/{id}/processes/{pid}`.
@@ -87,9 +84,10 @@ pub(crate) async fn list(
     ))]
 pub(crate) async fn get_one(
     State(st): State<AppState>,
+    crate::caller::Caller(who): crate::caller::Caller,
     ProcessPath(id, pid): ProcessPath,
 ) -> Result<Json<ProcessInfo>, ApiError> {
-    Ok(Json(manager(&st)?.process(&id, pid)?.status()))
+    Ok(Json(st.manager.sandbox(&who, &id)?.process(pid)?.status()))
 }
 
 /// `GET /v1/sandboxes/{id}/processes/{pid}/events`: attaches. NDJSON lines of `ExecEvent`:
@@ -103,9 +101,10 @@ pub(crate) async fn get_one(
     ))]
 pub(crate) async fn events(
     State(st): State<AppState>,
+    crate::caller::Caller(who): crate::caller::Caller,
     ProcessPath(id, pid): ProcessPath,
 ) -> Result<Response, ApiError> {
-    let attach = manager(&st)?.process(&id, pid)?.attach();
+    let attach = st.manager.sandbox(&who, &id)?.process(pid)?.attach();
     let replay = futures::stream::iter(attach.replay);
     let live = futures::stream::unfold(attach.live, |rx| async move {
         use tokio::sync::broadcast::error::RecvError;
@@ -149,11 +148,12 @@ pub(crate) async fn events(
     ))]
 pub(crate) async fn input(
     State(st): State<AppState>,
+    crate::caller::Caller(who): crate::caller::Caller,
     ProcessPath(id, pid): ProcessPath,
     ApiJson(inp): ApiJson<ExecInput, { crate::EXEC_BODY_LIMIT }>,
 ) -> Result<StatusCode, ApiError> {
     use base64::Engine as _;
-    let p = manager(&st)?.process(&id, pid)?;
+    let p = st.manager.sandbox(&who, &id)?.process(pid)?;
     if p.ended() {
         return Err(ApiError::new(
             StatusCode::CONFLICT,
@@ -186,9 +186,10 @@ pub(crate) async fn input(
     ))]
 pub(crate) async fn kill(
     State(st): State<AppState>,
+    crate::caller::Caller(who): crate::caller::Caller,
     ProcessPath(id, pid): ProcessPath,
 ) -> Result<Json<ProcessInfo>, ApiError> {
-    let p = manager(&st)?.process(&id, pid)?;
+    let p = st.manager.sandbox(&who, &id)?.process(pid)?;
     if !p.ended() {
         p.control().signal(true).await?;
     }

@@ -24,10 +24,11 @@ use std::collections::BTreeMap;
     ))]
 pub(crate) async fn create(
     State(st): State<AppState>,
+    crate::caller::Caller(who): crate::caller::Caller,
     ApiJson(req): ApiJson<CreateSandbox>,
 ) -> Result<(StatusCode, Json<SandboxInfo>), ApiError> {
     // Core validates the public ports and records the access token with the sandbox.
-    let info = st.backend.create(req).await?;
+    let info = st.manager.create(&who, req).await?;
     Ok((StatusCode::CREATED, Json(info)))
 }
 
@@ -85,10 +86,11 @@ fn list_filters(
     ))]
 pub(crate) async fn list(
     State(st): State<AppState>,
+    crate::caller::Caller(who): crate::caller::Caller,
     QueryPairs(pairs): QueryPairs,
 ) -> Result<Json<Vec<SandboxInfo>>, ApiError> {
     let (state, metadata) = list_filters(pairs)?;
-    Ok(Json(st.backend.list(state, &metadata)?))
+    Ok(Json(st.manager.list(&who, state, &metadata)?))
 }
 
 /// `GET /v1/sandboxes/{id}`.
@@ -101,9 +103,10 @@ pub(crate) async fn list(
     ))]
 pub(crate) async fn get_one(
     State(st): State<AppState>,
+    crate::caller::Caller(who): crate::caller::Caller,
     SandboxPath(id): SandboxPath,
 ) -> Result<Json<SandboxInfo>, ApiError> {
-    let mut info = st.backend.get(&id)?;
+    let mut info = st.manager.sandbox(&who, &id)?.info()?;
     if matches!(info.state, SandboxState::Running | SandboxState::Paused) {
         info.access_token = Some(st.ports.ensure_token(&id).await?);
     }
@@ -121,11 +124,12 @@ pub(crate) async fn get_one(
     ))]
 pub(crate) async fn stats(
     State(st): State<AppState>,
+    crate::caller::Caller(who): crate::caller::Caller,
     SandboxPath(id): SandboxPath,
 ) -> Result<Json<SandboxStats>, ApiError> {
-    let manager = st.manager_or("this daemon runs no sandboxes")?;
-    let info = manager.get(&id)?;
-    let u = manager.usage(&id).await?;
+    let manager = &*st.manager;
+    let info = manager.sandbox(&who, &id)?.info()?;
+    let u = manager.sandbox(&who, &id)?.usage().await?;
     let taken_at_ms = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_millis() as u64)
@@ -153,10 +157,11 @@ pub(crate) async fn stats(
     ))]
 pub(crate) async fn destroy(
     State(st): State<AppState>,
+    crate::caller::Caller(who): crate::caller::Caller,
     SandboxPath(id): SandboxPath,
 ) -> Result<Json<SandboxInfo>, ApiError> {
     // Its access is forgotten by the store with its end.
-    Ok(Json(st.backend.destroy(&id).await?))
+    Ok(Json(st.manager.sandbox(&who, &id)?.destroy().await?))
 }
 
 /// `POST /v1/sandboxes/{id}/timeout`: sets the deadline to now + `timeout_secs`.
@@ -172,10 +177,16 @@ pub(crate) async fn destroy(
     ))]
 pub(crate) async fn set_timeout(
     State(st): State<AppState>,
+    crate::caller::Caller(who): crate::caller::Caller,
     SandboxPath(id): SandboxPath,
     ApiJson(req): ApiJson<SetTimeout>,
 ) -> Result<Json<SandboxInfo>, ApiError> {
-    Ok(Json(st.backend.set_timeout(&id, req.timeout_secs).await?))
+    Ok(Json(
+        st.manager
+            .sandbox(&who, &id)?
+            .set_timeout(req.timeout_secs)
+            .await?,
+    ))
 }
 
 /// `POST /v1/sandboxes/{id}/pause`: freezes every process of the sandbox (no CPU used,
@@ -193,15 +204,16 @@ pub(crate) async fn set_timeout(
     ))]
 pub(crate) async fn pause(
     State(st): State<AppState>,
+    crate::caller::Caller(who): crate::caller::Caller,
     SandboxPath(id): SandboxPath,
     body: axum::body::Bytes,
 ) -> Result<Json<SandboxInfo>, ApiError> {
     let req: PauseSandbox = optional_body(&body)?;
     if req.memory {
-        return Ok(Json(st.backend.pause(&id).await?));
+        return Ok(Json(st.manager.sandbox(&who, &id)?.pause().await?));
     }
-    let m = st.manager_or("this daemon cannot pause sandboxes to their filesystem")?;
-    Ok(Json(m.pause_with(&id, false).await?))
+    let m = &*st.manager;
+    Ok(Json(m.sandbox(&who, &id)?.pause_with(false).await?))
 }
 
 /// An optional JSON body: empty is `T::default()`.
@@ -227,15 +239,16 @@ fn optional_body<T: serde::de::DeserializeOwned + Default>(body: &[u8]) -> Resul
     ))]
 pub(crate) async fn resume(
     State(st): State<AppState>,
+    crate::caller::Caller(who): crate::caller::Caller,
     SandboxPath(id): SandboxPath,
     body: axum::body::Bytes,
 ) -> Result<Json<SandboxInfo>, ApiError> {
     let req: ResumeSandbox = optional_body(&body)?;
     if !req.reboot {
-        return Ok(Json(st.backend.resume(&id).await?));
+        return Ok(Json(st.manager.sandbox(&who, &id)?.resume().await?));
     }
-    let m = st.manager_or("this daemon cannot boot sandboxes from their disk")?;
-    Ok(Json(m.resume_with(&id, true).await?))
+    let m = &*st.manager;
+    Ok(Json(m.sandbox(&who, &id)?.resume_with(true).await?))
 }
 
 #[cfg(test)]

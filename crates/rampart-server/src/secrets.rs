@@ -8,13 +8,9 @@ use crate::AppState;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::Json;
-use rampart_core::{CoreError, Manager};
+use rampart_core::CoreError;
 use rampart_types::network::StoredSecretInfo;
 use rampart_types::{ApiErrorBody, SecretSpec};
-
-fn manager(st: &AppState) -> Result<&Manager, ApiError> {
-    st.manager_or("this daemon keeps no secrets")
-}
 
 /// `POST /v1/secrets`: creates or replaces a named secret. The answer has everything but
 /// the value.
@@ -26,9 +22,10 @@ fn manager(st: &AppState) -> Result<&Manager, ApiError> {
     ))]
 pub(crate) async fn set(
     State(st): State<AppState>,
+    crate::caller::Caller(who): crate::caller::Caller,
     ApiJson(spec): ApiJson<SecretSpec>,
 ) -> Result<Json<StoredSecretInfo>, ApiError> {
-    Ok(Json(manager(&st)?.set_secret(spec)?))
+    Ok(Json(st.manager.set_secret(&who, spec)?))
 }
 
 /// `GET /v1/secrets`: the stored secrets, by name, without their values.
@@ -36,8 +33,9 @@ pub(crate) async fn set(
     responses((status = 200, description = "Stored secrets (never their values)", body = [StoredSecretInfo])))]
 pub(crate) async fn list(
     State(st): State<AppState>,
+    crate::caller::Caller(who): crate::caller::Caller,
 ) -> Result<Json<Vec<StoredSecretInfo>>, ApiError> {
-    Ok(Json(manager(&st)?.list_secrets()?))
+    Ok(Json(st.manager.list_secrets(&who)?))
 }
 
 /// `DELETE /v1/secrets/{name}`: removes a stored secret. Sandboxes created with it keep
@@ -50,9 +48,10 @@ pub(crate) async fn list(
     ))]
 pub(crate) async fn delete(
     State(st): State<AppState>,
+    crate::caller::Caller(who): crate::caller::Caller,
     Path(name): Path<String>,
 ) -> Result<StatusCode, ApiError> {
-    match manager(&st)?.delete_secret(&name) {
+    match st.manager.delete_secret(&who, &name) {
         Ok(()) => Ok(StatusCode::NO_CONTENT),
         Err(CoreError::NotFound(_)) => Err(ApiError::not_found(format!("secret {name} not found"))),
         Err(e) => Err(e.into()),

@@ -8,15 +8,11 @@ use axum::Json;
 use rampart_core::CoreError;
 use rampart_types::{ApiErrorBody, TemplateInfo};
 
-fn manager(st: &AppState) -> Result<&rampart_core::Manager, ApiError> {
-    st.manager_or("this daemon has no templates")
-}
-
 /// `GET /v1/templates`: the built-in templates and the built ones.
 #[utoipa::path(get, path = "/v1/templates", tag = "templates",
     responses((status = 200, description = "Templates: built-in first, then built ones by name", body = [TemplateInfo])))]
 pub(crate) async fn list(State(st): State<AppState>) -> Result<Json<Vec<TemplateInfo>>, ApiError> {
-    Ok(Json(manager(&st)?.templates()))
+    Ok(Json(st.manager.templates()))
 }
 
 /// `GET /v1/templates/{name}`: one template.
@@ -30,7 +26,7 @@ pub(crate) async fn get_one(
     State(st): State<AppState>,
     Path(name): Path<String>,
 ) -> Result<Json<TemplateInfo>, ApiError> {
-    match manager(&st)?.template(&name) {
+    match st.manager.template(&name) {
         Ok(t) => Ok(Json(t)),
         Err(CoreError::NotFound(_)) => {
             Err(ApiError::not_found(format!("template {name} not found")))

@@ -420,9 +420,10 @@ fn parse_time(field: &str, s: &str) -> Result<i64, ApiError> {
 /// `GET /v1/usage?from=&to=[&tenant=]`: the usage report, signed by the node key.
 pub(crate) async fn usage(
     State(st): State<AppState>,
+    crate::caller::Caller(who): crate::caller::Caller,
     ApiQuery(q): ApiQuery<UsageQuery>,
 ) -> Result<Json<UsageReport>, ApiError> {
-    let m = st.manager_or("usage")?;
+    let m = &*st.manager;
     let from = match &q.from {
         Some(s) => parse_time("from", s)?,
         None => 0,
@@ -437,7 +438,7 @@ pub(crate) async fn usage(
     if let Some(t) = &q.tenant {
         rampart_types::tenant::check_tenant_name(t).map_err(ApiError::bad_request)?;
     }
-    Ok(Json(m.usage_report(q.tenant, from, to).await?))
+    Ok(Json(m.usage_report(&who, q.tenant, from, to).await?))
 }
 
 /// The query of `GET /v1/changes`.
@@ -453,11 +454,12 @@ pub(crate) struct ChangesQuery {
 /// `GET /v1/changes`: the node's change log (a tenant's key: its own entries).
 pub(crate) async fn changes(
     State(st): State<AppState>,
+    crate::caller::Caller(who): crate::caller::Caller,
     ApiQuery(q): ApiQuery<ChangesQuery>,
 ) -> Result<Json<Vec<Change>>, ApiError> {
-    let m = st.manager_or("the change log")?;
+    let m = &*st.manager;
     let limit = q.limit.unwrap_or(100).clamp(1, 1000);
-    Ok(Json(m.changes(q.after.unwrap_or(0), limit)?))
+    Ok(Json(m.changes(&who, q.after.unwrap_or(0), limit)?))
 }
 
 #[cfg(test)]

@@ -110,8 +110,7 @@ impl Sandboxes {
                 tenant: owner.clone(),
                 key_id: crate::principal::current().and_then(|p| p.key_id),
             };
-            let made_one =
-                crate::principal::with_principal(on_behalf, self.create(r, opts.clone())).await;
+            let made_one = crate::principal::scope(on_behalf, self.create(r, opts.clone())).await;
             match made_one {
                 Ok(c) if all_or_none => made.push(c),
                 Err(e) if all_or_none => {

@@ -5,6 +5,7 @@
 
 mod cold;
 mod fork;
+pub(crate) mod handle;
 mod lifecycle;
 mod ops;
 mod plan;
@@ -16,6 +17,7 @@ mod usage;
 use cold::Booted;
 use tasks::{publisher, reaper, watch_init};
 
+pub use handle::{Held, Sandbox, Started};
 pub use plan::CreateOptions;
 
 pub(crate) use registry::Registry;
@@ -415,11 +417,11 @@ impl Sandboxes {
             .map_err(|e| CoreError::isolation("destroy", e))
     }
 
-    /// Whether the current principal may see sandbox `id` (`crate::principal`): the node
-    /// sees every sandbox, a tenant its own; any other is not found, exactly as an id that
-    /// does not exist.
-    pub(crate) fn visible(&self, id: &SandboxId) -> Result<(), CoreError> {
-        let Some(tenant) = crate::principal::current_tenant() else {
+    /// Whether a caller of `tenant` may see sandbox `id` (`crate::principal`): the node
+    /// (no tenant) sees every sandbox, a tenant its own; any other is not found, exactly as
+    /// an id that does not exist. Only [`handle::Sandbox::resolve`] asks.
+    fn visible(&self, tenant: Option<&str>, id: &SandboxId) -> Result<(), CoreError> {
+        let Some(tenant) = tenant else {
             return Ok(());
         };
         let owner = match self.registry.tenant(id) {
@@ -430,22 +432,26 @@ impl Sandboxes {
                 .map_err(CoreError::from)?
                 .and_then(|r| r.tenant),
         };
-        if owner.as_deref() == Some(tenant.as_str()) {
+        if owner.as_deref() == Some(tenant) {
             Ok(())
         } else {
             Err(CoreError::NotFound(id.to_string()))
         }
     }
 
-    /// Checks that the current tenant (if any) may take on `bytes` more disk (a volume; 0:
-    /// a snapshot, refused once its disk quota is used up).
-    pub(crate) fn admit_tenant_disk(&self, bytes: u64) -> Result<(), CoreError> {
-        let Some(tenant) = crate::principal::current_tenant() else {
+    /// Checks that `tenant` (if any) may take on `bytes` more disk (a volume; 0: a
+    /// snapshot, refused once its disk quota is used up).
+    pub(crate) fn admit_tenant_disk(
+        &self,
+        tenant: Option<&str>,
+        bytes: u64,
+    ) -> Result<(), CoreError> {
+        let Some(tenant) = tenant else {
             return Ok(());
         };
         self.store
             .admit_demand(
-                &tenant,
+                tenant,
                 &rampart_store::tenants::Demand {
                     disk_bytes: bytes.max(1),
                     ..Default::default()

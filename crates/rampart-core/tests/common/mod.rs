@@ -1,5 +1,6 @@
 //! What core's integration tests share: running a command and collecting what it did.
 
+use crate::node;
 use futures::StreamExt as _;
 use rampart_core::{Exec, Manager};
 use rampart_types::{ExecEvent, ExecRequest, SandboxId, SandboxInfo, SandboxState};
@@ -61,7 +62,14 @@ pub fn cmd(args: &[&str]) -> ExecRequest {
 
 /// Runs `req` (waited) in `id`.
 pub async fn run(m: &Manager, id: &SandboxId, req: ExecRequest) -> Ran {
-    collect(m.exec(id, req, false).await.expect("exec")).await
+    collect(
+        m.sandbox(&node(), id)
+            .unwrap()
+            .exec(req, false)
+            .await
+            .expect("exec"),
+    )
+    .await
 }
 
 /// Waits until the sandbox is in `want`: re-checked at each audit event (every state change
@@ -76,7 +84,7 @@ pub async fn wait_state(
     let deadline = tokio::time::Instant::now() + within;
     loop {
         events.borrow_and_update();
-        let info = m.get(id).unwrap();
+        let info = m.sandbox(&node(), id).unwrap().info().unwrap();
         if info.state == want {
             return info;
         }

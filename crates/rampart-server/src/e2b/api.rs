@@ -7,6 +7,7 @@ use axum::extract::{Path, RawQuery, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
+use rampart_core::Principal;
 use rampart_core::{CoreError, CreateOptions};
 use rampart_store::access::E2bSandbox;
 use rampart_types::{CreateSandbox, OnTimeout, SandboxId, SandboxInfo, SandboxState};
@@ -170,9 +171,10 @@ impl E2b {
     /// The sandbox and its E2B facts, if the E2B API made it and it is alive.
     pub(crate) async fn lookup(
         &self,
+        who: &Principal,
         id: &SandboxId,
     ) -> Result<Option<(SandboxInfo, E2bSandbox)>, E2bError> {
-        let info = match self.manager.get(id) {
+        let info = match self.manager.sandbox(who, id).and_then(|s| s.info()) {
             Ok(i) => i,
             Err(CoreError::NotFound(_)) => return Ok(None),
             Err(e) => return Err(e.into()),
@@ -188,10 +190,11 @@ impl E2b {
 
     pub(super) async fn must(
         &self,
+        who: &Principal,
         id: &str,
     ) -> Result<(SandboxId, SandboxInfo, E2bSandbox), E2bError> {
         let sid = sandbox_id(id)?;
-        match self.lookup(&sid).await? {
+        match self.lookup(who, &sid).await? {
             Some((i, f)) => Ok((sid, i, f)),
             None => Err(E2bError::not_found(id)),
         }
@@ -257,32 +260,31 @@ fn detail_json(_st: &E2b, info: &SandboxInfo, facts: &E2bSandbox, with_token: bo
 /// did, without making another sandbox.
 pub(crate) async fn create(
     State(st): State<E2b>,
+    crate::caller::Caller(who): crate::caller::Caller,
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<Response, E2bError> {
     let answer = match super::idempotency::key_of(&headers)? {
         Some(k) => {
-            let caller = rampart_core::current_principal()
-                .and_then(|p| p.key_id)
-                .unwrap_or_default();
+            let caller = who.key_id.clone().unwrap_or_default();
             st.idempotency
-                .run(&caller, &k, &body, || create_now(&st, &body))
+                .run(&caller, &k, &body, || create_now(&st, &who, &body))
                 .await?
         }
-        None => create_now(&st, &body).await?,
+        None => create_now(&st, &who, &body).await?,
     };
     Ok((StatusCode::CREATED, Json(answer)).into_response())
 }
 
 /// The create itself (once per idempotency key).
-async fn create_now(st: &E2b, body: &Bytes) -> Result<Value, E2bError> {
+async fn create_now(st: &E2b, who: &Principal, body: &Bytes) -> Result<Value, E2bError> {
     let n: NewSandbox = parse_body(body)?;
     check_unsupported(&n)?;
     let auto_resume = auto_resume_of(&n)?;
     let requested = n.template_id.clone().unwrap_or_else(|| BASE.into());
     // --- snapshots (e2b/persist.rs): a `templateID` naming one of the caller's snapshots
     // starts from it; core takes the template from the snapshot.
-    let snapshot = super::persist::snapshot_for_create(st, &requested)?;
+    let snapshot = super::persist::snapshot_for_create(st, who, &requested)?;
     // --- end snapshots
     let template = match template_of(&requested) {
         Ok(t) => Some(t.to_owned()),
@@ -348,7 +350,7 @@ async fn create_now(st: &E2b, body: &Bytes) -> Result<Value, E2bError> {
         e2b_template: Some(requested),
         e2b_options: Some(options.to_json()),
     };
-    let created = st.manager.create_with(req, opts).await?;
+    let created = st.manager.create_with(who, req, opts).await?;
     let facts = created.e2b.ok_or_else(|| {
         E2bError::internal("the sandbox was made without its E2B facts".to_owned())
     })?;
@@ -361,11 +363,12 @@ async fn create_now(st: &E2b, body: &Bytes) -> Result<Value, E2bError> {
 /// new rules deny are cut. 204.
 pub(crate) async fn update_network(
     State(st): State<E2b>,
+    crate::caller::Caller(who): crate::caller::Caller,
     Path(id): Path<String>,
     body: Bytes,
 ) -> Result<Response, E2bError> {
     let v: Value = parse_body(&body)?;
-    let (sid, info, facts) = st.must(&id).await?;
+    let (sid, info, facts) = st.must(&who, &id).await?;
     if info.state != SandboxState::Running {
         return Err(E2bError::new(
             StatusCode::CONFLICT,
@@ -383,7 +386,8 @@ pub(crate) async fn update_network(
     }
     let (policy, secrets) = super::network::policy_of(Some(&net), net.allow_internet_access)?;
     st.manager
-        .set_network_and_secrets(&sid, policy, secrets)
+        .sandbox(&who, &sid)?
+        .set_network_and_secrets(policy, secrets)
         .await?;
     let mut o = Options::parse(&facts.options);
     let mut shown = super::network::info_of(&net);
@@ -410,19 +414,21 @@ pub(crate) async fn update_network(
 /// `GET /sandboxes/{id}`: 200 `SandboxDetail`.
 pub(crate) async fn get_one(
     State(st): State<E2b>,
+    crate::caller::Caller(who): crate::caller::Caller,
     Path(id): Path<String>,
 ) -> Result<Response, E2bError> {
-    let (_, info, facts) = st.must(&id).await?;
+    let (_, info, facts) = st.must(&who, &id).await?;
     Ok(Json(detail_json(&st, &info, &facts, true)).into_response())
 }
 
 /// `DELETE /sandboxes/{id}`: 204; 404 when unknown or already ended (the SDK returns False).
 pub(crate) async fn kill(
     State(st): State<E2b>,
+    crate::caller::Caller(who): crate::caller::Caller,
     Path(id): Path<String>,
 ) -> Result<Response, E2bError> {
-    let (sid, _, _) = st.must(&id).await?;
-    match st.manager.destroy(&sid).await {
+    let (sid, _, _) = st.must(&who, &id).await?;
+    match st.manager.sandbox(&who, &sid)?.destroy().await {
         Ok(_) | Err(CoreError::NotFound(_)) => {}
         Err(e) => return Err(e.into()),
     }
@@ -449,6 +455,7 @@ struct TimeoutBody {
 /// `POST /sandboxes/{id}/timeout` `{"timeout": secs}`: 204.
 pub(crate) async fn set_timeout(
     State(st): State<E2b>,
+    crate::caller::Caller(who): crate::caller::Caller,
     Path(id): Path<String>,
     body: Bytes,
 ) -> Result<Response, E2bError> {
@@ -456,8 +463,11 @@ pub(crate) async fn set_timeout(
     let secs = b
         .timeout
         .ok_or_else(|| E2bError::bad_request("timeout: required (seconds)"))?;
-    let (sid, _, _) = st.must(&id).await?;
-    st.manager.set_timeout(&sid, secs.max(1)).await?;
+    let (sid, _, _) = st.must(&who, &id).await?;
+    st.manager
+        .sandbox(&who, &sid)?
+        .set_timeout(secs.max(1))
+        .await?;
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 
@@ -466,30 +476,32 @@ pub(crate) async fn set_timeout(
 /// one is resumed first and answers 201.
 pub(crate) async fn connect(
     State(st): State<E2b>,
+    crate::caller::Caller(who): crate::caller::Caller,
     Path(id): Path<String>,
     body: Bytes,
 ) -> Result<Response, E2bError> {
     let b: ConnectBody = parse_body(&body)?;
-    let (sid, info, facts) = st.must(&id).await?;
+    let (sid, info, facts) = st.must(&who, &id).await?;
     let (status, info) = if info.state == SandboxState::Paused {
         // `on_resume="reboot"` (`memory: false`): a cold boot from the disk; a sandbox paused
         // to its filesystem always boots so.
         let reboot = b.memory == Some(false);
         (
             StatusCode::CREATED,
-            st.manager.resume_with(&sid, reboot).await?,
+            st.manager.sandbox(&who, &sid)?.resume_with(reboot).await?,
         )
     } else {
         (StatusCode::OK, info)
     };
-    extend(&st, &sid, &info, b.timeout).await?;
-    let info = st.manager.get(&sid)?;
+    extend(&st, &who, &sid, &info, b.timeout).await?;
+    let info = st.manager.sandbox(&who, &sid)?.info()?;
     Ok((status, Json(sandbox_json(&info, &facts))).into_response())
 }
 
 /// Moves the deadline to now + `timeout` if that is later than the current one.
 async fn extend(
     st: &E2b,
+    who: &Principal,
     sid: &SandboxId,
     info: &SandboxInfo,
     timeout: Option<u64>,
@@ -498,7 +510,7 @@ async fn extend(
         let wanted = OffsetDateTime::now_utc() + time::Duration::seconds(secs as i64);
         let current = parse_time(&info.expires_at);
         if current.is_none_or(|c| wanted > c) {
-            st.manager.set_timeout(sid, secs).await?;
+            st.manager.sandbox(who, sid)?.set_timeout(secs).await?;
         }
     }
     Ok(())
@@ -509,20 +521,21 @@ async fn extend(
 /// E2B's API.
 pub(crate) async fn resume(
     State(st): State<E2b>,
+    crate::caller::Caller(who): crate::caller::Caller,
     Path(id): Path<String>,
     body: Bytes,
 ) -> Result<Response, E2bError> {
     let b: TimeoutBody = parse_body(&body)?;
-    let (sid, info, facts) = st.must(&id).await?;
+    let (sid, info, facts) = st.must(&who, &id).await?;
     if info.state != SandboxState::Paused {
         return Err(E2bError::new(
             StatusCode::CONFLICT,
             format!("sandbox \"{id}\" is already running"),
         ));
     }
-    let info = st.manager.resume(&sid).await?;
-    extend(&st, &sid, &info, b.timeout).await?;
-    let info = st.manager.get(&sid)?;
+    let info = st.manager.sandbox(&who, &sid)?.resume().await?;
+    extend(&st, &who, &sid, &info, b.timeout).await?;
+    let info = st.manager.sandbox(&who, &sid)?.info()?;
     Ok((StatusCode::CREATED, Json(sandbox_json(&info, &facts))).into_response())
 }
 
@@ -542,11 +555,12 @@ struct PauseBody {
 /// returns `False`).
 pub(crate) async fn pause(
     State(st): State<E2b>,
+    crate::caller::Caller(who): crate::caller::Caller,
     Path(id): Path<String>,
     body: Bytes,
 ) -> Result<Response, E2bError> {
     let b: PauseBody = parse_body(&body)?;
-    let (sid, info, _) = st.must(&id).await?;
+    let (sid, info, _) = st.must(&who, &id).await?;
     if info.state == SandboxState::Paused {
         return Err(E2bError::new(
             StatusCode::CONFLICT,
@@ -556,7 +570,7 @@ pub(crate) async fn pause(
     let to_disk = b.memory == Some(false);
     // A pause to the filesystem always needs a guest that answers (as E2B's does).
     if b.require_healthy_guest == Some(true) || to_disk {
-        let agent = st.manager.agent(&sid)?;
+        let agent = st.manager.sandbox(&who, &sid)?.agent()?;
         let healthy = tokio::time::timeout(std::time::Duration::from_secs(2), agent.health())
             .await
             .is_ok_and(|r| r.is_ok());
@@ -567,7 +581,7 @@ pub(crate) async fn pause(
             ));
         }
     }
-    st.manager.pause_with(&sid, !to_disk).await?;
+    st.manager.sandbox(&who, &sid)?.pause_with(!to_disk).await?;
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 
@@ -584,11 +598,12 @@ pub(crate) async fn unsupported(uri: axum::http::Uri) -> E2bError {
 /// the sandbox's life in that range (see `metrics.rs`).
 pub(crate) async fn metrics(
     State(st): State<E2b>,
+    crate::caller::Caller(who): crate::caller::Caller,
     Path(id): Path<String>,
     RawQuery(raw): RawQuery,
 ) -> Result<Response, E2bError> {
     let (start, end) = super::metrics::range_of(raw.as_deref())?;
-    let (_, info, _) = st.must(&id).await?;
+    let (_, info, _) = st.must(&who, &id).await?;
     let samples = super::metrics::answer(&st, &info, start, end).await;
     Ok(Json(Value::Array(samples)).into_response())
 }
@@ -714,8 +729,12 @@ fn untoken(tok: &str) -> Option<(OffsetDateTime, String)> {
     Some((parse_time(t)?, id.to_owned()))
 }
 
-async fn listed(st: &E2b, q: &ListQuery) -> Result<Vec<(SandboxInfo, E2bSandbox)>, E2bError> {
-    let all = st.manager.list(None, &q.metadata)?;
+async fn listed(
+    st: &E2b,
+    who: &Principal,
+    q: &ListQuery,
+) -> Result<Vec<(SandboxInfo, E2bSandbox)>, E2bError> {
+    let all = st.manager.list(who, None, &q.metadata)?;
     let mut out = Vec::new();
     for info in all {
         if !matches!(info.state, SandboxState::Running | SandboxState::Paused) {
@@ -764,10 +783,11 @@ async fn listed(st: &E2b, q: &ListQuery) -> Result<Vec<(SandboxInfo, E2bSandbox)
 /// more pages follow.
 pub(crate) async fn list(
     State(st): State<E2b>,
+    crate::caller::Caller(who): crate::caller::Caller,
     RawQuery(raw): RawQuery,
 ) -> Result<Response, E2bError> {
     let q = list_query(raw.as_deref())?;
-    let items = listed(&st, &q).await?;
+    let items = listed(&st, &who, &q).await?;
     let start = match q.next_token.as_deref() {
         None => 0,
         Some(tok) => {
@@ -804,11 +824,12 @@ pub(crate) async fn list(
 /// `GET /sandboxes` (old API): every running sandbox, no paging.
 pub(crate) async fn list_v1(
     State(st): State<E2b>,
+    crate::caller::Caller(who): crate::caller::Caller,
     RawQuery(raw): RawQuery,
 ) -> Result<Response, E2bError> {
     let mut q = list_query(raw.as_deref())?;
     q.limit = usize::MAX;
-    let items = listed(&st, &q).await?;
+    let items = listed(&st, &who, &q).await?;
     let page: Vec<Value> = items
         .iter()
         .map(|(i, f)| detail_json(&st, i, f, false))

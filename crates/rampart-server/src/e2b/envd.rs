@@ -18,6 +18,7 @@ use axum::response::{IntoResponse, Response};
 use base64::Engine as _;
 use rampart_agent::client::AgentClient;
 use rampart_core::CoreError;
+use rampart_core::Principal;
 use rampart_store::access::E2bSandbox;
 use rampart_types::SandboxId;
 use sha2::{Digest, Sha256};
@@ -246,8 +247,12 @@ impl E2b {
     /// not paused (the manager's in-memory set of live sandboxes), and its E2B facts. `None`
     /// when it is not there for the proxy (unknown, ended, ending, paused, or not an E2B
     /// sandbox).
-    pub(crate) async fn live(&self, id: &SandboxId) -> Result<Option<Live>, E2bError> {
-        let agent = match self.manager.agent(id) {
+    pub(crate) async fn live(
+        &self,
+        who: &Principal,
+        id: &SandboxId,
+    ) -> Result<Option<Live>, E2bError> {
+        let agent = match self.manager.sandbox(who, id).and_then(|s| s.agent()) {
             Ok(a) => a,
             Err(CoreError::Internal(e)) => return Err(E2bError::internal(e)),
             // Paused: its processes resume with it, and so do their records.
@@ -264,8 +269,10 @@ impl E2b {
 
     /// After forwarding failed: whether the sandbox is still running (its agent did not
     /// answer) rather than ended or paused on the way.
-    fn still_running(&self, id: &SandboxId) -> bool {
-        self.manager.agent(id).is_ok()
+    fn still_running(&self, who: &Principal, id: &SandboxId) -> bool {
+        self.manager
+            .sandbox(who, id)
+            .is_ok_and(|s| s.agent().is_ok())
     }
 }
 
@@ -273,22 +280,25 @@ async fn to_sandbox(st: &E2b, t: Target, req: Request) -> Response {
     let Ok(id) = SandboxId::parse(&t.id) else {
         return not_found_502(&t.id);
     };
-    let live = match st.live(&id).await {
+    // The proxy's requests are authorized by the sandbox's own token (below), not by a
+    // key: the caller is the node's, as the request's peer names it.
+    let who = crate::caller::of(&req);
+    let live = match st.live(&who, &id).await {
         Ok(Some(l)) => l,
-        Ok(None) => match auto_resume(st, &id).await {
+        Ok(None) => match auto_resume(st, &who, &id).await {
             Ok(Some(l)) => l,
             Ok(None) => return not_found_502(&t.id),
             Err(e) => return e.into_response(),
         },
         Err(e) => return e.into_response(),
     };
-    to_live(st, &id, t, live, req).await
+    to_live(st, &who, &id, t, live, req).await
 }
 
 /// A paused sandbox made with `autoResume` is resumed by the first request for it (envd's
 /// or a port's), with its create's timeout again, and the request goes on to it. None: the
 /// sandbox is not there for the proxy (not paused, not auto-resumed, or gone).
-async fn auto_resume(st: &E2b, id: &SandboxId) -> Result<Option<Live>, E2bError> {
+async fn auto_resume(st: &E2b, who: &Principal, id: &SandboxId) -> Result<Option<Live>, E2bError> {
     let Some(facts) = st.facts(id).await? else {
         return Ok(None);
     };
@@ -296,30 +306,40 @@ async fn auto_resume(st: &E2b, id: &SandboxId) -> Result<Option<Live>, E2bError>
     if !opts.auto_resume {
         return Ok(None);
     }
-    match st.manager.get(id) {
+    let Ok(sandbox) = st.manager.sandbox(who, id) else {
+        return Ok(None);
+    };
+    match sandbox.info() {
         Ok(info) if info.state == rampart_types::SandboxState::Paused => {}
         _ => return Ok(None),
     }
-    match st.manager.resume(id).await {
+    match sandbox.resume().await {
         Ok(_) => {
             tracing::info!(id = %id, "auto-resumed by a request");
             let secs = opts
                 .timeout
                 .unwrap_or(super::api::DEFAULT_TIMEOUT_SECS)
                 .max(1);
-            st.manager.set_timeout(id, secs).await?;
+            sandbox.set_timeout(secs).await?;
         }
         // Another request resumed it first.
         Err(CoreError::WrongState { .. }) | Err(CoreError::Conflict(_)) => {}
         Err(e) => return Err(e.into()),
     }
-    st.live(id).await
+    st.live(who, id).await
 }
 
 /// A request for a sandbox found live.
-async fn to_live(st: &E2b, id: &SandboxId, t: Target, live: Live, mut req: Request) -> Response {
+async fn to_live(
+    st: &E2b,
+    who: &Principal,
+    id: &SandboxId,
+    t: Target,
+    live: Live,
+    mut req: Request,
+) -> Response {
     if t.port != ENVD_PORT {
-        return to_port(st, id, t, live, req).await;
+        return to_port(st, who, id, t, live, req).await;
     }
     if let Err(r) = authorize(&req, &live.facts) {
         return *r;
@@ -328,19 +348,22 @@ async fn to_live(st: &E2b, id: &SandboxId, t: Target, live: Live, mut req: Reque
     crate::ports::strip_credentials(&st.creds, &mut req).await;
     // What must be recorded before the request reaches the agent is committed here; what
     // cannot be read for the record is refused here.
-    let (req, tap) = match super::record::request(&st.manager, id, req).await {
+    let (req, tap) = match super::record::request(&st.manager, who, id, req).await {
         Ok(x) => x,
         Err(r) => return r,
     };
     match forward(&live.agent, req).await {
-        Ok(r) => ended_cleanly(super::record::answer(&st.manager, id, tap, r).await, id),
+        Ok(r) => ended_cleanly(
+            super::record::answer(&st.manager, who, id, tap, r).await,
+            id,
+        ),
         Err(e) => {
             if let Some(r) = tap.refusal() {
                 // Broken off on its way: a message that could not be read.
                 return r;
             }
             // The sandbox may have ended while the request was on its way.
-            if st.still_running(id) {
+            if st.still_running(who, id) {
                 port_closed_502(&t.id, t.port, &e)
             } else {
                 not_found_502(&t.id)
@@ -460,7 +483,14 @@ fn authorize_port(req: &Request, facts: &E2bSandbox) -> Result<(), Box<Response>
 /// A request for another port (the code interpreter's 49999, or any server in the sandbox):
 /// sent over a tunnel through the agent to `127.0.0.1:{port}` inside the sandbox, the answer
 /// streamed back. Nothing listening there answers 502 "port is not open".
-async fn to_port(st: &E2b, id: &SandboxId, t: Target, live: Live, mut req: Request) -> Response {
+async fn to_port(
+    st: &E2b,
+    who: &Principal,
+    id: &SandboxId,
+    t: Target,
+    live: Live,
+    mut req: Request,
+) -> Response {
     let opts = super::network::Options::parse(&live.facts.options);
     // `allowPublicTraffic`: every port but envd's answers without the token.
     if !opts.allow_public_traffic {
@@ -473,7 +503,7 @@ async fn to_port(st: &E2b, id: &SandboxId, t: Target, live: Live, mut req: Reque
     let up = match live.agent.tunnel(t.port).await {
         Ok(up) => up,
         Err(e) => {
-            return if st.still_running(id) {
+            return if st.still_running(who, id) {
                 let why = match &e {
                     rampart_agent::client::ClientError::Rpc { message, .. } => message.clone(),
                     other => other.to_string(),
@@ -536,7 +566,11 @@ async fn forward(agent: &AgentClient, req: Request) -> Result<Response, String> 
 
 /// `GET`/`POST /files` without routing headers: a signed download/upload URL as built from
 /// `E2B_SANDBOX_URL`. The sandbox is the one whose token makes the signature valid.
-pub(crate) async fn signed_files(State(st): State<E2b>, req: Request) -> Response {
+pub(crate) async fn signed_files(
+    State(st): State<E2b>,
+    crate::caller::Caller(who): crate::caller::Caller,
+    req: Request,
+) -> Response {
     let Some(op) = file_op(&req) else {
         return envd_error(StatusCode::METHOD_NOT_ALLOWED, "method not allowed");
     };
@@ -547,13 +581,13 @@ pub(crate) async fn signed_files(State(st): State<E2b>, req: Request) -> Respons
             "a /files request needs the E2b-Sandbox-Id header or a signed URL",
         );
     }
-    let alive = match st.manager.list(None, &Default::default()) {
+    let alive = match st.manager.list(&who, None, &Default::default()) {
         Ok(l) => l,
         Err(e) => return E2bError::from(e).into_response(),
     };
     let mut expired = false;
     for info in alive {
-        let Ok(Some(live)) = st.live(&info.id).await else {
+        let Ok(Some(live)) = st.live(&who, &info.id).await else {
             continue;
         };
         match check_signature(&s, op, &live.facts.access_token) {
@@ -562,7 +596,7 @@ pub(crate) async fn signed_files(State(st): State<E2b>, req: Request) -> Respons
                     id: info.id.as_str().to_owned(),
                     port: ENVD_PORT,
                 };
-                return to_live(&st, &info.id, t, live, req).await;
+                return to_live(&st, &who, &info.id, t, live, req).await;
             }
             Err(m) if m != UNAUTHORIZED => expired = true,
             Err(_) => {}

@@ -57,20 +57,22 @@ fn query(raw: Option<&str>, sandbox: Option<String>) -> Result<EventQuery, E2bEr
 /// `GET /events/sandboxes`: the latest events of the key's sandboxes.
 pub(crate) async fn list(
     State(st): State<E2b>,
+    crate::caller::Caller(who): crate::caller::Caller,
     RawQuery(raw): RawQuery,
 ) -> Result<Response, E2bError> {
     let q = query(raw.as_deref(), None)?;
-    Ok(Json(Value::Array(st.manager.lifecycle_events(&q)?)).into_response())
+    Ok(Json(Value::Array(st.manager.lifecycle_events(&who, &q)?)).into_response())
 }
 
 /// `GET /events/sandboxes/{id}`: one sandbox's events (also after it ended).
 pub(crate) async fn list_one(
     State(st): State<E2b>,
+    crate::caller::Caller(who): crate::caller::Caller,
     Path(id): Path<String>,
     RawQuery(raw): RawQuery,
 ) -> Result<Response, E2bError> {
     let q = query(raw.as_deref(), Some(id))?;
-    Ok(Json(Value::Array(st.manager.lifecycle_events(&q)?)).into_response())
+    Ok(Json(Value::Array(st.manager.lifecycle_events(&who, &q)?)).into_response())
 }
 
 /// A webhook's fields as E2B takes them (create: `url`, `events` and `signatureSecret`
@@ -120,45 +122,55 @@ fn shown(w: Webhook) -> Value {
 }
 
 /// `POST /events/webhooks`: 201 with the webhook.
-pub(crate) async fn create(State(st): State<E2b>, body: Bytes) -> Result<Response, E2bError> {
+pub(crate) async fn create(
+    State(st): State<E2b>,
+    crate::caller::Caller(who): crate::caller::Caller,
+    body: Bytes,
+) -> Result<Response, E2bError> {
     let mut b: WebhookBody = super::api::parse_body(&body)?;
     if b.name.is_none() {
         b.name = Some("webhook".into());
     }
-    let w = st.manager.create_webhook(b.into())?;
+    let w = st.manager.create_webhook(&who, b.into())?;
     Ok((StatusCode::CREATED, Json(shown(w))).into_response())
 }
 
 /// `GET /events/webhooks`: the key's webhooks.
-pub(crate) async fn list_webhooks(State(st): State<E2b>) -> Result<Response, E2bError> {
-    let all: Vec<Value> = st.manager.webhooks()?.into_iter().map(shown).collect();
+pub(crate) async fn list_webhooks(
+    State(st): State<E2b>,
+    crate::caller::Caller(who): crate::caller::Caller,
+) -> Result<Response, E2bError> {
+    let all: Vec<Value> = st.manager.webhooks(&who)?.into_iter().map(shown).collect();
     Ok(Json(Value::Array(all)).into_response())
 }
 
 /// `GET /events/webhooks/{id}`.
 pub(crate) async fn get_webhook(
     State(st): State<E2b>,
+    crate::caller::Caller(who): crate::caller::Caller,
     Path(id): Path<String>,
 ) -> Result<Response, E2bError> {
-    Ok(Json(shown(st.manager.webhook(&id)?)).into_response())
+    Ok(Json(shown(st.manager.webhook(&who, &id)?)).into_response())
 }
 
 /// `PATCH /events/webhooks/{id}`: replaces the fields given.
 pub(crate) async fn update_webhook(
     State(st): State<E2b>,
+    crate::caller::Caller(who): crate::caller::Caller,
     Path(id): Path<String>,
     body: Bytes,
 ) -> Result<Response, E2bError> {
     let b: WebhookBody = super::api::parse_body(&body)?;
-    Ok(Json(shown(st.manager.update_webhook(&id, b.into())?)).into_response())
+    Ok(Json(shown(st.manager.update_webhook(&who, &id, b.into())?)).into_response())
 }
 
 /// `DELETE /events/webhooks/{id}`: 200.
 pub(crate) async fn delete_webhook(
     State(st): State<E2b>,
+    crate::caller::Caller(who): crate::caller::Caller,
     Path(id): Path<String>,
 ) -> Result<Response, E2bError> {
-    st.manager.delete_webhook(&id)?;
+    st.manager.delete_webhook(&who, &id)?;
     Ok(StatusCode::OK.into_response())
 }
 

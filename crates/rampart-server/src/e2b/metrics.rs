@@ -60,7 +60,15 @@ impl History {
 
     /// Takes a sample of `info` now and keeps it.
     async fn take(&self, st: &E2b, info: &SandboxInfo) -> Option<Sample> {
-        let usage = st.manager.usage(&info.id).await.ok()?;
+        // The sampler is the node's own work.
+        let node = rampart_core::Principal::node("e2b-metrics");
+        let usage = st
+            .manager
+            .sandbox(&node, &info.id)
+            .ok()?
+            .usage()
+            .await
+            .ok()?;
         let now = OffsetDateTime::now_utc();
         let started = OffsetDateTime::parse(&info.created_at, &Rfc3339).unwrap_or(now);
         let last = self.lock().get(&info.id).and_then(|q| q.back()).cloned();
@@ -124,7 +132,8 @@ impl History {
 
     /// One round of the sampler: a sample of every live E2B sandbox; ended ones forgotten.
     async fn round(&self, st: &E2b) {
-        let Ok(all) = st.manager.list(None, &Default::default()) else {
+        let node = rampart_core::Principal::node("e2b-metrics");
+        let Ok(all) = st.manager.list(&node, None, &Default::default()) else {
             return;
         };
         let mut live = Vec::new();

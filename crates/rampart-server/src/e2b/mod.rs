@@ -347,7 +347,7 @@ pub(crate) fn attach(
 }
 
 /// Checks `X-API-KEY` against the key store.
-async fn api_key(State(st): State<E2b>, req: Request, next: Next) -> Response {
+async fn api_key(State(st): State<E2b>, mut req: Request, next: Next) -> Response {
     let key = req
         .headers()
         .get("x-api-key")
@@ -411,7 +411,8 @@ async fn api_key(State(st): State<E2b>, req: Request, next: Next) -> Response {
             }
         }
     }
-    let mut resp = rampart_core::with_principal(p.clone(), next.run(req)).await;
+    crate::caller::set(&mut req, p.clone());
+    let mut resp = next.run(req).await;
     if let Some(r) = rate {
         r.write(resp.headers_mut());
     }

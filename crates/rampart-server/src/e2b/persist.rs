@@ -24,7 +24,7 @@ use axum::extract::{Path, RawQuery, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use rampart_core::{CoreError, CreateOptions};
+use rampart_core::{CoreError, CreateOptions, Principal};
 use rampart_types::{CreateSnapshot, ForkSandbox, SnapshotInfo};
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -81,11 +81,11 @@ fn builtin_template(id: &str) -> bool {
 
 /// The caller's snapshot named `id`, if there is one. A name that cannot be a snapshot's
 /// (a built-in template's, or one with a `:tag`) is none.
-fn snapshot_named(st: &E2b, id: &str) -> Result<Option<SnapshotInfo>, E2bError> {
+fn snapshot_named(st: &E2b, who: &Principal, id: &str) -> Result<Option<SnapshotInfo>, E2bError> {
     if builtin_template(id) {
         return Ok(None);
     }
-    match st.manager.get_snapshot(id) {
+    match st.manager.get_snapshot(who, id) {
         Ok(s) => Ok(Some(s)),
         Err(CoreError::NotFound(_) | CoreError::BadRequest { .. }) => Ok(None),
         Err(e) => Err(e.into()),
@@ -94,14 +94,19 @@ fn snapshot_named(st: &E2b, id: &str) -> Result<Option<SnapshotInfo>, E2bError> 
 
 /// For a create: the snapshot the `templateID` names (`Sandbox.create(template=snapshotID)`),
 /// or None when it names a template.
-pub(super) fn snapshot_for_create(st: &E2b, template_id: &str) -> Result<Option<String>, E2bError> {
-    Ok(snapshot_named(st, template_id)?.map(|s| s.name))
+pub(super) fn snapshot_for_create(
+    st: &E2b,
+    who: &Principal,
+    template_id: &str,
+) -> Result<Option<String>, E2bError> {
+    Ok(snapshot_named(st, who, template_id)?.map(|s| s.name))
 }
 
 /// `POST /sandboxes/{id}/snapshots`: 201 `{"snapshotID", "names"}`. The sandbox (running or
 /// paused) is frozen while its writable layer is copied, then goes on as before.
 pub(crate) async fn create_snapshot(
     State(st): State<E2b>,
+    crate::caller::Caller(who): crate::caller::Caller,
     Path(id): Path<String>,
     body: Bytes,
 ) -> Result<Response, E2bError> {
@@ -119,13 +124,13 @@ pub(crate) async fn create_snapshot(
             )));
         }
     }
-    let (sid, _, _) = st.must(&id).await?;
+    let (sid, _, _) = st.must(&who, &id).await?;
     let req = CreateSnapshot {
         name,
         memory: false,
         stop: false,
     };
-    let info = st.manager.snapshot(&sid, req).await?;
+    let info = st.manager.sandbox(&who, &sid)?.snapshot(req).await?;
     Ok((StatusCode::CREATED, Json(snapshot_json(&info))).into_response())
 }
 
@@ -201,6 +206,7 @@ fn untoken(tok: &str) -> Option<(i128, String)> {
 /// `X-Next-Token` when more pages follow.
 pub(crate) async fn list_snapshots(
     State(st): State<E2b>,
+    crate::caller::Caller(who): crate::caller::Caller,
     RawQuery(raw): RawQuery,
 ) -> Result<Response, E2bError> {
     let q = list_query(raw.as_deref())?;
@@ -213,7 +219,7 @@ pub(crate) async fn list_snapshots(
     };
     let mut all: Vec<SnapshotInfo> = st
         .manager
-        .list_snapshots()?
+        .list_snapshots(&who)?
         .into_iter()
         .filter(|s| q.sandbox_id.as_ref().is_none_or(|id| &s.source == id))
         .filter(|s| q.name.as_ref().is_none_or(|n| &s.name == n))
@@ -236,12 +242,13 @@ pub(crate) async fn list_snapshots(
 /// create is cloning it), or else the template (`templates::delete`); 404 when neither.
 pub(crate) async fn delete_template_or_snapshot(
     State(st): State<E2b>,
+    crate::caller::Caller(who): crate::caller::Caller,
     Path(id): Path<String>,
 ) -> Result<Response, E2bError> {
-    if snapshot_named(&st, &id)?.is_none() {
+    if snapshot_named(&st, &who, &id)?.is_none() {
         return super::templates::delete(State(st), Path(id)).await;
     }
-    match st.manager.delete_snapshot(&id).await {
+    match st.manager.delete_snapshot(&who, &id).await {
         Ok(()) => Ok(StatusCode::NO_CONTENT.into_response()),
         // Removed meanwhile.
         Err(CoreError::NotFound(_)) => Err(not_found_snapshot(&id)),
@@ -261,6 +268,7 @@ pub(crate) async fn delete_template_or_snapshot(
 /// What fails before any fork is made (the source, its consistent point) fails the call.
 pub(crate) async fn fork(
     State(st): State<E2b>,
+    crate::caller::Caller(who): crate::caller::Caller,
     Path(id): Path<String>,
     body: Bytes,
 ) -> Result<Response, E2bError> {
@@ -279,11 +287,11 @@ pub(crate) async fn fork(
             "timeout: a positive number of seconds",
         ));
     }
-    let (sid, _, facts) = st.must(&id).await?;
+    let (sid, _, facts) = st.must(&who, &id).await?;
     // A fork of `count` is `count` creates against its tenant's rate: the guard counted
     // one, the rest are counted here, all or none (as the native API).
     let more = u64::from(count) - 1;
-    let tenant = rampart_core::current_principal().and_then(|p| p.tenant);
+    let tenant = who.tenant.clone();
     if let (Some(t), Some(tenancy), true) = (tenant, &st.tenancy, more > 0) {
         if let Err(refused) = tenancy.take_creates(&t, more) {
             let mut r =
@@ -306,7 +314,7 @@ pub(crate) async fn fork(
         count,
         timeout_secs: b.timeout,
     };
-    let made = st.manager.fork_each(&sid, req, opts).await?;
+    let made = st.manager.sandbox(&who, &sid)?.fork_each(req, opts).await?;
     let mut out = Vec::with_capacity(made.len());
     for r in made {
         let item = match r {

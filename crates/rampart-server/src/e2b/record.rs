@@ -35,6 +35,7 @@ use bytes::{Bytes, BytesMut};
 use futures::StreamExt;
 use rampart_agent::connect::{self, take_envelope, Code, RpcError, FLAG_END_STREAM};
 use rampart_agent::proto;
+use rampart_core::Principal;
 use rampart_core::{ExecRecorder, ExecRef, ExecStart, ExecTicket, InputSink, Manager};
 use rampart_types::audit::{FileChange, FileOp};
 use rampart_types::SandboxId;
@@ -146,7 +147,7 @@ impl Refusal {
 }
 
 /// Where the execs the envd proxy records are kept, by sandbox: core's table of them
-/// ([`Manager::add_exec_input`]), which a sandbox's end drops. An exec's entry goes when its
+/// ([`rampart_core::Sandbox::add_exec_input`]), which a sandbox's end drops. An exec's entry goes when its
 /// Start's answer ends (the process ended, the stream broke, the recording was dropped).
 pub(crate) trait Execs: Send + Sync {
     /// The input sink of the recorded exec `which` names in sandbox `id`.
@@ -163,9 +164,16 @@ pub(crate) trait Execs: Send + Sync {
     fn remove(&self, id: &SandboxId, ticket: &ExecTicket);
 }
 
-impl Execs for Manager {
+/// Core's table of a caller's sandboxes' recorded execs, each reached through its checked
+/// handle.
+struct CoreExecs {
+    manager: Arc<Manager>,
+    who: Principal,
+}
+
+impl Execs for CoreExecs {
     fn sink(&self, id: &SandboxId, which: ExecRef<'_>) -> Option<InputSink> {
-        self.exec_input(id, which)
+        self.manager.sandbox(&self.who, id).ok()?.exec_input(which)
     }
     fn add(
         &self,
@@ -174,10 +182,15 @@ impl Execs for Manager {
         tag: Option<&str>,
         sink: InputSink,
     ) -> Option<ExecTicket> {
-        self.add_exec_input(id, pid, tag, sink)
+        self.manager
+            .sandbox(&self.who, id)
+            .ok()?
+            .add_exec_input(pid, tag, sink)
     }
     fn remove(&self, id: &SandboxId, ticket: &ExecTicket) {
-        self.remove_exec_input(id, ticket)
+        if let Ok(s) = self.manager.sandbox(&self.who, id) {
+            s.remove_exec_input(ticket)
+        }
     }
 }
 
@@ -382,16 +395,25 @@ fn check_form(rpc: Recorded, headers: &HeaderMap) -> Result<(), Refusal> {
 /// instead: the request must not reach the agent.
 pub(crate) async fn request(
     manager: &Arc<Manager>,
+    who: &Principal,
     id: &SandboxId,
     req: Request,
 ) -> Result<(Request, Tap), Response> {
-    let execs: Arc<dyn Execs> = manager.clone();
+    let execs: Arc<dyn Execs> = Arc::new(CoreExecs {
+        manager: manager.clone(),
+        who: who.clone(),
+    });
     let (req, plan) = read(&execs, id, req).await?;
     let tap = match plan {
         Plan::Tap(t) => t,
         Plan::Exec(mut e) => {
             // Held here if the sandbox's approval policy says so; refused if denied.
-            e.start.approval = manager.authorize_exec(id, &e.start).await.map_err(|err| {
+            let sandbox = manager.sandbox(who, id);
+            let held = match &sandbox {
+                Ok(s) => s.authorize_exec(&e.start).await,
+                Err(_) => sandbox.map(|_| None),
+            };
+            e.start.approval = held.map_err(|err| {
                 let code = match &err {
                     rampart_core::CoreError::Denied { .. } => Code::PermissionDenied,
                     rampart_core::CoreError::NotFound(_) => Code::NotFound,
@@ -404,7 +426,7 @@ pub(crate) async fn request(
                 }
                 .response()
             })?;
-            start_exec(manager, &execs, id, *e).map_err(|r| *r)?
+            start_exec(manager, who, &execs, id, *e).map_err(|r| *r)?
         }
     };
     Ok((req, tap))
@@ -528,14 +550,18 @@ fn exec_of(headers: &HeaderMap, start: proto::StartRequest) -> Result<Exec, Refu
 /// Records a Start's `exec` (refusing the request if that fails: nothing runs unrecorded).
 fn start_exec(
     manager: &Manager,
+    who: &Principal,
     execs: &Arc<dyn Execs>,
     id: &SandboxId,
     exec: Exec,
 ) -> Result<Tap, Box<Response>> {
-    let rec = manager.record_exec_start(id, exec.start).map_err(|e| {
-        tracing::error!(id = %id, "recording an exec: {e}");
-        Box::new(internal(&format!("recording the exec: {e}")))
-    })?;
+    let rec = manager
+        .sandbox(who, id)
+        .and_then(|s| s.record_exec_start(exec.start))
+        .map_err(|e| {
+            tracing::error!(id = %id, "recording an exec: {e}");
+            Box::new(internal(&format!("recording the exec: {e}")))
+        })?;
     Ok(Tap::Exec(Box::new(ExecTap {
         execs: execs.clone(),
         sandbox: id.clone(),
@@ -783,6 +809,7 @@ fn upload(req: Request) -> Result<(Request, Tap), Refusal> {
 /// Handles the agent's answer according to `tap`.
 pub(crate) async fn answer(
     manager: &Manager,
+    who: &Principal,
     id: &SandboxId,
     tap: Tap,
     resp: Response,
@@ -842,7 +869,10 @@ pub(crate) async fn answer(
                     caller: None,
                 },
             };
-            if let Err(e) = manager.record_file_change(id, change) {
+            if let Err(e) = manager
+                .sandbox(who, id)
+                .and_then(|s| s.record_file_change(change))
+            {
                 tracing::error!(id = %id, "recording a file operation: {e}");
                 return internal(&format!("recording the operation: {e}"));
             }
@@ -873,7 +903,10 @@ pub(crate) async fn answer(
                     digest,
                     caller: None,
                 };
-                if let Err(e) = manager.record_file_change(id, change) {
+                if let Err(e) = manager
+                    .sandbox(who, id)
+                    .and_then(|s| s.record_file_change(change))
+                {
                     tracing::error!(id = %id, "recording a file write: {e}");
                     return internal(&format!("recording the write: {e}"));
                 }

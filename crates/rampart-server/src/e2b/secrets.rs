@@ -61,26 +61,28 @@ fn secret_err(id: &str, e: CoreError) -> E2bError {
 /// `POST /secrets`: 201 `Secret` (version 1); 409 if the name is taken.
 pub(crate) async fn create(
     State(st): State<E2b>,
+    crate::caller::Caller(who): crate::caller::Caller,
     body: axum::body::Bytes,
 ) -> Result<Response, E2bError> {
     let n: NewSecret = super::api::parse_body(&body)?;
     // The store is SQLite on the daemon's disk: quick, called inline as `/v1/secrets` is.
     let s = st
         .manager
-        .create_e2b_secret(&n.name, &n.value, n.metadata.as_ref())?;
+        .create_e2b_secret(&who, &n.name, &n.value, n.metadata.as_ref())?;
     Ok((StatusCode::CREATED, Json(secret_json(&s))).into_response())
 }
 
 /// `POST /secrets/{id}`: the new value as the next version.
 pub(crate) async fn update(
     State(st): State<E2b>,
+    crate::caller::Caller(who): crate::caller::Caller,
     Path(id): Path<String>,
     body: axum::body::Bytes,
 ) -> Result<Json<Value>, E2bError> {
     let u: SecretUpdate = super::api::parse_body(&body)?;
     let s = st
         .manager
-        .update_e2b_secret(&id, &u.value, u.metadata.as_ref())
+        .update_e2b_secret(&who, &id, &u.value, u.metadata.as_ref())
         .map_err(|e| secret_err(&id, e))?;
     Ok(Json(secret_json(&s)))
 }
@@ -88,9 +90,13 @@ pub(crate) async fn update(
 /// `GET /secrets/{id}` (an id or a name).
 pub(crate) async fn get_one(
     State(st): State<E2b>,
+    crate::caller::Caller(who): crate::caller::Caller,
     Path(id): Path<String>,
 ) -> Result<Json<Value>, E2bError> {
-    let s = st.manager.e2b_secret(&id).map_err(|e| secret_err(&id, e))?;
+    let s = st
+        .manager
+        .e2b_secret(&who, &id)
+        .map_err(|e| secret_err(&id, e))?;
     Ok(Json(secret_json(&s)))
 }
 
@@ -106,9 +112,10 @@ pub(crate) struct ListQuery {
 /// `x-next-token` (the last name of the page).
 pub(crate) async fn list(
     State(st): State<E2b>,
+    crate::caller::Caller(who): crate::caller::Caller,
     Query(q): Query<ListQuery>,
 ) -> Result<Response, E2bError> {
-    let all = st.manager.list_e2b_secrets()?;
+    let all = st.manager.list_e2b_secrets(&who)?;
     let limit = match q.limit {
         Some(0) => return Err(E2bError::bad_request("limit: at least 1")),
         Some(n) => n.min(MAX_PAGE),
@@ -134,10 +141,11 @@ pub(crate) async fn list(
 /// `DELETE /secrets/{id}`: 204. Sandboxes already using it keep their copy until they end.
 pub(crate) async fn delete(
     State(st): State<E2b>,
+    crate::caller::Caller(who): crate::caller::Caller,
     Path(id): Path<String>,
 ) -> Result<StatusCode, E2bError> {
     st.manager
-        .delete_e2b_secret(&id)
+        .delete_e2b_secret(&who, &id)
         .map_err(|e| secret_err(&id, e))?;
     Ok(StatusCode::NO_CONTENT)
 }

@@ -98,10 +98,8 @@ fn mac(st: &E2b, tenant: &str, name: &str, created_at: &str) -> Result<Hmac<Sha2
 }
 
 /// The token of volume `v` for the current caller's tenant.
-fn token_of(st: &E2b, v: &rampart_types::VolumeInfo) -> Result<String, E2bError> {
-    let tenant = rampart_core::current_principal()
-        .and_then(|p| p.tenant)
-        .unwrap_or_default();
+fn token_of(st: &E2b, who: &Principal, v: &rampart_types::VolumeInfo) -> Result<String, E2bError> {
+    let tenant = who.tenant.clone().unwrap_or_default();
     let m = mac(st, &tenant, &v.name, &v.created_at)?;
     Ok(format!(
         "vol.{}.{}",
@@ -110,19 +108,20 @@ fn token_of(st: &E2b, v: &rampart_types::VolumeInfo) -> Result<String, E2bError>
     ))
 }
 
-fn with_token(st: &E2b, v: &rampart_types::VolumeInfo) -> Result<Value, E2bError> {
-    Ok(json!({"volumeID": v.name, "name": v.name, "token": token_of(st, v)?}))
+fn with_token(st: &E2b, who: &Principal, v: &rampart_types::VolumeInfo) -> Result<Value, E2bError> {
+    Ok(json!({"volumeID": v.name, "name": v.name, "token": token_of(st, who, v)?}))
 }
 
 /// `POST /volumes`: 201 `VolumeAndToken`.
 pub(crate) async fn create(
     State(st): State<E2b>,
+    crate::caller::Caller(who): crate::caller::Caller,
     body: axum::body::Bytes,
 ) -> Result<Response, E2bError> {
     let n: NewVolume = super::api::parse_body(&body)?;
     rampart_core::persist::check_plain_name("name", &n.name)
         .map_err(|e| E2bError::bad_request(e.to_string()))?;
-    if st.manager.volume(&n.name).is_ok() {
+    if st.manager.volume(&who, &n.name).is_ok() {
         return Err(E2bError::new(
             StatusCode::CONFLICT,
             format!("a volume named {:?} exists", n.name),
@@ -130,18 +129,24 @@ pub(crate) async fn create(
     }
     let v = st
         .manager
-        .create_volume(rampart_types::CreateVolume {
-            name: n.name.clone(),
-            size_mib: DEFAULT_SIZE_MIB,
-        })
+        .create_volume(
+            &who,
+            rampart_types::CreateVolume {
+                name: n.name.clone(),
+                size_mib: DEFAULT_SIZE_MIB,
+            },
+        )
         .await
         .map_err(|e| vol_err(&n.name, e))?;
-    Ok((StatusCode::CREATED, Json(with_token(&st, &v)?)).into_response())
+    Ok((StatusCode::CREATED, Json(with_token(&st, &who, &v)?)).into_response())
 }
 
 /// `GET /volumes`: the caller's volumes.
-pub(crate) async fn list(State(st): State<E2b>) -> Result<Json<Value>, E2bError> {
-    let vols = st.manager.list_volumes()?;
+pub(crate) async fn list(
+    State(st): State<E2b>,
+    crate::caller::Caller(who): crate::caller::Caller,
+) -> Result<Json<Value>, E2bError> {
+    let vols = st.manager.list_volumes(&who)?;
     Ok(Json(Value::Array(
         vols.iter()
             .map(|v| json!({"volumeID": v.name, "name": v.name}))
@@ -152,19 +157,21 @@ pub(crate) async fn list(State(st): State<E2b>) -> Result<Json<Value>, E2bError>
 /// `GET /volumes/{volumeID}`: `VolumeAndToken`.
 pub(crate) async fn get_one(
     State(st): State<E2b>,
+    crate::caller::Caller(who): crate::caller::Caller,
     Path(id): Path<String>,
 ) -> Result<Json<Value>, E2bError> {
-    let v = st.manager.volume(&id).map_err(|e| vol_err(&id, e))?;
-    Ok(Json(with_token(&st, &v)?))
+    let v = st.manager.volume(&who, &id).map_err(|e| vol_err(&id, e))?;
+    Ok(Json(with_token(&st, &who, &v)?))
 }
 
 /// `DELETE /volumes/{volumeID}`: 204; 409 while a sandbox has it mounted.
 pub(crate) async fn delete(
     State(st): State<E2b>,
+    crate::caller::Caller(who): crate::caller::Caller,
     Path(id): Path<String>,
 ) -> Result<StatusCode, E2bError> {
     st.manager
-        .delete_volume(&id)
+        .delete_volume(&who, &id)
         .await
         .map_err(|e| vol_err(&id, e))?;
     Ok(StatusCode::NO_CONTENT)
@@ -198,8 +205,9 @@ async fn authorize(st: &E2b, headers: &HeaderMap, id: &str) -> Result<Principal,
         tenant: (!tenant.is_empty()).then_some(tenant.clone()),
         key_id: None,
     };
-    let v = rampart_core::with_principal(p.clone(), async { st.manager.volume(id) })
-        .await
+    let v = st
+        .manager
+        .volume(&p, id)
         // Another tenant's volume, or none: the same answer as a wrong token.
         .map_err(|_| bad())?;
     mac(st, &tenant, &v.name, &v.created_at)?
@@ -286,7 +294,8 @@ async fn run<T: Send + 'static>(
 
 async fn open(st: &E2b, headers: &HeaderMap, id: &str) -> Result<Arc<VolumeRoot>, E2bError> {
     let p = authorize(st, headers, id).await?;
-    rampart_core::with_principal(p, st.manager.open_volume(id))
+    st.manager
+        .open_volume(&p, id)
         .await
         .map_err(|e| vol_err(id, e))
 }
