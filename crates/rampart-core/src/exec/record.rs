@@ -242,6 +242,7 @@ pub(crate) fn record_start(
         stderr: RedactingHasher::new(cap, secrets.clone()),
         streamed: Arc::new(Mutex::new(RedactingHasher::new(cap, secrets))),
         screenshots,
+        started_by: crate::principal::current(),
     })
 }
 
@@ -260,6 +261,9 @@ pub(crate) struct ExecAudit {
     pub(crate) streamed: Arc<Mutex<RedactingHasher>>,
     /// The files its screenshots are written to (read at a clean exit).
     screenshots: Vec<Result<String, String>>,
+    /// Who started it: its `exit` (and screenshots, redactions) are recorded for them,
+    /// whoever polls its stream at the end.
+    started_by: Option<crate::principal::Principal>,
 }
 
 impl ExecAudit {
@@ -267,6 +271,21 @@ impl ExecAudit {
     /// peak memory the sandbox's peak since it started: the cgroup is per sandbox, not per
     /// process.
     pub(crate) fn finish(
+        mut self,
+        exit_code: Option<i32>,
+        signal: Option<i32>,
+        timed_out: bool,
+        wall: Duration,
+    ) {
+        match self.started_by.take() {
+            Some(p) => crate::principal::sync_scope(p, || {
+                self.record_end(exit_code, signal, timed_out, wall)
+            }),
+            None => self.record_end(exit_code, signal, timed_out, wall),
+        }
+    }
+
+    fn record_end(
         self,
         exit_code: Option<i32>,
         signal: Option<i32>,
