@@ -12,7 +12,8 @@ fn manager(st: &AppState) -> Result<&rampart_core::Manager, ApiError> {
     st.manager_or("this daemon has no templates")
 }
 
-/// `GET /v1/templates`: the built-in templates and the built ones.
+/// `GET /v1/templates`: the built-in templates and the built ones the caller sees (a tenant:
+/// the operator's and its own).
 #[utoipa::path(get, path = "/v1/templates", tag = "templates",
     responses((status = 200, description = "Templates: built-in first, then built ones by name", body = [TemplateInfo])))]
 pub(crate) async fn list(State(st): State<AppState>) -> Result<Json<Vec<TemplateInfo>>, ApiError> {
@@ -30,9 +31,10 @@ pub(crate) async fn get_one(
     State(st): State<AppState>,
     Path(name): Path<String>,
 ) -> Result<Json<TemplateInfo>, ApiError> {
+    // Another tenant's template is not found, as a name that does not exist.
     match manager(&st)?.template(&name) {
         Ok(t) => Ok(Json(t)),
-        Err(CoreError::NotFound(_)) => {
+        Err(CoreError::NoTemplate(_)) => {
             Err(ApiError::not_found(format!("template {name} not found")))
         }
         Err(e) => Err(e.into()),
