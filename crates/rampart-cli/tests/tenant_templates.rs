@@ -176,7 +176,13 @@ fn who_native(url: &str, key: &str, template: &str) -> String {
     assert!(c.status < 300, "create of {template}: {:?}", c.body);
     let id = c.body["id"].as_str().unwrap().to_owned();
     let out = read_who(url, key, &id);
-    native(url, key, Method::DELETE, &format!("/v1/sandboxes/{id}"), None);
+    native(
+        url,
+        key,
+        Method::DELETE,
+        &format!("/v1/sandboxes/{id}"),
+        None,
+    );
     out
 }
 
@@ -193,7 +199,13 @@ fn who_e2b(url: &str, e2b_key: &str, key: &str, template: &str) -> String {
     assert_eq!(c.status, 201, "E2B create of {template}: {:?}", c.body);
     let id = c.body["sandboxID"].as_str().unwrap().to_owned();
     let out = read_who(url, key, &id);
-    e2b(url, e2b_key, Method::DELETE, &format!("/sandboxes/{id}"), None);
+    e2b(
+        url,
+        e2b_key,
+        Method::DELETE,
+        &format!("/sandboxes/{id}"),
+        None,
+    );
     out
 }
 
@@ -206,7 +218,11 @@ fn read_who(url: &str, key: &str, id: &str) -> String {
         Some(json!({"cmd": ["cat", "/opt/who"]})),
     );
     assert_eq!(x.status, 200, "{:?}", x.body);
-    x.body["stdout"].as_str().unwrap_or_default().trim().to_owned()
+    x.body["stdout"]
+        .as_str()
+        .unwrap_or_default()
+        .trim()
+        .to_owned()
 }
 
 /// The template ids a list answer (`GET /templates`) names.
@@ -242,7 +258,11 @@ fn sandbox_blocks_tenant_overwriting_a_template() {
         let l = e2b(url, e2b_key, Method::GET, "/templates", None);
         assert!(listed(&l).contains(&"published".to_owned()), "{:?}", l.body);
         let r = request_build(url, e2b_key, "published");
-        assert_eq!(r.status, 403, "a tenant rebuilds the operator's: {:?}", r.body);
+        assert_eq!(
+            r.status, 403,
+            "a tenant rebuilds the operator's: {:?}",
+            r.body
+        );
         let t = e2b(
             url,
             e2b_key,
@@ -250,7 +270,11 @@ fn sandbox_blocks_tenant_overwriting_a_template() {
             "/templates/tags",
             Some(json!({"target": "published:default", "tags": ["mine"]})),
         );
-        assert_eq!(t.status, 403, "a tenant retags the operator's: {:?}", t.body);
+        assert_eq!(
+            t.status, 403,
+            "a tenant retags the operator's: {:?}",
+            t.body
+        );
         for builtin in ["base", "code-interpreter-v1"] {
             let r = request_build(url, e2b_key, builtin);
             assert_eq!(r.status, 403, "a tenant rebuilds {builtin}: {:?}", r.body);
@@ -375,7 +399,11 @@ fn sandbox_blocks_tenant_deleting_a_template() {
     let l = native(url, &w.b_key, Method::GET, "/v1/templates", None);
     assert!(!l.body.to_string().contains("a-only"), "{:?}", l.body);
     let l = e2b(url, &w.b_e2b, Method::GET, "/templates", None);
-    assert!(!listed(&l).iter().any(|n| n.contains("a-only")), "{:?}", l.body);
+    assert!(
+        !listed(&l).iter().any(|n| n.contains("a-only")),
+        "{:?}",
+        l.body
+    );
 
     // B deletes neither the operator's nor a built-in template.
     for name in ["published", "base"] {
@@ -427,7 +455,11 @@ fn sandbox_blocks_tenant_reading_build_logs() {
     ] {
         let r = e2b(url, &w.b_e2b, Method::GET, &path, None);
         assert_eq!(r.status, 404, "{path}: {:?}", r.body);
-        assert!(!r.body.to_string().contains(&secret), "{path}: {:?}", r.body);
+        assert!(
+            !r.body.to_string().contains(&secret),
+            "{path}: {:?}",
+            r.body
+        );
     }
     let r = e2b(
         url,
@@ -489,7 +521,13 @@ fn upload_link(url: &str, key: &str, name: &str, hash: &str) -> (bool, String) {
 }
 
 fn put(link: &str, body: Vec<u8>) -> u16 {
-    http().put(link).body(body).send().unwrap().status().as_u16()
+    http()
+        .put(link)
+        .body(body)
+        .send()
+        .unwrap()
+        .status()
+        .as_u16()
 }
 
 fn copy_step(hash: &str) -> Value {
@@ -575,13 +613,21 @@ fn sandbox_blocks_unauthenticated_wake() {
         &key,
         Method::POST,
         "/sandboxes",
-        Some(json!({"templateID": "base", "timeout": 300, "autoPause": true,
-                    "autoResume": {"enabled": true}})),
+        Some(
+            json!({"templateID": "base", "timeout": 300, "autoPause": true,
+                    "autoResume": {"enabled": true}}),
+        ),
     );
     assert_eq!(c.status, 201, "{:?}", c.body);
     let id = c.body["sandboxID"].as_str().unwrap().to_owned();
     let token = c.body["envdAccessToken"].as_str().unwrap().to_owned();
-    let p = e2b(url, &key, Method::POST, &format!("/sandboxes/{id}/pause"), None);
+    let p = e2b(
+        url,
+        &key,
+        Method::POST,
+        &format!("/sandboxes/{id}/pause"),
+        None,
+    );
     assert!(p.status < 300, "{:?}", p.body);
     assert_eq!(e2b_state(url, &key, &id), "paused");
 
@@ -597,8 +643,16 @@ fn sandbox_blocks_unauthenticated_wake() {
     assert_eq!(e2b_state(url, &key, &id), "paused", "woken without a token");
     let r = send(list().header("host", format!("49983-{id}.localhost")));
     assert_eq!(r.status, 401, "{:?}", r.body);
-    assert_eq!(e2b_state(url, &key, &id), "paused", "woken by host without a token");
-    let r = send(list().header("e2b-sandbox-id", &id).header("x-access-token", "wrong"));
+    assert_eq!(
+        e2b_state(url, &key, &id),
+        "paused",
+        "woken by host without a token"
+    );
+    let r = send(
+        list()
+            .header("e2b-sandbox-id", &id)
+            .header("x-access-token", "wrong"),
+    );
     assert_eq!(r.status, 401, "{:?}", r.body);
     let r = send(
         http()
@@ -606,7 +660,11 @@ fn sandbox_blocks_unauthenticated_wake() {
             .header("e2b-sandbox-id", &id),
     );
     assert!(r.status >= 400, "{:?}", r.body);
-    assert_eq!(e2b_state(url, &key, &id), "paused", "woken by a bare /health");
+    assert_eq!(
+        e2b_state(url, &key, &id),
+        "paused",
+        "woken by a bare /health"
+    );
 
     // With its token, the request wakes it and is served.
     let r = send(

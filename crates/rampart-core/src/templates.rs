@@ -324,9 +324,7 @@ pub(crate) fn list(data: &Path) -> Vec<rampart_types::TemplateInfo> {
         published.retain(|t| !own_names.contains(t.name.split(':').next().unwrap_or_default()));
         out.extend(published);
         out.extend(own);
-        out.sort_by(|a, b| {
-            (a.kind != "builtin", &a.name).cmp(&(b.kind != "builtin", &b.name))
-        });
+        out.sort_by(|a, b| (a.kind != "builtin", &a.name).cmp(&(b.kind != "builtin", &b.name)));
     }
     out
 }
@@ -521,10 +519,15 @@ pub fn lookup(data: &Path, reference: &str, access: Access) -> Result<TemplateRe
                 owner: Owner::BuiltIn,
             });
         }
-        rampart_image::check_stored_name(name).map_err(|e| CoreError::BadRequest {
-            field: "name".into(),
-            message: e.to_string(),
-        })?;
+        if let Err(e) = rampart_image::check_stored_name(name) {
+            return Err(match access {
+                Access::Read => no_template(reference),
+                Access::Write => CoreError::BadRequest {
+                    field: "name".into(),
+                    message: e.to_string(),
+                },
+            });
+        }
         if access == Access::Read && !exists(name) {
             return Err(no_template(reference));
         }
@@ -616,5 +619,118 @@ pub(crate) fn visible_name(stored: &str) -> Option<String> {
         (Owner::BuiltIn | Owner::Operator, n) => Some(n.to_owned()),
         (Owner::Tenant(t), n) if t == tenant => Some(n.to_owned()),
         (Owner::Tenant(_), _) => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::principal::{with_principal, Principal};
+
+    fn tenant(t: &str) -> Principal {
+        Principal {
+            caller: format!("e2b-key:1 tenant {t}"),
+            tenant: Some(t.to_owned()),
+            key_id: Some("1".into()),
+        }
+    }
+
+    #[tokio::test]
+    async fn each_tenant_resolves_its_own_the_operators_and_never_anothers() {
+        let d = tempfile::tempdir().unwrap();
+        let s = Store::open(d.path()).unwrap();
+        let id = s
+            .put_manifest(&rampart_image::store::Manifest {
+                schema: rampart_image::store::SCHEMA,
+                layers: Vec::new(),
+                config: TemplateConfig::default(),
+                base: None,
+            })
+            .unwrap();
+        for n in [
+            "shared",
+            "published",
+            "acme~shared",
+            "acme~shared:v2",
+            "rival~only",
+        ] {
+            s.tag(n, &id).unwrap();
+        }
+        let data = d.path();
+        // The node: the store as it is.
+        let r = lookup(data, "acme~shared", Access::Read).unwrap();
+        assert_eq!(
+            (r.stored.as_str(), r.tenant()),
+            ("acme~shared", Some("acme"))
+        );
+        assert_eq!(
+            lookup(data, "shared", Access::Write).unwrap().owner,
+            Owner::Operator
+        );
+        assert!(matches!(
+            lookup(data, "base", Access::Write),
+            Err(CoreError::Forbidden(_))
+        ));
+        assert!(matches!(
+            lookup(data, "Nope", Access::Read),
+            Err(CoreError::NoTemplate(_))
+        ));
+        with_principal(tenant("acme"), async {
+            // Its own wins over the operator's; tags are its own.
+            let r = lookup(data, "shared", Access::Read).unwrap();
+            assert_eq!(r.stored, "acme~shared");
+            assert_eq!(
+                lookup(data, "shared:v2", Access::Read)
+                    .unwrap()
+                    .stored_ref(),
+                "acme~shared:v2"
+            );
+            assert_eq!(
+                lookup(data, "shared", Access::Write).unwrap().stored,
+                "acme~shared"
+            );
+            // The operator's: seen, not changed.
+            let p = lookup(data, "published", Access::Read).unwrap();
+            assert_eq!(
+                (p.stored.as_str(), &p.owner),
+                ("published", &Owner::Operator)
+            );
+            assert!(matches!(
+                lookup(data, "published", Access::Write),
+                Err(CoreError::Forbidden(_))
+            ));
+            assert!(matches!(
+                lookup(data, "code-interpreter-v1", Access::Write),
+                Err(CoreError::Forbidden(_))
+            ));
+            assert_eq!(
+                lookup(data, "base", Access::Read).unwrap().owner,
+                Owner::BuiltIn
+            );
+            // Another tenant's: not found, by any spelling; writing the name makes its own.
+            for n in ["only", "rival~only", "acme~shared", "only:default"] {
+                assert!(
+                    matches!(lookup(data, n, Access::Read), Err(CoreError::NoTemplate(_))),
+                    "{n}"
+                );
+            }
+            assert_eq!(
+                lookup(data, "only", Access::Write).unwrap().stored,
+                "acme~only"
+            );
+            assert_eq!(visible_name("acme~shared").as_deref(), Some("shared"));
+            assert_eq!(visible_name("published").as_deref(), Some("published"));
+            assert_eq!(visible_name("rival~only"), None);
+            let names: Vec<String> = list(data).into_iter().map(|t| t.name).collect();
+            assert!(names.contains(&"shared".to_owned()), "{names:?}");
+            assert!(names.contains(&"published".to_owned()), "{names:?}");
+            assert!(!names.iter().any(|n| n.contains("only")), "{names:?}");
+            assert_eq!(
+                names.iter().filter(|n| *n == "shared").count(),
+                1,
+                "{names:?}"
+            );
+        })
+        .await;
     }
 }

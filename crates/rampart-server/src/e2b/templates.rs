@@ -58,12 +58,10 @@ fn store(st: &E2b) -> Option<Store> {
 /// `templates::lookup`: a tenant's own, the operator's, a built-in; another tenant's is not
 /// found).
 fn resolve(st: &E2b, name: &str, access: Access) -> Result<TemplateRef, E2bError> {
-    st.manager
-        .template_ref(name, access)
-        .map_err(|e| match e {
-            rampart_core::CoreError::NoTemplate(_) => not_found_template(name),
-            other => E2bError::from(other),
-        })
+    st.manager.template_ref(name, access).map_err(|e| match e {
+        rampart_core::CoreError::NoTemplate(_) => not_found_template(name),
+        other => E2bError::from(other),
+    })
 }
 
 /// The build `bid` of template `id` if the caller may see it (core's `TemplateBuilds::get`
@@ -341,8 +339,9 @@ fn base_of(st: &E2b, t: &StartV2) -> Result<BaseOf, E2bError> {
             // and so do those of a template built on it.
             "code-interpreter-v1" | "code-interpreter" => Ok(builtin(super::api::CODE_INTERPRETER)),
             other => {
-                let unknown =
-                    || E2bError::bad_request(format!("fromTemplate: template \"{other}\" not found"));
+                let unknown = || {
+                    E2bError::bad_request(format!("fromTemplate: template \"{other}\" not found"))
+                };
                 let r = resolve(st, other, Access::Read).map_err(|_| unknown())?;
                 let s = store(st).ok_or_else(unknown)?;
                 let (_, m) = s.resolve(&r.stored_ref()).map_err(|_| unknown())?;
@@ -808,9 +807,9 @@ pub(crate) async fn alias(
     State(st): State<E2b>,
     Path(alias): Path<String>,
 ) -> Result<Response, E2bError> {
-    let found = resolve(&st, &alias, Access::Read).ok().filter(|r| {
-        store(&st).is_some_and(|s| s.name(&r.stored_ref()).is_some())
-    });
+    let found = resolve(&st, &alias, Access::Read)
+        .ok()
+        .filter(|r| store(&st).is_some_and(|s| s.name(&r.stored_ref()).is_some()));
     match found {
         Some(r) => Ok(Json(json!({"templateID": r.name, "public": is_public(&r)})).into_response()),
         None => Err(E2bError::new(
