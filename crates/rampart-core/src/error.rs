@@ -39,6 +39,10 @@ pub enum CoreError {
         /// Why: the decider's reason, or the timeout.
         reason: String,
     },
+    /// 404: no template of this name the caller may see (another tenant's template answers
+    /// exactly so).
+    #[error("template \"{0}\" not found")]
+    NoTemplate(String),
     /// 404: no webhook with this id (or not the caller's).
     #[error("no webhook {0}")]
     NoWebhook(String),

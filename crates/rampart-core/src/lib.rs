@@ -165,6 +165,32 @@ impl Manager {
             for v in &mut req.volumes {
                 v.name = principal::qualify(&v.name);
             }
+            // A tenant's template by its name for it: its own, the operator's or a built-in
+            // one; another tenant's is unknown, as a name that does not exist (the node names
+            // the store as it is).
+            if who.tenant.is_some() {
+                if let Some(t) = &mut req.template {
+                    let tenant = who.tenant.as_deref();
+                    *t = match templates::lookup(
+                        self.inner.data_dir(),
+                        tenant,
+                        t,
+                        templates::Access::Read,
+                    ) {
+                        Ok(r) => r.stored_ref(),
+                        Err(CoreError::NoTemplate(_)) => {
+                            return Err(CoreError::BadRequest {
+                                field: "template".into(),
+                                message: format!(
+                                    "unknown template {t:?}; available: {}",
+                                    validate::TEMPLATES.join(", ")
+                                ),
+                            })
+                        }
+                        Err(e) => return Err(e),
+                    };
+                }
+            }
             self.inner.create(req, opts).await
         })
         .await
@@ -240,13 +266,32 @@ impl Manager {
     }
     /// Every template sandboxes can be created from: the built-in ones and those built
     /// into `<data>/images` (read at each call; see `docs/templates.md`).
-    pub fn templates(&self) -> Vec<rampart_types::TemplateInfo> {
-        templates::list(self.inner.data_dir())
+    pub fn templates(&self, who: &Principal) -> Vec<rampart_types::TemplateInfo> {
+        templates::list(self.inner.data_dir(), who.tenant.as_deref())
     }
-    /// One template by name.
-    pub fn template(&self, name: &str) -> Result<rampart_types::TemplateInfo, CoreError> {
-        templates::get(self.inner.data_dir(), name)
-            .ok_or_else(|| CoreError::NotFound(format!("template {name}")))
+    /// One template by name (another tenant's is [`CoreError::NoTemplate`], as a name that
+    /// does not exist).
+    pub fn template(
+        &self,
+        who: &Principal,
+        name: &str,
+    ) -> Result<rampart_types::TemplateInfo, CoreError> {
+        templates::get(self.inner.data_dir(), who.tenant.as_deref(), name)
+    }
+    /// Resolves a template name a client gave, for `who`: the one owner check of
+    /// templates ([`templates::lookup`]), which every road that names a template goes
+    /// through.
+    pub fn template_ref(
+        &self,
+        who: &Principal,
+        name: &str,
+        access: templates::Access,
+    ) -> Result<templates::TemplateRef, CoreError> {
+        templates::lookup(self.inner.data_dir(), who.tenant.as_deref(), name, access)
+    }
+    /// Whether `who` sees the template stored as `stored`, and the name it knows it by.
+    pub fn template_visible_name(&self, who: &Principal, stored: &str) -> Option<String> {
+        templates::visible_name(who.tenant.as_deref(), stored)
     }
     /// The limits a sandbox gets when its request names none.
     pub fn default_limits(&self) -> rampart_types::Limits {

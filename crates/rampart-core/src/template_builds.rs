@@ -120,8 +120,13 @@ pub enum PlanStep {
 pub struct BuildInfo {
     /// Build id (a UUID).
     pub build_id: String,
-    /// The template's name.
+    /// The template's name, as its owner knows it.
     pub name: String,
+    /// The store's name of the template (`<tenant>~<name>` for a tenant's).
+    pub stored: String,
+    /// The tenant that asked for it (None: the node). Only it (and the node) sees the
+    /// build, its status and its log; its uploads are its own.
+    pub owner: Option<String>,
     /// Its tags (the first is the one the build sets first).
     pub tags: Vec<String>,
     /// Status.
@@ -145,7 +150,18 @@ struct Record {
 #[derive(Debug)]
 struct Upload {
     hash: String,
+    /// The tenant whose uploads it goes to (None: the node's).
+    owner: Option<String>,
     expires: Instant,
+}
+
+/// An upload link taken ([`TemplateBuilds::take_upload`]): what it stores, and whose.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UploadTicket {
+    /// The files hash it is for.
+    pub hash: String,
+    /// The tenant whose uploads it goes to (None: the node's).
+    pub owner: Option<String>,
 }
 
 /// The daemon's template builds.
@@ -197,6 +213,12 @@ fn uuid() -> String {
     )
 }
 
+/// Whether a caller of `tenant` (None: the node, which sees all) may see an object of
+/// `owner`.
+fn may_see(tenant: Option<&str>, owner: Option<&str>) -> bool {
+    tenant.is_none() || tenant == owner
+}
+
 /// Whether `h` is a files hash (64 hex digits).
 pub fn is_files_hash(h: &str) -> bool {
     h.len() == 64 && h.bytes().all(|b| b.is_ascii_hexdigit())
@@ -218,14 +240,40 @@ impl TemplateBuilds {
         }
     }
 
-    fn uploads_dir(&self) -> PathBuf {
-        self.data.join("images").join("uploads")
+    /// The uploads of `owner` (None: the node's, `uploads/`; a tenant's:
+    /// `uploads/tenant-<hex of its name>/`, never a path made of the name itself).
+    fn uploads_dir(&self, owner: Option<&str>) -> PathBuf {
+        let base = self.data.join("images").join("uploads");
+        match owner {
+            None => base,
+            Some(t) => {
+                let hex: String = t.bytes().map(|b| format!("{b:02x}")).collect();
+                base.join(format!("tenant-{hex}"))
+            }
+        }
     }
 
-    /// Reserves a build of `name` with `tags` (store references are `name` for `default`
-    /// and `name:TAG`); status `waiting`.
-    pub fn reserve(&self, name: &str, tags: &[String]) -> Result<BuildInfo, CoreError> {
-        rampart_image::check_name(name).map_err(|e| bad("name", e.to_string()))?;
+    fn upload_path(&self, owner: Option<&str>, hash: &str) -> PathBuf {
+        self.uploads_dir(owner).join(format!("{hash}.tar"))
+    }
+
+    /// Reserves a build of template `t` (resolved for writing by
+    /// [`crate::templates::lookup`]) with `tags` (store references are the stored name for
+    /// `default` and `stored:TAG`); status `waiting`, owned by the caller's `tenant` (None:
+    /// the node).
+    pub fn reserve(
+        &self,
+        tenant: Option<&str>,
+        t: &crate::templates::TemplateRef,
+        tags: &[String],
+    ) -> Result<BuildInfo, CoreError> {
+        if t.owner == crate::templates::Owner::BuiltIn {
+            return Err(CoreError::Forbidden(format!(
+                "template \"{}\" is built in and cannot be changed",
+                t.name
+            )));
+        }
+        rampart_image::check_stored_name(&t.stored).map_err(|e| bad("name", e.to_string()))?;
         if tags.is_empty() {
             return Err(bad("tags", "a build needs at least one tag"));
         }
@@ -234,7 +282,9 @@ impl TemplateBuilds {
         }
         let info = BuildInfo {
             build_id: uuid(),
-            name: name.to_owned(),
+            name: t.name.clone(),
+            stored: t.stored.clone(),
+            owner: tenant.map(str::to_owned),
             tags: tags.to_vec(),
             status: BuildStatus::Waiting,
             reason: None,
@@ -268,28 +318,45 @@ impl TemplateBuilds {
         Ok(info)
     }
 
-    /// A build's record.
-    pub fn get(&self, build_id: &str) -> Option<BuildInfo> {
+    /// A build's record, if a caller of `tenant` may see it (its tenant's, or any for the
+    /// node): another tenant's build is None, as one that does not exist.
+    pub fn get(&self, tenant: Option<&str>, build_id: &str) -> Option<BuildInfo> {
         let b = self.builds.lock().unwrap_or_else(|e| e.into_inner());
-        b.get(build_id).map(|r| r.info.clone())
+        b.get(build_id)
+            .filter(|r| may_see(tenant, r.info.owner.as_deref()))
+            .map(|r| r.info.clone())
     }
 
-    /// Every build of template `name`, newest first.
-    pub fn of_template(&self, name: &str) -> Vec<BuildInfo> {
+    /// Every build of template `t` a caller of `tenant` may see, newest first (a tenant
+    /// sees none of the operator's builds of a template the operator publishes).
+    pub fn of_template(
+        &self,
+        tenant: Option<&str>,
+        t: &crate::templates::TemplateRef,
+    ) -> Vec<BuildInfo> {
         let b = self.builds.lock().unwrap_or_else(|e| e.into_inner());
         let mut v: Vec<BuildInfo> = b
             .values()
-            .filter(|r| r.info.name == name)
+            .filter(|r| r.info.stored == t.stored)
+            .filter(|r| may_see(tenant, r.info.owner.as_deref()))
             .map(|r| r.info.clone())
             .collect();
         v.sort_by(|a, b| b.created_at.cmp(&a.created_at));
         v
     }
 
-    /// Log entries of a build from `offset`, at most `limit`.
-    pub fn logs(&self, build_id: &str, offset: usize, limit: usize) -> Option<Vec<LogEntry>> {
+    /// Log entries of a build from `offset`, at most `limit` (None: no such build the
+    /// caller may see, see [`TemplateBuilds::get`]).
+    pub fn logs(
+        &self,
+        tenant: Option<&str>,
+        build_id: &str,
+        offset: usize,
+        limit: usize,
+    ) -> Option<Vec<LogEntry>> {
         let b = self.builds.lock().unwrap_or_else(|e| e.into_inner());
         b.get(build_id)
+            .filter(|r| may_see(tenant, r.info.owner.as_deref()))
             .map(|r| r.logs.iter().skip(offset).take(limit).cloned().collect())
     }
 
@@ -321,14 +388,19 @@ impl TemplateBuilds {
         }
     }
 
-    /// Whether the archive `hash` was uploaded.
-    pub fn has_upload(&self, hash: &str) -> bool {
-        is_files_hash(hash) && self.uploads_dir().join(format!("{hash}.tar")).is_file()
+    /// Whether a caller of `tenant` (None: the node) uploaded the archive `hash`: another
+    /// tenant's uploads are not seen.
+    pub fn has_upload(&self, tenant: Option<&str>, hash: &str) -> bool {
+        self.has_upload_of(tenant, hash)
+    }
+
+    fn has_upload_of(&self, owner: Option<&str>, hash: &str) -> bool {
+        is_files_hash(hash) && self.upload_path(owner, hash).is_file()
     }
 
     /// A one-use token that lets a client upload the archive `hash` (for
-    /// [`UPLOAD_LINK_TTL`]).
-    pub fn upload_token(&self, hash: &str) -> Result<String, CoreError> {
+    /// [`UPLOAD_LINK_TTL`]) into the uploads of a caller of `tenant` (None: the node).
+    pub fn upload_token(&self, tenant: Option<&str>, hash: &str) -> Result<String, CoreError> {
         if !is_files_hash(hash) {
             return Err(bad(
                 "hash",
@@ -343,22 +415,27 @@ impl TemplateBuilds {
             token.clone(),
             Upload {
                 hash: hash.to_ascii_lowercase(),
+                owner: tenant.map(str::to_owned),
                 expires: t + UPLOAD_LINK_TTL,
             },
         );
         Ok(token)
     }
 
-    /// Takes an upload token: the hash it is for, if valid.
-    pub fn take_upload(&self, token: &str) -> Option<String> {
+    /// Takes an upload token: the hash it is for and whose uploads it goes to, if valid.
+    pub fn take_upload(&self, token: &str) -> Option<UploadTicket> {
         let mut u = self.uploads.lock().unwrap_or_else(|e| e.into_inner());
         let up = u.remove(token)?;
-        (up.expires > Instant::now()).then_some(up.hash)
+        (up.expires > Instant::now()).then_some(UploadTicket {
+            hash: up.hash,
+            owner: up.owner,
+        })
     }
 
-    /// A temp file for an upload of `hash` (under the uploads directory).
-    pub fn upload_tmp(&self, hash: &str) -> Result<PathBuf, CoreError> {
-        let dir = self.uploads_dir();
+    /// A temp file for the upload of `ticket` (under its owner's uploads directory).
+    pub fn upload_tmp(&self, ticket: &UploadTicket) -> Result<PathBuf, CoreError> {
+        let hash = &ticket.hash;
+        let dir = self.uploads_dir(ticket.owner.as_deref());
         // Private, as the store's other directories are.
         std::fs::DirBuilder::new()
             .recursive(true)
@@ -371,16 +448,22 @@ impl TemplateBuilds {
         )))
     }
 
-    /// Moves a complete upload into place.
-    pub fn commit_upload(&self, tmp: &Path, hash: &str) -> Result<(), CoreError> {
-        let to = self.uploads_dir().join(format!("{hash}.tar"));
+    /// Moves a complete upload into place (its owner's uploads).
+    pub fn commit_upload(&self, tmp: &Path, ticket: &UploadTicket) -> Result<(), CoreError> {
+        let to = self.upload_path(ticket.owner.as_deref(), &ticket.hash);
         std::fs::rename(tmp, &to).map_err(CoreError::io(format!("rename to {}", to.display())))
     }
 
-    /// Starts a reserved build with `plan`; returns at once (poll [`TemplateBuilds::get`]).
-    pub fn start(self: &Arc<Self>, build_id: &str, plan: BuildPlan) -> Result<(), CoreError> {
+    /// Starts a reserved build with `plan` (one a caller of `tenant` may see); returns at
+    /// once (poll [`TemplateBuilds::get`]).
+    pub fn start(
+        self: &Arc<Self>,
+        tenant: Option<&str>,
+        build_id: &str,
+        plan: BuildPlan,
+    ) -> Result<(), CoreError> {
         let info = self
-            .get(build_id)
+            .get(tenant, build_id)
             .ok_or_else(|| CoreError::NotFound(format!("build {build_id}")))?;
         if info.status != BuildStatus::Waiting {
             return Err(CoreError::Conflict(format!(
@@ -396,7 +479,7 @@ impl TemplateBuilds {
         }
         for (s, _) in &plan.steps {
             if let PlanStep::CopyUpload { hash, .. } = s {
-                if !self.has_upload(hash) {
+                if !self.has_upload_of(info.owner.as_deref(), hash) {
                     return Err(bad(
                         "steps",
                         format!("the files of hash {hash} were not uploaded"),
@@ -492,7 +575,7 @@ impl TemplateBuilds {
                     mode,
                 } => {
                     let at = staging.path().join(format!("copy{}", i + 1));
-                    let src = stage_upload(&self.uploads_dir().join(format!("{hash}.tar")), &at)
+                    let src = stage_upload(&self.upload_path(info.owner.as_deref(), &hash), &at)
                         .map_err(|e| (format!("copy: {e}"), name.clone()))?;
                     Step::Copy {
                         src: src
@@ -595,7 +678,7 @@ impl TemplateBuilds {
             .tags
             .split_first()
             .ok_or_else(|| ("a build needs a tag".to_owned(), None))?;
-        let primary = format!("{}:{first}", info.name);
+        let primary = format!("{}:{first}", info.stored);
         let report = builder
             .build(&spec, &primary, &opts, &mut events)
             .map_err(|e| {
@@ -607,7 +690,7 @@ impl TemplateBuilds {
             })?;
         for t in rest {
             store
-                .tag_build(&format!("{}:{t}", info.name), &report.id, Some(id))
+                .tag_build(&format!("{}:{t}", info.stored), &report.id, Some(id))
                 .map_err(|e| (e.to_string(), Some("finalize".into())))?;
         }
         let cached = report.steps.iter().filter(|s| s.cached).count();

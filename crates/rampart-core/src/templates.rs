@@ -291,21 +291,68 @@ fn built_info(t: rampart_image::store::TemplateEntry) -> rampart_types::Template
     }
 }
 
-/// Every template: the built-in ones, then the built ones by name.
-pub(crate) fn list(data: &Path) -> Vec<rampart_types::TemplateInfo> {
+/// Every template a caller of `tenant` sees ([`visible_name`]): the built-in ones, then
+/// the built ones by name (a tenant's own under the name it gave, hiding an operator's
+/// template of the same name, which its own replaces for it).
+pub(crate) fn list(data: &Path, tenant: Option<&str>) -> Vec<rampart_types::TemplateInfo> {
     let mut out: Vec<_> = crate::validate::TEMPLATES
         .iter()
         .map(|n| builtin_info(n))
         .collect();
     if let Some(s) = Store::open_existing(data) {
-        out.extend(s.list().into_iter().map(built_info));
+        let mut own = Vec::new();
+        let mut published = Vec::new();
+        for t in s.list() {
+            let Some(shown) = visible_name(tenant, &t.name) else {
+                continue;
+            };
+            let mine = tenant.is_some() && matches!(owner_of_stored(&t.name).0, Owner::Tenant(_));
+            let mut info = built_info(t);
+            info.name = shown;
+            if mine {
+                own.push(info);
+            } else {
+                published.push(info);
+            }
+        }
+        // A tenant's own template (any tag) replaces the operator's of the same name.
+        let own_names: std::collections::BTreeSet<String> = own
+            .iter()
+            .map(|t| t.name.split(':').next().unwrap_or_default().to_owned())
+            .collect();
+        published.retain(|t| !own_names.contains(t.name.split(':').next().unwrap_or_default()));
+        out.extend(published);
+        out.extend(own);
+        out.sort_by(|a, b| (a.kind != "builtin", &a.name).cmp(&(b.kind != "builtin", &b.name)));
     }
     out
 }
 
-/// One template by name.
-pub(crate) fn get(data: &Path, name: &str) -> Option<rampart_types::TemplateInfo> {
-    list(data).into_iter().find(|t| t.name == name)
+/// One template by name, as a caller of `tenant` sees it ([`lookup`]).
+pub(crate) fn get(
+    data: &Path,
+    tenant: Option<&str>,
+    name: &str,
+) -> Result<rampart_types::TemplateInfo, CoreError> {
+    let r = lookup(data, tenant, name, Access::Read)?;
+    let stored = r.stored_ref();
+    let shown = match &r.tag {
+        Some(t) if t != rampart_image::DEFAULT_TAG => format!("{}:{t}", r.name),
+        _ => r.name.clone(),
+    };
+    let mut all: Vec<_> = crate::validate::TEMPLATES
+        .iter()
+        .map(|n| builtin_info(n))
+        .collect();
+    if let Some(s) = Store::open_existing(data) {
+        all.extend(s.list().into_iter().map(built_info));
+    }
+    let mut t = all
+        .into_iter()
+        .find(|t| t.name == stored)
+        .ok_or_else(|| no_template(name))?;
+    t.name = shown;
+    Ok(t)
 }
 
 /// Removes what a template build killed with SIGKILL left (its build sandbox: processes,
@@ -337,6 +384,358 @@ pub(crate) fn clean_build_leftovers(cfg: &crate::CoreConfig) {
         ) {
             Ok(_) => tracing::info!("removed the leftovers of an interrupted template build"),
             Err(e) => tracing::warn!("removing template build leftovers: {e}"),
+        }
+    }
+}
+
+/// Who a template belongs to (see `docs/tenants.md`, "Templates").
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Owner {
+    /// A built-in template (`base`, `code-interpreter-v1`): everyone's; nobody rebuilds,
+    /// retags or deletes it.
+    BuiltIn,
+    /// Built by the operator (the node: the admin key, the local socket, `rampart template
+    /// build`): published to every tenant, changed only by the operator.
+    Operator,
+    /// A tenant's own: only that tenant sees, uses or changes it.
+    Tenant(String),
+}
+
+/// What the caller is about to do with a template.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Access {
+    /// See it, use it (create a sandbox of it, build on it), read its tags.
+    Read,
+    /// Build it, tag it, delete it, upload its files.
+    Write,
+}
+
+/// A template name resolved for the caller of the request being served ([`lookup`]): the
+/// only way the daemon turns a name a client gave into the store's name, so every road
+/// (create, the E2B create, builds, their logs, tags, delete, files, lists) sees the same
+/// owner check.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TemplateRef {
+    /// The name the caller knows it by (no tag).
+    pub name: String,
+    /// The tag asked for (None: the default one).
+    pub tag: Option<String>,
+    /// The store's name of the template: `<tenant>~<name>` for a tenant's, else `name`.
+    pub stored: String,
+    /// Whose it is.
+    pub owner: Owner,
+}
+
+impl TemplateRef {
+    /// The store's reference of the tag asked for (`stored[:tag]`).
+    pub fn stored_ref(&self) -> String {
+        self.stored_tag(self.tag.as_deref())
+    }
+
+    /// The store's reference of tag `tag` of this template (None: the default one).
+    pub fn stored_tag(&self, tag: Option<&str>) -> String {
+        match tag {
+            Some(t) if t != rampart_image::DEFAULT_TAG => format!("{}:{t}", self.stored),
+            _ => self.stored.clone(),
+        }
+    }
+
+    /// The tenant that owns it (None: a built-in's or the operator's).
+    pub fn tenant(&self) -> Option<&str> {
+        match &self.owner {
+            Owner::Tenant(t) => Some(t),
+            _ => None,
+        }
+    }
+}
+
+fn no_template(name: &str) -> CoreError {
+    CoreError::NoTemplate(name.to_owned())
+}
+
+/// The name a tenant's template is stored under.
+fn stored_for(tenant: &str, name: &str) -> String {
+    format!("{tenant}{}{name}", rampart_image::OWNER_SEP)
+}
+
+/// Who owns the template stored as `stored` and the name its owner knows it by.
+pub(crate) fn owner_of_stored(stored: &str) -> (Owner, &str) {
+    if crate::validate::TEMPLATES.contains(&stored) {
+        return (Owner::BuiltIn, stored);
+    }
+    match stored.split_once(rampart_image::OWNER_SEP) {
+        Some((t, n)) => (Owner::Tenant(t.to_owned()), n),
+        None => (Owner::Operator, stored),
+    }
+}
+
+/// Resolves `reference` (`name` or `name:tag`, as a client gave it) for a caller of
+/// `tenant` (None: the node), for `access`:
+/// - the node (operator, no tenant) names the store as it is: every template, a tenant's
+///   as `<tenant>~<name>`; it may change any but the built-in ones;
+/// - a tenant sees the built-in templates, the operator's (published to all) and its own;
+///   its own name wins over the operator's. Another tenant's template is not found
+///   ([`CoreError::NoTemplate`]), exactly as a name that does not exist. A tenant writes only
+///   its own names: writing a built-in or an operator's template is
+///   [`CoreError::Forbidden`]; writing a name it does not have yet is allowed (a build
+///   makes it).
+///
+/// For [`Access::Read`] the template must exist (the given tag, or any tag when none is
+/// given and the store has only tags); for [`Access::Write`] it need not.
+pub fn lookup(
+    data: &Path,
+    tenant: Option<&str>,
+    reference: &str,
+    access: Access,
+) -> Result<TemplateRef, CoreError> {
+    let (name, tag) = match reference.split_once(':') {
+        Some((n, t)) => (n, Some(t.to_owned())),
+        None => (reference, None),
+    };
+    if name.is_empty() {
+        return Err(no_template(reference));
+    }
+    let store = Store::open_existing(data);
+    let exists = |stored: &str| {
+        let probe = TemplateRef {
+            name: String::new(),
+            tag: tag.clone(),
+            stored: stored.to_owned(),
+            owner: Owner::Operator,
+        };
+        store.as_ref().is_some_and(|s| {
+            if tag.is_some() {
+                s.name(&probe.stored_ref()).is_some()
+            } else {
+                !s.tags(stored).is_empty()
+            }
+        })
+    };
+    let builtin = crate::validate::TEMPLATES.contains(&name);
+    let Some(tenant) = tenant else {
+        // The node: the store's names as they are.
+        if builtin {
+            if access == Access::Write {
+                return Err(CoreError::Forbidden(format!(
+                    "template \"{name}\" is built in and cannot be changed"
+                )));
+            }
+            return Ok(TemplateRef {
+                name: name.to_owned(),
+                tag,
+                stored: name.to_owned(),
+                owner: Owner::BuiltIn,
+            });
+        }
+        if let Err(e) = rampart_image::check_stored_name(name) {
+            return Err(match access {
+                Access::Read => no_template(reference),
+                Access::Write => CoreError::BadRequest {
+                    field: "name".into(),
+                    message: e.to_string(),
+                },
+            });
+        }
+        if access == Access::Read && !exists(name) {
+            return Err(no_template(reference));
+        }
+        let (owner, _) = owner_of_stored(name);
+        return Ok(TemplateRef {
+            name: name.to_owned(),
+            tag,
+            stored: name.to_owned(),
+            owner,
+        });
+    };
+    // A tenant: template names only (never `<tenant>~...`, never another's).
+    if name.contains(rampart_image::OWNER_SEP) {
+        return Err(no_template(reference));
+    }
+    if builtin {
+        if access == Access::Write {
+            return Err(CoreError::Forbidden(format!(
+                "template \"{name}\" is built in and cannot be changed"
+            )));
+        }
+        return Ok(TemplateRef {
+            name: name.to_owned(),
+            tag,
+            stored: name.to_owned(),
+            owner: Owner::BuiltIn,
+        });
+    }
+    if rampart_image::check_name(name).is_err() {
+        return match access {
+            Access::Read => Err(no_template(reference)),
+            Access::Write => Err(CoreError::BadRequest {
+                field: "name".into(),
+                message: format!(
+                    "template name {name:?}: 1 to 64 bytes of a-z, 0-9, '.', '_', '-', \
+                     starting with a letter or a digit"
+                ),
+            }),
+        };
+    }
+    let own = stored_for(tenant, name);
+    let own_ref = TemplateRef {
+        name: name.to_owned(),
+        tag: tag.clone(),
+        stored: own.clone(),
+        owner: Owner::Tenant(tenant.to_owned()),
+    };
+    // Its own name wins (whatever the tag asked: a tag of its own template it lacks is not
+    // looked up in the operator's).
+    let has_own = store.as_ref().is_some_and(|s| !s.tags(&own).is_empty());
+    if has_own {
+        if access == Access::Read && !exists(&own) {
+            return Err(no_template(reference));
+        }
+        return Ok(own_ref);
+    }
+    let published = store.as_ref().is_some_and(|s| !s.tags(name).is_empty());
+    if published {
+        if access == Access::Write {
+            return Err(CoreError::Forbidden(format!(
+                "template \"{name}\" is published by the operator; a tenant cannot change it \
+                 (build under another name)"
+            )));
+        }
+        if !exists(name) {
+            return Err(no_template(reference));
+        }
+        return Ok(TemplateRef {
+            name: name.to_owned(),
+            tag,
+            stored: name.to_owned(),
+            owner: Owner::Operator,
+        });
+    }
+    match access {
+        Access::Read => Err(no_template(reference)),
+        Access::Write => Ok(own_ref),
+    }
+}
+
+/// Whether a caller of `tenant` sees the template stored as `stored`, and the name it
+/// knows it by (a tenant: its own without the prefix, the operator's and built-in ones as
+/// they are; the node: every name as stored).
+pub(crate) fn visible_name(tenant: Option<&str>, stored: &str) -> Option<String> {
+    let Some(tenant) = tenant else {
+        return Some(stored.to_owned());
+    };
+    match owner_of_stored(stored) {
+        (Owner::BuiltIn | Owner::Operator, n) => Some(n.to_owned()),
+        (Owner::Tenant(t), n) if t == tenant => Some(n.to_owned()),
+        (Owner::Tenant(_), _) => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_tenant_resolves_its_own_the_operators_and_never_anothers() {
+        let d = tempfile::tempdir().unwrap();
+        let s = Store::open(d.path()).unwrap();
+        let id = s
+            .put_manifest(&rampart_image::store::Manifest {
+                schema: rampart_image::store::SCHEMA,
+                layers: Vec::new(),
+                config: TemplateConfig::default(),
+                base: None,
+            })
+            .unwrap();
+        for n in [
+            "shared",
+            "published",
+            "acme~shared",
+            "acme~shared:v2",
+            "rival~only",
+        ] {
+            s.tag(n, &id).unwrap();
+        }
+        let data = d.path();
+        // The node: the store as it is.
+        let r = lookup(data, None, "acme~shared", Access::Read).unwrap();
+        assert_eq!(
+            (r.stored.as_str(), r.tenant()),
+            ("acme~shared", Some("acme"))
+        );
+        assert_eq!(
+            lookup(data, None, "shared", Access::Write).unwrap().owner,
+            Owner::Operator
+        );
+        assert!(matches!(
+            lookup(data, None, "base", Access::Write),
+            Err(CoreError::Forbidden(_))
+        ));
+        assert!(matches!(
+            lookup(data, None, "Nope", Access::Read),
+            Err(CoreError::NoTemplate(_))
+        ));
+        {
+            let acme = Some("acme");
+            // Its own wins over the operator's; tags are its own.
+            let r = lookup(data, acme, "shared", Access::Read).unwrap();
+            assert_eq!(r.stored, "acme~shared");
+            assert_eq!(
+                lookup(data, acme, "shared:v2", Access::Read)
+                    .unwrap()
+                    .stored_ref(),
+                "acme~shared:v2"
+            );
+            assert_eq!(
+                lookup(data, acme, "shared", Access::Write).unwrap().stored,
+                "acme~shared"
+            );
+            // The operator's: seen, not changed.
+            let p = lookup(data, acme, "published", Access::Read).unwrap();
+            assert_eq!(
+                (p.stored.as_str(), &p.owner),
+                ("published", &Owner::Operator)
+            );
+            assert!(matches!(
+                lookup(data, acme, "published", Access::Write),
+                Err(CoreError::Forbidden(_))
+            ));
+            assert!(matches!(
+                lookup(data, acme, "code-interpreter-v1", Access::Write),
+                Err(CoreError::Forbidden(_))
+            ));
+            assert_eq!(
+                lookup(data, acme, "base", Access::Read).unwrap().owner,
+                Owner::BuiltIn
+            );
+            // Another tenant's: not found, by any spelling; writing the name makes its own.
+            for n in ["only", "rival~only", "acme~shared", "only:default"] {
+                assert!(
+                    matches!(
+                        lookup(data, acme, n, Access::Read),
+                        Err(CoreError::NoTemplate(_))
+                    ),
+                    "{n}"
+                );
+            }
+            assert_eq!(
+                lookup(data, acme, "only", Access::Write).unwrap().stored,
+                "acme~only"
+            );
+            assert_eq!(visible_name(acme, "acme~shared").as_deref(), Some("shared"));
+            assert_eq!(
+                visible_name(acme, "published").as_deref(),
+                Some("published")
+            );
+            assert_eq!(visible_name(acme, "rival~only"), None);
+            let names: Vec<String> = list(data, acme).into_iter().map(|t| t.name).collect();
+            assert!(names.contains(&"shared".to_owned()), "{names:?}");
+            assert!(names.contains(&"published".to_owned()), "{names:?}");
+            assert!(!names.iter().any(|n| n.contains("only")), "{names:?}");
+            assert_eq!(
+                names.iter().filter(|n| *n == "shared").count(),
+                1,
+                "{names:?}"
+            );
         }
     }
 }

@@ -107,10 +107,10 @@ pub const DEFAULT_TAG: &str = "default";
 /// (`name:default` is `name`).
 pub fn check_ref(r: &str) -> Result<String, ImageError> {
     let Some((name, tag)) = r.split_once(':') else {
-        check_name(r)?;
+        check_stored_name(r)?;
         return Ok(r.to_owned());
     };
-    check_name(name)?;
+    check_stored_name(name)?;
     check_tag(tag).map_err(|reason| ImageError::BadName {
         name: r.to_owned(),
         reason,
@@ -139,6 +139,28 @@ pub fn check_tag(tag: &str) -> Result<(), String> {
         return Err(format!("tag {tag:?} must start with a letter or a digit"));
     }
     Ok(())
+}
+
+/// Separates the tenant from the template name in the store's name of a tenant's template
+/// (`acme~shared`): neither a tenant name nor a template name contains it, so a tenant's
+/// name never equals the operator's nor another tenant's.
+pub const OWNER_SEP: char = '~';
+
+/// Checks a name as the store keeps it: a template name ([`check_name`]), or a tenant's
+/// template `<tenant>~<name>` (a tenant name as `rampart_types::tenant` checks it).
+pub fn check_stored_name(name: &str) -> Result<(), ImageError> {
+    match name.split_once(OWNER_SEP) {
+        None => check_name(name),
+        Some((owner, rest)) => {
+            rampart_types::tenant::check_tenant_name(owner).map_err(|reason| {
+                ImageError::BadName {
+                    name: name.to_owned(),
+                    reason,
+                }
+            })?;
+            check_name(rest)
+        }
+    }
 }
 
 /// Checks a template name: 1 to 64 bytes of `[a-z0-9._-]`, starting with a letter or digit,

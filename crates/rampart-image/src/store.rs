@@ -495,7 +495,7 @@ impl Store {
     /// each with its record.
     pub fn tags(&self, name: &str) -> Vec<(String, NameRecord)> {
         let mut out = Vec::new();
-        if crate::check_name(name).is_err() {
+        if crate::check_stored_name(name).is_err() {
             return out;
         }
         if let Some(r) = self.name(name) {

@@ -1073,6 +1073,24 @@ fn template_references_and_tags() {
     for bad in ["t:", "t:a/b", "t:-x", "T:x", "base", "base:v1", "t:a:b"] {
         assert!(rampart_image::check_ref(bad).is_err(), "{bad}");
     }
+    // A tenant's template: `<tenant>~<name>`, one owner, a valid name under it.
+    assert_eq!(rampart_image::check_ref("acme~t:v1").unwrap(), "acme~t:v1");
+    assert_eq!(
+        rampart_image::check_ref("acme~t:default").unwrap(),
+        "acme~t"
+    );
+    for bad in [
+        "~t",
+        "acme~",
+        "a~b~c",
+        "acme~base",
+        "Acme~t",
+        "a/b~t",
+        "acme~T",
+    ] {
+        assert!(rampart_image::check_ref(bad).is_err(), "{bad}");
+    }
+    assert!(rampart_image::check_name("acme~t").is_err());
 }
 
 #[test]

@@ -111,9 +111,10 @@ impl From<CoreError> for ApiError {
     fn from(e: CoreError) -> Self {
         let message = e.to_string();
         match e {
-            CoreError::NotFound(_) | CoreError::NoProcess { .. } | CoreError::NoWebhook(_) => {
-                ApiError::not_found(message)
-            }
+            CoreError::NotFound(_)
+            | CoreError::NoProcess { .. }
+            | CoreError::NoWebhook(_)
+            | CoreError::NoTemplate(_) => ApiError::not_found(message),
             CoreError::Denied { .. } => ApiError::new(StatusCode::FORBIDDEN, "denied", message),
             CoreError::NoApproval(_) => ApiError::not_found(message),
             CoreError::Conflict(_) => ApiError::new(StatusCode::CONFLICT, "conflict", message),

@@ -8,11 +8,15 @@ use axum::Json;
 use rampart_core::CoreError;
 use rampart_types::{ApiErrorBody, TemplateInfo};
 
-/// `GET /v1/templates`: the built-in templates and the built ones.
+/// `GET /v1/templates`: the built-in templates and the built ones the caller sees (a tenant:
+/// the operator's and its own).
 #[utoipa::path(get, path = "/v1/templates", tag = "templates",
     responses((status = 200, description = "Templates: built-in first, then built ones by name", body = [TemplateInfo])))]
-pub(crate) async fn list(State(st): State<AppState>) -> Result<Json<Vec<TemplateInfo>>, ApiError> {
-    Ok(Json(st.manager.templates()))
+pub(crate) async fn list(
+    State(st): State<AppState>,
+    crate::caller::Caller(who): crate::caller::Caller,
+) -> Result<Json<Vec<TemplateInfo>>, ApiError> {
+    Ok(Json(st.manager.templates(&who)))
 }
 
 /// `GET /v1/templates/{name}`: one template.
@@ -24,11 +28,13 @@ pub(crate) async fn list(State(st): State<AppState>) -> Result<Json<Vec<Template
     ))]
 pub(crate) async fn get_one(
     State(st): State<AppState>,
+    crate::caller::Caller(who): crate::caller::Caller,
     Path(name): Path<String>,
 ) -> Result<Json<TemplateInfo>, ApiError> {
-    match st.manager.template(&name) {
+    // Another tenant's template is not found, as a name that does not exist.
+    match st.manager.template(&who, &name) {
         Ok(t) => Ok(Json(t)),
-        Err(CoreError::NotFound(_)) => {
+        Err(CoreError::NoTemplate(_)) => {
             Err(ApiError::not_found(format!("template {name} not found")))
         }
         Err(e) => Err(e.into()),

@@ -291,7 +291,7 @@ async fn create_now(st: &E2b, who: &Principal, body: &Bytes) -> Result<Value, E2
         Err(_) if snapshot.is_some() => None,
         // A built template (`rampart template build` or the SDK's `Template.build`, by
         // name or `name:tag`; docs/templates.md).
-        Err(_) if super::templates::is_built(st, &requested) => Some(requested.clone()),
+        Err(_) if super::templates::is_built(st, who, &requested) => Some(requested.clone()),
         Err(e) => return Err(e),
     };
     let net = match &n.network {

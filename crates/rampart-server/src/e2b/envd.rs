@@ -285,21 +285,71 @@ async fn to_sandbox(st: &E2b, t: Target, req: Request) -> Response {
     let who = crate::caller::of(&req);
     let live = match st.live(&who, &id).await {
         Ok(Some(l)) => l,
-        Ok(None) => match auto_resume(st, &who, &id).await {
+        Ok(None) => match auto_resume(st, &who, &id, &t, credentials_of(&req)).await {
             Ok(Some(l)) => l,
             Ok(None) => return not_found_502(&t.id),
-            Err(e) => return e.into_response(),
+            Err(r) => return *r,
         },
         Err(e) => return e.into_response(),
     };
     to_live(st, &who, &id, t, live, req).await
 }
 
-/// A paused sandbox made with `autoResume` is resumed by the first request for it (envd's
-/// or a port's), with its create's timeout again, and the request goes on to it. None: the
-/// sandbox is not there for the proxy (not paused, not auto-resumed, or gone).
-async fn auto_resume(st: &E2b, who: &Principal, id: &SandboxId) -> Result<Option<Live>, E2bError> {
-    let Some(facts) = st.facts(id).await? else {
+/// What authorizes `req` (its method, URI and headers, without its body), to be checked
+/// before a paused sandbox is woken for it.
+fn credentials_of(req: &Request) -> Request {
+    let mut probe = Request::new(Body::empty());
+    *probe.method_mut() = req.method().clone();
+    *probe.uri_mut() = req.uri().clone();
+    *probe.headers_mut() = req.headers().clone();
+    probe
+}
+
+/// Whether `req` may wake the paused sandbox of `facts`: it carries what the request
+/// itself would need once the sandbox runs (envd's port: the access token or a signed
+/// `/files` URL; another port: the token, unless the sandbox allows public traffic). An
+/// unauthenticated `/health` does not wake a sandbox. The refusal is the request's own
+/// answer (401), and the sandbox stays paused.
+fn may_wake(
+    req: &Request,
+    t: &Target,
+    facts: &E2bSandbox,
+    opts: &super::network::Options,
+) -> Result<(), Box<Response>> {
+    if t.port != ENVD_PORT {
+        if opts.allow_public_traffic {
+            return Ok(());
+        }
+        return authorize_port(req, facts);
+    }
+    if req.uri().path() == "/health" {
+        let has_token = req
+            .headers()
+            .get("x-access-token")
+            .is_some_and(|v| same_secret(v.as_bytes(), facts.access_token.as_bytes()));
+        return if has_token {
+            Ok(())
+        } else {
+            Err(Box::new(envd_error(StatusCode::UNAUTHORIZED, UNAUTHORIZED)))
+        };
+    }
+    authorize(req, facts)
+}
+
+/// A paused sandbox made with `autoResume` is resumed by the first authorized request for
+/// it (envd's or a port's), with its create's timeout again, and the request goes on to
+/// it; the request is authorized before the sandbox is woken (a request without the
+/// sandbox's token is refused, 401, and wakes nothing). None: the sandbox is not there for
+/// the proxy (not paused, not auto-resumed, or gone).
+async fn auto_resume(
+    st: &E2b,
+    who: &Principal,
+    id: &SandboxId,
+    t: &Target,
+    req: Request,
+) -> Result<Option<Live>, Box<Response>> {
+    let boxed = |e: E2bError| Box::new(e.into_response());
+    let Some(facts) = st.facts(id).await.map_err(boxed)? else {
         return Ok(None);
     };
     let opts = super::network::Options::parse(&facts.options);
@@ -313,6 +363,8 @@ async fn auto_resume(st: &E2b, who: &Principal, id: &SandboxId) -> Result<Option
         Ok(info) if info.state == rampart_types::SandboxState::Paused => {}
         _ => return Ok(None),
     }
+    // Authorize first, then wake.
+    may_wake(&req, t, &facts, &opts)?;
     match sandbox.resume().await {
         Ok(_) => {
             tracing::info!(id = %id, "auto-resumed by a request");
@@ -320,13 +372,16 @@ async fn auto_resume(st: &E2b, who: &Principal, id: &SandboxId) -> Result<Option
                 .timeout
                 .unwrap_or(super::api::DEFAULT_TIMEOUT_SECS)
                 .max(1);
-            sandbox.set_timeout(secs).await?;
+            sandbox
+                .set_timeout(secs)
+                .await
+                .map_err(|e| boxed(e.into()))?;
         }
         // Another request resumed it first.
         Err(CoreError::WrongState { .. }) | Err(CoreError::Conflict(_)) => {}
-        Err(e) => return Err(e.into()),
+        Err(e) => return Err(boxed(e.into())),
     }
-    st.live(who, id).await
+    st.live(who, id).await.map_err(boxed)
 }
 
 /// A request for a sandbox found live.

@@ -106,7 +106,7 @@ impl From<rampart_core::CoreError> for E2bError {
             C::NotFound(_) | C::NoProcess { .. } => StatusCode::NOT_FOUND,
             C::TooManyProcesses { .. } | C::Conflict(_) => StatusCode::CONFLICT,
             C::Denied { .. } | C::Forbidden(_) => StatusCode::FORBIDDEN,
-            C::NoApproval(_) | C::NoWebhook(_) => StatusCode::NOT_FOUND,
+            C::NoApproval(_) | C::NoWebhook(_) | C::NoTemplate(_) => StatusCode::NOT_FOUND,
             C::BadRequest { .. } | C::Limit(_) => StatusCode::BAD_REQUEST,
             C::WrongState { .. } => StatusCode::CONFLICT,
             C::Capacity(_) => StatusCode::TOO_MANY_REQUESTS,

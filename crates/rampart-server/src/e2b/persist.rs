@@ -118,7 +118,7 @@ pub(crate) async fn create_snapshot(
     if let Some(n) = &name {
         // A snapshot's name is what a create takes as its `templateID`: it may not be a
         // template's too.
-        if builtin_template(n) || super::templates::is_built(&st, n) {
+        if builtin_template(n) || super::templates::is_built(&st, &who, n) {
             return Err(E2bError::bad_request(format!(
                 "name: \"{n}\" is a template's name; give the snapshot another"
             )));
@@ -246,7 +246,7 @@ pub(crate) async fn delete_template_or_snapshot(
     Path(id): Path<String>,
 ) -> Result<Response, E2bError> {
     if snapshot_named(&st, &who, &id)?.is_none() {
-        return super::templates::delete(State(st), Path(id)).await;
+        return super::templates::delete(State(st), crate::caller::Caller(who), Path(id)).await;
     }
     match st.manager.delete_snapshot(&who, &id).await {
         Ok(()) => Ok(StatusCode::NO_CONTENT.into_response()),

@@ -22,7 +22,9 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use futures::StreamExt as _;
-use rampart_core::template_builds::{BuildPlan, LogEntry, PlanStep};
+use rampart_core::template_builds::{BuildInfo, BuildPlan, LogEntry, PlanStep};
+use rampart_core::templates::{Access, TemplateRef};
+use rampart_core::Principal;
 use rampart_image::ecr::AwsKeys;
 use rampart_image::registry::{Credentials, ImageRef, RegistryAuth};
 use rampart_image::spec::{Base, BuildNetwork, Ready, StartSpec, Variant};
@@ -51,6 +53,32 @@ fn not_found_template(id: &str) -> E2bError {
 
 fn store(st: &E2b) -> Option<Store> {
     st.manager.template_store()
+}
+
+/// The one resolution of a template name for the request's caller (core's
+/// `templates::lookup`: a tenant's own, the operator's, a built-in; another tenant's is not
+/// found).
+fn resolve(st: &E2b, who: &Principal, name: &str, access: Access) -> Result<TemplateRef, E2bError> {
+    st.manager
+        .template_ref(who, name, access)
+        .map_err(|e| match e {
+            rampart_core::CoreError::NoTemplate(_) => not_found_template(name),
+            other => E2bError::from(other),
+        })
+}
+
+/// The build `bid` of template `id` if the caller may see it (core's `TemplateBuilds::get`
+/// checks the owner; `id` is the name its owner knows it by, or for the node the stored
+/// name).
+fn build_of(st: &E2b, who: &Principal, id: &str, bid: &str) -> Result<BuildInfo, E2bError> {
+    let id = split_name(id).0;
+    st.manager
+        .template_builds()
+        .get(who.tenant.as_deref(), bid)
+        // The node may also name a tenant's template as stored (`<tenant>~<name>`); for a
+        // tenant, `get` already answered only its own builds.
+        .filter(|i| i.name == id || i.stored == id)
+        .ok_or_else(|| not_found_build(id, bid))
 }
 
 /// A UUID for a template id made without an API build (`rampart template build`).
@@ -87,6 +115,7 @@ struct RequestV3 {
 /// `POST /v3/templates`: 202 `TemplateRequestResponseV3`.
 pub(crate) async fn request_build(
     State(st): State<E2b>,
+    crate::caller::Caller(who): crate::caller::Caller,
     body: Bytes,
 ) -> Result<Response, E2bError> {
     let r: RequestV3 = super::api::parse_body(&body)?;
@@ -105,10 +134,11 @@ pub(crate) async fn request_build(
     if tags.is_empty() {
         tags.push(rampart_image::DEFAULT_TAG.to_owned());
     }
+    let t = resolve(&st, &who, name, Access::Write)?;
     let info = st
         .manager
         .template_builds()
-        .reserve(name, &tags)
+        .reserve(who.tenant.as_deref(), &t, &tags)
         .map_err(E2bError::from)?;
     Ok((
         StatusCode::ACCEPTED,
@@ -127,9 +157,13 @@ pub(crate) async fn request_build(
 /// `GET /templates/{id}/files/{hash}`: 201 `TemplateBuildFileUpload`.
 pub(crate) async fn file_upload_link(
     State(st): State<E2b>,
-    Path((_id, hash)): Path<(String, String)>,
+    crate::caller::Caller(who): crate::caller::Caller,
+    Path((id, hash)): Path<(String, String)>,
     headers: HeaderMap,
 ) -> Result<Response, E2bError> {
+    // Files are uploaded for a build of one's own template; the hash's presence and the
+    // link are of the caller's uploads only.
+    resolve(&st, &who, split_name(&id).0, Access::Write)?;
     let b = st.manager.template_builds();
     if !rampart_core::template_builds::is_files_hash(&hash) {
         return Err(E2bError::bad_request(format!(
@@ -137,9 +171,9 @@ pub(crate) async fn file_upload_link(
         )));
     }
     let hash = hash.to_ascii_lowercase();
-    let present = b.has_upload(&hash);
+    let present = b.has_upload(who.tenant.as_deref(), &hash);
     // A link even when present: the SDK uploads again with `force_upload`.
-    let token = b.upload_token(&hash)?;
+    let token = b.upload_token(who.tenant.as_deref(), &hash)?;
     let host = headers
         .get("host")
         .and_then(|h| h.to_str().ok())
@@ -167,13 +201,13 @@ pub(crate) async fn upload(
     body: Body,
 ) -> Result<Response, E2bError> {
     let b = st.manager.template_builds().clone();
-    let hash = b.take_upload(&token).ok_or_else(|| {
+    let ticket = b.take_upload(&token).ok_or_else(|| {
         E2bError::new(
             StatusCode::FORBIDDEN,
             "this upload link is unknown, used or expired: ask for a new one",
         )
     })?;
-    let tmp = b.upload_tmp(&hash)?;
+    let tmp = b.upload_tmp(&ticket)?;
     let r = async {
         let mut f = tokio::fs::OpenOptions::new()
             .write(true)
@@ -207,7 +241,7 @@ pub(crate) async fn upload(
         if n == 0 {
             return Err(E2bError::bad_request("the upload is empty"));
         }
-        b.commit_upload(&tmp, &hash).map_err(E2bError::from)
+        b.commit_upload(&tmp, &ticket).map_err(E2bError::from)
     }
     .await;
     if r.is_err() {
@@ -291,7 +325,7 @@ struct Cursor {
 /// credentials of its registry.
 type BaseOf = (Base, Cursor, Steps, Option<RegistryAuth>);
 
-fn base_of(st: &E2b, t: &StartV2) -> Result<BaseOf, E2bError> {
+fn base_of(st: &E2b, who: &Principal, t: &StartV2) -> Result<BaseOf, E2bError> {
     let builtin = |name: &str| {
         (
             Base::Template(name.to_owned()),
@@ -310,14 +344,16 @@ fn base_of(st: &E2b, t: &StartV2) -> Result<BaseOf, E2bError> {
             // and so do those of a template built on it.
             "code-interpreter-v1" | "code-interpreter" => Ok(builtin(super::api::CODE_INTERPRETER)),
             other => {
-                let s = store(st).ok_or_else(|| not_found_template(other))?;
-                let (_, m) = s.resolve(other).map_err(|_| {
+                let unknown = || {
                     E2bError::bad_request(format!("fromTemplate: template \"{other}\" not found"))
-                })?;
+                };
+                let r = resolve(st, who, other, Access::Read).map_err(|_| unknown())?;
+                let s = store(st).ok_or_else(unknown)?;
+                let (_, m) = s.resolve(&r.stored_ref()).map_err(|_| unknown())?;
                 let user = m.config.user.clone().unwrap_or_else(|| "root".into());
                 let workdir = m.config.workdir.clone().unwrap_or_else(|| "/".into());
                 Ok((
-                    Base::Template(other.to_owned()),
+                    Base::Template(r.stored_ref()),
                     Cursor { user, workdir },
                     Vec::new(),
                     None,
@@ -496,8 +532,8 @@ fn registry_credentials(v: Option<&Value>) -> Result<Option<RegistryAuth>, E2bEr
 }
 
 /// The build plan of an E2B `TemplateBuildStartV2`.
-fn plan_of(st: &E2b, t: StartV2) -> Result<BuildPlan, E2bError> {
-    let (from, mut cur, mut steps, registry_auth) = base_of(st, &t)?;
+fn plan_of(st: &E2b, who: &Principal, t: StartV2) -> Result<BuildPlan, E2bError> {
+    let (from, mut cur, mut steps, registry_auth) = base_of(st, who, &t)?;
     let mut no_cache_from = None;
     let bad = |i: usize, m: String| E2bError::bad_request(format!("steps[{i}]: {m}"));
     for (i, s) in t.steps.unwrap_or_default().into_iter().enumerate() {
@@ -654,17 +690,15 @@ fn plan_of(st: &E2b, t: StartV2) -> Result<BuildPlan, E2bError> {
 /// `POST /v2/templates/{id}/builds/{bid}`: 202; the build runs in the background.
 pub(crate) async fn start_build(
     State(st): State<E2b>,
+    crate::caller::Caller(who): crate::caller::Caller,
     Path((id, bid)): Path<(String, String)>,
     body: Bytes,
 ) -> Result<Response, E2bError> {
     let t: StartV2 = super::api::parse_body(&body)?;
     let b = st.manager.template_builds();
-    let info = b
-        .get(&bid)
-        .filter(|i| i.name == id)
-        .ok_or_else(|| not_found_build(&id, &bid))?;
-    let plan = plan_of(&st, t)?;
-    b.start(&info.build_id, plan)?;
+    let info = build_of(&st, &who, &id, &bid)?;
+    let plan = plan_of(&st, &who, t)?;
+    b.start(who.tenant.as_deref(), &info.build_id, plan)?;
     Ok(StatusCode::ACCEPTED.into_response())
 }
 
@@ -695,14 +729,12 @@ fn entry_json(e: &LogEntry) -> Value {
 /// `GET /templates/{id}/builds/{bid}/status?logsOffset&limit&level`: 200 `TemplateBuildInfo`.
 pub(crate) async fn build_status(
     State(st): State<E2b>,
+    crate::caller::Caller(who): crate::caller::Caller,
     Path((id, bid)): Path<(String, String)>,
     Query(q): Query<HashMap<String, String>>,
 ) -> Result<Response, E2bError> {
     let b = st.manager.template_builds();
-    let info = b
-        .get(&bid)
-        .filter(|i| i.name == id)
-        .ok_or_else(|| not_found_build(&id, &bid))?;
+    let info = build_of(&st, &who, &id, &bid)?;
     let offset: usize = q
         .get("logsOffset")
         .and_then(|v| v.parse().ok())
@@ -714,7 +746,7 @@ pub(crate) async fn build_status(
         .min(STATUS_LOG_PAGE);
     let min = q.get("level").map(|l| level_rank(l)).unwrap_or(0);
     let entries: Vec<Value> = b
-        .logs(&bid, offset, limit)
+        .logs(who.tenant.as_deref(), &bid, offset, limit)
         .unwrap_or_default()
         .iter()
         .filter(|e| level_rank(e.level) >= min)
@@ -739,13 +771,12 @@ pub(crate) async fn build_status(
 /// `GET /templates/{id}/builds/{bid}/logs?cursor&limit&direction&level`: 200 `{logs}`.
 pub(crate) async fn build_logs(
     State(st): State<E2b>,
+    crate::caller::Caller(who): crate::caller::Caller,
     Path((id, bid)): Path<(String, String)>,
     Query(q): Query<HashMap<String, String>>,
 ) -> Result<Response, E2bError> {
     let b = st.manager.template_builds();
-    b.get(&bid)
-        .filter(|i| i.name == id)
-        .ok_or_else(|| not_found_build(&id, &bid))?;
+    build_of(&st, &who, &id, &bid)?;
     let limit: usize = q
         .get("limit")
         .and_then(|v| v.parse().ok())
@@ -761,7 +792,7 @@ pub(crate) async fn build_logs(
             .unwrap_or(0)
     };
     let mut all: Vec<LogEntry> = b
-        .logs(&bid, 0, usize::MAX)
+        .logs(who.tenant.as_deref(), &bid, 0, usize::MAX)
         .unwrap_or_default()
         .into_iter()
         .filter(|e| level_rank(e.level) >= min)
@@ -778,16 +809,18 @@ pub(crate) async fn build_logs(
     Ok(Json(json!({ "logs": logs })).into_response())
 }
 
-/// `GET /templates/aliases/{alias}`: 200 `{templateID, public}`, 404 when unknown.
+/// `GET /templates/aliases/{alias}`: 200 `{templateID, public}`, 404 when unknown (or
+/// another tenant's).
 pub(crate) async fn alias(
     State(st): State<E2b>,
+    crate::caller::Caller(who): crate::caller::Caller,
     Path(alias): Path<String>,
 ) -> Result<Response, E2bError> {
-    let found = store(&st).and_then(|s| s.name(&alias));
+    let found = resolve(&st, &who, &alias, Access::Read)
+        .ok()
+        .filter(|r| store(&st).is_some_and(|s| s.name(&r.stored_ref()).is_some()));
     match found {
-        Some(_) => {
-            Ok(Json(json!({"templateID": split_name(&alias).0, "public": false})).into_response())
-        }
+        Some(r) => Ok(Json(json!({"templateID": r.name, "public": is_public(&r)})).into_response()),
         None => Err(E2bError::new(
             StatusCode::NOT_FOUND,
             format!("template alias \"{alias}\" not found"),
@@ -795,20 +828,37 @@ pub(crate) async fn alias(
     }
 }
 
-/// The names of the built templates (tags folded into their template).
-fn template_names(s: &Store) -> Vec<String> {
-    let mut names: Vec<String> = s
+/// Whether every tenant sees it (a built-in or the operator's template).
+fn is_public(r: &TemplateRef) -> bool {
+    r.tenant().is_none()
+}
+
+/// The built templates the caller sees (tags folded into their template), by the names it
+/// knows them by: each name found in the store is resolved as the caller would name it, and
+/// kept only if it resolves back to itself (so a tenant's own template hides the
+/// operator's of the same name, and another tenant's never shows).
+fn visible_templates(st: &E2b, who: &Principal, s: &Store) -> Vec<TemplateRef> {
+    let mut stored: Vec<String> = s
         .list()
         .into_iter()
         .map(|t| split_name(&t.name).0.to_owned())
         .collect();
-    names.sort();
-    names.dedup();
-    names
+    stored.sort();
+    stored.dedup();
+    let mut out: Vec<TemplateRef> = stored
+        .iter()
+        .filter_map(|n| {
+            let shown = st.manager.template_visible_name(who, n)?;
+            let r = st.manager.template_ref(who, &shown, Access::Read).ok()?;
+            (r.stored == *n).then_some(r)
+        })
+        .collect();
+    out.sort_by(|a, b| a.name.cmp(&b.name));
+    out
 }
 
-fn template_json(st: &E2b, s: &Store, name: &str) -> Option<Value> {
-    let tags = s.tags(name);
+fn template_json(st: &E2b, who: &Principal, s: &Store, t: &TemplateRef) -> Option<Value> {
+    let tags = s.tags(&t.stored);
     let (_, rec) = tags
         .iter()
         .find(|(t, _)| t == rampart_image::DEFAULT_TAG)
@@ -824,14 +874,20 @@ fn template_json(st: &E2b, s: &Store, name: &str) -> Option<Value> {
         .max()
         .unwrap_or_default();
     let l = st.manager.default_limits();
-    let builds = st.manager.template_builds().of_template(name).len().max(1);
+    let builds = st
+        .manager
+        .template_builds()
+        .of_template(who.tenant.as_deref(), t)
+        .len()
+        .max(1);
+    let name = &t.name;
     Some(json!({
         "templateID": name,
         "buildID": rec.build.clone().unwrap_or_else(|| uuid_of(&rec.id)),
         "cpuCount": l.cpus.ceil().max(1.0) as u64,
         "memoryMB": l.memory_bytes >> 20,
         "diskSizeMB": l.disk_bytes >> 20,
-        "public": false,
+        "public": is_public(t),
         "aliases": [name],
         "names": [name],
         "createdAt": created,
@@ -845,31 +901,36 @@ fn template_json(st: &E2b, s: &Store, name: &str) -> Option<Value> {
     }))
 }
 
-/// `GET /templates`, `GET /v2/templates`: the built templates.
-pub(crate) async fn list(State(st): State<E2b>) -> Result<Response, E2bError> {
+/// `GET /templates`, `GET /v2/templates`: the built templates the caller sees.
+pub(crate) async fn list(
+    State(st): State<E2b>,
+    crate::caller::Caller(who): crate::caller::Caller,
+) -> Result<Response, E2bError> {
     let Some(s) = store(&st) else {
         return Ok(Json(json!([])).into_response());
     };
-    let v: Vec<Value> = template_names(&s)
+    let v: Vec<Value> = visible_templates(&st, &who, &s)
         .iter()
-        .filter_map(|n| template_json(&st, &s, n))
+        .filter_map(|t| template_json(&st, &who, &s, t))
         .collect();
     Ok(Json(v).into_response())
 }
 
-/// `GET /templates/{id}`: the template with its builds.
+/// `GET /templates/{id}`: the template with its builds (a tenant sees the builds it made,
+/// none of the operator's).
 pub(crate) async fn get_one(
     State(st): State<E2b>,
+    crate::caller::Caller(who): crate::caller::Caller,
     Path(id): Path<String>,
 ) -> Result<Response, E2bError> {
+    let t = resolve(&st, &who, split_name(&id).0, Access::Read)?;
     let s = store(&st).ok_or_else(|| not_found_template(&id))?;
-    let name = split_name(&id).0;
-    let mut v = template_json(&st, &s, name).ok_or_else(|| not_found_template(&id))?;
+    let mut v = template_json(&st, &who, &s, &t).ok_or_else(|| not_found_template(&id))?;
     let l = st.manager.default_limits();
     let builds: Vec<Value> = st
         .manager
         .template_builds()
-        .of_template(name)
+        .of_template(who.tenant.as_deref(), &t)
         .iter()
         .map(|b| {
             json!({
@@ -889,9 +950,11 @@ pub(crate) async fn get_one(
 }
 
 /// `DELETE /templates/{id}`: removes the template's name and every tag (layers stay until
-/// `rampart template gc`); 204, 404 when unknown.
+/// `rampart template gc`); 204, 404 when unknown (or another tenant's), 403 for a built-in
+/// template or, for a tenant, the operator's.
 pub(crate) async fn delete(
     State(st): State<E2b>,
+    crate::caller::Caller(who): crate::caller::Caller,
     Path(id): Path<String>,
 ) -> Result<Response, E2bError> {
     if rampart_image::RESERVED_NAMES.contains(&id.as_str()) {
@@ -900,14 +963,15 @@ pub(crate) async fn delete(
             format!("template \"{id}\" is built in and cannot be deleted"),
         ));
     }
-    let s = store(&st).ok_or_else(|| not_found_template(&id))?;
     let (name, tag) = split_name(&id);
+    let t = resolve(&st, &who, name, Access::Write)?;
+    let s = store(&st).ok_or_else(|| not_found_template(&id))?;
     let refs: Vec<String> = match tag {
-        Some(_) => vec![id.clone()],
+        Some(tag) => vec![t.stored_tag(Some(tag))],
         None => s
-            .tags(name)
+            .tags(&t.stored)
             .into_iter()
-            .map(|(t, _)| format!("{name}:{t}"))
+            .map(|(tag, _)| t.stored_tag(Some(&tag)))
             .collect(),
     };
     if refs.is_empty() || s.name(&refs[0]).is_none() {
@@ -933,8 +997,13 @@ struct AssignTags {
     tags: Vec<String>,
 }
 
-/// `POST /templates/tags` `{target: "name:tag", tags}`: 201 `{tags, buildID}`.
-pub(crate) async fn assign_tags(State(st): State<E2b>, body: Bytes) -> Result<Response, E2bError> {
+/// `POST /templates/tags` `{target: "name:tag", tags}`: 201 `{tags, buildID}`; only the
+/// template's owner tags it.
+pub(crate) async fn assign_tags(
+    State(st): State<E2b>,
+    crate::caller::Caller(who): crate::caller::Caller,
+    body: Bytes,
+) -> Result<Response, E2bError> {
     let a: AssignTags = super::api::parse_body(&body)?;
     if a.tags.is_empty() {
         return Err(E2bError::bad_request("tags: give at least one tag"));
@@ -942,14 +1011,14 @@ pub(crate) async fn assign_tags(State(st): State<E2b>, body: Bytes) -> Result<Re
     for t in &a.tags {
         rampart_image::check_tag(t).map_err(E2bError::bad_request)?;
     }
+    let t = resolve(&st, &who, &a.target, Access::Write)?;
     let s = store(&st).ok_or_else(|| not_found_template(&a.target))?;
     let rec = s
-        .name(&a.target)
+        .name(&t.stored_ref())
         .ok_or_else(|| not_found_template(&a.target))?;
-    let name = split_name(&a.target).0.to_owned();
     let build = rec.build.clone().unwrap_or_else(|| uuid_of(&rec.id));
-    for t in &a.tags {
-        s.tag_build(&format!("{name}:{t}"), &rec.id, rec.build.as_deref())
+    for tag in &a.tags {
+        s.tag_build(&t.stored_tag(Some(tag)), &rec.id, rec.build.as_deref())
             .map_err(|e| E2bError::bad_request(e.to_string()))?;
     }
     Ok((
@@ -967,16 +1036,21 @@ struct DeleteTags {
     tags: Vec<String>,
 }
 
-/// `DELETE /templates/tags` `{name, tags}`: 204; 404 when a tag is not the template's.
-pub(crate) async fn delete_tags(State(st): State<E2b>, body: Bytes) -> Result<Response, E2bError> {
+/// `DELETE /templates/tags` `{name, tags}`: 204; 404 when a tag is not the template's (or
+/// the template is another tenant's).
+pub(crate) async fn delete_tags(
+    State(st): State<E2b>,
+    crate::caller::Caller(who): crate::caller::Caller,
+    body: Bytes,
+) -> Result<Response, E2bError> {
     let d: DeleteTags = super::api::parse_body(&body)?;
+    let t = resolve(&st, &who, split_name(&d.name).0, Access::Write)?;
     let s = store(&st).ok_or_else(|| not_found_template(&d.name))?;
-    let name = split_name(&d.name).0;
-    let refs: Vec<String> = d.tags.iter().map(|t| format!("{name}:{t}")).collect();
-    if let Some(missing) = refs.iter().find(|r| s.name(r).is_none()) {
+    let refs: Vec<String> = d.tags.iter().map(|tag| t.stored_tag(Some(tag))).collect();
+    if let Some((i, _)) = refs.iter().enumerate().find(|(_, r)| s.name(r).is_none()) {
         return Err(E2bError::new(
             StatusCode::NOT_FOUND,
-            format!("tag \"{missing}\" not found"),
+            format!("tag \"{}:{}\" not found", t.name, d.tags[i]),
         ));
     }
     for r in refs {
@@ -989,11 +1063,12 @@ pub(crate) async fn delete_tags(State(st): State<E2b>, body: Bytes) -> Result<Re
 /// `GET /templates/{id}/tags`: `[{tag, buildID, createdAt}]`.
 pub(crate) async fn tags(
     State(st): State<E2b>,
+    crate::caller::Caller(who): crate::caller::Caller,
     Path(id): Path<String>,
 ) -> Result<Response, E2bError> {
+    let r = resolve(&st, &who, split_name(&id).0, Access::Read)?;
     let s = store(&st).ok_or_else(|| not_found_template(&id))?;
-    let name = split_name(&id).0;
-    let t = s.tags(name);
+    let t = s.tags(&r.stored);
     if t.is_empty() {
         return Err(not_found_template(&id));
     }
@@ -1013,19 +1088,23 @@ pub(crate) async fn tags(
 /// `GET /templates/{id}/tags/count`: `{total}`.
 pub(crate) async fn tags_count(
     State(st): State<E2b>,
+    crate::caller::Caller(who): crate::caller::Caller,
     Path(id): Path<String>,
 ) -> Result<Response, E2bError> {
+    let r = resolve(&st, &who, split_name(&id).0, Access::Read)?;
     let s = store(&st).ok_or_else(|| not_found_template(&id))?;
-    let t = s.tags(split_name(&id).0);
+    let t = s.tags(&r.stored);
     if t.is_empty() {
         return Err(not_found_template(&id));
     }
     Ok(Json(json!({"total": t.len()})).into_response())
 }
 
-/// `GET /templates/{id}/tags/exists?tag=`: `{exists, normalizedTag}`.
+/// `GET /templates/{id}/tags/exists?tag=`: `{exists, normalizedTag}` (another tenant's
+/// template has no tags, as one that does not exist).
 pub(crate) async fn tag_exists(
     State(st): State<E2b>,
+    crate::caller::Caller(who): crate::caller::Caller,
     Path(id): Path<String>,
     Query(q): Query<HashMap<String, String>>,
 ) -> Result<Response, E2bError> {
@@ -1033,15 +1112,19 @@ pub(crate) async fn tag_exists(
         .get("tag")
         .cloned()
         .ok_or_else(|| E2bError::bad_request("tag: missing"))?;
-    let exists = store(&st)
-        .and_then(|s| s.name(&format!("{}:{tag}", split_name(&id).0)))
+    let exists = resolve(&st, &who, split_name(&id).0, Access::Read)
+        .ok()
+        .and_then(|r| store(&st).and_then(|s| s.name(&r.stored_tag(Some(&tag)))))
         .is_some();
     Ok(Json(json!({"exists": exists, "normalizedTag": tag})).into_response())
 }
 
-/// Whether `requested` (a template name, `name:tag`) is a built template.
-pub(crate) fn is_built(st: &E2b, requested: &str) -> bool {
-    store(st).is_some_and(|s| s.name(requested).is_some())
+/// Whether `requested` (a template name, `name:tag`) is a built template the caller may
+/// start sandboxes of.
+pub(crate) fn is_built(st: &E2b, who: &Principal, requested: &str) -> bool {
+    resolve(st, who, requested, Access::Read)
+        .ok()
+        .is_some_and(|r| store(st).is_some_and(|s| s.name(&r.stored_ref()).is_some()))
 }
 
 #[cfg(test)]
