@@ -1,135 +1,211 @@
-//! The HTTP layer against a stand-in backend: error bodies, statuses, health, metrics, OpenAPI.
-//! No sandbox is created; the full stack is tested in rampart-cli's tests.
+//! The HTTP layer over the real core on the fake tier (`rampart_core::FakeTier`: the real
+//! `rampart-agent` as a plain child process; no root needed): error bodies, statuses,
+//! authentication, health, metrics, OpenAPI, input checks and the port proxy's token rules.
+//! Needs the built agent (`cargo build --bins -p rampart-agent`; `RAMPART_TEST_AGENT` names
+//! another binary). Every sandbox a test makes is destroyed at its end, and killed if the
+//! test fails (see [`Server`]'s `Drop`).
 
 use axum::body::Body;
+use axum::extract::ConnectInfo;
 use axum::http::{Method, Request, StatusCode};
-use futures::future::BoxFuture;
 use http_body_util::BodyExt;
-use rampart_agent::client::AgentClient;
-use rampart_core::{CoreError, Exec};
-use rampart_server::{router_with_backend, Backend};
-use rampart_store::access::AccessStore;
-use rampart_types::{
-    CreateSandbox, ExecRequest, LimitError, Limits, SandboxId, SandboxInfo, SandboxState,
-};
+use rampart_core::{CoreConfig, FakeTier, Manager};
+use rampart_server::{router_with_options, ServerOptions, ADMIN_KEY_FILE};
 use serde_json::Value;
-use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use tower::ServiceExt;
 
-/// The filters of the last list call.
-type ListCall = (Option<SandboxState>, BTreeMap<String, String>);
-
-/// Knows one sandbox, `known`; `panics` makes the handler panic.
-struct Fake {
-    last_list: Mutex<Option<ListCall>>,
-    /// Tokens and public ports, as core keeps them.
-    access: Arc<AccessStore>,
+fn agent_bin() -> PathBuf {
+    if let Some(p) = std::env::var_os("RAMPART_TEST_AGENT") {
+        return PathBuf::from(p);
+    }
+    // target/<profile>/deps/<test> -> target/<profile>/rampart-agent
+    let exe = std::env::current_exe().expect("current exe");
+    let bin = exe
+        .parent()
+        .and_then(Path::parent)
+        .expect("target directory")
+        .join("rampart-agent");
+    assert!(
+        bin.exists(),
+        "{} is not built: cargo build --bins -p rampart-agent (or set RAMPART_TEST_AGENT)",
+        bin.display()
+    );
+    bin
 }
 
-impl Default for Fake {
-    fn default() -> Self {
-        Fake {
-            last_list: Mutex::new(None),
-            access: Arc::new(AccessStore::open_in_memory().unwrap()),
+/// The name a reverse proxy in front of the daemon would give it (an allowed host).
+const PROXY_HOST: &str = "h";
+
+/// A daemon: the real manager on the fake tier in a data directory of its own, its full
+/// router (authentication included) and the admin key it made at first start.
+struct Server {
+    cfg: CoreConfig,
+    manager: Arc<Manager>,
+    app: axum::Router,
+    /// `Bearer <the admin key>`.
+    admin: String,
+    /// Held for the test's length (removed at the end).
+    _dir: tempfile::TempDir,
+}
+
+impl Server {
+    async fn start() -> Server {
+        Server::start_with(|_| {}).await
+    }
+
+    /// A daemon whose configuration `tune` changed.
+    async fn start_with(tune: impl FnOnce(&mut CoreConfig)) -> Server {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut cfg = CoreConfig::with_defaults(
+            dir.path().to_path_buf(),
+            PathBuf::from("/nonexistent/rampart-jailer"),
+            agent_bin(),
+        );
+        // No sandbox network: the fake tier has no network namespace to wire.
+        cfg.network.enabled = false;
+        // The fake tier's sandboxes take no disk, but admission counts their 2 GiB quotas.
+        cfg.disk_overcommit = 1000.0;
+        tune(&mut cfg);
+        let tier = FakeTier::from_config(&cfg).expect("fake tier");
+        let manager = Manager::start_with(cfg.clone(), Arc::new(tier))
+            .await
+            .expect("manager start on the fake tier");
+        let opts = ServerOptions {
+            allowed_hosts: vec![PROXY_HOST.into()],
+            ..ServerOptions::default()
+        };
+        let app = router_with_options(manager.clone(), &opts);
+        // Written by the router at first start, as the daemon does.
+        let key = std::fs::read_to_string(dir.path().join(ADMIN_KEY_FILE)).expect("admin key");
+        Server {
+            cfg,
+            manager,
+            app,
+            admin: format!("Bearer {}", key.trim()),
+            _dir: dir,
         }
     }
-}
 
-fn info(id: &str, metadata: BTreeMap<String, String>) -> SandboxInfo {
-    SandboxInfo {
-        id: SandboxId::parse(id).unwrap(),
-        template: "base".into(),
-        state: SandboxState::Running,
-        limits: Limits::default(),
-        metadata,
-        env_names: vec![],
-        created_at: "2026-01-01T00:00:00Z".into(),
-        expires_at: "2026-01-01T00:05:00Z".into(),
-        ended_at: None,
-        reason: None,
-        access_token: None,
-        tenant: None,
+    /// A request as `serve_all` hands it to the router: with the peer's address.
+    async fn send(&self, req: Request<Body>) -> axum::response::Response {
+        let mut req = req;
+        let peer: SocketAddr = "127.0.0.1:40000".parse().unwrap();
+        req.extensions_mut().insert(ConnectInfo(peer));
+        self.app.clone().oneshot(req).await.unwrap()
     }
-}
 
-impl Fake {
-    fn lookup(&self, id: &SandboxId) -> Result<SandboxInfo, CoreError> {
-        match id.as_str() {
-            "known" => Ok(info("known", BTreeMap::new())),
-            "stopped" => Err(CoreError::WrongState {
-                id: "stopped".into(),
-                state: "destroyed".into(),
-            }),
-            "panics" => panic!("stand-in panic"),
-            other => Err(CoreError::NotFound(other.into())),
+    /// A call of the admin's: its key, `Host: localhost:3000`, and `ct` if any.
+    async fn call(&self, method: Method, uri: &str, ct: Option<&str>, body: &[u8]) -> Resp {
+        let mut b = Request::builder()
+            .method(method)
+            .uri(uri)
+            .header("host", "localhost:3000")
+            .header("authorization", &self.admin);
+        if let Some(ct) = ct {
+            b = b.header("content-type", ct);
+        }
+        let resp = self.send(b.body(Body::from(body.to_vec())).unwrap()).await;
+        let status = resp.status();
+        let content_type = resp
+            .headers()
+            .get("content-type")
+            .map(|v| v.to_str().unwrap().to_owned())
+            .unwrap_or_default();
+        let body = resp
+            .into_body()
+            .collect()
+            .await
+            .unwrap()
+            .to_bytes()
+            .to_vec();
+        Resp {
+            status,
+            content_type,
+            body,
         }
     }
-}
 
-impl Backend for Fake {
-    fn create(&self, req: CreateSandbox) -> BoxFuture<'_, Result<SandboxInfo, CoreError>> {
-        Box::pin(async move {
-            if req.limits.memory_bytes.is_some_and(|m| m > 1 << 30) {
-                return Err(CoreError::Limit(LimitError::AboveMaximum {
-                    field: "memory_bytes",
-                    value: "x".into(),
-                    max: "1073741824".into(),
-                }));
-            }
-            if req.template.as_deref() == Some("full") {
-                return Err(CoreError::Capacity("100 sandboxes alive".into()));
-            }
-            // As core does: the public ports checked, a token recorded with the sandbox.
-            let public = rampart_core::validate::check_public_ports(&req.public_ports)?;
-            let mut made = info("created", req.metadata);
-            made.access_token = Some(self.access.issue("created", &public)?);
-            Ok(made)
-        })
-    }
-    fn access(&self) -> Option<Arc<AccessStore>> {
-        Some(self.access.clone())
-    }
-    fn get(&self, id: &SandboxId) -> Result<SandboxInfo, CoreError> {
-        self.lookup(id)
-    }
-    fn list(
+    /// A body-less request with exactly `headers` (no key unless given); the answer's status
+    /// and JSON body (or null) and its raw body.
+    async fn call_with(
         &self,
-        state: Option<SandboxState>,
-        metadata: &BTreeMap<String, String>,
-    ) -> Result<Vec<SandboxInfo>, CoreError> {
-        *self.last_list.lock().unwrap() = Some((state, metadata.clone()));
-        Ok(vec![info("known", BTreeMap::new())])
+        method: Method,
+        uri: &str,
+        headers: &[(&str, &str)],
+    ) -> (StatusCode, Value, Vec<u8>) {
+        let mut b = Request::builder().method(method).uri(uri);
+        for (k, v) in headers {
+            b = b.header(*k, *v);
+        }
+        let resp = self.send(b.body(Body::empty()).unwrap()).await;
+        let status = resp.status();
+        let body = resp.into_body().collect().await.unwrap().to_bytes();
+        (
+            status,
+            serde_json::from_slice(&body).unwrap_or(Value::Null),
+            body.to_vec(),
+        )
     }
-    fn destroy<'a>(&'a self, id: &'a SandboxId) -> BoxFuture<'a, Result<SandboxInfo, CoreError>> {
-        Box::pin(async move { self.lookup(id) })
+
+    /// Creates a sandbox from `body`; its info.
+    async fn create(&self, body: &str) -> Value {
+        let r = self
+            .call(Method::POST, "/v1/sandboxes", JSON, body.as_bytes())
+            .await;
+        assert_eq!(
+            r.status,
+            StatusCode::CREATED,
+            "{}",
+            String::from_utf8_lossy(&r.body)
+        );
+        r.json()
     }
-    fn set_timeout<'a>(
-        &'a self,
-        id: &'a SandboxId,
-        _secs: u64,
-    ) -> BoxFuture<'a, Result<SandboxInfo, CoreError>> {
-        Box::pin(async move { self.lookup(id) })
+
+    /// A sandbox, destroyed: its id stays known, in state `destroyed`.
+    async fn destroyed(&self) -> String {
+        let id = self.create("{}").await["id"].as_str().unwrap().to_owned();
+        let r = self
+            .call(Method::DELETE, &format!("/v1/sandboxes/{id}"), None, b"")
+            .await;
+        assert_eq!(r.status, StatusCode::OK);
+        assert_eq!(r.json()["state"], "destroyed");
+        id
     }
-    fn agent(&self, id: &SandboxId) -> Result<AgentClient, CoreError> {
-        self.lookup(id)?;
-        Err(CoreError::Internal("no agents in this test".into()))
+
+    /// Destroys every sandbox still alive, through the API, and stops the manager.
+    async fn stop(self) {
+        let r = self.call(Method::GET, "/v1/sandboxes", None, b"").await;
+        assert_eq!(r.status, StatusCode::OK);
+        for s in r.json().as_array().unwrap() {
+            if s["state"] == "destroyed" {
+                continue;
+            }
+            let id = s["id"].as_str().unwrap();
+            let r = self
+                .call(Method::DELETE, &format!("/v1/sandboxes/{id}"), None, b"")
+                .await;
+            assert_eq!(r.status, StatusCode::OK, "destroying {id}");
+        }
+        self.manager.shutdown().await;
+        use rampart_core::Isolation as _;
+        let tier = FakeTier::from_config(&self.cfg).unwrap();
+        assert_eq!(tier.leftovers().unwrap(), Vec::new(), "sandboxes left");
     }
-    fn exec<'a>(
-        &'a self,
-        id: &'a SandboxId,
-        req: ExecRequest,
-        keep_stdin_open: bool,
-    ) -> BoxFuture<'a, Result<Exec, CoreError>> {
-        Box::pin(async move {
-            // As core does: the request first, then the sandbox.
-            rampart_core::validate::check_exec(&req, keep_stdin_open)?;
-            self.lookup(id)?;
-            Err(CoreError::Internal("no processes in this test".into()))
-        })
-    }
-    fn metrics_text(&self) -> String {
-        "# TYPE rampart_sandboxes gauge\nrampart_sandboxes{state=\"running\"} 1\n".into()
+}
+
+impl Drop for Server {
+    /// A failed test's sandboxes are killed, not left running (the tier checks each agent's
+    /// identity before it signals).
+    fn drop(&mut self) {
+        use rampart_core::Isolation as _;
+        if let Ok(tier) = FakeTier::from_config(&self.cfg) {
+            for id in tier.leftovers().unwrap_or_default() {
+                let _ = tier.destroy(&id);
+            }
+        }
     }
 }
 
@@ -158,64 +234,51 @@ impl Resp {
     }
 }
 
-async fn call(
-    app: &axum::Router,
-    method: Method,
-    uri: &str,
-    ct: Option<&str>,
-    body: &[u8],
-) -> Resp {
-    let mut b = Request::builder().method(method).uri(uri);
-    if let Some(ct) = ct {
-        b = b.header("content-type", ct);
-    }
-    let resp = app
-        .clone()
-        .oneshot(b.body(Body::from(body.to_vec())).unwrap())
-        .await
-        .unwrap();
-    let status = resp.status();
-    let content_type = resp
-        .headers()
-        .get("content-type")
-        .map(|v| v.to_str().unwrap().to_owned())
-        .unwrap_or_default();
-    let body = resp
-        .into_body()
-        .collect()
-        .await
-        .unwrap()
-        .to_bytes()
-        .to_vec();
-    Resp {
-        status,
-        content_type,
-        body,
-    }
-}
-
 const JSON: Option<&str> = Some("application/json");
 
-fn app() -> (axum::Router, Arc<Fake>) {
-    let fake = Arc::new(Fake::default());
-    (router_with_backend(fake.clone()), fake)
-}
-
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn health_answers_ok_with_version() {
-    let (app, _) = app();
-    let r = call(&app, Method::GET, "/health", None, b"").await;
-    assert_eq!(r.status, StatusCode::OK);
-    let v = r.json();
+    let s = Server::start().await;
+    // Open: no key needed.
+    let (status, v, _) = s.call_with(Method::GET, "/health", &[]).await;
+    assert_eq!(status, StatusCode::OK);
     assert_eq!(v["status"], "ok");
     assert_eq!(v["version"], env!("CARGO_PKG_VERSION"));
+    s.stop().await;
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_api_needs_a_key_and_a_host_naming_the_daemon() {
+    let s = Server::start().await;
+    for h in [
+        &[][..],
+        &[("authorization", "Bearer rampart_nosuchkey")][..],
+        &[("authorization", "Basic dXNlcjpwYXNz")][..],
+    ] {
+        let (status, v, _) = s.call_with(Method::GET, "/v1/sandboxes", h).await;
+        assert_eq!(status, StatusCode::UNAUTHORIZED, "{h:?}: {v}");
+        assert_eq!(v["error"]["code"], "unauthorized");
+    }
+    let (status, _, _) = s.call_with(Method::GET, "/metrics", &[]).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    let (status, v, _) = s
+        .call_with(
+            Method::GET,
+            "/v1/sandboxes",
+            &[("authorization", &s.admin), ("host", "evil.example")],
+        )
+        .await;
+    assert_eq!(status, StatusCode::MISDIRECTED_REQUEST, "{v}");
+    assert_eq!(v["error"]["code"], "misdirected_request");
+    s.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_include_the_managers_and_http_requests() {
-    let (app, _) = app();
-    call(&app, Method::GET, "/health", None, b"").await;
-    let r = call(&app, Method::GET, "/metrics", None, b"").await;
+    let s = Server::start().await;
+    s.create("{}").await;
+    s.call(Method::GET, "/health", None, b"").await;
+    let r = s.call(Method::GET, "/metrics", None, b"").await;
     assert_eq!(r.status, StatusCode::OK);
     assert!(
         r.content_type.starts_with("text/plain"),
@@ -228,17 +291,22 @@ async fn metrics_include_the_managers_and_http_requests() {
         "{text}"
     );
     assert!(
+        text.contains("rampart_sandbox_creates_total{result=\"ok\"} 1"),
+        "{text}"
+    );
+    assert!(
         text.contains(
             "rampart_http_requests_total{method=\"GET\",route=\"/health\",status=\"200\"}"
         ),
         "{text}"
     );
+    s.stop().await;
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn openapi_lists_every_path() {
-    let (app, _) = app();
-    let r = call(&app, Method::GET, "/v1/openapi.json", None, b"").await;
+    let s = Server::start().await;
+    let r = s.call(Method::GET, "/v1/openapi.json", None, b"").await;
     assert_eq!(r.status, StatusCode::OK);
     let v = r.json();
     assert!(v["openapi"].as_str().unwrap().starts_with("3."));
@@ -267,7 +335,7 @@ async fn openapi_lists_every_path() {
     ] {
         assert!(paths.contains_key(p), "openapi lacks {p}");
     }
-    for s in [
+    for schema in [
         "CreateSandbox",
         "SandboxInfo",
         "ExecRequest",
@@ -279,8 +347,8 @@ async fn openapi_lists_every_path() {
         "PackagePolicy",
     ] {
         assert!(
-            v["components"]["schemas"].get(s).is_some(),
-            "openapi lacks schema {s}"
+            v["components"]["schemas"].get(schema).is_some(),
+            "openapi lacks schema {schema}"
         );
     }
     // How to authenticate: a bearer key or X-API-Key everywhere but /health.
@@ -297,191 +365,183 @@ async fn openapi_lists_every_path() {
         v["paths"]["/health"]["get"]["security"],
         serde_json::json!([{}])
     );
+    s.stop().await;
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn create_answers_201_and_maps_core_errors() {
-    let (app, _) = app();
-    let r = call(
-        &app,
-        Method::POST,
-        "/v1/sandboxes",
-        JSON,
-        br#"{"metadata":{"a":"1"}}"#,
-    )
-    .await;
-    assert_eq!(r.status, StatusCode::CREATED);
-    assert_eq!(r.json()["metadata"]["a"], "1");
-    let m = call(
-        &app,
-        Method::POST,
-        "/v1/sandboxes",
-        JSON,
-        br#"{"limits":{"memory_bytes":4294967296}}"#,
-    )
-    .await
-    .error(422, "limit_exceeded");
+    // Room for one sandbox: the second create is refused for capacity.
+    let s = Server::start_with(|c| c.max_sandboxes = 1).await;
+    let made = s.create(r#"{"metadata":{"a":"1"}}"#).await;
+    assert_eq!(made["metadata"]["a"], "1");
+    assert_eq!(made["state"], "running");
+    let max = s.cfg.max_limits.memory_bytes;
+    let m = s
+        .call(
+            Method::POST,
+            "/v1/sandboxes",
+            JSON,
+            format!(r#"{{"limits":{{"memory_bytes":{}}}}}"#, max + (1 << 20)).as_bytes(),
+        )
+        .await
+        .error(422, "limit_exceeded");
     assert!(m.contains("memory_bytes"), "{m}");
-    call(
-        &app,
-        Method::POST,
-        "/v1/sandboxes",
-        JSON,
-        br#"{"template":"full"}"#,
-    )
-    .await
-    .error(503, "capacity");
+    let m = s
+        .call(Method::POST, "/v1/sandboxes", JSON, b"{}")
+        .await
+        .error(503, "capacity");
+    assert!(m.contains("1 sandboxes are alive"), "{m}");
+    // Room again once it is gone.
+    let id = made["id"].as_str().unwrap();
+    let r = s
+        .call(Method::DELETE, &format!("/v1/sandboxes/{id}"), None, b"")
+        .await;
+    assert_eq!(r.status, StatusCode::OK);
+    s.create("{}").await;
+    s.stop().await;
 }
 
-#[tokio::test]
-async fn persistence_on_a_backend_without_it_is_a_503() {
-    let (app, _) = app();
-    for (m, uri, body) in [
-        (Method::GET, "/v1/snapshots", &b""[..]),
-        (Method::GET, "/v1/volumes", b""),
-        (
-            Method::POST,
-            "/v1/volumes",
-            br#"{"name":"v","size_mib":64}"#,
-        ),
-        (Method::DELETE, "/v1/snapshots/s", b""),
-    ] {
-        let r = call(&app, m, uri, Some("application/json"), body).await;
-        assert_eq!(r.status, StatusCode::SERVICE_UNAVAILABLE, "{uri}");
-        assert_eq!(r.json()["error"]["code"], "unsupported");
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn persistence_on_the_fake_tier() {
+    let s = Server::start().await;
+    for uri in ["/v1/snapshots", "/v1/volumes"] {
+        let r = s.call(Method::GET, uri, None, b"").await;
+        assert_eq!(r.status, StatusCode::OK, "{uri}");
+        assert_eq!(r.json(), serde_json::json!([]), "{uri}");
     }
-    // Bodies are checked first: unknown fields are refused.
-    let r = call(
-        &app,
+    // The fake tier has no store: no volumes.
+    s.call(
         Method::POST,
         "/v1/volumes",
-        Some("application/json"),
+        JSON,
+        br#"{"name":"v","size_mib":64}"#,
+    )
+    .await
+    .error(503, "unsupported");
+    s.call(Method::DELETE, "/v1/snapshots/s", None, b"")
+        .await
+        .error(404, "not_found");
+    // Bodies are checked first: unknown fields are refused.
+    s.call(
+        Method::POST,
+        "/v1/volumes",
+        JSON,
         br#"{"name":"v","size_mib":64,"quota":1}"#,
     )
-    .await;
-    assert_eq!(r.status, StatusCode::BAD_REQUEST);
+    .await
+    .error(400, "bad_request");
+    s.stop().await;
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_json_is_a_400_naming_the_field() {
-    let (app, _) = app();
-    let m = call(
-        &app,
-        Method::POST,
-        "/v1/sandboxes",
-        JSON,
-        br#"{"templat":"base"}"#,
-    )
-    .await
-    .error(400, "bad_request");
+    let s = Server::start().await;
+    let m = s
+        .call(
+            Method::POST,
+            "/v1/sandboxes",
+            JSON,
+            br#"{"templat":"base"}"#,
+        )
+        .await
+        .error(400, "bad_request");
     assert!(m.contains("templat"), "{m}");
-    let m = call(
-        &app,
-        Method::POST,
-        "/v1/sandboxes",
-        JSON,
-        br#"{"limits":{"cpus":"two"}}"#,
-    )
-    .await
-    .error(400, "bad_request");
+    let m = s
+        .call(
+            Method::POST,
+            "/v1/sandboxes",
+            JSON,
+            br#"{"limits":{"cpus":"two"}}"#,
+        )
+        .await
+        .error(400, "bad_request");
     assert!(m.contains("limits.cpus"), "{m}");
-    call(&app, Method::POST, "/v1/sandboxes", JSON, b"{not json")
+    s.call(Method::POST, "/v1/sandboxes", JSON, b"{not json")
         .await
         .error(400, "bad_request");
-    call(&app, Method::POST, "/v1/sandboxes", JSON, b"")
+    s.call(Method::POST, "/v1/sandboxes", JSON, b"")
         .await
         .error(400, "bad_request");
-    call(&app, Method::POST, "/v1/sandboxes", JSON, b"[]")
+    s.call(Method::POST, "/v1/sandboxes", JSON, b"[]")
         .await
         .error(400, "bad_request");
-    let m = call(
-        &app,
-        Method::POST,
-        "/v1/sandboxes/known/timeout",
-        JSON,
-        b"{}",
-    )
-    .await
-    .error(400, "bad_request");
+    let id = s.create("{}").await["id"].as_str().unwrap().to_owned();
+    let timeout = format!("/v1/sandboxes/{id}/timeout");
+    let m = s
+        .call(Method::POST, &timeout, JSON, b"{}")
+        .await
+        .error(400, "bad_request");
     assert!(m.contains("timeout_secs"), "{m}");
-    let m = call(
-        &app,
-        Method::POST,
-        "/v1/sandboxes/known/timeout",
-        JSON,
-        br#"{"timeout_secs":-1}"#,
-    )
-    .await
-    .error(400, "bad_request");
+    let m = s
+        .call(Method::POST, &timeout, JSON, br#"{"timeout_secs":-1}"#)
+        .await
+        .error(400, "bad_request");
     assert!(m.contains("timeout_secs"), "{m}");
+    let r = s
+        .call(Method::POST, &timeout, JSON, br#"{"timeout_secs":5}"#)
+        .await;
+    assert_eq!(r.status, StatusCode::OK);
+    s.stop().await;
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn json_needs_its_content_type_and_a_bounded_size() {
-    let (app, _) = app();
-    call(
-        &app,
-        Method::POST,
-        "/v1/sandboxes",
-        Some("text/plain"),
-        b"{}",
-    )
-    .await
-    .error(415, "unsupported_media_type");
-    call(&app, Method::POST, "/v1/sandboxes", None, b"{}")
+    let s = Server::start().await;
+    s.call(Method::POST, "/v1/sandboxes", Some("text/plain"), b"{}")
+        .await
+        .error(415, "unsupported_media_type");
+    s.call(Method::POST, "/v1/sandboxes", None, b"{}")
         .await
         .error(415, "unsupported_media_type");
     let mut big = br#"{"template":""#.to_vec();
     big.extend(std::iter::repeat_n(b'a', 2 << 20));
     big.extend(br#""}"#);
-    call(&app, Method::POST, "/v1/sandboxes", JSON, &big)
+    s.call(Method::POST, "/v1/sandboxes", JSON, &big)
         .await
         .error(413, "too_large");
     // An exec may carry up to 16 MiB (stdin).
+    let id = s.create("{}").await["id"].as_str().unwrap().to_owned();
+    let exec_uri = format!("/v1/sandboxes/{id}/exec");
     let exec = |n: usize| {
-        let mut b = br#"{"cmd":["cat"],"stdin":""#.to_vec();
+        let mut b = br#"{"cmd":["wc","-c"],"stdin":""#.to_vec();
         b.extend(std::iter::repeat_n(b'a', n));
         b.extend(br#""}"#);
         b
     };
-    call(
-        &app,
-        Method::POST,
-        "/v1/sandboxes/known/exec",
-        JSON,
-        &exec(2 << 20),
-    )
-    .await
-    .error(500, "internal");
-    call(
-        &app,
-        Method::POST,
-        "/v1/sandboxes/known/exec",
-        JSON,
-        &exec(17 << 20),
-    )
-    .await
-    .error(413, "too_large");
+    let r = s.call(Method::POST, &exec_uri, JSON, &exec(2 << 20)).await;
+    assert_eq!(
+        r.status,
+        StatusCode::OK,
+        "{}",
+        String::from_utf8_lossy(&r.body)
+    );
+    let v = r.json();
+    assert_eq!(v["exit_code"], 0, "{v}");
+    assert_eq!(v["stdout"].as_str().unwrap().trim(), "2097152", "{v}");
+    s.call(Method::POST, &exec_uri, JSON, &exec(17 << 20))
+        .await
+        .error(413, "too_large");
+    s.stop().await;
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sandbox_ids_are_validated_and_unknown_ones_are_404() {
-    let (app, _) = app();
-    let m = call(&app, Method::GET, "/v1/sandboxes/NOT-VALID", None, b"")
+    let s = Server::start().await;
+    let m = s
+        .call(Method::GET, "/v1/sandboxes/NOT-VALID", None, b"")
         .await
         .error(400, "bad_request");
     assert!(m.starts_with("id:"), "{m}");
-    call(&app, Method::GET, "/v1/sandboxes/%2e%2e", None, b"")
+    s.call(Method::GET, "/v1/sandboxes/%2e%2e", None, b"")
         .await
         .error(400, "bad_request");
-    call(&app, Method::GET, "/v1/sandboxes/nosuch", None, b"")
+    s.call(Method::GET, "/v1/sandboxes/nosuch", None, b"")
         .await
         .error(404, "not_found");
-    call(&app, Method::DELETE, "/v1/sandboxes/nosuch", None, b"")
+    s.call(Method::DELETE, "/v1/sandboxes/nosuch", None, b"")
         .await
         .error(404, "not_found");
-    call(
-        &app,
+    s.call(
         Method::POST,
         "/v1/sandboxes/nosuch/timeout",
         JSON,
@@ -489,98 +549,108 @@ async fn sandbox_ids_are_validated_and_unknown_ones_are_404() {
     )
     .await
     .error(404, "not_found");
-    call(
-        &app,
+    let stopped = s.destroyed().await;
+    s.call(
         Method::POST,
-        "/v1/sandboxes/stopped/timeout",
+        &format!("/v1/sandboxes/{stopped}/timeout"),
         JSON,
         br#"{"timeout_secs":5}"#,
     )
     .await
     .error(409, "conflict");
-    let r = call(&app, Method::GET, "/v1/sandboxes/known", None, b"").await;
+    let known = s.create("{}").await["id"].as_str().unwrap().to_owned();
+    let r = s
+        .call(Method::GET, &format!("/v1/sandboxes/{known}"), None, b"")
+        .await;
     assert_eq!(r.status, StatusCode::OK);
-    assert_eq!(r.json()["id"], "known");
+    assert_eq!(r.json()["id"], known.as_str());
+    assert_eq!(r.json()["state"], "running");
+    s.stop().await;
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn list_filters_are_parsed_and_checked() {
-    let (app, fake) = app();
-    let r = call(
-        &app,
-        Method::GET,
-        "/v1/sandboxes?state=running&metadata=a%3D1&metadata.b=2",
-        None,
-        b"",
-    )
-    .await;
+    let s = Server::start().await;
+    let both = s.create(r#"{"metadata":{"a":"1","b":"2"}}"#).await["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    s.create(r#"{"metadata":{"a":"1","b":"3"}}"#).await;
+    s.create("{}").await;
+    let r = s
+        .call(
+            Method::GET,
+            "/v1/sandboxes?state=running&metadata=a%3D1&metadata.b=2",
+            None,
+            b"",
+        )
+        .await;
     assert_eq!(r.status, StatusCode::OK);
-    assert_eq!(r.json().as_array().unwrap().len(), 1);
-    let (state, md) = fake.last_list.lock().unwrap().clone().unwrap();
-    assert_eq!(state, Some(SandboxState::Running));
-    assert_eq!(md.get("a").unwrap(), "1");
-    assert_eq!(md.get("b").unwrap(), "2");
-    let m = call(&app, Method::GET, "/v1/sandboxes?state=zombie", None, b"")
+    let v = r.json();
+    let found = v.as_array().unwrap();
+    assert_eq!(found.len(), 1, "{v}");
+    assert_eq!(found[0]["id"], both.as_str());
+    // Each filter applies: the metadata one alone matches two, the state one none.
+    let r = s
+        .call(Method::GET, "/v1/sandboxes?metadata=a%3D1", None, b"")
+        .await;
+    assert_eq!(r.json().as_array().unwrap().len(), 2);
+    let r = s
+        .call(
+            Method::GET,
+            "/v1/sandboxes?state=paused&metadata.b=2",
+            None,
+            b"",
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::OK);
+    assert_eq!(r.json(), serde_json::json!([]));
+    let m = s
+        .call(Method::GET, "/v1/sandboxes?state=zombie", None, b"")
         .await
         .error(400, "bad_request");
     assert!(m.starts_with("state"), "{m}");
-    call(&app, Method::GET, "/v1/sandboxes?limit=3", None, b"")
+    s.call(Method::GET, "/v1/sandboxes?limit=3", None, b"")
         .await
         .error(400, "bad_request");
-    call(
-        &app,
-        Method::GET,
-        "/v1/sandboxes?metadata=novalue",
-        None,
-        b"",
-    )
-    .await
-    .error(400, "bad_request");
+    s.call(Method::GET, "/v1/sandboxes?metadata=novalue", None, b"")
+        .await
+        .error(400, "bad_request");
+    s.stop().await;
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn exec_input_is_validated() {
-    let (app, _) = app();
-    let m = call(
-        &app,
-        Method::POST,
-        "/v1/sandboxes/known/exec",
-        JSON,
-        br#"{"cmd":[]}"#,
-    )
-    .await
-    .error(400, "bad_request");
-    assert!(m.starts_with("cmd"), "{m}");
-    let m = call(
-        &app,
-        Method::POST,
-        "/v1/sandboxes/known/exec",
-        JSON,
-        br#"{"cmd":["ls"],"tty":"big"}"#,
-    )
-    .await
-    .error(400, "bad_request");
-    assert!(m.starts_with("tty"), "{m}");
-    call(
-        &app,
-        Method::POST,
-        "/v1/sandboxes/known/exec",
-        JSON,
-        br#"{"command":"ls"}"#,
-    )
-    .await
-    .error(400, "bad_request");
-    call(
-        &app,
-        Method::POST,
-        "/v1/sandboxes/known/exec",
-        JSON,
-        br#"{"cmd":["ls"],"max_output_bytes":1099511627776}"#,
-    )
-    .await
-    .error(422, "limit_exceeded");
-    call(
-        &app,
+    let s = Server::start().await;
+    let known = s.create("{}").await["id"].as_str().unwrap().to_owned();
+    let stopped = s.destroyed().await;
+    // The request is checked before the sandbox is looked up: the same answers for a
+    // running sandbox and for one that does not exist.
+    for id in [known.as_str(), "nosuch"] {
+        let uri = format!("/v1/sandboxes/{id}/exec");
+        let m = s
+            .call(Method::POST, &uri, JSON, br#"{"cmd":[]}"#)
+            .await
+            .error(400, "bad_request");
+        assert!(m.starts_with("cmd"), "{id}: {m}");
+        let m = s
+            .call(Method::POST, &uri, JSON, br#"{"cmd":["ls"],"tty":"big"}"#)
+            .await
+            .error(400, "bad_request");
+        assert!(m.starts_with("tty"), "{id}: {m}");
+        s.call(Method::POST, &uri, JSON, br#"{"command":"ls"}"#)
+            .await
+            .error(400, "bad_request");
+        s.call(
+            Method::POST,
+            &uri,
+            JSON,
+            br#"{"cmd":["ls"],"max_output_bytes":1099511627776}"#,
+        )
+        .await
+        .error(422, "limit_exceeded");
+    }
+    s.call(
         Method::POST,
         "/v1/sandboxes/nosuch/exec",
         JSON,
@@ -588,103 +658,65 @@ async fn exec_input_is_validated() {
     )
     .await
     .error(404, "not_found");
-    call(
-        &app,
+    s.call(
         Method::POST,
-        "/v1/sandboxes/stopped/exec",
+        &format!("/v1/sandboxes/{stopped}/exec"),
         JSON,
         br#"{"cmd":["ls"]}"#,
     )
     .await
     .error(409, "conflict");
     // Not a WebSocket handshake.
-    call(&app, Method::GET, "/v1/sandboxes/known/exec/ws", None, b"")
-        .await
-        .error(400, "bad_request");
+    s.call(
+        Method::GET,
+        &format!("/v1/sandboxes/{known}/exec/ws"),
+        None,
+        b"",
+    )
+    .await
+    .error(400, "bad_request");
+    s.stop().await;
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn file_endpoints_check_their_input() {
-    let (app, _) = app();
-    let m = call(&app, Method::GET, "/v1/sandboxes/known/files", None, b"")
+    let s = Server::start().await;
+    let known = s.create("{}").await["id"].as_str().unwrap().to_owned();
+    let stopped = s.destroyed().await;
+    let k = format!("/v1/sandboxes/{known}");
+    let m = s
+        .call(Method::GET, &format!("{k}/files"), None, b"")
         .await
         .error(400, "bad_request");
     assert!(m.contains("path"), "{m}");
-    call(
-        &app,
-        Method::GET,
-        "/v1/sandboxes/known/files?path=",
-        None,
-        b"",
-    )
-    .await
-    .error(400, "bad_request");
-    call(
-        &app,
-        Method::GET,
-        "/v1/sandboxes/known/files?path=/a&mode=x",
-        None,
-        b"",
-    )
-    .await
-    .error(400, "bad_request");
-    call(
-        &app,
-        Method::GET,
-        "/v1/sandboxes/known/files/stat?path=/a%00b",
-        None,
-        b"",
-    )
-    .await
-    .error(400, "bad_request");
-    let m = call(
-        &app,
-        Method::GET,
-        "/v1/sandboxes/known/files/list?path=/&depth=0",
-        None,
-        b"",
-    )
-    .await
-    .error(400, "bad_request");
+    for (m, uri, body) in [
+        (Method::GET, format!("{k}/files?path="), &b""[..]),
+        (Method::GET, format!("{k}/files?path=/a&mode=x"), b""),
+        (Method::GET, format!("{k}/files/stat?path=/a%00b"), b""),
+        (Method::GET, format!("{k}/files/list?path=/&depth=x"), b""),
+        (Method::POST, format!("{k}/files/mkdir"), br#"{"dir":"/a"}"#),
+        (Method::POST, format!("{k}/files/move"), br#"{"from":"/a"}"#),
+        (
+            Method::GET,
+            format!("{k}/files/watch?path=/&recursive=maybe"),
+            b"",
+        ),
+    ] {
+        let ct = (m == Method::POST).then_some("application/json");
+        let r = s.call(m.clone(), &uri, ct, body).await;
+        r.error(400, "bad_request");
+    }
+    let m = s
+        .call(
+            Method::GET,
+            &format!("{k}/files/list?path=/&depth=0"),
+            None,
+            b"",
+        )
+        .await
+        .error(400, "bad_request");
     assert!(m.starts_with("depth"), "{m}");
-    call(
-        &app,
-        Method::GET,
-        "/v1/sandboxes/known/files/list?path=/&depth=x",
-        None,
-        b"",
-    )
-    .await
-    .error(400, "bad_request");
-    call(
-        &app,
-        Method::POST,
-        "/v1/sandboxes/known/files/mkdir",
-        JSON,
-        br#"{"dir":"/a"}"#,
-    )
-    .await
-    .error(400, "bad_request");
-    call(
-        &app,
-        Method::POST,
-        "/v1/sandboxes/known/files/move",
-        JSON,
-        br#"{"from":"/a"}"#,
-    )
-    .await
-    .error(400, "bad_request");
-    call(
-        &app,
-        Method::GET,
-        "/v1/sandboxes/known/files/watch?path=/&recursive=maybe",
-        None,
-        b"",
-    )
-    .await
-    .error(400, "bad_request");
-    call(
-        &app,
+    s.call(
         Method::PUT,
         "/v1/sandboxes/nosuch/files?path=/a",
         None,
@@ -692,8 +724,7 @@ async fn file_endpoints_check_their_input() {
     )
     .await
     .error(404, "not_found");
-    call(
-        &app,
+    s.call(
         Method::DELETE,
         "/v1/sandboxes/nosuch/files?path=/a",
         None,
@@ -701,247 +732,292 @@ async fn file_endpoints_check_their_input() {
     )
     .await
     .error(404, "not_found");
-    call(
-        &app,
+    s.call(
         Method::GET,
-        "/v1/sandboxes/stopped/files?path=/a",
+        &format!("/v1/sandboxes/{stopped}/files?path=/a"),
         None,
         b"",
     )
     .await
     .error(409, "conflict");
+    s.stop().await;
 }
 
-#[tokio::test]
-async fn unknown_routes_methods_and_panics_answer_json() {
-    let (app, _) = app();
-    call(&app, Method::GET, "/v2/nothing", None, b"")
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unknown_routes_and_methods_answer_json() {
+    let s = Server::start().await;
+    s.call(Method::GET, "/v2/nothing", None, b"")
         .await
         .error(404, "not_found");
-    call(&app, Method::PATCH, "/v1/sandboxes", None, b"")
+    s.call(Method::PATCH, "/v1/sandboxes", None, b"")
         .await
         .error(405, "method_not_allowed");
-    call(&app, Method::GET, "/v1/sandboxes/panics", None, b"")
-        .await
-        .error(500, "internal");
-    // The server still answers after a panic.
-    let r = call(&app, Method::GET, "/health", None, b"").await;
+    let r = s.call(Method::GET, "/health", None, b"").await;
     assert_eq!(r.status, StatusCode::OK);
+    s.stop().await;
 }
 
-/// A request with headers; the answer's status, `set-cookie` and JSON body (or null).
-async fn call_with(
-    app: &axum::Router,
-    method: Method,
-    uri: &str,
-    headers: &[(&str, &str)],
-) -> (StatusCode, Value) {
-    let mut b = Request::builder().method(method).uri(uri);
-    for (k, v) in headers {
-        b = b.header(*k, *v);
-    }
-    let resp = app
-        .clone()
-        .oneshot(b.body(Body::empty()).unwrap())
-        .await
-        .unwrap();
-    let status = resp.status();
-    let body = resp.into_body().collect().await.unwrap().to_bytes();
-    (status, serde_json::from_slice(&body).unwrap_or(Value::Null))
+/// A server "inside" a sandboxes (the fake tier's agents share the host's network): answers
+/// every request with `inside <path and query>`. Its port.
+async fn server_inside() -> u16 {
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = l.local_addr().unwrap().port();
+    let app = axum::Router::new().fallback(|uri: axum::http::Uri| async move {
+        format!(
+            "inside {}",
+            uri.path_and_query().map(|p| p.as_str()).unwrap_or("")
+        )
+    });
+    tokio::spawn(async move { axum::serve(l, app).await });
+    port
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn exposed_ports_need_the_sandboxs_token_unless_public() {
-    let (app, _) = app();
-    let r = call(&app, Method::POST, "/v1/sandboxes", JSON, b"{}").await;
-    assert_eq!(r.status, StatusCode::CREATED);
-    let made = r.json()["access_token"].as_str().unwrap().to_owned();
+    let s = Server::start().await;
+    let p = server_inside().await;
+    let other = s.create("{}").await;
+    let made = other["access_token"].as_str().unwrap().to_owned();
     assert_eq!(made.len(), 64);
-    let r = call(
-        &app,
-        Method::POST,
-        "/v1/sandboxes",
-        JSON,
-        br#"{"public_ports":[0]}"#,
-    )
-    .await;
+    let r = s
+        .call(
+            Method::POST,
+            "/v1/sandboxes",
+            JSON,
+            br#"{"public_ports":[0]}"#,
+        )
+        .await;
     assert!(r.error(400, "bad_request").starts_with("public_ports"));
-    let (s, v) = call_with(&app, Method::GET, "/v1/sandboxes/known", &[]).await;
-    assert_eq!(s, StatusCode::OK);
+    let known = s.create("{}").await["id"].as_str().unwrap().to_owned();
+    let admin = ("authorization", s.admin.as_str());
+    let (st, v, _) = s
+        .call_with(Method::GET, &format!("/v1/sandboxes/{known}"), &[admin])
+        .await;
+    assert_eq!(st, StatusCode::OK);
     let token = v["access_token"].as_str().unwrap().to_owned();
     assert_ne!(token, made);
 
-    let path = "/v1/sandboxes/known/ports/8000/x?y=1";
-    let host = [("host", "8000-known.localhost:3000")];
-    for (uri, h) in [(path, &[][..]), ("/x", &host[..])] {
-        let (s, v) = call_with(&app, Method::GET, uri, h).await;
-        assert_eq!(s, StatusCode::UNAUTHORIZED, "{uri}: {v}");
+    let path = format!("/v1/sandboxes/{known}/ports/{p}/x?y=1");
+    let host_form = format!("{p}-{known}.localhost:3000");
+    let host = [("host", host_form.as_str())];
+    for (uri, h) in [(path.as_str(), &[][..]), ("/x?y=1", &host[..])] {
+        let (st, v, _) = s.call_with(Method::GET, uri, h).await;
+        assert_eq!(st, StatusCode::UNAUTHORIZED, "{uri}: {v}");
         assert_eq!(v["error"]["code"], "unauthorized");
+        // Another sandbox's token is not this sandbox's.
         let mut wrong = h.to_vec();
         wrong.push(("x-rampart-token", &made));
-        let (s, v) = call_with(&app, Method::GET, uri, &wrong).await;
-        assert_eq!(s, StatusCode::FORBIDDEN, "{uri}: {v}");
-        // The right token passes; this stand-in has no agent to tunnel through.
+        let (st, v, _) = s.call_with(Method::GET, uri, &wrong).await;
+        assert_eq!(st, StatusCode::FORBIDDEN, "{uri}: {v}");
+        // Nor is the admin's API key a sandbox's token: it is not even taken for one.
+        let mut key = h.to_vec();
+        key.push(admin);
+        let (st, v, _) = s.call_with(Method::GET, uri, &key).await;
+        assert_eq!(st, StatusCode::UNAUTHORIZED, "{uri}: {v}");
+        // The right token passes, to the server inside.
         let bearer = format!("Bearer {token}");
         let mut right = h.to_vec();
         right.push(("authorization", &bearer));
-        let (s, v) = call_with(&app, Method::GET, uri, &right).await;
-        assert_eq!(s, StatusCode::INTERNAL_SERVER_ERROR, "{uri}: {v}");
-        assert!(v["error"]["message"]
-            .as_str()
-            .unwrap()
-            .contains("no agents"));
+        let (st, _, body) = s.call_with(Method::GET, uri, &right).await;
+        assert_eq!(
+            st,
+            StatusCode::OK,
+            "{uri}: {}",
+            String::from_utf8_lossy(&body)
+        );
+        assert_eq!(String::from_utf8_lossy(&body), "inside /x?y=1", "{uri}");
     }
     // A web page (a sandbox's own, through either form, or any site) cannot open a port:
-    // its body-less POST is a simple cross-origin request the browser sends unasked.
-    for origin in [
-        ("origin", "null"),
-        ("origin", "http://8000-known.localhost:3000"),
-    ] {
+    // its body-less POST is a simple cross-origin request the browser sends unasked (even
+    // when the browser holds a key).
+    let public = format!("/v1/sandboxes/{known}/ports/{p}/public");
+    let sandbox_origin = format!("http://{p}-{known}.localhost:3000");
+    for origin in [("origin", "null"), ("origin", sandbox_origin.as_str())] {
         for m in [Method::POST, Method::DELETE] {
-            let (s, v) = call_with(
-                &app,
-                m.clone(),
-                "/v1/sandboxes/known/ports/8000/public",
-                &[origin],
-            )
-            .await;
-            assert_eq!(s, StatusCode::FORBIDDEN, "{m} {origin:?}: {v}");
+            let (st, v, _) = s.call_with(m.clone(), &public, &[origin, admin]).await;
+            assert_eq!(st, StatusCode::FORBIDDEN, "{m} {origin:?}: {v}");
         }
     }
-    let (s, _) = call_with(&app, Method::GET, path, &[]).await;
-    assert_eq!(s, StatusCode::UNAUTHORIZED, "still private");
+    let (st, _, _) = s.call_with(Method::GET, &path, &[]).await;
+    assert_eq!(st, StatusCode::UNAUTHORIZED, "still private");
     // Nor change anything else through the API (a body-less POST such as pause, or a form
     // post); what goes to a sandbox's port is its server's business (here: no token, 401).
     for uri in [
-        "/v1/sandboxes/known/pause",
-        "/v1/sandboxes/known/resume",
-        "/v1/sandboxes",
+        format!("/v1/sandboxes/{known}/pause"),
+        format!("/v1/sandboxes/{known}/resume"),
+        "/v1/sandboxes".to_owned(),
     ] {
-        let (s, v) = call_with(&app, Method::POST, uri, &[("sec-fetch-site", "same-site")]).await;
-        assert_eq!(s, StatusCode::FORBIDDEN, "{uri}: {v}");
+        let (st, v, _) = s
+            .call_with(
+                Method::POST,
+                &uri,
+                &[("sec-fetch-site", "same-site"), admin],
+            )
+            .await;
+        assert_eq!(st, StatusCode::FORBIDDEN, "{uri}: {v}");
     }
-    let (s, v) = call_with(&app, Method::POST, path, &[("origin", "null")]).await;
-    assert_eq!(s, StatusCode::UNAUTHORIZED, "{v}");
-    let (s, _) = call_with(
-        &app,
-        Method::GET,
-        "/v1/sandboxes/known",
-        &[("origin", "null")],
-    )
-    .await;
-    assert_eq!(
-        s,
-        StatusCode::OK,
-        "reads are left to the browser's same-origin policy"
-    );
-    // Public: no token needed (and the listing says so).
-    let (s, v) = call_with(
-        &app,
-        Method::POST,
-        "/v1/sandboxes/known/ports/8000/public",
-        &[("host", "h:9")],
-    )
-    .await;
-    assert_eq!(s, StatusCode::OK);
-    assert_eq!(v["public"], true);
-    assert_eq!(v["host_url"], "http://8000-known.localhost:9/");
-    let (s, _) = call_with(&app, Method::GET, path, &[]).await;
-    assert_eq!(s, StatusCode::INTERNAL_SERVER_ERROR);
-    let (s, v) = call_with(
-        &app,
-        Method::GET,
-        "/v1/sandboxes/known/ports",
-        &[("host", "h:9")],
-    )
-    .await;
-    assert_eq!(s, StatusCode::OK);
-    assert_eq!(v["ports"][0]["port"], 8000);
-    assert_eq!(
-        v["ports"][0]["url"],
-        "http://h:9/v1/sandboxes/known/ports/8000/"
-    );
-    let (s, _) = call_with(
-        &app,
-        Method::DELETE,
-        "/v1/sandboxes/known/ports/8000/public",
-        &[],
-    )
-    .await;
-    assert_eq!(s, StatusCode::OK);
-    let (s, _) = call_with(&app, Method::GET, path, &[]).await;
-    assert_eq!(s, StatusCode::UNAUTHORIZED);
-
-    // Bad ports, unknown sandboxes, other hosts.
-    for p in ["0", "65536", "http"] {
-        let (s, _) = call_with(
-            &app,
+    let (st, v, _) = s
+        .call_with(Method::POST, &path, &[("origin", "null")])
+        .await;
+    assert_eq!(st, StatusCode::UNAUTHORIZED, "{v}");
+    let (st, v, _) = s
+        .call_with(
             Method::GET,
-            &format!("/v1/sandboxes/known/ports/{p}/"),
-            &[],
+            &format!("/v1/sandboxes/{known}"),
+            &[("origin", "null"), admin],
         )
         .await;
-        assert_eq!(s, StatusCode::BAD_REQUEST, "{p}");
-    }
-    let (s, _) = call_with(&app, Method::GET, "/v1/sandboxes/nope/ports/80/", &[]).await;
-    assert_eq!(s, StatusCode::NOT_FOUND);
-    let (s, _) = call_with(
-        &app,
-        Method::GET,
-        "/health",
-        &[("host", "8000-known.example.com")],
-    )
-    .await;
-    assert_eq!(s, StatusCode::OK);
+    assert_eq!(
+        st,
+        StatusCode::OK,
+        "reads are left to the browser's same-origin policy: {v}"
+    );
+    assert_eq!(v["state"], "running", "not paused: {v}");
+    // Public: no token needed (and the listing says so).
+    let proxy_host = format!("{PROXY_HOST}:9");
+    let (st, v, _) = s
+        .call_with(
+            Method::POST,
+            &public,
+            &[("host", proxy_host.as_str()), admin],
+        )
+        .await;
+    assert_eq!(st, StatusCode::OK, "{v}");
+    assert_eq!(v["public"], true);
+    assert_eq!(v["host_url"], format!("http://{p}-{known}.localhost:9/"));
+    let (st, _, body) = s.call_with(Method::GET, &path, &[]).await;
+    assert_eq!(st, StatusCode::OK);
+    assert_eq!(String::from_utf8_lossy(&body), "inside /x?y=1");
+    let (st, v, _) = s
+        .call_with(
+            Method::GET,
+            &format!("/v1/sandboxes/{known}/ports"),
+            &[("host", proxy_host.as_str()), admin],
+        )
+        .await;
+    assert_eq!(st, StatusCode::OK, "{v}");
+    let listed = v["ports"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["port"] == p)
+        .unwrap_or_else(|| panic!("port {p} not listed: {v}"));
+    assert_eq!(listed["public"], true, "{v}");
+    assert_eq!(
+        listed["url"],
+        format!("http://{PROXY_HOST}:9/v1/sandboxes/{known}/ports/{p}/")
+    );
+    let (st, _, _) = s.call_with(Method::DELETE, &public, &[admin]).await;
+    assert_eq!(st, StatusCode::OK);
+    let (st, _, _) = s.call_with(Method::GET, &path, &[]).await;
+    assert_eq!(st, StatusCode::UNAUTHORIZED);
 
-    let r = call(&app, Method::GET, "/v1/openapi.json", None, b"").await;
-    let v = r.json();
-    for p in [
+    // Bad ports, unknown sandboxes, other hosts.
+    for bad in ["0", "65536", "http"] {
+        let (st, _, _) = s
+            .call_with(
+                Method::GET,
+                &format!("/v1/sandboxes/{known}/ports/{bad}/"),
+                &[],
+            )
+            .await;
+        assert_eq!(st, StatusCode::BAD_REQUEST, "{bad}");
+    }
+    let (st, _, _) = s
+        .call_with(Method::GET, "/v1/sandboxes/nope/ports/80/", &[])
+        .await;
+    assert_eq!(st, StatusCode::NOT_FOUND);
+    // Host routing to a port is under the configured domain only: another domain's
+    // `{port}-{id}` name is the E2B envd proxy's, which knows only sandboxes made through
+    // the E2B API (502 "not found", as E2B's edge), so this sandbox's port is not reached,
+    // even with its token.
+    let other_domain = format!("{p}-{known}.example.com");
+    let bearer = format!("Bearer {token}");
+    let (st, v, body) = s
+        .call_with(
+            Method::GET,
+            "/health",
+            &[
+                ("host", other_domain.as_str()),
+                ("authorization", bearer.as_str()),
+            ],
+        )
+        .await;
+    assert_eq!(st, StatusCode::BAD_GATEWAY, "{v}");
+    assert_eq!(v["message"], "The sandbox was not found", "{v}");
+    assert!(!String::from_utf8_lossy(&body).contains("inside"));
+    // Any other name is no route at all.
+    let (st, v, _) = s
+        .call_with(Method::GET, "/health", &[("host", "www.example.com")])
+        .await;
+    assert_eq!(st, StatusCode::OK, "{v}");
+    assert_eq!(v["status"], "ok");
+
+    let v = s
+        .call(Method::GET, "/v1/openapi.json", None, b"")
+        .await
+        .json();
+    for doc in [
         "/v1/sandboxes/{id}/ports",
         "/v1/sandboxes/{id}/ports/{port}/public",
         "/v1/sandboxes/{id}/ports/{port}/{path}",
     ] {
-        assert!(v["paths"].get(p).is_some(), "openapi lacks {p}");
+        assert!(v["paths"].get(doc).is_some(), "openapi lacks {doc}");
     }
+    s.stop().await;
 }
 
-#[tokio::test]
-async fn secrets_api_is_documented_and_a_503_without_a_manager() {
-    let (app, _) = app();
-    let v = call(&app, Method::GET, "/v1/openapi.json", None, b"")
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn secrets_api_is_documented_and_never_shows_a_value() {
+    let s = Server::start().await;
+    let v = s
+        .call(Method::GET, "/v1/openapi.json", None, b"")
         .await
         .json();
     for p in ["/v1/secrets", "/v1/secrets/{name}"] {
         assert!(v["paths"].get(p).is_some(), "openapi lacks {p}");
     }
-    for s in ["SecretSpec", "SecretInjection", "StoredSecretInfo"] {
+    for schema in ["SecretSpec", "SecretInjection", "StoredSecretInfo"] {
         assert!(
-            v["components"]["schemas"].get(s).is_some(),
-            "openapi lacks schema {s}"
+            v["components"]["schemas"].get(schema).is_some(),
+            "openapi lacks schema {schema}"
         );
     }
-    for (m, uri, body) in [
-        (Method::GET, "/v1/secrets", &b""[..]),
-        (
-            Method::POST,
-            "/v1/secrets",
-            br#"{"name":"tok","value":"v","hosts":["api.example.com"]}"#,
-        ),
-        (Method::DELETE, "/v1/secrets/tok", b""),
-    ] {
-        let r = call(&app, m, uri, Some("application/json"), body).await;
-        assert_eq!(r.status, StatusCode::SERVICE_UNAVAILABLE, "{uri}");
-        assert_eq!(r.json()["error"]["code"], "unsupported");
-        assert!(!String::from_utf8_lossy(&r.body).contains("\"v\""));
-    }
     // Bodies are checked first: unknown fields are refused.
-    let r = call(
-        &app,
+    s.call(
         Method::POST,
         "/v1/secrets",
-        Some("application/json"),
-        br#"{"name":"tok","value":"v","hosts":[],"secret":1}"#,
+        JSON,
+        br#"{"name":"tok","value":"s3cr3t-value","hosts":[],"secret":1}"#,
     )
-    .await;
-    assert_eq!(r.status, StatusCode::BAD_REQUEST);
+    .await
+    .error(400, "bad_request");
+    let r = s
+        .call(
+            Method::POST,
+            "/v1/secrets",
+            JSON,
+            br#"{"name":"tok","value":"s3cr3t-value","hosts":["api.example.com"]}"#,
+        )
+        .await;
+    assert_eq!(
+        r.status,
+        StatusCode::OK,
+        "{}",
+        String::from_utf8_lossy(&r.body)
+    );
+    assert_eq!(r.json()["name"], "tok");
+    assert!(!String::from_utf8_lossy(&r.body).contains("s3cr3t-value"));
+    let r = s.call(Method::GET, "/v1/secrets", None, b"").await;
+    assert_eq!(r.status, StatusCode::OK);
+    assert_eq!(r.json()[0]["name"], "tok", "{}", r.json());
+    assert!(!String::from_utf8_lossy(&r.body).contains("s3cr3t-value"));
+    let r = s.call(Method::DELETE, "/v1/secrets/tok", None, b"").await;
+    assert_eq!(r.status, StatusCode::NO_CONTENT);
+    s.call(Method::DELETE, "/v1/secrets/tok", None, b"")
+        .await
+        .error(404, "not_found");
+    let r = s.call(Method::GET, "/v1/secrets", None, b"").await;
+    assert_eq!(r.json(), serde_json::json!([]));
+    s.stop().await;
 }
