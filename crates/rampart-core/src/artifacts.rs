@@ -2,7 +2,7 @@
 //! when it ends for any reason and served after it is gone.
 //!
 //! - **Capture** ([`capture`]). The daemon holds a descriptor of the root of the sandbox's
-//!   disk (`Isolation::disk_root`: the live sandbox's, or its image mounted detached and
+//!   disk (`Disks::disk_root`: the live sandbox's, or its image mounted detached and
 //!   read-only when its init is already gone) and, once nothing of the sandbox runs any more,
 //!   walks each path **by descriptor**: every open is `openat2` beneath the layer's directory
 //!   with `RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS | RESOLVE_NO_XDEV`,

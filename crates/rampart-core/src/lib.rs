@@ -46,7 +46,10 @@ pub use audit::NetEventBudget;
 pub use config::CoreConfig;
 pub use error::CoreError;
 pub use exec::{Exec, ExecControl, ExecRecorder, ExecStart, InputSink};
-pub use isolation::{FakeTier, InitFile, Isolation, IsolationError, LaunchSpec, Launched, Usage};
+pub use isolation::{
+    Capabilities, ColdStop, Disks, FakeTier, Freeze, InitFile, Isolation, IsolationError,
+    LaunchSpec, Launched, Usage, Volumes,
+};
 pub use namespace::{DEFAULT_CGROUP_SUBTREE, JAIL_POOL_ENV};
 pub use network::NetworkConfig;
 pub use principal::Principal;
@@ -479,9 +482,9 @@ impl Manager {
                 .persist
                 .hold_volume(&stored)
                 .map_err(|e| renamed(e, &stored, name))?;
-            let image = self.inner.iso.volume_image(&stored)?;
+            let image = self.inner.iso.volumes()?.volume_image(&stored)?;
             let iso = self.inner.iso.clone();
-            let root = tokio::task::spawn_blocking(move || iso.volume_root(&image))
+            let root = tokio::task::spawn_blocking(move || iso.volumes()?.volume_root(&image))
                 .await
                 .map_err(|e| CoreError::Internal(format!("volume: {e}")))??;
             Ok(std::sync::Arc::new(volume_files::VolumeRoot::new(

@@ -4,14 +4,14 @@
 //! holds a sandbox's operation lock around a consistent point and runs fork's creates.
 //!
 //! - A **snapshot** is a consistent copy of a sandbox's writable disk (the tier freezes the
-//!   sandbox, flushes its filesystem, clones the image, thaws: [`Isolation::snapshot_disk`])
+//!   sandbox, flushes its filesystem, clones the image, thaws: [`crate::Disks::snapshot_disk`])
 //!   kept as `<store>/snapshots/<name>/disk.img`, with a row in `state.db` (source, template,
 //!   uid range, limits, env, the source's create request). It is made under a temporary name
 //!   and renamed into place, so a failed or interrupted snapshot leaves nothing but a
 //!   `.tmp-*` directory that the next start removes. Memory is not kept (this tier has no
 //!   process checkpoint): `memory: true` is refused with the reason.
 //! - **Create from a snapshot** fills the template (and unset limits) from the snapshot and
-//!   launches on a clone of its image ([`Isolation::launch_with`]).
+//!   launches on a clone of its image ([`crate::Disks::launch_with`]).
 //! - **Fork** takes one consistent point of the source (a hidden snapshot `.fork-*` that
 //!   lives for the duration of the call) and creates N sandboxes from it through the normal
 //!   create path with the source's create request (template, limits, env, metadata, network
@@ -340,7 +340,7 @@ pub(crate) fn fork_point(iso: &dyn Isolation, count: u32) -> Result<ForkPoint, C
         .ok_or_else(|| CoreError::Unsupported(format!("the {} tier cannot fork", iso.name())))?;
     let name = format!(".fork-{}", random_hex(16));
     let dir = root.join("snapshots").join(&name);
-    let image = iso.snapshot_image(&dir)?;
+    let image = iso.disks()?.snapshot_image(&dir)?;
     Ok(ForkPoint { name, dir, image })
 }
 
@@ -378,7 +378,8 @@ impl Persist {
                         .ok_or_else(|| bad("snapshot", format!("no snapshot named {name:?}")))?;
                     (
                         row,
-                        iso.snapshot_image(&root.join("snapshots").join(&name))?,
+                        iso.disks()?
+                            .snapshot_image(&root.join("snapshots").join(&name))?,
                     )
                 }
             };
@@ -434,7 +435,7 @@ impl Persist {
                 busy.hold_locked(&mut m, &self.busy_volumes, &v.name);
             }
             extras.volumes.push(VolumeSpec {
-                image: iso.volume_image(&v.name)?,
+                image: iso.volumes()?.volume_image(&v.name)?,
                 path: v.path.clone(),
                 read_only: v.read_only,
             });
@@ -701,9 +702,9 @@ impl Persist {
         iso: &Arc<dyn Isolation>,
         req: &CreateVolume,
     ) -> Result<VolumeInfo, CoreError> {
-        let image = iso.volume_image(&req.name)?;
+        let image = iso.volumes()?.volume_image(&req.name)?;
         let (img2, size, iso) = (image.clone(), req.size_mib, iso.clone());
-        let made = tokio::task::spawn_blocking(move || iso.create_volume(&img2, size))
+        let made = tokio::task::spawn_blocking(move || iso.volumes()?.create_volume(&img2, size))
             .await
             .map_err(|e| CoreError::Internal(format!("volume: {e}")))?
             .map_err(|e| CoreError::Internal(format!("making volume {}: {e}", req.name)))?;
@@ -742,7 +743,7 @@ impl Persist {
             .map(|r| VolumeInfo {
                 used_bytes: root
                     .as_ref()
-                    .and_then(|_| iso.volume_image(&r.name).ok())
+                    .and_then(|_| iso.volumes().ok()?.volume_image(&r.name).ok())
                     .map(|p| crate::isolation::allocated_bytes(&p))
                     .unwrap_or(0),
                 name: r.name,
@@ -798,7 +799,9 @@ impl Persist {
         if lock(&self.busy_volumes).contains_key(name) || mounted_by_alive()? {
             return Err(in_use());
         }
-        let image = iso.store_root().and_then(|_| iso.volume_image(name).ok());
+        let image = iso
+            .store_root()
+            .and_then(|_| iso.volumes().ok()?.volume_image(name).ok());
         if let Some(image) = &image {
             // A sandbox just destroyed: its mounts (and so the loop device) go a moment later.
             let deadline = std::time::Instant::now() + std::time::Duration::from_secs(3);
@@ -841,11 +844,11 @@ async fn take_point(
     id: &SandboxId,
     dir: &Path,
 ) -> Result<u64, CoreError> {
-    let img = iso.snapshot_image(dir)?;
+    let img = iso.disks()?.snapshot_image(dir)?;
     std::fs::create_dir(dir).map_err(CoreError::io(format!("mkdir {}", dir.display())))?;
     let iso = iso.clone();
     let id2 = id.clone();
-    let r = tokio::task::spawn_blocking(move || iso.snapshot_disk(&id2, &img))
+    let r = tokio::task::spawn_blocking(move || iso.disks()?.snapshot_disk(&id2, &img))
         .await
         .map_err(|e| CoreError::Internal(format!("snapshot: {e}")))
         .and_then(|r| {

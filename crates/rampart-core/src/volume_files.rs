@@ -3,7 +3,7 @@
 //!
 //! [`crate::Manager::open_volume`] marks the volume busy (so it cannot be removed while a
 //! call runs) and has the tier mount its file system **detached** for the daemon
-//! ([`crate::Isolation::volume_root`]): in no mount namespace, over the volume's one loop
+//! ([`crate::Volumes::volume_root`]): in no mount namespace, over the volume's one loop
 //! device, so a sandbox that has it mounted shares the same ext4 instance (one writer of the
 //! image, never two) and sees every change at once.
 //!

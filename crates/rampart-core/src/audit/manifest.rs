@@ -43,7 +43,7 @@ impl Manifests<'_> {
         let id2 = id.clone();
         // The disk's root, also of a sandbox whose processes are gone (paused to its
         // filesystem, or dead) while its disk is there.
-        let root = match tokio::task::spawn_blocking(move || iso.disk_root(&id2)).await {
+        let root = match tokio::task::spawn_blocking(move || iso.disks()?.disk_root(&id2)).await {
             Ok(Ok(fd)) => fd,
             Ok(Err(e)) => {
                 debug!(id = %id, "fs_diff: no access to the writable layer: {e}");
@@ -89,7 +89,7 @@ impl Manifests<'_> {
                 false
             } else {
                 matches!(
-                    tokio::task::spawn_blocking(move || iso.freeze(&id2)).await,
+                    tokio::task::spawn_blocking(move || iso.freezer()?.freeze(&id2)).await,
                     Ok(Ok(()))
                 )
             };
@@ -103,7 +103,7 @@ impl Manifests<'_> {
             if frozen {
                 let iso = self.iso.clone();
                 let id2 = id.clone();
-                match tokio::task::spawn_blocking(move || iso.thaw(&id2)).await {
+                match tokio::task::spawn_blocking(move || iso.freezer()?.thaw(&id2)).await {
                     Ok(Ok(())) => {}
                     Ok(Err(e)) => warn!(id = %id, "thawing after the snapshot's fs_diff: {e}"),
                     Err(e) => warn!(id = %id, "thawing after the snapshot's fs_diff: {e}"),

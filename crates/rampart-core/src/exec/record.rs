@@ -372,7 +372,7 @@ impl ExecAudit {
                     });
                     None
                 }
-                (Ok(path), _) => match self.iso.upper_root(&self.sandbox) {
+                (Ok(path), _) => match self.iso.disks().and_then(|d| d.upper_root(&self.sandbox)) {
                     Ok(root) => {
                         crate::desktop::capture(std::os::fd::AsFd::as_fd(&root), path, &mut a)
                     }

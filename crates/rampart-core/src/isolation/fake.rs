@@ -1,6 +1,6 @@
 //! [`FakeTier`]: `rampart-agent` as a plain child process, for tests and development.
 
-use super::{Isolation, IsolationError, LaunchSpec, Launched, Usage};
+use super::{Capabilities, Freeze, Isolation, IsolationError, LaunchSpec, Launched, Usage};
 use rampart_types::SandboxId;
 use std::collections::{HashMap, HashSet};
 use std::io;
@@ -100,7 +100,7 @@ fn io_err(step: impl Into<String>) -> impl FnOnce(io::Error) -> FakeTierError {
 /// - **Usage** reads `/proc`: CPU time is the user + system time of the sandbox's live
 ///   processes plus that of the children they reaped (clock-tick resolution), memory the
 ///   sum of their resident sets; peak memory is unknown (0).
-/// - No store: no snapshots, fork or volumes ([`Isolation::store_root`] is None), no access
+/// - No store: no snapshots, fork or volumes (no [`crate::Disks`] capability), no access
 ///   to a writable layer (so no `fs_diff` records), no counter files.
 #[derive(Debug)]
 pub struct FakeTier {
@@ -592,6 +592,15 @@ impl Isolation for FakeTier {
         Ok(u)
     }
 
+    fn capabilities(&self) -> Capabilities<'_> {
+        Capabilities {
+            freeze: Some(self),
+            ..Capabilities::default()
+        }
+    }
+}
+
+impl Freeze for FakeTier {
     fn freeze(&self, id: &SandboxId) -> Result<(), IsolationError> {
         let agent = self.running(id)?;
         match self.stop_all(agent) {

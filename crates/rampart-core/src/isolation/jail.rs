@@ -3,8 +3,8 @@
 //! `<store>/volumes/<name>.img`).
 
 use super::{
-    CounterFiles, CpuFormat, DiskSource, Isolation, IsolationError, LaunchExtras, LaunchSpec,
-    Launched, NewVolume, Usage, VolumeSpec,
+    Capabilities, ColdStop, CounterFiles, CpuFormat, DiskSource, Disks, Freeze, Isolation,
+    IsolationError, LaunchExtras, LaunchSpec, Launched, NewVolume, Usage, VolumeSpec, Volumes,
 };
 use rampart_jail::{CgroupVersion, Jail, JailError};
 use rampart_types::SandboxId;
@@ -148,6 +148,21 @@ impl Isolation for Jail {
             }),
         }
     }
+    fn capabilities(&self) -> Capabilities<'_> {
+        Capabilities {
+            freeze: Some(self),
+            disks: Some(self),
+            volumes: Some(self),
+            cold: Some(self),
+        }
+    }
+    fn shutdown(&self) {
+        self.close_pool();
+        self.settle();
+    }
+}
+
+impl Freeze for Jail {
     fn freeze(&self, id: &SandboxId) -> Result<(), IsolationError> {
         Ok(Jail::freeze(self, id)?)
     }
@@ -157,6 +172,9 @@ impl Isolation for Jail {
     fn is_frozen(&self, id: &SandboxId) -> Result<bool, IsolationError> {
         Ok(Jail::is_frozen(self, id)?)
     }
+}
+
+impl Disks for Jail {
     fn launch_with(
         &self,
         spec: &LaunchSpec,
@@ -173,6 +191,18 @@ impl Isolation for Jail {
     fn snapshot_disk(&self, id: &SandboxId, dest: &Path) -> Result<u64, IsolationError> {
         Ok(Jail::snapshot_disk(self, id, dest)?)
     }
+    fn store_root(&self) -> PathBuf {
+        Jail::store_root(self)
+    }
+    fn snapshot_image(&self, dir: &Path) -> Result<PathBuf, IsolationError> {
+        Ok(dir.join(SNAPSHOT_IMAGE))
+    }
+    fn trim_store(&self) {
+        rampart_jail::store::trim(&Jail::store_root(self));
+    }
+}
+
+impl ColdStop for Jail {
     fn stop(&self, id: &SandboxId) -> Result<(), IsolationError> {
         Ok(Jail::stop(self, id)?)
     }
@@ -183,18 +213,12 @@ impl Isolation for Jail {
     ) -> Result<Launched, IsolationError> {
         Ok(Jail::relaunch(self, &spec.into(), &extras.into())?.into())
     }
-    fn can_stop(&self) -> bool {
-        true
-    }
     fn is_stopped(&self, id: &SandboxId) -> bool {
         Jail::is_stopped(self, id)
     }
-    fn store_root(&self) -> Option<PathBuf> {
-        Some(Jail::store_root(self))
-    }
-    fn snapshot_image(&self, dir: &Path) -> Result<PathBuf, IsolationError> {
-        Ok(dir.join(SNAPSHOT_IMAGE))
-    }
+}
+
+impl Volumes for Jail {
     fn volume_image(&self, name: &str) -> Result<PathBuf, IsolationError> {
         Ok(Jail::store_root(self)
             .join("volumes")
@@ -216,13 +240,6 @@ impl Isolation for Jail {
     }
     fn volume_root(&self, image: &Path) -> Result<std::os::fd::OwnedFd, IsolationError> {
         Ok(rampart_jail::persist::volume_root(image)?)
-    }
-    fn trim_store(&self) {
-        rampart_jail::store::trim(&Jail::store_root(self));
-    }
-    fn shutdown(&self) {
-        self.close_pool();
-        self.settle();
     }
 }
 

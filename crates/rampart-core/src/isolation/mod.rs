@@ -9,10 +9,19 @@
 //! socket), [`Usage`], and for persistence a [`LaunchExtras`] ([`DiskSource`],
 //! [`VolumeSpec`]). Each tier converts them to its own (the namespace tier in `jail.rs`).
 //!
+//! The trait is what every tier must do (launch, destroy, usage, leftovers, templates).
+//! What only some tiers can do is a capability trait of its own, declared by
+//! [`Isolation::capabilities`]: [`Freeze`] (pause with memory kept), [`Disks`] (a sandbox's
+//! writable disk, snapshots, launches from a copy), [`Volumes`], [`ColdStop`] (pause to the
+//! filesystem). Core asks for one through `dyn Isolation`'s accessors (`freezer()`,
+//! `disks()`, `volumes()`, `cold()`), which refuse with [`IsolationError::Unsupported`]
+//! naming the tier and what it lacks; a create that needs one (a snapshot to start from,
+//! volumes) is refused before anything is made.
+//!
 //! Where snapshots and volumes are kept is the tier's: the manager names them and asks the
-//! tier for their paths ([`Isolation::snapshot_image`], [`Isolation::volume_image`]) and
-//! for the work on them ([`Isolation::create_volume`], [`Isolation::volume_in_use`],
-//! [`Isolation::trim_store`]). Only the two directories under [`Isolation::store_root`]
+//! tier for their paths ([`Disks::snapshot_image`], [`Volumes::volume_image`]) and for the
+//! work on them ([`Volumes::create_volume`], [`Volumes::volume_in_use`],
+//! [`Disks::trim_store`]). Only the two directories under [`Disks::store_root`]
 //! (`snapshots/<name>/`, `volumes/`) are shared knowledge.
 //!
 //! Tiers: [`rampart_jail::Jail`] (namespaces, the daemon's), and [`FakeTier`] (a plain child
@@ -113,7 +122,7 @@ pub struct Usage {
 #[derive(Debug, Clone)]
 pub struct DiskSource {
     /// The image (cloned, never modified): a path the tier gave
-    /// ([`Isolation::snapshot_image`]).
+    /// ([`Disks::snapshot_image`]).
     pub image: PathBuf,
     /// First host uid of the range its files belong to (the sandbox it was taken from).
     pub uid_base: u32,
@@ -122,7 +131,7 @@ pub struct DiskSource {
 /// A volume to mount.
 #[derive(Debug, Clone)]
 pub struct VolumeSpec {
-    /// The volume's image: a path the tier gave ([`Isolation::volume_image`]).
+    /// The volume's image: a path the tier gave ([`Volumes::volume_image`]).
     pub image: PathBuf,
     /// Absolute path inside the sandbox.
     pub path: String,
@@ -146,7 +155,7 @@ impl LaunchExtras {
     }
 }
 
-/// What [`Isolation::create_volume`] did.
+/// What [`Volumes::create_volume`] did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum NewVolume {
     /// The image was made.
@@ -176,7 +185,14 @@ pub struct CounterFiles {
     pub peak_memory: Option<PathBuf>,
 }
 
-/// An isolation tier. All methods block.
+/// An isolation tier: what every tier must do. All methods block.
+///
+/// What only some tiers can do is a capability of its own ([`Freeze`], [`Disks`],
+/// [`Volumes`], [`ColdStop`]), declared by [`Isolation::capabilities`] and asked for by
+/// core through `dyn Isolation`'s accessors ([`freezer`](trait.Isolation.html#method.freezer)
+/// and friends), which refuse with [`IsolationError::Unsupported`] naming the tier and
+/// what it lacks. A create that needs a capability (a snapshot to start from, volumes) is
+/// refused before anything is made.
 pub trait Isolation: Send + Sync + std::fmt::Debug {
     /// Short name of the tier, e.g. `namespace`.
     fn name(&self) -> &'static str;
@@ -191,36 +207,159 @@ pub trait Isolation: Send + Sync + std::fmt::Debug {
     fn leftovers(&self) -> Result<Vec<SandboxId>, IsolationError>;
     /// Resource usage of a sandbox.
     fn usage(&self, id: &SandboxId) -> Result<Usage, IsolationError>;
-    /// Freezes every process of a sandbox (pause): returns once they are all frozen.
-    /// Frozen processes use no CPU and keep their memory. Idempotent.
-    fn freeze(&self, id: &SandboxId) -> Result<(), IsolationError> {
-        let _ = id;
-        Err(IsolationError::Unsupported(format!(
-            "the {} tier cannot pause sandboxes",
-            self.name()
-        )))
-    }
-    /// Thaws a frozen sandbox (resume): every process continues where it was. Idempotent.
-    fn thaw(&self, id: &SandboxId) -> Result<(), IsolationError> {
-        let _ = id;
-        Err(IsolationError::Unsupported(format!(
-            "the {} tier cannot resume sandboxes",
-            self.name()
-        )))
-    }
-    /// Whether a sandbox's processes are (all) frozen.
-    fn is_frozen(&self, id: &SandboxId) -> Result<bool, IsolationError> {
-        let _ = id;
-        Ok(false)
-    }
     /// The counter files of a sandbox (see [`CounterFiles`]), when the tier has such files;
     /// otherwise (the default) the exec record reads [`Isolation::usage`].
     fn counter_files(&self, _id: &SandboxId) -> Option<CounterFiles> {
         None
     }
+    /// What the tier can do beyond launching and destroying (none by default).
+    fn capabilities(&self) -> Capabilities<'_> {
+        Capabilities::default()
+    }
+    /// Releases what the tier holds for the daemon (pools, helpers) at shutdown. Blocking;
+    /// the default does nothing.
+    fn shutdown(&self) {}
+}
+
+/// The optional capabilities of a tier: each is there or not.
+#[derive(Clone, Copy, Default)]
+pub struct Capabilities<'a> {
+    /// Pause and resume with memory kept.
+    pub freeze: Option<&'a dyn Freeze>,
+    /// A sandbox's writable disk: reading it, consistent copies, launches from a copy.
+    pub disks: Option<&'a dyn Disks>,
+    /// Named volumes.
+    pub volumes: Option<&'a dyn Volumes>,
+    /// Ending a sandbox's processes while keeping its disk, and booting it again.
+    pub cold: Option<&'a dyn ColdStop>,
+}
+
+impl std::fmt::Debug for Capabilities<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Capabilities")
+            .field("freeze", &self.freeze.is_some())
+            .field("disks", &self.disks.is_some())
+            .field("volumes", &self.volumes.is_some())
+            .field("cold", &self.cold.is_some())
+            .finish()
+    }
+}
+
+/// Pause and resume with memory kept (the namespace tier: the cgroup freezer).
+pub trait Freeze: Send + Sync {
+    /// Freezes every process of a sandbox (pause): returns once they are all frozen.
+    /// Frozen processes use no CPU and keep their memory. Idempotent.
+    fn freeze(&self, id: &SandboxId) -> Result<(), IsolationError>;
+    /// Thaws a frozen sandbox (resume): every process continues where it was. Idempotent.
+    fn thaw(&self, id: &SandboxId) -> Result<(), IsolationError>;
+    /// Whether a sandbox's processes are (all) frozen.
+    fn is_frozen(&self, id: &SandboxId) -> Result<bool, IsolationError>;
+}
+
+/// A sandbox's writable disk, its consistent copies (snapshots, fork points) and launches
+/// from them; where the tier keeps them.
+pub trait Disks: Send + Sync {
     /// Like [`Isolation::launch`], starting from a disk image (a snapshot or a fork's
-    /// consistent point) and/or with volumes. The default refuses anything beyond a launch.
+    /// consistent point) and/or with volumes.
     fn launch_with(
+        &self,
+        spec: &LaunchSpec,
+        extras: &LaunchExtras,
+    ) -> Result<Launched, IsolationError>;
+    /// A descriptor (read-only directory, close-on-exec) of the root of a running or paused
+    /// sandbox's writable disk: `upper/` is the overlayfs upper directory of `/`,
+    /// `usr-upper/` that of `/usr` (whiteouts are 0/0 character devices, opaque directories
+    /// carry `trusted.overlay.opaque=y`; owners are host ids of the sandbox's uid range).
+    /// Use `openat`-family calls relative to it (never follow symlinks found there: they are
+    /// the sandbox's). Holding it pins the filesystem; close it when done. For a consistent
+    /// view, call it while the sandbox is frozen ([`Freeze::freeze`]).
+    fn upper_root(&self, id: &SandboxId) -> Result<std::os::fd::OwnedFd, IsolationError>;
+    /// [`Disks::upper_root`], also for a sandbox whose processes are gone but whose disk is
+    /// still there (its init died; found dead at the daemon's start): what the sandbox left,
+    /// read-only, until [`Isolation::destroy`]. Nothing of the sandbox writes any more then.
+    fn disk_root(&self, id: &SandboxId) -> Result<std::os::fd::OwnedFd, IsolationError>;
+    /// Takes a consistent copy of a sandbox's disk at `dest` (which must not exist): freeze,
+    /// flush, clone, thaw. Returns its allocated bytes. On error `dest` does not exist.
+    fn snapshot_disk(&self, id: &SandboxId, dest: &Path) -> Result<u64, IsolationError>;
+    /// Where snapshots (`snapshots/`) and volumes (`volumes/`) live.
+    fn store_root(&self) -> PathBuf;
+    /// The file a snapshot's disk is kept in, inside the snapshot's directory `dir`
+    /// (`<store_root>/snapshots/<name>/`): where [`Disks::snapshot_disk`] is asked to write,
+    /// and what a [`DiskSource`] names. Cheap, touches nothing.
+    fn snapshot_image(&self, dir: &Path) -> Result<PathBuf, IsolationError>;
+    /// Gives back to the store's file system the space of what was removed, when it holds
+    /// on to it. Blocking.
+    fn trim_store(&self);
+}
+
+/// Named volumes, kept under [`Disks::store_root`].
+pub trait Volumes: Send + Sync {
+    /// The image of the volume named `name` (which may not exist). Cheap, touches nothing.
+    fn volume_image(&self, name: &str) -> Result<PathBuf, IsolationError>;
+    /// Makes a volume image of `size_mib` MiB at `image` (a path from
+    /// [`Volumes::volume_image`]); an image already there is left alone
+    /// ([`NewVolume::Exists`]). Nothing is left on error.
+    fn create_volume(&self, image: &Path, size_mib: u64) -> Result<NewVolume, IsolationError>;
+    /// Whether a volume's image is in use (mounted by a sandbox, or just released).
+    fn volume_in_use(&self, image: &Path) -> bool;
+    /// A descriptor of the root of the volume whose image is `image`, mounted for the
+    /// daemon's own use (the volume file API), sharing the file system instance of any
+    /// sandbox that has it mounted. Blocking.
+    fn volume_root(&self, image: &Path) -> Result<std::os::fd::OwnedFd, IsolationError>;
+}
+
+/// Ending a sandbox's processes while keeping its disk (a filesystem-only pause), and
+/// booting that disk again.
+pub trait ColdStop: Send + Sync {
+    /// Ends every process of a running or paused sandbox, keeping its disk: its file
+    /// system is flushed first, and this returns once the disk is at rest. Afterwards
+    /// [`Disks::disk_root`] and [`Disks::snapshot_disk`] read the disk, [`ColdStop::relaunch`]
+    /// boots it again, [`Isolation::destroy`] removes it. Idempotent.
+    fn stop(&self, id: &SandboxId) -> Result<(), IsolationError>;
+    /// Boots a stopped sandbox ([`ColdStop::stop`]) again on its own disk, with `spec` (the
+    /// same id and uid range as before) and `extras`' volumes: what it wrote is there,
+    /// nothing of its processes. On error it is stopped as before, its disk kept.
+    fn relaunch(
+        &self,
+        spec: &LaunchSpec,
+        extras: &LaunchExtras,
+    ) -> Result<Launched, IsolationError>;
+    /// Whether a sandbox is stopped ([`ColdStop::stop`]): its disk kept, nothing running.
+    fn is_stopped(&self, id: &SandboxId) -> bool;
+}
+
+impl dyn Isolation + '_ {
+    fn lacks(&self, what: &str) -> IsolationError {
+        IsolationError::Unsupported(format!("the {} tier {what}", self.name()))
+    }
+    /// Its [`Freeze`] capability, or why not.
+    pub fn freezer(&self) -> Result<&dyn Freeze, IsolationError> {
+        self.capabilities()
+            .freeze
+            .ok_or_else(|| self.lacks("cannot pause sandboxes"))
+    }
+    /// Its [`Disks`] capability, or why not.
+    pub fn disks(&self) -> Result<&dyn Disks, IsolationError> {
+        self.capabilities()
+            .disks
+            .ok_or_else(|| self.lacks("has no snapshots (no access to a sandbox's disk)"))
+    }
+    /// Its [`Volumes`] capability, or why not.
+    pub fn volumes(&self) -> Result<&dyn Volumes, IsolationError> {
+        self.capabilities()
+            .volumes
+            .ok_or_else(|| self.lacks("has no volumes"))
+    }
+    /// Its [`ColdStop`] capability, or why not.
+    pub fn cold(&self) -> Result<&dyn ColdStop, IsolationError> {
+        self.capabilities()
+            .cold
+            .ok_or_else(|| self.lacks("cannot stop a sandbox and keep its disk"))
+    }
+    /// Launches `spec` with `extras`: a plain [`Isolation::launch`] when there are none;
+    /// otherwise the tier must have [`Disks`] (and [`Volumes`] for volumes), or the launch
+    /// is refused before anything is made.
+    pub fn launch_with(
         &self,
         spec: &LaunchSpec,
         extras: &LaunchExtras,
@@ -228,129 +367,32 @@ pub trait Isolation: Send + Sync + std::fmt::Debug {
         if extras.is_empty() {
             return self.launch(spec);
         }
-        Err(IsolationError::Unsupported(format!(
-            "the {} tier has no snapshots or volumes",
-            self.name()
-        )))
+        if !extras.volumes.is_empty() {
+            self.volumes()?;
+        }
+        self.disks()?.launch_with(spec, extras)
     }
-    /// A descriptor (read-only directory, close-on-exec) of the root of a running or paused
-    /// sandbox's writable disk: `upper/` is the overlayfs upper directory of `/`,
-    /// `usr-upper/` that of `/usr` (whiteouts are 0/0 character devices, opaque directories
-    /// carry `trusted.overlay.opaque=y`; owners are host ids of the sandbox's uid range).
-    /// Use `openat`-family calls relative to it (never follow symlinks found there: they are
-    /// the sandbox's). Holding it pins the filesystem; close it when done. For a consistent
-    /// view, call it while the sandbox is frozen ([`Isolation::freeze`]).
-    fn upper_root(&self, id: &SandboxId) -> Result<std::os::fd::OwnedFd, IsolationError> {
-        let _ = id;
-        Err(IsolationError::Unsupported(format!(
-            "the {} tier gives no access to a sandbox's writable layer",
-            self.name()
-        )))
+    /// Whether a sandbox is stopped (false on a tier that cannot stop sandboxes).
+    pub fn is_stopped(&self, id: &SandboxId) -> bool {
+        self.capabilities().cold.is_some_and(|c| c.is_stopped(id))
     }
-    /// [`Isolation::upper_root`], also for a sandbox whose processes are gone but whose disk
-    /// is still there (its init died; found dead at the daemon's start): what the sandbox
-    /// left, read-only, until [`Isolation::destroy`]. Nothing of the sandbox writes any more
-    /// then. The default is [`Isolation::upper_root`].
-    fn disk_root(&self, id: &SandboxId) -> Result<std::os::fd::OwnedFd, IsolationError> {
-        self.upper_root(id)
+    /// Where snapshots and volumes live, if the tier has them.
+    pub fn store_root(&self) -> Option<PathBuf> {
+        self.capabilities().disks.map(|d| d.store_root())
     }
-    /// Takes a consistent copy of a sandbox's disk at `dest` (which must not exist): freeze,
-    /// flush, clone, thaw. Returns its allocated bytes. On error `dest` does not exist.
-    fn snapshot_disk(&self, id: &SandboxId, dest: &Path) -> Result<u64, IsolationError> {
-        let _ = (id, dest);
-        Err(IsolationError::Unsupported(format!(
-            "the {} tier cannot snapshot sandboxes",
-            self.name()
-        )))
+    /// Whether a volume's image is in use (false on a tier without volumes).
+    pub fn volume_in_use(&self, image: &Path) -> bool {
+        self.capabilities()
+            .volumes
+            .is_some_and(|v| v.volume_in_use(image))
     }
-    /// Ends every process of a running or paused sandbox, keeping its disk (a filesystem-only
-    /// pause): its file system is flushed first, and this returns once the disk is at rest.
-    /// Afterwards [`Isolation::disk_root`] and [`Isolation::snapshot_disk`] read the disk,
-    /// [`Isolation::relaunch`] boots it again, [`Isolation::destroy`] removes it. Idempotent.
-    fn stop(&self, id: &SandboxId) -> Result<(), IsolationError> {
-        let _ = id;
-        Err(IsolationError::Unsupported(format!(
-            "the {} tier cannot stop a sandbox and keep its disk",
-            self.name()
-        )))
+    /// Gives back the space of what was removed from the store (nothing to do on a tier
+    /// without [`Disks`]).
+    pub fn trim_store(&self) {
+        if let Some(d) = self.capabilities().disks {
+            d.trim_store()
+        }
     }
-    /// Boots a stopped sandbox ([`Isolation::stop`]) again on its own disk, with `spec` (the
-    /// same id and uid range as before) and `extras`' volumes: what it wrote is there,
-    /// nothing of its processes. On error it is stopped as before, its disk kept.
-    fn relaunch(
-        &self,
-        spec: &LaunchSpec,
-        extras: &LaunchExtras,
-    ) -> Result<Launched, IsolationError> {
-        let _ = (spec, extras);
-        Err(IsolationError::Unsupported(format!(
-            "the {} tier cannot boot a stopped sandbox",
-            self.name()
-        )))
-    }
-    /// Whether this tier can [`Isolation::stop`] and [`Isolation::relaunch`] sandboxes.
-    fn can_stop(&self) -> bool {
-        false
-    }
-    /// Whether a sandbox is stopped ([`Isolation::stop`]): its disk kept, nothing running.
-    fn is_stopped(&self, id: &SandboxId) -> bool {
-        let _ = id;
-        false
-    }
-    /// Where snapshots (`snapshots/`) and volumes (`volumes/`) live, if the tier has them.
-    fn store_root(&self) -> Option<PathBuf> {
-        None
-    }
-    /// The file a snapshot's disk is kept in, inside the snapshot's directory `dir`
-    /// (`<store_root>/snapshots/<name>/`): where [`Isolation::snapshot_disk`] is asked to
-    /// write, and what a [`DiskSource`] names. Cheap, touches nothing.
-    fn snapshot_image(&self, dir: &Path) -> Result<PathBuf, IsolationError> {
-        let _ = dir;
-        Err(IsolationError::Unsupported(format!(
-            "the {} tier cannot snapshot sandboxes",
-            self.name()
-        )))
-    }
-    /// The image of the volume named `name` (which may not exist). Cheap, touches nothing.
-    fn volume_image(&self, name: &str) -> Result<PathBuf, IsolationError> {
-        let _ = name;
-        Err(IsolationError::Unsupported(format!(
-            "the {} tier has no volumes",
-            self.name()
-        )))
-    }
-    /// Makes a volume image of `size_mib` MiB at `image` (a path from
-    /// [`Isolation::volume_image`]); an image already there is left alone
-    /// ([`NewVolume::Exists`]). Nothing is left on error.
-    fn create_volume(&self, image: &Path, size_mib: u64) -> Result<NewVolume, IsolationError> {
-        let _ = (image, size_mib);
-        Err(IsolationError::Unsupported(format!(
-            "the {} tier has no volumes",
-            self.name()
-        )))
-    }
-    /// Whether a volume's image is in use (mounted by a sandbox, or just released).
-    fn volume_in_use(&self, image: &Path) -> bool {
-        let _ = image;
-        false
-    }
-    /// A descriptor of the root of the volume whose image is `image`, mounted for the
-    /// daemon's own use (the volume file API), sharing the file system instance of any
-    /// sandbox that has it mounted. Blocking.
-    fn volume_root(&self, image: &Path) -> Result<std::os::fd::OwnedFd, IsolationError> {
-        let _ = image;
-        Err(IsolationError::Unsupported(format!(
-            "the {} tier cannot open volumes",
-            self.name()
-        )))
-    }
-    /// Gives the space of removed snapshots and volumes back to the host, if the store
-    /// holds on to it. Blocking; the default does nothing.
-    fn trim_store(&self) {}
-    /// Releases what the tier keeps warm for fast launches (pre-spawned processes and their
-    /// cgroups) and finishes the removals of destroyed sandboxes still in progress. Sandboxes
-    /// keep running; later launches still work, only slower. Blocking.
-    fn shutdown(&self) {}
 }
 
 /// Bytes allocated to a file on the host (0 if it cannot be read).
@@ -414,7 +456,7 @@ mod tests {
     }
 
     #[test]
-    fn the_defaults_refuse_persistence() {
+    fn a_tier_without_capabilities_refuses_them_by_name() {
         #[derive(Debug)]
         struct Bare;
         impl Isolation for Bare {
@@ -437,21 +479,19 @@ mod tests {
                 Ok(Usage::default())
             }
         }
-        let b = Bare;
-        let p = Path::new("/x");
-        assert!(matches!(
-            b.snapshot_image(p),
-            Err(IsolationError::Unsupported(_))
-        ));
-        assert!(matches!(
-            b.volume_image("v"),
-            Err(IsolationError::Unsupported(_))
-        ));
-        assert!(matches!(
-            b.create_volume(p, 16),
-            Err(IsolationError::Unsupported(_))
-        ));
-        assert!(!b.volume_in_use(p));
+        let b: &dyn Isolation = &Bare;
+        for e in [
+            b.freezer().err(),
+            b.disks().err(),
+            b.volumes().err(),
+            b.cold().err(),
+        ] {
+            match e {
+                Some(IsolationError::Unsupported(m)) => assert!(m.starts_with("the bare tier")),
+                other => panic!("{other:?}"),
+            }
+        }
         assert_eq!(b.store_root(), None);
+        assert!(!b.is_stopped(&SandboxId::parse("s").unwrap()));
     }
 }

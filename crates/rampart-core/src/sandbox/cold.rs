@@ -1,7 +1,7 @@
 //! Pauses to the filesystem and boots from the disk (E2B's `mode="filesystem"` pause and
 //! `on_resume="reboot"`): the sandbox's processes end and its disk stays on the tier
-//! ([`Isolation::stop`]); its resume boots it again on that disk
-//! ([`Isolation::relaunch`]) with the same id, uid range, limits, environment, network
+//! ([`crate::ColdStop::stop`]); its resume boots it again on that disk
+//! ([`crate::ColdStop::relaunch`]) with the same id, uid range, limits, environment, network
 //! policy, volumes and tokens. Nothing of its memory or processes comes back.
 //!
 //! Such a sandbox is `paused` in the store with no pid (what recovery reads: it keeps the
@@ -71,7 +71,7 @@ impl Sandboxes {
 
     /// [`Sandboxes::pause_to_disk`] under the sandbox's operation lock.
     async fn stop_locked(self: &Arc<Self>, id: &SandboxId) -> Result<(), Stop> {
-        if !self.iso.can_stop() {
+        if self.iso.cold().is_err() {
             return Err(Stop::Refused(CoreError::Unsupported(format!(
                 "the {} tier cannot pause a sandbox to its filesystem (or boot it from its disk)",
                 self.iso.name()
@@ -115,7 +115,7 @@ impl Sandboxes {
             .await;
         let iso = self.iso.clone();
         let id2 = id.clone();
-        tokio::task::spawn_blocking(move || iso.stop(&id2))
+        tokio::task::spawn_blocking(move || iso.cold()?.stop(&id2))
             .await
             .map_err(|e| Stop::Broken(CoreError::task("stop")(e)))?
             .map_err(|e| Stop::Broken(CoreError::isolation("pause to the filesystem", e)))?;
@@ -223,7 +223,7 @@ impl Sandboxes {
                 // The tier put the disk back; whatever of the boot runs goes.
                 let iso = self.iso.clone();
                 let id2 = id.clone();
-                let _ = tokio::task::spawn_blocking(move || iso.stop(&id2)).await;
+                let _ = tokio::task::spawn_blocking(move || iso.cold()?.stop(&id2)).await;
                 return Err(e);
             }
         };
@@ -272,7 +272,7 @@ impl Sandboxes {
             .iter()
             .map(|v| {
                 Ok(VolumeSpec {
-                    image: self.iso.volume_image(&v.name)?,
+                    image: self.iso.volumes()?.volume_image(&v.name)?,
                     path: v.path.clone(),
                     read_only: v.read_only,
                 })

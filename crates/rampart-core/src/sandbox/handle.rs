@@ -574,7 +574,7 @@ impl<'m> Sandbox<'m> {
     }
 
     /// A descriptor of the root of its writable disk (running or paused; see
-    /// [`crate::Isolation::upper_root`]). The tier's work runs on a blocking thread.
+    /// [`crate::Disks::upper_root`]). The tier's work runs on a blocking thread.
     pub async fn upper_root(&self) -> Result<OwnedFd, CoreError> {
         self.core.upper_root(&self.id).await
     }

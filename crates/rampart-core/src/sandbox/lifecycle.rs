@@ -184,7 +184,7 @@ impl Sandboxes {
     }
 
     /// Builds and starts the sandbox `new` on the tier (`again`: boots a sandbox paused to
-    /// its filesystem on its own disk, [`Isolation::relaunch`]), wires its network, waits for
+    /// its filesystem on its own disk, [`crate::ColdStop::relaunch`]), wires its network, waits for
     /// its agent and starts its template's servers. Records nothing: the caller does.
     pub(super) async fn boot(
         self: &Arc<Self>,
@@ -272,7 +272,7 @@ impl Sandboxes {
         let iso = self.iso.clone();
         let launched = tokio::task::spawn_blocking(move || {
             if again {
-                iso.relaunch(&spec, &extras)
+                iso.cold()?.relaunch(&spec, &extras)
             } else {
                 iso.launch_with(&spec, &extras)
             }
@@ -660,7 +660,7 @@ impl Sandboxes {
         };
         let iso = self.iso.clone();
         let id2 = id.clone();
-        let root = match tokio::task::spawn_blocking(move || iso.disk_root(&id2)).await {
+        let root = match tokio::task::spawn_blocking(move || iso.disks()?.disk_root(&id2)).await {
             Ok(Ok(fd)) => Some(fd),
             Ok(Err(e)) => {
                 warn!(id = %id, "artifacts: no access to the sandbox's disk: {e}");

@@ -67,11 +67,11 @@ impl Sandboxes {
     }
 
     /// A descriptor of the root of a running or paused sandbox's writable disk (see
-    /// [`crate::Isolation::upper_root`]); the tier's work runs on a blocking thread.
+    /// [`crate::Disks::upper_root`]); the tier's work runs on a blocking thread.
     pub(crate) async fn upper_root(&self, id: &SandboxId) -> Result<OwnedFd, CoreError> {
         let iso = self.iso.clone();
         let id2 = id.clone();
-        tokio::task::spawn_blocking(move || iso.upper_root(&id2))
+        tokio::task::spawn_blocking(move || iso.disks()?.upper_root(&id2))
             .await
             .map_err(|e| CoreError::Internal(format!("upper root: {e}")))?
             .map_err(|e| match e {

@@ -179,7 +179,7 @@ impl Sandboxes {
     pub(super) async fn frozen(&self, id: &SandboxId) -> Option<bool> {
         let iso = self.iso.clone();
         let id2 = id.clone();
-        tokio::task::spawn_blocking(move || iso.is_frozen(&id2))
+        tokio::task::spawn_blocking(move || iso.freezer()?.is_frozen(&id2))
             .await
             .ok()?
             .ok()
@@ -191,9 +191,9 @@ impl Sandboxes {
         let id2 = id.clone();
         tokio::task::spawn_blocking(move || {
             if freeze {
-                iso.freeze(&id2)
+                iso.freezer()?.freeze(&id2)
             } else {
-                iso.thaw(&id2)
+                iso.freezer()?.thaw(&id2)
             }
         })
         .await
