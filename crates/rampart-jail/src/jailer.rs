@@ -554,10 +554,48 @@ fn c(s: &str) -> CString {
     CString::new(s).unwrap_or_default()
 }
 
+/// `MS_NOSUID | MS_NODEV | MS_NOEXEC`: the flags of every special mount of the sandbox.
+const NSNE: libc::c_ulong = libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC;
+
+/// The sandbox's PID 1 from the jailer's go (`g`) to the exec of the agent, in this order:
+/// identity ([`become_session_root`]), its own mount namespace and root
+/// ([`enter_private_root`]), the daemon's files ([`write_init_files`]), `/proc`, `/dev`
+/// ([`mount_dev`]), `/sys` ([`mount_sys`]), `/proc`'s masks ([`mask_proc`]), host name and
+/// loopback, a build's resolver ([`bind_resolv_conf`]), the pivot ([`pivot_into_root`]),
+/// capabilities ([`drop_bounding_caps`]), descriptors ([`hand_over_descriptors`]), the
+/// cgroup namespace ([`enter_cgroup_namespace`]) and the exec ([`exec_agent`]). Each step's
+/// own doc says what it needs before it. Returns only on failure (the error is reported on
+/// the error pipe, as its text: the messages are the jailer's answer to the daemon).
 fn child_setup(ctx: &Child<'_>) -> Result<Never, JailError> {
-    // A session of our own, without a controlling terminal: nothing in the sandbox can open
-    // the terminal the daemon was started from (`/dev/tty` answers ENXIO), nor signal its
-    // process group.
+    become_session_root()?;
+    enter_private_root(ctx.dir)?;
+    // What the daemon knew before launch (resolver, CA), written while nothing of the
+    // sandbox runs yet and before /proc, /dev or /sys exist in its root.
+    write_init_files(&ctx.spec.files)?;
+    let r = Path::new(".");
+    sys::mount(Some("proc"), &r.join("proc"), Some("proc"), NSNE, None)?;
+    let dev = mount_dev(r)?;
+    mount_sys(r)?;
+    mask_proc(r)?;
+    set_hostname(&ctx.spec.hostname)?;
+    loopback_up()?;
+    if let Some(rc) = ctx.resolv_conf {
+        bind_resolv_conf(r, &dev, rc)?;
+    }
+    pivot_into_root()?;
+    drop_bounding_caps()?;
+    hand_over_descriptors(ctx)?;
+    let (argv, env) = agent_command(ctx);
+    enter_cgroup_namespace(ctx.go)?;
+    exec_agent(ctx, &argv, &env)
+}
+
+/// Step 1 (first, before any other step): a session of our own, without a controlling
+/// terminal, then root (uid and gid 0, no supplementary groups) of the new user namespace.
+/// Nothing in the sandbox can open the terminal the daemon was started from (`/dev/tty`
+/// answers ENXIO), nor signal its process group. Needs the jailer's uid/gid maps, written
+/// before it sent the go.
+fn become_session_root() -> Result<(), JailError> {
     // SAFETY: plain syscall; this process was cloned, so it is not a process group leader.
     sys::check(unsafe { libc::setsid() }.into(), || "setsid".into())?;
     // Root of the new user namespace.
@@ -569,20 +607,26 @@ fn child_setup(ctx: &Child<'_>) -> Result<Never, JailError> {
         })?;
         sys::check(libc::setresuid(0, 0, 0).into(), || "setresuid".into())?;
     }
-    // Into the sandbox directory by descriptor: the host path above it (the data directory)
-    // need not be reachable by the sandbox's uids. The working directory follows into the
-    // new mount namespace.
+    Ok(())
+}
+
+/// Step 2 (after [`become_session_root`]): into the sandbox directory `dir` by descriptor
+/// (the host path above it, the data directory, need not be reachable by the sandbox's
+/// uids), then into a mount namespace of this process's own, where the sandbox's root (the
+/// overlay at `root`) is bound on itself (the copied mounts are locked: pivot_root needs a
+/// mount of our own). On success the working directory is that root, and every later step's
+/// relative path is inside it.
+fn enter_private_root(dir: RawFd) -> Result<(), JailError> {
+    // The working directory follows into the new mount namespace.
     // SAFETY: fchdir on a descriptor we hold.
-    sys::check(unsafe { libc::fchdir(ctx.dir) }.into(), || {
+    sys::check(unsafe { libc::fchdir(dir) }.into(), || {
         "enter the sandbox directory".into()
     })?;
     // SAFETY: plain syscall.
     sys::check(unsafe { libc::unshare(libc::CLONE_NEWNS) }.into(), || {
         "unshare mount namespace".into()
     })?;
-    // A mount of our own (the copied ones are locked): pivot_root needs it. Then into it
-    // (a lookup of `root` crosses to the new mount on top), and every path below is
-    // relative to it.
+    // A lookup of `root` crosses to the new mount on top.
     sys::mount(
         Some("root"),
         Path::new("root"),
@@ -590,14 +634,14 @@ fn child_setup(ctx: &Child<'_>) -> Result<Never, JailError> {
         libc::MS_BIND | libc::MS_REC,
         None,
     )?;
-    std::env::set_current_dir("root").map_err(io("chdir root".into()))?;
-    // What the daemon knew before launch (resolver, CA), written while nothing of the
-    // sandbox runs yet and before /proc, /dev or /sys exist in its root.
-    write_init_files(&ctx.spec.files)?;
-    let r = Path::new(".");
-    let nsne = libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC;
-    sys::mount(Some("proc"), &r.join("proc"), Some("proc"), nsne, None)?;
-    // /dev
+    std::env::set_current_dir("root").map_err(io("chdir root".into()))
+}
+
+/// Step 4 (after `/proc` is mounted, before [`mount_sys`]): the sandbox's `/dev` under the
+/// root `r`: a small tmpfs with the host's harmless character devices bound in (null, zero,
+/// full, random, urandom, tty), a private devpts instance, a `shm` tmpfs and the usual
+/// links. Returns the path of `/dev` (relative to the root).
+fn mount_dev(r: &Path) -> Result<PathBuf, JailError> {
     let dev = r.join("dev");
     sys::mount(
         Some("tmpfs"),
@@ -626,7 +670,7 @@ fn child_setup(ctx: &Child<'_>) -> Result<Never, JailError> {
         Some("shm"),
         &shm,
         Some("tmpfs"),
-        nsne,
+        NSNE,
         Some("mode=1777,size=65536k"),
     )?;
     for (l, t) in [
@@ -638,21 +682,25 @@ fn child_setup(ctx: &Child<'_>) -> Result<Never, JailError> {
     ] {
         std::os::unix::fs::symlink(t, dev.join(l)).map_err(io(format!("symlink /dev/{l}")))?;
     }
-    // /sys read-only, or absent (an empty directory) when the kernel refuses it.
+    Ok(dev)
+}
+
+/// Step 5 (after [`mount_dev`]): `/sys` under the root `r`, read-only, with firmware tables,
+/// power capping (RAPL energy counters are a side channel) and every block device (a loop
+/// device's `backing_file` names a neighbour's disk and the host's data directory) hidden.
+/// When the kernel refuses sysfs, `/sys` stays an empty directory: not an error.
+fn mount_sys(r: &Path) -> Result<(), JailError> {
     let sysd = r.join("sys");
     if sysd.is_dir()
         && sys::mount(
             Some("sysfs"),
             &sysd,
             Some("sysfs"),
-            nsne | libc::MS_RDONLY,
+            NSNE | libc::MS_RDONLY,
             None,
         )
         .is_ok()
     {
-        // Firmware tables, power capping (RAPL energy counters are a side channel), and
-        // every block device: a loop device's `backing_file` names a neighbour's disk and
-        // the host's data directory.
         for d in [
             "firmware",
             "devices/virtual/powercap",
@@ -665,7 +713,13 @@ fn child_setup(ctx: &Child<'_>) -> Result<Never, JailError> {
             mask_dir(&sysd.join(d))?;
         }
     }
-    // Mask sensitive /proc paths as container runtimes do.
+    Ok(())
+}
+
+/// Step 6 (after [`mount_sys`]; `/proc` is mounted): masks sensitive `/proc` paths under the
+/// root `r` as container runtimes do: files under `/dev/null`, directories under an empty
+/// tmpfs, and the kernel's tunables (`sys`, `sysrq-trigger`, `irq`, `bus`, `fs`) read-only.
+fn mask_proc(r: &Path) -> Result<(), JailError> {
     let proc_ = r.join("proc");
     for f in [
         "kcore",
@@ -694,52 +748,68 @@ fn child_setup(ctx: &Child<'_>) -> Result<Never, JailError> {
                 None,
                 &p,
                 None,
-                libc::MS_BIND | libc::MS_REMOUNT | libc::MS_RDONLY | nsne,
+                libc::MS_BIND | libc::MS_REMOUNT | libc::MS_RDONLY | NSNE,
                 None,
             )?;
         }
     }
-    // Host name and loopback.
-    let h = &ctx.spec.hostname;
+    Ok(())
+}
+
+/// Step 7 (after [`mask_proc`], then [`loopback_up`]): the sandbox's host name, in its own
+/// uts namespace.
+fn set_hostname(h: &str) -> Result<(), JailError> {
     // SAFETY: valid buffer and length.
     let rc = unsafe { libc::sethostname(h.as_ptr().cast(), h.len()) };
     sys::check(rc.into(), || "sethostname".into())?;
-    loopback_up()?;
-    if let Some(rc) = ctx.resolv_conf {
-        // Build sandboxes: the build's resolver configuration, read-only. Its content was
-        // read by the jailer; it is written to /dev's tmpfs, bound over the file, and its
-        // name there removed.
-        let t = r.join("etc/resolv.conf");
-        let md = std::fs::symlink_metadata(&t);
-        if md.as_ref().is_ok_and(|m| m.is_file()) || md.is_err() {
-            if md.is_err() && r.join("etc").is_dir() {
-                std::fs::File::create(&t).map_err(io(format!("create {}", t.display())))?;
-            }
-            if t.is_file() {
-                let src = dev.join(".resolv.conf");
-                std::fs::write(&src, rc).map_err(io(format!("write {}", src.display())))?;
-                std::fs::set_permissions(&src, std::fs::Permissions::from_mode(0o644))
-                    .map_err(io(format!("chmod {}", src.display())))?;
-                sys::mount(Some(&src.to_string_lossy()), &t, None, libc::MS_BIND, None)?;
-                std::fs::remove_file(&src).map_err(io(format!("remove {}", src.display())))?;
-                sys::mount(
-                    None,
-                    &t,
-                    None,
-                    libc::MS_BIND | libc::MS_REMOUNT | libc::MS_RDONLY | nsne,
-                    None,
-                )?;
-            }
+    Ok(())
+}
+
+/// Step 8, build sandboxes only (after [`loopback_up`], before [`pivot_into_root`]): the
+/// build's resolver configuration `rc`, read-only at `/etc/resolv.conf` under the root `r`.
+/// Its content was read by the jailer; it is written to `/dev`'s tmpfs (`dev`), bound over
+/// the file, and its name there removed. Nothing happens when the template's
+/// `/etc/resolv.conf` is not a regular file (or `/etc` is missing).
+fn bind_resolv_conf(r: &Path, dev: &Path, rc: &[u8]) -> Result<(), JailError> {
+    let t = r.join("etc/resolv.conf");
+    let md = std::fs::symlink_metadata(&t);
+    if md.as_ref().is_ok_and(|m| m.is_file()) || md.is_err() {
+        if md.is_err() && r.join("etc").is_dir() {
+            std::fs::File::create(&t).map_err(io(format!("create {}", t.display())))?;
+        }
+        if t.is_file() {
+            let src = dev.join(".resolv.conf");
+            std::fs::write(&src, rc).map_err(io(format!("write {}", src.display())))?;
+            std::fs::set_permissions(&src, std::fs::Permissions::from_mode(0o644))
+                .map_err(io(format!("chmod {}", src.display())))?;
+            sys::mount(Some(&src.to_string_lossy()), &t, None, libc::MS_BIND, None)?;
+            std::fs::remove_file(&src).map_err(io(format!("remove {}", src.display())))?;
+            sys::mount(
+                None,
+                &t,
+                None,
+                libc::MS_BIND | libc::MS_REMOUNT | libc::MS_RDONLY | NSNE,
+                None,
+            )?;
         }
     }
-    // Into the new root (the working directory); the old one is detached and gone.
+    Ok(())
+}
+
+/// Step 9 (after every mount of the sandbox's root is made): into the new root (the working
+/// directory); the old one is detached and gone, and the working directory is `/`.
+fn pivot_into_root() -> Result<(), JailError> {
     let dot = c(".");
     // SAFETY: valid strings; pivot_root(".", ".") stacks the old root under the new one.
     let rc = unsafe { libc::syscall(libc::SYS_pivot_root, dot.as_ptr(), dot.as_ptr()) };
     sys::check(rc, || "pivot_root".into())?;
     sys::umount2(Path::new("."), libc::MNT_DETACH)?;
-    std::env::set_current_dir("/").map_err(io("chdir /".into()))?;
-    // Capabilities: cut the bounding set (what the agent keeps after exec).
+    std::env::set_current_dir("/").map_err(io("chdir /".into()))
+}
+
+/// Step 10 (after [`pivot_into_root`]: reads `/proc` of the new root): cuts the bounding set
+/// to [`KEPT_CAPS`], which is what the agent keeps after exec.
+fn drop_bounding_caps() -> Result<(), JailError> {
     let last: u32 = std::fs::read_to_string("/proc/sys/kernel/cap_last_cap")
         .ok()
         .and_then(|s| s.trim().parse().ok())
@@ -751,6 +821,13 @@ fn child_setup(ctx: &Child<'_>) -> Result<Never, JailError> {
             sys::check(rc.into(), || format!("drop capability {cap}"))?;
         }
     }
+    Ok(())
+}
+
+/// Step 11 (after [`drop_bounding_caps`]): no ambient capabilities, umask 022, stdin, stdout
+/// and stderr on `/dev/null`, and the two descriptors the agent inherits on purpose (its
+/// listening socket and the disk's root) no longer close-on-exec.
+fn hand_over_descriptors(ctx: &Child<'_>) -> Result<(), JailError> {
     // SAFETY: plain prctl / umask / fd calls on fds we hold.
     unsafe {
         libc::prctl(
@@ -773,6 +850,13 @@ fn child_setup(ctx: &Child<'_>) -> Result<Never, JailError> {
             "clear cloexec on the disk's root".into()
         })?;
     }
+    Ok(())
+}
+
+/// The agent's argv and environment (no side effect; any time before [`exec_agent`]): the
+/// spec's variables, less the ones Rampart sets and malformed names, then the descriptors of
+/// the agent's socket and the disk's root.
+fn agent_command(ctx: &Child<'_>) -> (Vec<CString>, Vec<CString>) {
     let mut env: Vec<CString> = ctx
         .spec
         .env
@@ -789,22 +873,34 @@ fn child_setup(ctx: &Child<'_>) -> Result<Never, JailError> {
     env.push(c(&format!("{}={}", crate::persist::DISK_FD_ENV, ctx.disk)));
     let mut argv = vec![c("rampart-agent")];
     argv.extend(ctx.spec.agent_args.iter().map(|a| c(a)));
-    // Wait until the jailer has put us in the sandbox's cgroup, then make it our cgroup root.
+    (argv, env)
+}
+
+/// Step 12 (after [`hand_over_descriptors`], before [`exec_agent`]): waits on `go` until the
+/// jailer confirms (`c`) that this process is in the sandbox's cgroup, then makes that cgroup
+/// the root of a new cgroup namespace.
+fn enter_cgroup_namespace(go: RawFd) -> Result<(), JailError> {
     let mut b = [0u8; 1];
     // SAFETY: reading one byte into a valid buffer.
-    let n = unsafe { libc::read(ctx.go, b.as_mut_ptr().cast(), 1) };
+    let n = unsafe { libc::read(go, b.as_mut_ptr().cast(), 1) };
     if n != 1 || b[0] != b'c' {
         return Err(JailError::Init("jailer did not confirm the cgroup".into()));
     }
     // SAFETY: plain syscall.
     let rc = unsafe { libc::unshare(libc::CLONE_NEWCGROUP) };
     sys::check(rc.into(), || "unshare cgroup namespace".into())?;
-    // Nothing but what PID 1 is given on purpose crosses in: every other descriptor (the
-    // daemon's, whatever started the daemon, the jailer's own) is closed. The agent binary
-    // and the error pipe are close-on-exec; they are needed up to the exec.
+    Ok(())
+}
+
+/// Step 13, the last: nothing but what PID 1 is given on purpose crosses in (every other
+/// descriptor, the daemon's, whatever started the daemon, the jailer's own, is closed; the
+/// agent binary and the error pipe are close-on-exec, needed up to the exec), the seccomp
+/// filter is installed (after every step that needs a syscall it refuses), and the agent is
+/// exec'd. Returns only the error of a step that failed.
+fn exec_agent(ctx: &Child<'_>, argv: &[CString], env: &[CString]) -> Result<Never, JailError> {
     sys::close_fds_except(&[ctx.sock, ctx.disk, ctx.agent, ctx.err])?;
     seccomp::install(ctx.filter)?;
-    Err(sys::fexecve(ctx.agent, &argv, &env))
+    Err(sys::fexecve(ctx.agent, argv, env))
 }
 
 /// `openat2(dirfd, path, flags, mode)` resolved inside `dirfd` (`RESOLVE_IN_ROOT`: `..` and
