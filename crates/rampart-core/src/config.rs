@@ -44,6 +44,9 @@ pub struct CoreConfig {
     /// How template builds pull `image:` bases (mirrors, insecure registries, allowed
     /// ranges, a CA).
     pub registry: rampart_image::registry::RegistryConfig,
+    /// Template builds through the API: log bounds, reservation expiry, per-tenant caps,
+    /// step and build timeouts (see [`crate::template_builds::BuildConfig`] for the defaults).
+    pub builds: crate::template_builds::BuildConfig,
 }
 
 impl CoreConfig {
@@ -79,6 +82,7 @@ impl CoreConfig {
             artifacts: Default::default(),
             events: Default::default(),
             registry: Default::default(),
+            builds: Default::default(),
         }
     }
 }

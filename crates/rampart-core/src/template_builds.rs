@@ -1,42 +1,143 @@
 //! Template builds through the API (E2B's `Template().build()`): the same builder as
 //! `rampart template build` (`rampart-image`: its step cache, its build sandboxes and their
-//! networks), run by the daemon, one build at a time, with the state and log an API client
-//! polls, and the file archives `copy` steps take (uploaded by the client, kept by hash).
+//! networks), run by the daemon, with the state and log an API client polls, and the file
+//! archives `copy` steps take (uploaded by the client, kept by hash).
 //!
 //! - A build is reserved ([`TemplateBuilds::reserve`], status `waiting`), then started with
 //!   its plan ([`TemplateBuilds::start`], `building`), and ends `ready` (its name and tags point
 //!   at the new template) or `error` (with the reason and the step); a failed build leaves no
 //!   layer, name or temp directory half-made (the builder's guarantee).
-//! - Builds run one at a time in the daemon; a build of `rampart template build` on the host
-//!   holding the store's lock makes an API build wait (its log says so) until it ends.
+//! - A reservation never started expires ([`BuildConfig::reservation_ttl`]); a tenant holds
+//!   at most [`BuildConfig::max_reserved_per_tenant`] of them and
+//!   [`BuildConfig::max_active_per_tenant`] started builds not yet ended (beyond: refused,
+//!   [`CoreError::Capacity`], with the reason).
+//! - Builds run one at a time in the daemon (the store's lock: a build of `rampart template
+//!   build` on the host holding it makes an API build wait, its log says so). Started builds
+//!   wait in one queue per tenant; when the slot frees, the next build is taken from the next
+//!   tenant in turn (round robin), never one global FIFO: a tenant queueing many builds delays
+//!   another's by at most one of its builds.
+//! - A step runs at most [`BuildConfig::step_timeout`], a build at most
+//!   [`BuildConfig::build_timeout`]; a build may be cancelled ([`TemplateBuilds::cancel`]).
+//!   Either way the build ends `error` with the reason, and its build sandbox is killed (the
+//!   builder's cancel flag: the runner destroys the sandbox).
+//! - Logs are on disk, one file per build (`<data>/build-logs/<build id>.jsonl`, 0600 in a
+//!   0700 directory, one JSON entry a line), never in the daemon's memory: a line longer than
+//!   [`BuildConfig::log_line_max_bytes`] is cut (with a note of the bytes dropped), and a log
+//!   longer than [`BuildConfig::log_max_bytes`] keeps its first part and its end (a small
+//!   tail kept in memory while the build runs), with a note of what was dropped between.
+//!   Output is split into lines linearly ([`LineSplitter`]: each byte is scanned once).
 //! - Uploads: `<data>/images/uploads/<hash>.tar` (the archive as sent, gzip or plain), written
 //!   to a temp file and renamed into place when complete. A `copy` step's archive is unpacked
 //!   with the layer extractor's rules (no entry leaves the directory, symlinks are never
 //!   followed) into a temp directory of the store, arranged as Docker's `COPY` places its
 //!   sources, and copied by the builder's `copy` step (whose cache key covers every copied
 //!   file: a layer is reused only for the same content).
-//! - Build records live in memory (the last [`MAX_BUILDS`]): after a restart, a build's
-//!   status is unknown, its template (if it was ready) remains.
+//! - Build records live in memory (the last [`MAX_BUILDS`], a few hundred bytes each, their
+//!   logs on disk): after a restart, a build's status is unknown (its log is removed), its
+//!   template (if it was ready) remains.
 
 use crate::CoreError;
 use rampart_image::build::{BuildEvent, BuildOptions, Builder, JailRunner, DEFAULT_BUILD_UID_BASE};
 use rampart_image::spec::{Base, BuildNetwork, StartSpec};
 use rampart_image::{ImageError, Spec, Step, Store};
 use std::collections::{BTreeMap, HashMap, VecDeque};
-use std::io::Read;
-use std::os::unix::fs::DirBuilderExt as _;
+use std::io::{BufRead as _, Read, Seek as _, Write as _};
+use std::os::unix::fs::{DirBuilderExt as _, OpenOptionsExt as _};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-/// Builds kept in memory (oldest finished ones are forgotten first).
+/// Builds kept in memory (oldest finished ones are forgotten first, with their logs); when
+/// as many are unfinished, a new reservation is refused.
 pub const MAX_BUILDS: usize = 256;
-/// Log entries kept per build (later ones are dropped, with a note).
-pub const MAX_LOG_ENTRIES: usize = 50_000;
 /// Largest upload accepted, bytes.
 pub const MAX_UPLOAD_BYTES: u64 = 4 << 30;
 /// How long an upload link stays valid.
 pub const UPLOAD_LINK_TTL: Duration = Duration::from_secs(3600);
+/// Most of a build's log kept in memory (the end of a log past its bound, while it runs).
+pub const MAX_LOG_TAIL_BYTES: u64 = 256 << 10;
+/// Room for the note a cut line ends with (` [line cut: N bytes dropped]`).
+const CUT_NOTE_ROOM: usize = 48;
+/// Entries between two positions of the on-disk log index (so a read from an offset seeks).
+const LOG_INDEX_EVERY: u64 = 256;
+
+/// Template builds' bounds and timeouts (part of [`crate::CoreConfig`]). Defaults: logs of
+/// 8 MiB and lines of 16 KiB per build, reservations expire after 10 minutes, 8 reservations
+/// and 4 started builds per tenant, steps of 30 minutes, builds of 2 hours.
+/// [`BuildConfig::from_env`] reads overrides from `RAMPART_BUILD_*` variables.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BuildConfig {
+    /// A build's log on disk, bytes (past it: its first part and its end are kept).
+    pub log_max_bytes: u64,
+    /// A log line, bytes (longer: cut, with the count of bytes dropped).
+    pub log_line_max_bytes: usize,
+    /// How long a reserved build may wait to be started before it is forgotten.
+    pub reservation_ttl: Duration,
+    /// Reserved, not started builds a tenant (or the node) may hold.
+    pub max_reserved_per_tenant: usize,
+    /// Started builds not yet ended (queued or running) a tenant (or the node) may hold.
+    pub max_active_per_tenant: usize,
+    /// Longest a step (the base included) may run.
+    pub step_timeout: Duration,
+    /// Longest a build may run (from when it takes the build slot).
+    pub build_timeout: Duration,
+}
+
+impl Default for BuildConfig {
+    fn default() -> Self {
+        BuildConfig {
+            log_max_bytes: 8 << 20,
+            log_line_max_bytes: 16 << 10,
+            reservation_ttl: Duration::from_secs(600),
+            max_reserved_per_tenant: 8,
+            max_active_per_tenant: 4,
+            step_timeout: Duration::from_secs(30 * 60),
+            build_timeout: Duration::from_secs(2 * 3600),
+        }
+    }
+}
+
+/// The environment variables [`BuildConfig::from_env`] reads, with what each sets.
+pub const BUILD_ENV: &[(&str, &str)] = &[
+    ("RAMPART_BUILD_LOG_MAX_BYTES", "log_max_bytes"),
+    ("RAMPART_BUILD_LOG_LINE_MAX_BYTES", "log_line_max_bytes"),
+    ("RAMPART_BUILD_RESERVATION_TTL_SECS", "reservation_ttl"),
+    ("RAMPART_BUILD_MAX_RESERVED", "max_reserved_per_tenant"),
+    ("RAMPART_BUILD_MAX_ACTIVE", "max_active_per_tenant"),
+    ("RAMPART_BUILD_STEP_TIMEOUT_SECS", "step_timeout"),
+    ("RAMPART_BUILD_TIMEOUT_SECS", "build_timeout"),
+];
+
+impl BuildConfig {
+    /// The defaults, with each `RAMPART_BUILD_*` variable of [`BUILD_ENV`] that is set to a
+    /// number above 0 in its place (another value is ignored, with a warning).
+    pub fn from_env() -> Self {
+        let mut c = BuildConfig::default();
+        for (var, _) in BUILD_ENV {
+            let Ok(v) = std::env::var(var) else { continue };
+            let n = match v.trim().parse::<u64>() {
+                Ok(n) if n > 0 => n,
+                _ => {
+                    tracing::warn!("{var}={v:?} is not a number above 0; using the default");
+                    continue;
+                }
+            };
+            let z = usize::try_from(n).unwrap_or(usize::MAX);
+            match *var {
+                "RAMPART_BUILD_LOG_MAX_BYTES" => c.log_max_bytes = n.max(4096),
+                "RAMPART_BUILD_LOG_LINE_MAX_BYTES" => c.log_line_max_bytes = z.max(64),
+                "RAMPART_BUILD_RESERVATION_TTL_SECS" => c.reservation_ttl = Duration::from_secs(n),
+                "RAMPART_BUILD_MAX_RESERVED" => c.max_reserved_per_tenant = z,
+                "RAMPART_BUILD_MAX_ACTIVE" => c.max_active_per_tenant = z,
+                "RAMPART_BUILD_STEP_TIMEOUT_SECS" => c.step_timeout = Duration::from_secs(n),
+                "RAMPART_BUILD_TIMEOUT_SECS" => c.build_timeout = Duration::from_secs(n),
+                _ => {}
+            }
+        }
+        c
+    }
+}
 
 /// A build's state (E2B's `TemplateBuildStatus`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -141,10 +242,447 @@ pub struct BuildInfo {
     pub template_id: Option<String>,
 }
 
+/// The largest prefix of `s` of at most `max` bytes that ends on a character boundary.
+fn floor_boundary(s: &str, max: usize) -> usize {
+    if max >= s.len() {
+        return s.len();
+    }
+    let mut i = max;
+    while i > 0 && !s.is_char_boundary(i) {
+        i -= 1;
+    }
+    i
+}
+
+/// `text` cut to `max` bytes (on a character boundary), with a note of the bytes dropped.
+fn cut_line(text: &str, max: usize) -> String {
+    if text.len() <= max {
+        return text.to_owned();
+    }
+    let keep = floor_boundary(text, max);
+    format!(
+        "{} [line cut: {} bytes dropped]",
+        &text[..keep],
+        text.len() - keep
+    )
+}
+
+/// Splits a step's output into lines, linearly: each byte of output is scanned once (only
+/// the new text is searched for a newline, never what was buffered before), and at most
+/// `max` bytes of a line are kept (the rest counted and dropped, the line ending with a
+/// note of how many bytes were dropped; the cut falls on a UTF-8 character boundary).
+#[derive(Debug)]
+pub struct LineSplitter {
+    /// The line so far (at most `max` bytes).
+    buf: String,
+    max: usize,
+    /// Bytes of the current line dropped past `max`.
+    dropped: u64,
+    /// Bytes scanned for newlines, in all.
+    scanned: u64,
+}
+
+impl LineSplitter {
+    /// A splitter keeping at most `max` bytes of a line.
+    pub fn new(max: usize) -> Self {
+        LineSplitter {
+            buf: String::new(),
+            max,
+            dropped: 0,
+            scanned: 0,
+        }
+    }
+
+    /// Adds output; each line it completes goes to `emit` (without its newline or a `\r`
+    /// before it; empty lines are skipped).
+    pub fn push(&mut self, text: &str, emit: &mut dyn FnMut(String)) {
+        let mut rest = text;
+        self.scanned += text.len() as u64;
+        while let Some(p) = rest.find('\n') {
+            self.take(&rest[..p]);
+            if let Some(l) = self.line() {
+                emit(l);
+            }
+            rest = &rest[p + 1..];
+        }
+        self.take(rest);
+    }
+
+    /// Ends the output: the line not ended by a newline, if any (trimmed at its end).
+    pub fn finish(&mut self) -> Option<String> {
+        let l = self.line()?;
+        let t = l.trim_end();
+        (!t.is_empty()).then(|| t.to_owned())
+    }
+
+    /// Bytes scanned for a newline so far (each byte of output once).
+    pub fn scanned(&self) -> u64 {
+        self.scanned
+    }
+
+    /// Bytes held for the line not yet ended.
+    pub fn held(&self) -> usize {
+        self.buf.len()
+    }
+
+    fn take(&mut self, s: &str) {
+        if self.dropped > 0 {
+            self.dropped += s.len() as u64;
+            return;
+        }
+        let room = self.max.saturating_sub(self.buf.len());
+        let keep = floor_boundary(s, room);
+        self.buf.push_str(&s[..keep]);
+        self.dropped += (s.len() - keep) as u64;
+    }
+
+    fn line(&mut self) -> Option<String> {
+        let mut l = std::mem::take(&mut self.buf);
+        let dropped = std::mem::take(&mut self.dropped);
+        if l.ends_with('\r') {
+            l.pop();
+        }
+        if dropped > 0 {
+            l.push_str(&format!(" [line cut: {dropped} bytes dropped]"));
+        }
+        (!l.is_empty()).then_some(l)
+    }
+}
+
+/// A build's log on disk (see the module's documentation): the file, an index of every
+/// [`LOG_INDEX_EVERY`]th entry's position, and the tail of a log past its bound.
+#[derive(Debug)]
+struct BuildLog {
+    path: PathBuf,
+    file: Option<std::fs::File>,
+    /// Writing failed (the disk): later entries are dropped.
+    broken: bool,
+    /// Entries and bytes in the file.
+    entries: u64,
+    bytes: u64,
+    /// Byte position of entry `k * LOG_INDEX_EVERY`.
+    index: Vec<u64>,
+    /// Bytes of the log's first part (past them, entries go to the tail).
+    head_max: u64,
+    tail_max: u64,
+    line_max: usize,
+    /// The last entries once the first part is full (serialized, newline included).
+    tail: VecDeque<String>,
+    tail_bytes: u64,
+    /// Entries (and their bytes) dropped between the first part and the tail.
+    dropped: u64,
+    dropped_bytes: u64,
+    /// The first part is full.
+    cutting: bool,
+    /// The build ended: nothing more is written.
+    closed: bool,
+}
+
+/// A log level as the static string [`LogEntry`] carries.
+fn level_of(s: &str) -> &'static str {
+    match s {
+        "debug" => "debug",
+        "warn" => "warn",
+        "error" => "error",
+        _ => "info",
+    }
+}
+
+impl BuildLog {
+    fn new(path: PathBuf, cfg: &BuildConfig) -> Self {
+        let tail_max = MAX_LOG_TAIL_BYTES.min(cfg.log_max_bytes / 4);
+        BuildLog {
+            path,
+            file: None,
+            broken: false,
+            entries: 0,
+            bytes: 0,
+            index: Vec::new(),
+            head_max: cfg.log_max_bytes - tail_max,
+            tail_max,
+            line_max: cfg.log_line_max_bytes,
+            tail: VecDeque::new(),
+            tail_bytes: 0,
+            dropped: 0,
+            dropped_bytes: 0,
+            cutting: false,
+            closed: false,
+        }
+    }
+
+    fn encode(e: &LogEntry, line_max: usize) -> String {
+        // A line the splitter cut carries its note past the bound: it is not cut again.
+        let m = if e.message.len() > line_max + CUT_NOTE_ROOM {
+            cut_line(&e.message, line_max)
+        } else {
+            e.message.clone()
+        };
+        let mut v = serde_json::json!({
+            "t": e.timestamp,
+            "l": e.level,
+            "m": m,
+        });
+        if let Some(s) = &e.step {
+            v["s"] = serde_json::Value::String(s.clone());
+        }
+        let mut line = v.to_string();
+        line.push('\n');
+        line
+    }
+
+    fn decode(line: &str) -> Option<LogEntry> {
+        let v: serde_json::Value = serde_json::from_str(line).ok()?;
+        Some(LogEntry {
+            timestamp: v["t"].as_str()?.to_owned(),
+            level: level_of(v["l"].as_str().unwrap_or("info")),
+            message: v["m"].as_str()?.to_owned(),
+            step: v["s"].as_str().map(str::to_owned),
+        })
+    }
+
+    fn push(&mut self, e: &LogEntry) {
+        if self.closed || self.broken {
+            return;
+        }
+        let line = Self::encode(e, self.line_max);
+        let n = line.len() as u64;
+        if !self.cutting && self.bytes + n <= self.head_max {
+            self.append(&line);
+            return;
+        }
+        self.cutting = true;
+        self.tail_bytes += n;
+        self.tail.push_back(line);
+        while self.tail_bytes > self.tail_max && self.tail.len() > 1 {
+            if let Some(old) = self.tail.pop_front() {
+                self.tail_bytes -= old.len() as u64;
+                self.dropped += 1;
+                self.dropped_bytes += old.len() as u64;
+            }
+        }
+    }
+
+    fn append(&mut self, line: &str) {
+        if self.file.is_none() {
+            let opened = self
+                .path
+                .parent()
+                .map(|d| {
+                    std::fs::DirBuilder::new()
+                        .recursive(true)
+                        .mode(0o700)
+                        .create(d)
+                })
+                .unwrap_or(Ok(()))
+                .and_then(|()| {
+                    std::fs::OpenOptions::new()
+                        .create(true)
+                        .append(true)
+                        .mode(0o600)
+                        .open(&self.path)
+                });
+            match opened {
+                Ok(f) => self.file = Some(f),
+                Err(e) => {
+                    tracing::warn!("build log {}: {e}", self.path.display());
+                    self.broken = true;
+                    return;
+                }
+            }
+        }
+        let Some(f) = self.file.as_mut() else { return };
+        if let Err(e) = f.write_all(line.as_bytes()) {
+            tracing::warn!("build log {}: {e}", self.path.display());
+            self.broken = true;
+            return;
+        }
+        if self.entries % LOG_INDEX_EVERY == 0 {
+            self.index.push(self.bytes);
+        }
+        self.entries += 1;
+        self.bytes += line.len() as u64;
+    }
+
+    /// The build ended: the note of what was dropped and the tail go to the file, which is
+    /// closed.
+    fn close(&mut self) {
+        if self.closed {
+            return;
+        }
+        if self.cutting && !self.broken {
+            let note = LogEntry {
+                timestamp: now(),
+                level: "warn",
+                message: format!(
+                    "log cut: {} entries ({} bytes) dropped here; a build's log keeps its \
+                     first {} and its last {} bytes",
+                    self.dropped, self.dropped_bytes, self.head_max, self.tail_max
+                ),
+                step: None,
+            };
+            let note = Self::encode(&note, self.line_max);
+            self.append(&note);
+            while let Some(l) = self.tail.pop_front() {
+                self.append(&l);
+            }
+            self.tail_bytes = 0;
+        }
+        self.closed = true;
+        self.file = None;
+    }
+
+    /// Calls `f` with each entry from `offset` (in the file) until it answers false.
+    fn scan(&self, offset: u64, f: &mut dyn FnMut(LogEntry) -> bool) {
+        if offset >= self.entries {
+            return;
+        }
+        let Ok(mut file) = std::fs::File::open(&self.path) else {
+            return;
+        };
+        let slot = usize::try_from(offset / LOG_INDEX_EVERY).unwrap_or(usize::MAX);
+        let Some(&pos) = self.index.get(slot) else {
+            return;
+        };
+        if file.seek(std::io::SeekFrom::Start(pos)).is_err() {
+            return;
+        }
+        let mut skip = offset % LOG_INDEX_EVERY;
+        // Only what the index knows of (a write in progress is not read).
+        let r = std::io::BufReader::new(file.take(self.bytes - pos));
+        for line in r.lines() {
+            let Ok(line) = line else { return };
+            if skip > 0 {
+                skip -= 1;
+                continue;
+            }
+            if let Some(e) = Self::decode(&line) {
+                if !f(e) {
+                    return;
+                }
+            }
+        }
+    }
+
+    fn remove(&mut self) {
+        self.file = None;
+        self.closed = true;
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// How a running (or queued) build is stopped: the builder's cancel flag, why it was set,
+/// and the step running (for its timeout).
+#[derive(Debug)]
+struct Control {
+    cancel: Arc<AtomicBool>,
+    why: Mutex<Option<String>>,
+    /// When the current step began, and its name.
+    step: Mutex<(Instant, Option<String>)>,
+}
+
+impl Control {
+    fn new() -> Self {
+        Control {
+            cancel: Arc::new(AtomicBool::new(false)),
+            why: Mutex::new(None),
+            step: Mutex::new((Instant::now(), None)),
+        }
+    }
+
+    /// Stops the build for `why` (the first reason given stays).
+    fn stop(&self, why: String) {
+        let mut w = self.why.lock().unwrap_or_else(|e| e.into_inner());
+        if w.is_none() {
+            *w = Some(why);
+        }
+        self.cancel.store(true, Ordering::SeqCst);
+    }
+
+    fn why(&self) -> Option<String> {
+        self.why.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    fn stopped(&self) -> bool {
+        self.cancel.load(Ordering::SeqCst)
+    }
+
+    fn step_began(&self, name: Option<String>) {
+        *self.step.lock().unwrap_or_else(|e| e.into_inner()) = (Instant::now(), name);
+    }
+}
+
 #[derive(Debug)]
 struct Record {
     info: BuildInfo,
-    logs: Vec<LogEntry>,
+    log: Arc<Mutex<BuildLog>>,
+    /// When it was reserved (a reservation not started expires).
+    reserved: Instant,
+    /// It was started (queued or running, or ended).
+    started: bool,
+    control: Arc<Control>,
+}
+
+impl Record {
+    fn ended(&self) -> bool {
+        matches!(self.info.status, BuildStatus::Ready | BuildStatus::Error)
+    }
+}
+
+/// A started build waiting for the build slot.
+#[derive(Debug)]
+struct Job {
+    id: String,
+    info: BuildInfo,
+    plan: BuildPlan,
+    control: Arc<Control>,
+}
+
+/// Started builds by owner (None: the node), served round robin.
+#[derive(Debug, Default)]
+struct Queue {
+    waiting: BTreeMap<Option<String>, VecDeque<Job>>,
+    /// The owner served last.
+    last: Option<Option<String>>,
+    /// The build holding the slot.
+    running: Option<String>,
+}
+
+impl Queue {
+    /// The next build: the first of the next owner after the last served (in name order,
+    /// wrapping around).
+    fn next(&mut self) -> Option<Job> {
+        let key = match &self.last {
+            Some(last) => self
+                .waiting
+                .range::<Option<String>, _>((
+                    std::ops::Bound::Excluded(last),
+                    std::ops::Bound::Unbounded,
+                ))
+                .next()
+                .map(|(k, _)| k.clone())
+                .or_else(|| self.waiting.keys().next().cloned()),
+            None => self.waiting.keys().next().cloned(),
+        }?;
+        let q = self.waiting.get_mut(&key)?;
+        let job = q.pop_front();
+        if q.is_empty() {
+            self.waiting.remove(&key);
+        }
+        self.last = Some(key);
+        job
+    }
+
+    fn remove(&mut self, id: &str) -> Option<Job> {
+        let mut found = None;
+        for q in self.waiting.values_mut() {
+            if let Some(p) = q.iter().position(|j| j.id == id) {
+                found = q.remove(p);
+                break;
+            }
+        }
+        self.waiting.retain(|_, q| !q.is_empty());
+        found
+    }
 }
 
 #[derive(Debug)]
@@ -174,13 +712,15 @@ pub struct TemplateBuilds {
     agent_bin: PathBuf,
     /// How `image:` bases are pulled.
     registry: rampart_image::registry::RegistryConfig,
+    /// Bounds and timeouts.
+    cfg: BuildConfig,
     /// Whether sandboxes run in the jail (builds need it).
     jailed: bool,
     builds: Mutex<HashMap<String, Record>>,
     order: Mutex<VecDeque<String>>,
     uploads: Mutex<HashMap<String, Upload>>,
-    /// One build at a time in this daemon.
-    run: tokio::sync::Mutex<()>,
+    /// Started builds and the one slot (lock order: `queue` before `builds`).
+    queue: Mutex<Queue>,
 }
 
 fn now() -> String {
@@ -224,20 +764,42 @@ pub fn is_files_hash(h: &str) -> bool {
     h.len() == 64 && h.bytes().all(|b| b.is_ascii_hexdigit())
 }
 
+/// Who a caller is, in messages.
+fn whose(owner: Option<&str>) -> String {
+    match owner {
+        Some(t) => format!("tenant \"{t}\""),
+        None => "the node".to_owned(),
+    }
+}
+
 impl TemplateBuilds {
     pub(crate) fn new(cfg: &crate::CoreConfig, templates_dir: &Path, jailed: bool) -> Self {
+        let data = cfg.data_dir.clone();
+        // Logs of a previous run: their builds are forgotten.
+        let _ = std::fs::remove_dir_all(data.join("build-logs"));
         TemplateBuilds {
-            data: cfg.data_dir.clone(),
+            data,
             templates_dir: templates_dir.to_path_buf(),
             jailer_bin: cfg.jailer_bin.clone(),
             agent_bin: cfg.agent_bin.clone(),
             registry: cfg.registry.clone(),
+            cfg: cfg.builds.clone(),
             jailed,
             builds: Mutex::new(HashMap::new()),
             order: Mutex::new(VecDeque::new()),
             uploads: Mutex::new(HashMap::new()),
-            run: tokio::sync::Mutex::new(()),
+            queue: Mutex::new(Queue::default()),
         }
+    }
+
+    /// The bounds and timeouts builds run with.
+    pub fn config(&self) -> &BuildConfig {
+        &self.cfg
+    }
+
+    /// The log file of build `id` (`<data>/build-logs/<id>.jsonl`).
+    fn log_path(&self, id: &str) -> PathBuf {
+        self.data.join("build-logs").join(format!("{id}.jsonl"))
     }
 
     /// The uploads of `owner` (None: the node's, `uploads/`; a tenant's:
@@ -257,10 +819,42 @@ impl TemplateBuilds {
         self.uploads_dir(owner).join(format!("{hash}.tar"))
     }
 
+    /// Forgets reservations never started within the TTL.
+    fn expire(&self, b: &mut HashMap<String, Record>, order: &mut VecDeque<String>) {
+        let ttl = self.cfg.reservation_ttl;
+        let gone: Vec<String> = b
+            .iter()
+            .filter(|(_, r)| {
+                !r.started && r.info.status == BuildStatus::Waiting && r.reserved.elapsed() > ttl
+            })
+            .map(|(id, _)| id.clone())
+            .collect();
+        if gone.is_empty() {
+            return;
+        }
+        for id in &gone {
+            if let Some(r) = b.remove(id) {
+                r.log.lock().unwrap_or_else(|e| e.into_inner()).remove();
+            }
+        }
+        order.retain(|id| b.contains_key(id));
+    }
+
+    /// The records, with expired reservations forgotten first.
+    fn records(&self) -> std::sync::MutexGuard<'_, HashMap<String, Record>> {
+        let mut b = self.builds.lock().unwrap_or_else(|e| e.into_inner());
+        let mut order = self.order.lock().unwrap_or_else(|e| e.into_inner());
+        self.expire(&mut b, &mut order);
+        drop(order);
+        b
+    }
+
     /// Reserves a build of template `t` (resolved for writing by
     /// [`crate::templates::lookup`]) with `tags` (store references are the stored name for
     /// `default` and `stored:TAG`); status `waiting`, owned by the caller's `tenant` (None:
-    /// the node).
+    /// the node). Refused ([`CoreError::Capacity`]) when the caller holds
+    /// [`BuildConfig::max_reserved_per_tenant`] reservations not started, or the daemon
+    /// [`MAX_BUILDS`] builds not ended.
     pub fn reserve(
         &self,
         tenant: Option<&str>,
@@ -294,17 +888,34 @@ impl TemplateBuilds {
         };
         let mut b = self.builds.lock().unwrap_or_else(|e| e.into_inner());
         let mut order = self.order.lock().unwrap_or_else(|e| e.into_inner());
+        self.expire(&mut b, &mut order);
+        let reserved = b
+            .values()
+            .filter(|r| !r.started && !r.ended() && r.info.owner.as_deref() == tenant)
+            .count();
+        if reserved >= self.cfg.max_reserved_per_tenant {
+            return Err(CoreError::Capacity(format!(
+                "{} holds {reserved} template builds reserved and not started (at most {}); \
+                 start or let them expire (after {} s) first",
+                whose(tenant),
+                self.cfg.max_reserved_per_tenant,
+                self.cfg.reservation_ttl.as_secs()
+            )));
+        }
         // Forget the oldest finished builds beyond the bound.
         while order.len() >= MAX_BUILDS {
-            let Some(pos) = order.iter().position(|id| {
-                b.get(id).is_none_or(|r| {
-                    matches!(r.info.status, BuildStatus::Ready | BuildStatus::Error)
-                })
-            }) else {
-                break;
+            let Some(pos) = order
+                .iter()
+                .position(|id| b.get(id).is_none_or(Record::ended))
+            else {
+                return Err(CoreError::Capacity(format!(
+                    "the daemon holds {MAX_BUILDS} template builds not ended; try again later"
+                )));
             };
             if let Some(id) = order.remove(pos) {
-                b.remove(&id);
+                if let Some(r) = b.remove(&id) {
+                    r.log.lock().unwrap_or_else(|e| e.into_inner()).remove();
+                }
             }
         }
         order.push_back(info.build_id.clone());
@@ -312,16 +923,23 @@ impl TemplateBuilds {
             info.build_id.clone(),
             Record {
                 info: info.clone(),
-                logs: Vec::new(),
+                log: Arc::new(Mutex::new(BuildLog::new(
+                    self.log_path(&info.build_id),
+                    &self.cfg,
+                ))),
+                reserved: Instant::now(),
+                started: false,
+                control: Arc::new(Control::new()),
             },
         );
         Ok(info)
     }
 
     /// A build's record, if a caller of `tenant` may see it (its tenant's, or any for the
-    /// node): another tenant's build is None, as one that does not exist.
+    /// node): another tenant's build is None, as one that does not exist (so is an expired
+    /// reservation).
     pub fn get(&self, tenant: Option<&str>, build_id: &str) -> Option<BuildInfo> {
-        let b = self.builds.lock().unwrap_or_else(|e| e.into_inner());
+        let b = self.records();
         b.get(build_id)
             .filter(|r| may_see(tenant, r.info.owner.as_deref()))
             .map(|r| r.info.clone())
@@ -334,7 +952,7 @@ impl TemplateBuilds {
         tenant: Option<&str>,
         t: &crate::templates::TemplateRef,
     ) -> Vec<BuildInfo> {
-        let b = self.builds.lock().unwrap_or_else(|e| e.into_inner());
+        let b = self.records();
         let mut v: Vec<BuildInfo> = b
             .values()
             .filter(|r| r.info.stored == t.stored)
@@ -345,8 +963,18 @@ impl TemplateBuilds {
         v
     }
 
+    /// The log of a build the caller may see.
+    fn log_of(&self, tenant: Option<&str>, build_id: &str) -> Option<Arc<Mutex<BuildLog>>> {
+        let b = self.records();
+        b.get(build_id)
+            .filter(|r| may_see(tenant, r.info.owner.as_deref()))
+            .map(|r| r.log.clone())
+    }
+
     /// Log entries of a build from `offset`, at most `limit` (None: no such build the
-    /// caller may see, see [`TemplateBuilds::get`]).
+    /// caller may see, see [`TemplateBuilds::get`]). Read from the build's log file; while a
+    /// build whose log passed its bound runs, the entries past its first part appear when
+    /// it ends (its last ones, after a note of what was dropped).
     pub fn logs(
         &self,
         tenant: Option<&str>,
@@ -354,38 +982,76 @@ impl TemplateBuilds {
         offset: usize,
         limit: usize,
     ) -> Option<Vec<LogEntry>> {
-        let b = self.builds.lock().unwrap_or_else(|e| e.into_inner());
-        b.get(build_id)
-            .filter(|r| may_see(tenant, r.info.owner.as_deref()))
-            .map(|r| r.logs.iter().skip(offset).take(limit).cloned().collect())
+        let log = self.log_of(tenant, build_id)?;
+        let l = log.lock().unwrap_or_else(|e| e.into_inner());
+        let mut v = Vec::new();
+        if limit > 0 {
+            l.scan(offset as u64, &mut |e| {
+                v.push(e);
+                v.len() < limit
+            });
+        }
+        Some(v)
+    }
+
+    /// Calls `f` with each log entry of a build in order until it answers false (false: no
+    /// such build the caller may see). Reads the file as it goes: nothing but the entry at
+    /// hand is held.
+    pub fn scan_logs(
+        &self,
+        tenant: Option<&str>,
+        build_id: &str,
+        f: &mut dyn FnMut(LogEntry) -> bool,
+    ) -> bool {
+        let Some(log) = self.log_of(tenant, build_id) else {
+            return false;
+        };
+        let l = log.lock().unwrap_or_else(|e| e.into_inner());
+        l.scan(0, f);
+        true
     }
 
     fn log(&self, build_id: &str, level: &'static str, step: Option<String>, message: String) {
-        let mut b = self.builds.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(r) = b.get_mut(build_id) {
-            if r.logs.len() < MAX_LOG_ENTRIES {
-                r.logs.push(LogEntry {
-                    timestamp: now(),
-                    level,
-                    message,
-                    step,
-                });
-            } else if r.logs.len() == MAX_LOG_ENTRIES {
-                r.logs.push(LogEntry {
-                    timestamp: now(),
-                    level: "warn",
-                    message: format!("log truncated at {MAX_LOG_ENTRIES} entries"),
-                    step: None,
-                });
+        let log = {
+            let b = self.builds.lock().unwrap_or_else(|e| e.into_inner());
+            match b.get(build_id) {
+                Some(r) => r.log.clone(),
+                None => return,
             }
-        }
+        };
+        let e = LogEntry {
+            timestamp: now(),
+            level,
+            message,
+            step,
+        };
+        log.lock().unwrap_or_else(|e| e.into_inner()).push(&e);
     }
 
-    fn set(&self, build_id: &str, f: impl FnOnce(&mut BuildInfo)) {
-        let mut b = self.builds.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(r) = b.get_mut(build_id) {
+    /// Ends a build `error` for `message` (at `step`), its log closed.
+    fn fail(&self, build_id: &str, message: String, step: Option<String>) {
+        self.log(
+            build_id,
+            "error",
+            step.clone(),
+            format!("Build failed: {message}"),
+        );
+        self.end(build_id, |i| {
+            i.status = BuildStatus::Error;
+            i.reason = Some((message, step));
+        });
+    }
+
+    /// Sets a build's final state and closes its log.
+    fn end(&self, build_id: &str, f: impl FnOnce(&mut BuildInfo)) {
+        let log = {
+            let mut b = self.builds.lock().unwrap_or_else(|e| e.into_inner());
+            let Some(r) = b.get_mut(build_id) else { return };
             f(&mut r.info);
-        }
+            r.info.finished_at = Some(now());
+            r.log.clone()
+        };
+        log.lock().unwrap_or_else(|e| e.into_inner()).close();
     }
 
     /// Whether a caller of `tenant` (None: the node) uploaded the archive `hash`: another
@@ -455,7 +1121,10 @@ impl TemplateBuilds {
     }
 
     /// Starts a reserved build with `plan` (one a caller of `tenant` may see); returns at
-    /// once (poll [`TemplateBuilds::get`]).
+    /// once (poll [`TemplateBuilds::get`]). The build waits in its owner's queue for the
+    /// build slot (status `building`, its log saying so). Refused
+    /// ([`CoreError::Capacity`]) when its owner holds
+    /// [`BuildConfig::max_active_per_tenant`] started builds not ended.
     pub fn start(
         self: &Arc<Self>,
         tenant: Option<&str>,
@@ -487,48 +1156,197 @@ impl TemplateBuilds {
                 }
             }
         }
-        self.set(build_id, |i| i.status = BuildStatus::Building);
-        let me = self.clone();
-        let id = build_id.to_owned();
-        tokio::spawn(async move {
-            let _one = me.run.lock().await;
-            let me2 = me.clone();
-            let id2 = id.clone();
-            let r = tokio::task::spawn_blocking(move || me2.run_build(&id2, &info, plan)).await;
-            let r = match r {
-                Ok(r) => r,
-                Err(e) => Err((format!("the build task failed: {e}"), None)),
+        let mut q = self.queue.lock().unwrap_or_else(|e| e.into_inner());
+        let ahead = {
+            let mut b = self.builds.lock().unwrap_or_else(|e| e.into_inner());
+            let owner = info.owner.as_deref();
+            let active = b
+                .values()
+                .filter(|r| r.started && !r.ended() && r.info.owner.as_deref() == owner)
+                .count();
+            let Some(r) = b.get_mut(build_id) else {
+                return Err(CoreError::NotFound(format!("build {build_id}")));
             };
-            match r {
-                Ok(tid) => {
-                    me.log(
-                        &id,
-                        "info",
-                        Some("finalize".into()),
-                        "Template is ready".into(),
-                    );
-                    me.set(&id, |i| {
-                        i.status = BuildStatus::Ready;
-                        i.template_id = Some(tid);
-                        i.finished_at = Some(now());
-                    });
-                }
-                Err((message, step)) => {
-                    me.log(
-                        &id,
-                        "error",
-                        step.clone(),
-                        format!("Build failed: {message}"),
-                    );
-                    me.set(&id, |i| {
-                        i.status = BuildStatus::Error;
-                        i.reason = Some((message, step));
-                        i.finished_at = Some(now());
-                    });
-                }
+            if r.started || r.info.status != BuildStatus::Waiting {
+                return Err(CoreError::Conflict(format!(
+                    "build {build_id} was already started ({})",
+                    r.info.status.as_str()
+                )));
             }
-        });
+            if active >= self.cfg.max_active_per_tenant {
+                return Err(CoreError::Capacity(format!(
+                    "{} has {active} template builds started and not ended (at most {}); \
+                     wait for one to end or cancel one",
+                    whose(owner),
+                    self.cfg.max_active_per_tenant
+                )));
+            }
+            r.started = true;
+            r.info.status = BuildStatus::Building;
+            q.waiting.values().map(VecDeque::len).sum::<usize>() + usize::from(q.running.is_some())
+        };
+        let control = {
+            let b = self.builds.lock().unwrap_or_else(|e| e.into_inner());
+            b.get(build_id)
+                .map(|r| r.control.clone())
+                .unwrap_or_else(|| Arc::new(Control::new()))
+        };
+        if ahead > 0 {
+            self.log(
+                build_id,
+                "info",
+                None,
+                format!("queued: {ahead} builds ahead (builds run one at a time, tenants in turn)"),
+            );
+        }
+        q.waiting
+            .entry(info.owner.clone())
+            .or_default()
+            .push_back(Job {
+                id: build_id.to_owned(),
+                info,
+                plan,
+                control,
+            });
+        drop(q);
+        self.pump();
         Ok(())
+    }
+
+    /// Cancels a build a caller of `tenant` may see: a reservation or a queued build ends at
+    /// once, a running one is stopped (its build sandbox killed) and ends `error` shortly
+    /// after; the build's record as it is after the request. A build already ended is a
+    /// [`CoreError::Conflict`].
+    pub fn cancel(&self, tenant: Option<&str>, build_id: &str) -> Result<BuildInfo, CoreError> {
+        let why = "cancelled by the API".to_owned();
+        let mut q = self.queue.lock().unwrap_or_else(|e| e.into_inner());
+        let (started, control, status) = {
+            let b = self.records();
+            let r = b
+                .get(build_id)
+                .filter(|r| may_see(tenant, r.info.owner.as_deref()))
+                .ok_or_else(|| CoreError::NotFound(format!("build {build_id}")))?;
+            (r.started, r.control.clone(), r.info.status)
+        };
+        if matches!(status, BuildStatus::Ready | BuildStatus::Error) {
+            return Err(CoreError::Conflict(format!(
+                "build {build_id} already ended ({})",
+                status.as_str()
+            )));
+        }
+        control.stop(why.clone());
+        if !started {
+            // A reservation: it ends here.
+            let mut b = self.builds.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(r) = b.get_mut(build_id) {
+                r.started = true;
+            }
+            drop(b);
+            self.fail(build_id, why, None);
+        } else if q.remove(build_id).is_some() {
+            self.fail(build_id, format!("{why} before it ran"), None);
+        }
+        // Running: the builder stops at its next check; the build task ends it.
+        drop(q);
+        self.get(tenant, build_id)
+            .ok_or_else(|| CoreError::NotFound(format!("build {build_id}")))
+    }
+
+    /// Gives the build slot, if free, to the next queued build (owners in turn).
+    fn pump(self: &Arc<Self>) {
+        let mut q = self.queue.lock().unwrap_or_else(|e| e.into_inner());
+        if q.running.is_some() {
+            return;
+        }
+        let Some(job) = q.next() else { return };
+        q.running = Some(job.id.clone());
+        drop(q);
+        let me = self.clone();
+        tokio::spawn(async move {
+            let id = job.id.clone();
+            me.run_job(job).await;
+            me.queue.lock().unwrap_or_else(|e| e.into_inner()).running = None;
+            me.pump();
+            drop(id);
+        });
+    }
+
+    /// Runs a build holding the slot, watching its step and build timeouts, and records how
+    /// it ended.
+    async fn run_job(self: &Arc<Self>, job: Job) {
+        let Job {
+            id,
+            info,
+            plan,
+            control,
+        } = job;
+        if control.stopped() {
+            let why = control.why().unwrap_or_else(|| "cancelled".into());
+            self.fail(&id, why, None);
+            return;
+        }
+        let me = self.clone();
+        let (id2, c2) = (id.clone(), control.clone());
+        let began = Instant::now();
+        control.step_began(None);
+        let mut task = tokio::task::spawn_blocking(move || me.run_build(&id2, &info, plan, &c2));
+        let mut tick = tokio::time::interval(Duration::from_millis(250));
+        let r = loop {
+            tokio::select! {
+                r = &mut task => break r,
+                _ = tick.tick() => self.watch(&control, began),
+            }
+        };
+        let r = match r {
+            Ok(r) => r,
+            Err(e) => Err((format!("the build task failed: {e}"), None)),
+        };
+        match r {
+            Ok(tid) => {
+                self.log(
+                    &id,
+                    "info",
+                    Some("finalize".into()),
+                    "Template is ready".into(),
+                );
+                self.end(&id, |i| {
+                    i.status = BuildStatus::Ready;
+                    i.template_id = Some(tid);
+                });
+            }
+            Err((message, step)) => self.fail(&id, message, step),
+        }
+    }
+
+    /// Stops a build past its build timeout, or whose step is past the step timeout.
+    fn watch(&self, control: &Control, began: Instant) {
+        if control.stopped() {
+            return;
+        }
+        let limit = self.cfg.build_timeout;
+        if began.elapsed() > limit {
+            control.stop(format!(
+                "the build timed out: it ran longer than {} s (the daemon's build timeout)",
+                limit.as_secs()
+            ));
+            return;
+        }
+        let limit = self.cfg.step_timeout;
+        let (at, name) = control
+            .step
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        if at.elapsed() > limit {
+            let which = match name {
+                Some(n) => format!("step {n}"),
+                None => "a step".to_owned(),
+            };
+            control.stop(format!(
+                "{which} timed out: it ran longer than {} s (the daemon's step timeout)",
+                limit.as_secs()
+            ));
+        }
     }
 
     /// Runs one build (blocking); the template id, or the reason and the step.
@@ -537,7 +1355,9 @@ impl TemplateBuilds {
         id: &str,
         info: &BuildInfo,
         plan: BuildPlan,
+        control: &Control,
     ) -> Result<String, (String, Option<String>)> {
+        let stopped = || control.why().unwrap_or_else(|| "cancelled".into());
         let store = Store::open(&self.data).map_err(|e| (e.to_string(), None))?;
         // The store's lock: a host build may hold it; wait for it to end.
         let mut said = false;
@@ -545,6 +1365,9 @@ impl TemplateBuilds {
             match store.lock() {
                 Ok(l) => break l,
                 Err(ImageError::Locked(what)) => {
+                    if control.stopped() {
+                        return Err((stopped(), None));
+                    }
                     if !said {
                         self.log(
                             id,
@@ -604,11 +1427,13 @@ impl TemplateBuilds {
             DEFAULT_BUILD_UID_BASE,
         )
         .map_err(|e| (e.to_string(), None))?;
-        let builder = crate::templates::with_builtins(
+        let mut builder = crate::templates::with_builtins(
             Builder::new(&store, &runner, runner.uid_base()),
             &self.templates_dir,
         )
         .with_registry(self.registry.clone());
+        // Cancel and the timeouts set it: the runner kills the step's sandbox.
+        builder.cancel = control.cancel.clone();
         let step_name = |index: usize| -> Option<String> {
             if index == 0 {
                 Some("base".into())
@@ -617,7 +1442,7 @@ impl TemplateBuilds {
             }
         };
         let mut current: (usize, usize, String) = (0, 0, String::new());
-        let mut pending = String::new();
+        let mut lines = LineSplitter::new(self.cfg.log_line_max_bytes);
         let mut events = |ev: BuildEvent| match ev {
             BuildEvent::Step {
                 index,
@@ -626,6 +1451,7 @@ impl TemplateBuilds {
                 ..
             } => {
                 current = (index, total, describe.clone());
+                control.step_began(step_name(index));
                 self.log(
                     id,
                     "info",
@@ -634,25 +1460,17 @@ impl TemplateBuilds {
                 );
             }
             BuildEvent::Output { text } => {
-                pending.push_str(&text);
-                while let Some(p) = pending.find('\n') {
-                    let line: String = pending.drain(..=p).collect();
-                    let line = line.trim_end_matches(['\n', '\r']);
-                    if !line.is_empty() {
-                        self.log(id, "info", step_name(current.0), line.to_owned());
-                    }
-                }
+                let step = step_name(current.0);
+                lines.push(&text, &mut |l| self.log(id, "info", step.clone(), l));
             }
             BuildEvent::StepDone {
                 index,
                 cached,
                 secs,
             } => {
-                if !pending.trim().is_empty() {
-                    let line = std::mem::take(&mut pending);
-                    self.log(id, "info", step_name(index), line.trim_end().to_owned());
+                if let Some(l) = lines.finish() {
+                    self.log(id, "info", step_name(index), l);
                 }
-                pending.clear();
                 let msg = if cached {
                     format!("CACHED [builder {}/{}] {}", index + 1, current.1, current.2)
                 } else {
@@ -682,6 +1500,15 @@ impl TemplateBuilds {
         let report = builder
             .build(&spec, &primary, &opts, &mut events)
             .map_err(|e| {
+                if control.stopped() {
+                    let step = control
+                        .step
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .1
+                        .clone();
+                    return (stopped(), step);
+                }
                 let step = match &e {
                     ImageError::Step { index, .. } => step_name(*index),
                     _ => None,
@@ -796,4 +1623,180 @@ fn stage_upload(archive: &Path, at: &Path) -> Result<PathBuf, String> {
         }
     }
     Ok(merged)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn split(max: usize, chunks: &[&str]) -> (Vec<String>, Option<String>, LineSplitter) {
+        let mut s = LineSplitter::new(max);
+        let mut out = Vec::new();
+        for c in chunks {
+            s.push(c, &mut |l| out.push(l));
+        }
+        let last = s.finish();
+        (out, last, s)
+    }
+
+    #[test]
+    fn lines_are_split_across_chunks() {
+        let (out, last, _) = split(100, &["ab", "c\nde", "f\r\n\n", "g\nh", "i"]);
+        assert_eq!(out, ["abc", "def", "g"]);
+        assert_eq!(last.as_deref(), Some("hi"));
+    }
+
+    #[test]
+    fn long_lines_are_cut_with_the_count_dropped() {
+        let (out, last, _) = split(4, &["abcdefghij\n", "xy", "zzzzzz", "\nok\n", "tail-end"]);
+        assert_eq!(
+            out,
+            [
+                "abcd [line cut: 6 bytes dropped]",
+                "xyzz [line cut: 4 bytes dropped]",
+                "ok"
+            ]
+        );
+        assert_eq!(last.as_deref(), Some("tail [line cut: 4 bytes dropped]"));
+    }
+
+    #[test]
+    fn cuts_fall_on_utf8_boundaries() {
+        // "é" is 2 bytes, "€" 3: 5 bytes fall inside "€", so the cut keeps "aé".
+        let (out, _, _) = split(5, &["aé€b\n"]);
+        assert_eq!(out, ["aé [line cut: 4 bytes dropped]"]);
+        // Room left inside a character on a later chunk: nothing after the cut is kept.
+        let (out, _, _) = split(4, &["abc", "€d\n"]);
+        assert_eq!(out, ["abc [line cut: 4 bytes dropped]"]);
+        for l in &out {
+            assert!(std::str::from_utf8(l.as_bytes()).is_ok());
+        }
+        assert_eq!(cut_line("€€", 4), "€ [line cut: 3 bytes dropped]");
+    }
+
+    #[test]
+    fn output_is_scanned_once_and_held_bounded() {
+        // 64 MiB without a newline, in 64 KiB chunks, then a newline: every byte is scanned
+        // once (nothing buffered is searched again) and at most the bound is held.
+        let chunk = "x".repeat(64 << 10);
+        let mut s = LineSplitter::new(16 << 10);
+        let mut out = Vec::new();
+        let mut total = 0u64;
+        for _ in 0..1024 {
+            s.push(&chunk, &mut |l| out.push(l));
+            total += chunk.len() as u64;
+            assert!(s.held() <= 16 << 10);
+        }
+        s.push("\n", &mut |l| out.push(l));
+        total += 1;
+        assert_eq!(s.scanned(), total);
+        assert_eq!(out.len(), 1);
+        assert!(out[0].ends_with(&format!(
+            "[line cut: {} bytes dropped]",
+            (64u64 << 20) - (16 << 10)
+        )));
+    }
+
+    #[test]
+    fn a_log_past_its_bound_keeps_its_start_and_end() {
+        let dir = std::env::temp_dir().join(format!("rampart-buildlog-{}", uuid()));
+        let cfg = BuildConfig {
+            log_max_bytes: 64 << 10,
+            log_line_max_bytes: 1024,
+            ..BuildConfig::default()
+        };
+        let mut l = BuildLog::new(dir.join("b.jsonl"), &cfg);
+        for i in 0..10_000 {
+            l.push(&LogEntry {
+                timestamp: now(),
+                level: "info",
+                message: format!("line {i} {}", "y".repeat(if i == 5 { 5000 } else { 10 })),
+                step: Some("1".into()),
+            });
+        }
+        assert!(l.tail_bytes <= l.tail_max);
+        l.close();
+        let size = std::fs::metadata(dir.join("b.jsonl")).unwrap().len();
+        assert!(size <= (64 << 10) + 1024, "{size}");
+        let mut all = Vec::new();
+        l.scan(0, &mut |e| {
+            all.push(e.message);
+            true
+        });
+        assert!(all[0].starts_with("line 0 "));
+        assert!(all[5].ends_with("bytes dropped]"), "{}", all[5]);
+        assert!(all.iter().any(|m| m.starts_with("log cut: ")));
+        assert!(all.last().unwrap().starts_with("line 9999 "));
+        // Reads from an offset seek through the index.
+        let mut from = Vec::new();
+        l.scan(300, &mut |e| {
+            from.push(e.message);
+            from.len() < 2
+        });
+        assert_eq!(from, all[300..302]);
+        use std::os::unix::fs::PermissionsExt as _;
+        let mode = std::fs::metadata(dir.join("b.jsonl"))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o600);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn the_queue_serves_owners_in_turn() {
+        let mut q = Queue::default();
+        let job = |id: &str| Job {
+            id: id.into(),
+            info: BuildInfo {
+                build_id: id.into(),
+                name: String::new(),
+                stored: String::new(),
+                owner: None,
+                tags: Vec::new(),
+                status: BuildStatus::Building,
+                reason: None,
+                created_at: String::new(),
+                finished_at: None,
+                template_id: None,
+            },
+            plan: BuildPlan {
+                from: Base::Template("base".into()),
+                steps: Vec::new(),
+                start: None,
+                network: BuildNetwork::None,
+                no_cache: false,
+                no_cache_from: None,
+                registry_auth: None,
+            },
+            control: Arc::new(Control::new()),
+        };
+        for id in ["b1", "b2", "b3"] {
+            q.waiting
+                .entry(Some("b".into()))
+                .or_default()
+                .push_back(job(id));
+        }
+        q.waiting
+            .entry(Some("a".into()))
+            .or_default()
+            .push_back(job("a1"));
+        q.waiting.entry(None).or_default().push_back(job("n1"));
+        let order: Vec<String> = std::iter::from_fn(|| q.next().map(|j| j.id)).collect();
+        assert_eq!(order, ["n1", "a1", "b1", "b2", "b3"]);
+        // After b was served, a newcomer a goes before b's next.
+        for id in ["b4", "b5"] {
+            q.waiting
+                .entry(Some("b".into()))
+                .or_default()
+                .push_back(job(id));
+        }
+        assert_eq!(q.next().map(|j| j.id).as_deref(), Some("b4"));
+        q.waiting
+            .entry(Some("a".into()))
+            .or_default()
+            .push_back(job("a2"));
+        assert_eq!(q.next().map(|j| j.id).as_deref(), Some("a2"));
+        assert_eq!(q.next().map(|j| j.id).as_deref(), Some("b5"));
+    }
 }

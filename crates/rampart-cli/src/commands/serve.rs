@@ -698,6 +698,7 @@ fn resolve(a: &ServeArgs) -> Result<Resolved> {
                 e
             },
             registry: resolve_registry(&file.templates)?,
+            builds: rampart_core::template_builds::BuildConfig::from_env(),
         },
     })
 }

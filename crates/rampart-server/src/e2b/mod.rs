@@ -256,7 +256,7 @@ pub(crate) fn attach(
         .route("/v3/templates", post(templates::request_build))
         .route(
             "/v2/templates/{id}/builds/{bid}",
-            post(templates::start_build),
+            post(templates::start_build).delete(templates::cancel_build),
         )
         .route(
             "/templates/{id}/builds/{bid}/status",

@@ -6,7 +6,11 @@
 //!   name. `GET /templates/{id}/files/{hash}` answers `present`, or an upload link the daemon
 //!   serves itself (`PUT /e2b/uploads/{token}`, one use, an hour). `POST /v2/templates/{id}/
 //!   builds/{bid}` translates the SDK's steps into a build plan and starts it;
-//!   `GET /templates/{id}/builds/{bid}/status` (and `/logs`) give its status and log.
+//!   `GET /templates/{id}/builds/{bid}/status` (and `/logs`) give its status and log;
+//!   `DELETE /v2/templates/{id}/builds/{bid}` cancels it (Rampart's: E2B has no cancel).
+//! - Limits (core's `BuildConfig`): a tenant's reservations and started builds are capped
+//!   (429 with the reason), reservations not started expire, steps and builds time out
+//!   (the build ends `error` with the reason), tenants' builds take the build slot in turn.
 //! - Bases: `fromTemplate` (`base`, or any built template or `name:tag`), `fromImage`
 //!   `e2bdev/base` (the built-in `base`) or `debian:SUITE` (mmdebstrap from deb.debian.org,
 //!   with E2B's `user` account added); any other image is refused with the reason (nothing
@@ -702,6 +706,32 @@ pub(crate) async fn start_build(
     Ok(StatusCode::ACCEPTED.into_response())
 }
 
+/// `DELETE /v2/templates/{id}/builds/{bid}`: cancels a build (Rampart's; E2B's API has no
+/// cancel): 202 with `{templateID, buildID, status}` (a reservation or a queued build is
+/// `error` at once; a running one is stopped, its build sandbox killed, and ends `error`
+/// with the reason `cancelled by the API` shortly after: poll the status); 404 for a build
+/// the caller cannot see; 409 for one already ended.
+pub(crate) async fn cancel_build(
+    State(st): State<E2b>,
+    crate::caller::Caller(who): crate::caller::Caller,
+    Path((id, bid)): Path<(String, String)>,
+) -> Result<Response, E2bError> {
+    let info = build_of(&st, &who, &id, &bid)?;
+    let info = st
+        .manager
+        .template_builds()
+        .cancel(who.tenant.as_deref(), &info.build_id)?;
+    Ok((
+        StatusCode::ACCEPTED,
+        Json(json!({
+            "templateID": info.name,
+            "buildID": info.build_id,
+            "status": info.status.as_str(),
+        })),
+    )
+        .into_response())
+}
+
 fn not_found_build(id: &str, bid: &str) -> E2bError {
     E2bError::new(
         StatusCode::NOT_FOUND,
@@ -791,21 +821,33 @@ pub(crate) async fn build_logs(
             .map(|t| t.unix_timestamp_nanos() / 1_000_000)
             .unwrap_or(0)
     };
-    let mut all: Vec<LogEntry> = b
-        .logs(who.tenant.as_deref(), &bid, 0, usize::MAX)
-        .unwrap_or_default()
-        .into_iter()
-        .filter(|e| level_rank(e.level) >= min)
-        .filter(|e| match cursor_ms {
-            Some(c) if backward => ms(&e.timestamp) <= c,
-            Some(c) => ms(&e.timestamp) >= c,
-            None => true,
-        })
-        .collect();
+    // Read from the build's log file as it goes: forward, the first `limit` entries that
+    // match; backward, the last `limit` (a ring of them), newest first.
+    let mut kept: std::collections::VecDeque<LogEntry> = std::collections::VecDeque::new();
+    b.scan_logs(who.tenant.as_deref(), &bid, &mut |e| {
+        let matches = level_rank(e.level) >= min
+            && match cursor_ms {
+                Some(c) if backward => ms(&e.timestamp) <= c,
+                Some(c) => ms(&e.timestamp) >= c,
+                None => true,
+            };
+        if matches {
+            kept.push_back(e);
+            if kept.len() > limit {
+                if backward {
+                    kept.pop_front();
+                } else {
+                    kept.pop_back();
+                    return false;
+                }
+            }
+        }
+        true
+    });
     if backward {
-        all.reverse();
+        kept = kept.into_iter().rev().collect();
     }
-    let logs: Vec<Value> = all.iter().take(limit).map(entry_json).collect();
+    let logs: Vec<Value> = kept.iter().take(limit).map(entry_json).collect();
     Ok(Json(json!({ "logs": logs })).into_response())
 }
 
