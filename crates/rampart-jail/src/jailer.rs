@@ -227,12 +227,39 @@ fn mount_on_base(
 /// Builds the sandbox described by `spec` and returns the host pid of its PID 1. With
 /// `prepared`, [`prepare`] already ran (for the directory now at `spec.sandbox_dir`).
 /// Must run in a single-threaded process (it forks without exec).
+///
+/// The phases, in this order: the disk ([`prepare`], [`make_upper_dirs`],
+/// [`prepare_disk`]), what PID 1 inherits ([`open_inherited`]), PID 1 itself
+/// ([`spawn_init`]), its uid/gid maps ([`map_ids`]), its root ([`mount_root`]) and volumes
+/// ([`mount_spec_volumes`]), the go ([`release_init`]) and the exec ([`await_exec`]). From
+/// the clone on, a failure kills PID 1 before it is returned.
 pub fn run(spec: &JailerSpec, prepared: bool) -> Result<i32, JailError> {
     let lay = Layout::new(&spec.sandbox_dir);
-    let (ub, gb) = (spec.uid_base, spec.uid_base);
     if !prepared {
         prepare(&spec.sandbox_dir, &spec.disk_image, &spec.cgroup_procs)?;
     }
+    make_upper_dirs(spec, &lay)?;
+    let disk_root = prepare_disk(spec, &lay)?;
+    let inherited = open_inherited(spec, disk_root)?;
+    let Spawned { pid, go, err } = spawn_init(spec, &inherited)?;
+    // PID 1 reaches the sandbox directory by its descriptor; the jailer needs it no more.
+    drop(inherited.sandbox_dir);
+    map_ids(pid, spec.uid_base, spec.uid_base).map_err(|e| kill_child(pid, e))?;
+    mount_root(spec, &lay, pid).map_err(|e| kill_child(pid, e))?;
+    if !spec.volumes.is_empty() {
+        mount_spec_volumes(spec, &lay, pid).map_err(|e| kill_child(pid, e))?;
+    }
+    release_init(&go).map_err(|e| kill_child(pid, e))?;
+    drop(go);
+    await_exec(pid, err)?;
+    Ok(pid)
+}
+
+/// Phase 1 (after [`prepare`]; the disk is mounted at `lay.disk_mnt`): the writable layers'
+/// directories, each owned by the sandbox's root uid where the sandbox writes: a build
+/// step's host directories (which become the new layer) and the disk's own.
+fn make_upper_dirs(spec: &JailerSpec, lay: &Layout) -> Result<(), JailError> {
+    let (ub, gb) = (spec.uid_base, spec.uid_base);
     let up = |n: &str| lay.disk_mnt.join(n);
     if let Some(b) = &spec.build {
         // A build step: the upper layer is a host directory that becomes the new layer.
@@ -256,6 +283,15 @@ pub fn run(spec: &JailerSpec, prepared: bool) -> Result<i32, JailError> {
             chown(&up(n), owner, gb)?;
         }
     }
+    Ok(())
+}
+
+/// Phase 2 (after [`make_upper_dirs`]): the disk's files for this sandbox (a disk cloned
+/// from another sandbox moves to this sandbox's uid range; a sandbox that is not a build
+/// step gets its machine id). Returns the disk's root, which PID 1 keeps for the host (see
+/// `persist`; close-on-exec here, cleared in the child just before it execs the agent).
+fn prepare_disk(spec: &JailerSpec, lay: &Layout) -> Result<std::fs::File, JailError> {
+    let ub = spec.uid_base;
     // A disk cloned from another sandbox: its files move to this sandbox's uid range.
     if let Some(from) = spec.shift_uids_from {
         crate::persist::shift_uids(&lay.disk_mnt, from, ub)?;
@@ -263,12 +299,34 @@ pub fn run(spec: &JailerSpec, prepared: bool) -> Result<i32, JailError> {
     if spec.build.is_none() {
         crate::persist::write_machine_id(&lay.disk_mnt, ub)?;
     }
-    // The disk's root, which PID 1 keeps for the host (see `persist`; close-on-exec here,
-    // cleared in the child just before it execs the agent).
-    let disk_root = std::fs::File::open(&lay.disk_mnt)
-        .map_err(io(format!("open {}", lay.disk_mnt.display())))?;
+    std::fs::File::open(&lay.disk_mnt).map_err(io(format!("open {}", lay.disk_mnt.display())))
+}
 
-    // e (early, so the child inherits them). The agent binary and its listening socket.
+/// What PID 1 inherits from the jailer (all close-on-exec in the jailer; the child clears
+/// the flag on what the agent keeps). Opened in this order by [`open_inherited`], so the
+/// descriptor numbers the agent is told are the same from launch to launch.
+struct Inherited {
+    /// The disk's root (see [`prepare_disk`]).
+    disk_root: std::fs::File,
+    /// The agent binary, exec'd by descriptor.
+    agent: std::fs::File,
+    /// The agent's listening socket.
+    listener: std::os::unix::net::UnixListener,
+    /// `/dev/null`, for PID 1's stdin, stdout and stderr.
+    devnull: std::fs::File,
+    /// The compiled seccomp filter.
+    filter: Vec<libc::sock_filter>,
+    /// The sandbox directory, which PID 1 enters by descriptor (not by its host path).
+    sandbox_dir: std::fs::File,
+    /// Build sandboxes: the resolver configuration, read here (PID 1 need not reach it).
+    resolv_conf: Option<Vec<u8>>,
+}
+
+/// Phase 3 (e, before the clone, so the child inherits them): opens the agent binary,
+/// binds its socket (mode 0600), opens `/dev/null`, sets the rlimits (here, as host root may
+/// raise the hard limit), compiles the seccomp filter, opens the sandbox directory and reads
+/// a build's resolver configuration.
+fn open_inherited(spec: &JailerSpec, disk_root: std::fs::File) -> Result<Inherited, JailError> {
     let agent = std::fs::File::open(&spec.agent_bin)
         .map_err(io(format!("open agent {}", spec.agent_bin.display())))?;
     let _ = std::fs::remove_file(&spec.agent_socket);
@@ -282,29 +340,48 @@ pub fn run(spec: &JailerSpec, prepared: bool) -> Result<i32, JailError> {
         .write(true)
         .open("/dev/null")
         .map_err(io("open /dev/null".into()))?;
-    // rlimits are set here, as host root may raise the hard limit; the child inherits them.
     set_rlimit(libc::RLIMIT_NOFILE, spec.open_files)?;
     set_rlimit(libc::RLIMIT_CORE, 0)?;
     let filter = seccomp::compile(&seccomp::default_policy())?;
-    // The sandbox directory, which PID 1 enters by descriptor (not by its host path).
     let sandbox_dir = std::fs::File::open(&spec.sandbox_dir)
         .map_err(io(format!("open {}", spec.sandbox_dir.display())))?;
-    // Build sandboxes: the resolver configuration, read here (PID 1 need not reach it).
     let resolv_conf = match spec.build.as_ref().and_then(|b| b.resolv_conf.as_ref()) {
         Some(p) => Some(std::fs::read(p).map_err(io(format!("read {}", p.display())))?),
         None => None,
     };
+    Ok(Inherited {
+        disk_root,
+        agent,
+        listener,
+        devnull,
+        filter,
+        sandbox_dir,
+        resolv_conf,
+    })
+}
 
-    // c. The sandbox's PID 1, in new user, pid, net, ipc and uts namespaces.
+/// PID 1 as the jailer holds it after [`spawn_init`].
+struct Spawned {
+    /// Its host pid.
+    pid: i32,
+    /// The go pipe's write end (see [`release_init`]).
+    go: OwnedFd,
+    /// The error pipe's read end (see [`await_exec`]).
+    err: OwnedFd,
+}
+
+/// Phase 4 (c, after [`open_inherited`]): clones the sandbox's PID 1 in new user, pid, net,
+/// ipc and uts namespaces (every sandbox, build steps included, has a network namespace of
+/// its own); on cgroup v2 it is born in the sandbox's cgroup (no migration). The child waits
+/// for the go, then runs [`child_setup`] and never returns here. On error no child exists.
+fn spawn_init(spec: &JailerSpec, inh: &Inherited) -> Result<Spawned, JailError> {
     let (go_rd, go_wr) = pipe()?;
     let (err_rd, err_wr) = pipe()?;
-    // Every sandbox, build steps included, has a network namespace of its own.
     let flags = libc::CLONE_NEWUSER
         | libc::CLONE_NEWPID
         | libc::CLONE_NEWNET
         | libc::CLONE_NEWIPC
         | libc::CLONE_NEWUTS;
-    // On cgroup v2, PID 1 is born in the sandbox's cgroup (no migration).
     let cgroup_dir = match &spec.clone_into_cgroup {
         Some(d) => {
             Some(std::fs::File::open(d).map_err(io(format!("open cgroup {}", d.display())))?)
@@ -347,146 +424,190 @@ pub fn run(spec: &JailerSpec, prepared: bool) -> Result<i32, JailError> {
         drop(err_rd);
         let ctx = Child {
             spec,
-            dir: sandbox_dir.as_raw_fd(),
-            resolv_conf: resolv_conf.as_deref(),
-            agent: agent.as_raw_fd(),
-            sock: listener.as_raw_fd(),
-            devnull: devnull.as_raw_fd(),
+            dir: inh.sandbox_dir.as_raw_fd(),
+            resolv_conf: inh.resolv_conf.as_deref(),
+            agent: inh.agent.as_raw_fd(),
+            sock: inh.listener.as_raw_fd(),
+            devnull: inh.devnull.as_raw_fd(),
             go: go_rd.as_raw_fd(),
             err: err_wr.as_raw_fd(),
-            filter: &filter,
-            disk: disk_root.as_raw_fd(),
+            filter: &inh.filter,
+            disk: inh.disk_root.as_raw_fd(),
         };
         child(ctx, go_rd, err_wr);
     }
     drop(go_rd);
     drop(err_wr);
-    drop(sandbox_dir);
-    let kill_child = |e: JailError| {
-        // SAFETY: `pid` is our own child.
-        unsafe {
-            libc::kill(pid, libc::SIGKILL);
-            libc::waitpid(pid, std::ptr::null_mut(), 0);
-        }
-        e
-    };
-    let setup_ids = || -> Result<(), JailError> {
-        let map = format!("0 {ub} 65536\n");
-        sys::write_file(Path::new(&format!("/proc/{pid}/uid_map")), &map)?;
-        sys::write_file(
-            Path::new(&format!("/proc/{pid}/gid_map")),
-            &format!("0 {gb} 65536\n"),
-        )?;
-        Ok(())
-    };
-    setup_ids().map_err(kill_child)?;
-    let setup = || -> Result<(), JailError> {
-        // d. Idmapped lower layers and the overlays. The overlays' options name their
-        // layers relative to the sandbox directory (the jailer's working directory from here
-        // on): the kernel shows those options in the sandbox's mountinfo, and no host path
-        // or sandbox id may appear there.
-        std::env::set_current_dir(&spec.sandbox_dir)
-            .map_err(io(format!("chdir {}", spec.sandbox_dir.display())))?;
-        let rel = |p: &Path| -> PathBuf {
-            p.strip_prefix(&spec.sandbox_dir)
-                .map(Path::to_path_buf)
-                .unwrap_or_else(|_| p.to_path_buf())
-        };
-        let userns = std::fs::File::open(format!("/proc/{pid}/ns/user"))
-            .map_err(io("open child user namespace".into()))?;
-        let ovl = |lower: &Path, upper: &str, work: &str, at: &Path| {
-            let opts = format!(
-                "lowerdir={},upperdir={},workdir={},index=off,metacopy=off,redirect_dir=off,xino=off",
-                rel(lower).display(),
-                rel(&up(upper)).display(),
-                rel(&up(work)).display()
-            );
-            sys::mount(Some("overlay"), at, Some("overlay"), 0, Some(&opts))
-        };
-        if spec.layers_on_base {
-            return mount_on_base(spec, &lay, &userns, &rel, &up);
-        }
-        if !spec.layers.is_empty() {
-            // A layered template: every layer idmapped, stacked (top first in lowerdir);
-            // no host /usr.
-            let mut lowers = Vec::with_capacity(spec.layers.len());
-            for (i, l) in spec.layers.iter().enumerate() {
-                let at = spec.sandbox_dir.join(format!("l{i}"));
-                mkdir(&at, 0o700)?;
-                sys::idmapped_bind(l, &at, userns.as_raw_fd())?;
-                lowers.push(format!("l{i}"));
+    Ok(Spawned {
+        pid,
+        go: go_wr,
+        err: err_rd,
+    })
+}
+
+/// Kills and reaps PID 1 (our own child, `pid`) after `e` stopped the launch; returns `e`.
+fn kill_child(pid: i32, e: JailError) -> JailError {
+    // SAFETY: `pid` is our own child.
+    unsafe {
+        libc::kill(pid, libc::SIGKILL);
+        libc::waitpid(pid, std::ptr::null_mut(), 0);
+    }
+    e
+}
+
+/// Phase 5 (first after the clone: PID 1 needs its ids before it can act as root in its
+/// user namespace): maps its uids and gids 0-65535 to the host's `ub`/`gb` upwards.
+fn map_ids(pid: i32, ub: u32, gb: u32) -> Result<(), JailError> {
+    let map = format!("0 {ub} 65536\n");
+    sys::write_file(Path::new(&format!("/proc/{pid}/uid_map")), &map)?;
+    sys::write_file(
+        Path::new(&format!("/proc/{pid}/gid_map")),
+        &format!("0 {gb} 65536\n"),
+    )?;
+    Ok(())
+}
+
+/// A path under the sandbox directory, relative to it (the jailer's working directory from
+/// [`mount_root`] on); any other path as it is.
+fn rel_to(spec: &JailerSpec, p: &Path) -> PathBuf {
+    p.strip_prefix(&spec.sandbox_dir)
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|_| p.to_path_buf())
+}
+
+/// Phase 6 (d, after [`map_ids`]: the lower layers are idmapped through PID 1's user
+/// namespace): the sandbox's root at `lay.root`, as an overlay of the template's layers
+/// ([`mount_on_base`], [`mount_layered`] or [`mount_plain`]). From here on the jailer's
+/// working directory is the sandbox directory, and the overlays' options name their layers
+/// relative to it: the kernel shows those options in the sandbox's mountinfo, and no host
+/// path or sandbox id may appear there.
+fn mount_root(spec: &JailerSpec, lay: &Layout, pid: i32) -> Result<(), JailError> {
+    std::env::set_current_dir(&spec.sandbox_dir)
+        .map_err(io(format!("chdir {}", spec.sandbox_dir.display())))?;
+    let rel = |p: &Path| rel_to(spec, p);
+    let up = |n: &str| lay.disk_mnt.join(n);
+    let userns = std::fs::File::open(format!("/proc/{pid}/ns/user"))
+        .map_err(io("open child user namespace".into()))?;
+    if spec.layers_on_base {
+        return mount_on_base(spec, lay, &userns, &rel, &up);
+    }
+    if !spec.layers.is_empty() {
+        return mount_layered(spec, lay, &userns, &rel, &up);
+    }
+    mount_plain(spec, lay, &userns, &rel, &up)
+}
+
+/// The root of a layered template (see [`mount_root`]): every layer idmapped, stacked (top
+/// first in lowerdir); no host /usr.
+fn mount_layered(
+    spec: &JailerSpec,
+    lay: &Layout,
+    userns: &std::fs::File,
+    rel: &dyn Fn(&Path) -> PathBuf,
+    up: &dyn Fn(&str) -> PathBuf,
+) -> Result<(), JailError> {
+    let mut lowers = Vec::with_capacity(spec.layers.len());
+    for (i, l) in spec.layers.iter().enumerate() {
+        let at = spec.sandbox_dir.join(format!("l{i}"));
+        mkdir(&at, 0o700)?;
+        sys::idmapped_bind(l, &at, userns.as_raw_fd())?;
+        lowers.push(format!("l{i}"));
+    }
+    lowers.reverse();
+    let (upper, work) = match &spec.build {
+        // Named through links in the sandbox directory, so the host paths of the
+        // build's layer are not in the options either.
+        Some(b) => {
+            for (link, to) in [("build-upper", &b.upper), ("build-work", &b.work)] {
+                let _ = std::fs::remove_file(link);
+                std::os::unix::fs::symlink(to, link).map_err(io(format!("symlink {link}")))?;
             }
-            lowers.reverse();
-            let (upper, work) = match &spec.build {
-                // Named through links in the sandbox directory, so the host paths of the
-                // build's layer are not in the options either.
-                Some(b) => {
-                    for (link, to) in [("build-upper", &b.upper), ("build-work", &b.work)] {
-                        let _ = std::fs::remove_file(link);
-                        std::os::unix::fs::symlink(to, link)
-                            .map_err(io(format!("symlink {link}")))?;
-                    }
-                    (PathBuf::from("build-upper"), PathBuf::from("build-work"))
-                }
-                None => (up("upper"), up("work")),
-            };
-            let opts = format!(
-                "lowerdir={},upperdir={},workdir={},index=off,metacopy=off,redirect_dir=off,xino=off",
-                lowers.join(":"),
-                rel(&upper).display(),
-                rel(&work).display()
-            );
-            sys::mount(Some("overlay"), &lay.root, Some("overlay"), 0, Some(&opts))?;
-            return Ok(());
+            (PathBuf::from("build-upper"), PathBuf::from("build-work"))
         }
-        sys::idmapped_bind(&spec.rootfs, &lay.lower_root, userns.as_raw_fd())?;
-        sys::idmapped_bind(&spec.usr_source, &lay.lower_usr, userns.as_raw_fd())?;
-        ovl(&lay.lower_root, "upper", "work", &lay.root)?;
-        let usr = lay.root.join("usr");
-        if !usr.is_dir() {
-            return Err(JailError::Template(format!(
-                "{} has no usr/ directory",
-                spec.rootfs.display()
-            )));
-        }
-        ovl(&lay.lower_usr, "usr-upper", "usr-work", &usr)?;
-        // The layers' own mounts (lower, lowerusr, mnt) are not unmounted: PID 1 leaves
-        // them behind with its old root at pivot_root, and this namespace (the only other
-        // place they exist) dies with the jailer. Unmounting them here would only wait for
-        // RCU grace periods on the launch path.
-        Ok(())
+        None => (up("upper"), up("work")),
     };
-    setup().map_err(kill_child)?;
-    if !spec.volumes.is_empty() {
-        let vols = || -> Result<(), JailError> {
-            let userns = std::fs::File::open(format!("/proc/{pid}/ns/user"))
-                .map_err(io("open child user namespace".into()))?;
-            crate::persist::mount_volumes(spec, &lay.root, userns.as_raw_fd())
-        };
-        vols().map_err(kill_child)?;
+    let opts = format!(
+        "lowerdir={},upperdir={},workdir={},index=off,metacopy=off,redirect_dir=off,xino=off",
+        lowers.join(":"),
+        rel(&upper).display(),
+        rel(&work).display()
+    );
+    sys::mount(Some("overlay"), &lay.root, Some("overlay"), 0, Some(&opts))
+}
+
+/// The root of a plain template (see [`mount_root`]): the idmapped rootfs under an overlay,
+/// and on its `/usr` the idmapped host `/usr` under another.
+fn mount_plain(
+    spec: &JailerSpec,
+    lay: &Layout,
+    userns: &std::fs::File,
+    rel: &dyn Fn(&Path) -> PathBuf,
+    up: &dyn Fn(&str) -> PathBuf,
+) -> Result<(), JailError> {
+    let ovl = |lower: &Path, upper: &str, work: &str, at: &Path| {
+        let opts = format!(
+            "lowerdir={},upperdir={},workdir={},index=off,metacopy=off,redirect_dir=off,xino=off",
+            rel(lower).display(),
+            rel(&up(upper)).display(),
+            rel(&up(work)).display()
+        );
+        sys::mount(Some("overlay"), at, Some("overlay"), 0, Some(&opts))
+    };
+    sys::idmapped_bind(&spec.rootfs, &lay.lower_root, userns.as_raw_fd())?;
+    sys::idmapped_bind(&spec.usr_source, &lay.lower_usr, userns.as_raw_fd())?;
+    ovl(&lay.lower_root, "upper", "work", &lay.root)?;
+    let usr = lay.root.join("usr");
+    if !usr.is_dir() {
+        return Err(JailError::Template(format!(
+            "{} has no usr/ directory",
+            spec.rootfs.display()
+        )));
     }
-    // f. Go.
+    ovl(&lay.lower_usr, "usr-upper", "usr-work", &usr)?;
+    // The layers' own mounts (lower, lowerusr, mnt) are not unmounted: PID 1 leaves
+    // them behind with its old root at pivot_root, and this namespace (the only other
+    // place they exist) dies with the jailer. Unmounting them here would only wait for
+    // RCU grace periods on the launch path.
+    Ok(())
+}
+
+/// Phase 7 (after [`mount_root`]; only when the spec has volumes): the spec's volumes in the
+/// sandbox's root, idmapped through PID 1's user namespace.
+fn mount_spec_volumes(spec: &JailerSpec, lay: &Layout, pid: i32) -> Result<(), JailError> {
+    let userns = std::fs::File::open(format!("/proc/{pid}/ns/user"))
+        .map_err(io("open child user namespace".into()))?;
+    crate::persist::mount_volumes(spec, &lay.root, userns.as_raw_fd())
+}
+
+/// Phase 8 (f, after every mount PID 1 needs exists): the go (`g`), then the cgroup
+/// confirmation (`c`): the child was born in the sandbox's cgroup (the jailer joined it
+/// before the clone, or cloned it into it); the second byte lets it go on to exec.
+fn release_init(go: &OwnedFd) -> Result<(), JailError> {
     // SAFETY: writing one byte from a valid buffer to our pipe.
-    let n = unsafe { libc::write(go_wr.as_raw_fd(), b"g".as_ptr().cast(), 1) };
+    let n = unsafe { libc::write(go.as_raw_fd(), b"g".as_ptr().cast(), 1) };
     if n != 1 {
-        return Err(kill_child(sys::last("signal sandbox init")));
+        return Err(sys::last("signal sandbox init"));
     }
-    // The child was born in the sandbox's cgroup (the jailer joined it before the clone, or
-    // cloned it into it); the second byte lets it go on to exec.
     // SAFETY: as above.
-    let n = unsafe { libc::write(go_wr.as_raw_fd(), b"c".as_ptr().cast(), 1) };
+    let n = unsafe { libc::write(go.as_raw_fd(), b"c".as_ptr().cast(), 1) };
     if n != 1 {
-        return Err(kill_child(sys::last("signal sandbox init")));
+        return Err(sys::last("signal sandbox init"));
     }
-    drop(go_wr);
-    // g. EOF = exec succeeded (close-on-exec); anything else is the child's error.
+    Ok(())
+}
+
+/// Phase 9, the last (g, after [`release_init`] and the go pipe is closed): waits for the
+/// error pipe `err`: EOF = exec succeeded (close-on-exec); anything else is the child's
+/// error, and the child is killed. A child that exited at once is an error too.
+fn await_exec(pid: i32, err: OwnedFd) -> Result<(), JailError> {
     let mut msg = Vec::new();
-    let mut f = std::fs::File::from(err_rd);
+    let mut f = std::fs::File::from(err);
     let _ = std::io::Read::read_to_end(&mut f, &mut msg);
     if !msg.is_empty() {
-        return Err(kill_child(JailError::Init(
-            String::from_utf8_lossy(&msg).into_owned(),
-        )));
+        return Err(kill_child(
+            pid,
+            JailError::Init(String::from_utf8_lossy(&msg).into_owned()),
+        ));
     }
     let mut status = 0;
     // SAFETY: non-blocking check on our own child.
@@ -496,7 +617,7 @@ pub fn run(spec: &JailerSpec, prepared: bool) -> Result<i32, JailError> {
             "sandbox init exited at start (status {status:#x})"
         )));
     }
-    Ok(pid)
+    Ok(())
 }
 
 fn set_rlimit(res: libc::__rlimit_resource_t, v: u64) -> Result<(), JailError> {
