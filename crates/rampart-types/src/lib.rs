@@ -28,7 +28,7 @@ pub use interactive::ExecInput;
 pub use limits::{LimitError, Limits, LimitsRequest};
 pub use network::{
     NetEventKind, NetLogEntry, NetworkLimits, NetworkMode, NetworkPolicy, Precedence, SecretInfo,
-    SecretInjection, SecretSpec, UpstreamProxy, Verdict,
+    SecretInjection, SecretSpec, UpstreamProxy, UpstreamProxyError, Verdict,
 };
 pub use persist::{
     CreateSnapshot, CreateVolume, ForkResult, ForkSandbox, SnapshotInfo, VolumeInfo, VolumeMount,

@@ -154,24 +154,75 @@ impl std::fmt::Debug for UpstreamProxy {
     }
 }
 
+/// Why an [`UpstreamProxy`] is not acceptable. The messages name the field.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum UpstreamProxyError {
+    /// An address starting with `[` that is not `[addr]:port`.
+    #[error("{address:?}: an IPv6 address is written [addr]:port")]
+    Ipv6Form {
+        /// The address as written (trimmed).
+        address: String,
+    },
+    /// An address without a `:port`.
+    #[error("{address:?}: not host:port")]
+    NotHostPort {
+        /// The address as written (trimmed).
+        address: String,
+    },
+    /// A port that is not a number from 1 to 65535.
+    #[error("{address:?}: {port:?} is not a port")]
+    Port {
+        /// The address as written (trimmed).
+        address: String,
+        /// The port part.
+        port: String,
+    },
+    /// A host that is neither an IP address nor a plausible host name.
+    #[error("{address:?}: {host:?} is not a host name or address")]
+    Host {
+        /// The address as written (trimmed).
+        address: String,
+        /// The host part.
+        host: String,
+    },
+    /// A user name or password that is empty or longer than 255 bytes (RFC 1929).
+    #[error("{field}: 1 to 255 bytes (RFC 1929)")]
+    CredentialSize {
+        /// `username` or `password`.
+        field: &'static str,
+    },
+    /// A password without a user name.
+    #[error("password: given without a username")]
+    PasswordWithoutUsername,
+    /// `server_name` or `ca_cert` without `tls`.
+    #[error("server_name and ca_cert need tls")]
+    TlsSettingsWithoutTls,
+    /// A `ca_cert` that is not PEM certificates, or is larger than 64 KiB.
+    #[error("ca_cert: PEM certificates (at most 64 KiB)")]
+    CaCert,
+}
+
 impl UpstreamProxy {
     /// The host and port of `address`; an error names what is wrong.
-    pub fn host_port(&self) -> Result<(String, u16), String> {
+    pub fn host_port(&self) -> Result<(String, u16), UpstreamProxyError> {
         let a = self.address.trim();
         let (host, port) = if let Some(rest) = a.strip_prefix('[') {
             let (h, p) = rest
                 .split_once("]:")
-                .ok_or_else(|| format!("{a:?}: an IPv6 address is written [addr]:port"))?;
+                .ok_or_else(|| UpstreamProxyError::Ipv6Form { address: a.into() })?;
             (h, p)
         } else {
             a.rsplit_once(':')
-                .ok_or_else(|| format!("{a:?}: not host:port"))?
+                .ok_or_else(|| UpstreamProxyError::NotHostPort { address: a.into() })?
         };
-        let port: u16 = port
-            .parse()
-            .ok()
-            .filter(|p| *p != 0)
-            .ok_or_else(|| format!("{a:?}: {port:?} is not a port"))?;
+        let port: u16 =
+            port.parse()
+                .ok()
+                .filter(|p| *p != 0)
+                .ok_or_else(|| UpstreamProxyError::Port {
+                    address: a.into(),
+                    port: port.into(),
+                })?;
         let ok_host = !host.is_empty()
             && host.len() <= 253
             && (host.parse::<std::net::IpAddr>().is_ok()
@@ -179,35 +230,45 @@ impl UpstreamProxy {
                     .bytes()
                     .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.'));
         if !ok_host {
-            return Err(format!("{a:?}: {host:?} is not a host name or address"));
+            return Err(UpstreamProxyError::Host {
+                address: a.into(),
+                host: host.into(),
+            });
         }
         Ok((host.to_owned(), port))
     }
 
     /// Checks the fields: the address, the credentials' sizes (RFC 1929: 1 to 255 bytes each,
     /// a password only with a user name), and that TLS settings come with `tls`.
-    pub fn check(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), UpstreamProxyError> {
         self.host_port()?;
-        let sized = |what: &str, v: &Option<String>| match v {
+        let sized = |field: &'static str, v: &Option<String>| match v {
             Some(s) if s.is_empty() || s.len() > 255 => {
-                Err(format!("{what}: 1 to 255 bytes (RFC 1929)"))
+                Err(UpstreamProxyError::CredentialSize { field })
             }
             _ => Ok(()),
         };
         sized("username", &self.username)?;
         sized("password", &self.password)?;
         if self.password.is_some() && self.username.is_none() {
-            return Err("password: given without a username".into());
+            return Err(UpstreamProxyError::PasswordWithoutUsername);
         }
         if !self.tls && (self.server_name.is_some() || self.ca_cert.is_some()) {
-            return Err("server_name and ca_cert need tls".into());
+            return Err(UpstreamProxyError::TlsSettingsWithoutTls);
         }
         if let Some(pem) = &self.ca_cert {
             if !pem.contains("-----BEGIN CERTIFICATE-----") || pem.len() > 64 * 1024 {
-                return Err("ca_cert: PEM certificates (at most 64 KiB)".into());
+                return Err(UpstreamProxyError::CaCert);
             }
         }
         Ok(())
+    }
+
+    /// [`UpstreamProxy::validate`], its error as text: the signature `rampart-core` calls
+    /// today (it takes the message as `&str`). Kept until that caller takes
+    /// [`UpstreamProxyError`] (issue 27).
+    pub fn check(&self) -> Result<(), String> {
+        self.validate().map_err(|e| e.to_string())
     }
 }
 
@@ -496,8 +557,9 @@ mod tests {
         let bad = |v: serde_json::Value| -> String {
             serde_json::from_value::<UpstreamProxy>(v)
                 .unwrap()
-                .check()
+                .validate()
                 .unwrap_err()
+                .to_string()
         };
         assert!(bad(serde_json::json!({"address": "nohost"})).contains("host:port"));
         assert!(bad(serde_json::json!({"address": "h:0"})).contains("port"));

@@ -83,20 +83,45 @@ impl Quotas {
     }
 }
 
-/// Checks a tenant name: 1 to 64 of `a-z`, `0-9`, `.`, `_`, `-`.
-pub fn check_tenant_name(name: &str) -> Result<(), String> {
-    if name.is_empty() || name.len() > 64 {
-        return Err(format!(
-            "tenant name {name:?}: 1 to 64 characters of a-z, 0-9, '.', '_', '-'"
-        ));
+/// Why a tenant name was refused (names are 1 to 64 of `a-z`, `0-9`, `.`, `_`, `-`).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TenantNameError {
+    /// Empty, or longer than 64 bytes.
+    #[error("tenant name {name:?}: 1 to 64 characters of a-z, 0-9, '.', '_', '-'")]
+    Length {
+        /// The name as given.
+        name: String,
+    },
+    /// A character outside the allowed set.
+    #[error("tenant name {name:?}: {found:?} is not allowed (only a-z, 0-9, '.', '_', '-')")]
+    Char {
+        /// The name as given.
+        name: String,
+        /// The first character not allowed.
+        found: char,
+    },
+}
+
+/// The message, for callers that carry it as text (`rampart-core`'s persist checks).
+impl From<TenantNameError> for String {
+    fn from(e: TenantNameError) -> String {
+        e.to_string()
     }
-    if let Some(c) = name
+}
+
+/// Checks a tenant name: 1 to 64 of `a-z`, `0-9`, `.`, `_`, `-`.
+pub fn check_tenant_name(name: &str) -> Result<(), TenantNameError> {
+    if name.is_empty() || name.len() > 64 {
+        return Err(TenantNameError::Length { name: name.into() });
+    }
+    if let Some(found) = name
         .chars()
         .find(|c| !matches!(c, 'a'..='z' | '0'..='9' | '.' | '_' | '-'))
     {
-        return Err(format!(
-            "tenant name {name:?}: {c:?} is not allowed (only a-z, 0-9, '.', '_', '-')"
-        ));
+        return Err(TenantNameError::Char {
+            name: name.into(),
+            found,
+        });
     }
     Ok(())
 }
