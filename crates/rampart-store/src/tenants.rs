@@ -11,7 +11,9 @@
 //! transaction too, and finished when the sandbox ends ([`finish_usage`]).
 
 use crate::{now_ms, side, StoreError};
-use rampart_types::tenant::{check_tenant_name, Holdings, QuotaError, QuotaRefusal, Quotas};
+use rampart_types::tenant::{
+    check_tenant_name, Holdings, QuotaError, QuotaRefusal, Quotas, TenantNameError,
+};
 use rampart_types::{ApprovalPolicy, Limits};
 use rusqlite::{params, Connection, OptionalExtension};
 use std::path::Path;
@@ -76,8 +78,8 @@ pub struct TenantRow {
 #[derive(Debug, thiserror::Error)]
 pub enum TenantError {
     /// A name outside `[a-z0-9._-]{1,64}`.
-    #[error("{0}")]
-    Name(String),
+    #[error(transparent)]
+    Name(#[from] TenantNameError),
     /// A quota out of range.
     #[error("quotas.{0}")]
     Quota(#[from] QuotaError),
@@ -162,7 +164,7 @@ impl TenantStore {
 
     /// Makes a tenant.
     pub fn create(&self, name: &str, quotas: &Quotas) -> Result<TenantRow, TenantError> {
-        check_tenant_name(name).map_err(TenantError::Name)?;
+        check_tenant_name(name)?;
         quotas.check()?;
         let row = TenantRow {
             name: name.to_owned(),
