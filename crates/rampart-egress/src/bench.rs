@@ -17,7 +17,82 @@ use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer, ServerName};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
 
-use crate::{Egress, EgressConfig};
+use crate::{Egress, EgressConfig, EgressError};
+
+/// Why the measurement could not be made.
+#[derive(Debug, thiserror::Error)]
+pub enum BenchError {
+    /// A command (`ip`) could not be started.
+    #[error("{program}: {source}")]
+    Spawn {
+        /// The program.
+        program: String,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A command ran and failed. `stderr` is the tool's own text, as it printed it.
+    #[error("{args:?}: {stderr}")]
+    Command {
+        /// The command line.
+        args: Vec<String>,
+        /// What it printed on stderr (trimmed).
+        stderr: String,
+    },
+    /// An I/O error: opening a namespace, building a runtime, binding, connecting, writing.
+    #[error(transparent)]
+    Io(#[from] std::io::Error),
+    /// Entering a network namespace.
+    #[error(transparent)]
+    Setns(#[from] nix::Error),
+    /// Making the test CA or the server's certificate.
+    #[error(transparent)]
+    Certificate(#[from] rcgen::Error),
+    /// Building a TLS configuration, or a TLS handshake.
+    #[error(transparent)]
+    Tls(#[from] rustls::Error),
+    /// Reading a PEM.
+    #[error(transparent)]
+    Pem(#[from] rustls::pki_types::pem::Error),
+    /// The server name is not one.
+    #[error(transparent)]
+    ServerName(#[from] rustls::pki_types::InvalidDnsNameError),
+    /// A constant address did not parse.
+    #[error("addr: {0}")]
+    Addr(#[from] std::net::AddrParseError),
+    /// The egress proxy could not be started, or a sandbox attached.
+    #[error(transparent)]
+    Egress(#[from] EgressError),
+    /// The server's namespace thread did not report it listening.
+    #[error(transparent)]
+    ServerStart(#[from] std::sync::mpsc::RecvTimeoutError),
+    /// The measuring thread panicked.
+    #[error("bench thread panicked")]
+    Panicked,
+    /// The secret-injecting attachment came without a CA.
+    #[error("no sandbox CA")]
+    NoSandboxCa,
+    /// A reply without a header/body separator.
+    #[error("no response: {text:?}")]
+    NoResponse {
+        /// What came back.
+        text: String,
+    },
+    /// A path answered another body than the server's.
+    #[error("{path}: unexpected body {body:?}")]
+    UnexpectedBody {
+        /// `direct` or `sni path`.
+        path: &'static str,
+        /// The body.
+        body: String,
+    },
+    /// The secret-injecting path answered, but the server did not see the secret.
+    #[error("secret path: the secret did not arrive ({body:?})")]
+    SecretMissing {
+        /// The body.
+        body: String,
+    },
+}
 
 /// Latencies in milliseconds of each path, one sample per request.
 #[derive(Debug, Clone, Default)]
@@ -42,18 +117,21 @@ pub fn percentile(ms: &[f64], p: f64) -> f64 {
     v[i.min(v.len() - 1)]
 }
 
-fn run_cmd(args: &[&str]) -> Result<(), String> {
+fn run_cmd(args: &[&str]) -> Result<(), BenchError> {
     let out = Command::new(args[0])
         .args(&args[1..])
         .output()
-        .map_err(|e| format!("{}: {e}", args[0]))?;
+        .map_err(|source| BenchError::Spawn {
+            program: args[0].to_string(),
+            source,
+        })?;
     if out.status.success() {
         Ok(())
     } else {
-        Err(format!(
-            "{args:?}: {}",
-            String::from_utf8_lossy(&out.stderr).trim()
-        ))
+        Err(BenchError::Command {
+            args: args.iter().map(|a| a.to_string()).collect(),
+            stderr: String::from_utf8_lossy(&out.stderr).trim().to_string(),
+        })
     }
 }
 
@@ -67,56 +145,48 @@ impl Drop for Netns {
     }
 }
 
-fn enter(ns: &str) -> Result<(), String> {
-    let f = std::fs::File::open(format!("/var/run/netns/{ns}")).map_err(|e| e.to_string())?;
-    nix::sched::setns(f, nix::sched::CloneFlags::CLONE_NEWNET).map_err(|e| e.to_string())
+fn enter(ns: &str) -> Result<(), BenchError> {
+    let f = std::fs::File::open(format!("/var/run/netns/{ns}"))?;
+    Ok(nix::sched::setns(f, nix::sched::CloneFlags::CLONE_NEWNET)?)
 }
 
 const SERVER: &str = "198.51.100.2:443";
 const NAME: &str = "bench.test";
 const SECRET: &str = "bench-secret-value";
 
-fn pki() -> Result<(String, Arc<rustls::ServerConfig>), String> {
-    let e = |e: rcgen::Error| e.to_string();
-    let ca_key = rcgen::KeyPair::generate().map_err(e)?;
-    let mut ca = rcgen::CertificateParams::new(Vec::<String>::new()).map_err(e)?;
+fn pki() -> Result<(String, Arc<rustls::ServerConfig>), BenchError> {
+    let ca_key = rcgen::KeyPair::generate()?;
+    let mut ca = rcgen::CertificateParams::new(Vec::<String>::new())?;
     ca.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
     ca.distinguished_name
         .push(rcgen::DnType::CommonName, "rampart bench CA");
     ca.key_usages = vec![rcgen::KeyUsagePurpose::KeyCertSign];
-    let ca = ca.self_signed(&ca_key).map_err(e)?;
-    let key = rcgen::KeyPair::generate().map_err(e)?;
-    let leaf = rcgen::CertificateParams::new(vec![NAME.to_string()])
-        .map_err(e)?
-        .signed_by(&key, &ca, &ca_key)
-        .map_err(e)?;
+    let ca = ca.self_signed(&ca_key)?;
+    let key = rcgen::KeyPair::generate()?;
+    let leaf =
+        rcgen::CertificateParams::new(vec![NAME.to_string()])?.signed_by(&key, &ca, &ca_key)?;
     let cfg = rustls::ServerConfig::builder_with_provider(Arc::new(
         rustls::crypto::ring::default_provider(),
     ))
-    .with_safe_default_protocol_versions()
-    .map_err(|e| e.to_string())?
+    .with_safe_default_protocol_versions()?
     .with_no_client_auth()
     .with_single_cert(
         vec![leaf.der().clone(), ca.der().clone()],
         PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.serialize_der())),
-    )
-    .map_err(|e| e.to_string())?;
+    )?;
     Ok((ca.pem(), Arc::new(cfg)))
 }
 
-fn client_config(roots_pem: &str) -> Result<Arc<rustls::ClientConfig>, String> {
+fn client_config(roots_pem: &str) -> Result<Arc<rustls::ClientConfig>, BenchError> {
     let mut roots = rustls::RootCertStore::empty();
     for c in CertificateDer::pem_slice_iter(roots_pem.as_bytes()) {
-        roots
-            .add(c.map_err(|e| e.to_string())?)
-            .map_err(|e| e.to_string())?;
+        roots.add(c?)?;
     }
     Ok(Arc::new(
         rustls::ClientConfig::builder_with_provider(Arc::new(
             rustls::crypto::ring::default_provider(),
         ))
-        .with_safe_default_protocol_versions()
-        .map_err(|e| e.to_string())?
+        .with_safe_default_protocol_versions()?
         .with_root_certificates(roots)
         .with_no_client_auth(),
     ))
@@ -160,25 +230,22 @@ async fn server(l: tokio::net::TcpListener, cfg: Arc<rustls::ServerConfig>) {
 }
 
 /// One request on a new connection to `addr` with TLS for `NAME`; returns the body.
-async fn request(addr: SocketAddr, cfg: Arc<rustls::ClientConfig>) -> Result<String, String> {
-    let s = tokio::net::TcpStream::connect(addr)
-        .await
-        .map_err(|e| e.to_string())?;
+async fn request(addr: SocketAddr, cfg: Arc<rustls::ClientConfig>) -> Result<String, BenchError> {
+    let s = tokio::net::TcpStream::connect(addr).await?;
     let _ = s.set_nodelay(true);
-    let name = ServerName::try_from(NAME.to_string()).map_err(|e| e.to_string())?;
+    let name = ServerName::try_from(NAME.to_string())?;
     let mut t = tokio_rustls::TlsConnector::from(cfg)
         .connect(name, s)
-        .await
-        .map_err(|e| e.to_string())?;
+        .await?;
     t.write_all(format!("GET / HTTP/1.1\r\nHost: {NAME}\r\nAuthorization: x\r\n\r\n").as_bytes())
-        .await
-        .map_err(|e| e.to_string())?;
+        .await?;
     let mut out = Vec::new();
     let _ = t.read_to_end(&mut out).await;
     let text = String::from_utf8_lossy(&out).to_string();
-    text.split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_string())
-        .ok_or_else(|| format!("no response: {text:?}"))
+    match text.split_once("\r\n\r\n") {
+        Some((_, b)) => Ok(b.to_string()),
+        None => Err(BenchError::NoResponse { text }),
+    }
 }
 
 /// Accepts on `l` and hands each connection to the proxy as `sandbox_ip` -> `SERVER`.
@@ -194,7 +261,7 @@ async fn front(l: tokio::net::TcpListener, egress: Arc<Egress>, sandbox_ip: IpAd
 }
 
 /// Runs the measurement: `iterations` requests per path, interleaved.
-pub fn run(iterations: usize) -> Result<EgressBench, String> {
+pub fn run(iterations: usize) -> Result<EgressBench, BenchError> {
     let pid = std::process::id();
     let (rt_ns, in_ns) = (format!("rbe{pid}rt"), format!("rbe{pid}in"));
     run_cmd(&["ip", "netns", "add", &rt_ns])?;
@@ -232,7 +299,7 @@ pub fn run(iterations: usize) -> Result<EgressBench, String> {
     run_cmd(&["ip", "-n", &in_ns, "link", "set", "eth0", "up"])?;
 
     let (ca_pem, server_cfg) = pki()?;
-    let (tx, rx) = std::sync::mpsc::channel::<Result<(), String>>();
+    let (tx, rx) = std::sync::mpsc::channel::<Result<(), BenchError>>();
     let ns = in_ns.clone();
     std::thread::spawn(move || {
         let tx2 = tx.clone();
@@ -240,113 +307,99 @@ pub fn run(iterations: usize) -> Result<EgressBench, String> {
             enter(&ns)?;
             let rt = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
-                .build()
-                .map_err(|e| e.to_string())?;
+                .build()?;
             rt.block_on(async move {
-                let l = tokio::net::TcpListener::bind(SERVER)
-                    .await
-                    .map_err(|e| e.to_string())?;
+                let l = tokio::net::TcpListener::bind(SERVER).await?;
                 let _ = tx2.send(Ok(()));
                 server(l, server_cfg).await;
-                Ok::<(), String>(())
+                Ok::<(), BenchError>(())
             })
         })();
         if let Err(e) = r {
             let _ = tx.send(Err(e));
         }
     });
-    rx.recv_timeout(Duration::from_secs(10))
-        .map_err(|e| e.to_string())??;
+    rx.recv_timeout(Duration::from_secs(10))??;
 
     let ns = rt_ns.clone();
-    let out = std::thread::spawn(move || -> Result<EgressBench, String> {
+    let out = std::thread::spawn(move || -> Result<EgressBench, BenchError> {
         enter(&ns)?;
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .enable_all()
-            .build()
-            .map_err(|e| e.to_string())?;
+            .build()?;
         rt.block_on(measure(iterations, ca_pem))
     })
     .join()
-    .map_err(|_| "bench thread panicked".to_string())?;
+    .map_err(|_| BenchError::Panicked)?;
     drop(guard);
     out
 }
 
-async fn measure(iterations: usize, ca_pem: String) -> Result<EgressBench, String> {
+async fn measure(iterations: usize, ca_pem: String) -> Result<EgressBench, BenchError> {
     let state = std::env::temp_dir().join(format!("rampart-egress-bench-{}", std::process::id()));
     let egress = Egress::start(EgressConfig {
-        listen: vec!["127.0.0.1".parse().map_err(|_| "addr")?],
+        listen: vec!["127.0.0.1".parse()?],
         proxy_port: 0,
         dns_port: 0,
-        upstream_dns: vec!["127.0.0.1:9".parse().map_err(|_| "addr")?],
+        upstream_dns: vec!["127.0.0.1:9".parse()?],
         extra_upstream_roots: vec![ca_pem.clone()],
         state_dir: state.clone(),
         ..Default::default()
     })
-    .await
-    .map_err(|e| e.to_string())?;
+    .await?;
     let policy = NetworkPolicy {
         mode: NetworkMode::Allowlist,
         allow: vec![NAME.into(), format!("{SERVER}")],
         ..Default::default()
     };
-    let gw: IpAddr = "127.0.0.1".parse().map_err(|_| "addr")?;
-    let (sni_ip, secret_ip): (IpAddr, IpAddr) = (
-        "127.0.0.2".parse().map_err(|_| "addr")?,
-        "127.0.0.3".parse().map_err(|_| "addr")?,
-    );
-    egress
-        .attach("bench-sni", sni_ip, gw, policy.clone(), vec![])
-        .map_err(|e| e.to_string())?;
-    let att = egress
-        .attach(
-            "bench-secret",
-            secret_ip,
-            gw,
-            policy,
-            vec![SecretSpec {
-                name: "bench".into(),
-                value: SECRET.into(),
-                hosts: vec![NAME.into()],
-                inject: SecretInjection::Header {
-                    name: "Authorization".into(),
-                    template: "Bearer {value}".into(),
-                },
-                env: None,
-            }],
-        )
-        .map_err(|e| e.to_string())?;
+    let gw: IpAddr = "127.0.0.1".parse()?;
+    let (sni_ip, secret_ip): (IpAddr, IpAddr) = ("127.0.0.2".parse()?, "127.0.0.3".parse()?);
+    egress.attach("bench-sni", sni_ip, gw, policy.clone(), vec![])?;
+    let att = egress.attach(
+        "bench-secret",
+        secret_ip,
+        gw,
+        policy,
+        vec![SecretSpec {
+            name: "bench".into(),
+            value: SECRET.into(),
+            hosts: vec![NAME.into()],
+            inject: SecretInjection::Header {
+                name: "Authorization".into(),
+                template: "Bearer {value}".into(),
+            },
+            env: None,
+        }],
+    )?;
     let egress = Arc::new(egress);
-    let l_sni = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .map_err(|e| e.to_string())?;
-    let l_sec = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .map_err(|e| e.to_string())?;
-    let (a_sni, a_sec) = (
-        l_sni.local_addr().map_err(|e| e.to_string())?,
-        l_sec.local_addr().map_err(|e| e.to_string())?,
-    );
+    let l_sni = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let l_sec = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let (a_sni, a_sec) = (l_sni.local_addr()?, l_sec.local_addr()?);
     tokio::spawn(front(l_sni, egress.clone(), sni_ip));
     tokio::spawn(front(l_sec, egress.clone(), secret_ip));
     let direct_cfg = client_config(&ca_pem)?;
-    let sandbox_cfg = client_config(att.ca_cert_pem.as_deref().ok_or("no sandbox CA")?)?;
-    let server: SocketAddr = SERVER.parse().map_err(|_| "addr")?;
+    let sandbox_cfg = client_config(att.ca_cert_pem.as_deref().ok_or(BenchError::NoSandboxCa)?)?;
+    let server: SocketAddr = SERVER.parse()?;
 
     // Warm up each path (and check each does what it should).
     let b = request(server, direct_cfg.clone()).await?;
     if b != "ok\n" {
-        return Err(format!("direct: unexpected body {b:?}"));
+        return Err(BenchError::UnexpectedBody {
+            path: "direct",
+            body: b,
+        });
     }
     let b = request(a_sni, direct_cfg.clone()).await?;
     if b != "ok\n" {
-        return Err(format!("sni path: unexpected body {b:?}"));
+        return Err(BenchError::UnexpectedBody {
+            path: "sni path",
+            body: b,
+        });
     }
     let b = request(a_sec, sandbox_cfg.clone()).await?;
     if b != "ok+secret\n" {
-        return Err(format!("secret path: the secret did not arrive ({b:?})"));
+        return Err(BenchError::SecretMissing { body: b });
     }
     let mut out = EgressBench::default();
     for _ in 0..iterations.max(1) {

@@ -108,12 +108,30 @@ pub enum EgressError {
     /// The sandbox id cannot be used as a file name.
     #[error("invalid sandbox id {0:?}")]
     InvalidId(String),
-    /// A configuration value is wrong.
+    /// An entry of [`EgressConfig::blocked`] that is neither a CIDR nor an address.
+    #[error("egress config: blocked: {value:?} is not a CIDR")]
+    Blocked {
+        /// The entry as written.
+        value: String,
+    },
+    /// [`EgressConfig::listen`] is empty.
+    #[error("egress config: no listen address")]
+    NoListen,
+    /// A sandbox's secret placeholders could not be encoded.
     #[error("egress config: {0}")]
-    Config(String),
-    /// Certificates or TLS configuration.
-    #[error("tls: {0}")]
-    Tls(String),
+    Placeholders(#[source] serde_json::Error),
+    /// Certificates or TLS configuration: what was being made, and why it failed.
+    #[error("tls: {what}: {source}")]
+    Tls {
+        /// What was being made (`CA`, `leaf`, `server config`, ...).
+        what: &'static str,
+        /// Why.
+        #[source]
+        source: TlsCause,
+    },
+    /// A PEM of [`EgressConfig::extra_upstream_roots`] holds no certificate.
+    #[error("tls: extra upstream root: no certificate in PEM")]
+    NoRootInPem,
     /// An I/O error, with what was being done.
     #[error("{what}: {source}")]
     Io {
@@ -123,6 +141,20 @@ pub enum EgressError {
         #[source]
         source: std::io::Error,
     },
+}
+
+/// The library error under [`EgressError::Tls`].
+#[derive(Debug, thiserror::Error)]
+pub enum TlsCause {
+    /// Making a key or a certificate.
+    #[error(transparent)]
+    Certificate(#[from] rcgen::Error),
+    /// Building a TLS configuration, or adding a root.
+    #[error(transparent)]
+    Rustls(#[from] rustls::Error),
+    /// Reading a PEM.
+    #[error(transparent)]
+    Pem(#[from] rustls::pki_types::pem::Error),
 }
 
 impl EgressError {
@@ -675,7 +707,7 @@ impl Egress {
             .map(|s| {
                 s.parse::<IpNet>()
                     .or_else(|_| s.parse::<IpAddr>().map(IpNet::from))
-                    .map_err(|_| EgressError::Config(format!("blocked: {s:?} is not a CIDR")))
+                    .map_err(|_| EgressError::Blocked { value: s.clone() })
             })
             .collect::<Result<Vec<_>, _>>()?;
         let upstream_dns = if cfg.upstream_dns.is_empty() {
@@ -687,7 +719,7 @@ impl Egress {
             tracing::warn!("egress: no upstream DNS resolver (none configured, none in /etc/resolv.conf): allowed names will get SERVFAIL");
         }
         if cfg.listen.is_empty() {
-            return Err(EgressError::Config("no listen address".into()));
+            return Err(EgressError::NoListen);
         }
         std::fs::create_dir_all(&cfg.state_dir).map_err(|e| EgressError::io("state dir", e))?;
         {
@@ -832,7 +864,7 @@ impl Egress {
             .iter()
             .map(|s| (s.name.as_str(), s.placeholder.as_str()))
             .collect();
-        let data = serde_json::to_vec(&map).map_err(|e| EgressError::Config(e.to_string()))?;
+        let data = serde_json::to_vec(&map).map_err(EgressError::Placeholders)?;
         let path = self.state_dir(id).join("placeholders.json");
         let tmp = path.with_extension("tmp");
         std::fs::write(&tmp, data)

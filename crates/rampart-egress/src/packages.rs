@@ -293,10 +293,13 @@ impl PackageRules {
         })
     }
 
-    /// Judges a download: `Ok(rule)` to let it through, `Err(rule)` to refuse it.
-    pub fn judge(&self, f: &Fetch) -> Result<String, String> {
+    /// Judges a download: `Ok(rule)` to let it through (the rule as the log names it),
+    /// `Err` with why to refuse it.
+    pub fn judge(&self, f: &Fetch) -> Result<String, PackageRefusal> {
         if let Some((pat, _)) = self.deny.iter().find(|(_, re)| re.is_match(&f.name)) {
-            return Err(format!("package-deny:{pat}"));
+            return Err(PackageRefusal::Denied {
+                pattern: pat.clone(),
+            });
         }
         if !self.require_pinned {
             return Ok("package".into());
@@ -308,9 +311,23 @@ impl PackageRules {
         });
         match pin {
             Some(p) => Ok(format!("pinned:{}", p.text)),
-            None => Err("unpinned".into()),
+            None => Err(PackageRefusal::Unpinned),
         }
     }
+}
+
+/// Why a download is refused. The message is the rule as the network log names it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PackageRefusal {
+    /// Its name matches a `deny` pattern.
+    #[error("package-deny:{pattern}")]
+    Denied {
+        /// The pattern, as written.
+        pattern: String,
+    },
+    /// `require_pinned`, and no pin names this package and version.
+    #[error("unpinned")]
+    Unpinned,
 }
 
 #[cfg(test)]
@@ -505,11 +522,15 @@ mod tests {
         let p = PackageRules::compile(&policy(&["^evil-", "mal"], None)).unwrap();
         assert_eq!(
             p.judge(&fetch("pypi", "evil-pkg", "1")),
-            Err("package-deny:^evil-".into())
+            Err(PackageRefusal::Denied {
+                pattern: "^evil-".into()
+            })
         );
         assert_eq!(
             p.judge(&fetch("npm", "normal", "1")),
-            Err("package-deny:mal".into())
+            Err(PackageRefusal::Denied {
+                pattern: "mal".into()
+            })
         );
         assert_eq!(p.judge(&fetch("npm", "six", "1")), Ok("package".into()));
         let p = PackageRules::compile(&policy(&[], Some(&["pypi:Six==1.16.0", "left-pad==1.3.0"])))
@@ -520,17 +541,17 @@ mod tests {
         );
         assert_eq!(
             p.judge(&fetch("pypi", "six", "1.17.0")),
-            Err("unpinned".into())
+            Err(PackageRefusal::Unpinned)
         );
         assert_eq!(
             p.judge(&fetch("npm", "six", "1.16.0")),
-            Err("unpinned".into())
+            Err(PackageRefusal::Unpinned)
         );
         assert!(p.judge(&fetch("npm", "left-pad", "1.3.0")).is_ok());
         assert!(p.judge(&fetch("crates", "left-pad", "1.3.0")).is_ok());
         assert_eq!(
             p.judge(&fetch("pypi", "requests", "2.0")),
-            Err("unpinned".into())
+            Err(PackageRefusal::Unpinned)
         );
     }
 }

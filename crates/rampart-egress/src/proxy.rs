@@ -203,7 +203,6 @@ pub(crate) async fn handle_for(
     // parse, is refused before anything is judged by it.
     let misdirected = match &peek {
         Peek::Http(n) => first_request_misdirected(&pre, port)
-            .err()
             .map(|seen| (n.clone().unwrap_or_else(|| ip.to_string()), seen)),
         _ => None,
     };
@@ -736,7 +735,7 @@ where
             Some(f) => match sb.policy().packages.judge(&f) {
                 Ok(rule) => Some((f, rule)),
                 Err(rule) => {
-                    rl.log_package(&f, Verdict::Deny, &rule, None);
+                    rl.log_package(&f, Verdict::Deny, &rule.to_string(), None);
                     let body = format!(
                         "rampart: package {} {} ({}) refused by the network policy ({rule})\n",
                         f.name, f.version, f.ecosystem

@@ -308,15 +308,15 @@ fn owned_headers(h: &[httparse::Header<'_>]) -> Vec<Header> {
         .collect()
 }
 
-/// Whether the first request head in `buf` (the bytes the proxy peeked) names its
+/// Whether the first request head in `buf` (the bytes the proxy peeked) fails to name its
 /// destination unambiguously (one `Host` that parses, a target that agrees with it and has
-/// the connection's port); `Err` with the text it named otherwise. A head that is not
-/// complete or does not parse is left to the relay.
-pub(crate) fn first_request_misdirected(buf: &[u8], port: u16) -> Result<(), String> {
+/// the connection's port): `Some` with the text it named then, `None` when it is fine. A
+/// head that is not complete or does not parse is left to the relay (`None`).
+pub(crate) fn first_request_misdirected(buf: &[u8], port: u16) -> Option<String> {
     let mut hbuf = [httparse::EMPTY_HEADER; 128];
     let mut req = httparse::Request::new(&mut hbuf);
     let Ok(httparse::Status::Complete(_)) = req.parse(buf) else {
-        return Ok(());
+        return None;
     };
     let headers = owned_headers(req.headers);
     match request_destination(
@@ -325,8 +325,8 @@ pub(crate) fn first_request_misdirected(buf: &[u8], port: u16) -> Result<(), Str
         &headers,
         port,
     ) {
-        Err(HeadError::Misdirected(seen)) => Err(seen),
-        _ => Ok(()),
+        Err(HeadError::Misdirected(seen)) => Some(seen),
+        _ => None,
     }
 }
 

@@ -13,14 +13,17 @@ use rcgen::{
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
 
-use crate::EgressError;
+use crate::{EgressError, TlsCause};
 
 fn provider() -> Arc<rustls::crypto::CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
 }
 
-fn tls_err(what: &str, e: impl std::fmt::Display) -> EgressError {
-    EgressError::Tls(format!("{what}: {e}"))
+fn tls_err(what: &'static str, e: impl Into<TlsCause>) -> EgressError {
+    EgressError::Tls {
+        what,
+        source: e.into(),
+    }
 }
 
 /// How long a leaf certificate is used before a new one is issued (it is valid for 30 days).
@@ -220,9 +223,7 @@ pub(crate) fn upstream_client_config(
             n += 1;
         }
         if n == 0 {
-            return Err(EgressError::Tls(
-                "extra upstream root: no certificate in PEM".into(),
-            ));
+            return Err(EgressError::NoRootInPem);
         }
     }
     let mut cfg = rustls::ClientConfig::builder_with_provider(provider())

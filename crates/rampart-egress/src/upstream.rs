@@ -73,6 +73,16 @@ impl AsyncWrite for Upstream {
     }
 }
 
+/// A proxy address that does not parse.
+#[derive(Debug, thiserror::Error)]
+#[error("upstream proxy: {0}")]
+struct InvalidProxy(#[source] rampart_types::UpstreamProxyError);
+
+/// An I/O error for a proxy address that does not parse, keeping why as its source.
+fn invalid(e: rampart_types::UpstreamProxyError) -> io::Error {
+    io::Error::other(InvalidProxy(e))
+}
+
 fn err(msg: impl Into<String>) -> io::Error {
     io::Error::other(format!("upstream proxy: {}", msg.into()))
 }
@@ -102,7 +112,7 @@ pub async fn resolve_proxy(
     allow: &[IpNet],
     blocklist: &Blocklist,
 ) -> io::Result<SocketAddr> {
-    let (host, port) = p.host_port().map_err(err)?;
+    let (host, port) = p.host_port().map_err(invalid)?;
     let addrs: Vec<SocketAddr> = match host.parse::<IpAddr>() {
         Ok(ip) => vec![SocketAddr::new(ip, port)],
         Err(_) => {
@@ -146,7 +156,7 @@ pub(crate) async fn dial(
             Some(pem) => tls_config(pem)?,
             None => roots.clone(),
         };
-        let (host, _) = p.host_port().map_err(err)?;
+        let (host, _) = p.host_port().map_err(invalid)?;
         let name = p.server_name.clone().unwrap_or(host);
         let sn = rustls::pki_types::ServerName::try_from(name.clone())
             .map_err(|_| err(format!("{name:?} is not a server name")))?;
