@@ -27,13 +27,21 @@ pub const MAX_SAFE_INTEGER: u64 = (1 << 53) - 1;
 pub enum EncodeError {
     /// a floating-point number cannot be encoded canonically
     #[error("a floating-point number ({0}) cannot be encoded canonically; record it as a string")]
-    Float(String),
+    Float(Number),
     /// an integer outside ±(2^53-1) cannot be encoded canonically
     #[error("the integer {0} is outside ±(2^53-1) and cannot be encoded canonically")]
-    IntegerOutOfRange(String),
-    /// the value could not be turned into JSON
+    IntegerOutOfRange(Number),
+    /// the value could not be turned into JSON. The text is `serde_json`'s message: its
+    /// error is neither `Clone` nor `Eq`, which this error (and the verifier's errors that
+    /// carry it) are.
     #[error("the value could not be turned into JSON: {0}")]
     Json(String),
+    /// the canonical encoding of an event is not UTF-8 (it always is: a bug)
+    #[error("the value could not be turned into JSON: {0}")]
+    Utf8(#[from] std::str::Utf8Error),
+    /// the canonical encoding of an event has no `prev` member (it always has: a bug)
+    #[error("the value could not be turned into JSON: no prev in the encoded event")]
+    NoPrev,
 }
 
 /// Appends the canonical encoding of `v` to `out`.
@@ -91,16 +99,16 @@ pub fn compare_keys(a: &str, b: &str) -> std::cmp::Ordering {
 fn write_number(n: &Number, out: &mut Vec<u8>) -> Result<(), EncodeError> {
     if let Some(u) = n.as_u64() {
         if u > MAX_SAFE_INTEGER {
-            return Err(EncodeError::IntegerOutOfRange(u.to_string()));
+            return Err(EncodeError::IntegerOutOfRange(n.clone()));
         }
         out.extend_from_slice(u.to_string().as_bytes());
     } else if let Some(i) = n.as_i64() {
         if i.unsigned_abs() > MAX_SAFE_INTEGER {
-            return Err(EncodeError::IntegerOutOfRange(i.to_string()));
+            return Err(EncodeError::IntegerOutOfRange(n.clone()));
         }
         out.extend_from_slice(i.to_string().as_bytes());
     } else {
-        return Err(EncodeError::Float(n.to_string()));
+        return Err(EncodeError::Float(n.clone()));
     }
     Ok(())
 }

@@ -233,18 +233,14 @@ impl Chain {
         let split = hashed
             .windows(PREV.len())
             .rposition(|w| w == PREV)
-            .ok_or_else(|| EncodeError::Json("no prev in the encoded event".into()))?;
+            .ok_or(EncodeError::NoPrev)?;
         let mut json = String::with_capacity(hashed.len() + 80);
         // The canonical encoder writes UTF-8 text.
-        json.push_str(
-            std::str::from_utf8(&hashed[..split]).map_err(|e| EncodeError::Json(e.to_string()))?,
-        );
+        json.push_str(std::str::from_utf8(&hashed[..split])?);
         json.push_str(",\"hash\":\"");
         hash.write_hex(&mut json);
         json.push('"');
-        json.push_str(
-            std::str::from_utf8(&hashed[split..]).map_err(|e| EncodeError::Json(e.to_string()))?,
-        );
+        json.push_str(std::str::from_utf8(&hashed[split..])?);
         let event = Event {
             seq: self.length,
             time,
@@ -606,8 +602,11 @@ impl ChainVerifier {
                 }
             }
             EventBody::Package(p) => {
-                if let Err(reason) = package_well_formed(p) {
-                    return Err(VerifyError::BadBody { seq: e.seq, reason });
+                if let Err(why) = package_well_formed(p) {
+                    return Err(VerifyError::BadBody {
+                        seq: e.seq,
+                        reason: why.to_string(),
+                    });
                 }
             }
             EventBody::Destroyed(d) => {
@@ -657,32 +656,84 @@ impl ChainVerifier {
 /// The ecosystems a `package` record may name.
 pub const PACKAGE_ECOSYSTEMS: [&str; 4] = ["pypi", "npm", "debian", "crates"];
 
+/// Why a `package` body does not hold together (see [`package_well_formed`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PackageError {
+    /// An ecosystem not in [`PACKAGE_ECOSYSTEMS`].
+    #[error("package of unknown ecosystem {ecosystem:?}")]
+    Ecosystem {
+        /// The ecosystem named.
+        ecosystem: String,
+    },
+    /// An empty name, version or registry.
+    #[error("package without a name, version or registry")]
+    Incomplete,
+    /// A path that does not start with `/`.
+    #[error("package path {path:?} is not absolute")]
+    RelativePath {
+        /// The path.
+        path: String,
+    },
+    /// `allowed` without its digest and size.
+    #[error("an allowed package without its sha256 and size")]
+    AllowedWithoutDigest,
+    /// `allowed` under a rule that does not allow (`package`, `pinned:...`).
+    #[error("an allowed package under rule {rule:?}")]
+    AllowedRule {
+        /// The rule.
+        rule: String,
+    },
+    /// `denied` with a digest or a size.
+    #[error("a denied package with a digest or size")]
+    DeniedWithDigest,
+    /// `denied` under a rule that does not refuse (`unpinned`, `package-deny:...`).
+    #[error("a denied package under rule {rule:?}")]
+    DeniedRule {
+        /// The rule.
+        rule: String,
+    },
+    /// A verdict other than `allowed` or `denied`.
+    #[error("package verdict {verdict:?} (allowed or denied)")]
+    Verdict {
+        /// The verdict.
+        verdict: String,
+    },
+}
+
 /// Whether a `package` body holds together: a known ecosystem, a name, version, registry
 /// and path; `allowed` with a digest and a size (the download completed) under an allowing
 /// rule, `denied` with neither (nothing was fetched) under a refusing one.
-pub fn package_well_formed(p: &rampart_types::audit::Package) -> Result<(), String> {
+pub fn package_well_formed(p: &rampart_types::audit::Package) -> Result<(), PackageError> {
     if !PACKAGE_ECOSYSTEMS.contains(&p.ecosystem.as_str()) {
-        return Err(format!("package of unknown ecosystem {:?}", p.ecosystem));
+        return Err(PackageError::Ecosystem {
+            ecosystem: p.ecosystem.clone(),
+        });
     }
     if p.name.is_empty() || p.version.is_empty() || p.registry.is_empty() {
-        return Err("package without a name, version or registry".into());
+        return Err(PackageError::Incomplete);
     }
     if !p.path.starts_with('/') {
-        return Err(format!("package path {:?} is not absolute", p.path));
+        return Err(PackageError::RelativePath {
+            path: p.path.clone(),
+        });
     }
     let fetched = p.sha256.is_some() && p.size.is_some();
     let nothing = p.sha256.is_none() && p.size.is_none();
     match p.verdict.as_str() {
-        "allowed" if !fetched => Err("an allowed package without its sha256 and size".into()),
+        "allowed" if !fetched => Err(PackageError::AllowedWithoutDigest),
         "allowed" if p.rule != "package" && !p.rule.starts_with("pinned:") => {
-            Err(format!("an allowed package under rule {:?}", p.rule))
+            Err(PackageError::AllowedRule {
+                rule: p.rule.clone(),
+            })
         }
-        "denied" if !nothing => Err("a denied package with a digest or size".into()),
+        "denied" if !nothing => Err(PackageError::DeniedWithDigest),
         "denied" if p.rule != "unpinned" && !p.rule.starts_with("package-deny:") => {
-            Err(format!("a denied package under rule {:?}", p.rule))
+            Err(PackageError::DeniedRule {
+                rule: p.rule.clone(),
+            })
         }
         "allowed" | "denied" => Ok(()),
-        v => Err(format!("package verdict {v:?} (allowed or denied)")),
+        v => Err(PackageError::Verdict { verdict: v.into() }),
     }
 }
 

@@ -64,44 +64,77 @@ pub fn signed(key: &NodeKey, size: u64, root: &Hash) -> String {
     format!("{body}\n\u{2014} {name} {}\n", b64.encode(sig))
 }
 
+/// Why a checkpoint note does not verify.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CheckpointError {
+    /// No blank line between the body and the signatures.
+    #[error("not a signed note: no blank line before the signatures")]
+    NotSignedNote,
+    /// A line after the blank line that is not `— <name> <base64>`.
+    #[error("not a signature line: {line:?}")]
+    SignatureLine {
+        /// The line.
+        line: String,
+    },
+    /// A signature that is not base64.
+    #[error("signature: {0}")]
+    SignatureBase64(#[source] base64::DecodeError),
+    /// No signature line by the node's key verifies.
+    #[error("no valid signature by {name}")]
+    NoValidSignature {
+        /// The key's name (the note's expected origin).
+        name: String,
+    },
+    /// The first line is not the node's name.
+    #[error("the origin is not the node's")]
+    Origin,
+    /// The second line is not a number.
+    #[error("the tree size is not a number")]
+    Size,
+    /// The third line is not 32 bytes of base64.
+    #[error("the root is not 32 bytes of base64")]
+    Root,
+}
+
 /// Checks a checkpoint note against `key`: its tree size and root.
-pub fn verify(note: &str, key: &PublicKey) -> Result<(u64, Hash), String> {
+pub fn verify(note: &str, key: &PublicKey) -> Result<(u64, Hash), CheckpointError> {
     let b64 = base64::engine::general_purpose::STANDARD;
     let (body, sigs) = note
         .split_once("\n\n")
-        .ok_or("not a signed note: no blank line before the signatures")?;
+        .ok_or(CheckpointError::NotSignedNote)?;
     let body = format!("{body}\n");
     let name = origin(key);
     let want = key_hash(&name, key);
     let mut ok = false;
     for line in sigs.lines() {
+        let bad_line = || CheckpointError::SignatureLine { line: line.into() };
         let Some(rest) = line.strip_prefix("\u{2014} ") else {
-            return Err(format!("not a signature line: {line:?}"));
+            return Err(bad_line());
         };
         let Some((n, sig)) = rest.split_once(' ') else {
-            return Err(format!("not a signature line: {line:?}"));
+            return Err(bad_line());
         };
-        let raw = b64.decode(sig).map_err(|e| format!("signature: {e}"))?;
+        let raw = b64.decode(sig).map_err(CheckpointError::SignatureBase64)?;
         if n == name && raw.len() == 68 && raw[..4] == want {
             ok = crate::key::verify_bytes(key, body.as_bytes(), &raw[4..]);
         }
     }
     if !ok {
-        return Err(format!("no valid signature by {name}"));
+        return Err(CheckpointError::NoValidSignature { name });
     }
     let mut lines = body.lines();
     if lines.next() != Some(name.as_str()) {
-        return Err("the origin is not the node's".into());
+        return Err(CheckpointError::Origin);
     }
     let size = lines
         .next()
         .and_then(|l| l.parse().ok())
-        .ok_or("the tree size is not a number")?;
+        .ok_or(CheckpointError::Size)?;
     let root = lines
         .next()
         .and_then(|l| b64.decode(l).ok())
         .and_then(|b| <[u8; 32]>::try_from(b).ok())
-        .ok_or("the root is not 32 bytes of base64")?;
+        .ok_or(CheckpointError::Root)?;
     Ok((size, Hash(root)))
 }
 

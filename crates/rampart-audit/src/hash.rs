@@ -51,7 +51,7 @@ pub fn event_canonical_bytes(
     out: &mut Vec<u8>,
 ) -> Result<(), EncodeError> {
     if seq > crate::canonical::MAX_SAFE_INTEGER {
-        return Err(EncodeError::IntegerOutOfRange(seq.to_string()));
+        return Err(EncodeError::IntegerOutOfRange(seq.into()));
     }
     match auth {
         Some(a) => {
