@@ -47,14 +47,32 @@ impl std::fmt::Debug for ApiResponse {
     }
 }
 
+/// Why [`ApiResponse::bytes`] has no whole body.
+#[derive(Debug, thiserror::Error)]
+pub enum BodyError {
+    /// The body stream failed. The text is the [`Api`] implementation's own: its stream
+    /// yields its errors as text (`rampart-cli` and `rampart-server` implement it).
+    #[error("{message}")]
+    Stream {
+        /// What the stream said.
+        message: String,
+    },
+    /// The body is larger than the cap.
+    #[error("the answer is larger than {cap} bytes")]
+    TooLarge {
+        /// The cap, bytes.
+        cap: usize,
+    },
+}
+
 impl ApiResponse {
     /// The whole body, refused past `cap` bytes.
-    pub async fn bytes(mut self, cap: usize) -> Result<Bytes, String> {
+    pub async fn bytes(mut self, cap: usize) -> Result<Bytes, BodyError> {
         let mut out = Vec::new();
         while let Some(chunk) = self.body.next().await {
-            let chunk = chunk?;
+            let chunk = chunk.map_err(|message| BodyError::Stream { message })?;
             if out.len() + chunk.len() > cap {
-                return Err(format!("the answer is larger than {cap} bytes"));
+                return Err(BodyError::TooLarge { cap });
             }
             out.extend_from_slice(&chunk);
         }

@@ -11,7 +11,7 @@
 mod api;
 mod tools;
 
-pub use api::{Api, ApiRequest, ApiResponse, CLIENT_HEADER};
+pub use api::{Api, ApiRequest, ApiResponse, BodyError, CLIENT_HEADER};
 pub use tools::{client_header, client_name, RampartMcp};
 
 use rmcp::transport::streamable_http_server::{
@@ -24,10 +24,10 @@ use std::sync::Arc;
 pub enum McpError {
     /// The session could not start (the client did not initialize).
     #[error("the MCP session did not start: {0}")]
-    Start(String),
-    /// The session ended with an error.
+    Start(#[source] Box<rmcp::service::ServerInitializeError>),
+    /// The session's task ended with an error (it panicked or was cancelled).
     #[error("the MCP session failed: {0}")]
-    Session(String),
+    Session(#[source] tokio::task::JoinError),
 }
 
 /// Serves the tools over stdin/stdout until the client closes them.
@@ -36,12 +36,12 @@ pub async fn serve_stdio(api: Arc<dyn Api>) -> Result<(), McpError> {
     let running = RampartMcp::new(api)
         .serve(rmcp::transport::stdio())
         .await
-        .map_err(|e| McpError::Start(e.to_string()))?;
+        .map_err(|e| McpError::Start(Box::new(e)))?;
     running
         .waiting()
         .await
         .map(|_| ())
-        .map_err(|e| McpError::Session(e.to_string()))
+        .map_err(McpError::Session)
 }
 
 /// The Streamable HTTP service of the tools (mounted at `/mcp` by the daemon, behind its

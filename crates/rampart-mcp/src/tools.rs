@@ -44,10 +44,46 @@ impl std::fmt::Debug for RampartMcp {
 /// A tool's failure: its text goes back to the model.
 type ToolResult = Result<CallToolResult, rmcp::ErrorData>;
 
-fn fail(message: impl Into<String>) -> ToolResult {
+fn fail(message: impl std::fmt::Display) -> ToolResult {
     Ok(CallToolResult::error(vec![ContentBlock::text(
-        message.into(),
+        message.to_string(),
     )]))
+}
+
+/// Why a tool's call of the API failed. Its text goes back to the model.
+#[derive(Debug, thiserror::Error)]
+enum ToolError {
+    /// The `sandbox_id` argument is not a sandbox id.
+    #[error("sandbox_id {id:?} is not a sandbox id: {source}")]
+    BadId {
+        /// The argument.
+        id: String,
+        /// Why.
+        #[source]
+        source: rampart_types::IdError,
+    },
+    /// The API could not be reached. The text is the [`Api`] implementation's own: its
+    /// `call` returns its errors as text.
+    #[error("{message}")]
+    Unreachable {
+        /// What the implementation said.
+        message: String,
+    },
+    /// The answer's body could not be read whole.
+    #[error(transparent)]
+    Body(#[from] crate::api::BodyError),
+    /// The API answered with an error status. `message` is the daemon's own error text
+    /// (see [`api_error`]).
+    #[error("{message}")]
+    Api {
+        /// The HTTP status.
+        status: u16,
+        /// The status with the API's error code and message, or its body.
+        message: String,
+    },
+    /// A successful answer that is not JSON.
+    #[error("bad answer from the API: {0}")]
+    BadAnswer(#[from] serde_json::Error),
 }
 
 fn ok_json(v: &Value) -> ToolResult {
@@ -61,10 +97,13 @@ fn enc(pairs: &[(&str, &str)]) -> String {
 }
 
 /// Checks an id before it goes into a path (a model may pass anything).
-fn check_id(id: &str) -> Result<(), String> {
+fn check_id(id: &str) -> Result<(), ToolError> {
     rampart_types::SandboxId::parse(id)
         .map(|_| ())
-        .map_err(|e| format!("sandbox_id {id:?} is not a sandbox id: {e}"))
+        .map_err(|source| ToolError::BadId {
+            id: id.into(),
+            source,
+        })
 }
 
 /// The message of an API error answer.
@@ -251,14 +290,21 @@ impl RampartMcp {
     }
 
     /// One call; the body of a 2xx answer, else the API's error as text.
-    async fn send(&self, req: ApiRequest) -> Result<bytes::Bytes, String> {
-        let resp = self.api.call(req).await?;
+    async fn send(&self, req: ApiRequest) -> Result<bytes::Bytes, ToolError> {
+        let resp = self
+            .api
+            .call(req)
+            .await
+            .map_err(|message| ToolError::Unreachable { message })?;
         let status = resp.status;
         let body = resp.bytes(ANSWER_CAP).await?;
         if (200..300).contains(&status) {
             Ok(body)
         } else {
-            Err(api_error(status, &body))
+            Err(ToolError::Api {
+                status,
+                message: api_error(status, &body),
+            })
         }
     }
 
@@ -268,18 +314,18 @@ impl RampartMcp {
         method: http::Method,
         path: String,
         body: Option<Value>,
-    ) -> Result<Value, String> {
+    ) -> Result<Value, ToolError> {
         let mut req = self.request(who, method, path);
         req.json = body;
         let bytes = self.send(req).await?;
         if bytes.is_empty() {
             return Ok(Value::Null);
         }
-        serde_json::from_slice(&bytes).map_err(|e| format!("bad answer from the API: {e}"))
+        Ok(serde_json::from_slice(&bytes)?)
     }
 }
 
-fn done(r: Result<Value, String>) -> ToolResult {
+fn done(r: Result<Value, ToolError>) -> ToolResult {
     match r {
         Ok(v) => ok_json(&v),
         Err(e) => fail(e),
