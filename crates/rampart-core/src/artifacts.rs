@@ -442,7 +442,7 @@ impl ArtifactStore {
                 .saturating_add(i64::try_from(self.cfg.retention.as_millis()).unwrap_or(i64::MAX)),
             artifacts: artifacts.clone(),
         };
-        let text = serde_json::to_vec(&index).map_err(|e| CoreError::Internal(e.to_string()))?;
+        let text = serde_json::to_vec(&index).map_err(CoreError::failed("encoding"))?;
         let mut f = std::fs::OpenOptions::new()
             .write(true)
             .create_new(true)
@@ -470,8 +470,8 @@ impl ArtifactStore {
                 })
             }
         };
-        let i: Index = serde_json::from_slice(&text)
-            .map_err(|e| CoreError::Internal(format!("{}: {e}", p.display())))?;
+        let i: Index =
+            serde_json::from_slice(&text).map_err(CoreError::failed(p.display().to_string()))?;
         Ok((i.expires_at_ms > rampart_store::now_ms()).then_some(i))
     }
 

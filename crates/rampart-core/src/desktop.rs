@@ -560,7 +560,7 @@ impl crate::Sandbox<'_> {
             capture(root.as_fd(), &p, &mut a).ok_or_else(|| a.missing.unwrap_or_default())
         })
         .await
-        .map_err(|e| CoreError::Internal(format!("reading a screenshot: {e}")))?;
+        .map_err(CoreError::failed("reading a screenshot"))?;
         let _ = self.remove_file(&path, None).await;
         read.map_err(CoreError::Desktop)
     }

@@ -123,7 +123,17 @@ pub enum CoreError {
     /// 500: the audit journal failed.
     #[error(transparent)]
     Journal(#[from] JournalError),
-    /// 500: anything else; the message says what.
+    /// 500: a part of the daemon's machinery failed at `what` (the egress proxy, the
+    /// template store, an encoding); its cause is kept.
+    #[error("{what}: {source}")]
+    Failed {
+        /// What was being done.
+        what: String,
+        /// How it failed.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    /// 500: an invariant of the daemon's own does not hold (a bug); the message says which.
     #[error("internal error: {0}")]
     Internal(String),
 }
@@ -143,6 +153,17 @@ impl CoreError {
     pub(crate) fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> CoreError {
         let what = what.into();
         move |source| CoreError::Io { what, source }
+    }
+    /// A failure of the daemon's machinery at `what`, keeping its cause.
+    pub(crate) fn failed<E>(what: impl Into<String>) -> impl FnOnce(E) -> CoreError
+    where
+        E: Into<Box<dyn std::error::Error + Send + Sync>>,
+    {
+        let what = what.into();
+        move |e| CoreError::Failed {
+            what,
+            source: e.into(),
+        }
     }
     /// A blocking task that did not finish.
     pub(crate) fn task(

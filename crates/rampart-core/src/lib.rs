@@ -486,7 +486,7 @@ impl Manager {
             let iso = self.inner.iso.clone();
             let root = tokio::task::spawn_blocking(move || iso.volumes()?.volume_root(&image))
                 .await
-                .map_err(|e| CoreError::Internal(format!("volume: {e}")))??;
+                .map_err(CoreError::failed("volume"))??;
             Ok(std::sync::Arc::new(volume_files::VolumeRoot::new(
                 root, busy,
             )))

@@ -338,7 +338,7 @@ impl Network {
             net.policy.clone(),
             net.secrets.clone(),
         )
-        .map_err(|e| CoreError::Internal(format!("attaching to the egress proxy: {e}")))?;
+        .map_err(CoreError::failed("attaching to the egress proxy"))?;
         if !ask.is_empty() {
             // Checked at create; a pattern this build refuses leaves the host refused.
             if let Err(e) = egress.set_ask_hosts(id.as_str(), ask) {
@@ -358,7 +358,7 @@ impl Network {
         let h = tokio::task::spawn_blocking(move || w.wire(pid, slot))
             .await
             .map_err(CoreError::task("wiring the network"))?
-            .map_err(|e| CoreError::Internal(format!("wiring the network: {e}")))?;
+            .map_err(CoreError::failed("wiring the network"))?;
         debug!(link = %h.host_if, wire_us = t0.elapsed().as_micros() as u64, "wired");
         Ok(h)
     }
@@ -409,9 +409,10 @@ impl Network {
                 client
                     .write_file(&f.path, Some("root"), body)
                     .await
-                    .map_err(|e| {
-                        CoreError::Internal(format!("writing {} in the sandbox: {e}", f.path))
-                    })
+                    .map_err(CoreError::failed(format!(
+                        "writing {} in the sandbox",
+                        f.path
+                    )))
             }
         });
         for r in futures::future::join_all(writes).await {
@@ -458,7 +459,7 @@ impl Network {
         let (_, egress) = self.ready()?;
         egress
             .set_policy(id.as_str(), policy)
-            .map_err(|e| CoreError::Internal(format!("egress policy: {e}")))
+            .map_err(CoreError::failed("egress policy"))
     }
 
     /// Replaces a wired sandbox's secrets (a secret that keeps its name keeps its
@@ -473,7 +474,7 @@ impl Network {
         let had = egress.ca_cert_pem(id.as_str()).is_some();
         egress
             .set_secrets(id.as_str(), secrets)
-            .map_err(|e| CoreError::Internal(format!("egress secrets: {e}")))?;
+            .map_err(CoreError::failed("egress secrets"))?;
         Ok(if had {
             None
         } else {

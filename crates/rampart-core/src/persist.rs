@@ -706,8 +706,8 @@ impl Persist {
         let (img2, size, iso) = (image.clone(), req.size_mib, iso.clone());
         let made = tokio::task::spawn_blocking(move || iso.volumes()?.create_volume(&img2, size))
             .await
-            .map_err(|e| CoreError::Internal(format!("volume: {e}")))?
-            .map_err(|e| CoreError::Internal(format!("making volume {}: {e}", req.name)))?;
+            .map_err(CoreError::failed("volume"))?
+            .map_err(|e| CoreError::isolation(format!("making volume {}", req.name), e))?;
         if made == crate::isolation::NewVolume::Exists {
             return Err(bad("name", format!("a volume named {:?} exists", req.name)));
         }
@@ -850,13 +850,8 @@ async fn take_point(
     let id2 = id.clone();
     let r = tokio::task::spawn_blocking(move || iso.disks()?.snapshot_disk(&id2, &img))
         .await
-        .map_err(|e| CoreError::Internal(format!("snapshot: {e}")))
-        .and_then(|r| {
-            r.map_err(|e| match e {
-                crate::IsolationError::Unsupported(m) => CoreError::Unsupported(m),
-                crate::IsolationError::Failed(m) => CoreError::Internal(format!("snapshot: {m}")),
-            })
-        });
+        .map_err(CoreError::task("snapshot"))
+        .and_then(|r| r.map_err(|e| CoreError::isolation("snapshot", e)));
     if r.is_err() {
         let _ = std::fs::remove_dir_all(dir);
     }

@@ -260,7 +260,7 @@ impl Secrets {
         };
         let id = format!("sec_{}", rampart_store::keys::random_hex(12));
         let meta = serde_json::to_string(&metadata.cloned().unwrap_or_default())
-            .map_err(|e| CoreError::Internal(format!("secret metadata: {e}")))?;
+            .map_err(CoreError::failed("secret metadata"))?;
         let (stored, row) = match self.store()?.set_e2b(&spec, Some(&id), Some(&meta)) {
             Ok(Some(x)) => x,
             Ok(None) => return Err(CoreError::Internal("secret not stored".into())),
@@ -298,7 +298,7 @@ impl Secrets {
         let meta = metadata
             .map(serde_json::to_string)
             .transpose()
-            .map_err(|e| CoreError::Internal(format!("secret metadata: {e}")))?;
+            .map_err(CoreError::failed("secret metadata"))?;
         let (s, row) = store
             .set_e2b(&spec, None, meta.as_deref())
             .map_err(CoreError::from)?

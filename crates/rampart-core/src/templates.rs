@@ -45,11 +45,11 @@ pub(crate) fn resolve(data: &Path, name: &str) -> Result<Option<Resolved>, CoreE
     let (id, m) = match store.resolve(name) {
         Ok(r) => r,
         Err(ImageError::UnknownTemplate(_)) => return Ok(None),
-        Err(e) => return Err(CoreError::Internal(format!("template {name}: {e}"))),
+        Err(e) => return Err(CoreError::failed(format!("template {name}"))(e)),
     };
     let layers = store
         .layer_paths(&m)
-        .map_err(|e| CoreError::Internal(format!("template {name}: {e}")))?;
+        .map_err(CoreError::failed(format!("template {name}")))?;
     Ok(Some(Resolved {
         id,
         layers,
@@ -69,7 +69,7 @@ pub(crate) fn pin_guard(data: &Path) -> Result<Option<rampart_image::StoreLock>,
     store
         .pin_guard()
         .map(Some)
-        .map_err(|e| CoreError::Internal(format!("template store: {e}")))
+        .map_err(CoreError::failed("template store"))
 }
 
 /// Pins a sandbox's layers against `rampart template gc` while its directory exists.
@@ -83,7 +83,7 @@ pub(crate) fn pin(
         .ok_or_else(|| CoreError::Internal("the template store vanished".into()))?;
     store
         .pin(id, sandbox_dir, &t.keys)
-        .map_err(|e| CoreError::Internal(format!("pinning the template's layers: {e}")))
+        .map_err(CoreError::failed("pinning the template's layers"))
 }
 
 /// `builder` able to stack on the built-in templates in `templates_dir` (`base`, and the

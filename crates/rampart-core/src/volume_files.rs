@@ -634,7 +634,7 @@ impl Upload {
             .take()
             .ok_or_else(|| CoreError::Internal("upload committed without its file".into()))?;
         f.sync_data()
-            .map_err(|e| CoreError::Internal(format!("flush {shown_path:?}: {e}")))?;
+            .map_err(CoreError::failed(format!("flush {shown_path:?}")))?;
         drop(f);
         rustix::fs::renameat(&self.dir, self.tmp.as_str(), &self.dir, self.name.as_str())
             .map_err(|e| fs_err(&shown_path, "write", e))?;

@@ -155,7 +155,7 @@ pub fn check_stored_name(name: &str) -> Result<(), ImageError> {
             rampart_types::tenant::check_tenant_name(owner).map_err(|reason| {
                 ImageError::BadName {
                     name: name.to_owned(),
-                    reason,
+                    reason: reason.to_string(),
                 }
             })?;
             check_name(rest)

@@ -152,6 +152,7 @@ impl From<CoreError> for ApiError {
             | CoreError::Isolation { .. }
             | CoreError::Io { .. }
             | CoreError::Task { .. }
+            | CoreError::Failed { .. }
             | CoreError::Journal(_)
             | CoreError::Internal(_) => ApiError::internal(message),
         }
@@ -244,6 +245,14 @@ mod tests {
                 "timeout",
             ),
             (CoreError::Internal("boom".into()), 500, "internal"),
+            (
+                CoreError::Failed {
+                    what: "egress policy".into(),
+                    source: "refused".into(),
+                },
+                500,
+                "internal",
+            ),
         ];
         for (e, status, code) in cases {
             let a = ApiError::from(e);

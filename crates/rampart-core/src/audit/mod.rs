@@ -77,8 +77,8 @@ impl Default for AuditConfig {
     }
 }
 
-fn enc(e: impl std::fmt::Display) -> CoreError {
-    CoreError::Internal(format!("audit record: {e}"))
+fn enc<E: Into<Box<dyn std::error::Error + Send + Sync>>>(e: E) -> CoreError {
+    CoreError::failed("audit record")(e)
 }
 
 /// The node log in memory and what it last published per sandbox.
@@ -197,8 +197,10 @@ impl Audit {
         data_dir: &Path,
     ) -> Result<Audit, CoreError> {
         let key_path = data_dir.join("node.key");
-        let key = NodeKey::load_or_create(&key_path)
-            .map_err(|e| CoreError::Internal(format!("node key {}: {e}", key_path.display())))?;
+        let key = NodeKey::load_or_create(&key_path).map_err(CoreError::failed(format!(
+            "node key {}",
+            key_path.display()
+        )))?;
         // Events a killed daemon acknowledged from its journal are moved into the store
         // before any chain is resumed.
         let journal = if cfg.enabled {
@@ -268,7 +270,7 @@ impl Audit {
         records: Vec<rampart_types::tenant::SandboxUsage>,
     ) -> Result<rampart_types::tenant::UsageReport, CoreError> {
         rampart_audit::usage::seal(tenant, from, to, rampart_audit::now(), records, &self.key)
-            .map_err(|e| CoreError::Internal(format!("sealing a usage report: {e}")))
+            .map_err(CoreError::failed("sealing a usage report"))
     }
 
     pub(crate) fn key(&self) -> (String, String) {
@@ -677,11 +679,11 @@ impl Audit {
         more: &dyn Fn(&Hash) -> Option<Vec<u8>>,
     ) -> Result<Vec<u8>, CoreError> {
         let bundle = self.bundle_with(id, more)?;
-        let st = rampart_audit::dsse::statement(&bundle, &self.key.public_key()).map_err(|e| {
-            CoreError::Internal(format!("the record of sandbox {id} does not verify: {e}"))
-        })?;
+        let st = rampart_audit::dsse::statement(&bundle, &self.key.public_key()).map_err(
+            CoreError::failed(format!("the record of sandbox {id} does not verify")),
+        )?;
         serde_json::to_vec_pretty(&rampart_audit::dsse::envelope(&self.key, &st))
-            .map_err(|e| CoreError::Internal(format!("encoding the envelope: {e}")))
+            .map_err(CoreError::failed("encoding the envelope"))
     }
 
     /// The bundle of a sandbox's whole log, publishing its head first if it moved; the

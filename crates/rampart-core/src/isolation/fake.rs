@@ -57,7 +57,7 @@ impl From<FakeTierError> for IsolationError {
     fn from(e: FakeTierError) -> Self {
         match e {
             FakeTierError::Unsupported(m) => IsolationError::Unsupported(m),
-            other => IsolationError::Failed(other.to_string()),
+            other => IsolationError::Fake(other),
         }
     }
 }
@@ -487,9 +487,7 @@ impl Isolation for FakeTier {
     fn prepare_template(&self, name: &str, dest: &Path) -> Result<(), IsolationError> {
         match name {
             "base" | crate::interpreter::TEMPLATE => Ok(make_template(name, dest)?),
-            other => Err(IsolationError::Failed(format!(
-                "unknown template {other:?}"
-            ))),
+            other => Err(IsolationError::UnknownTemplate(other.to_owned())),
         }
     }
 
@@ -508,10 +506,7 @@ impl Isolation for FakeTier {
             .into());
         }
         if !spec.template_dir.is_dir() {
-            return Err(IsolationError::Failed(format!(
-                "template {} is not built",
-                spec.template_dir.display()
-            )));
+            return Err(IsolationError::TemplateNotBuilt(spec.template_dir.clone()));
         }
         let dir = self.sandbox_dir(&spec.id);
         {
@@ -702,7 +697,7 @@ mod tests {
         t.destroy(&SandboxId::parse("nothing").unwrap()).unwrap();
         assert!(matches!(
             t.usage(&SandboxId::parse("nothing").unwrap()),
-            Err(IsolationError::Failed(_))
+            Err(IsolationError::Fake(FakeTierError::NotRunning(_)))
         ));
     }
 }

@@ -17,7 +17,7 @@ impl From<JailError> for IsolationError {
     fn from(e: JailError) -> Self {
         match e {
             JailError::MissingFeature { .. } => IsolationError::Unsupported(e.to_string()),
-            other => IsolationError::Failed(other.to_string()),
+            other => IsolationError::Jail(other),
         }
     }
 }
@@ -106,9 +106,7 @@ impl Isolation for Jail {
         match name {
             // The code interpreter's server is added by core (`interpreter::install`).
             "base" | crate::interpreter::TEMPLATE => Ok(rampart_jail::template::build_base(dest)?),
-            other => Err(IsolationError::Failed(format!(
-                "unknown template {other:?}"
-            ))),
+            other => Err(IsolationError::UnknownTemplate(other.to_owned())),
         }
     }
     fn launch(&self, spec: &LaunchSpec) -> Result<Launched, IsolationError> {
@@ -308,6 +306,7 @@ mod tests {
         .into();
         assert!(matches!(e, IsolationError::Unsupported(_)));
         let e: IsolationError = JailError::Init("boom".into()).into();
-        assert!(matches!(e, IsolationError::Failed(m) if m.contains("boom")));
+        assert!(matches!(&e, IsolationError::Jail(JailError::Init(m)) if m == "boom"));
+        assert!(e.to_string().contains("boom"), "{e}");
     }
 }

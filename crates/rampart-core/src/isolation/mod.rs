@@ -42,9 +42,18 @@ pub enum IsolationError {
     /// names it.
     #[error("{0}")]
     Unsupported(String),
-    /// The tier failed; the message says where.
-    #[error("{0}")]
-    Failed(String),
+    /// The namespace tier failed (its error, with its own source).
+    #[error(transparent)]
+    Jail(rampart_jail::JailError),
+    /// The fake tier failed.
+    #[error(transparent)]
+    Fake(fake::FakeTierError),
+    /// A template the tier does not know how to build.
+    #[error("unknown template {0:?}")]
+    UnknownTemplate(String),
+    /// A sandbox's template is not built where the launch spec says.
+    #[error("template {} is not built", .0.display())]
+    TemplateNotBuilt(PathBuf),
 }
 
 impl From<IsolationError> for crate::CoreError {
@@ -467,7 +476,7 @@ mod tests {
                 Ok(())
             }
             fn launch(&self, _: &LaunchSpec) -> Result<Launched, IsolationError> {
-                Err(IsolationError::Failed("no".into()))
+                Err(IsolationError::UnknownTemplate("no".into()))
             }
             fn destroy(&self, _: &SandboxId) -> Result<(), IsolationError> {
                 Ok(())

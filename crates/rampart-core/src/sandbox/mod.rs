@@ -283,7 +283,7 @@ impl Sandboxes {
         if let Err(e) = proc::set_child_subreaper() {
             warn!("cannot become a child subreaper ({e}); sandbox init processes will be reaped by the system");
         }
-        let metrics = Metrics::new().map_err(|e| CoreError::Internal(format!("metrics: {e}")))?;
+        let metrics = Metrics::new().map_err(CoreError::failed("metrics"))?;
         let network = crate::network::Network::start(&cfg.network, &cfg.data_dir).await;
         let persist = crate::persist::Persist::open(&cfg.data_dir.join("state.db"))?;
         persist.clean(iso.store_root().as_deref());

@@ -73,11 +73,8 @@ impl Sandboxes {
         let id2 = id.clone();
         tokio::task::spawn_blocking(move || iso.disks()?.upper_root(&id2))
             .await
-            .map_err(|e| CoreError::Internal(format!("upper root: {e}")))?
-            .map_err(|e| match e {
-                IsolationError::Unsupported(m) => CoreError::Unsupported(m),
-                IsolationError::Failed(m) => CoreError::Internal(m),
-            })
+            .map_err(CoreError::task("upper root"))?
+            .map_err(|e| CoreError::isolation("the sandbox's disk", e))
     }
 
     /// `PUT /v1/sandboxes/{id}/network`: replaces the policy of a running sandbox. Between

@@ -120,6 +120,7 @@ impl From<rampart_core::CoreError> for E2bError {
             | C::Isolation { .. }
             | C::Io { .. }
             | C::Task { .. }
+            | C::Failed { .. }
             | C::Journal(_)
             | C::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         };
