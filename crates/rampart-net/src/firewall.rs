@@ -213,9 +213,7 @@ impl FirewallSpec {
             "/proc/sys/net/ipv4/conf/default/route_localnet",
         ] {
             if std::fs::read_to_string(f).is_ok_and(|v| v.trim() != "0") {
-                return Err(NetError::Config(format!(
-                    "{f} is not 0: sandboxes could reach the host's loopback"
-                )));
+                return Err(NetError::RouteLocalnet { path: f });
             }
         }
         run_nft(&self.document())
@@ -237,31 +235,33 @@ pub fn remove_table(name: &str) -> Result<(), NetError> {
     ]}))
 }
 
+fn nft_io(step: &'static str) -> impl FnOnce(std::io::Error) -> NetError {
+    move |source| NetError::NftIo { step, source }
+}
+
 /// Runs `nft -j -f -` with `doc` on its stdin.
 fn run_nft(doc: &Value) -> Result<(), NetError> {
-    let body = serde_json::to_vec(doc).map_err(|e| NetError::Nft(format!("encoding: {e}")))?;
+    let body = serde_json::to_vec(doc).map_err(NetError::NftEncode)?;
     let mut child = Command::new("nft")
         .args(["-j", "-f", "-"])
         .stdin(Stdio::piped())
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
-        .map_err(|e| NetError::Nft(format!("running nft (Debian package nftables): {e}")))?;
+        .map_err(nft_io("running nft (Debian package nftables)"))?;
     if let Some(mut sin) = child.stdin.take() {
-        sin.write_all(&body)
-            .map_err(|e| NetError::Nft(format!("writing to nft: {e}")))?;
+        sin.write_all(&body).map_err(nft_io("writing to nft"))?;
     }
     let out = child
         .wait_with_output()
-        .map_err(|e| NetError::Nft(format!("waiting for nft: {e}")))?;
+        .map_err(nft_io("waiting for nft"))?;
     if out.status.success() {
         Ok(())
     } else {
-        Err(NetError::Nft(format!(
-            "nft failed ({}): {}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr).trim()
-        )))
+        Err(NetError::NftFailed {
+            status: out.status,
+            stderr: String::from_utf8_lossy(&out.stderr).trim().to_string(),
+        })
     }
 }
 

@@ -86,9 +86,44 @@ pub const SANDBOX_IFNAME: &str = "eth0";
 /// Errors of the network layer.
 #[derive(Debug, thiserror::Error)]
 pub enum NetError {
-    /// The configuration is invalid.
-    #[error("network configuration: {0}")]
-    Config(String),
+    /// An address pool that is not `a.b.c.d/len` with `len` 8..=30 and no host bits.
+    #[error("network configuration: address pool {cidr:?}: {reason}")]
+    Pool {
+        /// The pool as written.
+        cidr: String,
+        /// What is wrong with it.
+        reason: &'static str,
+    },
+    /// A link prefix that is not 1 to 7 of `a-z0-9`.
+    #[error("network configuration: link prefix {prefix:?}: 1 to 7 characters of a-z and 0-9")]
+    LinkPrefix {
+        /// The prefix.
+        prefix: String,
+    },
+    /// An nftables table name that is not 1 to 64 letters, digits and `_`.
+    #[error("network configuration: table name {name:?}: letters, digits and _")]
+    Table {
+        /// The name.
+        name: String,
+    },
+    /// `dns_port` or `proxy_port` zero, or the two the same.
+    #[error("network configuration: dns_port and proxy_port must be two different non-zero ports")]
+    Ports,
+    /// A pid that is not positive.
+    #[error("network configuration: bad pid {pid}")]
+    Pid {
+        /// The pid.
+        pid: i32,
+    },
+    /// The thread wiring the sandbox's namespace panicked.
+    #[error("network configuration: the netns thread panicked")]
+    ThreadPanicked,
+    /// `route_localnet` is on: sandboxes could reach the host's loopback.
+    #[error("network configuration: {path} is not 0: sandboxes could reach the host's loopback")]
+    RouteLocalnet {
+        /// The sysctl file.
+        path: &'static str,
+    },
     /// The slot has no address in the pool.
     #[error("slot {slot} is outside the address pool {pool} ({capacity} sandboxes)")]
     PoolExhausted {
@@ -108,9 +143,26 @@ pub enum NetError {
         #[source]
         source: std::io::Error,
     },
-    /// Loading or removing the nftables table failed.
-    #[error("nftables: {0}")]
-    Nft(String),
+    /// The nftables document could not be encoded.
+    #[error("nftables: encoding: {0}")]
+    NftEncode(#[source] serde_json::Error),
+    /// Running `nft`, or talking to it, failed.
+    #[error("nftables: {step}: {source}")]
+    NftIo {
+        /// What was being done.
+        step: &'static str,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// `nft` refused the document. `stderr` is nft's own text.
+    #[error("nftables: nft failed ({status}): {stderr}")]
+    NftFailed {
+        /// How it exited.
+        status: std::process::ExitStatus,
+        /// What it printed on stderr (trimmed).
+        stderr: String,
+    },
 }
 
 fn sys(step: impl Into<String>) -> impl FnOnce(std::io::Error) -> NetError {
@@ -176,23 +228,17 @@ impl Net {
                 .bytes()
                 .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
         {
-            return Err(NetError::Config(format!(
-                "link prefix {p:?}: 1 to 7 characters of a-z and 0-9"
-            )));
+            return Err(NetError::LinkPrefix { prefix: p.clone() });
         }
         let t = &cfg.table;
         if t.is_empty()
             || t.len() > 64
             || !t.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
         {
-            return Err(NetError::Config(format!(
-                "table name {t:?}: letters, digits and _"
-            )));
+            return Err(NetError::Table { name: t.clone() });
         }
         if cfg.dns_port == 0 || cfg.proxy_port == 0 || cfg.dns_port == cfg.proxy_port {
-            return Err(NetError::Config(
-                "dns_port and proxy_port must be two different non-zero ports".into(),
-            ));
+            return Err(NetError::Ports);
         }
         Ok(Net { cfg })
     }
@@ -252,7 +298,7 @@ impl Net {
         let pid = u32::try_from(pid1)
             .ok()
             .filter(|&p| p > 0)
-            .ok_or_else(|| NetError::Config(format!("bad pid {pid1}")))?;
+            .ok_or(NetError::Pid { pid: pid1 })?;
         // Opened first: a pid that is gone (or reused later) fails here, not halfway.
         let ns = std::fs::File::open(format!("/proc/{pid}/ns/net"))
             .map_err(sys(format!("opening the network namespace of pid {pid}")))?;
@@ -288,7 +334,7 @@ impl Net {
                 .spawn_scoped(s, move || inside(fd, addr, gw, len))
                 .map_err(sys("starting the netns thread"))?
                 .join()
-                .unwrap_or_else(|_| Err(NetError::Config("the netns thread panicked".into())))
+                .unwrap_or(Err(NetError::ThreadPanicked))
         })
     }
 

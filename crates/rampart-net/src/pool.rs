@@ -22,7 +22,10 @@ pub struct AddressPool {
 impl AddressPool {
     /// Parses `a.b.c.d/len` (`len` 8..=30; host bits must be zero).
     pub fn parse(cidr: &str) -> Result<AddressPool, NetError> {
-        let bad = |why: &str| NetError::Config(format!("address pool {cidr:?}: {why}"));
+        let bad = |reason: &'static str| NetError::Pool {
+            cidr: cidr.into(),
+            reason,
+        };
         let (addr, len) = cidr
             .split_once('/')
             .ok_or_else(|| bad("expected a.b.c.d/len"))?;
