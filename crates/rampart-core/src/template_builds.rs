@@ -496,7 +496,7 @@ impl BuildLog {
             self.broken = true;
             return;
         }
-        if self.entries % LOG_INDEX_EVERY == 0 {
+        if self.entries.is_multiple_of(LOG_INDEX_EVERY) {
             self.index.push(self.bytes);
         }
         self.entries += 1;
