@@ -9,15 +9,37 @@ use std::os::fd::{FromRawFd, OwnedFd};
 use std::sync::Arc;
 use std::time::Duration;
 
+/// What is wrong with the command line.
+#[derive(Debug, thiserror::Error)]
+enum UsageError {
+    /// An option given last, without its value.
+    #[error("{option} needs a {what}")]
+    MissingValue {
+        /// The option.
+        option: &'static str,
+        /// What it takes (`path`, `name`).
+        what: &'static str,
+    },
+    /// An argument that is not an option of the agent.
+    #[error("unknown argument {arg:?}")]
+    Unknown {
+        /// The argument.
+        arg: String,
+    },
+}
+
 /// Startup failures.
 #[derive(Debug, thiserror::Error)]
 enum StartError {
     /// Bad command line.
     #[error("usage: rampart-agent [--listen <socket path>] [--default-user <name>] ({0})")]
-    Usage(String),
+    Usage(#[from] UsageError),
     /// RAMPART_AGENT_FD is not a number.
-    #[error("RAMPART_AGENT_FD is not a file descriptor number: {0:?}")]
-    BadFd(String),
+    #[error("RAMPART_AGENT_FD is not a file descriptor number: {value:?}")]
+    BadFd {
+        /// The variable's value.
+        value: String,
+    },
     /// Neither RAMPART_AGENT_FD nor --listen.
     #[error("no socket: set RAMPART_AGENT_FD or pass --listen <path>")]
     NoSocket,
@@ -45,21 +67,22 @@ fn parse_args() -> Result<Args, StartError> {
     while let Some(a) = args.next() {
         match a.as_str() {
             "--listen" => {
-                out.listen = Some(
-                    args.next()
-                        .ok_or_else(|| StartError::Usage("--listen needs a path".into()))?,
-                )
+                out.listen = Some(args.next().ok_or(UsageError::MissingValue {
+                    option: "--listen",
+                    what: "path",
+                })?)
             }
             "--default-user" => {
-                out.default_user = args
-                    .next()
-                    .ok_or_else(|| StartError::Usage("--default-user needs a name".into()))?
+                out.default_user = args.next().ok_or(UsageError::MissingValue {
+                    option: "--default-user",
+                    what: "name",
+                })?
             }
             "--default-cwd" => {
-                out.default_cwd = Some(
-                    args.next()
-                        .ok_or_else(|| StartError::Usage("--default-cwd needs a path".into()))?,
-                )
+                out.default_cwd = Some(args.next().ok_or(UsageError::MissingValue {
+                    option: "--default-cwd",
+                    what: "path",
+                })?)
             }
             "--version" => {
                 println!(
@@ -69,7 +92,7 @@ fn parse_args() -> Result<Args, StartError> {
                 );
                 std::process::exit(0);
             }
-            other => return Err(StartError::Usage(format!("unknown argument {other:?}"))),
+            other => return Err(UsageError::Unknown { arg: other.into() }.into()),
         }
     }
     Ok(out)
@@ -78,9 +101,12 @@ fn parse_args() -> Result<Args, StartError> {
 fn listener(args: &Args) -> Result<std::os::unix::net::UnixListener, StartError> {
     if let Some(v) = std::env::var_os("RAMPART_AGENT_FD") {
         let s = v.to_string_lossy().into_owned();
-        let fd: i32 = s.trim().parse().map_err(|_| StartError::BadFd(s.clone()))?;
+        let fd: i32 = s
+            .trim()
+            .parse()
+            .map_err(|_| StartError::BadFd { value: s.clone() })?;
         if fd < 3 {
-            return Err(StartError::BadFd(s));
+            return Err(StartError::BadFd { value: s });
         }
         // SAFETY: the jailer hands this fd over to us by contract; nothing else in this process
         // owns it, and it is wrapped exactly once.
