@@ -87,7 +87,7 @@ impl Endpoint {
             return Endpoint::Tcp { base, key };
         }
         let mut candidates = Vec::new();
-        if let Ok(dir) = crate::commands::serve::default_data_dir() {
+        if let Ok(dir) = crate::data_dir::default_data_dir() {
             candidates.push(dir.join(rampart_server::SOCKET_FILE));
         }
         candidates.push(PathBuf::from(RUN_SOCKET));

@@ -3,6 +3,7 @@
 mod bench;
 mod client;
 mod commands;
+mod data_dir;
 mod term;
 
 use clap::{Parser, Subcommand};

@@ -3,8 +3,8 @@
 //! password then logs in to the registry as user `AWS` (what `aws ecr get-login-password`
 //! gives).
 
+use crate::credentials::Credentials;
 use crate::digest::hex;
-use crate::registry::Credentials;
 use crate::ImageError;
 use hmac::{Hmac, Mac};
 use sha2::{Digest as _, Sha256};

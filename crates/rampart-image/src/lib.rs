@@ -8,16 +8,20 @@
 //!   (no path or link may leave the layer; symlinks from the archive are never followed),
 //!   turning OCI whiteouts into overlayfs whiteouts.
 //! - [`oci`]: reading an OCI image layout directory or an OCI / `docker save` archive.
+//! - [`reference`]: image references (`python:3`, `ghcr.io/o/r@sha256:...`).
+//! - [`credentials`]: a registry login.
 //! - [`registry`]: pulling an image from a registry (the OCI distribution API) into a layout.
 //! - [`build`]: the builder: the step cache, the build sandbox runner on the jail, progress.
 //!
 //! Layout and formats are documented in `docs/templates.md`.
 
 pub mod build;
+pub mod credentials;
 pub mod digest;
 pub mod ecr;
 pub mod extract;
 pub mod oci;
+pub mod reference;
 pub mod registry;
 pub mod sample;
 pub mod spec;

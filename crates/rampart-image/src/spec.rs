@@ -89,7 +89,7 @@ pub enum Base {
     /// Another template, by name.
     Template(String),
     /// An image pulled from a registry (`image:python:3`, `image:ghcr.io/o/r@sha256:...`).
-    Image(crate::registry::ImageRef),
+    Image(crate::reference::ImageRef),
 }
 
 /// The readiness check of a start command.
@@ -503,7 +503,7 @@ fn parse_from(s: &str, debian: Option<&Value>, dir: &Path) -> Result<Base, SpecE
             }
             Ok(Base::Template(rest.to_owned()))
         }
-        "image" => crate::registry::ImageRef::parse(rest)
+        "image" => crate::reference::ImageRef::parse(rest)
             .map(Base::Image)
             .map_err(|e| err("from", e.to_string())),
         o => Err(err(
@@ -821,7 +821,7 @@ mod tests {
         let s = Spec::parse("from = \"image:python:3.12-slim\"", Path::new(".")).unwrap();
         assert_eq!(
             s.from,
-            Base::Image(crate::registry::ImageRef {
+            Base::Image(crate::reference::ImageRef {
                 registry: "docker.io".into(),
                 repository: "library/python".into(),
                 reference: "3.12-slim".into(),

@@ -86,7 +86,7 @@ enum KeysCommand {
 fn data_dir(a: &KeysArgs) -> Result<PathBuf> {
     match &a.data_dir {
         Some(d) => Ok(d.clone()),
-        None => super::serve::default_data_dir(),
+        None => crate::data_dir::default_data_dir(),
     }
 }
 

@@ -284,20 +284,6 @@ fn builtin_max_limits() -> Limits {
     }
 }
 
-/// The default data directory: /var/lib/rampart for root, else under $XDG_DATA_HOME.
-pub(crate) fn default_data_dir() -> Result<PathBuf> {
-    if nix::unistd::geteuid().is_root() {
-        return Ok(PathBuf::from("/var/lib/rampart"));
-    }
-    if let Some(x) = std::env::var_os("XDG_DATA_HOME").filter(|x| !x.is_empty()) {
-        return Ok(PathBuf::from(x).join("rampart"));
-    }
-    let home = std::env::var_os("HOME")
-        .filter(|h| !h.is_empty())
-        .ok_or_else(|| anyhow!("neither XDG_DATA_HOME nor HOME is set: pass --data-dir"))?;
-    Ok(PathBuf::from(home).join(".local/share/rampart"))
-}
-
 /// The daemon's umask: every file and directory it creates is private to it (0600, 0700)
 /// unless made otherwise on purpose (template content that sandboxes read is given its modes
 /// explicitly; the jailer is spawned with 0022).
@@ -510,7 +496,7 @@ fn resolve(a: &ServeArgs) -> Result<Resolved> {
         // Absolute: the tier opens paths under it from other working directories.
         Some(d) => std::path::absolute(&d)
             .with_context(|| format!("--data-dir: cannot make {} absolute", d.display()))?,
-        None => default_data_dir()?,
+        None => crate::data_dir::default_data_dir()?,
     };
     let jailer_bin = helper_bin(
         "rampart-jailer",

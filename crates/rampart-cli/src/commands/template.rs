@@ -106,7 +106,7 @@ pub fn run(a: TemplateArgs) -> Result<u8> {
     nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o022));
     let data = match a.data_dir {
         Some(d) => d,
-        None => super::serve::default_data_dir()?,
+        None => crate::data_dir::default_data_dir()?,
     };
     match a.command {
         TemplateCommand::Build(b) => build(&data, b),

@@ -1,6 +1,8 @@
 //! The E2B control plane: create, connect/resume, get, list, kill, timeout, pause, metrics.
 
-use super::network::Options;
+use super::options::Options;
+use super::templates::{template_of, BASE};
+use super::wire::{parse_body, sandbox_json, CLIENT_ID};
 use super::{E2b, E2bError, ENVD_VERSION};
 use axum::body::Bytes;
 use axum::extract::{Path, RawQuery, State};
@@ -17,14 +19,6 @@ use std::collections::BTreeMap;
 use time::format_description::well_known::Rfc3339;
 use time::OffsetDateTime;
 
-/// The template of E2B's `base` (and of an empty template id).
-const BASE: &str = "base";
-/// The template of E2B's code interpreter (`e2b-code-interpreter`'s default).
-pub(super) const CODE_INTERPRETER: &str = "code-interpreter-v1";
-/// E2B's own name for the "client" that runs a sandbox; constant on one host.
-const CLIENT_ID: &str = "rampart";
-/// The timeout E2B's SDKs give a sandbox when none is asked for (seconds).
-pub(crate) const DEFAULT_TIMEOUT_SECS: u64 = 300;
 /// Most list items per page (E2B's maximum).
 const MAX_PAGE: usize = 100;
 
@@ -56,7 +50,7 @@ struct NewSandbox {
     mcp: Option<Value>,
     #[serde(rename = "volumeMounts", default)]
     volume_mounts: Option<Value>,
-    /// Workload identity (`iam.tokens`): refused, see [`IAM_REFUSAL`].
+    /// Workload identity (`iam.tokens`): refused, see [`super::network::IAM_REFUSAL`].
     #[serde(default)]
     iam: Option<Value>,
 }
@@ -66,13 +60,6 @@ const MCP_REFUSAL: &str = "Failed to start MCP gateway: this server cannot run E
 gateway, which pulls the MCP servers it is given from E2B's catalog of container images; this \
 host reaches no such registry. Start the MCP server you need inside the sandbox yourself \
 (commands.run), or drive sandboxes through Rampart's own MCP server (`rampart mcp`, docs/mcp.md)";
-
-/// Why workload identity tokens (`iam`) are refused (docs/e2b.md).
-pub(super) const IAM_REFUSAL: &str = "iam (workload identity tokens) is not supported by this \
-server: it issues no JWT-SVID tokens, and a cloud's token exchange (AWS STS, GCP) would have to \
-reach this host as an OIDC issuer. Bind the credential as a stored secret instead \
-(Secret.create, then \"${e2b.secrets.NAME}\" in network.rules), which the egress proxy injects \
-without the sandbox seeing it";
 
 fn check_unsupported(n: &NewSandbox) -> Result<(), E2bError> {
     let set = |v: &Option<Value>| v.as_ref().is_some_and(|v| !v.is_null());
@@ -84,7 +71,7 @@ fn check_unsupported(n: &NewSandbox) -> Result<(), E2bError> {
         .and_then(Value::as_object)
         .is_some_and(|t| !t.is_empty());
     if tokens {
-        return Err(E2bError::bad_request(IAM_REFUSAL));
+        return Err(E2bError::bad_request(super::network::IAM_REFUSAL));
     }
     if set(&n.mcp) {
         // E2B's `mcp` starts its MCP gateway (template `mcp-gateway`), which pulls the MCP
@@ -120,32 +107,6 @@ fn auto_resume_of(n: &NewSandbox) -> Result<bool, E2bError> {
         ));
     }
     Ok(on)
-}
-
-/// Maps an E2B template id to a Rampart template.
-pub(super) fn template_of(name: &str) -> Result<&'static str, E2bError> {
-    match name {
-        "" | "base" | "rampart" => Ok(BASE),
-        "code-interpreter-v1" | "code-interpreter" | "code-interpreter-stateful" => {
-            Ok(CODE_INTERPRETER)
-        }
-        other => Err(E2bError::new(
-            StatusCode::NOT_FOUND,
-            format!(
-                "template \"{other}\" not found: this server has the \"base\" and \
-                 \"code-interpreter-v1\" templates"
-            ),
-        )),
-    }
-}
-
-pub(super) fn parse_body<T: for<'de> Deserialize<'de> + Default>(
-    body: &Bytes,
-) -> Result<T, E2bError> {
-    if body.iter().all(u8::is_ascii_whitespace) {
-        return Ok(T::default());
-    }
-    serde_json::from_slice(body).map_err(|e| E2bError::bad_request(format!("invalid body: {e}")))
 }
 
 fn sandbox_id(id: &str) -> Result<SandboxId, E2bError> {
@@ -207,21 +168,6 @@ fn state_name(info: &SandboxInfo) -> &'static str {
     } else {
         "running"
     }
-}
-
-/// The `Sandbox` answer of create and connect.
-pub(super) fn sandbox_json(info: &SandboxInfo, facts: &E2bSandbox) -> Value {
-    json!({
-        "templateID": facts.template,
-        "alias": facts.template,
-        "sandboxID": info.id.as_str(),
-        "clientID": CLIENT_ID,
-        "envdVersion": ENVD_VERSION,
-        "envdAccessToken": facts.access_token,
-        // The code-interpreter SDK sends this on its calls to port 49999; the same token.
-        "trafficAccessToken": facts.access_token,
-        "domain": null,
-    })
 }
 
 /// The `ListedSandbox` / `SandboxDetail` fields.
@@ -876,15 +822,5 @@ mod tests {
         assert_eq!(id, "abc");
         assert_eq!(t.unix_timestamp(), 1_735_689_600);
         assert!(untoken("zz").is_none());
-    }
-
-    #[test]
-    fn templates_map_to_base() {
-        assert_eq!(template_of("base").unwrap(), "base");
-        assert_eq!(
-            template_of("code-interpreter-v1").unwrap(),
-            "code-interpreter-v1"
-        );
-        assert!(template_of("nope").is_err());
     }
 }

@@ -314,7 +314,7 @@ fn may_wake(
     req: &Request,
     t: &Target,
     facts: &E2bSandbox,
-    opts: &super::network::Options,
+    opts: &super::options::Options,
 ) -> Result<(), Box<Response>> {
     if t.port != ENVD_PORT {
         if opts.allow_public_traffic {
@@ -352,7 +352,7 @@ async fn auto_resume(
     let Some(facts) = st.facts(id).await.map_err(boxed)? else {
         return Ok(None);
     };
-    let opts = super::network::Options::parse(&facts.options);
+    let opts = super::options::Options::parse(&facts.options);
     if !opts.auto_resume {
         return Ok(None);
     }
@@ -370,7 +370,7 @@ async fn auto_resume(
             tracing::info!(id = %id, "auto-resumed by a request");
             let secs = opts
                 .timeout
-                .unwrap_or(super::api::DEFAULT_TIMEOUT_SECS)
+                .unwrap_or(super::options::DEFAULT_TIMEOUT_SECS)
                 .max(1);
             sandbox
                 .set_timeout(secs)
@@ -546,7 +546,7 @@ async fn to_port(
     live: Live,
     mut req: Request,
 ) -> Response {
-    let opts = super::network::Options::parse(&live.facts.options);
+    let opts = super::options::Options::parse(&live.facts.options);
     // `allowPublicTraffic`: every port but envd's answers without the token.
     if !opts.allow_public_traffic {
         if let Err(r) = authorize_port(&req, &live.facts) {

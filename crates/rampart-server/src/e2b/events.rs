@@ -127,7 +127,7 @@ pub(crate) async fn create(
     crate::caller::Caller(who): crate::caller::Caller,
     body: Bytes,
 ) -> Result<Response, E2bError> {
-    let mut b: WebhookBody = super::api::parse_body(&body)?;
+    let mut b: WebhookBody = super::wire::parse_body(&body)?;
     if b.name.is_none() {
         b.name = Some("webhook".into());
     }
@@ -160,7 +160,7 @@ pub(crate) async fn update_webhook(
     Path(id): Path<String>,
     body: Bytes,
 ) -> Result<Response, E2bError> {
-    let b: WebhookBody = super::api::parse_body(&body)?;
+    let b: WebhookBody = super::wire::parse_body(&body)?;
     Ok(Json(shown(st.manager.update_webhook(&who, &id, b.into())?)).into_response())
 }
 

@@ -14,11 +14,13 @@ mod events;
 mod idempotency;
 mod metrics;
 mod network;
+mod options;
 mod persist;
 mod record;
 mod secrets;
 mod templates;
 mod volumes;
+mod wire;
 
 use axum::extract::{Request, State};
 use axum::http::{HeaderValue, StatusCode};

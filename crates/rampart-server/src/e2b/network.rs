@@ -17,7 +17,7 @@
 
 use super::E2bError;
 use rampart_types::{NetworkMode, NetworkPolicy, Precedence, SecretInjection, SecretSpec};
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
 
@@ -61,57 +61,13 @@ struct E2bTransform {
     headers: Option<BTreeMap<String, String>>,
 }
 
-/// What the E2B API keeps about a sandbox besides core's policy (JSON in its E2B facts).
-#[derive(Debug, Default, Clone, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub(crate) struct Options {
-    /// The `network` as the info endpoint shows it (header values left out).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub(crate) network: Option<Value>,
-    /// `allow_internet_access` as given at create.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub(crate) allow_internet_access: Option<bool>,
-    /// Every port but envd's answers without the traffic token.
-    #[serde(default)]
-    pub(crate) allow_public_traffic: bool,
-    /// The `Host` sent to the sandbox's ports (`${PORT}` stands for the port).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub(crate) mask_request_host: Option<String>,
-    /// A paused sandbox resumes on the first request for it.
-    #[serde(default)]
-    pub(crate) auto_resume: bool,
-    /// `autoPause`: paused, not killed, at its timeout.
-    #[serde(default)]
-    pub(crate) auto_pause: bool,
-    /// The create's `timeout` (seconds), which an auto-resume gives the sandbox again.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub(crate) timeout: Option<u64>,
-    /// `httpsPorts`: ports whose server speaks TLS itself; the proxy reaches them over TLS
-    /// (the certificate not verified, as E2B's proxy does).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub(crate) https_ports: Vec<u16>,
-    /// The create's `volumeMounts` (name, path), as info shows them.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub(crate) volume_mounts: Vec<super::volumes::Mount>,
-}
-
-impl Options {
-    pub(crate) fn parse(s: &str) -> Options {
-        if s.is_empty() {
-            return Options::default();
-        }
-        serde_json::from_str(s).unwrap_or_default()
-    }
-    pub(crate) fn to_json(&self) -> String {
-        serde_json::to_string(self).unwrap_or_default()
-    }
-    /// The `Host` header for a request to `port`, when a mask is set.
-    pub(crate) fn host_for(&self, port: u16) -> Option<String> {
-        self.mask_request_host
-            .as_ref()
-            .map(|m| m.replace("${PORT}", &port.to_string()))
-    }
-}
+/// Why workload identity tokens (`iam` at create, `${e2b.identity.*}` in a rule) are refused
+/// (docs/e2b.md).
+pub(super) const IAM_REFUSAL: &str = "iam (workload identity tokens) is not supported by this \
+server: it issues no JWT-SVID tokens, and a cloud's token exchange (AWS STS, GCP) would have to \
+reach this host as an OIDC issuer. Bind the credential as a stored secret instead \
+(Secret.create, then \"${e2b.secrets.NAME}\" in network.rules), which the egress proxy injects \
+without the sandbox seeing it";
 
 /// The start of a stored-secret placeholder (`Secret.fill`).
 const PLACEHOLDER: &str = "${e2b.secrets.";
@@ -265,7 +221,7 @@ pub(crate) fn policy_of(
                     // Never sent as it is: the placeholder would reach the host verbatim.
                     return Err(E2bError::bad_request(format!(
                         "network.rules[{host:?}]: header {name:?}: {}",
-                        super::api::IAM_REFUSAL
+                        IAM_REFUSAL
                     )));
                 }
                 let host = format!("http://{h}");
@@ -502,17 +458,5 @@ mod tests {
         ] {
             assert!(policy_of(Some(&net(bad.clone())), None).is_err(), "{bad}");
         }
-    }
-
-    #[test]
-    fn masks_name_the_port() {
-        let o = Options {
-            mask_request_host: Some("${PORT}-app.example.com".into()),
-            ..Default::default()
-        };
-        assert_eq!(o.host_for(8080).as_deref(), Some("8080-app.example.com"));
-        let back = Options::parse(&o.to_json());
-        assert_eq!(back.mask_request_host, o.mask_request_host);
-        assert!(!Options::parse("").auto_resume);
     }
 }

@@ -17,7 +17,8 @@
 //! [`Manager::snapshot`]: rampart_core::Manager::snapshot
 //! [`Manager::fork_with`]: rampart_core::Manager::fork_with
 
-use super::network::Options;
+use super::options::Options;
+use super::wire::{parse_body, sandbox_json};
 use super::{E2b, E2bError};
 use axum::body::Bytes;
 use axum::extract::{Path, RawQuery, State};
@@ -76,7 +77,7 @@ fn not_found_snapshot(id: &str) -> E2bError {
 /// a create and a delete resolve names the same way: built-in template, snapshot, built
 /// template).
 fn builtin_template(id: &str) -> bool {
-    super::api::template_of(id).is_ok()
+    super::templates::template_of(id).is_ok()
 }
 
 /// The caller's snapshot named `id`, if there is one. A name that cannot be a snapshot's
@@ -110,7 +111,7 @@ pub(crate) async fn create_snapshot(
     Path(id): Path<String>,
     body: Bytes,
 ) -> Result<Response, E2bError> {
-    let b: SnapshotBody = super::api::parse_body(&body)?;
+    let b: SnapshotBody = parse_body(&body)?;
     if b.memory == Some(true) {
         return Err(E2bError::bad_request(NO_MEMORY));
     }
@@ -272,7 +273,7 @@ pub(crate) async fn fork(
     Path(id): Path<String>,
     body: Bytes,
 ) -> Result<Response, E2bError> {
-    let b: ForkBody = super::api::parse_body(&body)?;
+    let b: ForkBody = parse_body(&body)?;
     let count = match b.count {
         None => 1,
         Some(n) if (1..=i64::from(MAX_FORKS)).contains(&n) => n as u32,
@@ -319,7 +320,7 @@ pub(crate) async fn fork(
     for r in made {
         let item = match r {
             Ok(c) => match c.e2b.as_ref() {
-                Some(facts) => json!({"sandbox": super::api::sandbox_json(&c.info, facts)}),
+                Some(facts) => json!({"sandbox": sandbox_json(&c.info, facts)}),
                 None => fork_error(E2bError::internal(format!(
                     "fork {} was made without its E2B facts",
                     c.info.id

@@ -64,7 +64,7 @@ pub(crate) async fn create(
     crate::caller::Caller(who): crate::caller::Caller,
     body: axum::body::Bytes,
 ) -> Result<Response, E2bError> {
-    let n: NewSecret = super::api::parse_body(&body)?;
+    let n: NewSecret = super::wire::parse_body(&body)?;
     // The store is SQLite on the daemon's disk: quick, called inline as `/v1/secrets` is.
     let s = st
         .manager
@@ -79,7 +79,7 @@ pub(crate) async fn update(
     Path(id): Path<String>,
     body: axum::body::Bytes,
 ) -> Result<Json<Value>, E2bError> {
-    let u: SecretUpdate = super::api::parse_body(&body)?;
+    let u: SecretUpdate = super::wire::parse_body(&body)?;
     let s = st
         .manager
         .update_e2b_secret(&who, &id, &u.value, u.metadata.as_ref())

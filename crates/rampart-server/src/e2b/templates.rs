@@ -19,6 +19,7 @@
 //!   symlinks kept as links), `ENV`, `WORKDIR` (made if missing), `USER`; `startCmd` and
 //!   `readyCmd` become the template's start command and readiness check (run at each create).
 
+use super::wire::parse_body;
 use super::{E2b, E2bError, ENVD_VERSION};
 use axum::body::{Body, Bytes};
 use axum::extract::{Path, Query, State};
@@ -29,14 +30,38 @@ use futures::StreamExt as _;
 use rampart_core::template_builds::{BuildInfo, BuildPlan, LogEntry, PlanStep};
 use rampart_core::templates::{Access, TemplateRef};
 use rampart_core::Principal;
+use rampart_image::credentials::Credentials;
 use rampart_image::ecr::AwsKeys;
-use rampart_image::registry::{Credentials, ImageRef, RegistryAuth};
+use rampart_image::reference::ImageRef;
+use rampart_image::registry::RegistryAuth;
 use rampart_image::spec::{Base, BuildNetwork, Ready, StartSpec, Variant};
 use rampart_image::{Step, Store};
 use serde::Deserialize;
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, HashMap};
 use tokio::io::AsyncWriteExt as _;
+
+/// The template of E2B's `base` (and of an empty template id).
+pub(super) const BASE: &str = "base";
+/// The template of E2B's code interpreter (`e2b-code-interpreter`'s default).
+pub(super) const CODE_INTERPRETER: &str = "code-interpreter-v1";
+
+/// Maps an E2B template id to a Rampart template.
+pub(super) fn template_of(name: &str) -> Result<&'static str, E2bError> {
+    match name {
+        "" | "base" | "rampart" => Ok(BASE),
+        "code-interpreter-v1" | "code-interpreter" | "code-interpreter-stateful" => {
+            Ok(CODE_INTERPRETER)
+        }
+        other => Err(E2bError::new(
+            StatusCode::NOT_FOUND,
+            format!(
+                "template \"{other}\" not found: this server has the \"base\" and \
+                 \"code-interpreter-v1\" templates"
+            ),
+        )),
+    }
+}
 
 /// Most log entries of one status answer (the SDK drains the rest).
 const STATUS_LOG_PAGE: usize = 100;
@@ -122,7 +147,7 @@ pub(crate) async fn request_build(
     crate::caller::Caller(who): crate::caller::Caller,
     body: Bytes,
 ) -> Result<Response, E2bError> {
-    let r: RequestV3 = super::api::parse_body(&body)?;
+    let r: RequestV3 = parse_body(&body)?;
     let full = r
         .name
         .or(r.alias)
@@ -346,7 +371,7 @@ fn base_of(st: &E2b, who: &Principal, t: &StartV2) -> Result<BaseOf, E2bError> {
             "base" | "rampart" => Ok(builtin(rampart_image::build::BUILTIN_BASE)),
             // The code interpreter's template: its sandboxes start the interpreter's server,
             // and so do those of a template built on it.
-            "code-interpreter-v1" | "code-interpreter" => Ok(builtin(super::api::CODE_INTERPRETER)),
+            "code-interpreter-v1" | "code-interpreter" => Ok(builtin(CODE_INTERPRETER)),
             other => {
                 let unknown = || {
                     E2bError::bad_request(format!("fromTemplate: template \"{other}\" not found"))
@@ -381,7 +406,7 @@ fn base_of(st: &E2b, who: &Principal, t: &StartV2) -> Result<BaseOf, E2bError> {
         return Ok(builtin(rampart_image::build::BUILTIN_BASE));
     }
     if repo == "e2bdev/code-interpreter" {
-        return Ok(builtin(super::api::CODE_INTERPRETER));
+        return Ok(builtin(CODE_INTERPRETER));
     }
     let refuse = |why: &str| E2bError::bad_request(format!("fromImage {image:?}: {why}"));
     if repo != "debian" || image.contains('@') {
@@ -698,7 +723,7 @@ pub(crate) async fn start_build(
     Path((id, bid)): Path<(String, String)>,
     body: Bytes,
 ) -> Result<Response, E2bError> {
-    let t: StartV2 = super::api::parse_body(&body)?;
+    let t: StartV2 = parse_body(&body)?;
     let b = st.manager.template_builds();
     let info = build_of(&st, &who, &id, &bid)?;
     let plan = plan_of(&st, &who, t)?;
@@ -1046,7 +1071,7 @@ pub(crate) async fn assign_tags(
     crate::caller::Caller(who): crate::caller::Caller,
     body: Bytes,
 ) -> Result<Response, E2bError> {
-    let a: AssignTags = super::api::parse_body(&body)?;
+    let a: AssignTags = parse_body(&body)?;
     if a.tags.is_empty() {
         return Err(E2bError::bad_request("tags: give at least one tag"));
     }
@@ -1085,7 +1110,7 @@ pub(crate) async fn delete_tags(
     crate::caller::Caller(who): crate::caller::Caller,
     body: Bytes,
 ) -> Result<Response, E2bError> {
-    let d: DeleteTags = super::api::parse_body(&body)?;
+    let d: DeleteTags = parse_body(&body)?;
     let t = resolve(&st, &who, split_name(&d.name).0, Access::Write)?;
     let s = store(&st).ok_or_else(|| not_found_template(&d.name))?;
     let refs: Vec<String> = d.tags.iter().map(|tag| t.stored_tag(Some(tag))).collect();
@@ -1197,5 +1222,15 @@ mod tests {
     #[test]
     fn build_status_names() {
         assert_eq!(BuildStatus::Waiting.as_str(), "waiting");
+    }
+
+    #[test]
+    fn templates_map_to_base() {
+        assert_eq!(template_of("base").unwrap(), "base");
+        assert_eq!(
+            template_of("code-interpreter-v1").unwrap(),
+            "code-interpreter-v1"
+        );
+        assert!(template_of("nope").is_err());
     }
 }

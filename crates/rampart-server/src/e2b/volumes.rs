@@ -15,6 +15,8 @@
 //!   root (`..` refused, symlinks followed only while they stay inside) and keeps the volume
 //!   from being removed while a call runs.
 
+use super::options::{Mount, Options};
+use super::wire::parse_body;
 use super::{E2b, E2bError};
 use axum::body::Body;
 use axum::extract::{Path, Query, State};
@@ -118,7 +120,7 @@ pub(crate) async fn create(
     crate::caller::Caller(who): crate::caller::Caller,
     body: axum::body::Bytes,
 ) -> Result<Response, E2bError> {
-    let n: NewVolume = super::api::parse_body(&body)?;
+    let n: NewVolume = parse_body(&body)?;
     rampart_core::persist::check_plain_name("name", &n.name)
         .map_err(|e| E2bError::bad_request(e.to_string()))?;
     if st.manager.volume(&who, &n.name).is_ok() {
@@ -362,7 +364,7 @@ pub(crate) async fn update_meta(
     headers: HeaderMap,
     body: axum::body::Bytes,
 ) -> Result<Json<Value>, E2bError> {
-    let b: MetaBody = super::api::parse_body(&body)?;
+    let b: MetaBody = parse_body(&body)?;
     let meta = EntryMeta {
         uid: b.uid,
         gid: b.gid,
@@ -462,16 +464,6 @@ pub(crate) async fn write_file(
     Ok((StatusCode::CREATED, Json(entry_json(&e))).into_response())
 }
 
-/// A volume mounted at create (`SandboxVolumeMount`).
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(crate) struct Mount {
-    /// The volume's name (its E2B id).
-    pub(crate) name: String,
-    /// Absolute path inside the sandbox.
-    pub(crate) path: String,
-}
-
 /// The `volumeMounts` of a create (`[{name, path}]`), checked as far as the body goes
 /// (core checks the rest: the volume exists and is the caller's, the path is usable).
 pub(crate) fn mounts_of(v: Option<&Value>) -> Result<Vec<Mount>, E2bError> {
@@ -501,5 +493,5 @@ pub(crate) fn native_mounts(m: &[Mount]) -> Vec<rampart_types::VolumeMount> {
 
 /// `volumeMounts` of a sandbox's info, from its kept E2B options.
 pub(crate) fn mounts_json(options: &str) -> Value {
-    json!(super::network::Options::parse(options).volume_mounts)
+    json!(Options::parse(options).volume_mounts)
 }
