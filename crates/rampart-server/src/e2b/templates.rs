@@ -1031,7 +1031,15 @@ pub(crate) async fn delete(
         ));
     }
     let (name, tag) = split_name(&id);
-    let t = resolve(&st, &who, name, Access::Write)?;
+    let t = match st.manager.template_ref(&who, name, Access::Write) {
+        Ok(t) => t,
+        // A name no template can have names nothing to delete (E2B answers 404: the SDK's
+        // `delete_snapshot` then says False).
+        Err(
+            rampart_core::CoreError::BadRequest { .. } | rampart_core::CoreError::NoTemplate(_),
+        ) => return Err(not_found_template(&id)),
+        Err(e) => return Err(e.into()),
+    };
     let s = store(&st).ok_or_else(|| not_found_template(&id))?;
     let refs: Vec<String> = match tag {
         Some(tag) => vec![t.stored_tag(Some(tag))],
