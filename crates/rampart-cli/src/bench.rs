@@ -534,9 +534,93 @@ pub fn run(args: BenchArgs) -> Result<()> {
         return Ok(());
     }
 
+    let daemon_pid = _private.as_ref().map(|d| d.child.id());
+    let f = measure_all(&api, &args, daemon_pid)?;
+
+    print_latency(&f, args.iterations);
+    print_density(&f, &args);
+    print_cpu(&f.warm.cpu, &f.throughput.cpu, args.concurrency);
+    let key_file = _private.as_ref().map(|d| d.data_dir.join("api-key"));
+    let e2b = measure_e2b_sdk(&api.url, key_file.as_deref(), args.iterations.min(30));
+    let e2b = e2b.unwrap_or_default();
+    print_e2b(&e2b);
+    drop(api);
+    drop(_private);
+    let audit = measure_audit(&client, &args)?;
+    print_audit(&audit);
+    print_targets(&f, &args, &e2b, &audit);
+    if let Some(path) = &args.json {
+        write_json(path, &f, &args, &e2b, &audit)?;
+    }
+    Ok(())
+}
+
+/// The figures of a full run but the E2B SDK's and the audit's, in the order they are taken.
+struct Figures {
+    /// bwrap, runc, unshare: whichever are installed.
+    peers: Vec<Samples>,
+    /// create + first exec result.
+    cycle: Samples,
+    /// create + first exec + destroy.
+    full: Samples,
+    warm: WarmExec,
+    /// `rampart run -- true` as a whole process.
+    cli: Samples,
+    pause: PauseBench,
+    throughput: Throughput,
+    idle: IdleMemory,
+}
+
+impl Figures {
+    /// bwrap's p50, which the latency rows are compared to (when bwrap is installed).
+    fn bwrap_p50(&self) -> Option<f64> {
+        self.peers
+            .iter()
+            .find(|s| s.name.starts_with("bwrap"))
+            .map(|s| s.pct(50.0))
+    }
+
+    /// The latency table's rows, in its order.
+    fn latency_rows(&self) -> Vec<&Samples> {
+        let mut rows: Vec<&Samples> = self.peers.iter().collect();
+        rows.extend([
+            &self.cycle,
+            &self.full,
+            &self.cli,
+            &self.warm.rtt,
+            &self.warm.streamed,
+            &self.warm.host,
+        ]);
+        rows.extend(self.pause.rows());
+        rows
+    }
+}
+
+/// Takes every measurement of a full run (against the daemon `api` speaks to; `daemon_pid`
+/// when it is the private one, for its CPU).
+fn measure_all(api: &Api, args: &BenchArgs, daemon_pid: Option<u32>) -> Result<Figures> {
     eprintln!("bench: peers ({} iterations each)...", args.iterations);
     let peers = measure_peers(args.iterations)?;
+    let (cycle, full) = measure_create_cycle(api, args.iterations)?;
+    let warm = measure_warm_exec(api, args.iterations, daemon_pid)?;
+    let cli = measure_cli_run(api, args.iterations)?;
+    let pause = measure_pause(api, args.iterations)?;
+    let throughput = measure_throughput(api, args.cycles, args.concurrency, daemon_pid)?;
+    let idle = measure_idle(api, args.idle)?;
+    Ok(Figures {
+        peers,
+        cycle,
+        full,
+        warm,
+        cli,
+        pause,
+        throughput,
+        idle,
+    })
+}
 
+/// create -> first exec result, and -> destroyed: (to the exec's result, to the destroy).
+fn measure_create_cycle(api: &Api, iterations: usize) -> Result<(Samples, Samples)> {
     eprintln!("bench: rampart create -> first exec -> destroy...");
     // Warm-up: the first create builds the cached disk image of this size.
     let id = api.create()?;
@@ -544,7 +628,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
     api.destroy(&id)?;
     let mut cycle = Samples::new("rampart create + first exec result");
     let mut full = Samples::new("rampart create + first exec + destroy");
-    for _ in 0..args.iterations {
+    for _ in 0..iterations {
         let t = Instant::now();
         let id = api.create()?;
         api.exec_true(&id)?;
@@ -552,20 +636,31 @@ pub fn run(args: BenchArgs) -> Result<()> {
         api.destroy(&id)?;
         full.push(t.elapsed());
     }
+    Ok((cycle, full))
+}
 
+/// The exec round trip on a warm sandbox, plain and streamed, next to the host's own
+/// fork + exec + wait, and the CPU they cost.
+struct WarmExec {
+    rtt: Samples,
+    streamed: Samples,
+    host: Samples,
+    cpu: ExecCpu,
+}
+
+fn measure_warm_exec(api: &Api, iterations: usize, daemon_pid: Option<u32>) -> Result<WarmExec> {
     eprintln!("bench: exec round trip on a warm sandbox...");
     let id = api.create()?;
     let mut rtt = Samples::new("rampart exec round trip (warm, `true`)");
     let mut streamed = Samples::new("rampart streamed exec, kept-alive connection (warm, `true`)");
     let mut host = Samples::new("host fork + exec + wait of `true` (the exec's peer)");
-    let daemon_pid = _private.as_ref().map(|d| d.child.id());
     let cpu0 = (
         daemon_pid.and_then(cpu::proc_cpu),
         cpu::sandbox_cpu(&id),
         cpu::own_children(),
     );
     // Alternating, so that the machine's noise falls on all three alike.
-    for _ in 0..args.iterations.max(100) {
+    for _ in 0..iterations.max(100) {
         let t = Instant::now();
         api.exec_true(&id)?;
         rtt.push(t.elapsed());
@@ -574,8 +669,8 @@ pub fn run(args: BenchArgs) -> Result<()> {
         streamed.push(t.elapsed());
         host.push(time_cmd(&mut Command::new("true"))?);
     }
-    let execs = 2 * args.iterations.max(100);
-    let exec_cpu = ExecCpu {
+    let execs = 2 * iterations.max(100);
+    let cpu = ExecCpu {
         daemon: match (cpu0.0, daemon_pid.and_then(cpu::proc_cpu)) {
             (Some(a), Some(b)) => Some((
                 cpu::per_op_ms(b.user.saturating_sub(a.user), execs),
@@ -589,15 +684,24 @@ pub fn run(args: BenchArgs) -> Result<()> {
         },
         host: cpu::per_op_ms(
             cpu::own_children().saturating_sub(cpu0.2),
-            args.iterations.max(100),
+            iterations.max(100),
         ),
     };
     api.destroy(&id)?;
+    Ok(WarmExec {
+        rtt,
+        streamed,
+        host,
+        cpu,
+    })
+}
 
+/// `rampart run -- true` as a whole process (this executable, against the same daemon).
+fn measure_cli_run(api: &Api, iterations: usize) -> Result<Samples> {
     eprintln!("bench: the CLI as a whole process: `rampart run -- true`...");
     let exe = std::env::current_exe()?;
     let mut cli = Samples::new("`rampart run -- true` (whole CLI process: create, exec, destroy)");
-    for _ in 0..args.iterations {
+    for _ in 0..iterations {
         cli.push(time_cmd(
             Command::new(&exe)
                 .args(["run", "--", "true"])
@@ -605,18 +709,27 @@ pub fn run(args: BenchArgs) -> Result<()> {
                 .env("RAMPART_API_KEY", bench_key()),
         )?);
     }
+    Ok(cli)
+}
 
-    let p = measure_pause(&api, args.iterations)?;
+/// create+destroy per second at a concurrency, and the CPU each costs.
+struct Throughput {
+    rate: f64,
+    cpu: CreateCpu,
+}
 
-    eprintln!(
-        "bench: {} create+destroy at concurrency {}...",
-        args.cycles, args.concurrency
-    );
-    let per = args.cycles.div_ceil(args.concurrency.max(1));
+fn measure_throughput(
+    api: &Api,
+    cycles: usize,
+    concurrency: usize,
+    daemon_pid: Option<u32>,
+) -> Result<Throughput> {
+    eprintln!("bench: {cycles} create+destroy at concurrency {concurrency}...");
+    let per = cycles.div_ceil(concurrency.max(1));
     let cd0 = (daemon_pid.and_then(cpu::proc_cpu), cpu::machine_busy());
     let t = Instant::now();
     std::thread::scope(|s| -> Result<()> {
-        let handles: Vec<_> = (0..args.concurrency.max(1))
+        let handles: Vec<_> = (0..concurrency.max(1))
             .map(|_| {
                 s.spawn(|| -> Result<()> {
                     for _ in 0..per {
@@ -633,9 +746,9 @@ pub fn run(args: BenchArgs) -> Result<()> {
         }
         Ok(())
     })?;
-    let done = per * args.concurrency.max(1);
+    let done = per * concurrency.max(1);
     let rate = done as f64 / t.elapsed().as_secs_f64();
-    let create_cpu = CreateCpu {
+    let cpu = CreateCpu {
         daemon: match (cd0.0, daemon_pid.and_then(cpu::proc_cpu)) {
             (Some(a), Some(b)) => Some((
                 cpu::per_op_ms((b.user + b.sys).saturating_sub(a.user + a.sys), done),
@@ -648,21 +761,46 @@ pub fn run(args: BenchArgs) -> Result<()> {
             _ => None,
         },
     };
+    Ok(Throughput { rate, cpu })
+}
 
-    eprintln!("bench: memory with {} idle sandboxes...", args.idle);
+/// Memory per idle sandbox, and the create latency with many alive.
+struct IdleMemory {
+    /// Sandboxes that were alive (fewer than asked when a create failed).
+    alive: usize,
+    /// Host memory used per idle sandbox (bytes).
+    per_idle: f64,
+    /// Memory charged to the sandboxes' cgroups per idle sandbox (bytes), when readable.
+    per_idle_cgroup: Option<f64>,
+    /// Creates with about 100 alive.
+    at_100: Samples,
+    /// Creates with the most alive.
+    at_n: Samples,
+}
+
+impl IdleMemory {
+    /// Create p50 with the most alive over create p50 with 100 alive, when both were taken.
+    fn flat(&self) -> Option<f64> {
+        (!self.at_100.ms.is_empty() && !self.at_n.ms.is_empty())
+            .then(|| self.at_n.pct(50.0) / self.at_100.pct(50.0))
+    }
+}
+
+fn measure_idle(api: &Api, idle: usize) -> Result<IdleMemory> {
+    eprintln!("bench: memory with {idle} idle sandboxes...");
     let before = mem_used_bytes()?;
     let cg_before = subtree_memory_bytes();
-    let mut ids = Vec::with_capacity(args.idle);
+    let mut ids = Vec::with_capacity(idle);
     let mut mem_err = None;
     // Create latency with about 100 alive and with the most alive (20 creates each).
     let mut at_100 = Samples::new("create with 100 alive");
-    let mut at_n = Samples::new(&format!("create with {} alive", args.idle));
-    for i in 0..args.idle {
+    let mut at_n = Samples::new(&format!("create with {idle} alive"));
+    for i in 0..idle {
         let t = Instant::now();
         let made = api.create();
         if (100..120).contains(&i) {
             at_100.push(t.elapsed());
-        } else if i + 20 >= args.idle && i >= 120 {
+        } else if i + 20 >= idle && i >= 120 {
             at_n.push(t.elapsed());
         }
         match made {
@@ -691,19 +829,22 @@ pub fn run(args: BenchArgs) -> Result<()> {
         (Some(b), Some(a)) => Some(a.saturating_sub(b) as f64 / alive.max(1) as f64),
         _ => None,
     };
+    Ok(IdleMemory {
+        alive,
+        per_idle,
+        per_idle_cgroup,
+        at_100,
+        at_n,
+    })
+}
 
-    // Report.
-    let bwrap_p50 = peers
-        .iter()
-        .find(|s| s.name.starts_with("bwrap"))
-        .map(|s| s.pct(50.0));
-    println!("\n## Latency (ms), {} iterations\n", args.iterations);
+/// The report's "Latency" section.
+fn print_latency(f: &Figures, iterations: usize) {
+    let bwrap_p50 = f.bwrap_p50();
+    println!("\n## Latency (ms), {iterations} iterations\n");
     println!("| what | p50 | p99 | p50 vs bwrap |");
     println!("|---|---:|---:|---:|");
-    let mut rows: Vec<&Samples> = peers.iter().collect();
-    rows.extend([&cycle, &full, &cli, &rtt, &streamed, &host]);
-    rows.extend(p.rows());
-    for s in &rows {
+    for s in &f.latency_rows() {
         let ratio = bwrap_p50
             .map(|b| format!("{:.2}x", s.pct(50.0) / b))
             .unwrap_or("-".into());
@@ -715,62 +856,68 @@ pub fn run(args: BenchArgs) -> Result<()> {
             ratio
         );
     }
+}
+
+/// The report's "Throughput and density" section.
+fn print_density(f: &Figures, args: &BenchArgs) {
+    let idle = &f.idle;
     println!("\n## Throughput and density\n");
     println!("| what | value |");
     println!("|---|---:|");
     println!(
         "| create+destroy per second, concurrency {} | {:.1} |",
-        args.concurrency, rate
+        args.concurrency, f.throughput.rate
     );
     println!(
         "| host memory per idle sandbox ({} alive) | {:.2} MiB |",
-        alive,
-        per_idle / (1024.0 * 1024.0)
+        idle.alive,
+        idle.per_idle / (1024.0 * 1024.0)
     );
-    let flat =
-        (!at_100.ms.is_empty() && !at_n.ms.is_empty()).then(|| at_n.pct(50.0) / at_100.pct(50.0));
-    if let Some(r) = flat {
+    if let Some(r) = idle.flat() {
         println!(
             "| create p50 with {} alive / with 100 alive | {:.2} ({:.2} / {:.2} ms) |",
             args.idle,
             r,
-            at_n.pct(50.0),
-            at_100.pct(50.0)
+            idle.at_n.pct(50.0),
+            idle.at_100.pct(50.0)
         );
     }
-    if let Some(c) = per_idle_cgroup {
+    if let Some(c) = idle.per_idle_cgroup {
         println!(
             "| memory charged to the sandboxes' cgroups per idle sandbox ({} alive) | {:.2} MiB |",
-            alive,
+            idle.alive,
             c / (1024.0 * 1024.0)
         );
     }
-    print_cpu(&exec_cpu, &create_cpu, args.concurrency);
-    let key_file = _private.as_ref().map(|d| d.data_dir.join("api-key"));
-    let e2b = measure_e2b_sdk(&api.url, key_file.as_deref(), args.iterations.min(30));
-    let e2b = e2b.unwrap_or_default();
-    if !e2b.is_empty() {
-        println!("\n## Through the unmodified E2B Python SDK (e2b==2.63.0)\n");
-        println!("| what | p50 ms | p99 ms |");
-        println!("|---|---:|---:|");
-        for s in &e2b {
-            println!("| {} | {:.1} | {:.1} |", s.name, s.pct(50.0), s.pct(99.0));
-        }
-        println!("| E2B's published sandbox start time (cloud) | about 150 | - |");
+}
+
+/// The report's E2B SDK section (when the SDK was measured).
+fn print_e2b(e2b: &[Samples]) {
+    if e2b.is_empty() {
+        return;
     }
-    drop(api);
-    drop(_private);
-    let audit = measure_audit(&client, &args)?;
-    print_audit(&audit);
+    println!("\n## Through the unmodified E2B Python SDK (e2b==2.63.0)\n");
+    println!("| what | p50 ms | p99 ms |");
+    println!("|---|---:|---:|");
+    for s in e2b {
+        println!("| {} | {:.1} | {:.1} |", s.name, s.pct(50.0), s.pct(99.0));
+    }
+    println!("| E2B's published sandbox start time (cloud) | about 150 | - |");
+}
+
+/// The report's "Targets" section.
+fn print_targets(f: &Figures, args: &BenchArgs, e2b: &[Samples], audit: &AuditBench) {
+    let (warm, p, idle) = (&f.warm, &f.pause, &f.idle);
+    let rate = f.throughput.rate;
     println!("\n## Targets\n");
-    if let Some(b) = bwrap_p50 {
-        let r = cycle.pct(50.0) / b;
+    if let Some(b) = f.bwrap_p50() {
+        let r = f.cycle.pct(50.0) / b;
         println!(
             "- create + first exec p50 <= 1.5x bwrap: {:.2}x ({})",
             r,
             pass(r <= 1.5)
         );
-        let r = cli.pct(50.0) / b;
+        let r = f.cli.pct(50.0) / b;
         println!(
             "- `rampart run -- true` p50 <= 3x bwrap: {:.2}x ({})",
             r,
@@ -779,18 +926,18 @@ pub fn run(args: BenchArgs) -> Result<()> {
     }
     println!(
         "- streamed exec on a kept-alive connection p50 <= 3 ms: {:.3} ms ({})",
-        streamed.pct(50.0),
-        pass(streamed.pct(50.0) <= 3.0)
+        warm.streamed.pct(50.0),
+        pass(warm.streamed.pct(50.0) <= 3.0)
     );
-    let share = rtt.pct(50.0) - host.pct(50.0);
+    let share = warm.rtt.pct(50.0) - warm.host.pct(50.0);
     println!(
         "- exec round trip above host fork+exec+wait <= 0.2 ms: {:.3} ms ({:.3} - {:.3}) ({})",
         share,
-        rtt.pct(50.0),
-        host.pct(50.0),
+        warm.rtt.pct(50.0),
+        warm.host.pct(50.0),
         pass(share <= 0.2)
     );
-    if let Some(r) = flat {
+    if let Some(r) = idle.flat() {
         println!(
             "- create p50 with {} alive <= 1.3x with 100 alive: {:.2}x ({})",
             args.idle,
@@ -813,13 +960,13 @@ pub fn run(args: BenchArgs) -> Result<()> {
         pass(rate >= 300.0)
     );
     // The larger of the two views, so the target is judged on the worse one.
-    let mib = per_idle.max(per_idle_cgroup.unwrap_or(0.0)) / (1024.0 * 1024.0);
+    let mib = idle.per_idle.max(idle.per_idle_cgroup.unwrap_or(0.0)) / (1024.0 * 1024.0);
     println!(
         "- <= 1 MiB per idle sandbox: {:.2} MiB ({})",
         mib,
         pass(mib <= 1.0)
     );
-    for s in &e2b {
+    for s in e2b {
         if s.name.contains("create") {
             println!(
                 "- E2B SDK create + run + kill p50 <= 30 ms: {:.1} ms ({})",
@@ -829,31 +976,39 @@ pub fn run(args: BenchArgs) -> Result<()> {
         }
     }
     audit.print_targets();
+}
 
-    if let Some(path) = &args.json {
-        let to_json =
-            |s: &Samples| json!({"name": s.name, "p50_ms": s.pct(50.0), "p99_ms": s.pct(99.0)});
-        let v = json!({
-            "latency": rows.iter().map(|s| to_json(s)).collect::<Vec<_>>(),
-            "e2b_sdk": e2b.iter().map(to_json).collect::<Vec<_>>(),
-            "create_p50_ms_at_100_alive": (!at_100.ms.is_empty()).then(|| at_100.pct(50.0)),
-            "create_p50_ms_at_most_alive": (!at_n.ms.is_empty()).then(|| at_n.pct(50.0)),
-            "creates_per_second": rate,
-            "concurrency": args.concurrency,
-            "idle_sandboxes": alive,
-            "bytes_per_idle_sandbox": per_idle,
-            "cgroup_bytes_per_idle_sandbox": per_idle_cgroup,
-            "audit": audit.to_json(),
-            "cpu_ms": {
-                "exec_daemon_user_sys": exec_cpu.daemon,
-                "exec_sandbox": exec_cpu.sandbox,
-                "exec_host_peer": exec_cpu.host,
-                "create_destroy_daemon_and_jailers": create_cpu.daemon,
-                "create_destroy_machine": create_cpu.machine,
-            },
-        });
-        std::fs::write(path, serde_json::to_vec_pretty(&v)?)?;
-    }
+/// The results as JSON (`--json`).
+fn write_json(
+    path: &Path,
+    f: &Figures,
+    args: &BenchArgs,
+    e2b: &[Samples],
+    audit: &AuditBench,
+) -> Result<()> {
+    let idle = &f.idle;
+    let to_json =
+        |s: &Samples| json!({"name": s.name, "p50_ms": s.pct(50.0), "p99_ms": s.pct(99.0)});
+    let v = json!({
+        "latency": f.latency_rows().iter().map(|s| to_json(s)).collect::<Vec<_>>(),
+        "e2b_sdk": e2b.iter().map(to_json).collect::<Vec<_>>(),
+        "create_p50_ms_at_100_alive": (!idle.at_100.ms.is_empty()).then(|| idle.at_100.pct(50.0)),
+        "create_p50_ms_at_most_alive": (!idle.at_n.ms.is_empty()).then(|| idle.at_n.pct(50.0)),
+        "creates_per_second": f.throughput.rate,
+        "concurrency": args.concurrency,
+        "idle_sandboxes": idle.alive,
+        "bytes_per_idle_sandbox": idle.per_idle,
+        "cgroup_bytes_per_idle_sandbox": idle.per_idle_cgroup,
+        "audit": audit.to_json(),
+        "cpu_ms": {
+            "exec_daemon_user_sys": f.warm.cpu.daemon,
+            "exec_sandbox": f.warm.cpu.sandbox,
+            "exec_host_peer": f.warm.cpu.host,
+            "create_destroy_daemon_and_jailers": f.throughput.cpu.daemon,
+            "create_destroy_machine": f.throughput.cpu.machine,
+        },
+    });
+    std::fs::write(path, serde_json::to_vec_pretty(&v)?)?;
     Ok(())
 }
 
