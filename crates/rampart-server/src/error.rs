@@ -167,6 +167,14 @@ impl From<ClientError> for ApiError {
                 "agent_unreachable",
                 format!("the sandbox's agent is unreachable: {m}"),
             ),
+            // The agent answers a user the sandbox does not have as envd does
+            // (`unauthenticated`, "invalid user: 'x'"): through the native API that is the
+            // caller's mistake in the `user` field, not the agent's failure.
+            ClientError::Rpc { code, message }
+                if code == "unauthenticated" && message.starts_with("invalid user") =>
+            {
+                ApiError::bad_request(format!("user: {message}"))
+            }
             ClientError::Rpc { code, message } => {
                 let (status, api_code) = rpc_status(&code);
                 ApiError::new(status, api_code, message)
@@ -243,6 +251,14 @@ mod tests {
                 }),
                 504,
                 "timeout",
+            ),
+            (
+                CoreError::Agent(ClientError::Rpc {
+                    code: "unauthenticated".into(),
+                    message: "invalid user: 'nobody2'".into(),
+                }),
+                400,
+                "bad_request",
             ),
             (CoreError::Internal("boom".into()), 500, "internal"),
             (

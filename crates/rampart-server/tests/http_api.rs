@@ -716,6 +716,19 @@ async fn file_endpoints_check_their_input() {
         .await
         .error(400, "bad_request");
     assert!(m.starts_with("depth"), "{m}");
+    // A user the sandbox does not have is the caller's mistake (400 naming `user`), on
+    // every file endpoint that takes one, not an agent failure.
+    for uri in [
+        format!("{k}/files/list?path=/&user=no-such-user-7"),
+        format!("{k}/files/stat?path=/&user=no-such-user-7"),
+        format!("{k}/files?path=/etc/hostname&user=no-such-user-7"),
+    ] {
+        let m = s
+            .call(Method::GET, &uri, None, b"")
+            .await
+            .error(400, "bad_request");
+        assert!(m.starts_with("user: invalid user"), "{uri}: {m}");
+    }
     s.call(
         Method::PUT,
         "/v1/sandboxes/nosuch/files?path=/a",
