@@ -22,41 +22,14 @@
 
 mod support;
 
-use reqwest::blocking::Client;
 use reqwest::Method;
 use serde_json::{json, Value};
 use std::time::{Duration, Instant};
-use support::{make_key, start_tidy_with, Tidy};
-
-fn http() -> Client {
-    Client::builder()
-        .timeout(Duration::from_secs(300))
-        .build()
-        .unwrap()
-}
-
-/// An answer: status and body (JSON, or the text as a JSON string).
-#[derive(Debug)]
-struct Answer {
-    status: u16,
-    body: Value,
-}
+use support::{make_key, start_tidy_with, Answer, Tidy};
 
 /// A request of the E2B API with E2B key `key`.
 fn e2b(url: &str, key: &str, method: Method, path: &str, body: Option<Value>) -> Answer {
-    let mut r = http()
-        .request(method, format!("{url}{path}"))
-        .header("x-api-key", key);
-    if let Some(b) = body {
-        r = r.json(&b);
-    }
-    let resp = r.send().unwrap();
-    let status = resp.status().as_u16();
-    let text = resp.text().unwrap_or_default();
-    Answer {
-        status,
-        body: serde_json::from_str(&text).unwrap_or(Value::String(text)),
-    }
+    support::e2b_call(url, key, method, path, body)
 }
 
 /// A daemon with tenants `acme` (A) and `rival` (B), each with an E2B key.
@@ -72,15 +45,7 @@ fn world(name: &str, envs: &[(&str, &str)]) -> Option<World> {
         return None;
     }
     let d = start_tidy_with(name, envs);
-    for t in ["acme", "rival"] {
-        let r = http()
-            .post(format!("{}/v1/tenants", d.url))
-            .header("authorization", format!("Bearer {}", support::admin_key()))
-            .json(&json!({"name": t}))
-            .send()
-            .unwrap();
-        assert_eq!(r.status().as_u16(), 201, "create tenant {t}");
-    }
+    support::make_tenants(&d.url, &["acme", "rival"]);
     Some(World {
         a: make_key(&d.data, &["--e2b", "--tenant", "acme"]),
         b: make_key(&d.data, &["--e2b", "--tenant", "rival"]),

@@ -23,56 +23,19 @@
 
 mod support;
 
-use reqwest::blocking::Client;
 use reqwest::Method;
 use serde_json::{json, Value};
 use std::time::{Duration, Instant};
-use support::{make_key, start_tidy, Tidy};
-
-fn http() -> Client {
-    Client::builder()
-        .timeout(Duration::from_secs(300))
-        .build()
-        .unwrap()
-}
-
-/// An answer: status and body (JSON, or the text as a JSON string).
-#[derive(Debug)]
-struct Answer {
-    status: u16,
-    body: Value,
-}
-
-fn send(r: reqwest::blocking::RequestBuilder) -> Answer {
-    let resp = r.send().unwrap();
-    let status = resp.status().as_u16();
-    let text = resp.text().unwrap_or_default();
-    Answer {
-        status,
-        body: serde_json::from_str(&text).unwrap_or(Value::String(text)),
-    }
-}
+use support::{make_key, start_tidy, Answer, Tidy};
 
 /// A request of the E2B API with E2B key `key`.
 fn e2b(url: &str, key: &str, method: Method, path: &str, body: Option<Value>) -> Answer {
-    let mut r = http()
-        .request(method, format!("{url}{path}"))
-        .header("x-api-key", key);
-    if let Some(b) = body {
-        r = r.json(&b);
-    }
-    send(r)
+    support::e2b_call(url, key, method, path, body)
 }
 
 /// A request of the native API with key `key`.
 fn native(url: &str, key: &str, method: Method, path: &str, body: Option<Value>) -> Answer {
-    let mut r = http()
-        .request(method, format!("{url}{path}"))
-        .header("authorization", format!("Bearer {key}"));
-    if let Some(b) = body {
-        r = r.json(&b);
-    }
-    send(r)
+    support::native_call(url, key, method, path, body)
 }
 
 /// A daemon with tenants `acme` and `rival`, each with an E2B key and a native key, and the
@@ -92,16 +55,7 @@ fn world(name: &str) -> Option<World> {
         return None;
     }
     let d = start_tidy(name);
-    for t in ["acme", "rival"] {
-        let a = native(
-            &d.url,
-            support::admin_key(),
-            Method::POST,
-            "/v1/tenants",
-            Some(json!({"name": t})),
-        );
-        assert_eq!(a.status, 201, "{:?}", a.body);
-    }
+    support::make_tenants(&d.url, &["acme", "rival"]);
     Some(World {
         a_e2b: make_key(&d.data, &["--e2b", "--tenant", "acme"]),
         a_key: make_key(&d.data, &["--tenant", "acme"]),
@@ -521,7 +475,7 @@ fn upload_link(url: &str, key: &str, name: &str, hash: &str) -> (bool, String) {
 }
 
 fn put(link: &str, body: Vec<u8>) -> u16 {
-    http()
+    support::slow_client()
         .put(link)
         .body(body)
         .send()
@@ -632,30 +586,30 @@ fn sandbox_blocks_unauthenticated_wake() {
     assert_eq!(e2b_state(url, &key, &id), "paused");
 
     let list = || {
-        http()
+        support::slow_client()
             .post(format!("{url}/process.Process/List"))
             .header("content-type", "application/json")
             .body("{}")
     };
     // No token: by the routing header, by the host name, and a bare health check.
-    let r = send(list().header("e2b-sandbox-id", &id));
+    let r = support::send(list().header("e2b-sandbox-id", &id));
     assert_eq!(r.status, 401, "{:?}", r.body);
     assert_eq!(e2b_state(url, &key, &id), "paused", "woken without a token");
-    let r = send(list().header("host", format!("49983-{id}.localhost")));
+    let r = support::send(list().header("host", format!("49983-{id}.localhost")));
     assert_eq!(r.status, 401, "{:?}", r.body);
     assert_eq!(
         e2b_state(url, &key, &id),
         "paused",
         "woken by host without a token"
     );
-    let r = send(
+    let r = support::send(
         list()
             .header("e2b-sandbox-id", &id)
             .header("x-access-token", "wrong"),
     );
     assert_eq!(r.status, 401, "{:?}", r.body);
-    let r = send(
-        http()
+    let r = support::send(
+        support::slow_client()
             .get(format!("{url}/health"))
             .header("e2b-sandbox-id", &id),
     );
@@ -667,7 +621,7 @@ fn sandbox_blocks_unauthenticated_wake() {
     );
 
     // With its token, the request wakes it and is served.
-    let r = send(
+    let r = support::send(
         list()
             .header("e2b-sandbox-id", &id)
             .header("x-access-token", &token),

@@ -1066,3 +1066,79 @@ pub fn run_sdk_script(
     }
     ScriptReport { passed, failed }
 }
+
+/// An HTTP answer: status and body (JSON, or the text as a JSON string).
+#[derive(Debug)]
+pub struct Answer {
+    /// The status code.
+    pub status: u16,
+    /// The body.
+    pub body: serde_json::Value,
+}
+
+/// A client for calls that may wait on a build (5 minutes per request at most).
+pub fn slow_client() -> Client {
+    Client::builder()
+        .timeout(Duration::from_secs(300))
+        .build()
+        .unwrap()
+}
+
+/// Sends `r` and reads its answer.
+pub fn send(r: reqwest::blocking::RequestBuilder) -> Answer {
+    let resp = r.send().unwrap();
+    let status = resp.status().as_u16();
+    let text = resp.text().unwrap_or_default();
+    Answer {
+        status,
+        body: serde_json::from_str(&text).unwrap_or(serde_json::Value::String(text)),
+    }
+}
+
+/// A request of the E2B API with E2B key `key`.
+pub fn e2b_call(
+    url: &str,
+    key: &str,
+    method: reqwest::Method,
+    path: &str,
+    body: Option<serde_json::Value>,
+) -> Answer {
+    let mut r = slow_client()
+        .request(method, format!("{url}{path}"))
+        .header("x-api-key", key);
+    if let Some(b) = body {
+        r = r.json(&b);
+    }
+    send(r)
+}
+
+/// A request of the native API with key `key`.
+pub fn native_call(
+    url: &str,
+    key: &str,
+    method: reqwest::Method,
+    path: &str,
+    body: Option<serde_json::Value>,
+) -> Answer {
+    let mut r = slow_client()
+        .request(method, format!("{url}{path}"))
+        .header("authorization", format!("Bearer {key}"));
+    if let Some(b) = body {
+        r = r.json(&b);
+    }
+    send(r)
+}
+
+/// Makes tenants `names` on the daemon at `url` with the admin key (201 asserted).
+pub fn make_tenants(url: &str, names: &[&str]) {
+    for t in names {
+        let a = native_call(
+            url,
+            admin_key(),
+            reqwest::Method::POST,
+            "/v1/tenants",
+            Some(serde_json::json!({"name": t})),
+        );
+        assert_eq!(a.status, 201, "create tenant {t}: {:?}", a.body);
+    }
+}
