@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::{cmd, run, wait_state};
+use common::{cmd, node, run, wait_state};
 use rampart_core::{CoreConfig, CoreError, CreateOptions, ExecRef, ExecStart, FakeTier, Manager};
 use rampart_store::SandboxStore as _;
 use rampart_types::audit::EventBody;
@@ -158,8 +158,7 @@ fn wait_exited(pid: i32) {
 }
 
 fn kinds(m: &Manager, id: &SandboxId) -> Vec<&'static str> {
-    m.sandbox(&node(), id)
-        .unwrap()
+    common::sb(m, id)
         .audit_events(None, 1000)
         .unwrap()
         .iter()
@@ -168,8 +167,7 @@ fn kinds(m: &Manager, id: &SandboxId) -> Vec<&'static str> {
 }
 
 fn destroyed_reason(m: &Manager, id: &SandboxId) -> String {
-    m.sandbox(&node(), id)
-        .unwrap()
+    common::sb(m, id)
         .audit_events(None, 1000)
         .unwrap()
         .into_iter()
@@ -239,21 +237,11 @@ async fn create_exec_destroy() {
     .await;
     let bg = Proc::of(String::from_utf8_lossy(&r.stdout).trim().parse().unwrap());
 
-    let usage = m
-        .sandbox(&node(), &id)
-        .unwrap()
-        .usage()
-        .await
-        .expect("usage");
+    let usage = common::sb(&m, &id).usage().await.expect("usage");
     assert!(usage.pids >= 2, "the agent and the sleep: {usage:?}");
     assert!(usage.memory_bytes > 0, "{usage:?}");
 
-    let done = m
-        .sandbox(&node(), &id)
-        .unwrap()
-        .destroy()
-        .await
-        .expect("destroy");
+    let done = common::sb(&m, &id).destroy().await.expect("destroy");
     assert_eq!(done.state, SandboxState::Destroyed);
     assert_eq!(done.reason.as_deref(), Some("destroyed by request"));
     assert!(
@@ -266,19 +254,11 @@ async fn create_exec_destroy() {
 
     // Idempotent; a destroyed sandbox refuses work.
     assert_eq!(
-        m.sandbox(&node(), &id)
-            .unwrap()
-            .destroy()
-            .await
-            .unwrap()
-            .state,
+        common::sb(&m, &id).destroy().await.unwrap().state,
         SandboxState::Destroyed
     );
     assert!(matches!(
-        m.sandbox(&node(), &id)
-            .unwrap()
-            .exec(cmd(&["true"]), false)
-            .await,
+        common::sb(&m, &id).exec(cmd(&["true"]), false).await,
         Err(CoreError::WrongState { .. })
     ));
     assert!(m
@@ -319,16 +299,12 @@ async fn the_reaper_destroys_an_expired_sandbox() {
     assert!(!agent.exists(), "agent left: {:?}", agent.state());
     // Only the expired one.
     assert_eq!(
-        m.sandbox(&node(), &long.id).unwrap().info().unwrap().state,
+        common::sb(&m, &long.id).info().unwrap().state,
         SandboxState::Running
     );
     assert_eq!(run(&m, &long.id, cmd(&["true"])).await.exit_code, Some(0));
     // Shortening a deadline wakes the reaper.
-    m.sandbox(&node(), &long.id)
-        .unwrap()
-        .set_timeout(1)
-        .await
-        .unwrap();
+    common::sb(&m, &long.id).set_timeout(1).await.unwrap();
     wait_state(&m, &long.id, SandboxState::Destroyed, WITHIN).await;
     assert!(!w.sandbox_dir(&long.id).exists());
     m.shutdown().await;
@@ -379,9 +355,7 @@ async fn e2b_facts_and_recorded_execs_live_and_end_with_their_sandbox() {
     assert_eq!(access.e2b(plain.id.as_str()).unwrap(), None);
     // The envd proxy's recorded execs live in core with them, by pid and tag.
     let recorded = |id: &SandboxId, pid: u32| {
-        let rec = m
-            .sandbox(&node(), id)
-            .unwrap()
+        let rec = common::sb(&m, id)
             .record_exec_start(ExecStart {
                 argv: vec!["sleep".into(), "60".into()],
                 user: "user".into(),
@@ -389,65 +363,40 @@ async fn e2b_facts_and_recorded_execs_live_and_end_with_their_sandbox() {
                 ..Default::default()
             })
             .unwrap();
-        let ticket =
-            m.sandbox(&node(), id)
-                .unwrap()
-                .add_exec_input(pid, Some("bg"), rec.input_sink());
+        let ticket = common::sb(&m, id).add_exec_input(pid, Some("bg"), rec.input_sink());
         (rec, ticket.expect("a running sandbox takes it"))
     };
     let (_k, kt) = recorded(&killed.info.id, 7);
     let (_e, _) = recorded(&expiring.info.id, 7);
-    assert!(m
-        .sandbox(&node(), &killed.info.id)
-        .unwrap()
+    assert!(common::sb(&m, &killed.info.id)
         .exec_input(ExecRef::Tag("bg"))
         .is_some());
-    assert!(m
-        .sandbox(&node(), &expiring.info.id)
-        .unwrap()
+    assert!(common::sb(&m, &expiring.info.id)
         .exec_input(ExecRef::Pid(7))
         .is_some());
-    assert!(m
-        .sandbox(&node(), &plain.id)
-        .unwrap()
+    assert!(common::sb(&m, &plain.id)
         .exec_input(ExecRef::Pid(7))
         .is_none());
 
     // Killed: gone with it.
-    m.sandbox(&node(), &killed.info.id)
-        .unwrap()
-        .destroy()
-        .await
-        .unwrap();
+    common::sb(&m, &killed.info.id).destroy().await.unwrap();
     assert_eq!(access.e2b(killed.info.id.as_str()).unwrap(), None);
     assert!(!access.is_e2b_token(&facts.access_token).unwrap());
-    assert!(m
-        .sandbox(&node(), &killed.info.id)
-        .unwrap()
+    assert!(common::sb(&m, &killed.info.id)
         .exec_input(ExecRef::Pid(7))
         .is_none());
-    assert!(m
-        .sandbox(&node(), &killed.info.id)
-        .unwrap()
+    assert!(common::sb(&m, &killed.info.id)
         .exec_input(ExecRef::Tag("bg"))
         .is_none());
-    m.sandbox(&node(), &killed.info.id)
-        .unwrap()
-        .remove_exec_input(&kt);
+    common::sb(&m, &killed.info.id).remove_exec_input(&kt);
     // Expired (the reaper): gone with it too.
     wait_state(&m, &expiring.info.id, SandboxState::Destroyed, WITHIN).await;
     assert_eq!(access.e2b(expiring.info.id.as_str()).unwrap(), None);
     assert!(!access.is_e2b_token(&soon.access_token).unwrap());
-    assert!(m
-        .sandbox(&node(), &expiring.info.id)
-        .unwrap()
+    assert!(common::sb(&m, &expiring.info.id)
         .exec_input(ExecRef::Pid(7))
         .is_none());
-    m.sandbox(&node(), &plain.id)
-        .unwrap()
-        .destroy()
-        .await
-        .unwrap();
+    common::sb(&m, &plain.id).destroy().await.unwrap();
     m.shutdown().await;
 }
 
@@ -514,7 +463,7 @@ async fn a_restart_reattaches_the_living_and_cleans_the_dead() {
     let m = w.start().await;
     // The living one: the same process, re-attached, and it works.
     assert_eq!(
-        m.sandbox(&node(), &alive.id).unwrap().info().unwrap().state,
+        common::sb(&m, &alive.id).info().unwrap().state,
         SandboxState::Running
     );
     assert_eq!(w.pid(&alive.id), alive_agent.pid);
@@ -522,7 +471,7 @@ async fn a_restart_reattaches_the_living_and_cleans_the_dead() {
     let r = run(&m, &alive.id, cmd(&["cat", "mark"])).await;
     assert_eq!(r.stdout, b"kept\n", "{r:?}");
     // The dead one: destroyed, cleaned and reaped.
-    let d = m.sandbox(&node(), &dead.id).unwrap().info().unwrap();
+    let d = common::sb(&m, &dead.id).info().unwrap();
     assert_eq!(d.state, SandboxState::Destroyed);
     assert_eq!(
         d.reason.as_deref(),
@@ -562,19 +511,12 @@ async fn pause_stops_every_process_and_resume_continues() {
     let bg = Proc::of(String::from_utf8_lossy(&r.stdout).trim().parse().unwrap());
 
     assert_eq!(
-        m.sandbox(&node(), &s.id)
-            .unwrap()
-            .pause()
-            .await
-            .unwrap()
-            .state,
+        common::sb(&m, &s.id).pause().await.unwrap().state,
         SandboxState::Paused
     );
     assert_eq!(agent.state(), Some('T'));
     assert_eq!(bg.state(), Some('T'));
-    let e = m
-        .sandbox(&node(), &s.id)
-        .unwrap()
+    let e = common::sb(&m, &s.id)
         .exec(cmd(&["true"]), false)
         .await
         .unwrap_err();
@@ -584,12 +526,7 @@ async fn pause_stops_every_process_and_resume_continues() {
     );
 
     assert_eq!(
-        m.sandbox(&node(), &s.id)
-            .unwrap()
-            .resume()
-            .await
-            .unwrap()
-            .state,
+        common::sb(&m, &s.id).resume().await.unwrap().state,
         SandboxState::Running
     );
     assert_ne!(agent.state(), Some('T'));
@@ -601,40 +538,30 @@ async fn pause_stops_every_process_and_resume_continues() {
 
     // A tier that cannot keep a disk without its processes refuses a pause to the
     // filesystem, and a reboot, with the reason; the sandbox is left as it was.
-    let e = m
-        .sandbox(&node(), &s.id)
-        .unwrap()
-        .pause_with(false)
-        .await
-        .unwrap_err();
+    let e = common::sb(&m, &s.id).pause_with(false).await.unwrap_err();
     assert!(
         matches!(&e, CoreError::Unsupported(m) if m.contains("filesystem")),
         "{e}"
     );
     assert_eq!(
-        m.sandbox(&node(), &s.id).unwrap().info().unwrap().state,
+        common::sb(&m, &s.id).info().unwrap().state,
         SandboxState::Running
     );
     assert_eq!(
         run(&m, &s.id, cmd(&["echo", "still"])).await.stdout,
         b"still\n"
     );
-    m.sandbox(&node(), &s.id).unwrap().pause().await.unwrap();
-    let e = m
-        .sandbox(&node(), &s.id)
-        .unwrap()
-        .resume_with(true)
-        .await
-        .unwrap_err();
+    common::sb(&m, &s.id).pause().await.unwrap();
+    let e = common::sb(&m, &s.id).resume_with(true).await.unwrap_err();
     assert!(matches!(&e, CoreError::Unsupported(_)), "{e}");
     assert_eq!(
-        m.sandbox(&node(), &s.id).unwrap().info().unwrap().state,
+        common::sb(&m, &s.id).info().unwrap().state,
         SandboxState::Paused
     );
     assert_eq!(bg.state(), Some('T'));
 
     // A paused sandbox is destroyed like any other.
-    m.sandbox(&node(), &s.id).unwrap().destroy().await.unwrap();
+    common::sb(&m, &s.id).destroy().await.unwrap();
     assert!(!agent.exists() && !bg.exists());
     assert!(!w.sandbox_dir(&s.id).exists());
     m.shutdown().await;
@@ -647,18 +574,14 @@ async fn the_audit_record_has_the_lifecycle_and_its_bundle_verifies() {
     let s = m.create(&node(), CreateSandbox::default()).await.unwrap();
     let r = run(&m, &s.id, cmd(&["echo", "hi"])).await;
     assert_eq!(r.stdout, b"hi\n");
-    m.sandbox(&node(), &s.id).unwrap().destroy().await.unwrap();
+    common::sb(&m, &s.id).destroy().await.unwrap();
 
     assert_eq!(
         kinds(&m, &s.id),
         ["created", "exec", "exit", "destroyed"],
         "the fake tier records no fs_diff (no writable layer)"
     );
-    let events = m
-        .sandbox(&node(), &s.id)
-        .unwrap()
-        .audit_events(None, 1000)
-        .unwrap();
+    let events = common::sb(&m, &s.id).audit_events(None, 1000).unwrap();
     match &events[1].body {
         EventBody::Exec(x) => assert_eq!(x.argv, ["echo", "hi"]),
         other => panic!("not an exec: {other:?}"),
@@ -675,12 +598,7 @@ async fn the_audit_record_has_the_lifecycle_and_its_bundle_verifies() {
     }
     assert!(destroyed_reason(&m, &s.id).starts_with("api:"));
 
-    let bundle = m
-        .sandbox(&node(), &s.id)
-        .unwrap()
-        .audit_bundle()
-        .await
-        .expect("bundle");
+    let bundle = common::sb(&m, &s.id).audit_bundle().await.expect("bundle");
     let key = rampart_audit::PublicKey::parse(&m.audit_key().0).unwrap();
     let report = rampart_audit::verify_bundle(&bundle, Some(&key)).expect("the bundle verifies");
     assert!(report.key_pinned);
@@ -716,15 +634,11 @@ async fn artifacts_on_a_tier_without_disk_access_are_recorded_as_not_kept() {
         .await
         .unwrap();
     assert!(matches!(
-        m.sandbox(&node(), &s.id).unwrap().artifacts(),
+        common::sb(&m, &s.id).artifacts(),
         Err(rampart_core::CoreError::WrongState { .. })
     ));
-    m.sandbox(&node(), &s.id).unwrap().destroy().await.unwrap();
-    let events = m
-        .sandbox(&node(), &s.id)
-        .unwrap()
-        .audit_events(None, 1000)
-        .unwrap();
+    common::sb(&m, &s.id).destroy().await.unwrap();
+    let events = common::sb(&m, &s.id).audit_events(None, 1000).unwrap();
     let EventBody::Destroyed(d) = &events.last().unwrap().body else {
         panic!("no destroyed record")
     };
@@ -736,21 +650,13 @@ async fn artifacts_on_a_tier_without_disk_access_are_recorded_as_not_kept() {
         other => panic!("not created: {other:?}"),
     }
     assert!(matches!(
-        m.sandbox(&node(), &s.id).unwrap().artifacts(),
+        common::sb(&m, &s.id).artifacts(),
         Err(rampart_core::CoreError::NotFound(_))
     ));
     // A sandbox that asked for none has no `artifacts` member at all.
     let plain = m.create(&node(), CreateSandbox::default()).await.unwrap();
-    m.sandbox(&node(), &plain.id)
-        .unwrap()
-        .destroy()
-        .await
-        .unwrap();
-    let events = m
-        .sandbox(&node(), &plain.id)
-        .unwrap()
-        .audit_events(None, 1000)
-        .unwrap();
+    common::sb(&m, &plain.id).destroy().await.unwrap();
+    let events = common::sb(&m, &plain.id).audit_events(None, 1000).unwrap();
     let EventBody::Destroyed(d) = &events.last().unwrap().body else {
         panic!("no destroyed record")
     };
@@ -767,9 +673,4 @@ async fn artifacts_on_a_tier_without_disk_access_are_recorded_as_not_kept() {
         .await
         .unwrap_err();
     assert!(e.to_string().contains("artifacts"), "{e}");
-}
-
-/// The node, as the daemon acts for its administrator.
-fn node() -> rampart_core::Principal {
-    rampart_core::Principal::node("test")
 }

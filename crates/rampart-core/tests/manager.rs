@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{cmd, collect, run, wait_state};
+use common::{cmd, collect, node, run, wait_state};
 use rampart_core::{CoreConfig, CoreError, Manager};
 use rampart_store::SandboxStore;
 use rampart_types::{CreateSandbox, ExecRequest, SandboxId, SandboxState};
@@ -245,9 +245,7 @@ async fn lifecycle_exec_and_destroy_leave_nothing() {
     );
 
     // Interactive stdin, then a signal.
-    let exec = m
-        .sandbox(&node(), &id)
-        .unwrap()
+    let exec = common::sb(&m, &id)
         .exec(cmd(&["cat"]), true)
         .await
         .expect("exec cat");
@@ -261,9 +259,7 @@ async fn lifecycle_exec_and_destroy_leave_nothing() {
     assert_eq!(r.stdout, b"ping\n");
     assert_eq!(r.exit_code, Some(0));
 
-    let exec = m
-        .sandbox(&node(), &id)
-        .unwrap()
+    let exec = common::sb(&m, &id)
         .exec(cmd(&["sleep", "60"]), false)
         .await
         .expect("exec sleep");
@@ -306,15 +302,12 @@ async fn lifecycle_exec_and_destroy_leave_nothing() {
 
     // Bad input.
     assert!(matches!(
-        m.sandbox(&node(), &id).unwrap().exec(cmd(&[]), false).await,
+        common::sb(&m, &id).exec(cmd(&[]), false).await,
         Err(CoreError::BadRequest { field, .. }) if field == "cmd"
     ));
     let missing = SandboxId::parse("nosuchsandbox").unwrap();
     assert!(matches!(
-        m.sandbox(&node(), &missing)
-            .unwrap()
-            .exec(cmd(&["true"]), false)
-            .await,
+        common::sb(&m, &missing).exec(cmd(&["true"]), false).await,
         Err(CoreError::NotFound(_))
     ));
 
@@ -324,21 +317,11 @@ async fn lifecycle_exec_and_destroy_leave_nothing() {
     let other: BTreeMap<_, _> = [("team".to_string(), "x".to_string())].into();
     assert!(m.list(&node(), None, &other).unwrap().is_empty());
 
-    let usage = m
-        .sandbox(&node(), &id)
-        .unwrap()
-        .usage()
-        .await
-        .expect("usage");
+    let usage = common::sb(&m, &id).usage().await.expect("usage");
     assert!(usage.pids >= 1, "{usage:?}");
 
     let init_pid = w.store().get(&id).unwrap().unwrap().pid.unwrap();
-    let done = m
-        .sandbox(&node(), &id)
-        .unwrap()
-        .destroy()
-        .await
-        .expect("destroy");
+    let done = common::sb(&m, &id).destroy().await.expect("destroy");
     assert_eq!(done.state, SandboxState::Destroyed);
     assert!(done.ended_at.is_some());
     assert_eq!(w.traces(&id), Vec::<String>::new());
@@ -352,23 +335,15 @@ async fn lifecycle_exec_and_destroy_leave_nothing() {
     }
     // Idempotent, and a destroyed sandbox refuses work with 409.
     assert_eq!(
-        m.sandbox(&node(), &id)
-            .unwrap()
-            .destroy()
-            .await
-            .unwrap()
-            .state,
+        common::sb(&m, &id).destroy().await.unwrap().state,
         SandboxState::Destroyed
     );
     assert!(matches!(
-        m.sandbox(&node(), &id)
-            .unwrap()
-            .exec(cmd(&["true"]), false)
-            .await,
+        common::sb(&m, &id).exec(cmd(&["true"]), false).await,
         Err(CoreError::WrongState { .. })
     ));
     assert!(matches!(
-        m.sandbox(&node(), &id).unwrap().set_timeout(10).await,
+        common::sb(&m, &id).set_timeout(10).await,
         Err(CoreError::WrongState { .. })
     ));
 
@@ -411,32 +386,21 @@ async fn expiry_destroys_and_timeout_extends() {
         .await
         .unwrap();
     // Extend b before it expires; a expires.
-    m.sandbox(&node(), &b.id)
-        .unwrap()
-        .set_timeout(600)
-        .await
-        .unwrap();
+    common::sb(&m, &b.id).set_timeout(600).await.unwrap();
     let gone = wait_state(&m, &a.id, SandboxState::Destroyed, Duration::from_secs(30)).await;
     assert_eq!(gone.reason.as_deref(), Some("timeout expired"));
     assert_eq!(w.traces(&a.id), Vec::<String>::new());
     assert_eq!(
-        m.sandbox(&node(), &b.id).unwrap().info().unwrap().state,
+        common::sb(&m, &b.id).info().unwrap().state,
         SandboxState::Running
     );
     assert_eq!(run(&m, &b.id, cmd(&["true"])).await.exit_code, Some(0));
     // Shortening it wakes the reaper.
-    m.sandbox(&node(), &b.id)
-        .unwrap()
-        .set_timeout(1)
-        .await
-        .unwrap();
+    common::sb(&m, &b.id).set_timeout(1).await.unwrap();
     wait_state(&m, &b.id, SandboxState::Destroyed, Duration::from_secs(30)).await;
     assert_eq!(w.traces(&b.id), Vec::<String>::new());
     assert!(matches!(
-        m.sandbox(&node(), &b.id)
-            .unwrap()
-            .set_timeout(100_000)
-            .await,
+        common::sb(&m, &b.id).set_timeout(100_000).await,
         Err(CoreError::Limit(_))
     ));
     m.shutdown().await;
@@ -473,9 +437,9 @@ async fn capacity_and_bad_requests_are_refused() {
         m.create(&node(), CreateSandbox::default()).await,
         Err(CoreError::Capacity(_))
     ));
-    m.sandbox(&node(), &s.id).unwrap().destroy().await.unwrap();
+    common::sb(&m, &s.id).destroy().await.unwrap();
     let s2 = m.create(&node(), CreateSandbox::default()).await.unwrap();
-    m.sandbox(&node(), &s2.id).unwrap().destroy().await.unwrap();
+    common::sb(&m, &s2.id).destroy().await.unwrap();
     m.shutdown().await;
 }
 
@@ -526,12 +490,12 @@ async fn restart_reattaches_the_living_and_cleans_the_dead() {
     let m = start_or_skip!(w);
     assert_eq!(w.traces(&stray), Vec::<String>::new());
     assert_eq!(
-        m.sandbox(&node(), &alive.id).unwrap().info().unwrap().state,
+        common::sb(&m, &alive.id).info().unwrap().state,
         SandboxState::Running
     );
     let r = run(&m, &alive.id, cmd(&["cat", "/tmp/mark"])).await;
     assert_eq!(r.stdout, b"kept\n", "{r:?}");
-    let d = m.sandbox(&node(), &dead.id).unwrap().info().unwrap();
+    let d = common::sb(&m, &dead.id).info().unwrap();
     assert_eq!(d.state, SandboxState::Destroyed);
     assert_eq!(
         d.reason.as_deref(),
@@ -541,11 +505,7 @@ async fn restart_reattaches_the_living_and_cleans_the_dead() {
     let stat = std::fs::read_to_string(format!("/proc/{dead_pid}/stat")).unwrap_or_default();
     assert!(!stat.contains(") Z "), "zombie left: {stat}");
 
-    m.sandbox(&node(), &alive.id)
-        .unwrap()
-        .destroy()
-        .await
-        .unwrap();
+    common::sb(&m, &alive.id).destroy().await.unwrap();
     assert_eq!(w.traces(&alive.id), Vec::<String>::new());
     m.shutdown().await;
 }
@@ -612,7 +572,7 @@ async fn concurrent_creates_get_their_own_uid_ranges() {
         .cloned()
         .map(|id| {
             let m = m.clone();
-            tokio::spawn(async move { m.sandbox(&node(), &id).unwrap().destroy().await })
+            tokio::spawn(async move { common::sb(&m, &id).destroy().await })
         })
         .collect();
     for d in destroys {
@@ -673,25 +633,18 @@ async fn pause_freezes_resume_continues_and_a_paused_sandbox_survives_a_restart(
     assert_eq!(r.exit_code, Some(0), "{r:?}");
     let c0 = counter_above(&m, &s.id, 0).await;
 
-    let info = m.sandbox(&node(), &s.id).unwrap().pause().await.unwrap();
+    let info = common::sb(&m, &s.id).pause().await.unwrap();
     assert_eq!(info.state, SandboxState::Paused);
     assert_eq!(
-        m.sandbox(&node(), &s.id).unwrap().info().unwrap().state,
+        common::sb(&m, &s.id).info().unwrap().state,
         SandboxState::Paused
     );
     // Pausing again changes nothing.
     assert_eq!(
-        m.sandbox(&node(), &s.id)
-            .unwrap()
-            .pause()
-            .await
-            .unwrap()
-            .state,
+        common::sb(&m, &s.id).pause().await.unwrap().state,
         SandboxState::Paused
     );
-    let e = m
-        .sandbox(&node(), &s.id)
-        .unwrap()
+    let e = common::sb(&m, &s.id)
         .exec(cmd(&["true"]), false)
         .await
         .unwrap_err();
@@ -700,25 +653,13 @@ async fn pause_freezes_resume_continues_and_a_paused_sandbox_survives_a_restart(
         "{e}"
     );
     assert!(matches!(
-        m.sandbox(&node(), &s.id).unwrap().agent(),
+        common::sb(&m, &s.id).agent(),
         Err(CoreError::WrongState { .. })
     ));
     // No CPU used while paused.
-    let u1 = m
-        .sandbox(&node(), &s.id)
-        .unwrap()
-        .usage()
-        .await
-        .unwrap()
-        .cpu_usec;
+    let u1 = common::sb(&m, &s.id).usage().await.unwrap().cpu_usec;
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let u2 = m
-        .sandbox(&node(), &s.id)
-        .unwrap()
-        .usage()
-        .await
-        .unwrap()
-        .cpu_usec;
+    let u2 = common::sb(&m, &s.id).usage().await.unwrap().cpu_usec;
     assert!(u2 - u1 < 1000, "paused sandbox used {} us of CPU", u2 - u1);
 
     // The daemon goes away and comes back: the sandbox is re-attached as paused (the CLI's
@@ -727,26 +668,19 @@ async fn pause_freezes_resume_continues_and_a_paused_sandbox_survives_a_restart(
     drop(m);
     let m = start_or_skip!(w);
     assert_eq!(
-        m.sandbox(&node(), &s.id).unwrap().info().unwrap().state,
+        common::sb(&m, &s.id).info().unwrap().state,
         SandboxState::Paused
     );
-    assert!(m
-        .sandbox(&node(), &s.id)
-        .unwrap()
+    assert!(common::sb(&m, &s.id)
         .exec(cmd(&["true"]), false)
         .await
         .is_err());
 
-    let info = m.sandbox(&node(), &s.id).unwrap().resume().await.unwrap();
+    let info = common::sb(&m, &s.id).resume().await.unwrap();
     assert_eq!(info.state, SandboxState::Running);
     // Resuming a running sandbox changes nothing.
     assert_eq!(
-        m.sandbox(&node(), &s.id)
-            .unwrap()
-            .resume()
-            .await
-            .unwrap()
-            .state,
+        common::sb(&m, &s.id).resume().await.unwrap().state,
         SandboxState::Running
     );
     // The loop went on from where it was (not restarted).
@@ -754,9 +688,7 @@ async fn pause_freezes_resume_continues_and_a_paused_sandbox_survives_a_restart(
     assert!(c1 >= c0, "counter went back: {c0} -> {c1}");
     counter_above(&m, &s.id, c1).await;
 
-    let kinds: Vec<&str> = m
-        .sandbox(&node(), &s.id)
-        .unwrap()
+    let kinds: Vec<&str> = common::sb(&m, &s.id)
         .audit_events(None, 1000)
         .unwrap()
         .iter()
@@ -767,8 +699,8 @@ async fn pause_freezes_resume_continues_and_a_paused_sandbox_survives_a_restart(
     assert!(p < r, "{kinds:?}");
 
     // Destroying a paused sandbox leaves nothing.
-    m.sandbox(&node(), &s.id).unwrap().pause().await.unwrap();
-    m.sandbox(&node(), &s.id).unwrap().destroy().await.unwrap();
+    common::sb(&m, &s.id).pause().await.unwrap();
+    common::sb(&m, &s.id).destroy().await.unwrap();
     assert_eq!(w.traces(&s.id), Vec::<String>::new());
     m.shutdown().await;
 }
@@ -798,7 +730,7 @@ async fn on_timeout_pause_pauses_at_expiry_and_a_paused_sandbox_still_expires() 
         )
         .await
         .unwrap();
-    m.sandbox(&node(), &b.id).unwrap().pause().await.unwrap();
+    common::sb(&m, &b.id).pause().await.unwrap();
     wait_state(&m, &a.id, SandboxState::Paused, Duration::from_secs(30)).await;
     // b was paused by hand and its deadline destroys it.
     let gone = wait_state(&m, &b.id, SandboxState::Destroyed, Duration::from_secs(30)).await;
@@ -810,22 +742,15 @@ async fn on_timeout_pause_pauses_at_expiry_and_a_paused_sandbox_still_expires() 
         rampart_types::OnTimeout::Pause
     );
     assert_eq!(
-        m.sandbox(&node(), &a.id).unwrap().info().unwrap().state,
+        common::sb(&m, &a.id).info().unwrap().state,
         SandboxState::Paused
     );
     // Resumed, it gets a fresh deadline and works.
-    let info = m.sandbox(&node(), &a.id).unwrap().resume().await.unwrap();
+    let info = common::sb(&m, &a.id).resume().await.unwrap();
     assert_eq!(info.state, SandboxState::Running);
-    assert!(
-        info.expires_at
-            > m.sandbox(&node(), &a.id)
-                .unwrap()
-                .info()
-                .unwrap()
-                .created_at
-    );
+    assert!(info.expires_at > common::sb(&m, &a.id).info().unwrap().created_at);
     assert_eq!(run(&m, &a.id, cmd(&["true"])).await.exit_code, Some(0));
-    m.sandbox(&node(), &a.id).unwrap().destroy().await.unwrap();
+    common::sb(&m, &a.id).destroy().await.unwrap();
     assert_eq!(w.traces(&a.id), Vec::<String>::new());
     m.shutdown().await;
 }
@@ -845,9 +770,7 @@ async fn exit_records_carry_fresh_cpu_and_peak_memory() {
             Some(0)
         );
     }
-    let exits: Vec<_> = m
-        .sandbox(&node(), &s.id)
-        .unwrap()
+    let exits: Vec<_> = common::sb(&m, &s.id)
         .audit_events(None, 1000)
         .unwrap()
         .into_iter()
@@ -861,11 +784,6 @@ async fn exit_records_carry_fresh_cpu_and_peak_memory() {
         assert!(x.cpu_ms.is_some_and(|c| c > 0), "{x:?}");
         assert!(x.peak_memory_bytes.is_some_and(|p| p > 0), "{x:?}");
     }
-    m.sandbox(&node(), &s.id).unwrap().destroy().await.unwrap();
+    common::sb(&m, &s.id).destroy().await.unwrap();
     m.shutdown().await;
-}
-
-/// The node, as the daemon acts for its administrator.
-fn node() -> rampart_core::Principal {
-    rampart_core::Principal::node("test")
 }

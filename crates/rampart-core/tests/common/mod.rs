@@ -1,10 +1,19 @@
 //! What core's integration tests share: running a command and collecting what it did.
 
-use crate::node;
 use futures::StreamExt as _;
 use rampart_core::{Exec, Manager};
 use rampart_types::{ExecEvent, ExecRequest, SandboxId, SandboxInfo, SandboxState};
 use std::time::Duration;
+
+/// The node's principal, as the daemon acts for its administrator.
+pub fn node() -> rampart_core::Principal {
+    rampart_core::Principal::node("test")
+}
+
+/// Sandbox `id` as the node sees it.
+pub fn sb<'m>(m: &'m Manager, id: &SandboxId) -> rampart_core::Sandbox<'m> {
+    m.sandbox(&node(), id).expect("the node sees every sandbox")
+}
 
 /// What an exec did.
 #[derive(Debug, Default)]
@@ -62,14 +71,7 @@ pub fn cmd(args: &[&str]) -> ExecRequest {
 
 /// Runs `req` (waited) in `id`.
 pub async fn run(m: &Manager, id: &SandboxId, req: ExecRequest) -> Ran {
-    collect(
-        m.sandbox(&node(), id)
-            .unwrap()
-            .exec(req, false)
-            .await
-            .expect("exec"),
-    )
-    .await
+    collect(sb(m, id).exec(req, false).await.expect("exec")).await
 }
 
 /// Waits until the sandbox is in `want`: re-checked at each audit event (every state change
@@ -84,7 +86,7 @@ pub async fn wait_state(
     let deadline = tokio::time::Instant::now() + within;
     loop {
         events.borrow_and_update();
-        let info = m.sandbox(&node(), id).unwrap().info().unwrap();
+        let info = sb(m, id).info().unwrap();
         if info.state == want {
             return info;
         }
