@@ -12,7 +12,7 @@ use rampart_store::SandboxStore as _;
 use rampart_types::audit::EventBody;
 use rampart_types::{CreateSandbox, SandboxId, SandboxState};
 use std::os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -20,22 +20,7 @@ use std::time::Duration;
 const WITHIN: Duration = Duration::from_secs(30);
 
 fn agent_bin() -> PathBuf {
-    if let Some(p) = std::env::var_os("RAMPART_TEST_AGENT") {
-        return PathBuf::from(p);
-    }
-    // target/<profile>/deps/<test> -> target/<profile>/rampart-agent
-    let exe = std::env::current_exe().expect("current exe");
-    let bin = exe
-        .parent()
-        .and_then(Path::parent)
-        .expect("target directory")
-        .join("rampart-agent");
-    assert!(
-        bin.exists(),
-        "{} is not built: cargo build --workspace --bins (or set RAMPART_TEST_AGENT)",
-        bin.display()
-    );
-    bin
+    rampart_core::FakeTier::test_agent()
 }
 
 /// One test's data directory and configuration.

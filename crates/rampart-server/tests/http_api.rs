@@ -13,27 +13,12 @@ use rampart_core::{CoreConfig, FakeTier, Manager};
 use rampart_server::{router_with_options, ServerOptions, ADMIN_KEY_FILE};
 use serde_json::Value;
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use tower::ServiceExt;
 
 fn agent_bin() -> PathBuf {
-    if let Some(p) = std::env::var_os("RAMPART_TEST_AGENT") {
-        return PathBuf::from(p);
-    }
-    // target/<profile>/deps/<test> -> target/<profile>/rampart-agent
-    let exe = std::env::current_exe().expect("current exe");
-    let bin = exe
-        .parent()
-        .and_then(Path::parent)
-        .expect("target directory")
-        .join("rampart-agent");
-    assert!(
-        bin.exists(),
-        "{} is not built: cargo build --bins -p rampart-agent (or set RAMPART_TEST_AGENT)",
-        bin.display()
-    );
-    bin
+    rampart_core::FakeTier::test_agent()
 }
 
 /// The name a reverse proxy in front of the daemon would give it (an allowed host).

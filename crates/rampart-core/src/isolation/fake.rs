@@ -109,6 +109,28 @@ pub struct FakeTier {
 }
 
 impl FakeTier {
+    /// The agent a test of this workspace runs: `RAMPART_TEST_AGENT`, else the
+    /// `rampart-agent` built next to the running test (`target/<profile>/deps/<test>` ->
+    /// `target/<profile>/rampart-agent`). Panics, saying how to build it, when it is
+    /// missing: for tests only.
+    pub fn test_agent() -> PathBuf {
+        if let Some(p) = std::env::var_os("RAMPART_TEST_AGENT") {
+            return PathBuf::from(p);
+        }
+        let exe = std::env::current_exe().expect("current exe");
+        let bin = exe
+            .parent()
+            .and_then(Path::parent)
+            .expect("target directory")
+            .join("rampart-agent");
+        assert!(
+            bin.exists(),
+            "{} is not built: cargo build --workspace --bins (or set RAMPART_TEST_AGENT)",
+            bin.display()
+        );
+        bin
+    }
+
     /// A tier keeping its sandboxes' directories under `root` (made, 0700, if missing) and
     /// starting `agent_bin` for each.
     pub fn new(root: PathBuf, agent_bin: PathBuf) -> Result<FakeTier, FakeTierError> {
