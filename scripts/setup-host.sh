@@ -9,6 +9,10 @@ set -euo pipefail
 # Benchmarks compare against bubblewrap, runc and util-linux's unshare.
 pkgs=(e2fsprogs util-linux bash coreutils python3 python-is-python3 curl git ncurses-bin sudo ca-certificates
       procps iproute2 bubblewrap runc
+      # A sandbox resolves its own host name (its id; `sudo`, `hostname -f`) through
+      # nss-myhostname, named in the base template's nsswitch.conf: nothing to write per
+      # sandbox.
+      libnss-myhostname
       # Per-sandbox networks: the daemon loads its table through `nft -j -f -`.
       nftables
       # The secrets test makes its test CA and server certificate with openssl.

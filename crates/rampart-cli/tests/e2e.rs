@@ -173,6 +173,24 @@ fn lifecycle_through_the_cli() {
 }
 
 #[test]
+fn a_sandbox_resolves_its_own_host_name() {
+    let Some(d) = daemon() else { return };
+    let sb = Sandbox::create(d, json!({}));
+    // Its host name is its id, resolved without a network (nss-myhostname, as the base
+    // template's nsswitch.conf says), so `sudo` does not warn or stall on the lookup.
+    let v = sb.sh("hostname; getent hosts \"$(hostname)\" && sudo -n true 2>&1");
+    assert_eq!(v["exit_code"], 0, "{v}");
+    let out = v["stdout"].as_str().unwrap_or_default();
+    let mut lines = out.lines();
+    assert_eq!(lines.next(), Some(sb.id.as_str()), "{out}");
+    assert!(
+        lines.next().is_some_and(|l| l.contains(sb.id.as_str())),
+        "{out}"
+    );
+    assert!(!out.contains("unable to resolve host"), "{out}");
+}
+
+#[test]
 fn exec_exit_codes_output_timeouts_and_signals() {
     let Some(d) = daemon() else { return };
     let sb = Sandbox::create(d, json!({}));

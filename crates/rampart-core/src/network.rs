@@ -366,8 +366,8 @@ impl Network {
     /// Files the sandbox starts with (written by the tier before its agent starts):
     /// resolv.conf naming its gateway (pure: the slot's address pair) and, for a sandbox
     /// attached with secrets (`ca`: the egress CA), the CA alone and in the trust store.
-    /// (`/etc/hosts` stays the template's: `localhost` and the sandbox's name on 127.0.1.1,
-    /// as on Debian.)
+    /// (`/etc/hosts` stays the template's; the sandbox's own name is answered by
+    /// nss-myhostname, see `docs/network.md`.)
     pub(crate) fn init_files(
         &self,
         slot: u32,

@@ -179,7 +179,7 @@ pub fn generated_etc(hostname: &str) -> Vec<(&'static str, String, u32)> {
         ("machine-id", "b08dfa6083e7567a1921a715000001fb\n".into(), 0o444),
         (
             "nsswitch.conf",
-            "passwd: files\ngroup: files\nshadow: files\ngshadow: files\nhosts: files dns\n\
+            "passwd: files\ngroup: files\nshadow: files\ngshadow: files\nhosts: files myhostname dns\n\
              networks: files\nprotocols: files\nservices: files\nethers: files\nrpc: files\n"
                 .into(),
             0o644,
