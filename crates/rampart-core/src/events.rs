@@ -332,13 +332,14 @@ impl Lifecycle {
 
     /// Whether a webhook may be posted to `ip`.
     fn allowed(&self, ip: IpAddr) -> Result<(), String> {
-        if rampart_egress::policy::refused_special(ip, &self.cfg.webhook_allow_cidrs).is_none() {
+        let Some(why) = rampart_egress::refused_on_behalf(ip, &self.cfg.webhook_allow_cidrs) else {
             return Ok(());
-        }
+        };
         let ip = rampart_egress::policy::canonical(ip);
         Err(format!(
-            "{ip} is not a public address; webhooks are posted only to public addresses \
-             unless the operator allows the range ([events] webhook_allow_cidrs)"
+            "{ip} is not a public address ({why}); webhooks are posted only to public \
+             addresses other than this host's, unless the operator allows the range \
+             ([events] webhook_allow_cidrs)"
         ))
     }
 

@@ -548,6 +548,27 @@ impl Drop for Egress {
     }
 }
 
+/// Why the daemon may not connect to `ip` on a client's behalf (a webhook, a registry pull,
+/// anything added later), or None: a special or private range
+/// ([`policy::refused_special`]), or an address of the host itself on any of its links,
+/// read at each call so that an address added since is refused too; unless the operator
+/// allows a range that holds it (`allow`). When the host's addresses cannot be read, every
+/// address not allowed is refused (fail closed).
+pub fn refused_on_behalf(ip: IpAddr, allow: &[IpNet]) -> Option<&'static str> {
+    let ip = policy::canonical(ip);
+    if allow.iter().any(|n| n.contains(&ip)) {
+        return None;
+    }
+    if let Some(why) = policy::refused_special(ip, &[]) {
+        return Some(why);
+    }
+    match host_addrs() {
+        Ok(own) if own.iter().any(|a| policy::canonical(*a) == ip) => Some("this host's own"),
+        Ok(_) => None,
+        Err(_) => Some("unverifiable (this host's addresses cannot be read)"),
+    }
+}
+
 /// The addresses of the host's interfaces (this network namespace's).
 pub fn host_addrs() -> Result<Vec<IpAddr>, EgressError> {
     let addrs = nix::ifaddrs::getifaddrs()
@@ -1219,5 +1240,77 @@ mod bind_tests {
         let port = busy.local_addr().unwrap().port();
         let e = bind_dns(lo, port).await.unwrap_err().to_string();
         assert!(e.contains(&format!("bind dns tcp 127.0.0.1:{port}")), "{e}");
+    }
+}
+
+#[cfg(test)]
+mod on_behalf_tests {
+    use super::*;
+
+    #[test]
+    fn special_ranges_are_refused_unless_allowed() {
+        let allow: Vec<IpNet> = vec!["127.0.0.1/32".parse().unwrap()];
+        assert_eq!(
+            refused_on_behalf("127.0.0.1".parse().unwrap(), &allow),
+            None
+        );
+        for ip in [
+            "127.0.0.2",
+            "169.254.169.254",
+            "10.1.2.3",
+            "::1",
+            "::ffff:10.0.0.1",
+        ] {
+            assert!(
+                refused_on_behalf(ip.parse().unwrap(), &allow).is_some(),
+                "{ip}"
+            );
+        }
+    }
+
+    /// An address of the host itself is refused even when it is public: tried in a network
+    /// namespace this test makes (a thread of its own), whose `lo` gets a public address;
+    /// outside it, the same address is not the host's and is allowed. Nothing is sent.
+    #[test]
+    fn sandbox_blocks_posting_to_the_hosts_own_public_address() {
+        let public: IpAddr = "44.0.0.1".parse().unwrap();
+        assert_eq!(
+            refused_on_behalf(public, &[]),
+            None,
+            "not this host's out here"
+        );
+        let inside = std::thread::spawn(move || {
+            // SAFETY: unshare on this thread only (a new network namespace for it); the
+            // thread ends when the check is done, taking the namespace with it.
+            if unsafe { libc::unshare(libc::CLONE_NEWNET) } != 0 {
+                return Err(format!(
+                    "unshare(CLONE_NEWNET): {}",
+                    std::io::Error::last_os_error()
+                ));
+            }
+            // `ip`, forked from this thread, runs in its namespace.
+            for args in [
+                &["link", "set", "lo", "up"][..],
+                &["addr", "add", "44.0.0.1/32", "dev", "lo"][..],
+            ] {
+                let st = std::process::Command::new("ip").args(args).status();
+                if !st.is_ok_and(|s| s.success()) {
+                    return Err(format!("ip {args:?} failed"));
+                }
+            }
+            Ok((
+                refused_on_behalf(public, &[]),
+                refused_on_behalf(public, &["44.0.0.0/24".parse().unwrap()]),
+            ))
+        })
+        .join()
+        .unwrap();
+        match inside {
+            Ok((refused, allowed)) => {
+                assert_eq!(refused, Some("this host's own"));
+                assert_eq!(allowed, None, "an operator's allowed range wins");
+            }
+            Err(why) => eprintln!("skipped: needs root and iproute2 ({why})"),
+        }
     }
 }

@@ -202,14 +202,14 @@ impl AddrCheck {
         if self.trusted.iter().any(|t| t.eq_ignore_ascii_case(host)) {
             return Ok(());
         }
-        if rampart_egress::policy::refused_special(ip, &self.allow).is_none() {
+        let Some(why) = rampart_egress::refused_on_behalf(ip, &self.allow) else {
             return Ok(());
-        }
+        };
         let ip = rampart_egress::policy::canonical(ip);
         Err(format!(
-            "{host} has the address {ip}, which is not public; registries are reached only at \
-             public addresses unless the operator allows the range ([templates] \
-             registry_allow_cidrs) or names a mirror"
+            "{host} has the address {ip}, which is not public ({why}); registries are reached \
+             only at public addresses other than this host's, unless the operator allows the \
+             range ([templates] registry_allow_cidrs) or names a mirror"
         ))
     }
 
