@@ -182,6 +182,64 @@ pub struct Lifecycle {
     /// start itself, like the recovery's, are delivered).
     opened_at_seq: i64,
     cfg: EventsConfig,
+    /// Each owner's (tenant's, or the node's: "") deliveries: a slow receiver of one
+    /// tenant holds up only that tenant's own.
+    lanes: Lanes,
+}
+
+/// Webhooks a tenant (or the node) may register.
+pub const MAX_WEBHOOKS_PER_OWNER: usize = 16;
+/// Deliveries of one owner in flight at once; more wait in the owner's lane.
+const IN_FLIGHT_PER_OWNER: usize = 8;
+/// Deliveries of one owner waiting or in flight; beyond it a delivery is dropped, counted
+/// and logged (never another owner's).
+const PENDING_PER_OWNER: usize = 1024;
+
+/// The delivery lanes, one per owner.
+#[derive(Debug, Default)]
+struct Lanes {
+    by_owner: std::sync::Mutex<std::collections::HashMap<String, Arc<Lane>>>,
+}
+
+/// One owner's deliveries.
+#[derive(Debug)]
+struct Lane {
+    slots: Arc<Semaphore>,
+    pending: std::sync::atomic::AtomicUsize,
+    dropped: std::sync::atomic::AtomicU64,
+}
+
+impl Lanes {
+    fn of(&self, owner: Option<&str>) -> Arc<Lane> {
+        let mut m = self.by_owner.lock().unwrap_or_else(|e| e.into_inner());
+        m.entry(owner.unwrap_or_default().to_owned())
+            .or_insert_with(|| {
+                Arc::new(Lane {
+                    slots: Arc::new(Semaphore::new(IN_FLIGHT_PER_OWNER)),
+                    pending: Default::default(),
+                    dropped: Default::default(),
+                })
+            })
+            .clone()
+    }
+}
+
+impl Lane {
+    /// Takes a place for one more delivery, or None when the lane is full (the delivery
+    /// is then dropped and counted).
+    fn admit(&self) -> bool {
+        use std::sync::atomic::Ordering::SeqCst;
+        if self.pending.fetch_add(1, SeqCst) >= PENDING_PER_OWNER {
+            self.pending.fetch_sub(1, SeqCst);
+            self.dropped.fetch_add(1, SeqCst);
+            return false;
+        }
+        true
+    }
+    fn done(&self) {
+        self.pending
+            .fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+    }
 }
 
 fn store_err(e: rampart_store::StoreError) -> CoreError {
@@ -213,6 +271,7 @@ impl Lifecycle {
             appended,
             opened_at_seq: last,
             cfg,
+            lanes: Lanes::default(),
         })
     }
 
@@ -374,6 +433,23 @@ impl Lifecycle {
             updated_at_ms: now,
         };
         self.check_fields(&w)?;
+        let owned = self
+            .store
+            .webhooks()
+            .map_err(store_err)?
+            .iter()
+            .filter(|o| o.tenant == w.tenant)
+            .count();
+        if owned >= MAX_WEBHOOKS_PER_OWNER {
+            return Err(CoreError::Conflict(format!(
+                "{} has {owned} webhooks, the most it may ({MAX_WEBHOOKS_PER_OWNER}); remove one \
+                 first",
+                match &w.tenant {
+                    Some(t) => format!("tenant {t}"),
+                    None => "the node".to_owned(),
+                }
+            )));
+        }
         self.store.insert_webhook(&w).map_err(store_err)?;
         Ok(Self::shown(w))
     }
@@ -443,8 +519,6 @@ impl Lifecycle {
         tokio::spawn(async move {
             rx.borrow_and_update();
             let mut cursor = me.opened_at_seq;
-            // At most this many deliveries in flight; more wait for a place.
-            let inflight = Arc::new(Semaphore::new(32));
             loop {
                 loop {
                     let batch = {
@@ -476,13 +550,25 @@ impl Lifecycle {
                                 && h.events.contains(&ty)
                                 && (h.tenant.is_none() || h.tenant == ev.tenant)
                         }) {
-                            let Ok(permit) = inflight.clone().acquire_owned().await else {
-                                return;
-                            };
+                            // Queued in the owner's lane, never waited for here: one
+                            // tenant's slow receivers hold up nobody else's deliveries.
+                            let lane = me.lanes.of(h.tenant.as_deref());
+                            if !lane.admit() {
+                                tracing::warn!(
+                                    webhook = %h.id,
+                                    tenant = h.tenant.as_deref().unwrap_or("-"),
+                                    dropped = lane.dropped.load(std::sync::atomic::Ordering::SeqCst),
+                                    "webhook delivery dropped: {PENDING_PER_OWNER} of this \
+                                     owner's deliveries are waiting"
+                                );
+                                continue;
+                            }
                             let (me, h, body) = (me.clone(), h.clone(), ev.event.clone());
                             tokio::spawn(async move {
-                                me.deliver(&h, body.into_bytes()).await;
-                                drop(permit);
+                                if let Ok(_slot) = lane.slots.clone().acquire_owned().await {
+                                    me.deliver(&h, body.into_bytes()).await;
+                                }
+                                lane.done();
                             });
                         }
                     }
@@ -613,6 +699,7 @@ mod tests {
                 webhook_allow_cidrs: allow.iter().map(|c| c.parse().unwrap()).collect(),
                 ..Default::default()
             },
+            lanes: Lanes::default(),
         }
     }
 
