@@ -411,10 +411,13 @@ impl Approvals {
             digest: digest.clone(),
         }))?;
         if let Some(w) = self.webhook.get() {
-            w.send(crate::webhook::Notice::Decided {
-                sandbox_id: id.to_string(),
-                decision: decision.clone(),
-            });
+            w.send(
+                info.tenant.as_deref(),
+                crate::webhook::Notice::Decided {
+                    sandbox_id: id.to_string(),
+                    decision: decision.clone(),
+                },
+            );
         }
         Ok(if decision.decision == "approved" {
             Outcome::Approved(approval_id.clone())
@@ -426,9 +429,12 @@ impl Approvals {
     /// Tells the webhook (if any) of a held request.
     fn notify(&self, info: &ApprovalInfo) {
         if let Some(w) = self.webhook.get() {
-            w.send(crate::webhook::Notice::Requested {
-                approval: info.clone(),
-            });
+            w.send(
+                info.tenant.as_deref(),
+                crate::webhook::Notice::Requested {
+                    approval: info.clone(),
+                },
+            );
         }
     }
 

@@ -2,9 +2,12 @@
 //! JSON to a URL of the operator's (`[approvals] webhook_url` in the config), so a person is
 //! told without polling `GET /v1/approvals`.
 //!
-//! Deliveries are best effort and never hold anything up: they are queued (at most
-//! [`QUEUE`]; more are dropped with a warning) and sent by one task, each tried up to three
-//! times (1 s, then 4 s apart) with a 10 s timeout. With a secret, each carries
+//! Deliveries are best effort and never hold anything up: they are queued per owner (the
+//! sandbox's tenant, or the node), at most [`QUEUE_PER_OWNER`] each (more of that owner's
+//! are dropped, counted and logged, never another owner's), and sent by one task that
+//! takes the owners in turn (a tenant flooding holds cannot push another's notice back
+//! more than one delivery), each tried up to three times (1 s, then 4 s apart) with a 10 s
+//! timeout. With a secret, each carries
 //! `X-Rampart-Signature: t=<unix seconds>,v1=<hex HMAC-SHA256(secret, "<t>.<body>")>`: the
 //! receiver recomputes it and refuses a signature that does not match or a `t` too far from
 //! its clock (a replay).
@@ -13,11 +16,12 @@ use hmac::{Hmac, Mac};
 use rampart_types::{ApprovalInfo, Decision};
 use serde::Serialize;
 use sha2::Sha256;
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tokio::sync::mpsc;
 
-/// Deliveries waiting at most.
-pub const QUEUE: usize = 1024;
+/// Notices of one owner waiting at most.
+pub const QUEUE_PER_OWNER: usize = 256;
 const ATTEMPTS: u32 = 3;
 const TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -77,10 +81,49 @@ impl Notice {
     }
 }
 
-/// The sending side of the webhook's queue.
+/// The notices waiting, per owner, taken in turn.
+#[derive(Debug, Default)]
+struct Fair {
+    queues: HashMap<String, VecDeque<Notice>>,
+    /// Owners with notices waiting, in the order they are served.
+    turn: VecDeque<String>,
+    /// Notices dropped because their owner's queue was full, per owner.
+    dropped: HashMap<String, u64>,
+}
+
+impl Fair {
+    /// Queues `n` for `owner`; false (counted) when the owner's queue is full.
+    fn push(&mut self, owner: &str, n: Notice) -> bool {
+        let q = self.queues.entry(owner.to_owned()).or_default();
+        if q.len() >= QUEUE_PER_OWNER {
+            *self.dropped.entry(owner.to_owned()).or_default() += 1;
+            return false;
+        }
+        if q.is_empty() {
+            self.turn.push_back(owner.to_owned());
+        }
+        q.push_back(n);
+        true
+    }
+    /// The next owner's oldest notice.
+    fn pop(&mut self) -> Option<Notice> {
+        let owner = self.turn.pop_front()?;
+        let q = self.queues.get_mut(&owner)?;
+        let n = q.pop_front();
+        if q.is_empty() {
+            self.queues.remove(&owner);
+        } else {
+            self.turn.push_back(owner);
+        }
+        n
+    }
+}
+
+/// The sending side of the webhook's queues.
 #[derive(Debug, Clone)]
 pub(crate) struct Notifier {
-    tx: mpsc::Sender<Notice>,
+    fair: Arc<Mutex<Fair>>,
+    ready: Arc<tokio::sync::Notify>,
 }
 
 impl Notifier {
@@ -92,19 +135,38 @@ impl Notifier {
             .redirect(reqwest::redirect::Policy::none())
             .build()
             .map_err(|e| format!("the approvals webhook's HTTP client: {e}"))?;
-        let (tx, mut rx) = mpsc::channel::<Notice>(QUEUE);
+        let fair = Arc::new(Mutex::new(Fair::default()));
+        let ready = Arc::new(tokio::sync::Notify::new());
+        let (f, r) = (fair.clone(), ready.clone());
         tokio::spawn(async move {
-            while let Some(n) = rx.recv().await {
-                deliver(&client, &cfg, &n).await;
+            loop {
+                let next = f.lock().unwrap_or_else(|e| e.into_inner()).pop();
+                match next {
+                    Some(n) => deliver(&client, &cfg, &n).await,
+                    // A push since the pop left a permit: no notice is missed.
+                    None => r.notified().await,
+                }
             }
         });
-        Ok(Notifier { tx })
+        Ok(Notifier { fair, ready })
     }
 
-    /// Queues `n` (dropped, with a warning, when the queue is full).
-    pub(crate) fn send(&self, n: Notice) {
-        if let Err(e) = self.tx.try_send(n) {
-            tracing::warn!("approvals webhook: a notice was dropped ({e})");
+    /// Queues `n` for `owner` (a tenant; None: the node). Dropped, counted and logged when
+    /// that owner's queue is full.
+    pub(crate) fn send(&self, owner: Option<&str>, n: Notice) {
+        let owner = owner.unwrap_or_default();
+        let mut f = self.fair.lock().unwrap_or_else(|e| e.into_inner());
+        if f.push(owner, n) {
+            drop(f);
+            self.ready.notify_one();
+        } else {
+            let dropped = f.dropped.get(owner).copied().unwrap_or_default();
+            tracing::warn!(
+                owner = if owner.is_empty() { "node" } else { owner },
+                dropped,
+                "approvals webhook: a notice was dropped ({QUEUE_PER_OWNER} of this owner's \
+                 are waiting)"
+            );
         }
     }
 }
@@ -186,6 +248,41 @@ mod tests {
             hex,
             "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843"
         );
+    }
+
+    #[test]
+    fn owners_are_served_in_turn_and_only_the_flooding_one_loses_notices() {
+        let notice = |s: &str| Notice::Decided {
+            sandbox_id: s.into(),
+            decision: Decision {
+                id: "x".into(),
+                decision: "approved".into(),
+                by: "y".into(),
+                reason: None,
+            },
+        };
+        let id = |n: Notice| match n {
+            Notice::Decided { sandbox_id, .. } => sandbox_id,
+            Notice::Requested { .. } => unreachable!(),
+        };
+        let mut f = Fair::default();
+        let mut taken = 0;
+        for _ in 0..QUEUE_PER_OWNER + 44 {
+            taken += usize::from(f.push("rival", notice("b")));
+        }
+        assert_eq!(taken, QUEUE_PER_OWNER);
+        assert_eq!(f.dropped.get("rival"), Some(&44));
+        assert!(
+            f.push("acme", notice("a")),
+            "another owner's queue is its own"
+        );
+        assert!(f.push("", notice("n")));
+        // In turn: rival's first, then acme's, then the node's, then rival's again.
+        let order: Vec<String> = (0..4).filter_map(|_| f.pop().map(id)).collect();
+        assert_eq!(order, ["b", "a", "n", "b"]);
+        let rest = std::iter::from_fn(|| f.pop()).count();
+        assert_eq!(rest, QUEUE_PER_OWNER - 2);
+        assert!(f.pop().is_none() && f.turn.is_empty() && f.queues.is_empty());
     }
 
     #[test]
