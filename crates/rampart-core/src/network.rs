@@ -272,7 +272,8 @@ impl Network {
         }
         rampart_egress::validate_policy(&policy).map_err(|e| bad("network", &e.to_string()))?;
         if let Some(u) = &policy.upstream_proxy {
-            u.check().map_err(|e| bad("network.upstream_proxy", &e))?;
+            u.validate()
+                .map_err(|e| bad("network.upstream_proxy", &e.to_string()))?;
         }
         rampart_egress::validate_secrets(secrets).map_err(|e| bad("secrets", &e.to_string()))?;
         self.ready()?;
@@ -296,7 +297,7 @@ impl Network {
         egress
             .check_upstream_proxy(u)
             .await
-            .map_err(|e| bad("network.upstream_proxy", &e))
+            .map_err(|e| bad("network.upstream_proxy", &e.to_string()))
     }
 
     /// Attaches a sandbox to the egress proxy (before launch: its address is its slot's).

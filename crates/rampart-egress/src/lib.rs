@@ -709,12 +709,11 @@ impl Egress {
     pub async fn check_upstream_proxy(
         &self,
         p: &rampart_types::UpstreamProxy,
-    ) -> Result<(), String> {
+    ) -> std::io::Result<()> {
         let bl = self.inner.blocklist();
         upstream::resolve_proxy(p, &self.inner.upstream_proxy_allow, &bl)
             .await
             .map(|_| ())
-            .map_err(|e| e.to_string())
     }
 
     /// Binds the proxy and the resolver and starts serving (must be called inside a tokio

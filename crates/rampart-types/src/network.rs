@@ -263,13 +263,6 @@ impl UpstreamProxy {
         }
         Ok(())
     }
-
-    /// [`UpstreamProxy::validate`], its error as text: the signature `rampart-core` calls
-    /// today (it takes the message as `&str`). Kept until that caller takes
-    /// [`UpstreamProxyError`] (issue 27).
-    pub fn check(&self) -> Result<(), String> {
-        self.validate().map_err(|e| e.to_string())
-    }
 }
 
 /// What packages a sandbox may fetch through its network (`network.packages`).
@@ -545,7 +538,7 @@ mod tests {
         .unwrap();
         let u = p.upstream_proxy.as_ref().unwrap();
         assert_eq!(u.host_port().unwrap(), ("proxy.example.com".into(), 1080));
-        assert!(u.check().is_ok());
+        assert!(u.validate().is_ok());
         assert!(!format!("{u:?}").contains("hunter2"));
         let shown = serde_json::to_string(&p.public()).unwrap();
         assert!(

@@ -318,7 +318,7 @@ fn egress_proxy_of(v: Option<&Value>) -> Result<Option<rampart_types::UpstreamPr
         server_name: tls.server_name,
         ca_cert: tls.ca_cert,
     };
-    u.check()
+    u.validate()
         .map_err(|e| E2bError::bad_request(format!("network.egressProxy: {e}")))?;
     Ok(Some(u))
 }
