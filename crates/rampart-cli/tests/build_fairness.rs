@@ -25,12 +25,7 @@ mod support;
 use reqwest::Method;
 use serde_json::{json, Value};
 use std::time::{Duration, Instant};
-use support::{make_key, start_tidy_with, Answer, Tidy};
-
-/// A request of the E2B API with E2B key `key`.
-fn e2b(url: &str, key: &str, method: Method, path: &str, body: Option<Value>) -> Answer {
-    support::e2b_call(url, key, method, path, body)
-}
+use support::{e2b_call as e2b, make_key, start_tidy_with, Answer, Tidy};
 
 /// A daemon with tenants `acme` (A) and `rival` (B), each with an E2B key.
 struct World {

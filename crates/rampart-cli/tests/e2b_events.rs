@@ -25,16 +25,8 @@ fn lifecycle_events_and_webhooks_as_e2b_serves_them() {
         eprintln!("skipped: {why}");
         return;
     }
-    let conf_dir = std::env::temp_dir().join(format!("rampart-e2b-events-{}", support::token()));
-    std::fs::create_dir_all(&conf_dir).unwrap();
-    let conf = conf_dir.join("rampart.toml");
-    std::fs::write(
-        &conf,
-        "[events]\nwebhook_allow_cidrs = [\"127.0.0.1/32\"]\n",
-    )
-    .unwrap();
-    let conf_s = conf.to_string_lossy().into_owned();
-    let d = start_tidy_with("e2b-events", &[("RAMPART_CONFIG", conf_s.as_str())]);
+    let conf = support::config_file("[events]\nwebhook_allow_cidrs = [\"127.0.0.1/32\"]\n");
+    let d = start_tidy_with("e2b-events", &[("RAMPART_CONFIG", conf.path.as_str())]);
     let key = std::fs::read_to_string(d.data.join("api-key"))
         .unwrap()
         .trim()
@@ -63,7 +55,6 @@ fn lifecycle_events_and_webhooks_as_e2b_serves_them() {
             ("E2B_SANDBOX_URL", url),
         ],
     );
-    let _ = std::fs::remove_dir_all(&conf_dir);
     assert!(r.failed.is_empty(), "failed:\n{}", r.failed.join("\n"));
     assert_eq!(r.passed.len(), 5, "passed: {:?}", r.passed);
 }

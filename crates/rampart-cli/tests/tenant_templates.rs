@@ -26,17 +26,7 @@ mod support;
 use reqwest::Method;
 use serde_json::{json, Value};
 use std::time::{Duration, Instant};
-use support::{make_key, start_tidy, Answer, Tidy};
-
-/// A request of the E2B API with E2B key `key`.
-fn e2b(url: &str, key: &str, method: Method, path: &str, body: Option<Value>) -> Answer {
-    support::e2b_call(url, key, method, path, body)
-}
-
-/// A request of the native API with key `key`.
-fn native(url: &str, key: &str, method: Method, path: &str, body: Option<Value>) -> Answer {
-    support::native_call(url, key, method, path, body)
-}
+use support::{e2b_call as e2b, make_key, native_call as native, start_tidy, Answer, Tidy};
 
 /// A daemon with tenants `acme` and `rival`, each with an E2B key and a native key, and the
 /// operator's E2B key.

@@ -84,16 +84,11 @@ fn sandbox_blocks_a_tenant_silencing_anothers_webhooks() {
         eprintln!("skipped: {why}");
         return;
     }
-    let conf_dir = std::env::temp_dir().join(format!("rampart-hooks-{}", support::token()));
-    std::fs::create_dir_all(&conf_dir).unwrap();
-    let conf = conf_dir.join("rampart.toml");
-    std::fs::write(
-        &conf,
-        "[events]\nwebhook_allow_cidrs = [\"127.0.0.1/32\"]\n",
-    )
-    .unwrap();
-    let conf_s = conf.to_string_lossy().into_owned();
-    let d = support::start_tidy_with("webhook-fairness", &[("RAMPART_CONFIG", conf_s.as_str())]);
+    let conf = support::config_file("[events]\nwebhook_allow_cidrs = [\"127.0.0.1/32\"]\n");
+    let d = support::start_tidy_with(
+        "webhook-fairness",
+        &[("RAMPART_CONFIG", conf.path.as_str())],
+    );
     let url = d.url.as_str();
     support::make_tenants(url, &["acme", "rival"]);
     let a = support::make_key(&d.data, &["--e2b", "--tenant", "acme"]);

@@ -1095,6 +1095,23 @@ pub fn send(r: reqwest::blocking::RequestBuilder) -> Answer {
     }
 }
 
+/// A request to `url` + `path` with the credential header `auth`, and `body` as JSON.
+fn call_as(
+    auth: (&str, String),
+    url: &str,
+    method: reqwest::Method,
+    path: &str,
+    body: Option<serde_json::Value>,
+) -> Answer {
+    let mut r = slow_client()
+        .request(method, format!("{url}{path}"))
+        .header(auth.0, auth.1);
+    if let Some(b) = body {
+        r = r.json(&b);
+    }
+    send(r)
+}
+
 /// A request of the E2B API with E2B key `key`.
 pub fn e2b_call(
     url: &str,
@@ -1103,13 +1120,7 @@ pub fn e2b_call(
     path: &str,
     body: Option<serde_json::Value>,
 ) -> Answer {
-    let mut r = slow_client()
-        .request(method, format!("{url}{path}"))
-        .header("x-api-key", key);
-    if let Some(b) = body {
-        r = r.json(&b);
-    }
-    send(r)
+    call_as(("x-api-key", key.to_owned()), url, method, path, body)
 }
 
 /// A request of the native API with key `key`.
@@ -1120,13 +1131,38 @@ pub fn native_call(
     path: &str,
     body: Option<serde_json::Value>,
 ) -> Answer {
-    let mut r = slow_client()
-        .request(method, format!("{url}{path}"))
-        .header("authorization", format!("Bearer {key}"));
-    if let Some(b) = body {
-        r = r.json(&b);
+    call_as(
+        ("authorization", format!("Bearer {key}")),
+        url,
+        method,
+        path,
+        body,
+    )
+}
+
+/// A daemon's config file in a temp directory of its own, removed when dropped.
+pub struct ConfigFile {
+    /// Its path, for `RAMPART_CONFIG`.
+    pub path: String,
+    dir: PathBuf,
+}
+
+impl Drop for ConfigFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
     }
-    send(r)
+}
+
+/// Writes `toml` to a new `rampart.toml` (see [`ConfigFile`]).
+pub fn config_file(toml: &str) -> ConfigFile {
+    let dir = std::env::temp_dir().join(format!("rampart-config-{}", token()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let conf = dir.join("rampart.toml");
+    std::fs::write(&conf, toml).unwrap();
+    ConfigFile {
+        path: conf.to_string_lossy().into_owned(),
+        dir,
+    }
 }
 
 /// Makes tenants `names` on the daemon at `url` with the admin key (201 asserted).
