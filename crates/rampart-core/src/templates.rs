@@ -511,22 +511,22 @@ pub fn lookup(
             }
         })
     };
-    let builtin = crate::validate::TEMPLATES.contains(&name);
+    // A built-in template: everyone's, as it is; nobody changes it.
+    if crate::validate::TEMPLATES.contains(&name) {
+        if access == Access::Write {
+            return Err(CoreError::Forbidden(format!(
+                "template \"{name}\" is built in and cannot be changed"
+            )));
+        }
+        return Ok(TemplateRef {
+            name: name.to_owned(),
+            tag,
+            stored: name.to_owned(),
+            owner: Owner::BuiltIn,
+        });
+    }
     let Some(tenant) = tenant else {
         // The node: the store's names as they are.
-        if builtin {
-            if access == Access::Write {
-                return Err(CoreError::Forbidden(format!(
-                    "template \"{name}\" is built in and cannot be changed"
-                )));
-            }
-            return Ok(TemplateRef {
-                name: name.to_owned(),
-                tag,
-                stored: name.to_owned(),
-                owner: Owner::BuiltIn,
-            });
-        }
         if let Err(e) = rampart_image::check_stored_name(name) {
             return Err(match access {
                 Access::Read => no_template(reference),
@@ -550,19 +550,6 @@ pub fn lookup(
     // A tenant: template names only (never `<tenant>~...`, never another's).
     if name.contains(rampart_image::OWNER_SEP) {
         return Err(no_template(reference));
-    }
-    if builtin {
-        if access == Access::Write {
-            return Err(CoreError::Forbidden(format!(
-                "template \"{name}\" is built in and cannot be changed"
-            )));
-        }
-        return Ok(TemplateRef {
-            name: name.to_owned(),
-            tag,
-            stored: name.to_owned(),
-            owner: Owner::BuiltIn,
-        });
     }
     if rampart_image::check_name(name).is_err() {
         return match access {
