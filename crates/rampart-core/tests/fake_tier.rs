@@ -19,10 +19,6 @@ use std::time::Duration;
 /// How long any awaited change may take (a bound, never a pause).
 const WITHIN: Duration = Duration::from_secs(30);
 
-fn agent_bin() -> PathBuf {
-    rampart_core::FakeTier::test_agent()
-}
-
 /// One test's data directory and configuration.
 struct World {
     dir: tempfile::TempDir,
@@ -39,16 +35,8 @@ impl World {
             .with_test_writer()
             .try_init();
         let dir = tempfile::tempdir().expect("tempdir");
-        let mut cfg = CoreConfig::with_defaults(
-            dir.path().to_path_buf(),
-            PathBuf::from("/nonexistent/rampart-jailer"),
-            agent_bin(),
-        );
-        // No sandbox network: the fake tier has no network namespace to wire.
-        cfg.network.enabled = false;
+        let mut cfg = FakeTier::test_config(dir.path().to_path_buf());
         cfg.max_timeout_secs = 3600;
-        // The fake tier's sandboxes take no disk, but admission counts their 2 GiB quotas.
-        cfg.disk_overcommit = 1000.0;
         World { dir, cfg }
     }
 

@@ -13,13 +13,8 @@ use rampart_core::{CoreConfig, FakeTier, Manager};
 use rampart_server::{router_with_options, ServerOptions, ADMIN_KEY_FILE};
 use serde_json::Value;
 use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::sync::Arc;
 use tower::ServiceExt;
-
-fn agent_bin() -> PathBuf {
-    rampart_core::FakeTier::test_agent()
-}
 
 /// The name a reverse proxy in front of the daemon would give it (an allowed host).
 const PROXY_HOST: &str = "h";
@@ -44,15 +39,7 @@ impl Server {
     /// A daemon whose configuration `tune` changed.
     async fn start_with(tune: impl FnOnce(&mut CoreConfig)) -> Server {
         let dir = tempfile::tempdir().expect("tempdir");
-        let mut cfg = CoreConfig::with_defaults(
-            dir.path().to_path_buf(),
-            PathBuf::from("/nonexistent/rampart-jailer"),
-            agent_bin(),
-        );
-        // No sandbox network: the fake tier has no network namespace to wire.
-        cfg.network.enabled = false;
-        // The fake tier's sandboxes take no disk, but admission counts their 2 GiB quotas.
-        cfg.disk_overcommit = 1000.0;
+        let mut cfg = FakeTier::test_config(dir.path().to_path_buf());
         tune(&mut cfg);
         let tier = FakeTier::from_config(&cfg).expect("fake tier");
         let manager = Manager::start_with(cfg.clone(), Arc::new(tier))

@@ -131,6 +131,21 @@ impl FakeTier {
         bin
     }
 
+    /// The configuration a workspace test runs core with on this tier, its state under
+    /// `data_dir`: the [`FakeTier::test_agent`], no jailer, no sandbox network (the tier has
+    /// no network namespace to wire), and disk admission overcommitted (its sandboxes take
+    /// no disk, but admission counts their quotas).
+    pub fn test_config(data_dir: PathBuf) -> crate::CoreConfig {
+        let mut cfg = crate::CoreConfig::with_defaults(
+            data_dir,
+            PathBuf::from("/nonexistent/rampart-jailer"),
+            Self::test_agent(),
+        );
+        cfg.network.enabled = false;
+        cfg.disk_overcommit = 1000.0;
+        cfg
+    }
+
     /// A tier keeping its sandboxes' directories under `root` (made, 0700, if missing) and
     /// starting `agent_bin` for each.
     pub fn new(root: PathBuf, agent_bin: PathBuf) -> Result<FakeTier, FakeTierError> {
