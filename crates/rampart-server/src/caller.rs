@@ -49,9 +49,14 @@ pub(crate) fn set(req: &mut Request, who: Principal) {
 
 /// Who `req` is served for (see [`Caller`]).
 pub(crate) fn of(req: &Request) -> Principal {
-    match req.extensions().get::<Caller>() {
+    in_extensions(req.extensions())
+}
+
+/// The caller a middleware put in `ext`, else the node named by the peer address.
+fn in_extensions(ext: &axum::http::Extensions) -> Principal {
+    match ext.get::<Caller>() {
         Some(c) => c.0.clone(),
-        None => Principal::node(native(peer(req))),
+        None => Principal::node(native(ext.get::<ConnectInfo<SocketAddr>>().map(|c| c.0))),
     }
 }
 
@@ -74,16 +79,7 @@ impl<S: Send + Sync> axum::extract::FromRequestParts<S> for Caller {
         parts: &mut axum::http::request::Parts,
         _: &S,
     ) -> Result<Self, Self::Rejection> {
-        Ok(match parts.extensions.get::<Caller>() {
-            Some(c) => c.clone(),
-            None => {
-                let peer = parts
-                    .extensions
-                    .get::<ConnectInfo<SocketAddr>>()
-                    .map(|c| c.0);
-                Caller(Principal::node(native(peer)))
-            }
-        })
+        Ok(Caller(in_extensions(&parts.extensions)))
     }
 }
 
