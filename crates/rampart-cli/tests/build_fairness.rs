@@ -25,7 +25,7 @@ mod support;
 use reqwest::Method;
 use serde_json::{json, Value};
 use std::time::{Duration, Instant};
-use support::{e2b_call as e2b, make_key, start_tidy_with, Answer, Tidy};
+use support::{e2b_call as e2b, make_key, reserve_build as reserve, start_tidy_with, Answer, Tidy};
 
 /// A daemon with tenants `acme` (A) and `rival` (B), each with an E2B key.
 struct World {
@@ -46,17 +46,6 @@ fn world(name: &str, envs: &[(&str, &str)]) -> Option<World> {
         b: make_key(&d.data, &["--e2b", "--tenant", "rival"]),
         d,
     })
-}
-
-/// Reserves a build of `name` (`POST /v3/templates`).
-fn reserve(url: &str, key: &str, name: &str) -> Answer {
-    e2b(
-        url,
-        key,
-        Method::POST,
-        "/v3/templates",
-        Some(json!({"name": name})),
-    )
 }
 
 /// Starts reserved build `bid` of `name` on `base` with `steps` (`POST /v2/.../builds/{bid}`).

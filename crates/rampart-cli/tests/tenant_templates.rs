@@ -26,7 +26,10 @@ mod support;
 use reqwest::Method;
 use serde_json::{json, Value};
 use std::time::{Duration, Instant};
-use support::{e2b_call as e2b, make_key, native_call as native, start_tidy, Answer, Tidy};
+use support::{
+    e2b_call as e2b, make_key, native_call as native, reserve_build as request_build, start_tidy,
+    Answer, Tidy,
+};
 
 /// A daemon with tenants `acme` and `rival`, each with an E2B key and a native key, and the
 /// operator's E2B key.
@@ -54,17 +57,6 @@ fn world(name: &str) -> Option<World> {
         op_e2b: make_key(&d.data, &["--e2b"]),
         d,
     })
-}
-
-/// Asks for a build of `name` (`POST /v3/templates`): the answer.
-fn request_build(url: &str, key: &str, name: &str) -> Answer {
-    e2b(
-        url,
-        key,
-        Method::POST,
-        "/v3/templates",
-        Some(json!({"name": name})),
-    )
 }
 
 /// Builds `name` on `base` with `steps` as the SDK does (request, start, poll the status);

@@ -1140,6 +1140,17 @@ pub fn native_call(
     )
 }
 
+/// Reserves an E2B build of template `name` (`POST /v3/templates`) with E2B key `key`.
+pub fn reserve_build(url: &str, key: &str, name: &str) -> Answer {
+    e2b_call(
+        url,
+        key,
+        reqwest::Method::POST,
+        "/v3/templates",
+        Some(serde_json::json!({"name": name})),
+    )
+}
+
 /// A daemon's config file in a temp directory of its own, removed when dropped.
 pub struct ConfigFile {
     /// Its path, for `RAMPART_CONFIG`.
