@@ -144,6 +144,23 @@ fn keep_disk_fd() {
     );
 }
 
+/// Marks every open descriptor above 2 close-on-exec, reading `/proc/self/fd`.
+fn cloexec_each() -> std::io::Result<()> {
+    let fds: Vec<i32> = std::fs::read_dir("/proc/self/fd")?
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse().ok())
+        .filter(|fd| *fd > 2)
+        .collect();
+    for fd in fds {
+        // The directory's own descriptor is gone by now (EBADF): nothing to mark.
+        let _ = nix::fcntl::fcntl(
+            fd,
+            nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC),
+        );
+    }
+    Ok(())
+}
+
 fn main() {
     if let Err(e) = real_main() {
         eprintln!("rampart-agent: {e}");
@@ -165,7 +182,12 @@ fn real_main() -> Result<(), StartError> {
         )
     };
     if rc != 0 {
-        return Err(StartError::Descriptors(std::io::Error::last_os_error()));
+        let e = std::io::Error::last_os_error();
+        // A kernel without the flag (gVisor's, older hosts): each open descriptor, one by one.
+        if !matches!(e.raw_os_error(), Some(libc::EINVAL | libc::ENOSYS)) {
+            return Err(StartError::Descriptors(e));
+        }
+        cloexec_each().map_err(StartError::Descriptors)?;
     }
     let args = parse_args()?;
     let std_listener = listener(&args)?;

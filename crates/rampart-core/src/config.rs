@@ -47,6 +47,10 @@ pub struct CoreConfig {
     /// Template builds through the API: log bounds, reservation expiry, per-tenant caps,
     /// step and build timeouts (see [`crate::template_builds::BuildConfig`] for the defaults).
     pub builds: crate::template_builds::BuildConfig,
+    /// The isolation tier of a sandbox whose request and template name none (`namespace`).
+    pub default_isolation: rampart_types::Tier,
+    /// The gVisor tier: where `runsc` is and which platform it runs on.
+    pub gvisor: crate::isolation::GvisorConfig,
 }
 
 impl CoreConfig {
@@ -83,6 +87,8 @@ impl CoreConfig {
             events: Default::default(),
             registry: Default::default(),
             builds: Default::default(),
+            default_isolation: Default::default(),
+            gvisor: Default::default(),
         }
     }
 }

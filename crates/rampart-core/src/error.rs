@@ -143,6 +143,10 @@ impl CoreError {
     pub(crate) fn isolation(what: impl Into<String>, source: IsolationError) -> CoreError {
         match source {
             IsolationError::Unsupported(m) => CoreError::Unsupported(m),
+            IsolationError::NotOnTier(message) => CoreError::BadRequest {
+                field: "isolation".into(),
+                message,
+            },
             source => CoreError::Isolation {
                 what: what.into(),
                 source,

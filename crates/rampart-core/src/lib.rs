@@ -47,8 +47,8 @@ pub use config::CoreConfig;
 pub use error::CoreError;
 pub use exec::{Exec, ExecControl, ExecRecorder, ExecStart, InputSink};
 pub use isolation::{
-    Capabilities, ColdStop, Disks, FakeTier, Freeze, InitFile, Isolation, IsolationError,
-    LaunchSpec, Launched, Usage, Volumes,
+    Capabilities, ColdStop, Disks, FakeTier, Freeze, Gvisor, GvisorConfig, InitFile, Isolation,
+    IsolationError, LaunchSpec, Launched, Tiers, Usage, Volumes,
 };
 pub use namespace::{DEFAULT_CGROUP_SUBTREE, JAIL_POOL_ENV};
 pub use network::NetworkConfig;
@@ -94,7 +94,23 @@ impl Manager {
         subtree: &str,
     ) -> Result<Arc<Manager>, CoreError> {
         let jail = namespace::open(&cfg, subtree).await?;
-        Self::start_with(cfg, Arc::new(jail)).await
+        let (gcfg, data, agent, sub) = (
+            cfg.gvisor.clone(),
+            cfg.data_dir.clone(),
+            cfg.agent_bin.clone(),
+            subtree.to_owned(),
+        );
+        let gvisor = tokio::task::spawn_blocking(move || {
+            isolation::Gvisor::open(&gcfg, &data, &agent, &sub)
+        })
+        .await
+        .map_err(CoreError::task("opening the gvisor tier"))?;
+        match &gvisor {
+            Ok(g) => tracing::info!(platform = g.platform(), "gvisor tier ready"),
+            Err(why) => tracing::info!("no gvisor tier: {why}"),
+        }
+        let tiers = isolation::Tiers::new(Arc::new(jail), gvisor);
+        Self::start_with(cfg, Arc::new(tiers)).await
     }
 
     /// Like [`Manager::start`], with a given isolation tier.

@@ -1408,6 +1408,7 @@ mod tests {
                         }),
                     }),
                     on_timeout: Default::default(),
+                    isolation: Default::default(),
                     network: None,
                     request: None,
                     tenant: None,

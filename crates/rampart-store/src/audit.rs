@@ -429,6 +429,7 @@ mod tests {
                 network: None,
                 request: None,
                 tenant: None,
+                isolation: Default::default(),
             },
             10,
             10,

@@ -26,7 +26,7 @@ mod wal;
 pub use audit::{LeafRow, NewEvent, StoredEvent, TreeHeadRow};
 pub use network::StoredNetwork;
 
-use rampart_types::{Limits, OnTimeout, SandboxId, SandboxState};
+use rampart_types::{Limits, OnTimeout, SandboxId, SandboxState, Tier};
 use rusqlite::{params, Connection, OptionalExtension, Row, TransactionBehavior};
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
@@ -174,6 +174,8 @@ pub struct SandboxRecord {
     pub on_timeout: OnTimeout,
     /// The tenant it belongs to (none: the node's own).
     pub tenant: Option<String>,
+    /// The isolation tier it runs on.
+    pub isolation: Tier,
 }
 
 /// What [`SandboxStore::insert_creating`] records.
@@ -206,6 +208,8 @@ pub struct NewSandbox {
     /// The tenant it belongs to (none: the node's own); its quotas are checked in the
     /// insert's transaction.
     pub tenant: Option<String>,
+    /// The isolation tier it runs on.
+    pub isolation: Tier,
 }
 
 /// The sandbox state interface. Implementations are shared between threads.
@@ -380,7 +384,7 @@ pub trait SandboxStore: Send + Sync + std::fmt::Debug {
 }
 
 /// The current schema version.
-pub const SCHEMA_VERSION: i64 = 7;
+pub const SCHEMA_VERSION: i64 = 8;
 
 const ALIVE_SQL: &str = "('creating','running','paused','stopping')";
 
@@ -421,6 +425,11 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (5, persist::MIGRATION),
     (6, network::MIGRATION_6),
     (7, tenants::MIGRATION_7),
+    // The isolation tier a sandbox runs on.
+    (
+        8,
+        "ALTER TABLE sandboxes ADD COLUMN isolation TEXT NOT NULL DEFAULT 'namespace';",
+    ),
 ];
 
 /// The SQLite implementation of [`SandboxStore`].
@@ -584,7 +593,8 @@ pub fn lowest_free_slot(taken: &[u32], slots: u32) -> Option<u32> {
 }
 
 const COLUMNS: &str = "id, template, state, limits, env, metadata, uid_slot, pid, pid_start_time, \
-                       agent_socket, created_at, expires_at, ended_at, reason, on_timeout, tenant";
+                       agent_socket, created_at, expires_at, ended_at, reason, on_timeout, tenant, \
+                       isolation";
 
 fn corrupt(id: &str, detail: impl std::fmt::Display) -> StoreError {
     StoreError::Corrupt {
@@ -611,6 +621,7 @@ struct RawRow {
     reason: Option<String>,
     on_timeout: String,
     tenant: Option<String>,
+    isolation: String,
 }
 
 fn raw_row(r: &Row<'_>) -> rusqlite::Result<RawRow> {
@@ -631,6 +642,7 @@ fn raw_row(r: &Row<'_>) -> rusqlite::Result<RawRow> {
         reason: r.get(13)?,
         on_timeout: r.get(14)?,
         tenant: r.get(15)?,
+        isolation: r.get(16)?,
     })
 }
 
@@ -670,6 +682,7 @@ impl RawRow {
                 )
             })?,
             tenant: self.tenant,
+            isolation: self.isolation.parse().map_err(|e| corrupt(&self.id, e))?,
         })
     }
 }
@@ -723,8 +736,8 @@ impl SandboxStore for SqliteStore {
         let res = tx
             .prepare_cached(
                 "INSERT INTO sandboxes (id, template, state, limits, env, metadata, uid_slot, \
-                 created_at, expires_at, on_timeout, tenant) \
-                 VALUES (?1, ?2, 'creating', ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
+                 created_at, expires_at, on_timeout, tenant, isolation) \
+                 VALUES (?1, ?2, 'creating', ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
             )?
             .execute(params![
                 new.id.as_str(),
@@ -736,7 +749,8 @@ impl SandboxStore for SqliteStore {
                 new.created_at_ms,
                 new.expires_at_ms,
                 new.on_timeout.as_str(),
-                new.tenant
+                new.tenant,
+                new.isolation.as_str()
             ]);
         match res {
             Ok(_) => {}
@@ -1139,6 +1153,7 @@ mod tests {
             network: None,
             request: None,
             tenant: None,
+            isolation: Default::default(),
         }
     }
 

@@ -36,6 +36,6 @@ pub use persist::{
 pub use ports::{PortInfo, PortList};
 pub use sandbox::{
     ApiError, ApiErrorBody, ArtifactList, CreateSandbox, OnTimeout, PauseSandbox, ResumeSandbox,
-    SandboxInfo, SandboxState, SandboxStats, SetTimeout,
+    SandboxInfo, SandboxState, SandboxStats, SetTimeout, Tier,
 };
 pub use template::TemplateInfo;

@@ -11,6 +11,9 @@ pub struct CreateSandbox {
     /// Template name; `base` when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub template: Option<String>,
+    /// The isolation tier it runs on; when absent, its template's, else the node's default.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub isolation: Option<Tier>,
     /// Resource limits; unset fields take the daemon's defaults.
     #[serde(default)]
     pub limits: LimitsRequest,
@@ -57,6 +60,47 @@ pub struct CreateSandbox {
     /// downloadable from `GET /v1/sandboxes/{id}/artifacts` for the node's retention time.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub artifacts: Vec<String>,
+}
+
+/// An isolation tier: what stands between a sandbox's code and the host's kernel.
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize, utoipa::ToSchema,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum Tier {
+    /// Namespaces, cgroups, seccomp and Landlock on the host's kernel (the default).
+    #[default]
+    Namespace,
+    /// gVisor (`runsc`): the sandbox's system calls are served by a kernel in user space.
+    Gvisor,
+}
+
+impl Tier {
+    /// Every tier.
+    pub const ALL: [Tier; 2] = [Tier::Namespace, Tier::Gvisor];
+    /// The wire name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Tier::Namespace => "namespace",
+            Tier::Gvisor => "gvisor",
+        }
+    }
+}
+
+impl std::fmt::Display for Tier {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for Tier {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        Tier::ALL
+            .into_iter()
+            .find(|t| t.as_str() == s)
+            .ok_or_else(|| format!("unknown isolation tier {s:?} (known: namespace, gvisor)"))
+    }
 }
 
 /// What the reaper does with a sandbox whose deadline passed.
@@ -217,6 +261,9 @@ pub struct SandboxInfo {
     pub id: SandboxId,
     /// The template it was made from.
     pub template: String,
+    /// The isolation tier it runs on.
+    #[serde(default)]
+    pub isolation: Tier,
     /// Its state.
     pub state: SandboxState,
     /// The resolved limits it runs with.

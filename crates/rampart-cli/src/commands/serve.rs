@@ -64,6 +64,10 @@ pub struct ServeArgs {
     /// default, admits no more disk quota than the store can hold).
     #[arg(long, value_name = "RATIO", env = "RAMPART_DISK_OVERCOMMIT")]
     disk_overcommit: Option<f64>,
+    /// The isolation tier of a sandbox whose request and template name none: `namespace`
+    /// (the default) or `gvisor` (overrides the config file's `default_isolation`).
+    #[arg(long, value_name = "TIER", env = "RAMPART_DEFAULT_ISOLATION")]
+    default_isolation: Option<rampart_types::Tier>,
 }
 
 /// A size in a config file: bytes (`536870912`) or text (`"512M"`).
@@ -159,6 +163,21 @@ struct FileConfig {
     /// Template builds' image pulls (see `docs/templates.md`, "Images from a registry").
     #[serde(default)]
     templates: TemplatesFileConfig,
+    /// The tier of a sandbox whose request names none (`namespace` or `gvisor`).
+    default_isolation: Option<String>,
+    /// The gVisor tier (see `docs/isolation.md`).
+    #[serde(default)]
+    gvisor: GvisorFileConfig,
+}
+
+/// `[gvisor]` of the config file.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct GvisorFileConfig {
+    /// The `runsc` binary (default: `runsc` on the PATH).
+    runsc: Option<PathBuf>,
+    /// Its platform (default `ptrace`).
+    platform: Option<String>,
 }
 
 /// `[templates]` of the config file.
@@ -685,6 +704,20 @@ fn resolve(a: &ServeArgs) -> Result<Resolved> {
             },
             registry: resolve_registry(&file.templates)?,
             builds: rampart_core::template_builds::BuildConfig::from_env(),
+            default_isolation: match (a.default_isolation, &file.default_isolation) {
+                (Some(t), _) => t,
+                (None, Some(t)) => t.parse().map_err(|e| anyhow!("default_isolation: {e}"))?,
+                (None, None) => Default::default(),
+            },
+            gvisor: rampart_core::isolation::GvisorConfig {
+                runsc: file.gvisor.runsc.clone(),
+                platform: match &file.gvisor.platform {
+                    Some(p) if !matches!(p.as_str(), "ptrace" | "systrap" | "kvm") => {
+                        bail!("[gvisor] platform: {p:?} is not ptrace, systrap or kvm")
+                    }
+                    p => p.clone(),
+                },
+            },
         },
     })
 }

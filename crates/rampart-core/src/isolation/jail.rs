@@ -249,6 +249,7 @@ mod tests {
     fn launch_specs_convert_field_by_field() {
         let s = LaunchSpec {
             id: SandboxId::parse("abc").unwrap(),
+            tier: rampart_types::Tier::Namespace,
             template_dir: "/t".into(),
             uid_base: 1 << 20,
             limits: rampart_types::Limits::default(),

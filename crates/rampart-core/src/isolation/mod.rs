@@ -28,11 +28,15 @@
 //! process, for tests and development only).
 
 mod fake;
+mod gvisor;
 mod jail;
+mod tiers;
 
 pub use fake::{FakeTier, FakeTierError};
+pub use gvisor::{Gvisor, GvisorConfig, GvisorError};
+pub use tiers::Tiers;
 
-use rampart_types::{Limits, SandboxId};
+use rampart_types::{Limits, SandboxId, Tier};
 use std::path::{Path, PathBuf};
 
 /// Errors of a tier.
@@ -48,6 +52,13 @@ pub enum IsolationError {
     /// The fake tier failed.
     #[error(transparent)]
     Fake(fake::FakeTierError),
+    /// The gVisor tier failed.
+    #[error(transparent)]
+    Gvisor(gvisor::GvisorError),
+    /// What the request asks cannot be done on the tier the sandbox runs on (the caller's
+    /// choice of tier, a 400 naming `isolation`).
+    #[error("{0}")]
+    NotOnTier(String),
     /// A template the tier does not know how to build.
     #[error("unknown template {0:?}")]
     UnknownTemplate(String),
@@ -67,6 +78,8 @@ impl From<IsolationError> for crate::CoreError {
 pub struct LaunchSpec {
     /// The sandbox id (names whatever the tier keeps of it).
     pub id: SandboxId,
+    /// The tier it runs on (what [`Tiers`] launches it with).
+    pub tier: Tier,
     /// Root of the built template: `rootfs/` holds its root filesystem.
     pub template_dir: PathBuf,
     /// First host uid/gid of the sandbox's private range of 65536 (tiers that map ids).
@@ -205,6 +218,16 @@ pub struct CounterFiles {
 pub trait Isolation: Send + Sync + std::fmt::Debug {
     /// Short name of the tier, e.g. `namespace`.
     fn name(&self) -> &'static str;
+    /// Whether sandboxes of `tier` can be launched here (by default: the namespace tier's
+    /// own, which the fake tier stands in for).
+    fn offers(&self, tier: Tier) -> bool {
+        tier == Tier::Namespace
+    }
+    /// Why sandboxes of `tier` cannot be launched here, when they cannot (a sentence naming
+    /// what is missing and how to add it).
+    fn missing(&self, tier: Tier) -> Option<String> {
+        (!self.offers(tier)).then(|| format!("this node has no {tier} isolation tier"))
+    }
     /// Builds the template `name` into `dest` (which does not exist yet).
     fn prepare_template(&self, name: &str, dest: &Path) -> Result<(), IsolationError>;
     /// Builds and starts a sandbox; returns once its agent accepts connections.

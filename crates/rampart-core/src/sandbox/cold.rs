@@ -205,6 +205,7 @@ impl Sandboxes {
             network: net.clone(),
             request: None,
             tenant: rec.tenant.clone(),
+            isolation: rec.isolation,
         };
         let extras = LaunchExtras {
             disk: None,

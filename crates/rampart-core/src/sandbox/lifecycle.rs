@@ -170,6 +170,7 @@ impl Sandboxes {
         Ok(SandboxInfo {
             id: new.id.clone(),
             template: new.template.clone(),
+            isolation: new.isolation,
             state: SandboxState::Running,
             limits: new.limits.clone(),
             metadata: new.metadata.clone(),
@@ -258,6 +259,7 @@ impl Sandboxes {
         };
         let spec = LaunchSpec {
             id: new.id.clone(),
+            tier: new.isolation,
             template_dir,
             uid_base,
             limits: new.limits.clone(),

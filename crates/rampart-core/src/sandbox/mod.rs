@@ -154,6 +154,7 @@ pub(crate) fn info_of(rec: &SandboxRecord) -> SandboxInfo {
     SandboxInfo {
         id: rec.id.clone(),
         template: rec.template.clone(),
+        isolation: rec.isolation,
         state: rec.state,
         limits: rec.limits.clone(),
         metadata: rec.metadata.clone(),

@@ -8,7 +8,7 @@ use crate::persist::Staged;
 use crate::{validate, CoreError};
 use rampart_store::access::{new_token, E2bSandbox, NewAccess};
 use rampart_store::{now_ms, NewSandbox};
-use rampart_types::{CreateSandbox, SandboxId};
+use rampart_types::{CreateSandbox, SandboxId, Tier};
 
 /// What a front end asks of a create beyond the request itself.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -45,6 +45,18 @@ impl Sandboxes {
         // Secrets by name (`/v1/secrets`) become secrets with their stored value, before the
         // request is kept for fork (a fork binds the same values).
         req.secrets = self.secrets.resolve(&req.secrets)?;
+        // The tier: asked for, else the node's default; a tier this node lacks is refused
+        // by name, never replaced by another.
+        let tier = req.isolation.unwrap_or(cfg.default_isolation);
+        if let Some(why) = self.iso.missing(tier) {
+            return Err(CoreError::BadRequest {
+                field: "isolation".into(),
+                message: why,
+            });
+        }
+        if tier == Tier::Gvisor {
+            refuse_on_gvisor(&req)?;
+        }
         // Snapshot and volumes (fills the template from the snapshot).
         let staged = self.persist.prepare_create(self.iso.as_ref(), &mut req)?;
         // A code-interpreter sandbox runs a kernel per context: more memory unless asked.
@@ -88,7 +100,37 @@ impl Sandboxes {
             network: net,
             request: Some(staged.request().to_owned()),
             tenant: crate::principal::current_tenant(),
+            isolation: tier,
         };
         Ok(Plan { new, staged })
+    }
+}
+
+/// What a sandbox on the gVisor tier cannot have yet, refused before anything is made.
+fn refuse_on_gvisor(req: &CreateSandbox) -> Result<(), CoreError> {
+    let lacks = if req.snapshot.is_some() {
+        Some("snapshot")
+    } else if !req.volumes.is_empty() {
+        Some("volumes")
+    } else if !req.artifacts.is_empty() {
+        Some("artifacts")
+    } else if req
+        .network
+        .as_ref()
+        .is_some_and(|n| n.mode != rampart_types::NetworkMode::None)
+        || !req.secrets.is_empty()
+    {
+        Some("network")
+    } else {
+        None
+    };
+    match lacks {
+        Some(field) => Err(CoreError::BadRequest {
+            field: "isolation".into(),
+            message: format!(
+                "a sandbox on the gvisor tier cannot have {field} yet; leave out {field:?} or use the namespace tier"
+            ),
+        }),
+        None => Ok(()),
     }
 }

@@ -1,0 +1,260 @@
+//! The gVisor tier, end to end: a real daemon, real `runsc` sandboxes, the API as users call it.
+//! Skips (with the reason) where `runsc` is not installed; `scripts/setup-host.sh` installs it.
+
+mod support;
+
+use serde_json::{json, Value};
+use std::path::Path;
+use support::{client, Sandbox};
+
+/// Why these tests cannot run here, if they cannot.
+fn skip() -> Option<String> {
+    if let Some(why) = support::skip_reason() {
+        return Some(why);
+    }
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    if !std::env::split_paths(&path).any(|d| d.join("runsc").is_file()) {
+        return Some("runsc (gVisor) is not installed: apt-get install runsc".into());
+    }
+    None
+}
+
+/// A small disk: each gVisor sandbox's disk is an image of this size (sparse).
+const DISK: u64 = 64 << 20;
+
+fn gvisor_sandbox(api: &support::Tidy) -> Sandbox {
+    let s = Sandbox::create(
+        api,
+        json!({"isolation": "gvisor", "limits": {"disk_bytes": DISK}, "timeout_secs": 600}),
+    );
+    assert_eq!(s.info["isolation"], "gvisor", "{}", s.info);
+    s
+}
+
+fn get(url: &str) -> (u16, Value) {
+    let r = client().get(url).send().unwrap();
+    let status = r.status().as_u16();
+    (status, r.json().unwrap_or(Value::Null))
+}
+
+fn post(url: &str, body: Value) -> (u16, Value) {
+    let r = client().post(url).json(&body).send().unwrap();
+    let status = r.status().as_u16();
+    (status, r.json().unwrap_or(Value::Null))
+}
+
+/// What the tier leaves of a sandbox on the host: its directory and its cgroup directories.
+fn traces(data: &Path, id: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let dir = data.join("gvisor").join(id);
+    if dir.exists() {
+        out.push(dir.display().to_string());
+    }
+    for root in ["/sys/fs/cgroup", "/sys/fs/cgroup/unified"] {
+        if let Ok(rd) = std::fs::read_dir(root) {
+            for h in rd.flatten() {
+                for sub in [h.path(), Path::new(root).to_path_buf()] {
+                    if let Ok(subs) = std::fs::read_dir(&sub) {
+                        for t in subs.flatten() {
+                            let p = t.path().join(id);
+                            if t.file_name().to_string_lossy().ends_with("-gvisor") && p.exists() {
+                                out.push(p.display().to_string());
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    out.sort();
+    out.dedup();
+    out
+}
+
+fn host_kernel() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/osrelease")
+        .unwrap()
+        .trim()
+        .to_owned()
+}
+
+#[test]
+fn a_gvisor_sandbox_runs_every_verb_on_gvisors_kernel_and_leaves_nothing() {
+    if let Some(why) = skip() {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    let d = support::start_tidy("gvisor-verbs");
+    let s = gvisor_sandbox(&d);
+    // Its kernel is gVisor's, not the host's.
+    let r = s.sh("uname -r; dmesg | head -1");
+    assert_eq!(r["exit_code"], 0, "{r}");
+    let out = r["stdout"].as_str().unwrap();
+    assert_ne!(out.lines().next(), Some(host_kernel().as_str()), "{r}");
+    assert!(out.contains("gVisor"), "{r}");
+    // Exit codes, stdin, the default user and root.
+    let r = s.exec(json!({"cmd": ["sh", "-c", "cat; id -u; exit 3"], "stdin": "in\n"}));
+    assert_eq!(r["exit_code"], 3, "{r}");
+    assert_eq!(r["stdout"], "in\n1000\n", "{r}");
+    let r = s.exec(json!({"cmd": ["id", "-u"], "user": "root"}));
+    assert_eq!(r["stdout"], "0\n", "{r}");
+    // Files through the API.
+    let w = client()
+        .put(s.url("/files?path=/home/user/note.txt"))
+        .body("through the api")
+        .send()
+        .unwrap();
+    assert!(w.status().is_success(), "{:?}", w.text());
+    let body = client()
+        .get(s.url("/files?path=/home/user/note.txt"))
+        .send()
+        .unwrap()
+        .text()
+        .unwrap();
+    assert_eq!(body, "through the api");
+    assert_eq!(s.sh("cat /home/user/note.txt")["stdout"], "through the api");
+    // The sandbox's JSON and list say which tier.
+    let (st, one) = get(&s.url(""));
+    assert_eq!(
+        (st, one["isolation"].as_str()),
+        (200, Some("gvisor")),
+        "{one}"
+    );
+    let (_, all) = get(&format!("{}/v1/sandboxes", d.url));
+    let listed = all
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|x| x["id"] == s.id.as_str())
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(listed["isolation"], "gvisor", "{all}");
+    // Its disk is its quota: writing past it is ENOSPC inside.
+    let r = s.sh("dd if=/dev/zero of=/home/user/big bs=1M count=200 2>&1; echo rc=$?");
+    let out = r["stdout"].as_str().unwrap();
+    assert!(
+        out.contains("No space left") && !out.contains("rc=0"),
+        "{r}"
+    );
+    s.sh("rm -f /home/user/big");
+    // Pause keeps its processes: a counter stops while paused and goes on after.
+    s.sh("nohup sh -c 'i=0; while :; do i=$((i+1)); echo $i > /tmp/n; sleep 0.05; done' >/dev/null 2>&1 &");
+    support::wait_until("the counter to run", 60, || {
+        s.sh("cat /tmp/n 2>/dev/null")["stdout"]
+            .as_str()
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .is_some_and(|n| n > 2)
+    });
+    let (st, p) = post(&s.url("/pause"), json!({}));
+    assert_eq!((st, p["state"].as_str()), (200, Some("paused")), "{p}");
+    let (st, _) = post(&s.url("/exec"), json!({"cmd": ["true"]}));
+    assert_eq!(st, 409);
+    let (st, p) = post(&s.url("/resume"), json!({}));
+    assert_eq!((st, p["state"].as_str()), (200, Some("running")), "{p}");
+    let read = || -> u64 {
+        s.sh("cat /tmp/n")["stdout"]
+            .as_str()
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap()
+    };
+    let after = read();
+    support::wait_until("the counter to go on after resume", 60, || read() > after);
+    // A pause to the filesystem ends its processes and keeps its disk; the resume boots it.
+    s.sh("echo kept > /home/user/kept");
+    let (st, p) = post(&s.url("/pause"), json!({"memory": false}));
+    assert_eq!((st, p["state"].as_str()), (200, Some("paused")), "{p}");
+    let (st, p) = post(&s.url("/resume"), json!({}));
+    assert_eq!((st, p["state"].as_str()), (200, Some("running")), "{p}");
+    assert_eq!(s.sh("cat /home/user/kept")["stdout"], "kept\n");
+    // Destroy leaves nothing of it on the host.
+    assert!(!traces(&d.data, &s.id).is_empty());
+    s.destroy();
+    assert_eq!(traces(&d.data, &s.id), Vec::<String>::new());
+}
+
+#[test]
+fn a_node_without_runsc_refuses_gvisor_by_name_and_makes_nothing() {
+    if let Some(why) = support::skip_reason() {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    let conf = support::config_file("[gvisor]\nrunsc = \"/nonexistent/runsc\"\n");
+    let d = support::start_tidy_with("gvisor-none", &[("RAMPART_CONFIG", conf.path.as_str())]);
+    let (st, v) = post(
+        &format!("{}/v1/sandboxes", d.url),
+        json!({"isolation": "gvisor"}),
+    );
+    assert_eq!(st, 400, "{v}");
+    let msg = v.to_string();
+    assert!(
+        msg.contains("isolation") && msg.contains("runsc") && msg.contains("apt-get install runsc"),
+        "{msg}"
+    );
+    let (_, all) = get(&format!("{}/v1/sandboxes", d.url));
+    assert_eq!(all.as_array().map(|a| a.len()), Some(0), "{all}");
+    // An unknown tier is a 400 naming the known ones; the namespace tier is unaffected.
+    let (st, v) = post(
+        &format!("{}/v1/sandboxes", d.url),
+        json!({"isolation": "vm"}),
+    );
+    assert_eq!(st, 400, "{v}");
+    let s = Sandbox::create(&d, json!({}));
+    assert_eq!(s.info["isolation"], "namespace", "{}", s.info);
+    assert_eq!(s.sh("uname -r")["stdout"], format!("{}\n", host_kernel()));
+}
+
+#[test]
+fn gvisor_refuses_what_it_cannot_do_yet_before_making_anything() {
+    if let Some(why) = skip() {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    let d = support::start_tidy("gvisor-refusals");
+    let creates = format!("{}/v1/sandboxes", d.url);
+    for body in [
+        json!({"isolation": "gvisor", "network": {"mode": "open"}}),
+        json!({"isolation": "gvisor", "artifacts": ["/home/user/out"]}),
+        json!({"isolation": "gvisor", "volumes": [{"name": "v", "path": "/data"}]}),
+    ] {
+        let (st, v) = post(&creates, body.clone());
+        assert_eq!(st, 400, "{body}: {v}");
+        assert!(v.to_string().contains("isolation"), "{body}: {v}");
+    }
+    let (_, all) = get(&creates);
+    assert_eq!(all.as_array().map(|a| a.len()), Some(0), "{all}");
+    // A snapshot (and so a fork) of a gVisor sandbox is refused by name; it runs on.
+    let s = gvisor_sandbox(&d);
+    let (st, v) = post(&s.url("/snapshots"), json!({"name": "g"}));
+    assert_eq!(st, 400, "{v}");
+    assert!(v.to_string().contains("isolation"), "{v}");
+    let (st, v) = post(&s.url("/fork"), json!({"count": 1}));
+    assert_eq!(st, 400, "{v}");
+    assert_eq!(s.sh("echo ok")["stdout"], "ok\n");
+}
+
+#[test]
+fn a_running_gvisor_sandbox_outlives_a_daemon_restart() {
+    if let Some(why) = skip() {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    let mut d = support::start_tidy("gvisor-restart");
+    let mut s = gvisor_sandbox(&d);
+    s.sh("echo before > /home/user/f");
+    d.daemon.stop();
+    d.daemon = support::start(&d.data, support::free_port(), &[]);
+    s.reattach(&d.daemon);
+    let (st, v) = get(&s.url(""));
+    assert_eq!((st, v["state"].as_str()), (200, Some("running")), "{v}");
+    assert_eq!(v["isolation"], "gvisor", "{v}");
+    let r = s.sh("cat /home/user/f; dmesg | head -1");
+    assert!(
+        r["stdout"].as_str().unwrap().starts_with("before\n")
+            && r["stdout"].as_str().unwrap().contains("gVisor"),
+        "{r}"
+    );
+    s.destroy();
+    assert_eq!(traces(&d.data, &s.id), Vec::<String>::new());
+}
