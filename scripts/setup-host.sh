@@ -21,6 +21,8 @@ pkgs=(e2fsprogs util-linux bash coreutils python3 python-is-python3 curl git ncu
       mmdebstrap
       # The copy-on-write store (snapshots, fork, volumes) when <data> has no reflink.
       xfsprogs
+      # The gVisor isolation tier (`"isolation": "gvisor"`, docs/isolation.md).
+      runsc
       # The code-interpreter-v1 template's kernels (seen in every sandbox's /usr): IPython with
       # matplotlib and pandas; R with IRkernel; JShell (the Java kernel is ours, over it); and
       # what bash_kernel needs besides itself (pexpect comes with IPython). pip installs
