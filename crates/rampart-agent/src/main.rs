@@ -219,6 +219,7 @@ fn real_main() -> Result<(), StartError> {
         // SAFETY: prctl with PR_SET_CHILD_SUBREAPER takes an integer argument only.
         unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
     }
+    let listen = args.listen.clone();
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
@@ -227,7 +228,7 @@ fn real_main() -> Result<(), StartError> {
         let mut sigchld = signal(SignalKind::child())?;
         let mut sigterm = signal(SignalKind::terminate())?;
         let mut sigint = signal(SignalKind::interrupt())?;
-        let listener = tokio::net::UnixListener::from_std(std_listener)?;
+        let first = tokio::net::UnixListener::from_std(std_listener)?;
         let procs = Arc::new(Table::default());
         let state = Arc::new(State {
             config: Config {
@@ -245,10 +246,37 @@ fn real_main() -> Result<(), StartError> {
                 reaper.reap();
             }
         });
-        tokio::spawn(server::serve(listener, state));
-        tokio::select! {
-            _ = sigterm.recv() => {}
-            _ = sigint.recv() => {}
+        // With `--listen` (a tier whose sandbox can be checkpointed, gVisor): SIGUSR2 lets
+        // go of the socket and every connection (a host socket cannot be saved) and writes
+        // `agent.released` beside the socket; SIGUSR1 binds the socket again.
+        let mut release = signal(SignalKind::user_defined2())?;
+        let mut rebind = signal(SignalKind::user_defined1())?;
+        let mut server = Some(tokio::spawn(server::serve(first, state.clone())));
+        loop {
+            tokio::select! {
+                _ = sigterm.recv() => break,
+                _ = sigint.recv() => break,
+                _ = release.recv(), if listen.is_some() => {
+                    if let (Some(s), Some(path)) = (server.take(), listen.as_deref()) {
+                        s.abort();
+                        let _ = s.await;
+                        let _ = std::fs::remove_file(path);
+                        let marker = std::path::Path::new(path).with_file_name("agent.released");
+                        if let Err(e) = std::fs::write(&marker, b"") {
+                            eprintln!("rampart-agent: {}: {e}", marker.display());
+                        }
+                    }
+                }
+                _ = rebind.recv(), if listen.is_some() => {
+                    if let (None, Some(path)) = (&server, listen.as_deref()) {
+                        let _ = std::fs::remove_file(path);
+                        match tokio::net::UnixListener::bind(path) {
+                            Ok(l) => server = Some(tokio::spawn(server::serve(l, state.clone()))),
+                            Err(e) => eprintln!("rampart-agent: bind {path}: {e}"),
+                        }
+                    }
+                }
+            }
         }
         shutdown(&procs, is_pid1).await;
         Ok::<(), StartError>(())

@@ -71,6 +71,15 @@ fn traces(data: &Path, id: &str) -> Vec<String> {
     out
 }
 
+/// Stops the daemon (SIGTERM: its sandboxes keep running) and starts it again on the same
+/// data directory and another port.
+fn restart(d: &mut support::Tidy) {
+    d.daemon.stop();
+    let fresh = support::start(&d.data, support::free_port(), &[]);
+    // Stopped already; its drop would unmount the store the new daemon has just mounted.
+    std::mem::forget(std::mem::replace(&mut d.daemon, fresh));
+}
+
 fn host_kernel() -> String {
     std::fs::read_to_string("/proc/sys/kernel/osrelease")
         .unwrap()
@@ -243,8 +252,7 @@ fn a_running_gvisor_sandbox_outlives_a_daemon_restart() {
     let mut d = support::start_tidy("gvisor-restart");
     let mut s = gvisor_sandbox(&d);
     s.sh("echo before > /home/user/f");
-    d.daemon.stop();
-    d.daemon = support::start(&d.data, support::free_port(), &[]);
+    restart(&mut d);
     s.reattach(&d.daemon);
     let (st, v) = get(&s.url(""));
     assert_eq!((st, v["state"].as_str()), (200, Some("running")), "{v}");
@@ -255,6 +263,61 @@ fn a_running_gvisor_sandbox_outlives_a_daemon_restart() {
             && r["stdout"].as_str().unwrap().contains("gVisor"),
         "{r}"
     );
+    s.destroy();
+    assert_eq!(traces(&d.data, &s.id), Vec::<String>::new());
+}
+
+#[test]
+fn a_gvisor_sandbox_paused_to_disk_keeps_its_processes_across_a_daemon_restart() {
+    if let Some(why) = skip() {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    let mut d = support::start_tidy("gvisor-memory");
+    let mut s = gvisor_sandbox(&d);
+    // A process whose state is only in its memory: a counter, and its pid.
+    s.sh("nohup sh -c 'echo $$ > /tmp/pid; i=0; while :; do i=$((i+1)); echo $i > /tmp/n; sleep 0.05; done' >/dev/null 2>&1 &");
+    let count = |s: &Sandbox| -> u64 {
+        s.sh("cat /tmp/n 2>/dev/null")["stdout"]
+            .as_str()
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0)
+    };
+    support::wait_until("the counter to run", 60, || count(&s) > 2);
+    let pid = s.sh("cat /tmp/pid")["stdout"].as_str().unwrap().to_owned();
+    let before = count(&s);
+    let (st, p) = post(&s.url("/pause"), json!({"disk": true}));
+    assert_eq!((st, p["state"].as_str()), (200, Some("paused")), "{p}");
+    // Nothing of it runs while so paused: no process in its cgroup, only its directory.
+    assert_eq!(
+        traces(&d.data, &s.id).len(),
+        1,
+        "{:?}",
+        traces(&d.data, &s.id)
+    );
+    restart(&mut d);
+    s.reattach(&d.daemon);
+    let (st, v) = get(&s.url(""));
+    assert_eq!((st, v["state"].as_str()), (200, Some("paused")), "{v}");
+    let (st, p) = post(&s.url("/resume"), json!({}));
+    assert_eq!((st, p["state"].as_str()), (200, Some("running")), "{p}");
+    // The same process goes on counting from where it was.
+    let r = s.sh(&format!("kill -0 {}; echo alive=$?", pid.trim()));
+    assert!(r["stdout"].as_str().unwrap().contains("alive=0"), "{r}");
+    let resumed = count(&s);
+    assert!(
+        resumed >= before,
+        "counter went back: {before} -> {resumed}"
+    );
+    support::wait_until("the counter to go on after the restore", 60, || {
+        count(&s) > resumed
+    });
+    // The namespace tier keeps memory in RAM only: a pause to disk with memory is a 400.
+    let n = Sandbox::create(&d.daemon, json!({}));
+    let (st, v) = post(&n.url("/pause"), json!({"disk": true}));
+    assert_eq!(st, 400, "{v}");
+    assert!(v.to_string().contains("disk"), "{v}");
+    assert_eq!(n.sh("echo ok")["stdout"], "ok\n");
     s.destroy();
     assert_eq!(traces(&d.data, &s.id), Vec::<String>::new());
 }

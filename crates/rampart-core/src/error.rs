@@ -147,6 +147,10 @@ impl CoreError {
                 field: "isolation".into(),
                 message,
             },
+            IsolationError::Refused { field, message } => CoreError::BadRequest {
+                field: field.into(),
+                message,
+            },
             source => CoreError::Isolation {
                 what: what.into(),
                 source,

@@ -209,6 +209,14 @@ pub(crate) async fn pause(
     body: axum::body::Bytes,
 ) -> Result<Json<SandboxInfo>, ApiError> {
     let req: PauseSandbox = optional_body(&body)?;
+    if req.disk {
+        return Ok(Json(
+            st.manager
+                .sandbox(&who, &id)?
+                .pause_to_disk(req.memory)
+                .await?,
+        ));
+    }
     if req.memory {
         return Ok(Json(st.manager.sandbox(&who, &id)?.pause().await?));
     }

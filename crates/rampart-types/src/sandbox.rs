@@ -157,11 +157,20 @@ pub struct PauseSandbox {
     /// again from it.
     #[serde(default = "yes")]
     pub memory: bool,
+    /// Pause to disk: every process ends and nothing of the sandbox stays in RAM; with
+    /// `memory` (the gVisor tier only; 400 `disk` on another), its processes' memory and
+    /// state are saved beside its disk and the resume restores them where they were.
+    /// Survives a daemon restart.
+    #[serde(default)]
+    pub disk: bool,
 }
 
 impl Default for PauseSandbox {
     fn default() -> Self {
-        PauseSandbox { memory: true }
+        PauseSandbox {
+            memory: true,
+            disk: false,
+        }
     }
 }
 

@@ -454,9 +454,17 @@ where
 }
 
 /// Serve connections on `listener` until the process ends.
+///
+/// Its connections are its own: when this future is dropped (the agent lets go of its
+/// socket for a checkpoint), every connection closes with it.
 pub async fn serve(listener: tokio::net::UnixListener, state: Arc<State>) {
+    let mut conns = tokio::task::JoinSet::new();
     loop {
-        let stream = match listener.accept().await {
+        let accepted = tokio::select! {
+            a = listener.accept() => a,
+            Some(_) = conns.join_next(), if !conns.is_empty() => continue,
+        };
+        let stream = match accepted {
             Ok((s, _)) => s,
             Err(e) => {
                 eprintln!("rampart-agent: accept: {e}");
@@ -466,7 +474,7 @@ pub async fn serve(listener: tokio::net::UnixListener, state: Arc<State>) {
             }
         };
         let state = state.clone();
-        tokio::spawn(async move {
+        conns.spawn(async move {
             let svc = hyper::service::service_fn(move |req| handle(state.clone(), req));
             let io = hyper_util::rt::TokioIo::new(stream);
             let _ = hyper::server::conn::http1::Builder::new()

@@ -285,6 +285,7 @@ impl FakeTier {
         Ok(Launched {
             pid,
             agent_socket: sock,
+            restored: false,
         })
     }
 

@@ -41,6 +41,10 @@ const AGENT_DEADLINE: Duration = Duration::from_secs(60);
 const FREEZE_WITHIN: Duration = Duration::from_secs(10);
 /// The directory (under the tier's root) where `runsc` keeps its state (`--root`).
 const RUNSC_STATE: &str = ".runsc";
+/// The directory of a sandbox's checkpoint, in its directory.
+const CHECKPOINT: &str = "checkpoint";
+/// The file the agent writes (in `run/`) once it let go of its socket and connections.
+const RELEASED: &str = "agent.released";
 
 /// Where `runsc` is and how it runs.
 #[derive(Debug, Clone, Default)]
@@ -225,6 +229,23 @@ impl Gvisor {
         Ok(String::from_utf8_lossy(&out.stdout).into_owned())
     }
 
+    /// Sends `sig` (`USR1`) to a sandbox's PID 1, its agent.
+    fn signal(&self, id: &SandboxId, sig: &str) -> Result<(), GvisorError> {
+        let out = self
+            .runsc()
+            .args(["kill", id.as_str(), sig])
+            .output()
+            .map_err(io(format!("run {}", self.runsc.display())))?;
+        if !out.status.success() {
+            return Err(GvisorError::Runsc {
+                step: format!("runsc kill {sig}"),
+                status: out.status.to_string(),
+                output: tail(&String::from_utf8_lossy(&out.stderr)),
+            });
+        }
+        Ok(())
+    }
+
     /// The host pid of a running sandbox's Sentry (what lives as long as the sandbox).
     fn sandbox_pid(&self, id: &SandboxId) -> Result<i32, GvisorError> {
         let out = self.runsc_cmd(&["state"], id)?;
@@ -244,7 +265,8 @@ impl Gvisor {
             })
     }
 
-    /// Writes the bundle of `spec` into `dir` and starts it (the disk made already).
+    /// Writes the bundle of `spec` into `dir` and starts it (the disk made already); with a
+    /// checkpoint in `dir/checkpoint`, restores it instead (and removes it once restored).
     fn boot(&self, spec: &LaunchSpec) -> Result<Launched, GvisorError> {
         let dir = self.dir(&spec.id);
         let run = dir.join("run");
@@ -283,11 +305,17 @@ impl Gvisor {
             .open(dir.join("output.log"))
             .map_err(io("open output.log"))?;
         let log2 = log.try_clone().map_err(io("dup output.log"))?;
+        let image = dir.join(CHECKPOINT);
+        let restore = image.join("checkpoint.img").is_file();
         let mut runsc = self.runsc();
-        runsc
-            .args(["run", "--detach", "--bundle"])
-            .arg(&dir)
-            .arg(name);
+        if restore {
+            runsc
+                .args(["restore", "--detach", "--image-path"])
+                .arg(&image);
+        } else {
+            runsc.args(["run", "--detach"]);
+        }
+        runsc.arg("--bundle").arg(&dir).arg(name);
         let argv: Vec<String> = std::iter::once(runsc.get_program())
             .chain(runsc.get_args())
             .map(|a| a.to_string_lossy().into_owned())
@@ -325,10 +353,19 @@ impl Gvisor {
             });
         }
         let pid = self.sandbox_pid(&spec.id)?;
+        if restore {
+            // The agent let go of its socket before the checkpoint: it binds it again.
+            self.signal(&spec.id, "USR1")?;
+        }
         wait_for_agent(&sock, &dir)?;
+        if restore {
+            // Restored: the checkpoint has served (a later stop makes a new one or none).
+            std::fs::remove_dir_all(&image).map_err(io("remove the checkpoint"))?;
+        }
         Ok(Launched {
             pid,
             agent_socket: sock,
+            restored: restore,
         })
     }
 
@@ -691,5 +728,69 @@ impl ColdStop for Gvisor {
     }
     fn is_stopped(&self, id: &SandboxId) -> bool {
         self.holds(id) && self.cgroups.pids(id.as_str()).is_empty()
+    }
+    fn checkpoint(&self, id: &SandboxId) -> Result<(), IsolationError> {
+        let dir = self.dir(id);
+        let image = dir.join(CHECKPOINT);
+        let released = dir.join("run").join(RELEASED);
+        let _ = std::fs::remove_file(&released);
+        let _ = std::fs::remove_dir_all(&image);
+        // A frozen sandbox runs again for the checkpoint (runsc talks to its Sentry).
+        self.cgroups
+            .thaw(id.as_str())
+            .map_err(GvisorError::Cgroup)?;
+        // The agent's socket is the host's (`--host-uds`), which gVisor cannot save: the
+        // agent closes it and its connections first (its processes run on), and says so.
+        self.signal(id, "USR2")?;
+        let t0 = Instant::now();
+        while !released.exists() {
+            if t0.elapsed() > AGENT_DEADLINE {
+                let _ = self.signal(id, "USR1");
+                return Err(GvisorError::AgentTimeout {
+                    secs: AGENT_DEADLINE.as_secs(),
+                    log: ": (letting go of its socket for a checkpoint)".into(),
+                }
+                .into());
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let _ = std::fs::remove_file(&released);
+        std::os::unix::fs::DirBuilderExt::mode(&mut std::fs::DirBuilder::new(), 0o700)
+            .create(&image)
+            .map_err(io("mkdir checkpoint"))?;
+        let saved = self
+            .runsc()
+            .arg("checkpoint")
+            .arg("--image-path")
+            .arg(&image)
+            .arg(id.as_str())
+            .output()
+            .map_err(io(format!("run {}", self.runsc.display())));
+        let failed = match saved {
+            Ok(o) if o.status.success() => None,
+            Ok(o) => Some(GvisorError::Runsc {
+                step: "runsc checkpoint".into(),
+                status: o.status.to_string(),
+                output: tail(&String::from_utf8_lossy(&o.stderr)),
+            }),
+            Err(e) => Some(e),
+        };
+        if let Some(e) = failed {
+            // Nothing saved: the sandbox runs on as it was, its agent listening again.
+            let _ = std::fs::remove_dir_all(&image);
+            let _ = self.signal(id, "USR1");
+            return Err(e.into());
+        }
+        // The image is the sandbox's memory: private to the daemon.
+        for e in std::fs::read_dir(&image).into_iter().flatten().flatten() {
+            let _ = std::fs::set_permissions(
+                e.path(),
+                std::os::unix::fs::PermissionsExt::from_mode(0o600),
+            );
+        }
+        self.end(id)?;
+        let _ = std::fs::remove_file(dir.join("run/agent.sock"));
+        wait_loop_released(&dir.join("disk.img"))?;
+        Ok(())
     }
 }

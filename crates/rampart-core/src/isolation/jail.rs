@@ -55,6 +55,7 @@ impl From<rampart_jail::Launched> for Launched {
         Launched {
             pid: l.pid,
             agent_socket: l.agent_socket,
+            restored: false,
         }
     }
 }

@@ -59,6 +59,14 @@ pub enum IsolationError {
     /// choice of tier, a 400 naming `isolation`).
     #[error("{0}")]
     NotOnTier(String),
+    /// A request the tier refuses (a 400 naming `field`).
+    #[error("{field}: {message}")]
+    Refused {
+        /// The request's field.
+        field: &'static str,
+        /// Why.
+        message: String,
+    },
     /// A template the tier does not know how to build.
     #[error("unknown template {0:?}")]
     UnknownTemplate(String),
@@ -125,6 +133,9 @@ pub struct Launched {
     pub pid: i32,
     /// Host path of the agent's Unix socket.
     pub agent_socket: PathBuf,
+    /// Its processes were restored from a checkpoint ([`ColdStop::checkpoint`]): what a
+    /// boot starts (the template's start command, its servers) runs already.
+    pub restored: bool,
 }
 
 /// Resource usage of a sandbox.
@@ -358,6 +369,15 @@ pub trait ColdStop: Send + Sync {
     ) -> Result<Launched, IsolationError>;
     /// Whether a sandbox is stopped ([`ColdStop::stop`]): its disk kept, nothing running.
     fn is_stopped(&self, id: &SandboxId) -> bool;
+    /// Like [`ColdStop::stop`], keeping its processes too: their memory, open files and
+    /// state are saved beside its disk, and [`ColdStop::relaunch`] restores them where they
+    /// were ([`Launched::restored`]). By default the tier cannot (a 400 naming `disk`).
+    fn checkpoint(&self, _id: &SandboxId) -> Result<(), IsolationError> {
+        Err(IsolationError::Refused {
+            field: "disk",
+            message: "this sandbox's tier cannot save its memory to disk: pause it with its memory kept in RAM (the default) or to its filesystem (\"memory\": false), or run it on the gvisor tier".into(),
+        })
+    }
 }
 
 impl dyn Isolation + '_ {

@@ -183,4 +183,7 @@ impl ColdStop for Tiers {
     fn is_stopped(&self, id: &SandboxId) -> bool {
         self.of(id).is_stopped(id)
     }
+    fn checkpoint(&self, id: &SandboxId) -> Result<(), IsolationError> {
+        self.of(id).cold()?.checkpoint(id)
+    }
 }

@@ -21,9 +21,20 @@ pub(super) struct Booted {
     pub(super) start: u64,
     pub(super) sock: String,
     pub(super) client: AgentClient,
+    /// Restored from a checkpoint: its processes are the ones it was paused with.
+    pub(super) restored: bool,
 }
 
 impl Sandboxes {
+    /// Whether sandbox `id` runs on the gVisor tier.
+    fn on_gvisor(&self, id: &SandboxId) -> bool {
+        self.store
+            .get(id)
+            .ok()
+            .flatten()
+            .is_some_and(|r| r.isolation == rampart_types::Tier::Gvisor)
+    }
+
     /// Whether `id` is paused to its filesystem: paused in the store, with no pid, its disk
     /// kept by the tier.
     pub(crate) async fn is_cold(&self, id: &SandboxId) -> Result<bool, CoreError> {
@@ -45,14 +56,19 @@ impl Sandboxes {
     /// to its filesystem already is left as it is. If the tier fails once the processes are
     /// being ended, the sandbox is destroyed (the record says why): it is never left half
     /// stopped.
+    ///
+    /// With `memory`, its processes are saved too (a checkpoint beside its disk, on a tier
+    /// that can, [`crate::ColdStop::checkpoint`]; refused as a 400 naming `disk` on one that
+    /// cannot, the sandbox untouched), and its resume restores them where they were.
     pub(crate) async fn pause_to_disk(
         self: &Arc<Self>,
         id: &SandboxId,
+        memory: bool,
     ) -> Result<SandboxInfo, CoreError> {
         let failed = {
             let op = self.op_lock(id);
             let _guard = op.lock().await;
-            match self.stop_locked(id).await {
+            match self.stop_locked(id, memory).await {
                 Ok(()) => None,
                 Err(Stop::Refused(e)) => return Err(e),
                 Err(Stop::Broken(e)) => Some(e),
@@ -70,7 +86,13 @@ impl Sandboxes {
     }
 
     /// [`Sandboxes::pause_to_disk`] under the sandbox's operation lock.
-    async fn stop_locked(self: &Arc<Self>, id: &SandboxId) -> Result<(), Stop> {
+    async fn stop_locked(self: &Arc<Self>, id: &SandboxId, memory: bool) -> Result<(), Stop> {
+        if memory && !self.on_gvisor(id) {
+            return Err(Stop::Refused(CoreError::BadRequest {
+                field: "disk".into(),
+                message: "only a sandbox on the gvisor tier can save its memory to disk: pause it with its memory kept in RAM (the default) or to its filesystem (\"memory\": false)".into(),
+            }));
+        }
         if self.iso.cold().is_err() {
             return Err(Stop::Refused(CoreError::Unsupported(format!(
                 "the {} tier cannot pause a sandbox to its filesystem (or boot it from its disk)",
@@ -115,10 +137,17 @@ impl Sandboxes {
             .await;
         let iso = self.iso.clone();
         let id2 = id.clone();
-        tokio::task::spawn_blocking(move || iso.cold()?.stop(&id2))
-            .await
-            .map_err(|e| Stop::Broken(CoreError::task("stop")(e)))?
-            .map_err(|e| Stop::Broken(CoreError::isolation("pause to the filesystem", e)))?;
+        tokio::task::spawn_blocking(move || {
+            let cold = iso.cold()?;
+            if memory {
+                cold.checkpoint(&id2)
+            } else {
+                cold.stop(&id2)
+            }
+        })
+        .await
+        .map_err(|e| Stop::Broken(CoreError::task("stop")(e)))?
+        .map_err(|e| Stop::Broken(CoreError::isolation("pause to disk", e)))?;
         self.registry.remove(id);
         self.netaudit.record_suppressed(id);
         let store = &self.store;
@@ -128,7 +157,7 @@ impl Sandboxes {
                 false,
                 |_| {
                     EventBody::Paused(Pause {
-                        memory: Some(false),
+                        memory: Some(memory),
                     })
                 },
                 Vec::new(),
@@ -136,7 +165,7 @@ impl Sandboxes {
             )
             .map_err(Stop::Broken)?;
         self.metrics.pauses.inc();
-        info!(id = %id, ms = t0.elapsed().as_millis() as u64, "sandbox paused to its filesystem");
+        info!(id = %id, ms = t0.elapsed().as_millis() as u64, memory, "sandbox paused to disk");
         let info = self.get(id).map_err(Stop::Refused)?;
         let data = json!({"execution": super::lifecycle::execution(&info)});
         self.lifecycle(Kind::Paused, &info, None, data);
@@ -154,7 +183,7 @@ impl Sandboxes {
             let _guard = op.lock().await;
             match self.registry.standing(id) {
                 Standing::Running(_) => return self.get(id),
-                Standing::Paused => match self.stop_locked(id).await {
+                Standing::Paused => match self.stop_locked(id, false).await {
                     Ok(()) => None,
                     Err(Stop::Refused(e)) => return Err(e),
                     Err(Stop::Broken(e)) => Some(e),
@@ -232,7 +261,11 @@ impl Sandboxes {
         self.audit.record(
             id,
             false,
-            |_| EventBody::Resumed(Resume { reboot: Some(true) }),
+            |_| {
+                EventBody::Resumed(Resume {
+                    reboot: Some(!booted.restored),
+                })
+            },
             Vec::new(),
             |e| store.set_running_audited(id, booted.pid, booted.start, &booted.sock, e),
         )?;
@@ -255,9 +288,10 @@ impl Sandboxes {
             rec.tenant.clone(),
         );
         self.metrics.resumes.inc();
-        info!(id = %id, ms = t0.elapsed().as_millis() as u64, "sandbox booted from its disk");
+        let restored = booted.restored;
+        info!(id = %id, ms = t0.elapsed().as_millis() as u64, restored, "sandbox booted from its disk");
         let info = self.get(id)?;
-        self.lifecycle(Kind::Resumed, &info, None, json!({"reboot": true}));
+        self.lifecycle(Kind::Resumed, &info, None, json!({"reboot": !restored}));
         drop(_guard);
         if expired {
             return self.set_timeout(id, self.cfg.default_timeout_secs);

@@ -123,8 +123,16 @@ impl<'m> Sandbox<'m> {
         if memory {
             self.pause().await
         } else {
-            self.scoped(self.core.pause_to_disk(&self.id)).await
+            self.scoped(self.core.pause_to_disk(&self.id, false)).await
         }
+    }
+
+    /// Pauses it to disk: its processes end and its disk is kept; with `memory`, its
+    /// processes' memory and state are saved beside the disk (the gVisor tier; refused
+    /// otherwise) and its resume restores them where they were. Holds no memory or CPU
+    /// while so paused and survives a daemon restart.
+    pub async fn pause_to_disk(&self, memory: bool) -> Result<SandboxInfo, CoreError> {
+        self.scoped(self.core.pause_to_disk(&self.id, memory)).await
     }
 
     /// Resumes it: every process continues where it was. If its deadline passed while

@@ -289,6 +289,7 @@ impl Sandboxes {
         }
         let launched = launched?;
         let pid = launched.pid;
+        let restored = launched.restored;
         let pidfd = proc::pidfd_open(pid).map_err(CoreError::io(format!(
             "the sandbox's init (pid {pid}) is gone"
         )))?;
@@ -307,17 +308,24 @@ impl Sandboxes {
                 None => Ok(()),
             }
         };
-        let (wired, healthy) = tokio::join!(wiring, wait_health(&client, HEALTH_DEADLINE));
+        let (wired, healthy) = tokio::join!(
+            wiring,
+            wait_health(&client, health_deadline(new.isolation, HEALTH_DEADLINE))
+        );
         wired?;
         healthy?;
-        // The code interpreter's server: `code-interpreter-v1`, or a template built on it.
-        if new.template == interpreter::TEMPLATE
-            || on_base.as_deref() == Some(interpreter::TEMPLATE)
+        // The code interpreter's server: `code-interpreter-v1`, or a template built on it
+        // (a restored sandbox's runs already, as everything it had started).
+        if !restored
+            && (new.template == interpreter::TEMPLATE
+                || on_base.as_deref() == Some(interpreter::TEMPLATE))
         {
             interpreter::start(&client).await?;
         }
         if let Some(i) = &image {
-            crate::templates::start(&client, i).await?;
+            if !restored {
+                crate::templates::start(&client, i).await?;
+            }
             self.audit
                 .set_template_digest(&new.template, format!("sha256:{}", i.id));
         }
@@ -334,6 +342,7 @@ impl Sandboxes {
             start,
             sock: launched.agent_socket.to_string_lossy().into_owned(),
             client,
+            restored,
         })
     }
 

@@ -62,6 +62,17 @@ use tracing::{debug, error, info, warn};
 const UID_RANGE: u64 = 65536;
 /// How long a new (or re-attached) sandbox's agent has to answer its first health check.
 const HEALTH_DEADLINE: Duration = Duration::from_secs(5);
+/// [`HEALTH_DEADLINE`] and [`REATTACH_HEALTH_DEADLINE`] of a sandbox on the gVisor tier:
+/// its agent answers through the Sentry, which a loaded host (ptrace) slows down by far more.
+const GVISOR_HEALTH_DEADLINE: Duration = Duration::from_secs(30);
+
+/// How long a sandbox of `tier` may take to answer its first health check.
+fn health_deadline(tier: rampart_types::Tier, usual: Duration) -> Duration {
+    match tier {
+        rampart_types::Tier::Gvisor => GVISOR_HEALTH_DEADLINE,
+        _ => usual,
+    }
+}
 /// How long a re-attach waits for an agent on start.
 const REATTACH_HEALTH_DEADLINE: Duration = Duration::from_secs(2);
 /// After a failed destroy, when the reaper tries again.

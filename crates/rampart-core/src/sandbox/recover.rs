@@ -124,7 +124,8 @@ impl Sandboxes {
             }
         }
         let client = AgentClient::new(PathBuf::from(sock));
-        if let Err(e) = wait_health(&client, REATTACH_HEALTH_DEADLINE).await {
+        let deadline = health_deadline(rec.isolation, REATTACH_HEALTH_DEADLINE);
+        if let Err(e) = wait_health(&client, deadline).await {
             warn!(id = %rec.id, "sandbox process lives but its agent does not answer: {e}");
             return false;
         }

@@ -25,7 +25,7 @@ pub(super) async fn reaper(inner: Arc<Sandboxes>) {
             tokio::spawn(async move {
                 if what == Expiry::PauseFilesystem {
                     info!(id = %id, "deadline passed; pausing to the filesystem");
-                    match inner2.pause_to_disk(&id).await {
+                    match inner2.pause_to_disk(&id, false).await {
                         Ok(_) => return,
                         Err(e) => warn!(id = %id, "reaper: pausing failed ({e}); destroying"),
                     }
