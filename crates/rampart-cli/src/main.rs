@@ -180,8 +180,15 @@ fn main() -> ExitCode {
             Command::Shell(a) => commands::exec::shell(host, a).await,
             Command::Timeout(a) => commands::sandbox::timeout(host, a).await,
             Command::Port(a) => commands::port::port(host, a).await,
-            Command::Pause(a) => commands::sandbox::pause(host, &a.ids, false, a.filesystem).await,
-            Command::Resume(a) => commands::sandbox::pause(host, &a.ids, true, a.reboot).await,
+            Command::Pause(a) => commands::sandbox::pause(host, &a.ids, false, a.kind()).await,
+            Command::Resume(a) => {
+                let kind = if a.reboot {
+                    commands::sandbox::PauseKind::Filesystem
+                } else {
+                    commands::sandbox::PauseKind::Freeze
+                };
+                commands::sandbox::pause(host, &a.ids, true, kind).await
+            }
             Command::Audit(a) => commands::audit::audit(host, a).await,
             Command::Snapshot(a) => commands::persist::snapshot(host, a).await,
             Command::Fork(a) => commands::persist::fork(host, a).await,

@@ -241,6 +241,30 @@ fn gvisor_refuses_what_it_cannot_do_yet_before_making_anything() {
     let (st, v) = post(&s.url("/fork"), json!({"count": 1}));
     assert_eq!(st, 400, "{v}");
     assert_eq!(s.sh("echo ok")["stdout"], "ok\n");
+    // The CLI, as users call it: `create --isolation`, the ISOLATION column of `ls`, `info`.
+    let out = support::cli(
+        &d.url,
+        &["create", "--isolation", "gvisor", "--disk", "64M"],
+        None,
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let id = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+    let c = Sandbox::adopt(&d, &id);
+    let ls = support::cli(&d.url, &["ls"], None);
+    let ls = String::from_utf8_lossy(&ls.stdout).into_owned();
+    assert!(
+        ls.lines().next().unwrap_or("").contains("ISOLATION"),
+        "{ls}"
+    );
+    let row = ls.lines().find(|l| l.starts_with(&id)).unwrap_or("");
+    assert!(row.contains("gvisor"), "{ls}");
+    let info = support::cli(&d.url, &["info", &id], None);
+    assert!(
+        String::from_utf8_lossy(&info.stdout).contains("isolation:   gvisor"),
+        "{info:?}"
+    );
+    c.destroy();
 }
 
 #[test]

@@ -124,6 +124,11 @@ pub struct CreateArgs {
     /// list them with the API's /v1/templates).
     #[serde(default)]
     pub template: Option<String>,
+    /// The isolation tier: "namespace" (the default, the host's kernel behind namespaces
+    /// and a syscall filter) or "gvisor" (a kernel in user space between the sandbox and the
+    /// host's; slower to start, a smaller host surface).
+    #[serde(default)]
+    pub isolation: Option<String>,
     /// Seconds until the sandbox is destroyed (default: the daemon's, 300).
     #[serde(default)]
     pub timeout_secs: Option<u64>,
@@ -362,6 +367,9 @@ impl RampartMcp {
         let mut body = json!({});
         if let Some(t) = a.template {
             body["template"] = t.into();
+        }
+        if let Some(i) = a.isolation {
+            body["isolation"] = i.into();
         }
         if let Some(t) = a.timeout_secs {
             body["timeout_secs"] = t.into();

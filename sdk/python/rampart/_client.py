@@ -107,9 +107,12 @@ class Sandbox:
         """Sets its deadline to `secs` seconds from now."""
         return self._client._run(self._info_call("POST", "/timeout", {"timeout_secs": secs}))
 
-    def pause(self):
-        """Freezes every process (memory kept, no CPU used)."""
-        return self._client._run(self._info_call("POST", "/pause"))
+    def pause(self, *, disk: bool = False):
+        """Freezes every process (memory kept, no CPU used). `disk=True` saves every process
+        with its memory beside the sandbox's disk instead, so nothing stays in RAM; the resume
+        restores them where they were (the gvisor tier)."""
+        body = {"disk": True} if disk else None
+        return self._client._run(self._info_call("POST", "/pause", body))
 
     def resume(self):
         """Continues every process where it was."""
@@ -416,16 +419,18 @@ class _Base:
                network: Optional[Dict[str, Any]] = None, secrets: Optional[List[Dict[str, Any]]] = None,
                snapshot: Optional[str] = None, volumes: Optional[List[Dict[str, Any]]] = None,
                public_ports: Optional[List[int]] = None, on_timeout: Optional[str] = None,
-               artifacts: Optional[List[str]] = None):
+               artifacts: Optional[List[str]] = None, isolation: Optional[str] = None):
         """Creates a sandbox (every option of `POST /v1/sandboxes`) and returns it running.
-        `artifacts`: absolute paths kept when it ends (`Sandbox.artifacts()` lists them)."""
+        `artifacts`: absolute paths kept when it ends (`Sandbox.artifacts()` lists them).
+        `isolation`: "namespace" or "gvisor" (the daemon's default when absent)."""
         body: Dict[str, Any] = {}
         limits = {k: v for k, v in (("cpus", cpus), ("memory_bytes", memory_bytes),
                                     ("disk_bytes", disk_bytes), ("pids", pids)) if v is not None}
         for k, v in (("template", template), ("timeout_secs", timeout_secs), ("env", env),
                      ("metadata", metadata), ("network", network), ("secrets", secrets),
                      ("snapshot", snapshot), ("volumes", volumes), ("public_ports", public_ports),
-                     ("on_timeout", on_timeout), ("artifacts", artifacts)):
+                     ("on_timeout", on_timeout), ("artifacts", artifacts),
+                     ("isolation", isolation)):
             if v is not None:
                 body[k] = v
         if limits:

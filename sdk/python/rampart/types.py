@@ -40,6 +40,8 @@ class SandboxInfo:
     #: The token that opens its ports (`X-Rampart-Token`); only while it is alive.
     access_token: Optional[str] = None
     tenant: Optional[str] = None
+    #: The isolation tier it runs on ("namespace" or "gvisor").
+    isolation: str = "namespace"
     extra: Dict[str, Any] = dataclasses.field(default_factory=dict)
 
     @classmethod

@@ -16,6 +16,10 @@ pub struct CreateFlags {
     /// Template to start from.
     #[arg(long, short = 't')]
     pub template: Option<String>,
+    /// Isolation tier: `namespace` or `gvisor` (a kernel in user space between the
+    /// sandbox and the host's); the template's or the daemon's default when absent.
+    #[arg(long, value_name = "TIER")]
+    pub isolation: Option<rampart_types::Tier>,
     /// Seconds until the sandbox is destroyed (the daemon's default: 300).
     #[arg(long, value_name = "SECS")]
     pub timeout: Option<u64>,
@@ -76,6 +80,7 @@ impl CreateFlags {
     pub fn request(&self) -> Result<CreateSandbox> {
         Ok(CreateSandbox {
             template: self.template.clone(),
+            isolation: self.isolation,
             limits: LimitsRequest {
                 cpus: self.cpus,
                 memory_bytes: size("--memory", &self.memory)?,
@@ -169,12 +174,13 @@ pub async fn ls(host: &crate::client::Endpoint, a: LsArgs) -> Result<u8> {
         return Ok(0);
     }
     let now = OffsetDateTime::now_utc();
-    let rows: Vec<[String; 7]> = list
+    let rows: Vec<[String; 8]> = list
         .iter()
         .map(|s| {
             [
                 s.id.to_string(),
                 s.template.clone(),
+                s.isolation.to_string(),
                 s.state.as_str().to_owned(),
                 relative(&s.created_at, now),
                 if s.state.is_alive() {
@@ -189,7 +195,14 @@ pub async fn ls(host: &crate::client::Endpoint, a: LsArgs) -> Result<u8> {
         .collect();
     print_table(
         &[
-            "ID", "TEMPLATE", "STATE", "CREATED", "EXPIRES", "MEMORY", "CPUS",
+            "ID",
+            "TEMPLATE",
+            "ISOLATION",
+            "STATE",
+            "CREATED",
+            "EXPIRES",
+            "MEMORY",
+            "CPUS",
         ],
         &rows,
     );
@@ -316,6 +329,7 @@ pub async fn info(host: &crate::client::Endpoint, a: InfoArgs) -> Result<u8> {
     let now = OffsetDateTime::now_utc();
     println!("id:          {}", s.id);
     println!("template:    {}", s.template);
+    println!("isolation:   {}", s.isolation);
     println!("state:       {}", s.state.as_str());
     println!(
         "created:     {} ({})",
@@ -384,8 +398,34 @@ pub struct PauseArgs {
     pub ids: Vec<String>,
     /// Pause to the filesystem: every process ends, the disk is kept, and the resume boots
     /// the sandbox again from it (no memory is kept).
-    #[arg(long)]
+    #[arg(long, conflicts_with = "disk")]
     pub filesystem: bool,
+    /// Pause to disk with the memory: every process is saved beside the disk and ends,
+    /// nothing stays in RAM, and the resume restores them where they were (the gvisor tier).
+    #[arg(long)]
+    pub disk: bool,
+}
+
+/// How `rampart pause` pauses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PauseKind {
+    /// Frozen, memory kept in RAM.
+    Freeze,
+    /// To the filesystem (processes end).
+    Filesystem,
+    /// To disk with the memory (a checkpoint).
+    Disk,
+}
+
+impl PauseArgs {
+    /// The kind of pause asked for.
+    pub fn kind(&self) -> PauseKind {
+        match (self.filesystem, self.disk) {
+            (true, _) => PauseKind::Filesystem,
+            (false, true) => PauseKind::Disk,
+            (false, false) => PauseKind::Freeze,
+        }
+    }
 }
 
 /// `rampart resume`.
@@ -400,14 +440,20 @@ pub struct ResumeArgs {
     pub reboot: bool,
 }
 
-/// Pauses (`resume` false) or resumes a sandbox through the API; `cold` pauses it to its
-/// filesystem, or boots it from its disk.
-async fn pause_sandbox(client: &Client, id: &str, resume: bool, cold: bool) -> Result<SandboxInfo> {
-    let (verb, body) = match (resume, cold) {
-        (false, false) => ("pause", None),
-        (false, true) => ("pause", Some(serde_json::json!({"memory": false}))),
-        (true, false) => ("resume", None),
-        (true, true) => ("resume", Some(serde_json::json!({"reboot": true}))),
+/// Pauses (`resume` false, as `kind` says) or resumes a sandbox through the API; a resume
+/// of kind [`PauseKind::Filesystem`] boots it from its disk.
+async fn pause_sandbox(
+    client: &Client,
+    id: &str,
+    resume: bool,
+    kind: PauseKind,
+) -> Result<SandboxInfo> {
+    let (verb, body) = match (resume, kind) {
+        (false, PauseKind::Freeze) => ("pause", None),
+        (false, PauseKind::Filesystem) => ("pause", Some(serde_json::json!({"memory": false}))),
+        (false, PauseKind::Disk) => ("pause", Some(serde_json::json!({"disk": true}))),
+        (true, PauseKind::Filesystem) => ("resume", Some(serde_json::json!({"reboot": true}))),
+        (true, _) => ("resume", None),
     };
     let mut req = client.request(Method::POST, &format!("/v1/sandboxes/{id}/{verb}"));
     if let Some(b) = body {
@@ -421,12 +467,12 @@ pub async fn pause(
     host: &crate::client::Endpoint,
     ids: &[String],
     resume: bool,
-    cold: bool,
+    kind: PauseKind,
 ) -> Result<u8> {
     let client = Client::new(host)?;
     let mut code = 0;
     for id in ids {
-        match pause_sandbox(&client, id, resume, cold).await {
+        match pause_sandbox(&client, id, resume, kind).await {
             Ok(s) => println!("{} {}", s.id, s.state.as_str()),
             Err(e) => {
                 eprintln!("rampart: {id}: {e:#}");
