@@ -345,3 +345,62 @@ fn a_gvisor_sandbox_paused_to_disk_keeps_its_processes_across_a_daemon_restart()
     s.destroy();
     assert_eq!(traces(&d.data, &s.id), Vec::<String>::new());
 }
+
+#[test]
+fn a_template_names_its_tier_and_a_create_can_override_it() {
+    if let Some(why) = skip() {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    let d = support::start_tidy("gvisor-template");
+    let spec = d.root.join("gv.toml");
+    std::fs::write(
+        &spec,
+        "name = \"gv\"\nfrom = \"template:base\"\nisolation = \"gvisor\"\n\
+         [[steps]]\nrun = \"echo built > /home/user/gv-built\"\n",
+    )
+    .unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_rampart"))
+        .args(["template", "build", "--data-dir"])
+        .arg(&d.data)
+        .arg("-f")
+        .arg(&spec)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Its sandboxes run on gVisor, with the template's layers.
+    let s = Sandbox::create(
+        &d,
+        json!({"template": "gv", "limits": {"disk_bytes": DISK}}),
+    );
+    assert_eq!(s.info["isolation"], "gvisor", "{}", s.info);
+    let r = s.sh("cat /home/user/gv-built; dmesg | head -1");
+    assert!(
+        r["stdout"].as_str().unwrap().starts_with("built\n")
+            && r["stdout"].as_str().unwrap().contains("gVisor"),
+        "{r}"
+    );
+    // A create that names a tier wins over the template's.
+    let n = Sandbox::create(&d, json!({"template": "gv", "isolation": "namespace"}));
+    assert_eq!(n.info["isolation"], "namespace", "{}", n.info);
+    assert_eq!(n.sh("cat /home/user/gv-built")["stdout"], "built\n");
+    // A spec naming an unknown tier is refused with the field's name.
+    std::fs::write(
+        &spec,
+        "name = \"bad\"\nfrom = \"template:base\"\nisolation = \"vm\"\n",
+    )
+    .unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_rampart"))
+        .args(["template", "build", "--data-dir"])
+        .arg(&d.data)
+        .arg("-f")
+        .arg(&spec)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("isolation"), "{err}");
+}

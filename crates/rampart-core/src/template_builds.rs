@@ -1418,6 +1418,7 @@ impl TemplateBuilds {
             steps,
             start: plan.start,
             network: plan.network,
+            isolation: None,
             dir: staging.path().to_path_buf(),
         };
         let runner = JailRunner::new(

@@ -37,6 +37,18 @@ pub(crate) fn is_built(data: &Path, name: &str) -> bool {
     Store::open_existing(data).is_some_and(|s| s.name(name).is_some())
 }
 
+/// The isolation tier a built template's sandboxes run on unless their create names one
+/// (`None` for a built-in template or one whose spec names none).
+pub(crate) fn isolation_of(
+    data: &Path,
+    name: &str,
+) -> Result<Option<rampart_types::Tier>, CoreError> {
+    if crate::validate::TEMPLATES.contains(&name) {
+        return Ok(None);
+    }
+    Ok(resolve(data, name)?.and_then(|r| r.config.isolation))
+}
+
 /// Resolves a built template (`None` when `name` is not one).
 pub(crate) fn resolve(data: &Path, name: &str) -> Result<Option<Resolved>, CoreError> {
     let Some(store) = Store::open_existing(data) else {

@@ -1028,6 +1028,9 @@ impl<'a> Builder<'a> {
         if let Some(s) = &spec.start {
             config.start = Some(s.clone());
         }
+        if spec.isolation.is_some() {
+            config.isolation = spec.isolation;
+        }
         let manifest = Manifest {
             schema: SCHEMA,
             layers: chain,

@@ -351,6 +351,7 @@ fn map_config(c: ImageConfig) -> TemplateConfig {
         workdir,
         env,
         start,
+        isolation: None,
     }
 }
 

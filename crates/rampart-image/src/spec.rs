@@ -240,6 +240,9 @@ pub struct Spec {
     pub start: Option<StartSpec>,
     /// What the build steps may reach (`[build] network`).
     pub network: BuildNetwork,
+    /// The isolation tier of its sandboxes unless their create names one (`isolation =
+    /// "gvisor"`).
+    pub isolation: Option<rampart_types::Tier>,
     /// The directory `copy` sources and `oci:` paths are relative to.
     pub dir: PathBuf,
 }
@@ -269,7 +272,15 @@ impl Spec {
     /// Parses a spec's text.
     pub fn parse(text: &str, dir: &Path) -> Result<Spec, SpecError> {
         let v: toml::Table = toml::from_str(text).map_err(|e| err("toml", e.message()))?;
-        let allowed = ["name", "from", "debian", "steps", "start", "build"];
+        let allowed = [
+            "name",
+            "from",
+            "debian",
+            "steps",
+            "start",
+            "build",
+            "isolation",
+        ];
         for k in v.keys() {
             if !allowed.contains(&k.as_str()) {
                 return Err(err(
@@ -303,12 +314,21 @@ impl Spec {
             .map(parse_build)
             .transpose()?
             .unwrap_or_default();
+        let isolation = v
+            .get("isolation")
+            .map(|t| {
+                want_str("isolation", t)?
+                    .parse::<rampart_types::Tier>()
+                    .map_err(|e| err("isolation", e))
+            })
+            .transpose()?;
         Ok(Spec {
             name,
             from,
             steps,
             start,
             network,
+            isolation,
             dir: dir.to_path_buf(),
         })
     }

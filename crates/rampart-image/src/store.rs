@@ -47,6 +47,9 @@ pub struct TemplateConfig {
     /// Started at create.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub start: Option<StartSpec>,
+    /// The isolation tier its sandboxes run on unless their create names one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub isolation: Option<rampart_types::Tier>,
 }
 
 /// A template: ordered layers and metadata. Its id is the SHA-256 of its JSON.

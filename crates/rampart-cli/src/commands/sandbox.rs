@@ -508,6 +508,7 @@ mod tests {
     fn create_flags_build_the_request() {
         let f = CreateFlags {
             template: None,
+            isolation: None,
             timeout: Some(60),
             pause_on_timeout: false,
             memory: Some("256M".into()),

@@ -628,6 +628,7 @@ impl Sandboxes {
     pub(super) fn created_body(&self, new: &NewSandbox) -> EventBody {
         let mut spec = serde_json::json!({
             "template": new.template,
+            "isolation": new.isolation,
             "limits": new.limits,
             "env_names": new.env.keys().collect::<Vec<_>>(),
             "metadata": new.metadata,
