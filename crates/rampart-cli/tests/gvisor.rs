@@ -177,10 +177,35 @@ fn a_gvisor_sandbox_runs_every_verb_on_gvisors_kernel_and_leaves_nothing() {
     let (st, p) = post(&s.url("/resume"), json!({}));
     assert_eq!((st, p["state"].as_str()), (200, Some("running")), "{p}");
     assert_eq!(s.sh("cat /home/user/kept")["stdout"], "kept\n");
-    // Destroy leaves nothing of it on the host.
+    // Destroy leaves nothing of it on the host, not even a zombie of the daemon's.
     assert!(!traces(&d.data, &s.id).is_empty());
     s.destroy();
     assert_eq!(traces(&d.data, &s.id), Vec::<String>::new());
+    let daemon = d.daemon.child.id() as i32;
+    support::wait_until("the daemon to have no zombie children", 60, || {
+        zombies_of(daemon).is_empty()
+    });
+}
+
+/// The zombie children of `parent`.
+fn zombies_of(parent: i32) -> Vec<i32> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
+            continue;
+        };
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        let f: Vec<&str> = stat
+            .rsplit_once(')')
+            .map(|(_, r)| r)
+            .unwrap_or("")
+            .split_whitespace()
+            .collect();
+        if f.first() == Some(&"Z") && f.get(1) == Some(&parent.to_string().as_str()) {
+            out.push(pid);
+        }
+    }
+    out
 }
 
 #[test]

@@ -43,6 +43,8 @@ const FREEZE_WITHIN: Duration = Duration::from_secs(10);
 const RUNSC_STATE: &str = ".runsc";
 /// The directory of a sandbox's checkpoint, in its directory.
 const CHECKPOINT: &str = "checkpoint";
+/// The file (in a sandbox's directory) that keeps the sessions of its `runsc` processes.
+const SESSIONS: &str = "sessions";
 /// The file the agent writes (in `run/`) once it let go of its socket and connections.
 const RELEASED: &str = "agent.released";
 
@@ -358,6 +360,14 @@ impl Gvisor {
             self.signal(&spec.id, "USR1")?;
         }
         wait_for_agent(&sock, &dir)?;
+        // The sessions of its processes, for whoever ends it (see `end`).
+        let pids = self.cgroups.pids(name);
+        let mut text: Vec<String> = sessions(&pids).iter().map(|s| format!("s {s}")).collect();
+        text.extend(
+            pids.iter()
+                .filter_map(|&p| proc_stat(p).map(|(_, _, _, t)| format!("p {p} {t}"))),
+        );
+        std::fs::write(dir.join(SESSIONS), text.join("\n")).map_err(io("write sessions"))?;
         if restore {
             // Restored: the checkpoint has served (a later stop makes a new one or none).
             std::fs::remove_dir_all(&image).map_err(io("remove the checkpoint"))?;
@@ -425,12 +435,50 @@ impl Gvisor {
     fn end(&self, id: &SandboxId) -> Result<(), GvisorError> {
         // The cgroup, not `runsc kill`: a frozen (paused) Sentry never answers `runsc`, and
         // the cgroup holds every process of the sandbox, `runsc`'s own included.
-        self.cgroups
-            .destroy(id.as_str())
-            .map_err(GvisorError::Cgroup)?;
-        // Its state in `runsc`'s root (the processes are gone, so a plain delete may
-        // refuse; force it). A sandbox `runsc` never knew has nothing there.
-        let _ = self.runsc_cmd(&["delete", "--force"], id);
+        let name = id.as_str();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let dir = self.dir(id);
+        // The sessions of its processes: those written at its boot (a process that exited
+        // by itself, as after a checkpoint, is no longer in the cgroup's list) and those
+        // found now.
+        let kept = std::fs::read_to_string(dir.join(SESSIONS)).unwrap_or_default();
+        let mut sids = std::collections::BTreeSet::new();
+        let mut known = Vec::new();
+        for l in kept.lines() {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            match f.as_slice() {
+                ["s", sid] => sids.extend(sid.parse::<i32>().ok()),
+                ["p", pid, t] => known.extend(pid.parse::<i32>().ok().zip(t.parse::<u64>().ok())),
+                _ => {}
+            }
+        }
+        sids.extend(sessions(&self.cgroups.pids(name)));
+        loop {
+            let pids = self.cgroups.pids(name);
+            for &p in &pids {
+                let mut status = 0;
+                // SAFETY: kill(2) on a pid read from this sandbox's own cgroup, then
+                // waitpid(2) with WNOHANG on it: reaped if it is a dead child of ours (the
+                // gofer is, and shares the daemon's session), else nothing happens.
+                unsafe {
+                    libc::kill(p, libc::SIGKILL);
+                    libc::waitpid(p, &mut status, libc::WNOHANG);
+                }
+            }
+            // Killed tasks of a frozen (v1) cgroup act on their SIGKILL once thawed.
+            self.cgroups.thaw_quiet(name);
+            // Zombies stay listed (cgroup v1) until reaped.
+            reap_sessions(&sids, &known, Instant::now());
+            if pids.is_empty() || Instant::now() > deadline {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        reap_sessions(&sids, &known, deadline);
+        self.cgroups.destroy(name).map_err(GvisorError::Cgroup)?;
+        let _ = std::fs::remove_file(dir.join(SESSIONS));
+        // Its state in `runsc`'s root (never `runsc delete`: with the sandbox gone it waits
+        // 5 s for an answer that cannot come). A sandbox `runsc` never knew has nothing there.
         let state = self.root.join(RUNSC_STATE);
         if let Ok(rd) = std::fs::read_dir(&state) {
             for e in rd.flatten() {
@@ -442,6 +490,77 @@ impl Gvisor {
             }
         }
         Ok(())
+    }
+}
+
+/// `/proc/<pid>/stat`'s state, parent, session and start time.
+fn proc_stat(pid: i32) -> Option<(char, i32, i32, u64)> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // After the command's closing parenthesis: state, ppid, pgrp, session, ..., and the
+    // start time 19 fields after the state.
+    let f: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+    let state = f.first()?.chars().next()?;
+    Some((
+        state,
+        f.get(1)?.parse().ok()?,
+        f.get(3)?.parse().ok()?,
+        f.get(19)?.parse().ok()?,
+    ))
+}
+
+/// The sessions of `pids` (runsc's sandbox and gofer each lead one; their processes share it).
+/// The daemon's own session (a gofer may share it) is never one of them.
+fn sessions(pids: &[i32]) -> std::collections::BTreeSet<i32> {
+    let own = proc_stat(std::process::id() as i32).map(|(_, _, sid, _)| sid);
+    pids.iter()
+        .filter_map(|&p| proc_stat(p).map(|(_, _, sid, _)| sid))
+        .filter(|&sid| sid > 1 && Some(sid) != own)
+        .collect()
+}
+
+/// Reaps every zombie child of this process in one of `sids`, until no process of those
+/// sessions is left or `deadline` passes. The Sentry's and gofer's processes outlive the
+/// `runsc` that started them, so they are this daemon's (a child subreaper) once their
+/// parents die, one generation at a time.
+///
+/// `known` are processes seen at its boot (`pid start-time`): the gofer shares the daemon's
+/// session, so it is found by its pid (and start time, against reuse).
+fn reap_sessions(sids: &std::collections::BTreeSet<i32>, known: &[(i32, u64)], deadline: Instant) {
+    let me = std::process::id() as i32;
+    for &(pid, start) in known {
+        if proc_stat(pid).is_some_and(|(st, ppid, _, t)| st == 'Z' && ppid == me && t == start) {
+            let mut status = 0;
+            // SAFETY: waitpid(2) with WNOHANG on a zombie child of this process.
+            unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
+        }
+    }
+    if sids.is_empty() {
+        return;
+    }
+    loop {
+        let mut left = 0;
+        for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+            let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
+                continue;
+            };
+            let Some((state, ppid, sid, _)) = proc_stat(pid) else {
+                continue;
+            };
+            if !sids.contains(&sid) {
+                continue;
+            }
+            if state == 'Z' && ppid == me {
+                let mut status = 0;
+                // SAFETY: waitpid(2) with WNOHANG on a zombie child of this process.
+                unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
+            } else {
+                left += 1;
+            }
+        }
+        if left == 0 || Instant::now() > deadline {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(2));
     }
 }
 

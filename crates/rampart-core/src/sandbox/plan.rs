@@ -45,6 +45,25 @@ impl Sandboxes {
         // Secrets by name (`/v1/secrets`) become secrets with their stored value, before the
         // request is kept for fork (a fork binds the same values).
         req.secrets = self.secrets.resolve(&req.secrets)?;
+        // The tier: asked for, else its template's, else the node's default; a tier this
+        // node lacks is refused by name, never replaced by another.
+        let tier = match req.isolation {
+            Some(t) => t,
+            None => crate::templates::isolation_of(
+                &cfg.data_dir,
+                req.template.as_deref().unwrap_or("base"),
+            )?
+            .unwrap_or(cfg.default_isolation),
+        };
+        if let Some(why) = self.iso.missing(tier) {
+            return Err(CoreError::BadRequest {
+                field: "isolation".into(),
+                message: why,
+            });
+        }
+        if tier == Tier::Gvisor {
+            refuse_on_gvisor(&req)?;
+        }
         // Snapshot and volumes (fills the template from the snapshot).
         let staged = self.persist.prepare_create(self.iso.as_ref(), &mut req)?;
         // A code-interpreter sandbox runs a kernel per context: more memory unless asked.
@@ -62,22 +81,6 @@ impl Sandboxes {
             cfg.max_timeout_secs,
             &|n| crate::templates::is_built(&cfg.data_dir, n),
         )?;
-        // The tier: asked for, else its template's, else the node's default; a tier this
-        // node lacks is refused by name, never replaced by another.
-        let tier = match req.isolation {
-            Some(t) => t,
-            None => crate::templates::isolation_of(&cfg.data_dir, &v.template)?
-                .unwrap_or(cfg.default_isolation),
-        };
-        if let Some(why) = self.iso.missing(tier) {
-            return Err(CoreError::BadRequest {
-                field: "isolation".into(),
-                message: why,
-            });
-        }
-        if tier == Tier::Gvisor {
-            refuse_on_gvisor(&req)?;
-        }
         let net = self.network.check(req.network.as_ref(), &req.secrets)?;
         // The token that opens its ports (and the E2B facts), recorded with it (forgotten
         // when it ends).
