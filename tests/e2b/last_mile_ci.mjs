@@ -30,7 +30,7 @@ await test('js_code_interpreter_lists_python_and_javascript_from_the_start', asy
   try {
     const langs = (await sbx.listCodeContexts()).map((c) => c.language)
     check(langs.includes('python') && langs.includes('javascript'), `contexts ${langs}`)
-    const r = await sbx.runCode('1 + 1', { language: 'js', timeoutMs: 120_000 })
+    const r = await sbx.runCode('1 + 1', { language: 'js', timeoutMs: 120_000, requestTimeoutMs: 120_000 })
     check(!r.error && r.text === '2', `js ${r.text} ${JSON.stringify(r.error)}`)
   } finally {
     await sbx.kill()
@@ -40,13 +40,13 @@ await test('js_code_interpreter_lists_python_and_javascript_from_the_start', asy
 const ci = await Sandbox.create({ envs: { TEST_ENV_VAR: 'supertest' }, timeoutMs: 900_000 })
 
 await test('js_code_context_in_root', async () => {
-  const ctx = await ci.createCodeContext({ language: 'python', cwd: '/root' })
+  const ctx = await ci.createCodeContext({ language: 'python', cwd: '/root', requestTimeoutMs: 120_000 })
   try {
     const contexts = await ci.listCodeContexts()
     const last = contexts[contexts.length - 1]
     check(last.id === ctx.id && last.language === 'python' && last.cwd === '/root',
       `last ${JSON.stringify(last)}`)
-    const r = await ci.runCode('import os; os.getcwd()', { context: ctx })
+    const r = await ci.runCode('import os; os.getcwd()', { context: ctx, timeoutMs: 120_000 })
     check(r.text === '/root', `cwd ${r.text} ${JSON.stringify(r.error)}`)
   } finally {
     await ci.removeCodeContext(ctx.id)
@@ -54,7 +54,9 @@ await test('js_code_context_in_root', async () => {
 })
 
 await test('js_java_environment_and_lines', async () => {
-  let r = await ci.runCode('System.out.println("Hello, World!")', { language: 'java', timeoutMs: 180_000 })
+  // The first run starts the Java kernel (a JVM, and JShell's own): generous deadlines.
+  let r = await ci.runCode('System.out.println("Hello, World!")',
+    { language: 'java', timeoutMs: 180_000, requestTimeoutMs: 180_000 })
   check(r.logs.stdout[0] === 'Hello, World!', `stdout ${JSON.stringify(r.logs.stdout)}`)
   r = await ci.runCode('System.getProperty("TEST_ENV_VAR")', { language: 'java' })
   check(r.results[0]?.text.trim() === 'supertest', `sandbox env ${JSON.stringify(r.results)}`)
@@ -76,7 +78,7 @@ ax.pie([90, 10], labels=["No", "No, in blue"], autopct='%1.1f%%', startangle=90)
 ax.axis('equal')
 plt.title('Will I wake up early tomorrow?')
 plt.show()
-`)
+`, { timeoutMs: 180_000 })
   let chart = r.results[0]?.chart
   check(chart && chart.type === 'pie', `pie ${JSON.stringify(chart)}`)
   check(chart.elements[0].angle === 324 && chart.elements[1].angle === 36,
@@ -88,7 +90,7 @@ plt.xlabel("A")
 plt.ylabel("B")
 plt.scatter(np.random.rand(5), np.random.rand(5), label='Dataset 1')
 plt.show()
-`)
+`, { timeoutMs: 180_000 })
   chart = r.results[0]?.chart
   check(chart && chart.type === 'scatter' && chart.title === null, `scatter ${JSON.stringify(chart && chart.title)}`)
   r = await ci.runCode(`
@@ -99,7 +101,7 @@ ax.add_artist(plt.Circle((0, 0), 2, color='red', fill=False, linewidth=2))
 ax.grid(True)
 plt.title('Two Concentric Circles')
 plt.show()
-`)
+`, { timeoutMs: 180_000 })
   chart = r.results[0]?.chart
   check(chart && chart.type === 'unknown' && chart.title === 'Two Concentric Circles' &&
     chart.elements.length === 0, `unknown ${JSON.stringify(chart)}`)
@@ -113,9 +115,9 @@ await test('js_pil_show_and_save', async () => {
     imarray = numpy.random.rand(16,16,3) * 255
     image = Image.fromarray(imarray.astype('uint8')).convert('RGBA')
     `
-  let r = await ci.runCode(`${image}\n    image.show()\n    print("done")\n`)
+  let r = await ci.runCode(`${image}\n    image.show()\n    print("done")\n`, { timeoutMs: 180_000 })
   check(r.results[0]?.png, `show ${JSON.stringify(r.error)} ${r.results.length}`)
-  r = await ci.runCode(`${image}\n    image.save("/tmp/${RUN}.png")\n    print("done")\n`)
+  r = await ci.runCode(`${image}\n    image.save("/tmp/${RUN}.png")\n    print("done")\n`, { timeoutMs: 180_000 })
   check(r.results[0]?.png, `save ${JSON.stringify(r.error)} ${r.results.length}`)
 })
 

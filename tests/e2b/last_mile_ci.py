@@ -49,7 +49,7 @@ def code_interpreter_lists_python_and_javascript_from_the_start():
 @test
 def code_context_in_root():
     s = ci()
-    ctx = s.create_code_context(language="python", cwd="/root")
+    ctx = s.create_code_context(language="python", cwd="/root", request_timeout=120)
     try:
         assert ctx.cwd == "/root"
         last = s.list_code_contexts()[-1]
