@@ -1,7 +1,7 @@
 // The unmodified `e2b` JavaScript SDK (npm) against a Rampart daemon: create / run / write /
 // read / kill. Configured only by E2B_API_KEY, E2B_API_URL and E2B_SANDBOX_URL. Prints
 // `PASS name` / `FAIL name: why` per test and `SUMMARY passed=N failed=M`, like harness.py.
-import { Sandbox } from 'e2b'
+import { Sandbox, TimeoutError } from 'e2b'
 
 let passed = 0
 let failed = 0
@@ -112,8 +112,10 @@ await test('js_kill_during_run', async () => {
     await sbx.commands.run('sleep 30')
     throw new Error('the command outlived its sandbox')
   } catch (e) {
-    // Connect's unavailable, as envd's proxy answers (not a cut connection).
-    check(String(e.message).includes('ended before the stream completed'), `error ${e}`)
+    // The stream is cut (as an E2B sandbox's when its VM goes away): the SDK probes the
+    // sandbox's health (gone) and raises its TimeoutError saying so.
+    check(e instanceof TimeoutError, `not a TimeoutError: ${e}`)
+    check(String(e.message).includes('killed or reached its end of life'), `error ${e}`)
   }
 })
 

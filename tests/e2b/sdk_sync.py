@@ -539,10 +539,9 @@ def commands_sandbox_killed_during_run():
     try:
         s.commands.run("echo up; sleep 30", on_stdout=lambda _: started.set())
     except SandboxNotRunningException as e:
+        # The stream is cut, as an E2B sandbox's is when its VM goes away; the SDK probes the
+        # sandbox's health (gone) and says so.
         assert "sandbox was killed or reached its end of life" in str(e), e
-        # As envd's proxy ends it: the stream closes with an error, the connection is not cut.
-        assert "ended before the stream completed" in str(e), e
-        assert "body error" not in str(e) and "EOF" not in str(e), e
     else:
         raise AssertionError("the command outlived its sandbox")
     # Silent until killed, and waited on in the background.
@@ -552,7 +551,7 @@ def commands_sandbox_killed_during_run():
     try:
         h.wait()
     except SandboxNotRunningException as e:
-        assert "killed or reached its end of life" in str(e) and "EOF" not in str(e), e
+        assert "killed or reached its end of life" in str(e), e
     else:
         raise AssertionError("the command outlived its sandbox")
 

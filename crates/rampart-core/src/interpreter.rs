@@ -7,8 +7,8 @@
 //! (`scripts/setup-host.sh` installs them): IPython with matplotlib and pandas, R's IRkernel,
 //! the JDK's JShell (under the Java kernel shipped here), and in `/usr/local/lib/rampart-kernels`
 //! Deno (JavaScript, TypeScript) and bash_kernel. At create, core starts the server through the
-//! agent as `user`, tagged [`TAG`], and answers only once it listens on [`PORT`] (it listens
-//! after its default Python kernel is ready).
+//! agent as root (as E2B runs its kernels) in `/home/user`, tagged [`TAG`], and answers only
+//! once it listens on [`PORT`] (it listens after its default Python kernel is ready).
 
 use crate::CoreError;
 use futures::StreamExt as _;
@@ -240,7 +240,10 @@ pub(crate) async fn start(client: &AgentClient) -> Result<(), CoreError> {
     let opts = StartOptions {
         cmd: "/usr/bin/python3".into(),
         args: vec![SERVER_PATH.into()],
-        user: Some("user".into()),
+        // As E2B's kernels: root inside the sandbox (an unprivileged uid outside), so any
+        // directory root can enter is a context's cwd. The default contexts run in the
+        // directory the server starts in.
+        user: Some("root".into()),
         cwd: Some("/home/user".into()),
         tag: Some(TAG.into()),
         ..Default::default()

@@ -681,7 +681,8 @@ const NSNE: libc::c_ulong = libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC;
 /// The sandbox's PID 1 from the jailer's go (`g`) to the exec of the agent, in this order:
 /// identity ([`become_session_root`]), its own mount namespace and root
 /// ([`enter_private_root`]), the daemon's files ([`write_init_files`]), `/proc`, `/dev`
-/// ([`mount_dev`]), `/sys` ([`mount_sys`]), `/proc`'s masks ([`mask_proc`]), host name and
+/// ([`mount_dev`]), `/sys` ([`mount_sys`]), `/proc`'s masks ([`mask_proc`]), the sandbox's
+/// boot id ([`bind_boot_id`]), host name and
 /// loopback, a build's resolver ([`bind_resolv_conf`]), the pivot ([`pivot_into_root`]),
 /// capabilities ([`drop_bounding_caps`]), descriptors ([`hand_over_descriptors`]), the
 /// cgroup namespace ([`enter_cgroup_namespace`]) and the exec ([`exec_agent`]). Each step's
@@ -698,6 +699,7 @@ fn child_setup(ctx: &Child<'_>) -> Result<Never, JailError> {
     let dev = mount_dev(r)?;
     mount_sys(r)?;
     mask_proc(r)?;
+    bind_boot_id(r, &dev)?;
     set_hostname(&ctx.spec.hostname)?;
     loopback_up()?;
     if let Some(rc) = ctx.resolv_conf {
@@ -877,7 +879,54 @@ fn mask_proc(r: &Path) -> Result<(), JailError> {
     Ok(())
 }
 
-/// Step 7 (after [`mask_proc`], then [`loopback_up`]): the sandbox's host name, in its own
+/// Step 6b (after [`mask_proc`]): a boot id of this boot's own, read-only at
+/// `/proc/sys/kernel/random/boot_id` under the root `r` (each launch is a boot: a create, a
+/// resume from the disk, a fork), so no sandbox reads the host's, nor its own of an earlier
+/// boot. A fresh random UUID (version 4) is written to `/dev`'s tmpfs (`dev`), bound over the
+/// file, and its name there removed: one small file and one bind mount. Nothing happens when
+/// the kernel has no such file.
+fn bind_boot_id(r: &Path, dev: &Path) -> Result<(), JailError> {
+    let t = r.join("proc/sys/kernel/random/boot_id");
+    if !t.is_file() {
+        return Ok(());
+    }
+    let mut raw = [0u8; 16];
+    // SAFETY: a valid buffer of the given length (up to 256 bytes come whole, uninterrupted).
+    let n = unsafe { libc::getrandom(raw.as_mut_ptr().cast(), raw.len(), 0) };
+    if n != raw.len() as isize {
+        return Err(sys::last("getrandom for the boot id"));
+    }
+    let src = dev.join(".boot_id");
+    std::fs::write(&src, format_boot_id(raw)).map_err(io(format!("write {}", src.display())))?;
+    std::fs::set_permissions(&src, std::fs::Permissions::from_mode(0o444))
+        .map_err(io(format!("chmod {}", src.display())))?;
+    sys::mount(Some(&src.to_string_lossy()), &t, None, libc::MS_BIND, None)?;
+    std::fs::remove_file(&src).map_err(io(format!("remove {}", src.display())))?;
+    sys::mount(
+        None,
+        &t,
+        None,
+        libc::MS_BIND | libc::MS_REMOUNT | libc::MS_RDONLY | NSNE,
+        None,
+    )
+}
+
+/// A boot id as the kernel writes one: a random (version 4) UUID in lowercase, and a newline.
+fn format_boot_id(mut raw: [u8; 16]) -> String {
+    raw[6] = (raw[6] & 0x0f) | 0x40;
+    raw[8] = (raw[8] & 0x3f) | 0x80;
+    let h: String = raw.iter().map(|b| format!("{b:02x}")).collect();
+    format!(
+        "{}-{}-{}-{}-{}\n",
+        &h[0..8],
+        &h[8..12],
+        &h[12..16],
+        &h[16..20],
+        &h[20..32]
+    )
+}
+
+/// Step 7 (after [`bind_boot_id`], then [`loopback_up`]): the sandbox's host name, in its own
 /// uts namespace.
 fn set_hostname(h: &str) -> Result<(), JailError> {
     // SAFETY: valid buffer and length.
@@ -1153,4 +1202,17 @@ fn loopback_up() -> Result<(), JailError> {
         )?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::format_boot_id;
+
+    #[test]
+    fn a_boot_id_is_a_version_4_uuid_as_the_kernel_writes_it() {
+        let id = format_boot_id([0xff; 16]);
+        assert_eq!(id, "ffffffff-ffff-4fff-bfff-ffffffffffff\n");
+        let id = format_boot_id([0; 16]);
+        assert_eq!(id, "00000000-0000-4000-8000-000000000000\n");
+    }
 }

@@ -78,8 +78,28 @@ fn http_status(code: Code) -> u16 {
     }
 }
 
-/// Open `p` for download: the file and its length.
-fn open_for_download(p: &Path) -> Result<(std::fs::File, u64), UpErr> {
+/// Whether `f` is on a file system whose files the kernel makes as they are read (procfs,
+/// sysfs), so that their size says nothing of their content: procfs files report 0 bytes,
+/// sysfs files a page (`/sys/kernel/mm/transparent_hugepage/enabled`: 4096 for 23 bytes).
+fn generated_by_the_kernel(f: &std::fs::File) -> bool {
+    use std::os::fd::AsRawFd as _;
+    const PROC_SUPER_MAGIC: i64 = 0x9fa0;
+    const SYSFS_MAGIC: i64 = 0x6265_6572;
+    // SAFETY: an all-zero statfs is a valid value to be overwritten.
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: fstatfs on a descriptor we hold, into a statfs we own.
+    if unsafe { libc::fstatfs(f.as_raw_fd(), &mut st) } != 0 {
+        return false;
+    }
+    #[allow(clippy::unnecessary_cast)] // f_type's width differs between targets
+    let kind = st.f_type as i64;
+    kind == PROC_SUPER_MAGIC || kind == SYSFS_MAGIC
+}
+
+/// Open `p` for download: the file and its length, None when it is to be read to its end
+/// (a file that reports 0 bytes, or one of procfs or sysfs, see
+/// [`generated_by_the_kernel`]).
+fn open_for_download(p: &Path) -> Result<(std::fs::File, Option<u64>), UpErr> {
     let file = std::fs::File::open(p).map_err(|e| match code_of(&e) {
         Code::NotFound => UpErr(404, format!("path '{}' does not exist", p.display())),
         Code::PermissionDenied => UpErr(403, format!("path '{}': permission denied", p.display())),
@@ -97,7 +117,11 @@ fn open_for_download(p: &Path) -> Result<(std::fs::File, u64), UpErr> {
             format!("path '{}' is not a regular file", p.display()),
         ));
     }
-    Ok((file, meta.len()))
+    let len = meta.len();
+    if len == 0 || generated_by_the_kernel(&file) {
+        return Ok((file, None));
+    }
+    Ok((file, Some(len)))
 }
 
 /// `GET /files?path=&username=`: opened with the user's permissions.
@@ -116,16 +140,25 @@ pub async fn download(state: &Arc<State>, req: Request<Incoming>) -> Response<Bo
         Ok(Err(UpErr(status, msg))) => return http_error(status, &msg),
         Err(e) => return http_error(500, &e.message),
     };
-    let mut r = Response::new(Body::File {
-        file,
-        remaining: len,
-    });
+    // A file the kernel makes as it is read (procfs, sysfs: `/proc/sys/kernel/random/boot_id`
+    // reports 0 bytes) is read to its end, as `cat` does, without a length. A truly empty
+    // file ends at once.
+    let mut r = match len {
+        None => Response::new(Body::FileToEof(file)),
+        Some(len) => {
+            let mut r = Response::new(Body::File {
+                file,
+                remaining: len,
+            });
+            r.headers_mut()
+                .insert(CONTENT_LENGTH, HeaderValue::from(len));
+            r
+        }
+    };
     r.headers_mut().insert(
         CONTENT_TYPE,
         HeaderValue::from_static("application/octet-stream"),
     );
-    r.headers_mut()
-        .insert(CONTENT_LENGTH, HeaderValue::from(len));
     r
 }
 
@@ -153,12 +186,25 @@ enum Out {
     Gzip(Box<flate2::write::MultiGzDecoder<std::fs::File>>),
 }
 
+/// Makes the missing parent directories of `path` as the agent (root in the sandbox), each
+/// 0755 and owned by `user`, wherever they are in the sandbox's own filesystem, as E2B's envd
+/// makes them: a write to `/0/a.txt` works for `user`. Existing ones are left as they are.
+async fn make_parents(path: &Path, user: &User) -> Result<(), UpErr> {
+    let Some(parent) = path.parent().map(Path::to_path_buf) else {
+        return Ok(());
+    };
+    let (p, u) = (path.to_path_buf(), user.clone());
+    creds::run(None, move || {
+        make_dirs(&parent, &u).map_err(|e| io_up(&e, "creating parent directories of", &p))
+    })
+    .await
+    .unwrap_or_else(|e| Err(UpErr(500, e.message)))
+}
+
 impl Sink {
+    /// Opens `path` for writing as the calling thread's user (its parents exist, see
+    /// [`make_parents`]).
     fn open(path: PathBuf, user: &User, gzip: bool) -> Result<Sink, UpErr> {
-        if let Some(parent) = path.parent() {
-            make_dirs(parent, user)
-                .map_err(|e| io_up(&e, "creating parent directories of", &path))?;
-        }
         if std::fs::metadata(&path).is_ok_and(|m| m.is_dir()) {
             return Err(UpErr(
                 400,
@@ -302,15 +348,22 @@ impl Writer {
     fn start(path: PathBuf, user: &User, gzip: bool, metadata: BTreeMap<String, String>) -> Writer {
         let (tx, mut rx) = mpsc::channel::<Bytes>(4);
         let u = user.clone();
-        let job = tokio::spawn(creds::run(Creds::of(user), move || {
-            let mut sink = Sink::open(path, &u, gzip)?;
-            while let Some(b) = rx.blocking_recv() {
-                sink.write(&b)?;
+        let creds = Creds::of(user);
+        let job = tokio::spawn(async move {
+            if let Err(e) = make_parents(&path, &u).await {
+                return Ok(Err(e));
             }
-            let p = sink.finish()?;
-            apply_metadata(&p, &metadata)?;
-            Ok(p)
-        }));
+            creds::run(creds, move || {
+                let mut sink = Sink::open(path, &u, gzip)?;
+                while let Some(b) = rx.blocking_recv() {
+                    sink.write(&b)?;
+                }
+                let p = sink.finish()?;
+                apply_metadata(&p, &metadata)?;
+                Ok(p)
+            })
+            .await
+        });
         Writer { tx, job }
     }
 

@@ -66,6 +66,9 @@ pub enum Body {
         /// Bytes still to send.
         remaining: u64,
     },
+    /// A file whose size is not known in advance (procfs and sysfs files report 0), read in
+    /// chunks of up to 64 KiB until end of file, as `cat` reads it.
+    FileToEof(std::fs::File),
 }
 
 impl hyper::body::Body for Body {
@@ -98,13 +101,24 @@ impl hyper::body::Body for Body {
                     Err(e) => Poll::Ready(Some(Err(e))),
                 }
             }
+            Body::FileToEof(file) => {
+                let mut buf = BytesMut::zeroed(64 * 1024);
+                match file.read(&mut buf) {
+                    Ok(0) => Poll::Ready(None),
+                    Ok(k) => {
+                        buf.truncate(k);
+                        Poll::Ready(Some(Ok(Frame::data(buf.freeze()))))
+                    }
+                    Err(e) => Poll::Ready(Some(Err(e))),
+                }
+            }
         }
     }
 
     fn is_end_stream(&self) -> bool {
         match self {
             Body::Full(b) => b.is_none(),
-            Body::Channel(_) => false,
+            Body::Channel(_) | Body::FileToEof(_) => false,
             Body::File { remaining, .. } => *remaining == 0,
         }
     }
@@ -112,7 +126,7 @@ impl hyper::body::Body for Body {
     fn size_hint(&self) -> SizeHint {
         match self {
             Body::Full(b) => SizeHint::with_exact(b.as_ref().map_or(0, |b| b.len() as u64)),
-            Body::Channel(_) => SizeHint::default(),
+            Body::Channel(_) | Body::FileToEof(_) => SizeHint::default(),
             Body::File { remaining, .. } => SizeHint::with_exact(*remaining),
         }
     }

@@ -7,8 +7,9 @@
 //
 //   in:  EVAL <code>          evaluates the snippets of <code> in order, stops at the first
 //                             that fails
-//        ENV <name> <value>   sets an environment variable in the snippets' JVM
-//        UNSET <name>         removes one
+//        ENV <name> <value>   sets an environment variable in the snippets' JVM (System.getenv,
+//                             and System.getProperty as E2B's kernel has it)
+//        UNSET <name>         removes one (both)
 //        STOP                 stops the running evaluation (an interrupt)
 //   out: OUT <text> / ERR <text>          the snippets' System.out / System.err, as written
 //        VALUE <text> <type>              the value of the last snippet, if an expression
@@ -227,10 +228,15 @@ public class JShellBridge {
         return b.append('"').toString();
     }
 
-    /** Sets (value non-null) or removes a variable of the snippets' JVM's System.getenv(). */
+    /**
+     * Sets (value non-null) or removes a variable of the snippets' JVM: in its System.getenv()
+     * and, as E2B's Java kernel has them, as a system property (System.getProperty).
+     */
     private static void env(String name, String value) {
-        String op = value == null ? "__m.remove(" + javaString(name) + ");"
-                : "__m.put(" + javaString(name) + ", " + javaString(value) + ");";
+        String op = value == null
+                ? "__m.remove(" + javaString(name) + "); System.clearProperty(" + javaString(name) + ");"
+                : "__m.put(" + javaString(name) + ", " + javaString(value) + "); System.setProperty("
+                        + javaString(name) + ", " + javaString(value) + ");";
         String code = "{ java.util.Map<String, String> __e = System.getenv();"
                 + " java.lang.reflect.Field __f = __e.getClass().getDeclaredField(\"m\");"
                 + " __f.setAccessible(true);"
@@ -252,6 +258,13 @@ public class JShellBridge {
                         "-XX:+UseSerialGC", "-Xshare:auto",
                         "-Duser.dir=" + System.getProperty("user.dir"))
                 .build();
+        // The environment (the sandbox's variables among it) as system properties too, as E2B's
+        // Java kernel gives them (System.getProperty("NAME")); a property the JVM already has
+        // (java.*, user.*, ...) is left alone.
+        for (SnippetEvent ev : shell.eval("System.getenv().forEach((__k, __v) -> {"
+                + " if (System.getProperty(__k) == null) System.setProperty(__k, __v); });")) {
+            shell.drop(ev.snippet());
+        }
         // JShell's usual start: the imports its console has.
         for (String imp : new String[] {"java.io.*", "java.math.*", "java.net.*", "java.nio.file.*",
                 "java.util.*", "java.util.concurrent.*", "java.util.function.*", "java.util.prefs.*",

@@ -12,8 +12,13 @@ interrupt (SIGINT) stops the running snippet and keeps the state.
     python3 java_kernel.py -f CONNECTION_FILE
 
 Besides Java, one line is understood: `%rampart-env {"NAME": "value" | null, ...}` sets (or,
-for null, removes) environment variables of the snippets' JVM (`System.getenv`); the code
-interpreter sends it around an execution with `env_vars`.
+for null, removes) environment variables of the snippets' JVM (`System.getenv`, and the system
+property of the same name, which is where E2B's Java kernel puts them); the code interpreter
+sends it around an execution with `env_vars`. The JVM's environment at start is in its system
+properties too.
+
+A line the snippets print (`System.out.println("x")`) streams as its text and then its newline,
+two chunks, as E2B's Java kernel sends it (the SDK's `logs.stdout[0]` is `x`).
 
 Needs: Debian's python3-ipykernel and a JDK with jdk.jshell (default-jdk-headless).
 """
@@ -159,7 +164,10 @@ class JavaKernel(Kernel):
         self.bridge = Bridge()
 
     def _stream(self, name, text):
-        self.send_response(self.iopub_socket, "stream", {"name": name, "text": text})
+        # A printed line is its text, then its newline (as E2B's Java kernel streams it).
+        parts = [text[:-1], "\n"] if len(text) > 1 and text.endswith("\n") else [text]
+        for part in parts:
+            self.send_response(self.iopub_socket, "stream", {"name": name, "text": part})
 
     def _run(self, words, silent):
         """Sends one job and follows it to DONE; returns (value, error) where error is

@@ -7,13 +7,20 @@ start with `rampart_ipython.load(get_ipython())`):
 - a matplotlib Figure also gives a structured `chart` (MIME
   `application/vnd.rampart.chart+json`) in the shape the e2b-code-interpreter SDK parses
   (`e2b_code_interpreter/charts.py`): `line`, `scatter`, `bar`, `pie`, `box_and_whisker`, or a
-  `superchart` of one chart per Axes, with title, axis labels and units, scales, ticks and tick
-  labels, and elements with their values, read from the figure's artists.
+  `superchart` of one chart per Axes, with title (None when there is none, as E2B's), axis
+  labels and units, scales, ticks and tick labels, and elements with their values, read from
+  the figure's artists; an Axes with data of another kind is an `unknown` chart (its title, no
+  elements), as E2B returns it; pie angles are rounded as E2B's extraction rounds them (324,
+  not 323.99999999999994);
+- a PIL image's `show()`, and its `save()` to a path, display it (a `png` result), as E2B's
+  kernel hooks both.
 
-Nothing here imports matplotlib or pandas until a figure or frame is displayed.
+Nothing here imports matplotlib, pandas or PIL until a figure or frame is displayed (or PIL is
+imported by the cell).
 """
 
 import datetime
+import decimal
 import math
 import re
 
@@ -167,11 +174,16 @@ def _label(artist):
     return "" if lab.startswith("_") else lab
 
 
+def _title(ax):
+    """An Axes' title, None when it has none (as E2B's charts give it)."""
+    return ax.get_title() or None
+
+
 def _base2d(ax, kind):
     xl, yl = ax.get_xlabel(), ax.get_ylabel()
     return {
         "type": kind,
-        "title": ax.get_title(),
+        "title": _title(ax),
         "x_label": xl or None,
         "y_label": yl or None,
         "x_unit": _unit(xl),
@@ -233,6 +245,16 @@ def _bar_chart(ax, containers):
     return c
 
 
+def _angle(theta1, theta2):
+    """A wedge's angle in degrees, rounded as E2B's extraction rounds it: the exact difference
+    of the two floats, kept to 8 - (its exponent) significant digits (90% of a circle is 324,
+    not 323.99999999999994)."""
+    d = decimal.Decimal(float(theta2)) - decimal.Decimal(float(theta1))
+    with decimal.localcontext() as ctx:
+        ctx.prec = max(1, 8 - d.adjusted())
+        return abs(float(+d))
+
+
 def _pie_chart(ax, wedges):
     elements = []
     texts = [t.get_text() for t in ax.texts]
@@ -242,10 +264,10 @@ def _pie_chart(ax, wedges):
             label = texts[i]
         elements.append({
             "label": label,
-            "angle": _num(abs(w.theta2 - w.theta1)),
+            "angle": _num(_angle(w.theta1, w.theta2)),
             "radius": _num(w.r),
         })
-    return {"type": "pie", "title": ax.get_title(), "elements": elements}
+    return {"type": "pie", "title": _title(ax), "elements": elements}
 
 
 def _box_chart(ax, stats):
@@ -302,11 +324,16 @@ def chart_of_axes(ax):
         return _points_chart(ax, "line", lines)
     if dots:
         return _points_chart(ax, "scatter", dots)
+    if ax.has_data():
+        # Data of a kind this does not read (circles, images, ...): a chart all the same, of
+        # type `unknown`, as E2B gives it.
+        return {"type": "unknown", "title": _title(ax), "elements": []}
     return None
 
 
 def chart_of_figure(fig):
-    """The chart of a Figure: one Axes' chart, or a superchart of one per Axes."""
+    """The chart of a Figure: one Axes' chart, or a superchart of one per Axes; None for a
+    figure without data."""
     try:
         fig.draw_without_rendering()  # tick labels are set only by a draw
     except Exception:  # noqa: BLE001 (a figure that cannot draw has no chart)
@@ -394,7 +421,8 @@ def load(ip):
     plain.for_type(str, lambda s, p, cycle: p.text(s if len(p.stack) <= 1 else repr(s)))
 
     # Box statistics are recorded from the first boxplot on: Axes.bxp is wrapped as soon as
-    # matplotlib's axes are imported (in whatever cell), without importing them here.
+    # matplotlib's axes are imported (in whatever cell), without importing them here; PIL's
+    # Image gets its show()/save() hooks as soon as it is imported.
     import builtins  # noqa: PLC0415
     import sys  # noqa: PLC0415
 
@@ -402,19 +430,57 @@ def load(ip):
         # Imported and done initializing (not half-way through matplotlib's own imports).
         return getattr(sys.modules.get("matplotlib.axes"), "Axes", None) is not None
 
-    if axes_ready():
-        _record_bxp()
+    def pil_ready():
+        cls = getattr(sys.modules.get("PIL.Image"), "Image", None)
+        return cls is not None and hasattr(cls, "save") and hasattr(cls, "show")
+
+    pending = [(axes_ready, _record_bxp), (pil_ready, _hook_pil)]
+
+    def install_ready():
+        for entry in list(pending):
+            ready, install = entry
+            if ready():
+                pending.remove(entry)
+                try:
+                    install()
+                except Exception:  # noqa: BLE001 (that hook is missing, the rest works)
+                    pass
+
+    install_ready()
+    if not pending:
         return
     real_import = builtins.__import__
 
     def hooked(name, *args, **kwargs):
         mod = real_import(name, *args, **kwargs)
-        if builtins.__import__ is hooked and axes_ready():
-            builtins.__import__ = real_import
-            try:
-                _record_bxp()
-            except Exception:  # noqa: BLE001 (no box statistics, the rest works)
-                pass
+        if builtins.__import__ is hooked:
+            install_ready()
+            if not pending:
+                builtins.__import__ = real_import
         return mod
 
     builtins.__import__ = hooked
+
+
+def _hook_pil():
+    """As E2B's kernel: a PIL image's `show()` displays it (no viewer is started), and its
+    `save()` to a path displays it before saving; either gives the cell a `png` result."""
+    from IPython.display import display  # noqa: PLC0415
+    from PIL import Image  # noqa: PLC0415
+
+    cls = Image.Image
+    if getattr(cls.save, "_rampart", False):
+        return
+    real_save = cls.save
+
+    def show(self, *args, **kwargs):
+        display(self)
+
+    def save(self, fp, format=None, **params):
+        if isinstance(fp, str):
+            display(self)
+        return real_save(self, fp, format, **params)
+
+    show._rampart = save._rampart = True
+    cls.show = show
+    cls.save = save

@@ -1,9 +1,12 @@
 #!/usr/bin/python3
 """Rampart's code interpreter: E2B's code-interpreter HTTP API over IPython kernels.
 
-Runs inside a sandbox of the `code-interpreter-v1` template, as `user`, started by the daemon
-right after the sandbox's agent answers. Listens on 127.0.0.1:49999 (the daemon reaches it
-through the agent's port tunnel) once the default Python context's kernel is ready.
+Runs inside a sandbox of the `code-interpreter-v1` template, as root (as E2B's kernels do; root
+inside a sandbox is an unprivileged uid outside), started by the daemon right after the
+sandbox's agent answers, in the directory its default contexts use (`/home/user`). Listens on
+127.0.0.1:49999 (the daemon reaches it through the agent's port tunnel) once the default Python
+context's kernel is ready; the default JavaScript context is listed from then on and its kernel
+starts in the background (an execution on it waits for it).
 
 API (as `e2b-code-interpreter` 2.11 calls it):
 
@@ -112,7 +115,22 @@ def _home():
 
 
 HOME = _home()
-DEFAULT_CWD = HOME if os.path.isdir(HOME) else "/tmp"
+
+
+def _default_cwd():
+    """Where the default contexts (and a context made without a `cwd`) run: the directory the
+    daemon starts the server in (E2B's `/home/user`)."""
+    try:
+        cwd = os.getcwd()
+    except OSError:
+        cwd = None
+    for d in (cwd, HOME, "/tmp"):
+        if d and os.path.isdir(d):
+            return d
+    return "/"
+
+
+DEFAULT_CWD = _default_cwd()
 
 
 def _deno():
@@ -536,22 +554,37 @@ class Contexts:
         with self.lock:
             return list(self.by_id.values())
 
-    def default_context(self, language="python"):
-        """The language's default context (made at its first use), in the home directory."""
+    def reserve_default(self, language):
+        """The language's default context and whether it is new. A new one is listed at once
+        and returned with its lock held: the caller starts its kernel ([`boot`]), and every
+        execution on it waits for that."""
         with self.lock:
             d = self.defaults.get(language)
-        if d is not None:
-            return d
-        d = self.create(language, DEFAULT_CWD)
-        with self.lock:
-            if language not in self.defaults:
-                self.defaults[language] = d
-                return d
-            other = self.defaults[language]
-        # Another request made one meanwhile.
-        self.remove(d.id)
-        d.stop()
-        return other
+            if d is not None:
+                return d, False
+            d = Context(str(uuid.uuid4()), language, DEFAULT_CWD)
+            d.lock.acquire()
+            self.defaults[language] = d
+            self.by_id[d.id] = d
+            return d, True
+
+    def boot(self, ctx):
+        """Starts the kernel of a context [`reserve_default`] made, then releases its lock; a
+        kernel that cannot start takes its context off the list."""
+        try:
+            ctx.start()
+        except BaseException:
+            self.remove(ctx.id)
+            raise
+        finally:
+            ctx.lock.release()
+
+    def default_context(self, language="python"):
+        """The language's default context (made at its first use), in the default directory."""
+        d, new = self.reserve_default(language)
+        if new:
+            self.boot(d)
+        return d
 
 
 CONTEXTS = Contexts()
@@ -668,8 +701,8 @@ class Handler(http.server.BaseHTTPRequestHandler):
             if not isinstance(cwd, str) or not os.path.isabs(cwd):
                 return self.bad_request(f"cwd {cwd!r} must be an absolute path")
             if not os.path.isdir(cwd):
-                # A missing working directory is made (as the kernel's user), like a shell's
-                # `mkdir -p`; one that cannot be is refused with the reason.
+                # A missing working directory is made (as the kernels' user, root), like a
+                # shell's `mkdir -p`; one that cannot be is refused with the reason.
                 try:
                     os.makedirs(cwd, exist_ok=True)
                 except OSError as e:
@@ -722,6 +755,8 @@ class Handler(http.server.BaseHTTPRequestHandler):
             if not ctx.alive():
                 try:
                     ctx.restart()
+                except KernelMissing as e:
+                    return self.bad_request(str(e))
                 except Exception as e:
                     return self.send_body(500, f"starting a kernel: {e}", "text/plain")
             self.send_response(200)
@@ -752,13 +787,13 @@ class Server(http.server.ThreadingHTTPServer):
     allow_reuse_address = True
 
 
-def _start_default(language):
+def _boot_default(ctx):
     try:
-        CONTEXTS.default_context(language)
+        CONTEXTS.boot(ctx)
     except KernelMissing as e:
-        log(f"no default {language} context: {e}")
+        log(f"no default {ctx.language} context: {e}")
     except Exception as e:  # noqa: BLE001 (made again at its first use)
-        log(f"starting the default {language} context: {e}")
+        log(f"starting the default {ctx.language} context: {e}")
 
 
 def main():
@@ -772,10 +807,13 @@ def main():
     except Exception as e:
         log(f"cannot start the default Python kernel: {e}")
         sys.exit(1)
+    # As E2B's: a default JavaScript context too, listed before the server answers (E2B lists
+    # both at start) and started in the background meanwhile.
+    js, new = CONTEXTS.reserve_default("javascript")
+    if new:
+        threading.Thread(target=_boot_default, args=(js,), daemon=True).start()
     srv = Server((HOST, PORT), Handler)
     log(f"listening on {HOST}:{PORT}")
-    # As E2B's: a default JavaScript context too, started once the server answers.
-    threading.Thread(target=_start_default, args=("javascript",), daemon=True).start()
     srv.serve_forever()
 
 

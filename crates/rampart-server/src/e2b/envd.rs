@@ -408,7 +408,7 @@ async fn to_live(
         Err(r) => return r,
     };
     match forward(&live.agent, req).await {
-        Ok(r) => ended_cleanly(
+        Ok(r) => cut_when_broken(
             super::record::answer(&st.manager, who, id, tap, r).await,
             id,
         ),
@@ -427,58 +427,15 @@ async fn to_live(
     }
 }
 
-/// Where a Connect stream's framing is: in the 5-byte head of the next envelope (`head`
-/// bytes of it seen) or in an envelope's body (`left` bytes of it to come).
-#[derive(Debug, Default)]
-struct Framing {
-    head: Vec<u8>,
-    left: usize,
-}
-
-impl Framing {
-    /// Follows `chunk` through the envelopes.
-    fn feed(&mut self, mut chunk: &[u8]) {
-        while !chunk.is_empty() {
-            if self.left > 0 {
-                let n = self.left.min(chunk.len());
-                self.left -= n;
-                chunk = &chunk[n..];
-                continue;
-            }
-            let n = (5 - self.head.len()).min(chunk.len());
-            self.head.extend_from_slice(&chunk[..n]);
-            chunk = &chunk[n..];
-            if self.head.len() == 5 {
-                self.left =
-                    u32::from_be_bytes([self.head[1], self.head[2], self.head[3], self.head[4]])
-                        as usize;
-                self.head.clear();
-            }
-        }
-    }
-    /// Between two envelopes.
-    fn at_boundary(&self) -> bool {
-        self.head.is_empty() && self.left == 0
-    }
-}
-
-/// A Connect end-of-stream envelope carrying error `code` and `message`.
-fn end_stream(code: &str, message: &str) -> bytes::Bytes {
-    let body = serde_json::json!({"error": {"code": code, "message": message}}).to_string();
-    let mut out = Vec::with_capacity(5 + body.len());
-    out.push(0x02);
-    out.extend_from_slice(&(body.len() as u32).to_be_bytes());
-    out.extend_from_slice(body.as_bytes());
-    out.into()
-}
-
 /// A streamed Connect answer (commands, watches) whose connection to the agent breaks off
-/// (the sandbox was killed, or ended, while it ran) ends as envd's proxy ends it: with an
-/// end-of-stream `unavailable` error ("the connection to sandbox ... ended before the stream
-/// completed") instead of a cut connection, so the SDK checks the sandbox's health and raises
-/// its "sandbox was killed or reached its end of life" exception. Other answers pass as they
-/// are.
-fn ended_cleanly(resp: Response, id: &SandboxId) -> Response {
+/// (the sandbox was killed, or ended, while it ran) is cut, not ended: the client sees its
+/// connection to the sandbox dropped mid-stream, as when an E2B sandbox's VM goes away, and
+/// both SDKs then probe the sandbox's health (502 "not found": it is gone) and raise their
+/// "killed or reached its end of life" error (Python's `SandboxNotRunningException`, the JS
+/// SDK's `TimeoutError`). An end-of-stream `unavailable` error would reach the same error in
+/// Python only: the JS SDK maps it to its "likely due to sandbox timeout" error without a
+/// probe. Other answers pass as they are.
+fn cut_when_broken(resp: Response, id: &SandboxId) -> Response {
     let streamed = resp
         .headers()
         .get(header::CONTENT_TYPE)
@@ -488,34 +445,13 @@ fn ended_cleanly(resp: Response, id: &SandboxId) -> Response {
         return resp;
     }
     use futures::StreamExt as _;
-    let message = format!("the connection to sandbox {id} ended before the stream completed");
+    let id = id.clone();
     let (parts, body) = resp.into_parts();
-    let data = body.into_data_stream();
-    let s = futures::stream::unfold(
-        (data, Framing::default(), false),
-        move |(mut data, mut framing, done)| {
-            let message = message.clone();
-            async move {
-                if done {
-                    return None;
-                }
-                match data.next().await {
-                    Some(Ok(chunk)) => {
-                        framing.feed(&chunk);
-                        Some((Ok(chunk), (data, framing, false)))
-                    }
-                    Some(Err(e)) if framing.at_boundary() => {
-                        tracing::debug!("envd stream broke off: {e}");
-                        let end = end_stream("unavailable", &message);
-                        Some((Ok(end), (data, framing, true)))
-                    }
-                    // Inside an envelope nothing can be said any more: cut, as it was.
-                    Some(Err(e)) => Some((Err(e), (data, framing, true))),
-                    None => None,
-                }
-            }
-        },
-    );
+    let s = body.into_data_stream().inspect(move |item| {
+        if let Err(e) = item {
+            tracing::debug!(sandbox = %id, "envd stream broke off, cutting it: {e}");
+        }
+    });
     Response::from_parts(parts, Body::from_stream(s))
 }
 
@@ -667,31 +603,6 @@ pub(crate) async fn signed_files(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn framing_follows_envelopes() {
-        let mut f = Framing::default();
-        assert!(f.at_boundary());
-        let env = |n: usize| {
-            let mut v = vec![0u8];
-            v.extend_from_slice(&(n as u32).to_be_bytes());
-            v.extend(std::iter::repeat_n(b'x', n));
-            v
-        };
-        let two = [env(3), env(0), env(10)].concat();
-        f.feed(&two[..2]);
-        assert!(!f.at_boundary());
-        f.feed(&two[2..9]);
-        assert!(!f.at_boundary());
-        f.feed(&two[9..]);
-        assert!(f.at_boundary());
-        let end = end_stream("unavailable", "gone");
-        assert_eq!(end[0], 2);
-        let n = u32::from_be_bytes([end[1], end[2], end[3], end[4]]) as usize;
-        let v: serde_json::Value = serde_json::from_slice(&end[5..]).unwrap();
-        assert_eq!(n, end.len() - 5);
-        assert_eq!(v["error"]["code"], "unavailable");
-    }
 
     #[test]
     fn targets_come_from_headers_or_host() {

@@ -877,12 +877,17 @@ pub(crate) async fn build_logs(
 }
 
 /// `GET /templates/aliases/{alias}`: 200 `{templateID, public}`, 404 when unknown (or
-/// another tenant's).
+/// another tenant's). The built-in templates answer under every name E2B's SDKs use for
+/// them (`base`, `code-interpreter-v1` and their aliases, see [`template_of`]): they exist
+/// for every caller, without a build in the store.
 pub(crate) async fn alias(
     State(st): State<E2b>,
     crate::caller::Caller(who): crate::caller::Caller,
     Path(alias): Path<String>,
 ) -> Result<Response, E2bError> {
+    if let Ok(builtin) = template_of(&alias) {
+        return Ok(Json(json!({"templateID": builtin, "public": true})).into_response());
+    }
     let found = resolve(&st, &who, &alias, Access::Read)
         .ok()
         .filter(|r| store(&st).is_some_and(|s| s.name(&r.stored_ref()).is_some()));
