@@ -333,7 +333,7 @@
             { class: "clickable", dataset: { id: s.id }, onclick: open },
             h("td", {}, h("a", { class: "mono", href: "#/sandboxes/" + encodeURIComponent(s.id) }, s.id), s.tenant ? h("div", { class: "muted" }, "tenant " + s.tenant) : null),
             h("td", {}, badge(s.state)),
-            h("td", {}, s.template),
+            h("td", {}, s.template, s.isolation && s.isolation !== "namespace" ? h("div", { class: "muted" }, s.isolation) : null),
             h("td", { class: "muted nowrap", title: limitsText(s.limits) }, `${s.limits.cpus} vCPU · ${fmtBytes(s.limits.memory_bytes)} · ${fmtBytes(s.limits.disk_bytes)} disk`),
             h("td", { class: "nowrap" }, fmtAge(s.created_at)),
             h("td", { class: "num" }, st ? [meter(cpu), cpu === null ? "…" : (cpu * 100).toFixed(1) + " %"] : "–"),
@@ -371,6 +371,7 @@
     const cpus = h("input", { id: "create-cpus", type: "number", min: 0.1, step: 0.1, value: 1, style: "width:90px" });
     const mem = h("input", { id: "create-memory", type: "number", min: 16, value: 512, style: "width:110px" });
     const net = h("select", { id: "create-network" }, ["none", "allowlist", "open"].map((m) => h("option", { value: m }, m)));
+    const tier = h("select", { id: "create-isolation" }, [["", "default"], ["namespace", "namespace"], ["gvisor", "gvisor"]].map(([v, l]) => h("option", { value: v }, l)));
     const allow = h("input", { id: "create-allow", placeholder: "pypi.org, *.github.com", style: "width:240px" });
     const go = h("button", { class: "primary", id: "create-submit" }, "Create");
     go.addEventListener("click", () =>
@@ -384,6 +385,7 @@
             timeout_secs: Number(timeout.value),
             limits: { cpus: Number(cpus.value), memory_bytes: Number(mem.value) * 1024 * 1024 },
             network,
+            ...(tier.value ? { isolation: tier.value } : {}),
           },
         });
         location.hash = "#/sandboxes/" + encodeURIComponent(s.id);
@@ -395,7 +397,7 @@
         "div",
         { class: "panel" },
         h("h2", {}, "New sandbox"),
-        h("div", { class: "row" }, field("Template", template), field("Timeout (s)", timeout), field("vCPUs", cpus), field("Memory (MiB)", mem), field("Network", net), field("Allowed hosts", allow), go),
+        h("div", { class: "row" }, field("Template", template), field("Isolation", tier), field("Timeout (s)", timeout), field("vCPUs", cpus), field("Memory (MiB)", mem), field("Network", net), field("Allowed hosts", allow), go),
       ),
     );
     panel.hidden = false;
@@ -481,6 +483,7 @@
           "div",
           { class: "facts" },
           fact("Template", info.template),
+          fact("Isolation", info.isolation || "namespace"),
           fact("State", info.state + (info.reason ? " (" + info.reason + ")" : "")),
           fact("Tenant", info.tenant || "the node"),
           fact("Created", fmtTime(info.created_at)),
