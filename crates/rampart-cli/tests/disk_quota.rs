@@ -233,7 +233,10 @@ fn sandbox_blocks_build_step_writing_past_its_disk() {
     );
     // Its layer counts as the tenant's (at least the 8 MiB it wrote).
     let held = stored_bytes(url, "acme");
-    assert!(held >= 8 * MIB, "the tenant's layers are not counted: {held}");
+    assert!(
+        held >= 8 * MIB,
+        "the tenant's layers are not counted: {held}"
+    );
 }
 
 /// A gzip tar holding one file `big.bin` of `len` zero bytes (small: zeros compress).
@@ -344,7 +347,10 @@ fn sandbox_blocks_copy_upload_expanding_past_build_disk() {
         "bomb",
         json!([{"type": "COPY", "args": ["big.bin", "/opt/big.bin"], "filesHash": hash}]),
     );
-    assert_eq!(st["status"], "error", "an upload unpacked past the disk: {st}");
+    assert_eq!(
+        st["status"], "error",
+        "an upload unpacked past the disk: {st}"
+    );
     assert!(
         st.to_string().contains("build's disk limit"),
         "the failure does not name the limit: {st}"
@@ -373,7 +379,10 @@ fn sandbox_blocks_uploads_past_disk_quota() {
 
     // 20 MiB more does not: refused while received, nothing of it kept.
     let (second, status) = upload(url, &key, "a", random_archive(20 << 20, 2));
-    assert_ne!(status, 200, "an upload past the tenant's disk quota was kept");
+    assert_ne!(
+        status, 200,
+        "an upload past the tenant's disk quota was kept"
+    );
     assert!(!upload_link(url, &key, "a", &second).0);
     eventually("no partial upload is left", 60, || {
         upload_files(&d.data, "acme")

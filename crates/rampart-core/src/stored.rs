@@ -75,12 +75,15 @@ fn age(m: &std::fs::Metadata) -> Duration {
         .unwrap_or_default()
 }
 
-/// Bytes of the files in an uploads directory (complete and being received).
+/// Bytes of the uploads kept in an uploads directory (those being received are counted
+/// apart, in memory, by `TemplateBuilds::begin_upload`; a partial one left by a killed
+/// daemon is removed by the scan).
 pub(crate) fn uploads_bytes(dir: &Path) -> u64 {
     let Ok(rd) = std::fs::read_dir(dir) else {
         return 0;
     };
     rd.flatten()
+        .filter(|e| e.file_name().to_string_lossy().ends_with(".tar"))
         .filter_map(|e| e.metadata().ok())
         .filter(|m| m.is_file())
         .map(|m| m.len())
@@ -223,5 +226,39 @@ pub(crate) async fn run(inner: Arc<Sandboxes>, builds: Arc<TemplateBuilds>) {
         if let Err(e) = tokio::task::spawn_blocking(move || scan(&i, &b)).await {
             tracing::warn!("the disk scan failed: {e}");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn age_by(p: &Path, d: Duration) {
+        std::fs::File::options()
+            .append(true)
+            .open(p)
+            .unwrap()
+            .set_modified(SystemTime::now() - d)
+            .unwrap();
+    }
+
+    #[test]
+    fn unused_uploads_expire_and_partial_ones_only_when_left_behind() {
+        let t = tempfile::tempdir().unwrap();
+        let tar = t.path().join(format!("{}.tar", "a".repeat(64)));
+        let part = t.path().join(".x.part");
+        std::fs::write(&tar, vec![0u8; 1000]).unwrap();
+        std::fs::write(&part, vec![0u8; 10]).unwrap();
+        assert_eq!(uploads_bytes(t.path()), 1000);
+        let ttl = Duration::from_secs(60);
+        assert_eq!(expire_uploads(t.path(), ttl), 0);
+        // Unused past its TTL: removed; a partial one younger than an upload link: kept.
+        age_by(&tar, Duration::from_secs(120));
+        age_by(&part, Duration::from_secs(120));
+        assert_eq!(expire_uploads(t.path(), ttl), 1);
+        assert!(!tar.exists() && part.exists());
+        age_by(&part, PART_MAX_AGE + Duration::from_secs(60));
+        assert_eq!(expire_uploads(t.path(), ttl), 1);
+        assert_eq!(uploads_bytes(t.path()), 0);
     }
 }

@@ -26,8 +26,14 @@
 //!   longer than [`BuildConfig::log_max_bytes`] keeps its first part and its end (a small
 //!   tail kept in memory while the build runs), with a note of what was dropped between.
 //!   Output is split into lines linearly ([`LineSplitter`]: each byte is scanned once).
+//! - Disk: a step writes to a disk of [`BuildConfig::disk_bytes`] (a tenant's build: at most
+//!   what its `max_disk_bytes` has left), see `rampart_image::step_disk`; a `copy` step's
+//!   upload unpacks to at most as much.
 //! - Uploads: `<data>/images/uploads/<hash>.tar` (the archive as sent, gzip or plain), written
-//!   to a temp file and renamed into place when complete. A `copy` step's archive is unpacked
+//!   to a temp file and renamed into place when complete; bounded while received by what
+//!   its owner's disk quota and the host's disk have left ([`TemplateBuilds::begin_upload`]),
+//!   counted as its owner's, removed when unused for [`BuildConfig::upload_ttl`]
+//!   (`crate::stored`). A `copy` step's archive is unpacked
 //!   with the layer extractor's rules (no entry leaves the directory, symlinks are never
 //!   followed) into a temp directory of the store, arranged as Docker's `COPY` places its
 //!   sources, and copied by the builder's `copy` step (whose cache key covers every copied
@@ -774,16 +780,14 @@ impl UploadBound {
                     field: "upload".into(),
                     message: format!("the upload is larger than {MAX_UPLOAD_BYTES} bytes"),
                 },
-                UploadLimit::Quota(used, max) => {
-                    CoreError::Store(rampart_store::StoreError::Quota(
-                        rampart_types::tenant::QuotaRefusal {
-                            limit: "max_disk_bytes".into(),
-                            used: *used as f64,
-                            requested: total as f64,
-                            max: *max as f64,
-                        },
-                    ))
-                }
+                UploadLimit::Quota(used, max) => CoreError::Store(
+                    rampart_store::StoreError::Quota(rampart_types::tenant::QuotaRefusal {
+                        limit: "max_disk_bytes".into(),
+                        used: *used as f64,
+                        requested: total as f64,
+                        max: *max as f64,
+                    }),
+                ),
                 UploadLimit::Host => CoreError::Capacity(format!(
                     "disk: the upload passed the {} bytes the host's disk has left beside what \
                      is promised to sandboxes, snapshots and volumes",
@@ -1290,8 +1294,27 @@ impl TemplateBuilds {
     /// owner's.
     pub fn commit_upload(&self, tmp: &Path, ticket: &UploadTicket) -> Result<(), CoreError> {
         let to = self.upload_path(ticket.owner.as_deref(), &ticket.hash);
-        std::fs::rename(tmp, &to)
-            .map_err(CoreError::io(format!("rename to {}", to.display())))?;
+        // Checked again as it is kept: what the tenant took on while it was received
+        // (sandboxes, volumes) counts too. An upload it replaces is counted already.
+        if let Some(t) = ticket.owner.as_deref() {
+            let _g = crate::stored::lock();
+            let len = |p: &Path| std::fs::metadata(p).map_or(0, |m| m.len());
+            let adds = len(tmp).saturating_sub(len(&to));
+            if let Some(room) = self.store.tenant_disk_room(t)? {
+                if adds > room {
+                    let (used, max) = crate::stored::disk_quota(&*self.store, t);
+                    return Err(CoreError::Store(rampart_store::StoreError::Quota(
+                        rampart_types::tenant::QuotaRefusal {
+                            limit: "max_disk_bytes".into(),
+                            used: used as f64,
+                            requested: adds as f64,
+                            max: max as f64,
+                        },
+                    )));
+                }
+            }
+        }
+        std::fs::rename(tmp, &to).map_err(CoreError::io(format!("rename to {}", to.display())))?;
         // Its TTL runs from now (`crate::stored`).
         if let Ok(f) = std::fs::OpenOptions::new().append(true).open(&to) {
             let _ = f.set_modified(std::time::SystemTime::now());
@@ -1608,12 +1631,9 @@ impl TemplateBuilds {
                     mode,
                 } => {
                     let at = staging.path().join(format!("copy{}", i + 1));
-                    let src = stage_upload(
-                        &self.upload_path(info.owner.as_deref(), &hash),
-                        &at,
-                        disk,
-                    )
-                    .map_err(|e| (format!("copy: {e}"), name.clone()))?;
+                    let src =
+                        stage_upload(&self.upload_path(info.owner.as_deref(), &hash), &at, disk)
+                            .map_err(|e| (format!("copy: {e}"), name.clone()))?;
                     Step::Copy {
                         src: src
                             .strip_prefix(staging.path())
@@ -1767,9 +1787,7 @@ fn stage_upload(archive: &Path, at: &Path, limit: u64) -> Result<PathBuf, String
     }
     let over = std::rc::Rc::new(std::cell::Cell::new(false));
     let too_big = || {
-        format!(
-            "the uploaded archive unpacks to more than {limit} bytes (the build's disk limit)"
-        )
+        format!("the uploaded archive unpacks to more than {limit} bytes (the build's disk limit)")
     };
     let open = || -> Result<Box<dyn Read>, String> {
         let f = std::fs::File::open(archive).map_err(|e| format!("{}: {e}", archive.display()))?;

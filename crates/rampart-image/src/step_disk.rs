@@ -133,6 +133,30 @@ impl StepDisk {
     }
 }
 
+/// Unmounts every mount under `dir` (the store's `tmp/`: step disks a killed build left),
+/// deepest first.
+pub fn unmount_under(dir: &Path) {
+    let Ok(dir) = std::fs::canonicalize(dir) else {
+        return;
+    };
+    let prefix = format!("{}/", dir.display());
+    let Ok(mi) = std::fs::read_to_string("/proc/self/mountinfo") else {
+        return;
+    };
+    let mut points: Vec<&str> = mi
+        .lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .filter(|m| m.starts_with(&prefix))
+        .collect();
+    points.sort_by_key(|p| std::cmp::Reverse(p.len()));
+    for p in points {
+        match rampart_jail::sys::umount2(Path::new(p), libc::MNT_DETACH) {
+            Ok(()) => tracing::info!(mount = p, "unmounted a build step's disk left behind"),
+            Err(e) => tracing::warn!(mount = p, "unmounting a build step's disk left behind: {e}"),
+        }
+    }
+}
+
 impl Drop for StepDisk {
     fn drop(&mut self) {
         if self.mounted {
