@@ -415,6 +415,11 @@ impl ArtifactStore {
         self.dir.join(id.as_str())
     }
 
+    /// The directory of sandbox `id`'s kept artifacts.
+    pub(crate) fn dir_of(&self, id: &SandboxId) -> PathBuf {
+        self.sandbox_dir(id)
+    }
+
     /// Captures `paths` of sandbox `id` from its disk root `root` and keeps them (ended at
     /// `ended_ms`), replacing what an interrupted capture left. Blocking.
     pub(crate) fn keep(

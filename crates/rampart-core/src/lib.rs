@@ -33,6 +33,7 @@ pub mod principal;
 mod proc;
 mod sandbox;
 pub mod secrets;
+pub mod stored;
 pub mod template_builds;
 pub mod templates;
 mod util;
@@ -124,7 +125,10 @@ impl Manager {
             &inner.cfg,
             inner.templates_dir(),
             jailed,
+            inner.store.clone(),
         ));
+        // What tenants make the host keep: measured, counted and collected (`stored`).
+        tokio::spawn(stored::run(inner.clone(), builds.clone()));
         Ok(Arc::new(Manager {
             inner,
             tenant_approvals: std::sync::OnceLock::new(),
@@ -316,6 +320,17 @@ impl Manager {
     pub fn default_limits(&self) -> rampart_types::Limits {
         self.inner.cfg.default_limits.clone()
     }
+    /// Starts receiving an upload of `ticket` (see
+    /// [`template_builds::TemplateBuilds::begin_upload`]), bounded by what its owner's disk
+    /// quota and the host's disk have left.
+    pub async fn begin_upload(
+        &self,
+        ticket: &template_builds::UploadTicket,
+    ) -> Result<template_builds::UploadBound, CoreError> {
+        let room = self.inner.disk_room().await?;
+        self.builds.begin_upload(ticket, room)
+    }
+
     /// Template builds through the API (see [`template_builds`]).
     pub fn template_builds(&self) -> &Arc<template_builds::TemplateBuilds> {
         &self.builds

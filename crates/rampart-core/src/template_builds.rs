@@ -26,8 +26,14 @@
 //!   longer than [`BuildConfig::log_max_bytes`] keeps its first part and its end (a small
 //!   tail kept in memory while the build runs), with a note of what was dropped between.
 //!   Output is split into lines linearly ([`LineSplitter`]: each byte is scanned once).
+//! - Disk: a step writes to a disk of [`BuildConfig::disk_bytes`] (a tenant's build: at most
+//!   what its `max_disk_bytes` has left), see `rampart_image::step_disk`; a `copy` step's
+//!   upload unpacks to at most as much.
 //! - Uploads: `<data>/images/uploads/<hash>.tar` (the archive as sent, gzip or plain), written
-//!   to a temp file and renamed into place when complete. A `copy` step's archive is unpacked
+//!   to a temp file and renamed into place when complete; bounded while received by what
+//!   its owner's disk quota and the host's disk have left ([`TemplateBuilds::begin_upload`]),
+//!   counted as its owner's, removed when unused for [`BuildConfig::upload_ttl`]
+//!   (`crate::stored`). A `copy` step's archive is unpacked
 //!   with the layer extractor's rules (no entry leaves the directory, symlinks are never
 //!   followed) into a temp directory of the store, arranged as Docker's `COPY` places its
 //!   sources, and copied by the builder's `copy` step (whose cache key covers every copied
@@ -64,7 +70,8 @@ const LOG_INDEX_EVERY: u64 = 256;
 
 /// Template builds' bounds and timeouts (part of [`crate::CoreConfig`]). Defaults: logs of
 /// 8 MiB and lines of 16 KiB per build, reservations expire after 10 minutes, 8 reservations
-/// and 4 started builds per tenant, steps of 30 minutes, builds of 2 hours.
+/// and 4 started builds per tenant, steps of 30 minutes, builds of 2 hours, a build disk of
+/// 8 GiB, uploads kept 24 hours after their upload or last use.
 /// [`BuildConfig::from_env`] reads overrides from `RAMPART_BUILD_*` variables.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BuildConfig {
@@ -82,6 +89,12 @@ pub struct BuildConfig {
     pub step_timeout: Duration,
     /// Longest a build may run (from when it takes the build slot).
     pub build_timeout: Duration,
+    /// A build's disk, bytes: what a `run` (`apt`, `pip`, `npm`) step may write (an image of
+    /// this size, see `rampart_image::step_disk`) and what a `copy` step's upload may unpack
+    /// to. A tenant's build has at most what its `max_disk_bytes` has left.
+    pub disk_bytes: u64,
+    /// How long an upload no build used is kept (from its upload or its last use).
+    pub upload_ttl: Duration,
 }
 
 impl Default for BuildConfig {
@@ -94,6 +107,8 @@ impl Default for BuildConfig {
             max_active_per_tenant: 4,
             step_timeout: Duration::from_secs(30 * 60),
             build_timeout: Duration::from_secs(2 * 3600),
+            disk_bytes: 8 << 30,
+            upload_ttl: Duration::from_secs(24 * 3600),
         }
     }
 }
@@ -107,6 +122,8 @@ pub const BUILD_ENV: &[(&str, &str)] = &[
     ("RAMPART_BUILD_MAX_ACTIVE", "max_active_per_tenant"),
     ("RAMPART_BUILD_STEP_TIMEOUT_SECS", "step_timeout"),
     ("RAMPART_BUILD_TIMEOUT_SECS", "build_timeout"),
+    ("RAMPART_BUILD_DISK_BYTES", "disk_bytes"),
+    ("RAMPART_BUILD_UPLOAD_TTL_SECS", "upload_ttl"),
 ];
 
 impl BuildConfig {
@@ -132,6 +149,10 @@ impl BuildConfig {
                 "RAMPART_BUILD_MAX_ACTIVE" => c.max_active_per_tenant = z,
                 "RAMPART_BUILD_STEP_TIMEOUT_SECS" => c.step_timeout = Duration::from_secs(n),
                 "RAMPART_BUILD_TIMEOUT_SECS" => c.build_timeout = Duration::from_secs(n),
+                "RAMPART_BUILD_DISK_BYTES" => {
+                    c.disk_bytes = n.max(rampart_image::step_disk::MIN_STEP_DISK_BYTES);
+                }
+                "RAMPART_BUILD_UPLOAD_TTL_SECS" => c.upload_ttl = Duration::from_secs(n),
                 _ => {}
             }
         }
@@ -721,6 +742,76 @@ pub struct TemplateBuilds {
     uploads: Mutex<HashMap<String, Upload>>,
     /// Started builds and the one slot (lock order: `queue` before `builds`).
     queue: Mutex<Queue>,
+    /// The state store: tenants' disk quotas and what they keep (`crate::stored`).
+    store: Arc<dyn rampart_store::SandboxStore>,
+    /// Bytes of uploads being received, per owner (counted against its quota meanwhile).
+    inflight: Arc<Mutex<HashMap<Option<String>, u64>>>,
+}
+
+/// The bound of one upload being received ([`TemplateBuilds::begin_upload`]): what it may
+/// still write; its bytes count as its owner's while it lasts.
+#[derive(Debug)]
+pub struct UploadBound {
+    owner: Option<String>,
+    inflight: Arc<Mutex<HashMap<Option<String>, u64>>>,
+    /// Most bytes, and why (the error past it).
+    max: u64,
+    why: UploadLimit,
+    taken: u64,
+}
+
+#[derive(Debug, Clone)]
+enum UploadLimit {
+    /// [`MAX_UPLOAD_BYTES`].
+    Size,
+    /// The owner's `max_disk_bytes`: (held before, the quota).
+    Quota(u64, u64),
+    /// The host's disk (see `crate::capacity`).
+    Host,
+}
+
+impl UploadBound {
+    /// Counts `n` more bytes; past the bound, the error to answer (the upload is dropped).
+    pub fn take(&mut self, n: u64) -> Result<(), CoreError> {
+        let total = self.taken.saturating_add(n);
+        if total > self.max {
+            return Err(match &self.why {
+                UploadLimit::Size => CoreError::BadRequest {
+                    field: "upload".into(),
+                    message: format!("the upload is larger than {MAX_UPLOAD_BYTES} bytes"),
+                },
+                UploadLimit::Quota(used, max) => CoreError::Store(
+                    rampart_store::StoreError::Quota(rampart_types::tenant::QuotaRefusal {
+                        limit: "max_disk_bytes".into(),
+                        used: *used as f64,
+                        requested: total as f64,
+                        max: *max as f64,
+                    }),
+                ),
+                UploadLimit::Host => CoreError::Capacity(format!(
+                    "disk: the upload passed the {} bytes the host's disk has left beside what \
+                     is promised to sandboxes, snapshots and volumes",
+                    self.max
+                )),
+            });
+        }
+        self.taken = total;
+        let mut m = self.inflight.lock().unwrap_or_else(|e| e.into_inner());
+        *m.entry(self.owner.clone()).or_default() += n;
+        Ok(())
+    }
+}
+
+impl Drop for UploadBound {
+    fn drop(&mut self) {
+        let mut m = self.inflight.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(v) = m.get_mut(&self.owner) {
+            *v = v.saturating_sub(self.taken);
+            if *v == 0 {
+                m.remove(&self.owner);
+            }
+        }
+    }
 }
 
 fn now() -> String {
@@ -773,7 +864,12 @@ fn whose(owner: Option<&str>) -> String {
 }
 
 impl TemplateBuilds {
-    pub(crate) fn new(cfg: &crate::CoreConfig, templates_dir: &Path, jailed: bool) -> Self {
+    pub(crate) fn new(
+        cfg: &crate::CoreConfig,
+        templates_dir: &Path,
+        jailed: bool,
+        store: Arc<dyn rampart_store::SandboxStore>,
+    ) -> Self {
         let data = cfg.data_dir.clone();
         // Logs of a previous run: their builds are forgotten.
         let _ = std::fs::remove_dir_all(data.join("build-logs"));
@@ -789,7 +885,87 @@ impl TemplateBuilds {
             order: Mutex::new(VecDeque::new()),
             uploads: Mutex::new(HashMap::new()),
             queue: Mutex::new(Queue::default()),
+            store,
+            inflight: Arc::new(Mutex::new(HashMap::new())),
         }
+    }
+
+    /// The uploads directory of every owner: (owner, directory).
+    pub(crate) fn upload_dirs(&self) -> Vec<(Option<String>, PathBuf)> {
+        let base = self.uploads_dir(None);
+        let mut v = vec![(None, base.clone())];
+        if let Ok(rd) = std::fs::read_dir(&base) {
+            for e in rd.flatten() {
+                let n = e.file_name().to_string_lossy().into_owned();
+                let Some(hex) = n.strip_prefix("tenant-") else {
+                    continue;
+                };
+                let bytes: Option<Vec<u8>> = (0..hex.len() / 2)
+                    .map(|i| u8::from_str_radix(hex.get(i * 2..i * 2 + 2)?, 16).ok())
+                    .collect();
+                if let Some(name) = bytes.and_then(|b| String::from_utf8(b).ok()) {
+                    if hex.len() % 2 == 0 && self.uploads_dir(Some(&name)) == e.path() {
+                        v.push((Some(name), e.path()));
+                    }
+                }
+            }
+        }
+        v
+    }
+
+    /// Records what `owner` (a tenant) keeps in uploads now (`crate::stored`).
+    fn measure_uploads(&self, owner: Option<&str>) {
+        let Some(t) = owner else { return };
+        let _g = crate::stored::lock();
+        let bytes = crate::stored::uploads_bytes(&self.uploads_dir(owner));
+        if let Err(e) = self.store.set_stored(t, crate::stored::UPLOADS, bytes) {
+            tracing::warn!(tenant = t, "recording the tenant's uploads: {e}");
+        }
+    }
+
+    /// Starts receiving an upload of `ticket`: it may write at most the least of
+    /// [`MAX_UPLOAD_BYTES`], what its owner's `max_disk_bytes` has left (beside its other
+    /// uploads being received) and `host_room` (what the host's disk has left beside what
+    /// is promised, less the other uploads being received). Refused at once when nothing is
+    /// left.
+    pub fn begin_upload(
+        &self,
+        ticket: &UploadTicket,
+        host_room: u64,
+    ) -> Result<UploadBound, CoreError> {
+        let owner = ticket.owner.clone();
+        let (mine, all) = {
+            let m = self.inflight.lock().unwrap_or_else(|e| e.into_inner());
+            (m.get(&owner).copied().unwrap_or(0), m.values().sum::<u64>())
+        };
+        let mut max = MAX_UPLOAD_BYTES;
+        let mut why = UploadLimit::Size;
+        let host = host_room.saturating_sub(all);
+        if host < max {
+            max = host;
+            why = UploadLimit::Host;
+        }
+        if let Some(t) = owner.as_deref() {
+            if let Some(room) = self.store.tenant_disk_room(t)? {
+                let room = room.saturating_sub(mine);
+                if room < max {
+                    max = room;
+                    let (used, quota) = crate::stored::disk_quota(&*self.store, t);
+                    why = UploadLimit::Quota(used.saturating_add(mine), quota);
+                }
+            }
+        }
+        let mut b = UploadBound {
+            owner,
+            inflight: self.inflight.clone(),
+            max,
+            why,
+            taken: 0,
+        };
+        if b.max == 0 {
+            b.take(1)?;
+        }
+        Ok(b)
     }
 
     /// The bounds and timeouts builds run with.
@@ -1114,10 +1290,37 @@ impl TemplateBuilds {
         )))
     }
 
-    /// Moves a complete upload into place (its owner's uploads).
+    /// Moves a complete upload into place (its owner's uploads), and counts it as its
+    /// owner's.
     pub fn commit_upload(&self, tmp: &Path, ticket: &UploadTicket) -> Result<(), CoreError> {
         let to = self.upload_path(ticket.owner.as_deref(), &ticket.hash);
-        std::fs::rename(tmp, &to).map_err(CoreError::io(format!("rename to {}", to.display())))
+        // Checked again as it is kept: what the tenant took on while it was received
+        // (sandboxes, volumes) counts too. An upload it replaces is counted already.
+        if let Some(t) = ticket.owner.as_deref() {
+            let _g = crate::stored::lock();
+            let len = |p: &Path| std::fs::metadata(p).map_or(0, |m| m.len());
+            let adds = len(tmp).saturating_sub(len(&to));
+            if let Some(room) = self.store.tenant_disk_room(t)? {
+                if adds > room {
+                    let (used, max) = crate::stored::disk_quota(&*self.store, t);
+                    return Err(CoreError::Store(rampart_store::StoreError::Quota(
+                        rampart_types::tenant::QuotaRefusal {
+                            limit: "max_disk_bytes".into(),
+                            used: used as f64,
+                            requested: adds as f64,
+                            max: max as f64,
+                        },
+                    )));
+                }
+            }
+        }
+        std::fs::rename(tmp, &to).map_err(CoreError::io(format!("rename to {}", to.display())))?;
+        // Its TTL runs from now (`crate::stored`).
+        if let Ok(f) = std::fs::OpenOptions::new().append(true).open(&to) {
+            let _ = f.set_modified(std::time::SystemTime::now());
+        }
+        self.measure_uploads(ticket.owner.as_deref());
+        Ok(())
     }
 
     /// Starts a reserved build with `plan` (one a caller of `tenant` may see); returns at
@@ -1287,6 +1490,7 @@ impl TemplateBuilds {
         }
         let me = self.clone();
         let (id2, c2) = (id.clone(), control.clone());
+        let info_owner = info.owner.clone();
         let began = Instant::now();
         control.step_began(None);
         let mut task = tokio::task::spawn_blocking(move || me.run_build(&id2, &info, plan, &c2));
@@ -1303,6 +1507,15 @@ impl TemplateBuilds {
         };
         match r {
             Ok(tid) => {
+                // The tenant's templates' layers are its own to keep (`crate::stored`).
+                if let Some(t) = info_owner.as_deref() {
+                    let (store, t) = (self.store.clone(), t.to_owned());
+                    let data = self.data.clone();
+                    let _ = tokio::task::spawn_blocking(move || {
+                        crate::stored::measure_layers_of(&data, &*store, &t)
+                    })
+                    .await;
+                }
                 self.log(
                     &id,
                     "info",
@@ -1385,6 +1598,26 @@ impl TemplateBuilds {
         let staging = store
             .tmp_dir("api-build")
             .map_err(|e| (e.to_string(), None))?;
+        // The build's disk: the daemon's bound, or what the tenant's disk quota has left.
+        let mut disk = self.cfg.disk_bytes;
+        if let Some(t) = info.owner.as_deref() {
+            match self.store.tenant_disk_room(t) {
+                Ok(Some(room)) if room < rampart_image::step_disk::MIN_STEP_DISK_BYTES => {
+                    let (used, max) = crate::stored::disk_quota(&*self.store, t);
+                    return Err((
+                        format!(
+                            "quota max_disk_bytes exceeded: the tenant holds {used} bytes of \
+                             disk, the most is {max}; a build needs at least {} bytes",
+                            rampart_image::step_disk::MIN_STEP_DISK_BYTES
+                        ),
+                        None,
+                    ));
+                }
+                Ok(Some(room)) => disk = disk.min(room),
+                Ok(None) => {}
+                Err(e) => return Err((e.to_string(), None)),
+            }
+        }
         let mut names = Vec::new();
         let mut steps = Vec::new();
         for (i, (s, name)) in plan.steps.into_iter().enumerate() {
@@ -1398,8 +1631,9 @@ impl TemplateBuilds {
                     mode,
                 } => {
                     let at = staging.path().join(format!("copy{}", i + 1));
-                    let src = stage_upload(&self.upload_path(info.owner.as_deref(), &hash), &at)
-                        .map_err(|e| (format!("copy: {e}"), name.clone()))?;
+                    let src =
+                        stage_upload(&self.upload_path(info.owner.as_deref(), &hash), &at, disk)
+                            .map_err(|e| (format!("copy: {e}"), name.clone()))?;
                     Step::Copy {
                         src: src
                             .strip_prefix(staging.path())
@@ -1435,6 +1669,8 @@ impl TemplateBuilds {
         .with_registry(self.registry.clone());
         // Cancel and the timeouts set it: the runner kills the step's sandbox.
         builder.cancel = control.cancel.clone();
+        // What a step writes goes to a disk of the build's size, never the host's directly.
+        builder.step_disk_bytes = Some(disk);
         let step_name = |index: usize| -> Option<String> {
             if index == 0 {
                 Some("base".into())
@@ -1544,11 +1780,65 @@ impl TemplateBuilds {
 /// a single file (to `dest`, or into it when `dest` ends in `/`), or a directory whose
 /// contents go into `dest` (one directory source, or several sources merged: files by name,
 /// directories by their contents).
-fn stage_upload(archive: &Path, at: &Path) -> Result<PathBuf, String> {
+fn stage_upload(archive: &Path, at: &Path, limit: u64) -> Result<PathBuf, String> {
+    // A use: the upload is kept its TTL from now (`crate::stored`).
+    if let Ok(f) = std::fs::OpenOptions::new().append(true).open(archive) {
+        let _ = f.set_modified(std::time::SystemTime::now());
+    }
+    let over = std::rc::Rc::new(std::cell::Cell::new(false));
+    let too_big = || {
+        format!("the uploaded archive unpacks to more than {limit} bytes (the build's disk limit)")
+    };
     let open = || -> Result<Box<dyn Read>, String> {
         let f = std::fs::File::open(archive).map_err(|e| format!("{}: {e}", archive.display()))?;
-        rampart_image::extract::decompressed(std::io::BufReader::new(f)).map_err(|e| e.to_string())
+        let r = rampart_image::extract::decompressed(std::io::BufReader::new(f))
+            .map_err(|e| e.to_string())?;
+        // The unpacked stream is bounded: an archive that expands past the build's disk is
+        // refused as it is read, before it is written out.
+        Ok(Box::new(Bounded {
+            inner: r,
+            left: limit,
+            over: over.clone(),
+        }))
     };
+    let r = stage_bounded(&open, at, limit);
+    if over.get() {
+        let _ = rampart_image::store::remove_tree(at);
+        return Err(too_big());
+    }
+    if r.is_err() {
+        let _ = rampart_image::store::remove_tree(at);
+    }
+    r
+}
+
+/// A reader that fails once more than `left` bytes were read (and says so in `over`).
+struct Bounded<R> {
+    inner: R,
+    left: u64,
+    over: std::rc::Rc<std::cell::Cell<bool>>,
+}
+
+impl<R: Read> Read for Bounded<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        if n as u64 > self.left {
+            self.over.set(true);
+            return Err(std::io::Error::other(
+                "the archive unpacks past the build's disk limit",
+            ));
+        }
+        self.left -= n as u64;
+        Ok(n)
+    }
+}
+
+/// [`stage_upload`] once its reader is bounded.
+fn stage_bounded(
+    open: &dyn Fn() -> Result<Box<dyn Read>, String>,
+    at: &Path,
+    limit: u64,
+) -> Result<PathBuf, String> {
     // The archive's own entries: the sources are those whose parent is not one.
     let mut entries: Vec<String> = Vec::new();
     let mut ar = tar::Archive::new(open()?);
@@ -1590,6 +1880,14 @@ fn stage_upload(archive: &Path, at: &Path) -> Result<PathBuf, String> {
     let tree = at.join("tree");
     std::fs::create_dir_all(&tree).map_err(|e| format!("mkdir {}: {e}", tree.display()))?;
     rampart_image::extract::apply_layer(open()?, &tree).map_err(|e| e.to_string())?;
+    // What was written, as the files' lengths say (sparse entries included).
+    let size = rampart_image::store::tree_size(&tree);
+    if size > limit {
+        return Err(format!(
+            "the uploaded archive unpacks to {size} bytes, more than {limit} (the build's disk \
+             limit)"
+        ));
+    }
     let is_dir = |p: &Path| std::fs::symlink_metadata(p).is_ok_and(|m| m.is_dir());
     if let [one] = tops.as_slice() {
         let p = tree.join(one);

@@ -719,6 +719,10 @@ pub struct Builder<'a> {
     pub builtins: Vec<(String, PathBuf)>,
     /// How `image:` bases are pulled.
     pub registry: crate::registry::RegistryConfig,
+    /// The disk of a `run`, `apt`, `pip` or `npm` step, bytes: what it writes goes to an
+    /// image of this size ([`crate::step_disk`]) and writing past it fails the step. None:
+    /// a host directory, unbounded (the host's own builds of the operator's templates).
+    pub step_disk_bytes: Option<u64>,
 }
 
 impl<'a> Builder<'a> {
@@ -732,6 +736,7 @@ impl<'a> Builder<'a> {
             uid_base,
             builtins: Vec::new(),
             registry: Default::default(),
+            step_disk_bytes: None,
         }
     }
 
@@ -1144,12 +1149,21 @@ impl<'a> Builder<'a> {
             Step::Run { user: None, .. } => config.user.clone().unwrap_or_else(|| "root".into()),
             _ => "root".into(),
         };
+        // The step writes to its disk when it has one (bounded), else to `tmp` (the host's).
+        let disk = match self.step_disk_bytes {
+            Some(n) => Some(crate::step_disk::StepDisk::make(tmp.path(), n)?),
+            None => None,
+        };
+        let wdir = disk
+            .as_ref()
+            .map_or_else(|| tmp.path().to_path_buf(), |d| d.root().to_path_buf());
+        let upper = wdir.join("fs");
         let on_base = match &base_dir {
             Some(d) => {
                 let b = OnBase {
                     template_dir: d.clone(),
-                    usr_upper: tmp.path().join("usr-upper"),
-                    usr_work: tmp.path().join("usr-work"),
+                    usr_upper: wdir.join("usr-upper"),
+                    usr_work: wdir.join("usr-work"),
                 };
                 for p in [&b.usr_upper, &b.usr_work] {
                     std::fs::create_dir(p).map_err(io(format!("mkdir {}", p.display())))?;
@@ -1162,8 +1176,8 @@ impl<'a> Builder<'a> {
         };
         let req = RunRequest {
             layers: layer_paths,
-            upper: fs.clone(),
-            work: tmp.path().join("work"),
+            upper: upper.clone(),
+            work: wdir.join("work"),
             command,
             user,
             cwd: match step {
@@ -1184,14 +1198,26 @@ impl<'a> Builder<'a> {
         let code = self.runner.run(&req, &mut out, &self.cancel)?;
         self.check_cancel()?;
         if code != 0 {
+            if let Some(d) = disk.as_ref().filter(|d| d.full()) {
+                return Err(fail(format!(
+                    "exited with status {code}; the step's disk is full (the build's disk \
+                     limit is {} bytes; a step may write at most that much)",
+                    d.bytes()
+                )));
+            }
             return Err(fail(format!("exited with status {code}")));
         }
         if let Some(b) = &req.on_base {
-            merge_usr_upper(&fs, &b.usr_upper)?;
+            merge_usr_upper(&upper, &b.usr_upper)?;
             let _ = remove_tree(&b.usr_work);
         }
-        finish_upper(&fs, self.uid_base, had_rc)?;
-        let _ = remove_tree(&tmp.path().join("work"));
+        finish_upper(&upper, self.uid_base, had_rc)?;
+        let _ = remove_tree(&req.work);
+        if let Some(d) = disk {
+            // Out of the step's disk into the store's file system; the disk goes.
+            crate::step_disk::StepDisk::copy_out(&upper, &fs)?;
+            drop(d);
+        }
         self.store.commit_layer(&fs, key, &step.describe())?;
         Ok(())
     }

@@ -25,6 +25,7 @@ pub mod reference;
 pub mod registry;
 pub mod sample;
 pub mod spec;
+pub mod step_disk;
 pub mod store;
 
 pub use spec::{Spec, SpecError, Step};

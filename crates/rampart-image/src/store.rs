@@ -341,6 +341,9 @@ impl Store {
 
     /// Removes what an interrupted build left in `tmp/` (call with the lock held).
     pub fn clean_tmp(&self) {
+        // A step's disk a killed build left mounted: unmounted first (its loop device then
+        // detaches), so nothing is removed through it.
+        crate::step_disk::unmount_under(&self.root.join("tmp"));
         if let Ok(rd) = std::fs::read_dir(self.root.join("tmp")) {
             for e in rd.flatten() {
                 let _ = remove_tree(&e.path());

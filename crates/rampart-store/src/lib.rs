@@ -364,6 +364,21 @@ pub trait SandboxStore: Send + Sync + std::fmt::Debug {
     /// Checks that `tenant` may take on `demand` beside what it holds (a volume, a
     /// snapshot).
     fn admit_demand(&self, tenant: &str, demand: &tenants::Demand) -> Result<(), StoreError>;
+    /// `tenant`'s disk: what it holds as `max_disk_bytes` counts, and that quota (None:
+    /// unlimited).
+    fn tenant_disk(&self, tenant: &str) -> Result<(u64, Option<u64>), StoreError>;
+    /// The disk `tenant` may still take on under its `max_disk_bytes` (None: unlimited).
+    fn tenant_disk_room(&self, tenant: &str) -> Result<Option<u64>, StoreError> {
+        let (held, max) = self.tenant_disk(tenant)?;
+        Ok(max.map(|m| m.saturating_sub(held)))
+    }
+    /// Replaces what every tenant keeps on the host of `kind` (`layers`, `uploads`,
+    /// `artifacts`), as measured; counted in `max_disk_bytes`.
+    fn replace_stored(&self, kind: &str, per_tenant: &[(String, u64)]) -> Result<(), StoreError>;
+    /// Sets what `tenant` keeps on the host of `kind`.
+    fn set_stored(&self, tenant: &str, kind: &str, bytes: u64) -> Result<(), StoreError>;
+    /// Adds `bytes` to what `tenant` keeps on the host of `kind`.
+    fn add_stored(&self, tenant: &str, kind: &str, bytes: u64) -> Result<(), StoreError>;
     /// Usage rows of the sandboxes of `tenant` (every sandbox when None) alive at some time
     /// in `[from_ms, to_ms)`, oldest first, with each one's count of `exec` events.
     fn usage_between(
@@ -384,7 +399,7 @@ pub trait SandboxStore: Send + Sync + std::fmt::Debug {
 }
 
 /// The current schema version.
-pub const SCHEMA_VERSION: i64 = 8;
+pub const SCHEMA_VERSION: i64 = 9;
 
 const ALIVE_SQL: &str = "('creating','running','paused','stopping')";
 
@@ -430,6 +445,8 @@ const MIGRATIONS: &[(i64, &str)] = &[
         8,
         "ALTER TABLE sandboxes ADD COLUMN isolation TEXT NOT NULL DEFAULT 'namespace';",
     ),
+    // What tenants make the host keep: layers, uploads, artifacts (issue 33).
+    (9, tenants::MIGRATION_9),
 ];
 
 /// The SQLite implementation of [`SandboxStore`].
@@ -1014,6 +1031,28 @@ impl SandboxStore for SqliteStore {
 
     fn admit_demand(&self, tenant: &str, demand: &tenants::Demand) -> Result<(), StoreError> {
         tenants::admit(&self.lock(), tenant, demand)
+    }
+
+    fn tenant_disk(&self, tenant: &str) -> Result<(u64, Option<u64>), StoreError> {
+        tenants::disk_of(&self.lock(), tenant)
+    }
+
+    fn add_stored(&self, tenant: &str, kind: &str, bytes: u64) -> Result<(), StoreError> {
+        tenants::add_stored(&self.lock(), tenant, kind, bytes)?;
+        self.committed();
+        Ok(())
+    }
+
+    fn replace_stored(&self, kind: &str, per_tenant: &[(String, u64)]) -> Result<(), StoreError> {
+        tenants::replace_stored(&mut self.lock(), kind, per_tenant)?;
+        self.committed();
+        Ok(())
+    }
+
+    fn set_stored(&self, tenant: &str, kind: &str, bytes: u64) -> Result<(), StoreError> {
+        tenants::set_stored(&self.lock(), tenant, kind, bytes)?;
+        self.committed();
+        Ok(())
     }
 
     fn usage_between(

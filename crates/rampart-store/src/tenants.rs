@@ -30,6 +30,16 @@ pub(crate) const TENANTS_TABLE: &str = "CREATE TABLE IF NOT EXISTS tenants (
         policy TEXT NOT NULL
     );";
 
+/// Migration 9: what tenants make the host keep besides sandboxes, snapshots and volumes
+/// (template layers, `COPY` uploads, artifacts), bytes per tenant and kind, as the daemon
+/// last measured it; counted in `max_disk_bytes` ([`holdings`]).
+pub(crate) const MIGRATION_9: &str = "CREATE TABLE IF NOT EXISTS tenant_stored (
+        tenant TEXT NOT NULL,
+        kind TEXT NOT NULL,
+        bytes INTEGER NOT NULL,
+        PRIMARY KEY (tenant, kind)
+    );";
+
 /// Migration 7: the sandbox's tenant, tenants, usage rows and the node's change log.
 pub(crate) const MIGRATION_7: &str = "ALTER TABLE sandboxes ADD COLUMN tenant TEXT;
     CREATE INDEX sandboxes_tenant ON sandboxes(tenant, state);
@@ -375,7 +385,75 @@ pub(crate) fn holdings(conn: &Connection, tenant: &str) -> Result<Holdings, Stor
         )?;
         h.disk_bytes += (mib.max(0) as u64) << 20;
     }
+    if has_table(conn, "tenant_stored")? {
+        let b: i64 = conn.query_row(
+            "SELECT COALESCE(SUM(bytes), 0) FROM tenant_stored WHERE tenant = ?1",
+            [tenant],
+            |r| r.get(0),
+        )?;
+        h.stored_bytes = b.max(0) as u64;
+        h.disk_bytes += h.stored_bytes;
+    }
     Ok(h)
+}
+
+/// Replaces what every tenant holds of `kind` (`layers`, `uploads`, `artifacts`) with
+/// `per_tenant` (a tenant not in it holds none), in one transaction.
+pub(crate) fn replace_stored(
+    conn: &mut Connection,
+    kind: &str,
+    per_tenant: &[(String, u64)],
+) -> Result<(), StoreError> {
+    let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+    tx.execute("DELETE FROM tenant_stored WHERE kind = ?1", [kind])?;
+    for (t, b) in per_tenant {
+        if *b > 0 {
+            tx.execute(
+                "INSERT INTO tenant_stored (tenant, kind, bytes) VALUES (?1, ?2, ?3)",
+                params![t, kind, i64::try_from(*b).unwrap_or(i64::MAX)],
+            )?;
+        }
+    }
+    tx.commit()?;
+    Ok(())
+}
+
+/// Sets what `tenant` holds of `kind`.
+pub(crate) fn set_stored(
+    conn: &Connection,
+    tenant: &str,
+    kind: &str,
+    bytes: u64,
+) -> Result<(), StoreError> {
+    conn.execute(
+        "INSERT INTO tenant_stored (tenant, kind, bytes) VALUES (?1, ?2, ?3) \
+         ON CONFLICT (tenant, kind) DO UPDATE SET bytes = excluded.bytes",
+        params![tenant, kind, i64::try_from(bytes).unwrap_or(i64::MAX)],
+    )?;
+    Ok(())
+}
+
+/// Adds `bytes` to what `tenant` holds of `kind`.
+pub(crate) fn add_stored(
+    conn: &Connection,
+    tenant: &str,
+    kind: &str,
+    bytes: u64,
+) -> Result<(), StoreError> {
+    conn.execute(
+        "INSERT INTO tenant_stored (tenant, kind, bytes) VALUES (?1, ?2, ?3) \
+         ON CONFLICT (tenant, kind) DO UPDATE SET bytes = bytes + excluded.bytes",
+        params![tenant, kind, i64::try_from(bytes).unwrap_or(i64::MAX)],
+    )?;
+    Ok(())
+}
+
+/// `tenant`'s disk: what it holds (as `max_disk_bytes` counts) and that quota (None: none).
+pub(crate) fn disk_of(conn: &Connection, tenant: &str) -> Result<(u64, Option<u64>), StoreError> {
+    let Some(t) = get(conn, tenant)? else {
+        return Err(StoreError::NoTenant(tenant.to_owned()));
+    };
+    Ok((holdings(conn, tenant)?.disk_bytes, t.quotas.max_disk_bytes))
 }
 
 fn refuse(limit: &str, used: f64, requested: f64, max: f64) -> StoreError {

@@ -169,8 +169,13 @@ pub struct Holdings {
     pub vcpus: f64,
     /// Memory limits of the alive sandboxes, bytes.
     pub memory_bytes: u64,
-    /// Disk limits of the alive sandboxes plus snapshots and volumes, bytes.
+    /// Disk limits of the alive sandboxes plus snapshots, volumes and what it keeps on the
+    /// host (`stored_bytes`), bytes.
     pub disk_bytes: u64,
+    /// What it keeps on the host besides (its templates' layers, `COPY` uploads, artifacts),
+    /// bytes, as last measured; part of `disk_bytes`.
+    #[serde(default)]
+    pub stored_bytes: u64,
 }
 
 /// A quota that a request would pass: which, what is used, what the request adds, the most.

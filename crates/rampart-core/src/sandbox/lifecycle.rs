@@ -33,6 +33,30 @@ impl Sandboxes {
         Ok(guard)
     }
 
+    /// What the host's disk has left beside what live sandboxes, snapshots and volumes
+    /// were promised (see `capacity`), bytes: the most an upload may take.
+    pub(crate) async fn disk_room(&self) -> Result<u64, CoreError> {
+        let sandboxes = self.store.alive_disk_bytes()?;
+        let committed = sandboxes.saturating_add(self.persist.committed_bytes()?);
+        let (data, root, ratio) = (
+            self.cfg.data_dir.clone(),
+            self.iso.store_root(),
+            self.cfg.disk_overcommit,
+        );
+        let budget = tokio::task::spawn_blocking(move || {
+            crate::capacity::measure(&data, root.as_deref(), ratio)
+        })
+        .await
+        .map_err(CoreError::task("disk admission"))?
+        .map_err(CoreError::io("disk admission"))?;
+        Ok(budget.holdable.saturating_sub(committed))
+    }
+
+    /// Whether the daemon is stopping.
+    pub(crate) fn is_stopped(&self) -> bool {
+        self.stopped.load(Ordering::SeqCst)
+    }
+
     pub(crate) async fn create(
         self: &Arc<Self>,
         req: CreateSandbox,
@@ -710,9 +734,16 @@ impl Sandboxes {
         };
         let store = self.artifacts.clone();
         let (id2, paths2) = (id.clone(), paths.clone());
+        let tenant = self.store.get(id).ok().flatten().and_then(|r| r.tenant);
+        let db = self.store.clone();
         let kept = tokio::task::spawn_blocking(move || {
             use std::os::fd::AsFd;
-            store.keep(&id2, root.as_fd(), &paths2, now_ms())
+            let a = store.keep(&id2, root.as_fd(), &paths2, now_ms())?;
+            // What the tenant makes the host keep (`crate::stored`).
+            if let Some(t) = tenant.as_deref() {
+                crate::stored::add_artifacts(&*db, t, &store.dir_of(&id2));
+            }
+            Ok::<_, CoreError>(a)
         })
         .await;
         match kept {

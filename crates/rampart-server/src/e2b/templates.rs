@@ -236,6 +236,8 @@ pub(crate) async fn upload(
             "this upload link is unknown, used or expired: ask for a new one",
         )
     })?;
+    // Bounded by what the owner's disk quota and the host's disk have left.
+    let mut bound = st.manager.begin_upload(&ticket).await?;
     let tmp = b.upload_tmp(&ticket)?;
     let r = async {
         let mut f = tokio::fs::OpenOptions::new()
@@ -260,6 +262,7 @@ pub(crate) async fn upload(
                     ),
                 ));
             }
+            bound.take(chunk.len() as u64)?;
             f.write_all(&chunk)
                 .await
                 .map_err(|e| E2bError::internal(format!("writing the upload: {e}")))?;
@@ -276,6 +279,7 @@ pub(crate) async fn upload(
     if r.is_err() {
         let _ = tokio::fs::remove_file(&tmp).await;
     }
+    drop(bound);
     r?;
     Ok(StatusCode::OK.into_response())
 }
