@@ -46,7 +46,15 @@ pub(crate) fn isolation_of(
     if crate::validate::TEMPLATES.contains(&name) {
         return Ok(None);
     }
-    Ok(resolve(data, name)?.and_then(|r| r.config.isolation))
+    // Only the manifest is needed (not its layers' paths), as for `runs_interpreter`.
+    let Some(store) = Store::open_existing(data) else {
+        return Ok(None);
+    };
+    match store.resolve(name) {
+        Ok((_, m)) => Ok(m.config.isolation),
+        Err(ImageError::UnknownTemplate(_)) => Ok(None),
+        Err(e) => Err(CoreError::failed(format!("template {name}"))(e)),
+    }
 }
 
 /// Resolves a built template (`None` when `name` is not one).

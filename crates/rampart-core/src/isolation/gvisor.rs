@@ -37,6 +37,8 @@ use std::time::{Duration, Instant};
 const OVERHEAD_BYTES: u64 = 128 << 20;
 /// How long a sandbox's agent may take to accept connections after `runsc run`.
 const AGENT_DEADLINE: Duration = Duration::from_secs(60);
+/// How long a stopped sandbox's disk may take to be released by its loop device.
+const AT_REST_DEADLINE: Duration = Duration::from_secs(60);
 /// How long a freeze may take.
 const FREEZE_WITHIN: Duration = Duration::from_secs(10);
 /// The directory (under the tier's root) where `runsc` keeps its state (`--root`).
@@ -213,17 +215,17 @@ impl Gvisor {
         c
     }
 
-    /// Runs a `runsc` subcommand for `id` and returns its output, or why it failed.
-    fn runsc_cmd(&self, args: &[&str], id: &SandboxId) -> Result<String, GvisorError> {
+    /// Runs `runsc <args>` and returns what it printed, or why it failed.
+    fn run(&self, args: &[&std::ffi::OsStr]) -> Result<String, GvisorError> {
         let out = self
             .runsc()
             .args(args)
-            .arg(id.as_str())
             .output()
             .map_err(io(format!("run {}", self.runsc.display())))?;
         if !out.status.success() {
+            let words: Vec<_> = args.iter().map(|a| a.to_string_lossy()).collect();
             return Err(GvisorError::Runsc {
-                step: format!("runsc {}", args.join(" ")),
+                step: format!("runsc {}", words.join(" ")),
                 status: out.status.to_string(),
                 output: tail(&String::from_utf8_lossy(&out.stderr)),
             });
@@ -233,24 +235,13 @@ impl Gvisor {
 
     /// Sends `sig` (`USR1`) to a sandbox's PID 1, its agent.
     fn signal(&self, id: &SandboxId, sig: &str) -> Result<(), GvisorError> {
-        let out = self
-            .runsc()
-            .args(["kill", id.as_str(), sig])
-            .output()
-            .map_err(io(format!("run {}", self.runsc.display())))?;
-        if !out.status.success() {
-            return Err(GvisorError::Runsc {
-                step: format!("runsc kill {sig}"),
-                status: out.status.to_string(),
-                output: tail(&String::from_utf8_lossy(&out.stderr)),
-            });
-        }
-        Ok(())
+        self.run(&["kill".as_ref(), id.as_str().as_ref(), sig.as_ref()])
+            .map(drop)
     }
 
     /// The host pid of a running sandbox's Sentry (what lives as long as the sandbox).
     fn sandbox_pid(&self, id: &SandboxId) -> Result<i32, GvisorError> {
-        let out = self.runsc_cmd(&["state"], id)?;
+        let out = self.run(&["state".as_ref(), id.as_str().as_ref()])?;
         let v: serde_json::Value = serde_json::from_str(&out).map_err(|e| GvisorError::Runsc {
             step: "runsc state".into(),
             status: "unreadable".into(),
@@ -428,6 +419,16 @@ impl Gvisor {
         rampart_jail::store::clone_file(&empty, &dir.join("disk.img"))
             .map_err(GvisorError::Cgroup)?;
         Ok(())
+    }
+
+    /// [`Gvisor::end`], keeping its directory, and waits until its disk is at rest: the
+    /// disk's file system goes with the mount namespace (its writes flushed by the unmount)
+    /// and its loop device detaches itself after it.
+    fn end_at_rest(&self, id: &SandboxId) -> Result<(), GvisorError> {
+        self.end(id)?;
+        let dir = self.dir(id);
+        let _ = std::fs::remove_file(dir.join("run/agent.sock"));
+        wait_loop_released(&dir.join("disk.img"))
     }
 
     /// Ends a sandbox's processes (its cgroup killed) and forgets it in `runsc`; its
@@ -636,7 +637,7 @@ fn wait_loop_released(image: &Path) -> Result<(), GvisorError> {
     };
     let t0 = Instant::now();
     while held() {
-        if t0.elapsed() > AGENT_DEADLINE {
+        if t0.elapsed() > AT_REST_DEADLINE {
             return Err(GvisorError::Io {
                 step: format!("waiting for the loop device of {want} to be released"),
                 source: std::io::Error::from_raw_os_error(libc::EBUSY),
@@ -819,14 +820,7 @@ impl Freeze for Gvisor {
 
 impl ColdStop for Gvisor {
     fn stop(&self, id: &SandboxId) -> Result<(), IsolationError> {
-        // The cgroup is thawed by its destruction (killed tasks of a frozen v1 cgroup die
-        // once thawed); the disk's file system goes with the mount namespace, its writes
-        // flushed by the unmount, and its loop device detaches itself after it.
-        self.end(id)?;
-        let dir = self.dir(id);
-        let _ = std::fs::remove_file(dir.join("run/agent.sock"));
-        wait_loop_released(&dir.join("disk.img"))?;
-        Ok(())
+        Ok(self.end_at_rest(id)?)
     }
     fn relaunch(
         &self,
@@ -877,24 +871,13 @@ impl ColdStop for Gvisor {
         std::os::unix::fs::DirBuilderExt::mode(&mut std::fs::DirBuilder::new(), 0o700)
             .create(&image)
             .map_err(io("mkdir checkpoint"))?;
-        let saved = self
-            .runsc()
-            .arg("checkpoint")
-            .arg("--image-path")
-            .arg(&image)
-            .arg(id.as_str())
-            .output()
-            .map_err(io(format!("run {}", self.runsc.display())));
-        let failed = match saved {
-            Ok(o) if o.status.success() => None,
-            Ok(o) => Some(GvisorError::Runsc {
-                step: "runsc checkpoint".into(),
-                status: o.status.to_string(),
-                output: tail(&String::from_utf8_lossy(&o.stderr)),
-            }),
-            Err(e) => Some(e),
-        };
-        if let Some(e) = failed {
+        let saved = self.run(&[
+            "checkpoint".as_ref(),
+            "--image-path".as_ref(),
+            image.as_os_str(),
+            id.as_str().as_ref(),
+        ]);
+        if let Err(e) = saved {
             // Nothing saved: the sandbox runs on as it was, its agent listening again.
             let _ = std::fs::remove_dir_all(&image);
             let _ = self.signal(id, "USR1");
@@ -907,9 +890,6 @@ impl ColdStop for Gvisor {
                 std::os::unix::fs::PermissionsExt::from_mode(0o600),
             );
         }
-        self.end(id)?;
-        let _ = std::fs::remove_file(dir.join("run/agent.sock"));
-        wait_loop_released(&dir.join("disk.img"))?;
-        Ok(())
+        Ok(self.end_at_rest(id)?)
     }
 }
