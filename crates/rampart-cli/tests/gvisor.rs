@@ -80,6 +80,33 @@ fn restart(d: &mut support::Tidy) {
     std::mem::forget(std::mem::replace(&mut d.daemon, fresh));
 }
 
+/// Starts a counter in `s` whose state is only in its process's memory (`/tmp/n` shows it,
+/// `/tmp/pid` names the process) and waits until it counts.
+fn start_counter(s: &Sandbox) {
+    s.sh("nohup sh -c 'echo $$ > /tmp/pid; i=0; while :; do i=$((i+1)); echo $i > /tmp/n; sleep 0.05; done' >/dev/null 2>&1 &");
+    support::wait_until("the counter to run", 60, || count(s) > 2);
+}
+
+/// The counter's value (0 before it first wrote it).
+fn count(s: &Sandbox) -> u64 {
+    s.sh("cat /tmp/n 2>/dev/null")["stdout"]
+        .as_str()
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// Writes `text` to `spec` and runs `rampart template build` of it on the host, into `data`.
+fn build_template(data: &Path, spec: &Path, text: &str) -> std::process::Output {
+    std::fs::write(spec, text).unwrap();
+    std::process::Command::new(env!("CARGO_BIN_EXE_rampart"))
+        .args(["template", "build", "--data-dir"])
+        .arg(data)
+        .arg("-f")
+        .arg(spec)
+        .output()
+        .unwrap()
+}
+
 fn host_kernel() -> String {
     std::fs::read_to_string("/proc/sys/kernel/osrelease")
         .unwrap()
@@ -147,29 +174,17 @@ fn a_gvisor_sandbox_runs_every_verb_on_gvisors_kernel_and_leaves_nothing() {
     );
     s.sh("rm -f /home/user/big");
     // Pause keeps its processes: a counter stops while paused and goes on after.
-    s.sh("nohup sh -c 'i=0; while :; do i=$((i+1)); echo $i > /tmp/n; sleep 0.05; done' >/dev/null 2>&1 &");
-    support::wait_until("the counter to run", 60, || {
-        s.sh("cat /tmp/n 2>/dev/null")["stdout"]
-            .as_str()
-            .and_then(|v| v.trim().parse::<u64>().ok())
-            .is_some_and(|n| n > 2)
-    });
+    start_counter(&s);
     let (st, p) = post(&s.url("/pause"), json!({}));
     assert_eq!((st, p["state"].as_str()), (200, Some("paused")), "{p}");
     let (st, _) = post(&s.url("/exec"), json!({"cmd": ["true"]}));
     assert_eq!(st, 409);
     let (st, p) = post(&s.url("/resume"), json!({}));
     assert_eq!((st, p["state"].as_str()), (200, Some("running")), "{p}");
-    let read = || -> u64 {
-        s.sh("cat /tmp/n")["stdout"]
-            .as_str()
-            .unwrap()
-            .trim()
-            .parse()
-            .unwrap()
-    };
-    let after = read();
-    support::wait_until("the counter to go on after resume", 60, || read() > after);
+    let after = count(&s);
+    support::wait_until("the counter to go on after resume", 60, || {
+        count(&s) > after
+    });
     // A pause to the filesystem ends its processes and keeps its disk; the resume boots it.
     s.sh("echo kept > /home/user/kept");
     let (st, p) = post(&s.url("/pause"), json!({"memory": false}));
@@ -325,14 +340,7 @@ fn a_gvisor_sandbox_paused_to_disk_keeps_its_processes_across_a_daemon_restart()
     let mut d = support::start_tidy("gvisor-memory");
     let mut s = gvisor_sandbox(&d);
     // A process whose state is only in its memory: a counter, and its pid.
-    s.sh("nohup sh -c 'echo $$ > /tmp/pid; i=0; while :; do i=$((i+1)); echo $i > /tmp/n; sleep 0.05; done' >/dev/null 2>&1 &");
-    let count = |s: &Sandbox| -> u64 {
-        s.sh("cat /tmp/n 2>/dev/null")["stdout"]
-            .as_str()
-            .and_then(|v| v.trim().parse().ok())
-            .unwrap_or(0)
-    };
-    support::wait_until("the counter to run", 60, || count(&s) > 2);
+    start_counter(&s);
     let pid = s.sh("cat /tmp/pid")["stdout"].as_str().unwrap().to_owned();
     let before = count(&s);
     let (st, p) = post(&s.url("/pause"), json!({"disk": true}));
@@ -379,19 +387,12 @@ fn a_template_names_its_tier_and_a_create_can_override_it() {
     }
     let d = support::start_tidy("gvisor-template");
     let spec = d.root.join("gv.toml");
-    std::fs::write(
+    let out = build_template(
+        &d.data,
         &spec,
         "name = \"gv\"\nfrom = \"template:base\"\nisolation = \"gvisor\"\n\
          [[steps]]\nrun = \"echo built > /home/user/gv-built\"\n",
-    )
-    .unwrap();
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_rampart"))
-        .args(["template", "build", "--data-dir"])
-        .arg(&d.data)
-        .arg("-f")
-        .arg(&spec)
-        .output()
-        .unwrap();
+    );
     assert!(
         out.status.success(),
         "{}",
@@ -414,18 +415,11 @@ fn a_template_names_its_tier_and_a_create_can_override_it() {
     assert_eq!(n.info["isolation"], "namespace", "{}", n.info);
     assert_eq!(n.sh("cat /home/user/gv-built")["stdout"], "built\n");
     // A spec naming an unknown tier is refused with the field's name.
-    std::fs::write(
+    let out = build_template(
+        &d.data,
         &spec,
         "name = \"bad\"\nfrom = \"template:base\"\nisolation = \"vm\"\n",
-    )
-    .unwrap();
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_rampart"))
-        .args(["template", "build", "--data-dir"])
-        .arg(&d.data)
-        .arg("-f")
-        .arg(&spec)
-        .output()
-        .unwrap();
+    );
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success() && err.contains("isolation"), "{err}");
 }
