@@ -842,6 +842,9 @@ impl ColdStop for Gvisor {
     fn is_stopped(&self, id: &SandboxId) -> bool {
         self.holds(id) && self.cgroups.pids(id.as_str()).is_empty()
     }
+    fn can_checkpoint(&self, id: &SandboxId) -> bool {
+        self.holds(id)
+    }
     fn checkpoint(&self, id: &SandboxId) -> Result<(), IsolationError> {
         let dir = self.dir(id);
         let image = dir.join(CHECKPOINT);

@@ -369,6 +369,10 @@ pub trait ColdStop: Send + Sync {
     ) -> Result<Launched, IsolationError>;
     /// Whether a sandbox is stopped ([`ColdStop::stop`]): its disk kept, nothing running.
     fn is_stopped(&self, id: &SandboxId) -> bool;
+    /// Whether [`ColdStop::checkpoint`] can save sandbox `id` (cheap; false by default).
+    fn can_checkpoint(&self, _id: &SandboxId) -> bool {
+        false
+    }
     /// Like [`ColdStop::stop`], keeping its processes too: their memory, open files and
     /// state are saved beside its disk, and [`ColdStop::relaunch`] restores them where they
     /// were ([`Launched::restored`]). By default the tier cannot (a 400 naming `disk`).

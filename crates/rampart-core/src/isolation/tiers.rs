@@ -183,6 +183,9 @@ impl ColdStop for Tiers {
     fn is_stopped(&self, id: &SandboxId) -> bool {
         self.of(id).is_stopped(id)
     }
+    fn can_checkpoint(&self, id: &SandboxId) -> bool {
+        self.of(id).cold().is_ok_and(|c| c.can_checkpoint(id))
+    }
     fn checkpoint(&self, id: &SandboxId) -> Result<(), IsolationError> {
         self.of(id).cold()?.checkpoint(id)
     }

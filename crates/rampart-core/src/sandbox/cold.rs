@@ -26,15 +26,6 @@ pub(super) struct Booted {
 }
 
 impl Sandboxes {
-    /// Whether sandbox `id` runs on the gVisor tier.
-    fn on_gvisor(&self, id: &SandboxId) -> bool {
-        self.store
-            .get(id)
-            .ok()
-            .flatten()
-            .is_some_and(|r| r.isolation == rampart_types::Tier::Gvisor)
-    }
-
     /// Whether `id` is paused to its filesystem: paused in the store, with no pid, its disk
     /// kept by the tier.
     pub(crate) async fn is_cold(&self, id: &SandboxId) -> Result<bool, CoreError> {
@@ -87,12 +78,6 @@ impl Sandboxes {
 
     /// [`Sandboxes::pause_to_disk`] under the sandbox's operation lock.
     async fn stop_locked(self: &Arc<Self>, id: &SandboxId, memory: bool) -> Result<(), Stop> {
-        if memory && !self.on_gvisor(id) {
-            return Err(Stop::Refused(CoreError::BadRequest {
-                field: "disk".into(),
-                message: "only a sandbox on the gvisor tier can save its memory to disk: pause it with its memory kept in RAM (the default) or to its filesystem (\"memory\": false)".into(),
-            }));
-        }
         if self.iso.cold().is_err() {
             return Err(Stop::Refused(CoreError::Unsupported(format!(
                 "the {} tier cannot pause a sandbox to its filesystem (or boot it from its disk)",
@@ -110,6 +95,14 @@ impl Sandboxes {
                 };
             }
         };
+        // Asked of the tier before anything changes: one that cannot save this sandbox's
+        // memory leaves it untouched.
+        if memory && !self.iso.cold().is_ok_and(|c| c.can_checkpoint(id)) {
+            return Err(Stop::Refused(CoreError::BadRequest {
+                field: "disk".into(),
+                message: "only a sandbox on the gvisor tier can save its memory to disk: pause it with its memory kept in RAM (the default) or to its filesystem (\"memory\": false)".into(),
+            }));
+        }
         let rec = self
             .store
             .get(id)
