@@ -48,6 +48,9 @@ pub struct CoreConfig {
     /// step and build timeouts (see [`crate::template_builds::BuildConfig`] for the defaults).
     pub builds: crate::template_builds::BuildConfig,
     /// The isolation tier of a sandbox whose request and template name none (`namespace`).
+    /// Warm pools kept at start: sandboxes launched ahead of the creates that claim them
+    /// (none by default; see `sandbox::pool`).
+    pub warm: Vec<WarmPool>,
     pub default_isolation: rampart_types::Tier,
     /// The gVisor tier: where `runsc` is and which platform it runs on.
     pub gvisor: crate::isolation::GvisorConfig,
@@ -88,7 +91,55 @@ impl CoreConfig {
             registry: Default::default(),
             builds: Default::default(),
             default_isolation: Default::default(),
+            warm: Vec::new(),
             gvisor: Default::default(),
         }
+    }
+}
+
+/// A warm pool: `size` sandboxes of `template` (on `isolation`, else the template's or the
+/// node's tier) kept launched and healthy, nobody's until a create claims one.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WarmPool {
+    /// Template of its sandboxes.
+    pub template: String,
+    /// Tier of its sandboxes (none: as a create of the template without one).
+    pub isolation: Option<rampart_types::Tier>,
+    /// How many it keeps ready.
+    pub size: usize,
+}
+
+impl std::str::FromStr for WarmPool {
+    type Err = String;
+
+    /// `TEMPLATE=SIZE` or `TEMPLATE:TIER=SIZE` (`base=16`, `base:gvisor=4`).
+    fn from_str(s: &str) -> Result<Self, String> {
+        let (what, size) = s
+            .rsplit_once('=')
+            .ok_or_else(|| format!("{s:?}: expected TEMPLATE=SIZE (e.g. base=16)"))?;
+        let size: usize = size
+            .trim()
+            .parse()
+            .map_err(|_| format!("{s:?}: the size {size:?} is not a whole number"))?;
+        let (template, isolation) = match what.split_once(':') {
+            Some((t, tier)) => (
+                t,
+                Some(
+                    tier.trim()
+                        .parse::<rampart_types::Tier>()
+                        .map_err(|e| format!("{s:?}: {e}"))?,
+                ),
+            ),
+            None => (what, None),
+        };
+        let template = template.trim();
+        if template.is_empty() {
+            return Err(format!("{s:?}: no template named"));
+        }
+        Ok(WarmPool {
+            template: template.to_owned(),
+            isolation,
+            size,
+        })
     }
 }

@@ -44,7 +44,7 @@ pub mod webhook;
 pub use audit::fsdiff::{diff_layer, DiffLimits, LayerDiff, Layers};
 pub use audit::AuditConfig;
 pub use audit::NetEventBudget;
-pub use config::CoreConfig;
+pub use config::{CoreConfig, WarmPool};
 pub use error::CoreError;
 pub use exec::{Exec, ExecControl, ExecRecorder, ExecStart, InputSink};
 pub use isolation::{
@@ -129,6 +129,14 @@ impl Manager {
         ));
         // What tenants make the host keep: measured, counted and collected (`stored`).
         tokio::spawn(stored::run(inner.clone(), builds.clone()));
+        // A template built again drains its warm pools (they refill from the new build).
+        let weak = Arc::downgrade(&inner);
+        builds.on_built(move |name| {
+            if let Some(s) = weak.upgrade() {
+                let name = name.to_owned();
+                tokio::spawn(async move { s.drain_pools(&name).await });
+            }
+        });
         Ok(Arc::new(Manager {
             inner,
             tenant_approvals: std::sync::OnceLock::new(),
@@ -645,8 +653,15 @@ impl Manager {
             .append_changes(changes)
             .map_err(CoreError::from)
     }
+    /// The node's warm pools and what they hold (the node's view: admin only).
+    pub fn pools(&self) -> Vec<rampart_types::PoolInfo> {
+        self.inner.pools()
+    }
+
     /// Stops the reaper; sandboxes keep running (a restarted daemon re-attaches).
     pub async fn shutdown(&self) {
+        // Warm sandboxes are nobody's: they end with the daemon that launched them.
+        self.inner.drain_all_pools().await;
         self.inner.stop_tasks();
         self.inner.network.shutdown(self.inner.store.as_ref()).await;
     }

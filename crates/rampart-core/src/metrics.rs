@@ -21,6 +21,12 @@ pub(crate) struct Metrics {
     pub destroyed: IntCounterVec,
     pub pauses: IntCounter,
     pub resumes: IntCounter,
+    /// Warm sandboxes ready to be claimed, by template and tier.
+    pub pool_ready: IntGaugeVec,
+    /// Creates that asked a warm pool, by result (`hit`, `miss`).
+    pub pool_claims: IntCounterVec,
+    /// Time to launch one warm sandbox.
+    pub pool_refill_seconds: Histogram,
 }
 
 impl Metrics {
@@ -82,6 +88,30 @@ impl Metrics {
         )?;
         let pauses = IntCounter::new("rampart_sandbox_pauses_total", "Sandboxes paused.")?;
         let resumes = IntCounter::new("rampart_sandbox_resumes_total", "Sandboxes resumed.")?;
+        let pool_ready = IntGaugeVec::new(
+            Opts::new(
+                "rampart_pool_ready",
+                "Warm sandboxes ready to be claimed, by template and tier.",
+            ),
+            &["template", "isolation"],
+        )?;
+        let pool_claims = IntCounterVec::new(
+            Opts::new(
+                "rampart_pool_claims_total",
+                "Creates a warm pool could serve (hit) or could not (miss: it was empty).",
+            ),
+            &["result"],
+        )?;
+        let pool_refill_seconds = Histogram::with_opts(
+            HistogramOpts::new(
+                "rampart_pool_refill_seconds",
+                "Time to launch one warm sandbox for a pool.",
+            )
+            .buckets(vec![0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0]),
+        )?;
+        registry.register(Box::new(pool_ready.clone()))?;
+        registry.register(Box::new(pool_claims.clone()))?;
+        registry.register(Box::new(pool_refill_seconds.clone()))?;
         registry.register(Box::new(pauses.clone()))?;
         registry.register(Box::new(resumes.clone()))?;
         registry.register(Box::new(sandboxes.clone()))?;
@@ -104,6 +134,9 @@ impl Metrics {
             destroyed,
             pauses,
             resumes,
+            pool_ready,
+            pool_claims,
+            pool_refill_seconds,
         })
     }
 

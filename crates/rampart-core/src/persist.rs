@@ -293,6 +293,11 @@ impl Staged {
     pub(crate) fn request(&self) -> &str {
         &self.request
     }
+
+    /// Nothing staged beyond the request: no disk source, no volumes.
+    pub(crate) fn is_plain(&self) -> bool {
+        self.extras.is_empty()
+    }
 }
 
 fn fill_limits(req: &mut LimitsRequest, l: &Limits) {

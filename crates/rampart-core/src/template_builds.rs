@@ -746,6 +746,17 @@ pub struct TemplateBuilds {
     store: Arc<dyn rampart_store::SandboxStore>,
     /// Bytes of uploads being received, per owner (counted against its quota meanwhile).
     inflight: Arc<Mutex<HashMap<Option<String>, u64>>>,
+    /// Told the stored name of each template built (its warm pools drain).
+    on_built: std::sync::OnceLock<OnBuilt>,
+}
+
+/// What [`TemplateBuilds::on_built`] calls.
+struct OnBuilt(Box<dyn Fn(&str) + Send + Sync>);
+
+impl std::fmt::Debug for OnBuilt {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("OnBuilt")
+    }
 }
 
 /// The bound of one upload being received ([`TemplateBuilds::begin_upload`]): what it may
@@ -887,6 +898,7 @@ impl TemplateBuilds {
             queue: Mutex::new(Queue::default()),
             store,
             inflight: Arc::new(Mutex::new(HashMap::new())),
+            on_built: std::sync::OnceLock::new(),
         }
     }
 
@@ -1474,6 +1486,11 @@ impl TemplateBuilds {
         });
     }
 
+    /// Calls `f` with the stored name of each template built from now on (once set).
+    pub(crate) fn on_built(&self, f: impl Fn(&str) + Send + Sync + 'static) {
+        let _ = self.on_built.set(OnBuilt(Box::new(f)));
+    }
+
     /// Runs a build holding the slot, watching its step and build timeouts, and records how
     /// it ended.
     async fn run_job(self: &Arc<Self>, job: Job) {
@@ -1491,6 +1508,7 @@ impl TemplateBuilds {
         let me = self.clone();
         let (id2, c2) = (id.clone(), control.clone());
         let info_owner = info.owner.clone();
+        let stored = info.stored.clone();
         let began = Instant::now();
         control.step_began(None);
         let mut task = tokio::task::spawn_blocking(move || me.run_build(&id2, &info, plan, &c2));
@@ -1526,6 +1544,9 @@ impl TemplateBuilds {
                     i.status = BuildStatus::Ready;
                     i.template_id = Some(tid);
                 });
+                if let Some(f) = self.on_built.get() {
+                    (f.0)(&stored);
+                }
             }
             Err((message, step)) => self.fail(&id, message, step),
         }

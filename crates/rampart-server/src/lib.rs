@@ -262,6 +262,7 @@ fn v1_router(state: AppState, auth: Option<Arc<auth::Auth>>) -> Router {
             put(tenancy::set_approvals).delete(tenancy::clear_approvals),
         )
         .route("/usage", get(tenancy::usage))
+        .route("/pools", get(sandboxes::pools))
         .route("/changes", get(tenancy::changes))
         .route("/openapi.json", get(openapi::serve_openapi))
         .route("/whoami", get(auth::whoami))

@@ -1409,6 +1409,7 @@ mod tests {
                     }),
                     on_timeout: Default::default(),
                     isolation: Default::default(),
+                    pooled: false,
                     network: None,
                     request: None,
                     tenant: None,

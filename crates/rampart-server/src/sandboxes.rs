@@ -285,3 +285,24 @@ mod tests {
         assert!(list_filters(pairs(&[("limit", "3")])).is_err());
     }
 }
+
+/// `GET /v1/pools` (admin): the node's warm pools, with the ids of the sandboxes they hold
+/// (nobody's until a create claims one).
+#[utoipa::path(get, path = "/v1/pools", tag = "sandboxes",
+    responses(
+        (status = 200, description = "Each pool: template, tier, size, ready, filling", body = Vec<rampart_types::PoolInfo>),
+        (status = 403, description = "A tenant's key: pools are the node's", body = ApiErrorBody),
+    ))]
+pub(crate) async fn pools(
+    State(st): State<AppState>,
+    crate::caller::Caller(who): crate::caller::Caller,
+) -> Result<Json<Vec<rampart_types::PoolInfo>>, ApiError> {
+    if who.tenant.is_some() {
+        return Err(ApiError::new(
+            axum::http::StatusCode::FORBIDDEN,
+            "forbidden",
+            "warm pools are the node's: a tenant's key cannot see them",
+        ));
+    }
+    Ok(Json(st.manager.pools()))
+}

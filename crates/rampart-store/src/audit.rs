@@ -430,6 +430,7 @@ mod tests {
                 request: None,
                 tenant: None,
                 isolation: Default::default(),
+                pooled: false,
             },
             10,
             10,

@@ -210,6 +210,32 @@ pub struct NewSandbox {
     pub tenant: Option<String>,
     /// The isolation tier it runs on.
     pub isolation: Tier,
+    /// Launched ahead of any create for a warm pool: nobody's, listed by
+    /// [`SandboxStore::pooled`] only, counted against the host's capacity but no tenant's,
+    /// and without a usage record until [`SandboxStore::claim_audited`].
+    pub pooled: bool,
+}
+
+/// What a create applies to a pooled sandbox when it claims it
+/// ([`SandboxStore::claim_audited`]).
+#[derive(Debug, Clone)]
+pub struct Claim {
+    /// The pooled sandbox.
+    pub id: SandboxId,
+    /// Its owner from now on (its quotas are checked in the claim's transaction).
+    pub tenant: Option<String>,
+    /// Labels.
+    pub metadata: BTreeMap<String, String>,
+    /// The claim's time: the sandbox's creation as its owner sees it, unix ms.
+    pub created_at_ms: i64,
+    /// Deadline, unix ms.
+    pub expires_at_ms: i64,
+    /// What its expiry does.
+    pub on_timeout: OnTimeout,
+    /// Its access token, public ports and E2B facts.
+    pub access: Option<access::NewAccess>,
+    /// Its create request as kept for fork.
+    pub request: Option<String>,
 }
 
 /// The sandbox state interface. Implementations are shared between threads.
@@ -252,6 +278,12 @@ pub trait SandboxStore: Send + Sync + std::fmt::Debug {
         state: Option<SandboxState>,
         metadata: &BTreeMap<String, String>,
     ) -> Result<Vec<SandboxRecord>, StoreError>;
+    /// Alive sandboxes of warm pools, not yet claimed (never in [`SandboxStore::list`]).
+    fn pooled(&self) -> Result<Vec<SandboxRecord>, StoreError>;
+    /// Gives the pooled, running sandbox `claim.id` to its owner in one transaction: the
+    /// owner's quotas, its labels, times, access, request and usage record, and the audit
+    /// event `event`. [`StoreError::NotFound`] when it is not a running pooled sandbox.
+    fn claim_audited(&self, claim: &Claim, event: Option<&NewEvent>) -> Result<(), StoreError>;
     /// Every alive sandbox (`creating`, `running`, `paused`, `stopping`).
     fn alive(&self) -> Result<Vec<SandboxRecord>, StoreError> {
         self.list(None, &BTreeMap::new())
@@ -399,7 +431,7 @@ pub trait SandboxStore: Send + Sync + std::fmt::Debug {
 }
 
 /// The current schema version.
-pub const SCHEMA_VERSION: i64 = 9;
+pub const SCHEMA_VERSION: i64 = 10;
 
 const ALIVE_SQL: &str = "('creating','running','paused','stopping')";
 
@@ -447,6 +479,11 @@ const MIGRATIONS: &[(i64, &str)] = &[
     ),
     // What tenants make the host keep: layers, uploads, artifacts (issue 33).
     (9, tenants::MIGRATION_9),
+    // Warm pools: a sandbox launched ahead of any create, nobody's until claimed.
+    (
+        10,
+        "ALTER TABLE sandboxes ADD COLUMN pooled INTEGER NOT NULL DEFAULT 0;",
+    ),
 ];
 
 /// The SQLite implementation of [`SandboxStore`].
@@ -753,8 +790,8 @@ impl SandboxStore for SqliteStore {
         let res = tx
             .prepare_cached(
                 "INSERT INTO sandboxes (id, template, state, limits, env, metadata, uid_slot, \
-                 created_at, expires_at, on_timeout, tenant, isolation) \
-                 VALUES (?1, ?2, 'creating', ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
+                 created_at, expires_at, on_timeout, tenant, isolation, pooled) \
+                 VALUES (?1, ?2, 'creating', ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
             )?
             .execute(params![
                 new.id.as_str(),
@@ -767,7 +804,8 @@ impl SandboxStore for SqliteStore {
                 new.expires_at_ms,
                 new.on_timeout.as_str(),
                 new.tenant,
-                new.isolation.as_str()
+                new.isolation.as_str(),
+                new.pooled
             ]);
         match res {
             Ok(_) => {}
@@ -788,14 +826,17 @@ impl SandboxStore for SqliteStore {
         if let Some(r) = &new.request {
             persist::insert_request(&tx, new.id.as_str(), r)?;
         }
-        tenants::insert_usage(
-            &tx,
-            new.id.as_str(),
-            new.tenant.as_deref(),
-            &new.template,
-            &limits,
-            new.created_at_ms,
-        )?;
+        // A pooled sandbox is used by nobody until its claim, which starts its record.
+        if !new.pooled {
+            tenants::insert_usage(
+                &tx,
+                new.id.as_str(),
+                new.tenant.as_deref(),
+                &new.template,
+                &limits,
+                new.created_at_ms,
+            )?;
+        }
         tx.commit()?;
         Ok(slot)
     }
@@ -1105,14 +1146,15 @@ impl SandboxStore for SqliteStore {
         let raws: Vec<RawRow> = match state {
             Some(s) => conn
                 .prepare_cached(&format!(
-                    "SELECT {COLUMNS} FROM sandboxes WHERE state = ?1 ORDER BY created_at, id"
+                    "SELECT {COLUMNS} FROM sandboxes WHERE state = ?1 AND pooled = 0 \
+                     ORDER BY created_at, id"
                 ))?
                 .query_map([s.as_str()], raw_row)?
                 .collect::<Result<_, _>>()?,
             None => conn
                 .prepare_cached(&format!(
                     "SELECT {COLUMNS} FROM sandboxes WHERE state IN {ALIVE_SQL} \
-                     ORDER BY created_at, id"
+                     AND pooled = 0 ORDER BY created_at, id"
                 ))?
                 .query_map([], raw_row)?
                 .collect::<Result<_, _>>()?,
@@ -1131,7 +1173,7 @@ impl SandboxStore for SqliteStore {
     fn counts(&self) -> Result<HashMap<SandboxState, u64>, StoreError> {
         let conn = self.lock();
         let mut stmt =
-            conn.prepare_cached("SELECT state, COUNT(*) FROM sandboxes GROUP BY state")?;
+            conn.prepare_cached("SELECT state, COUNT(*) FROM sandboxes WHERE pooled = 0 GROUP BY state")?;
         let rows = stmt.query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?)))?;
         let mut out = HashMap::new();
         for row in rows {
@@ -1141,6 +1183,72 @@ impl SandboxStore for SqliteStore {
             out.insert(s, n as u64);
         }
         Ok(out)
+    }
+
+    fn pooled(&self) -> Result<Vec<SandboxRecord>, StoreError> {
+        let conn = self.lock();
+        let raws: Vec<RawRow> = conn
+            .prepare_cached(&format!(
+                "SELECT {COLUMNS} FROM sandboxes WHERE state IN {ALIVE_SQL} AND pooled = 1 \
+                 ORDER BY created_at, id"
+            ))?
+            .query_map([], raw_row)?
+            .collect::<Result<_, _>>()?;
+        drop(conn);
+        raws.into_iter().map(RawRow::decode).collect()
+    }
+
+    fn claim_audited(&self, claim: &Claim, event: Option<&NewEvent>) -> Result<(), StoreError> {
+        let id = &claim.id;
+        let metadata = json(id, &claim.metadata)?;
+        let mut conn = self.lock();
+        let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+        let row: Option<(String, String)> = tx
+            .prepare_cached(
+                "SELECT template, limits FROM sandboxes \
+                 WHERE id = ?1 AND pooled = 1 AND state = 'running'",
+            )?
+            .query_row([id.as_str()], |r| Ok((r.get(0)?, r.get(1)?)))
+            .optional()?;
+        let Some((template, limits)) = row else {
+            return Err(StoreError::NotFound(id.to_string()));
+        };
+        if let Some(t) = &claim.tenant {
+            let l: Limits = serde_json::from_str(&limits)
+                .map_err(|e| corrupt(id.as_str(), format!("limits: {e}")))?;
+            tenants::admit(&tx, t, &tenants::Demand::sandbox(&l))?;
+        }
+        tx.prepare_cached(
+            "UPDATE sandboxes SET pooled = 0, tenant = ?2, metadata = ?3, created_at = ?4, \
+             expires_at = ?5, on_timeout = ?6 WHERE id = ?1",
+        )?
+        .execute(params![
+            id.as_str(),
+            claim.tenant,
+            metadata,
+            claim.created_at_ms,
+            claim.expires_at_ms,
+            claim.on_timeout.as_str()
+        ])?;
+        if let Some(a) = &claim.access {
+            access::insert(&tx, id.as_str(), a)?;
+        }
+        if let Some(r) = &claim.request {
+            persist::insert_request(&tx, id.as_str(), r)?;
+        }
+        tenants::insert_usage(
+            &tx,
+            id.as_str(),
+            claim.tenant.as_deref(),
+            &template,
+            &limits,
+            claim.created_at_ms,
+        )?;
+        if let Some(e) = event {
+            audit::insert_event(&tx, e)?;
+        }
+        tx.commit()?;
+        Ok(())
     }
 
     fn alive_disk_bytes(&self) -> Result<u64, StoreError> {
@@ -1193,7 +1301,70 @@ mod tests {
             request: None,
             tenant: None,
             isolation: Default::default(),
+            pooled: false,
         }
+    }
+
+    /// A pooled sandbox is nobody's: not listed, not counted, no usage record; its claim
+    /// makes it its owner's in one transaction, checked against the owner's quotas, once.
+    #[test]
+    fn a_pooled_sandbox_is_nobodys_until_claimed_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = dir.path().join("state.db");
+        let store = SqliteStore::open(&db).unwrap();
+        let tenants = tenants::TenantStore::open(&db).unwrap();
+        let one = rampart_types::tenant::Quotas {
+            max_sandboxes: Some(1),
+            ..Default::default()
+        };
+        tenants.create("acme", &one).unwrap();
+        let pool = |store: &SqliteStore| {
+            let mut n = new("n1", &[]);
+            n.id = SandboxId::generate();
+            n.env.clear();
+            n.pooled = true;
+            store.insert_creating(&n, 100, 100).unwrap();
+            store.set_running(&n.id, 1, 1, "/s").unwrap();
+            n.id
+        };
+        let (a, b) = (pool(&store), pool(&store));
+        assert!(store.alive().unwrap().is_empty());
+        assert!(store.counts().unwrap().is_empty());
+        assert_eq!(store.pooled().unwrap().len(), 2);
+        // Their disks are the host's all the same.
+        assert_eq!(
+            store.alive_disk_bytes().unwrap(),
+            2 * Limits::default().disk_bytes
+        );
+        let claim = |id: &SandboxId| Claim {
+            id: id.clone(),
+            tenant: Some("acme".into()),
+            metadata: [("k".to_string(), "v".to_string())].into(),
+            created_at_ms: 42,
+            expires_at_ms: 4242,
+            on_timeout: OnTimeout::Pause,
+            access: None,
+            request: Some("{}".into()),
+        };
+        store.claim_audited(&claim(&a), None).unwrap();
+        let rec = store.get(&a).unwrap().unwrap();
+        assert_eq!(rec.tenant.as_deref(), Some("acme"));
+        assert_eq!((rec.created_at_ms, rec.expires_at_ms), (42, 4242));
+        assert_eq!(rec.metadata.get("k").map(String::as_str), Some("v"));
+        assert_eq!(store.alive().unwrap().len(), 1);
+        assert_eq!(store.pooled().unwrap().len(), 1);
+        // Claimed once only.
+        assert!(matches!(
+            store.claim_audited(&claim(&a), None),
+            Err(StoreError::NotFound(_))
+        ));
+        // Over the owner's quota: refused, and the sandbox stays in the pool.
+        assert!(matches!(
+            store.claim_audited(&claim(&b), None),
+            Err(StoreError::Quota(_))
+        ));
+        assert_eq!(store.pooled().unwrap().len(), 1);
+        assert!(store.get(&b).unwrap().unwrap().tenant.is_none());
     }
 
     /// A tenant's quotas are checked in the insert's transaction: from several threads on

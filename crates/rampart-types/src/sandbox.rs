@@ -357,3 +357,21 @@ pub struct ArtifactList {
     #[schema(value_type = Object)]
     pub artifacts: crate::audit::Artifacts,
 }
+
+/// A warm pool of a node: sandboxes of one template and tier launched ahead of the creates
+/// that claim them (`GET /v1/pools`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct PoolInfo {
+    /// Template of its sandboxes.
+    pub template: String,
+    /// Isolation tier of its sandboxes.
+    pub isolation: Tier,
+    /// How many it keeps ready.
+    pub size: usize,
+    /// How many are ready now.
+    pub ready: usize,
+    /// Launches under way.
+    pub filling: usize,
+    /// Ids of the ready sandboxes (nobody's until a create claims one).
+    pub ids: Vec<String>,
+}

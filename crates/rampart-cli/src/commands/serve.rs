@@ -68,6 +68,10 @@ pub struct ServeArgs {
     /// (the default) or `gvisor` (overrides the config file's `default_isolation`).
     #[arg(long, value_name = "TIER", env = "RAMPART_DEFAULT_ISOLATION")]
     default_isolation: Option<rampart_types::Tier>,
+    /// A warm pool: `TEMPLATE=SIZE` (or `TEMPLATE:TIER=SIZE`) sandboxes launched ahead of
+    /// the creates that claim them; repeatable (replaces the config file's `[warm]`).
+    #[arg(long, value_name = "TEMPLATE=SIZE", env = "RAMPART_WARM", value_delimiter = ',')]
+    warm: Vec<rampart_core::WarmPool>,
 }
 
 /// A size in a config file: bytes (`536870912`) or text (`"512M"`).
@@ -168,6 +172,9 @@ struct FileConfig {
     /// The gVisor tier (see `docs/isolation.md`).
     #[serde(default)]
     gvisor: GvisorFileConfig,
+    /// Warm pools: `"TEMPLATE" = SIZE` or `"TEMPLATE:TIER" = SIZE`.
+    #[serde(default)]
+    warm: std::collections::BTreeMap<String, usize>,
 }
 
 /// `[gvisor]` of the config file.
@@ -704,6 +711,18 @@ fn resolve(a: &ServeArgs) -> Result<Resolved> {
             },
             registry: resolve_registry(&file.templates)?,
             builds: rampart_core::template_builds::BuildConfig::from_env(),
+            warm: if a.warm.is_empty() {
+                file.warm
+                    .iter()
+                    .map(|(k, n)| {
+                        format!("{k}={n}")
+                            .parse::<rampart_core::WarmPool>()
+                            .map_err(|e| anyhow!("[warm] {e}"))
+                    })
+                    .collect::<Result<_>>()?
+            } else {
+                a.warm.clone()
+            },
             default_isolation: match (a.default_isolation, &file.default_isolation) {
                 (Some(t), _) => t,
                 (None, Some(t)) => t.parse().map_err(|e| anyhow!("default_isolation: {e}"))?,

@@ -228,6 +228,7 @@ impl Sandboxes {
             request: None,
             tenant: rec.tenant.clone(),
             isolation: rec.isolation,
+            pooled: false,
         };
         let extras = LaunchExtras {
             disk: None,

@@ -77,6 +77,22 @@ impl Sandboxes {
                 return Err(e);
             }
         };
+        // A warm sandbox serves it when one can: a claim, not a launch.
+        match self
+            .claim(&new, staged.is_plain(), &approvals, &secrets)
+            .await
+        {
+            Ok(Some(info)) => {
+                self.claimed(&info, &new, t0);
+                let e2b = new.access.and_then(|a| a.e2b);
+                return Ok(CreatedSandbox { info, e2b });
+            }
+            Ok(None) => {}
+            Err(e) => {
+                self.metrics.creates.with_label_values(&["rejected"]).inc();
+                return Err(e);
+            }
+        }
         let id = new.id.clone();
         let admitted = match self.admit_disk("a sandbox", new.limits.disk_bytes).await {
             Ok(g) => g,
@@ -191,21 +207,7 @@ impl Sandboxes {
             on_timeout,
             new.tenant.clone(),
         );
-        Ok(SandboxInfo {
-            id: new.id.clone(),
-            template: new.template.clone(),
-            isolation: new.isolation,
-            state: SandboxState::Running,
-            limits: new.limits.clone(),
-            metadata: new.metadata.clone(),
-            env_names: new.env.keys().cloned().collect(),
-            created_at: rfc3339(new.created_at_ms),
-            expires_at: rfc3339(new.expires_at_ms),
-            ended_at: None,
-            reason: None,
-            access_token: new.access.as_ref().map(|a| a.token.clone()),
-            tenant: new.tenant.clone(),
-        })
+        Ok(super::pool::running_info(new))
     }
 
     /// Builds and starts the sandbox `new` on the tier (`again`: boots a sandbox paused to

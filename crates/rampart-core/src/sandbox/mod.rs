@@ -9,6 +9,7 @@ pub(crate) mod handle;
 mod lifecycle;
 mod ops;
 mod plan;
+mod pool;
 mod recover;
 pub(crate) mod registry;
 mod tasks;
@@ -19,6 +20,7 @@ use tasks::{publisher, reaper, watch_init};
 
 pub use handle::{Held, Sandbox, Started};
 pub use plan::CreateOptions;
+
 
 pub(crate) use registry::Registry;
 use registry::{Expiry, PauseStart, Standing};
@@ -158,6 +160,8 @@ pub(crate) struct Sandboxes {
     pub(crate) artifacts: crate::artifacts::ArtifactStore,
     /// Lifecycle events and their webhooks.
     pub(crate) events: Arc<crate::events::Lifecycle>,
+    /// Warm pools: sandboxes launched ahead of the creates that claim them.
+    pools: pool::Pools,
 }
 
 /// The API view of a stored sandbox (never env values).
@@ -326,6 +330,7 @@ impl Sandboxes {
             approvals: Default::default(),
             artifacts,
             events,
+            pools: Default::default(),
         });
         if let Some(w) = inner.cfg.approvals_webhook.clone() {
             let n = crate::webhook::Notifier::start(w).map_err(|e| CoreError::BadRequest {
@@ -361,6 +366,8 @@ impl Sandboxes {
             Ok(_) => {}
             Err(e) => warn!("pruning history: {e}"),
         }
+        let warm = inner.cfg.warm.clone();
+        inner.start_pools(&warm)?;
         let reaper = tokio::spawn(reaper(inner.clone()));
         lock(&inner.tasks).push(reaper.abort_handle());
         let pruner = tokio::spawn(tasks::artifact_pruner(inner.clone()));

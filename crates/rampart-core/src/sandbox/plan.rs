@@ -108,6 +108,7 @@ impl Sandboxes {
             request: Some(staged.request().to_owned()),
             tenant: crate::principal::current_tenant(),
             isolation: tier,
+            pooled: false,
         };
         Ok(Plan { new, staged })
     }

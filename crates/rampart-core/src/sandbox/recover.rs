@@ -85,6 +85,19 @@ impl Sandboxes {
                 .inc();
             info!(id = %rec.id, reason, "cleaned up sandbox left by a previous run");
         }
+        // Warm sandboxes a previous run launched are nobody's: they end, and this run's
+        // pools launch their own.
+        for rec in self.store.pooled().map_err(CoreError::from)? {
+            if let (Some(pid), Some(start)) = (rec.pid, rec.pid_start_time) {
+                if let Ok(fd) = proc::pidfd_open(pid) {
+                    if proc::proc_stat(pid).is_some_and(|s| s.start_time == start) {
+                        let _ = proc::try_reap(&fd);
+                    }
+                }
+            }
+            self.discard(&rec.id, "the daemon restarted").await;
+            info!(id = %rec.id, "removed a warm sandbox left by a previous run");
+        }
         self.network.clean_leftovers(self.store.as_ref()).await;
         let iso = self.iso.clone();
         let leftovers = tokio::task::spawn_blocking(move || iso.leftovers())

@@ -98,7 +98,9 @@ pub(super) async fn watch_init(inner: Arc<Sandboxes>, id: SandboxId, pid: i32, p
         return;
     }
     // Only the init it watches: a sandbox booted again from its disk has another.
-    if inner.registry.pid_if_up(&id) == Some(pid) {
+    if inner.is_pooled(&id) {
+        inner.pooled_died(&id, &how).await;
+    } else if inner.registry.pid_if_up(&id) == Some(pid) {
         warn!(id = %id, pid, how, "the sandbox's init exited by itself; destroying the sandbox");
         let inner2 = inner.clone();
         tokio::spawn(async move {
