@@ -1172,8 +1172,9 @@ impl SandboxStore for SqliteStore {
 
     fn counts(&self) -> Result<HashMap<SandboxState, u64>, StoreError> {
         let conn = self.lock();
-        let mut stmt =
-            conn.prepare_cached("SELECT state, COUNT(*) FROM sandboxes WHERE pooled = 0 GROUP BY state")?;
+        let mut stmt = conn.prepare_cached(
+            "SELECT state, COUNT(*) FROM sandboxes WHERE pooled = 0 GROUP BY state",
+        )?;
         let rows = stmt.query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?)))?;
         let mut out = HashMap::new();
         for row in rows {

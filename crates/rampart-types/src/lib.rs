@@ -35,7 +35,7 @@ pub use persist::{
 };
 pub use ports::{PortInfo, PortList};
 pub use sandbox::{
-    ApiError, ApiErrorBody, ArtifactList, CreateSandbox, OnTimeout, PauseSandbox, PoolInfo, ResumeSandbox,
-    SandboxInfo, SandboxState, SandboxStats, SetTimeout, Tier,
+    ApiError, ApiErrorBody, ArtifactList, CreateSandbox, OnTimeout, PauseSandbox, PoolInfo,
+    ResumeSandbox, SandboxInfo, SandboxState, SandboxStats, SetTimeout, Tier,
 };
 pub use template::TemplateInfo;

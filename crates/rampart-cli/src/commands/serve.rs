@@ -70,7 +70,12 @@ pub struct ServeArgs {
     default_isolation: Option<rampart_types::Tier>,
     /// A warm pool: `TEMPLATE=SIZE` (or `TEMPLATE:TIER=SIZE`) sandboxes launched ahead of
     /// the creates that claim them; repeatable (replaces the config file's `[warm]`).
-    #[arg(long, value_name = "TEMPLATE=SIZE", env = "RAMPART_WARM", value_delimiter = ',')]
+    #[arg(
+        long,
+        value_name = "TEMPLATE=SIZE",
+        env = "RAMPART_WARM",
+        value_delimiter = ','
+    )]
     warm: Vec<rampart_core::WarmPool>,
 }
 

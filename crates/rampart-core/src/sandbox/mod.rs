@@ -21,7 +21,6 @@ use tasks::{publisher, reaper, watch_init};
 pub use handle::{Held, Sandbox, Started};
 pub use plan::CreateOptions;
 
-
 pub(crate) use registry::Registry;
 use registry::{Expiry, PauseStart, Standing};
 

@@ -107,7 +107,9 @@ impl Pools {
                 ids: p.ready.iter().map(|r| r.id.to_string()).collect(),
             })
             .collect();
-        out.sort_by(|a, b| (&a.template, a.isolation.as_str()).cmp(&(&b.template, b.isolation.as_str())));
+        out.sort_by(|a, b| {
+            (&a.template, a.isolation.as_str()).cmp(&(&b.template, b.isolation.as_str()))
+        });
         out
     }
 
@@ -270,7 +272,8 @@ impl Sandboxes {
     pub(super) async fn pooled_died(&self, id: &SandboxId, how: &str) {
         if let Some(r) = self.pools.remove(id) {
             warn!(id = %id, how, "a warm sandbox's init exited; replacing it");
-            self.discard(&r.id, &format!("its init exited ({how})")).await;
+            self.discard(&r.id, &format!("its init exited ({how})"))
+                .await;
             self.pools.kick.notify_one();
         }
     }

@@ -1,0 +1,301 @@
+//! Warm pools (issue 30), from where users and operators stand: a daemon started with
+//! `--warm base=2` (or `[warm]` in its config file), tenants with native keys made as
+//! operators make them.
+//!
+//! - `a_create_claims_a_warm_sandbox_for_its_tenant_only`: a tenant's create is served by a
+//!   pooled sandbox, which becomes its own (labels, deadline, record with `"pool": true` and
+//!   the tenant's caller); another tenant cannot see it; pooled sandboxes are listed for
+//!   nobody and the pools are the node's (403 for a tenant); a claim over the tenant's quota
+//!   is refused and leaves the pooled sandbox in its pool; a create the pool cannot serve
+//!   (an environment) is launched cold; the pool refills; `/metrics` counts the hit.
+//! - `a_crashed_daemon_leaves_no_warm_sandbox_behind`: `kill -9` of the daemon, a start on
+//!   the same data: the old pooled sandboxes have no process left and are recorded ended,
+//!   the new pools are filled with new ones; a SIGTERM destroys those.
+//! - `a_pool_beyond_capacity_is_refused_at_start`: `[warm]` larger than `max_sandboxes`
+//!   stops `serve` at start with the reason, and `--warm` with a bad value too.
+//!
+//! Needs root, the jailer and the agent; otherwise it prints `skipped: <reason>`.
+
+mod support;
+
+use reqwest::Method;
+use serde_json::json;
+use std::collections::BTreeSet;
+use std::process::Command;
+use support::{make_key, native_call as native, start_tidy_with, wait_until, Tidy};
+
+/// The ids of the sandboxes ready in the daemon's pools.
+fn pooled(d: &Tidy) -> BTreeSet<String> {
+    let a = native(&d.url, support::admin_key(), Method::GET, "/v1/pools", None);
+    assert_eq!(a.status, 200, "GET /v1/pools: {:?}", a.body);
+    a.body
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|p| p["ids"].as_array().unwrap().clone())
+        .map(|v| v.as_str().unwrap().to_owned())
+        .collect()
+}
+
+/// Waits until the pools hold `n` ready sandboxes, and returns their ids.
+fn filled(d: &Tidy, n: usize) -> BTreeSet<String> {
+    let mut ids = BTreeSet::new();
+    wait_until(&format!("{n} warm sandboxes"), 120, || {
+        ids = pooled(d);
+        ids.len() == n
+    });
+    ids
+}
+
+/// Pids of the processes whose cgroup is sandbox `id`'s (its own directory, in any
+/// hierarchy, v1 or v2).
+fn processes_of(id: &str) -> Vec<i32> {
+    let needle = format!("/{id}");
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let cg = std::fs::read_to_string(e.path().join("cgroup")).unwrap_or_default();
+        if cg
+            .lines()
+            .any(|l| l.ends_with(&needle) || l.contains(&format!("{needle}/")))
+        {
+            out.push(pid);
+        }
+    }
+    out
+}
+
+#[test]
+fn a_create_claims_a_warm_sandbox_for_its_tenant_only() {
+    if let Some(why) = support::skip_reason() {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    let d = start_tidy_with("pool-claim", &[("RAMPART_WARM", "base=2")]);
+    support::make_tenants(&d.url, &["acme", "rival"]);
+    let q = native(
+        &d.url,
+        support::admin_key(),
+        Method::PUT,
+        "/v1/tenants/acme/quotas",
+        Some(json!({"max_sandboxes": 1})),
+    );
+    assert_eq!(q.status, 200, "set acme's quota: {:?}", q.body);
+    let (a, b) = (
+        make_key(&d.data, &["--tenant", "acme"]),
+        make_key(&d.data, &["--tenant", "rival"]),
+    );
+    let warm = filled(&d, 2);
+    // Nobody's: not listed, the pools are the node's.
+    let listed = native(
+        &d.url,
+        support::admin_key(),
+        Method::GET,
+        "/v1/sandboxes",
+        None,
+    );
+    assert_eq!(listed.body, json!([]), "pooled sandboxes are listed");
+    let p = native(&d.url, &a, Method::GET, "/v1/pools", None);
+    assert_eq!(p.status, 403, "a tenant sees the pools: {:?}", p.body);
+
+    // A tenant's create: a claim.
+    let c = native(
+        &d.url,
+        &a,
+        Method::POST,
+        "/v1/sandboxes",
+        Some(json!({"metadata": {"job": "7"}, "timeout_secs": 60})),
+    );
+    assert_eq!(c.status, 201, "acme's create: {:?}", c.body);
+    let id = c.body["id"].as_str().unwrap().to_owned();
+    assert!(
+        warm.contains(&id),
+        "{id} did not come from the pool {warm:?}"
+    );
+    assert_eq!(c.body["tenant"], "acme");
+    assert_eq!(c.body["metadata"], json!({"job": "7"}));
+    let created = c.body["created_at"].as_str().unwrap();
+    let expires = c.body["expires_at"].as_str().unwrap();
+    assert_ne!(created, expires);
+    let x = native(
+        &d.url,
+        &a,
+        Method::POST,
+        &format!("/v1/sandboxes/{id}/exec"),
+        Some(json!({"cmd": ["sh", "-c", "hostname; echo ok > /tmp/f; cat /tmp/f"]})),
+    );
+    assert_eq!(x.status, 200, "exec: {:?}", x.body);
+    assert_eq!(x.body["stdout"], format!("{id}\nok\n"));
+    // Its record starts at the claim, for acme's caller, and says where it came from.
+    let rec = native(
+        &d.url,
+        &a,
+        Method::GET,
+        &format!("/v1/sandboxes/{id}/audit"),
+        None,
+    );
+    assert_eq!(rec.status, 200, "record: {:?}", rec.body);
+    let first = &rec.body["events"][0];
+    assert_eq!(first["seq"], 0);
+    assert_eq!(first["body"]["type"], "created");
+    assert_eq!(first["body"]["spec"]["pool"], true);
+    assert_eq!(first["body"]["spec"]["metadata"], json!({"job": "7"}));
+    let caller = first["auth"]["principal"].as_str().unwrap();
+    assert!(caller.contains("tenant acme"), "record's caller: {caller}");
+
+    // Another tenant: not found, not listed.
+    let other = native(
+        &d.url,
+        &b,
+        Method::GET,
+        &format!("/v1/sandboxes/{id}"),
+        None,
+    );
+    assert_eq!(other.status, 404, "rival sees acme's: {:?}", other.body);
+    let theirs = native(&d.url, &b, Method::GET, "/v1/sandboxes", None);
+    assert_eq!(theirs.body, json!([]));
+    let mine = native(&d.url, &a, Method::GET, "/v1/sandboxes", None);
+    assert_eq!(mine.body.as_array().unwrap().len(), 1);
+
+    // Over acme's quota: refused, and the pooled sandbox stays in its pool.
+    let before = filled(&d, 2);
+    let over = native(&d.url, &a, Method::POST, "/v1/sandboxes", Some(json!({})));
+    assert!(
+        over.status == 429 || over.status == 403,
+        "acme's second create: {} {:?}",
+        over.status,
+        over.body
+    );
+    assert!(
+        over.body.to_string().contains("max_sandboxes"),
+        "the refusal names the quota: {:?}",
+        over.body
+    );
+    assert_eq!(pooled(&d), before, "a refused claim changed the pool");
+
+    // What a pool cannot serve (an environment is fixed at launch) is launched cold.
+    let cold = native(
+        &d.url,
+        &b,
+        Method::POST,
+        "/v1/sandboxes",
+        Some(json!({"env": {"GREETING": "hi"}})),
+    );
+    assert_eq!(cold.status, 201, "rival's create: {:?}", cold.body);
+    let cold_id = cold.body["id"].as_str().unwrap();
+    assert!(
+        !before.contains(cold_id),
+        "a create with env was served warm"
+    );
+    let x = native(
+        &d.url,
+        &b,
+        Method::POST,
+        &format!("/v1/sandboxes/{cold_id}/exec"),
+        Some(json!({"cmd": ["sh", "-c", "echo $GREETING"]})),
+    );
+    assert_eq!(x.body["stdout"], "hi\n");
+    assert_eq!(pooled(&d), before);
+
+    // The admin's view counts the hit.
+    let m = support::client()
+        .get(format!("{}/metrics", d.url))
+        .send()
+        .unwrap()
+        .text()
+        .unwrap();
+    assert!(
+        m.lines().any(
+            |l| l.starts_with("rampart_pool_claims_total{result=\"hit\"} ") && !l.ends_with(" 0")
+        ),
+        "no hit in /metrics"
+    );
+    assert!(m.contains("rampart_pool_ready{isolation=\"namespace\",template=\"base\"} 2"));
+}
+
+#[test]
+fn a_crashed_daemon_leaves_no_warm_sandbox_behind() {
+    if let Some(why) = support::skip_reason() {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    let envs = [("RAMPART_WARM", "base=2")];
+    let mut d = start_tidy_with("pool-crash", &envs);
+    let old = filled(&d, 2);
+    for id in &old {
+        assert!(!processes_of(id).is_empty(), "{id} runs nothing");
+    }
+    // A crash: kill -9 of the daemon this test started, by its pid.
+    d.daemon.child.kill().unwrap();
+    d.daemon.child.wait().unwrap();
+    let port: u16 = d.url.rsplit(':').next().unwrap().parse().unwrap();
+    let again = support::start(&d.data, port, &envs);
+    // The stopped value must not drop now: its Drop would unmount the new daemon's store.
+    std::mem::forget(std::mem::replace(&mut d.daemon, again));
+    let new = filled(&d, 2);
+    assert!(
+        old.is_disjoint(&new),
+        "old warm sandboxes were pooled again"
+    );
+    for id in &old {
+        assert_eq!(processes_of(id), Vec::<i32>::new(), "{id} left processes");
+        let a = native(
+            &d.url,
+            support::admin_key(),
+            Method::GET,
+            &format!("/v1/sandboxes/{id}"),
+            None,
+        );
+        assert_eq!(a.body["state"], "destroyed", "{id}: {:?}", a.body);
+    }
+    // A stop as operators stop it: the pools end with the daemon.
+    d.daemon.stop();
+    for id in &new {
+        assert_eq!(
+            processes_of(id),
+            Vec::<i32>::new(),
+            "{id} outlived its daemon"
+        );
+    }
+}
+
+#[test]
+fn a_pool_beyond_capacity_is_refused_at_start() {
+    if let Some(why) = support::skip_reason() {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    let root = std::env::temp_dir().join(format!("rampart-pool-cap-{}", support::token()));
+    std::fs::create_dir_all(&root).unwrap();
+    let config = root.join("rampart.toml");
+    std::fs::write(&config, "max_sandboxes = 2\n\n[warm]\nbase = 5\n").unwrap();
+    let serve = |extra: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_rampart"))
+            .args(["serve", "--listen"])
+            .arg(format!("127.0.0.1:{}", support::free_port()))
+            .arg("--data-dir")
+            .arg(root.join("data"))
+            .arg("--config")
+            .arg(&config)
+            .args(extra)
+            .env_remove("RAMPART_SOCKET")
+            .env_remove("RAMPART_WARM")
+            .output()
+            .unwrap()
+    };
+    let out = serve(&[]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "serve started with a pool of 5 in 2");
+    assert!(
+        err.contains("warm pools of 5 sandboxes") && err.contains("max_sandboxes"),
+        "the refusal: {err}"
+    );
+    let out = serve(&["--warm", "base=many"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(err.contains("not a whole number"), "the refusal: {err}");
+    support::unmount_store(&root.join("data"));
+    let _ = std::fs::remove_dir_all(&root);
+}
