@@ -11,6 +11,11 @@
 //! - `a_crashed_daemon_leaves_no_warm_sandbox_behind`: `kill -9` of the daemon, a start on
 //!   the same data: the old pooled sandboxes have no process left and are recorded ended,
 //!   the new pools are filled with new ones; a SIGTERM destroys those.
+//! - `an_e2b_create_claims_a_networked_warm_sandbox`: with `--warm base@open=2` and sandbox
+//!   networks, the E2B API's default create (internet on) is served by a pooled sandbox
+//!   wired with the open policy; its network and its record carry the create's words for
+//!   it; a native create with `{"network": {"mode": "open"}}` is served from the same pool,
+//!   and one without a network is not.
 //! - `a_pool_beyond_capacity_is_refused_at_start`: `[warm]` larger than `max_sandboxes`
 //!   stops `serve` at start with the reason, and `--warm` with a bad value too.
 //!
@@ -259,6 +264,110 @@ fn a_crashed_daemon_leaves_no_warm_sandbox_behind() {
             "{id} outlived its daemon"
         );
     }
+}
+
+#[test]
+fn an_e2b_create_claims_a_networked_warm_sandbox() {
+    if let Some(why) = support::skip_reason() {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    let t = (std::process::id().wrapping_mul(13) + 7) % 250;
+    let table = format!("rampart_pool_{}", std::process::id());
+    let _table = support::TableGuard(table.clone());
+    let pool = format!("10.251.{t}.0/24");
+    let prefix = format!("rp{t}w");
+    let d = start_tidy_with(
+        "pool-net",
+        &[
+            ("RAMPART_WARM", "base@open=2"),
+            ("RAMPART_NET_POOL", pool.as_str()),
+            ("RAMPART_NET_LINK_PREFIX", prefix.as_str()),
+            ("RAMPART_NET_TABLE", table.as_str()),
+            ("RAMPART_NET_DNS_PORT", "0"),
+            ("RAMPART_NET_PROXY_PORT", "0"),
+        ],
+    );
+    let warm = filled(&d, 2);
+    let p = native(&d.url, support::admin_key(), Method::GET, "/v1/pools", None);
+    assert_eq!(p.body[0]["network"], "open", "{:?}", p.body);
+    let key = std::fs::read_to_string(d.data.join("api-key"))
+        .unwrap()
+        .trim()
+        .to_owned();
+    let c = support::e2b_call(
+        &d.url,
+        &key,
+        Method::POST,
+        "/sandboxes",
+        Some(json!({"templateID": "base", "timeout": 120})),
+    );
+    assert_eq!(c.status, 201, "E2B create: {:?}", c.body);
+    let id = c.body["sandboxID"].as_str().unwrap().to_owned();
+    assert!(
+        warm.contains(&id),
+        "{id} did not come from the pool {warm:?}"
+    );
+    assert!(c.body["envdAccessToken"]
+        .as_str()
+        .is_some_and(|t| !t.is_empty()));
+    // Wired: an interface beside loopback and the node's resolver.
+    let x = native(
+        &d.url,
+        support::admin_key(),
+        Method::POST,
+        &format!("/v1/sandboxes/{id}/exec"),
+        Some(json!({"cmd": ["sh", "-c", "grep -c eth0 /proc/net/dev; cat /etc/resolv.conf"]})),
+    );
+    assert!(
+        x.body["stdout"]
+            .as_str()
+            .unwrap()
+            .starts_with("1\nnameserver "),
+        "{:?}",
+        x.body
+    );
+    let net = native(
+        &d.url,
+        support::admin_key(),
+        Method::GET,
+        &format!("/v1/sandboxes/{id}/network"),
+        None,
+    );
+    assert_eq!(net.body["policy"]["mode"], "open", "{:?}", net.body);
+    // The E2B create's own words: an open network where allow wins.
+    assert_eq!(net.body["policy"]["precedence"], "allow", "{:?}", net.body);
+    let rec = native(
+        &d.url,
+        support::admin_key(),
+        Method::GET,
+        &format!("/v1/sandboxes/{id}/audit"),
+        None,
+    );
+    let first = &rec.body["events"][0]["body"];
+    assert_eq!(first["spec"]["pool"], true);
+    assert_eq!(first["policy"]["mode"], "open");
+    // Native: an open network is served by the same pool, no network is not.
+    let left = pooled(&d);
+    let open = native(
+        &d.url,
+        support::admin_key(),
+        Method::POST,
+        "/v1/sandboxes",
+        Some(json!({"network": {"mode": "open"}})),
+    );
+    assert_eq!(open.status, 201, "{:?}", open.body);
+    assert!(left.contains(open.body["id"].as_str().unwrap()));
+    let left = pooled(&d);
+    let none = native(
+        &d.url,
+        support::admin_key(),
+        Method::POST,
+        "/v1/sandboxes",
+        Some(json!({})),
+    );
+    assert_eq!(none.status, 201, "{:?}", none.body);
+    assert!(!left.contains(none.body["id"].as_str().unwrap()));
 }
 
 #[test]

@@ -107,16 +107,29 @@ pub struct WarmPool {
     pub isolation: Option<rampart_types::Tier>,
     /// How many it keeps ready.
     pub size: usize,
+    /// The network its sandboxes are launched with: `open` (everything but the always
+    /// blocked addresses, as an E2B create without network options gets) or none.
+    pub network: Option<rampart_types::network::NetworkMode>,
 }
 
 impl std::str::FromStr for WarmPool {
     type Err = String;
 
-    /// `TEMPLATE=SIZE` or `TEMPLATE:TIER=SIZE` (`base=16`, `base:gvisor=4`).
+    /// `TEMPLATE[:TIER][@NETWORK]=SIZE` (`base=16`, `base:gvisor=4`, `base@open=8`).
     fn from_str(s: &str) -> Result<Self, String> {
         let (what, size) = s
             .rsplit_once('=')
             .ok_or_else(|| format!("{s:?}: expected TEMPLATE=SIZE (e.g. base=16)"))?;
+        let (what, network) = match what.split_once('@') {
+            Some((w, "open")) => (w, Some(rampart_types::network::NetworkMode::Open)),
+            Some((w, "none")) => (w, None),
+            Some((_, n)) => {
+                return Err(format!(
+                    "{s:?}: a pool's network is `open` or `none`, not {n:?}"
+                ))
+            }
+            None => (what, None),
+        };
         let size: usize = size
             .trim()
             .parse()
@@ -140,6 +153,7 @@ impl std::str::FromStr for WarmPool {
             template: template.to_owned(),
             isolation,
             size,
+            network,
         })
     }
 }

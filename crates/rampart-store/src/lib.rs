@@ -236,6 +236,9 @@ pub struct Claim {
     pub access: Option<access::NewAccess>,
     /// Its create request as kept for fork.
     pub request: Option<String>,
+    /// Its network policy as the create words it (the same policy the pooled sandbox
+    /// was wired with).
+    pub network: Option<StoredNetwork>,
 }
 
 /// The sandbox state interface. Implementations are shared between threads.
@@ -1237,6 +1240,9 @@ impl SandboxStore for SqliteStore {
         if let Some(r) = &claim.request {
             persist::insert_request(&tx, id.as_str(), r)?;
         }
+        if let Some(n) = &claim.network {
+            network::set(&tx, id, n)?;
+        }
         tenants::insert_usage(
             &tx,
             id.as_str(),
@@ -1346,6 +1352,7 @@ mod tests {
             on_timeout: OnTimeout::Pause,
             access: None,
             request: Some("{}".into()),
+            network: None,
         };
         store.claim_audited(&claim(&a), None).unwrap();
         let rec = store.get(&a).unwrap().unwrap();

@@ -366,6 +366,8 @@ pub struct PoolInfo {
     pub template: String,
     /// Isolation tier of its sandboxes.
     pub isolation: Tier,
+    /// The network mode its sandboxes are wired with (`open`); none: no network.
+    pub network: Option<String>,
     /// How many it keeps ready.
     pub size: usize,
     /// How many are ready now.

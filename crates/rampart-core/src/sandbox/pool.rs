@@ -19,21 +19,38 @@ use super::*;
 use crate::config::WarmPool;
 use crate::events::Kind;
 use rampart_store::Claim;
-use rampart_types::{Limits, PoolInfo, Tier};
+use rampart_types::{Limits, NetworkPolicy, PoolInfo, Tier};
 use serde_json::Value;
 use std::collections::{HashMap, VecDeque};
 
-/// What a pool holds: its template and tier (its limits are the template's defaults).
+/// What a pool holds: its template, tier and network (its limits are the template's
+/// defaults).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub(crate) struct PoolKey {
     template: String,
     isolation: Tier,
+    /// The policy its sandboxes are wired with, [`normal`]; none: no network.
+    network: Option<NetworkKey>,
+}
+
+/// A network policy as a pool compares it.
+type NetworkKey = String;
+
+/// `policy` as pools compare it: without a precedence where no rule makes it matter.
+fn normal(policy: &NetworkPolicy) -> NetworkKey {
+    let mut p = policy.clone();
+    if p.allow.is_empty() && p.deny.is_empty() {
+        p.precedence = Default::default();
+    }
+    serde_json::to_string(&p).unwrap_or_default()
 }
 
 /// A pooled sandbox, launched and healthy.
 struct Ready {
     id: SandboxId,
     limits: Limits,
+    /// Its uid slot (its network's addresses).
+    slot: u32,
     pid: i32,
     client: AgentClient,
     /// Its init's watcher ([`watch_init`]), handed to the registry at its claim.
@@ -101,6 +118,11 @@ impl Pools {
             .map(|(k, p)| PoolInfo {
                 template: k.template.clone(),
                 isolation: k.isolation,
+                network: k
+                    .network
+                    .as_ref()
+                    .and_then(|n| serde_json::from_str::<NetworkPolicy>(n).ok())
+                    .map(|p| p.mode.as_str().to_owned()),
                 size: p.size,
                 ready: p.ready.len(),
                 filling: p.filling,
@@ -171,12 +193,27 @@ impl Sandboxes {
                 let req = CreateSandbox {
                     template: Some(w.template.clone()),
                     isolation: w.isolation,
+                    network: w.network.map(|mode| NetworkPolicy {
+                        mode,
+                        ..Default::default()
+                    }),
                     ..Default::default()
                 };
+                if w.network.is_some() && !self.network.available() {
+                    return Err(CoreError::BadRequest {
+                        field: "warm".into(),
+                        message: format!(
+                            "the warm pool of {} asks for a network and this node has no \
+                             sandbox networks",
+                            w.template
+                        ),
+                    });
+                }
                 let plan = self.plan(req, CreateOptions::default())?;
                 let key = PoolKey {
                     template: plan.new.template.clone(),
                     isolation: plan.new.isolation,
+                    network: plan.new.network.as_ref().map(|n| normal(&n.policy)),
                 };
                 pools.entry(key).or_default().size += w.size;
             }
@@ -205,6 +242,12 @@ impl Sandboxes {
         let req = CreateSandbox {
             template: Some(key.template.clone()),
             isolation: Some(key.isolation),
+            network: key
+                .network
+                .as_ref()
+                .map(|n| serde_json::from_str(n))
+                .transpose()
+                .map_err(|e| CoreError::Internal(format!("a pool's network policy: {e}")))?,
             ..Default::default()
         };
         let mut new = self.plan(req, CreateOptions::default())?.new;
@@ -226,7 +269,7 @@ impl Sandboxes {
             })?;
         drop(admitted);
         let booted = match self
-            .boot(&new, slot, None, Default::default(), false)
+            .boot(&new, slot, new.network.as_ref(), Default::default(), false)
             .await
             .and_then(|b| {
                 self.store
@@ -236,7 +279,7 @@ impl Sandboxes {
             }) {
             Ok(b) => b,
             Err(e) => {
-                self.discard(&new.id, "its launch failed").await;
+                self.discard(&new.id, slot, "its launch failed").await;
                 return Err(e);
             }
         };
@@ -246,6 +289,7 @@ impl Sandboxes {
         Ok(Ready {
             id: new.id,
             limits: new.limits,
+            slot,
             pid: booted.pid,
             client: booted.client,
             watcher,
@@ -254,7 +298,10 @@ impl Sandboxes {
     }
 
     /// Ends a pooled sandbox that nobody has claimed (no record: it never had one).
-    pub(super) async fn discard(&self, id: &SandboxId, why: &str) {
+    pub(super) async fn discard(&self, id: &SandboxId, slot: u32, why: &str) {
+        self.network
+            .teardown_stored(self.store.as_ref(), id, slot)
+            .await;
         if let Err(e) = self.iso_destroy(id).await {
             warn!(id = %id, "removing a warm sandbox: {e}");
             return;
@@ -272,7 +319,7 @@ impl Sandboxes {
     pub(super) async fn pooled_died(&self, id: &SandboxId, how: &str) {
         if let Some(r) = self.pools.remove(id) {
             warn!(id = %id, how, "a warm sandbox's init exited; replacing it");
-            self.discard(&r.id, &format!("its init exited ({how})"))
+            self.discard(&r.id, r.slot, &format!("its init exited ({how})"))
                 .await;
             self.pools.kick.notify_one();
         }
@@ -294,7 +341,8 @@ impl Sandboxes {
         };
         for r in drained {
             // (Its watcher reaps its init and finds it in no pool.)
-            self.discard(&r.id, "its template was built again").await;
+            self.discard(&r.id, r.slot, "its template was built again")
+                .await;
         }
         self.pools.kick.notify_one();
     }
@@ -313,7 +361,7 @@ impl Sandboxes {
                 .collect()
         };
         for r in drained {
-            self.discard(&r.id, "the daemon stopped").await;
+            self.discard(&r.id, r.slot, "the daemon stopped").await;
         }
     }
 
@@ -326,13 +374,22 @@ impl Sandboxes {
         approvals: &Option<rampart_types::approval::ApprovalPolicy>,
         secrets: &[(String, Vec<u8>)],
     ) -> Result<Option<SandboxInfo>, CoreError> {
-        // What is fixed at launch must be as the pool launched it.
-        if !plain || !plan.env.is_empty() || plan.network.is_some() {
+        // What is fixed at launch must be as the pool launched it: no environment, disk
+        // source or volumes; a network without secrets whose hosts nobody approves.
+        let asks_hosts = approvals.as_ref().is_some_and(|a| !a.hosts.is_empty());
+        if !plain
+            || !plan.env.is_empty()
+            || plan
+                .network
+                .as_ref()
+                .is_some_and(|n| !n.secrets.is_empty() || asks_hosts)
+        {
             return Ok(None);
         }
         let key = PoolKey {
             template: plan.template.clone(),
             isolation: plan.isolation,
+            network: plan.network.as_ref().map(|n| normal(&n.policy)),
         };
         if !lock(&self.pools.pools).contains_key(&key) {
             return Ok(None);
@@ -346,7 +403,8 @@ impl Sandboxes {
             if proc::proc_stat(r.pid).is_some_and(|s| !matches!(s.state, 'Z' | 'X' | 'x')) {
                 break r;
             }
-            self.discard(&r.id, "its init exited before a claim").await;
+            self.discard(&r.id, r.slot, "its init exited before a claim")
+                .await;
         };
         self.set_pool_gauge(&key);
         let id = ready.id.clone();
@@ -357,6 +415,9 @@ impl Sandboxes {
         let mut created = self.created_body(&new);
         if let EventBody::Created(c) = &mut created {
             c.spec["pool"] = Value::Bool(true);
+            if let Some(n) = &new.network {
+                c.policy = serde_json::to_value(n.policy.public()).unwrap_or_default();
+            }
             if let Ok(Some(p)) = self
                 .approvals
                 .policy(&id, || self.persist.approval_policy(&id))
@@ -373,6 +434,7 @@ impl Sandboxes {
             on_timeout: new.on_timeout,
             access: new.access.clone(),
             request: new.request.clone(),
+            network: new.network.clone(),
         };
         let store = &self.store;
         if let Err(e) = self.audit.record(
@@ -390,6 +452,10 @@ impl Sandboxes {
             }
             self.set_pool_gauge(&key);
             return Err(e);
+        }
+        if let Some(n) = &new.network {
+            // The create's own words for the pool's policy (a precedence no rule uses).
+            self.network.set_policy(&id, n.policy.clone())?;
         }
         self.metrics.pool_claims.with_label_values(&["hit"]).inc();
         let watcher = ready.watcher;
@@ -464,7 +530,8 @@ async fn refill(me: Arc<Sandboxes>) {
         match me.pools.filled(&key, launched.ok()) {
             Ok(_) => {}
             Err(stale) => {
-                me.discard(&stale.id, "its template was built again").await;
+                me.discard(&stale.id, stale.slot, "its template was built again")
+                    .await;
             }
         }
         me.set_pool_gauge(&key);

@@ -95,7 +95,8 @@ impl Sandboxes {
                     }
                 }
             }
-            self.discard(&rec.id, "the daemon restarted").await;
+            self.discard(&rec.id, rec.uid_slot, "the daemon restarted")
+                .await;
             info!(id = %rec.id, "removed a warm sandbox left by a previous run");
         }
         self.network.clean_leftovers(self.store.as_ref()).await;
