@@ -17,6 +17,7 @@ mod cpu;
 mod desktop;
 mod net;
 mod persist;
+mod pool;
 
 /// Options of `rampart bench`.
 #[derive(Debug, clap::Args)]
@@ -72,6 +73,14 @@ pub struct BenchArgs {
     /// an idle desktop's memory. Needs `--daemon` with the `desktop` template built.
     #[arg(long, requires = "daemon")]
     pub desktop: bool,
+    /// Only the warm-pool measurement: create from a warm pool against a cold create on the
+    /// same private daemon, next to bwrap; the E2B SDK's create + run + kill and
+    /// create+destroy throughput with the pool (root; its own network table).
+    #[arg(long)]
+    pub pool: bool,
+    /// Sandboxes in each warm pool of `--pool`.
+    #[arg(long, default_value_t = 16)]
+    pub pool_size: usize,
 }
 
 /// Latency samples of one measurement.
@@ -487,6 +496,9 @@ fn subtree_memory_bytes() -> Option<u64> {
 pub fn run(args: BenchArgs) -> Result<()> {
     if args.net {
         return net::run(&args);
+    }
+    if args.pool {
+        return pool::run(&args);
     }
     if args.templates {
         return crate::commands::template::bench(args.iterations.min(20));
