@@ -16,6 +16,12 @@
 //!   wired with the open policy; its network and its record carry the create's words for
 //!   it; a native create with `{"network": {"mode": "open"}}` is served from the same pool,
 //!   and one without a network is not.
+//! - `a_create_at_capacity_takes_a_warm_sandboxs_place`: with `max_sandboxes = 2` and a
+//!   pool of 2, a create no pool serves makes a pooled sandbox give up its place; the pool
+//!   does not take it back while the node is full.
+//! - `a_template_built_again_drains_its_pool`: a pool of a built template; the template is
+//!   built again through the API: the pooled sandbox of the old build ends, the pool refills
+//!   from the new build, and a create gets the new build's files.
 //! - `a_pool_beyond_capacity_is_refused_at_start`: `[warm]` larger than `max_sandboxes`
 //!   stops `serve` at start with the reason, and `--warm` with a bad value too.
 //!
@@ -368,6 +374,131 @@ fn an_e2b_create_claims_a_networked_warm_sandbox() {
     );
     assert_eq!(none.status, 201, "{:?}", none.body);
     assert!(!left.contains(none.body["id"].as_str().unwrap()));
+}
+
+#[test]
+fn a_create_at_capacity_takes_a_warm_sandboxs_place() {
+    if let Some(why) = support::skip_reason() {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    let config = support::config_file("max_sandboxes = 2\n\n[warm]\nbase = 2\n");
+    let d = start_tidy_with("pool-full", &[("RAMPART_CONFIG", config.path.as_str())]);
+    let before = filled(&d, 2);
+    let admin = support::admin_key();
+    let cold = native(
+        &d.url,
+        admin,
+        Method::POST,
+        "/v1/sandboxes",
+        Some(json!({"env": {"K": "v"}})),
+    );
+    assert_eq!(cold.status, 201, "a create at capacity: {:?}", cold.body);
+    assert!(!before.contains(cold.body["id"].as_str().unwrap()));
+    let left = pooled(&d);
+    assert_eq!(left.len(), 1, "one warm sandbox gave its place: {left:?}");
+    assert!(left.is_subset(&before));
+    // The remaining one is claimed; then the node is full.
+    let warm = native(
+        &d.url,
+        admin,
+        Method::POST,
+        "/v1/sandboxes",
+        Some(json!({})),
+    );
+    assert_eq!(warm.status, 201, "{:?}", warm.body);
+    assert!(left.contains(warm.body["id"].as_str().unwrap()));
+    let full = native(
+        &d.url,
+        admin,
+        Method::POST,
+        "/v1/sandboxes",
+        Some(json!({})),
+    );
+    assert_eq!(full.status, 503, "a third create: {:?}", full.body);
+    assert!(pooled(&d).is_empty());
+}
+
+/// Builds `name` on `base` through the E2B template API with `key`, its one step writing
+/// `text` into `/opt/who`; fails the test unless the build ends `ready`.
+fn build(url: &str, key: &str, name: &str, text: &str) {
+    let r = support::reserve_build(url, key, name);
+    assert_eq!(r.status, 202, "request a build of {name}: {:?}", r.body);
+    let bid = r.body["buildID"].as_str().unwrap().to_owned();
+    let steps = json!([{"type": "RUN", "args": [format!("echo {text} > /opt/who"), "root"]}]);
+    let s = support::e2b_call(
+        url,
+        key,
+        Method::POST,
+        &format!("/v2/templates/{name}/builds/{bid}"),
+        Some(json!({"fromTemplate": "base", "steps": steps})),
+    );
+    assert_eq!(s.status, 202, "start the build of {name}: {:?}", s.body);
+    let mut status = String::new();
+    wait_until(&format!("the build of {name}"), 600, || {
+        let st = support::e2b_call(
+            url,
+            key,
+            Method::GET,
+            &format!("/templates/{name}/builds/{bid}/status"),
+            None,
+        );
+        status = st.body["status"].as_str().unwrap_or_default().to_owned();
+        status == "ready" || status == "error"
+    });
+    assert_eq!(status, "ready", "the build of {name}");
+}
+
+#[test]
+fn a_template_built_again_drains_its_pool() {
+    if let Some(why) = support::skip_reason() {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    let mut d = start_tidy_with("pool-build", &[]);
+    let key = std::fs::read_to_string(d.data.join("api-key"))
+        .unwrap()
+        .trim()
+        .to_owned();
+    build(&d.url, &key, "pooltpl", "one");
+    // A pool of it from the next start (a pool names a template that is built).
+    d.daemon.stop();
+    let port: u16 = d.url.rsplit(':').next().unwrap().parse().unwrap();
+    let again = support::start(&d.data, port, &[("RAMPART_WARM", "pooltpl=1")]);
+    // The stopped value must not drop now: its Drop would unmount the new daemon's store.
+    std::mem::forget(std::mem::replace(&mut d.daemon, again));
+    let old = filled(&d, 1);
+    build(&d.url, &key, "pooltpl", "two");
+    let mut new = BTreeSet::new();
+    wait_until("the pool refilled from the new build", 120, || {
+        new = pooled(&d);
+        new.len() == 1 && new.is_disjoint(&old)
+    });
+    for id in &old {
+        assert_eq!(
+            processes_of(id),
+            Vec::<i32>::new(),
+            "{id} outlived its build"
+        );
+    }
+    let c = native(
+        &d.url,
+        support::admin_key(),
+        Method::POST,
+        "/v1/sandboxes",
+        Some(json!({"template": "pooltpl"})),
+    );
+    assert_eq!(c.status, 201, "{:?}", c.body);
+    let id = c.body["id"].as_str().unwrap();
+    assert!(new.contains(id), "{id} did not come from the pool {new:?}");
+    let x = native(
+        &d.url,
+        support::admin_key(),
+        Method::POST,
+        &format!("/v1/sandboxes/{id}/exec"),
+        Some(json!({"cmd": ["cat", "/opt/who"]})),
+    );
+    assert_eq!(x.body["stdout"], "two\n", "{:?}", x.body);
 }
 
 #[test]

@@ -310,13 +310,34 @@
       body,
     );
     const empty = h("div", { class: "empty", hidden: true }, "No sandboxes here. Make one with ", h("code", {}, "rampart create"), ", the API, or New sandbox.");
+    // The node's warm pools (its administrator only): sandboxes launched ahead of the creates that claim them.
+    const pools = h("p", { class: "hint", id: "warm-pools", hidden: true });
     view.replaceChildren(
       h("div", { class: "page-head" }, h("h1", {}, "Sandboxes"), count, h("div", { class: "spacer" }), filter, may("sandboxes") ? newButton : null),
+      pools,
       createPanel,
       h("div", { class: "panel flush" }, table, empty),
     );
 
+    async function refreshPools() {
+      if (me && me.tenant) return;
+      let list = [];
+      try {
+        list = await api("/v1/pools");
+      } catch (_) {
+        return;
+      }
+      pools.hidden = list.length === 0;
+      pools.textContent =
+        "Warm pools: " +
+        list
+          .map((p) => `${p.template}${p.isolation !== "namespace" ? " (" + p.isolation + ")" : ""}${p.network ? " with network " + p.network : ""}: ${p.ready} of ${p.size} ready${p.filling ? ", " + p.filling + " launching" : ""}`)
+          .join(" · ") +
+        ". A create that one can serve takes it instead of launching.";
+    }
+
     async function refresh() {
+      refreshPools();
       const q = filter.value ? "?state=" + filter.value : "";
       const list = await api("/v1/sandboxes" + q);
       list.sort((a, b) => b.created_at.localeCompare(a.created_at));

@@ -104,9 +104,19 @@ impl Sandboxes {
         let _busy = self.persist.stage(&id, staged);
         let op = self.op_lock(&id);
         let _guard = op.lock().await;
-        let inserted = self
+        let mut inserted = self
             .store
             .insert_creating(&new, cfg.max_sandboxes, cfg.uid_slots);
+        if matches!(
+            inserted,
+            Err(StoreError::Full { .. } | StoreError::NoFreeSlot { .. })
+        ) && self.evict_pooled().await
+        {
+            // A warm sandbox gave its place to a create it could not serve.
+            inserted = self
+                .store
+                .insert_creating(&new, cfg.max_sandboxes, cfg.uid_slots);
+        }
         drop(admitted);
         let slot = match inserted {
             Ok(s) => s,

@@ -328,23 +328,50 @@ impl Sandboxes {
     /// Destroys every ready sandbox of `template`'s pools (it was built again): the pools
     /// refill from the new build. Launches under way are discarded when they end.
     pub(crate) async fn drain_pools(&self, template: &str) {
-        let drained: Vec<Ready> = {
+        let (keys, drained): (Vec<PoolKey>, Vec<Vec<Ready>>) = {
             let mut pools = lock(&self.pools.pools);
             pools
                 .iter_mut()
                 .filter(|(k, _)| k.template == template)
-                .flat_map(|(_, p)| {
+                .map(|(k, p)| {
                     p.generation += 1;
-                    p.ready.drain(..).collect::<Vec<_>>()
+                    (k.clone(), p.ready.drain(..).collect::<Vec<_>>())
                 })
-                .collect()
+                .unzip()
         };
+        for k in &keys {
+            self.set_pool_gauge(k);
+        }
+        let drained = drained.into_iter().flatten();
         for r in drained {
             // (Its watcher reaps its init and finds it in no pool.)
             self.discard(&r.id, r.slot, "its template was built again")
                 .await;
         }
         self.pools.kick.notify_one();
+    }
+
+    /// Destroys one ready sandbox of the fullest pool, so that a create no pool serves finds
+    /// a place on a node at its capacity. False when every pool is empty.
+    pub(super) async fn evict_pooled(&self) -> bool {
+        let evicted = {
+            let mut pools = lock(&self.pools.pools);
+            pools
+                .iter_mut()
+                .max_by_key(|(_, p)| p.ready.len())
+                .and_then(|(k, p)| Some((k.clone(), p.ready.pop_back()?)))
+        };
+        let Some((key, r)) = evicted else {
+            return false;
+        };
+        self.set_pool_gauge(&key);
+        self.discard(
+            &r.id,
+            r.slot,
+            "its place went to a create at the node's capacity",
+        )
+        .await;
+        true
     }
 
     /// Destroys every pooled sandbox (the daemon stops).
@@ -374,6 +401,10 @@ impl Sandboxes {
         approvals: &Option<rampart_types::approval::ApprovalPolicy>,
         secrets: &[(String, Vec<u8>)],
     ) -> Result<Option<SandboxInfo>, CoreError> {
+        // A node without pools pays one uncontended lock here.
+        if lock(&self.pools.pools).is_empty() {
+            return Ok(None);
+        }
         // What is fixed at launch must be as the pool launched it: no environment, disk
         // source or volumes; a network without secrets whose hosts nobody approves.
         let asks_hosts = approvals.as_ref().is_some_and(|a| !a.hosts.is_empty());
@@ -437,13 +468,21 @@ impl Sandboxes {
             network: new.network.clone(),
         };
         let store = &self.store;
-        if let Err(e) = self.audit.record(
-            &id,
-            false,
-            |_| created,
-            Vec::new(),
-            |e| store.claim_audited(&claim, e),
-        ) {
+        let claimed = match &new.network {
+            // The create's own words for the pool's policy (a precedence no rule uses).
+            Some(n) => self.network.set_policy(&id, n.policy.clone()),
+            None => Ok(()),
+        }
+        .and_then(|()| {
+            self.audit.record(
+                &id,
+                false,
+                |_| created,
+                Vec::new(),
+                |e| store.claim_audited(&claim, e),
+            )
+        });
+        if let Err(e) = claimed {
             // Refused (a tenant's quota): nothing was applied; it goes back to its pool.
             self.approvals.forget(&id);
             self.audit.set_secrets(&id, Vec::new());
@@ -452,10 +491,6 @@ impl Sandboxes {
             }
             self.set_pool_gauge(&key);
             return Err(e);
-        }
-        if let Some(n) = &new.network {
-            // The create's own words for the pool's policy (a precedence no rule uses).
-            self.network.set_policy(&id, n.policy.clone())?;
         }
         self.metrics.pool_claims.with_label_values(&["hit"]).inc();
         let watcher = ready.watcher;
@@ -526,6 +561,7 @@ async fn refill(me: Arc<Sandboxes>) {
         let t0 = Instant::now();
         let launched = me.launch_pooled(&key, generation).await;
         let ok = launched.is_ok();
+        let at_capacity = matches!(launched, Err(CoreError::Capacity(_)));
         let failure = launched.as_ref().err().map(|e| e.to_string());
         match me.pools.filled(&key, launched.ok()) {
             Ok(_) => {}
@@ -542,6 +578,12 @@ async fn refill(me: Arc<Sandboxes>) {
             backoff = Duration::ZERO;
         } else {
             backoff = (backoff * 2).clamp(Duration::from_secs(1), Duration::from_secs(60));
+            // At the node's capacity the pools wait for room, quietly.
+            if at_capacity {
+                debug!(template = %key.template, "no room for a warm sandbox");
+                let _ = tokio::time::timeout(backoff, me.pools.kick.notified()).await;
+                continue;
+            }
             warn!(
                 template = %key.template,
                 isolation = %key.isolation.as_str(),
