@@ -13,11 +13,13 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+mod compare;
 mod cpu;
 mod desktop;
 mod net;
 mod persist;
 mod pool;
+mod profile;
 
 /// Options of `rampart bench`.
 #[derive(Debug, clap::Args)]
@@ -81,6 +83,19 @@ pub struct BenchArgs {
     /// Sandboxes in each warm pool of `--pool`.
     #[arg(long, default_value_t = 16)]
     pub pool_size: usize,
+    /// Compare this build's daemon with another build's (a `rampart` binary): whole runs,
+    /// alternately A B A B (`--pairs`), every figure's ratio B/A pair by pair and its median,
+    /// the peers' own ratios showing the machine's drift; `--json` keeps all of it.
+    #[arg(long, value_name = "OTHER_BINARY")]
+    pub compare: Option<PathBuf>,
+    /// Only the create profile: each step of a cold create as the daemon measures it
+    /// (`rampart_sandbox_create_step_seconds`), next to the create + first exec the client
+    /// sees (a private daemon).
+    #[arg(long)]
+    pub profile: bool,
+    /// Pairs of runs of `--compare`.
+    #[arg(long, default_value_t = 3)]
+    pub pairs: usize,
 }
 
 /// Latency samples of one measurement.
@@ -499,6 +514,12 @@ pub fn run(args: BenchArgs) -> Result<()> {
     }
     if args.pool {
         return pool::run(&args);
+    }
+    if args.profile {
+        return profile::run(&args);
+    }
+    if let Some(other) = &args.compare {
+        return compare::run(&args, other);
     }
     if args.templates {
         return crate::commands::template::bench(args.iterations.min(20));

@@ -1,8 +1,8 @@
 //! The daemon's Prometheus metrics.
 
 use prometheus::{
-    Encoder, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGaugeVec, Opts, Registry,
-    TextEncoder,
+    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGaugeVec, Opts,
+    Registry, TextEncoder,
 };
 
 /// Every metric, in the manager's own registry.
@@ -16,6 +16,9 @@ pub(crate) struct Metrics {
     pub tenant_millicpus: IntGaugeVec,
     pub creates: IntCounterVec,
     pub create_seconds: Histogram,
+    /// Time of each step of a launched create (`plan`, `admit`, `insert`, `launch`,
+    /// `health`, `start`, `record`): `rampart bench --profile` reads it.
+    pub create_step_seconds: HistogramVec,
     pub execs: IntCounter,
     pub exec_seconds: Histogram,
     pub destroyed: IntCounterVec,
@@ -69,6 +72,17 @@ impl Metrics {
                 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
             ]),
         )?;
+        let create_step_seconds = HistogramVec::new(
+            HistogramOpts::new(
+                "rampart_sandbox_create_step_seconds",
+                "Time of each step of a launched (not pooled) create.",
+            )
+            .buckets(vec![
+                0.0001, 0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.5,
+            ]),
+            &["step"],
+        )?;
+        registry.register(Box::new(create_step_seconds.clone()))?;
         let execs = IntCounter::new("rampart_execs_total", "Commands started in sandboxes.")?;
         let exec_seconds = Histogram::with_opts(
             HistogramOpts::new(
@@ -129,6 +143,7 @@ impl Metrics {
             tenant_millicpus,
             creates,
             create_seconds,
+            create_step_seconds,
             execs,
             exec_seconds,
             destroyed,

@@ -93,7 +93,15 @@ impl Sandboxes {
                 return Err(e);
             }
         }
+        let step = |name: &str, since: Instant| {
+            self.metrics
+                .create_step_seconds
+                .with_label_values(&[name])
+                .observe(since.elapsed().as_secs_f64());
+        };
+        step("plan", t0);
         let id = new.id.clone();
+        let t = Instant::now();
         let admitted = match self.admit_disk("a sandbox", new.limits.disk_bytes).await {
             Ok(g) => g,
             Err(e) => {
@@ -101,9 +109,11 @@ impl Sandboxes {
                 return Err(e);
             }
         };
+        step("admit", t);
         let _busy = self.persist.stage(&id, staged);
         let op = self.op_lock(&id);
         let _guard = op.lock().await;
+        let t = Instant::now();
         let mut inserted = self
             .store
             .insert_creating(&new, cfg.max_sandboxes, cfg.uid_slots);
@@ -118,6 +128,7 @@ impl Sandboxes {
                 .insert_creating(&new, cfg.max_sandboxes, cfg.uid_slots);
         }
         drop(admitted);
+        step("insert", t);
         let slot = match inserted {
             Ok(s) => s,
             Err(e @ (StoreError::Full { .. } | StoreError::NoFreeSlot { .. })) => {
@@ -199,6 +210,7 @@ impl Sandboxes {
                 c.spec["approvals"] = serde_json::to_value(&p.source).unwrap_or_default();
             }
         }
+        let t = Instant::now();
         let store = &self.store;
         self.audit.record(
             &new.id,
@@ -217,6 +229,10 @@ impl Sandboxes {
             on_timeout,
             new.tenant.clone(),
         );
+        self.metrics
+            .create_step_seconds
+            .with_label_values(&["record"])
+            .observe(t.elapsed().as_secs_f64());
         Ok(super::pool::running_info(new))
     }
 
@@ -350,6 +366,7 @@ impl Sandboxes {
         );
         wired?;
         healthy?;
+        let healthy_at = Instant::now();
         // The code interpreter's server: `code-interpreter-v1`, or a template built on it
         // (a restored sandbox's runs already, as everything it had started).
         if !restored
@@ -364,6 +381,16 @@ impl Sandboxes {
             }
             self.audit
                 .set_template_digest(&new.template, format!("sha256:{}", i.id));
+        }
+        if !again && !new.pooled {
+            let m = &self.metrics.create_step_seconds;
+            let secs = |d: Duration| d.as_secs_f64();
+            m.with_label_values(&["launch"])
+                .observe(secs(launched_at - t0));
+            m.with_label_values(&["health"])
+                .observe(secs(healthy_at - launched_at));
+            m.with_label_values(&["start"])
+                .observe(secs(healthy_at.elapsed()));
         }
         debug!(
             id = %new.id,
