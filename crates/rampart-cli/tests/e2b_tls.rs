@@ -102,19 +102,19 @@ fn net_env(n: u32) -> (Vec<(String, String)>, support::TableGuard) {
 }
 
 /// `rampart serve` on `port` with `data`, `args` and `envs`, its log next to `data`.
-fn serve(
-    data: &Path,
-    port: u16,
-    args: &[&str],
-    envs: &[(String, String)],
-) -> std::process::Child {
+fn serve(data: &Path, port: u16, args: &[&str], envs: &[(String, String)]) -> std::process::Child {
     let log = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
         .open(data.with_extension("log"))
         .unwrap();
     Command::new(env!("CARGO_BIN_EXE_rampart"))
-        .args(["serve", "--listen", &format!("127.0.0.1:{port}"), "--data-dir"])
+        .args([
+            "serve",
+            "--listen",
+            &format!("127.0.0.1:{port}"),
+            "--data-dir",
+        ])
         .arg(data)
         .args(args)
         .env_remove("RAMPART_SOCKET")
@@ -171,24 +171,49 @@ fn serve_refuses_tls_it_cannot_serve() {
     let s = |p: &Path| p.to_str().unwrap().to_owned();
     let cases: Vec<(Vec<String>, &str)> = vec![
         (
-            vec!["--tls-cert".into(), s(&missing), "--tls-key".into(), s(&pki.key)],
+            vec![
+                "--tls-cert".into(),
+                s(&missing),
+                "--tls-key".into(),
+                s(&pki.key),
+            ],
             "cannot read the TLS certificate",
         ),
         (
-            vec!["--tls-cert".into(), s(&pki.cert), "--tls-key".into(), s(&missing)],
+            vec![
+                "--tls-cert".into(),
+                s(&pki.cert),
+                "--tls-key".into(),
+                s(&missing),
+            ],
             "cannot read the TLS key",
         ),
         (
-            vec!["--tls-cert".into(), s(&garbage), "--tls-key".into(), s(&pki.key)],
+            vec![
+                "--tls-cert".into(),
+                s(&garbage),
+                "--tls-key".into(),
+                s(&pki.key),
+            ],
             "is not a PEM certificate chain",
         ),
         (
-            vec!["--tls-cert".into(), s(&pki.cert), "--tls-key".into(), s(&garbage)],
+            vec![
+                "--tls-cert".into(),
+                s(&pki.cert),
+                "--tls-key".into(),
+                s(&garbage),
+            ],
             "is not a PEM private key",
         ),
         (
             // The certificate's PEM given as the key: no private key in it.
-            vec!["--tls-cert".into(), s(&pki.cert), "--tls-key".into(), s(&pki.cert)],
+            vec![
+                "--tls-cert".into(),
+                s(&pki.cert),
+                "--tls-key".into(),
+                s(&pki.cert),
+            ],
             "is not a PEM private key",
         ),
         (
@@ -225,7 +250,10 @@ fn serve_refuses_tls_it_cannot_serve() {
         };
         let log = std::fs::read_to_string(data.with_extension("log")).unwrap_or_default();
         assert!(!status.success(), "serve {args:?} started: {log}");
-        assert!(log.contains(want), "serve {args:?}: want {want:?} in:\n{log}");
+        assert!(
+            log.contains(want),
+            "serve {args:?}: want {want:?} in:\n{log}"
+        );
         // Nothing was made: the failure came before the data directory.
         assert!(!data.join("state.db").exists(), "{args:?} made a store");
     }
@@ -303,7 +331,10 @@ fn host_form_urls_over_https() {
         .build()
         .unwrap();
     let r = untrusting.get(format!("{base}/health")).send();
-    assert!(r.is_err(), "a client without the test CA trusted the daemon");
+    assert!(
+        r.is_err(),
+        "a client without the test CA trusted the daemon"
+    );
 
     let key = std::fs::read_to_string(data.join("api-key"))
         .unwrap()
@@ -440,7 +471,11 @@ fn the_operator_can_make_ports_private() {
     };
     let private = create(serde_json::json!({"templateID": "base", "timeout": 120}));
     start_server(&private);
-    assert_eq!(reach(&private, None), 401, "the operator's default: private");
+    assert_eq!(
+        reach(&private, None),
+        401,
+        "the operator's default: private"
+    );
     let public = create(serde_json::json!({
         "templateID": "base", "timeout": 120,
         "network": {"allowPublicTraffic": true},

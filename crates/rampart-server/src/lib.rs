@@ -341,9 +341,7 @@ pub async fn serve_all(
     use axum::serve::ListenerExt as _;
     // With the peer address of each connection (the audit record's caller): HTTPS with the
     // operator's certificate when one is given, else plain HTTP.
-    let tcp: std::pin::Pin<Box<dyn Future<Output = std::io::Result<()>> + Send>> = match &opts
-        .tls
-    {
+    let tcp: std::pin::Pin<Box<dyn Future<Output = std::io::Result<()>> + Send>> = match &opts.tls {
         Some(tls) => Box::pin(
             axum::serve(
                 tls::TlsListener::new(listener, tls, set_nodelay).tap_io(|_| {}),

@@ -124,7 +124,9 @@ impl TlsConfig {
         let private = PrivateKeyDer::from_pem_slice(&key_pem).map_err(|e| TlsError::BadKey {
             path: key.to_owned(),
             reason: match e {
-                rustls::pki_types::pem::Error::NoItemsFound => "no PRIVATE KEY section in it".into(),
+                rustls::pki_types::pem::Error::NoItemsFound => {
+                    "no PRIVATE KEY section in it".into()
+                }
                 e => e.to_string(),
             },
         })?;

@@ -984,7 +984,10 @@ mod tests {
              [e2b]\nallow_public_traffic = false",
         )
         .unwrap();
-        assert_eq!(t.tls_cert.as_deref(), Some(Path::new("/etc/rampart/cert.pem")));
+        assert_eq!(
+            t.tls_cert.as_deref(),
+            Some(Path::new("/etc/rampart/cert.pem"))
+        );
         assert_eq!(t.e2b.allow_public_traffic, Some(false));
         assert!(toml::from_str::<FileConfig>("[e2b]\npublic = true").is_err());
         assert!(toml::from_str::<FileConfig>("max_sandbox = 3").is_err());

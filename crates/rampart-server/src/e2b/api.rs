@@ -483,7 +483,11 @@ pub(crate) async fn resume(
     let info = st.manager.sandbox(&who, &sid)?.resume().await?;
     extend(&st, &who, &sid, &info, b.timeout).await?;
     let info = st.manager.sandbox(&who, &sid)?.info()?;
-    Ok((StatusCode::CREATED, Json(sandbox_json(&info, &facts, &st.domain))).into_response())
+    Ok((
+        StatusCode::CREATED,
+        Json(sandbox_json(&info, &facts, &st.domain)),
+    )
+        .into_response())
 }
 
 #[derive(Debug, Default, Deserialize)]
