@@ -71,7 +71,14 @@ PROXY_URL = f"http://127.0.0.1:{PROXY.server_address[1]}"
 os.environ["HTTPS_PROXY"] = PROXY_URL
 os.environ.pop("NO_PROXY", None)
 
-WEB = httpx.Client(proxy=PROXY_URL, verify=ssl.create_default_context(cafile=CA), timeout=30)
+# A connection per request: a kept-alive one to a port whose sandbox was just killed can be
+# cut as it is reused, which would be the client's race, not the daemon's answer.
+WEB = httpx.Client(
+    proxy=PROXY_URL,
+    verify=ssl.create_default_context(cafile=CA),
+    timeout=30,
+    limits=httpx.Limits(max_keepalive_connections=0),
+)
 
 
 def serve_port(sbx, port=8000):
