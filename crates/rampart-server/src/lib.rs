@@ -30,6 +30,7 @@ mod sandboxes;
 mod secrets;
 mod templates;
 mod tenancy;
+mod tls;
 
 pub use audit::{AuditKey, AuditPage};
 pub use auth::{socket_group, UnixPeer, ADMIN_KEY_FILE, SOCKET_FILE, SOCKET_GROUP};
@@ -37,6 +38,7 @@ pub use error::ApiError;
 pub use exec::{collect_output, OutputCollector};
 pub use openapi::openapi;
 pub use ports::{valid_domain, ServerOptions, DEFAULT_DOMAIN, TOKEN_HEADER, TOKEN_PARAM};
+pub use tls::{TlsConfig, TlsError};
 
 use axum::http::{StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
@@ -118,7 +120,7 @@ pub fn router_with_options(manager: Arc<Manager>, opts: &ServerOptions) -> Route
     let mcp_route = Router::new()
         .nest_service("/mcp", tools)
         .layer(axum::middleware::from_fn_with_state(auth, auth::guard));
-    let app = e2b::attach(api.merge(mcp_route), manager, tenancy);
+    let app = e2b::attach(api.merge(mcp_route), manager, tenancy, opts);
     app.layer(axum::middleware::from_fn_with_state(
         state,
         ports::host_route,
@@ -337,20 +339,36 @@ pub async fn serve_all(
     let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|s| *s).await;
     };
-    // With the peer address of each connection (the audit record's caller).
-    let tcp = axum::serve(
-        nodelay(listener),
-        app.clone()
-            .into_make_service_with_connect_info::<std::net::SocketAddr>(),
-    )
-    .with_graceful_shutdown(stopped(stop_rx.clone()));
+    use axum::serve::ListenerExt as _;
+    // With the peer address of each connection (the audit record's caller): HTTPS with the
+    // operator's certificate when one is given, else plain HTTP.
+    let tcp: std::pin::Pin<Box<dyn Future<Output = std::io::Result<()>> + Send>> = match &opts.tls {
+        Some(tls) => Box::pin(
+            axum::serve(
+                tls::TlsListener::new(listener, tls, set_nodelay).tap_io(|_| {}),
+                app.clone()
+                    .into_make_service_with_connect_info::<std::net::SocketAddr>(),
+            )
+            .with_graceful_shutdown(stopped(stop_rx.clone()))
+            .into_future(),
+        ),
+        None => Box::pin(
+            axum::serve(
+                nodelay(listener),
+                app.clone()
+                    .into_make_service_with_connect_info::<std::net::SocketAddr>(),
+            )
+            .with_graceful_shutdown(stopped(stop_rx.clone()))
+            .into_future(),
+        ),
+    };
     let Some(unix) = unix else {
         return tcp.await;
     };
     // With the credentials of each peer (who may use the socket).
     let sock = axum::serve(unix, app.into_make_service_with_connect_info::<UnixPeer>())
         .with_graceful_shutdown(stopped(stop_rx));
-    let (a, b) = tokio::join!(tcp.into_future(), sock.into_future());
+    let (a, b) = tokio::join!(tcp, sock.into_future());
     a.and(b)
 }
 
@@ -405,12 +423,13 @@ fn nodelay(
     listener: tokio::net::TcpListener,
 ) -> axum::serve::TapIo<tokio::net::TcpListener, fn(&mut tokio::net::TcpStream)> {
     use axum::serve::ListenerExt as _;
-    fn set(tcp: &mut tokio::net::TcpStream) {
-        if let Err(e) = tcp.set_nodelay(true) {
-            tracing::debug!(error = %e, "TCP_NODELAY on an accepted connection");
-        }
+    listener.tap_io(set_nodelay as fn(&mut tokio::net::TcpStream))
+}
+
+fn set_nodelay(tcp: &mut tokio::net::TcpStream) {
+    if let Err(e) = tcp.set_nodelay(true) {
+        tracing::debug!(error = %e, "TCP_NODELAY on an accepted connection");
     }
-    listener.tap_io(set as fn(&mut tokio::net::TcpStream))
 }
 
 /// The daemon's version, as `/health` reports it.

@@ -51,6 +51,13 @@ pub struct ServerOptions {
     /// More host names the native API answers to over TCP (beyond the loopback names, the
     /// listen address and `domain`): the names of a reverse proxy in front of it.
     pub allowed_hosts: Vec<String>,
+    /// HTTPS on the TCP listener with the operator's certificate (`--tls-cert`,
+    /// `--tls-key`); none: plain HTTP. The Unix socket is never TLS.
+    pub tls: Option<crate::tls::TlsConfig>,
+    /// E2B's `allowPublicTraffic` for a create that does not say (E2B's default: true):
+    /// every port of the sandbox but envd's and the code interpreter's answers without the
+    /// traffic token.
+    pub e2b_public_traffic: bool,
 }
 
 impl Default for ServerOptions {
@@ -59,6 +66,8 @@ impl Default for ServerOptions {
             domain: DEFAULT_DOMAIN.into(),
             listen: None,
             allowed_hosts: Vec::new(),
+            tls: None,
+            e2b_public_traffic: true,
         }
     }
 }
@@ -82,6 +91,8 @@ pub fn valid_domain(domain: &str) -> bool {
 /// token, public ports and E2B facts: an E2B sandbox's envd access token opens its ports too).
 pub(crate) struct Ports {
     domain: String,
+    /// The TCP listener serves HTTPS: the URLs the daemon hands out are `https://`.
+    tls: bool,
     access: Arc<AccessStore>,
 }
 
@@ -107,11 +118,22 @@ async fn blocking<T: Send + 'static>(
         .map_err(store_error)
 }
 
+/// The E2B options of sandbox `id` in `access` (none: not made through the E2B API).
+fn e2b_options(
+    access: &AccessStore,
+    id: &str,
+) -> Result<Option<crate::e2b::options::Options>, StoreError> {
+    Ok(access
+        .e2b(id)?
+        .map(|f| crate::e2b::options::Options::parse(&f.options)))
+}
+
 impl Ports {
     /// Port access over core's store of every sandbox's access.
     pub(crate) fn with_access(opts: &ServerOptions, access: Arc<AccessStore>) -> Ports {
         Ports {
             domain: opts.domain.clone(),
+            tls: opts.tls.is_some(),
             access,
         }
     }
@@ -139,10 +161,29 @@ impl Ports {
         blocking(move || access.issue(&sid, &[])).await
     }
 
+    /// Whether `port` of `id` answers without a token: made public (native API), or every
+    /// port of an E2B sandbox with `allowPublicTraffic` but envd's and the code
+    /// interpreter's.
     async fn is_public(&self, id: &SandboxId, port: u16) -> Result<bool, ApiError> {
         let access = self.access.clone();
         let sid = id.as_str().to_owned();
-        blocking(move || access.is_public(&sid, port)).await
+        blocking(move || {
+            if access.is_public(&sid, port)? {
+                return Ok(true);
+            }
+            Ok(e2b_options(&access, &sid)?.is_some_and(|o| o.is_public(port)))
+        })
+        .await
+    }
+
+    /// The E2B options of `id` (none: not made through the E2B API).
+    async fn e2b_options(
+        &self,
+        id: &SandboxId,
+    ) -> Result<Option<crate::e2b::options::Options>, ApiError> {
+        let access = self.access.clone();
+        let sid = id.as_str().to_owned();
+        blocking(move || e2b_options(&access, &sid)).await
     }
 
     pub(crate) async fn public_ports(&self, id: &SandboxId) -> Result<Vec<u16>, ApiError> {
@@ -891,13 +932,13 @@ pub(crate) async fn proxy(State(st): State<AppState>, req: Request) -> Response 
 
 /// What a host name routes to.
 #[derive(Debug, PartialEq, Eq)]
-struct HostTarget {
-    port: u16,
-    id: String,
+pub(crate) struct HostTarget {
+    pub(crate) port: u16,
+    pub(crate) id: String,
 }
 
 /// Parses `{port}-{id}.<domain>[:listen port]`.
-fn host_target(host: &str, domain: &str) -> Option<HostTarget> {
+pub(crate) fn host_target(host: &str, domain: &str) -> Option<HostTarget> {
     let name = match host.rsplit_once(':') {
         Some((n, p)) if p.bytes().all(|b| b.is_ascii_digit()) => n,
         _ => host,
@@ -949,13 +990,14 @@ pub(crate) async fn host_route(State(st): State<AppState>, req: Request, next: N
     serve_port(&st, &id, t.port, &rest, "/", req).await
 }
 
-/// The base URL a client reached the daemon at: `X-Forwarded-Proto` or `http`, and `Host`.
-fn base_of(headers: &HeaderMap) -> (String, String) {
+/// The base URL a client reached the daemon at: `https` when the daemon serves TLS, else
+/// `X-Forwarded-Proto` or `http`; and `Host`.
+fn base_of(headers: &HeaderMap, tls: bool) -> (String, String) {
     let scheme = headers
         .get("x-forwarded-proto")
         .and_then(|v| v.to_str().ok())
-        .filter(|s| *s == "https" || *s == "http")
-        .unwrap_or("http")
+        .filter(|s| !tls && (*s == "https" || *s == "http"))
+        .unwrap_or(if tls { "https" } else { "http" })
         .to_owned();
     let host = headers
         .get(header::HOST)
@@ -1043,12 +1085,13 @@ pub(crate) async fn list(
         )));
     }
     let public: BTreeSet<u16> = st.ports.public_ports(&id).await?.into_iter().collect();
+    let e2b = st.ports.e2b_options(&id).await?;
     let listen = if info.state == SandboxState::Running {
         listening(&st, &who, &id).await
     } else {
         BTreeSet::new()
     };
-    let base = base_of(&headers);
+    let base = base_of(&headers, st.ports.tls);
     let all: BTreeSet<u16> = public
         .iter()
         .chain(listen.iter())
@@ -1064,7 +1107,7 @@ pub(crate) async fn list(
                 &id,
                 p,
                 listen.contains(&p),
-                public.contains(&p),
+                public.contains(&p) || e2b.as_ref().is_some_and(|o| o.is_public(p)),
             )
         })
         .collect();
@@ -1171,7 +1214,7 @@ async fn set_public(
     })?;
     st.ports.set_public(id, port, public).await?;
     Ok(Json(port_info(
-        &base_of(headers),
+        &base_of(headers, st.ports.tls),
         &st.ports.domain,
         id,
         port,

@@ -60,6 +60,25 @@ pub struct ServeArgs {
     /// `localhost`).
     #[arg(long, value_name = "DOMAIN")]
     domain: Option<String>,
+    /// A PEM certificate chain (the server's certificate first): the TCP listener serves
+    /// HTTPS with it instead of plain HTTP. A wildcard certificate for `*.<DOMAIN>` serves
+    /// the host-form URLs `https://{port}-{id}.<DOMAIN>`. Needs --tls-key.
+    #[arg(long, value_name = "FILE", env = "RAMPART_TLS_CERT")]
+    tls_cert: Option<PathBuf>,
+    /// The PEM private key of --tls-cert (PKCS#8, PKCS#1 or SEC1).
+    #[arg(long, value_name = "FILE", env = "RAMPART_TLS_KEY")]
+    tls_key: Option<PathBuf>,
+    /// E2B's `allowPublicTraffic` for a create that does not say: `true` (E2B's default;
+    /// every port but envd's and the code interpreter's answers without the sandbox's
+    /// traffic token) or `false` (every port needs it). Overrides the config file's
+    /// `[e2b] allow_public_traffic`.
+    #[arg(
+        long,
+        value_name = "BOOL",
+        env = "RAMPART_E2B_ALLOW_PUBLIC_TRAFFIC",
+        value_parser = clap::builder::BoolishValueParser::new()
+    )]
+    e2b_allow_public_traffic: Option<bool>,
     /// Disk overcommit ratio (overrides the config file's `disk_overcommit`; 1.0, the
     /// default, admits no more disk quota than the store can hold).
     #[arg(long, value_name = "RATIO", env = "RAMPART_DISK_OVERCOMMIT")]
@@ -157,6 +176,13 @@ struct FileConfig {
     artifacts: ArtifactsFileConfig,
     /// Domain of host-name routing to sandbox ports.
     domain: Option<String>,
+    /// A PEM certificate chain: the TCP listener serves HTTPS with it (needs `tls_key`).
+    tls_cert: Option<PathBuf>,
+    /// The PEM private key of `tls_cert`.
+    tls_key: Option<PathBuf>,
+    /// The E2B-compatible API (see `docs/e2b.md`).
+    #[serde(default)]
+    e2b: E2bFileConfig,
     /// More host names the native API answers to over TCP.
     #[serde(default)]
     allowed_hosts: Vec<String>,
@@ -180,6 +206,49 @@ struct FileConfig {
     /// Warm pools: `"TEMPLATE" = SIZE` or `"TEMPLATE:TIER" = SIZE`.
     #[serde(default)]
     warm: std::collections::BTreeMap<String, usize>,
+}
+
+/// `[e2b]` of the config file.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct E2bFileConfig {
+    /// `allowPublicTraffic` of a create that does not say (default true, as E2B's).
+    allow_public_traffic: Option<bool>,
+}
+
+/// The TLS configuration of `--tls-cert`/`--tls-key` (or the config file's `tls_cert` and
+/// `tls_key`): both or neither; read and checked now, so that a certificate that cannot be
+/// served fails `serve` before anything starts.
+fn resolve_tls(
+    a: &ServeArgs,
+    file: &FileConfig,
+    domain: &str,
+) -> Result<Option<rampart_server::TlsConfig>> {
+    let cert = a.tls_cert.clone().or(file.tls_cert.clone());
+    let key = a.tls_key.clone().or(file.tls_key.clone());
+    let (cert, key) = match (cert, key) {
+        (None, None) => return Ok(None),
+        (Some(c), Some(k)) => (c, k),
+        (Some(_), None) => bail!(
+            "--tls-cert is given without --tls-key (or tls_cert without tls_key in the config \
+             file): HTTPS needs both, the certificate and its private key"
+        ),
+        (None, Some(_)) => bail!(
+            "--tls-key is given without --tls-cert (or tls_key without tls_cert in the config \
+             file): HTTPS needs both, the certificate and its private key"
+        ),
+    };
+    let tls = rampart_server::TlsConfig::load(&cert, &key).map_err(|e| anyhow!("{e}"))?;
+    let probe = format!("49983-sandbox.{domain}");
+    if !tls.covers(&probe) {
+        tracing::warn!(
+            "the TLS certificate {} does not name *.{domain}: clients will refuse the host-form \
+             URLs https://{{port}}-{{id}}.{domain} (give a wildcard certificate for *.{domain}, or \
+             --domain the domain it names)",
+            cert.display()
+        );
+    }
+    Ok(Some(tls))
 }
 
 /// `[gvisor]` of the config file.
@@ -657,6 +726,11 @@ fn resolve(a: &ServeArgs) -> Result<Resolved> {
              sandboxes.example.com"
         );
     }
+    let tls = resolve_tls(a, &file, &domain)?;
+    let e2b_public_traffic = a
+        .e2b_allow_public_traffic
+        .or(file.e2b.allow_public_traffic)
+        .unwrap_or(true);
     let mut allowed_hosts = file.allowed_hosts.clone();
     allowed_hosts.extend(a.allowed_hosts.iter().map(|h| h.trim().to_owned()));
     allowed_hosts.retain(|h| !h.is_empty());
@@ -671,6 +745,8 @@ fn resolve(a: &ServeArgs) -> Result<Resolved> {
             domain,
             listen: Some(listen),
             allowed_hosts,
+            tls,
+            e2b_public_traffic,
         },
         core: CoreConfig {
             data_dir,
@@ -837,15 +913,26 @@ pub async fn run(a: ServeArgs, socket: Option<PathBuf>) -> Result<u8> {
             None
         }
     };
+    let scheme = if r.server.tls.is_some() {
+        "https"
+    } else {
+        "http"
+    };
     tracing::info!(
         listen = %r.listen,
         socket = %sock_path.display(),
         data_dir = %data_dir.display(),
         version = rampart_server::VERSION,
-        "rampart listening on http://{} and on {} (group {group}, mode 0660)",
+        "rampart listening on {scheme}://{} and on {} (group {group}, mode 0660)",
         r.listen,
         sock_path.display()
     );
+    if !r.server.e2b_public_traffic {
+        tracing::info!(
+            "E2B sandboxes' ports need the traffic token unless a create allows public traffic \
+             (--e2b-allow-public-traffic false)"
+        );
+    }
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let had_socket = unix.is_some();
     let mut server = tokio::spawn(rampart_server::serve_all(
@@ -916,6 +1003,17 @@ mod tests {
                 .unwrap();
         assert_eq!(a.audit.network_events_burst, Some(20));
         assert_eq!(a.audit.network_events_per_sec, Some(50.0));
+        let t: FileConfig = toml::from_str(
+            "tls_cert = \"/etc/rampart/cert.pem\"\ntls_key = \"/etc/rampart/key.pem\"\n\
+             [e2b]\nallow_public_traffic = false",
+        )
+        .unwrap();
+        assert_eq!(
+            t.tls_cert.as_deref(),
+            Some(Path::new("/etc/rampart/cert.pem"))
+        );
+        assert_eq!(t.e2b.allow_public_traffic, Some(false));
+        assert!(toml::from_str::<FileConfig>("[e2b]\npublic = true").is_err());
         assert!(toml::from_str::<FileConfig>("max_sandbox = 3").is_err());
         assert!(toml::from_str::<FileConfig>("[default_limits]\nmem = 1").is_err());
     }

@@ -171,7 +171,7 @@ fn state_name(info: &SandboxInfo) -> &'static str {
 }
 
 /// The `ListedSandbox` / `SandboxDetail` fields.
-fn detail_json(_st: &E2b, info: &SandboxInfo, facts: &E2bSandbox, with_token: bool) -> Value {
+fn detail_json(st: &E2b, info: &SandboxInfo, facts: &E2bSandbox, with_token: bool) -> Value {
     let mut v = json!({
         "templateID": facts.template,
         "alias": facts.template,
@@ -190,7 +190,7 @@ fn detail_json(_st: &E2b, info: &SandboxInfo, facts: &E2bSandbox, with_token: bo
     if with_token {
         let o = Options::parse(&facts.options);
         v["envdAccessToken"] = json!(facts.access_token);
-        v["domain"] = Value::Null;
+        v["domain"] = json!(st.domain);
         let on_timeout = if o.auto_pause { "pause" } else { "kill" };
         v["lifecycle"] = json!({"autoResume": o.auto_resume, "onTimeout": on_timeout});
         v["allowInternetAccess"] = json!(o.allow_internet_access.unwrap_or(true));
@@ -257,10 +257,11 @@ async fn create_now(st: &E2b, who: &Principal, body: &Bytes) -> Result<Value, E2
     let options = Options {
         network: net.as_ref().map(super::network::info_of),
         allow_internet_access: n.allow_internet_access,
+        // E2B's default is public (the operator may say otherwise: `--e2b-allow-public-traffic`).
         allow_public_traffic: net
             .as_ref()
             .and_then(|n| n.allow_public_traffic)
-            .unwrap_or(false),
+            .unwrap_or(st.public_traffic),
         mask_request_host: net.as_ref().and_then(|n| n.mask_request_host.clone()),
         https_ports: net
             .as_ref()
@@ -300,7 +301,7 @@ async fn create_now(st: &E2b, who: &Principal, body: &Bytes) -> Result<Value, E2
     let facts = created.e2b.ok_or_else(|| {
         E2bError::internal("the sandbox was made without its E2B facts".to_owned())
     })?;
-    Ok(sandbox_json(&created.info, &facts))
+    Ok(sandbox_json(&created.info, &facts, &st.domain))
 }
 
 /// `PUT /sandboxes/{id}/network` (`update_network`): replaces the sandbox's egress rules
@@ -441,7 +442,7 @@ pub(crate) async fn connect(
     };
     extend(&st, &who, &sid, &info, b.timeout).await?;
     let info = st.manager.sandbox(&who, &sid)?.info()?;
-    Ok((status, Json(sandbox_json(&info, &facts))).into_response())
+    Ok((status, Json(sandbox_json(&info, &facts, &st.domain))).into_response())
 }
 
 /// Moves the deadline to now + `timeout` if that is later than the current one.
@@ -482,7 +483,11 @@ pub(crate) async fn resume(
     let info = st.manager.sandbox(&who, &sid)?.resume().await?;
     extend(&st, &who, &sid, &info, b.timeout).await?;
     let info = st.manager.sandbox(&who, &sid)?.info()?;
-    Ok((StatusCode::CREATED, Json(sandbox_json(&info, &facts))).into_response())
+    Ok((
+        StatusCode::CREATED,
+        Json(sandbox_json(&info, &facts, &st.domain)),
+    )
+        .into_response())
 }
 
 #[derive(Debug, Default, Deserialize)]

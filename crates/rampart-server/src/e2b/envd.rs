@@ -35,8 +35,10 @@ struct Target {
     port: u16,
 }
 
-/// The target of a request: the routing headers, else the host name `{port}-{id}.<domain>`.
-fn target_of(headers: &HeaderMap) -> Option<Target> {
+/// The target of a request: the routing headers, else the host name `{port}-{id}.<domain>`
+/// (of this daemon's domain only: a name under another domain is not the daemon's to serve).
+fn target_of(req: &Request, domain: &str) -> Option<Target> {
+    let headers = req.headers();
     let h = |n: &str| {
         headers
             .get(n)
@@ -53,23 +55,18 @@ fn target_of(headers: &HeaderMap) -> Option<Target> {
             port,
         });
     }
-    let host = h("host")?;
-    let first = host.split(':').next()?.split('.').next()?;
-    if !host.contains('.') {
-        return None;
-    }
-    let (port, id) = first.split_once('-')?;
-    let port: u16 = port.parse().ok()?;
-    if id.is_empty()
-        || !id
-            .bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
+    let host = h("host").or_else(|| req.uri().authority().map(|a| a.as_str()))?;
+    let t = crate::ports::host_target(host, domain)?;
+    if !t
+        .id
+        .bytes()
+        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
     {
         return None;
     }
     Some(Target {
-        id: id.to_owned(),
-        port,
+        id: t.id,
+        port: t.port,
     })
 }
 
@@ -229,7 +226,7 @@ fn authorize(req: &Request, facts: &E2bSandbox) -> Result<(), Box<Response>> {
 
 /// Middleware in front of every route: requests for a sandbox go to it; others go on.
 pub(crate) async fn dispatch(State(st): State<E2b>, req: Request, next: Next) -> Response {
-    let Some(t) = target_of(req.headers()) else {
+    let Some(t) = target_of(&req, &st.domain) else {
         return next.run(req).await;
     };
     to_sandbox(&st, t, req).await
@@ -317,7 +314,7 @@ fn may_wake(
     opts: &super::options::Options,
 ) -> Result<(), Box<Response>> {
     if t.port != ENVD_PORT {
-        if opts.allow_public_traffic {
+        if opts.is_public(t.port) {
             return Ok(());
         }
         return authorize_port(req, facts);
@@ -483,8 +480,9 @@ async fn to_port(
     mut req: Request,
 ) -> Response {
     let opts = super::options::Options::parse(&live.facts.options);
-    // `allowPublicTraffic`: every port but envd's answers without the token.
-    if !opts.allow_public_traffic {
+    // `allowPublicTraffic`: every port but envd's and the code interpreter's answers
+    // without the token.
+    if !opts.is_public(t.port) {
         if let Err(r) = authorize_port(&req, &live.facts) {
             return *r;
         }
@@ -606,21 +604,52 @@ mod tests {
 
     #[test]
     fn targets_come_from_headers_or_host() {
-        let mut h = HeaderMap::new();
-        h.insert("host", HeaderValue::from_static("127.0.0.1:3000"));
-        assert_eq!(target_of(&h), None);
-        h.insert("host", HeaderValue::from_static("49983-abc123.example.com"));
+        let req = |pairs: &[(&'static str, &'static str)]| {
+            let mut r = Request::new(Body::empty());
+            for (k, v) in pairs {
+                r.headers_mut().insert(*k, HeaderValue::from_static(v));
+            }
+            r
+        };
+        let d = "sbx.example.com";
+        assert_eq!(target_of(&req(&[("host", "127.0.0.1:3000")]), d), None);
+        let want = Some(Target {
+            id: "abc123".into(),
+            port: 49983,
+        });
         assert_eq!(
-            target_of(&h),
+            target_of(&req(&[("host", "49983-abc123.sbx.example.com")]), d),
+            want
+        );
+        assert_eq!(
+            target_of(&req(&[("host", "49983-abc123.sbx.example.com:8443")]), d),
+            want
+        );
+        // Another domain's name is not the daemon's to serve.
+        assert_eq!(
+            target_of(&req(&[("host", "49983-abc123.other.example")]), d),
+            None
+        );
+        assert_eq!(
+            target_of(&req(&[("host", "49983-abc123.x.sbx.example.com")]), d),
+            None
+        );
+        assert_eq!(
+            target_of(&req(&[("host", "49983-ABC.sbx.example.com")]), d),
             Some(Target {
-                id: "abc123".into(),
+                id: "abc".into(),
                 port: 49983
             })
         );
-        h.insert("e2b-sandbox-id", HeaderValue::from_static("xyz"));
-        h.insert("e2b-sandbox-port", HeaderValue::from_static("49999"));
         assert_eq!(
-            target_of(&h),
+            target_of(
+                &req(&[
+                    ("host", "127.0.0.1:3000"),
+                    ("e2b-sandbox-id", "xyz"),
+                    ("e2b-sandbox-port", "49999"),
+                ]),
+                d
+            ),
             Some(Target {
                 id: "xyz".into(),
                 port: 49999

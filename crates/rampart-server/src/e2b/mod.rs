@@ -14,7 +14,7 @@ mod events;
 mod idempotency;
 mod metrics;
 mod network;
-mod options;
+pub(crate) mod options;
 mod persist;
 mod record;
 mod secrets;
@@ -53,6 +53,13 @@ pub(crate) struct E2b {
     pub(crate) idempotency: Arc<idempotency::Idempotency>,
     /// The samples of every live sandbox's resource use.
     pub(crate) metrics: metrics::Shared,
+    /// The domain of host-name routing (`{port}-{id}.<domain>`), told to the SDKs as the
+    /// sandbox's `domain` (their `get_host(port)` and envd URL).
+    pub(crate) domain: String,
+    /// `allowPublicTraffic` of a create that does not say (the operator's default).
+    pub(crate) public_traffic: bool,
+    /// The TCP listener serves HTTPS: links the daemon hands out are `https://`.
+    pub(crate) tls: bool,
 }
 
 impl std::fmt::Debug for E2b {
@@ -198,6 +205,7 @@ pub(crate) fn attach(
     inner: Router,
     manager: Arc<Manager>,
     tenancy: Option<Arc<crate::tenancy::Tenancy>>,
+    opts: &crate::ServerOptions,
 ) -> Router {
     let keys = match open_keys(manager.data_dir()) {
         Ok(k) => Arc::new(k),
@@ -224,6 +232,9 @@ pub(crate) fn attach(
         tenancy,
         idempotency: Default::default(),
         metrics: Default::default(),
+        domain: opts.domain.clone(),
+        public_traffic: opts.e2b_public_traffic,
+        tls: opts.tls.is_some(),
     };
     metrics::start(st.clone());
     let api = Router::new()

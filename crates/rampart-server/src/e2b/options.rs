@@ -17,7 +17,9 @@ pub(crate) struct Options {
     /// `allow_internet_access` as given at create.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) allow_internet_access: Option<bool>,
-    /// Every port but envd's answers without the traffic token.
+    /// Every port but envd's and the code interpreter's answers without the traffic token
+    /// ([`Options::is_public`]). Absent in the JSON of a sandbox made before the default
+    /// was E2B's: private, as it was made.
     #[serde(default)]
     pub(crate) allow_public_traffic: bool,
     /// The `Host` sent to the sandbox's ports (`${PORT}` stands for the port).
@@ -51,6 +53,14 @@ impl Options {
     pub(crate) fn to_json(&self) -> String {
         serde_json::to_string(self).unwrap_or_default()
     }
+    /// Whether `port` answers without the sandbox's token: with `allowPublicTraffic`, every
+    /// port but envd's (49983) and the code interpreter's (49999), which run commands and
+    /// code and so always need the token (the SDKs always send it).
+    pub(crate) fn is_public(&self, port: u16) -> bool {
+        self.allow_public_traffic
+            && port != super::envd::ENVD_PORT
+            && port != super::envd::JUPYTER_PORT
+    }
     /// The `Host` header for a request to `port`, when a mask is set.
     pub(crate) fn host_for(&self, port: u16) -> Option<String> {
         self.mask_request_host
@@ -83,5 +93,18 @@ mod tests {
         let back = Options::parse(&o.to_json());
         assert_eq!(back.mask_request_host, o.mask_request_host);
         assert!(!Options::parse("").auto_resume);
+    }
+
+    #[test]
+    fn public_traffic_leaves_envd_and_the_interpreter_private() {
+        let o = Options {
+            allow_public_traffic: true,
+            ..Default::default()
+        };
+        assert!(o.is_public(8080) && o.is_public(6080));
+        assert!(!o.is_public(49983) && !o.is_public(49999));
+        assert!(!Options::default().is_public(8080));
+        // A sandbox recorded before the default changed stays as it was made.
+        assert!(!Options::parse(r#"{"autoResume":false}"#).is_public(8080));
     }
 }

@@ -320,7 +320,7 @@ pub(crate) async fn fork(
     for r in made {
         let item = match r {
             Ok(c) => match c.e2b.as_ref() {
-                Some(facts) => json!({"sandbox": sandbox_json(&c.info, facts)}),
+                Some(facts) => json!({"sandbox": sandbox_json(&c.info, facts, &st.domain)}),
                 None => fork_error(E2bError::internal(format!(
                     "fork {} was made without its E2B facts",
                     c.info.id

@@ -207,11 +207,15 @@ pub(crate) async fn file_upload_link(
         .get("host")
         .and_then(|h| h.to_str().ok())
         .ok_or_else(|| E2bError::bad_request("the request has no Host header"))?;
-    let scheme = headers
-        .get("x-forwarded-proto")
-        .and_then(|h| h.to_str().ok())
-        .filter(|p| *p == "https")
-        .unwrap_or("http");
+    let scheme = if st.tls {
+        "https"
+    } else {
+        headers
+            .get("x-forwarded-proto")
+            .and_then(|h| h.to_str().ok())
+            .filter(|p| *p == "https")
+            .unwrap_or("http")
+    };
     Ok((
         StatusCode::CREATED,
         Json(json!({

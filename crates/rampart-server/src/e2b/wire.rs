@@ -21,8 +21,10 @@ pub(super) fn parse_body<T: for<'de> Deserialize<'de> + Default>(
     serde_json::from_slice(body).map_err(|e| E2bError::bad_request(format!("invalid body: {e}")))
 }
 
-/// The `Sandbox` answer of create and connect.
-pub(super) fn sandbox_json(info: &SandboxInfo, facts: &E2bSandbox) -> Value {
+/// The `Sandbox` answer of create and connect. `domain` is the daemon's domain of host-name
+/// routing: the SDKs build `{port}-{id}.<domain>` from it (`get_host`, and envd's URL when
+/// `E2B_SANDBOX_URL` is not set).
+pub(super) fn sandbox_json(info: &SandboxInfo, facts: &E2bSandbox, domain: &str) -> Value {
     json!({
         "templateID": facts.template,
         "alias": facts.template,
@@ -32,6 +34,6 @@ pub(super) fn sandbox_json(info: &SandboxInfo, facts: &E2bSandbox) -> Value {
         "envdAccessToken": facts.access_token,
         // The code-interpreter SDK sends this on its calls to port 49999; the same token.
         "trafficAccessToken": facts.access_token,
-        "domain": null,
+        "domain": domain,
     })
 }
