@@ -110,6 +110,23 @@ fn a_create_claims_a_warm_sandbox_for_its_tenant_only() {
     assert_eq!(listed.body, json!([]), "pooled sandboxes are listed");
     let p = native(&d.url, &a, Method::GET, "/v1/pools", None);
     assert_eq!(p.status, 403, "a tenant sees the pools: {:?}", p.body);
+    // Nobody's, the node administrator's neither: no verb reaches one before its claim.
+    let one = warm.iter().next().unwrap();
+    for (method, path) in [
+        (Method::GET, format!("/v1/sandboxes/{one}")),
+        (Method::POST, format!("/v1/sandboxes/{one}/exec")),
+        (Method::DELETE, format!("/v1/sandboxes/{one}")),
+    ] {
+        let r = native(
+            &d.url,
+            support::admin_key(),
+            method.clone(),
+            &path,
+            Some(json!({"cmd": ["true"]})),
+        );
+        assert_eq!(r.status, 404, "{method} {path}: {:?}", r.body);
+    }
+    assert_eq!(pooled(&d), warm);
 
     // A tenant's create: a claim.
     let c = native(

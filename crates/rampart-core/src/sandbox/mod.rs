@@ -440,6 +440,10 @@ impl Sandboxes {
     /// an id that does not exist. Only [`handle::Sandbox::resolve`] asks.
     fn visible(&self, tenant: Option<&str>, id: &SandboxId) -> Result<(), CoreError> {
         let Some(tenant) = tenant else {
+            // A warm sandbox is nobody's, the node administrator's neither, until claimed.
+            if !self.registry.contains(id) && self.is_pooled(id) {
+                return Err(CoreError::NotFound(id.to_string()));
+            }
             return Ok(());
         };
         let owner = match self.registry.tenant(id) {
