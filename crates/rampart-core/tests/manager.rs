@@ -653,7 +653,7 @@ async fn pause_freezes_resume_continues_and_a_paused_sandbox_survives_a_restart(
         "{e}"
     );
     assert!(matches!(
-        common::sb(&m, &s.id).agent(),
+        common::sb(&m, &s.id).running(),
         Err(CoreError::WrongState { .. })
     ));
     // No CPU used while paused.

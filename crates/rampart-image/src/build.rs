@@ -1671,6 +1671,8 @@ mod runner {
             }
             let spec = LaunchSpec {
                 id: id.clone(),
+                // The builder drives the jail (the namespace tier) itself.
+                tier: rampart_types::Tier::Namespace,
                 template_dir: req
                     .on_base
                     .as_ref()

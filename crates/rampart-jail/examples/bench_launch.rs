@@ -42,6 +42,7 @@ fn main() {
         }
         let spec = LaunchSpec {
             id: SandboxId::generate(),
+            tier: rampart_types::Tier::Namespace,
             template_dir: t.clone(),
             uid_base: 3_000_000 + i as u32 * 65536,
             limits: Limits::default(),

@@ -110,101 +110,8 @@ pub struct JailConfig {
     pub cgroup_subtree: String,
 }
 
-/// What to launch.
-#[derive(Debug, Clone)]
-pub struct LaunchSpec {
-    /// The sandbox id (names its directory and cgroup).
-    pub id: SandboxId,
-    /// Root of the built template (see [`template`]).
-    pub template_dir: PathBuf,
-    /// First host uid/gid of the sandbox's private range of 65536.
-    pub uid_base: u32,
-    /// Resource limits.
-    pub limits: Limits,
-    /// Host name inside the sandbox.
-    pub hostname: String,
-    /// Environment the agent starts with (inherited by every process it starts).
-    pub env: Vec<(String, String)>,
-    /// Layered root (built templates, see `rampart-image`): the host directories of the
-    /// template's layers, bottom first, each in overlayfs format. When non-empty they are
-    /// the overlay's lower layers (each idmapped like the `base` rootfs), `template_dir` is
-    /// not used and the host's `/usr` is NOT mounted.
-    pub layers: Vec<PathBuf>,
-    /// The layers stack on the `base` template at `template_dir`: its `rootfs` is the bottom
-    /// lower layer of `/`, and `/usr` is an overlay of the layers' `usr/` directories over
-    /// the host's `/usr` (idmapped, as for `base`). A template built `from = "template:base"`.
-    pub layers_on_base: bool,
-    /// Build sandboxes only (see [`BuildMounts`]); `None` for every sandbox of the API.
-    pub build: Option<BuildMounts>,
-    /// Extra arguments of the agent (e.g. `--default-user NAME`).
-    pub agent_args: Vec<String>,
-    /// Files written into the root before PID 1 starts (see [`InitFile`]).
-    pub files: Vec<InitFile>,
-}
-
-/// A file the jailer writes into a sandbox's root before its PID 1 starts (the resolver
-/// configuration, the egress CA): what the daemon knows before launch, so that no agent
-/// round trip is needed after it. The path is resolved inside the sandbox's root
-/// (`openat2` with `RESOLVE_IN_ROOT`: a symlink of the template cannot lead out of it),
-/// missing directories are made (0755), and the file ends up a regular file owned by the
-/// sandbox's root with `mode`.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
-#[serde(deny_unknown_fields)]
-pub struct InitFile {
-    /// Absolute path inside the sandbox.
-    pub path: String,
-    /// Its content (text: a resolver configuration, PEM certificates).
-    pub text: String,
-    /// Its permission bits.
-    pub mode: u32,
-}
-
-/// How a template build step's sandbox differs from an API sandbox. Builds are an operator
-/// action from a trusted spec; nothing the API accepts can ask for this.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
-#[serde(deny_unknown_fields)]
-pub struct BuildMounts {
-    /// The overlay's upper directory on the host (it becomes the new layer); owned by the
-    /// sandbox's root through the launch.
-    pub upper: PathBuf,
-    /// The overlay's work directory (same file system as `upper`).
-    pub work: PathBuf,
-    /// A host file whose content is bound read-only over `/etc/resolv.conf` (created empty in
-    /// the upper if the template has none; the builder removes that empty file from the
-    /// layer). The jailer reads it; PID 1 never needs to reach its path. A build step has a
-    /// network namespace of its own like every sandbox: its way out is what the builder
-    /// wires into it.
-    pub resolv_conf: Option<PathBuf>,
-    /// With [`LaunchSpec::layers_on_base`]: the upper and work directories (host) of the
-    /// `/usr` overlay, which the builder moves into the layer's `usr/` afterwards.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub usr_upper: Option<PathBuf>,
-    /// The `/usr` overlay's work directory (same file system as `usr_upper`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub usr_work: Option<PathBuf>,
-}
-
-/// A launched sandbox.
-#[derive(Debug, Clone)]
-pub struct Launched {
-    /// Host pid of the sandbox's PID 1 (the agent).
-    pub pid: i32,
-    /// Host path of the agent's Unix socket.
-    pub agent_socket: PathBuf,
-}
-
-/// Resource usage read from a sandbox's cgroup.
-#[derive(Debug, Clone, Default)]
-pub struct Usage {
-    /// Memory in use, bytes.
-    pub memory_bytes: u64,
-    /// Peak memory, bytes (0 if the host cannot tell).
-    pub memory_peak_bytes: u64,
-    /// CPU time used, microseconds.
-    pub cpu_usec: u64,
-    /// Live processes.
-    pub pids: u64,
-}
+// The tier's seam types live once, in `rampart-types` (core's `Isolation` takes the same).
+pub use rampart_types::launch::{BuildMounts, InitFile, LaunchSpec, Launched, Usage};
 
 /// The tier.
 #[derive(Debug)]
@@ -585,6 +492,8 @@ impl Jail {
         Ok(Launched {
             pid,
             agent_socket: js.agent_socket,
+            // The jail boots its sandboxes; it restores no checkpoint.
+            restored: false,
         })
     }
 

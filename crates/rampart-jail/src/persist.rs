@@ -78,41 +78,7 @@ fn attached_loop(image: &Path, ident: (u64, u64)) -> Option<OwnedFd> {
     None
 }
 
-/// A disk image to start from instead of an empty disk.
-#[derive(Debug, Clone)]
-pub struct DiskSource {
-    /// The image (cloned, never modified).
-    pub image: PathBuf,
-    /// First host uid of the range its files belong to (the sandbox it was taken from).
-    pub uid_base: u32,
-}
-
-/// A volume to mount.
-#[derive(Debug, Clone)]
-pub struct VolumeSpec {
-    /// The volume's ext4 image.
-    pub image: PathBuf,
-    /// Absolute path inside the sandbox.
-    pub path: String,
-    /// Read-only mount.
-    pub read_only: bool,
-}
-
-/// What a launch takes beyond its [`LaunchSpec`].
-#[derive(Debug, Clone, Default)]
-pub struct LaunchExtras {
-    /// Start from this disk.
-    pub disk: Option<DiskSource>,
-    /// Volumes.
-    pub volumes: Vec<VolumeSpec>,
-}
-
-impl LaunchExtras {
-    /// Nothing beyond a plain launch.
-    pub fn is_empty(&self) -> bool {
-        self.disk.is_none() && self.volumes.is_empty()
-    }
-}
+pub use rampart_types::launch::{DiskSource, LaunchExtras, VolumeSpec};
 
 /// A volume in a [`JailerSpec`]: an attached loop device to mount at `path`.
 #[derive(Debug, Clone, Serialize, Deserialize)]

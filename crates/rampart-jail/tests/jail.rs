@@ -73,6 +73,7 @@ impl Drop for TestEnv {
 fn spec(t: &TestEnv, uid_slot: u32, limits: Limits) -> LaunchSpec {
     LaunchSpec {
         id: SandboxId::generate(),
+        tier: rampart_types::Tier::Namespace,
         template_dir: t.template.clone(),
         uid_base: 2_000_000 + ((std::process::id() % 50) * 10 + uid_slot) * 65536,
         limits,

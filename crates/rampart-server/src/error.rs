@@ -3,8 +3,7 @@
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use rampart_agent::client::ClientError;
-use rampart_core::CoreError;
+use rampart_core::{AgentError, CoreError};
 use rampart_types::{ApiError as ApiErrorJson, ApiErrorBody, LimitError};
 
 /// An error answer of the API: a status, a stable code and a message.
@@ -159,10 +158,10 @@ impl From<CoreError> for ApiError {
     }
 }
 
-impl From<ClientError> for ApiError {
-    fn from(e: ClientError) -> Self {
+impl From<AgentError> for ApiError {
+    fn from(e: AgentError) -> Self {
         match e {
-            ClientError::Unreachable(m) => ApiError::new(
+            AgentError::Unreachable(m) => ApiError::new(
                 StatusCode::BAD_GATEWAY,
                 "agent_unreachable",
                 format!("the sandbox's agent is unreachable: {m}"),
@@ -170,16 +169,16 @@ impl From<ClientError> for ApiError {
             // The agent answers a user the sandbox does not have as envd does
             // (`unauthenticated`, "invalid user: 'x'"): through the native API that is the
             // caller's mistake in the `user` field, not the agent's failure.
-            ClientError::Rpc { code, message }
+            AgentError::Rpc { code, message }
                 if code == "unauthenticated" && message.starts_with("invalid user") =>
             {
                 ApiError::bad_request(format!("user: {message}"))
             }
-            ClientError::Rpc { code, message } => {
+            AgentError::Rpc { code, message } => {
                 let (status, api_code) = rpc_status(&code);
                 ApiError::new(status, api_code, message)
             }
-            ClientError::Protocol(m) => ApiError::new(
+            AgentError::Protocol(m) => ApiError::new(
                 StatusCode::BAD_GATEWAY,
                 "agent_error",
                 format!("bad answer from the sandbox's agent: {m}"),
@@ -224,12 +223,12 @@ mod tests {
             (CoreError::Capacity("full".into()), 503, "capacity"),
             (CoreError::TooLarge("big".into()), 413, "too_large"),
             (
-                CoreError::Agent(ClientError::Unreachable("gone".into())),
+                CoreError::Agent(AgentError::Unreachable("gone".into())),
                 502,
                 "agent_unreachable",
             ),
             (
-                CoreError::Agent(ClientError::Rpc {
+                CoreError::Agent(AgentError::Rpc {
                     code: "not_found".into(),
                     message: "m".into(),
                 }),
@@ -237,7 +236,7 @@ mod tests {
                 "not_found",
             ),
             (
-                CoreError::Agent(ClientError::Rpc {
+                CoreError::Agent(AgentError::Rpc {
                     code: "already_exists".into(),
                     message: "m".into(),
                 }),
@@ -245,7 +244,7 @@ mod tests {
                 "conflict",
             ),
             (
-                CoreError::Agent(ClientError::Rpc {
+                CoreError::Agent(AgentError::Rpc {
                     code: "deadline_exceeded".into(),
                     message: "m".into(),
                 }),
@@ -253,7 +252,7 @@ mod tests {
                 "timeout",
             ),
             (
-                CoreError::Agent(ClientError::Rpc {
+                CoreError::Agent(AgentError::Rpc {
                     code: "unauthenticated".into(),
                     message: "invalid user: 'nobody2'".into(),
                 }),

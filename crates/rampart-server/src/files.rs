@@ -15,7 +15,7 @@ use axum::Json;
 use bytes::Bytes;
 use futures::stream::BoxStream;
 use futures::StreamExt;
-use rampart_agent::client::{ClientError, EntryInfo, FileKind};
+use rampart_core::{AgentError, CoreError, EntryInfo, FileKind};
 use rampart_types::{
     ApiErrorBody, FileEntry, FileList, FileType, FileWatchEvent, MakeDir, MoveFile, SandboxId,
 };
@@ -111,9 +111,9 @@ fn entry(e: EntryInfo) -> FileEntry {
 
 /// The error of a file operation that writes: the agent's `resource_exhausted` (ENOSPC or
 /// EDQUOT inside the sandbox) is `507 no_space`; everything else maps as usual.
-fn write_error(e: ClientError) -> ApiError {
+fn write_error(e: AgentError) -> ApiError {
     match e {
-        ClientError::Rpc { code, message } if code == "resource_exhausted" => {
+        AgentError::Rpc { code, message } if code == "resource_exhausted" => {
             ApiError::new(StatusCode::INSUFFICIENT_STORAGE, "no_space", message)
         }
         e => ApiError::from(e),
@@ -121,15 +121,15 @@ fn write_error(e: ClientError) -> ApiError {
 }
 
 /// [`write_error`] for an agent error that came through core; other errors as they are.
-fn core_write_error(e: rampart_core::CoreError) -> ApiError {
+fn core_write_error(e: CoreError) -> ApiError {
     match e {
-        rampart_core::CoreError::Agent(e) => write_error(e),
+        CoreError::Agent(e) => write_error(e),
         other => other.into(),
     }
 }
 
-fn is_not_found(e: &ClientError) -> bool {
-    matches!(e, ClientError::Rpc { code, .. } if code == "not_found")
+fn is_not_found(e: &CoreError) -> bool {
+    matches!(e, CoreError::Agent(AgentError::Rpc { code, .. }) if code == "not_found")
 }
 
 /// `GET /v1/sandboxes/{id}/files?path=`: the file's bytes, streamed.
@@ -149,8 +149,11 @@ pub(crate) async fn read(
 ) -> Result<Response, ApiError> {
     check_path("path", &q.path)?;
     check_user(q.user.as_deref())?;
-    let agent = st.manager.sandbox(&who, &id)?.agent()?;
-    let stream = agent.read_file(&q.path, q.user.as_deref()).await?;
+    let stream = st
+        .manager
+        .sandbox(&who, &id)?
+        .read_file(&q.path, q.user.as_deref())
+        .await?;
     let body = stream.map(|r| r.map_err(|e| std::io::Error::other(e.to_string())));
     let mut resp = Body::from_stream(body).into_response();
     resp.headers_mut().insert(
@@ -207,9 +210,9 @@ async fn write_inner(
     check_path("path", &q.path)?;
     check_user(q.user.as_deref())?;
     let sandbox = st.manager.sandbox(who, id)?;
-    let agent = sandbox.agent()?;
+    sandbox.running()?;
     let user = q.user.as_deref();
-    let existed = match agent.stat(&q.path, user).await {
+    let existed = match sandbox.stat(&q.path, user).await {
         Ok(_) => true,
         Err(e) if is_not_found(&e) => false,
         // A parent that does not exist yet, or one that is not a directory: let the write say.
@@ -219,7 +222,7 @@ async fn write_inner(
         .write_file(&q.path, user, stream)
         .await
         .map_err(core_write_error)?;
-    let info = agent.stat(&written, user).await?;
+    let info = sandbox.stat(&written, user).await?;
     let status = if existed {
         StatusCode::OK
     } else {
@@ -313,8 +316,8 @@ pub(crate) async fn stat(
 ) -> Result<Json<FileEntry>, ApiError> {
     check_path("path", &q.path)?;
     check_user(q.user.as_deref())?;
-    let agent = st.manager.sandbox(&who, &id)?.agent()?;
-    Ok(Json(entry(agent.stat(&q.path, q.user.as_deref()).await?)))
+    let sandbox = st.manager.sandbox(&who, &id)?;
+    Ok(Json(entry(sandbox.stat(&q.path, q.user.as_deref()).await?)))
 }
 
 /// `GET /v1/sandboxes/{id}/files/list?path=&depth=`.
@@ -339,8 +342,8 @@ pub(crate) async fn list(
             "depth: must be 1 to {MAX_LIST_DEPTH}"
         )));
     }
-    let agent = st.manager.sandbox(&who, &id)?.agent()?;
-    let entries = agent.list_dir(&q.path, depth, q.user.as_deref()).await?;
+    let sandbox = st.manager.sandbox(&who, &id)?;
+    let entries = sandbox.list_dir(&q.path, depth, q.user.as_deref()).await?;
     Ok(Json(FileList {
         entries: entries.into_iter().map(entry).collect(),
     }))
@@ -417,8 +420,8 @@ pub(crate) async fn watch(
 ) -> Result<Response, ApiError> {
     check_path("path", &q.path)?;
     check_user(q.user.as_deref())?;
-    let agent = st.manager.sandbox(&who, &id)?.agent()?;
-    let events = agent
+    let sandbox = st.manager.sandbox(&who, &id)?;
+    let events = sandbox
         .watch(&q.path, q.recursive.unwrap_or(false), q.user.as_deref())
         .await?;
     let lines = events
@@ -447,18 +450,18 @@ mod tests {
 
     #[test]
     fn a_full_disk_is_507_no_space() {
-        let e = write_error(ClientError::Rpc {
+        let e = write_error(AgentError::Rpc {
             code: "resource_exhausted".into(),
             message: "not enough disk space to write '/home/user/big'".into(),
         });
         assert_eq!((e.status.as_u16(), e.code), (507, "no_space"));
         assert!(e.message.contains("disk space"), "{e}");
-        let e = write_error(ClientError::Rpc {
+        let e = write_error(AgentError::Rpc {
             code: "permission_denied".into(),
             message: "m".into(),
         });
         assert_eq!((e.status.as_u16(), e.code), (403, "permission_denied"));
-        let e = write_error(ClientError::Unreachable("gone".into()));
+        let e = write_error(AgentError::Unreachable("gone".into()));
         assert_eq!((e.status.as_u16(), e.code), (502, "agent_unreachable"));
     }
 }

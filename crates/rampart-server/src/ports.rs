@@ -20,8 +20,7 @@ use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use rampart_agent::client::ClientError;
-use rampart_core::Principal;
+use rampart_core::{AgentError, CoreError, Principal};
 use rampart_store::access::AccessStore;
 use rampart_store::StoreError;
 use rampart_types::{ApiErrorBody, PortInfo, PortList, SandboxId, SandboxState};
@@ -659,13 +658,18 @@ async fn relay(
     port: u16,
     req: Request,
 ) -> Response {
-    let agent = match st.manager.sandbox(who, id).and_then(|s| s.agent()) {
-        Ok(a) => a,
+    let sandbox = match st.manager.sandbox(who, id) {
+        Ok(s) => s,
         Err(e) => return ApiError::from(e).into_response(),
     };
-    let up = match agent.tunnel(port).await {
+    if let Err(e) = sandbox.running() {
+        return ApiError::from(e).into_response();
+    }
+    let up = match sandbox.tunnel(port).await {
         Ok(up) => up,
-        Err(ClientError::Rpc { message, .. }) if message.starts_with("port is not open") => {
+        Err(CoreError::Agent(AgentError::Rpc { message, .. }))
+            if message.starts_with("port is not open") =>
+        {
             return ApiError::new(
                 StatusCode::BAD_GATEWAY,
                 "port_closed",
@@ -1010,10 +1014,10 @@ fn base_of(headers: &HeaderMap, tls: bool) -> (String, String) {
 /// The ports listening inside a sandbox on an address the tunnel reaches (asked of its
 /// agent; none when it does not answer).
 async fn listening(st: &AppState, who: &Principal, id: &SandboxId) -> BTreeSet<u16> {
-    let Ok(agent) = st.manager.sandbox(who, id).and_then(|s| s.agent()) else {
+    let Ok(sandbox) = st.manager.sandbox(who, id) else {
         return BTreeSet::new();
     };
-    match agent.listening_ports().await {
+    match sandbox.listening_ports().await {
         Ok(p) => p.into_iter().collect(),
         Err(e) => {
             tracing::debug!(id = %id, "listing the listening ports: {e}");

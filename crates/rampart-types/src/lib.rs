@@ -11,6 +11,7 @@ pub mod exec;
 pub mod files;
 pub mod id;
 pub mod interactive;
+pub mod launch;
 pub mod limits;
 pub mod network;
 pub mod persist;

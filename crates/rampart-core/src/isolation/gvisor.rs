@@ -783,11 +783,10 @@ impl Isolation for Gvisor {
             .collect())
     }
     fn usage(&self, id: &SandboxId) -> Result<Usage, IsolationError> {
-        let u = self
+        Ok(self
             .cgroups
             .usage(id.as_str())
-            .map_err(GvisorError::Cgroup)?;
-        Ok(u.into())
+            .map_err(GvisorError::Cgroup)?)
     }
     fn capabilities(&self) -> Capabilities<'_> {
         Capabilities {

@@ -1,10 +1,10 @@
-//! The namespace tier ([`rampart_jail::Jail`]) behind the trait: core's types converted to
-//! the jail's, and the jail's disk layout (`<store>/snapshots/<name>/disk.img`,
+//! The namespace tier ([`rampart_jail::Jail`]) behind the trait (the seam's types are the
+//! same on both sides, `rampart_types::launch`), and the jail's disk layout (`<store>/snapshots/<name>/disk.img`,
 //! `<store>/volumes/<name>.img`).
 
 use super::{
-    Capabilities, ColdStop, CounterFiles, CpuFormat, DiskSource, Disks, Freeze, Isolation,
-    IsolationError, LaunchExtras, LaunchSpec, Launched, NewVolume, Usage, VolumeSpec, Volumes,
+    Capabilities, ColdStop, CounterFiles, CpuFormat, Disks, Freeze, Isolation, IsolationError,
+    LaunchExtras, LaunchSpec, Launched, NewVolume, Usage, Volumes,
 };
 use rampart_jail::{CgroupVersion, Jail, JailError};
 use rampart_types::SandboxId;
@@ -22,83 +22,6 @@ impl From<JailError> for IsolationError {
     }
 }
 
-impl From<&LaunchSpec> for rampart_jail::LaunchSpec {
-    fn from(s: &LaunchSpec) -> Self {
-        rampart_jail::LaunchSpec {
-            id: s.id.clone(),
-            template_dir: s.template_dir.clone(),
-            uid_base: s.uid_base,
-            limits: s.limits.clone(),
-            hostname: s.hostname.clone(),
-            env: s.env.clone(),
-            layers: s.layers.clone(),
-            layers_on_base: s.layers_on_base,
-            // Template builds drive the jail themselves (rampart-image); the manager's
-            // sandboxes are never build sandboxes.
-            build: None,
-            agent_args: s.agent_args.clone(),
-            files: s
-                .files
-                .iter()
-                .map(|f| rampart_jail::InitFile {
-                    path: f.path.clone(),
-                    text: f.text.clone(),
-                    mode: f.mode,
-                })
-                .collect(),
-        }
-    }
-}
-
-impl From<rampart_jail::Launched> for Launched {
-    fn from(l: rampart_jail::Launched) -> Self {
-        Launched {
-            pid: l.pid,
-            agent_socket: l.agent_socket,
-            restored: false,
-        }
-    }
-}
-
-impl From<rampart_jail::Usage> for Usage {
-    fn from(u: rampart_jail::Usage) -> Self {
-        Usage {
-            memory_bytes: u.memory_bytes,
-            memory_peak_bytes: u.memory_peak_bytes,
-            cpu_usec: u.cpu_usec,
-            pids: u.pids,
-        }
-    }
-}
-
-impl From<&DiskSource> for rampart_jail::persist::DiskSource {
-    fn from(d: &DiskSource) -> Self {
-        rampart_jail::persist::DiskSource {
-            image: d.image.clone(),
-            uid_base: d.uid_base,
-        }
-    }
-}
-
-impl From<&VolumeSpec> for rampart_jail::persist::VolumeSpec {
-    fn from(v: &VolumeSpec) -> Self {
-        rampart_jail::persist::VolumeSpec {
-            image: v.image.clone(),
-            path: v.path.clone(),
-            read_only: v.read_only,
-        }
-    }
-}
-
-impl From<&LaunchExtras> for rampart_jail::persist::LaunchExtras {
-    fn from(x: &LaunchExtras) -> Self {
-        rampart_jail::persist::LaunchExtras {
-            disk: x.disk.as_ref().map(Into::into),
-            volumes: x.volumes.iter().map(Into::into).collect(),
-        }
-    }
-}
-
 impl Isolation for Jail {
     fn name(&self) -> &'static str {
         "namespace"
@@ -111,7 +34,7 @@ impl Isolation for Jail {
         }
     }
     fn launch(&self, spec: &LaunchSpec) -> Result<Launched, IsolationError> {
-        Ok(Jail::launch(self, &spec.into())?.into())
+        Ok(Jail::launch(self, spec)?)
     }
     fn destroy(&self, id: &SandboxId) -> Result<(), IsolationError> {
         Ok(Jail::destroy(self, id)?)
@@ -120,7 +43,7 @@ impl Isolation for Jail {
         Ok(Jail::leftovers(self)?)
     }
     fn usage(&self, id: &SandboxId) -> Result<Usage, IsolationError> {
-        Ok(Jail::usage(self, id)?.into())
+        Ok(Jail::usage(self, id)?)
     }
     fn counter_files(&self, id: &SandboxId) -> Option<CounterFiles> {
         let dirs = self.cgroup_dirs(id);
@@ -179,7 +102,7 @@ impl Disks for Jail {
         spec: &LaunchSpec,
         extras: &LaunchExtras,
     ) -> Result<Launched, IsolationError> {
-        Ok(Jail::launch_with(self, &spec.into(), &extras.into())?.into())
+        Ok(Jail::launch_with(self, spec, extras)?)
     }
     fn upper_root(&self, id: &SandboxId) -> Result<std::os::fd::OwnedFd, IsolationError> {
         Ok(Jail::upper_root(self, id)?)
@@ -210,7 +133,7 @@ impl ColdStop for Jail {
         spec: &LaunchSpec,
         extras: &LaunchExtras,
     ) -> Result<Launched, IsolationError> {
-        Ok(Jail::relaunch(self, &spec.into(), &extras.into())?.into())
+        Ok(Jail::relaunch(self, spec, extras)?)
     }
     fn is_stopped(&self, id: &SandboxId) -> bool {
         Jail::is_stopped(self, id)
@@ -245,59 +168,6 @@ impl Volumes for Jail {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn launch_specs_convert_field_by_field() {
-        let s = LaunchSpec {
-            id: SandboxId::parse("abc").unwrap(),
-            tier: rampart_types::Tier::Namespace,
-            template_dir: "/t".into(),
-            uid_base: 1 << 20,
-            limits: rampart_types::Limits::default(),
-            hostname: "h".into(),
-            env: vec![("A".into(), "1".into())],
-            layers: vec!["/l1".into(), "/l2".into()],
-            layers_on_base: true,
-            agent_args: vec!["--default-user".into(), "root".into()],
-            files: vec![crate::isolation::InitFile {
-                path: "/etc/resolv.conf".into(),
-                text: "nameserver 10.0.0.1\n".into(),
-                mode: 0o644,
-            }],
-        };
-        let j: rampart_jail::LaunchSpec = (&s).into();
-        assert_eq!(j.id, s.id);
-        assert_eq!(j.template_dir, s.template_dir);
-        assert_eq!(j.uid_base, s.uid_base);
-        assert_eq!(j.hostname, s.hostname);
-        assert_eq!(j.env, s.env);
-        assert_eq!(j.layers, s.layers);
-        assert_eq!(j.agent_args, s.agent_args);
-        assert_eq!(j.files.len(), 1);
-        assert_eq!(j.files[0].path, "/etc/resolv.conf");
-        assert_eq!(j.files[0].text, s.files[0].text);
-        assert_eq!(j.files[0].mode, 0o644);
-        assert!(j.build.is_none());
-
-        let x = LaunchExtras {
-            disk: Some(DiskSource {
-                image: "/s/disk.img".into(),
-                uid_base: 7,
-            }),
-            volumes: vec![VolumeSpec {
-                image: "/v.img".into(),
-                path: "/data".into(),
-                read_only: true,
-            }],
-        };
-        let jx: rampart_jail::persist::LaunchExtras = (&x).into();
-        let d = jx.disk.unwrap();
-        assert_eq!((d.image, d.uid_base), (PathBuf::from("/s/disk.img"), 7));
-        assert_eq!(jx.volumes.len(), 1);
-        assert_eq!(jx.volumes[0].image, PathBuf::from("/v.img"));
-        assert_eq!(jx.volumes[0].path, "/data");
-        assert!(jx.volumes[0].read_only);
-    }
 
     #[test]
     fn a_missing_feature_is_unsupported() {

@@ -36,7 +36,7 @@ pub use fake::{FakeTier, FakeTierError};
 pub use gvisor::{Gvisor, GvisorConfig, GvisorError};
 pub use tiers::Tiers;
 
-use rampart_types::{Limits, SandboxId, Tier};
+use rampart_types::{SandboxId, Tier};
 use std::path::{Path, PathBuf};
 
 /// Errors of a tier.
@@ -81,112 +81,10 @@ impl From<IsolationError> for crate::CoreError {
     }
 }
 
-/// What to launch.
-#[derive(Debug, Clone)]
-pub struct LaunchSpec {
-    /// The sandbox id (names whatever the tier keeps of it).
-    pub id: SandboxId,
-    /// The tier it runs on (what [`Tiers`] launches it with).
-    pub tier: Tier,
-    /// Root of the built template: `rootfs/` holds its root filesystem.
-    pub template_dir: PathBuf,
-    /// First host uid/gid of the sandbox's private range of 65536 (tiers that map ids).
-    pub uid_base: u32,
-    /// Resource limits.
-    pub limits: Limits,
-    /// Host name inside the sandbox.
-    pub hostname: String,
-    /// Environment the agent starts with (inherited by every process it starts).
-    pub env: Vec<(String, String)>,
-    /// Layered root (built templates, see `rampart-image`): the host directories of the
-    /// template's layers, bottom first, each in overlayfs format. When non-empty they make
-    /// the root filesystem and `template_dir` is not used.
-    pub layers: Vec<PathBuf>,
-    /// The layers stack on the `base` template at `template_dir` (its rootfs under them,
-    /// the host's `/usr` under their `usr/`): a template built on `template:base`.
-    pub layers_on_base: bool,
-    /// Extra arguments of the agent (e.g. `--default-user NAME`).
-    pub agent_args: Vec<String>,
-    /// Files the sandbox starts with, written into its root before its agent starts.
-    pub files: Vec<InitFile>,
-}
-
-/// A file written into a sandbox's root filesystem at launch, before anything of the
-/// sandbox runs: what the daemon knows before launch (the resolver, the egress CA) needs no
-/// agent round trip after it. The tier resolves `path` inside the sandbox's root (never out
-/// of it), makes missing directories, and leaves a regular file owned by the sandbox's root.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct InitFile {
-    /// Absolute path inside the sandbox.
-    pub path: String,
-    /// Content.
-    pub text: String,
-    /// Permission bits.
-    pub mode: u32,
-}
-
-/// A launched sandbox.
-#[derive(Debug, Clone)]
-pub struct Launched {
-    /// Host pid of the sandbox's init (the agent): the manager watches it with a pidfd, so
-    /// it must be a process of this host's pid namespace that lives as long as the sandbox.
-    pub pid: i32,
-    /// Host path of the agent's Unix socket.
-    pub agent_socket: PathBuf,
-    /// Its processes were restored from a checkpoint ([`ColdStop::checkpoint`]): what a
-    /// boot starts (the template's start command, its servers) runs already.
-    pub restored: bool,
-}
-
-/// Resource usage of a sandbox.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Usage {
-    /// Memory in use, bytes.
-    pub memory_bytes: u64,
-    /// Peak memory, bytes (0 if the tier cannot tell).
-    pub memory_peak_bytes: u64,
-    /// CPU time used, microseconds.
-    pub cpu_usec: u64,
-    /// Live processes.
-    pub pids: u64,
-}
-
-/// A disk image to start from instead of an empty disk.
-#[derive(Debug, Clone)]
-pub struct DiskSource {
-    /// The image (cloned, never modified): a path the tier gave
-    /// ([`Disks::snapshot_image`]).
-    pub image: PathBuf,
-    /// First host uid of the range its files belong to (the sandbox it was taken from).
-    pub uid_base: u32,
-}
-
-/// A volume to mount.
-#[derive(Debug, Clone)]
-pub struct VolumeSpec {
-    /// The volume's image: a path the tier gave ([`Volumes::volume_image`]).
-    pub image: PathBuf,
-    /// Absolute path inside the sandbox.
-    pub path: String,
-    /// Read-only mount.
-    pub read_only: bool,
-}
-
-/// What a launch takes beyond its [`LaunchSpec`].
-#[derive(Debug, Clone, Default)]
-pub struct LaunchExtras {
-    /// Start from this disk.
-    pub disk: Option<DiskSource>,
-    /// Volumes.
-    pub volumes: Vec<VolumeSpec>,
-}
-
-impl LaunchExtras {
-    /// Nothing beyond a plain launch.
-    pub fn is_empty(&self) -> bool {
-        self.disk.is_none() && self.volumes.is_empty()
-    }
-}
+// The tier's seam types, once for every tier (the jail takes the same).
+pub use rampart_types::launch::{
+    DiskSource, InitFile, LaunchExtras, LaunchSpec, Launched, Usage, VolumeSpec,
+};
 
 /// What [`Volumes::create_volume`] did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -7,10 +7,12 @@
 //! Every verb runs on behalf of the handle's caller: the record names it, and the tenant's
 //! named objects (snapshots) are its own.
 
+use super::envd::{body::EnvdBody, EnvdError};
 use super::*;
 use crate::exec::{ExecRef, ExecTicket, InputSink};
 use crate::principal::{self, Principal};
 use crate::util;
+use crate::{AgentError, EntryInfo, FsEvent};
 use futures::future::BoxFuture;
 use rampart_types::audit as audit_types;
 use rampart_types::ApprovalInfo;
@@ -154,9 +156,87 @@ impl<'m> Sandbox<'m> {
         self.scoped_sync(|| self.core.set_timeout(&self.id, secs))
     }
 
-    /// The agent client of the running sandbox (for the file API's reads).
-    pub fn agent(&self) -> Result<AgentClient, CoreError> {
+    /// Whether it runs (its agent takes requests): `WrongState` when paused, not found or
+    /// not running otherwise.
+    pub fn running(&self) -> Result<(), CoreError> {
+        self.core.agent(&self.id).map(drop)
+    }
+
+    /// Its agent's client, for the verbs that speak to it (in this crate only: nothing
+    /// outside core and the agent speaks the agent's protocol).
+    pub(crate) fn agent(&self) -> Result<AgentClient, CoreError> {
         self.core.agent(&self.id)
+    }
+
+    /// The room that holds the sandboxes (for the verbs that outlive the handle).
+    pub(crate) fn core(&self) -> &'m Arc<Sandboxes> {
+        self.core
+    }
+
+    /// The E2B envd face's road to its agent ([`super::envd`]): `req` goes to the agent as
+    /// it came and its answer comes back, both read on their way; an exec is recorded,
+    /// held for approval and its output hashed (secrets redacted) as on the native exec
+    /// path, file changes are recorded, and what cannot be read for the record is refused
+    /// (answered here in the protocol's error form, never forwarded). `Err` when the agent
+    /// gave no answer.
+    pub async fn envd<B>(
+        &self,
+        req: http::Request<B>,
+    ) -> Result<http::Response<EnvdBody>, EnvdError>
+    where
+        B: hyper::body::Body<Data = bytes::Bytes> + Send + 'static,
+        B::Error: Into<super::envd::body::BoxError>,
+    {
+        super::envd::serve(self, req.map(super::envd::body::boxed)).await
+    }
+
+    /// Reads a file, streamed.
+    pub async fn read_file(
+        &self,
+        path: &str,
+        user: Option<&str>,
+    ) -> Result<BoxStream<'static, Result<bytes::Bytes, AgentError>>, CoreError> {
+        Ok(self.agent()?.read_file(path, user).await?)
+    }
+
+    /// A file's (or directory's) entry.
+    pub async fn stat(&self, path: &str, user: Option<&str>) -> Result<EntryInfo, CoreError> {
+        Ok(self.agent()?.stat(path, user).await?)
+    }
+
+    /// A directory's entries, `depth` levels down.
+    pub async fn list_dir(
+        &self,
+        path: &str,
+        depth: u32,
+        user: Option<&str>,
+    ) -> Result<Vec<EntryInfo>, CoreError> {
+        Ok(self.agent()?.list_dir(path, depth, user).await?)
+    }
+
+    /// Changes under a directory as they happen.
+    pub async fn watch(
+        &self,
+        path: &str,
+        recursive: bool,
+        user: Option<&str>,
+    ) -> Result<BoxStream<'static, Result<FsEvent, AgentError>>, CoreError> {
+        Ok(self.agent()?.watch(path, recursive, user).await?)
+    }
+
+    /// A connection to `127.0.0.1:port` inside it, through its agent's tunnel.
+    pub async fn tunnel(&self, port: u16) -> Result<hyper::upgrade::Upgraded, CoreError> {
+        Ok(self.agent()?.tunnel(port).await?)
+    }
+
+    /// The ports listening inside it on an address the tunnel reaches.
+    pub async fn listening_ports(&self) -> Result<Vec<u16>, CoreError> {
+        Ok(self.agent()?.listening_ports().await?)
+    }
+
+    /// Whether its agent answers its health check.
+    pub async fn health(&self) -> Result<(), CoreError> {
+        Ok(self.agent()?.health().await?)
     }
 
     /// Starts a command: it runs ([`Started::Running`]), or the sandbox's approval policy
@@ -308,11 +388,7 @@ impl<'m> Sandbox<'m> {
     }
 
     /// Makes a directory (and its parents) and records it.
-    pub async fn make_dir(
-        &self,
-        path: &str,
-        user: Option<&str>,
-    ) -> Result<rampart_agent::client::EntryInfo, CoreError> {
+    pub async fn make_dir(&self, path: &str, user: Option<&str>) -> Result<EntryInfo, CoreError> {
         let agent = self.core.agent(&self.id)?;
         let info = agent.make_dir(path, user).await?;
         self.record_file_change(FileChange {
@@ -332,7 +408,7 @@ impl<'m> Sandbox<'m> {
         from: &str,
         to: &str,
         user: Option<&str>,
-    ) -> Result<rampart_agent::client::EntryInfo, CoreError> {
+    ) -> Result<EntryInfo, CoreError> {
         let agent = self.core.agent(&self.id)?;
         let info = agent.rename(from, to, user).await?;
         self.record_file_change(FileChange {

@@ -319,6 +319,8 @@ impl Sandboxes {
             env,
             layers: image.as_ref().map(|i| i.layers.clone()).unwrap_or_default(),
             layers_on_base: on_base.is_some(),
+            // Core's sandboxes are never build sandboxes (template builds drive the jail).
+            build: None,
             agent_args: crate::templates::agent_args(image.as_ref()),
             files,
         };

@@ -4,6 +4,7 @@
 //! and the background tasks (reaper, PID 1 watchers, chain-head publisher).
 
 mod cold;
+pub(crate) mod envd;
 mod fork;
 pub(crate) mod handle;
 mod lifecycle;

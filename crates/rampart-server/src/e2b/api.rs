@@ -521,8 +521,9 @@ pub(crate) async fn pause(
     let to_disk = b.memory == Some(false);
     // A pause to the filesystem always needs a guest that answers (as E2B's does).
     if b.require_healthy_guest == Some(true) || to_disk {
-        let agent = st.manager.sandbox(&who, &sid)?.agent()?;
-        let healthy = tokio::time::timeout(std::time::Duration::from_secs(2), agent.health())
+        let sandbox = st.manager.sandbox(&who, &sid)?;
+        sandbox.running()?;
+        let healthy = tokio::time::timeout(std::time::Duration::from_secs(2), sandbox.health())
             .await
             .is_ok_and(|r| r.is_ok());
         if !healthy {

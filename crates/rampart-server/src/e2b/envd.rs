@@ -1,7 +1,9 @@
 //! The envd side: requests for a sandbox (by the `E2b-Sandbox-Id` / `E2b-Sandbox-Port`
 //! headers, or a `{port}-{id}.<domain>` host) are checked (`X-Access-Token`, or a signature on
-//! `/files`), read for the audit record (`record`, which refuses what it cannot read), and
-//! streamed to the sandbox's agent on the pooled connections of its agent client, both ways.
+//! `/files`) and passed, as they came, to core's envd road for the sandbox
+//! ([`rampart_core::Sandbox::envd`]), which reads them for the audit record (refusing what
+//! it cannot read), holds an exec for approval when the policy says so, and streams them to
+//! the sandbox's agent and its answers back. This face does not speak the agent's protocol.
 //!
 //! A request looks the sandbox up once ([`E2b::live`]: the manager's in-memory set of live
 //! sandboxes, then the E2B facts). Only when forwarding fails is the live set looked at
@@ -16,9 +18,8 @@ use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use base64::Engine as _;
-use rampart_agent::client::AgentClient;
-use rampart_core::CoreError;
 use rampart_core::Principal;
+use rampart_core::{AgentError, CoreError};
 use rampart_store::access::E2bSandbox;
 use rampart_types::SandboxId;
 use sha2::{Digest, Sha256};
@@ -235,22 +236,20 @@ pub(crate) async fn dispatch(State(st): State<E2b>, req: Request, next: Next) ->
 /// A sandbox the envd proxy can reach: running (neither paused nor ending), made through the
 /// E2B API.
 pub(crate) struct Live {
-    agent: AgentClient,
     facts: E2bSandbox,
 }
 
 impl E2b {
-    /// The one lookup of an envd request: the sandbox's agent client if it is running and
-    /// not paused (the manager's in-memory set of live sandboxes), and its E2B facts. `None`
-    /// when it is not there for the proxy (unknown, ended, ending, paused, or not an E2B
-    /// sandbox).
+    /// The one lookup of an envd request: whether the sandbox is running and not paused
+    /// (the manager's in-memory set of live sandboxes), and its E2B facts. `None` when it is
+    /// not there for the proxy (unknown, ended, ending, paused, or not an E2B sandbox).
     pub(crate) async fn live(
         &self,
         who: &Principal,
         id: &SandboxId,
     ) -> Result<Option<Live>, E2bError> {
-        let agent = match self.manager.sandbox(who, id).and_then(|s| s.agent()) {
-            Ok(a) => a,
+        match self.manager.sandbox(who, id).and_then(|s| s.running()) {
+            Ok(()) => {}
             Err(CoreError::Internal(e)) => return Err(E2bError::internal(e)),
             // Paused: its processes resume with it, and so do their records.
             Err(CoreError::WrongState { state, .. })
@@ -261,7 +260,7 @@ impl E2b {
             Err(_) => return Ok(None),
         };
         let facts = self.facts(id).await?;
-        Ok(facts.map(|facts| Live { agent, facts }))
+        Ok(facts.map(|facts| Live { facts }))
     }
 
     /// After forwarding failed: whether the sandbox is still running (its agent did not
@@ -269,7 +268,7 @@ impl E2b {
     fn still_running(&self, who: &Principal, id: &SandboxId) -> bool {
         self.manager
             .sandbox(who, id)
-            .is_ok_and(|s| s.agent().is_ok())
+            .is_ok_and(|s| s.running().is_ok())
     }
 }
 
@@ -398,22 +397,10 @@ async fn to_live(
     }
     // No credential of the daemon's reaches the agent, which runs inside the sandbox.
     crate::ports::strip_credentials(&st.creds, &mut req).await;
-    // What must be recorded before the request reaches the agent is committed here; what
-    // cannot be read for the record is refused here.
-    let (req, tap) = match super::record::request(&st.manager, who, id, req).await {
-        Ok(x) => x,
-        Err(r) => return r,
-    };
-    match forward(&live.agent, req).await {
-        Ok(r) => cut_when_broken(
-            super::record::answer(&st.manager, who, id, tap, r).await,
-            id,
-        ),
+    // Core records, holds for approval and refuses what it cannot read, on its road.
+    match forward(st, who, id, req).await {
+        Ok(r) => cut_when_broken(r, id),
         Err(e) => {
-            if let Some(r) = tap.refusal() {
-                // Broken off on its way: a message that could not be read.
-                return r;
-            }
             // The sandbox may have ended while the request was on its way.
             if st.still_running(who, id) {
                 port_closed_502(&t.id, t.port, &e)
@@ -489,12 +476,16 @@ async fn to_port(
     }
     // Nor any other credential of the daemon's (another sandbox's token, an E2B key).
     crate::ports::strip_credentials(&st.creds, &mut req).await;
-    let up = match live.agent.tunnel(t.port).await {
+    let tunnel = match st.manager.sandbox(who, id) {
+        Ok(s) => s.tunnel(t.port).await,
+        Err(e) => Err(e),
+    };
+    let up = match tunnel {
         Ok(up) => up,
         Err(e) => {
             return if st.still_running(who, id) {
                 let why = match &e {
-                    rampart_agent::client::ClientError::Rpc { message, .. } => message.clone(),
+                    CoreError::Agent(AgentError::Rpc { message, .. }) => message.clone(),
                     other => other.to_string(),
                 };
                 let why = if t.port == JUPYTER_PORT && why == "port is not open" {
@@ -534,22 +525,27 @@ fn strip(headers: &mut HeaderMap) {
     crate::proxy::strip(headers, &PRIVATE);
 }
 
-/// Sends `req` to the agent on a pooled connection of its client and streams the answer
+/// Sends `req` through core's envd road to the sandbox's agent and streams the answer
 /// back. Hop-by-hop headers (an upgrade too) and the proxy's own go neither way.
-async fn forward(agent: &AgentClient, req: Request) -> Result<Response, String> {
+async fn forward(
+    st: &E2b,
+    who: &Principal,
+    id: &SandboxId,
+    req: Request,
+) -> Result<Response, String> {
     let (mut parts, body) = req.into_parts();
     strip(&mut parts.headers);
     parts
         .headers
         .insert(header::HOST, HeaderValue::from_static("localhost"));
     crate::proxy::origin_form(&mut parts)?;
-    let resp = agent
-        .forward(Request::from_parts(parts, body))
+    let sandbox = st.manager.sandbox(who, id).map_err(|e| e.to_string())?;
+    let resp = sandbox
+        .envd(Request::from_parts(parts, body))
         .await
-        .map_err(|e| format!("agent request: {e}"))?;
+        .map_err(|e| e.to_string())?;
     let (mut parts, body) = resp.into_parts();
     strip(&mut parts.headers);
-    parts.headers.remove("x-rampart-agent-version");
     Ok(Response::from_parts(parts, Body::new(body)))
 }
 

@@ -16,7 +16,6 @@ mod metrics;
 mod network;
 pub(crate) mod options;
 mod persist;
-mod record;
 mod secrets;
 mod templates;
 mod volumes;

@@ -1,13 +1,14 @@
-//! The audit record of what goes through the envd proxy.
+//! The audit record of what goes through the envd road ([`super::serve`]).
 //!
-//! The proxy streams E2B's requests to the agent as they are; this module reads them on the
+//! The face streams E2B's requests to the agent as they are; this module reads them on the
 //! way and records the same events as the native API:
 //!
 //! - `process.Process/Start`: `exec` (argv, cwd, user, env names, stdin, PTY) is committed
-//!   before the request reaches the agent; the answer's output is hashed as it streams back,
-//!   and `exit` is committed before the client sees the end of the stream. A client that
-//!   leaves early (a background command) does not stop the recording: the rest of the
-//!   answer is read in the background until the process ends.
+//!   before the request reaches the agent (held first if the sandbox's approval policy says
+//!   so, as a native exec is); the answer's output is hashed as it streams back, and `exit`
+//!   is committed before the client sees the end of the stream. A client that leaves early
+//!   (a background command) does not stop the recording: the rest of the answer is read in
+//!   the background until the process ends.
 //! - `SendInput` / `StreamInput`: the input is counted in `exit.streamed_input` of the exec
 //!   it is sent to.
 //! - `filesystem.Filesystem/Move`, `Remove`, `MakeDir` and `POST /files` (uploads,
@@ -16,8 +17,8 @@
 //!
 //! It fails closed. A request is read with the agent's own decoders (`connect::decode_json`,
 //! `connect::decode_stream_request`, `server::ctx_of_headers`) and under the agent's own
-//! rules (content type, encoding), so what the proxy reads is what the agent will act on.
-//! One that must be recorded and cannot be read that way, input for a process the proxy is
+//! rules (content type, encoding), so what is read here is what the agent will act on.
+//! One that must be recorded and cannot be read that way, input for a process this road is
 //! not recording, and any call of the process or filesystem service this module does not
 //! know (it cannot tell what that would run or change) are refused before they reach the
 //! agent: 400 (404 for an unknown process) with Connect's error body for a call, envd's for
@@ -27,20 +28,24 @@
 //! nothing recorded (`Connect`, `List`, `Stat`, `ListDir`, watches, signals...) and the
 //! other endpoints (`GET /files`, `/health`) pass as they are.
 
-use axum::body::Body;
-use axum::extract::Request;
-use axum::http::{header, HeaderMap, Method, StatusCode};
-use axum::response::Response;
+use super::body::{self, BoxError, EnvdBody};
+use crate::exec::{ExecRecorder, ExecRef, ExecStart, ExecTicket, InputSink};
+use crate::principal::Principal;
+use crate::sandbox::handle::Sandbox;
+use crate::sandbox::Sandboxes;
+use crate::CoreError;
 use bytes::{Bytes, BytesMut};
 use futures::StreamExt;
+use http::{header, HeaderMap, Method, StatusCode};
 use rampart_agent::connect::{self, take_envelope, Code, RpcError, FLAG_END_STREAM};
 use rampart_agent::proto;
-use rampart_core::Principal;
-use rampart_core::{ExecRecorder, ExecRef, ExecStart, ExecTicket, InputSink, Manager};
 use rampart_types::audit::{FileChange, FileOp};
 use rampart_types::SandboxId;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::Poll;
+
+type Request = http::Request<EnvdBody>;
+type Response = http::Response<EnvdBody>;
 
 /// Largest request body read whole to be recorded (a Start, SendInput, Move... request).
 const MAX_REQUEST: usize = connect::MAX_ENVELOPE + 5;
@@ -50,11 +55,11 @@ const MAX_ANSWER: usize = 1 << 20;
 /// envd's plain error: `{"code": <status>, "message"}`.
 fn error(status: StatusCode, message: &str) -> Response {
     let body = serde_json::json!({"code": status.as_u16(), "message": message});
-    let mut r = Response::new(Body::from(body.to_string()));
+    let mut r = Response::new(body::full(body.to_string()));
     *r.status_mut() = status;
     r.headers_mut().insert(
         header::CONTENT_TYPE,
-        axum::http::HeaderValue::from_static("application/json"),
+        http::HeaderValue::from_static("application/json"),
     );
     r
 }
@@ -134,20 +139,20 @@ impl Refusal {
         }
         let status =
             StatusCode::from_u16(self.code.http_status()).unwrap_or(StatusCode::BAD_REQUEST);
-        let mut r = Response::new(Body::from(
+        let mut r = Response::new(body::full(
             RpcError::new(self.code, self.message.clone()).to_json(),
         ));
         *r.status_mut() = status;
         r.headers_mut().insert(
             header::CONTENT_TYPE,
-            axum::http::HeaderValue::from_static("application/json"),
+            http::HeaderValue::from_static("application/json"),
         );
         r
     }
 }
 
 /// Where the execs the envd proxy records are kept, by sandbox: core's table of them
-/// ([`rampart_core::Sandbox::add_exec_input`]), which a sandbox's end drops. An exec's entry goes when its
+/// ([`Sandbox::add_exec_input`]), which a sandbox's end drops. An exec's entry goes when its
 /// Start's answer ends (the process ended, the stream broke, the recording was dropped).
 pub(crate) trait Execs: Send + Sync {
     /// The input sink of the recorded exec `which` names in sandbox `id`.
@@ -167,13 +172,19 @@ pub(crate) trait Execs: Send + Sync {
 /// Core's table of a caller's sandboxes' recorded execs, each reached through its checked
 /// handle.
 struct CoreExecs {
-    manager: Arc<Manager>,
+    core: Arc<Sandboxes>,
     who: Principal,
+}
+
+impl CoreExecs {
+    fn sandbox(&self, id: &SandboxId) -> Option<Sandbox<'_>> {
+        Sandbox::resolve(&self.core, &self.who, id).ok()
+    }
 }
 
 impl Execs for CoreExecs {
     fn sink(&self, id: &SandboxId, which: ExecRef<'_>) -> Option<InputSink> {
-        self.manager.sandbox(&self.who, id).ok()?.exec_input(which)
+        self.sandbox(id)?.exec_input(which)
     }
     fn add(
         &self,
@@ -182,13 +193,10 @@ impl Execs for CoreExecs {
         tag: Option<&str>,
         sink: InputSink,
     ) -> Option<ExecTicket> {
-        self.manager
-            .sandbox(&self.who, id)
-            .ok()?
-            .add_exec_input(pid, tag, sink)
+        self.sandbox(id)?.add_exec_input(pid, tag, sink)
     }
     fn remove(&self, id: &SandboxId, ticket: &ExecTicket) {
-        if let Ok(s) = self.manager.sandbox(&self.who, id) {
+        if let Some(s) = self.sandbox(id) {
             s.remove_exec_input(ticket)
         }
     }
@@ -247,9 +255,9 @@ pub(crate) struct FileTap {
 }
 
 /// Reads a whole body (up to `max` bytes).
-async fn read_all(body: Body, max: usize) -> Result<Bytes, String> {
+async fn read_all(b: EnvdBody, max: usize) -> Result<Bytes, String> {
     let mut out = BytesMut::new();
-    let mut s = body.into_data_stream();
+    let mut s = body::data(b);
     while let Some(chunk) = s.next().await {
         let chunk = chunk.map_err(|e| format!("reading the request: {e}"))?;
         if out.len() + chunk.len() > max {
@@ -394,29 +402,23 @@ fn check_form(rpc: Recorded, headers: &HeaderMap) -> Result<(), Refusal> {
 /// whose body had to be read comes back with the same bytes. `Err` is the answer to give
 /// instead: the request must not reach the agent.
 pub(crate) async fn request(
-    manager: &Arc<Manager>,
-    who: &Principal,
-    id: &SandboxId,
+    sandbox: &Sandbox<'_>,
     req: Request,
 ) -> Result<(Request, Tap), Response> {
     let execs: Arc<dyn Execs> = Arc::new(CoreExecs {
-        manager: manager.clone(),
-        who: who.clone(),
+        core: sandbox.core().clone(),
+        who: sandbox.caller().clone(),
     });
-    let (req, plan) = read(&execs, id, req).await?;
+    let (req, plan) = read(&execs, sandbox.id(), req).await?;
     let tap = match plan {
         Plan::Tap(t) => t,
         Plan::Exec(mut e) => {
             // Held here if the sandbox's approval policy says so; refused if denied.
-            let sandbox = manager.sandbox(who, id);
-            let held = match &sandbox {
-                Ok(s) => s.authorize_exec(&e.start).await,
-                Err(_) => sandbox.map(|_| None),
-            };
+            let held = sandbox.authorize_exec(&e.start).await;
             e.start.approval = held.map_err(|err| {
                 let code = match &err {
-                    rampart_core::CoreError::Denied { .. } => Code::PermissionDenied,
-                    rampart_core::CoreError::NotFound(_) => Code::NotFound,
+                    CoreError::Denied { .. } => Code::PermissionDenied,
+                    CoreError::NotFound(_) => Code::NotFound,
                     _ => Code::Internal,
                 };
                 Refusal {
@@ -426,7 +428,7 @@ pub(crate) async fn request(
                 }
                 .response()
             })?;
-            start_exec(manager, who, &execs, id, *e).map_err(|r| *r)?
+            start_exec(sandbox, &execs, *e).map_err(|r| *r)?
         }
     };
     Ok((req, tap))
@@ -513,7 +515,7 @@ async fn read(
         }
         Recorded::StreamInput => unreachable!("handled above"),
     };
-    Ok((Request::from_parts(parts, Body::from(bytes)), plan))
+    Ok((Request::from_parts(parts, body::full(bytes)), plan))
 }
 
 /// The `exec` a Start records: its process as the agent will start it, and the user as the
@@ -549,19 +551,15 @@ fn exec_of(headers: &HeaderMap, start: proto::StartRequest) -> Result<Exec, Refu
 
 /// Records a Start's `exec` (refusing the request if that fails: nothing runs unrecorded).
 fn start_exec(
-    manager: &Manager,
-    who: &Principal,
+    sandbox: &Sandbox<'_>,
     execs: &Arc<dyn Execs>,
-    id: &SandboxId,
     exec: Exec,
 ) -> Result<Tap, Box<Response>> {
-    let rec = manager
-        .sandbox(who, id)
-        .and_then(|s| s.record_exec_start(exec.start))
-        .map_err(|e| {
-            tracing::error!(id = %id, "recording an exec: {e}");
-            Box::new(internal(&format!("recording the exec: {e}")))
-        })?;
+    let id = sandbox.id();
+    let rec = sandbox.record_exec_start(exec.start).map_err(|e| {
+        tracing::error!(id = %id, "recording an exec: {e}");
+        Box::new(internal(&format!("recording the exec: {e}")))
+    })?;
     Ok(Tap::Exec(Box::new(ExecTap {
         execs: execs.clone(),
         sandbox: id.clone(),
@@ -578,7 +576,7 @@ fn start_exec(
 struct InputGate {
     execs: Arc<dyn Execs>,
     sandbox: SandboxId,
-    inner: axum::body::BodyDataStream,
+    inner: body::Data,
     buf: BytesMut,
     sink: Option<InputSink>,
     /// The end-of-stream message was passed on: the agent reads nothing after it.
@@ -652,7 +650,7 @@ impl InputGate {
 enum GateError {
     Refused(Refusal),
     /// The client's body broke off.
-    Body(axum::Error),
+    Body(BoxError),
 }
 
 /// A StreamInput: its first message is read before the request goes on (refused if it
@@ -666,7 +664,7 @@ async fn stream_input(
     let mut gate = InputGate {
         execs,
         sandbox,
-        inner: body.into_data_stream(),
+        inner: body::data(body),
         buf: BytesMut::new(),
         sink: None,
         ended: false,
@@ -707,7 +705,7 @@ async fn stream_input(
     });
     let body = futures::stream::once(async move { Ok(first) }).chain(rest);
     Ok((
-        Request::from_parts(parts, Body::from_stream(body)),
+        Request::from_parts(parts, body::stream(body)),
         Tap::Gated(slot),
     ))
 }
@@ -794,26 +792,21 @@ fn upload(req: Request) -> Result<(Request, Tap), Refusal> {
         }
         let _ = done_tx.send(out);
     });
-    let stream = body.into_data_stream().map(move |chunk| {
+    let stream = body::data(body).map(move |chunk| {
         if let Ok(c) = &chunk {
             let _ = tx.unbounded_send(Ok(c.clone()));
         }
         chunk
     });
     Ok((
-        Request::from_parts(parts, Body::from_stream(stream)),
+        Request::from_parts(parts, body::stream(stream)),
         Tap::Upload(done_rx),
     ))
 }
 
 /// Handles the agent's answer according to `tap`.
-pub(crate) async fn answer(
-    manager: &Manager,
-    who: &Principal,
-    id: &SandboxId,
-    tap: Tap,
-    resp: Response,
-) -> Response {
+pub(crate) async fn answer(sandbox: &Sandbox<'_>, tap: Tap, resp: Response) -> Response {
+    let id = sandbox.id();
     match tap {
         Tap::None => resp,
         Tap::Gated(slot) => match lock(&slot).take() {
@@ -826,7 +819,7 @@ pub(crate) async fn answer(
                 return resp;
             }
             let (parts, body) = resp.into_parts();
-            Response::from_parts(parts, Body::from_stream(t.stream(body)))
+            Response::from_parts(parts, body::stream(t.stream(body)))
         }
         Tap::Input(sink, data) => {
             if resp.status().is_success() {
@@ -869,14 +862,11 @@ pub(crate) async fn answer(
                     caller: None,
                 },
             };
-            if let Err(e) = manager
-                .sandbox(who, id)
-                .and_then(|s| s.record_file_change(change))
-            {
+            if let Err(e) = sandbox.record_file_change(change) {
                 tracing::error!(id = %id, "recording a file operation: {e}");
                 return internal(&format!("recording the operation: {e}"));
             }
-            Response::from_parts(parts, Body::from(bytes))
+            Response::from_parts(parts, body::full(bytes))
         }
         Tap::Upload(done) => {
             if !resp.status().is_success() {
@@ -903,15 +893,12 @@ pub(crate) async fn answer(
                     digest,
                     caller: None,
                 };
-                if let Err(e) = manager
-                    .sandbox(who, id)
-                    .and_then(|s| s.record_file_change(change))
-                {
+                if let Err(e) = sandbox.record_file_change(change) {
                     tracing::error!(id = %id, "recording a file write: {e}");
                     return internal(&format!("recording the write: {e}"));
                 }
             }
-            Response::from_parts(parts, Body::from(bytes))
+            Response::from_parts(parts, body::full(bytes))
         }
     }
 }
@@ -986,11 +973,7 @@ impl ExecTap {
                 }
             }
             if let Some(e) = ev.end {
-                self.end = Some(rampart_core::validate::exit_of(
-                    e.exit_code,
-                    e.exited,
-                    &e.status,
-                ));
+                self.end = Some(crate::validate::exit_of(e.exit_code, e.exited, &e.status));
             }
         }
     }
@@ -1027,11 +1010,11 @@ impl ExecTap {
     /// the exit is recorded (so the client never sees the end first).
     fn stream(
         self: Box<Self>,
-        body: Body,
-    ) -> impl futures::Stream<Item = Result<Bytes, axum::Error>> + Send + 'static {
+        body: EnvdBody,
+    ) -> impl futures::Stream<Item = Result<Bytes, BoxError>> + Send + 'static {
         struct St {
             tap: Box<ExecTap>,
-            inner: Option<axum::body::BodyDataStream>,
+            inner: Option<body::Data>,
             held: Vec<Bytes>,
             done: bool,
         }
@@ -1060,7 +1043,7 @@ impl ExecTap {
         }
         let st = St {
             tap: self,
-            inner: Some(body.into_data_stream()),
+            inner: Some(body::data(body)),
             held: Vec::new(),
             done: false,
         };
@@ -1113,7 +1096,7 @@ impl ExecTap {
 /// (the end of its chunked body, which the agent writes with that message) so that its
 /// connection, read to the end, goes back to the agent client's pool. Never waits: what is
 /// not here is left, and that connection is closed instead.
-async fn rest_at_hand(inner: &mut axum::body::BodyDataStream, held: &mut Vec<Bytes>) {
+async fn rest_at_hand(inner: &mut body::Data, held: &mut Vec<Bytes>) {
     for _ in 0..4 {
         match futures::poll!(inner.next()) {
             Poll::Ready(Some(Ok(c))) => held.push(c),
@@ -1127,12 +1110,12 @@ mod tests {
     use super::*;
     use base64::Engine as _;
 
-    fn req(method: &str, path: &str, headers: &[(&str, &str)], body: impl Into<Body>) -> Request {
-        let mut b = Request::builder().method(method).uri(path);
+    fn req(method: &str, path: &str, headers: &[(&str, &str)], data: impl Into<Bytes>) -> Request {
+        let mut b = http::Request::builder().method(method).uri(path);
         for (k, v) in headers {
             b = b.header(*k, *v);
         }
-        b.body(body.into()).unwrap()
+        b.body(body::full(data)).unwrap()
     }
 
     const STREAM: (&str, &str) = ("content-type", "application/connect+json");
@@ -1361,9 +1344,9 @@ mod tests {
         )
         .await;
         refused(o, 400, bad.clone(), "invalid request");
-        let o = outcome(&running, req("POST", path, &[STREAM], Body::empty())).await;
+        let o = outcome(&running, req("POST", path, &[STREAM], Bytes::new())).await;
         refused(o, 400, bad.clone(), "the request has no message");
-        let o = outcome(&running, req("POST", path, &[UNARY], Body::empty())).await;
+        let o = outcome(&running, req("POST", path, &[UNARY], Bytes::new())).await;
         refused(o, 400, bad, "it is read as application/connect+json");
     }
 
