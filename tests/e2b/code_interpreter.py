@@ -206,11 +206,11 @@ def port_49999_needs_the_token():
     url = s._jupyter_url
     headers = {"E2b-Sandbox-Id": s.sandbox_id, "E2b-Sandbox-Port": "49999"}
     r = httpx.get(f"{url}/contexts", headers=headers)
-    assert r.status_code == 401, r.status_code
+    assert r.status_code == 403, r.status_code
     r = httpx.get(
         f"{url}/contexts", headers={**headers, "E2B-Traffic-Access-Token": "nope"}
     )
-    assert r.status_code == 401, r.status_code
+    assert r.status_code == 403, r.status_code
     r = httpx.get(f"{url}/contexts", headers={**headers, "X-Access-Token": s._envd_access_token})
     assert r.status_code == 200, r.status_code
 

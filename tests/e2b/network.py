@@ -216,7 +216,7 @@ def public_traffic_and_request_host_mask():
     sbx = Sandbox.create(network={"allow_public_traffic": False}, timeout=120)
     try:
         start_server(sbx)
-        assert port_get(sbx, 8000).status_code == 401
+        assert port_get(sbx, 8000).status_code == 403
         r = port_get(sbx, 8000, token=sbx.traffic_access_token)
         assert r.status_code == 200 and r.text == "localhost:8000", (r.status_code, r.text)
     finally:

@@ -151,7 +151,7 @@ def a_port_is_public_by_default_and_envd_is_not():
         r = WEB.get(f"https://{sbx.get_host(49983)}/files", params={"path": "/etc/hostname"})
         assert r.status_code == 401, (r.status_code, r.text)
         r = WEB.get(f"https://{sbx.get_host(49999)}/contexts")
-        assert r.status_code == 401, (r.status_code, r.text)
+        assert r.status_code == 403, (r.status_code, r.text)
         # A port nothing listens on: the sandbox is there, the port is not open.
         r = WEB.get(f"https://{sbx.get_host(8001)}/")
         assert r.status_code == 502, (r.status_code, r.text)
@@ -166,9 +166,9 @@ def a_private_sandbox_needs_the_traffic_token():
         serve_port(sbx)
         url = f"https://{sbx.get_host(8000)}/"
         r = WEB.get(url)
-        assert r.status_code == 401, (r.status_code, r.text)
+        assert r.status_code == 403, (r.status_code, r.text)
         r = WEB.get(url, headers={"e2b-traffic-access-token": "not-the-token"})
-        assert r.status_code == 401, (r.status_code, r.text)
+        assert r.status_code == 403, (r.status_code, r.text)
         token = sbx.traffic_access_token
         assert token
         r = WEB.get(url, headers={"e2b-traffic-access-token": token})
@@ -209,6 +209,65 @@ def other_names_reach_no_sandbox():
     r = WEB.get(good)
     assert r.status_code in (401, 404, 502), (r.status_code, r.text)
     assert not r.text.startswith("hello"), r.text
+
+
+# A server that answers with the header names of the request as they came on the wire.
+RAW_SERVER = r"""
+import socket
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("127.0.0.1", 8002))
+s.listen(8)
+while True:
+    c, _ = s.accept()
+    head = b""
+    while b"\r\n\r\n" not in head:
+        head += c.recv(4096)
+    lines = head.split(b"\r\n")[1:]
+    names = b",".join(l.split(b":")[0] for l in lines if b":" in l)
+    c.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(names) + names)
+    c.close()
+"""
+
+
+@test
+def the_host_form_is_e2b_s_proxy():
+    # maskRequestHost: the server inside sees the masked Host, written as clients write it.
+    sbx = Sandbox.create(network={"mask_request_host": "${PORT}-myapp.example.com"}, timeout=120)
+    try:
+        serve_port(sbx)
+        r = WEB.get(f"https://{sbx.get_host(8000)}/")
+        assert r.status_code == 200 and r.text == "hello 8000-myapp.example.com", (
+            r.status_code,
+            r.text,
+        )
+        sbx.files.write("/tmp/raw.py", RAW_SERVER)
+        sbx.commands.run("python3 /tmp/raw.py", background=True)
+        wait_for(
+            lambda: sbx.commands.run("curl -s localhost:8002/ || true").stdout != "",
+            what="the raw server inside",
+        )
+        r = WEB.get(f"https://{sbx.get_host(8002)}/")
+        assert r.status_code == 200 and "Host" in r.text.split(","), (r.status_code, r.text)
+    finally:
+        sbx.kill()
+    # A killed sandbox's port: E2B's 502 with its body.
+    r = WEB.get(f"https://{sbx.get_host(8000)}/")
+    assert r.status_code == 502, (r.status_code, r.text)
+    assert r.json()["sandboxId"] == sbx.sandbox_id, r.text
+    # A paused autoResume sandbox is woken by a request to its port.
+    sbx = Sandbox.create(
+        lifecycle={"on_timeout": "pause", "auto_resume": True}, timeout=120
+    )
+    try:
+        serve_port(sbx)
+        sbx.pause()
+        assert sbx.get_info().state.value == "paused", sbx.get_info().state
+        r = WEB.get(f"https://{sbx.get_host(8000)}/")
+        assert r.status_code == 200 and r.text.startswith("hello"), (r.status_code, r.text)
+        assert sbx.get_info().state.value == "running", sbx.get_info().state
+    finally:
+        sbx.kill()
 
 
 if __name__ == "__main__":

@@ -12,7 +12,11 @@
 //!   `https://49983-<id>.test.example` (the domain the create answered), reaches a server in
 //!   the sandbox at `https://8000-<id>.test.example` without a token by default (E2B's
 //!   `allowPublicTraffic`), and with the traffic token only when the create said
-//!   `allow_public_traffic=False`; names of another domain and unknown ids reach nothing.
+//!   `allow_public_traffic=False` (403 without it, as E2B's proxy); names of another domain
+//!   and unknown ids reach nothing; the host form is E2B's proxy for an E2B sandbox:
+//!   `mask_request_host` applied, header names as written (`Host`), a killed sandbox's port
+//!   answers 502 with E2B's body, and a request to a paused `auto_resume` sandbox's port
+//!   wakes it.
 //!   The test domain's names are resolved by the script's own CONNECT proxy (to the daemon on
 //!   loopback) and by reqwest's `resolve` here: no DNS, nothing leaves the machine.
 //! - `the_operator_can_make_ports_private`: `--e2b-allow-public-traffic false` makes a
@@ -393,7 +397,7 @@ fn host_form_urls_over_https() {
         "SDK tests failed:\n{}",
         report.failed.join("\n")
     );
-    assert_eq!(report.passed.len(), 5, "{:?}", report.passed);
+    assert_eq!(report.passed.len(), 6, "{:?}", report.passed);
 }
 
 #[test]
@@ -473,7 +477,7 @@ fn the_operator_can_make_ports_private() {
     start_server(&private);
     assert_eq!(
         reach(&private, None),
-        401,
+        403,
         "the operator's default: private"
     );
     let public = create(serde_json::json!({

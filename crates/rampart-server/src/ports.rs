@@ -962,8 +962,9 @@ pub(crate) fn host_target(host: &str, domain: &str) -> Option<HostTarget> {
 
 /// Middleware in front of the whole router: a request whose `Host` is
 /// `{port}-{id}.<domain>` goes to that port of that sandbox. Left to the E2B proxy: envd's
-/// port, requests with E2B's routing header, and E2B-token requests without a Rampart
-/// credential to a private port (so the E2B SDKs see E2B's answers).
+/// port, requests with E2B's routing header, and every request without a Rampart credential
+/// for a sandbox made through the E2B API (so the E2B SDKs and the programs they start see
+/// E2B's answers: its token rules, `maskRequestHost`, auto-resume, its errors).
 pub(crate) async fn host_route(State(st): State<AppState>, req: Request, next: Next) -> Response {
     let host = req
         .headers()
@@ -980,14 +981,22 @@ pub(crate) async fn host_route(State(st): State<AppState>, req: Request, next: N
     let Ok(id) = SandboxId::parse(&t.id) else {
         return ApiError::not_found(format!("no sandbox {:?}", t.id)).into_response();
     };
-    let e2b_token = ["x-access-token", "e2b-traffic-access-token"]
-        .iter()
-        .any(|h| req.headers().contains_key(*h));
-    if e2b_token && !has_rampart_credential(req.headers(), req.uri().query()) {
-        match st.ports.is_public(&id, t.port).await {
-            Ok(true) => {}
-            Ok(false) => return next.run(req).await,
+    if !has_rampart_credential(req.headers(), req.uri().query()) {
+        match st.ports.e2b_options(&id).await {
+            Ok(Some(_)) => return next.run(req).await,
+            Ok(None) => {}
             Err(e) => return e.into_response(),
+        }
+        // A sandbox that is not there (ended: its E2B facts are forgotten with it) is
+        // answered as E2B's proxy answers it, to the SDKs that ask without a credential.
+        let who = crate::caller::of(&req);
+        let alive = st
+            .manager
+            .sandbox(&who, &id)
+            .and_then(|s| s.info())
+            .is_ok_and(|i| i.state.is_alive());
+        if !alive {
+            return next.run(req).await;
         }
     }
     let rest = req.uri().path().to_owned();

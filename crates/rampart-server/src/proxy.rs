@@ -181,7 +181,10 @@ async fn forward_on<T>(
 where
     T: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
 {
+    // Header names as clients wrote them on the wire (`Host`, `User-Agent`), which servers
+    // and programs that read raw requests expect, not HTTP/2's lowercase.
     let (mut sender, conn) = hyper::client::conn::http1::Builder::new()
+        .title_case_headers(true)
         .handshake::<_, Body>(io)
         .await
         .map_err(|e| format!("handshake with the sandbox's server: {e}"))?;

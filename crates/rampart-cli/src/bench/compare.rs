@@ -38,6 +38,8 @@ fn figures(v: &Value) -> BTreeMap<String, f64> {
             out.insert(name.to_owned(), x);
         }
     }
+    // A figure a run did not take (0, or not a number) has no ratio.
+    out.retain(|_, x| x.is_finite() && *x > 0.0);
     out
 }
 

@@ -442,7 +442,8 @@ fn cut_when_broken(resp: Response, id: &SandboxId) -> Response {
 /// Authorizes a request for a port other than envd's: the sandbox's token in
 /// `X-Access-Token` (as `run_code` sends it) or in `E2B-Traffic-Access-Token` (as every
 /// code-interpreter call sends the `trafficAccessToken` of create/connect, which is the same
-/// token).
+/// token). Without it: 403, as E2B's proxy answers for a private sandbox's port (envd's
+/// own port answers 401, as envd does).
 fn authorize_port(req: &Request, facts: &E2bSandbox) -> Result<(), Box<Response>> {
     let ok = ["x-access-token", "e2b-traffic-access-token"]
         .iter()
@@ -451,7 +452,11 @@ fn authorize_port(req: &Request, facts: &E2bSandbox) -> Result<(), Box<Response>
     if ok {
         Ok(())
     } else {
-        Err(Box::new(envd_error(StatusCode::UNAUTHORIZED, UNAUTHORIZED)))
+        Err(Box::new(envd_error(
+            StatusCode::FORBIDDEN,
+            "the sandbox's port is private: send its traffic access token \
+             (e2b-traffic-access-token)",
+        )))
     }
 }
 
