@@ -19,6 +19,8 @@
 //!   wakes it.
 //!   The test domain's names are resolved by the script's own CONNECT proxy (to the daemon on
 //!   loopback) and by reqwest's `resolve` here: no DNS, nothing leaves the machine.
+//!   The unmodified JS SDK (`tests/e2b/tls.mjs`, through its `proxy` option) does the same
+//!   for envd, a public port, a private one (403 without the traffic token) and the mask.
 //! - `the_operator_can_make_ports_private`: `--e2b-allow-public-traffic false` makes a
 //!   default create's ports need the token, over plain HTTP.
 //!
@@ -398,6 +400,40 @@ fn host_form_urls_over_https() {
         report.failed.join("\n")
     );
     assert_eq!(report.passed.len(), 6, "{:?}", report.passed);
+
+    // The unmodified JS SDK (npm), the same way (its own `proxy` option to the script's
+    // CONNECT proxy; the test CA by NODE_EXTRA_CA_CERTS). ESM resolves the SDK from the
+    // script's directory: a copy goes there under this test's own name.
+    let node = std::env::var_os("RAMPART_E2B_NODE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| support::target_dir().join("e2b-node"));
+    if !node.join("node_modules/e2b").is_dir() || !node.join("node_modules/undici").is_dir() {
+        eprintln!(
+            "JS SDK part skipped: no {}/node_modules/e2b (scripts/e2b-sdks.sh installs it)",
+            node.display()
+        );
+        return;
+    }
+    let script = node.join(format!("rampart-tls-{}.mjs", std::process::id()));
+    std::fs::copy(tests.join("tls.mjs"), &script).unwrap();
+    let report = support::run_sdk_script(
+        Path::new("node"),
+        &script,
+        &node,
+        &[
+            ("E2B_API_KEY", &key),
+            ("E2B_API_URL", &format!("https://api.{DOMAIN}")),
+            ("NODE_EXTRA_CA_CERTS", pki.ca.to_str().unwrap()),
+            ("RAMPART_TLS_PORT", &port_s),
+        ],
+    );
+    let _ = std::fs::remove_file(&script);
+    assert!(
+        report.failed.is_empty(),
+        "JS SDK tests failed:\n{}",
+        report.failed.join("\n")
+    );
+    assert_eq!(report.passed.len(), 3, "{:?}", report.passed);
 }
 
 #[test]
