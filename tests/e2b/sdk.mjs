@@ -85,8 +85,16 @@ await test('js_pause_to_the_filesystem_and_reboot', async () => {
     (await s.commands.run("pgrep -f '^sleep 4242$' || true")).stdout.trim() !== ''
   try {
     await sbx.files.write('/home/user/js-disk.txt', 'on disk')
+    // A background command runs in `bash -l -c` until bash execs it: wait for the sleep.
+    const started = async (s) => {
+      const deadline = Date.now() + 20_000
+      while (!(await running(s))) {
+        check(Date.now() < deadline, 'the background process did not start within 20 s')
+        await new Promise((res) => setTimeout(res, 100))
+      }
+    }
     await sbx.commands.run('sleep 4242', { background: true })
-    check(await running(sbx), 'the background process did not start')
+    await started(sbx)
     // keepMemory: false is a pause to the filesystem: connect boots it from its disk.
     check((await sbx.pause({ keepMemory: false })) === true, 'pause to the filesystem')
     check((await sbx.getInfo()).state === 'paused', 'not paused')
@@ -95,6 +103,7 @@ await test('js_pause_to_the_filesystem_and_reboot', async () => {
     check(!(await running(c)), 'a process survived the pause to the filesystem')
     // A frozen pause resumed with onResume: 'reboot' drops the memory too.
     await c.commands.run('sleep 4242', { background: true })
+    await started(c)
     check((await c.pause()) === true, 'pause')
     const r = await Sandbox.connect(sbx.sandboxId, { onResume: 'reboot' })
     check((await r.getInfo()).state === 'running', 'not running after the reboot')

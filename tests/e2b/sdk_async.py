@@ -83,13 +83,19 @@ async def async_pause_to_the_filesystem_and_reboot():
         await s.files.write("/home/user/fs.txt", "on disk")
         await s.commands.run("sleep 4343", background=True)
         running = "pgrep -f '^sleep 4343$' || true"
-        assert (await s.commands.run(running)).stdout.strip() != ""
+
+        # A background command runs in `bash -l -c` until bash execs it: wait for the sleep.
+        async def started(sbx):
+            return (await sbx.commands.run(running)).stdout.strip() != ""
+
+        await await_for(lambda: started(s), what="the background sleep")
         assert await s.pause(mode="filesystem") is True
         assert (await s.get_info()).state == SandboxState.PAUSED
         c = await AsyncSandbox.connect(s.sandbox_id)
         assert await c.files.read("/home/user/fs.txt") == "on disk"
         assert (await c.commands.run(running)).stdout.strip() == ""
         await c.commands.run("sleep 4343", background=True)
+        await await_for(lambda: started(c), what="the background sleep again")
         assert await c.pause() is True
         r = await AsyncSandbox.connect(s.sandbox_id, on_resume="reboot")
         assert (await r.commands.run(running)).stdout.strip() == ""
