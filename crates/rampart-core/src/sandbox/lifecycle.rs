@@ -82,11 +82,7 @@ impl Sandboxes {
             .claim(&new, staged.is_plain(), &approvals, &secrets)
             .await
         {
-            Ok(Some(info)) => {
-                self.claimed(&info, &new, t0);
-                let e2b = new.access.and_then(|a| a.e2b);
-                return Ok(CreatedSandbox { info, e2b });
-            }
+            Ok(Some(info)) => return Ok(self.created(info, new, t0, "from a warm pool")),
             Ok(None) => {}
             Err(e) => {
                 self.metrics.creates.with_label_values(&["rejected"]).inc();
@@ -151,18 +147,7 @@ impl Sandboxes {
         self.registry.forget_lock(&id);
         self.persist.unstage(&id);
         match res {
-            Ok(info) => {
-                self.metrics.creates.with_label_values(&["ok"]).inc();
-                self.metrics
-                    .create_seconds
-                    .observe(t0.elapsed().as_secs_f64());
-                info!(id = %id, slot, ms = t0.elapsed().as_millis() as u64, "sandbox created");
-                let e2b = new.access.and_then(|a| a.e2b);
-                // Known here: no read of the access store on the create path.
-                let template = e2b.as_ref().map_or(&info.template, |e| &e.template).clone();
-                self.lifecycle(Kind::Created, &info, Some(template), Value::Null);
-                Ok(CreatedSandbox { info, e2b })
-            }
+            Ok(info) => Ok(self.created(info, new, t0, "launched")),
             Err(e) => {
                 self.metrics.creates.with_label_values(&["error"]).inc();
                 warn!(id = %id, "sandbox create failed: {e}");
@@ -185,6 +170,27 @@ impl Sandboxes {
                 Err(e)
             }
         }
+    }
+
+    /// A create that succeeded (`how`: launched, or from a warm pool): its metrics, log line
+    /// and lifecycle event, and its answer.
+    fn created(
+        &self,
+        info: SandboxInfo,
+        new: NewSandbox,
+        t0: Instant,
+        how: &'static str,
+    ) -> CreatedSandbox {
+        self.metrics.creates.with_label_values(&["ok"]).inc();
+        self.metrics
+            .create_seconds
+            .observe(t0.elapsed().as_secs_f64());
+        info!(id = %info.id, us = t0.elapsed().as_micros() as u64, how, "sandbox created");
+        let e2b = new.access.and_then(|a| a.e2b);
+        // Known here: no read of the access store on the create path.
+        let template = e2b.as_ref().map_or(&info.template, |e| &e.template).clone();
+        self.lifecycle(Kind::Created, &info, Some(template), Value::Null);
+        CreatedSandbox { info, e2b }
     }
 
     pub(super) async fn launch(

@@ -17,7 +17,6 @@
 
 use super::*;
 use crate::config::WarmPool;
-use crate::events::Kind;
 use rampart_store::Claim;
 use rampart_types::{Limits, NetworkPolicy, PoolInfo, Tier};
 use serde_json::Value;
@@ -61,6 +60,8 @@ struct Ready {
 
 #[derive(Default)]
 struct Pool {
+    /// The network policy its sandboxes are launched with (none: no network).
+    network: Option<NetworkPolicy>,
     /// How many it keeps ready.
     size: usize,
     ready: VecDeque<Ready>,
@@ -118,11 +119,7 @@ impl Pools {
             .map(|(k, p)| PoolInfo {
                 template: k.template.clone(),
                 isolation: k.isolation,
-                network: k
-                    .network
-                    .as_ref()
-                    .and_then(|n| serde_json::from_str::<NetworkPolicy>(n).ok())
-                    .map(|p| p.mode.as_str().to_owned()),
+                network: p.network.as_ref().map(|n| n.mode.as_str().to_owned()),
                 size: p.size,
                 ready: p.ready.len(),
                 filling: p.filling,
@@ -135,15 +132,16 @@ impl Pools {
         out
     }
 
-    /// The pool that lacks the most, marked as filling one more, with its generation.
-    fn next_to_fill(&self) -> Option<(PoolKey, u64)> {
+    /// The pool that lacks the most, marked as filling one more, with its generation and
+    /// network policy.
+    fn next_to_fill(&self) -> Option<(PoolKey, u64, Option<NetworkPolicy>)> {
         let mut pools = lock(&self.pools);
         let (key, pool) = pools
             .iter_mut()
             .filter(|(_, p)| p.ready.len() + p.filling < p.size)
             .max_by_key(|(_, p)| p.size - p.ready.len() - p.filling)?;
         pool.filling += 1;
-        Some((key.clone(), pool.generation))
+        Some((key.clone(), pool.generation, pool.network.clone()))
     }
 
     /// Ends a launch for `key`: its sandbox is ready, unless the pool was drained since.
@@ -210,12 +208,15 @@ impl Sandboxes {
                     });
                 }
                 let plan = self.plan(req, CreateOptions::default())?;
+                let network = plan.new.network.map(|n| n.policy);
                 let key = PoolKey {
-                    template: plan.new.template.clone(),
+                    template: plan.new.template,
                     isolation: plan.new.isolation,
-                    network: plan.new.network.as_ref().map(|n| normal(&n.policy)),
+                    network: network.as_ref().map(normal),
                 };
-                pools.entry(key).or_default().size += w.size;
+                let pool = pools.entry(key).or_default();
+                pool.size += w.size;
+                pool.network = network;
             }
         }
         let t = tokio::spawn(refill(self.clone()));
@@ -233,21 +234,17 @@ impl Sandboxes {
         self.pools.is_pooled(id)
     }
 
-    /// Launches one sandbox for `key`'s pool.
+    /// Launches one sandbox for `key`'s pool, wired with `network`.
     async fn launch_pooled(
         self: &Arc<Self>,
         key: &PoolKey,
         generation: u64,
+        network: Option<NetworkPolicy>,
     ) -> Result<Ready, CoreError> {
         let req = CreateSandbox {
             template: Some(key.template.clone()),
             isolation: Some(key.isolation),
-            network: key
-                .network
-                .as_ref()
-                .map(|n| serde_json::from_str(n))
-                .transpose()
-                .map_err(|e| CoreError::Internal(format!("a pool's network policy: {e}")))?,
+            network,
             ..Default::default()
         };
         let mut new = self.plan(req, CreateOptions::default())?.new;
@@ -513,18 +510,6 @@ impl Sandboxes {
             .with_label_values(&[&key.template, key.isolation.as_str()])
             .set(self.pools.ready_len(key) as i64);
     }
-
-    /// Records a claimed create as `create` records a launched one.
-    pub(super) fn claimed(&self, info: &SandboxInfo, new: &NewSandbox, t0: Instant) {
-        self.metrics.creates.with_label_values(&["ok"]).inc();
-        self.metrics
-            .create_seconds
-            .observe(t0.elapsed().as_secs_f64());
-        info!(id = %info.id, us = t0.elapsed().as_micros() as u64, "sandbox created from a warm pool");
-        let e2b = new.access.as_ref().and_then(|a| a.e2b.as_ref());
-        let template = e2b.map_or(&info.template, |e| &e.template).clone();
-        self.lifecycle(Kind::Created, info, Some(template), Value::Null);
-    }
 }
 
 /// A running sandbox as its create answers.
@@ -554,12 +539,12 @@ async fn refill(me: Arc<Sandboxes>) {
         if me.is_stopped() {
             return;
         }
-        let Some((key, generation)) = me.pools.next_to_fill() else {
+        let Some((key, generation, network)) = me.pools.next_to_fill() else {
             me.pools.kick.notified().await;
             continue;
         };
         let t0 = Instant::now();
-        let launched = me.launch_pooled(&key, generation).await;
+        let launched = me.launch_pooled(&key, generation, network).await;
         let ok = launched.is_ok();
         let at_capacity = matches!(launched, Err(CoreError::Capacity(_)));
         let failure = launched.as_ref().err().map(|e| e.to_string());

@@ -49,14 +49,7 @@ impl Sandboxes {
                     "daemon restarted; sandbox was not running",
                 )
             };
-            // If its init is our (dead) child, reap it so no zombie stays behind.
-            if let (Some(pid), Some(start)) = (rec.pid, rec.pid_start_time) {
-                if let Ok(fd) = proc::pidfd_open(pid) {
-                    if proc::proc_stat(pid).is_some_and(|s| s.start_time == start) {
-                        let _ = proc::try_reap(&fd);
-                    }
-                }
-            }
+            reap_if_dead_child(&rec);
             self.network
                 .teardown_stored(self.store.as_ref(), &rec.id, rec.uid_slot)
                 .await;
@@ -88,13 +81,7 @@ impl Sandboxes {
         // Warm sandboxes a previous run launched are nobody's: they end, and this run's
         // pools launch their own.
         for rec in self.store.pooled().map_err(CoreError::from)? {
-            if let (Some(pid), Some(start)) = (rec.pid, rec.pid_start_time) {
-                if let Ok(fd) = proc::pidfd_open(pid) {
-                    if proc::proc_stat(pid).is_some_and(|s| s.start_time == start) {
-                        let _ = proc::try_reap(&fd);
-                    }
-                }
-            }
+            reap_if_dead_child(&rec);
             self.discard(&rec.id, rec.uid_slot, "the daemon restarted")
                 .await;
             info!(id = %rec.id, "removed a warm sandbox left by a previous run");
@@ -234,4 +221,16 @@ fn live_init(rec: &SandboxRecord) -> Option<(i32, OwnedFd, &str)> {
     };
     let fd = proc::pidfd_open(pid).ok()?;
     proc::is_same_live_process(pid, start).then_some((pid, fd, sock))
+}
+
+/// If the init `rec` names is our (dead) child, still the same process, reaps it so that
+/// no zombie stays behind.
+fn reap_if_dead_child(rec: &SandboxRecord) {
+    if let (Some(pid), Some(start)) = (rec.pid, rec.pid_start_time) {
+        if let Ok(fd) = proc::pidfd_open(pid) {
+            if proc::proc_stat(pid).is_some_and(|s| s.start_time == start) {
+                let _ = proc::try_reap(&fd);
+            }
+        }
+    }
 }
