@@ -401,10 +401,14 @@ struct Api {
 
 impl Api {
     fn create(&self) -> Result<String> {
+        self.create_with(&json!({}))
+    }
+    /// A create with this body; its id.
+    fn create_with(&self, body: &Value) -> Result<String> {
         let r = self
             .client
             .post(format!("{}/v1/sandboxes", self.url))
-            .json(&json!({}))
+            .json(body)
             .send()?;
         let status = r.status();
         let v: Value = r.json()?;

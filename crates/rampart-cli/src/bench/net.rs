@@ -4,23 +4,9 @@
 //! attached before the launch instead of during it) against one that allows another host.
 
 use super::{start_private_daemon_with, wait_healthy, Api, BenchArgs, Samples};
-use anyhow::{bail, Context, Result};
-use serde_json::{json, Value};
+use anyhow::Result;
+use serde_json::json;
 use std::time::{Duration, Instant};
-
-fn create(api: &Api, network: &Value) -> Result<String> {
-    let r = api
-        .client
-        .post(format!("{}/v1/sandboxes", api.url))
-        .json(&json!({ "network": network }))
-        .send()?;
-    let status = r.status();
-    let v: Value = r.json()?;
-    if !status.is_success() {
-        bail!("create: {status}: {v}");
-    }
-    Ok(v["id"].as_str().context("create: no id")?.to_owned())
-}
 
 /// Runs the measurement on a private daemon with its own network table, pool and ports.
 pub(super) fn run(args: &BenchArgs) -> Result<()> {
@@ -50,7 +36,7 @@ pub(super) fn run(args: &BenchArgs) -> Result<()> {
         ];
         // Warm-up of every path.
         for (_, n) in &modes {
-            let id = create(&api, n)?;
+            let id = api.create_with(&json!({ "network": n }))?;
             api.exec_true(&id)?;
             api.destroy(&id)?;
         }
@@ -66,7 +52,7 @@ pub(super) fn run(args: &BenchArgs) -> Result<()> {
         for _ in 0..args.iterations {
             for ((_, n), s) in modes.iter().zip(samples.iter_mut()) {
                 let t = Instant::now();
-                let id = create(&api, n)?;
+                let id = api.create_with(&json!({ "network": n }))?;
                 api.exec_true(&id)?;
                 s.push(t.elapsed());
                 api.destroy(&id)?;

@@ -54,20 +54,6 @@ fn refilled(api: &Api) -> Result<()> {
     Ok(())
 }
 
-fn create(api: &Api, body: &Value) -> Result<String> {
-    let r = api
-        .client
-        .post(format!("{}/v1/sandboxes", api.url))
-        .json(body)
-        .send()?;
-    let status = r.status();
-    let v: Value = r.json()?;
-    if !status.is_success() {
-        bail!("create: {status}: {v}");
-    }
-    Ok(v["id"].as_str().context("create: no id")?.to_owned())
-}
-
 /// Runs the measurement (see the module's text).
 pub(super) fn run(args: &BenchArgs) -> Result<()> {
     let client = super::http_builder()
@@ -92,7 +78,7 @@ pub(super) fn run(args: &BenchArgs) -> Result<()> {
         refilled(&api)?;
         // Warm-up of both paths.
         for body in [json!({}), json!({"env": {"BENCH": "cold"}})] {
-            let id = create(&api, &body)?;
+            let id = api.create_with(&body)?;
             api.exec_true(&id)?;
             api.destroy(&id)?;
         }
@@ -106,13 +92,13 @@ pub(super) fn run(args: &BenchArgs) -> Result<()> {
         for _ in 0..args.iterations {
             refilled(&api)?;
             let t = Instant::now();
-            let id = create(&api, &json!({}))?;
+            let id = api.create_with(&json!({}))?;
             api.exec_true(&id)?;
             warm.push(t.elapsed());
             api.destroy(&id)?;
             // An environment is fixed at launch: no pool serves it.
             let t = Instant::now();
-            let id = create(&api, &json!({"env": {"BENCH": "cold"}}))?;
+            let id = api.create_with(&json!({"env": {"BENCH": "cold"}}))?;
             api.exec_true(&id)?;
             cold.push(t.elapsed());
             api.destroy(&id)?;
