@@ -29,10 +29,7 @@ use serde_json::{json, Value};
 use std::io::Read as _;
 use std::path::Path;
 use std::time::{Duration, Instant};
-use support::{
-    admin_key, e2b_call as e2b, make_key, native_call as native, reserve_build, start_tidy_with,
-    Tidy,
-};
+use support::{admin_key, e2b_call as e2b, make_key, native_call as native, start_tidy_with, Tidy};
 
 const MIB: u64 = 1 << 20;
 /// The build disk of the daemons here.
@@ -83,33 +80,7 @@ fn stored_bytes(url: &str, name: &str) -> u64 {
 /// Starts a build of `name` on `base` with `steps` and waits for it to end: its final
 /// status answer.
 fn build(url: &str, key: &str, name: &str, steps: Value) -> Value {
-    let r = reserve_build(url, key, name);
-    assert_eq!(r.status, 202, "request a build of {name}: {:?}", r.body);
-    let bid = r.body["buildID"].as_str().unwrap().to_owned();
-    let s = e2b(
-        url,
-        key,
-        Method::POST,
-        &format!("/v2/templates/{name}/builds/{bid}"),
-        Some(json!({"fromTemplate": "base", "steps": steps})),
-    );
-    assert_eq!(s.status, 202, "start the build of {name}: {:?}", s.body);
-    let deadline = Instant::now() + Duration::from_secs(900);
-    loop {
-        let st = e2b(
-            url,
-            key,
-            Method::GET,
-            &format!("/templates/{name}/builds/{bid}/status?logsOffset=0"),
-            None,
-        );
-        assert_eq!(st.status, 200, "{:?}", st.body);
-        if matches!(st.body["status"].as_str(), Some("ready" | "error")) {
-            return st.body;
-        }
-        assert!(Instant::now() < deadline, "the build of {name} did not end");
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    support::build_on_base(url, key, name, steps).1
 }
 
 /// Polls `f` until it holds (every 250 ms, at most `secs`).

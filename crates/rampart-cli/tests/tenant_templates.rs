@@ -25,7 +25,7 @@ mod support;
 
 use reqwest::Method;
 use serde_json::{json, Value};
-use std::time::{Duration, Instant};
+
 use support::{
     e2b_call as e2b, make_key, native_call as native, reserve_build as request_build, start_tidy,
     Answer, Tidy,
@@ -59,39 +59,12 @@ fn world(name: &str) -> Option<World> {
     })
 }
 
-/// Builds `name` on `base` with `steps` as the SDK does (request, start, poll the status);
-/// the build id and its final status answer. Fails the test if the build does not end
-/// `ready`.
+/// Builds `name` on `base` with `steps` as the SDK does ([`support::build_on_base`]); the
+/// build id and its final status answer. Fails the test if the build does not end `ready`.
 fn build(url: &str, key: &str, name: &str, steps: Value) -> (String, Value) {
-    let r = request_build(url, key, name);
-    assert_eq!(r.status, 202, "request a build of {name}: {:?}", r.body);
-    let bid = r.body["buildID"].as_str().unwrap().to_owned();
-    let s = e2b(
-        url,
-        key,
-        Method::POST,
-        &format!("/v2/templates/{name}/builds/{bid}"),
-        Some(json!({"fromTemplate": "base", "steps": steps})),
-    );
-    assert_eq!(s.status, 202, "start the build of {name}: {:?}", s.body);
-    let deadline = Instant::now() + Duration::from_secs(600);
-    loop {
-        let st = e2b(
-            url,
-            key,
-            Method::GET,
-            &format!("/templates/{name}/builds/{bid}/status"),
-            None,
-        );
-        assert_eq!(st.status, 200, "{:?}", st.body);
-        match st.body["status"].as_str() {
-            Some("ready") => return (bid, st.body),
-            Some("error") => panic!("the build of {name} failed: {:?}", st.body),
-            _ => {}
-        }
-        assert!(Instant::now() < deadline, "the build of {name} did not end");
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    let (bid, st) = support::build_on_base(url, key, name, steps);
+    assert_eq!(st["status"], "ready", "the build of {name} failed: {st:?}");
+    (bid, st)
 }
 
 /// A build step writing `text` into `/opt/who`, as root.

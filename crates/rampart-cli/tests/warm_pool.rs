@@ -439,31 +439,9 @@ fn a_create_at_capacity_takes_a_warm_sandboxs_place() {
 /// Builds `name` on `base` through the E2B template API with `key`, its one step writing
 /// `text` into `/opt/who`; fails the test unless the build ends `ready`.
 fn build(url: &str, key: &str, name: &str, text: &str) {
-    let r = support::reserve_build(url, key, name);
-    assert_eq!(r.status, 202, "request a build of {name}: {:?}", r.body);
-    let bid = r.body["buildID"].as_str().unwrap().to_owned();
     let steps = json!([{"type": "RUN", "args": [format!("echo {text} > /opt/who"), "root"]}]);
-    let s = support::e2b_call(
-        url,
-        key,
-        Method::POST,
-        &format!("/v2/templates/{name}/builds/{bid}"),
-        Some(json!({"fromTemplate": "base", "steps": steps})),
-    );
-    assert_eq!(s.status, 202, "start the build of {name}: {:?}", s.body);
-    let mut status = String::new();
-    wait_until(&format!("the build of {name}"), 600, || {
-        let st = support::e2b_call(
-            url,
-            key,
-            Method::GET,
-            &format!("/templates/{name}/builds/{bid}/status"),
-            None,
-        );
-        status = st.body["status"].as_str().unwrap_or_default().to_owned();
-        status == "ready" || status == "error"
-    });
-    assert_eq!(status, "ready", "the build of {name}");
+    let (_, st) = support::build_on_base(url, key, name, steps);
+    assert_eq!(st["status"], "ready", "the build of {name}: {st:?}");
 }
 
 #[test]

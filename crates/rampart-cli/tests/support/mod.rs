@@ -1151,6 +1151,44 @@ pub fn reserve_build(url: &str, key: &str, name: &str) -> Answer {
     )
 }
 
+/// Builds `name` on `base` with `steps` through the E2B template API with `key`, as the SDK
+/// does (reserve, start, poll the status every 200 ms, at most 15 min): the build id and its
+/// final status answer (`ready` or `error`, with the build's logs).
+pub fn build_on_base(
+    url: &str,
+    key: &str,
+    name: &str,
+    steps: serde_json::Value,
+) -> (String, serde_json::Value) {
+    let r = reserve_build(url, key, name);
+    assert_eq!(r.status, 202, "request a build of {name}: {:?}", r.body);
+    let bid = r.body["buildID"].as_str().unwrap().to_owned();
+    let s = e2b_call(
+        url,
+        key,
+        reqwest::Method::POST,
+        &format!("/v2/templates/{name}/builds/{bid}"),
+        Some(serde_json::json!({"fromTemplate": "base", "steps": steps})),
+    );
+    assert_eq!(s.status, 202, "start the build of {name}: {:?}", s.body);
+    let deadline = Instant::now() + Duration::from_secs(900);
+    loop {
+        let st = e2b_call(
+            url,
+            key,
+            reqwest::Method::GET,
+            &format!("/templates/{name}/builds/{bid}/status?logsOffset=0"),
+            None,
+        );
+        assert_eq!(st.status, 200, "{:?}", st.body);
+        if matches!(st.body["status"].as_str(), Some("ready" | "error")) {
+            return (bid, st.body);
+        }
+        assert!(Instant::now() < deadline, "the build of {name} did not end");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
 /// A daemon's config file in a temp directory of its own, removed when dropped.
 pub struct ConfigFile {
     /// Its path, for `RAMPART_CONFIG`.
