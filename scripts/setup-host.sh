@@ -23,6 +23,9 @@ pkgs=(e2fsprogs util-linux bash coreutils python3 python-is-python3 curl git ncu
       xfsprogs
       # The gVisor isolation tier (`"isolation": "gvisor"`, docs/isolation.md).
       runsc
+      # The fleet (docs/fleet.md): etcd for `rampart fleet up` and the fleet tests; the etcd
+      # client crate compiles etcd's protocol files with protoc and its well-known types.
+      etcd-server etcd-client protobuf-compiler libprotobuf-dev
       # The code-interpreter-v1 template's kernels (seen in every sandbox's /usr): IPython with
       # matplotlib and pandas; R with IRkernel; JShell (the Java kernel is ours, over it); and
       # what bash_kernel needs besides itself (pexpect comes with IPython). pip installs

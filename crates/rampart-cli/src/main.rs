@@ -32,6 +32,10 @@ struct Cli {
 enum Command {
     /// Run the daemon.
     Serve(commands::serve::ServeArgs),
+    /// Serve a fleet's API: many nodes behind one endpoint (docs/fleet.md).
+    Gateway(commands::fleet::GatewayArgs),
+    /// A fleet on this machine: `up` starts etcd, nodes and a gateway; `down` stops them.
+    Fleet(commands::fleet::FleetArgs),
     /// Create a sandbox and print its id.
     Create(commands::sandbox::CreateArgs),
     /// Run a command in a sandbox; exits with the command's exit code.
@@ -138,6 +142,15 @@ fn main() -> ExitCode {
             }
         };
     }
+    if let Command::Fleet(args) = cli.command {
+        return match commands::fleet::fleet(args) {
+            Ok(code) => ExitCode::from(code),
+            Err(e) => {
+                eprintln!("rampart fleet: {e:#}");
+                ExitCode::from(1)
+            }
+        };
+    }
     if let Command::Keys(args) = cli.command {
         return match commands::keys::run(args) {
             Ok(code) => ExitCode::from(code),
@@ -168,6 +181,7 @@ fn main() -> ExitCode {
     let result = rt.block_on(async move {
         match cli.command {
             Command::Serve(a) => commands::serve::run(a, serve_socket).await,
+            Command::Gateway(a) => commands::fleet::gateway(a).await,
             Command::Create(a) => commands::sandbox::create(host, a).await,
             Command::Exec(a) => commands::exec::exec(host, a).await,
             Command::Run(a) => commands::run::run(host, a).await,
@@ -202,7 +216,7 @@ fn main() -> ExitCode {
             Command::Approvals(a) => commands::approve::list(host, a).await,
             Command::Approve(a) => commands::approve::decide(host, a, true).await,
             Command::Deny(a) => commands::approve::decide(host, a, false).await,
-            Command::Bench(_) | Command::Keys(_) | Command::Template(_) => {
+            Command::Bench(_) | Command::Keys(_) | Command::Template(_) | Command::Fleet(_) => {
                 unreachable!("bench and keys run before the runtime starts")
             }
         }

@@ -28,7 +28,10 @@ use axum::http::{header, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::serve::IncomingStream;
-use rampart_store::node_keys::{check_shape, KeyCheck, NodeKey, NodeKeyStore, SCOPE_ADMIN};
+use rampart_store::node_keys::{
+    check_shape, GatewayPrincipal, KeyCheck, NodeKey, NodeKeyStore, GATEWAY_PRINCIPAL_HEADER,
+    SCOPE_ADMIN,
+};
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
@@ -110,6 +113,8 @@ pub(crate) struct Auth {
     euid: u32,
     /// Tenants: the create rate limit and the change log (none: a server without a store).
     pub(crate) tenancy: Option<Arc<crate::tenancy::Tenancy>>,
+    /// The fleet's token when this node serves a fleet: the only credential TCP accepts.
+    pub(crate) fleet_token: Option<String>,
 }
 
 /// Lowercase host name of a `Host` value, without its port and brackets.
@@ -158,6 +163,7 @@ impl Auth {
             group: socket_group(),
             euid: nix::unistd::geteuid().as_raw(),
             tenancy: None,
+            fleet_token: None,
         }
     }
 
@@ -261,6 +267,8 @@ pub(crate) enum Principal {
     Socket { uid: Option<u32> },
     /// A key over TCP.
     Key(NodeKey),
+    /// A key a fleet's gateway checked, on a node of the fleet.
+    Gateway(GatewayPrincipal),
 }
 
 impl Principal {
@@ -281,23 +289,35 @@ impl Principal {
                     .unwrap_or_default(),
                 crate::caller::from(peer)
             ),
+            Principal::Gateway(g) => format!(
+                "{} via gateway {}{}",
+                Principal::Key(g.key.clone()).caller(None),
+                g.gateway,
+                g.peer
+                    .as_ref()
+                    .map(|p| format!(" from {p}"))
+                    .unwrap_or_default()
+            ),
+        }
+    }
+
+    /// The key behind it, if any.
+    fn key(&self) -> Option<&NodeKey> {
+        match self {
+            Principal::Socket { .. } => None,
+            Principal::Key(k) => Some(k),
+            Principal::Gateway(g) => Some(&g.key),
         }
     }
 
     /// Whether it may use an endpoint that needs `scope`.
     fn may(&self, scope: &str) -> bool {
-        match self {
-            Principal::Socket { .. } => true,
-            Principal::Key(k) => k.has_scope(scope),
-        }
+        self.key().is_none_or(|k| k.has_scope(scope))
     }
 
     /// The tenant it acts for.
     fn tenant(&self) -> Option<&str> {
-        match self {
-            Principal::Socket { .. } => None,
-            Principal::Key(k) => k.tenant.as_deref(),
-        }
+        self.key().and_then(|k| k.tenant.as_deref())
     }
 
     /// As core knows it.
@@ -305,17 +325,14 @@ impl Principal {
         rampart_core::Principal {
             caller: self.caller(peer),
             tenant: self.tenant().map(str::to_owned),
-            key_id: match self {
-                Principal::Socket { .. } => None,
-                Principal::Key(k) => Some(k.id.clone()),
-            },
+            key_id: self.key().map(|k| k.id.clone()),
         }
     }
 }
 
 /// The scope an endpoint of the native API needs (`path` from `/v1` or `/metrics`); None:
 /// any authenticated caller (its tenant's own view). Unknown paths need `admin`.
-pub(crate) fn required_scope(method: &axum::http::Method, path: &str) -> Option<&'static str> {
+pub fn required_scope(method: &axum::http::Method, path: &str) -> Option<&'static str> {
     let segs: Vec<&str> = path.trim_matches('/').split('/').collect();
     let scope = match segs.as_slice() {
         ["metrics"] => "admin",
@@ -357,13 +374,15 @@ pub(crate) async fn whoami(
     who: Option<axum::Extension<Principal>>,
 ) -> axum::Json<serde_json::Value> {
     let body = match who.map(|w| w.0) {
-        Some(Principal::Key(k)) => serde_json::json!({
-            "kind": "key",
-            "key_id": k.id,
-            "name": k.name,
-            "tenant": k.tenant,
-            "scopes": k.scopes,
-        }),
+        Some(Principal::Key(k) | Principal::Gateway(GatewayPrincipal { key: k, .. })) => {
+            serde_json::json!({
+                "kind": "key",
+                "key_id": k.id,
+                "name": k.name,
+                "tenant": k.tenant,
+                "scopes": k.scopes,
+            })
+        }
         Some(Principal::Socket { uid }) => serde_json::json!({
             "kind": "socket",
             "uid": uid,
@@ -393,10 +412,7 @@ async fn serve_as(
         .unwrap_or_else(|| req.uri().path().to_owned());
     if let Some(scope) = required_scope(&method, &path) {
         if !who.may(scope) {
-            let id = match &who {
-                Principal::Key(k) => k.id.clone(),
-                Principal::Socket { .. } => "socket".into(),
-            };
+            let id = who.key().map_or_else(|| "socket".into(), |k| k.id.clone());
             return ApiError::new(
                 StatusCode::FORBIDDEN,
                 "forbidden",
@@ -495,6 +511,15 @@ pub(crate) async fn guard(State(auth): State<Arc<Auth>>, req: Request, next: Nex
         }
         Err(e) => return e.into_response(),
     };
+    if let Some(token) = &auth.fleet_token {
+        return match from_gateway(token, &key, &req) {
+            Ok(who) => {
+                let peer = crate::caller::peer(&req);
+                serve_as(&auth, Principal::Gateway(who), peer, req, next).await
+            }
+            Err(e) => e.into_response(),
+        };
+    }
     if let Err(e) = check_shape(&key) {
         return unauthorized(format!("malformed API key: {e}")).into_response();
     }
@@ -530,6 +555,44 @@ pub(crate) async fn guard(State(auth): State<Arc<Auth>>, req: Request, next: Nex
     }
     let peer = crate::caller::peer(&req);
     serve_as(&auth, Principal::Key(k), peer, req, next).await
+}
+
+/// On a node of a fleet: the principal a gateway vouches for, if `key` is the fleet's token.
+fn from_gateway(token: &str, key: &str, req: &Request) -> Result<GatewayPrincipal, ApiError> {
+    use sha2::Digest as _;
+    // Compared as digests: the time taken says nothing about the token's characters.
+    let same = sha2::Sha256::digest(token.as_bytes()) == sha2::Sha256::digest(key.as_bytes());
+    if !same {
+        return Err(unauthorized(
+            "this node serves a fleet: over TCP it answers only the fleet's gateways; send \
+             the request to a gateway (its own keys work on its Unix socket)",
+        ));
+    }
+    let text = req
+        .headers()
+        .get(GATEWAY_PRINCIPAL_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .ok_or_else(|| {
+            ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "bad_request",
+                format!("a gateway's request without {GATEWAY_PRINCIPAL_HEADER}"),
+            )
+        })?;
+    let who = GatewayPrincipal::decode(text).map_err(|e| {
+        ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "bad_request",
+            format!("{GATEWAY_PRINCIPAL_HEADER}: {e}"),
+        )
+    })?;
+    if !who.key.is_active(rampart_store::now_ms()) {
+        return Err(unauthorized(format!(
+            "the gateway named key {} which is revoked or expired",
+            who.key.id
+        )));
+    }
+    Ok(who)
 }
 
 #[cfg(test)]

@@ -33,7 +33,7 @@ mod tenancy;
 mod tls;
 
 pub use audit::{AuditKey, AuditPage};
-pub use auth::{socket_group, UnixPeer, ADMIN_KEY_FILE, SOCKET_FILE, SOCKET_GROUP};
+pub use auth::{required_scope, socket_group, UnixPeer, ADMIN_KEY_FILE, SOCKET_FILE, SOCKET_GROUP};
 pub use error::ApiError;
 pub use exec::{collect_output, OutputCollector};
 pub use openapi::openapi;
@@ -110,6 +110,7 @@ pub fn router_with_options(manager: Arc<Manager>, opts: &ServerOptions) -> Route
     state.tenancy = tenancy.clone();
     let mut auth = auth::Auth::new(keys, opts.listen, &opts.domain, &opts.allowed_hosts);
     auth.tenancy = tenancy.clone();
+    auth.fleet_token = opts.fleet_token.clone();
     let auth = Arc::new(auth);
     let api = v1_router(state.clone(), Some(auth.clone()));
     // The MCP server's tools call this same API in process, with each MCP request's own

@@ -57,6 +57,11 @@ pub struct ServerOptions {
     /// every port of the sandbox but envd's and the code interpreter's answers without the
     /// traffic token.
     pub e2b_public_traffic: bool,
+    /// The token of the fleet this node serves (`rampart serve --fleet`): over TCP the
+    /// native API then answers only requests carrying it, from the fleet's gateways, on
+    /// behalf of the principal the gateway names; the node's own keys are refused there (its
+    /// Unix socket is unchanged). None: a single host.
+    pub fleet_token: Option<String>,
 }
 
 impl Default for ServerOptions {
@@ -67,6 +72,7 @@ impl Default for ServerOptions {
             allowed_hosts: Vec::new(),
             tls: None,
             e2b_public_traffic: true,
+            fleet_token: None,
         }
     }
 }

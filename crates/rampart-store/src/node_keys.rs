@@ -98,7 +98,7 @@ pub fn is_node_key_shaped(key: &str) -> bool {
 }
 
 /// A native API key as listed (never the key itself).
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct NodeKey {
     /// Stable id (12 hex digits of the digest), used by `rampart keys rm`.
     pub id: String,
@@ -129,6 +129,92 @@ impl NodeKey {
     /// Whether it works at `now_ms`: not revoked, not expired.
     pub fn is_active(&self, now_ms: i64) -> bool {
         self.revoked_at_ms.is_none() && self.expires_at_ms.is_none_or(|e| e > now_ms)
+    }
+}
+
+/// The listing of a new key `key` as `new` describes it, checked: at least one known scope,
+/// no `admin` for a tenant's key, an expiry in the future. Where it is stored is the
+/// caller's (this store, or a fleet's etcd).
+pub fn describe(new: &NewKey, key: &str) -> Result<NodeKey, NewKeyError> {
+    check_shape(key)?;
+    if new.scopes.is_empty() {
+        return Err(NewKeyError::NoScope);
+    }
+    if let Some(s) = new
+        .scopes
+        .iter()
+        .find(|s| !KNOWN_SCOPES.contains(&s.as_str()))
+    {
+        return Err(NewKeyError::UnknownScope(s.clone()));
+    }
+    if new.tenant.is_some() && new.scopes.iter().any(|s| s == SCOPE_ADMIN) {
+        return Err(NewKeyError::TenantAdmin);
+    }
+    let now = now_ms();
+    if new.expires_at_ms.is_some_and(|e| e <= now) {
+        return Err(NewKeyError::Expired);
+    }
+    let hash = sha256_hex(key.as_bytes());
+    let mut scopes = new.scopes.clone();
+    scopes.sort();
+    scopes.dedup();
+    Ok(NodeKey {
+        id: hash[..12].to_owned(),
+        name: new.name.clone(),
+        hint: format!("{}…", &key[..NODE_KEY_PREFIX.len() + 6]),
+        tenant: new.tenant.clone(),
+        scopes,
+        created_at_ms: now,
+        expires_at_ms: new.expires_at_ms,
+        revoked_at_ms: None,
+        last_used_at_ms: None,
+    })
+}
+
+/// A new key's text: `rampart_` and 40 random hex digits.
+pub fn generate() -> String {
+    format!("{NODE_KEY_PREFIX}{}", random_hex(NODE_KEY_HEX_LEN / 2))
+}
+
+/// The header in which a fleet's gateway tells a node who a request authenticated as (the
+/// node believes it only from a caller holding the fleet's token).
+pub const GATEWAY_PRINCIPAL_HEADER: &str = "x-rampart-gateway-principal";
+
+/// Who a request through a fleet's gateway authenticated as.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct GatewayPrincipal {
+    /// The gateway that checked it (its name).
+    pub gateway: String,
+    /// The caller's address as the gateway saw it.
+    pub peer: Option<String>,
+    /// The key it presented, as the fleet lists it.
+    pub key: NodeKey,
+}
+
+/// Why a [`GATEWAY_PRINCIPAL_HEADER`] could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum GatewayPrincipalError {
+    /// Not base64url.
+    #[error("not base64url: {0}")]
+    Base64(#[from] base64::DecodeError),
+    /// Not the JSON of a principal.
+    #[error("not a principal: {0}")]
+    Json(#[from] serde_json::Error),
+}
+
+impl GatewayPrincipal {
+    /// The header's value: base64url (no padding) of its JSON.
+    pub fn encode(&self) -> String {
+        use base64::Engine as _;
+        let json = serde_json::to_vec(self).expect("a principal serializes");
+        base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(json)
+    }
+
+    /// Reads a header's value.
+    pub fn decode(text: &str) -> Result<GatewayPrincipal, GatewayPrincipalError> {
+        use base64::Engine as _;
+        let json = base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(text.trim())?;
+        Ok(serde_json::from_slice(&json)?)
     }
 }
 
@@ -233,7 +319,7 @@ impl NodeKeyStore {
 
     /// Makes a new key; returns its listing and the key itself (shown only now).
     pub fn create(&self, new: &NewKey) -> Result<(NodeKey, String), NewKeyError> {
-        let key = format!("{NODE_KEY_PREFIX}{}", random_hex(NODE_KEY_HEX_LEN / 2));
+        let key = generate();
         let info = self.insert(new, &key)?;
         Ok((info, key))
     }
@@ -258,38 +344,8 @@ impl NodeKeyStore {
     }
 
     fn insert(&self, new: &NewKey, key: &str) -> Result<NodeKey, NewKeyError> {
-        if new.scopes.is_empty() {
-            return Err(NewKeyError::NoScope);
-        }
-        if let Some(s) = new
-            .scopes
-            .iter()
-            .find(|s| !KNOWN_SCOPES.contains(&s.as_str()))
-        {
-            return Err(NewKeyError::UnknownScope(s.clone()));
-        }
-        if new.tenant.is_some() && new.scopes.iter().any(|s| s == SCOPE_ADMIN) {
-            return Err(NewKeyError::TenantAdmin);
-        }
-        let now = now_ms();
-        if new.expires_at_ms.is_some_and(|e| e <= now) {
-            return Err(NewKeyError::Expired);
-        }
+        let info = describe(new, key)?;
         let hash = sha256_hex(key.as_bytes());
-        let mut scopes = new.scopes.clone();
-        scopes.sort();
-        scopes.dedup();
-        let info = NodeKey {
-            id: hash[..12].to_owned(),
-            name: new.name.clone(),
-            hint: format!("{}…", &key[..NODE_KEY_PREFIX.len() + 6]),
-            tenant: new.tenant.clone(),
-            scopes,
-            created_at_ms: now,
-            expires_at_ms: new.expires_at_ms,
-            revoked_at_ms: None,
-            last_used_at_ms: None,
-        };
         self.conn()
             .execute(
                 "INSERT INTO node_keys (id, hash, name, hint, tenant, scopes, created_at, \

@@ -6,6 +6,7 @@ pub mod audit;
 pub mod cp;
 pub mod desktop;
 pub mod exec;
+pub mod fleet;
 pub mod keys;
 pub mod mcp;
 pub mod net;

@@ -96,6 +96,8 @@ pub struct ServeArgs {
         value_delimiter = ','
     )]
     warm: Vec<rampart_core::WarmPool>,
+    #[command(flatten)]
+    fleet: crate::commands::fleet::JoinArgs,
 }
 
 /// A size in a config file: bytes (`536870912`) or text (`"512M"`).
@@ -747,6 +749,7 @@ fn resolve(a: &ServeArgs) -> Result<Resolved> {
             allowed_hosts,
             tls,
             e2b_public_traffic,
+            fleet_token: None,
         },
         core: CoreConfig {
             data_dir,
@@ -822,7 +825,7 @@ fn resolve(a: &ServeArgs) -> Result<Resolved> {
     })
 }
 
-fn init_logging(format: LogFormat) {
+pub(crate) fn init_logging(format: LogFormat) {
     use tracing_subscriber::EnvFilter;
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
     let builder = tracing_subscriber::fmt()
@@ -835,7 +838,7 @@ fn init_logging(format: LogFormat) {
     };
 }
 
-async fn shutdown_signal() -> &'static str {
+pub(crate) async fn shutdown_signal() -> &'static str {
     use tokio::signal::unix::{signal, SignalKind};
     let mut term = match signal(SignalKind::terminate()) {
         Ok(s) => s,
@@ -889,9 +892,29 @@ pub async fn run(a: ServeArgs, socket: Option<PathBuf>) -> Result<u8> {
         .await
         .with_context(|| format!("cannot listen on {}", r.listen))?;
     let data_dir = r.core.data_dir.clone();
+    let core = r.core.clone();
     let manager = Manager::start(r.core)
         .await
         .map_err(|e| anyhow!("cannot start the daemon: {e}"))?;
+    let mut server_opts = r.server.clone();
+    let membership = match crate::commands::fleet::join(&a.fleet, &manager, &core, r.listen).await {
+        Ok(m) => m,
+        Err(e) => {
+            manager.shutdown().await;
+            return Err(e);
+        }
+    };
+    if let Some(m) = &membership {
+        server_opts.fleet_token = Some(m.token.clone());
+        if let Some(h) = a
+            .fleet
+            .advertise
+            .as_deref()
+            .and_then(crate::commands::fleet::url_host)
+        {
+            server_opts.allowed_hosts.push(h);
+        }
+    }
     // The Unix socket, for the node's administrator (root, the daemon's user, the `rampart`
     // group). Without it (e.g. a data directory whose path is too long for a socket) the
     // daemon still serves TCP, where API keys are needed.
@@ -939,7 +962,7 @@ pub async fn run(a: ServeArgs, socket: Option<PathBuf>) -> Result<u8> {
         listener,
         unix,
         manager.clone(),
-        r.server.clone(),
+        server_opts,
         async move {
             let _ = stop_rx.await;
         },
@@ -963,6 +986,9 @@ pub async fn run(a: ServeArgs, socket: Option<PathBuf>) -> Result<u8> {
             Err(e) => Err(anyhow!("the HTTP server task failed: {e}")),
         },
     };
+    if let Some(m) = membership {
+        m.leave().await;
+    }
     manager.shutdown().await;
     if had_socket {
         let _ = std::fs::remove_file(&sock_path);

@@ -121,8 +121,9 @@ pub struct Gvisor {
     image_cache: PathBuf,
 }
 
-/// Finds `runsc`: the configured path, or `runsc` on the `PATH`.
-fn find_runsc(cfg: &GvisorConfig) -> Result<PathBuf, String> {
+/// The `runsc` binary `cfg` names or the `PATH` has; Err: why there is none (the words a
+/// gVisor create is refused with).
+pub fn find_runsc(cfg: &GvisorConfig) -> Result<PathBuf, String> {
     if let Some(p) = &cfg.runsc {
         return if p.is_file() {
             Ok(p.clone())

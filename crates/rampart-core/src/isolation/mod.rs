@@ -33,7 +33,7 @@ mod jail;
 mod tiers;
 
 pub use fake::{FakeTier, FakeTierError};
-pub use gvisor::{Gvisor, GvisorConfig, GvisorError};
+pub use gvisor::{find_runsc, Gvisor, GvisorConfig, GvisorError};
 pub use tiers::Tiers;
 
 use rampart_types::{SandboxId, Tier};

@@ -1,0 +1,678 @@
+//! The fleet from the command line: `rampart serve --fleet` (a node joins), `rampart
+//! gateway` (the front door), `rampart fleet up|down` (a whole fleet on this machine).
+
+use anyhow::{anyhow, bail, Context, Result};
+use clap::{Args, Subcommand};
+use rampart_core::{Manager, Principal};
+use rampart_fleet::{Capacity, NodeFacts, NodeRecord, TenantDef};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// `rampart serve`'s fleet flags.
+#[derive(Debug, Clone, Args)]
+pub struct JoinArgs {
+    /// Join a fleet: etcd's client URLs, comma-separated (`http://10.0.0.1:2379,...`). Over
+    /// TCP the node then answers only the fleet's gateways.
+    #[arg(
+        long,
+        value_name = "ENDPOINTS",
+        env = "RAMPART_FLEET",
+        value_delimiter = ','
+    )]
+    pub fleet: Vec<String>,
+    /// The node's name in the fleet (default: the host name).
+    #[arg(long, value_name = "NAME", env = "RAMPART_NODE_NAME")]
+    pub node_name: Option<String>,
+    /// The URL gateways reach this node at (default: `http://<listen address>`).
+    #[arg(long, value_name = "URL", env = "RAMPART_ADVERTISE")]
+    pub advertise: Option<String>,
+    /// The prefix of the fleet's keys in etcd.
+    #[arg(long, value_name = "PREFIX", env = "RAMPART_FLEET_PREFIX", default_value = rampart_fleet::DEFAULT_PREFIX)]
+    pub fleet_prefix: String,
+    /// Seconds the node's record outlives its last renewal (it renews every third of it).
+    #[arg(
+        long,
+        value_name = "SECS",
+        env = "RAMPART_FLEET_TTL",
+        default_value_t = 10
+    )]
+    pub fleet_ttl: u64,
+}
+
+/// What a daemon tells the fleet about itself.
+struct DaemonFacts {
+    manager: Arc<Manager>,
+    data_dir: PathBuf,
+    max_sandboxes: u64,
+    tiers: Vec<String>,
+}
+
+fn meminfo(field: &str) -> u64 {
+    std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|t| {
+            t.lines()
+                .find(|l| l.starts_with(field))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|v| v.parse::<u64>().ok())
+        })
+        .map(|kib| kib * 1024)
+        .unwrap_or(0)
+}
+
+impl NodeFacts for DaemonFacts {
+    fn record(&self) -> NodeRecord {
+        let node = Principal::node("fleet");
+        let sandboxes = self
+            .manager
+            .list(&node, None, &BTreeMap::new())
+            .map(|l| l.len() as u64)
+            .unwrap_or(0);
+        let disk_free_bytes = nix::sys::statvfs::statvfs(&self.data_dir)
+            .map(|s| s.blocks_available() * s.fragment_size())
+            .unwrap_or(0);
+        NodeRecord {
+            name: String::new(),
+            url: String::new(),
+            tiers: self.tiers.clone(),
+            capacity: Capacity {
+                memory_available_bytes: meminfo("MemAvailable:"),
+                memory_total_bytes: meminfo("MemTotal:"),
+                cpus: std::thread::available_parallelism()
+                    .map(|n| n.get() as u32)
+                    .unwrap_or(1),
+                disk_free_bytes,
+                sandboxes,
+                max_sandboxes: self.max_sandboxes,
+            },
+            templates: self
+                .manager
+                .templates(&node)
+                .into_iter()
+                .map(|t| t.name)
+                .collect(),
+            schedulable: true,
+            version: rampart_server::VERSION.to_owned(),
+            started_ms: 0,
+            updated_ms: 0,
+        }
+    }
+
+    fn sandboxes(&self) -> Vec<(String, Option<String>)> {
+        self.manager
+            .list(&Principal::node("fleet"), None, &BTreeMap::new())
+            .map(|l| {
+                l.into_iter()
+                    .map(|s| (s.id.to_string(), s.tenant))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    fn mirror_tenants(&self, tenants: &[TenantDef]) {
+        let store = match rampart_store::tenants::TenantStore::open(&self.data_dir.join("state.db"))
+        {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!("fleet: opening the tenant store: {e}");
+                return;
+            }
+        };
+        for t in tenants {
+            let r = match store.get(&t.name) {
+                Ok(Some(row)) if row.quotas == t.quotas => continue,
+                Ok(Some(_)) => store.set_quotas(&t.name, &t.quotas).map(|_| ()),
+                Ok(None) => store.create(&t.name, &t.quotas).map(|_| ()),
+                Err(e) => {
+                    tracing::warn!("fleet: reading tenant {}: {e}", t.name);
+                    continue;
+                }
+            };
+            if let Err(e) = r {
+                tracing::warn!("fleet: mirroring tenant {}: {e}", t.name);
+            }
+        }
+    }
+}
+
+/// Joins the fleet `j` names, if any: the membership (its token is what the node's TCP API
+/// answers to).
+pub async fn join(
+    j: &JoinArgs,
+    manager: &Arc<Manager>,
+    core: &rampart_core::CoreConfig,
+    listen: std::net::SocketAddr,
+) -> Result<Option<rampart_fleet::Membership>> {
+    if j.fleet.is_empty() {
+        return Ok(None);
+    }
+    let name = match &j.node_name {
+        Some(n) => n.clone(),
+        None => nix::unistd::gethostname()
+            .context("--node-name: none given and the host name is unreadable")?
+            .to_string_lossy()
+            .into_owned(),
+    };
+    if name.is_empty()
+        || !name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+    {
+        bail!("--node-name {name:?}: use letters, digits, '-', '_' and '.'");
+    }
+    let url = match &j.advertise {
+        Some(u) => u.trim_end_matches('/').to_owned(),
+        None if listen.ip().is_unspecified() => bail!(
+            "--advertise: the daemon listens on every address ({listen}); say which URL the \
+             fleet's gateways reach it at"
+        ),
+        None => format!("http://{listen}"),
+    };
+    let mut tiers = vec!["namespace".to_owned()];
+    if rampart_core::isolation::find_runsc(&core.gvisor).is_ok() {
+        tiers.push("gvisor".into());
+    }
+    let facts = Arc::new(DaemonFacts {
+        manager: manager.clone(),
+        data_dir: core.data_dir.clone(),
+        max_sandboxes: core.max_sandboxes as u64,
+        tiers,
+    });
+    let cfg = rampart_fleet::NodeConfig {
+        endpoints: j.fleet.clone(),
+        prefix: j.fleet_prefix.clone(),
+        name,
+        url,
+        ttl: Duration::from_secs(j.fleet_ttl.max(2)),
+    };
+    let m = rampart_fleet::Membership::join(cfg, facts)
+        .await
+        .with_context(|| format!("cannot join the fleet at {}", j.fleet.join(",")))?;
+    Ok(Some(m))
+}
+
+/// The host of a URL (`http://10.0.0.2:3000` -> `10.0.0.2:3000`), for the daemon's Host check.
+pub fn url_host(url: &str) -> Option<String> {
+    let rest = url.split_once("://").map(|(_, r)| r).unwrap_or(url);
+    let host = rest.split('/').next()?;
+    (!host.is_empty()).then(|| host.to_owned())
+}
+
+/// `rampart gateway`.
+#[derive(Debug, Args)]
+pub struct GatewayArgs {
+    /// Address to listen on.
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:8080")]
+    listen: String,
+    /// etcd's client URLs, comma-separated.
+    #[arg(
+        long,
+        value_name = "ENDPOINTS",
+        env = "RAMPART_FLEET",
+        value_delimiter = ',',
+        required = true
+    )]
+    fleet: Vec<String>,
+    /// The gateway's directory: its admin key (`admin-key`) when none is given.
+    #[arg(long, value_name = "DIR")]
+    data_dir: PathBuf,
+    /// A file holding the fleet's admin key (`rampart_` and 40 hex digits): made an admin key
+    /// of the fleet if it is not one yet. Default: `<data-dir>/admin-key`, made at first start.
+    #[arg(long, value_name = "FILE", env = "RAMPART_ADMIN_KEY_FILE")]
+    admin_key_file: Option<PathBuf>,
+    /// The gateway's name (default: `gateway-<host name>-<port>`).
+    #[arg(long, value_name = "NAME")]
+    name: Option<String>,
+    /// The prefix of the fleet's keys in etcd.
+    #[arg(long, value_name = "PREFIX", env = "RAMPART_FLEET_PREFIX", default_value = rampart_fleet::DEFAULT_PREFIX)]
+    fleet_prefix: String,
+    /// How many nodes a create compares (best of K by free capacity).
+    #[arg(long, value_name = "K", default_value_t = 3)]
+    choices: usize,
+}
+
+/// Reads the admin key at `file`, or makes one there (0600) if it does not exist.
+fn admin_key_at(file: &Path) -> Result<String> {
+    match std::fs::read_to_string(file) {
+        Ok(k) => Ok(k.trim().to_owned()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            use std::io::Write as _;
+            use std::os::unix::fs::OpenOptionsExt as _;
+            let key = rampart_store::node_keys::generate();
+            let mut f = std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .open(file)
+                .with_context(|| format!("cannot make {}", file.display()))?;
+            writeln!(f, "{key}")?;
+            Ok(key)
+        }
+        Err(e) => Err(anyhow!("cannot read {}: {e}", file.display())),
+    }
+}
+
+/// `rampart gateway`: serves until SIGTERM or SIGINT.
+pub async fn gateway(a: GatewayArgs) -> Result<u8> {
+    crate::commands::serve::init_logging(crate::commands::serve::LogFormat::Text);
+    let listen: std::net::SocketAddr = a.listen.parse().map_err(|_| {
+        anyhow!(
+            "--listen: {:?} is not an address like 127.0.0.1:8080",
+            a.listen
+        )
+    })?;
+    std::fs::create_dir_all(&a.data_dir)
+        .with_context(|| format!("cannot make {}", a.data_dir.display()))?;
+    let key_file = a
+        .admin_key_file
+        .clone()
+        .unwrap_or_else(|| a.data_dir.join("admin-key"));
+    let admin_key = admin_key_at(&key_file)?;
+    let name = a.name.clone().unwrap_or_else(|| {
+        let host = nix::unistd::gethostname()
+            .map(|h| h.to_string_lossy().into_owned())
+            .unwrap_or_else(|_| "host".into());
+        format!("gateway-{host}-{}", listen.port())
+    });
+    let g = rampart_fleet::Gateway::start(rampart_fleet::GatewayConfig {
+        endpoints: a.fleet.clone(),
+        prefix: a.fleet_prefix.clone(),
+        name: name.clone(),
+        admin_key: Some(admin_key),
+        choices: a.choices,
+    })
+    .await
+    .with_context(|| {
+        format!(
+            "cannot start the gateway on the fleet at {}",
+            a.fleet.join(",")
+        )
+    })?;
+    let listener = tokio::net::TcpListener::bind(listen)
+        .await
+        .with_context(|| format!("cannot listen on {listen}"))?;
+    tracing::info!(%listen, gateway = %name, "the fleet's gateway listening on http://{listen} (admin key in {})", key_file.display());
+    g.serve(listener, async {
+        let sig = crate::commands::serve::shutdown_signal().await;
+        tracing::info!("{sig}: the gateway stops");
+    })
+    .await
+    .context("the gateway's server failed")?;
+    Ok(0)
+}
+
+/// `rampart fleet`.
+#[derive(Debug, Args)]
+pub struct FleetArgs {
+    #[command(subcommand)]
+    cmd: FleetCmd,
+}
+
+#[derive(Debug, Subcommand)]
+enum FleetCmd {
+    /// Start a fleet on this machine: etcd members, nodes and a gateway, all on loopback.
+    Up(UpArgs),
+    /// Stop the fleet `up` started in DIR: every process it started, nothing else.
+    Down(DownArgs),
+}
+
+#[derive(Debug, Args)]
+struct UpArgs {
+    /// How many nodes.
+    #[arg(long, default_value_t = 3)]
+    nodes: usize,
+    /// How many etcd members.
+    #[arg(long, default_value_t = 3)]
+    etcd: usize,
+    /// The fleet's directory (data, logs, fleet.json).
+    #[arg(long, value_name = "DIR")]
+    dir: PathBuf,
+    /// Seconds a node's record outlives its last renewal.
+    #[arg(long, default_value_t = 10)]
+    ttl: u64,
+}
+
+#[derive(Debug, Args)]
+struct DownArgs {
+    /// The directory `fleet up` wrote.
+    #[arg(long, value_name = "DIR")]
+    dir: PathBuf,
+}
+
+/// `rampart fleet up|down`.
+pub fn fleet(a: FleetArgs) -> Result<u8> {
+    match a.cmd {
+        FleetCmd::Up(u) => up(u),
+        FleetCmd::Down(d) => down(&d.dir),
+    }
+}
+
+/// A free loopback port (bound and let go: another process may take it first; `up` fails
+/// with the reason then).
+fn free_port() -> Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
+}
+
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+struct Proc {
+    name: String,
+    pid: i32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    url: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    endpoint: Option<String>,
+}
+
+#[derive(Debug, Default, serde::Serialize, serde::Deserialize)]
+struct FleetFile {
+    gateway: String,
+    admin_key: String,
+    gateways: Vec<Proc>,
+    nodes: Vec<Proc>,
+    etcd: Vec<Proc>,
+}
+
+fn spawn_logged(cmd: &mut std::process::Command, log: &Path) -> Result<i32> {
+    use std::os::unix::process::CommandExt as _;
+    let out =
+        std::fs::File::create(log).with_context(|| format!("cannot make {}", log.display()))?;
+    let child = cmd
+        .stdin(std::process::Stdio::null())
+        .stdout(out.try_clone()?)
+        .stderr(out)
+        .process_group(0)
+        .spawn()
+        .with_context(|| format!("cannot start {:?}", cmd.get_program()))?;
+    Ok(child.id() as i32)
+}
+
+fn wait_health(url: &str, what: &str, pid: i32, log: &Path) -> Result<()> {
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    let client = reqwest::blocking::Client::builder()
+        .timeout(Duration::from_secs(2))
+        .build()?;
+    loop {
+        if client
+            .get(format!("{url}/health"))
+            .send()
+            .is_ok_and(|r| r.status().is_success())
+        {
+            return Ok(());
+        }
+        if !Path::new(&format!("/proc/{pid}")).exists() || std::time::Instant::now() > deadline {
+            let tail = std::fs::read_to_string(log).unwrap_or_default();
+            let tail: Vec<&str> = tail.lines().rev().take(15).collect();
+            bail!(
+                "{what} did not come up at {url}; its log ({}) ends:\n{}",
+                log.display(),
+                tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+            );
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn up(u: UpArgs) -> Result<u8> {
+    if u.nodes == 0 || u.etcd == 0 {
+        bail!("--nodes and --etcd need at least 1");
+    }
+    std::fs::create_dir_all(&u.dir).with_context(|| format!("cannot make {}", u.dir.display()))?;
+    let dir = std::fs::canonicalize(&u.dir)?;
+    if dir.join("fleet.json").exists() {
+        bail!(
+            "{} already holds a fleet (fleet.json); `rampart fleet down --dir {}` first",
+            dir.display(),
+            dir.display()
+        );
+    }
+    let etcd = which("etcd").ok_or_else(|| {
+        anyhow!("no etcd on the PATH: apt-get install etcd-server (scripts/setup-host.sh does)")
+    })?;
+    let me = std::env::current_exe()?;
+    let mut file = FleetFile::default();
+    // Written after each start: `down` stops whatever got started even if `up` fails.
+    let save = |f: &FleetFile| -> Result<()> {
+        std::fs::write(dir.join("fleet.json"), serde_json::to_vec_pretty(f)?)?;
+        Ok(())
+    };
+    let result = (|| -> Result<()> {
+        let members: Vec<(String, u16, u16)> = (0..u.etcd)
+            .map(|i| Ok((format!("etcd-{i}"), free_port()?, free_port()?)))
+            .collect::<Result<_>>()?;
+        let cluster = members
+            .iter()
+            .map(|(n, _, peer)| format!("{n}=http://127.0.0.1:{peer}"))
+            .collect::<Vec<_>>()
+            .join(",");
+        for (n, client, peer) in &members {
+            let data = dir.join(n);
+            let log = dir.join(format!("{n}.log"));
+            let pid = spawn_logged(
+                std::process::Command::new(&etcd)
+                    .arg("--name")
+                    .arg(n)
+                    .arg("--data-dir")
+                    .arg(&data)
+                    .args([
+                        "--listen-client-urls",
+                        &format!("http://127.0.0.1:{client}"),
+                    ])
+                    .args([
+                        "--advertise-client-urls",
+                        &format!("http://127.0.0.1:{client}"),
+                    ])
+                    .args(["--listen-peer-urls", &format!("http://127.0.0.1:{peer}")])
+                    .args([
+                        "--initial-advertise-peer-urls",
+                        &format!("http://127.0.0.1:{peer}"),
+                    ])
+                    .args(["--initial-cluster", &cluster])
+                    .args(["--initial-cluster-state", "new"])
+                    .args([
+                        "--initial-cluster-token",
+                        &format!("rampart-{}", std::process::id()),
+                    ]),
+                &log,
+            )?;
+            file.etcd.push(Proc {
+                name: n.clone(),
+                pid,
+                url: None,
+                endpoint: Some(format!("http://127.0.0.1:{client}")),
+            });
+            save(&file)?;
+        }
+        let endpoints: Vec<String> = file
+            .etcd
+            .iter()
+            .filter_map(|e| e.endpoint.clone())
+            .collect();
+        for (e, _) in file.etcd.iter().zip(&members) {
+            let ep = e.endpoint.clone().unwrap_or_default();
+            wait_health(&ep, &e.name, e.pid, &dir.join(format!("{}.log", e.name)))?;
+        }
+        let fleet = endpoints.join(",");
+        for i in 0..u.nodes {
+            let name = format!("node-{i}");
+            let port = free_port()?;
+            let url = format!("http://127.0.0.1:{port}");
+            let data = dir.join(&name);
+            let log = dir.join(format!("{name}.log"));
+            let pid = spawn_logged(
+                std::process::Command::new(&me)
+                    .args([
+                        "serve",
+                        "--listen",
+                        &format!("127.0.0.1:{port}"),
+                        "--data-dir",
+                    ])
+                    .arg(&data)
+                    .args(["--fleet", &fleet, "--node-name", &name, "--advertise", &url])
+                    .args(["--fleet-ttl", &u.ttl.to_string()])
+                    .env_remove("RAMPART_SOCKET")
+                    // Each node's sandbox networks apart from the others' (as on separate
+                    // hosts): its own address pool, link names, nftables table; its resolver
+                    // and egress proxy on ports the kernel picks.
+                    .env("RAMPART_NET_POOL", format!("10.{}.0.0/16", 120 + i))
+                    .env("RAMPART_NET_LINK_PREFIX", format!("rf{i}"))
+                    .env(
+                        "RAMPART_NET_TABLE",
+                        format!("rampart_fleet{i}_{}", std::process::id()),
+                    )
+                    .env("RAMPART_NET_DNS_PORT", "0")
+                    .env("RAMPART_NET_PROXY_PORT", "0"),
+                &log,
+            )?;
+            file.nodes.push(Proc {
+                name: name.clone(),
+                pid,
+                url: Some(url.clone()),
+                endpoint: None,
+            });
+            save(&file)?;
+            wait_health(&url, &name, pid, &log)?;
+        }
+        let port = free_port()?;
+        let url = format!("http://127.0.0.1:{port}");
+        let gdir = dir.join("gateway");
+        let log = dir.join("gateway.log");
+        let pid = spawn_logged(
+            std::process::Command::new(&me)
+                .args([
+                    "gateway",
+                    "--listen",
+                    &format!("127.0.0.1:{port}"),
+                    "--fleet",
+                    &fleet,
+                    "--data-dir",
+                ])
+                .arg(&gdir)
+                .args(["--name", "gateway-0"]),
+            &log,
+        )?;
+        file.gateways.push(Proc {
+            name: "gateway-0".into(),
+            pid,
+            url: Some(url.clone()),
+            endpoint: None,
+        });
+        file.gateway = url.clone();
+        save(&file)?;
+        wait_health(&url, "the gateway", pid, &log)?;
+        file.admin_key = std::fs::read_to_string(gdir.join("admin-key"))?
+            .trim()
+            .to_owned();
+        save(&file)?;
+        Ok(())
+    })();
+    if let Err(e) = result {
+        let _ = down(&dir);
+        return Err(e.context("rampart fleet up failed; what it started is stopped"));
+    }
+    println!("{}", serde_json::to_string_pretty(&file)?);
+    Ok(0)
+}
+
+fn which(name: &str) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .map(|d| d.join(name))
+        .find(|p| p.is_file())
+}
+
+/// Whether `pid` is alive and was started from `dir` (its command line names the directory),
+/// so `down` never signals a process that reused the pid.
+fn ours(pid: i32, dir: &Path) -> bool {
+    let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
+        return false;
+    };
+    let text = String::from_utf8_lossy(&cmdline);
+    text.contains(&*dir.to_string_lossy())
+}
+
+fn stop(pid: i32, dir: &Path, grace: Duration) {
+    use nix::sys::signal::{kill, Signal};
+    use nix::unistd::Pid;
+    if !ours(pid, dir) {
+        return;
+    }
+    let _ = kill(Pid::from_raw(pid), Signal::SIGTERM);
+    let deadline = std::time::Instant::now() + grace;
+    while std::time::Instant::now() < deadline {
+        // Our own child is reaped by init once we are not its parent; watch /proc.
+        if !ours(pid, dir) {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
+}
+
+fn down(dir: &Path) -> Result<u8> {
+    let dir =
+        std::fs::canonicalize(dir).with_context(|| format!("no fleet at {}", dir.display()))?;
+    let path = dir.join("fleet.json");
+    let text = std::fs::read_to_string(&path)
+        .with_context(|| format!("cannot read {}", path.display()))?;
+    let f: FleetFile = serde_json::from_str(&text)
+        .with_context(|| format!("{} is not a fleet file", path.display()))?;
+    for g in &f.gateways {
+        stop(g.pid, &dir, Duration::from_secs(10));
+    }
+    // Nodes stop as a daemon does at SIGTERM (their sandboxes keep running), so their
+    // sandboxes are destroyed first, over each node's socket.
+    for n in &f.nodes {
+        let sock = dir.join(&n.name).join(rampart_server::SOCKET_FILE);
+        if ours(n.pid, &dir) && sock.exists() {
+            destroy_all(&sock);
+        }
+        stop(n.pid, &dir, Duration::from_secs(30));
+    }
+    for e in &f.etcd {
+        stop(e.pid, &dir, Duration::from_secs(10));
+    }
+    std::fs::remove_file(&path)?;
+    println!("stopped the fleet in {}", dir.display());
+    Ok(0)
+}
+
+/// Destroys every sandbox of the node whose socket is `sock` (`rampart ls` and `rampart rm`
+/// over it).
+fn destroy_all(sock: &Path) {
+    let Ok(me) = std::env::current_exe() else {
+        return;
+    };
+    let run = |args: &[&str]| {
+        std::process::Command::new(&me)
+            .arg("--socket")
+            .arg(sock)
+            .args(args)
+            .output()
+    };
+    let ids: Vec<String> = match run(&["ls", "--json"]) {
+        Ok(o) if o.status.success() => serde_json::from_slice::<Vec<serde_json::Value>>(&o.stdout)
+            .unwrap_or_default()
+            .iter()
+            .filter_map(|s| s.get("id").and_then(|i| i.as_str()).map(str::to_owned))
+            .collect(),
+        _ => Vec::new(),
+    };
+    if ids.is_empty() {
+        return;
+    }
+    let mut args = vec!["rm"];
+    args.extend(ids.iter().map(String::as_str));
+    if let Ok(o) = run(&args) {
+        if !o.status.success() {
+            eprintln!(
+                "rampart fleet down: removing the sandboxes at {}: {}",
+                sock.display(),
+                String::from_utf8_lossy(&o.stderr).trim()
+            );
+        }
+    }
+}

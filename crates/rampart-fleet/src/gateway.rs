@@ -1,0 +1,981 @@
+//! `rampart gateway`: the fleet's front door. It authenticates callers against the fleet's
+//! keys (in etcd), places creates on nodes, and carries every call that names a sandbox to
+//! the node the catalog says it runs on, with the fleet's token and the caller it checked.
+//!
+//! What it answers itself: `/health`, `GET /v1/nodes`, `/v1/whoami`, `/v1/tenants...` and
+//! `/v1/keys...` (kept in etcd), `POST /v1/sandboxes` (placement), `GET /v1/sandboxes` (every
+//! live node's list, merged, with the lost ones). The rest of `/v1/sandboxes/{id}/...` goes to
+//! the sandbox's node unchanged, streamed both ways.
+
+use crate::model::{CatalogEntry, NodeRecord, TenantDef};
+use crate::store::{Store, StoreError};
+use crate::view::View;
+use axum::body::Body;
+use axum::extract::{ConnectInfo, Request};
+use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode, Uri};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use http_body_util::BodyExt as _;
+use hyper_util::client::legacy::{connect::HttpConnector, Client};
+use rampart_server::ApiError;
+use rampart_store::keys::sha256_hex;
+use rampart_store::node_keys::{
+    check_shape, describe, GatewayPrincipal, NewKey, GATEWAY_PRINCIPAL_HEADER, SCOPE_ADMIN,
+};
+use serde_json::{json, Value};
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// How a gateway starts.
+#[derive(Debug, Clone)]
+pub struct GatewayConfig {
+    /// etcd's client URLs.
+    pub endpoints: Vec<String>,
+    /// The prefix of the fleet's keys.
+    pub prefix: String,
+    /// The gateway's name (in the record of every call it carries).
+    pub name: String,
+    /// An admin key to make sure the fleet has (the operator's, e.g. from a Secret).
+    pub admin_key: Option<String>,
+    /// How many nodes a create compares (best of K by free capacity).
+    pub choices: usize,
+}
+
+/// Why a gateway could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum GatewayError {
+    /// etcd could not be reached or refused.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// The admin key given is not a key.
+    #[error("the admin key: {0}")]
+    AdminKey(#[from] rampart_store::node_keys::NewKeyError),
+}
+
+/// A running gateway.
+#[derive(Debug)]
+pub struct Gateway {
+    cfg: GatewayConfig,
+    store: Store,
+    view: Arc<View>,
+    token: String,
+    /// The lease creates' reservations are held under (they go with the gateway).
+    lease: i64,
+    http: Client<HttpConnector, Body>,
+}
+
+/// The largest create body the gateway reads (it needs the template and tier to place).
+const MAX_CREATE_BODY: usize = 1 << 20;
+
+fn err(status: StatusCode, code: &'static str, message: impl Into<String>) -> Response {
+    ApiError::new(status, code, message).into_response()
+}
+
+fn unavailable(e: impl std::fmt::Display) -> Response {
+    err(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "unavailable",
+        format!("the fleet's store (etcd) did not answer: {e}"),
+    )
+}
+
+impl Gateway {
+    /// Connects to etcd, makes sure of the fleet's token and the given admin key, starts
+    /// following the nodes and the catalog.
+    pub async fn start(cfg: GatewayConfig) -> Result<Arc<Gateway>, GatewayError> {
+        let store = Store::connect(&cfg.endpoints, &cfg.prefix).await?;
+        let token = store.token().await?;
+        if let Some(key) = &cfg.admin_key {
+            let new = NewKey {
+                name: "fleet-admin".into(),
+                tenant: None,
+                scopes: vec![SCOPE_ADMIN.into()],
+                expires_at_ms: None,
+            };
+            let info = describe(&new, key)?;
+            match store.put_key(&sha256_hex(key.as_bytes()), &info).await {
+                Ok(()) | Err(StoreError::Exists(_)) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        let lease = store.grant(10).await?;
+        let mut keeper = store.keeper(lease).await?;
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(Duration::from_secs(3)).await;
+                if let Err(e) = keeper.renew().await {
+                    tracing::warn!("gateway: its lease: {e}; reservations may go early");
+                }
+            }
+        });
+        let view = View::follow(store.clone());
+        let mut connector = HttpConnector::new();
+        connector.set_nodelay(true);
+        connector.set_connect_timeout(Some(Duration::from_secs(3)));
+        let http = Client::builder(hyper_util::rt::TokioExecutor::new())
+            .pool_idle_timeout(Duration::from_secs(30))
+            .build(connector);
+        Ok(Arc::new(Gateway {
+            cfg,
+            store,
+            view,
+            token,
+            lease,
+            http,
+        }))
+    }
+
+    /// The router: everything goes through [`Gateway::handle`].
+    pub fn router(self: &Arc<Self>) -> axum::Router {
+        let g = self.clone();
+        axum::Router::new().fallback(move |req: Request| {
+            let g = g.clone();
+            let fut: futures::future::BoxFuture<'static, Response> =
+                Box::pin(async move { g.handle(req).await });
+            fut
+        })
+    }
+
+    /// Serves the router on `listener` until `shutdown` completes.
+    pub async fn serve(
+        self: &Arc<Self>,
+        listener: tokio::net::TcpListener,
+        shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+    ) -> std::io::Result<()> {
+        axum::serve(
+            listener,
+            self.router()
+                .into_make_service_with_connect_info::<SocketAddr>(),
+        )
+        .with_graceful_shutdown(shutdown)
+        .await
+    }
+
+    async fn handle(&self, req: Request) -> Response {
+        let path = req.uri().path().to_owned();
+        let method = req.method().clone();
+        if path == "/health" {
+            return Json(
+                json!({"status": "ok", "gateway": self.cfg.name, "watching": self.view.live()}),
+            )
+            .into_response();
+        }
+        if !path.starts_with("/v1/") {
+            return err(
+                StatusCode::NOT_FOUND,
+                "not_found",
+                format!("{path} is not served by the fleet's gateway (it serves /v1 and /health)"),
+            );
+        }
+        let segs: Vec<&str> = path.trim_matches('/').split('/').collect();
+        // The port proxy's path form answers to the sandbox's own token, checked by its node.
+        if let ["v1", "sandboxes", id, "ports", port, ..] = segs.as_slice() {
+            if !port.is_empty()
+                && !(segs.len() == 6 && segs[5] == "public" && method != Method::GET)
+            {
+                let id = (*id).to_owned();
+                return self.to_sandbox(&id, None, req).await;
+            }
+        }
+        let peer = req
+            .extensions()
+            .get::<ConnectInfo<SocketAddr>>()
+            .map(|c| c.0.to_string());
+        let who = match self.authenticate(req.headers(), peer).await {
+            Ok(k) => k,
+            Err(r) => return r,
+        };
+        if let Some(scope) = rampart_server::required_scope(&method, &path) {
+            if !who.key.has_scope(scope) {
+                return err(
+                    StatusCode::FORBIDDEN,
+                    "forbidden",
+                    format!(
+                        "API key {} lacks the scope `{scope}` this endpoint needs",
+                        who.key.id
+                    ),
+                );
+            }
+        }
+        match (&method, segs.as_slice()) {
+            (&Method::GET, ["v1", "whoami"]) => Json(json!({
+                "kind": "key", "key_id": who.key.id, "name": who.key.name,
+                "tenant": who.key.tenant, "scopes": who.key.scopes, "gateway": self.cfg.name,
+            }))
+            .into_response(),
+            (&Method::GET, ["v1", "nodes"]) => self.nodes(&who).into_response(),
+            (_, ["v1", "keys", ..]) => self.keys(&who, req).await,
+            (_, ["v1", "tenants", ..]) => self.tenants(req).await,
+            (&Method::POST, ["v1", "sandboxes"]) => self.create(who, req).await,
+            (&Method::GET, ["v1", "sandboxes"]) => self.list(&who, req).await,
+            (_, ["v1", "sandboxes", id, ..]) => {
+                let id = (*id).to_owned();
+                self.to_sandbox(&id, Some(&who), req).await
+            }
+            (&Method::GET, ["v1", "templates" | "openapi.json" | "audit", ..]) => {
+                // What every node answers alike: any live node's answer.
+                match self.view.nodes().into_iter().next() {
+                    Some(n) => self.forward(&n, Some(&who), req).await,
+                    None => no_nodes(),
+                }
+            }
+            _ => err(
+                StatusCode::NOT_IMPLEMENTED,
+                "not_implemented",
+                format!(
+                    "{method} {path} is not served through the fleet's gateway yet; call it on a \
+                     node's Unix socket"
+                ),
+            ),
+        }
+    }
+
+    /// The caller's key, checked against the fleet's keys.
+    async fn authenticate(
+        &self,
+        headers: &HeaderMap,
+        peer: Option<String>,
+    ) -> Result<GatewayPrincipal, Response> {
+        let presented = headers
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| {
+                let (scheme, rest) = v.trim().split_once(' ')?;
+                scheme
+                    .eq_ignore_ascii_case("bearer")
+                    .then(|| rest.trim().to_owned())
+            })
+            .or_else(|| {
+                headers
+                    .get("x-api-key")
+                    .and_then(|v| v.to_str().ok())
+                    .map(|v| v.trim().to_owned())
+            });
+        let unauthorized = |m: String| err(StatusCode::UNAUTHORIZED, "unauthorized", m);
+        let Some(key) = presented else {
+            return Err(unauthorized(
+                "missing API key: send `Authorization: Bearer rampart_...` (a key of the fleet)"
+                    .into(),
+            ));
+        };
+        if let Err(e) = check_shape(&key) {
+            return Err(unauthorized(format!("malformed API key: {e}")));
+        }
+        let k = match self.store.key_by_digest(&sha256_hex(key.as_bytes())).await {
+            Ok(Some(k)) => k,
+            Ok(None) => {
+                return Err(unauthorized(
+                    "unknown API key: no such key in the fleet".into(),
+                ))
+            }
+            Err(e) => return Err(unavailable(e)),
+        };
+        if !k.is_active(rampart_store::now_ms()) {
+            return Err(unauthorized(format!(
+                "revoked or expired API key (id {})",
+                k.id
+            )));
+        }
+        Ok(GatewayPrincipal {
+            gateway: self.cfg.name.clone(),
+            peer,
+            key: k,
+        })
+    }
+
+    fn nodes(&self, who: &GatewayPrincipal) -> Response {
+        if !who.key.has_scope(SCOPE_ADMIN) {
+            return err(
+                StatusCode::FORBIDDEN,
+                "forbidden",
+                "GET /v1/nodes needs the `admin` scope",
+            );
+        }
+        let per = self.view.per_node();
+        let mut nodes: Vec<Value> = self
+            .view
+            .nodes()
+            .into_iter()
+            .map(|n| {
+                let placed = per.get(&n.name).copied().unwrap_or(0);
+                let mut v = serde_json::to_value(&n).unwrap_or(Value::Null);
+                v["state"] = json!(if n.schedulable { "ready" } else { "draining" });
+                v["catalog_sandboxes"] = json!(placed);
+                v
+            })
+            .collect();
+        // Nodes the catalog names that have no live record: their lease lapsed.
+        let mut gone: Vec<String> = self.view.lost().into_iter().map(|(_, e)| e.node).collect();
+        gone.sort();
+        gone.dedup();
+        for name in gone {
+            nodes.push(json!({"name": name, "state": "lost",
+                              "catalog_sandboxes": per.get(&name).copied().unwrap_or(0)}));
+        }
+        Json(json!({"nodes": nodes})).into_response()
+    }
+
+    async fn keys(&self, who: &GatewayPrincipal, req: Request) -> Response {
+        if !who.key.has_scope(SCOPE_ADMIN) {
+            return err(
+                StatusCode::FORBIDDEN,
+                "forbidden",
+                "the fleet's keys need the `admin` scope",
+            );
+        }
+        let method = req.method().clone();
+        let path = req.uri().path().to_owned();
+        let segs: Vec<&str> = path.trim_matches('/').split('/').collect();
+        match (&method, segs.as_slice()) {
+            (&Method::GET, ["v1", "keys"]) => match self.store.keys().await {
+                Ok(ks) => Json(json!({"keys": ks.into_iter().map(|(_, k)| k).collect::<Vec<_>>()}))
+                    .into_response(),
+                Err(e) => unavailable(e),
+            },
+            (&Method::POST, ["v1", "keys"]) => {
+                #[derive(serde::Deserialize)]
+                #[serde(deny_unknown_fields)]
+                struct Body {
+                    name: String,
+                    #[serde(default)]
+                    tenant: Option<String>,
+                    #[serde(default)]
+                    scopes: Option<Vec<String>>,
+                    #[serde(default)]
+                    expires_at_ms: Option<i64>,
+                }
+                let b: Body = match read_json(req).await {
+                    Ok(b) => b,
+                    Err(r) => return r,
+                };
+                if let Some(t) = &b.tenant {
+                    match self.store.tenant(t).await {
+                        Ok(Some(_)) => {}
+                        Ok(None) => {
+                            return err(
+                                StatusCode::BAD_REQUEST,
+                                "bad_request",
+                                format!(
+                                    "tenant: no tenant {t:?} in the fleet (POST /v1/tenants first)"
+                                ),
+                            )
+                        }
+                        Err(e) => return unavailable(e),
+                    }
+                }
+                let scopes = b.scopes.unwrap_or_else(|| match &b.tenant {
+                    Some(_) => rampart_store::node_keys::default_tenant_scopes(),
+                    None => vec![SCOPE_ADMIN.into()],
+                });
+                let new = NewKey {
+                    name: b.name,
+                    tenant: b.tenant,
+                    scopes,
+                    expires_at_ms: b.expires_at_ms,
+                };
+                let key = rampart_store::node_keys::generate();
+                let info = match describe(&new, &key) {
+                    Ok(i) => i,
+                    Err(e) => return err(StatusCode::BAD_REQUEST, "bad_request", e.to_string()),
+                };
+                match self.store.put_key(&sha256_hex(key.as_bytes()), &info).await {
+                    Ok(()) => (StatusCode::CREATED, Json(json!({"key": key, "info": info})))
+                        .into_response(),
+                    Err(e) => unavailable(e),
+                }
+            }
+            (&Method::DELETE, ["v1", "keys", id]) => {
+                match self.store.revoke_key(id, rampart_store::now_ms()).await {
+                    Ok(true) => StatusCode::NO_CONTENT.into_response(),
+                    Ok(false) => err(
+                        StatusCode::NOT_FOUND,
+                        "not_found",
+                        format!("no key {id} in the fleet"),
+                    ),
+                    Err(e) => unavailable(e),
+                }
+            }
+            _ => err(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "method_not_allowed",
+                format!("{method} {path}"),
+            ),
+        }
+    }
+
+    async fn tenants(&self, req: Request) -> Response {
+        let method = req.method().clone();
+        let path = req.uri().path().to_owned();
+        let segs: Vec<&str> = path.trim_matches('/').split('/').collect();
+        let info = |t: &TenantDef, count: Option<u64>| {
+            json!({"name": t.name, "quotas": t.quotas,
+                   "created_at_ms": t.created_at_ms, "sandboxes": count})
+        };
+        match (&method, segs.as_slice()) {
+            (&Method::GET, ["v1", "tenants"]) => match self.store.tenants().await {
+                Ok(ts) => {
+                    Json(json!({"tenants": ts.iter().map(|t| info(t, None)).collect::<Vec<_>>()}))
+                        .into_response()
+                }
+                Err(e) => unavailable(e),
+            },
+            (&Method::POST, ["v1", "tenants"]) => {
+                let b: rampart_types::tenant::CreateTenant = match read_json(req).await {
+                    Ok(b) => b,
+                    Err(r) => return r,
+                };
+                if let Err(e) = rampart_types::tenant::check_tenant_name(&b.name) {
+                    return err(StatusCode::BAD_REQUEST, "bad_request", format!("name: {e}"));
+                }
+                if let Err(e) = b.quotas.check() {
+                    return err(StatusCode::BAD_REQUEST, "bad_request", e.to_string());
+                }
+                if b.approvals.is_some() {
+                    return err(
+                        StatusCode::BAD_REQUEST,
+                        "bad_request",
+                        "approvals: a fleet's tenants have no approval policy yet; set it per sandbox",
+                    );
+                }
+                let t = TenantDef {
+                    name: b.name,
+                    quotas: b.quotas,
+                    created_at_ms: rampart_store::now_ms(),
+                };
+                match self.store.create_tenant(&t).await {
+                    Ok(()) => (StatusCode::CREATED, Json(info(&t, Some(0)))).into_response(),
+                    Err(StoreError::Exists(what)) => {
+                        err(StatusCode::CONFLICT, "conflict", format!("{what}"))
+                    }
+                    Err(e) => unavailable(e),
+                }
+            }
+            (&Method::GET, ["v1", "tenants", name]) => match self.store.tenant(name).await {
+                Ok(Some(t)) => {
+                    let count = self.store.tenant_count(name).await.ok();
+                    Json(info(&t, count)).into_response()
+                }
+                Ok(None) => err(
+                    StatusCode::NOT_FOUND,
+                    "not_found",
+                    format!("no tenant {name} in the fleet"),
+                ),
+                Err(e) => unavailable(e),
+            },
+            (&Method::PUT, ["v1", "tenants", name, "quotas"]) => {
+                let q: rampart_types::tenant::Quotas = match read_json(req).await {
+                    Ok(q) => q,
+                    Err(r) => return r,
+                };
+                if let Err(e) = q.check() {
+                    return err(StatusCode::BAD_REQUEST, "bad_request", e.to_string());
+                }
+                match self.store.tenant(name).await {
+                    Ok(Some(mut t)) => {
+                        t.quotas = q;
+                        match self.store.put_tenant(&t).await {
+                            Ok(()) => Json(info(&t, None)).into_response(),
+                            Err(e) => unavailable(e),
+                        }
+                    }
+                    Ok(None) => err(
+                        StatusCode::NOT_FOUND,
+                        "not_found",
+                        format!("no tenant {name} in the fleet"),
+                    ),
+                    Err(e) => unavailable(e),
+                }
+            }
+            _ => err(
+                StatusCode::NOT_IMPLEMENTED,
+                "not_implemented",
+                format!("{method} {path} is not served through the fleet's gateway yet"),
+            ),
+        }
+    }
+
+    /// `POST /v1/sandboxes`: the tenant's fleet-wide quota, a node, the node's create, the
+    /// catalog.
+    async fn create(&self, who: GatewayPrincipal, req: Request) -> Response {
+        let (parts, body) = req.into_parts();
+        let bytes = match axum::body::to_bytes(body, MAX_CREATE_BODY).await {
+            Ok(b) => b,
+            Err(e) => return err(StatusCode::BAD_REQUEST, "bad_request", format!("body: {e}")),
+        };
+        let spec: Value = if bytes.is_empty() {
+            json!({})
+        } else {
+            match serde_json::from_slice(&bytes) {
+                Ok(v) => v,
+                Err(e) => return err(StatusCode::BAD_REQUEST, "bad_request", format!("body: {e}")),
+            }
+        };
+        let template = spec
+            .get("template")
+            .and_then(Value::as_str)
+            .unwrap_or("base")
+            .to_owned();
+        let tier = spec
+            .get("isolation")
+            .and_then(Value::as_str)
+            .map(str::to_owned);
+        let tenant = who.key.tenant.clone();
+        let max = match &tenant {
+            Some(t) => match self.store.tenant(t).await {
+                Ok(Some(def)) => def.quotas.max_sandboxes,
+                Ok(None) => None,
+                Err(e) => return unavailable(e),
+            },
+            None => None,
+        };
+        let held = match self.store.reserve(tenant.as_deref(), max, self.lease).await {
+            Ok(h) => h,
+            Err(StoreError::Quota { tenant, count, max }) => {
+                return err(
+                    StatusCode::TOO_MANY_REQUESTS,
+                    "quota_exceeded",
+                    format!(
+                        "tenant {tenant} has {count} sandboxes across the fleet and its \
+                         max_sandboxes is {max}"
+                    ),
+                )
+            }
+            Err(e) => return unavailable(e),
+        };
+        let nodes = self.view.nodes();
+        let Some(node) = place(
+            &nodes,
+            &self.view.per_node(),
+            tier.as_deref(),
+            &template,
+            self.cfg.choices,
+        ) else {
+            let _ = self.store.release(held).await;
+            return if nodes.is_empty() {
+                no_nodes()
+            } else {
+                err(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "no_capacity",
+                    format!(
+                        "no node of the fleet can take this sandbox ({} live; tier {}; each full, \
+                         draining or without the tier)",
+                        nodes.len(),
+                        tier.as_deref().unwrap_or("any")
+                    ),
+                )
+            };
+        };
+        let req = Request::from_parts(parts, Body::from(bytes));
+        let resp = self.forward(&node, Some(&who), req).await;
+        if !resp.status().is_success() {
+            let _ = self.store.release(held).await;
+            return resp;
+        }
+        let (mut parts, body) = resp.into_parts();
+        let bytes = match body.collect().await {
+            Ok(b) => b.to_bytes(),
+            Err(e) => {
+                let _ = self.store.release(held).await;
+                return err(
+                    StatusCode::BAD_GATEWAY,
+                    "bad_gateway",
+                    format!("node {}: {e}", node.name),
+                );
+            }
+        };
+        let mut v: Value = match serde_json::from_slice(&bytes) {
+            Ok(v) => v,
+            Err(e) => {
+                let _ = self.store.release(held).await;
+                return err(
+                    StatusCode::BAD_GATEWAY,
+                    "bad_gateway",
+                    format!("node {}'s answer: {e}", node.name),
+                );
+            }
+        };
+        let Some(id) = v.get("id").and_then(Value::as_str).map(str::to_owned) else {
+            let _ = self.store.release(held).await;
+            return err(
+                StatusCode::BAD_GATEWAY,
+                "bad_gateway",
+                format!("node {}'s answer has no id", node.name),
+            );
+        };
+        let entry = CatalogEntry {
+            node: node.name.clone(),
+            tenant,
+            recorded_ms: rampart_store::now_ms(),
+        };
+        if let Err(e) = self.store.record(&id, &entry, held).await {
+            // The node runs it and will list it at its next renewal; until then the
+            // gateway's own copy routes to it.
+            tracing::warn!(sandbox = %id, node = %node.name, "gateway: recording in the catalog: {e}");
+        }
+        self.view.note(&id, entry);
+        v["node"] = json!(node.name);
+        let out = serde_json::to_vec(&v).unwrap_or_default();
+        parts.headers.remove(header::CONTENT_LENGTH);
+        Response::from_parts(parts, Body::from(out))
+    }
+
+    /// `GET /v1/sandboxes`: every live node's answer for the caller, merged; the caller's
+    /// sandboxes on lost nodes, as `lost`.
+    async fn list(&self, who: &GatewayPrincipal, req: Request) -> Response {
+        let nodes = self.view.nodes();
+        let pq = req
+            .uri()
+            .path_and_query()
+            .map(|p| p.as_str().to_owned())
+            .unwrap_or_default();
+        let asks = nodes.iter().map(|n| {
+            let r = Request::builder()
+                .method(Method::GET)
+                .uri(pq.clone())
+                .body(Body::empty())
+                .expect("a request");
+            async move { (n, self.forward(n, Some(who), r).await) }
+        });
+        let mut all = Vec::new();
+        for (n, resp) in futures::future::join_all(asks).await {
+            if !resp.status().is_success() {
+                return resp;
+            }
+            let bytes = match resp.into_body().collect().await {
+                Ok(b) => b.to_bytes(),
+                Err(e) => {
+                    return err(
+                        StatusCode::BAD_GATEWAY,
+                        "bad_gateway",
+                        format!("node {}: {e}", n.name),
+                    )
+                }
+            };
+            let Ok(Value::Array(items)) = serde_json::from_slice::<Value>(&bytes) else {
+                return err(
+                    StatusCode::BAD_GATEWAY,
+                    "bad_gateway",
+                    format!("node {}'s list is not an array", n.name),
+                );
+            };
+            for mut s in items {
+                s["node"] = json!(n.name);
+                all.push(s);
+            }
+        }
+        for (id, e) in self.view.lost() {
+            if who.key.tenant.is_none() || who.key.tenant == e.tenant {
+                all.push(lost_json(&id, &e));
+            }
+        }
+        Json(Value::Array(all)).into_response()
+    }
+
+    /// A call naming sandbox `id`: to its node, or `lost` if the node's lease lapsed.
+    async fn to_sandbox(&self, id: &str, who: Option<&GatewayPrincipal>, req: Request) -> Response {
+        let entry = match self.view.lookup(id) {
+            Some(e) => Some(e),
+            // Another gateway's create not yet in this one's copy.
+            None => match self.store.lookup(id).await {
+                Ok(e) => e,
+                Err(e) => return unavailable(e),
+            },
+        };
+        let not_found = || {
+            err(
+                StatusCode::NOT_FOUND,
+                "not_found",
+                format!("no sandbox {id}"),
+            )
+        };
+        let Some(entry) = entry else {
+            return not_found();
+        };
+        if let Some(w) = who {
+            if w.key.tenant.is_some() && w.key.tenant != entry.tenant {
+                return not_found();
+            }
+        }
+        let Some(node) = self.view.node(&entry.node) else {
+            if req.method() == Method::GET
+                && req.uri().path().trim_end_matches('/') == format!("/v1/sandboxes/{id}")
+            {
+                return Json(lost_json(id, &entry)).into_response();
+            }
+            return err(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "node_lost",
+                format!("sandbox {id} runs on node {} whose lease lapsed: it is lost until the node returns", entry.node),
+            );
+        };
+        let is_destroy = req.method() == Method::DELETE
+            && req.uri().path().trim_end_matches('/') == format!("/v1/sandboxes/{id}");
+        let is_info = req.method() == Method::GET
+            && req.uri().path().trim_end_matches('/') == format!("/v1/sandboxes/{id}");
+        let resp = self.forward(&node, who, req).await;
+        if is_destroy && (resp.status().is_success() || resp.status() == StatusCode::NOT_FOUND) {
+            if let Err(e) = self.store.forget(id, entry.tenant.as_deref()).await {
+                tracing::warn!(sandbox = %id, "gateway: removing from the catalog: {e}");
+            }
+            self.view.drop_entry(id);
+        }
+        if is_info && resp.status().is_success() {
+            return with_node(resp, &node.name).await;
+        }
+        resp
+    }
+
+    /// Carries `req` to `node`: the fleet's token and the checked caller replace the
+    /// caller's credentials; the body and the answer stream.
+    async fn forward(
+        &self,
+        node: &NodeRecord,
+        who: Option<&GatewayPrincipal>,
+        req: Request,
+    ) -> Response {
+        let (mut parts, body) = req.into_parts();
+        if parts.headers.contains_key(header::UPGRADE) {
+            return err(
+                StatusCode::NOT_IMPLEMENTED,
+                "not_implemented",
+                "WebSocket upgrades are not carried through the fleet's gateway yet; use the \
+                 streamed (NDJSON) endpoints",
+            );
+        }
+        let pq = parts
+            .uri
+            .path_and_query()
+            .map(|p| p.as_str())
+            .unwrap_or("/");
+        let uri: Uri = match format!("{}{pq}", node.url.trim_end_matches('/')).parse() {
+            Ok(u) => u,
+            Err(e) => {
+                return err(
+                    StatusCode::BAD_GATEWAY,
+                    "bad_gateway",
+                    format!("node {}'s url: {e}", node.name),
+                )
+            }
+        };
+        strip_hop_by_hop(&mut parts.headers);
+        for h in [header::AUTHORIZATION, header::HOST] {
+            parts.headers.remove(h);
+        }
+        parts.headers.remove("x-api-key");
+        // Only the gateway says who the caller is.
+        parts.headers.remove(GATEWAY_PRINCIPAL_HEADER);
+        if let Some(w) = who {
+            let bearer = format!("Bearer {}", self.token);
+            let (Ok(a), Ok(p)) = (
+                HeaderValue::from_str(&bearer),
+                HeaderValue::from_str(&w.encode()),
+            ) else {
+                return err(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "internal",
+                    "the fleet's token is not a header value",
+                );
+            };
+            parts.headers.insert(header::AUTHORIZATION, a);
+            parts.headers.insert(GATEWAY_PRINCIPAL_HEADER, p);
+        }
+        parts.uri = uri;
+        parts.version = axum::http::Version::HTTP_11;
+        let out = hyper::Request::from_parts(parts, body);
+        match self.http.request(out).await {
+            Ok(resp) => {
+                let (mut parts, body) = resp.into_parts();
+                strip_hop_by_hop(&mut parts.headers);
+                Response::from_parts(parts, Body::new(body))
+            }
+            Err(e) => err(
+                StatusCode::BAD_GATEWAY,
+                "bad_gateway",
+                format!("node {} at {} did not answer: {e}", node.name, node.url),
+            ),
+        }
+    }
+}
+
+fn no_nodes() -> Response {
+    err(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "no_nodes",
+        "the fleet has no live node",
+    )
+}
+
+fn lost_json(id: &str, e: &CatalogEntry) -> Value {
+    json!({"id": id, "node": e.node, "state": "lost", "tenant": e.tenant})
+}
+
+async fn with_node(resp: Response, node: &str) -> Response {
+    let (mut parts, body) = resp.into_parts();
+    let Ok(bytes) = body.collect().await.map(|b| b.to_bytes()) else {
+        return err(
+            StatusCode::BAD_GATEWAY,
+            "bad_gateway",
+            format!("node {node}: the answer broke off"),
+        );
+    };
+    let Ok(mut v) = serde_json::from_slice::<Value>(&bytes) else {
+        return Response::from_parts(parts, Body::from(bytes));
+    };
+    v["node"] = json!(node);
+    parts.headers.remove(header::CONTENT_LENGTH);
+    Response::from_parts(
+        parts,
+        Body::from(serde_json::to_vec(&v).unwrap_or_default()),
+    )
+}
+
+async fn read_json<T: serde::de::DeserializeOwned>(req: Request) -> Result<T, Response> {
+    let bytes = axum::body::to_bytes(req.into_body(), MAX_CREATE_BODY)
+        .await
+        .map_err(|e| err(StatusCode::BAD_REQUEST, "bad_request", format!("body: {e}")))?;
+    serde_json::from_slice(&bytes)
+        .map_err(|e| err(StatusCode::BAD_REQUEST, "bad_request", format!("body: {e}")))
+}
+
+/// Headers that belong to one connection, not to the request (RFC 9110 7.6.1).
+fn strip_hop_by_hop(h: &mut HeaderMap) {
+    let named: Vec<String> = h
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(|s| s.trim().to_ascii_lowercase())
+        .filter(|s| !s.is_empty())
+        .collect();
+    for n in named {
+        h.remove(n.as_str());
+    }
+    for n in [
+        "connection",
+        "keep-alive",
+        "proxy-connection",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+        "proxy-authorization",
+        "proxy-authenticate",
+    ] {
+        h.remove(n);
+    }
+}
+
+/// The node for a new sandbox: of the live, schedulable nodes with room and the tier asked
+/// for, the best of `k` drawn at random by free capacity (free slots and free memory), a
+/// node that holds the template counting more. `placed`: the catalog's count per node (it
+/// is fresher than a node's own record, which it renews every few seconds).
+pub fn place(
+    nodes: &[NodeRecord],
+    placed: &HashMap<String, u64>,
+    tier: Option<&str>,
+    template: &str,
+    k: usize,
+) -> Option<NodeRecord> {
+    use rand::seq::SliceRandom as _;
+    let load = |n: &NodeRecord| {
+        n.capacity
+            .sandboxes
+            .max(placed.get(&n.name).copied().unwrap_or(0))
+    };
+    let fit: Vec<&NodeRecord> = nodes
+        .iter()
+        .filter(|n| n.schedulable)
+        .filter(|n| tier.is_none_or(|t| n.tiers.iter().any(|x| x == t)))
+        .filter(|n| n.capacity.max_sandboxes == 0 || load(n) < n.capacity.max_sandboxes)
+        .collect();
+    let score = |n: &NodeRecord| {
+        let slots = if n.capacity.max_sandboxes == 0 {
+            1.0
+        } else {
+            1.0 - load(n) as f64 / n.capacity.max_sandboxes as f64
+        };
+        let memory = if n.capacity.memory_total_bytes == 0 {
+            0.0
+        } else {
+            n.capacity.memory_available_bytes as f64 / n.capacity.memory_total_bytes as f64
+        };
+        let holds = if n.templates.iter().any(|t| t == template) {
+            0.25
+        } else {
+            0.0
+        };
+        // Ties (an empty fleet) go to the node with fewer sandboxes, then by name.
+        (slots + memory + holds, std::cmp::Reverse(load(n)))
+    };
+    fit.choose_multiple(&mut rand::thread_rng(), k.max(1))
+        .max_by(|a, b| {
+            let (sa, la) = score(a);
+            let (sb, lb) = score(b);
+            sa.partial_cmp(&sb)
+                .unwrap_or(std::cmp::Ordering::Equal)
+                .then(la.cmp(&lb))
+        })
+        .map(|n| (*n).clone())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::Capacity;
+
+    fn node(name: &str, sandboxes: u64, tiers: &[&str]) -> NodeRecord {
+        NodeRecord {
+            name: name.into(),
+            url: format!("http://{name}"),
+            tiers: tiers.iter().map(|s| (*s).to_owned()).collect(),
+            capacity: Capacity {
+                memory_available_bytes: 8 << 30,
+                memory_total_bytes: 16 << 30,
+                cpus: 2,
+                disk_free_bytes: 1 << 40,
+                sandboxes,
+                max_sandboxes: 10,
+            },
+            templates: vec!["base".into()],
+            schedulable: true,
+            version: "t".into(),
+            started_ms: 0,
+            updated_ms: 0,
+        }
+    }
+
+    #[test]
+    fn placement_spreads_and_honours_tier_and_room() {
+        let nodes = vec![
+            node("a", 0, &["namespace"]),
+            node("b", 0, &["namespace", "gvisor"]),
+            node("c", 0, &["namespace"]),
+        ];
+        let mut placed = HashMap::new();
+        for _ in 0..9 {
+            let n = place(&nodes, &placed, None, "base", 3).unwrap();
+            *placed.entry(n.name).or_insert(0) += 1;
+        }
+        assert_eq!(
+            placed.values().copied().collect::<Vec<_>>(),
+            vec![3, 3, 3],
+            "{placed:?}"
+        );
+        for _ in 0..5 {
+            assert_eq!(
+                place(&nodes, &placed, Some("gvisor"), "base", 3)
+                    .unwrap()
+                    .name,
+                "b"
+            );
+        }
+        let full = vec![node("a", 10, &["namespace"])];
+        assert!(place(&full, &HashMap::new(), None, "base", 3).is_none());
+        let mut draining = node("d", 0, &["namespace"]);
+        draining.schedulable = false;
+        assert!(place(&[draining], &HashMap::new(), None, "base", 3).is_none());
+    }
+}

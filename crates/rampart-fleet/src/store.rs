@@ -1,0 +1,518 @@
+//! What the fleet keeps in etcd, and the only code that reads or writes it.
+//!
+//! Every key is under one prefix (`/rampart/` by default):
+//!
+//! | key | value | life |
+//! |---|---|---|
+//! | `token` | the fleet's token: gateways present it to nodes | made once, by whoever starts first |
+//! | `nodes/<name>` | [`NodeRecord`]: address, tiers, free capacity | under the node's lease |
+//! | `sandboxes/<id>` | [`CatalogEntry`]: the node it runs on, its tenant | written at create, removed at destroy |
+//! | `owners/<tenant>/<id>` | empty: the tenant's sandboxes, counted for its quota | beside the catalog entry |
+//! | `owners/<tenant>/~<n>` | a create's reservation, under a gateway's lease | until the create answers |
+//! | `tenants/<name>` | [`TenantDef`]: the tenant and its quotas | `POST /v1/tenants` on a gateway |
+//! | `keys/<sha256 of the key>` | [`NodeKey`]: its id, tenant, scopes | `POST /v1/keys` on a gateway |
+
+use crate::model::{CatalogEntry, NodeRecord, TenantDef};
+use etcd_client::{Client, Compare, CompareOp, ConnectOptions, GetOptions, PutOptions, Txn, TxnOp};
+use rampart_store::node_keys::NodeKey;
+use std::time::Duration;
+
+/// The prefix of every key, unless configured.
+pub const DEFAULT_PREFIX: &str = "/rampart/";
+
+/// Why the fleet's store could not answer.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// etcd refused or could not be reached.
+    #[error("etcd: {0}")]
+    Etcd(#[from] etcd_client::Error),
+    /// A value that is not what this version writes.
+    #[error("etcd holds a value at {key} that is not a {what}: {source}")]
+    Corrupt {
+        /// The key.
+        key: String,
+        /// What was expected there.
+        what: &'static str,
+        /// Why it did not parse.
+        source: serde_json::Error,
+    },
+    /// A tenant's `max_sandboxes` is reached across the fleet.
+    #[error("tenant {tenant} has {count} sandboxes across the fleet and its quota is {max}")]
+    Quota {
+        /// The tenant.
+        tenant: String,
+        /// Its sandboxes (and reservations) now.
+        count: u64,
+        /// Its `max_sandboxes`.
+        max: u64,
+    },
+    /// Something already exists under that name.
+    #[error("{0} already exists")]
+    Exists(String),
+    /// A lease expired before it was renewed.
+    #[error("the lease expired before it was renewed")]
+    Expired,
+    /// Another writer kept changing what a transaction depends on.
+    #[error("etcd: {0} kept changing under a transaction; try again")]
+    Contended(&'static str),
+}
+
+/// The fleet's store: an etcd client and the key prefix.
+#[derive(Clone)]
+pub struct Store {
+    client: Client,
+    prefix: String,
+}
+
+impl std::fmt::Debug for Store {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Store")
+            .field("prefix", &self.prefix)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A key a watcher cares about.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Entry {
+    /// `nodes/<name>`.
+    Node(String),
+    /// `sandboxes/<id>`.
+    Sandbox(String),
+}
+
+/// Renews a lease.
+pub struct Keeper {
+    keeper: etcd_client::LeaseKeeper,
+    stream: etcd_client::LeaseKeepAliveStream,
+}
+
+impl std::fmt::Debug for Keeper {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Keeper").finish_non_exhaustive()
+    }
+}
+
+impl Keeper {
+    /// Renews the lease once: its TTL now. Err [`StoreError::Expired`]: it had already
+    /// expired (what was under it is gone).
+    pub async fn renew(&mut self) -> Result<i64, StoreError> {
+        self.keeper.keep_alive().await?;
+        match self.stream.message().await? {
+            Some(r) if r.ttl() > 0 => Ok(r.ttl()),
+            _ => Err(StoreError::Expired),
+        }
+    }
+}
+
+/// A create's hold on one of its tenant's sandboxes, until [`Store::record`] or
+/// [`Store::release`].
+#[derive(Debug)]
+pub struct Reservation {
+    key: Option<String>,
+}
+
+impl Reservation {
+    /// No hold (a sandbox already running, recorded as it is found).
+    pub fn none() -> Reservation {
+        Reservation { key: None }
+    }
+}
+
+fn parse<T: serde::de::DeserializeOwned>(
+    key: &[u8],
+    value: &[u8],
+    what: &'static str,
+) -> Result<T, StoreError> {
+    serde_json::from_slice(value).map_err(|source| StoreError::Corrupt {
+        key: String::from_utf8_lossy(key).into_owned(),
+        what,
+        source,
+    })
+}
+
+fn json<T: serde::Serialize>(v: &T) -> Vec<u8> {
+    serde_json::to_vec(v).expect("fleet records serialize")
+}
+
+impl Store {
+    /// Connects to etcd at `endpoints` (`http://host:2379`; the client balances over them
+    /// and moves on when one fails). Each request gives up after 5 s.
+    pub async fn connect(endpoints: &[String], prefix: &str) -> Result<Store, StoreError> {
+        let opts = ConnectOptions::new()
+            .with_connect_timeout(Duration::from_secs(3))
+            .with_timeout(Duration::from_secs(5))
+            .with_keep_alive(Duration::from_secs(5), Duration::from_secs(3));
+        let client = Client::connect(endpoints, Some(opts)).await?;
+        let mut prefix = prefix.to_owned();
+        if !prefix.ends_with('/') {
+            prefix.push('/');
+        }
+        Ok(Store { client, prefix })
+    }
+
+    fn key(&self, rest: &str) -> String {
+        format!("{}{rest}", self.prefix)
+    }
+
+    fn c(&self) -> Client {
+        self.client.clone()
+    }
+
+    /// Every value under `rest` (a prefix), parsed, with its key's last part.
+    async fn list<T: serde::de::DeserializeOwned>(
+        &self,
+        rest: &str,
+        what: &'static str,
+    ) -> Result<Vec<(String, T)>, StoreError> {
+        let prefix = self.key(rest);
+        let resp = self
+            .c()
+            .get(prefix.clone(), Some(GetOptions::new().with_prefix()))
+            .await?;
+        resp.kvs()
+            .iter()
+            .map(|kv| {
+                let name = String::from_utf8_lossy(&kv.key()[prefix.len()..]).into_owned();
+                Ok((name, parse(kv.key(), kv.value(), what)?))
+            })
+            .collect()
+    }
+
+    async fn one<T: serde::de::DeserializeOwned>(
+        &self,
+        rest: &str,
+        what: &'static str,
+    ) -> Result<Option<T>, StoreError> {
+        let resp = self.c().get(self.key(rest), None).await?;
+        resp.kvs()
+            .first()
+            .map(|kv| parse(kv.key(), kv.value(), what))
+            .transpose()
+    }
+
+    /// The fleet's token; the first caller makes it (every later one reads the same).
+    pub async fn token(&self) -> Result<String, StoreError> {
+        let key = self.key("token");
+        let made = rampart_store::node_keys::generate();
+        let txn = Txn::new()
+            .when([Compare::version(key.clone(), CompareOp::Equal, 0)])
+            .and_then([TxnOp::put(key.clone(), made.clone(), None)])
+            .or_else([TxnOp::get(key.clone(), None)]);
+        let resp = self.c().txn(txn).await?;
+        if resp.succeeded() {
+            return Ok(made);
+        }
+        for r in resp.op_responses() {
+            if let etcd_client::TxnOpResponse::Get(g) = r {
+                if let Some(kv) = g.kvs().first() {
+                    return Ok(String::from_utf8_lossy(kv.value()).into_owned());
+                }
+            }
+        }
+        Err(StoreError::Contended("the fleet's token"))
+    }
+
+    /// A lease of `ttl` seconds: what is written under it goes when it is not kept alive.
+    pub async fn grant(&self, ttl: i64) -> Result<i64, StoreError> {
+        Ok(self.c().lease_grant(ttl, None).await?.id())
+    }
+
+    /// A keeper of lease `id`: each [`Keeper::renew`] renews it once.
+    pub async fn keeper(&self, id: i64) -> Result<Keeper, StoreError> {
+        let (keeper, stream) = self.c().lease_keep_alive(id).await?;
+        Ok(Keeper { keeper, stream })
+    }
+
+    /// Gives lease `id` up: what was written under it goes now.
+    pub async fn revoke(&self, id: i64) -> Result<(), StoreError> {
+        self.c().lease_revoke(id).await?;
+        Ok(())
+    }
+
+    /// Writes node `n`'s record under lease `lease`.
+    pub async fn put_node(&self, n: &NodeRecord, lease: i64) -> Result<(), StoreError> {
+        self.c()
+            .put(
+                self.key(&format!("nodes/{}", n.name)),
+                json(n),
+                Some(PutOptions::new().with_lease(lease)),
+            )
+            .await?;
+        Ok(())
+    }
+
+    /// The nodes whose lease is alive.
+    pub async fn nodes(&self) -> Result<Vec<NodeRecord>, StoreError> {
+        Ok(self
+            .list::<NodeRecord>("nodes/", "node record")
+            .await?
+            .into_iter()
+            .map(|(_, n)| n)
+            .collect())
+    }
+
+    /// Where sandbox `id` runs.
+    pub async fn lookup(&self, id: &str) -> Result<Option<CatalogEntry>, StoreError> {
+        self.one(&format!("sandboxes/{id}"), "catalog entry").await
+    }
+
+    /// The nodes and the catalog as of one revision, and that revision (a watch from the
+    /// next one misses nothing).
+    pub async fn snapshot(
+        &self,
+    ) -> Result<(i64, Vec<NodeRecord>, Vec<(String, CatalogEntry)>), StoreError> {
+        let resp = self
+            .c()
+            .get(self.prefix.clone(), Some(GetOptions::new().with_prefix()))
+            .await?;
+        let rev = resp.header().map(|h| h.revision()).unwrap_or(0);
+        let (mut nodes, mut catalog) = (Vec::new(), Vec::new());
+        for kv in resp.kvs() {
+            match self.classify(kv.key()) {
+                Some(Entry::Node(_)) => nodes.push(parse(kv.key(), kv.value(), "node record")?),
+                Some(Entry::Sandbox(id)) => {
+                    catalog.push((id, parse(kv.key(), kv.value(), "catalog entry")?))
+                }
+                None => {}
+            }
+        }
+        Ok((rev, nodes, catalog))
+    }
+
+    /// What a key of the fleet is, for a watcher: a node's record or a catalog entry.
+    pub fn classify(&self, key: &[u8]) -> Option<Entry> {
+        let rest = key.strip_prefix(self.prefix.as_bytes())?;
+        let rest = std::str::from_utf8(rest).ok()?;
+        if let Some(n) = rest.strip_prefix("nodes/") {
+            return Some(Entry::Node(n.to_owned()));
+        }
+        rest.strip_prefix("sandboxes/")
+            .map(|id| Entry::Sandbox(id.to_owned()))
+    }
+
+    /// Every change to the fleet's keys from revision `from` on.
+    pub async fn watch(&self, from: i64) -> Result<etcd_client::WatchStream, StoreError> {
+        Ok(self
+            .c()
+            .watch(
+                self.prefix.clone(),
+                Some(
+                    etcd_client::WatchOptions::new()
+                        .with_prefix()
+                        .with_start_revision(from),
+                ),
+            )
+            .await?)
+    }
+
+    /// The whole catalog: every sandbox and where it runs.
+    pub async fn catalog(&self) -> Result<Vec<(String, CatalogEntry)>, StoreError> {
+        self.list("sandboxes/", "catalog entry").await
+    }
+
+    /// Holds one of `tenant`'s sandboxes under `lease` if its `max` allows one more across
+    /// the fleet. The count and the hold are one transaction: two gateways cannot both take
+    /// the last one.
+    pub async fn reserve(
+        &self,
+        tenant: Option<&str>,
+        max: Option<u64>,
+        lease: i64,
+    ) -> Result<Reservation, StoreError> {
+        let (Some(tenant), Some(max)) = (tenant, max) else {
+            return Ok(Reservation { key: None });
+        };
+        let prefix = self.key(&format!("owners/{tenant}/"));
+        let end = prefix_end(&prefix);
+        for _ in 0..8 {
+            let resp = self
+                .c()
+                .get(
+                    prefix.clone(),
+                    Some(GetOptions::new().with_prefix().with_count_only()),
+                )
+                .await?;
+            let count = resp.count() as u64;
+            if count >= max {
+                return Err(StoreError::Quota {
+                    tenant: tenant.to_owned(),
+                    count,
+                    max,
+                });
+            }
+            let rev = resp.header().map(|h| h.revision()).unwrap_or(0);
+            let hold = format!("{prefix}~{:016x}", rand::random::<u64>());
+            // Nothing under the prefix was written since the count was read.
+            let txn = Txn::new()
+                .when([
+                    Compare::create_revision(prefix.clone(), CompareOp::Less, rev + 1)
+                        .with_range(end.clone()),
+                ])
+                .and_then([TxnOp::put(
+                    hold.clone(),
+                    Vec::new(),
+                    Some(PutOptions::new().with_lease(lease)),
+                )]);
+            if self.c().txn(txn).await?.succeeded() {
+                return Ok(Reservation { key: Some(hold) });
+            }
+        }
+        Err(StoreError::Contended("a tenant's sandboxes"))
+    }
+
+    /// Records sandbox `id` on its node, in place of its reservation.
+    pub async fn record(
+        &self,
+        id: &str,
+        entry: &CatalogEntry,
+        held: Reservation,
+    ) -> Result<(), StoreError> {
+        let mut ops = vec![TxnOp::put(
+            self.key(&format!("sandboxes/{id}")),
+            json(entry),
+            None,
+        )];
+        if let Some(t) = &entry.tenant {
+            ops.push(TxnOp::put(
+                self.key(&format!("owners/{t}/{id}")),
+                Vec::new(),
+                None,
+            ));
+        }
+        if let Some(k) = held.key {
+            ops.push(TxnOp::delete(k, None));
+        }
+        self.c().txn(Txn::new().and_then(ops)).await?;
+        Ok(())
+    }
+
+    /// Lets a reservation go (its create failed).
+    pub async fn release(&self, held: Reservation) -> Result<(), StoreError> {
+        if let Some(k) = held.key {
+            self.c().delete(k, None).await?;
+        }
+        Ok(())
+    }
+
+    /// Removes sandbox `id` from the catalog (it was destroyed).
+    pub async fn forget(&self, id: &str, tenant: Option<&str>) -> Result<(), StoreError> {
+        let mut ops = vec![TxnOp::delete(self.key(&format!("sandboxes/{id}")), None)];
+        if let Some(t) = tenant {
+            ops.push(TxnOp::delete(self.key(&format!("owners/{t}/{id}")), None));
+        }
+        self.c().txn(Txn::new().and_then(ops)).await?;
+        Ok(())
+    }
+
+    /// The key made from `text`'s digest, if the fleet has it.
+    pub async fn key_by_digest(&self, digest: &str) -> Result<Option<NodeKey>, StoreError> {
+        self.one(&format!("keys/{digest}"), "key").await
+    }
+
+    /// Stores key `k` whose text has digest `digest`; refused if that key is already there.
+    pub async fn put_key(&self, digest: &str, k: &NodeKey) -> Result<(), StoreError> {
+        let key = self.key(&format!("keys/{digest}"));
+        let txn = Txn::new()
+            .when([Compare::version(key.clone(), CompareOp::Equal, 0)])
+            .and_then([TxnOp::put(key, json(k), None)]);
+        if self.c().txn(txn).await?.succeeded() {
+            Ok(())
+        } else {
+            Err(StoreError::Exists(format!("key {}", k.id)))
+        }
+    }
+
+    /// Every key the fleet holds (revoked ones too).
+    pub async fn keys(&self) -> Result<Vec<(String, NodeKey)>, StoreError> {
+        self.list("keys/", "key").await
+    }
+
+    /// Marks key `id` revoked; false if there is none.
+    pub async fn revoke_key(&self, id: &str, now_ms: i64) -> Result<bool, StoreError> {
+        for (digest, mut k) in self.keys().await? {
+            if k.id == id {
+                k.revoked_at_ms.get_or_insert(now_ms);
+                self.c()
+                    .put(self.key(&format!("keys/{digest}")), json(&k), None)
+                    .await?;
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    }
+
+    /// Tenant `name`.
+    pub async fn tenant(&self, name: &str) -> Result<Option<TenantDef>, StoreError> {
+        self.one(&format!("tenants/{name}"), "tenant").await
+    }
+
+    /// Every tenant.
+    pub async fn tenants(&self) -> Result<Vec<TenantDef>, StoreError> {
+        Ok(self
+            .list::<TenantDef>("tenants/", "tenant")
+            .await?
+            .into_iter()
+            .map(|(_, t)| t)
+            .collect())
+    }
+
+    /// Makes tenant `t`; refused if it exists.
+    pub async fn create_tenant(&self, t: &TenantDef) -> Result<(), StoreError> {
+        let key = self.key(&format!("tenants/{}", t.name));
+        let txn = Txn::new()
+            .when([Compare::version(key.clone(), CompareOp::Equal, 0)])
+            .and_then([TxnOp::put(key, json(t), None)]);
+        if self.c().txn(txn).await?.succeeded() {
+            Ok(())
+        } else {
+            Err(StoreError::Exists(format!("tenant {}", t.name)))
+        }
+    }
+
+    /// Replaces tenant `t` (its quotas).
+    pub async fn put_tenant(&self, t: &TenantDef) -> Result<(), StoreError> {
+        self.c()
+            .put(self.key(&format!("tenants/{}", t.name)), json(t), None)
+            .await?;
+        Ok(())
+    }
+
+    /// How many sandboxes tenant `name` has across the fleet (reservations included).
+    pub async fn tenant_count(&self, name: &str) -> Result<u64, StoreError> {
+        let resp = self
+            .c()
+            .get(
+                self.key(&format!("owners/{name}/")),
+                Some(GetOptions::new().with_prefix().with_count_only()),
+            )
+            .await?;
+        Ok(resp.count() as u64)
+    }
+}
+
+/// The first key after every key starting with `prefix`.
+fn prefix_end(prefix: &str) -> Vec<u8> {
+    let mut end = prefix.as_bytes().to_vec();
+    while let Some(last) = end.pop() {
+        if last < 0xff {
+            end.push(last + 1);
+            return end;
+        }
+    }
+    vec![0]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prefix_ends() {
+        assert_eq!(
+            prefix_end("/rampart/owners/a/"),
+            b"/rampart/owners/a0".to_vec()
+        );
+        assert_eq!(prefix_end("a"), b"b".to_vec());
+    }
+}
