@@ -263,7 +263,14 @@ impl Gateway {
         if let Err(e) = check_shape(&key) {
             return Err(unauthorized(format!("malformed API key: {e}")));
         }
-        let k = match self.store.key_by_digest(&sha256_hex(key.as_bytes())).await {
+        let digest = sha256_hex(key.as_bytes());
+        // From the watched copy; a key it has not seen yet (made a moment ago through
+        // another gateway) is read from etcd.
+        let found = match self.view.key(&digest) {
+            Some(Some(k)) => Ok(Some(k)),
+            _ => self.store.key_by_digest(&digest).await,
+        };
+        let k = match found {
             Ok(Some(k)) => k,
             Ok(None) => {
                 return Err(unauthorized(
@@ -278,11 +285,35 @@ impl Gateway {
                 k.id
             )));
         }
+        // The tenant's quotas travel with the caller: the node makes or updates its copy of
+        // the tenant before it serves the request.
+        let quotas = match &k.tenant {
+            Some(t) => match self.tenant_def(t).await {
+                Ok(Some(def)) => Some(def.quotas),
+                Ok(None) => {
+                    return Err(unauthorized(format!(
+                        "API key {} belongs to tenant {t}, which the fleet no longer has",
+                        k.id
+                    )))
+                }
+                Err(e) => return Err(unavailable(e)),
+            },
+            None => None,
+        };
         Ok(GatewayPrincipal {
             gateway: self.cfg.name.clone(),
             peer,
             key: k,
+            quotas,
         })
+    }
+
+    /// Tenant `name`: from the watched copy, else from etcd.
+    async fn tenant_def(&self, name: &str) -> Result<Option<TenantDef>, StoreError> {
+        match self.view.tenant(name) {
+            Some(Some(t)) => Ok(Some(t)),
+            _ => self.store.tenant(name).await,
+        }
     }
 
     fn nodes(&self, who: &GatewayPrincipal) -> Response {
@@ -522,14 +553,7 @@ impl Gateway {
             .and_then(Value::as_str)
             .map(str::to_owned);
         let tenant = who.key.tenant.clone();
-        let max = match &tenant {
-            Some(t) => match self.store.tenant(t).await {
-                Ok(Some(def)) => def.quotas.max_sandboxes,
-                Ok(None) => None,
-                Err(e) => return unavailable(e),
-            },
-            None => None,
-        };
+        let max = who.quotas.as_ref().and_then(|q| q.max_sandboxes);
         let held = match self.store.reserve(tenant.as_deref(), max, self.lease).await {
             Ok(h) => h,
             Err(StoreError::Quota { tenant, count, max }) => {
@@ -869,9 +893,9 @@ fn strip_hop_by_hop(h: &mut HeaderMap) {
 }
 
 /// The node for a new sandbox: of the live, schedulable nodes with room and the tier asked
-/// for, the best of `k` drawn at random by free capacity (free slots and free memory), a
-/// node that holds the template counting more. `placed`: the catalog's count per node (it
-/// is fresher than a node's own record, which it renews every few seconds).
+/// for, `k` drawn at random, the best: one that holds the template, then the least loaded
+/// (sandboxes over its maximum), then the most free memory. `placed`: the catalog's count per
+/// node (fresher than a node's own record, which it renews every few seconds).
 pub fn place(
     nodes: &[NodeRecord],
     placed: &HashMap<String, u64>,
@@ -891,32 +915,18 @@ pub fn place(
         .filter(|n| tier.is_none_or(|t| n.tiers.iter().any(|x| x == t)))
         .filter(|n| n.capacity.max_sandboxes == 0 || load(n) < n.capacity.max_sandboxes)
         .collect();
-    let score = |n: &NodeRecord| {
-        let slots = if n.capacity.max_sandboxes == 0 {
-            1.0
-        } else {
-            1.0 - load(n) as f64 / n.capacity.max_sandboxes as f64
-        };
-        let memory = if n.capacity.memory_total_bytes == 0 {
-            0.0
-        } else {
-            n.capacity.memory_available_bytes as f64 / n.capacity.memory_total_bytes as f64
-        };
-        let holds = if n.templates.iter().any(|t| t == template) {
-            0.25
-        } else {
-            0.0
-        };
-        // Ties (an empty fleet) go to the node with fewer sandboxes, then by name.
-        (slots + memory + holds, std::cmp::Reverse(load(n)))
+    let key = |n: &NodeRecord| {
+        let holds = n.templates.iter().any(|t| t == template);
+        let used = load(n) as f64 / n.capacity.max_sandboxes.max(1) as f64;
+        let memory =
+            n.capacity.memory_available_bytes as f64 / n.capacity.memory_total_bytes.max(1) as f64;
+        (holds, -used, memory)
     };
     fit.choose_multiple(&mut rand::thread_rng(), k.max(1))
         .max_by(|a, b| {
-            let (sa, la) = score(a);
-            let (sb, lb) = score(b);
-            sa.partial_cmp(&sb)
-                .unwrap_or(std::cmp::Ordering::Equal)
-                .then(la.cmp(&lb))
+            let (ha, ua, ma) = key(a);
+            let (hb, ub, mb) = key(b);
+            ha.cmp(&hb).then(ua.total_cmp(&ub)).then(ma.total_cmp(&mb))
         })
         .map(|n| (*n).clone())
 }

@@ -79,6 +79,25 @@ pub enum Entry {
     Node(String),
     /// `sandboxes/<id>`.
     Sandbox(String),
+    /// `tenants/<name>`.
+    Tenant(String),
+    /// `keys/<digest>`.
+    Key(String),
+}
+
+/// What a gateway follows, read at one revision.
+#[derive(Debug, Default)]
+pub struct Snapshot {
+    /// The revision it was read at.
+    pub revision: i64,
+    /// The live nodes.
+    pub nodes: Vec<NodeRecord>,
+    /// The catalog.
+    pub catalog: Vec<(String, CatalogEntry)>,
+    /// The tenants.
+    pub tenants: Vec<TenantDef>,
+    /// The keys, by the digest of their text.
+    pub keys: Vec<(String, NodeKey)>,
 }
 
 /// Renews a lease.
@@ -257,38 +276,43 @@ impl Store {
         self.one(&format!("sandboxes/{id}"), "catalog entry").await
     }
 
-    /// The nodes and the catalog as of one revision, and that revision (a watch from the
-    /// next one misses nothing).
-    pub async fn snapshot(
-        &self,
-    ) -> Result<(i64, Vec<NodeRecord>, Vec<(String, CatalogEntry)>), StoreError> {
+    /// Everything a gateway follows, as of one revision (a watch from the next one misses
+    /// nothing).
+    pub async fn snapshot(&self) -> Result<Snapshot, StoreError> {
         let resp = self
             .c()
             .get(self.prefix.clone(), Some(GetOptions::new().with_prefix()))
             .await?;
-        let rev = resp.header().map(|h| h.revision()).unwrap_or(0);
-        let (mut nodes, mut catalog) = (Vec::new(), Vec::new());
+        let mut snap = Snapshot {
+            revision: resp.header().map(|h| h.revision()).unwrap_or(0),
+            ..Snapshot::default()
+        };
         for kv in resp.kvs() {
-            match self.classify(kv.key()) {
-                Some(Entry::Node(_)) => nodes.push(parse(kv.key(), kv.value(), "node record")?),
-                Some(Entry::Sandbox(id)) => {
-                    catalog.push((id, parse(kv.key(), kv.value(), "catalog entry")?))
-                }
+            let (k, v) = (kv.key(), kv.value());
+            match self.classify(k) {
+                Some(Entry::Node(_)) => snap.nodes.push(parse(k, v, "node record")?),
+                Some(Entry::Sandbox(id)) => snap.catalog.push((id, parse(k, v, "catalog entry")?)),
+                Some(Entry::Tenant(_)) => snap.tenants.push(parse(k, v, "tenant")?),
+                Some(Entry::Key(digest)) => snap.keys.push((digest, parse(k, v, "key")?)),
                 None => {}
             }
         }
-        Ok((rev, nodes, catalog))
+        Ok(snap)
     }
 
     /// What a key of the fleet is, for a watcher: a node's record or a catalog entry.
     pub fn classify(&self, key: &[u8]) -> Option<Entry> {
         let rest = key.strip_prefix(self.prefix.as_bytes())?;
         let rest = std::str::from_utf8(rest).ok()?;
-        if let Some(n) = rest.strip_prefix("nodes/") {
-            return Some(Entry::Node(n.to_owned()));
+        let (kind, name) = rest.split_once('/')?;
+        let name = name.to_owned();
+        match kind {
+            "nodes" => Some(Entry::Node(name)),
+            "sandboxes" => Some(Entry::Sandbox(name)),
+            "tenants" => Some(Entry::Tenant(name)),
+            "keys" => Some(Entry::Key(name)),
+            _ => None,
         }
-        rest.strip_prefix("sandboxes/")
-            .map(|id| Entry::Sandbox(id.to_owned()))
     }
 
     /// Every change to the fleet's keys from revision `from` on.

@@ -1,8 +1,9 @@
 //! A gateway's copy of the fleet's nodes and catalog, kept by an etcd watch: routing a call
 //! reads memory, not etcd, and never asks every node where a sandbox is.
 
-use crate::model::{CatalogEntry, NodeRecord};
+use crate::model::{CatalogEntry, NodeRecord, TenantDef};
 use crate::store::{Entry, Store, StoreError};
+use rampart_store::node_keys::NodeKey;
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
@@ -17,6 +18,9 @@ pub struct View {
 struct Inner {
     nodes: HashMap<String, NodeRecord>,
     catalog: HashMap<String, CatalogEntry>,
+    tenants: HashMap<String, TenantDef>,
+    /// By the digest of the key's text.
+    keys: HashMap<String, NodeKey>,
     /// Whether the watch is running (false: answers may be stale; callers ask etcd).
     live: bool,
 }
@@ -40,12 +44,22 @@ impl View {
     }
 
     async fn run(&self, store: &Store) -> Result<(), StoreError> {
-        let (rev, nodes, catalog) = store.snapshot().await?;
-        let mut watch = store.watch(rev + 1).await?;
+        let snap = store.snapshot().await?;
+        let mut watch = store.watch(snap.revision + 1).await?;
         {
             let mut g = self.inner.write().expect("view lock");
-            g.nodes = nodes.into_iter().map(|n| (n.name.clone(), n)).collect();
-            g.catalog = catalog.into_iter().collect();
+            g.nodes = snap
+                .nodes
+                .into_iter()
+                .map(|n| (n.name.clone(), n))
+                .collect();
+            g.catalog = snap.catalog.into_iter().collect();
+            g.tenants = snap
+                .tenants
+                .into_iter()
+                .map(|t| (t.name.clone(), t))
+                .collect();
+            g.keys = snap.keys.into_iter().collect();
             g.live = true;
         }
         while let Some(resp) = watch.message().await? {
@@ -56,34 +70,25 @@ impl View {
             for ev in resp.events() {
                 let Some(kv) = ev.kv() else { continue };
                 let put = ev.event_type() == etcd_client::EventType::Put;
-                match store.classify(kv.key()) {
-                    Some(Entry::Node(name)) => {
-                        match put.then(|| serde_json::from_slice(kv.value())) {
-                            Some(Ok(n)) => {
-                                g.nodes.insert(name, n);
-                            }
-                            Some(Err(e)) => tracing::warn!("node record {name}: {e}"),
-                            None => {
-                                g.nodes.remove(&name);
-                            }
-                        }
-                    }
-                    Some(Entry::Sandbox(id)) => {
-                        match put.then(|| serde_json::from_slice(kv.value())) {
-                            Some(Ok(e)) => {
-                                g.catalog.insert(id, e);
-                            }
-                            Some(Err(e)) => tracing::warn!("catalog entry {id}: {e}"),
-                            None => {
-                                g.catalog.remove(&id);
-                            }
-                        }
-                    }
-                    None => {}
-                }
+                let Some(entry) = store.classify(kv.key()) else {
+                    continue;
+                };
+                apply(&mut g, entry, put.then(|| kv.value()));
             }
         }
         Err(StoreError::Contended("the watch (its stream ended)"))
+    }
+
+    /// The key whose text has digest `digest`, if the copy is live (None: ask etcd).
+    pub fn key(&self, digest: &str) -> Option<Option<NodeKey>> {
+        let g = self.inner.read().expect("view lock");
+        g.live.then(|| g.keys.get(digest).cloned())
+    }
+
+    /// Tenant `name`, if the copy is live (None: ask etcd).
+    pub fn tenant(&self, name: &str) -> Option<Option<TenantDef>> {
+        let g = self.inner.read().expect("view lock");
+        g.live.then(|| g.tenants.get(name).cloned())
     }
 
     /// Whether the copy follows etcd now.
@@ -160,5 +165,30 @@ impl View {
             *m.entry(e.node.clone()).or_insert(0) += 1;
         }
         m
+    }
+}
+
+/// One change from the watch: `value` None is a delete.
+fn apply(g: &mut Inner, entry: Entry, value: Option<&[u8]>) {
+    fn set<T: serde::de::DeserializeOwned>(
+        map: &mut HashMap<String, T>,
+        name: String,
+        value: Option<&[u8]>,
+    ) {
+        match value.map(serde_json::from_slice::<T>) {
+            Some(Ok(v)) => {
+                map.insert(name, v);
+            }
+            Some(Err(e)) => tracing::warn!("the fleet's record {name}: {e}"),
+            None => {
+                map.remove(&name);
+            }
+        }
+    }
+    match entry {
+        Entry::Node(n) => set(&mut g.nodes, n, value),
+        Entry::Sandbox(id) => set(&mut g.catalog, id, value),
+        Entry::Tenant(t) => set(&mut g.tenants, t, value),
+        Entry::Key(d) => set(&mut g.keys, d, value),
     }
 }

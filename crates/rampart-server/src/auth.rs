@@ -261,7 +261,7 @@ fn is_port_proxy(path: &str, method: &axum::http::Method) -> bool {
 }
 
 /// Who a request authenticated as: recorded as the audit record's caller.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub(crate) enum Principal {
     /// A user on the Unix socket (the node's administrator).
     Socket { uid: Option<u32> },
@@ -514,6 +514,14 @@ pub(crate) async fn guard(State(auth): State<Arc<Auth>>, req: Request, next: Nex
     if let Some(token) = &auth.fleet_token {
         return match from_gateway(token, &key, &req) {
             Ok(who) => {
+                if let (Some(t), Some(q), Some(tenancy)) =
+                    (&who.key.tenant, &who.quotas, &auth.tenancy)
+                {
+                    if let Err(e) = tenancy.mirror(t, q) {
+                        return ApiError::internal(format!("tenant {t}'s copy on this node: {e}"))
+                            .into_response();
+                    }
+                }
                 let peer = crate::caller::peer(&req);
                 serve_as(&auth, Principal::Gateway(who), peer, req, next).await
             }

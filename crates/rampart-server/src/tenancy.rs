@@ -31,6 +31,8 @@ pub(crate) struct Tenancy {
     windows: Mutex<HashMap<String, VecDeque<Instant>>>,
     /// Changes to append to the log (written off the request path, in batches).
     changes: tokio::sync::mpsc::UnboundedSender<Change>,
+    /// On a node of a fleet: the quotas each tenant's copy was last made with.
+    mirrored: Mutex<HashMap<String, rampart_types::tenant::Quotas>>,
 }
 
 /// The rate limit as it stands after a request that counts.
@@ -124,7 +126,29 @@ impl Tenancy {
             store,
             windows: Mutex::new(HashMap::new()),
             changes: tx,
+            mirrored: Mutex::new(HashMap::new()),
         })
+    }
+
+    /// On a node of a fleet: makes this node's copy of `tenant` (or brings its quotas up to
+    /// date) as the fleet's gateway says it is. A read of the store only when they changed.
+    pub(crate) fn mirror(
+        &self,
+        tenant: &str,
+        quotas: &rampart_types::tenant::Quotas,
+    ) -> Result<(), String> {
+        let mut m = self.mirrored.lock().unwrap_or_else(|p| p.into_inner());
+        if m.get(tenant) == Some(quotas) {
+            return Ok(());
+        }
+        let r = match self.store.get(tenant).map_err(|e| e.to_string())? {
+            Some(row) if &row.quotas == quotas => Ok(()),
+            Some(_) => self.store.set_quotas(tenant, quotas).map(|_| ()),
+            None => self.store.create(tenant, quotas).map(|_| ()),
+        };
+        r.map_err(|e| e.to_string())?;
+        m.insert(tenant.to_owned(), quotas.clone());
+        Ok(())
     }
 
     /// Counts a create of `tenant` against its `creates_per_minute`. Ok(None): no limit.

@@ -181,7 +181,7 @@ pub fn generate() -> String {
 pub const GATEWAY_PRINCIPAL_HEADER: &str = "x-rampart-gateway-principal";
 
 /// Who a request through a fleet's gateway authenticated as.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct GatewayPrincipal {
     /// The gateway that checked it (its name).
     pub gateway: String,
@@ -189,6 +189,10 @@ pub struct GatewayPrincipal {
     pub peer: Option<String>,
     /// The key it presented, as the fleet lists it.
     pub key: NodeKey,
+    /// The quotas of the key's tenant, as the fleet has them: the node keeps its copy of the
+    /// tenant up to date with them before it serves the request.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quotas: Option<rampart_types::tenant::Quotas>,
 }
 
 /// Why a [`GATEWAY_PRINCIPAL_HEADER`] could not be read.

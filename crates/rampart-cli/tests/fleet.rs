@@ -1,0 +1,494 @@
+//! The fleet (issue 29), as users run it: `rampart fleet up` starts a real 3-member etcd,
+//! real daemons joined to it and a gateway, all on loopback; every call goes through the
+//! gateway's HTTP API with keys made through it.
+//!
+//! - `a_fleet_places_routes_and_keeps_tenants_apart`: 9 creates spread 3/3/3 over 3 nodes;
+//!   exec and files reach each sandbox through the gateway; a node refuses its own admin key
+//!   and a forged gateway header over TCP; a tenant's `max_sandboxes` holds across nodes;
+//!   another tenant gets 404 for its sandbox and an empty list; a second gateway gives the
+//!   same answers; a destroy through the gateway removes the sandbox from the catalog;
+//!   `fleet down` leaves no process it started.
+//! - `a_killed_node_is_lost_then_comes_back`: `kill -9` of a node: within its lease its
+//!   sandboxes are `lost` (an exec is 503 `node_lost`), `GET /v1/nodes` says so, creates go
+//!   to the live node; the node started again re-attaches its sandboxes and the gateway
+//!   routes to them again.
+//!
+//! Needs root, the jailer and the agent, and `etcd` (scripts/setup-host.sh installs
+//! etcd-server); otherwise it prints `skipped: <reason>`.
+
+mod support;
+
+use serde_json::{json, Value};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use support::*;
+
+/// A fleet `rampart fleet up` started; `fleet down` when dropped.
+struct Fleet {
+    dir: tempfile::TempDir,
+    file: Value,
+}
+
+impl Fleet {
+    fn up(nodes: usize, ttl: u64) -> Fleet {
+        let dir = tempfile::Builder::new()
+            .prefix("rampart-fleet-")
+            .tempdir()
+            .unwrap();
+        let out = Command::new(env!("CARGO_BIN_EXE_rampart"))
+            .args([
+                "fleet",
+                "up",
+                "--nodes",
+                &nodes.to_string(),
+                "--ttl",
+                &ttl.to_string(),
+            ])
+            .arg("--dir")
+            .arg(dir.path())
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "rampart fleet up: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let file: Value = serde_json::from_slice(&out.stdout).unwrap();
+        let on_disk: Value =
+            serde_json::from_slice(&std::fs::read(dir.path().join("fleet.json")).unwrap()).unwrap();
+        assert_eq!(
+            file, on_disk,
+            "fleet up prints what it writes to fleet.json"
+        );
+        Fleet { dir, file }
+    }
+
+    fn gateway(&self) -> String {
+        self.file["gateway"].as_str().unwrap().to_owned()
+    }
+
+    fn admin(&self) -> String {
+        self.file["admin_key"].as_str().unwrap().to_owned()
+    }
+
+    fn node(&self, i: usize) -> (String, i32, String) {
+        let n = &self.file["nodes"][i];
+        (
+            n["name"].as_str().unwrap().to_owned(),
+            n["pid"].as_i64().unwrap() as i32,
+            n["url"].as_str().unwrap().to_owned(),
+        )
+    }
+
+    fn pids(&self) -> Vec<i32> {
+        ["etcd", "nodes", "gateways"]
+            .iter()
+            .flat_map(|k| self.file[k].as_array().cloned().unwrap_or_default())
+            .map(|p| p["pid"].as_i64().unwrap() as i32)
+            .collect()
+    }
+
+    fn etcd(&self) -> String {
+        self.file["etcd"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| e["endpoint"].as_str().unwrap().to_owned())
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    fn down(&self) -> std::process::Output {
+        Command::new(env!("CARGO_BIN_EXE_rampart"))
+            .args(["fleet", "down", "--dir"])
+            .arg(self.dir.path())
+            .output()
+            .unwrap()
+    }
+}
+
+impl Drop for Fleet {
+    fn drop(&mut self) {
+        if self.dir.path().join("fleet.json").exists() {
+            let _ = self.down();
+        }
+    }
+}
+
+fn skip() -> Option<String> {
+    if let Some(r) = skip_reason() {
+        return Some(r);
+    }
+    let has_etcd = std::env::var_os("PATH")
+        .map(|p| std::env::split_paths(&p).any(|d| d.join("etcd").is_file()))
+        .unwrap_or(false);
+    (!has_etcd).then(|| "no etcd on the PATH (apt-get install etcd-server)".into())
+}
+
+/// A call with key `key`: status and JSON body.
+fn call(method: &str, url: &str, key: &str, body: Option<Value>) -> (u16, Value) {
+    let c = client();
+    let mut r = c
+        .request(method.parse().unwrap(), url)
+        .header("Authorization", format!("Bearer {key}"));
+    if let Some(b) = body {
+        r = r.json(&b);
+    }
+    let resp = r.send().unwrap();
+    let status = resp.status().as_u16();
+    let text = resp.text().unwrap_or_default();
+    (
+        status,
+        serde_json::from_str(&text).unwrap_or(Value::String(text)),
+    )
+}
+
+fn create(g: &str, key: &str) -> (u16, Value) {
+    call("POST", &format!("{g}/v1/sandboxes"), key, Some(json!({})))
+}
+
+fn exec(g: &str, key: &str, id: &str, script: &str) -> (u16, Value) {
+    call(
+        "POST",
+        &format!("{g}/v1/sandboxes/{id}/exec"),
+        key,
+        Some(json!({"cmd": ["sh", "-c", script]})),
+    )
+}
+
+#[test]
+fn a_fleet_places_routes_and_keeps_tenants_apart() {
+    if let Some(r) = skip() {
+        eprintln!("skipped: {r}");
+        return;
+    }
+    let f = Fleet::up(3, 10);
+    let (g, admin) = (f.gateway(), f.admin());
+
+    let (s, nodes) = call("GET", &format!("{g}/v1/nodes"), &admin, None);
+    assert_eq!(s, 200, "{nodes}");
+    let nodes = nodes["nodes"].as_array().unwrap().clone();
+    assert_eq!(nodes.len(), 3, "{nodes:?}");
+    assert!(nodes.iter().all(|n| n["state"] == "ready"), "{nodes:?}");
+
+    // Placement spreads 9 creates over the 3 nodes.
+    let mut ids = Vec::new();
+    let mut per_node = std::collections::BTreeMap::<String, usize>::new();
+    for _ in 0..9 {
+        let (s, b) = create(&g, &admin);
+        assert_eq!(s, 201, "{b}");
+        *per_node
+            .entry(b["node"].as_str().unwrap().to_owned())
+            .or_default() += 1;
+        ids.push((
+            b["id"].as_str().unwrap().to_owned(),
+            b["node"].as_str().unwrap().to_owned(),
+        ));
+    }
+    assert_eq!(
+        per_node.values().copied().collect::<Vec<_>>(),
+        vec![3, 3, 3],
+        "{per_node:?}"
+    );
+
+    // Exec and files reach every sandbox through the gateway, on the node the catalog says.
+    for (id, node) in &ids {
+        let (s, b) = exec(&g, &admin, id, "hostname");
+        assert_eq!(s, 200, "{b}");
+        assert_eq!(b["stdout"].as_str().unwrap().trim(), id);
+        let (s, info) = call("GET", &format!("{g}/v1/sandboxes/{id}"), &admin, None);
+        assert_eq!(s, 200, "{info}");
+        assert_eq!(info["node"], json!(node));
+    }
+    let (id0, _) = &ids[0];
+    let c = client();
+    let put = c
+        .put(format!(
+            "{g}/v1/sandboxes/{id0}/files?path=/tmp/through-the-gateway"
+        ))
+        .header("Authorization", format!("Bearer {admin}"))
+        .body("fleet")
+        .send()
+        .unwrap();
+    assert!(put.status().is_success(), "{}", put.text().unwrap());
+    let (_, b) = exec(&g, &admin, id0, "cat /tmp/through-the-gateway");
+    assert_eq!(b["stdout"], "fleet");
+
+    // A node answers only the fleet's gateways over TCP: not the gateway's admin key, not a
+    // forged principal header without the fleet's token.
+    let (_, _, url0) = f.node(0);
+    let (s, b) = call("GET", &format!("{url0}/v1/sandboxes"), &admin, None);
+    assert_eq!(s, 401, "{b}");
+    assert!(b.to_string().contains("fleet"), "{b}");
+    let forged = c
+        .get(format!("{url0}/v1/sandboxes"))
+        .header("Authorization", format!("Bearer {admin}"))
+        .header("x-rampart-gateway-principal", "e30")
+        .send()
+        .unwrap();
+    assert_eq!(forged.status().as_u16(), 401);
+
+    // Tenants: made through the gateway, kept in etcd, their quota counted over every node.
+    for (name, max) in [("acme", 2), ("globex", 5)] {
+        let (s, b) = call(
+            "POST",
+            &format!("{g}/v1/tenants"),
+            &admin,
+            Some(json!({"name": name, "quotas": {"max_sandboxes": max}})),
+        );
+        assert_eq!(s, 201, "{b}");
+    }
+    let key_of = |tenant: &str| {
+        let (s, b) = call(
+            "POST",
+            &format!("{g}/v1/keys"),
+            &admin,
+            Some(json!({"name": format!("{tenant}-key"), "tenant": tenant})),
+        );
+        assert_eq!(s, 201, "{b}");
+        b["key"].as_str().unwrap().to_owned()
+    };
+    let (acme, globex) = (key_of("acme"), key_of("globex"));
+    let mut acme_nodes = std::collections::BTreeSet::new();
+    let mut acme_ids = Vec::new();
+    for _ in 0..2 {
+        let (s, b) = create(&g, &acme);
+        assert_eq!(s, 201, "{b}");
+        acme_nodes.insert(b["node"].as_str().unwrap().to_owned());
+        acme_ids.push(b["id"].as_str().unwrap().to_owned());
+    }
+    assert_eq!(
+        acme_nodes.len(),
+        2,
+        "two creates on two nodes: {acme_nodes:?}"
+    );
+    let (s, b) = create(&g, &acme);
+    assert_eq!(s, 429, "{b}");
+    assert!(b.to_string().contains("across the fleet"), "{b}");
+    let (s, b) = call(
+        "GET",
+        &format!("{g}/v1/sandboxes/{}", acme_ids[0]),
+        &globex,
+        None,
+    );
+    assert_eq!(s, 404, "{b}");
+    let (s, b) = exec(&g, &globex, &acme_ids[0], "true");
+    assert_eq!(s, 404, "{b}");
+    let (s, b) = call("GET", &format!("{g}/v1/sandboxes"), &globex, None);
+    assert_eq!((s, b.as_array().map(Vec::len)), (200, Some(0)), "{b}");
+    let (s, b) = call("GET", &format!("{g}/v1/sandboxes"), &acme, None);
+    assert_eq!(s, 200);
+    let mut listed: Vec<String> = b
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["id"].as_str().unwrap().to_owned())
+        .collect();
+    listed.sort();
+    let mut want = acme_ids.clone();
+    want.sort();
+    assert_eq!(listed, want);
+    let (s, b) = call("GET", &format!("{g}/v1/nodes"), &acme, None);
+    assert_eq!(s, 403, "{b}");
+
+    // A second gateway on the same fleet answers alike.
+    let port = free_port();
+    let g2 = format!("http://127.0.0.1:{port}");
+    let g2dir = f.dir.path().join("gateway-b");
+    let mut second = Command::new(env!("CARGO_BIN_EXE_rampart"))
+        .args([
+            "gateway",
+            "--listen",
+            &format!("127.0.0.1:{port}"),
+            "--fleet",
+            &f.etcd(),
+        ])
+        .arg("--data-dir")
+        .arg(&g2dir)
+        .arg("--admin-key-file")
+        .arg(f.dir.path().join("gateway").join("admin-key"))
+        .args(["--name", "gateway-b"])
+        .stdout(std::fs::File::create(f.dir.path().join("gateway-b.log")).unwrap())
+        .stderr(std::fs::File::create(f.dir.path().join("gateway-b.err")).unwrap())
+        .spawn()
+        .unwrap();
+    wait_until("the second gateway answers /health", 60, || {
+        client()
+            .get(format!("{g2}/health"))
+            .send()
+            .is_ok_and(|r| r.status().is_success())
+    });
+    let ids_of = |gw: &str, key: &str| {
+        let (s, b) = call("GET", &format!("{gw}/v1/sandboxes"), key, None);
+        assert_eq!(s, 200, "{b}");
+        let mut v: Vec<(String, String)> = b
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| {
+                (
+                    s["id"].as_str().unwrap().to_owned(),
+                    s["node"].as_str().unwrap().to_owned(),
+                )
+            })
+            .collect();
+        v.sort();
+        v
+    };
+    assert_eq!(ids_of(&g, &admin), ids_of(&g2, &admin));
+    assert_eq!(ids_of(&g2, &acme).len(), 2);
+    let (s, b) = exec(&g2, &acme, &acme_ids[1], "echo via-b");
+    assert_eq!((s, b["stdout"].as_str()), (200, Some("via-b\n")), "{b}");
+
+    // A destroy through one gateway: gone for both, and room again in the tenant's quota.
+    let (s, b) = call(
+        "DELETE",
+        &format!("{g2}/v1/sandboxes/{}", acme_ids[1]),
+        &acme,
+        None,
+    );
+    assert!(s == 200 || s == 204, "{s} {b}");
+    wait_until(
+        "the first gateway no longer knows the destroyed sandbox",
+        30,
+        || {
+            call(
+                "GET",
+                &format!("{g}/v1/sandboxes/{}", acme_ids[1]),
+                &acme,
+                None,
+            )
+            .0 == 404
+        },
+    );
+    let (s, b) = create(&g, &acme);
+    assert_eq!(s, 201, "{b}");
+    let _ = second.kill();
+    let _ = second.wait();
+
+    // Down: every process it started is gone.
+    let pids = f.pids();
+    let out = f.down();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for pid in pids {
+        assert!(
+            !process_alive(pid),
+            "pid {pid} of the fleet still runs after down"
+        );
+    }
+}
+
+/// The command line and environment of a running process, to start it again the same way.
+fn command_of(pid: i32) -> Command {
+    let args: Vec<String> = std::fs::read(format!("/proc/{pid}/cmdline"))
+        .unwrap()
+        .split(|b| *b == 0)
+        .filter(|a| !a.is_empty())
+        .map(|a| String::from_utf8_lossy(a).into_owned())
+        .collect();
+    let env: Vec<(String, String)> = std::fs::read(format!("/proc/{pid}/environ"))
+        .unwrap()
+        .split(|b| *b == 0)
+        .filter_map(|kv| {
+            let kv = String::from_utf8_lossy(kv).into_owned();
+            kv.split_once('=')
+                .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        })
+        .collect();
+    let mut c = Command::new(&args[0]);
+    c.args(&args[1..]).env_clear().envs(env);
+    c
+}
+
+#[test]
+fn a_killed_node_is_lost_then_comes_back() {
+    if let Some(r) = skip() {
+        eprintln!("skipped: {r}");
+        return;
+    }
+    let mut f = Fleet::up(2, 3);
+    let (g, admin) = (f.gateway(), f.admin());
+    let mut on: std::collections::BTreeMap<String, Vec<String>> = Default::default();
+    for _ in 0..4 {
+        let (s, b) = create(&g, &admin);
+        assert_eq!(s, 201, "{b}");
+        on.entry(b["node"].as_str().unwrap().to_owned())
+            .or_default()
+            .push(b["id"].as_str().unwrap().to_owned());
+    }
+    let (name, pid, _) = f.node(0);
+    let victims = on.get(&name).cloned().unwrap_or_default();
+    assert_eq!(victims.len(), 2, "{on:?}");
+    let mut again = command_of(pid);
+    // SAFETY: kill(2) on the pid of the node this test's fleet started.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGKILL) }, 0);
+    wait_until("the node is reported lost", 60, || {
+        let (_, b) = call("GET", &format!("{g}/v1/nodes"), &admin, None);
+        b["nodes"].as_array().is_some_and(|ns| {
+            ns.iter()
+                .any(|n| n["name"] == json!(name) && n["state"] == "lost")
+        })
+    });
+    for id in &victims {
+        let (s, b) = call("GET", &format!("{g}/v1/sandboxes/{id}"), &admin, None);
+        assert_eq!((s, b["state"].as_str()), (200, Some("lost")), "{b}");
+        assert_eq!(b["node"], json!(name));
+        let (s, b) = exec(&g, &admin, id, "true");
+        assert_eq!(s, 503, "{b}");
+        assert_eq!(b["error"]["code"], "node_lost", "{b}");
+    }
+    let (_, list) = call("GET", &format!("{g}/v1/sandboxes"), &admin, None);
+    let lost = list
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|s| s["state"] == "lost")
+        .count();
+    assert_eq!(lost, 2, "{list}");
+    for _ in 0..2 {
+        let (s, b) = create(&g, &admin);
+        assert_eq!(s, 201, "{b}");
+        assert_ne!(
+            b["node"],
+            json!(name),
+            "a create went to the lost node: {b}"
+        );
+    }
+
+    // The node comes back on its data: its sandboxes are found again and served.
+    let log = f.dir.path().join(format!("{name}.again.log"));
+    let child = {
+        use std::os::unix::process::CommandExt as _;
+        again
+            .stdin(std::process::Stdio::null())
+            .stdout(std::fs::File::create(&log).unwrap())
+            .stderr(std::fs::File::create(log.with_extension("err")).unwrap())
+            .process_group(0)
+            .spawn()
+            .unwrap()
+    };
+    let new_pid = child.id() as i32;
+    f.file["nodes"][0]["pid"] = json!(new_pid);
+    std::fs::write(
+        f.dir.path().join("fleet.json"),
+        serde_json::to_vec(&f.file).unwrap(),
+    )
+    .unwrap();
+    for id in &victims {
+        wait_until("the node's sandbox is served again", 120, || {
+            let (s, b) = call("GET", &format!("{g}/v1/sandboxes/{id}"), &admin, None);
+            s == 200 && b["state"] == "running"
+        });
+        let (s, b) = exec(&g, &admin, id, "echo back");
+        assert_eq!((s, b["stdout"].as_str()), (200, Some("back\n")), "{b}");
+    }
+    let _ = log_of(f.dir.path(), &name);
+}
+
+fn log_of(dir: &Path, name: &str) -> PathBuf {
+    dir.join(format!("{name}.log"))
+}
