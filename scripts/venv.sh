@@ -1,5 +1,5 @@
 # Sourced by the scripts that install test clients from PyPI (e2b-sdks.sh, mcp-sdks.sh,
-# python-sdk.sh, desktop-sdks.sh, console-browser.sh).
+# python-sdk.sh, desktop-sdks.sh, console-browser.sh, kubernetes-validate.sh).
 #
 # install_venv LABEL WHAT DIR PACKAGES...: a venv at DIR with exactly PACKAGES, stamped
 # (DIR/.rampart-installed), so a rerun with the same pins does nothing. Without python3, a
