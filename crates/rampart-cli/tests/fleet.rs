@@ -492,3 +492,57 @@ fn a_killed_node_is_lost_then_comes_back() {
 fn log_of(dir: &Path, name: &str) -> PathBuf {
     dir.join(format!("{name}.log"))
 }
+
+#[test]
+fn the_e2b_sdk_works_through_the_gateway() {
+    if let Some(r) = skip() {
+        eprintln!("skipped: {r}");
+        return;
+    }
+    let python = venv_python("RAMPART_E2B_VENV", "e2b-venv");
+    if let Some(r) = venv_lacks(&python, "e2b, httpx", "scripts/e2b-sdks.sh makes it") {
+        eprintln!("skipped: {r}");
+        return;
+    }
+    let f = Fleet::up(2, 10);
+    let (g, admin) = (f.gateway(), f.admin());
+    let mut keys = Vec::new();
+    for t in ["acme", "other"] {
+        let (s, b) = call(
+            "POST",
+            &format!("{g}/v1/tenants"),
+            &admin,
+            Some(json!({"name": t})),
+        );
+        assert_eq!(s, 201, "{b}");
+        let (s, b) = call(
+            "POST",
+            &format!("{g}/v1/keys"),
+            &admin,
+            Some(json!({"name": format!("{t}-e2b"), "tenant": t, "kind": "e2b"})),
+        );
+        assert_eq!(s, 201, "{b}");
+        let key = b["key"].as_str().unwrap().to_owned();
+        assert!(key.starts_with("e2b_"), "{key}");
+        keys.push(key);
+    }
+    // An E2B key is for the E2B API only.
+    let (s, b) = call("GET", &format!("{g}/v1/sandboxes"), &keys[0], None);
+    assert_eq!(s, 403, "{b}");
+    let dir = workspace().join("tests/e2b");
+    let report = run_sdk_script(
+        &python,
+        &dir.join("fleet.py"),
+        &dir,
+        &[
+            ("E2B_API_KEY", &keys[0]),
+            ("E2B_API_URL", &g),
+            ("E2B_SANDBOX_URL", &g),
+            ("FLEET_ADMIN", &admin),
+            ("FLEET_NODES", "2"),
+            ("FLEET_OTHER_E2B_KEY", &keys[1]),
+        ],
+    );
+    assert!(report.failed.is_empty(), "{:?}", report.failed);
+    assert_eq!(report.passed.len(), 3, "{:?}", report.passed);
+}

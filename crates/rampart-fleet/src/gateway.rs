@@ -41,6 +41,9 @@ pub struct GatewayConfig {
     pub admin_key: Option<String>,
     /// How many nodes a create compares (best of K by free capacity).
     pub choices: usize,
+    /// The domain of host-name routing to sandboxes (`{port}-{id}.<domain>`); the nodes must
+    /// have the same.
+    pub domain: String,
 }
 
 /// Why a gateway could not start.
@@ -162,6 +165,14 @@ impl Gateway {
             )
             .into_response();
         }
+        // The E2B SDKs' traffic to a sandbox (envd, its ports): the sandbox's own token is
+        // the authorization, checked by its node.
+        if let Some((id, host_form)) = self.sandbox_target(req.headers()) {
+            return self.to_sandbox_as(&id, None, req, host_form).await;
+        }
+        if is_e2b_path(&path) {
+            return self.e2b(req).await;
+        }
         if !path.starts_with("/v1/") {
             return err(
                 StatusCode::NOT_FOUND,
@@ -172,11 +183,11 @@ impl Gateway {
         let segs: Vec<&str> = path.trim_matches('/').split('/').collect();
         // The port proxy's path form answers to the sandbox's own token, checked by its node.
         if let ["v1", "sandboxes", id, "ports", port, ..] = segs.as_slice() {
-            if !port.is_empty()
-                && !(segs.len() == 6 && segs[5] == "public" && method != Method::GET)
-            {
+            // `.../ports/{P}/public` with POST or DELETE is the owner's switch (needs a key).
+            let switch = segs.len() == 6 && segs[5] == "public" && method != Method::GET;
+            if !port.is_empty() && !switch {
                 let id = (*id).to_owned();
-                return self.to_sandbox(&id, None, req).await;
+                return self.to_sandbox_as(&id, None, req, false).await;
             }
         }
         let peer = req
@@ -260,8 +271,11 @@ impl Gateway {
                     .into(),
             ));
         };
-        if let Err(e) = check_shape(&key) {
-            return Err(unauthorized(format!("malformed API key: {e}")));
+        let e2b = rampart_store::keys::is_key_shaped(&key);
+        if !e2b {
+            if let Err(e) = check_shape(&key) {
+                return Err(unauthorized(format!("malformed API key: {e}")));
+            }
         }
         let digest = sha256_hex(key.as_bytes());
         // From the watched copy; a key it has not seen yet (made a moment ago through
@@ -305,6 +319,7 @@ impl Gateway {
             peer,
             key: k,
             quotas,
+            e2b,
         })
     }
 
@@ -376,13 +391,16 @@ impl Gateway {
                     scopes: Option<Vec<String>>,
                     #[serde(default)]
                     expires_at_ms: Option<i64>,
+                    /// `native` (the default) or `e2b`.
+                    #[serde(default)]
+                    kind: Option<String>,
                 }
                 let b: Body = match read_json(req).await {
                     Ok(b) => b,
                     Err(r) => return r,
                 };
                 if let Some(t) = &b.tenant {
-                    match self.store.tenant(t).await {
+                    match self.tenant_def(t).await {
                         Ok(Some(_)) => {}
                         Ok(None) => {
                             return err(
@@ -396,19 +414,39 @@ impl Gateway {
                         Err(e) => return unavailable(e),
                     }
                 }
-                let scopes = b.scopes.unwrap_or_else(|| match &b.tenant {
-                    Some(_) => rampart_store::node_keys::default_tenant_scopes(),
-                    None => vec![SCOPE_ADMIN.into()],
-                });
-                let new = NewKey {
-                    name: b.name,
-                    tenant: b.tenant,
-                    scopes,
-                    expires_at_ms: b.expires_at_ms,
+                let made = match b.kind.as_deref().unwrap_or("native") {
+                    "native" => {
+                        let scopes = b.scopes.unwrap_or_else(|| match &b.tenant {
+                            Some(_) => rampart_store::node_keys::default_tenant_scopes(),
+                            None => vec![SCOPE_ADMIN.into()],
+                        });
+                        let new = NewKey {
+                            name: b.name,
+                            tenant: b.tenant,
+                            scopes,
+                            expires_at_ms: b.expires_at_ms,
+                        };
+                        let key = rampart_store::node_keys::generate();
+                        describe(&new, &key).map(|info| (key, info))
+                    }
+                    "e2b" if b.scopes.is_some() || b.expires_at_ms.is_some() => {
+                        return err(
+                            StatusCode::BAD_REQUEST,
+                            "bad_request",
+                            "an E2B key has no scopes or expiry (it may use the whole E2B API)",
+                        )
+                    }
+                    "e2b" => Ok(e2b_key(b.name, b.tenant)),
+                    other => {
+                        return err(
+                            StatusCode::BAD_REQUEST,
+                            "bad_request",
+                            format!("kind: {other:?} is neither \"native\" nor \"e2b\""),
+                        )
+                    }
                 };
-                let key = rampart_store::node_keys::generate();
-                let info = match describe(&new, &key) {
-                    Ok(i) => i,
+                let (key, info) = match made {
+                    Ok(m) => m,
                     Err(e) => return err(StatusCode::BAD_REQUEST, "bad_request", e.to_string()),
                 };
                 match self.store.put_key(&sha256_hex(key.as_bytes()), &info).await {
@@ -477,9 +515,7 @@ impl Gateway {
                 };
                 match self.store.create_tenant(&t).await {
                     Ok(()) => (StatusCode::CREATED, Json(info(&t, Some(0)))).into_response(),
-                    Err(StoreError::Exists(what)) => {
-                        err(StatusCode::CONFLICT, "conflict", format!("{what}"))
-                    }
+                    Err(StoreError::Exists(what)) => err(StatusCode::CONFLICT, "conflict", what),
                     Err(e) => unavailable(e),
                 }
             }
@@ -527,8 +563,103 @@ impl Gateway {
         }
     }
 
-    /// `POST /v1/sandboxes`: the tenant's fleet-wide quota, a node, the node's create, the
-    /// catalog.
+    /// Which sandbox a request is for when it is addressed to one rather than to the API:
+    /// the E2B SDKs' `E2b-Sandbox-Id` header, or a host `{port}-{id}.<domain>`. The bool:
+    /// named by its host.
+    fn sandbox_target(&self, headers: &HeaderMap) -> Option<(String, bool)> {
+        let h = |n: &str| headers.get(n).and_then(|v| v.to_str().ok()).map(str::trim);
+        if let Some(id) = h("e2b-sandbox-id").filter(|s| !s.is_empty()) {
+            return Some((id.to_owned(), false));
+        }
+        let host = h("host")?;
+        let name = match host.rsplit_once(':') {
+            Some((n, p)) if p.bytes().all(|b| b.is_ascii_digit()) => n,
+            _ => host,
+        }
+        .to_ascii_lowercase();
+        let label = name.strip_suffix(&format!(".{}", self.cfg.domain))?;
+        let (port, id) = label.split_once('-')?;
+        let ok = port.parse::<u16>().is_ok()
+            && !id.is_empty()
+            && id
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit());
+        ok.then(|| (id.to_owned(), true))
+    }
+
+    /// The E2B control plane: its keys (`X-API-Key: e2b_...`), creates placed, lists merged,
+    /// calls naming a sandbox carried to its node.
+    async fn e2b(&self, req: Request) -> Response {
+        let method = req.method().clone();
+        let path = req.uri().path().to_owned();
+        let peer = req
+            .extensions()
+            .get::<ConnectInfo<SocketAddr>>()
+            .map(|c| c.0.to_string());
+        let who = match self.authenticate(req.headers(), peer).await {
+            Ok(w) if w.e2b => w,
+            Ok(w) => {
+                return e2b_err(
+                    StatusCode::UNAUTHORIZED,
+                    format!("key {} is a native key; the E2B API takes an E2B key (POST /v1/keys with \"kind\": \"e2b\")", w.key.id),
+                )
+            }
+            Err(r) => return r,
+        };
+        let segs: Vec<&str> = path.trim_matches('/').split('/').collect();
+        match (&method, segs.as_slice()) {
+            (&Method::POST, ["sandboxes"] | ["v2", "sandboxes"]) => self.create(who, req).await,
+            (&Method::GET, ["sandboxes"] | ["v2", "sandboxes"]) => self.list(&who, req).await,
+            (_, ["sandboxes", id, ..] | ["v2", "sandboxes", id, ..]) => {
+                let id = (*id).to_owned();
+                self.to_sandbox(&id, Some(&who), req).await
+            }
+            (&Method::GET, ["templates", ..] | ["v2", "templates", ..]) => {
+                match self.view.nodes().into_iter().next() {
+                    Some(n) => self.forward(&n, Some(&who), req).await,
+                    None => no_nodes(),
+                }
+            }
+            _ => e2b_err(
+                StatusCode::NOT_IMPLEMENTED,
+                format!("{method} {path} is not served through the fleet's gateway yet"),
+            ),
+        }
+    }
+
+    /// After a fork: each new sandbox (on the parent's node) in the catalog.
+    async fn record_forks(&self, resp: Response, node: &str, tenant: Option<String>) -> Response {
+        let (parts, body) = resp.into_parts();
+        let Ok(bytes) = body.collect().await.map(|b| b.to_bytes()) else {
+            return err(
+                StatusCode::BAD_GATEWAY,
+                "bad_gateway",
+                format!("node {node}: the answer broke off"),
+            );
+        };
+        let v: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+        let mut ids = Vec::new();
+        collect_ids(&v, 0, &mut ids);
+        for id in ids {
+            let entry = CatalogEntry {
+                node: node.to_owned(),
+                tenant: tenant.clone(),
+                recorded_ms: rampart_store::now_ms(),
+            };
+            if let Err(e) = self
+                .store
+                .record(&id, &entry, crate::store::Reservation::none())
+                .await
+            {
+                tracing::warn!(sandbox = %id, "gateway: recording a fork in the catalog: {e}");
+            }
+            self.view.note(&id, entry);
+        }
+        Response::from_parts(parts, Body::from(bytes))
+    }
+
+    /// `POST /v1/sandboxes` (and the E2B API's create): the tenant's fleet-wide quota, a
+    /// node, the node's create, the catalog.
     async fn create(&self, who: GatewayPrincipal, req: Request) -> Response {
         let (parts, body) = req.into_parts();
         let bytes = match axum::body::to_bytes(body, MAX_CREATE_BODY).await {
@@ -557,14 +688,15 @@ impl Gateway {
         let held = match self.store.reserve(tenant.as_deref(), max, self.lease).await {
             Ok(h) => h,
             Err(StoreError::Quota { tenant, count, max }) => {
-                return err(
-                    StatusCode::TOO_MANY_REQUESTS,
-                    "quota_exceeded",
-                    format!(
-                        "tenant {tenant} has {count} sandboxes across the fleet and its \
-                         max_sandboxes is {max}"
-                    ),
-                )
+                let m = format!(
+                    "tenant {tenant} has {count} sandboxes across the fleet and its \
+                     max_sandboxes is {max}"
+                );
+                return if who.e2b {
+                    e2b_err(StatusCode::TOO_MANY_REQUESTS, m)
+                } else {
+                    err(StatusCode::TOO_MANY_REQUESTS, "quota_exceeded", m)
+                };
             }
             Err(e) => return unavailable(e),
         };
@@ -621,7 +753,12 @@ impl Gateway {
                 );
             }
         };
-        let Some(id) = v.get("id").and_then(Value::as_str).map(str::to_owned) else {
+        let Some(id) = v
+            .get("id")
+            .or_else(|| v.get("sandboxID"))
+            .and_then(Value::as_str)
+            .map(str::to_owned)
+        else {
             let _ = self.store.release(held).await;
             return err(
                 StatusCode::BAD_GATEWAY,
@@ -640,7 +777,9 @@ impl Gateway {
             tracing::warn!(sandbox = %id, node = %node.name, "gateway: recording in the catalog: {e}");
         }
         self.view.note(&id, entry);
-        v["node"] = json!(node.name);
+        if !who.e2b {
+            v["node"] = json!(node.name);
+        }
         let out = serde_json::to_vec(&v).unwrap_or_default();
         parts.headers.remove(header::CONTENT_LENGTH);
         Response::from_parts(parts, Body::from(out))
@@ -686,12 +825,14 @@ impl Gateway {
                 );
             };
             for mut s in items {
-                s["node"] = json!(n.name);
+                if !who.e2b {
+                    s["node"] = json!(n.name);
+                }
                 all.push(s);
             }
         }
         for (id, e) in self.view.lost() {
-            if who.key.tenant.is_none() || who.key.tenant == e.tenant {
+            if !who.e2b && (who.key.tenant.is_none() || who.key.tenant == e.tenant) {
                 all.push(lost_json(&id, &e));
             }
         }
@@ -700,6 +841,18 @@ impl Gateway {
 
     /// A call naming sandbox `id`: to its node, or `lost` if the node's lease lapsed.
     async fn to_sandbox(&self, id: &str, who: Option<&GatewayPrincipal>, req: Request) -> Response {
+        self.to_sandbox_as(id, who, req, false).await
+    }
+
+    /// [`Gateway::to_sandbox`]; `keep_host`: the node needs the request's own `Host` (the
+    /// host form `{port}-{id}.<domain>` names the sandbox).
+    async fn to_sandbox_as(
+        &self,
+        id: &str,
+        who: Option<&GatewayPrincipal>,
+        req: Request,
+        keep_host: bool,
+    ) -> Response {
         let entry = match self.view.lookup(id) {
             Some(e) => Some(e),
             // Another gateway's create not yet in this one's copy.
@@ -708,12 +861,24 @@ impl Gateway {
                 Err(e) => return unavailable(e),
             },
         };
+        let e2b = who.is_some_and(|w| w.e2b);
         let not_found = || {
-            err(
-                StatusCode::NOT_FOUND,
-                "not_found",
-                format!("no sandbox {id}"),
-            )
+            if keep_host || (who.is_none() && !req.uri().path().starts_with("/v1/")) {
+                // As a node's envd proxy answers for a sandbox that is not there.
+                (
+                    StatusCode::BAD_GATEWAY,
+                    Json(json!({"sandboxId": id, "message": "The sandbox was not found", "code": 502})),
+                )
+                    .into_response()
+            } else if e2b {
+                e2b_err(StatusCode::NOT_FOUND, format!("sandbox {id} not found"))
+            } else {
+                err(
+                    StatusCode::NOT_FOUND,
+                    "not_found",
+                    format!("no sandbox {id}"),
+                )
+            }
         };
         let Some(entry) = entry else {
             return not_found();
@@ -723,23 +888,32 @@ impl Gateway {
                 return not_found();
             }
         }
+        let p = req.uri().path().trim_end_matches('/').to_owned();
+        let names_it =
+            !keep_host && (p == format!("/v1/sandboxes/{id}") || p == format!("/sandboxes/{id}"));
         let Some(node) = self.view.node(&entry.node) else {
-            if req.method() == Method::GET
-                && req.uri().path().trim_end_matches('/') == format!("/v1/sandboxes/{id}")
-            {
+            if names_it && req.method() == Method::GET && !e2b {
                 return Json(lost_json(id, &entry)).into_response();
             }
-            return err(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "node_lost",
-                format!("sandbox {id} runs on node {} whose lease lapsed: it is lost until the node returns", entry.node),
+            let m = format!(
+                "sandbox {id} runs on node {} whose lease lapsed: it is lost until the node returns",
+                entry.node
             );
+            return if e2b {
+                e2b_err(StatusCode::SERVICE_UNAVAILABLE, m)
+            } else {
+                err(StatusCode::SERVICE_UNAVAILABLE, "node_lost", m)
+            };
         };
-        let is_destroy = req.method() == Method::DELETE
-            && req.uri().path().trim_end_matches('/') == format!("/v1/sandboxes/{id}");
-        let is_info = req.method() == Method::GET
-            && req.uri().path().trim_end_matches('/') == format!("/v1/sandboxes/{id}");
-        let resp = self.forward(&node, who, req).await;
+        let is_destroy = names_it && req.method() == Method::DELETE;
+        let is_info = names_it && req.method() == Method::GET && !e2b;
+        let is_fork = !keep_host && req.method() == Method::POST && p.ends_with("/fork");
+        let resp = self.forward_as(&node, who, req, keep_host).await;
+        if is_fork && resp.status().is_success() {
+            return self
+                .record_forks(resp, &node.name, entry.tenant.clone())
+                .await;
+        }
         if is_destroy && (resp.status().is_success() || resp.status() == StatusCode::NOT_FOUND) {
             if let Err(e) = self.store.forget(id, entry.tenant.as_deref()).await {
                 tracing::warn!(sandbox = %id, "gateway: removing from the catalog: {e}");
@@ -759,6 +933,17 @@ impl Gateway {
         node: &NodeRecord,
         who: Option<&GatewayPrincipal>,
         req: Request,
+    ) -> Response {
+        self.forward_as(node, who, req, false).await
+    }
+
+    /// [`Gateway::forward`]; `keep_host`: the caller's `Host` goes to the node unchanged.
+    async fn forward_as(
+        &self,
+        node: &NodeRecord,
+        who: Option<&GatewayPrincipal>,
+        req: Request,
+        keep_host: bool,
     ) -> Response {
         let (mut parts, body) = req.into_parts();
         if parts.headers.contains_key(header::UPGRADE) {
@@ -785,10 +970,13 @@ impl Gateway {
             }
         };
         strip_hop_by_hop(&mut parts.headers);
-        for h in [header::AUTHORIZATION, header::HOST] {
-            parts.headers.remove(h);
+        if !keep_host {
+            parts.headers.remove(header::HOST);
         }
-        parts.headers.remove("x-api-key");
+        if who.is_some() {
+            parts.headers.remove(header::AUTHORIZATION);
+            parts.headers.remove("x-api-key");
+        }
         // Only the gateway says who the caller is.
         parts.headers.remove(GATEWAY_PRINCIPAL_HEADER);
         if let Some(w) = who {
@@ -821,6 +1009,79 @@ impl Gateway {
                 format!("node {} at {} did not answer: {e}", node.name, node.url),
             ),
         }
+    }
+}
+
+/// The scope that marks an E2B API key in the fleet's key list (no native endpoint takes it).
+pub const E2B_SCOPE: &str = "e2b";
+
+/// A new E2B API key (`e2b_` and 40 hex digits) of `tenant`, and its listing.
+fn e2b_key(name: String, tenant: Option<String>) -> (String, rampart_store::node_keys::NodeKey) {
+    use rampart_store::keys::{random_hex, KEY_HEX_LEN, KEY_PREFIX};
+    let key = format!("{KEY_PREFIX}{}", random_hex(KEY_HEX_LEN / 2));
+    let digest = sha256_hex(key.as_bytes());
+    let info = rampart_store::node_keys::NodeKey {
+        id: digest[..12].to_owned(),
+        name,
+        hint: format!("{}…", &key[..KEY_PREFIX.len() + 6]),
+        tenant,
+        scopes: vec![E2B_SCOPE.into()],
+        created_at_ms: rampart_store::now_ms(),
+        expires_at_ms: None,
+        revoked_at_ms: None,
+        last_used_at_ms: None,
+    };
+    (key, info)
+}
+
+/// The E2B API's paths (at the root, as E2B serves them).
+fn is_e2b_path(path: &str) -> bool {
+    let first = path.trim_start_matches('/').split('/').next().unwrap_or("");
+    let first = match first {
+        "v2" | "v3" => path.trim_start_matches('/').split('/').nth(1).unwrap_or(""),
+        f => f,
+    };
+    matches!(
+        first,
+        "sandboxes"
+            | "templates"
+            | "events"
+            | "volumes"
+            | "secrets"
+            | "volumecontent"
+            | "files"
+            | "e2b"
+    )
+}
+
+/// An error as the E2B API writes it: `{"code": N, "message": ...}`.
+fn e2b_err(status: StatusCode, message: impl Into<String>) -> Response {
+    (
+        status,
+        Json(json!({"code": status.as_u16(), "message": message.into()})),
+    )
+        .into_response()
+}
+
+/// Sandbox ids in a fork's answer: `id` or `sandboxID` fields, at the top or one level down.
+fn collect_ids(v: &Value, depth: usize, out: &mut Vec<String>) {
+    match v {
+        Value::Array(items) if depth < 3 => {
+            items.iter().for_each(|i| collect_ids(i, depth + 1, out))
+        }
+        Value::Object(m) if depth < 3 => {
+            for k in ["id", "sandboxID"] {
+                if let Some(id) = m.get(k).and_then(Value::as_str) {
+                    out.push(id.to_owned());
+                }
+            }
+            for (k, inner) in m {
+                if k != "id" && k != "sandboxID" && (inner.is_object() || inner.is_array()) {
+                    collect_ids(inner, depth + 1, out);
+                }
+            }
+        }
+        _ => {}
     }
 }
 

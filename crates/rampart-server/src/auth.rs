@@ -513,6 +513,11 @@ pub(crate) async fn guard(State(auth): State<Arc<Auth>>, req: Request, next: Nex
     };
     if let Some(token) = &auth.fleet_token {
         return match from_gateway(token, &key, &req) {
+            Ok(who) if who.e2b => unauthorized(format!(
+                "E2B API key {} is for the E2B API, not the native one",
+                who.key.id
+            ))
+            .into_response(),
             Ok(who) => {
                 if let (Some(t), Some(q), Some(tenancy)) =
                     (&who.key.tenant, &who.quotas, &auth.tenancy)
@@ -566,7 +571,11 @@ pub(crate) async fn guard(State(auth): State<Arc<Auth>>, req: Request, next: Nex
 }
 
 /// On a node of a fleet: the principal a gateway vouches for, if `key` is the fleet's token.
-fn from_gateway(token: &str, key: &str, req: &Request) -> Result<GatewayPrincipal, ApiError> {
+pub(crate) fn from_gateway(
+    token: &str,
+    key: &str,
+    req: &Request,
+) -> Result<GatewayPrincipal, ApiError> {
     use sha2::Digest as _;
     // Compared as digests: the time taken says nothing about the token's characters.
     let same = sha2::Sha256::digest(token.as_bytes()) == sha2::Sha256::digest(key.as_bytes());

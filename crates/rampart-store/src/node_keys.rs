@@ -193,6 +193,10 @@ pub struct GatewayPrincipal {
     /// tenant up to date with them before it serves the request.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub quotas: Option<rampart_types::tenant::Quotas>,
+    /// Whether it is an E2B API key (`e2b_...`, for the E2B API only) rather than a native
+    /// one.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub e2b: bool,
 }
 
 /// Why a [`GATEWAY_PRINCIPAL_HEADER`] could not be read.

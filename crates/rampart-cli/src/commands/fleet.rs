@@ -231,6 +231,10 @@ pub struct GatewayArgs {
     /// How many nodes a create compares (best of K by free capacity).
     #[arg(long, value_name = "K", default_value_t = 3)]
     choices: usize,
+    /// The domain of host-name routing to sandboxes (`{port}-{id}.<DOMAIN>`): the nodes'
+    /// `--domain`.
+    #[arg(long, value_name = "DOMAIN", default_value = rampart_server::DEFAULT_DOMAIN)]
+    domain: String,
 }
 
 /// Reads the admin key at `file`, or makes one there (0600) if it does not exist.
@@ -282,6 +286,7 @@ pub async fn gateway(a: GatewayArgs) -> Result<u8> {
         name: name.clone(),
         admin_key: Some(admin_key),
         choices: a.choices,
+        domain: a.domain.to_ascii_lowercase(),
     })
     .await
     .with_context(|| {

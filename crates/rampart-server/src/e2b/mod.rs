@@ -28,7 +28,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
 use rampart_core::Manager;
-use rampart_store::keys::KeyStore;
+use rampart_store::keys::{KeyInfo, KeyStore};
 use std::sync::Arc;
 
 /// The envd version the control plane reports. The SDK gates features on it; 0.6.4 is the
@@ -59,6 +59,9 @@ pub(crate) struct E2b {
     pub(crate) public_traffic: bool,
     /// The TCP listener serves HTTPS: links the daemon hands out are `https://`.
     pub(crate) tls: bool,
+    /// The fleet's token when this node serves a fleet: the E2B API then answers only the
+    /// fleet's gateways, for the E2B key they checked.
+    pub(crate) fleet_token: Option<String>,
 }
 
 impl std::fmt::Debug for E2b {
@@ -234,6 +237,7 @@ pub(crate) fn attach(
         domain: opts.domain.clone(),
         public_traffic: opts.e2b_public_traffic,
         tls: opts.tls.is_some(),
+        fleet_token: opts.fleet_token.clone(),
     };
     metrics::start(st.clone());
     let api = Router::new()
@@ -359,8 +363,48 @@ pub(crate) fn attach(
         .layer(axum::middleware::from_fn_with_state(st, envd::dispatch))
 }
 
-/// Checks `X-API-KEY` against the key store.
-async fn api_key(State(st): State<E2b>, mut req: Request, next: Next) -> Response {
+/// On a node of a fleet: the E2B key a gateway checked (`Authorization: Bearer <the fleet's
+/// token>` and the principal's header), as the E2B API's key; its tenant's copy made first.
+fn via_gateway(st: &E2b, token: &str, req: &Request) -> Result<KeyInfo, E2bError> {
+    let refuse = |m: String| E2bError::new(StatusCode::UNAUTHORIZED, m);
+    let presented = req
+        .headers()
+        .get(axum::http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().strip_prefix("Bearer "))
+        .map(str::trim)
+        .unwrap_or_default();
+    let who = crate::auth::from_gateway(token, presented, req).map_err(|e| refuse(e.message))?;
+    if !who.e2b {
+        return Err(refuse(format!(
+            "key {} is a native API key, not an E2B one",
+            who.key.id
+        )));
+    }
+    if let (Some(t), Some(q), Some(tenancy)) = (&who.key.tenant, &who.quotas, &st.tenancy) {
+        tenancy
+            .mirror(t, q)
+            .map_err(|e| E2bError::internal(format!("tenant {t}'s copy on this node: {e}")))?;
+    }
+    Ok(KeyInfo {
+        id: who.key.id,
+        name: format!("{} via gateway {}", who.key.name, who.gateway),
+        hint: who.key.hint,
+        created_at_ms: who.key.created_at_ms,
+        last_used_at_ms: None,
+        tenant: who.key.tenant,
+    })
+}
+
+/// Checks `X-API-KEY` against the key store (on a node of a fleet: the gateway's word).
+async fn api_key(State(st): State<E2b>, req: Request, next: Next) -> Response {
+    if let Some(token) = st.fleet_token.clone() {
+        let info = match via_gateway(&st, &token, &req) {
+            Ok(i) => i,
+            Err(e) => return e.into_response(),
+        };
+        return serve_as_key(&st, info, req, next).await;
+    }
     let key = req
         .headers()
         .get("x-api-key")
@@ -390,6 +434,12 @@ async fn api_key(State(st): State<E2b>, mut req: Request, next: Next) -> Respons
         Ok(Err(e)) => return E2bError::from(e).into_response(),
         Err(e) => return E2bError::internal(format!("checking the API key: {e}")).into_response(),
     };
+    serve_as_key(&st, info, req, next).await
+}
+
+/// Serves an E2B request on behalf of the key `info`: its tenant's create rate, the record's
+/// caller, the change log.
+async fn serve_as_key(st: &E2b, info: KeyInfo, mut req: Request, next: Next) -> Response {
     let peer = crate::caller::peer(&req);
     let p = rampart_core::Principal {
         caller: format!(
