@@ -546,3 +546,163 @@ fn the_e2b_sdk_works_through_the_gateway() {
     assert!(report.failed.is_empty(), "{:?}", report.failed);
     assert_eq!(report.passed.len(), 3, "{:?}", report.passed);
 }
+
+/// The pid and name of the etcd member that leads now (`etcdctl endpoint status`).
+fn etcd_leader(f: &Fleet) -> (i32, String) {
+    let out = Command::new("etcdctl")
+        .env("ETCDCTL_API", "3")
+        .args(["endpoint", "status", "-w", "json", "--endpoints", &f.etcd()])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let all: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let leader = all
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["Status"]["header"]["member_id"] == e["Status"]["leader"])
+        .expect("a leader");
+    let endpoint = leader["Endpoint"].as_str().unwrap();
+    let member = f.file["etcd"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["endpoint"] == json!(endpoint))
+        .unwrap();
+    (
+        member["pid"].as_i64().unwrap() as i32,
+        member["name"].as_str().unwrap().to_owned(),
+    )
+}
+
+#[test]
+fn losing_the_etcd_leader_or_a_gateway_loses_no_create() {
+    if let Some(r) = skip() {
+        eprintln!("skipped: {r}");
+        return;
+    }
+    if Command::new("etcdctl").arg("version").output().is_err() {
+        eprintln!("skipped: no etcdctl (apt-get install etcd-client)");
+        return;
+    }
+    let f = Fleet::up(2, 10);
+    let (g, admin) = (f.gateway(), f.admin());
+    // A second gateway, to go on when the first is killed.
+    let port = free_port();
+    let g2 = format!("http://127.0.0.1:{port}");
+    let mut second = Command::new(env!("CARGO_BIN_EXE_rampart"))
+        .args([
+            "gateway",
+            "--listen",
+            &format!("127.0.0.1:{port}"),
+            "--fleet",
+            &f.etcd(),
+        ])
+        .arg("--data-dir")
+        .arg(f.dir.path().join("gateway-b"))
+        .arg("--admin-key-file")
+        .arg(f.dir.path().join("gateway").join("admin-key"))
+        .stdout(std::fs::File::create(f.dir.path().join("gateway-b.log")).unwrap())
+        .stderr(std::fs::File::create(f.dir.path().join("gateway-b.err")).unwrap())
+        .spawn()
+        .unwrap();
+    wait_until("the second gateway answers /health", 60, || {
+        client()
+            .get(format!("{g2}/health"))
+            .send()
+            .is_ok_and(|r| r.status().is_success())
+    });
+    let mut acknowledged = Vec::new();
+    let mut create_and_run = |gw: &str, i: usize| {
+        let (s, b) = create(gw, &admin);
+        assert_eq!(s, 201, "create {i} through {gw}: {b}");
+        let id = b["id"].as_str().unwrap().to_owned();
+        let (s, out) = exec(gw, &admin, &id, "echo $((40+2))");
+        assert_eq!(
+            (s, out["stdout"].as_str()),
+            (200, Some("42\n")),
+            "exec {i}: {out}"
+        );
+        acknowledged.push(id);
+    };
+    for i in 0..5 {
+        create_and_run(&g, i);
+    }
+    let (leader, name) = etcd_leader(&f);
+    // SAFETY: kill(2) on the etcd member this test's fleet started.
+    assert_eq!(
+        unsafe { libc::kill(leader, libc::SIGKILL) },
+        0,
+        "kill {name}"
+    );
+    for i in 5..15 {
+        create_and_run(&g, i);
+    }
+    let (_, gw_pid, _) = {
+        let gw = &f.file["gateways"][0];
+        ((), gw["pid"].as_i64().unwrap() as i32, ())
+    };
+    // SAFETY: kill(2) on the gateway this test's fleet started.
+    assert_eq!(unsafe { libc::kill(gw_pid, libc::SIGKILL) }, 0);
+    for i in 15..20 {
+        create_and_run(&g2, i);
+    }
+    // Everything acknowledged is usable through the gateway that is left.
+    let (s, list) = call("GET", &format!("{g2}/v1/sandboxes"), &admin, None);
+    assert_eq!(s, 200, "{list}");
+    let listed: std::collections::BTreeSet<&str> = list
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|s| s["state"] == "running")
+        .map(|s| s["id"].as_str().unwrap())
+        .collect();
+    for id in &acknowledged {
+        assert!(
+            listed.contains(id.as_str()),
+            "{id} is not listed running: {list}"
+        );
+    }
+    let (s, b) = exec(&g2, &admin, &acknowledged[0], "true");
+    assert_eq!(s, 200, "{b}");
+
+    // Without etcd at all, a create is refused with the reason and leaves nothing behind.
+    for e in f.file["etcd"].as_array().unwrap() {
+        let pid = e["pid"].as_i64().unwrap() as i32;
+        if process_alive(pid) {
+            // SAFETY: kill(2) on an etcd member this test's fleet started.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+        }
+    }
+    let (s, b) = create(&g2, &admin);
+    assert_eq!(s, 503, "{b}");
+    assert!(b.to_string().contains("etcd"), "{b}");
+    let node_socks: Vec<PathBuf> = (0..2)
+        .map(|i| f.dir.path().join(f.node(i).0).join("rampart.sock"))
+        .collect();
+    let alive: usize = node_socks
+        .iter()
+        .map(|sock| {
+            let out = Command::new(env!("CARGO_BIN_EXE_rampart"))
+                .arg("--socket")
+                .arg(sock)
+                .args(["ls", "--json"])
+                .output()
+                .unwrap();
+            serde_json::from_slice::<Vec<Value>>(&out.stdout)
+                .map(|v| v.len())
+                .unwrap_or(0)
+        })
+        .sum();
+    assert_eq!(
+        alive,
+        acknowledged.len(),
+        "the refused create left a sandbox behind"
+    );
+    let _ = second.kill();
+    let _ = second.wait();
+}

@@ -648,7 +648,7 @@ impl Gateway {
             };
             if let Err(e) = self
                 .store
-                .record(&id, &entry, crate::store::Reservation::none())
+                .record(&id, &entry, &crate::store::Reservation::none())
                 .await
             {
                 tracing::warn!(sandbox = %id, "gateway: recording a fork in the catalog: {e}");
@@ -771,10 +771,33 @@ impl Gateway {
             tenant,
             recorded_ms: rampart_store::now_ms(),
         };
-        if let Err(e) = self.store.record(&id, &entry, held).await {
-            // The node runs it and will list it at its next renewal; until then the
-            // gateway's own copy routes to it.
-            tracing::warn!(sandbox = %id, node = %node.name, "gateway: recording in the catalog: {e}");
+        if let Err(e) = self.store.record(&id, &entry, &held).await {
+            let _ = self.store.release(held).await;
+            // Not in the catalog, the sandbox would be unreachable through the other
+            // gateways: it is not kept, and the create fails with the reason.
+            tracing::warn!(sandbox = %id, node = %node.name, "gateway: recording in the catalog: {e}; destroying it");
+            let path = if who.e2b {
+                format!("/sandboxes/{id}")
+            } else {
+                format!("/v1/sandboxes/{id}")
+            };
+            let undo = Request::builder()
+                .method(Method::DELETE)
+                .uri(path)
+                .body(Body::empty())
+                .expect("a request");
+            let gone = self.forward(&node, Some(&who), undo).await;
+            let m = format!(
+                "the fleet's store (etcd) did not take the sandbox's catalog entry: {e}; the \
+                 sandbox was destroyed on node {} ({})",
+                node.name,
+                gone.status()
+            );
+            return if who.e2b {
+                e2b_err(StatusCode::SERVICE_UNAVAILABLE, m)
+            } else {
+                err(StatusCode::SERVICE_UNAVAILABLE, "unavailable", m)
+            };
         }
         self.view.note(&id, entry);
         if !who.e2b {

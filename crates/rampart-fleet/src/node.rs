@@ -165,7 +165,7 @@ async fn beat(
                 tenant: tenant.clone(),
                 recorded_ms: listed_ms,
             };
-            store.record(id, &entry, Reservation::none()).await?;
+            store.record(id, &entry, &Reservation::none()).await?;
         }
     }
     facts.mirror_tenants(&store.tenants().await?);

@@ -156,11 +156,12 @@ fn json<T: serde::Serialize>(v: &T) -> Vec<u8> {
 
 impl Store {
     /// Connects to etcd at `endpoints` (`http://host:2379`; the client balances over them
-    /// and moves on when one fails). Each request gives up after 5 s.
+    /// and moves on when one fails). Each request gives up after 2 s, and is tried again
+    /// while etcd's failure passes (see `retry`).
     pub async fn connect(endpoints: &[String], prefix: &str) -> Result<Store, StoreError> {
         let opts = ConnectOptions::new()
             .with_connect_timeout(Duration::from_secs(3))
-            .with_timeout(Duration::from_secs(5))
+            .with_timeout(Duration::from_secs(2))
             .with_keep_alive(Duration::from_secs(5), Duration::from_secs(3));
         let client = Client::connect(endpoints, Some(opts)).await?;
         let mut prefix = prefix.to_owned();
@@ -178,6 +179,78 @@ impl Store {
         self.client.clone()
     }
 
+    /// Runs `op` again while etcd answers with a passing failure (no leader during an
+    /// election, a member gone, a timeout): for up to about 6 s. Every write the fleet makes
+    /// is safe to repeat (a put of the same value, a transaction guarded by its compare).
+    async fn retry<T, F, Fut>(&self, op: F) -> Result<T, StoreError>
+    where
+        F: Fn(Client) -> Fut,
+        Fut: std::future::Future<Output = Result<T, etcd_client::Error>>,
+    {
+        let mut delay = Duration::from_millis(50);
+        let mut attempt = 0;
+        loop {
+            match op(self.c()).await {
+                Ok(v) => return Ok(v),
+                Err(e) if attempt < 7 && transient(&e) => {
+                    tracing::debug!("etcd: {e}; trying again in {delay:?}");
+                    tokio::time::sleep(delay).await;
+                    delay = (delay * 2).min(Duration::from_secs(2));
+                    attempt += 1;
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+
+    async fn get(
+        &self,
+        key: impl Into<Vec<u8>>,
+        opts: Option<GetOptions>,
+    ) -> Result<etcd_client::GetResponse, StoreError> {
+        let key = key.into();
+        self.retry(|mut c| {
+            let (key, opts) = (key.clone(), opts.clone());
+            async move { c.get(key, opts).await }
+        })
+        .await
+    }
+
+    async fn put(
+        &self,
+        key: impl Into<Vec<u8>>,
+        value: impl Into<Vec<u8>>,
+        opts: Option<PutOptions>,
+    ) -> Result<etcd_client::PutResponse, StoreError> {
+        let (key, value) = (key.into(), value.into());
+        self.retry(|mut c| {
+            let (key, value, opts) = (key.clone(), value.clone(), opts.clone());
+            async move { c.put(key, value, opts).await }
+        })
+        .await
+    }
+
+    async fn txn(&self, txn: Txn) -> Result<etcd_client::TxnResponse, StoreError> {
+        self.retry(|mut c| {
+            let txn = txn.clone();
+            async move { c.txn(txn).await }
+        })
+        .await
+    }
+
+    async fn delete(
+        &self,
+        key: impl Into<Vec<u8>>,
+        opts: Option<etcd_client::DeleteOptions>,
+    ) -> Result<etcd_client::DeleteResponse, StoreError> {
+        let key = key.into();
+        self.retry(|mut c| {
+            let (key, opts) = (key.clone(), opts.clone());
+            async move { c.delete(key, opts).await }
+        })
+        .await
+    }
+
     /// Every value under `rest` (a prefix), parsed, with its key's last part.
     async fn list<T: serde::de::DeserializeOwned>(
         &self,
@@ -186,7 +259,6 @@ impl Store {
     ) -> Result<Vec<(String, T)>, StoreError> {
         let prefix = self.key(rest);
         let resp = self
-            .c()
             .get(prefix.clone(), Some(GetOptions::new().with_prefix()))
             .await?;
         resp.kvs()
@@ -203,7 +275,7 @@ impl Store {
         rest: &str,
         what: &'static str,
     ) -> Result<Option<T>, StoreError> {
-        let resp = self.c().get(self.key(rest), None).await?;
+        let resp = self.get(self.key(rest), None).await?;
         resp.kvs()
             .first()
             .map(|kv| parse(kv.key(), kv.value(), what))
@@ -218,7 +290,7 @@ impl Store {
             .when([Compare::version(key.clone(), CompareOp::Equal, 0)])
             .and_then([TxnOp::put(key.clone(), made.clone(), None)])
             .or_else([TxnOp::get(key.clone(), None)]);
-        let resp = self.c().txn(txn).await?;
+        let resp = self.txn(txn).await?;
         if resp.succeeded() {
             return Ok(made);
         }
@@ -234,7 +306,9 @@ impl Store {
 
     /// A lease of `ttl` seconds: what is written under it goes when it is not kept alive.
     pub async fn grant(&self, ttl: i64) -> Result<i64, StoreError> {
-        Ok(self.c().lease_grant(ttl, None).await?.id())
+        self.retry(|mut c| async move { c.lease_grant(ttl, None).await })
+            .await
+            .map(|r| r.id())
     }
 
     /// A keeper of lease `id`: each [`Keeper::renew`] renews it once.
@@ -251,13 +325,12 @@ impl Store {
 
     /// Writes node `n`'s record under lease `lease`.
     pub async fn put_node(&self, n: &NodeRecord, lease: i64) -> Result<(), StoreError> {
-        self.c()
-            .put(
-                self.key(&format!("nodes/{}", n.name)),
-                json(n),
-                Some(PutOptions::new().with_lease(lease)),
-            )
-            .await?;
+        self.put(
+            self.key(&format!("nodes/{}", n.name)),
+            json(n),
+            Some(PutOptions::new().with_lease(lease)),
+        )
+        .await?;
         Ok(())
     }
 
@@ -280,7 +353,6 @@ impl Store {
     /// nothing).
     pub async fn snapshot(&self) -> Result<Snapshot, StoreError> {
         let resp = self
-            .c()
             .get(self.prefix.clone(), Some(GetOptions::new().with_prefix()))
             .await?;
         let mut snap = Snapshot {
@@ -351,7 +423,6 @@ impl Store {
         let end = prefix_end(&prefix);
         for _ in 0..8 {
             let resp = self
-                .c()
                 .get(
                     prefix.clone(),
                     Some(GetOptions::new().with_prefix().with_count_only()),
@@ -378,7 +449,7 @@ impl Store {
                     Vec::new(),
                     Some(PutOptions::new().with_lease(lease)),
                 )]);
-            if self.c().txn(txn).await?.succeeded() {
+            if self.txn(txn).await?.succeeded() {
                 return Ok(Reservation { key: Some(hold) });
             }
         }
@@ -390,7 +461,7 @@ impl Store {
         &self,
         id: &str,
         entry: &CatalogEntry,
-        held: Reservation,
+        held: &Reservation,
     ) -> Result<(), StoreError> {
         let mut ops = vec![TxnOp::put(
             self.key(&format!("sandboxes/{id}")),
@@ -404,17 +475,17 @@ impl Store {
                 None,
             ));
         }
-        if let Some(k) = held.key {
-            ops.push(TxnOp::delete(k, None));
+        if let Some(k) = &held.key {
+            ops.push(TxnOp::delete(k.clone(), None));
         }
-        self.c().txn(Txn::new().and_then(ops)).await?;
+        self.txn(Txn::new().and_then(ops)).await?;
         Ok(())
     }
 
     /// Lets a reservation go (its create failed).
     pub async fn release(&self, held: Reservation) -> Result<(), StoreError> {
         if let Some(k) = held.key {
-            self.c().delete(k, None).await?;
+            self.delete(k, None).await?;
         }
         Ok(())
     }
@@ -425,7 +496,7 @@ impl Store {
         if let Some(t) = tenant {
             ops.push(TxnOp::delete(self.key(&format!("owners/{t}/{id}")), None));
         }
-        self.c().txn(Txn::new().and_then(ops)).await?;
+        self.txn(Txn::new().and_then(ops)).await?;
         Ok(())
     }
 
@@ -440,7 +511,7 @@ impl Store {
         let txn = Txn::new()
             .when([Compare::version(key.clone(), CompareOp::Equal, 0)])
             .and_then([TxnOp::put(key, json(k), None)]);
-        if self.c().txn(txn).await?.succeeded() {
+        if self.txn(txn).await?.succeeded() {
             Ok(())
         } else {
             Err(StoreError::Exists(format!("key {}", k.id)))
@@ -457,8 +528,7 @@ impl Store {
         for (digest, mut k) in self.keys().await? {
             if k.id == id {
                 k.revoked_at_ms.get_or_insert(now_ms);
-                self.c()
-                    .put(self.key(&format!("keys/{digest}")), json(&k), None)
+                self.put(self.key(&format!("keys/{digest}")), json(&k), None)
                     .await?;
                 return Ok(true);
             }
@@ -487,7 +557,7 @@ impl Store {
         let txn = Txn::new()
             .when([Compare::version(key.clone(), CompareOp::Equal, 0)])
             .and_then([TxnOp::put(key, json(t), None)]);
-        if self.c().txn(txn).await?.succeeded() {
+        if self.txn(txn).await?.succeeded() {
             Ok(())
         } else {
             Err(StoreError::Exists(format!("tenant {}", t.name)))
@@ -496,8 +566,7 @@ impl Store {
 
     /// Replaces tenant `t` (its quotas).
     pub async fn put_tenant(&self, t: &TenantDef) -> Result<(), StoreError> {
-        self.c()
-            .put(self.key(&format!("tenants/{}", t.name)), json(t), None)
+        self.put(self.key(&format!("tenants/{}", t.name)), json(t), None)
             .await?;
         Ok(())
     }
@@ -505,13 +574,29 @@ impl Store {
     /// How many sandboxes tenant `name` has across the fleet (reservations included).
     pub async fn tenant_count(&self, name: &str) -> Result<u64, StoreError> {
         let resp = self
-            .c()
             .get(
                 self.key(&format!("owners/{name}/")),
                 Some(GetOptions::new().with_prefix().with_count_only()),
             )
             .await?;
         Ok(resp.count() as u64)
+    }
+}
+
+/// Whether etcd's error passes with time (an election, a member down, a slow answer).
+fn transient(e: &etcd_client::Error) -> bool {
+    use tonic::Code;
+    match e {
+        etcd_client::Error::TransportError(_) | etcd_client::Error::IoError(_) => true,
+        etcd_client::Error::GRpcStatus(s) => matches!(
+            s.code(),
+            Code::Unavailable
+                | Code::DeadlineExceeded
+                | Code::Unknown
+                | Code::Aborted
+                | Code::Cancelled
+        ),
+        _ => false,
     }
 }
 
