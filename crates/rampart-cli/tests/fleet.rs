@@ -115,6 +115,12 @@ impl Drop for Fleet {
     }
 }
 
+/// `kill -9` of a process this test's fleet started (by its pid).
+fn kill9(pid: i32) -> bool {
+    // SAFETY: kill(2) has no memory effects; the pid is one the fleet started.
+    unsafe { libc::kill(pid, libc::SIGKILL) == 0 }
+}
+
 fn skip() -> Option<String> {
     if let Some(r) = skip_reason() {
         return Some(r);
@@ -424,8 +430,7 @@ fn a_killed_node_is_lost_then_comes_back() {
     let victims = on.get(&name).cloned().unwrap_or_default();
     assert_eq!(victims.len(), 2, "{on:?}");
     let mut again = command_of(pid);
-    // SAFETY: kill(2) on the pid of the node this test's fleet started.
-    assert_eq!(unsafe { libc::kill(pid, libc::SIGKILL) }, 0);
+    assert!(kill9(pid));
     wait_until("the node is reported lost", 60, || {
         let (_, b) = call("GET", &format!("{g}/v1/nodes"), &admin, None);
         b["nodes"].as_array().is_some_and(|ns| {
@@ -633,21 +638,12 @@ fn losing_the_etcd_leader_or_a_gateway_loses_no_create() {
         create_and_run(&g, i);
     }
     let (leader, name) = etcd_leader(&f);
-    // SAFETY: kill(2) on the etcd member this test's fleet started.
-    assert_eq!(
-        unsafe { libc::kill(leader, libc::SIGKILL) },
-        0,
-        "kill {name}"
-    );
+    assert!(kill9(leader), "kill {name}");
     for i in 5..15 {
         create_and_run(&g, i);
     }
-    let (_, gw_pid, _) = {
-        let gw = &f.file["gateways"][0];
-        ((), gw["pid"].as_i64().unwrap() as i32, ())
-    };
-    // SAFETY: kill(2) on the gateway this test's fleet started.
-    assert_eq!(unsafe { libc::kill(gw_pid, libc::SIGKILL) }, 0);
+    let gw_pid = f.file["gateways"][0]["pid"].as_i64().unwrap() as i32;
+    assert!(kill9(gw_pid));
     for i in 15..20 {
         create_and_run(&g2, i);
     }
@@ -674,8 +670,7 @@ fn losing_the_etcd_leader_or_a_gateway_loses_no_create() {
     for e in f.file["etcd"].as_array().unwrap() {
         let pid = e["pid"].as_i64().unwrap() as i32;
         if process_alive(pid) {
-            // SAFETY: kill(2) on an etcd member this test's fleet started.
-            unsafe { libc::kill(pid, libc::SIGKILL) };
+            kill9(pid);
         }
     }
     let (s, b) = create(&g2, &admin);
