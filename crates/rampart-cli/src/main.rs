@@ -152,7 +152,8 @@ fn main() -> ExitCode {
         };
     }
     if let Command::Keys(args) = cli.command {
-        return match commands::keys::run(args) {
+        let key = std::env::var("RAMPART_API_KEY").ok();
+        return match commands::keys::run(args, cli.host.clone(), key) {
             Ok(code) => ExitCode::from(code),
             Err(e) => {
                 eprintln!("rampart keys: {e:#}");

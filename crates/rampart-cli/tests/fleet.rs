@@ -234,27 +234,50 @@ fn a_fleet_places_routes_and_keeps_tenants_apart() {
         .unwrap();
     assert_eq!(forged.status().as_u16(), 401);
 
-    // Tenants: made through the gateway, kept in etcd, their quota counted over every node.
-    for (name, max) in [("acme", 2), ("globex", 5)] {
-        let (s, b) = call(
-            "POST",
-            &format!("{g}/v1/tenants"),
-            &admin,
-            Some(json!({"name": name, "quotas": {"max_sandboxes": max}})),
+    // Tenants: made through the gateway, kept in etcd, their quota counted over every node;
+    // over the HTTP API and with the CLI pointed at the gateway (RAMPART_HOST).
+    let (s, b) = call(
+        "POST",
+        &format!("{g}/v1/tenants"),
+        &admin,
+        Some(json!({"name": "acme", "quotas": {"max_sandboxes": 2}})),
+    );
+    assert_eq!(s, 201, "{b}");
+    let rampart = |args: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_rampart"))
+            .args(args)
+            .env("RAMPART_HOST", &g)
+            .env("RAMPART_API_KEY", &admin)
+            .env_remove("RAMPART_SOCKET")
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "rampart {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
         );
-        assert_eq!(s, 201, "{b}");
-    }
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    rampart(&["tenant", "create", "globex", "--max-sandboxes", "5"]);
+    let shown: Value =
+        serde_json::from_str(&rampart(&["tenant", "show", "globex", "--json"])).unwrap();
+    let shown = if shown.is_array() {
+        shown[0].clone()
+    } else {
+        shown
+    };
+    assert_eq!(shown["quotas"]["max_sandboxes"], 5, "{shown}");
     let key_of = |tenant: &str| {
-        let (s, b) = call(
-            "POST",
-            &format!("{g}/v1/keys"),
-            &admin,
-            Some(json!({"name": format!("{tenant}-key"), "tenant": tenant})),
-        );
-        assert_eq!(s, 201, "{b}");
-        b["key"].as_str().unwrap().to_owned()
+        let made: Value =
+            serde_json::from_str(&rampart(&["keys", "create", "--tenant", tenant, "--json"]))
+                .unwrap();
+        assert_eq!(made["kind"], "native", "{made}");
+        made["key"].as_str().unwrap().to_owned()
     };
     let (acme, globex) = (key_of("acme"), key_of("globex"));
+    let keys: Value =
+        serde_json::from_str(&rampart(&["keys", "ls", "--json", "--tenant", "acme"])).unwrap();
+    assert_eq!(keys.as_array().map(Vec::len), Some(1), "{keys}");
     let mut acme_nodes = std::collections::BTreeSet::new();
     let mut acme_ids = Vec::new();
     for _ in 0..2 {

@@ -194,6 +194,16 @@ fn tenants_see_only_their_own_on_every_endpoint() {
     )
     .unwrap_err();
     assert!(err.contains("admin"), "{err}");
+    // Pointed at the daemon (RAMPART_HOST) without --data-dir, the command acts on that
+    // endpoint or says why not; it never writes this host's default data directory.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_rampart"))
+        .args(["keys", "create", "--tenant", "acme"])
+        .env("RAMPART_HOST", &d.url)
+        .env("RAMPART_API_KEY", &admin)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("no key API"), "{err}");
     let out = cli_local(&d.data, &["keys", "create", "--tenant", "acme", "--json"]).unwrap();
     let made: Value = serde_json::from_str(out.trim()).unwrap();
     assert_eq!(made["tenant"], "acme");

@@ -376,8 +376,22 @@ impl Gateway {
         let segs: Vec<&str> = path.trim_matches('/').split('/').collect();
         match (&method, segs.as_slice()) {
             (&Method::GET, ["v1", "keys"]) => match self.store.keys().await {
-                Ok(ks) => Json(json!({"keys": ks.into_iter().map(|(_, k)| k).collect::<Vec<_>>()}))
-                    .into_response(),
+                Ok(ks) => {
+                    let list: Vec<Value> = ks
+                        .into_iter()
+                        .map(|(_, k)| {
+                            let kind = if k.scopes.iter().any(|s| s == E2B_SCOPE) {
+                                "e2b"
+                            } else {
+                                "native"
+                            };
+                            let mut v = serde_json::to_value(&k).unwrap_or(Value::Null);
+                            v["kind"] = json!(kind);
+                            v
+                        })
+                        .collect();
+                    Json(list).into_response()
+                }
                 Err(e) => unavailable(e),
             },
             (&Method::POST, ["v1", "keys"]) => {
@@ -450,8 +464,22 @@ impl Gateway {
                     Err(e) => return err(StatusCode::BAD_REQUEST, "bad_request", e.to_string()),
                 };
                 match self.store.put_key(&sha256_hex(key.as_bytes()), &info).await {
-                    Ok(()) => (StatusCode::CREATED, Json(json!({"key": key, "info": info})))
-                        .into_response(),
+                    Ok(()) => {
+                        let kind = if info.scopes.iter().any(|s| s == E2B_SCOPE) {
+                            "e2b"
+                        } else {
+                            "native"
+                        };
+                        (
+                            StatusCode::CREATED,
+                            Json(
+                                json!({"key": key, "id": info.id, "name": info.name, "kind": kind,
+                                        "tenant": info.tenant, "scopes": info.scopes,
+                                        "expires_at_ms": info.expires_at_ms}),
+                            ),
+                        )
+                            .into_response()
+                    }
                     Err(e) => unavailable(e),
                 }
             }
@@ -474,19 +502,27 @@ impl Gateway {
         }
     }
 
+    /// `/v1/tenants...`: the fleet's tenants (in etcd), as a node's API shows tenants
+    /// (`TenantInfo`); what they hold is counted over the fleet (its sandboxes).
     async fn tenants(&self, req: Request) -> Response {
         let method = req.method().clone();
         let path = req.uri().path().to_owned();
         let segs: Vec<&str> = path.trim_matches('/').split('/').collect();
-        let info = |t: &TenantDef, count: Option<u64>| {
-            json!({"name": t.name, "quotas": t.quotas,
-                   "created_at_ms": t.created_at_ms, "sandboxes": count})
+        let not_found = |name: &str| {
+            err(
+                StatusCode::NOT_FOUND,
+                "not_found",
+                format!("no tenant {name} in the fleet"),
+            )
         };
         match (&method, segs.as_slice()) {
             (&Method::GET, ["v1", "tenants"]) => match self.store.tenants().await {
                 Ok(ts) => {
-                    Json(json!({"tenants": ts.iter().map(|t| info(t, None)).collect::<Vec<_>>()}))
-                        .into_response()
+                    let mut out = Vec::new();
+                    for t in &ts {
+                        out.push(self.tenant_info(t).await);
+                    }
+                    Json(out).into_response()
                 }
                 Err(e) => unavailable(e),
             },
@@ -505,7 +541,8 @@ impl Gateway {
                     return err(
                         StatusCode::BAD_REQUEST,
                         "bad_request",
-                        "approvals: a fleet's tenants have no approval policy yet; set it per sandbox",
+                        "approvals: a fleet's tenants have no approval policy of their own yet; \
+                         give each sandbox its policy",
                     );
                 }
                 let t = TenantDef {
@@ -514,21 +551,16 @@ impl Gateway {
                     created_at_ms: rampart_store::now_ms(),
                 };
                 match self.store.create_tenant(&t).await {
-                    Ok(()) => (StatusCode::CREATED, Json(info(&t, Some(0)))).into_response(),
+                    Ok(()) => {
+                        (StatusCode::CREATED, Json(self.tenant_info(&t).await)).into_response()
+                    }
                     Err(StoreError::Exists(what)) => err(StatusCode::CONFLICT, "conflict", what),
                     Err(e) => unavailable(e),
                 }
             }
             (&Method::GET, ["v1", "tenants", name]) => match self.store.tenant(name).await {
-                Ok(Some(t)) => {
-                    let count = self.store.tenant_count(name).await.ok();
-                    Json(info(&t, count)).into_response()
-                }
-                Ok(None) => err(
-                    StatusCode::NOT_FOUND,
-                    "not_found",
-                    format!("no tenant {name} in the fleet"),
-                ),
+                Ok(Some(t)) => Json(self.tenant_info(&t).await).into_response(),
+                Ok(None) => not_found(name),
                 Err(e) => unavailable(e),
             },
             (&Method::PUT, ["v1", "tenants", name, "quotas"]) => {
@@ -543,24 +575,60 @@ impl Gateway {
                     Ok(Some(mut t)) => {
                         t.quotas = q;
                         match self.store.put_tenant(&t).await {
-                            Ok(()) => Json(info(&t, None)).into_response(),
+                            Ok(()) => Json(self.tenant_info(&t).await).into_response(),
                             Err(e) => unavailable(e),
                         }
                     }
-                    Ok(None) => err(
-                        StatusCode::NOT_FOUND,
-                        "not_found",
-                        format!("no tenant {name} in the fleet"),
-                    ),
+                    Ok(None) => not_found(name),
+                    Err(e) => unavailable(e),
+                }
+            }
+            (&Method::DELETE, ["v1", "tenants", name]) => {
+                match self.store.tenant_count(name).await {
+                    Ok(0) => {}
+                    Ok(n) => {
+                        return err(
+                            StatusCode::CONFLICT,
+                            "conflict",
+                            format!("tenant {name} still has {n} sandboxes in the fleet; destroy them first"),
+                        )
+                    }
+                    Err(e) => return unavailable(e),
+                }
+                match self.store.delete_tenant(name).await {
+                    Ok(true) => StatusCode::NO_CONTENT.into_response(),
+                    Ok(false) => not_found(name),
                     Err(e) => unavailable(e),
                 }
             }
             _ => err(
                 StatusCode::NOT_IMPLEMENTED,
                 "not_implemented",
-                format!("{method} {path} is not served through the fleet's gateway yet"),
+                format!(
+                    "{method} {path} is not served through the fleet's gateway yet (a fleet's \
+                     tenants have quotas; approval policies are per sandbox)"
+                ),
             ),
         }
+    }
+
+    /// A tenant as the API shows it: what it holds is its sandboxes across the fleet (the
+    /// other holdings are each node's, not summed here).
+    async fn tenant_info(&self, t: &TenantDef) -> Value {
+        let count = self.store.tenant_count(&t.name).await.ok();
+        let created = time::OffsetDateTime::from_unix_timestamp(t.created_at_ms / 1000)
+            .ok()
+            .and_then(|d| {
+                d.format(&time::format_description::well_known::Rfc3339)
+                    .ok()
+            })
+            .unwrap_or_default();
+        json!({
+            "name": t.name,
+            "quotas": t.quotas,
+            "created_at": created,
+            "fleet": {"sandboxes": count},
+        })
     }
 
     /// Which sandbox a request is for when it is addressed to one rather than to the API:

@@ -571,6 +571,15 @@ impl Store {
         Ok(())
     }
 
+    /// Removes tenant `name` (its keys stop working: their tenant is gone); false if there
+    /// was none.
+    pub async fn delete_tenant(&self, name: &str) -> Result<bool, StoreError> {
+        let r = self
+            .delete(self.key(&format!("tenants/{name}")), None)
+            .await?;
+        Ok(r.deleted() > 0)
+    }
+
     /// How many sandboxes tenant `name` has across the fleet (reservations included).
     pub async fn tenant_count(&self, name: &str) -> Result<u64, StoreError> {
         let resp = self

@@ -1,9 +1,14 @@
 //! `rampart keys create|import|ls|rm`: API keys, of the native API (`--native`: `rampart_...`,
 //! sent as `Authorization: Bearer` over TCP) and of the E2B-compatible API (`e2b_...`).
 //!
-//! The keys live in the daemon's `state.db` (stored as SHA-256 digests), so these commands
+//! A daemon's keys live in its `state.db` (stored as SHA-256 digests), so these commands
 //! open the data directory directly, on the daemon's host, as its administrator. The daemon
 //! looks every key up at each request: a key removed here is refused at once.
+//!
+//! With `--host` / `RAMPART_HOST` (and no `--data-dir`), they act on that endpoint over its
+//! API instead (`/v1/keys`, with `RAMPART_API_KEY`): a fleet's gateway keeps the fleet's keys
+//! in etcd. A single daemon has no key API, and the command says so rather than act on this
+//! host's data directory.
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand};
@@ -156,8 +161,11 @@ pub fn time_of(ms: i64) -> String {
         .unwrap_or_else(|| ms.to_string())
 }
 
-/// `rampart keys ...`.
-pub fn run(a: KeysArgs) -> Result<u8> {
+/// `rampart keys ...`: on the data directory, or on the endpoint `host` names.
+pub fn run(a: KeysArgs, host: Option<String>, api_key: Option<String>) -> Result<u8> {
+    if let (Some(host), None) = (&host, &a.data_dir) {
+        return remote(a, host, api_key);
+    }
     let (store, native) = open(&a)?;
     let dir = data_dir(&a)?;
     match a.command {
@@ -326,6 +334,129 @@ pub fn run(a: KeysArgs) -> Result<u8> {
             }
             if !missing.is_empty() {
                 bail!("no key with id {}", missing.join(", "));
+            }
+        }
+    }
+    Ok(0)
+}
+
+/// `rampart keys` against the API of `host` (a fleet's gateway).
+fn remote(a: KeysArgs, host: &str, api_key: Option<String>) -> Result<u8> {
+    let base = if host.contains("://") {
+        host.trim_end_matches('/').to_owned()
+    } else {
+        format!("http://{}", host.trim_end_matches('/'))
+    };
+    let client = reqwest::blocking::Client::builder()
+        .timeout(std::time::Duration::from_secs(30))
+        .build()?;
+    let call = |method: reqwest::Method,
+                path: &str,
+                body: Option<serde_json::Value>|
+     -> Result<serde_json::Value> {
+        let mut r = client.request(method.clone(), format!("{base}{path}"));
+        if let Some(k) = &api_key {
+            r = r.bearer_auth(k.trim());
+        }
+        if let Some(b) = body {
+            r = r.json(&b);
+        }
+        let resp = r.send().with_context(|| format!("cannot reach {base}"))?;
+        let status = resp.status();
+        let text = resp.text().unwrap_or_default();
+        if status == reqwest::StatusCode::NOT_FOUND && path == "/v1/keys" {
+            bail!(
+                "{base} has no key API: a single daemon's keys are managed on its host \
+                 (`rampart keys ... --data-dir DIR` there); a fleet's gateway serves /v1/keys"
+            );
+        }
+        if !status.is_success() {
+            let why = serde_json::from_str::<serde_json::Value>(&text)
+                .ok()
+                .and_then(|v| v["error"]["message"].as_str().map(str::to_owned))
+                .unwrap_or(text);
+            bail!("{method} {base}{path}: {status}: {why}");
+        }
+        Ok(serde_json::from_str(&text).unwrap_or(serde_json::Value::Null))
+    };
+    match a.command {
+        KeysCommand::Create {
+            name,
+            native: is_native,
+            e2b,
+            tenant,
+            scopes,
+            expires,
+            json,
+        } => {
+            let kind = if is_native || (tenant.is_some() && !e2b) {
+                "native"
+            } else {
+                "e2b"
+            };
+            let mut body = serde_json::json!({"name": name, "tenant": tenant, "kind": kind});
+            if !scopes.is_empty() {
+                body["scopes"] = serde_json::json!(scopes);
+            }
+            if let Some(e) = expires {
+                body["expires_at_ms"] =
+                    serde_json::json!(rampart_store::now_ms() + parse_duration_ms(&e)?);
+            }
+            let made = call(reqwest::Method::POST, "/v1/keys", Some(body))?;
+            if json {
+                println!("{made}");
+            } else {
+                println!("{}", made["key"].as_str().unwrap_or_default());
+                eprintln!(
+                    "{kind} key id {} at {base} (revoke with `rampart keys rm {}`)",
+                    made["id"].as_str().unwrap_or_default(),
+                    made["id"].as_str().unwrap_or_default()
+                );
+            }
+        }
+        KeysCommand::Import { .. } => bail!(
+            "`rampart keys import` registers a key in a daemon's store on its host (--data-dir); \
+             over {base}'s API, `rampart keys create` makes one"
+        ),
+        KeysCommand::Ls { tenant, json } => {
+            let mut list: Vec<serde_json::Value> =
+                serde_json::from_value(call(reqwest::Method::GET, "/v1/keys", None)?)?;
+            if let Some(t) = &tenant {
+                list.retain(|k| k["tenant"].as_str() == Some(t));
+            }
+            if json {
+                println!("{}", serde_json::to_string(&list)?);
+            } else {
+                println!(
+                    "{:<7} {:<14} {:<18} {:<22} {:<10} NAME",
+                    "KIND", "ID", "KEY", "CREATED", "STATE"
+                );
+                for k in list {
+                    let state = if k["revoked_at_ms"].is_i64() {
+                        "revoked"
+                    } else {
+                        "active"
+                    };
+                    println!(
+                        "{:<7} {:<14} {:<18} {:<22} {:<10} {}{}",
+                        k["kind"].as_str().unwrap_or_default(),
+                        k["id"].as_str().unwrap_or_default(),
+                        k["hint"].as_str().unwrap_or_default(),
+                        time_of(k["created_at_ms"].as_i64().unwrap_or_default()),
+                        state,
+                        k["name"].as_str().unwrap_or_default(),
+                        k["tenant"]
+                            .as_str()
+                            .map(|t| format!(" tenant {t}"))
+                            .unwrap_or_default()
+                    );
+                }
+            }
+        }
+        KeysCommand::Rm { ids } => {
+            for id in ids {
+                call(reqwest::Method::DELETE, &format!("/v1/keys/{id}"), None)?;
+                println!("{id}");
             }
         }
     }
