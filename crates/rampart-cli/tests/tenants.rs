@@ -199,7 +199,7 @@ fn tenants_see_only_their_own_on_every_endpoint() {
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_rampart"))
         .args(["keys", "create", "--tenant", "acme"])
         .env("RAMPART_HOST", &d.url)
-        .env("RAMPART_API_KEY", &admin)
+        .env("RAMPART_API_KEY", admin)
         .output()
         .unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
