@@ -263,6 +263,19 @@ impl Gateway {
                     .get("x-api-key")
                     .and_then(|v| v.to_str().ok())
                     .map(|v| v.trim().to_owned())
+            })
+            .or_else(|| {
+                // A browser's WebSocket cannot set headers: the key comes as a subprotocol.
+                headers
+                    .get_all(header::SEC_WEBSOCKET_PROTOCOL)
+                    .iter()
+                    .filter_map(|v| v.to_str().ok())
+                    .flat_map(|v| v.split(','))
+                    .find_map(|p| {
+                        p.trim()
+                            .strip_prefix(rampart_server::KEY_PROTOCOL_PREFIX)
+                            .map(str::to_owned)
+                    })
             });
         let unauthorized = |m: String| err(StatusCode::UNAUTHORIZED, "unauthorized", m);
         let Some(key) = presented else {
@@ -1036,15 +1049,11 @@ impl Gateway {
         req: Request,
         keep_host: bool,
     ) -> Response {
+        let mut req = req;
+        // A WebSocket (or any upgrade): the node's 101 is passed on, then bytes both ways.
+        let upgrade = req.headers().get(header::UPGRADE).cloned();
+        let client_side = upgrade.as_ref().map(|_| hyper::upgrade::on(&mut req));
         let (mut parts, body) = req.into_parts();
-        if parts.headers.contains_key(header::UPGRADE) {
-            return err(
-                StatusCode::NOT_IMPLEMENTED,
-                "not_implemented",
-                "WebSocket upgrades are not carried through the fleet's gateway yet; use the \
-                 streamed (NDJSON) endpoints",
-            );
-        }
         let pq = parts
             .uri
             .path_and_query()
@@ -1061,12 +1070,20 @@ impl Gateway {
             }
         };
         strip_hop_by_hop(&mut parts.headers);
+        if let Some(u) = &upgrade {
+            parts
+                .headers
+                .insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+            parts.headers.insert(header::UPGRADE, u.clone());
+        }
         if !keep_host {
             parts.headers.remove(header::HOST);
         }
         if who.is_some() {
             parts.headers.remove(header::AUTHORIZATION);
             parts.headers.remove("x-api-key");
+            // The key a browser offers as a subprotocol stays here: the node gets the token.
+            without_key_protocol(&mut parts.headers);
         }
         // Only the gateway says who the caller is.
         parts.headers.remove(GATEWAY_PRINCIPAL_HEADER);
@@ -1089,6 +1106,29 @@ impl Gateway {
         parts.version = axum::http::Version::HTTP_11;
         let out = hyper::Request::from_parts(parts, body);
         match self.http.request(out).await {
+            Ok(mut resp) if resp.status() == StatusCode::SWITCHING_PROTOCOLS => {
+                let Some(client_side) = client_side else {
+                    return err(
+                        StatusCode::BAD_GATEWAY,
+                        "bad_gateway",
+                        format!("node {} switched protocols unasked", node.name),
+                    );
+                };
+                let node_side = hyper::upgrade::on(&mut resp);
+                let name = node.name.clone();
+                tokio::spawn(async move {
+                    match futures::future::try_join(client_side, node_side).await {
+                        Ok((c, n)) => {
+                            let mut c = hyper_util::rt::TokioIo::new(c);
+                            let mut n = hyper_util::rt::TokioIo::new(n);
+                            let _ = tokio::io::copy_bidirectional(&mut c, &mut n).await;
+                        }
+                        Err(e) => tracing::debug!(node = %name, "gateway: an upgrade failed: {e}"),
+                    }
+                });
+                let (parts, _) = resp.into_parts();
+                Response::from_parts(parts, Body::empty())
+            }
             Ok(resp) => {
                 let (mut parts, body) = resp.into_parts();
                 strip_hop_by_hop(&mut parts.headers);
@@ -1214,6 +1254,25 @@ async fn read_json<T: serde::de::DeserializeOwned>(req: Request) -> Result<T, Re
         .map_err(|e| err(StatusCode::BAD_REQUEST, "bad_request", format!("body: {e}")))?;
     serde_json::from_slice(&bytes)
         .map_err(|e| err(StatusCode::BAD_REQUEST, "bad_request", format!("body: {e}")))
+}
+
+/// Drops the `rampart.key.<key>` entries of `Sec-WebSocket-Protocol` (the console's way of
+/// sending its key), keeping the others.
+fn without_key_protocol(h: &mut HeaderMap) {
+    let offered: Vec<String> = h
+        .get_all(header::SEC_WEBSOCKET_PROTOCOL)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(|p| p.trim().to_owned())
+        .filter(|p| !p.is_empty() && !p.starts_with(rampart_server::KEY_PROTOCOL_PREFIX))
+        .collect();
+    h.remove(header::SEC_WEBSOCKET_PROTOCOL);
+    if let Ok(v) = HeaderValue::from_str(&offered.join(", ")) {
+        if !offered.is_empty() {
+            h.insert(header::SEC_WEBSOCKET_PROTOCOL, v);
+        }
+    }
 }
 
 /// Headers that belong to one connection, not to the request (RFC 9110 7.6.1).

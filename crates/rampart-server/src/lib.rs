@@ -33,7 +33,10 @@ mod tenancy;
 mod tls;
 
 pub use audit::{AuditKey, AuditPage};
-pub use auth::{required_scope, socket_group, UnixPeer, ADMIN_KEY_FILE, SOCKET_FILE, SOCKET_GROUP};
+pub use auth::{
+    required_scope, socket_group, UnixPeer, ADMIN_KEY_FILE, KEY_PROTOCOL_PREFIX, SOCKET_FILE,
+    SOCKET_GROUP,
+};
 pub use error::ApiError;
 pub use exec::{collect_output, OutputCollector};
 pub use openapi::openapi;
