@@ -220,6 +220,65 @@ fn a_fleet_places_routes_and_keeps_tenants_apart() {
     let (_, b) = exec(&g, &admin, id0, "cat /tmp/through-the-gateway");
     assert_eq!(b["stdout"], "fleet");
 
+    // The record: a bundle fetched through the gateway names its node in `created` and
+    // verifies with the fleet's key set (the key of the node that signed it), not with a set
+    // of the other nodes' keys.
+    {
+        let (id, node) = &ids[1];
+        let bundle = client()
+            .get(format!("{g}/v1/sandboxes/{id}/audit/bundle"))
+            .header("Authorization", format!("Bearer {admin}"))
+            .send()
+            .unwrap();
+        assert!(bundle.status().is_success());
+        let bundle = bundle.bytes().unwrap();
+        assert!(
+            String::from_utf8_lossy(&bundle).contains(&format!("\"node\":\"{node}\"")),
+            "the record names its node"
+        );
+        let (s, set) = call("GET", &format!("{g}/v1/audit/keys"), &admin, None);
+        assert_eq!(s, 200, "{set}");
+        assert_eq!(set["keys"].as_array().map(Vec::len), Some(3), "{set}");
+        let files = f.dir.path();
+        std::fs::write(files.join("bundle.json"), &bundle).unwrap();
+        std::fs::write(files.join("keys.json"), set.to_string()).unwrap();
+        let verify = |keys: &str| {
+            Command::new(env!("CARGO_BIN_EXE_rampart"))
+                .args(["audit", "verify"])
+                .arg(files.join("bundle.json"))
+                .arg("--key-set")
+                .arg(files.join(keys))
+                .output()
+                .unwrap()
+        };
+        let out = verify("keys.json");
+        let said = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{said}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(said.contains(&format!("signed by node {node}")), "{said}");
+        let others: Vec<Value> = set["keys"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|k| k["node"] != json!(node))
+            .cloned()
+            .collect();
+        std::fs::write(
+            files.join("others.json"),
+            json!({"keys": others}).to_string(),
+        )
+        .unwrap();
+        let out = verify("others.json");
+        assert!(
+            !out.status.success(),
+            "verified without the signing node's key"
+        );
+        assert!(String::from_utf8_lossy(&out.stderr).contains("FAILED"));
+    }
+
     // A WebSocket through the gateway: the exec stream, the key offered as a subprotocol (as
     // the console sends it), never passed on or echoed.
     {

@@ -47,13 +47,16 @@ pub struct CoreConfig {
     /// Template builds through the API: log bounds, reservation expiry, per-tenant caps,
     /// step and build timeouts (see [`crate::template_builds::BuildConfig`] for the defaults).
     pub builds: crate::template_builds::BuildConfig,
-    /// The isolation tier of a sandbox whose request and template name none (`namespace`).
     /// Warm pools kept at start: sandboxes launched ahead of the creates that claim them
     /// (none by default; see `sandbox::pool`).
     pub warm: Vec<WarmPool>,
+    /// The isolation tier of a sandbox whose request and template name none (`namespace`).
     pub default_isolation: rampart_types::Tier,
     /// The gVisor tier: where `runsc` is and which platform it runs on.
     pub gvisor: crate::isolation::GvisorConfig,
+    /// The node's name in a fleet (`rampart serve --fleet --node-name`): each sandbox's
+    /// record names it (`created.spec.node`). None: a single host.
+    pub node_name: Option<String>,
 }
 
 impl CoreConfig {
@@ -93,6 +96,7 @@ impl CoreConfig {
             default_isolation: Default::default(),
             warm: Vec::new(),
             gvisor: Default::default(),
+            node_name: None,
         }
     }
 }

@@ -198,6 +198,9 @@ impl Gateway {
             Ok(k) => k,
             Err(r) => return r,
         };
+        if method == Method::GET && path == "/v1/audit/keys" {
+            return self.audit_keys().await;
+        }
         if let Some(scope) = rampart_server::required_scope(&method, &path) {
             if !who.key.has_scope(scope) {
                 return err(
@@ -341,6 +344,21 @@ impl Gateway {
         match self.view.tenant(name) {
             Some(Some(t)) => Ok(Some(t)),
             _ => self.store.tenant(name).await,
+        }
+    }
+
+    /// `GET /v1/audit/keys`: the fleet's key set, every node's audit key (those of nodes
+    /// gone too): `rampart audit verify --key-set` checks a bundle from any node with it.
+    async fn audit_keys(&self) -> Response {
+        match self.store.audit_keys().await {
+            Ok(ks) => Json(json!({
+                "keys": ks
+                    .into_iter()
+                    .map(|(node, public_key)| json!({"node": node, "public_key": public_key}))
+                    .collect::<Vec<_>>()
+            }))
+            .into_response(),
+            Err(e) => unavailable(e),
         }
     }
 

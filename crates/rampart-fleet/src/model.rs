@@ -34,6 +34,9 @@ pub struct NodeRecord {
     pub capacity: Capacity,
     /// The templates it holds (built or built in).
     pub templates: Vec<String>,
+    /// Its audit key (`ed25519:<hex>`): what its sandboxes' records are signed with.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub audit_key: Option<String>,
     /// Whether new sandboxes may be placed on it (`false` while it drains).
     #[serde(default = "yes")]
     pub schedulable: bool,

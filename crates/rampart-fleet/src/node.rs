@@ -72,6 +72,9 @@ impl Membership {
         {
             return Err(JoinError::NameTaken(other.name, other.url));
         }
+        if let Some(k) = facts.record().audit_key {
+            store.put_audit_key(&cfg.name, &k).await?;
+        }
         let started_ms = now_ms();
         let ttl = cfg.ttl.as_secs().max(2) as i64;
         let lease = store.grant(ttl).await?;

@@ -334,6 +334,35 @@ impl Store {
         Ok(())
     }
 
+    /// Keeps node `node`'s audit key for good (its records verify after it is gone).
+    pub async fn put_audit_key(&self, node: &str, key: &str) -> Result<(), StoreError> {
+        self.put(
+            self.key(&format!("audit-keys/{node}")),
+            key.as_bytes().to_vec(),
+            None,
+        )
+        .await?;
+        Ok(())
+    }
+
+    /// Every node's audit key the fleet has kept: (node, `ed25519:<hex>`).
+    pub async fn audit_keys(&self) -> Result<Vec<(String, String)>, StoreError> {
+        let prefix = self.key("audit-keys/");
+        let resp = self
+            .get(prefix.clone(), Some(GetOptions::new().with_prefix()))
+            .await?;
+        Ok(resp
+            .kvs()
+            .iter()
+            .map(|kv| {
+                (
+                    String::from_utf8_lossy(&kv.key()[prefix.len()..]).into_owned(),
+                    String::from_utf8_lossy(kv.value()).into_owned(),
+                )
+            })
+            .collect())
+    }
+
     /// The nodes whose lease is alive.
     pub async fn nodes(&self) -> Result<Vec<NodeRecord>, StoreError> {
         Ok(self

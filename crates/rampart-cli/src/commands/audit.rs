@@ -66,6 +66,10 @@ pub struct VerifyArgs {
     /// A file holding the trusted node key.
     #[arg(long, value_name = "FILE")]
     key_file: Option<PathBuf>,
+    /// A fleet's key set (the JSON of a gateway's `GET /v1/audit/keys`): the bundle must be
+    /// signed by one of its nodes' keys, which is named.
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["key", "key_file"])]
+    key_set: Option<PathBuf>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -210,7 +214,78 @@ pub fn trusted_key(key: Option<&str>, key_file: Option<&Path>) -> Result<Option<
         .map_err(|e| anyhow!("the trusted key {text:?} cannot be read: {e}"))
 }
 
+/// The keys of a fleet's key set file: (node, key).
+fn key_set(file: &Path) -> Result<Vec<(String, PublicKey)>> {
+    let text = std::fs::read_to_string(file)
+        .with_context(|| format!("cannot read the key set {}", file.display()))?;
+    let v: serde_json::Value = serde_json::from_str(&text).with_context(|| {
+        format!(
+            "{} is not a key set (the JSON of GET /v1/audit/keys)",
+            file.display()
+        )
+    })?;
+    let keys = v["keys"].as_array().ok_or_else(|| {
+        anyhow!(
+            "{}: no \"keys\" list (the JSON of GET /v1/audit/keys)",
+            file.display()
+        )
+    })?;
+    let mut out = Vec::new();
+    for k in keys {
+        let node = k["node"].as_str().unwrap_or("?").to_owned();
+        let text = k["public_key"].as_str().unwrap_or_default();
+        let key = PublicKey::parse(text)
+            .map_err(|e| anyhow!("{}: node {node}'s key {text:?}: {e}", file.display()))?;
+        out.push((node, key));
+    }
+    if out.is_empty() {
+        bail!("{}: the key set is empty", file.display());
+    }
+    Ok(out)
+}
+
 fn verify(a: VerifyArgs) -> Result<u8> {
+    if let Some(set) = &a.key_set {
+        let keys = key_set(set)?;
+        let bytes = std::fs::read(&a.file)
+            .with_context(|| format!("cannot read the bundle {}", a.file.display()))?;
+        let dsse = serde_json::from_slice::<serde_json::Value>(&bytes)
+            .is_ok_and(|v| v.get("payloadType").is_some());
+        let mut first_err = None;
+        for (node, key) in &keys {
+            let ok = if dsse {
+                rampart_audit::dsse::verify_envelope(&bytes, key).is_ok()
+            } else {
+                match verify_bundle(&bytes, Some(key)) {
+                    Ok(report) => {
+                        print!("{report}");
+                        true
+                    }
+                    Err(e) => {
+                        first_err.get_or_insert(e.to_string());
+                        false
+                    }
+                }
+            };
+            if ok {
+                if dsse {
+                    return verify_dsse(&a, &bytes, Some(key)).map(|c| {
+                        println!("signed by node {node} of the fleet's key set");
+                        c
+                    });
+                }
+                println!("signed by node {node} of the fleet's key set");
+                return Ok(0);
+            }
+        }
+        bail!(
+            "FAILED: {}: signed by none of the {} keys in {}{}",
+            a.file.display(),
+            keys.len(),
+            set.display(),
+            first_err.map(|e| format!(" ({e})")).unwrap_or_default()
+        );
+    }
     let key = trusted_key(a.key.as_deref(), a.key_file.as_deref())?;
     let bytes = std::fs::read(&a.file)
         .with_context(|| format!("cannot read the bundle {}", a.file.display()))?;

@@ -93,6 +93,7 @@ impl NodeFacts for DaemonFacts {
                 .into_iter()
                 .map(|t| t.name)
                 .collect(),
+            audit_key: Some(self.manager.audit_key().0),
             schedulable: true,
             version: rampart_server::VERSION.to_owned(),
             started_ms: 0,
@@ -135,6 +136,33 @@ impl NodeFacts for DaemonFacts {
             }
         }
     }
+}
+
+/// The node's name in the fleet `j` names (None: no fleet): `--node-name`, else the host
+/// name.
+pub fn node_name(j: &JoinArgs) -> Result<Option<String>> {
+    if j.fleet.is_empty() {
+        if j.node_name.is_some() || j.advertise.is_some() {
+            bail!("--node-name and --advertise name this node in a fleet: give --fleet too");
+        }
+        return Ok(None);
+    }
+    let name = match &j.node_name {
+        Some(n) => n.clone(),
+        None => nix::unistd::gethostname()
+            .context("--node-name: none given and the host name is unreadable")?
+            .to_string_lossy()
+            .into_owned(),
+    };
+    if name.is_empty()
+        || name.len() > 63
+        || !name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+    {
+        bail!("--node-name {name:?}: use up to 63 letters, digits, '-', '_' and '.'");
+    }
+    Ok(Some(name))
 }
 
 /// Joins the fleet `j` names, if any: the membership (its token is what the node's TCP API

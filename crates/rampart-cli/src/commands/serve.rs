@@ -821,6 +821,7 @@ fn resolve(a: &ServeArgs) -> Result<Resolved> {
                     p => p.clone(),
                 },
             },
+            node_name: crate::commands::fleet::node_name(&a.fleet)?,
         },
     })
 }

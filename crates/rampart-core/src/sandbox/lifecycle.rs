@@ -716,6 +716,9 @@ impl Sandboxes {
         if !artifacts.is_empty() {
             spec["artifacts"] = serde_json::json!(artifacts);
         }
+        if let Some(node) = &self.cfg.node_name {
+            spec["node"] = serde_json::json!(node);
+        }
         EventBody::Created(Created {
             spec,
             template: new.template.clone(),
