@@ -1379,6 +1379,7 @@ mod tests {
                 max_sandboxes: 10,
             },
             templates: vec!["base".into()],
+            audit_key: None,
             schedulable: true,
             version: "t".into(),
             started_ms: 0,
