@@ -268,14 +268,13 @@ fn verify(a: VerifyArgs) -> Result<u8> {
                 }
             };
             if ok {
-                if dsse {
-                    return verify_dsse(&a, &bytes, Some(key)).map(|c| {
-                        println!("signed by node {node} of the fleet's key set");
-                        c
-                    });
-                }
+                let code = if dsse {
+                    verify_dsse(&a, &bytes, Some(key))?
+                } else {
+                    0
+                };
                 println!("signed by node {node} of the fleet's key set");
-                return Ok(0);
+                return Ok(code);
             }
         }
         bail!(
