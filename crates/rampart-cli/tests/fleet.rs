@@ -485,7 +485,30 @@ fn a_fleet_places_routes_and_keeps_tenants_apart() {
     let _ = second.kill();
     let _ = second.wait();
 
-    // Down: every process it started is gone.
+    // Each node has an address of its own, in a network namespace of its own.
+    let netns: Vec<String> = f.file["network"]["netns"]
+        .as_array()
+        .expect("fleet up made a network")
+        .iter()
+        .map(|n| n.as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(netns.len(), 3);
+    let hosts: std::collections::BTreeSet<String> = (0..3)
+        .map(|i| {
+            f.node(i)
+                .2
+                .split("//")
+                .nth(1)
+                .unwrap()
+                .split(':')
+                .next()
+                .unwrap()
+                .to_owned()
+        })
+        .collect();
+    assert_eq!(hosts.len(), 3, "{hosts:?}");
+
+    // Down: every process it started is gone, and its network.
     let pids = f.pids();
     let out = f.down();
     assert!(
@@ -542,7 +565,21 @@ fn a_killed_node_is_lost_then_comes_back() {
     let (name, pid, _) = f.node(0);
     let victims = on.get(&name).cloned().unwrap_or_default();
     assert_eq!(victims.len(), 2, "{on:?}");
-    let mut again = command_of(pid);
+    // Started again as `fleet up` started it: in its network namespace.
+    let again_args = command_of(pid);
+    let mut again = match f.file["network"]["netns"][0].as_str() {
+        Some(ns) => {
+            let mut c = Command::new("nsenter");
+            c.arg(format!("--net=/run/netns/{ns}"))
+                .arg("--")
+                .arg(again_args.get_program())
+                .args(again_args.get_args())
+                .env_clear()
+                .envs(again_args.get_envs().filter_map(|(k, v)| v.map(|v| (k, v))));
+            c
+        }
+        None => again_args,
+    };
     assert!(kill9(pid));
     wait_until("the node is reported lost", 60, || {
         let (_, b) = call("GET", &format!("{g}/v1/nodes"), &admin, None);

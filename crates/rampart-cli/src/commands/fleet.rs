@@ -365,6 +365,9 @@ struct UpArgs {
     /// Seconds a node's record outlives its last renewal.
     #[arg(long, default_value_t = 10)]
     ttl: u64,
+    /// Every node on this host's loopback instead of in a network namespace of its own.
+    #[arg(long)]
+    loopback: bool,
 }
 
 #[derive(Debug, Args)]
@@ -407,6 +410,138 @@ struct FleetFile {
     gateways: Vec<Proc>,
     nodes: Vec<Proc>,
     etcd: Vec<Proc>,
+    /// The network `up` made (none with --loopback): removed by `down`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    network: Option<FleetNet>,
+}
+
+/// The hosts' network of a fleet on one machine: a bridge on this host (etcd and the
+/// gateway's side) and one network namespace per node, wired to it by a veth pair.
+#[derive(Debug, Default, Clone, serde::Serialize, serde::Deserialize)]
+struct FleetNet {
+    /// The bridge.
+    bridge: String,
+    /// Its address (etcd listens there): `a.b.c.1`.
+    host: String,
+    /// The /24 of the fleet.
+    subnet: String,
+    /// The nodes' network namespaces (`/run/netns/<name>`).
+    netns: Vec<String>,
+}
+
+/// Runs `ip ARGS`; Err with its words when it fails.
+fn ip(args: &[&str]) -> Result<()> {
+    let out = std::process::Command::new("ip")
+        .args(args)
+        .output()
+        .context("cannot run ip (apt-get install iproute2)")?;
+    if !out.status.success() {
+        bail!(
+            "ip {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(())
+}
+
+/// A /24 in 172.31.0.0/16 no interface of this host is in.
+fn free_subnet() -> Result<u8> {
+    let out = std::process::Command::new("ip")
+        .args(["-4", "-o", "addr"])
+        .output()
+        .context("cannot run ip (apt-get install iproute2)")?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let routes = std::process::Command::new("ip")
+        .args(["-4", "route"])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+        .unwrap_or_default();
+    let start = (std::process::id() % 150) as u8 + 100;
+    (0..150u8)
+        .map(|k| 100 + (start - 100 + k) % 150)
+        .find(|k| {
+            let net = format!("172.31.{k}.");
+            !text.contains(&net) && !routes.contains(&net)
+        })
+        .ok_or_else(|| anyhow!("no free /24 in 172.31.100-249.0 on this host"))
+}
+
+impl FleetNet {
+    /// Makes the bridge (`a.b.c.1/24`) and `n` namespaces, node `i` at `a.b.c.(10+i)`.
+    fn make(
+        n: usize,
+        file: &mut FleetFile,
+        save: &dyn Fn(&FleetFile) -> Result<()>,
+    ) -> Result<FleetNet> {
+        let k = free_subnet()?;
+        let tag = format!("{:04x}", std::process::id() & 0xffff);
+        let mut net = FleetNet {
+            bridge: format!("rfb{tag}"),
+            host: format!("172.31.{k}.1"),
+            subnet: format!("172.31.{k}.0/24"),
+            netns: Vec::new(),
+        };
+        ip(&["link", "add", &net.bridge, "type", "bridge"])?;
+        file.network = Some(net.clone());
+        save(file)?;
+        ip(&[
+            "addr",
+            "add",
+            &format!("{}/24", net.host),
+            "dev",
+            &net.bridge,
+        ])?;
+        ip(&["link", "set", &net.bridge, "up"])?;
+        for i in 0..n {
+            let ns = format!("rampart-fleet-{tag}-{i}");
+            ip(&["netns", "add", &ns])?;
+            net.netns.push(ns.clone());
+            file.network = Some(net.clone());
+            save(file)?;
+            let (outer, inner) = (format!("rfv{tag}{i}"), format!("rfi{tag}{i}"));
+            ip(&[
+                "link", "add", &outer, "type", "veth", "peer", "name", &inner,
+            ])?;
+            ip(&["link", "set", &outer, "master", &net.bridge, "up"])?;
+            ip(&["link", "set", &inner, "netns", &ns])?;
+            ip(&["-n", &ns, "link", "set", &inner, "name", "eth0"])?;
+            ip(&[
+                "-n",
+                &ns,
+                "addr",
+                "add",
+                &format!("{}/24", net.node_ip(i)),
+                "dev",
+                "eth0",
+            ])?;
+            ip(&["-n", &ns, "link", "set", "eth0", "up"])?;
+            ip(&["-n", &ns, "link", "set", "lo", "up"])?;
+        }
+        Ok(net)
+    }
+
+    /// Node `i`'s address.
+    fn node_ip(&self, i: usize) -> String {
+        let base = self
+            .host
+            .rsplit_once('.')
+            .map(|(b, _)| b)
+            .unwrap_or("172.31.0");
+        format!("{base}.{}", 10 + i)
+    }
+
+    /// Removes what `make` made (the veth pairs go with their namespaces).
+    fn remove(&self) {
+        for ns in &self.netns {
+            if let Err(e) = ip(&["netns", "del", ns]) {
+                eprintln!("rampart fleet down: {e}");
+            }
+        }
+        if let Err(e) = ip(&["link", "del", &self.bridge]) {
+            eprintln!("rampart fleet down: {e}");
+        }
+    }
 }
 
 fn spawn_logged(cmd: &mut std::process::Command, log: &Path) -> Result<i32> {
@@ -473,36 +608,39 @@ fn up(u: UpArgs) -> Result<u8> {
         Ok(())
     };
     let result = (|| -> Result<()> {
+        // As separate hosts would be: each node in a network namespace of its own with its
+        // own address, etcd and the gateway on this host's side of a bridge.
+        let net = if u.loopback {
+            None
+        } else {
+            Some(FleetNet::make(u.nodes, &mut file, &save)?)
+        };
+        let etcd_ip = net
+            .as_ref()
+            .map_or("127.0.0.1".to_owned(), |n| n.host.clone());
         let members: Vec<(String, u16, u16)> = (0..u.etcd)
             .map(|i| Ok((format!("etcd-{i}"), free_port()?, free_port()?)))
             .collect::<Result<_>>()?;
         let cluster = members
             .iter()
-            .map(|(n, _, peer)| format!("{n}=http://127.0.0.1:{peer}"))
+            .map(|(n, _, peer)| format!("{n}=http://{etcd_ip}:{peer}"))
             .collect::<Vec<_>>()
             .join(",");
         for (n, client, peer) in &members {
             let data = dir.join(n);
             let log = dir.join(format!("{n}.log"));
+            let client_url = format!("http://{etcd_ip}:{client}");
+            let peer_url = format!("http://{etcd_ip}:{peer}");
             let pid = spawn_logged(
                 std::process::Command::new(&etcd)
                     .arg("--name")
                     .arg(n)
                     .arg("--data-dir")
                     .arg(&data)
-                    .args([
-                        "--listen-client-urls",
-                        &format!("http://127.0.0.1:{client}"),
-                    ])
-                    .args([
-                        "--advertise-client-urls",
-                        &format!("http://127.0.0.1:{client}"),
-                    ])
-                    .args(["--listen-peer-urls", &format!("http://127.0.0.1:{peer}")])
-                    .args([
-                        "--initial-advertise-peer-urls",
-                        &format!("http://127.0.0.1:{peer}"),
-                    ])
+                    .args(["--listen-client-urls", &client_url])
+                    .args(["--advertise-client-urls", &client_url])
+                    .args(["--listen-peer-urls", &peer_url])
+                    .args(["--initial-advertise-peer-urls", &peer_url])
                     .args(["--initial-cluster", &cluster])
                     .args(["--initial-cluster-state", "new"])
                     .args([
@@ -515,7 +653,7 @@ fn up(u: UpArgs) -> Result<u8> {
                 name: n.clone(),
                 pid,
                 url: None,
-                endpoint: Some(format!("http://127.0.0.1:{client}")),
+                endpoint: Some(client_url),
             });
             save(&file)?;
         }
@@ -524,25 +662,31 @@ fn up(u: UpArgs) -> Result<u8> {
             .iter()
             .filter_map(|e| e.endpoint.clone())
             .collect();
-        for (e, _) in file.etcd.iter().zip(&members) {
+        for e in &file.etcd {
             let ep = e.endpoint.clone().unwrap_or_default();
             wait_health(&ep, &e.name, e.pid, &dir.join(format!("{}.log", e.name)))?;
         }
         let fleet = endpoints.join(",");
         for i in 0..u.nodes {
             let name = format!("node-{i}");
-            let port = free_port()?;
-            let url = format!("http://127.0.0.1:{port}");
+            let (listen, mut cmd) = match &net {
+                Some(n) => {
+                    let mut c = std::process::Command::new("nsenter");
+                    c.arg(format!("--net=/run/netns/{}", n.netns[i]))
+                        .arg("--")
+                        .arg(&me);
+                    (format!("{}:3000", n.node_ip(i)), c)
+                }
+                None => (
+                    format!("127.0.0.1:{}", free_port()?),
+                    std::process::Command::new(&me),
+                ),
+            };
+            let url = format!("http://{listen}");
             let data = dir.join(&name);
             let log = dir.join(format!("{name}.log"));
             let pid = spawn_logged(
-                std::process::Command::new(&me)
-                    .args([
-                        "serve",
-                        "--listen",
-                        &format!("127.0.0.1:{port}"),
-                        "--data-dir",
-                    ])
+                cmd.args(["serve", "--listen", &listen, "--data-dir"])
                     .arg(&data)
                     .args(["--fleet", &fleet, "--node-name", &name, "--advertise", &url])
                     .args(["--fleet-ttl", &u.ttl.to_string()])
@@ -667,6 +811,9 @@ fn down(dir: &Path) -> Result<u8> {
     }
     for e in &f.etcd {
         stop(e.pid, &dir, Duration::from_secs(10));
+    }
+    if let Some(net) = &f.network {
+        net.remove();
     }
     std::fs::remove_file(&path)?;
     println!("stopped the fleet in {}", dir.display());
