@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 mod compare;
 mod cpu;
 mod desktop;
+mod fleet;
 mod net;
 mod persist;
 mod pool;
@@ -93,6 +94,11 @@ pub struct BenchArgs {
     /// sees (a private daemon).
     #[arg(long)]
     pub profile: bool,
+    /// Only the fleet measurement: what the gateway adds to an exec and a create (each call
+    /// through the gateway and straight to the node, alternately) and create+destroy per
+    /// second through the gateway, on a fleet of 3 nodes this starts (root; etcd).
+    #[arg(long)]
+    pub fleet: bool,
     /// Pairs of runs of `--compare`.
     #[arg(long, default_value_t = 3)]
     pub pairs: usize,
@@ -515,6 +521,9 @@ fn subtree_memory_bytes() -> Option<u64> {
 pub fn run(args: BenchArgs) -> Result<()> {
     if args.net {
         return net::run(&args);
+    }
+    if args.fleet {
+        return fleet::run(&args);
     }
     if args.pool {
         return pool::run(&args);
