@@ -36,6 +36,8 @@ enum Command {
     Gateway(commands::fleet::GatewayArgs),
     /// A fleet on this machine: `up` starts etcd, nodes and a gateway; `down` stops them.
     Fleet(commands::fleet::FleetArgs),
+    /// A fleet's nodes, through its gateway (RAMPART_HOST): ls, drain, undrain.
+    Node(commands::fleet::NodeArgs),
     /// Create a sandbox and print its id.
     Create(commands::sandbox::CreateArgs),
     /// Run a command in a sandbox; exits with the command's exit code.
@@ -151,6 +153,16 @@ fn main() -> ExitCode {
             }
         };
     }
+    if let Command::Node(args) = cli.command {
+        let key = std::env::var("RAMPART_API_KEY").ok();
+        return match commands::fleet::node(args, cli.host.clone(), key) {
+            Ok(code) => ExitCode::from(code),
+            Err(e) => {
+                eprintln!("rampart node: {e:#}");
+                ExitCode::from(1)
+            }
+        };
+    }
     if let Command::Keys(args) = cli.command {
         let key = std::env::var("RAMPART_API_KEY").ok();
         return match commands::keys::run(args, cli.host.clone(), key) {
@@ -217,7 +229,11 @@ fn main() -> ExitCode {
             Command::Approvals(a) => commands::approve::list(host, a).await,
             Command::Approve(a) => commands::approve::decide(host, a, true).await,
             Command::Deny(a) => commands::approve::decide(host, a, false).await,
-            Command::Bench(_) | Command::Keys(_) | Command::Template(_) | Command::Fleet(_) => {
+            Command::Bench(_)
+            | Command::Keys(_)
+            | Command::Template(_)
+            | Command::Fleet(_)
+            | Command::Node(_) => {
                 unreachable!("bench and keys run before the runtime starts")
             }
         }

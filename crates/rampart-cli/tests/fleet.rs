@@ -197,6 +197,48 @@ fn a_fleet_places_routes_and_keeps_tenants_apart() {
         "{per_node:?}"
     );
 
+    // A drained node takes no new sandbox (the CLI against the gateway); undrained, it does.
+    let node_cli = |args: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_rampart"))
+            .args(args)
+            .env("RAMPART_HOST", &g)
+            .env("RAMPART_API_KEY", &admin)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "rampart {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    node_cli(&["node", "drain", "node-2"]);
+    let listed: Value = serde_json::from_str(&node_cli(&["node", "ls", "--json"])).unwrap();
+    let state_of = |v: &Value, n: &str| {
+        v["nodes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|x| x["name"] == json!(n))
+            .unwrap()["state"]
+            .clone()
+    };
+    assert_eq!(state_of(&listed, "node-2"), "draining", "{listed}");
+    let mut drained_ids = Vec::new();
+    for _ in 0..3 {
+        let (s, b) = create(&g, &admin);
+        assert_eq!(s, 201, "{b}");
+        assert_ne!(b["node"], "node-2", "placed on a drained node: {b}");
+        drained_ids.push(b["id"].as_str().unwrap().to_owned());
+    }
+    node_cli(&["node", "undrain", "node-2"]);
+    let listed: Value = serde_json::from_str(&node_cli(&["node", "ls", "--json"])).unwrap();
+    assert_eq!(state_of(&listed, "node-2"), "ready", "{listed}");
+    for id in drained_ids {
+        let (s, b) = call("DELETE", &format!("{g}/v1/sandboxes/{id}"), &admin, None);
+        assert!(s == 200 || s == 204, "{s} {b}");
+    }
+
     // Exec and files reach every sandbox through the gateway, on the node the catalog says.
     for (id, node) in &ids {
         let (s, b) = exec(&g, &admin, id, "hostname");

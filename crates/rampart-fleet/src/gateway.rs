@@ -220,6 +220,10 @@ impl Gateway {
             }))
             .into_response(),
             (&Method::GET, ["v1", "nodes"]) => self.nodes(&who).into_response(),
+            (&Method::POST | &Method::DELETE, ["v1", "nodes", name, "drain"]) => {
+                let name = (*name).to_owned();
+                self.drain(&who, &name, method == Method::POST).await
+            }
             (_, ["v1", "keys", ..]) => self.keys(&who, req).await,
             (_, ["v1", "tenants", ..]) => self.tenants(req).await,
             (&Method::POST, ["v1", "sandboxes"]) => self.create(who, req).await,
@@ -360,6 +364,33 @@ impl Gateway {
             .into_response(),
             Err(e) => unavailable(e),
         }
+    }
+
+    /// `POST /v1/nodes/{name}/drain` (and `DELETE`: undo): no new sandbox is placed on the
+    /// node; what runs there goes on.
+    async fn drain(&self, who: &GatewayPrincipal, name: &str, drained: bool) -> Response {
+        if !who.key.has_scope(SCOPE_ADMIN) {
+            return err(
+                StatusCode::FORBIDDEN,
+                "forbidden",
+                "draining a node needs the `admin` scope",
+            );
+        }
+        let known =
+            self.view.node(name).is_some() || self.view.lost().iter().any(|(_, e)| e.node == name);
+        if !known {
+            return err(
+                StatusCode::NOT_FOUND,
+                "not_found",
+                format!("no node {name} in the fleet"),
+            );
+        }
+        if let Err(e) = self.store.set_drain(name, drained).await {
+            return unavailable(e);
+        }
+        self.view.note_drain(name, drained);
+        Json(json!({"node": name, "state": if drained { "draining" } else { "ready" }}))
+            .into_response()
     }
 
     fn nodes(&self, who: &GatewayPrincipal) -> Response {

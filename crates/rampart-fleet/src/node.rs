@@ -146,6 +146,7 @@ async fn beat(
     record.url = cfg.url.clone();
     record.started_ms = started_ms;
     record.updated_ms = listed_ms;
+    record.schedulable = !store.drained(&cfg.name).await?;
     store.put_node(&record, lease).await?;
     let mine: BTreeMap<String, Option<String>> = facts.sandboxes().into_iter().collect();
     let catalog = store.catalog().await?;

@@ -83,6 +83,8 @@ pub enum Entry {
     Tenant(String),
     /// `keys/<digest>`.
     Key(String),
+    /// `drain/<node>`: no new sandbox is placed on the node.
+    Drain(String),
 }
 
 /// What a gateway follows, read at one revision.
@@ -98,6 +100,8 @@ pub struct Snapshot {
     pub tenants: Vec<TenantDef>,
     /// The keys, by the digest of their text.
     pub keys: Vec<(String, NodeKey)>,
+    /// The nodes being drained.
+    pub drained: Vec<String>,
 }
 
 /// Renews a lease.
@@ -334,6 +338,24 @@ impl Store {
         Ok(())
     }
 
+    /// Marks node `node` drained (`true`: no new sandbox goes there) or not; kept until
+    /// undone, across the node's restarts.
+    pub async fn set_drain(&self, node: &str, drained: bool) -> Result<(), StoreError> {
+        let key = self.key(&format!("drain/{node}"));
+        if drained {
+            self.put(key, Vec::new(), None).await?;
+        } else {
+            self.delete(key, None).await?;
+        }
+        Ok(())
+    }
+
+    /// Whether node `node` is drained.
+    pub async fn drained(&self, node: &str) -> Result<bool, StoreError> {
+        let resp = self.get(self.key(&format!("drain/{node}")), None).await?;
+        Ok(!resp.kvs().is_empty())
+    }
+
     /// Keeps node `node`'s audit key for good (its records verify after it is gone).
     pub async fn put_audit_key(&self, node: &str, key: &str) -> Result<(), StoreError> {
         self.put(
@@ -395,6 +417,7 @@ impl Store {
                 Some(Entry::Sandbox(id)) => snap.catalog.push((id, parse(k, v, "catalog entry")?)),
                 Some(Entry::Tenant(_)) => snap.tenants.push(parse(k, v, "tenant")?),
                 Some(Entry::Key(digest)) => snap.keys.push((digest, parse(k, v, "key")?)),
+                Some(Entry::Drain(node)) => snap.drained.push(node),
                 None => {}
             }
         }
@@ -412,6 +435,7 @@ impl Store {
             "sandboxes" => Some(Entry::Sandbox(name)),
             "tenants" => Some(Entry::Tenant(name)),
             "keys" => Some(Entry::Key(name)),
+            "drain" => Some(Entry::Drain(name)),
             _ => None,
         }
     }

@@ -21,6 +21,8 @@ struct Inner {
     tenants: HashMap<String, TenantDef>,
     /// By the digest of the key's text.
     keys: HashMap<String, NodeKey>,
+    /// Nodes being drained.
+    drained: std::collections::HashSet<String>,
     /// Whether the watch is running (false: answers may be stale; callers ask etcd).
     live: bool,
 }
@@ -60,6 +62,7 @@ impl View {
                 .map(|t| (t.name.clone(), t))
                 .collect();
             g.keys = snap.keys.into_iter().collect();
+            g.drained = snap.drained.into_iter().collect();
             g.live = true;
         }
         while let Some(resp) = watch.message().await? {
@@ -96,15 +99,19 @@ impl View {
         self.inner.read().expect("view lock").live
     }
 
-    /// The live nodes.
+    /// The live nodes (a drained one is not schedulable, whatever its record says).
     pub fn nodes(&self) -> Vec<NodeRecord> {
-        let mut v: Vec<_> = self
-            .inner
-            .read()
-            .expect("view lock")
+        let g = self.inner.read().expect("view lock");
+        let mut v: Vec<_> = g
             .nodes
             .values()
             .cloned()
+            .map(|mut n| {
+                if g.drained.contains(&n.name) {
+                    n.schedulable = false;
+                }
+                n
+            })
             .collect();
         v.sort_by(|a, b| a.name.cmp(&b.name));
         v
@@ -112,12 +119,23 @@ impl View {
 
     /// Node `name`, if it is alive.
     pub fn node(&self, name: &str) -> Option<NodeRecord> {
-        self.inner
-            .read()
-            .expect("view lock")
-            .nodes
-            .get(name)
-            .cloned()
+        let g = self.inner.read().expect("view lock");
+        g.nodes.get(name).cloned().map(|mut n| {
+            if g.drained.contains(&n.name) {
+                n.schedulable = false;
+            }
+            n
+        })
+    }
+
+    /// Notes a drain the gateway itself just wrote (the watch brings it too, later).
+    pub fn note_drain(&self, node: &str, drained: bool) {
+        let mut g = self.inner.write().expect("view lock");
+        if drained {
+            g.drained.insert(node.to_owned());
+        } else {
+            g.drained.remove(node);
+        }
     }
 
     /// Where sandbox `id` runs, as the copy has it.
@@ -190,5 +208,12 @@ fn apply(g: &mut Inner, entry: Entry, value: Option<&[u8]>) {
         Entry::Sandbox(id) => set(&mut g.catalog, id, value),
         Entry::Tenant(t) => set(&mut g.tenants, t, value),
         Entry::Key(d) => set(&mut g.keys, d, value),
+        Entry::Drain(n) => {
+            if value.is_some() {
+                g.drained.insert(n);
+            } else {
+                g.drained.remove(&n);
+            }
+        }
     }
 }

@@ -856,3 +856,108 @@ fn destroy_all(sock: &Path) {
         }
     }
 }
+
+/// `rampart node`.
+#[derive(Debug, Args)]
+pub struct NodeArgs {
+    #[command(subcommand)]
+    cmd: NodeCmd,
+}
+
+#[derive(Debug, Subcommand)]
+enum NodeCmd {
+    /// The fleet's nodes: state, address, sandboxes, free memory.
+    #[command(alias = "list")]
+    Ls {
+        /// Print the gateway's JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Stop placing new sandboxes on a node (what runs there goes on).
+    Drain {
+        /// The node's name.
+        name: String,
+    },
+    /// Place new sandboxes on a drained node again.
+    Undrain {
+        /// The node's name.
+        name: String,
+    },
+}
+
+/// `rampart node ...`, against the gateway `host` names (`--host`, `RAMPART_HOST`).
+pub fn node(a: NodeArgs, host: Option<String>, api_key: Option<String>) -> Result<u8> {
+    let Some(host) = host else {
+        bail!("rampart node talks to a fleet's gateway: set RAMPART_HOST (or --host) to its URL");
+    };
+    let base = if host.contains("://") {
+        host.trim_end_matches('/').to_owned()
+    } else {
+        format!("http://{}", host.trim_end_matches('/'))
+    };
+    let client = reqwest::blocking::Client::builder()
+        .timeout(Duration::from_secs(30))
+        .build()?;
+    let call = |method: reqwest::Method, path: &str| -> Result<serde_json::Value> {
+        let mut r = client.request(method.clone(), format!("{base}{path}"));
+        if let Some(k) = &api_key {
+            r = r.bearer_auth(k.trim());
+        }
+        let resp = r.send().with_context(|| format!("cannot reach {base}"))?;
+        let status = resp.status();
+        let text = resp.text().unwrap_or_default();
+        if status == reqwest::StatusCode::NOT_FOUND && path == "/v1/nodes" {
+            bail!("{base} is not a fleet's gateway (it has no /v1/nodes)");
+        }
+        if !status.is_success() {
+            let why = serde_json::from_str::<serde_json::Value>(&text)
+                .ok()
+                .and_then(|v| v["error"]["message"].as_str().map(str::to_owned))
+                .unwrap_or(text);
+            bail!("{method} {base}{path}: {status}: {why}");
+        }
+        Ok(serde_json::from_str(&text).unwrap_or(serde_json::Value::Null))
+    };
+    match a.cmd {
+        NodeCmd::Ls { json } => {
+            let v = call(reqwest::Method::GET, "/v1/nodes")?;
+            if json {
+                println!("{v}");
+                return Ok(0);
+            }
+            println!(
+                "{:<16} {:<9} {:<28} {:>9} {:>12} TIERS",
+                "NAME", "STATE", "URL", "SANDBOXES", "MEM FREE"
+            );
+            for n in v["nodes"].as_array().into_iter().flatten() {
+                let free = n["capacity"]["memory_available_bytes"].as_u64();
+                println!(
+                    "{:<16} {:<9} {:<28} {:>9} {:>12} {}",
+                    n["name"].as_str().unwrap_or("?"),
+                    n["state"].as_str().unwrap_or("?"),
+                    n["url"].as_str().unwrap_or("-"),
+                    n["catalog_sandboxes"].as_u64().unwrap_or(0),
+                    free.map(|b| format!("{} MiB", b >> 20))
+                        .unwrap_or_else(|| "-".into()),
+                    n["tiers"]
+                        .as_array()
+                        .map(|t| t
+                            .iter()
+                            .filter_map(|x| x.as_str())
+                            .collect::<Vec<_>>()
+                            .join(","))
+                        .unwrap_or_default()
+                );
+            }
+        }
+        NodeCmd::Drain { name } => {
+            call(reqwest::Method::POST, &format!("/v1/nodes/{name}/drain"))?;
+            println!("{name} draining");
+        }
+        NodeCmd::Undrain { name } => {
+            call(reqwest::Method::DELETE, &format!("/v1/nodes/{name}/drain"))?;
+            println!("{name} ready");
+        }
+    }
+    Ok(0)
+}
