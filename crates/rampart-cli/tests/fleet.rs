@@ -262,6 +262,53 @@ fn a_fleet_places_routes_and_keeps_tenants_apart() {
     let (_, b) = exec(&g, &admin, id0, "cat /tmp/through-the-gateway");
     assert_eq!(b["stdout"], "fleet");
 
+    // A snapshot is kept on its sandbox's node: creates from it go there, and its listing
+    // says where.
+    {
+        let (id, node) = &ids[2];
+        let (_, b) = exec(&g, &admin, id, "echo kept > /home/user/kept.txt");
+        assert_eq!(b["exit_code"], 0, "{b}");
+        let (s, b) = call(
+            "POST",
+            &format!("{g}/v1/sandboxes/{id}/snapshots"),
+            &admin,
+            Some(json!({"name": "fleet-snap"})),
+        );
+        assert_eq!(s, 201, "{b}");
+        for _ in 0..3 {
+            let (s, b) = call(
+                "POST",
+                &format!("{g}/v1/sandboxes"),
+                &admin,
+                Some(json!({"snapshot": "fleet-snap"})),
+            );
+            assert_eq!(s, 201, "{b}");
+            assert_eq!(b["node"], json!(node), "{b}");
+            let child = b["id"].as_str().unwrap().to_owned();
+            let (_, out) = exec(&g, &admin, &child, "cat /home/user/kept.txt");
+            assert_eq!(out["stdout"], "kept\n", "{out}");
+            call("DELETE", &format!("{g}/v1/sandboxes/{child}"), &admin, None);
+        }
+        let (s, list) = call("GET", &format!("{g}/v1/snapshots"), &admin, None);
+        assert_eq!(s, 200, "{list}");
+        assert!(
+            list.as_array()
+                .unwrap()
+                .iter()
+                .any(|x| x["name"] == "fleet-snap" && x["node"] == json!(node)),
+            "{list}"
+        );
+        let (s, b) = call(
+            "DELETE",
+            &format!("{g}/v1/snapshots/fleet-snap"),
+            &admin,
+            None,
+        );
+        assert!(s == 200 || s == 204, "{s} {b}");
+        let (s, _) = call("GET", &format!("{g}/v1/snapshots/fleet-snap"), &admin, None);
+        assert_eq!(s, 404);
+    }
+
     // The record: a bundle fetched through the gateway names its node in `created` and
     // verifies with the fleet's key set (the key of the node that signed it), not with a set
     // of the other nodes' keys.

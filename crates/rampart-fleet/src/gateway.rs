@@ -232,6 +232,7 @@ impl Gateway {
                 let id = (*id).to_owned();
                 self.to_sandbox(&id, Some(&who), req).await
             }
+            (_, ["v1", "snapshots", ..]) => self.snapshots(&who, req).await,
             (&Method::GET, ["v1", "templates" | "openapi.json" | "audit", ..]) => {
                 // What every node answers alike: any live node's answer.
                 match self.view.nodes().into_iter().next() {
@@ -757,6 +758,97 @@ impl Gateway {
         }
     }
 
+    /// After a snapshot: where it is kept (a create from it goes there).
+    async fn record_snapshot(&self, resp: Response, node: &str, owner: Option<&str>) -> Response {
+        let (parts, body) = resp.into_parts();
+        let Ok(bytes) = body.collect().await.map(|b| b.to_bytes()) else {
+            return err(
+                StatusCode::BAD_GATEWAY,
+                "bad_gateway",
+                format!("node {node}: the answer broke off"),
+            );
+        };
+        let v: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+        let name = v
+            .get("name")
+            .or_else(|| v.get("snapshotID"))
+            .and_then(Value::as_str);
+        if let Some(name) = name {
+            if let Err(e) = self.store.put_snapshot(owner, name, node).await {
+                tracing::warn!(snapshot = %name, "gateway: recording where a snapshot is: {e}");
+            }
+        }
+        Response::from_parts(parts, Body::from(bytes))
+    }
+
+    /// `/v1/snapshots...`: the list merged over the live nodes; one snapshot at its node.
+    async fn snapshots(&self, who: &GatewayPrincipal, req: Request) -> Response {
+        let path = req.uri().path().to_owned();
+        let segs: Vec<&str> = path.trim_matches('/').split('/').collect();
+        match segs.as_slice() {
+            ["v1", "snapshots"] if req.method() == Method::GET => {
+                let mut all = Vec::new();
+                for n in self.view.nodes() {
+                    let r = Request::builder()
+                        .method(Method::GET)
+                        .uri("/v1/snapshots")
+                        .body(Body::empty())
+                        .expect("a request");
+                    let resp = self.forward(&n, Some(who), r).await;
+                    if !resp.status().is_success() {
+                        return resp;
+                    }
+                    let Ok(bytes) = resp.into_body().collect().await.map(|b| b.to_bytes()) else {
+                        return err(
+                            StatusCode::BAD_GATEWAY,
+                            "bad_gateway",
+                            format!("node {}: the answer broke off", n.name),
+                        );
+                    };
+                    if let Ok(Value::Array(items)) = serde_json::from_slice::<Value>(&bytes) {
+                        for mut s in items {
+                            s["node"] = json!(n.name);
+                            all.push(s);
+                        }
+                    }
+                }
+                Json(Value::Array(all)).into_response()
+            }
+            ["v1", "snapshots", name] => {
+                let name = (*name).to_owned();
+                let owner = who.key.tenant.clone();
+                let node = match self.store.snapshot_node(owner.as_deref(), &name).await {
+                    Ok(Some(n)) => n,
+                    Ok(None) => {
+                        return err(
+                            StatusCode::NOT_FOUND,
+                            "not_found",
+                            format!("no snapshot {name}"),
+                        )
+                    }
+                    Err(e) => return unavailable(e),
+                };
+                let Some(node) = self.view.node(&node) else {
+                    return err(
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        "node_lost",
+                        format!("snapshot {name} is kept on node {node}, whose lease lapsed"),
+                    );
+                };
+                let delete = req.method() == Method::DELETE;
+                let resp = self.forward(&node, Some(who), req).await;
+                if delete && (resp.status().is_success() || resp.status() == StatusCode::NOT_FOUND)
+                {
+                    if let Err(e) = self.store.forget_snapshot(owner.as_deref(), &name).await {
+                        tracing::warn!(snapshot = %name, "gateway: forgetting a snapshot: {e}");
+                    }
+                }
+                resp
+            }
+            _ => err(StatusCode::NOT_FOUND, "not_found", path),
+        }
+    }
+
     /// After a fork: each new sandbox (on the parent's node) in the catalog.
     async fn record_forks(&self, resp: Response, node: &str, tenant: Option<String>) -> Response {
         let (parts, body) = resp.into_parts();
@@ -830,6 +922,36 @@ impl Gateway {
             }
             Err(e) => return unavailable(e),
         };
+        // A create from a snapshot goes where the snapshot is kept.
+        let snapshot = spec
+            .get("snapshot")
+            .and_then(Value::as_str)
+            .or(who.e2b.then_some(template.as_str()));
+        let pinned = match snapshot {
+            Some(name) => match self
+                .store
+                .snapshot_node(who.key.tenant.as_deref(), name)
+                .await
+            {
+                Ok(n) => n,
+                Err(e) => {
+                    let _ = self.store.release(held).await;
+                    return unavailable(e);
+                }
+            },
+            None => None,
+        };
+        if let Some(pin) = pinned {
+            let Some(node) = self.view.node(&pin) else {
+                let _ = self.store.release(held).await;
+                return err(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "node_lost",
+                    format!("the snapshot is kept on node {pin}, whose lease lapsed"),
+                );
+            };
+            return self.create_on(node, who, parts, bytes, held).await;
+        }
         let nodes = self.view.nodes();
         let Some(node) = place(
             &nodes,
@@ -854,6 +976,19 @@ impl Gateway {
                 )
             };
         };
+        self.create_on(node, who, parts, bytes, held).await
+    }
+
+    /// The create on `node`, then its catalog entry in place of the reservation `held`.
+    async fn create_on(
+        &self,
+        node: NodeRecord,
+        who: GatewayPrincipal,
+        parts: axum::http::request::Parts,
+        bytes: bytes::Bytes,
+        held: crate::store::Reservation,
+    ) -> Response {
+        let tenant = who.key.tenant.clone();
         let req = Request::from_parts(parts, Body::from(bytes));
         let resp = self.forward(&node, Some(&who), req).await;
         if !resp.status().is_success() {
@@ -1061,10 +1196,16 @@ impl Gateway {
         let is_destroy = names_it && req.method() == Method::DELETE;
         let is_info = names_it && req.method() == Method::GET && !e2b;
         let is_fork = !keep_host && req.method() == Method::POST && p.ends_with("/fork");
+        let is_snapshot = !keep_host && req.method() == Method::POST && p.ends_with("/snapshots");
         let resp = self.forward_as(&node, who, req, keep_host).await;
         if is_fork && resp.status().is_success() {
             return self
                 .record_forks(resp, &node.name, entry.tenant.clone())
+                .await;
+        }
+        if is_snapshot && resp.status().is_success() {
+            return self
+                .record_snapshot(resp, &node.name, entry.tenant.as_deref())
                 .await;
         }
         if is_destroy && (resp.status().is_success() || resp.status() == StatusCode::NOT_FOUND) {

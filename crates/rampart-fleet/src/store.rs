@@ -338,6 +338,40 @@ impl Store {
         Ok(())
     }
 
+    /// Records that snapshot `name` of `owner` (a tenant; None: the fleet's administrator)
+    /// is kept on node `node`: a create from it must go there.
+    pub async fn put_snapshot(
+        &self,
+        owner: Option<&str>,
+        name: &str,
+        node: &str,
+    ) -> Result<(), StoreError> {
+        let key = self.key(&format!("snapshots/{}/{name}", owner.unwrap_or("_")));
+        self.put(key, node.as_bytes().to_vec(), None).await?;
+        Ok(())
+    }
+
+    /// The node keeping snapshot `name` of `owner`, if the fleet knows it.
+    pub async fn snapshot_node(
+        &self,
+        owner: Option<&str>,
+        name: &str,
+    ) -> Result<Option<String>, StoreError> {
+        let key = self.key(&format!("snapshots/{}/{name}", owner.unwrap_or("_")));
+        let resp = self.get(key, None).await?;
+        Ok(resp
+            .kvs()
+            .first()
+            .map(|kv| String::from_utf8_lossy(kv.value()).into_owned()))
+    }
+
+    /// Forgets snapshot `name` of `owner` (deleted).
+    pub async fn forget_snapshot(&self, owner: Option<&str>, name: &str) -> Result<(), StoreError> {
+        let key = self.key(&format!("snapshots/{}/{name}", owner.unwrap_or("_")));
+        self.delete(key, None).await?;
+        Ok(())
+    }
+
     /// Marks node `node` drained (`true`: no new sandbox goes there) or not; kept until
     /// undone, across the node's restarts.
     pub async fn set_drain(&self, node: &str, drained: bool) -> Result<(), StoreError> {
