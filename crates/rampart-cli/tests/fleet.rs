@@ -98,6 +98,30 @@ impl Fleet {
             .join(",")
     }
 
+    /// Another gateway on the same fleet (with the same admin key), answering `/health`.
+    fn second_gateway(&self) -> (std::process::Child, String) {
+        let port = free_port();
+        let url = format!("http://127.0.0.1:{port}");
+        let dir = self.dir.path();
+        let child = Command::new(env!("CARGO_BIN_EXE_rampart"))
+            .args(["gateway", "--listen", &format!("127.0.0.1:{port}")])
+            .args(["--fleet", &self.etcd(), "--name", "gateway-b", "--data-dir"])
+            .arg(dir.join("gateway-b"))
+            .arg("--admin-key-file")
+            .arg(dir.join("gateway").join("admin-key"))
+            .stdout(std::fs::File::create(dir.join("gateway-b.log")).unwrap())
+            .stderr(std::fs::File::create(dir.join("gateway-b.err")).unwrap())
+            .spawn()
+            .unwrap();
+        wait_until("the second gateway answers /health", 60, || {
+            client()
+                .get(format!("{url}/health"))
+                .send()
+                .is_ok_and(|r| r.status().is_success())
+        });
+        (child, url)
+    }
+
     fn down(&self) -> std::process::Output {
         Command::new(env!("CARGO_BIN_EXE_rampart"))
             .args(["fleet", "down", "--dir"])
@@ -500,32 +524,7 @@ fn a_fleet_places_routes_and_keeps_tenants_apart() {
     assert_eq!(s, 403, "{b}");
 
     // A second gateway on the same fleet answers alike.
-    let port = free_port();
-    let g2 = format!("http://127.0.0.1:{port}");
-    let g2dir = f.dir.path().join("gateway-b");
-    let mut second = Command::new(env!("CARGO_BIN_EXE_rampart"))
-        .args([
-            "gateway",
-            "--listen",
-            &format!("127.0.0.1:{port}"),
-            "--fleet",
-            &f.etcd(),
-        ])
-        .arg("--data-dir")
-        .arg(&g2dir)
-        .arg("--admin-key-file")
-        .arg(f.dir.path().join("gateway").join("admin-key"))
-        .args(["--name", "gateway-b"])
-        .stdout(std::fs::File::create(f.dir.path().join("gateway-b.log")).unwrap())
-        .stderr(std::fs::File::create(f.dir.path().join("gateway-b.err")).unwrap())
-        .spawn()
-        .unwrap();
-    wait_until("the second gateway answers /health", 60, || {
-        client()
-            .get(format!("{g2}/health"))
-            .send()
-            .is_ok_and(|r| r.status().is_success())
-    });
+    let (mut second, g2) = f.second_gateway();
     let ids_of = |gw: &str, key: &str| {
         let (s, b) = call("GET", &format!("{gw}/v1/sandboxes"), key, None);
         assert_eq!(s, 200, "{b}");
@@ -836,30 +835,7 @@ fn losing_the_etcd_leader_or_a_gateway_loses_no_create() {
     let f = Fleet::up(2, 10);
     let (g, admin) = (f.gateway(), f.admin());
     // A second gateway, to go on when the first is killed.
-    let port = free_port();
-    let g2 = format!("http://127.0.0.1:{port}");
-    let mut second = Command::new(env!("CARGO_BIN_EXE_rampart"))
-        .args([
-            "gateway",
-            "--listen",
-            &format!("127.0.0.1:{port}"),
-            "--fleet",
-            &f.etcd(),
-        ])
-        .arg("--data-dir")
-        .arg(f.dir.path().join("gateway-b"))
-        .arg("--admin-key-file")
-        .arg(f.dir.path().join("gateway").join("admin-key"))
-        .stdout(std::fs::File::create(f.dir.path().join("gateway-b.log")).unwrap())
-        .stderr(std::fs::File::create(f.dir.path().join("gateway-b.err")).unwrap())
-        .spawn()
-        .unwrap();
-    wait_until("the second gateway answers /health", 60, || {
-        client()
-            .get(format!("{g2}/health"))
-            .send()
-            .is_ok_and(|r| r.status().is_success())
-    });
+    let (mut second, g2) = f.second_gateway();
     let mut acknowledged = Vec::new();
     let mut create_and_run = |gw: &str, i: usize| {
         let (s, b) = create(gw, &admin);

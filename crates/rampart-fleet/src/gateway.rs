@@ -168,7 +168,7 @@ impl Gateway {
         // The E2B SDKs' traffic to a sandbox (envd, its ports): the sandbox's own token is
         // the authorization, checked by its node.
         if let Some((id, host_form)) = self.sandbox_target(req.headers()) {
-            return self.to_sandbox_as(&id, None, req, host_form).await;
+            return self.to_sandbox(&id, None, req, host_form).await;
         }
         if is_e2b_path(&path) {
             return self.e2b(req).await;
@@ -187,7 +187,7 @@ impl Gateway {
             let switch = segs.len() == 6 && segs[5] == "public" && method != Method::GET;
             if !port.is_empty() && !switch {
                 let id = (*id).to_owned();
-                return self.to_sandbox_as(&id, None, req, false).await;
+                return self.to_sandbox(&id, None, req, false).await;
             }
         }
         let peer = req
@@ -230,13 +230,13 @@ impl Gateway {
             (&Method::GET, ["v1", "sandboxes"]) => self.list(&who, req).await,
             (_, ["v1", "sandboxes", id, ..]) => {
                 let id = (*id).to_owned();
-                self.to_sandbox(&id, Some(&who), req).await
+                self.to_sandbox(&id, Some(&who), req, false).await
             }
             (_, ["v1", "snapshots", ..]) => self.snapshots(&who, req).await,
             (&Method::GET, ["v1", "templates" | "openapi.json" | "audit", ..]) => {
                 // What every node answers alike: any live node's answer.
                 match self.view.nodes().into_iter().next() {
-                    Some(n) => self.forward(&n, Some(&who), req).await,
+                    Some(n) => self.forward(&n, Some(&who), req, false).await,
                     None => no_nodes(),
                 }
             }
@@ -743,11 +743,11 @@ impl Gateway {
             (&Method::GET, ["sandboxes"] | ["v2", "sandboxes"]) => self.list(&who, req).await,
             (_, ["sandboxes", id, ..] | ["v2", "sandboxes", id, ..]) => {
                 let id = (*id).to_owned();
-                self.to_sandbox(&id, Some(&who), req).await
+                self.to_sandbox(&id, Some(&who), req, false).await
             }
             (&Method::GET, ["templates", ..] | ["v2", "templates", ..]) => {
                 match self.view.nodes().into_iter().next() {
-                    Some(n) => self.forward(&n, Some(&who), req).await,
+                    Some(n) => self.forward(&n, Some(&who), req, false).await,
                     None => no_nodes(),
                 }
             }
@@ -794,7 +794,7 @@ impl Gateway {
                         .uri("/v1/snapshots")
                         .body(Body::empty())
                         .expect("a request");
-                    let resp = self.forward(&n, Some(who), r).await;
+                    let resp = self.forward(&n, Some(who), r, false).await;
                     if !resp.status().is_success() {
                         return resp;
                     }
@@ -836,7 +836,7 @@ impl Gateway {
                     );
                 };
                 let delete = req.method() == Method::DELETE;
-                let resp = self.forward(&node, Some(who), req).await;
+                let resp = self.forward(&node, Some(who), req, false).await;
                 if delete && (resp.status().is_success() || resp.status() == StatusCode::NOT_FOUND)
                 {
                     if let Err(e) = self.store.forget_snapshot(owner.as_deref(), &name).await {
@@ -990,7 +990,7 @@ impl Gateway {
     ) -> Response {
         let tenant = who.key.tenant.clone();
         let req = Request::from_parts(parts, Body::from(bytes));
-        let resp = self.forward(&node, Some(&who), req).await;
+        let resp = self.forward(&node, Some(&who), req, false).await;
         if !resp.status().is_success() {
             let _ = self.store.release(held).await;
             return resp;
@@ -1051,7 +1051,7 @@ impl Gateway {
                 .uri(path)
                 .body(Body::empty())
                 .expect("a request");
-            let gone = self.forward(&node, Some(&who), undo).await;
+            let gone = self.forward(&node, Some(&who), undo, false).await;
             let m = format!(
                 "the fleet's store (etcd) did not take the sandbox's catalog entry: {e}; the \
                  sandbox was destroyed on node {} ({})",
@@ -1088,7 +1088,7 @@ impl Gateway {
                 .uri(pq.clone())
                 .body(Body::empty())
                 .expect("a request");
-            async move { (n, self.forward(n, Some(who), r).await) }
+            async move { (n, self.forward(n, Some(who), r, false).await) }
         });
         let mut all = Vec::new();
         for (n, resp) in futures::future::join_all(asks).await {
@@ -1128,13 +1128,9 @@ impl Gateway {
     }
 
     /// A call naming sandbox `id`: to its node, or `lost` if the node's lease lapsed.
-    async fn to_sandbox(&self, id: &str, who: Option<&GatewayPrincipal>, req: Request) -> Response {
-        self.to_sandbox_as(id, who, req, false).await
-    }
-
-    /// [`Gateway::to_sandbox`]; `keep_host`: the node needs the request's own `Host` (the
-    /// host form `{port}-{id}.<domain>` names the sandbox).
-    async fn to_sandbox_as(
+    /// `keep_host`: the node needs the request's own `Host` (the host form
+    /// `{port}-{id}.<domain>` names the sandbox).
+    async fn to_sandbox(
         &self,
         id: &str,
         who: Option<&GatewayPrincipal>,
@@ -1197,7 +1193,7 @@ impl Gateway {
         let is_info = names_it && req.method() == Method::GET && !e2b;
         let is_fork = !keep_host && req.method() == Method::POST && p.ends_with("/fork");
         let is_snapshot = !keep_host && req.method() == Method::POST && p.ends_with("/snapshots");
-        let resp = self.forward_as(&node, who, req, keep_host).await;
+        let resp = self.forward(&node, who, req, keep_host).await;
         if is_fork && resp.status().is_success() {
             return self
                 .record_forks(resp, &node.name, entry.tenant.clone())
@@ -1222,17 +1218,8 @@ impl Gateway {
 
     /// Carries `req` to `node`: the fleet's token and the checked caller replace the
     /// caller's credentials; the body and the answer stream.
+    /// `keep_host`: the caller's `Host` goes to the node unchanged.
     async fn forward(
-        &self,
-        node: &NodeRecord,
-        who: Option<&GatewayPrincipal>,
-        req: Request,
-    ) -> Response {
-        self.forward_as(node, who, req, false).await
-    }
-
-    /// [`Gateway::forward`]; `keep_host`: the caller's `Host` goes to the node unchanged.
-    async fn forward_as(
         &self,
         node: &NodeRecord,
         who: Option<&GatewayPrincipal>,

@@ -173,23 +173,10 @@ pub async fn join(
     core: &rampart_core::CoreConfig,
     listen: std::net::SocketAddr,
 ) -> Result<Option<rampart_fleet::Membership>> {
-    if j.fleet.is_empty() {
+    // Named (and checked) with the rest of the configuration: `node_name`.
+    let Some(name) = core.node_name.clone() else {
         return Ok(None);
-    }
-    let name = match &j.node_name {
-        Some(n) => n.clone(),
-        None => nix::unistd::gethostname()
-            .context("--node-name: none given and the host name is unreadable")?
-            .to_string_lossy()
-            .into_owned(),
     };
-    if name.is_empty()
-        || !name
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
-    {
-        bail!("--node-name {name:?}: use letters, digits, '-', '_' and '.'");
-    }
     let url = match &j.advertise {
         Some(u) => u.trim_end_matches('/').to_owned(),
         None if listen.ip().is_unspecified() => bail!(
@@ -857,6 +844,71 @@ fn destroy_all(sock: &Path) {
     }
 }
 
+/// A fleet's gateway's API, for the CLI's commands that only it serves (`rampart node`,
+/// `rampart keys` with a host).
+pub(crate) struct GatewayApi {
+    base: String,
+    key: Option<String>,
+    client: reqwest::blocking::Client,
+    /// Why a 404 on a collection means the endpoint is not a gateway.
+    not_here: &'static str,
+}
+
+impl GatewayApi {
+    /// The API at `host` (a URL, or `host:port` for http), with `key`.
+    pub(crate) fn new(host: &str, key: Option<String>, not_here: &'static str) -> Result<Self> {
+        let base = if host.contains("://") {
+            host.trim_end_matches('/').to_owned()
+        } else {
+            format!("http://{}", host.trim_end_matches('/'))
+        };
+        Ok(GatewayApi {
+            base,
+            key: key.map(|k| k.trim().to_owned()),
+            client: reqwest::blocking::Client::builder()
+                .timeout(Duration::from_secs(30))
+                .build()?,
+            not_here,
+        })
+    }
+
+    /// Its URL.
+    pub(crate) fn base(&self) -> &str {
+        &self.base
+    }
+
+    /// `method path` with `body`: the answer's JSON, or an error with the API's message.
+    pub(crate) fn call(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<serde_json::Value>,
+    ) -> Result<serde_json::Value> {
+        let base = &self.base;
+        let mut r = self.client.request(method.clone(), format!("{base}{path}"));
+        if let Some(k) = &self.key {
+            r = r.bearer_auth(k);
+        }
+        if let Some(b) = body {
+            r = r.json(&b);
+        }
+        let resp = r.send().with_context(|| format!("cannot reach {base}"))?;
+        let status = resp.status();
+        let text = resp.text().unwrap_or_default();
+        if status == reqwest::StatusCode::NOT_FOUND && path.matches('/').count() == 2 {
+            bail!("{base}: {}", self.not_here);
+        }
+        if !status.is_success() {
+            let why = serde_json::from_str::<serde_json::Value>(&text)
+                .ok()
+                .and_then(|v| v["error"]["message"].as_str().map(str::to_owned))
+                .unwrap_or(text);
+            bail!("{method} {base}{path}: {status}: {why}");
+        }
+        Ok(serde_json::from_str(&text).unwrap_or(serde_json::Value::Null))
+    }
+}
+
 /// `rampart node`.
 #[derive(Debug, Args)]
 pub struct NodeArgs {
@@ -890,34 +942,12 @@ pub fn node(a: NodeArgs, host: Option<String>, api_key: Option<String>) -> Resul
     let Some(host) = host else {
         bail!("rampart node talks to a fleet's gateway: set RAMPART_HOST (or --host) to its URL");
     };
-    let base = if host.contains("://") {
-        host.trim_end_matches('/').to_owned()
-    } else {
-        format!("http://{}", host.trim_end_matches('/'))
-    };
-    let client = reqwest::blocking::Client::builder()
-        .timeout(Duration::from_secs(30))
-        .build()?;
-    let call = |method: reqwest::Method, path: &str| -> Result<serde_json::Value> {
-        let mut r = client.request(method.clone(), format!("{base}{path}"));
-        if let Some(k) = &api_key {
-            r = r.bearer_auth(k.trim());
-        }
-        let resp = r.send().with_context(|| format!("cannot reach {base}"))?;
-        let status = resp.status();
-        let text = resp.text().unwrap_or_default();
-        if status == reqwest::StatusCode::NOT_FOUND && path == "/v1/nodes" {
-            bail!("{base} is not a fleet's gateway (it has no /v1/nodes)");
-        }
-        if !status.is_success() {
-            let why = serde_json::from_str::<serde_json::Value>(&text)
-                .ok()
-                .and_then(|v| v["error"]["message"].as_str().map(str::to_owned))
-                .unwrap_or(text);
-            bail!("{method} {base}{path}: {status}: {why}");
-        }
-        Ok(serde_json::from_str(&text).unwrap_or(serde_json::Value::Null))
-    };
+    let api = GatewayApi::new(
+        &host,
+        api_key,
+        "it is not a fleet's gateway (it has no /v1/nodes)",
+    )?;
+    let call = |m: reqwest::Method, path: &str| api.call(m, path, None);
     match a.cmd {
         NodeCmd::Ls { json } => {
             let v = call(reqwest::Method::GET, "/v1/nodes")?;

@@ -342,43 +342,14 @@ pub fn run(a: KeysArgs, host: Option<String>, api_key: Option<String>) -> Result
 
 /// `rampart keys` against the API of `host` (a fleet's gateway).
 fn remote(a: KeysArgs, host: &str, api_key: Option<String>) -> Result<u8> {
-    let base = if host.contains("://") {
-        host.trim_end_matches('/').to_owned()
-    } else {
-        format!("http://{}", host.trim_end_matches('/'))
-    };
-    let client = reqwest::blocking::Client::builder()
-        .timeout(std::time::Duration::from_secs(30))
-        .build()?;
-    let call = |method: reqwest::Method,
-                path: &str,
-                body: Option<serde_json::Value>|
-     -> Result<serde_json::Value> {
-        let mut r = client.request(method.clone(), format!("{base}{path}"));
-        if let Some(k) = &api_key {
-            r = r.bearer_auth(k.trim());
-        }
-        if let Some(b) = body {
-            r = r.json(&b);
-        }
-        let resp = r.send().with_context(|| format!("cannot reach {base}"))?;
-        let status = resp.status();
-        let text = resp.text().unwrap_or_default();
-        if status == reqwest::StatusCode::NOT_FOUND && path == "/v1/keys" {
-            bail!(
-                "{base} has no key API: a single daemon's keys are managed on its host \
-                 (`rampart keys ... --data-dir DIR` there); a fleet's gateway serves /v1/keys"
-            );
-        }
-        if !status.is_success() {
-            let why = serde_json::from_str::<serde_json::Value>(&text)
-                .ok()
-                .and_then(|v| v["error"]["message"].as_str().map(str::to_owned))
-                .unwrap_or(text);
-            bail!("{method} {base}{path}: {status}: {why}");
-        }
-        Ok(serde_json::from_str(&text).unwrap_or(serde_json::Value::Null))
-    };
+    let api = super::fleet::GatewayApi::new(
+        host,
+        api_key,
+        "it has no key API: a single daemon's keys are managed on its host (`rampart keys ... \
+         --data-dir DIR` there); a fleet's gateway serves /v1/keys",
+    )?;
+    let base = api.base().to_owned();
+    let call = |m: reqwest::Method, path: &str, body| api.call(m, path, body);
     match a.command {
         KeysCommand::Create {
             name,
