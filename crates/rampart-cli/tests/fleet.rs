@@ -286,6 +286,50 @@ fn a_fleet_places_routes_and_keeps_tenants_apart() {
     let (_, b) = exec(&g, &admin, id0, "cat /tmp/through-the-gateway");
     assert_eq!(b["stdout"], "fleet");
 
+    // A server inside a sandbox, through the gateway's port proxy (path form), with the
+    // sandbox's own token; without it, refused.
+    {
+        let (id, _) = &ids[3];
+        let (_, b) = exec(
+            &g,
+            &admin,
+            id,
+            "mkdir -p /home/user/www && echo served-through-the-fleet > /home/user/www/i.txt && \
+             (nohup python3 -m http.server 8000 --directory /home/user/www >/dev/null 2>&1 &)",
+        );
+        assert_eq!(b["exit_code"], 0, "{b}");
+        let (_, info) = call("GET", &format!("{g}/v1/sandboxes/{id}"), &admin, None);
+        let token = info["access_token"]
+            .as_str()
+            .expect("an access token")
+            .to_owned();
+        let plain = reqwest::blocking::Client::new();
+        wait_until(
+            "the sandbox's server answers through the gateway",
+            60,
+            || {
+                plain
+                    .get(format!("{g}/v1/sandboxes/{id}/ports/8000/i.txt"))
+                    .header("x-rampart-token", &token)
+                    .send()
+                    .is_ok_and(|r| r.status().is_success())
+            },
+        );
+        let body = plain
+            .get(format!("{g}/v1/sandboxes/{id}/ports/8000/i.txt"))
+            .header("x-rampart-token", &token)
+            .send()
+            .unwrap()
+            .text()
+            .unwrap();
+        assert_eq!(body, "served-through-the-fleet\n");
+        let refused = plain
+            .get(format!("{g}/v1/sandboxes/{id}/ports/8000/i.txt"))
+            .send()
+            .unwrap();
+        assert!(refused.status().is_client_error(), "{}", refused.status());
+    }
+
     // A snapshot is kept on its sandbox's node: creates from it go there, and its listing
     // says where.
     {
