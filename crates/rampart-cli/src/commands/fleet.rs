@@ -155,12 +155,12 @@ pub fn node_name(j: &JoinArgs) -> Result<Option<String>> {
             .into_owned(),
     };
     if name.is_empty()
-        || name.len() > 63
+        || name.len() > 253
         || !name
             .chars()
             .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
     {
-        bail!("--node-name {name:?}: use up to 63 letters, digits, '-', '_' and '.'");
+        bail!("--node-name {name:?}: use up to 253 letters, digits, '-', '_' and '.'");
     }
     Ok(Some(name))
 }
