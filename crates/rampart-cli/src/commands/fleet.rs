@@ -461,6 +461,16 @@ impl FleetNet {
         file: &mut FleetFile,
         save: &dyn Fn(&FleetFile) -> Result<()>,
     ) -> Result<FleetNet> {
+        // Choosing a free /24 and taking it is one step for every `fleet up` on this host
+        // (held until the bridge has its address).
+        let lock = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open("/run/rampart-fleet-net.lock")
+            .context("cannot open /run/rampart-fleet-net.lock")?;
+        let _held = nix::fcntl::Flock::lock(lock, nix::fcntl::FlockArg::LockExclusive)
+            .map_err(|(_, e)| anyhow!("locking /run/rampart-fleet-net.lock: {e}"))?;
         let k = free_subnet()?;
         let tag = format!("{:04x}", std::process::id() & 0xffff);
         let mut net = FleetNet {
