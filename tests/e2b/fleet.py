@@ -71,4 +71,25 @@ def another_tenants_key_does_not_find_it():
         b.kill()
 
 
+@test
+def lifecycle_events_cover_every_node():
+    boxes = [Sandbox.create(timeout=120) for _ in range(NODES)]
+    ids = {b.sandbox_id for b in boxes}
+    assert len({node_of(i) for i in ids}) == NODES
+    for b in boxes:
+        b.kill()
+    key = os.environ["E2B_API_KEY"]
+    r = httpx.get(f"{GATEWAY}/events/sandboxes", params={"limit": 50}, headers={"X-API-Key": key})
+    assert r.status_code == 200, (r.status_code, r.text)
+    events = r.json()
+    created = {e["sandboxId"] for e in events if e["type"].endswith("created")}
+    killed = {e["sandboxId"] for e in events if e["type"].endswith("killed")}
+    assert ids <= created and ids <= killed, events
+    stamps = [e["timestamp"] for e in events]
+    assert stamps == sorted(stamps, reverse=True), stamps
+    one = next(iter(ids))
+    r = httpx.get(f"{GATEWAY}/events/sandboxes/{one}", headers={"X-API-Key": key})
+    assert r.status_code == 200 and {e["sandboxId"] for e in r.json()} == {one}, r.text
+
+
 run()

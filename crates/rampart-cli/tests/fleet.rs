@@ -831,7 +831,7 @@ fn the_e2b_sdk_works_through_the_gateway() {
         ],
     );
     assert!(report.failed.is_empty(), "{:?}", report.failed);
-    assert_eq!(report.passed.len(), 3, "{:?}", report.passed);
+    assert_eq!(report.passed.len(), 4, "{:?}", report.passed);
 }
 
 /// The pid and name of the etcd member that leads now (`etcdctl endpoint status`).

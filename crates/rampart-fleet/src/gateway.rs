@@ -745,6 +745,15 @@ impl Gateway {
                 let id = (*id).to_owned();
                 self.to_sandbox(&id, Some(&who), req, false).await
             }
+            (&Method::GET, ["events", "sandboxes"]) => self.e2b_events(&who, req).await,
+            (&Method::GET, ["events", "sandboxes", id]) => {
+                let id = (*id).to_owned();
+                if self.view.lookup(&id).is_some() {
+                    return self.to_sandbox(&id, Some(&who), req, false).await;
+                }
+                // Ended: no longer in the catalog; its history is on one node.
+                self.e2b_events(&who, req).await
+            }
             (&Method::GET, ["templates", ..] | ["v2", "templates", ..]) => {
                 match self.view.nodes().into_iter().next() {
                     Some(n) => self.forward(&n, Some(&who), req, false).await,
@@ -756,6 +765,61 @@ impl Gateway {
                 format!("{method} {path} is not served through the fleet's gateway yet"),
             ),
         }
+    }
+
+    /// `GET /events/sandboxes[/{id}]` (the E2B API; one id when the sandbox ended and left
+    /// the catalog): every live node's events, merged by time, then
+    /// the caller's `offset` and `limit` (each node is asked for the first `offset + limit`,
+    /// at most its maximum of 100).
+    async fn e2b_events(&self, who: &GatewayPrincipal, req: Request) -> Response {
+        let mut offset = 0usize;
+        let mut limit = 10usize;
+        let mut asc = false;
+        let mut passed = Vec::new();
+        for (k, v) in url_pairs(req.uri().query().unwrap_or("")) {
+            match k.as_str() {
+                "offset" => offset = v.parse().unwrap_or(0),
+                "limit" => limit = v.parse().unwrap_or(10),
+                "orderAsc" => {
+                    asc = v == "true";
+                    passed.push(format!("orderAsc={v}"));
+                }
+                _ => passed.push(format!("{k}={v}")),
+            }
+        }
+        passed.push("offset=0".into());
+        passed.push(format!("limit={}", (offset + limit).clamp(1, 100)));
+        let uri = format!("{}?{}", req.uri().path(), passed.join("&"));
+        let mut all = Vec::new();
+        for n in self.view.nodes() {
+            let r = Request::builder()
+                .method(Method::GET)
+                .uri(uri.clone())
+                .body(Body::empty())
+                .expect("a request");
+            let resp = self.forward(&n, Some(who), r, false).await;
+            if !resp.status().is_success() {
+                return resp;
+            }
+            let Ok(bytes) = resp.into_body().collect().await.map(|b| b.to_bytes()) else {
+                return e2b_err(
+                    StatusCode::BAD_GATEWAY,
+                    format!("node {}: the answer broke off", n.name),
+                );
+            };
+            if let Ok(Value::Array(items)) = serde_json::from_slice::<Value>(&bytes) {
+                all.extend(items);
+            }
+        }
+        let at = |v: &Value| v["timestamp"].as_str().unwrap_or_default().to_owned();
+        all.sort_by_key(at);
+        if !asc {
+            all.reverse();
+        }
+        Json(Value::Array(
+            all.into_iter().skip(offset).take(limit).collect(),
+        ))
+        .into_response()
     }
 
     /// After a snapshot: where it is kept (a create from it goes there).
@@ -1340,6 +1404,18 @@ fn e2b_key(name: String, tenant: Option<String>) -> (String, rampart_store::node
         last_used_at_ms: None,
     };
     (key, info)
+}
+
+/// The pairs of a query string, decoded.
+fn url_pairs(query: &str) -> Vec<(String, String)> {
+    query
+        .split('&')
+        .filter(|p| !p.is_empty())
+        .map(|p| {
+            let (k, v) = p.split_once('=').unwrap_or((p, ""));
+            (k.to_owned(), v.to_owned())
+        })
+        .collect()
 }
 
 /// The E2B API's paths (at the root, as E2B serves them).
