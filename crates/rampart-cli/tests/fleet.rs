@@ -567,6 +567,24 @@ fn a_fleet_places_routes_and_keeps_tenants_apart() {
     let (s, b) = call("GET", &format!("{g}/v1/nodes"), &acme, None);
     assert_eq!(s, 403, "{b}");
 
+    // The gateway's metrics: the node's admin only; requests by route, etcd's time.
+    let metrics = client()
+        .get(format!("{g}/metrics"))
+        .header("Authorization", format!("Bearer {admin}"))
+        .send()
+        .unwrap();
+    assert_eq!(metrics.status().as_u16(), 200);
+    let text = metrics.text().unwrap();
+    for want in [
+        "rampart_gateway_requests_total{route=\"create\",status=\"2xx\"}",
+        "rampart_gateway_etcd_seconds_count{op=\"record\"}",
+        "rampart_gateway_nodes{state=\"ready\"} 3",
+    ] {
+        assert!(text.contains(want), "{want} not in:\n{text}");
+    }
+    let (s, _) = call("GET", &format!("{g}/metrics"), &acme, None);
+    assert_eq!(s, 403);
+
     // A second gateway on the same fleet answers alike.
     let (mut second, g2) = f.second_gateway();
     let ids_of = |gw: &str, key: &str| {

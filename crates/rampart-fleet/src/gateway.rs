@@ -55,6 +55,9 @@ pub enum GatewayError {
     /// The admin key given is not a key.
     #[error("the admin key: {0}")]
     AdminKey(#[from] rampart_store::node_keys::NewKeyError),
+    /// The metrics' registry refused one (a name given twice).
+    #[error("the gateway's metrics: {0}")]
+    Metrics(#[from] prometheus::Error),
 }
 
 /// A running gateway.
@@ -67,6 +70,7 @@ pub struct Gateway {
     /// The lease creates' reservations are held under (they go with the gateway).
     lease: i64,
     http: Client<HttpConnector, Body>,
+    metrics: crate::metrics::Metrics,
 }
 
 /// The largest create body the gateway reads (it needs the template and tier to place).
@@ -127,6 +131,7 @@ impl Gateway {
             token,
             lease,
             http,
+            metrics: crate::metrics::Metrics::new()?,
         }))
     }
 
@@ -156,9 +161,75 @@ impl Gateway {
         .await
     }
 
+    /// Serves one request, counted and timed by route.
     async fn handle(&self, req: Request) -> Response {
+        let started = std::time::Instant::now();
+        let route = self.route_of(&req);
+        let resp = self.answer(req).await;
+        self.metrics.request(route, resp.status().as_u16(), started);
+        resp
+    }
+
+    /// The route a request is counted under.
+    fn route_of(&self, req: &Request) -> &'static str {
+        if self.sandbox_target(req.headers()).is_some() {
+            return "envd";
+        }
+        let path = req.uri().path();
+        let segs: Vec<&str> = path.trim_matches('/').split('/').collect();
+        let post = req.method() == Method::POST;
+        match segs.as_slice() {
+            ["health"] => "health",
+            ["metrics"] => "metrics",
+            ["v1", "sandboxes"] if post => "create",
+            ["v1", "sandboxes"] => "list",
+            ["v1", "sandboxes", _, "exec", ..] => "exec",
+            ["v1", "sandboxes", _, "ports", ..] => "ports",
+            ["v1", "sandboxes", ..] => "sandbox",
+            ["v1", "nodes", ..] => "nodes",
+            ["v1", "keys", ..] => "keys",
+            ["v1", "tenants", ..] => "tenants",
+            ["v1", ..] => "other",
+            ["sandboxes"] | ["v2", "sandboxes"] if post => "e2b_create",
+            ["sandboxes"] | ["v2", "sandboxes"] => "e2b_list",
+            ["sandboxes", ..] | ["v2", "sandboxes", ..] => "e2b_sandbox",
+            _ if is_e2b_path(path) => "e2b_other",
+            _ => "unknown",
+        }
+    }
+
+    /// `GET /metrics` (admin): the gateway's metrics.
+    async fn metrics(&self, headers: &HeaderMap) -> Response {
+        let who = match self.authenticate(headers, None).await {
+            Ok(w) => w,
+            Err(r) => return r,
+        };
+        if !who.key.has_scope(SCOPE_ADMIN) {
+            return err(
+                StatusCode::FORBIDDEN,
+                "forbidden",
+                "/metrics needs the `admin` scope",
+            );
+        }
+        let nodes = self.view.nodes();
+        let ready = nodes.iter().filter(|n| n.schedulable).count() as i64;
+        let draining = nodes.len() as i64 - ready;
+        let mut lost: Vec<String> = self.view.lost().into_iter().map(|(_, e)| e.node).collect();
+        lost.sort();
+        lost.dedup();
+        let placed: u64 = self.view.per_node().values().sum();
+        let body = self
+            .metrics
+            .render(ready, draining, lost.len() as i64, placed as i64);
+        ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], body).into_response()
+    }
+
+    async fn answer(&self, req: Request) -> Response {
         let path = req.uri().path().to_owned();
         let method = req.method().clone();
+        if method == Method::GET && path == "/metrics" {
+            return self.metrics(req.headers()).await;
+        }
         if path == "/health" {
             return Json(
                 json!({"status": "ok", "gateway": self.cfg.name, "watching": self.view.live()}),
@@ -971,7 +1042,12 @@ impl Gateway {
             .map(str::to_owned);
         let tenant = who.key.tenant.clone();
         let max = who.quotas.as_ref().and_then(|q| q.max_sandboxes);
-        let held = match self.store.reserve(tenant.as_deref(), max, self.lease).await {
+        let t = std::time::Instant::now();
+        let reserved = self.store.reserve(tenant.as_deref(), max, self.lease).await;
+        if max.is_some() {
+            self.metrics.etcd("reserve", t);
+        }
+        let held = match reserved {
             Ok(h) => h,
             Err(StoreError::Quota { tenant, count, max }) => {
                 let m = format!(
@@ -1100,7 +1176,10 @@ impl Gateway {
             tenant,
             recorded_ms: rampart_store::now_ms(),
         };
-        if let Err(e) = self.store.record(&id, &entry, &held).await {
+        let t = std::time::Instant::now();
+        let recorded = self.store.record(&id, &entry, &held).await;
+        self.metrics.etcd("record", t);
+        if let Err(e) = recorded {
             let _ = self.store.release(held).await;
             // Not in the catalog, the sandbox would be unreachable through the other
             // gateways: it is not kept, and the create fails with the reason.
@@ -1204,7 +1283,12 @@ impl Gateway {
         let entry = match self.view.lookup(id) {
             Some(e) => Some(e),
             // Another gateway's create not yet in this one's copy.
-            None => match self.store.lookup(id).await {
+            None => match {
+                let t = std::time::Instant::now();
+                let found = self.store.lookup(id).await;
+                self.metrics.etcd("lookup", t);
+                found
+            } {
                 Ok(e) => e,
                 Err(e) => return unavailable(e),
             },
@@ -1269,7 +1353,10 @@ impl Gateway {
                 .await;
         }
         if is_destroy && (resp.status().is_success() || resp.status() == StatusCode::NOT_FOUND) {
-            if let Err(e) = self.store.forget(id, entry.tenant.as_deref()).await {
+            let t = std::time::Instant::now();
+            let forgotten = self.store.forget(id, entry.tenant.as_deref()).await;
+            self.metrics.etcd("forget", t);
+            if let Err(e) = forgotten {
                 tracing::warn!(sandbox = %id, "gateway: removing from the catalog: {e}");
             }
             self.view.drop_entry(id);

@@ -7,6 +7,7 @@
 //! - [`store::Store`]: everything the fleet keeps in etcd, and the only code that touches it.
 
 pub mod gateway;
+pub mod metrics;
 pub mod model;
 pub mod node;
 pub mod store;
