@@ -1283,15 +1283,15 @@ impl Gateway {
         let entry = match self.view.lookup(id) {
             Some(e) => Some(e),
             // Another gateway's create not yet in this one's copy.
-            None => match {
+            None => {
                 let t = std::time::Instant::now();
                 let found = self.store.lookup(id).await;
                 self.metrics.etcd("lookup", t);
-                found
-            } {
-                Ok(e) => e,
-                Err(e) => return unavailable(e),
-            },
+                match found {
+                    Ok(e) => e,
+                    Err(e) => return unavailable(e),
+                }
+            }
         };
         let e2b = who.is_some_and(|w| w.e2b);
         let not_found = || {
