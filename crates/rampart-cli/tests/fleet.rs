@@ -567,6 +567,54 @@ fn a_fleet_places_routes_and_keeps_tenants_apart() {
     let (s, b) = call("GET", &format!("{g}/v1/nodes"), &acme, None);
     assert_eq!(s, 403, "{b}");
 
+    // Usage over the fleet: each node's signed report for the tenant, each verifying with
+    // that node's key from the fleet's key set.
+    {
+        let out = Command::new(env!("CARGO_BIN_EXE_rampart"))
+            .args(["usage", "--json"])
+            .env("RAMPART_HOST", &g)
+            .env("RAMPART_API_KEY", &acme)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+        let nodes = v["nodes"].as_array().expect("one report per node");
+        assert_eq!(nodes.len(), 3, "{v}");
+        let (_, set) = call("GET", &format!("{g}/v1/audit/keys"), &admin, None);
+        let mut counted = 0;
+        for n in nodes {
+            assert_eq!(n["report"]["tenant"], "acme", "{n}");
+            counted += n["report"]["sandboxes"].as_array().unwrap().len();
+            let key = set["keys"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|k| k["node"] == n["node"])
+                .unwrap()["public_key"]
+                .as_str()
+                .unwrap()
+                .to_owned();
+            let file = f.dir.path().join("usage.json");
+            std::fs::write(&file, n["report"].to_string()).unwrap();
+            let out = Command::new(env!("CARGO_BIN_EXE_rampart"))
+                .args(["usage", "verify"])
+                .arg(&file)
+                .args(["--key", &key])
+                .output()
+                .unwrap();
+            assert!(
+                out.status.success(),
+                "{}",
+                String::from_utf8_lossy(&out.stdout)
+            );
+        }
+        assert!(counted >= 2, "acme's sandboxes are in the reports: {v}");
+    }
+
     // The gateway's metrics: the node's admin only; requests by route, etcd's time.
     let metrics = client()
         .get(format!("{g}/metrics"))

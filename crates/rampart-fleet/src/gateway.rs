@@ -304,6 +304,7 @@ impl Gateway {
                 self.to_sandbox(&id, Some(&who), req, false).await
             }
             (_, ["v1", "snapshots", ..]) => self.snapshots(&who, req).await,
+            (&Method::GET, ["v1", "usage"]) => self.usage(&who, req).await,
             (&Method::GET, ["v1", "templates" | "openapi.json" | "audit", ..]) => {
                 // What every node answers alike: any live node's answer.
                 match self.view.nodes().into_iter().next() {
@@ -891,6 +892,38 @@ impl Gateway {
             all.into_iter().skip(offset).take(limit).collect(),
         ))
         .into_response()
+    }
+
+    /// `GET /v1/usage`: each live node's signed report for the caller (each verifies with
+    /// that node's key, `rampart usage verify`), as `{"nodes": [{"node", "report"}]}`.
+    async fn usage(&self, who: &GatewayPrincipal, req: Request) -> Response {
+        let pq = req
+            .uri()
+            .path_and_query()
+            .map(|p| p.as_str().to_owned())
+            .unwrap_or_default();
+        let mut nodes = Vec::new();
+        for n in self.view.nodes() {
+            let r = Request::builder()
+                .method(Method::GET)
+                .uri(pq.clone())
+                .body(Body::empty())
+                .expect("a request");
+            let resp = self.forward(&n, Some(who), r, false).await;
+            if !resp.status().is_success() {
+                return resp;
+            }
+            let Ok(bytes) = resp.into_body().collect().await.map(|b| b.to_bytes()) else {
+                return err(
+                    StatusCode::BAD_GATEWAY,
+                    "bad_gateway",
+                    format!("node {}: the answer broke off", n.name),
+                );
+            };
+            let report: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+            nodes.push(json!({"node": n.name, "report": report}));
+        }
+        Json(json!({"nodes": nodes})).into_response()
     }
 
     /// After a snapshot: where it is kept (a create from it goes there).

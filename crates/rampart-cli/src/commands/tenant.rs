@@ -450,13 +450,31 @@ pub async fn usage(host: &Endpoint, a: UsageArgs) -> Result<u8> {
     if let Some(t) = a.tenant {
         q.push(("tenant", t));
     }
-    let report: UsageReport = client
+    let answer: serde_json::Value = client
         .json(client.request(Method::GET, "/v1/usage").query(&q))
         .await?;
     if a.json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
+        println!("{}", serde_json::to_string_pretty(&answer)?);
         return Ok(0);
     }
+    // A fleet's gateway answers each node's signed report: one table per node.
+    if let Some(nodes) = answer.get("nodes").and_then(|n| n.as_array()) {
+        for n in nodes {
+            let report: UsageReport = serde_json::from_value(n["report"].clone())
+                .context("a node's usage report in the gateway's answer")?;
+            println!("node {}:", n["node"].as_str().unwrap_or("?"));
+            print_usage(&report);
+        }
+        return Ok(0);
+    }
+    let report: UsageReport =
+        serde_json::from_value(answer).context("the daemon's usage report")?;
+    print_usage(&report);
+    Ok(0)
+}
+
+/// A usage report as a table: one line per sandbox and the totals.
+fn print_usage(report: &UsageReport) {
     println!(
         "usage of {} from {} to {}",
         report.tenant.as_deref().unwrap_or("every tenant"),
@@ -502,7 +520,6 @@ pub async fn usage(host: &Endpoint, a: UsageArgs) -> Result<u8> {
         t.running_seconds,
         t.paused_seconds
     );
-    Ok(0)
 }
 
 #[cfg(test)]
