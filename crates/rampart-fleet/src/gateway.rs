@@ -862,27 +862,10 @@ impl Gateway {
         passed.push("offset=0".into());
         passed.push(format!("limit={}", (offset + limit).clamp(1, 100)));
         let uri = format!("{}?{}", req.uri().path(), passed.join("&"));
-        let mut all = Vec::new();
-        for n in self.view.nodes() {
-            let r = Request::builder()
-                .method(Method::GET)
-                .uri(uri.clone())
-                .body(Body::empty())
-                .expect("a request");
-            let resp = self.forward(&n, Some(who), r, false).await;
-            if !resp.status().is_success() {
-                return resp;
-            }
-            let Ok(bytes) = resp.into_body().collect().await.map(|b| b.to_bytes()) else {
-                return e2b_err(
-                    StatusCode::BAD_GATEWAY,
-                    format!("node {}: the answer broke off", n.name),
-                );
-            };
-            if let Ok(Value::Array(items)) = serde_json::from_slice::<Value>(&bytes) {
-                all.extend(items);
-            }
-        }
+        let mut all = match self.merged(who, &uri, true, false).await {
+            Ok(a) => a,
+            Err(r) => return r,
+        };
         let at = |v: &Value| v["timestamp"].as_str().unwrap_or_default().to_owned();
         all.sort_by_key(at);
         if !asc {
@@ -900,30 +883,18 @@ impl Gateway {
         let pq = req
             .uri()
             .path_and_query()
-            .map(|p| p.as_str().to_owned())
-            .unwrap_or_default();
-        let mut nodes = Vec::new();
-        for n in self.view.nodes() {
-            let r = Request::builder()
-                .method(Method::GET)
-                .uri(pq.clone())
-                .body(Body::empty())
-                .expect("a request");
-            let resp = self.forward(&n, Some(who), r, false).await;
-            if !resp.status().is_success() {
-                return resp;
+            .map(|p| p.as_str())
+            .unwrap_or("/");
+        match self.ask_all(who, pq, false).await {
+            Ok(reports) => {
+                let nodes: Vec<Value> = reports
+                    .into_iter()
+                    .map(|(node, report)| json!({"node": node, "report": report}))
+                    .collect();
+                Json(json!({"nodes": nodes})).into_response()
             }
-            let Ok(bytes) = resp.into_body().collect().await.map(|b| b.to_bytes()) else {
-                return err(
-                    StatusCode::BAD_GATEWAY,
-                    "bad_gateway",
-                    format!("node {}: the answer broke off", n.name),
-                );
-            };
-            let report: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
-            nodes.push(json!({"node": n.name, "report": report}));
+            Err(r) => r,
         }
-        Json(json!({"nodes": nodes})).into_response()
     }
 
     /// After a snapshot: where it is kept (a create from it goes there).
@@ -955,32 +926,10 @@ impl Gateway {
         let segs: Vec<&str> = path.trim_matches('/').split('/').collect();
         match segs.as_slice() {
             ["v1", "snapshots"] if req.method() == Method::GET => {
-                let mut all = Vec::new();
-                for n in self.view.nodes() {
-                    let r = Request::builder()
-                        .method(Method::GET)
-                        .uri("/v1/snapshots")
-                        .body(Body::empty())
-                        .expect("a request");
-                    let resp = self.forward(&n, Some(who), r, false).await;
-                    if !resp.status().is_success() {
-                        return resp;
-                    }
-                    let Ok(bytes) = resp.into_body().collect().await.map(|b| b.to_bytes()) else {
-                        return err(
-                            StatusCode::BAD_GATEWAY,
-                            "bad_gateway",
-                            format!("node {}: the answer broke off", n.name),
-                        );
-                    };
-                    if let Ok(Value::Array(items)) = serde_json::from_slice::<Value>(&bytes) {
-                        for mut s in items {
-                            s["node"] = json!(n.name);
-                            all.push(s);
-                        }
-                    }
+                match self.merged(who, "/v1/snapshots", false, true).await {
+                    Ok(all) => Json(Value::Array(all)).into_response(),
+                    Err(r) => r,
                 }
-                Json(Value::Array(all)).into_response()
             }
             ["v1", "snapshots", name] => {
                 let name = (*name).to_owned();
@@ -1249,52 +1198,94 @@ impl Gateway {
         Response::from_parts(parts, Body::from(out))
     }
 
-    /// `GET /v1/sandboxes`: every live node's answer for the caller, merged; the caller's
-    /// sandboxes on lost nodes, as `lost`.
-    async fn list(&self, who: &GatewayPrincipal, req: Request) -> Response {
+    /// `GET path_and_query` on every live node at once, for `who`: each node's JSON answer.
+    /// A node's 404 is left out when `skip_missing`; any other failure is the answer.
+    async fn ask_all(
+        &self,
+        who: &GatewayPrincipal,
+        path_and_query: &str,
+        skip_missing: bool,
+    ) -> Result<Vec<(String, Value)>, Response> {
         let nodes = self.view.nodes();
-        let pq = req
-            .uri()
-            .path_and_query()
-            .map(|p| p.as_str().to_owned())
-            .unwrap_or_default();
         let asks = nodes.iter().map(|n| {
             let r = Request::builder()
                 .method(Method::GET)
-                .uri(pq.clone())
+                .uri(path_and_query)
                 .body(Body::empty())
                 .expect("a request");
             async move { (n, self.forward(n, Some(who), r, false).await) }
         });
-        let mut all = Vec::new();
+        let mut out = Vec::new();
         for (n, resp) in futures::future::join_all(asks).await {
-            if !resp.status().is_success() {
-                return resp;
+            if skip_missing && resp.status() == StatusCode::NOT_FOUND {
+                continue;
             }
-            let bytes = match resp.into_body().collect().await {
-                Ok(b) => b.to_bytes(),
-                Err(e) => {
-                    return err(
+            if !resp.status().is_success() {
+                return Err(resp);
+            }
+            let bytes = resp
+                .into_body()
+                .collect()
+                .await
+                .map(|b| b.to_bytes())
+                .map_err(|e| {
+                    err(
                         StatusCode::BAD_GATEWAY,
                         "bad_gateway",
                         format!("node {}: {e}", n.name),
                     )
-                }
-            };
-            let Ok(Value::Array(items)) = serde_json::from_slice::<Value>(&bytes) else {
-                return err(
+                })?;
+            let v = serde_json::from_slice(&bytes).map_err(|e| {
+                err(
                     StatusCode::BAD_GATEWAY,
                     "bad_gateway",
-                    format!("node {}'s list is not an array", n.name),
-                );
+                    format!("node {}'s answer: {e}", n.name),
+                )
+            })?;
+            out.push((n.name.clone(), v));
+        }
+        Ok(out)
+    }
+
+    /// Every item of every node's list answer, each with `node` when `tag`.
+    async fn merged(
+        &self,
+        who: &GatewayPrincipal,
+        path_and_query: &str,
+        skip_missing: bool,
+        tag: bool,
+    ) -> Result<Vec<Value>, Response> {
+        let mut all = Vec::new();
+        for (node, v) in self.ask_all(who, path_and_query, skip_missing).await? {
+            let Value::Array(items) = v else {
+                return Err(err(
+                    StatusCode::BAD_GATEWAY,
+                    "bad_gateway",
+                    format!("node {node}'s list is not a list"),
+                ));
             };
-            for mut s in items {
-                if !who.e2b {
-                    s["node"] = json!(n.name);
+            for mut item in items {
+                if tag {
+                    item["node"] = json!(node);
                 }
-                all.push(s);
+                all.push(item);
             }
         }
+        Ok(all)
+    }
+
+    /// `GET /v1/sandboxes`: every live node's answer for the caller, merged; the caller's
+    /// sandboxes on lost nodes, as `lost`.
+    async fn list(&self, who: &GatewayPrincipal, req: Request) -> Response {
+        let pq = req
+            .uri()
+            .path_and_query()
+            .map(|p| p.as_str())
+            .unwrap_or("/");
+        let mut all = match self.merged(who, pq, false, !who.e2b).await {
+            Ok(a) => a,
+            Err(r) => return r,
+        };
         for (id, e) in self.view.lost() {
             if !who.e2b && (who.key.tenant.is_none() || who.key.tenant == e.tenant) {
                 all.push(lost_json(&id, &e));
