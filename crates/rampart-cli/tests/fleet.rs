@@ -541,6 +541,35 @@ fn a_fleet_places_routes_and_keeps_tenants_apart() {
     let (s, b) = create(&g, &acme);
     assert_eq!(s, 429, "{b}");
     assert!(b.to_string().contains("across the fleet"), "{b}");
+    // A fork counts too: the tenant is at its quota, so a fork of one is refused before it
+    // is made; the admin's fork of two is, and both forks are in the catalog on the source's
+    // node.
+    let (s, b) = call(
+        "POST",
+        &format!("{g}/v1/sandboxes/{}/fork", acme_ids[0]),
+        &acme,
+        Some(json!({"count": 1})),
+    );
+    assert_eq!(s, 429, "{b}");
+    assert!(b.to_string().contains("the fork asks for 1 more"), "{b}");
+    let (s, b) = call(
+        "POST",
+        &format!("{g}/v1/sandboxes/{}/fork", ids[0].0),
+        &admin,
+        Some(json!({"count": 2})),
+    );
+    assert!(s == 200 || s == 201, "{s} {b}");
+    let mut forked = Vec::new();
+    for sb in b["sandboxes"].as_array().expect("the forks") {
+        let fid = sb["id"].as_str().unwrap().to_owned();
+        let (s, info) = call("GET", &format!("{g}/v1/sandboxes/{fid}"), &admin, None);
+        assert_eq!((s, &info["node"]), (200, &json!(ids[0].1)), "{info}");
+        forked.push(fid);
+    }
+    assert_eq!(forked.len(), 2, "{b}");
+    for fid in forked {
+        call("DELETE", &format!("{g}/v1/sandboxes/{fid}"), &admin, None);
+    }
     let (s, b) = call(
         "GET",
         &format!("{g}/v1/sandboxes/{}", acme_ids[0]),

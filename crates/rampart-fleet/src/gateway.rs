@@ -967,7 +967,80 @@ impl Gateway {
     }
 
     /// After a fork: each new sandbox (on the parent's node) in the catalog.
-    async fn record_forks(&self, resp: Response, node: &str, tenant: Option<String>) -> Response {
+    /// A fork: the forks' share of the tenant's fleet-wide `max_sandboxes` held first (as
+    /// many as it asks for: `count`, 1 when absent), then the fork at the source's node, then
+    /// each new sandbox in the catalog in place of a hold; what is not used is let go.
+    async fn fork(
+        &self,
+        node: &NodeRecord,
+        who: &GatewayPrincipal,
+        tenant: Option<String>,
+        req: Request,
+    ) -> Response {
+        let (parts, body) = req.into_parts();
+        let bytes = match axum::body::to_bytes(body, MAX_CREATE_BODY).await {
+            Ok(b) => b,
+            Err(e) => return err(StatusCode::BAD_REQUEST, "bad_request", format!("body: {e}")),
+        };
+        let count = serde_json::from_slice::<Value>(&bytes)
+            .ok()
+            .and_then(|v| v.get("count").and_then(Value::as_u64))
+            .unwrap_or(1)
+            .clamp(1, 20);
+        let max = who.quotas.as_ref().and_then(|q| q.max_sandboxes);
+        let held = match self
+            .store
+            .reserve(tenant.as_deref(), max, count, self.lease)
+            .await
+        {
+            Ok(h) => h,
+            Err(StoreError::Quota {
+                tenant,
+                count: have,
+                max,
+            }) => {
+                let m = format!(
+                    "tenant {tenant} has {have} sandboxes across the fleet, its max_sandboxes is \
+                     {max}, and the fork asks for {count} more"
+                );
+                return if who.e2b {
+                    e2b_err(StatusCode::TOO_MANY_REQUESTS, m)
+                } else {
+                    err(StatusCode::TOO_MANY_REQUESTS, "quota_exceeded", m)
+                };
+            }
+            Err(e) => return unavailable(e),
+        };
+        let resp = self
+            .forward(
+                node,
+                Some(who),
+                Request::from_parts(parts, Body::from(bytes)),
+                false,
+            )
+            .await;
+        if !resp.status().is_success() {
+            self.release(held).await;
+            return resp;
+        }
+        self.record_forks(resp, &node.name, tenant, held).await
+    }
+
+    /// Lets a reservation's unused holds go; a failure is logged (the holds then stay until
+    /// this gateway's lease ends).
+    async fn release(&self, held: crate::store::Reservation) {
+        if let Err(e) = self.store.release(held).await {
+            tracing::warn!("gateway: letting a tenant's unused holds go: {e}; they stay until this gateway stops");
+        }
+    }
+
+    async fn record_forks(
+        &self,
+        resp: Response,
+        node: &str,
+        tenant: Option<String>,
+        mut held: crate::store::Reservation,
+    ) -> Response {
         let (parts, body) = resp.into_parts();
         let Ok(bytes) = body.collect().await.map(|b| b.to_bytes()) else {
             return err(
@@ -985,15 +1058,13 @@ impl Gateway {
                 tenant: tenant.clone(),
                 recorded_ms: rampart_store::now_ms(),
             };
-            if let Err(e) = self
-                .store
-                .record(&id, &entry, &crate::store::Reservation::none())
-                .await
-            {
+            if let Err(e) = self.store.record(&id, &entry, &mut held).await {
+                // Its node lists it at its next renewal.
                 tracing::warn!(sandbox = %id, "gateway: recording a fork in the catalog: {e}");
             }
             self.view.note(&id, entry);
         }
+        self.release(held).await;
         Response::from_parts(parts, Body::from(bytes))
     }
 
@@ -1025,7 +1096,10 @@ impl Gateway {
         let tenant = who.key.tenant.clone();
         let max = who.quotas.as_ref().and_then(|q| q.max_sandboxes);
         let t = std::time::Instant::now();
-        let reserved = self.store.reserve(tenant.as_deref(), max, self.lease).await;
+        let reserved = self
+            .store
+            .reserve(tenant.as_deref(), max, 1, self.lease)
+            .await;
         if max.is_some() {
             self.metrics.etcd("reserve", t);
         }
@@ -1057,7 +1131,7 @@ impl Gateway {
             {
                 Ok(n) => n,
                 Err(e) => {
-                    let _ = self.store.release(held).await;
+                    self.release(held).await;
                     return unavailable(e);
                 }
             },
@@ -1065,7 +1139,7 @@ impl Gateway {
         };
         if let Some(pin) = pinned {
             let Some(node) = self.view.node(&pin) else {
-                let _ = self.store.release(held).await;
+                self.release(held).await;
                 return err(
                     StatusCode::SERVICE_UNAVAILABLE,
                     "node_lost",
@@ -1082,7 +1156,7 @@ impl Gateway {
             &template,
             self.cfg.choices,
         ) else {
-            let _ = self.store.release(held).await;
+            self.release(held).await;
             return if nodes.is_empty() {
                 no_nodes()
             } else {
@@ -1108,20 +1182,20 @@ impl Gateway {
         who: GatewayPrincipal,
         parts: axum::http::request::Parts,
         bytes: bytes::Bytes,
-        held: crate::store::Reservation,
+        mut held: crate::store::Reservation,
     ) -> Response {
         let tenant = who.key.tenant.clone();
         let req = Request::from_parts(parts, Body::from(bytes));
         let resp = self.forward(&node, Some(&who), req, false).await;
         if !resp.status().is_success() {
-            let _ = self.store.release(held).await;
+            self.release(held).await;
             return resp;
         }
         let (mut parts, body) = resp.into_parts();
         let bytes = match body.collect().await {
             Ok(b) => b.to_bytes(),
             Err(e) => {
-                let _ = self.store.release(held).await;
+                self.release(held).await;
                 return err(
                     StatusCode::BAD_GATEWAY,
                     "bad_gateway",
@@ -1132,7 +1206,7 @@ impl Gateway {
         let mut v: Value = match serde_json::from_slice(&bytes) {
             Ok(v) => v,
             Err(e) => {
-                let _ = self.store.release(held).await;
+                self.release(held).await;
                 return err(
                     StatusCode::BAD_GATEWAY,
                     "bad_gateway",
@@ -1146,7 +1220,7 @@ impl Gateway {
             .and_then(Value::as_str)
             .map(str::to_owned)
         else {
-            let _ = self.store.release(held).await;
+            self.release(held).await;
             return err(
                 StatusCode::BAD_GATEWAY,
                 "bad_gateway",
@@ -1159,10 +1233,10 @@ impl Gateway {
             recorded_ms: rampart_store::now_ms(),
         };
         let t = std::time::Instant::now();
-        let recorded = self.store.record(&id, &entry, &held).await;
+        let recorded = self.store.record(&id, &entry, &mut held).await;
         self.metrics.etcd("record", t);
         if let Err(e) = recorded {
-            let _ = self.store.release(held).await;
+            self.release(held).await;
             // Not in the catalog, the sandbox would be unreachable through the other
             // gateways: it is not kept, and the create fails with the reason.
             tracing::warn!(sandbox = %id, node = %node.name, "gateway: recording in the catalog: {e}; destroying it");
@@ -1365,12 +1439,12 @@ impl Gateway {
         let is_info = names_it && req.method() == Method::GET && !e2b;
         let is_fork = !keep_host && req.method() == Method::POST && p.ends_with("/fork");
         let is_snapshot = !keep_host && req.method() == Method::POST && p.ends_with("/snapshots");
-        let resp = self.forward(&node, who, req, keep_host).await;
-        if is_fork && resp.status().is_success() {
-            return self
-                .record_forks(resp, &node.name, entry.tenant.clone())
-                .await;
+        if is_fork {
+            if let Some(w) = who {
+                return self.fork(&node, w, entry.tenant.clone(), req).await;
+            }
         }
+        let resp = self.forward(&node, who, req, keep_host).await;
         if is_snapshot && resp.status().is_success() {
             return self
                 .record_snapshot(resp, &node.name, entry.tenant.as_deref())

@@ -169,7 +169,7 @@ async fn beat(
                 tenant: tenant.clone(),
                 recorded_ms: listed_ms,
             };
-            store.record(id, &entry, &Reservation::none()).await?;
+            store.record(id, &entry, &mut Reservation::none()).await?;
         }
     }
     facts.mirror_tenants(&store.tenants().await?);

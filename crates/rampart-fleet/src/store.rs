@@ -128,17 +128,17 @@ impl Keeper {
     }
 }
 
-/// A create's hold on one of its tenant's sandboxes, until [`Store::record`] or
-/// [`Store::release`].
-#[derive(Debug)]
+/// A create's (or a fork's) holds on its tenant's sandboxes, each until [`Store::record`]
+/// turns one into a sandbox or [`Store::release`] lets the rest go.
+#[derive(Debug, Default)]
 pub struct Reservation {
-    key: Option<String>,
+    keys: Vec<String>,
 }
 
 impl Reservation {
-    /// No hold (a sandbox already running, recorded as it is found).
+    /// No hold (a sandbox already running, recorded as it is found; a caller without quota).
     pub fn none() -> Reservation {
-        Reservation { key: None }
+        Reservation::default()
     }
 }
 
@@ -501,10 +501,11 @@ impl Store {
         &self,
         tenant: Option<&str>,
         max: Option<u64>,
+        n: u64,
         lease: i64,
     ) -> Result<Reservation, StoreError> {
         let (Some(tenant), Some(max)) = (tenant, max) else {
-            return Ok(Reservation { key: None });
+            return Ok(Reservation::none());
         };
         let prefix = self.key(&format!("owners/{tenant}/"));
         let end = prefix_end(&prefix);
@@ -516,7 +517,7 @@ impl Store {
                 )
                 .await?;
             let count = resp.count() as u64;
-            if count >= max {
+            if count + n > max {
                 return Err(StoreError::Quota {
                     tenant: tenant.to_owned(),
                     count,
@@ -524,31 +525,40 @@ impl Store {
                 });
             }
             let rev = resp.header().map(|h| h.revision()).unwrap_or(0);
-            let hold = format!("{prefix}~{:016x}", rand::random::<u64>());
+            let keys: Vec<String> = (0..n)
+                .map(|_| format!("{prefix}~{:016x}", rand::random::<u64>()))
+                .collect();
+            let puts: Vec<TxnOp> = keys
+                .iter()
+                .map(|k| {
+                    TxnOp::put(
+                        k.clone(),
+                        Vec::new(),
+                        Some(PutOptions::new().with_lease(lease)),
+                    )
+                })
+                .collect();
             // Nothing under the prefix was written since the count was read.
             let txn = Txn::new()
                 .when([
                     Compare::create_revision(prefix.clone(), CompareOp::Less, rev + 1)
                         .with_range(end.clone()),
                 ])
-                .and_then([TxnOp::put(
-                    hold.clone(),
-                    Vec::new(),
-                    Some(PutOptions::new().with_lease(lease)),
-                )]);
+                .and_then(puts);
             if self.txn(txn).await?.succeeded() {
-                return Ok(Reservation { key: Some(hold) });
+                return Ok(Reservation { keys });
             }
         }
         Err(StoreError::Contended("a tenant's sandboxes"))
     }
 
-    /// Records sandbox `id` on its node, in place of its reservation.
+    /// Records sandbox `id` on its node, in place of one of `held`'s holds (taken from it
+    /// only once the transaction went through).
     pub async fn record(
         &self,
         id: &str,
         entry: &CatalogEntry,
-        held: &Reservation,
+        held: &mut Reservation,
     ) -> Result<(), StoreError> {
         let mut ops = vec![TxnOp::put(
             self.key(&format!("sandboxes/{id}")),
@@ -562,18 +572,25 @@ impl Store {
                 None,
             ));
         }
-        if let Some(k) = &held.key {
+        if let Some(k) = held.keys.last() {
             ops.push(TxnOp::delete(k.clone(), None));
         }
         self.txn(Txn::new().and_then(ops)).await?;
+        held.keys.pop();
         Ok(())
     }
 
-    /// Lets a reservation go (its create failed).
+    /// Lets what is left of a reservation go (its create failed, or a fork made fewer).
     pub async fn release(&self, held: Reservation) -> Result<(), StoreError> {
-        if let Some(k) = held.key {
-            self.delete(k, None).await?;
+        if held.keys.is_empty() {
+            return Ok(());
         }
+        let ops: Vec<TxnOp> = held
+            .keys
+            .into_iter()
+            .map(|k| TxnOp::delete(k, None))
+            .collect();
+        self.txn(Txn::new().and_then(ops)).await?;
         Ok(())
     }
 
