@@ -139,6 +139,24 @@ impl Drop for Fleet {
     }
 }
 
+/// `rampart ARGS` pointed at the gateway `g` with `key` (RAMPART_HOST, RAMPART_API_KEY): its
+/// stdout; the test fails with its stderr if it fails.
+fn cli_at(g: &str, key: &str, args: &[&str]) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_rampart"))
+        .args(args)
+        .env("RAMPART_HOST", g)
+        .env("RAMPART_API_KEY", key)
+        .env_remove("RAMPART_SOCKET")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "rampart {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
 /// `kill -9` of a process this test's fleet started (by its pid).
 fn kill9(pid: i32) -> bool {
     // SAFETY: kill(2) has no memory effects; the pid is one the fleet started.
@@ -222,20 +240,7 @@ fn a_fleet_places_routes_and_keeps_tenants_apart() {
     );
 
     // A drained node takes no new sandbox (the CLI against the gateway); undrained, it does.
-    let node_cli = |args: &[&str]| {
-        let out = Command::new(env!("CARGO_BIN_EXE_rampart"))
-            .args(args)
-            .env("RAMPART_HOST", &g)
-            .env("RAMPART_API_KEY", &admin)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "rampart {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    };
+    let node_cli = |args: &[&str]| cli_at(&g, &admin, args);
     node_cli(&["node", "drain", "node-2"]);
     let listed: Value = serde_json::from_str(&node_cli(&["node", "ls", "--json"])).unwrap();
     let state_of = |v: &Value, n: &str| {
@@ -490,21 +495,7 @@ fn a_fleet_places_routes_and_keeps_tenants_apart() {
         Some(json!({"name": "acme", "quotas": {"max_sandboxes": 2}})),
     );
     assert_eq!(s, 201, "{b}");
-    let rampart = |args: &[&str]| {
-        let out = Command::new(env!("CARGO_BIN_EXE_rampart"))
-            .args(args)
-            .env("RAMPART_HOST", &g)
-            .env("RAMPART_API_KEY", &admin)
-            .env_remove("RAMPART_SOCKET")
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "rampart {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    };
+    let rampart = |args: &[&str]| cli_at(&g, &admin, args);
     rampart(&["tenant", "create", "globex", "--max-sandboxes", "5"]);
     let shown: Value =
         serde_json::from_str(&rampart(&["tenant", "show", "globex", "--json"])).unwrap();

@@ -899,15 +899,10 @@ impl Gateway {
 
     /// After a snapshot: where it is kept (a create from it goes there).
     async fn record_snapshot(&self, resp: Response, node: &str, owner: Option<&str>) -> Response {
-        let (parts, body) = resp.into_parts();
-        let Ok(bytes) = body.collect().await.map(|b| b.to_bytes()) else {
-            return err(
-                StatusCode::BAD_GATEWAY,
-                "bad_gateway",
-                format!("node {node}: the answer broke off"),
-            );
+        let (parts, bytes, v) = match read_answer(resp, node).await {
+            Ok(a) => a,
+            Err(r) => return r,
         };
-        let v: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
         let name = v
             .get("name")
             .or_else(|| v.get("snapshotID"))
@@ -1041,15 +1036,10 @@ impl Gateway {
         tenant: Option<String>,
         mut held: crate::store::Reservation,
     ) -> Response {
-        let (parts, body) = resp.into_parts();
-        let Ok(bytes) = body.collect().await.map(|b| b.to_bytes()) else {
-            return err(
-                StatusCode::BAD_GATEWAY,
-                "bad_gateway",
-                format!("node {node}: the answer broke off"),
-            );
+        let (parts, bytes, v) = match read_answer(resp, node).await {
+            Ok(a) => a,
+            Err(r) => return r,
         };
-        let v: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
         let mut ids = Vec::new();
         collect_ids(&v, 0, &mut ids);
         for id in ids {
@@ -1666,18 +1656,31 @@ fn lost_json(id: &str, e: &CatalogEntry) -> Value {
     json!({"id": id, "node": e.node, "state": "lost", "tenant": e.tenant})
 }
 
-async fn with_node(resp: Response, node: &str) -> Response {
-    let (mut parts, body) = resp.into_parts();
-    let Ok(bytes) = body.collect().await.map(|b| b.to_bytes()) else {
-        return err(
+/// A node's whole answer: its head, its bytes, and their JSON (null when they are not JSON).
+async fn read_answer(
+    resp: Response,
+    node: &str,
+) -> Result<(axum::http::response::Parts, bytes::Bytes, Value), Response> {
+    let (parts, body) = resp.into_parts();
+    let bytes = body.collect().await.map(|b| b.to_bytes()).map_err(|e| {
+        err(
             StatusCode::BAD_GATEWAY,
             "bad_gateway",
-            format!("node {node}: the answer broke off"),
-        );
+            format!("node {node}: the answer broke off: {e}"),
+        )
+    })?;
+    let v = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+    Ok((parts, bytes, v))
+}
+
+async fn with_node(resp: Response, node: &str) -> Response {
+    let (mut parts, bytes, mut v) = match read_answer(resp, node).await {
+        Ok(a) => a,
+        Err(r) => return r,
     };
-    let Ok(mut v) = serde_json::from_slice::<Value>(&bytes) else {
+    if !v.is_object() {
         return Response::from_parts(parts, Body::from(bytes));
-    };
+    }
     v["node"] = json!(node);
     parts.headers.remove(header::CONTENT_LENGTH);
     Response::from_parts(
