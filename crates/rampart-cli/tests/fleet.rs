@@ -740,6 +740,14 @@ fn a_fleet_places_routes_and_keeps_tenants_apart() {
             "pid {pid} of the fleet still runs after down"
         );
     }
+    for ns in &netns {
+        assert!(!Path::new("/run/netns").join(ns).exists(), "{ns} is left");
+    }
+    let bridge = f.file["network"]["bridge"].as_str().unwrap();
+    assert!(
+        !Path::new("/sys/class/net").join(bridge).exists(),
+        "{bridge} is left"
+    );
 }
 
 /// The command line and environment of a running process, to start it again the same way.
@@ -859,11 +867,48 @@ fn a_killed_node_is_lost_then_comes_back() {
         let (s, b) = exec(&g, &admin, id, "echo back");
         assert_eq!((s, b["stdout"].as_str()), (200, Some("back\n")), "{b}");
     }
-    let _ = log_of(f.dir.path(), &name);
-}
 
-fn log_of(dir: &Path, name: &str) -> PathBuf {
-    dir.join(format!("{name}.log"))
+    // A node that stops answering etcd past its lease (stopped, not killed) is lost, and
+    // joins again by itself when it runs again: its sandboxes are served again.
+    let (other, other_pid, _) = f.node(1);
+    let theirs = on.get(&other).cloned().unwrap_or_default();
+    // SAFETY: kill(2) on the pid of a node this test's fleet started.
+    assert_eq!(unsafe { libc::kill(other_pid, libc::SIGSTOP) }, 0);
+    let lost = |n: &str| {
+        let (_, b) = call("GET", &format!("{g}/v1/nodes"), &admin, None);
+        b["nodes"].as_array().is_some_and(|ns| {
+            ns.iter()
+                .any(|x| x["name"] == json!(n) && x["state"] == "lost")
+        })
+    };
+    wait_until("the stopped node is reported lost", 60, || lost(&other));
+    // SAFETY: as above.
+    assert_eq!(unsafe { libc::kill(other_pid, libc::SIGCONT) }, 0);
+    wait_until("the node joined again", 60, || !lost(&other));
+    for id in &theirs {
+        let (s, b) = exec(&g, &admin, id, "echo rejoined");
+        assert_eq!((s, b["stdout"].as_str()), (200, Some("rejoined\n")), "{b}");
+    }
+
+    // A second daemon under a live node's name, at another address, is refused at start.
+    let port = free_port();
+    let data = f.dir.path().join("impostor");
+    let out = Command::new(env!("CARGO_BIN_EXE_rampart"))
+        .args([
+            "serve",
+            "--listen",
+            &format!("127.0.0.1:{port}"),
+            "--data-dir",
+        ])
+        .arg(&data)
+        .args(["--fleet", &f.etcd(), "--node-name", &other])
+        .args(["--advertise", &format!("http://127.0.0.1:{port}")])
+        .env_remove("RAMPART_SOCKET")
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "a second {other} started");
+    assert!(said.contains("already in the fleet"), "{said}");
 }
 
 #[test]
