@@ -4,10 +4,11 @@
 // (NODE_EXTRA_CA_CERTS). The SDK is configured by E2B_API_KEY, E2B_API_URL and its own
 // `proxy` option only: a CONNECT proxy here sends every `<name>.test.example:443` to the
 // daemon and refuses every other destination, so nothing leaves the machine. Prints
-// `PASS name` / `FAIL name: why` and `SUMMARY passed=N failed=M`, like harness.py.
+// `PASS name` / `FAIL name: why` and `SUMMARY passed=N failed=M` (harness.mjs).
 import net from 'node:net'
 import { Sandbox } from 'e2b'
 import { ProxyAgent, fetch } from 'undici'
+import { check, done, test } from './harness.mjs'
 
 const DOMAIN = 'test.example'
 const DAEMON_PORT = Number(process.env.RAMPART_TLS_PORT)
@@ -47,23 +48,6 @@ const PROXY = `http://127.0.0.1:${proxy.address().port}`
 const WEB = new ProxyAgent({ uri: PROXY, proxyTunnel: true })
 const opts = { proxy: PROXY, timeoutMs: 120_000 }
 
-let passed = 0
-let failed = 0
-
-async function test(name, fn) {
-  try {
-    await fn()
-    passed++
-    console.log(`PASS ${name}`)
-  } catch (e) {
-    failed++
-    console.log(`FAIL ${name}: ${e && e.stack ? e.stack.replace(/\n/g, '\n    ') : e}`)
-  }
-}
-
-function check(cond, what) {
-  if (!cond) throw new Error(`assertion failed: ${what}`)
-}
 
 async function get(url, headers = {}) {
   const r = await fetch(url, { dispatcher: WEB, headers })
@@ -147,5 +131,4 @@ await test('mask_request_host_on_the_host_form', async () => {
 
 proxy.close()
 await WEB.close()
-console.log(`SUMMARY passed=${passed} failed=${failed}`)
-process.exit(failed ? 1 : 0)
+done()

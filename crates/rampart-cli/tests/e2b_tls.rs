@@ -416,6 +416,8 @@ fn host_form_urls_over_https() {
     }
     let script = node.join(format!("rampart-tls-{}.mjs", std::process::id()));
     std::fs::copy(tests.join("tls.mjs"), &script).unwrap();
+    // Its runner (`./harness.mjs`), beside it.
+    std::fs::copy(tests.join("harness.mjs"), node.join("harness.mjs")).unwrap();
     let report = support::run_sdk_script(
         Path::new("node"),
         &script,

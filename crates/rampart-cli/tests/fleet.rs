@@ -240,9 +240,9 @@ fn a_fleet_places_routes_and_keeps_tenants_apart() {
     );
 
     // A drained node takes no new sandbox (the CLI against the gateway); undrained, it does.
-    let node_cli = |args: &[&str]| cli_at(&g, &admin, args);
-    node_cli(&["node", "drain", "node-2"]);
-    let listed: Value = serde_json::from_str(&node_cli(&["node", "ls", "--json"])).unwrap();
+    let rampart = |args: &[&str]| cli_at(&g, &admin, args);
+    rampart(&["node", "drain", "node-2"]);
+    let listed: Value = serde_json::from_str(&rampart(&["node", "ls", "--json"])).unwrap();
     let state_of = |v: &Value, n: &str| {
         v["nodes"]
             .as_array()
@@ -260,8 +260,8 @@ fn a_fleet_places_routes_and_keeps_tenants_apart() {
         assert_ne!(b["node"], "node-2", "placed on a drained node: {b}");
         drained_ids.push(b["id"].as_str().unwrap().to_owned());
     }
-    node_cli(&["node", "undrain", "node-2"]);
-    let listed: Value = serde_json::from_str(&node_cli(&["node", "ls", "--json"])).unwrap();
+    rampart(&["node", "undrain", "node-2"]);
+    let listed: Value = serde_json::from_str(&rampart(&["node", "ls", "--json"])).unwrap();
     assert_eq!(state_of(&listed, "node-2"), "ready", "{listed}");
     for id in drained_ids {
         let (s, b) = call("DELETE", &format!("{g}/v1/sandboxes/{id}"), &admin, None);
@@ -495,7 +495,6 @@ fn a_fleet_places_routes_and_keeps_tenants_apart() {
         Some(json!({"name": "acme", "quotas": {"max_sandboxes": 2}})),
     );
     assert_eq!(s, 201, "{b}");
-    let rampart = |args: &[&str]| cli_at(&g, &admin, args);
     rampart(&["tenant", "create", "globex", "--max-sandboxes", "5"]);
     let shown: Value =
         serde_json::from_str(&rampart(&["tenant", "show", "globex", "--json"])).unwrap();
@@ -590,18 +589,7 @@ fn a_fleet_places_routes_and_keeps_tenants_apart() {
     // Usage over the fleet: each node's signed report for the tenant, each verifying with
     // that node's key from the fleet's key set.
     {
-        let out = Command::new(env!("CARGO_BIN_EXE_rampart"))
-            .args(["usage", "--json"])
-            .env("RAMPART_HOST", &g)
-            .env("RAMPART_API_KEY", &acme)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+        let v: Value = serde_json::from_str(&cli_at(&g, &acme, &["usage", "--json"])).unwrap();
         let nodes = v["nodes"].as_array().expect("one report per node");
         assert_eq!(nodes.len(), 3, "{v}");
         let (_, set) = call("GET", &format!("{g}/v1/audit/keys"), &admin, None);

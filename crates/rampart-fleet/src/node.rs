@@ -24,8 +24,11 @@ pub struct NodeConfig {
 
 /// What a node tells the fleet about itself, asked at every renewal.
 pub trait NodeFacts: Send + Sync + 'static {
-    /// Its record now (name, url and times are filled in by the membership).
-    fn record(&self) -> NodeRecord;
+    /// Its audit key (`ed25519:<hex>`), kept by the fleet for good.
+    fn audit_key(&self) -> String;
+    /// Its record now, running `sandboxes` (name, url and times are filled in by the
+    /// membership).
+    fn record(&self, sandboxes: u64) -> NodeRecord;
     /// The sandboxes it runs (paused ones included): id and tenant.
     fn sandboxes(&self) -> Vec<(String, Option<String>)>;
     /// The fleet's tenants, to make or update in its own store.
@@ -72,9 +75,7 @@ impl Membership {
         {
             return Err(JoinError::NameTaken(other.name, other.url));
         }
-        if let Some(k) = facts.record().audit_key {
-            store.put_audit_key(&cfg.name, &k).await?;
-        }
+        store.put_audit_key(&cfg.name, &facts.audit_key()).await?;
         let started_ms = now_ms();
         let ttl = cfg.ttl.as_secs().max(2) as i64;
         let lease = store.grant(ttl).await?;
@@ -141,14 +142,14 @@ async fn beat(
     started_ms: i64,
 ) -> Result<(), StoreError> {
     let listed_ms = now_ms();
-    let mut record = facts.record();
+    let mine: BTreeMap<String, Option<String>> = facts.sandboxes().into_iter().collect();
+    let mut record = facts.record(mine.len() as u64);
     record.name = cfg.name.clone();
     record.url = cfg.url.clone();
     record.started_ms = started_ms;
     record.updated_ms = listed_ms;
     record.schedulable = !store.drained(&cfg.name).await?;
     store.put_node(&record, lease).await?;
-    let mine: BTreeMap<String, Option<String>> = facts.sandboxes().into_iter().collect();
     let catalog = store.catalog().await?;
     let known: BTreeSet<&str> = catalog
         .iter()

@@ -141,12 +141,9 @@ impl Tenancy {
         if m.get(tenant) == Some(quotas) {
             return Ok(());
         }
-        let r = match self.store.get(tenant).map_err(|e| e.to_string())? {
-            Some(row) if &row.quotas == quotas => Ok(()),
-            Some(_) => self.store.set_quotas(tenant, quotas).map(|_| ()),
-            None => self.store.create(tenant, quotas).map(|_| ()),
-        };
-        r.map_err(|e| e.to_string())?;
+        self.store
+            .ensure(tenant, quotas)
+            .map_err(|e| e.to_string())?;
         m.insert(tenant.to_owned(), quotas.clone());
         Ok(())
     }

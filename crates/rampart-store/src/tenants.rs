@@ -226,6 +226,16 @@ impl TenantStore {
         Ok(out)
     }
 
+    /// Makes tenant `name` with `quotas`, or brings an existing one's quotas to them (a copy
+    /// of a tenant kept elsewhere, e.g. a fleet's); nothing is written when they are equal.
+    pub fn ensure(&self, name: &str, quotas: &Quotas) -> Result<(), TenantError> {
+        match self.get(name)? {
+            Some(row) if &row.quotas == quotas => Ok(()),
+            Some(_) => self.set_quotas(name, quotas).map(|_| ()),
+            None => self.create(name, quotas).map(|_| ()),
+        }
+    }
+
     /// Replaces a tenant's quotas (creates already admitted stay).
     pub fn set_quotas(&self, name: &str, quotas: &Quotas) -> Result<TenantRow, TenantError> {
         quotas.check()?;

@@ -45,6 +45,8 @@ pub struct JoinArgs {
 struct DaemonFacts {
     manager: Arc<Manager>,
     data_dir: PathBuf,
+    /// The node's tenants, for the fleet's to be mirrored into (opened once).
+    tenants: rampart_store::tenants::TenantStore,
     max_sandboxes: u64,
     tiers: Vec<String>,
 }
@@ -63,13 +65,12 @@ fn meminfo(field: &str) -> u64 {
 }
 
 impl NodeFacts for DaemonFacts {
-    fn record(&self) -> NodeRecord {
+    fn audit_key(&self) -> String {
+        self.manager.audit_key().0
+    }
+
+    fn record(&self, sandboxes: u64) -> NodeRecord {
         let node = Principal::node("fleet");
-        let sandboxes = self
-            .manager
-            .list(&node, None, &BTreeMap::new())
-            .map(|l| l.len() as u64)
-            .unwrap_or(0);
         let disk_free_bytes = nix::sys::statvfs::statvfs(&self.data_dir)
             .map(|s| s.blocks_available() * s.fragment_size())
             .unwrap_or(0);
@@ -93,7 +94,7 @@ impl NodeFacts for DaemonFacts {
                 .into_iter()
                 .map(|t| t.name)
                 .collect(),
-            audit_key: Some(self.manager.audit_key().0),
+            audit_key: Some(self.audit_key()),
             schedulable: true,
             version: rampart_server::VERSION.to_owned(),
             started_ms: 0,
@@ -113,25 +114,8 @@ impl NodeFacts for DaemonFacts {
     }
 
     fn mirror_tenants(&self, tenants: &[TenantDef]) {
-        let store = match rampart_store::tenants::TenantStore::open(&self.data_dir.join("state.db"))
-        {
-            Ok(s) => s,
-            Err(e) => {
-                tracing::warn!("fleet: opening the tenant store: {e}");
-                return;
-            }
-        };
         for t in tenants {
-            let r = match store.get(&t.name) {
-                Ok(Some(row)) if row.quotas == t.quotas => continue,
-                Ok(Some(_)) => store.set_quotas(&t.name, &t.quotas).map(|_| ()),
-                Ok(None) => store.create(&t.name, &t.quotas).map(|_| ()),
-                Err(e) => {
-                    tracing::warn!("fleet: reading tenant {}: {e}", t.name);
-                    continue;
-                }
-            };
-            if let Err(e) = r {
+            if let Err(e) = self.tenants.ensure(&t.name, &t.quotas) {
                 tracing::warn!("fleet: mirroring tenant {}: {e}", t.name);
             }
         }
@@ -189,9 +173,12 @@ pub async fn join(
     if rampart_core::isolation::find_runsc(&core.gvisor).is_ok() {
         tiers.push("gvisor".into());
     }
+    let tenants = rampart_store::tenants::TenantStore::open(&core.data_dir.join("state.db"))
+        .context("fleet: cannot open the node's tenant store")?;
     let facts = Arc::new(DaemonFacts {
         manager: manager.clone(),
         data_dir: core.data_dir.clone(),
+        tenants,
         max_sandboxes: core.max_sandboxes as u64,
         tiers,
     });
