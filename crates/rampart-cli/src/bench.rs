@@ -423,6 +423,16 @@ impl Api {
         }
         Ok(v["id"].as_str().context("create: no id")?.to_owned())
     }
+    /// The state `GET /v1/sandboxes/{id}` answers.
+    fn state(&self, id: &str) -> Result<String> {
+        let v: Value = self
+            .client
+            .get(format!("{}/v1/sandboxes/{id}", self.url))
+            .send()?
+            .json()?;
+        Ok(v["state"].as_str().unwrap_or_default().to_owned())
+    }
+
     fn exec_true(&self, id: &str) -> Result<()> {
         let r = self
             .client
@@ -1188,19 +1198,28 @@ struct PauseBench {
     pause_fs: Samples,
     boot: Samples,
     create: Samples,
+    /// An exec of a sandbox asleep for its idleness (frozen): its wake and the exec.
+    wake: Samples,
+    /// The same exec once it is awake.
+    awake: Samples,
 }
 
 impl PauseBench {
-    fn rows(&self) -> [&Samples; 5] {
+    fn rows(&self) -> [&Samples; 7] {
         [
             &self.pause,
             &self.resume,
             &self.pause_fs,
             &self.boot,
             &self.create,
+            &self.wake,
+            &self.awake,
         ]
     }
 }
+
+/// How many times the wake on access is measured (each waits a second for the sleep).
+const WAKES: usize = 10;
 
 /// Pause and resume latency through the API (request to answer: the sandbox's cgroup frozen
 /// or thawed and the state recorded) of a warm sandbox running a few processes; then the
@@ -1223,6 +1242,8 @@ fn measure_pause(api: &Api, iterations: usize) -> Result<PauseBench> {
         pause_fs: Samples::new("rampart pause to the filesystem (API, 6 processes)"),
         boot: Samples::new("rampart resume: boot from the disk (API, then exec true)"),
         create: Samples::new("rampart create (API, fresh sandbox, then exec true)"),
+        wake: Samples::new("rampart wake on access: exec true of a sleeping sandbox (API)"),
+        awake: Samples::new("rampart exec true of the same sandbox, awake (API)"),
     };
     let res = (|| -> Result<()> {
         for _ in 0..iterations.max(20) {
@@ -1254,6 +1275,28 @@ fn measure_pause(api: &Api, iterations: usize) -> Result<PauseBench> {
     })();
     api.destroy(&id)?;
     res?;
+    // Idle sleep: a sandbox that sleeps after 1 s without a request; its next exec wakes it.
+    let sleepy = api.create_with(&json!({"idle_pause_secs": 1}))?;
+    let res = (|| -> Result<()> {
+        for _ in 0..WAKES {
+            let deadline = Instant::now() + Duration::from_secs(30);
+            while api.state(&sleepy)? != "paused" {
+                if Instant::now() > deadline {
+                    bail!("sandbox {sleepy} did not fall asleep within 30 s");
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let t = Instant::now();
+            api.exec_true(&sleepy)?;
+            p.wake.push(t.elapsed());
+            let t = Instant::now();
+            api.exec_true(&sleepy)?;
+            p.awake.push(t.elapsed());
+        }
+        Ok(())
+    })();
+    api.destroy(&sleepy)?;
+    res?;
     Ok(p)
 }
 
@@ -1275,6 +1318,11 @@ fn print_pause(p: &PauseBench) {
     println!(
         "- a boot from the disk costs {:.2}x a fresh create (p50, same run)",
         p.boot.pct(50.0) / p.create.pct(50.0)
+    );
+    println!(
+        "- a woken sandbox's first exec costs {:.3} ms more than an awake one's (p50, {} wakes)",
+        p.wake.pct(50.0) - p.awake.pct(50.0),
+        p.wake.ms.len()
     );
 }
 

@@ -423,3 +423,47 @@ fn a_template_names_its_tier_and_a_create_can_override_it() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success() && err.contains("isolation"), "{err}");
 }
+
+#[test]
+fn an_idle_gvisor_sandbox_sleeps_to_disk_with_its_memory_and_an_exec_wakes_it() {
+    if let Some(why) = skip() {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    let d = support::start_tidy("gvisor-idle");
+    let s = Sandbox::create(
+        &d,
+        json!({"isolation": "gvisor", "limits": {"disk_bytes": DISK}, "timeout_secs": 600,
+               "idle_pause_secs": 2}),
+    );
+    assert_eq!(s.info["idle_pause_secs"], 2, "{}", s.info);
+    start_counter(&s);
+    let pid = s.sh("cat /tmp/pid")["stdout"].as_str().unwrap().to_owned();
+    let before = count(&s);
+    // Asleep: paused to disk with its memory (nothing of it runs: only its directory).
+    support::wait_until("the idle sandbox to sleep", 120, || {
+        get(&s.url("")).1["state"] == "paused"
+    });
+    assert_eq!(
+        traces(&d.data, &s.id).len(),
+        1,
+        "{:?}",
+        traces(&d.data, &s.id)
+    );
+    let (_, events) = get(&s.url("/audit"));
+    assert!(
+        events.to_string().contains(r#""idle":true"#)
+            && events.to_string().contains(r#""memory":true"#),
+        "{events}"
+    );
+    // An exec wakes it: the same process counts on from where it was.
+    let r = s.sh(&format!("kill -0 {}; echo alive=$?", pid.trim()));
+    assert!(r["stdout"].as_str().unwrap().contains("alive=0"), "{r}");
+    let woke = count(&s);
+    assert!(woke >= before, "counter went back: {before} -> {woke}");
+    assert_eq!(get(&s.url("")).1["state"], "running");
+    let (_, events) = get(&s.url("/audit"));
+    assert!(events.to_string().contains(r#""woken":true"#), "{events}");
+    s.destroy();
+    assert_eq!(traces(&d.data, &s.id), Vec::<String>::new());
+}

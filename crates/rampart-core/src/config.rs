@@ -57,6 +57,10 @@ pub struct CoreConfig {
     /// The node's name in a fleet (`rampart serve --fleet --node-name`): each sandbox's
     /// record names it (`created.spec.node`). None: a single host.
     pub node_name: Option<String>,
+    /// How long a sandbox asleep for its idleness stays frozen (its memory in RAM) before
+    /// it is paused to its filesystem, on a tier that cannot save its memory to disk (the
+    /// namespace tier); 3600 s by default, None: it stays frozen.
+    pub idle_cold_secs: Option<u64>,
 }
 
 impl CoreConfig {
@@ -97,6 +101,7 @@ impl CoreConfig {
             warm: Vec::new(),
             gvisor: Default::default(),
             node_name: None,
+            idle_cold_secs: Some(3600),
         }
     }
 }

@@ -638,8 +638,7 @@ impl crate::Sandbox<'_> {
 
     /// The running browser's DevTools version answer, if one answers on its port.
     async fn browser_version(&self) -> Result<Option<BrowserInfo>, CoreError> {
-        let agent = self.agent()?;
-        let Ok(up) = agent.tunnel(BROWSER_PORT).await else {
+        let Ok(up) = self.tunnel(BROWSER_PORT).await else {
             return Ok(None);
         };
         let Ok(v) = devtools_version(up).await else {
@@ -676,7 +675,7 @@ struct DevtoolsVersion {
 }
 
 /// Asks `/json/version` over a tunnel to the DevTools port.
-async fn devtools_version(up: hyper::upgrade::Upgraded) -> Result<DevtoolsVersion, String> {
+async fn devtools_version(up: crate::Tunnel) -> Result<DevtoolsVersion, String> {
     use http_body_util::BodyExt as _;
     let (mut send, conn) = hyper::client::conn::http1::handshake(up)
         .await

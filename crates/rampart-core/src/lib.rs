@@ -56,7 +56,7 @@ pub use network::NetworkConfig;
 pub use principal::Principal;
 pub use sandbox::envd::body::{BoxError, EnvdBody};
 pub use sandbox::envd::EnvdError;
-pub use sandbox::{CreateOptions, CreatedSandbox, Held, Sandbox, Started};
+pub use sandbox::{CreateOptions, CreatedSandbox, Held, Sandbox, Started, Tunnel};
 // The agent's entry, watch-event and error types, as the handle's file and port verbs
 // answer them (core's own names for them: nothing outside core speaks the agent's protocol).
 pub use rampart_agent::client::{ClientError as AgentError, EntryInfo, FileKind, FsEvent};

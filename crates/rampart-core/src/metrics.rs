@@ -24,6 +24,10 @@ pub(crate) struct Metrics {
     pub destroyed: IntCounterVec,
     pub pauses: IntCounter,
     pub resumes: IntCounter,
+    /// Sandboxes put to sleep for their idleness.
+    pub sleeps: IntCounter,
+    /// Sleeping (or paused) sandboxes woken by a request.
+    pub wakes: IntCounter,
     /// Warm sandboxes ready to be claimed, by template and tier.
     pub pool_ready: IntGaugeVec,
     /// Creates that asked a warm pool, by result (`hit`, `miss`).
@@ -102,6 +106,16 @@ impl Metrics {
         )?;
         let pauses = IntCounter::new("rampart_sandbox_pauses_total", "Sandboxes paused.")?;
         let resumes = IntCounter::new("rampart_sandbox_resumes_total", "Sandboxes resumed.")?;
+        let sleeps = IntCounter::new(
+            "rampart_sandbox_sleeps_total",
+            "Sandboxes put to sleep (paused) after their idle time without a request.",
+        )?;
+        let wakes = IntCounter::new(
+            "rampart_sandbox_wakes_total",
+            "Sleeping or paused sandboxes woken by a request for them.",
+        )?;
+        registry.register(Box::new(sleeps.clone()))?;
+        registry.register(Box::new(wakes.clone()))?;
         let pool_ready = IntGaugeVec::new(
             Opts::new(
                 "rampart_pool_ready",
@@ -149,6 +163,8 @@ impl Metrics {
             destroyed,
             pauses,
             resumes,
+            sleeps,
+            wakes,
             pool_ready,
             pool_claims,
             pool_refill_seconds,

@@ -787,3 +787,151 @@ async fn exit_records_carry_fresh_cpu_and_peak_memory() {
     common::sb(&m, &s.id).destroy().await.unwrap();
     m.shutdown().await;
 }
+
+/// Waits until `id`'s record has `n` events that `pred` accepts; returns the record.
+async fn wait_events(
+    m: &Manager,
+    id: &SandboxId,
+    n: usize,
+    pred: impl Fn(&rampart_types::audit::EventBody) -> bool,
+) -> Vec<rampart_types::audit::EventBody> {
+    let mut events = m.audit_subscribe();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        events.borrow_and_update();
+        let all: Vec<_> = common::sb(m, id)
+            .audit_events(None, 10_000)
+            .unwrap()
+            .into_iter()
+            .map(|e| e.body)
+            .collect();
+        if all.iter().filter(|b| pred(b)).count() >= n {
+            return all;
+        }
+        match tokio::time::timeout_at(deadline, events.changed()).await {
+            Ok(Ok(())) => {}
+            _ => panic!("sandbox {id}: fewer than {n} such events in {all:?}"),
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_sandbox_sleeps_and_the_next_request_wakes_it() {
+    use rampart_types::audit::{EventBody, Pause, Resume};
+    let mut w = world_or_skip!("idle", 9);
+    w.cfg.idle_cold_secs = Some(2);
+    let m = start_or_skip!(w);
+    let idle = |b: &EventBody| {
+        matches!(
+            b,
+            EventBody::Paused(Pause {
+                idle: Some(true),
+                ..
+            })
+        )
+    };
+    let woken = |b: &EventBody| {
+        matches!(
+            b,
+            EventBody::Resumed(Resume {
+                woken: Some(true),
+                ..
+            })
+        )
+    };
+    // Bad input first: 0 seconds is refused, naming the field.
+    let e = m
+        .create(
+            &node(),
+            CreateSandbox {
+                idle_pause_secs: Some(0),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap_err();
+    assert!(e.to_string().contains("idle_pause_secs"), "{e}");
+    let s = m
+        .create(
+            &node(),
+            CreateSandbox {
+                idle_pause_secs: Some(1),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(s.idle_pause_secs, Some(1));
+    // A command being waited for keeps it awake past its idle time.
+    let r = run(
+        &m,
+        &s.id,
+        cmd(&["sh", "-c", "echo kept > /tmp/f; sleep 2.5"]),
+    )
+    .await;
+    assert_eq!(r.exit_code, Some(0));
+    let before = wait_events(&m, &s.id, 1, idle).await;
+    let exit_at = before
+        .iter()
+        .position(|b| matches!(b, EventBody::Exit(_)))
+        .unwrap();
+    let slept_at = before.iter().position(idle).unwrap();
+    assert!(exit_at < slept_at, "slept while a command ran: {before:?}");
+    assert_eq!(
+        common::sb(&m, &s.id).info().unwrap().state,
+        SandboxState::Paused
+    );
+    // The next request wakes it and gets its answer.
+    let r = run(&m, &s.id, cmd(&["cat", "/tmp/f"])).await;
+    assert_eq!(
+        (r.exit_code, r.stdout.as_slice()),
+        (Some(0), &b"kept\n"[..])
+    );
+    assert_eq!(
+        common::sb(&m, &s.id).info().unwrap().state,
+        SandboxState::Running
+    );
+    wait_events(&m, &s.id, 1, woken).await;
+    // Asleep again, frozen; after `idle_cold_secs` it is paused to its filesystem, and a
+    // file request boots it again from its disk.
+    wait_events(&m, &s.id, 2, idle).await;
+    let cold = |b: &EventBody| {
+        matches!(
+            b,
+            EventBody::Paused(Pause {
+                memory: Some(false),
+                idle: Some(true)
+            })
+        )
+    };
+    wait_events(&m, &s.id, 1, cold).await;
+    let got = common::sb(&m, &s.id)
+        .stat("/tmp/f", None)
+        .await
+        .expect("stat wakes it");
+    assert_eq!(got.size, 5);
+    let all = wait_events(&m, &s.id, 2, woken).await;
+    assert!(
+        all.iter().any(|b| matches!(
+            b,
+            EventBody::Resumed(Resume {
+                reboot: Some(true),
+                woken: Some(true)
+            })
+        )),
+        "{all:?}"
+    );
+    // A sandbox without an idle sleep, paused, still answers 409 (nothing wakes it).
+    let plain = m.create(&node(), CreateSandbox::default()).await.unwrap();
+    common::sb(&m, &plain.id).pause().await.unwrap();
+    let e = common::sb(&m, &plain.id)
+        .exec(cmd(&["true"]), false)
+        .await
+        .unwrap_err();
+    assert!(matches!(e, CoreError::WrongState { .. }), "{e:?}");
+    for id in [&s.id, &plain.id] {
+        common::sb(&m, id).destroy().await.unwrap();
+        assert_eq!(w.traces(id), Vec::<String>::new());
+    }
+    m.shutdown().await;
+}

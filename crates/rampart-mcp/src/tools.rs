@@ -129,6 +129,10 @@ pub struct CreateArgs {
     /// host's; slower to start, a smaller host surface).
     #[serde(default)]
     pub isolation: Option<String>,
+    /// Seconds without a request after which the sandbox sleeps (is paused, using no CPU);
+    /// the next call that needs it wakes it. Default: it never sleeps.
+    #[serde(default)]
+    pub idle_pause_secs: Option<u64>,
     /// Seconds until the sandbox is destroyed (default: the daemon's, 300).
     #[serde(default)]
     pub timeout_secs: Option<u64>,
@@ -373,6 +377,9 @@ impl RampartMcp {
         }
         if let Some(t) = a.timeout_secs {
             body["timeout_secs"] = t.into();
+        }
+        if let Some(s) = a.idle_pause_secs {
+            body["idle_pause_secs"] = s.into();
         }
         let mut limits = json!({});
         if let Some(c) = a.cpus {

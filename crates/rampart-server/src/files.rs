@@ -210,7 +210,7 @@ async fn write_inner(
     check_path("path", &q.path)?;
     check_user(q.user.as_deref())?;
     let sandbox = st.manager.sandbox(who, id)?;
-    sandbox.running()?;
+    sandbox.wake().await?;
     let user = q.user.as_deref();
     let existed = match sandbox.stat(&q.path, user).await {
         Ok(_) => true,

@@ -57,6 +57,9 @@ pub struct ServerOptions {
     /// every port of the sandbox but envd's and the code interpreter's answers without the
     /// traffic token.
     pub e2b_public_traffic: bool,
+    /// `idle_pause_secs` of every sandbox the E2B API makes (`[e2b] idle_pause_secs`): it
+    /// sleeps after that long without a request and the next one wakes it. None: never.
+    pub e2b_idle_pause_secs: Option<u64>,
     /// The token of the fleet this node serves (`rampart serve --fleet`): over TCP the
     /// native API then answers only requests carrying it, from the fleet's gateways, on
     /// behalf of the principal the gateway names; the node's own keys are refused there (its
@@ -72,6 +75,7 @@ impl Default for ServerOptions {
             allowed_hosts: Vec::new(),
             tls: None,
             e2b_public_traffic: true,
+            e2b_idle_pause_secs: None,
             fleet_token: None,
         }
     }
@@ -668,7 +672,8 @@ async fn relay(
         Ok(s) => s,
         Err(e) => return ApiError::from(e).into_response(),
     };
-    if let Err(e) = sandbox.running() {
+    // Woken first if it sleeps (and has an idle sleep); a paused one otherwise is 409.
+    if let Err(e) = sandbox.wake().await {
         return ApiError::from(e).into_response();
     }
     let up = match sandbox.tunnel(port).await {
@@ -1471,6 +1476,7 @@ mod tests {
                     }),
                     on_timeout: Default::default(),
                     isolation: Default::default(),
+                    idle_pause_secs: None,
                     pooled: false,
                     network: None,
                     request: None,

@@ -70,7 +70,7 @@ pub(crate) fn origin_form(parts: &mut axum::http::request::Parts) -> Result<(), 
 /// both sides agree (101), bytes are relayed both ways until either side closes. With `tls`,
 /// the server speaks TLS itself: the hop to it is TLS ([`tls_to_sandbox`]).
 pub(crate) async fn forward_over(
-    up: hyper::upgrade::Upgraded,
+    up: rampart_core::Tunnel,
     port: u16,
     req: Request,
     private: &[&str],

@@ -430,6 +430,7 @@ mod tests {
                 request: None,
                 tenant: None,
                 isolation: Default::default(),
+                idle_pause_secs: None,
                 pooled: false,
             },
             10,

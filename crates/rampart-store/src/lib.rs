@@ -176,6 +176,9 @@ pub struct SandboxRecord {
     pub tenant: Option<String>,
     /// The isolation tier it runs on.
     pub isolation: Tier,
+    /// Seconds without a request after which it sleeps (is paused) and wakes on the next
+    /// request; None: it never sleeps.
+    pub idle_pause_secs: Option<u64>,
 }
 
 /// What [`SandboxStore::insert_creating`] records.
@@ -210,6 +213,8 @@ pub struct NewSandbox {
     pub tenant: Option<String>,
     /// The isolation tier it runs on.
     pub isolation: Tier,
+    /// Seconds without a request after which it sleeps (see [`SandboxRecord`]).
+    pub idle_pause_secs: Option<u64>,
     /// Launched ahead of any create for a warm pool: nobody's, listed by
     /// [`SandboxStore::pooled`] only, counted against the host's capacity but no tenant's,
     /// and without a usage record until [`SandboxStore::claim_audited`].
@@ -232,6 +237,8 @@ pub struct Claim {
     pub expires_at_ms: i64,
     /// What its expiry does.
     pub on_timeout: OnTimeout,
+    /// Seconds without a request after which it sleeps (see [`SandboxRecord`]).
+    pub idle_pause_secs: Option<u64>,
     /// Its access token, public ports and E2B facts.
     pub access: Option<access::NewAccess>,
     /// Its create request as kept for fork.
@@ -434,7 +441,7 @@ pub trait SandboxStore: Send + Sync + std::fmt::Debug {
 }
 
 /// The current schema version.
-pub const SCHEMA_VERSION: i64 = 10;
+pub const SCHEMA_VERSION: i64 = 11;
 
 const ALIVE_SQL: &str = "('creating','running','paused','stopping')";
 
@@ -486,6 +493,11 @@ const MIGRATIONS: &[(i64, &str)] = &[
     (
         10,
         "ALTER TABLE sandboxes ADD COLUMN pooled INTEGER NOT NULL DEFAULT 0;",
+    ),
+    // Idle sleep: seconds without a request after which a sandbox is paused.
+    (
+        11,
+        "ALTER TABLE sandboxes ADD COLUMN idle_pause_secs INTEGER;",
     ),
 ];
 
@@ -651,7 +663,7 @@ pub fn lowest_free_slot(taken: &[u32], slots: u32) -> Option<u32> {
 
 const COLUMNS: &str = "id, template, state, limits, env, metadata, uid_slot, pid, pid_start_time, \
                        agent_socket, created_at, expires_at, ended_at, reason, on_timeout, tenant, \
-                       isolation";
+                       isolation, idle_pause_secs";
 
 fn corrupt(id: &str, detail: impl std::fmt::Display) -> StoreError {
     StoreError::Corrupt {
@@ -679,6 +691,7 @@ struct RawRow {
     on_timeout: String,
     tenant: Option<String>,
     isolation: String,
+    idle_pause_secs: Option<i64>,
 }
 
 fn raw_row(r: &Row<'_>) -> rusqlite::Result<RawRow> {
@@ -700,6 +713,7 @@ fn raw_row(r: &Row<'_>) -> rusqlite::Result<RawRow> {
         on_timeout: r.get(14)?,
         tenant: r.get(15)?,
         isolation: r.get(16)?,
+        idle_pause_secs: r.get(17)?,
     })
 }
 
@@ -740,12 +754,22 @@ impl RawRow {
             })?,
             tenant: self.tenant,
             isolation: self.isolation.parse().map_err(|e| corrupt(&self.id, e))?,
+            idle_pause_secs: self
+                .idle_pause_secs
+                .map(u64::try_from)
+                .transpose()
+                .map_err(|e| corrupt(&self.id, e))?,
         })
     }
 }
 
 fn json<T: serde::Serialize>(id: &SandboxId, v: &T) -> Result<String, StoreError> {
     serde_json::to_string(v).map_err(|e| corrupt(id.as_str(), e))
+}
+
+/// Seconds as SQLite keeps them (an i64; more than that is never a sane duration).
+fn secs_sql(s: u64) -> i64 {
+    i64::try_from(s).unwrap_or(i64::MAX)
 }
 
 fn changed(n: usize, id: &SandboxId) -> Result<(), StoreError> {
@@ -793,8 +817,8 @@ impl SandboxStore for SqliteStore {
         let res = tx
             .prepare_cached(
                 "INSERT INTO sandboxes (id, template, state, limits, env, metadata, uid_slot, \
-                 created_at, expires_at, on_timeout, tenant, isolation, pooled) \
-                 VALUES (?1, ?2, 'creating', ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
+                 created_at, expires_at, on_timeout, tenant, isolation, pooled, idle_pause_secs) \
+                 VALUES (?1, ?2, 'creating', ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)",
             )?
             .execute(params![
                 new.id.as_str(),
@@ -808,7 +832,8 @@ impl SandboxStore for SqliteStore {
                 new.on_timeout.as_str(),
                 new.tenant,
                 new.isolation.as_str(),
-                new.pooled
+                new.pooled,
+                new.idle_pause_secs.map(secs_sql)
             ]);
         match res {
             Ok(_) => {}
@@ -1224,7 +1249,7 @@ impl SandboxStore for SqliteStore {
         }
         tx.prepare_cached(
             "UPDATE sandboxes SET pooled = 0, tenant = ?2, metadata = ?3, created_at = ?4, \
-             expires_at = ?5, on_timeout = ?6 WHERE id = ?1",
+             expires_at = ?5, on_timeout = ?6, idle_pause_secs = ?7 WHERE id = ?1",
         )?
         .execute(params![
             id.as_str(),
@@ -1232,7 +1257,8 @@ impl SandboxStore for SqliteStore {
             metadata,
             claim.created_at_ms,
             claim.expires_at_ms,
-            claim.on_timeout.as_str()
+            claim.on_timeout.as_str(),
+            claim.idle_pause_secs.map(secs_sql)
         ])?;
         if let Some(a) = &claim.access {
             access::insert(&tx, id.as_str(), a)?;
@@ -1308,6 +1334,7 @@ mod tests {
             request: None,
             tenant: None,
             isolation: Default::default(),
+            idle_pause_secs: None,
             pooled: false,
         }
     }
@@ -1350,6 +1377,7 @@ mod tests {
             created_at_ms: 42,
             expires_at_ms: 4242,
             on_timeout: OnTimeout::Pause,
+            idle_pause_secs: Some(30),
             access: None,
             request: Some("{}".into()),
             network: None,
@@ -1357,6 +1385,7 @@ mod tests {
         store.claim_audited(&claim(&a), None).unwrap();
         let rec = store.get(&a).unwrap().unwrap();
         assert_eq!(rec.tenant.as_deref(), Some("acme"));
+        assert_eq!(rec.idle_pause_secs, Some(30));
         assert_eq!((rec.created_at_ms, rec.expires_at_ms), (42, 4242));
         assert_eq!(rec.metadata.get("k").map(String::as_str), Some("v"));
         assert_eq!(store.alive().unwrap().len(), 1);

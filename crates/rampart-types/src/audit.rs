@@ -283,6 +283,10 @@ pub struct Pause {
     /// `false`: paused to its filesystem: every process ended, the disk was kept.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub memory: Option<bool>,
+    /// `true`: put to sleep because it went its `idle_pause_secs` without a request (the
+    /// next request wakes it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idle: Option<bool>,
 }
 
 /// `resumed`: `{}` for a resume that thawed the processes where they were.
@@ -292,6 +296,9 @@ pub struct Resume {
     /// `true`: booted again from its disk (a cold boot: no process of before runs).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reboot: Option<bool>,
+    /// `true`: woken by a request for it (it has an idle sleep), not by a resume.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub woken: Option<bool>,
 }
 
 /// `created`: the sandbox as asked for and as built.

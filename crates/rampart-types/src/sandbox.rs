@@ -29,6 +29,14 @@ pub struct CreateSandbox {
     /// What happens at the deadline: `destroy` (the default) or `pause`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub on_timeout: Option<OnTimeout>,
+    /// Seconds without a request after which the sandbox sleeps: it is paused (on the
+    /// gVisor tier to disk with its memory; on the namespace tier frozen, and paused to its
+    /// filesystem once it has slept the node's `idle_cold_secs`), and the next request that
+    /// needs it (an exec, a file call, an envd call, a connection to one of its ports) wakes
+    /// it and gets its answer. A request in flight (a command being waited for or streamed,
+    /// an open port connection) keeps it awake. Absent: it never sleeps.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idle_pause_secs: Option<u64>,
     /// Network policy; `none` (loopback only) when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub network: Option<NetworkPolicy>,
@@ -298,6 +306,10 @@ pub struct SandboxInfo {
     /// The tenant it belongs to (absent: the node's own).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tenant: Option<String>,
+    /// Seconds without a request after which it sleeps (see
+    /// [`CreateSandbox::idle_pause_secs`]); absent: it never sleeps.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idle_pause_secs: Option<u64>,
 }
 
 /// `GET /v1/sandboxes/{id}/stats`: one sample of a running sandbox's resource use, from its

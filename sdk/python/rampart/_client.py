@@ -419,10 +419,13 @@ class _Base:
                network: Optional[Dict[str, Any]] = None, secrets: Optional[List[Dict[str, Any]]] = None,
                snapshot: Optional[str] = None, volumes: Optional[List[Dict[str, Any]]] = None,
                public_ports: Optional[List[int]] = None, on_timeout: Optional[str] = None,
-               artifacts: Optional[List[str]] = None, isolation: Optional[str] = None):
+               artifacts: Optional[List[str]] = None, isolation: Optional[str] = None,
+               idle_pause_secs: Optional[int] = None):
         """Creates a sandbox (every option of `POST /v1/sandboxes`) and returns it running.
         `artifacts`: absolute paths kept when it ends (`Sandbox.artifacts()` lists them).
-        `isolation`: "namespace" or "gvisor" (the daemon's default when absent)."""
+        `isolation`: "namespace" or "gvisor" (the daemon's default when absent).
+        `idle_pause_secs`: it sleeps (is paused) after that long without a request, and the
+        next request wakes it."""
         body: Dict[str, Any] = {}
         limits = {k: v for k, v in (("cpus", cpus), ("memory_bytes", memory_bytes),
                                     ("disk_bytes", disk_bytes), ("pids", pids)) if v is not None}
@@ -430,7 +433,7 @@ class _Base:
                      ("metadata", metadata), ("network", network), ("secrets", secrets),
                      ("snapshot", snapshot), ("volumes", volumes), ("public_ports", public_ports),
                      ("on_timeout", on_timeout), ("artifacts", artifacts),
-                     ("isolation", isolation)):
+                     ("isolation", isolation), ("idle_pause_secs", idle_pause_secs)):
             if v is not None:
                 body[k] = v
         if limits:

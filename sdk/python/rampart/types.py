@@ -42,6 +42,8 @@ class SandboxInfo:
     tenant: Optional[str] = None
     #: The isolation tier it runs on ("namespace" or "gvisor").
     isolation: str = "namespace"
+    #: Seconds without a request after which it sleeps (None: never).
+    idle_pause_secs: Optional[int] = None
     extra: Dict[str, Any] = dataclasses.field(default_factory=dict)
 
     @classmethod

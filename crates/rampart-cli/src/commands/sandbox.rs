@@ -26,6 +26,10 @@ pub struct CreateFlags {
     /// Pause the sandbox at its deadline instead of destroying it.
     #[arg(long)]
     pub pause_on_timeout: bool,
+    /// Put the sandbox to sleep (paused; on the gvisor tier to disk with its memory) after
+    /// this many seconds without a request; the next request wakes it.
+    #[arg(long, value_name = "SECS")]
+    pub idle_pause: Option<u64>,
     /// Memory limit, e.g. 512M, 2G.
     #[arg(long, value_name = "SIZE")]
     pub memory: Option<String>,
@@ -92,6 +96,7 @@ impl CreateFlags {
             metadata: parse_pairs("--metadata", &self.metadata)?,
             timeout_secs: self.timeout,
             on_timeout: self.pause_on_timeout.then_some(OnTimeout::Pause),
+            idle_pause_secs: self.idle_pause,
             snapshot: self.snapshot.clone(),
             volumes: self
                 .volumes
@@ -341,6 +346,9 @@ pub async fn info(host: &crate::client::Endpoint, a: InfoArgs) -> Result<u8> {
         s.expires_at,
         relative(&s.expires_at, now)
     );
+    if let Some(secs) = s.idle_pause_secs {
+        println!("idle pause:  after {secs} s without a request (the next one wakes it)");
+    }
     if let Some(e) = &s.ended_at {
         println!("ended:       {e}");
     }
@@ -511,6 +519,7 @@ mod tests {
             isolation: None,
             timeout: Some(60),
             pause_on_timeout: false,
+            idle_pause: None,
             memory: Some("256M".into()),
             cpus: Some(0.5),
             pids: None,

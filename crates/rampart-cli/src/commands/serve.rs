@@ -166,6 +166,9 @@ struct FileConfig {
     max_timeout_secs: Option<u64>,
     uid_range_start: Option<u32>,
     uid_slots: Option<u32>,
+    /// How long a sandbox asleep for its idleness stays frozen before it is paused to its
+    /// filesystem, on the namespace tier (default 3600; 0: it stays frozen).
+    idle_cold_secs: Option<u64>,
     /// How far disk quotas may exceed what the store can hold (1.0: not at all).
     disk_overcommit: Option<f64>,
     #[serde(default)]
@@ -216,6 +219,8 @@ struct FileConfig {
 struct E2bFileConfig {
     /// `allowPublicTraffic` of a create that does not say (default true, as E2B's).
     allow_public_traffic: Option<bool>,
+    /// Every E2B sandbox sleeps after this many seconds without a request (none: never).
+    idle_pause_secs: Option<u64>,
 }
 
 /// The TLS configuration of `--tls-cert`/`--tls-key` (or the config file's `tls_cert` and
@@ -749,6 +754,10 @@ fn resolve(a: &ServeArgs) -> Result<Resolved> {
             allowed_hosts,
             tls,
             e2b_public_traffic,
+            e2b_idle_pause_secs: match file.e2b.idle_pause_secs {
+                Some(0) => bail!("[e2b] idle_pause_secs must be at least 1 (leave it out: never)"),
+                s => s,
+            },
             fleet_token: None,
         },
         core: CoreConfig {
@@ -759,6 +768,11 @@ fn resolve(a: &ServeArgs) -> Result<Resolved> {
             max_limits,
             default_timeout_secs,
             max_timeout_secs,
+            idle_cold_secs: match file.idle_cold_secs {
+                Some(0) => None,
+                Some(s) => Some(s),
+                None => Some(3600),
+            },
             max_sandboxes,
             uid_range_start,
             uid_slots,

@@ -56,10 +56,21 @@ impl Sandboxes {
         id: &SandboxId,
         memory: bool,
     ) -> Result<SandboxInfo, CoreError> {
+        self.pause_to_disk_for(id, memory, false).await
+    }
+
+    /// [`Sandboxes::pause_to_disk`]; `idle`: it is put to sleep for its idleness (refused
+    /// with `Conflict` when a request came in since it was found idle).
+    pub(super) async fn pause_to_disk_for(
+        self: &Arc<Self>,
+        id: &SandboxId,
+        memory: bool,
+        idle: bool,
+    ) -> Result<SandboxInfo, CoreError> {
         let failed = {
             let op = self.op_lock(id);
             let _guard = op.lock().await;
-            match self.stop_locked(id, memory).await {
+            match self.stop_locked(id, memory, idle).await {
                 Ok(()) => None,
                 Err(Stop::Refused(e)) => return Err(e),
                 Err(Stop::Broken(e)) => Some(e),
@@ -77,7 +88,12 @@ impl Sandboxes {
     }
 
     /// [`Sandboxes::pause_to_disk`] under the sandbox's operation lock.
-    async fn stop_locked(self: &Arc<Self>, id: &SandboxId, memory: bool) -> Result<(), Stop> {
+    async fn stop_locked(
+        self: &Arc<Self>,
+        id: &SandboxId,
+        memory: bool,
+        idle: bool,
+    ) -> Result<(), Stop> {
         if self.iso.cold().is_err() {
             return Err(Stop::Refused(CoreError::Unsupported(format!(
                 "the {} tier cannot pause a sandbox to its filesystem (or boot it from its disk)",
@@ -113,8 +129,18 @@ impl Sandboxes {
             self.store
                 .admit_transition(id, SandboxState::Paused)
                 .map_err(|e| Stop::Refused(e.into()))?;
-            if self.registry.begin_pause(id) != PauseStart::Started {
-                return Err(Stop::Refused(self.not_running(id)));
+            let start = match idle {
+                true => self.registry.begin_sleep(id),
+                false => self.registry.begin_pause(id),
+            };
+            match start {
+                PauseStart::Started => {}
+                PauseStart::Busy => {
+                    return Err(Stop::Refused(CoreError::Conflict(format!(
+                        "sandbox {id} is busy"
+                    ))))
+                }
+                _ => return Err(Stop::Refused(self.not_running(id))),
             }
             // Frozen first: a sandbox that cannot be frozen keeps running, untouched.
             if let Err(e) = self.iso_freeze(id, true).await {
@@ -151,6 +177,7 @@ impl Sandboxes {
                 |_| {
                     EventBody::Paused(Pause {
                         memory: Some(memory),
+                        idle: idle.then_some(true),
                     })
                 },
                 Vec::new(),
@@ -170,13 +197,18 @@ impl Sandboxes {
     /// command and servers too), `resumed` is recorded with `reboot: true`. A deadline that
     /// passed while it was paused is moved to now + the default timeout. If the boot fails,
     /// the sandbox stays paused to its filesystem, its disk as it was.
-    pub(crate) async fn reboot(self: &Arc<Self>, id: &SandboxId) -> Result<SandboxInfo, CoreError> {
+    /// `woken`: by a request for it (its record says so).
+    pub(crate) async fn reboot(
+        self: &Arc<Self>,
+        id: &SandboxId,
+        woken: bool,
+    ) -> Result<SandboxInfo, CoreError> {
         let failed = {
             let op = self.op_lock(id);
             let _guard = op.lock().await;
             match self.registry.standing(id) {
                 Standing::Running(_) => return self.get(id),
-                Standing::Paused => match self.stop_locked(id, false).await {
+                Standing::Paused => match self.stop_locked(id, false, false).await {
                     Ok(()) => None,
                     Err(Stop::Refused(e)) => return Err(e),
                     Err(Stop::Broken(e)) => Some(e),
@@ -228,6 +260,7 @@ impl Sandboxes {
             request: None,
             tenant: rec.tenant.clone(),
             isolation: rec.isolation,
+            idle_pause_secs: rec.idle_pause_secs,
             pooled: false,
         };
         let extras = LaunchExtras {
@@ -258,6 +291,7 @@ impl Sandboxes {
             |_| {
                 EventBody::Resumed(Resume {
                     reboot: Some(!booted.restored),
+                    woken: woken.then_some(true),
                 })
             },
             Vec::new(),
@@ -271,16 +305,15 @@ impl Sandboxes {
         } else {
             rec.expires_at_ms
         };
-        self.register(
+        let terms = self.terms(
             id,
-            booted.client,
-            booted.pid,
-            booted.pidfd,
             deadline_ms,
             false,
             rec.on_timeout,
             rec.tenant.clone(),
+            rec.idle_pause_secs,
         );
+        self.register(id, booted.client, booted.pid, booted.pidfd, terms);
         self.metrics.resumes.inc();
         let restored = booted.restored;
         info!(id = %id, ms = t0.elapsed().as_millis() as u64, restored, "sandbox booted from its disk");

@@ -157,15 +157,22 @@ impl<'m> Sandbox<'m> {
     }
 
     /// Whether it runs (its agent takes requests): `WrongState` when paused, not found or
-    /// not running otherwise.
+    /// not running otherwise. Wakes nothing (see [`Sandbox::wake`]).
     pub fn running(&self) -> Result<(), CoreError> {
         self.core.agent(&self.id).map(drop)
     }
 
-    /// Its agent's client, for the verbs that speak to it (in this crate only: nothing
-    /// outside core and the agent speaks the agent's protocol).
-    pub(crate) fn agent(&self) -> Result<AgentClient, CoreError> {
-        self.core.agent(&self.id)
+    /// Makes sure it runs for a request: one asleep (or paused) with an idle sleep is woken
+    /// (see `idle_pause_secs`); otherwise as [`Sandbox::running`].
+    pub async fn wake(&self) -> Result<(), CoreError> {
+        self.scoped(self.core.awake(&self.id)).await.map(drop)
+    }
+
+    /// Its agent's client for a request, woken first if it sleeps, with the request's
+    /// activity (keep it until the request is done), for the verbs that speak to it (in
+    /// this crate only: nothing outside core and the agent speaks the agent's protocol).
+    pub(crate) async fn awake(&self) -> Result<super::idle::Awake, CoreError> {
+        self.scoped(self.core.awake(&self.id)).await
     }
 
     /// The room that holds the sandboxes (for the verbs that outlive the handle).
@@ -196,12 +203,14 @@ impl<'m> Sandbox<'m> {
         path: &str,
         user: Option<&str>,
     ) -> Result<BoxStream<'static, Result<bytes::Bytes, AgentError>>, CoreError> {
-        Ok(self.agent()?.read_file(path, user).await?)
+        let a = self.awake().await?;
+        let s = a.client.read_file(path, user).await?;
+        Ok(super::idle::Awake::hold(a.activity, s))
     }
 
     /// A file's (or directory's) entry.
     pub async fn stat(&self, path: &str, user: Option<&str>) -> Result<EntryInfo, CoreError> {
-        Ok(self.agent()?.stat(path, user).await?)
+        Ok(self.awake().await?.client.stat(path, user).await?)
     }
 
     /// A directory's entries, `depth` levels down.
@@ -211,7 +220,12 @@ impl<'m> Sandbox<'m> {
         depth: u32,
         user: Option<&str>,
     ) -> Result<Vec<EntryInfo>, CoreError> {
-        Ok(self.agent()?.list_dir(path, depth, user).await?)
+        Ok(self
+            .awake()
+            .await?
+            .client
+            .list_dir(path, depth, user)
+            .await?)
     }
 
     /// Changes under a directory as they happen.
@@ -221,22 +235,27 @@ impl<'m> Sandbox<'m> {
         recursive: bool,
         user: Option<&str>,
     ) -> Result<BoxStream<'static, Result<FsEvent, AgentError>>, CoreError> {
-        Ok(self.agent()?.watch(path, recursive, user).await?)
+        let a = self.awake().await?;
+        let s = a.client.watch(path, recursive, user).await?;
+        Ok(super::idle::Awake::hold(a.activity, s))
     }
 
-    /// A connection to `127.0.0.1:port` inside it, through its agent's tunnel.
-    pub async fn tunnel(&self, port: u16) -> Result<hyper::upgrade::Upgraded, CoreError> {
-        Ok(self.agent()?.tunnel(port).await?)
+    /// A connection to `127.0.0.1:port` inside it, through its agent's tunnel (it stays
+    /// awake while the connection is open).
+    pub async fn tunnel(&self, port: u16) -> Result<super::Tunnel, CoreError> {
+        let a = self.awake().await?;
+        let io = a.client.tunnel(port).await?;
+        Ok(super::Tunnel::new(io, a.activity))
     }
 
     /// The ports listening inside it on an address the tunnel reaches.
     pub async fn listening_ports(&self) -> Result<Vec<u16>, CoreError> {
-        Ok(self.agent()?.listening_ports().await?)
+        Ok(self.awake().await?.client.listening_ports().await?)
     }
 
     /// Whether its agent answers its health check.
     pub async fn health(&self) -> Result<(), CoreError> {
-        Ok(self.agent()?.health().await?)
+        Ok(self.awake().await?.client.health().await?)
     }
 
     /// Starts a command: it runs ([`Started::Running`]), or the sandbox's approval policy
@@ -253,12 +272,15 @@ impl<'m> Sandbox<'m> {
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
         let core = self.core.clone();
         let id = self.id.clone();
+        // Woken first if it sleeps; awake until the exec's events end (or it is refused).
+        let activity = self.awake().await?.activity;
         let mut run: BoxFuture<'static, Result<Exec, CoreError>> = Box::pin(principal::scope(
             self.who.clone(),
-            crate::approvals::on_hold(
-                tx,
-                async move { core.exec(&id, req, keep_stdin_open).await },
-            ),
+            crate::approvals::on_hold(tx, async move {
+                let mut exec = core.exec(&id, req, keep_stdin_open).await?;
+                exec.events = super::idle::Awake::hold(activity, exec.events);
+                Ok(exec)
+            }),
         ));
         tokio::select! {
             r = &mut run => r.map(Started::Running),
@@ -368,13 +390,16 @@ impl<'m> Sandbox<'m> {
         user: Option<&str>,
         body: BoxStream<'static, Result<bytes::Bytes, std::io::Error>>,
     ) -> Result<String, CoreError> {
+        // Woken first if it sleeps, and awake until the write is done.
+        let _awake = self.awake().await?;
         self.scoped(self.core.write_file(&self.id, path, user, body))
             .await
     }
 
     /// Removes a file or directory tree and records it.
     pub async fn remove_file(&self, path: &str, user: Option<&str>) -> Result<(), CoreError> {
-        let agent = self.core.agent(&self.id)?;
+        let awake = self.awake().await?;
+        let agent = &awake.client;
         agent.stat(path, user).await?;
         agent.remove(path, user).await?;
         self.record_file_change(FileChange {
@@ -389,7 +414,8 @@ impl<'m> Sandbox<'m> {
 
     /// Makes a directory (and its parents) and records it.
     pub async fn make_dir(&self, path: &str, user: Option<&str>) -> Result<EntryInfo, CoreError> {
-        let agent = self.core.agent(&self.id)?;
+        let awake = self.awake().await?;
+        let agent = &awake.client;
         let info = agent.make_dir(path, user).await?;
         self.record_file_change(FileChange {
             op: FileOp::Mkdir,
@@ -409,7 +435,8 @@ impl<'m> Sandbox<'m> {
         to: &str,
         user: Option<&str>,
     ) -> Result<EntryInfo, CoreError> {
-        let agent = self.core.agent(&self.id)?;
+        let awake = self.awake().await?;
+        let agent = &awake.client;
         let info = agent.rename(from, to, user).await?;
         self.record_file_change(FileChange {
             op: FileOp::Move,

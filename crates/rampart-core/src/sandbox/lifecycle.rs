@@ -4,6 +4,7 @@
 use super::plan::{CreateOptions, Plan};
 use super::*;
 use crate::events::Kind;
+use rampart_types::audit::{Pause, Resume};
 use serde_json::{json, Value};
 
 impl Sandboxes {
@@ -225,16 +226,15 @@ impl Sandboxes {
             Vec::new(),
             |e| store.set_running_audited(&new.id, booted.pid, booted.start, &booted.sock, e),
         )?;
-        self.register(
+        let terms = self.terms(
             &new.id,
-            booted.client,
-            booted.pid,
-            booted.pidfd,
             new.expires_at_ms,
             false,
             on_timeout,
             new.tenant.clone(),
+            new.idle_pause_secs,
         );
+        self.register(&new.id, booted.client, booted.pid, booted.pidfd, terms);
         self.metrics
             .create_step_seconds
             .with_label_values(&["record"])
@@ -560,6 +560,16 @@ impl Sandboxes {
     /// audit event in one transaction). Nothing talks to its agent until it is resumed.
     /// Pausing a paused sandbox changes nothing.
     pub(crate) async fn pause(&self, id: &SandboxId) -> Result<SandboxInfo, CoreError> {
+        self.pause_for(id, false).await
+    }
+
+    /// [`Sandboxes::pause`]; `idle`: it is put to sleep for its idleness (refused with
+    /// `Conflict` when a request came in since it was found idle).
+    pub(super) async fn pause_for(
+        &self,
+        id: &SandboxId,
+        idle: bool,
+    ) -> Result<SandboxInfo, CoreError> {
         let op = self.op_lock(id);
         let _guard = op.lock().await;
         if matches!(self.registry.standing(id), Standing::Running(_)) {
@@ -569,7 +579,12 @@ impl Sandboxes {
                 .map_err(CoreError::from)?;
         }
         // From now on new requests get 409 (a frozen agent would not answer them).
-        match self.registry.begin_pause(id) {
+        let start = match idle {
+            true => self.registry.begin_sleep(id),
+            false => self.registry.begin_pause(id),
+        };
+        match start {
+            PauseStart::Busy => return Err(CoreError::Conflict(format!("sandbox {id} is busy"))),
             PauseStart::AlreadyPaused => return self.get(id),
             // Paused to its filesystem: paused already.
             PauseStart::NotRunning if self.is_cold(id).await? => return self.get(id),
@@ -589,7 +604,12 @@ impl Sandboxes {
         let recorded = self.audit.record(
             id,
             false,
-            |_| EventBody::Paused(Default::default()),
+            |_| {
+                EventBody::Paused(Pause {
+                    memory: None,
+                    idle: idle.then_some(true),
+                })
+            },
             Vec::new(),
             |e| store.set_state_audited(id, SandboxState::Paused, None, None, e),
         );
@@ -617,6 +637,15 @@ impl Sandboxes {
     /// paused by its expiry) is moved to now + the default timeout. Resuming a running
     /// sandbox changes nothing.
     pub(crate) async fn resume(&self, id: &SandboxId) -> Result<SandboxInfo, CoreError> {
+        self.resume_for(id, false).await
+    }
+
+    /// [`Sandboxes::resume`]; `woken`: by a request for it (its record says so).
+    pub(super) async fn resume_for(
+        &self,
+        id: &SandboxId,
+        woken: bool,
+    ) -> Result<SandboxInfo, CoreError> {
         let op = self.op_lock(id);
         let _guard = op.lock().await;
         match self.registry.standing(id) {
@@ -635,7 +664,12 @@ impl Sandboxes {
         let recorded = self.audit.record(
             id,
             false,
-            |_| EventBody::Resumed(Default::default()),
+            |_| {
+                EventBody::Resumed(Resume {
+                    reboot: None,
+                    woken: woken.then_some(true),
+                })
+            },
             Vec::new(),
             |e| store.set_state_audited(id, SandboxState::Running, None, None, e),
         );
@@ -670,7 +704,7 @@ impl Sandboxes {
         reboot: bool,
     ) -> Result<SandboxInfo, CoreError> {
         if reboot || self.is_cold(id).await? {
-            return self.reboot(id).await;
+            return self.reboot(id, false).await;
         }
         self.resume(id).await
     }

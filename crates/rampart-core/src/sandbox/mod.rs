@@ -7,6 +7,7 @@ mod cold;
 pub(crate) mod envd;
 mod fork;
 pub(crate) mod handle;
+mod idle;
 mod lifecycle;
 mod ops;
 mod plan;
@@ -20,6 +21,7 @@ use cold::Booted;
 use tasks::{publisher, reaper, watch_init};
 
 pub use handle::{Held, Sandbox, Started};
+pub use idle::Tunnel;
 pub use plan::CreateOptions;
 
 pub(crate) use registry::Registry;
@@ -180,6 +182,7 @@ pub(crate) fn info_of(rec: &SandboxRecord) -> SandboxInfo {
         reason: rec.reason.clone(),
         access_token: None,
         tenant: rec.tenant.clone(),
+        idle_pause_secs: rec.idle_pause_secs,
     }
 }
 
@@ -401,30 +404,48 @@ impl Sandboxes {
     }
 
     /// Keeps a running (or paused) sandbox in memory, watches its init and arms its
-    /// deadline.
-    #[allow(clippy::too_many_arguments)]
+    /// deadline and idle sleep.
     fn register(
         self: &Arc<Self>,
         id: &SandboxId,
         client: AgentClient,
         pid: i32,
         pidfd: OwnedFd,
+        terms: registry::Terms,
+    ) {
+        let me = self.clone();
+        self.registry.insert(id, client, pid, terms, || {
+            tokio::spawn(watch_init(me, id.clone(), pid, pidfd)).abort_handle()
+        });
+    }
+
+    /// The terms a sandbox is kept under: deadline at `expires_at_ms`, what its expiry
+    /// does, its tenant, its idle sleep (on a tier that cannot save a sandbox's memory to
+    /// disk, frozen for the node's `idle_cold_secs`, then paused to its filesystem).
+    pub(super) fn terms(
+        &self,
+        id: &SandboxId,
         expires_at_ms: i64,
         paused: bool,
         on_timeout: OnTimeout,
         tenant: Option<String>,
-    ) {
-        let me = self.clone();
-        self.registry.insert(
-            id,
-            client,
-            pid,
-            instant_of(expires_at_ms),
+        idle_pause_secs: Option<u64>,
+    ) -> registry::Terms {
+        let idle = idle_pause_secs.map(|secs| {
+            let keeps_memory = self.iso.cold().is_ok_and(|c| c.can_checkpoint(id));
+            let cold = match keeps_memory {
+                true => None,
+                false => self.cfg.idle_cold_secs.map(Duration::from_secs),
+            };
+            (Duration::from_secs(secs), cold)
+        });
+        registry::Terms {
+            deadline: instant_of(expires_at_ms),
             paused,
             on_timeout,
             tenant,
-            || tokio::spawn(watch_init(me, id.clone(), pid, pidfd)).abort_handle(),
-        );
+            idle,
+        }
     }
 
     async fn iso_destroy(&self, id: &SandboxId) -> Result<(), CoreError> {

@@ -82,6 +82,9 @@ impl Sandboxes {
             &|n| crate::templates::is_built(&cfg.data_dir, n),
         )?;
         let net = self.network.check(req.network.as_ref(), &req.secrets)?;
+        if let Some(secs) = req.idle_pause_secs {
+            validate::check_timeout("idle_pause_secs", secs, cfg.max_timeout_secs)?;
+        }
         // The token that opens its ports (and the E2B facts), recorded with it (forgotten
         // when it ends).
         let access = NewAccess {
@@ -108,6 +111,7 @@ impl Sandboxes {
             request: Some(staged.request().to_owned()),
             tenant: crate::principal::current_tenant(),
             isolation: tier,
+            idle_pause_secs: req.idle_pause_secs,
             pooled: false,
         };
         Ok(Plan { new, staged })

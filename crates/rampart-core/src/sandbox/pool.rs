@@ -460,6 +460,7 @@ impl Sandboxes {
             created_at_ms: new.created_at_ms,
             expires_at_ms: new.expires_at_ms,
             on_timeout: new.on_timeout,
+            idle_pause_secs: new.idle_pause_secs,
             access: new.access.clone(),
             request: new.request.clone(),
             network: new.network.clone(),
@@ -491,16 +492,16 @@ impl Sandboxes {
         }
         self.metrics.pool_claims.with_label_values(&["hit"]).inc();
         let watcher = ready.watcher;
-        self.registry.insert(
+        let terms = self.terms(
             &id,
-            ready.client,
-            ready.pid,
-            instant_of(new.expires_at_ms),
+            new.expires_at_ms,
             false,
             new.on_timeout,
             new.tenant.clone(),
-            || watcher,
+            new.idle_pause_secs,
         );
+        self.registry
+            .insert(&id, ready.client, ready.pid, terms, || watcher);
         Ok(Some(running_info(&new)))
     }
 
@@ -528,6 +529,7 @@ pub(super) fn running_info(new: &NewSandbox) -> SandboxInfo {
         reason: None,
         access_token: new.access.as_ref().map(|a| a.token.clone()),
         tenant: new.tenant.clone(),
+        idle_pause_secs: new.idle_pause_secs,
     }
 }
 

@@ -130,16 +130,15 @@ impl Sandboxes {
             warn!(id = %rec.id, "sandbox process lives but its agent does not answer: {e}");
             return false;
         }
-        self.register(
+        let terms = self.terms(
             &rec.id,
-            client,
-            pid,
-            fd,
             rec.expires_at_ms,
             false,
             rec.on_timeout,
             rec.tenant.clone(),
+            rec.idle_pause_secs,
         );
+        self.register(&rec.id, client, pid, fd, terms);
         true
     }
 
@@ -164,16 +163,15 @@ impl Sandboxes {
             }
         }
         let client = AgentClient::new(PathBuf::from(sock));
-        self.register(
+        let terms = self.terms(
             &rec.id,
-            client,
-            pid,
-            fd,
             rec.expires_at_ms,
             true,
             rec.on_timeout,
             rec.tenant.clone(),
+            rec.idle_pause_secs,
         );
+        self.register(&rec.id, client, pid, fd, terms);
         true
     }
 

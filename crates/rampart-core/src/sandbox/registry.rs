@@ -15,6 +15,7 @@ use rampart_agent::client::AgentClient;
 use rampart_types::{OnTimeout, SandboxId};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 use tokio::sync::Notify;
 use tokio::task::AbortHandle;
 use tokio::time::Instant;
@@ -38,6 +39,66 @@ struct Live {
     inputs: Inputs<InputSink>,
     /// Its background processes (running, or finished and kept a while), oldest first.
     processes: Vec<Arc<Process>>,
+    /// Its idle sleep, when it has one.
+    idle: Option<Idle>,
+}
+
+/// What a live sandbox is kept under.
+#[derive(Debug, Clone)]
+pub(crate) struct Terms {
+    /// When its deadline falls.
+    pub(crate) deadline: Instant,
+    /// Frozen already.
+    pub(crate) paused: bool,
+    /// What expiry does.
+    pub(crate) on_timeout: OnTimeout,
+    /// Its tenant (none: the node's).
+    pub(crate) tenant: Option<String>,
+    /// Its idle sleep: how long it may go without a request, and (on a tier that keeps a
+    /// sleeping sandbox's memory in RAM) how long it sleeps frozen before it is paused to
+    /// its filesystem.
+    pub(crate) idle: Option<(Duration, Option<Duration>)>,
+}
+
+/// A sandbox's idle sleep.
+#[derive(Debug)]
+struct Idle {
+    /// How long it may go without a request.
+    after: Duration,
+    /// How long it sleeps frozen before it is paused to its filesystem (None: never).
+    cold_after: Option<Duration>,
+    /// When its last request ended (or it started, or woke).
+    last: Instant,
+    /// Requests in flight.
+    busy: u32,
+    /// Since when it sleeps (its pause for idleness began then).
+    asleep_at: Option<Instant>,
+    /// Its frozen sleep was handed on as a pause to its filesystem.
+    chilled: bool,
+}
+
+impl Idle {
+    /// When it falls asleep (running, nothing in flight), or when its frozen sleep turns
+    /// into a pause to its filesystem (paused).
+    fn due(&self, paused: bool) -> Option<Instant> {
+        match (paused, self.asleep_at) {
+            (false, None) if self.busy == 0 => Some(self.last + self.after),
+            (true, Some(at)) if !self.chilled => self.cold_after.map(|c| at + c),
+            _ => None,
+        }
+    }
+}
+
+/// How a sandbox stands for a request ([`Registry::enter`]).
+#[derive(Debug)]
+pub(crate) enum Entered {
+    /// Running: its agent's client; `counted`: the request is counted in flight (it has an
+    /// idle sleep) until [`Registry::leave`].
+    Running { client: AgentClient, counted: bool },
+    /// Paused (frozen); `wakes`: it has an idle sleep, so a request wakes it.
+    Paused { wakes: bool },
+    /// Not live here, or being destroyed.
+    Gone,
 }
 
 /// Why a background process was not kept.
@@ -58,6 +119,10 @@ pub(crate) enum Expiry {
     Pause,
     /// Pause to the filesystem.
     PauseFilesystem,
+    /// Went its idle time without a request: put it to sleep.
+    Sleep,
+    /// Slept frozen long enough: pause it to its filesystem.
+    SleepCold,
 }
 
 /// How a sandbox stands in memory.
@@ -80,6 +145,8 @@ pub(crate) enum PauseStart {
     Started,
     /// Not live here, or stopping.
     NotRunning,
+    /// Not put to sleep: a request came in since it was found idle.
+    Busy,
 }
 
 /// Live sandboxes and operation locks.
@@ -105,16 +172,12 @@ impl Registry {
 
     /// Keeps a running (or paused) sandbox; `watch` starts the watcher of its init, after
     /// the insert (an init that died at once still finds its entry).
-    #[allow(clippy::too_many_arguments)]
     pub(crate) fn insert(
         &self,
         id: &SandboxId,
         client: AgentClient,
         pid: i32,
-        deadline: Instant,
-        paused: bool,
-        on_timeout: OnTimeout,
-        tenant: Option<String>,
+        terms: Terms,
         watch: impl FnOnce() -> AbortHandle,
     ) {
         let mut live = lock(&self.live);
@@ -123,14 +186,22 @@ impl Registry {
             Live {
                 client,
                 pid,
-                deadline: Some(deadline),
+                deadline: Some(terms.deadline),
                 stopping: false,
-                paused,
-                on_timeout,
-                tenant,
+                paused: terms.paused,
+                on_timeout: terms.on_timeout,
+                tenant: terms.tenant,
                 watcher: None,
                 inputs: Inputs::default(),
                 processes: Vec::new(),
+                idle: terms.idle.map(|(after, cold_after)| Idle {
+                    after,
+                    cold_after,
+                    last: Instant::now(),
+                    busy: 0,
+                    asleep_at: None,
+                    chilled: false,
+                }),
             },
         );
         let watcher = watch();
@@ -158,6 +229,66 @@ impl Registry {
             Some(l) if !l.stopping => Standing::Paused,
             _ => Standing::Gone,
         }
+    }
+
+    /// How `id` stands for a request that needs its agent: when it runs and has an idle
+    /// sleep, the request is counted in flight (it keeps the sandbox awake) until
+    /// [`Registry::leave`].
+    pub(crate) fn enter(&self, id: &SandboxId) -> Entered {
+        match lock(&self.live).get_mut(id) {
+            Some(l) if !l.stopping && !l.paused => {
+                let counted = match &mut l.idle {
+                    Some(i) => {
+                        i.busy += 1;
+                        true
+                    }
+                    None => false,
+                };
+                Entered::Running {
+                    client: l.client.clone(),
+                    counted,
+                }
+            }
+            Some(l) if !l.stopping => Entered::Paused {
+                wakes: l.idle.is_some(),
+            },
+            _ => Entered::Gone,
+        }
+    }
+
+    /// A request [`Registry::enter`] counted is done: the sandbox's idle time counts from
+    /// now.
+    pub(crate) fn leave(&self, id: &SandboxId) {
+        let idle = match lock(&self.live).get_mut(id).and_then(|l| l.idle.as_mut()) {
+            Some(i) => {
+                i.busy = i.busy.saturating_sub(1);
+                i.last = Instant::now();
+                i.busy == 0
+            }
+            None => false,
+        };
+        if idle {
+            // Its sleep is due again (the reaper may be sleeping past it).
+            self.deadlines_changed.notify_one();
+        }
+    }
+
+    /// Whether `id` is asleep (paused for its idleness).
+    #[cfg(test)]
+    pub(crate) fn asleep(&self, id: &SandboxId) -> bool {
+        lock(&self.live)
+            .get(id)
+            .and_then(|l| l.idle.as_ref())
+            .is_some_and(|i| i.asleep_at.is_some())
+    }
+
+    /// Gives up putting `id` to sleep (its pause failed): its idle time counts from now.
+    pub(crate) fn stay_awake(&self, id: &SandboxId) {
+        if let Some(i) = lock(&self.live).get_mut(id).and_then(|l| l.idle.as_mut()) {
+            i.asleep_at = None;
+            i.last = Instant::now();
+        }
+        self.deadlines_changed.notify_one();
     }
 
     /// Whether `id` is live and not stopping (running or paused).
@@ -289,12 +420,38 @@ impl Registry {
         }
     }
 
+    /// Marks a sandbox found idle paused (first step of its sleep), unless a request came
+    /// in since ([`PauseStart::Busy`]).
+    pub(crate) fn begin_sleep(&self, id: &SandboxId) -> PauseStart {
+        let start = match lock(&self.live).get_mut(id) {
+            Some(l) if !l.stopping && l.paused => PauseStart::AlreadyPaused,
+            Some(l) if !l.stopping => match &l.idle {
+                Some(i) if i.busy == 0 && i.asleep_at.is_some() => {
+                    l.paused = true;
+                    PauseStart::Started
+                }
+                _ => PauseStart::Busy,
+            },
+            _ => PauseStart::NotRunning,
+        };
+        if start == PauseStart::Started {
+            // Its frozen sleep's end (a pause to its filesystem) is due from now.
+            self.deadlines_changed.notify_one();
+        }
+        start
+    }
+
     /// Marks `id` running again (a pause that failed, or a resume that succeeded); true when
     /// its deadline had passed while it was paused (it was paused by its expiry).
     pub(crate) fn unpause(&self, id: &SandboxId) -> bool {
         match lock(&self.live).get_mut(id) {
             Some(l) => {
                 l.paused = false;
+                if let Some(i) = &mut l.idle {
+                    i.asleep_at = None;
+                    i.chilled = false;
+                    i.last = Instant::now();
+                }
                 l.deadline.is_none()
             }
             None => false,
@@ -309,9 +466,17 @@ impl Registry {
             .map(|l| l.pid)
     }
 
-    /// The earliest deadline.
+    /// The earliest deadline or idle sleep.
     pub(crate) fn next_deadline(&self) -> Option<Instant> {
-        lock(&self.live).values().filter_map(|l| l.deadline).min()
+        lock(&self.live)
+            .values()
+            .filter(|l| !l.stopping)
+            .flat_map(|l| {
+                let idle = l.idle.as_ref().and_then(|i| i.due(l.paused));
+                [l.deadline, idle]
+            })
+            .flatten()
+            .min()
     }
 
     /// Resolves when a deadline changes (take it before reading [`Registry::next_deadline`]).
@@ -321,11 +486,32 @@ impl Registry {
 
     /// The sandboxes whose deadline passed (their deadlines are disarmed) and what to do:
     /// destroy, or pause a running one created with `on_timeout: pause` (a paused one of
-    /// those just stays paused, without a deadline, until resumed or destroyed).
+    /// those just stays paused, without a deadline, until resumed or destroyed). Then
+    /// those whose idle time passed: put to sleep (marked asleep from now), or, asleep
+    /// frozen long enough, paused to their filesystem.
     pub(crate) fn take_expired(&self) -> Vec<(SandboxId, Expiry)> {
         let now = Instant::now();
         let mut out = Vec::new();
         for (id, l) in lock(&self.live).iter_mut() {
+            if l.stopping {
+                continue;
+            }
+            let paused = l.paused;
+            if let Some(i) = l
+                .idle
+                .as_mut()
+                .filter(|i| i.due(paused).is_some_and(|d| d <= now))
+            {
+                if paused {
+                    // Once: its frozen sleep becomes a pause to its filesystem.
+                    i.chilled = true;
+                    out.push((id.clone(), Expiry::SleepCold));
+                } else {
+                    i.asleep_at = Some(now);
+                    out.push((id.clone(), Expiry::Sleep));
+                }
+                continue;
+            }
             if l.deadline.is_some_and(|d| d <= now) {
                 l.deadline = None;
                 match (l.on_timeout, l.paused) {
@@ -361,8 +547,65 @@ mod tests {
         AgentClient::new(PathBuf::from("/nonexistent/agent.sock"))
     }
 
+    fn terms(deadline: Instant, paused: bool, on_timeout: OnTimeout) -> Terms {
+        Terms {
+            deadline,
+            paused,
+            on_timeout,
+            tenant: None,
+            idle: None,
+        }
+    }
+
     fn dummy_task() -> AbortHandle {
         tokio::spawn(async {}).abort_handle()
+    }
+
+    #[tokio::test]
+    async fn idle_sleep_waits_for_requests_in_flight_then_goes_cold_once() {
+        let r = Registry::default();
+        let id = SandboxId::generate();
+        let later = Instant::now() + Duration::from_secs(600);
+        let mut t = terms(later, false, OnTimeout::Destroy);
+        t.idle = Some((Duration::ZERO, Some(Duration::ZERO)));
+        r.insert(&id, client(), 1, t, dummy_task);
+        // A request in flight keeps it awake: only the deadline is due.
+        assert!(matches!(
+            r.enter(&id),
+            Entered::Running { counted: true, .. }
+        ));
+        assert_eq!(r.next_deadline(), Some(later));
+        assert!(r.take_expired().is_empty());
+        r.leave(&id);
+        assert!(r.next_deadline().is_some_and(|d| d < later));
+        assert_eq!(r.take_expired(), vec![(id.clone(), Expiry::Sleep)]);
+        assert!(r.asleep(&id));
+        assert!(r.take_expired().is_empty(), "asleep, not yet frozen");
+        assert_eq!(r.begin_pause(&id), PauseStart::Started);
+        assert!(matches!(r.enter(&id), Entered::Paused { wakes: true }));
+        assert_eq!(r.take_expired(), vec![(id.clone(), Expiry::SleepCold)]);
+        assert!(r.take_expired().is_empty(), "handed on once");
+        // Woken: awake again, its idle time counting anew.
+        r.unpause(&id);
+        assert!(!r.asleep(&id));
+        assert_eq!(r.take_expired(), vec![(id.clone(), Expiry::Sleep)]);
+        r.stay_awake(&id);
+        assert!(!r.asleep(&id));
+        // Without an idle sleep nothing is counted and a paused sandbox does not wake.
+        let plain = SandboxId::generate();
+        r.insert(
+            &plain,
+            client(),
+            2,
+            terms(later, false, OnTimeout::Destroy),
+            dummy_task,
+        );
+        assert!(matches!(
+            r.enter(&plain),
+            Entered::Running { counted: false, .. }
+        ));
+        r.begin_pause(&plain);
+        assert!(matches!(r.enter(&plain), Entered::Paused { wakes: false }));
     }
 
     #[tokio::test]
@@ -375,10 +618,7 @@ mod tests {
             &id,
             client(),
             42,
-            later,
-            false,
-            OnTimeout::Destroy,
-            None,
+            terms(later, false, OnTimeout::Destroy),
             dummy_task,
         );
         assert!(matches!(r.standing(&id), Standing::Running(_)));
@@ -410,10 +650,7 @@ mod tests {
             &id,
             client(),
             1,
-            later,
-            false,
-            OnTimeout::Destroy,
-            None,
+            terms(later, false, OnTimeout::Destroy),
             dummy_task,
         );
         let t = r.add_input(&id, 7, Some("t"), sink()).expect("running");
@@ -453,30 +690,21 @@ mod tests {
             &a,
             client(),
             1,
-            past,
-            false,
-            OnTimeout::Destroy,
-            None,
+            terms(past, false, OnTimeout::Destroy),
             dummy_task,
         );
         r.insert(
             &b,
             client(),
             2,
-            past,
-            false,
-            OnTimeout::Pause,
-            None,
+            terms(past, false, OnTimeout::Pause),
             dummy_task,
         );
         r.insert(
             &c,
             client(),
             3,
-            past,
-            true,
-            OnTimeout::Pause,
-            None,
+            terms(past, true, OnTimeout::Pause),
             dummy_task,
         );
         let mut got = r.take_expired();

@@ -23,6 +23,11 @@ pub(super) async fn reaper(inner: Arc<Sandboxes>) {
         for (id, what) in inner.registry.take_expired() {
             let inner2 = inner.clone();
             tokio::spawn(async move {
+                match what {
+                    Expiry::Sleep => return inner2.sleep(&id).await,
+                    Expiry::SleepCold => return inner2.sleep_cold(&id).await,
+                    _ => {}
+                }
                 if what == Expiry::PauseFilesystem {
                     info!(id = %id, "deadline passed; pausing to the filesystem");
                     match inner2.pause_to_disk(&id, false).await {

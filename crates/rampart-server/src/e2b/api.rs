@@ -289,6 +289,9 @@ async fn create_now(st: &E2b, who: &Principal, body: &Bytes) -> Result<Value, E2
         network,
         secrets,
         volumes: super::volumes::native_mounts(&options.volume_mounts),
+        // The node's idle sleep for E2B sandboxes (`[e2b] idle_pause_secs`): the next
+        // request (envd, a port) wakes it.
+        idle_pause_secs: st.idle_pause_secs,
         ..Default::default()
     };
     // Core makes the envd access token and records it, with the template name asked for and

@@ -334,7 +334,8 @@ fn may_wake(
 
 /// A paused sandbox made with `autoResume` is resumed by the first authorized request for
 /// it (envd's or a port's), with its create's timeout again, and the request goes on to
-/// it; the request is authorized before the sandbox is woken (a request without the
+/// it; one with an idle sleep is woken the same way, its deadline kept. The request is
+/// authorized before the sandbox is woken (a request without the
 /// sandbox's token is refused, 401, and wakes nothing). None: the sandbox is not there for
 /// the proxy (not paused, not auto-resumed, or gone).
 async fn auto_resume(
@@ -349,18 +350,26 @@ async fn auto_resume(
         return Ok(None);
     };
     let opts = super::options::Options::parse(&facts.options);
-    if !opts.auto_resume {
-        return Ok(None);
-    }
     let Ok(sandbox) = st.manager.sandbox(who, id) else {
         return Ok(None);
     };
-    match sandbox.info() {
-        Ok(info) if info.state == rampart_types::SandboxState::Paused => {}
+    // One with an idle sleep (`[e2b] idle_pause_secs`) wakes for a request as autoResume
+    // does, keeping its deadline.
+    let sleeps = match sandbox.info() {
+        Ok(info) if info.state == rampart_types::SandboxState::Paused => {
+            info.idle_pause_secs.is_some()
+        }
         _ => return Ok(None),
+    };
+    if !opts.auto_resume && !sleeps {
+        return Ok(None);
     }
     // Authorize first, then wake.
     may_wake(&req, t, &facts, &opts)?;
+    if !opts.auto_resume {
+        sandbox.wake().await.map_err(|e| boxed(e.into()))?;
+        return st.live(who, id).await.map_err(boxed);
+    }
     match sandbox.resume().await {
         Ok(_) => {
             tracing::info!(id = %id, "auto-resumed by a request");

@@ -57,6 +57,8 @@ pub(crate) struct E2b {
     pub(crate) domain: String,
     /// `allowPublicTraffic` of a create that does not say (the operator's default).
     pub(crate) public_traffic: bool,
+    /// `idle_pause_secs` of every sandbox the E2B API makes (none: they never sleep).
+    pub(crate) idle_pause_secs: Option<u64>,
     /// The TCP listener serves HTTPS: links the daemon hands out are `https://`.
     pub(crate) tls: bool,
     /// The fleet's token when this node serves a fleet: the E2B API then answers only the
@@ -236,6 +238,7 @@ pub(crate) fn attach(
         metrics: Default::default(),
         domain: opts.domain.clone(),
         public_traffic: opts.e2b_public_traffic,
+        idle_pause_secs: opts.e2b_idle_pause_secs,
         tls: opts.tls.is_some(),
         fleet_token: opts.fleet_token.clone(),
     };

@@ -41,7 +41,8 @@ pub(super) async fn serve(
     sandbox: &Sandbox<'_>,
     req: Request<EnvdBody>,
 ) -> Result<Response<EnvdBody>, EnvdError> {
-    let agent = sandbox.agent().map_err(EnvdError::NotRunning)?;
+    let awake = sandbox.awake().await.map_err(EnvdError::NotRunning)?;
+    let agent = &awake.client;
     // What must be recorded before the request reaches the agent is committed here; what
     // cannot be read for the record is refused here.
     let (req, tap) = match record::request(sandbox, req).await {
@@ -53,7 +54,17 @@ pub(super) async fn serve(
             let (mut parts, b) = resp.into_parts();
             parts.headers.remove("x-rampart-agent-version");
             let resp = Response::from_parts(parts, body::boxed(b));
-            Ok(record::answer(sandbox, tap, resp).await)
+            let resp = record::answer(sandbox, tap, resp).await;
+            // Awake until the answer is read to its end.
+            Ok(match awake.activity {
+                None => resp,
+                Some(a) => resp.map(|b| {
+                    body::boxed(http_body_util::BodyExt::map_frame(b, move |f| {
+                        let _ = &a;
+                        f
+                    }))
+                }),
+            })
         }
         // Broken off on its way: a message that could not be read.
         Err(e) => match tap.refusal() {
