@@ -451,6 +451,8 @@ async fn running(st: &AppState, who: &Principal, id: &SandboxId) -> Result<(), A
     let info = st.manager.sandbox(who, id)?.info()?;
     match info.state {
         SandboxState::Running => Ok(()),
+        // Asleep (it has an idle sleep): an authorized request wakes it (see `relay`).
+        SandboxState::Paused if info.idle_pause_secs.is_some() => Ok(()),
         SandboxState::Paused | SandboxState::Creating => Err(ApiError::new(
             StatusCode::CONFLICT,
             "conflict",
