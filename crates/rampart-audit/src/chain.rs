@@ -911,6 +911,7 @@ mod tests {
             } else {
                 EventBody::Snapshot(Snapshot {
                     name: format!("s{i}"),
+                    ..Default::default()
                 })
             };
             events.push(c.append(body, now()).unwrap());
@@ -936,6 +937,7 @@ mod tests {
         let mut bad = events.clone();
         bad[2].body = EventBody::Snapshot(Snapshot {
             name: "evil".into(),
+            ..Default::default()
         });
         assert_eq!(
             verify_chain(&sid("abc"), &bad),

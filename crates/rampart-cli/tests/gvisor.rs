@@ -83,7 +83,8 @@ fn restart(d: &mut support::Tidy) {
 /// Starts a counter in `s` whose state is only in its process's memory (`/tmp/n` shows it,
 /// `/tmp/pid` names the process) and waits until it counts.
 fn start_counter(s: &Sandbox) {
-    s.sh("nohup sh -c 'echo $$ > /tmp/pid; i=0; while :; do i=$((i+1)); echo $i > /tmp/n; sleep 0.05; done' >/dev/null 2>&1 &");
+    // Written aside and renamed: a reader never sees a half-written (empty) file.
+    s.sh("nohup sh -c 'echo $$ > /tmp/pid; i=0; while :; do i=$((i+1)); echo $i > /tmp/n.t; mv /tmp/n.t /tmp/n; sleep 0.05; done' >/dev/null 2>&1 &");
     support::wait_until("the counter to run", 60, || count(s) > 2);
 }
 
@@ -466,4 +467,109 @@ fn an_idle_gvisor_sandbox_sleeps_to_disk_with_its_memory_and_an_exec_wakes_it() 
     assert!(events.to_string().contains(r#""woken":true"#), "{events}");
     s.destroy();
     assert_eq!(traces(&d.data, &s.id), Vec::<String>::new());
+}
+
+#[test]
+fn a_running_gvisor_sandbox_forks_and_snapshots_with_its_memory() {
+    if let Some(why) = skip() {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    let d = support::start_tidy("gvisor-fork");
+    let s = gvisor_sandbox(&d);
+    start_counter(&s);
+    // State only in a process's memory: a shell variable set once and printed on request.
+    s.sh("nohup sh -c 'v=$(head -c 8 /dev/urandom | od -An -tx1 | tr -d \" \"); while :; do echo $v > /tmp/v.t; mv /tmp/v.t /tmp/v; sleep 0.05; done' >/dev/null 2>&1 &");
+    support::wait_until("the variable to be written", 60, || {
+        s.sh("cat /tmp/v 2>/dev/null")["stdout"]
+            .as_str()
+            .is_some_and(|v| v.trim().len() == 16)
+    });
+    s.sh("echo parent > /home/user/f");
+    let pid = s.sh("cat /tmp/pid")["stdout"].as_str().unwrap().to_owned();
+    let secret = s.sh("cat /tmp/v")["stdout"].as_str().unwrap().to_owned();
+    let before = count(&s);
+
+    // Fork into three: each continues the same processes from the same memory, with its
+    // own id, host name, disk and record.
+    let (st, v) = post(&s.url("/fork"), json!({"count": 3}));
+    assert_eq!(st, 201, "{v}");
+    let forks: Vec<Sandbox> = v["sandboxes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| Sandbox::adopt(&d.daemon, x["id"].as_str().unwrap()))
+        .collect();
+    assert_eq!(forks.len(), 3, "{v}");
+    for (i, f) in forks.iter().enumerate() {
+        assert_eq!(get(&f.url("")).1["isolation"], "gvisor");
+        let r = f.sh(&format!("kill -0 {}; echo alive=$?; hostname", pid.trim()));
+        let out = r["stdout"].as_str().unwrap();
+        assert!(out.starts_with("alive=0\n"), "{r}");
+        assert_eq!(out.lines().nth(1), Some(f.id.as_str()), "{r}");
+        assert!(count(f) >= before, "fork {i} went back");
+        support::wait_until("a fork's counter to go on", 60, || count(f) > before);
+        assert_eq!(f.sh("cat /tmp/v")["stdout"].as_str().unwrap(), secret);
+        f.sh(&format!("echo fork{i} > /home/user/f"));
+        // Its record begins where its parent's was: the parent, its chain head at the
+        // fork point, the digest of the saved processes.
+        let (_, rec) = get(&f.url("/audit"));
+        let created = rec["events"][0].to_string();
+        assert!(
+            created.contains(r#""parent":{"#)
+                && created.contains(&format!(r#""sandbox":"{}""#, s.id))
+                && created.contains(r#""checkpoint_digest":"sha256:"#),
+            "{created}"
+        );
+    }
+    for (i, f) in forks.iter().enumerate() {
+        assert_eq!(
+            f.sh("cat /home/user/f")["stdout"].as_str().unwrap(),
+            format!("fork{i}\n")
+        );
+    }
+    // The source runs on, its processes where they were, its disk its own.
+    let r = s.sh(&format!(
+        "kill -0 {}; echo alive=$?; cat /home/user/f",
+        pid.trim()
+    ));
+    assert_eq!(r["stdout"].as_str().unwrap(), "alive=0\nparent\n", "{r}");
+    assert_eq!(get(&s.url("")).1["state"], "running");
+
+    // A snapshot with memory, and a create from it that continues its processes.
+    let (st, v) = post(
+        &s.url("/snapshots"),
+        json!({"name": "gv-mem", "memory": true}),
+    );
+    assert_eq!(st, 201, "{v}");
+    let c = Sandbox::create(&d.daemon, json!({"snapshot": "gv-mem"}));
+    assert_eq!(c.info["isolation"], "gvisor", "{}", c.info);
+    let r = c.sh(&format!(
+        "kill -0 {}; echo alive=$?; cat /home/user/f",
+        pid.trim()
+    ));
+    assert_eq!(r["stdout"].as_str().unwrap(), "alive=0\nparent\n", "{r}");
+    assert_eq!(c.sh("cat /tmp/v")["stdout"].as_str().unwrap(), secret);
+    // Made from a gVisor snapshot, it runs on gVisor: the namespace tier is refused.
+    let (st, e) = post(
+        &format!("{}/v1/sandboxes", d.url),
+        json!({"snapshot": "gv-mem", "isolation": "namespace"}),
+    );
+    assert_eq!(st, 400, "{e}");
+    // The snapshot is deleted with its memory.
+    let snaps = support::sandboxes_dir(&d.data)
+        .parent()
+        .unwrap()
+        .join("snapshots/gv-mem");
+    assert!(snaps.join("checkpoint/checkpoint.img").is_file());
+    let r = client()
+        .delete(format!("{}/v1/snapshots/gv-mem", d.url))
+        .send()
+        .unwrap();
+    assert!(r.status().is_success(), "{}", r.status());
+    assert!(!snaps.exists());
+    for f in forks.iter().chain([&c, &s]) {
+        f.destroy();
+        assert_eq!(traces(&d.data, &f.id), Vec::<String>::new());
+    }
 }

@@ -332,6 +332,11 @@ impl ForkPoint {
     pub(crate) fn name(&self) -> &str {
         &self.name
     }
+
+    /// Its directory (under the tier's `snapshots/`).
+    pub(crate) fn dir(&self) -> &Path {
+        &self.dir
+    }
 }
 
 /// Checks a fork of `count` sandboxes on this tier and names its consistent point (nothing
@@ -512,15 +517,28 @@ impl Persist {
         req
     }
 
-    /// Checks a snapshot of sandbox `id` before it is taken: memory refused, the name (given
+    /// The tier snapshot `name` was taken on, when its row says (fork points and snapshots
+    /// taken before the tier was kept say nothing). A cheap read of one row.
+    pub(crate) fn snapshot_tier(&self, name: &str) -> Option<rampart_types::Tier> {
+        if name.starts_with('.') {
+            return None;
+        }
+        let row = self.db.snapshot(name).ok()??;
+        serde_json::from_str::<CreateSandbox>(&row.request)
+            .ok()?
+            .isolation
+    }
+
+    /// Checks a snapshot of sandbox `id` before it is taken: memory refused unless its tier keeps it (`keeps_memory`), the name (given
     /// or made) valid and free, tier `iso` able to. Returns the name and the tier's store.
     pub(crate) fn snapshot_target(
         &self,
         iso: &dyn Isolation,
         id: &SandboxId,
         req: &CreateSnapshot,
+        keeps_memory: bool,
     ) -> Result<(String, PathBuf), CoreError> {
-        if req.memory {
+        if req.memory && !keeps_memory {
             return Err(bad("memory", MEMORY_REFUSAL));
         }
         let name = req
@@ -538,21 +556,26 @@ impl Persist {
     }
 
     /// Takes snapshot `name` of the sandbox of `rec` (running or paused, its operation lock
-    /// held by the caller; `uid_base` its first host uid) into `root/snapshots`.
+    /// held by the caller; `uid_base` its first host uid) into `root/snapshots`: `take`
+    /// fills the directory it is given (which does not exist yet; see [`take_point`]) and
+    /// returns the bytes it holds.
     pub(crate) async fn take_snapshot(
         &self,
-        iso: &Arc<dyn Isolation>,
+        take: impl FnOnce(PathBuf) -> TakePoint,
         rec: &SandboxRecord,
         uid_base: u32,
         name: &str,
         root: &Path,
     ) -> Result<SnapshotInfo, CoreError> {
         let id = &rec.id;
-        let request = snapshot_request(self.source_request(rec));
+        let mut source = self.source_request(rec);
+        // A create from it runs on its tier.
+        source.isolation = Some(rec.isolation);
+        let request = snapshot_request(source);
         let dir = root.join("snapshots");
         let tmp = dir.join(format!(".tmp-{name}-{}", random_hex(4)));
         let dest = dir.join(name);
-        let size = take_point(iso, id, &tmp).await?;
+        let size = take(tmp.clone()).await?;
         if let Err(e) = crate::isolation::rename_noreplace(&tmp, &dest) {
             let _ = std::fs::remove_dir_all(&tmp);
             return Err(bad(
@@ -645,12 +668,12 @@ impl Persist {
     /// [`Persist::release`].
     pub(crate) async fn take_fork_point(
         &self,
-        iso: &Arc<dyn Isolation>,
+        take: impl FnOnce(PathBuf) -> TakePoint,
         point: &ForkPoint,
         rec: &SandboxRecord,
         uid_base: u32,
     ) -> Result<(), CoreError> {
-        take_point(iso, &rec.id, &point.dir).await?;
+        take(point.dir.clone()).await?;
         let row = SnapshotRow {
             name: point.name.clone(),
             source: rec.id.to_string(),
@@ -844,16 +867,20 @@ impl Persist {
 
 /// Takes the consistent point of `id` into the new directory `dir` (`dir/disk.img`); on error
 /// nothing of `dir` remains.
-async fn take_point(
-    iso: &Arc<dyn Isolation>,
-    id: &SandboxId,
-    dir: &Path,
+/// What fills a consistent point's directory (see [`Persist::take_snapshot`]).
+pub(crate) type TakePoint = futures::future::BoxFuture<'static, Result<u64, CoreError>>;
+
+/// Takes a consistent point of sandbox `id`'s disk into the new directory `dir` (the
+/// tier's [`crate::Disks::snapshot_disk`]); on error `dir` does not exist.
+pub(crate) async fn take_point(
+    iso: Arc<dyn Isolation>,
+    id: SandboxId,
+    dir: PathBuf,
 ) -> Result<u64, CoreError> {
+    let dir = dir.as_path();
     let img = iso.disks()?.snapshot_image(dir)?;
     std::fs::create_dir(dir).map_err(CoreError::io(format!("mkdir {}", dir.display())))?;
-    let iso = iso.clone();
-    let id2 = id.clone();
-    let r = tokio::task::spawn_blocking(move || iso.disks()?.snapshot_disk(&id2, &img))
+    let r = tokio::task::spawn_blocking(move || iso.disks()?.snapshot_disk(&id, &img))
         .await
         .map_err(CoreError::task("snapshot"))
         .and_then(|r| r.map_err(|e| CoreError::isolation("snapshot", e)));

@@ -61,6 +61,25 @@ pub fn cached_image(cache_dir: &Path, bytes: u64) -> Result<PathBuf, JailError> 
     result.map(|()| path)
 }
 
+/// Copies bytes `from..to` of `s` to the same offsets of `d` through a buffer.
+fn copy_range(s: &File, d: &File, from: u64, to: u64) -> std::io::Result<()> {
+    use std::os::unix::fs::FileExt as _;
+    let mut buf = vec![0u8; 1 << 20];
+    let mut off = from;
+    while off < to {
+        let want = usize::try_from(to - off)
+            .unwrap_or(usize::MAX)
+            .min(buf.len());
+        let n = s.read_at(&mut buf[..want], off)?;
+        if n == 0 {
+            break;
+        }
+        d.write_all_at(&buf[..n], off)?;
+        off += n as u64;
+    }
+    Ok(())
+}
+
 /// Copies `s` (read from the start) into `d` (a new empty file open for writing), keeping
 /// holes (only data extents are copied); `src` and `dst` name them in errors. The fallback
 /// of [`crate::store::clone_file`] where no reflink can be made.
@@ -104,10 +123,17 @@ pub(crate) fn sparse_copy_fd(s: &File, d: &File, src: &Path, dst: &Path) -> Resu
                 )
             };
             if c < 0 {
-                return Err(crate::sys::last(format!(
-                    "copy_file_range {}",
-                    dst.display()
-                )));
+                let e = std::io::Error::last_os_error();
+                // Across file systems of different kinds: through a buffer instead.
+                if matches!(
+                    e.raw_os_error(),
+                    Some(libc::EXDEV | libc::ENOSYS | libc::EOPNOTSUPP | libc::EINVAL)
+                ) {
+                    copy_range(s, d, off_in as u64, hole as u64)
+                        .map_err(io(format!("copy into {}", dst.display())))?;
+                    break;
+                }
+                return Err(io(format!("copy_file_range {}", dst.display()))(e));
             }
             if c == 0 {
                 break;

@@ -519,12 +519,23 @@ pub struct TimeoutChanged {
     pub expires_at: String,
 }
 
-/// `snapshot`: a snapshot was taken.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// `snapshot`: a snapshot (or a fork's consistent point) was taken.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Snapshot {
-    /// The snapshot's name.
+    /// The snapshot's name (a fork's consistent point: `.fork-...`).
     pub name: String,
+    /// `true`: its processes and memory were saved too (the gVisor tier), and a sandbox
+    /// made from it continues them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory: Option<bool>,
+    /// The SHA-256 of the saved processes' image (`sha256:<hex>`), with `memory`: what a
+    /// sandbox made from it names as its parent's (its `created.spec.parent`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checkpoint_digest: Option<String>,
+    /// A fork's consistent point: how many sandboxes are made from it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub forks: Option<u32>,
 }
 
 /// `approval_requested`: a request the sandbox's approval policy holds until a person

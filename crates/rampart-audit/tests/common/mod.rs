@@ -207,6 +207,7 @@ pub fn session(node: &mut Node, id: &str, execs: usize) -> Session {
         node,
         EventBody::Snapshot(Snapshot {
             name: "snap1".into(),
+            ..Default::default()
         }),
     );
     s.push(

@@ -70,17 +70,17 @@ impl Manifests<'_> {
         Some(Pinned { root, lowers })
     }
 
-    /// Records what a snapshot named `name` holds: the `fs_diff` of the sandbox's
-    /// writable layer (`reason: "snapshot"`), walked with the sandbox frozen (a running
-    /// one is frozen for the walk and thawed after; a paused one stays as it is), then
-    /// the `snapshot` event. The walk follows the snapshot point, it is not the same
-    /// instant: the sandbox runs in between.
+    /// Records what a snapshot holds: the `fs_diff` of the sandbox's writable layer
+    /// (`reason: "snapshot"`; on a tier whose disk the host reads), walked with the
+    /// sandbox frozen (a running one is frozen for the walk and thawed after; a paused one
+    /// stays as it is), then the `snapshot` event. The walk follows the snapshot point, it
+    /// is not the same instant: the sandbox runs in between.
     pub(crate) async fn record_snapshot(
         &self,
         id: &SandboxId,
         template: &str,
         paused: bool,
-        name: &str,
+        snapshot: rampart_types::audit::Snapshot,
     ) {
         if let Some(pinned) = self.pin_upper(id, template).await {
             let iso = self.iso.clone();
@@ -110,9 +110,7 @@ impl Manifests<'_> {
                 }
             }
         }
-        let body = EventBody::Snapshot(rampart_types::audit::Snapshot {
-            name: name.to_owned(),
-        });
+        let body = EventBody::Snapshot(snapshot);
         if let Err(e) = self.audit.append_if_started(id, body) {
             warn!(id = %id, "recording a snapshot: {e}");
         }

@@ -502,6 +502,16 @@ impl Audit {
         )
     }
 
+    /// The head of a sandbox's chain: its last event's sequence number and hash (None: no
+    /// event yet, or the record is off).
+    pub(crate) fn head(&self, id: &SandboxId) -> Result<Option<(u64, String)>, CoreError> {
+        if !self.cfg.enabled {
+            return Ok(None);
+        }
+        self.flush()?;
+        self.store.last_event(id).map_err(CoreError::from)
+    }
+
     /// Remembers the hash of a sandbox's `fs_diff` at destroy for its `destroyed`.
     pub(crate) fn set_manifest(&self, id: &SandboxId, hash: Hash) {
         lock(&self.manifests).insert(id.clone(), hash);

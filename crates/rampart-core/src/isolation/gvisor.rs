@@ -23,8 +23,8 @@
 //! the same disk.
 
 use super::{
-    Capabilities, ColdStop, Freeze, Isolation, IsolationError, LaunchExtras, LaunchSpec, Launched,
-    Usage,
+    Capabilities, ColdStop, DiskSource, Freeze, Isolation, IsolationError, LaunchExtras,
+    LaunchSpec, Launched, Usage,
 };
 use rampart_jail::cgroup::Cgroups;
 use rampart_types::{SandboxId, Tier};
@@ -422,6 +422,78 @@ impl Gvisor {
         Ok(())
     }
 
+    /// Launches `spec` from a saved sandbox: a copy of its disk (`disk.image`) and, when one
+    /// is beside it (`checkpoint/` in the image's directory), of its memory: the new
+    /// sandbox's processes continue from where the saved ones were (`runsc restore` under
+    /// the new id, in the new directory; the image is only read). Nothing is left on error.
+    pub fn launch_from(
+        &self,
+        spec: &LaunchSpec,
+        disk: &DiskSource,
+    ) -> Result<Launched, IsolationError> {
+        let dir = self.dir(&spec.id);
+        let made = (|| -> Result<Launched, GvisorError> {
+            std::os::unix::fs::DirBuilderExt::mode(&mut std::fs::DirBuilder::new(), 0o700)
+                .create(&dir)
+                .map_err(io(format!("mkdir {}", dir.display())))?;
+            rampart_jail::store::clone_file(&disk.image, &dir.join("disk.img"))
+                .map_err(GvisorError::Cgroup)?;
+            let saved = disk.image.with_file_name(CHECKPOINT);
+            if saved.join("checkpoint.img").is_file() {
+                copy_private(&saved, &dir.join(CHECKPOINT))?;
+            }
+            let launched = self.boot(spec)?;
+            if launched.restored {
+                // A restore keeps the saved sandbox's host name (runsc takes it from the
+                // image, not the bundle): this one gets its own.
+                self.run(&[
+                    "exec".as_ref(),
+                    "--cap".as_ref(),
+                    "CAP_SYS_ADMIN".as_ref(),
+                    spec.id.as_str().as_ref(),
+                    "/bin/hostname".as_ref(),
+                    spec.hostname.as_ref(),
+                ])?;
+            }
+            Ok(launched)
+        })();
+        made.map_err(|e| {
+            let _ = Isolation::destroy(self, &spec.id);
+            e.into()
+        })
+    }
+
+    /// Copies sandbox `id`, saved to disk with its memory and at rest ([`ColdStop::checkpoint`]),
+    /// to `dest` (its disk) and, with `memory`, `checkpoint/` beside `dest` (its processes):
+    /// what [`Gvisor::launch_from`] starts from. Returns the bytes the copy holds.
+    pub fn copy_saved(
+        &self,
+        id: &SandboxId,
+        dest: &Path,
+        memory: bool,
+    ) -> Result<u64, GvisorError> {
+        let dir = self.dir(id);
+        let image = dir.join(CHECKPOINT);
+        if memory && !image.join("checkpoint.img").is_file() {
+            return Err(GvisorError::Io {
+                step: format!("sandbox {id} has no saved memory to copy"),
+                source: std::io::Error::from_raw_os_error(libc::ENOENT),
+            });
+        }
+        wait_loop_released(&dir.join("disk.img"))?;
+        rampart_jail::store::clone_file(&dir.join("disk.img"), dest)
+            .map_err(GvisorError::Cgroup)?;
+        let mut bytes = super::allocated_bytes(dest);
+        if memory {
+            let to = dest.with_file_name(CHECKPOINT);
+            copy_private(&image, &to)?;
+            for e in std::fs::read_dir(&to).into_iter().flatten().flatten() {
+                bytes += super::allocated_bytes(&e.path());
+            }
+        }
+        Ok(bytes)
+    }
+
     /// [`Gvisor::end`], keeping its directory, and waits until its disk is at rest: the
     /// disk's file system goes with the mount namespace (its writes flushed by the unmount)
     /// and its loop device detaches itself after it.
@@ -582,6 +654,27 @@ mkdir -p "$DIR/rootfs/tmp" "$DIR/rootfs/.rampart"
 chmod 1777 "$DIR/rootfs/tmp"
 exec "$@"
 "#;
+
+/// Copies the files of directory `from` (a checkpoint: plain files) into a new directory
+/// `to`, both private to the daemon (0700, files 0600).
+fn copy_private(from: &Path, to: &Path) -> Result<(), GvisorError> {
+    use std::os::unix::fs::PermissionsExt as _;
+    std::os::unix::fs::DirBuilderExt::mode(&mut std::fs::DirBuilder::new(), 0o700)
+        .create(to)
+        .map_err(io(format!("mkdir {}", to.display())))?;
+    let entries = std::fs::read_dir(from).map_err(io(format!("list {}", from.display())))?;
+    for e in entries {
+        let e = e.map_err(io(format!("list {}", from.display())))?;
+        let (src, dst) = (e.path(), to.join(e.file_name()));
+        if !e.file_type().map_err(io("file type"))?.is_file() {
+            continue;
+        }
+        std::fs::copy(&src, &dst).map_err(io(format!("copy {}", src.display())))?;
+        std::fs::set_permissions(&dst, std::fs::Permissions::from_mode(0o600))
+            .map_err(io(format!("chmod {}", dst.display())))?;
+    }
+    Ok(())
+}
 
 /// A path the tier passes to overlayfs options and the shell.
 fn check_path(p: &Path) -> Result<(), GvisorError> {
@@ -844,6 +937,9 @@ impl ColdStop for Gvisor {
     }
     fn can_checkpoint(&self, id: &SandboxId) -> bool {
         self.holds(id)
+    }
+    fn copy_saved(&self, id: &SandboxId, dest: &Path, memory: bool) -> Result<u64, IsolationError> {
+        Ok(Gvisor::copy_saved(self, id, dest, memory)?)
     }
     fn checkpoint(&self, id: &SandboxId) -> Result<(), IsolationError> {
         let dir = self.dir(id);

@@ -280,6 +280,20 @@ pub trait ColdStop: Send + Sync {
             message: "this sandbox's tier cannot save its memory to disk: pause it with its memory kept in RAM (the default) or to its filesystem (\"memory\": false), or run it on the gvisor tier".into(),
         })
     }
+    /// Copies a sandbox saved by [`ColdStop::checkpoint`] (at rest) to `dest`, a path from
+    /// [`Disks::snapshot_image`]: its disk, and with `memory` its processes beside it, what
+    /// [`Disks::launch_with`] then starts a new sandbox from (its processes continuing from
+    /// the saved point). Returns the bytes the copy holds. By default the tier cannot.
+    fn copy_saved(
+        &self,
+        id: &SandboxId,
+        _dest: &Path,
+        _memory: bool,
+    ) -> Result<u64, IsolationError> {
+        Err(IsolationError::Unsupported(format!(
+            "sandbox {id}'s tier cannot copy a saved sandbox"
+        )))
+    }
 }
 
 impl dyn Isolation + '_ {

@@ -3,8 +3,10 @@
 //! every later call names a sandbox and goes to the tier that holds it (found on the host,
 //! so it holds across a daemon restart). Core's verbs do not know there are two.
 //!
-//! What a gVisor sandbox cannot do (snapshots, forks, volumes, reading its disk from the
-//! host) is refused with [`IsolationError::NotOnTier`], a 400 naming `isolation`.
+//! A gVisor sandbox's snapshots and forks are copies of it saved to disk with its memory
+//! ([`ColdStop::copy_saved`]), launched with [`Disks::launch_with`]. What a gVisor sandbox
+//! cannot do (volumes, reading its disk from the host) is refused with
+//! [`IsolationError::NotOnTier`], a 400 naming `isolation`.
 
 use super::{
     Capabilities, ColdStop, CounterFiles, Disks, Freeze, Gvisor, Isolation, IsolationError,
@@ -128,10 +130,15 @@ impl Disks for Tiers {
         spec: &LaunchSpec,
         extras: &LaunchExtras,
     ) -> Result<Launched, IsolationError> {
-        if spec.tier == Tier::Gvisor {
-            return Err(Self::not_on_gvisor("snapshots or volumes"));
+        match (spec.tier, &self.gvisor) {
+            (Tier::Gvisor, _) if !extras.volumes.is_empty() => Err(Self::not_on_gvisor("volumes")),
+            (Tier::Gvisor, Ok(g)) => match &extras.disk {
+                Some(disk) => g.launch_from(spec, disk),
+                None => g.launch(spec),
+            },
+            (Tier::Gvisor, Err(why)) => Err(IsolationError::NotOnTier(why.clone())),
+            _ => self.namespace.disks()?.launch_with(spec, extras),
         }
-        self.namespace.disks()?.launch_with(spec, extras)
     }
     fn upper_root(&self, id: &SandboxId) -> Result<std::os::fd::OwnedFd, IsolationError> {
         if self.on_gvisor(id) {
@@ -147,7 +154,10 @@ impl Disks for Tiers {
     }
     fn snapshot_disk(&self, id: &SandboxId, dest: &Path) -> Result<u64, IsolationError> {
         if self.on_gvisor(id) {
-            return Err(Self::not_on_gvisor("snapshots or forks"));
+            // Its snapshots are copies of it saved to disk (`copy_saved`), which core asks for.
+            return Err(IsolationError::Unsupported(format!(
+                "sandbox {id} is on the gvisor tier: save it to disk and copy it (copy_saved)"
+            )));
         }
         self.namespace.disks()?.snapshot_disk(id, dest)
     }
@@ -188,5 +198,8 @@ impl ColdStop for Tiers {
     }
     fn checkpoint(&self, id: &SandboxId) -> Result<(), IsolationError> {
         self.of(id).cold()?.checkpoint(id)
+    }
+    fn copy_saved(&self, id: &SandboxId, dest: &Path, memory: bool) -> Result<u64, IsolationError> {
+        self.of(id).cold()?.copy_saved(id, dest, memory)
     }
 }

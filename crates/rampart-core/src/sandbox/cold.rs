@@ -88,7 +88,7 @@ impl Sandboxes {
     }
 
     /// [`Sandboxes::pause_to_disk`] under the sandbox's operation lock.
-    async fn stop_locked(
+    pub(super) async fn stop_locked(
         self: &Arc<Self>,
         id: &SandboxId,
         memory: bool,
@@ -224,10 +224,26 @@ impl Sandboxes {
             return Err(e);
         }
         let op = self.op_lock(id);
-        let _guard = op.lock().await;
+        let guard = op.lock().await;
+        let (info, expired) = self.boot_cold_locked(id, woken).await?;
+        drop(guard);
+        if expired {
+            return self.set_timeout(id, self.cfg.default_timeout_secs);
+        }
+        Ok(info)
+    }
+
+    /// Boots a sandbox paused to its filesystem (its operation lock held): [`Sandboxes::reboot`]
+    /// without the pause first. Returns it, and whether its deadline had passed (the caller
+    /// sets a new one once the lock is let go).
+    pub(super) async fn boot_cold_locked(
+        self: &Arc<Self>,
+        id: &SandboxId,
+        woken: bool,
+    ) -> Result<(SandboxInfo, bool), CoreError> {
         if !self.is_cold(id).await? {
             return match self.registry.standing(id) {
-                Standing::Running(_) => self.get(id),
+                Standing::Running(_) => Ok((self.get(id)?, false)),
                 _ => Err(self.not_running(id)),
             };
         }
@@ -319,11 +335,7 @@ impl Sandboxes {
         info!(id = %id, ms = t0.elapsed().as_millis() as u64, restored, "sandbox booted from its disk");
         let info = self.get(id)?;
         self.lifecycle(Kind::Resumed, &info, None, json!({"reboot": !restored}));
-        drop(_guard);
-        if expired {
-            return self.set_timeout(id, self.cfg.default_timeout_secs);
-        }
-        Ok(info)
+        Ok((info, expired))
     }
 
     /// The volumes a sandbox was made with (from its kept create request), for its boot.
@@ -344,7 +356,7 @@ impl Sandboxes {
 }
 
 /// Why a pause to the filesystem did not happen.
-enum Stop {
+pub(super) enum Stop {
     /// Refused before anything changed: the sandbox is as it was.
     Refused(CoreError),
     /// Failed once its processes were being ended.

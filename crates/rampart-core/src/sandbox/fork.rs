@@ -3,9 +3,12 @@
 //! creates and their destroy on failure, disk admission), on the pieces `crate::persist`
 //! provides.
 
+use super::cold::Stop;
 use super::*;
-use rampart_types::VolumeInfo;
+use crate::persist::TakePoint;
 use rampart_types::{CreateSnapshot, CreateVolume, ForkSandbox, SnapshotInfo};
+use rampart_types::{Tier, VolumeInfo};
+use std::path::Path;
 
 impl Sandboxes {
     /// The record and first host uid of a sandbox a consistent point can be taken of (running
@@ -27,6 +30,133 @@ impl Sandboxes {
         Ok((rec, uid_base))
     }
 
+    /// What takes a consistent point of `rec`'s sandbox (its operation lock held): the
+    /// tier's copy of its disk, or for a gVisor sandbox a copy of it saved to disk with
+    /// its memory (its processes too with `memory`; see [`Sandboxes::take_saved_point`]).
+    fn point_taker(
+        self: &Arc<Self>,
+        rec: &SandboxRecord,
+        memory: bool,
+    ) -> impl FnOnce(PathBuf) -> TakePoint {
+        let me = self.clone();
+        let id = rec.id.clone();
+        let saved = rec.isolation == Tier::Gvisor;
+        move |dir| -> TakePoint {
+            if saved {
+                Box::pin(async move { me.take_saved_point(&id, dir, memory).await })
+            } else {
+                Box::pin(crate::persist::take_point(me.iso.clone(), id, dir))
+            }
+        }
+    }
+
+    /// A consistent point of gVisor sandbox `id` (its operation lock held) into the new
+    /// directory `dir`: it is saved to disk with its memory (a frozen one stays paused so;
+    /// a running one is restored and runs on, its processes where they were), and its disk
+    /// and (with `memory`) its processes are copied. The record says `paused {"memory":
+    /// true}` and `resumed` around it. A save that fails once its processes were being
+    /// ended destroys the sandbox, saying why (never half stopped); on error `dir` does not
+    /// exist.
+    async fn take_saved_point(
+        self: &Arc<Self>,
+        id: &SandboxId,
+        dir: PathBuf,
+        memory: bool,
+    ) -> Result<u64, CoreError> {
+        let standing = self.registry.standing(id);
+        let running = matches!(standing, Standing::Running(_));
+        if !matches!(standing, Standing::Gone) {
+            match self.stop_locked(id, true, false).await {
+                Ok(()) => {}
+                Err(Stop::Refused(e)) => return Err(e),
+                Err(Stop::Broken(e)) => {
+                    // Destroyed once this operation lets go of its lock.
+                    let me = self.clone();
+                    let id2 = id.clone();
+                    let why = format!("saving it to disk for a snapshot failed: {e}");
+                    tokio::spawn(async move {
+                        if let Err(de) = me.destroy(&id2, EndReason::Died(why)).await {
+                            error!(id = %id2, "destroying after a failed save: {de}");
+                        }
+                    });
+                    return Err(e);
+                }
+            }
+        }
+        let img = self.iso.disks()?.snapshot_image(&dir)?;
+        std::fs::create_dir(&dir).map_err(CoreError::io(format!("mkdir {}", dir.display())))?;
+        let iso = self.iso.clone();
+        let id2 = id.clone();
+        let copied =
+            tokio::task::spawn_blocking(move || iso.cold()?.copy_saved(&id2, &img, memory))
+                .await
+                .map_err(CoreError::task("copy"))
+                .and_then(|r| r.map_err(|e| CoreError::isolation("snapshot", e)));
+        if copied.is_err() {
+            let _ = std::fs::remove_dir_all(&dir);
+        }
+        if running {
+            match self.boot_cold_locked(id, false).await {
+                Ok((_, false)) => {}
+                Ok((_, true)) => {
+                    // Its deadline passed meanwhile: a new one, as a resume gives.
+                    self.set_timeout(id, self.cfg.default_timeout_secs)?;
+                }
+                Err(e) => {
+                    warn!(id = %id, "restoring after its snapshot failed ({e}); it stays paused to disk")
+                }
+            }
+        }
+        copied
+    }
+
+    /// Records a consistent point taken of `rec`'s sandbox into `dir` (a snapshot named
+    /// `name`, or a fork's point for `forks` sandboxes): the `snapshot` event, with the
+    /// digest of the saved processes when the point has them; then `lineage.json` beside
+    /// it, naming the source and its chain head at that event (and that digest), which
+    /// every sandbox made from the point puts in its `created` event (`spec.parent`): its
+    /// record begins where its parent's was.
+    async fn record_point(&self, rec: &SandboxRecord, name: &str, dir: &Path, forks: Option<u32>) {
+        let image = self.iso.disks().and_then(|d| d.snapshot_image(dir)).ok();
+        let dir2 = dir.to_owned();
+        let digest = tokio::task::spawn_blocking(move || saved_digest(&dir2, image.as_deref()))
+            .await
+            .ok()
+            .flatten();
+        let body = rampart_types::audit::Snapshot {
+            name: name.to_owned(),
+            memory: digest.is_some().then_some(true),
+            checkpoint_digest: digest.clone(),
+            forks,
+        };
+        self.manifests()
+            .record_snapshot(
+                &rec.id,
+                &rec.template,
+                rec.state == SandboxState::Paused,
+                body,
+            )
+            .await;
+        let head = match self.audit.head(&rec.id) {
+            Ok(h) => h,
+            Err(e) => {
+                warn!(id = %rec.id, "reading the chain head for a snapshot's lineage: {e}");
+                None
+            }
+        };
+        let lineage = serde_json::json!({
+            "sandbox": rec.id,
+            "snapshot": name,
+            "seq": head.as_ref().map(|h| h.0),
+            "head": head.map(|h| h.1),
+            "checkpoint_digest": digest,
+        });
+        let path = dir.join(LINEAGE);
+        if let Err(e) = std::fs::write(&path, lineage.to_string()) {
+            warn!(id = %rec.id, "writing {}: {e}", path.display());
+        }
+    }
+
     /// Takes a snapshot of a running or paused sandbox and records it; with `stop`, destroys
     /// the sandbox afterwards.
     pub(crate) async fn snapshot(
@@ -34,18 +164,26 @@ impl Sandboxes {
         id: &SandboxId,
         req: CreateSnapshot,
     ) -> Result<SnapshotInfo, CoreError> {
-        let (name, root) = self.persist.snapshot_target(self.iso.as_ref(), id, &req)?;
+        let gvisor = self
+            .store
+            .get(id)
+            .map_err(CoreError::from)?
+            .is_some_and(|r| r.isolation == Tier::Gvisor);
+        let (name, root) = self
+            .persist
+            .snapshot_target(self.iso.as_ref(), id, &req, gvisor)?;
         let info = {
             let op = self.op_lock(id);
             let _g = op.lock().await;
             let (rec, uid_base) = self.point_source(id)?;
+            let take = self.point_taker(&rec, req.memory);
             let info = self
                 .persist
-                .take_snapshot(&self.iso, &rec, uid_base, &name, &root)
+                .take_snapshot(take, &rec, uid_base, &name, &root)
                 .await?;
-            // The audit record: fs_diff (reason snapshot) and snapshot.
-            self.manifests()
-                .record_snapshot(id, &rec.template, rec.state == SandboxState::Paused, &name)
+            // The audit record: fs_diff (reason snapshot) and snapshot, and the lineage a
+            // sandbox made from it names.
+            self.record_point(&rec, &name, &root.join("snapshots").join(&name), None)
                 .await;
             let data = serde_json::json!({"snapshot_id": crate::principal::unqualify(&name)});
             self.lifecycle(
@@ -83,6 +221,8 @@ impl Sandboxes {
             let (rec, uid_base) = self.point_source(id)?;
             owner = rec.tenant.clone();
             let mut base = self.persist.source_request(&rec);
+            // Each fork runs on its source's tier (on gVisor, with its memory).
+            base.isolation = Some(rec.isolation);
             // A fork runs the same servers: the source's public ports (as they are now) stay
             // public; each fork gets a token of its own at its create.
             base.public_ports = self
@@ -92,9 +232,12 @@ impl Sandboxes {
             if let Some(t) = req.timeout_secs {
                 base.timeout_secs = Some(t);
             }
+            let take = self.point_taker(&rec, true);
             self.persist
-                .take_fork_point(&self.iso, &point, &rec, uid_base)
+                .take_fork_point(take, &point, &rec, uid_base)
                 .await?;
+            self.record_point(&rec, point.name(), point.dir(), Some(req.count))
+                .await;
             base
         };
         let mut made = Vec::new();
@@ -152,4 +295,43 @@ impl Sandboxes {
             .await?;
         self.persist.make_volume(&self.iso, &req).await
     }
+}
+
+/// The file, in a snapshot's (or fork point's) directory, naming where its state came from
+/// (see [`Sandboxes::record_point`]).
+pub(super) const LINEAGE: &str = "lineage.json";
+
+/// The digest (`sha256:<hex>`) of what a point's directory `dir` holds beyond its disk
+/// image `image` and its lineage: the saved processes and memory (each file's relative
+/// path and SHA-256, in name order). None when it holds nothing more (a disk-only point).
+fn saved_digest(dir: &Path, image: Option<&Path>) -> Option<String> {
+    use sha2::{Digest as _, Sha256};
+    let mut files = Vec::new();
+    let mut stack = vec![dir.to_owned()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).ok()?.flatten() {
+            let p = e.path();
+            let t = e.file_type().ok()?;
+            if t.is_dir() {
+                stack.push(p);
+            } else if t.is_file() && Some(p.as_path()) != image && e.file_name() != LINEAGE {
+                files.push(p);
+            }
+        }
+    }
+    if files.is_empty() {
+        return None;
+    }
+    files.sort();
+    let mut all = Sha256::new();
+    for f in files {
+        let mut one = Sha256::new();
+        std::io::copy(&mut std::fs::File::open(&f).ok()?, &mut one).ok()?;
+        let rel = f.strip_prefix(dir).ok()?.to_string_lossy().into_owned();
+        all.update(rel.as_bytes());
+        all.update([0]);
+        all.update(one.finalize());
+    }
+    let h: [u8; 32] = all.finalize().into();
+    Some(format!("sha256:{}", rampart_types::audit::Hash(h).to_hex()))
 }

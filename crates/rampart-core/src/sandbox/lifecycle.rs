@@ -202,8 +202,18 @@ impl Sandboxes {
         net: Option<&rampart_store::StoredNetwork>,
     ) -> Result<SandboxInfo, CoreError> {
         let extras = self.persist.take_staged(&new.id);
+        // Made from a snapshot or a fork's point: its record begins where its parent's
+        // was (the parent, its chain head then, the digest of the saved processes).
+        let parent = extras
+            .disk
+            .as_ref()
+            .and_then(|d| std::fs::read(d.image.with_file_name(super::fork::LINEAGE)).ok())
+            .and_then(|b| serde_json::from_slice::<Value>(&b).ok());
         let booted = self.boot(new, slot, net, extras, false).await?;
         let mut created = self.created_body(new);
+        if let (EventBody::Created(c), Some(p)) = (&mut created, parent) {
+            c.spec["parent"] = p;
+        }
         if let (EventBody::Created(c), Some(n)) = (&mut created, net) {
             // The policy it starts with (its secrets are named in no record).
             c.policy = serde_json::to_value(n.policy.public()).unwrap_or_default();

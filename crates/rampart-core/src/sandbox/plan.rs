@@ -47,9 +47,24 @@ impl Sandboxes {
         req.secrets = self.secrets.resolve(&req.secrets)?;
         // The tier: asked for, else its template's, else the node's default; a tier this
         // node lacks is refused by name, never replaced by another.
-        let tier = match req.isolation {
-            Some(t) => t,
-            None => crate::templates::isolation_of(
+        // A snapshot (or a fork's point) was taken on a tier: what is made from it runs
+        // there.
+        let taken_on = req
+            .snapshot
+            .as_deref()
+            .and_then(|n| self.persist.snapshot_tier(n));
+        let tier = match (req.isolation, taken_on) {
+            (Some(t), Some(s)) if t != s => {
+                return Err(CoreError::BadRequest {
+                    field: "isolation".into(),
+                    message: format!(
+                        "snapshot {:?} was taken on the {s} tier; a sandbox made from it runs there (leave isolation out)",
+                        req.snapshot.as_deref().unwrap_or_default()
+                    ),
+                })
+            }
+            (Some(t), _) | (None, Some(t)) => t,
+            (None, None) => crate::templates::isolation_of(
                 &cfg.data_dir,
                 req.template.as_deref().unwrap_or("base"),
             )?
@@ -120,9 +135,7 @@ impl Sandboxes {
 
 /// What a sandbox on the gVisor tier cannot have yet, refused before anything is made.
 fn refuse_on_gvisor(req: &CreateSandbox) -> Result<(), CoreError> {
-    let lacks = if req.snapshot.is_some() {
-        Some("snapshot")
-    } else if !req.volumes.is_empty() {
+    let lacks = if !req.volumes.is_empty() {
         Some("volumes")
     } else if !req.artifacts.is_empty() {
         Some("artifacts")
