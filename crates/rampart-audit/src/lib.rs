@@ -64,6 +64,7 @@ pub mod dsse;
 pub mod error;
 pub mod hash;
 pub mod key;
+pub mod lineage;
 pub mod merkle;
 pub mod redact;
 pub mod report;

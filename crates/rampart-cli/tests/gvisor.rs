@@ -528,6 +528,64 @@ fn a_running_gvisor_sandbox_forks_and_snapshots_with_its_memory() {
             format!("fork{i}\n")
         );
     }
+    // `rampart audit verify FORK --parent SOURCE` proves where the fork's state came from;
+    // a fork's bundle against another sandbox's, or with its parent's digest altered, fails.
+    let bundle = |id: &str| {
+        let b = client()
+            .get(format!("{}/v1/sandboxes/{id}/audit/bundle", d.url))
+            .send()
+            .unwrap()
+            .bytes()
+            .unwrap();
+        let f = d.root.join(format!("{id}.bundle.json"));
+        std::fs::write(&f, &b).unwrap();
+        f
+    };
+    let key = get(&format!("{}/v1/audit/key", d.url)).1["public_key"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let verify = |child: &Path, parent: &Path| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_rampart"))
+            .args(["audit", "verify"])
+            .arg(child)
+            .arg("--parent")
+            .arg(parent)
+            .args(["--key", &key])
+            .output()
+            .unwrap()
+    };
+    let (src, child, other) = (bundle(&s.id), bundle(&forks[0].id), bundle(&forks[1].id));
+    let o = verify(&child, &src);
+    let text = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert!(o.status.success(), "{o:?}");
+    assert!(
+        text.contains("LINEAGE VERIFIED") && text.contains("with its processes and memory"),
+        "{text}"
+    );
+    // The SDK's independent verifier reads the same bundles.
+    for b in [&child, &src] {
+        let py = std::process::Command::new("python3")
+            .arg(support::workspace().join("sdk/python/rampart/verify.py"))
+            .arg(b)
+            .output()
+            .unwrap();
+        assert!(py.status.success(), "{py:?}");
+    }
+    let o = verify(&child, &other);
+    assert!(!o.status.success(), "{o:?}");
+    let altered = d.root.join("altered.json");
+    let mut v: Value = serde_json::from_slice(&std::fs::read(&child).unwrap()).unwrap();
+    v["events"][0]["body"]["spec"]["parent"]["checkpoint_digest"] =
+        json!("sha256:0000000000000000000000000000000000000000000000000000000000000000");
+    std::fs::write(&altered, serde_json::to_vec(&v).unwrap()).unwrap();
+    let o = verify(&altered, &src);
+    assert!(!o.status.success(), "{o:?}");
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("FAILED"),
+        "{o:?}"
+    );
+
     // The source runs on, its processes where they were, its disk its own.
     let r = s.sh(&format!(
         "kill -0 {}; echo alive=$?; cat /home/user/f",

@@ -229,9 +229,12 @@ class Sandbox:
         return self._client._run(_Call("GET", self._path("/ports"), parse=lambda r: r.json()["ports"]))
 
     # Persistence
-    def snapshot(self, name: Optional[str] = None):
-        """Takes a snapshot of its filesystem."""
-        body = {"name": name} if name else {}
+    def snapshot(self, name: Optional[str] = None, *, memory: bool = False):
+        """Takes a snapshot of its filesystem; with `memory=True` (the gvisor tier) of its
+        processes and memory too: a sandbox made from it continues them."""
+        body: Dict[str, Any] = {"name": name} if name else {}
+        if memory:
+            body["memory"] = True
         return self._client._run(_Call("POST", self._path("/snapshots"), json=body,
                                        parse=lambda r: SnapshotInfo.from_dict(r.json())))
 

@@ -70,6 +70,11 @@ pub struct VerifyArgs {
     /// signed by one of its nodes' keys, which is named.
     #[arg(long, value_name = "FILE", conflicts_with_all = ["key", "key_file"])]
     key_set: Option<PathBuf>,
+    /// The bundle of the sandbox this one was made from (a snapshot's or a fork's
+    /// source): checks that both verify and that this one's record begins at the
+    /// parent's `snapshot` event it names, with the same digest of the saved processes.
+    #[arg(long, value_name = "FILE", conflicts_with = "key_set")]
+    parent: Option<PathBuf>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -288,6 +293,19 @@ fn verify(a: VerifyArgs) -> Result<u8> {
     let key = trusted_key(a.key.as_deref(), a.key_file.as_deref())?;
     let bytes = std::fs::read(&a.file)
         .with_context(|| format!("cannot read the bundle {}", a.file.display()))?;
+    if let Some(parent) = &a.parent {
+        let p = std::fs::read(parent)
+            .with_context(|| format!("cannot read the parent's bundle {}", parent.display()))?;
+        let l = rampart_audit::lineage::verify_lineage(&bytes, &p, key.as_ref()).map_err(|e| {
+            anyhow!(
+                "FAILED: {} from {}: {e}",
+                a.file.display(),
+                parent.display()
+            )
+        })?;
+        println!("{l}");
+        return Ok(0);
+    }
     if serde_json::from_slice::<serde_json::Value>(&bytes)
         .is_ok_and(|v| v.get("payloadType").is_some())
     {

@@ -8,7 +8,8 @@ use rampart_types::{
 };
 use reqwest::Method;
 
-/// `rampart snapshot ID [--name N] [--stop]`, `rampart snapshot ls`, `rampart snapshot rm NAME...`.
+/// `rampart snapshot ID [--name N] [--memory] [--stop]`, `rampart snapshot ls`, `rampart
+/// snapshot rm NAME...`.
 #[derive(Debug, Args)]
 pub struct SnapshotArgs {
     /// A sandbox id (take a snapshot of it), or `ls`, or `rm NAME...`.
@@ -20,6 +21,10 @@ pub struct SnapshotArgs {
     /// Destroy the sandbox once the snapshot is taken ("pause to disk").
     #[arg(long)]
     stop: bool,
+    /// Keep its processes and memory too (the gvisor tier): a sandbox made from the
+    /// snapshot (`rampart create --snapshot N`) continues them.
+    #[arg(long)]
+    memory: bool,
     /// Print JSON.
     #[arg(long)]
     json: bool,
@@ -175,7 +180,7 @@ pub async fn snapshot(host: &crate::client::Endpoint, a: SnapshotArgs) -> Result
             }
             let req = CreateSnapshot {
                 name: a.name.clone(),
-                memory: false,
+                memory: a.memory,
                 stop: a.stop,
             };
             let s = take_snapshot(&client, id, &req).await?;

@@ -410,7 +410,7 @@ pub struct PauseArgs {
     pub filesystem: bool,
     /// Pause to disk with the memory: every process is saved beside the disk and ends,
     /// nothing stays in RAM, and the resume restores them where they were (the gvisor tier).
-    #[arg(long)]
+    #[arg(long, alias = "memory")]
     pub disk: bool,
 }
 

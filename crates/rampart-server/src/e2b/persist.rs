@@ -38,10 +38,10 @@ const MAX_FORKS: u32 = 20;
 const MAX_PAGE: usize = 100;
 
 /// Why `memory: true` is refused.
-const NO_MEMORY: &str = "mode=\"full\" (memory: true) is not supported by this server: its \
-isolation tier (namespaces) keeps the filesystem only, not the processes or memory (no process \
-checkpoint/restore). Use mode=\"filesystem\", or leave mode out (this server's default is a \
-filesystem snapshot); a sandbox created from it boots fresh from that disk";
+const NO_MEMORY: &str = "mode=\"full\" (memory: true) is refused for this sandbox: its \
+isolation tier (namespaces) keeps the filesystem only, not the processes or memory. Use \
+mode=\"filesystem\", or leave mode out (a filesystem snapshot; a sandbox created from it boots \
+fresh from that disk), or create the sandbox on the gvisor tier, whose snapshots keep memory";
 
 /// `SandboxSnapshotRequest`.
 #[derive(Debug, Default, Deserialize)]
@@ -104,7 +104,9 @@ pub(super) fn snapshot_for_create(
 }
 
 /// `POST /sandboxes/{id}/snapshots`: 201 `{"snapshotID", "names"}`. The sandbox (running or
-/// paused) is frozen while its writable layer is copied, then goes on as before.
+/// paused) is frozen while its writable layer is copied, then goes on as before; a gVisor
+/// sandbox is saved with its memory, copied and restored, and its snapshot keeps its
+/// processes.
 pub(crate) async fn create_snapshot(
     State(st): State<E2b>,
     crate::caller::Caller(who): crate::caller::Caller,
@@ -112,9 +114,6 @@ pub(crate) async fn create_snapshot(
     body: Bytes,
 ) -> Result<Response, E2bError> {
     let b: SnapshotBody = parse_body(&body)?;
-    if b.memory == Some(true) {
-        return Err(E2bError::bad_request(NO_MEMORY));
-    }
     let name = b.name.filter(|n| !n.is_empty());
     if let Some(n) = &name {
         // A snapshot's name is what a create takes as its `templateID`: it may not be a
@@ -126,12 +125,19 @@ pub(crate) async fn create_snapshot(
         }
     }
     let (sid, _, _) = st.must(&who, &id).await?;
+    let sandbox = st.manager.sandbox(&who, &sid)?;
+    // A gVisor sandbox's snapshot keeps its processes and memory, as E2B's do; the
+    // namespace tier keeps its filesystem only and refuses to be asked for more.
+    let gvisor = sandbox.info()?.isolation == rampart_types::Tier::Gvisor;
+    if b.memory == Some(true) && !gvisor {
+        return Err(E2bError::bad_request(NO_MEMORY));
+    }
     let req = CreateSnapshot {
         name,
-        memory: false,
+        memory: gvisor && b.memory != Some(false),
         stop: false,
     };
-    let info = st.manager.sandbox(&who, &sid)?.snapshot(req).await?;
+    let info = sandbox.snapshot(req).await?;
     Ok((StatusCode::CREATED, Json(snapshot_json(&info))).into_response())
 }
 
