@@ -631,3 +631,46 @@ fn a_running_gvisor_sandbox_forks_and_snapshots_with_its_memory() {
         assert_eq!(traces(&d.data, &f.id), Vec::<String>::new());
     }
 }
+
+#[test]
+fn a_corrupt_checkpoint_fails_its_resume_clearly_and_leaves_the_sandbox_paused() {
+    if let Some(why) = skip() {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    let d = support::start_tidy("gvisor-corrupt");
+    let s = gvisor_sandbox(&d);
+    s.sh("echo kept > /home/user/f");
+    start_counter(&s);
+    let (st, p) = post(&s.url("/pause"), json!({"disk": true}));
+    assert_eq!((st, p["state"].as_str()), (200, Some("paused")), "{p}");
+    // Truncated to half: what a full disk or a crash mid-write leaves.
+    let image = d
+        .data
+        .join("gvisor")
+        .join(&s.id)
+        .join("checkpoint/checkpoint.img");
+    let len = std::fs::metadata(&image).unwrap().len();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&image)
+        .unwrap()
+        .set_len(len / 2)
+        .unwrap();
+    let (st, e) = post(&s.url("/resume"), json!({}));
+    assert!(st >= 400, "{st} {e}");
+    let msg = e["error"]["message"].as_str().unwrap_or_default();
+    assert!(msg.contains("restore"), "{e}");
+    // Still paused, its disk as it was: a reboot (its saved processes dropped) boots it
+    // from that disk, the file there.
+    let (_, v) = get(&s.url(""));
+    assert_eq!(v["state"], "paused", "{v}");
+    let (st, v) = post(&s.url("/resume"), json!({"reboot": true}));
+    assert_eq!((st, v["state"].as_str()), (200, Some("running")), "{v}");
+    assert_eq!(s.sh("cat /home/user/f")["stdout"], "kept\n");
+    // No process of before runs after a reboot: the counter's loop is gone.
+    let r = s.sh("for p in /proc/[0-9]*; do cat $p/cmdline 2>/dev/null; echo; done | tr '\\0' ' ' | grep -c 'mv /tmp/n[.]t'");
+    assert_eq!(r["stdout"], "0\n", "{r}");
+    s.destroy();
+    assert_eq!(traces(&d.data, &s.id), Vec::<String>::new());
+}

@@ -298,6 +298,8 @@ impl Gvisor {
             .append(true)
             .open(dir.join("output.log"))
             .map_err(io("open output.log"))?;
+        // Where this boot's lines begin (the log keeps every boot's).
+        let log_start = log.metadata().map(|m| m.len()).unwrap_or(0);
         let log2 = log.try_clone().map_err(io("dup output.log"))?;
         let image = dir.join(CHECKPOINT);
         let restore = image.join("checkpoint.img").is_file();
@@ -341,9 +343,13 @@ impl Gvisor {
             .map_err(io("run unshare (util-linux)"))?;
         if !status.success() {
             return Err(GvisorError::Runsc {
-                step: "runsc run".into(),
+                step: if restore {
+                    "runsc restore (of the sandbox's saved processes)".into()
+                } else {
+                    "runsc run".into()
+                },
                 status: status.to_string(),
-                output: tail(&std::fs::read_to_string(dir.join("output.log")).unwrap_or_default()),
+                output: first_words(&dir.join("output.log"), log_start),
             });
         }
         let pid = self.sandbox_pid(&spec.id)?;
@@ -685,6 +691,22 @@ fn check_path(p: &Path) -> Result<(), GvisorError> {
     Ok(())
 }
 
+/// What `runsc` said first in the log `path` from byte `from` on: its error, without the
+/// Go stack that may follow it.
+fn first_words(path: &Path, from: u64) -> String {
+    use std::io::{Read as _, Seek as _};
+    let mut text = String::new();
+    if let Ok(mut f) = std::fs::File::open(path) {
+        let _ = f.seek(std::io::SeekFrom::Start(from));
+        let _ = f.take(64 << 10).read_to_string(&mut text);
+    }
+    text.lines()
+        .map(str::trim)
+        .find(|l| !l.is_empty())
+        .map(|l| l.trim_end_matches(':').to_owned())
+        .unwrap_or_else(|| "(it printed nothing)".into())
+}
+
 /// The last lines of `s` (an error message's worth).
 fn tail(s: &str) -> String {
     let lines: Vec<&str> = s.trim().lines().collect();
@@ -940,6 +962,14 @@ impl ColdStop for Gvisor {
     }
     fn copy_saved(&self, id: &SandboxId, dest: &Path, memory: bool) -> Result<u64, IsolationError> {
         Ok(Gvisor::copy_saved(self, id, dest, memory)?)
+    }
+    fn discard_saved(&self, id: &SandboxId) -> Result<(), IsolationError> {
+        match std::fs::remove_dir_all(self.dir(id).join(CHECKPOINT)) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                Err(io("remove the saved processes")(e).into())
+            }
+            _ => Ok(()),
+        }
     }
     fn checkpoint(&self, id: &SandboxId) -> Result<(), IsolationError> {
         let dir = self.dir(id);

@@ -280,6 +280,12 @@ pub trait ColdStop: Send + Sync {
             message: "this sandbox's tier cannot save its memory to disk: pause it with its memory kept in RAM (the default) or to its filesystem (\"memory\": false), or run it on the gvisor tier".into(),
         })
     }
+    /// Forgets the processes a sandbox saved by [`ColdStop::checkpoint`] (its disk kept): its
+    /// next [`ColdStop::relaunch`] boots it afresh from its disk. Idempotent; nothing to do
+    /// by default.
+    fn discard_saved(&self, _id: &SandboxId) -> Result<(), IsolationError> {
+        Ok(())
+    }
     /// Copies a sandbox saved by [`ColdStop::checkpoint`] (at rest) to `dest`, a path from
     /// [`Disks::snapshot_image`]: its disk, and with `memory` its processes beside it, what
     /// [`Disks::launch_with`] then starts a new sandbox from (its processes continuing from

@@ -202,4 +202,7 @@ impl ColdStop for Tiers {
     fn copy_saved(&self, id: &SandboxId, dest: &Path, memory: bool) -> Result<u64, IsolationError> {
         self.of(id).cold()?.copy_saved(id, dest, memory)
     }
+    fn discard_saved(&self, id: &SandboxId) -> Result<(), IsolationError> {
+        self.of(id).cold()?.discard_saved(id)
+    }
 }

@@ -713,6 +713,15 @@ impl Sandboxes {
         id: &SandboxId,
         reboot: bool,
     ) -> Result<SandboxInfo, CoreError> {
+        if reboot && self.is_cold(id).await? {
+            // Asked to boot afresh: what it saved of its processes is dropped first.
+            let iso = self.iso.clone();
+            let id2 = id.clone();
+            tokio::task::spawn_blocking(move || iso.cold()?.discard_saved(&id2))
+                .await
+                .map_err(CoreError::task("discard"))?
+                .map_err(|e| CoreError::isolation("reboot", e))?;
+        }
         if reboot || self.is_cold(id).await? {
             return self.reboot(id, false).await;
         }
