@@ -30,7 +30,7 @@ pub struct Budget {
 }
 
 /// (available, total) bytes of the file system holding `p`.
-fn statvfs(p: &Path) -> std::io::Result<(u64, u64)> {
+pub(crate) fn statvfs(p: &Path) -> std::io::Result<(u64, u64)> {
     use std::os::unix::ffi::OsStrExt;
     let c = std::ffi::CString::new(p.as_os_str().as_bytes())
         .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;

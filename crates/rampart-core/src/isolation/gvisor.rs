@@ -691,6 +691,24 @@ fn check_path(p: &Path) -> Result<(), GvisorError> {
     Ok(())
 }
 
+/// Whether a checkpoint of a sandbox using `need` bytes of memory fits in `free` bytes of
+/// the node's disk, beside the daemon's reserve: a 400 naming `disk` when it does not.
+fn room_for_checkpoint(need: u64, free: u64) -> Result<(), IsolationError> {
+    let want = need.saturating_add(crate::capacity::RESERVE_BYTES);
+    if free >= want {
+        return Ok(());
+    }
+    Err(IsolationError::Refused {
+        field: "disk",
+        message: format!(
+            "no room to save this sandbox's memory: about {} MiB needed (its memory plus the node's {} MiB reserve), {} MiB free on the node's data disk; pause it with its memory kept in RAM or to its filesystem",
+            want >> 20,
+            crate::capacity::RESERVE_BYTES >> 20,
+            free >> 20
+        ),
+    })
+}
+
 /// What `runsc` said first in the log `path` from byte `from` on: its error, without the
 /// Go stack that may follow it.
 fn first_words(path: &Path, from: u64) -> String {
@@ -963,6 +981,17 @@ impl ColdStop for Gvisor {
     fn copy_saved(&self, id: &SandboxId, dest: &Path, memory: bool) -> Result<u64, IsolationError> {
         Ok(Gvisor::copy_saved(self, id, dest, memory)?)
     }
+    fn room_to_checkpoint(&self, id: &SandboxId) -> Result<(), IsolationError> {
+        // Its image is about the memory the sandbox uses.
+        let need = self
+            .cgroups
+            .usage(id.as_str())
+            .map(|u| u.memory_bytes)
+            .unwrap_or(0);
+        let (free, _) = crate::capacity::statvfs(&self.root)
+            .map_err(io(format!("statvfs {}", self.root.display())))?;
+        room_for_checkpoint(need, free)
+    }
     fn discard_saved(&self, id: &SandboxId) -> Result<(), IsolationError> {
         match std::fs::remove_dir_all(self.dir(id).join(CHECKPOINT)) {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
@@ -1020,5 +1049,42 @@ impl ColdStop for Gvisor {
             );
         }
         Ok(self.end_at_rest(id)?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_checkpoint_that_does_not_fit_the_disk_is_refused_naming_disk() {
+        let reserve = crate::capacity::RESERVE_BYTES;
+        assert!(room_for_checkpoint(100 << 20, reserve + (100 << 20)).is_ok());
+        match room_for_checkpoint(100 << 20, reserve + (99 << 20)) {
+            Err(IsolationError::Refused { field, message }) => {
+                assert_eq!(field, "disk");
+                assert!(message.contains("no room"), "{message}");
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn runscs_first_words_are_its_error_without_the_go_stack() {
+        let d = tempfile::tempdir().unwrap();
+        let log = d.path().join("output.log");
+        std::fs::write(
+            &log,
+            "old boot\n\nrestoring container \"x\": header error: unexpected EOF:\ngoroutine 19 [running]:\n",
+        )
+        .unwrap();
+        assert_eq!(
+            first_words(&log, 9),
+            "restoring container \"x\": header error: unexpected EOF"
+        );
+        assert_eq!(
+            first_words(&d.path().join("none"), 0),
+            "(it printed nothing)"
+        );
     }
 }

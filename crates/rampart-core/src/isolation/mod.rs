@@ -280,6 +280,12 @@ pub trait ColdStop: Send + Sync {
             message: "this sandbox's tier cannot save its memory to disk: pause it with its memory kept in RAM (the default) or to its filesystem (\"memory\": false), or run it on the gvisor tier".into(),
         })
     }
+    /// Whether the node's disk can hold a checkpoint of sandbox `id` now (beside the
+    /// daemon's reserve): asked before anything of it changes; a 400 naming `disk` when
+    /// not. Nothing to check by default.
+    fn room_to_checkpoint(&self, _id: &SandboxId) -> Result<(), IsolationError> {
+        Ok(())
+    }
     /// Forgets the processes a sandbox saved by [`ColdStop::checkpoint`] (its disk kept): its
     /// next [`ColdStop::relaunch`] boots it afresh from its disk. Idempotent; nothing to do
     /// by default.

@@ -205,4 +205,7 @@ impl ColdStop for Tiers {
     fn discard_saved(&self, id: &SandboxId) -> Result<(), IsolationError> {
         self.of(id).cold()?.discard_saved(id)
     }
+    fn room_to_checkpoint(&self, id: &SandboxId) -> Result<(), IsolationError> {
+        self.of(id).cold()?.room_to_checkpoint(id)
+    }
 }

@@ -119,6 +119,15 @@ impl Sandboxes {
                 message: "only a sandbox on the gvisor tier can save its memory to disk: pause it with its memory kept in RAM (the default) or to its filesystem (\"memory\": false)".into(),
             }));
         }
+        if memory {
+            // Room on the node's disk for it, asked before anything changes.
+            let iso = self.iso.clone();
+            let id2 = id.clone();
+            tokio::task::spawn_blocking(move || iso.cold()?.room_to_checkpoint(&id2))
+                .await
+                .map_err(|e| Stop::Refused(CoreError::task("checkpoint room")(e)))?
+                .map_err(|e| Stop::Refused(e.into()))?;
+        }
         let rec = self
             .store
             .get(id)
