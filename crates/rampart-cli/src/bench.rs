@@ -17,6 +17,7 @@ mod compare;
 mod cpu;
 mod desktop;
 mod fleet;
+mod gvisor;
 mod net;
 mod persist;
 mod pool;
@@ -102,6 +103,11 @@ pub struct BenchArgs {
     /// Pairs of runs of `--compare`.
     #[arg(long, default_value_t = 3)]
     pub pairs: usize,
+    /// Both isolation tiers side by side with `runsc do` and the namespace peers: create +
+    /// first exec, exec, pause to disk with memory and restore by memory held, fork of a
+    /// running sandbox, wake on access, memory per idle sandbox.
+    #[arg(long)]
+    pub gvisor: bool,
 }
 
 /// Latency samples of one measurement.
@@ -537,6 +543,9 @@ pub fn run(args: BenchArgs) -> Result<()> {
     }
     if args.pool {
         return pool::run(&args);
+    }
+    if args.gvisor {
+        return gvisor::run(&args);
     }
     if args.profile {
         return profile::run(&args);
