@@ -706,3 +706,94 @@ fn the_e2b_sdk_pauses_and_snapshots_gvisor_sandboxes_with_their_processes() {
     assert!(r.failed.is_empty(), "failed:\n{}", r.failed.join("\n"));
     assert_eq!(r.passed.len(), 2, "passed: {:?}", r.passed);
 }
+
+/// What the Python server of [`serve_digest`] answers on port 8000 of `id` (with `token`),
+/// or None while nothing answers.
+fn digest_answer(d: &support::Tidy, id: &str, token: &str) -> Option<String> {
+    let r = client()
+        .get(format!("{}/v1/sandboxes/{id}/ports/8000/", d.url))
+        .header("X-Rampart-Token", token)
+        .send()
+        .ok()?;
+    r.status()
+        .is_success()
+        .then(|| r.text().unwrap_or_default())
+}
+
+/// Starts, in `s`, a Python server holding 100 MiB of random bytes in memory: it answers
+/// the SHA-256 it computed at its start (a variable) and the one of the bytes it holds now.
+fn serve_digest(d: &support::Tidy, s: &Sandbox) -> String {
+    s.sh("cat > /tmp/srv.py <<'EOF'\nimport hashlib, http.server, os\ndata = os.urandom(100 << 20)\nat_start = hashlib.sha256(data).hexdigest()\nclass H(http.server.BaseHTTPRequestHandler):\n    def do_GET(self):\n        self.send_response(200)\n        self.end_headers()\n        self.wfile.write((at_start + ' ' + hashlib.sha256(data).hexdigest()).encode())\n    def log_message(self, *a):\n        pass\nhttp.server.HTTPServer(('127.0.0.1', 8000), H).serve_forever()\nEOF\nnohup python3 /tmp/srv.py >/dev/null 2>&1 &");
+    let token = s.info["access_token"].as_str().unwrap().to_owned();
+    let mut answer = None;
+    support::wait_until("the Python server to answer", 120, || {
+        answer = digest_answer(d, &s.id, &token);
+        answer.is_some()
+    });
+    let a = answer.unwrap();
+    let (x, y) = a.split_once(' ').unwrap();
+    assert_eq!(x, y, "{a}");
+    a
+}
+
+#[test]
+fn a_python_server_holding_100_mib_keeps_its_memory_across_pause_fork_and_snapshot() {
+    if let Some(why) = skip() {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    let d = support::start_tidy("gvisor-python");
+    let s = gvisor_sandbox(&d);
+    let token = s.info["access_token"].as_str().unwrap().to_owned();
+    let digest = serve_digest(&d, &s);
+    // Paused to disk and resumed: the same server, the same bytes.
+    let (st, p) = post(&s.url("/pause"), json!({"disk": true}));
+    assert_eq!((st, p["state"].as_str()), (200, Some("paused")), "{p}");
+    let (st, p) = post(&s.url("/resume"), json!({}));
+    assert_eq!((st, p["state"].as_str()), (200, Some("running")), "{p}");
+    assert_eq!(
+        digest_answer(&d, &s.id, &token).as_deref(),
+        Some(digest.as_str())
+    );
+    // Forked into two: each fork's server answers the same, through its own token.
+    let (st, v) = post(&s.url("/fork"), json!({"count": 2}));
+    assert_eq!(st, 201, "{v}");
+    let forks: Vec<(Sandbox, String)> = v["sandboxes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| {
+            (
+                Sandbox::adopt(&d.daemon, x["id"].as_str().unwrap()),
+                x["access_token"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
+    for (f, t) in &forks {
+        assert_eq!(
+            digest_answer(&d, &f.id, t).as_deref(),
+            Some(digest.as_str())
+        );
+        assert_eq!(
+            digest_answer(&d, &f.id, &token),
+            None,
+            "the source's token opens a fork"
+        );
+    }
+    // A snapshot with memory and a sandbox made from it.
+    let (st, v) = post(
+        &s.url("/snapshots"),
+        json!({"name": "py-mem", "memory": true}),
+    );
+    assert_eq!(st, 201, "{v}");
+    let c = Sandbox::create(&d.daemon, json!({"snapshot": "py-mem"}));
+    let ct = c.info["access_token"].as_str().unwrap().to_owned();
+    assert_eq!(
+        digest_answer(&d, &c.id, &ct).as_deref(),
+        Some(digest.as_str())
+    );
+    for f in forks.iter().map(|(f, _)| f).chain([&c, &s]) {
+        f.destroy();
+        assert_eq!(traces(&d.data, &f.id), Vec::<String>::new());
+    }
+}
