@@ -429,6 +429,18 @@ impl Api {
         }
         Ok(v["id"].as_str().context("create: no id")?.to_owned())
     }
+    /// Waits (polling its state 20 ms apart, at most `within`) until `id` is `want`.
+    fn wait_state(&self, id: &str, want: &str, within: Duration) -> Result<()> {
+        let deadline = Instant::now() + within;
+        while self.state(id)? != want {
+            if Instant::now() > deadline {
+                bail!("sandbox {id} was not {want} within {} s", within.as_secs());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Ok(())
+    }
+
     /// The state `GET /v1/sandboxes/{id}` answers.
     fn state(&self, id: &str) -> Result<String> {
         let v: Value = self
@@ -1288,13 +1300,7 @@ fn measure_pause(api: &Api, iterations: usize) -> Result<PauseBench> {
     let sleepy = api.create_with(&json!({"idle_pause_secs": 1}))?;
     let res = (|| -> Result<()> {
         for _ in 0..WAKES {
-            let deadline = Instant::now() + Duration::from_secs(30);
-            while api.state(&sleepy)? != "paused" {
-                if Instant::now() > deadline {
-                    bail!("sandbox {sleepy} did not fall asleep within 30 s");
-                }
-                std::thread::sleep(Duration::from_millis(20));
-            }
+            api.wait_state(&sleepy, "paused", Duration::from_secs(30))?;
             let t = Instant::now();
             api.exec_true(&sleepy)?;
             p.wake.push(t.elapsed());

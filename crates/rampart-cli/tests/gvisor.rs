@@ -681,28 +681,11 @@ fn the_e2b_sdk_pauses_and_snapshots_gvisor_sandboxes_with_their_processes() {
         eprintln!("skipped: {why}");
         return;
     }
-    let python = support::venv_python("RAMPART_E2B_VENV", "e2b-venv");
-    if let Some(why) = support::venv_lacks(&python, "e2b", "scripts/e2b-sdks.sh") {
-        eprintln!("skipped: {why}");
-        return;
-    }
     let conf = support::config_file("default_isolation = \"gvisor\"\n");
     let d = support::start_tidy_with("gvisor-e2b", &[("RAMPART_CONFIG", conf.path.as_str())]);
-    let key = std::fs::read_to_string(d.data.join("api-key"))
-        .unwrap()
-        .trim()
-        .to_owned();
-    let tests = support::workspace().join("tests/e2b");
-    let r = support::run_sdk_script(
-        &python,
-        &tests.join("gvisor.py"),
-        &tests,
-        &[
-            ("E2B_API_KEY", &key),
-            ("E2B_API_URL", &d.url),
-            ("E2B_SANDBOX_URL", &d.url),
-        ],
-    );
+    let Some(r) = support::e2b_script(&d, "gvisor.py") else {
+        return;
+    };
     assert!(r.failed.is_empty(), "failed:\n{}", r.failed.join("\n"));
     assert_eq!(r.passed.len(), 2, "passed: {:?}", r.passed);
 }

@@ -10,7 +10,7 @@
 mod support;
 
 use serde_json::{json, Value};
-use support::{client, workspace, Sandbox};
+use support::{client, Sandbox};
 
 fn state(s: &Sandbox) -> String {
     let v: Value = client().get(s.url("")).send().unwrap().json().unwrap();
@@ -101,26 +101,9 @@ fn a_sleeping_sandbox_wakes_for_an_exec_a_port_request_and_the_e2b_sdk() {
 
     // The E2B face: `[e2b] idle_pause_secs` puts every E2B sandbox to sleep; the SDK's next
     // call wakes it.
-    let python = support::venv_python("RAMPART_E2B_VENV", "e2b-venv");
-    if let Some(why) = support::venv_lacks(&python, "e2b", "scripts/e2b-sdks.sh") {
-        eprintln!("skipped the E2B SDK part: {why}");
+    let Some(r) = support::e2b_script(&d, "idle.py") else {
         return;
-    }
-    let key = std::fs::read_to_string(d.data.join("api-key"))
-        .unwrap()
-        .trim()
-        .to_owned();
-    let tests = workspace().join("tests/e2b");
-    let r = support::run_sdk_script(
-        &python,
-        &tests.join("idle.py"),
-        &tests,
-        &[
-            ("E2B_API_KEY", &key),
-            ("E2B_API_URL", &d.url),
-            ("E2B_SANDBOX_URL", &d.url),
-        ],
-    );
+    };
     assert!(r.failed.is_empty(), "failed:\n{}", r.failed.join("\n"));
     assert_eq!(r.passed.len(), 3, "passed: {:?}", r.passed);
 }

@@ -147,13 +147,7 @@ fn measure_wake(api: &Api, tier: &str) -> Result<Samples> {
     let id = api.create_with(&b)?;
     let res = (|| -> Result<()> {
         for _ in 0..SLOW {
-            let deadline = Instant::now() + Duration::from_secs(60);
-            while api.state(&id)? != "paused" {
-                if Instant::now() > deadline {
-                    bail!("sandbox {id} did not fall asleep within a minute");
-                }
-                std::thread::sleep(Duration::from_millis(20));
-            }
+            api.wait_state(&id, "paused", Duration::from_secs(60))?;
             let t = Instant::now();
             api.exec_true(&id)?;
             s.push(t.elapsed());

@@ -1067,6 +1067,32 @@ pub fn run_sdk_script(
     ScriptReport { passed, failed }
 }
 
+/// Runs `tests/e2b/<script>` with the unmodified E2B Python SDK (`target/e2b-venv`) against
+/// daemon `d`, with its node key; None (after printing why) when the SDK is not installed.
+#[allow(dead_code)]
+pub fn e2b_script(d: &Tidy, script: &str) -> Option<ScriptReport> {
+    let python = venv_python("RAMPART_E2B_VENV", "e2b-venv");
+    if let Some(why) = venv_lacks(&python, "e2b", "scripts/e2b-sdks.sh") {
+        eprintln!("skipped {script}: {why}");
+        return None;
+    }
+    let key = std::fs::read_to_string(d.data.join("api-key"))
+        .unwrap()
+        .trim()
+        .to_owned();
+    let tests = workspace().join("tests/e2b");
+    Some(run_sdk_script(
+        &python,
+        &tests.join(script),
+        &tests,
+        &[
+            ("E2B_API_KEY", &key),
+            ("E2B_API_URL", &d.url),
+            ("E2B_SANDBOX_URL", &d.url),
+        ],
+    ))
+}
+
 /// An HTTP answer: status and body (JSON, or the text as a JSON string).
 #[derive(Debug)]
 pub struct Answer {
