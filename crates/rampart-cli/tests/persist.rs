@@ -157,6 +157,16 @@ fn snapshots_fork_and_volumes() {
     let m2 = ok(f2, "cat /etc/machine-id");
     assert_ne!(m1, m2);
     assert_ne!(m1, a_mid);
+    // Lineage: the fork point is a `snapshot` event in the source's record, and each fork's
+    // record begins by naming it (a disk-only point: no digest of saved processes).
+    let (_, rec) = get(&d, &format!("/v1/sandboxes/{}/audit", a.id));
+    assert!(rec.to_string().contains(r#""forks":2"#), "{rec}");
+    for f in [f1, f2] {
+        let (_, rec) = get(&d, &format!("/v1/sandboxes/{}/audit", f.id));
+        let parent = &rec["events"][0]["body"]["spec"]["parent"];
+        assert_eq!(parent["sandbox"], json!(a.id), "{rec}");
+        assert_eq!(parent["checkpoint_digest"], Value::Null, "{rec}");
+    }
     assert!(leftovers(&data).is_empty(), "{:?}", leftovers(&data));
 
     // An injected fault (the snapshots directory made immutable): the snapshot fails, the
