@@ -32,7 +32,7 @@
 //! # use rampart_types::{SandboxId, audit::*};
 //! # let id = SandboxId::generate();
 //! let mut chain = Chain::new(id);
-//! let event = chain.next_event(EventBody::Snapshot(Snapshot { name: "s1".into() }), now())?;
+//! let event = chain.next_event(EventBody::Snapshot(Snapshot { name: "s1".into(), ..Default::default() }), now())?;
 //! // INSERT the event (seq, time, prev, hash, body JSON) in the transaction; on commit:
 //! chain.advance(&event)?;
 //! # Ok::<(), Box<dyn std::error::Error>>(())

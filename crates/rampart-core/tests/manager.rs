@@ -921,6 +921,12 @@ async fn an_idle_sandbox_sleeps_and_the_next_request_wakes_it() {
         )),
         "{all:?}"
     );
+    // A background process (no client reads it) does not keep it awake.
+    common::sb(&m, &s.id)
+        .spawn_process(cmd(&["sleep", "600"]))
+        .await
+        .unwrap();
+    wait_events(&m, &s.id, 3, idle).await;
     // A sandbox without an idle sleep, paused, still answers 409 (nothing wakes it).
     let plain = m.create(&node(), CreateSandbox::default()).await.unwrap();
     common::sb(&m, &plain.id).pause().await.unwrap();

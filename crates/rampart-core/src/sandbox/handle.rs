@@ -269,11 +269,24 @@ impl<'m> Sandbox<'m> {
         req: ExecRequest,
         keep_stdin_open: bool,
     ) -> Result<Started, CoreError> {
+        self.start_with(req, keep_stdin_open, true).await
+    }
+
+    /// [`Sandbox::start`]; `client`: someone reads its events, which keep the sandbox awake
+    /// until they end (a background process's do not).
+    async fn start_with(
+        &self,
+        req: ExecRequest,
+        keep_stdin_open: bool,
+        client: bool,
+    ) -> Result<Started, CoreError> {
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
         let core = self.core.clone();
         let id = self.id.clone();
+        // Bad input is refused whatever the sandbox, and wakes nothing.
+        crate::validate::check_exec(&req, keep_stdin_open)?;
         // Woken first if it sleeps; awake until the exec's events end (or it is refused).
-        let activity = self.awake().await?.activity;
+        let activity = self.awake().await?.activity.filter(|_| client);
         let mut run: BoxFuture<'static, Result<Exec, CoreError>> = Box::pin(principal::scope(
             self.who.clone(),
             crate::approvals::on_hold(tx, async move {
@@ -330,7 +343,11 @@ impl<'m> Sandbox<'m> {
     ) -> Result<rampart_types::ProcessInfo, CoreError> {
         use crate::exec::background;
         let cmd = req.cmd.clone();
-        let exec = self.exec(req, true).await?;
+        // No client reads it: it does not keep the sandbox awake.
+        let exec = match self.start_with(req, true, false).await? {
+            Started::Running(e) => e,
+            Started::Held(h) => h.decided().await?,
+        };
         let weak = Arc::downgrade(self.core);
         let sid = self.id.clone();
         let p = background::Process::spawn(exec, cmd, move |pid| {
