@@ -596,7 +596,9 @@ fn a_running_gvisor_sandbox_forks_and_snapshots_with_its_memory() {
         &s.url("/snapshots"),
         json!({"name": "gv-mem", "memory": true}),
     );
-    assert_eq!(st, 201, "{v}");
+    assert_eq!((st, &v["memory"]), (201, &json!(true)), "{v}");
+    let (_, v) = get(&format!("{}/v1/snapshots/gv-mem", d.url));
+    assert_eq!(v["memory"], true, "{v}");
     let c = Sandbox::create(&d.daemon, json!({"snapshot": "gv-mem"}));
     assert_eq!(c.info["isolation"], "gvisor", "{}", c.info);
     let r = c.sh(&format!(

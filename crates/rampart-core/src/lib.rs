@@ -416,7 +416,7 @@ impl Manager {
             Ok(self
                 .inner
                 .persist
-                .snapshots()?
+                .snapshots(self.inner.iso.store_root().as_deref())?
                 .into_iter()
                 .filter_map(|s| {
                     principal::unqualify(&s.name).map(|_| own_snapshot(who.tenant.as_deref(), s))
@@ -434,7 +434,7 @@ impl Manager {
             let stored = principal::qualify(name);
             self.inner
                 .persist
-                .snapshot(&stored)
+                .snapshot(&stored, self.inner.iso.store_root().as_deref())
                 .map(|s| own_snapshot(who.tenant.as_deref(), s))
                 .map_err(|e| renamed(e, &stored, name))
         })

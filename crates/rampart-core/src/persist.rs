@@ -186,12 +186,28 @@ fn rfc3339(ms: i64) -> String {
     crate::util::rfc3339(ms)
 }
 
-fn snapshot_info(r: &SnapshotRow) -> SnapshotInfo {
+/// The file, in a snapshot's (or fork point's) directory, naming where its state came from:
+/// the source, its chain head at the point, the digest of the saved processes (see
+/// `sandbox::fork`).
+pub(crate) const LINEAGE: &str = "lineage.json";
+
+/// Whether the snapshot in `dir` kept its sandbox's processes (its lineage names their
+/// digest).
+fn kept_memory(dir: &Path) -> bool {
+    std::fs::read(dir.join(LINEAGE))
+        .ok()
+        .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
+        .is_some_and(|v| v["checkpoint_digest"].is_string())
+}
+
+/// The API view of a snapshot; `root`: the tier's store, where it says whether the snapshot
+/// kept memory.
+fn snapshot_info(r: &SnapshotRow, root: Option<&Path>) -> SnapshotInfo {
     SnapshotInfo {
         name: r.name.clone(),
         source: r.source.clone(),
         template: r.template.clone(),
-        memory: false,
+        memory: root.is_some_and(|root| kept_memory(&root.join("snapshots").join(&r.name))),
         size_bytes: r.size_bytes,
         created_at: rfc3339(r.created_at_ms),
     }
@@ -604,27 +620,32 @@ impl Persist {
             });
         }
         info!(id = %id, name, size, "snapshot taken");
-        Ok(snapshot_info(&row))
+        // Whether it kept memory is known once its lineage is written (the caller's).
+        Ok(snapshot_info(&row, None))
     }
 
-    /// Every snapshot, oldest first.
-    pub(crate) fn snapshots(&self) -> Result<Vec<SnapshotInfo>, CoreError> {
+    /// Every snapshot, oldest first (`root`: the tier's store).
+    pub(crate) fn snapshots(&self, root: Option<&Path>) -> Result<Vec<SnapshotInfo>, CoreError> {
         Ok(self
             .db
             .snapshots()
             .map_err(CoreError::from)?
             .iter()
-            .map(snapshot_info)
+            .map(|r| snapshot_info(r, root))
             .collect())
     }
 
-    /// One snapshot.
-    pub(crate) fn snapshot(&self, name: &str) -> Result<SnapshotInfo, CoreError> {
+    /// One snapshot (`root`: the tier's store).
+    pub(crate) fn snapshot(
+        &self,
+        name: &str,
+        root: Option<&Path>,
+    ) -> Result<SnapshotInfo, CoreError> {
         check_name("name", name)?;
         self.db
             .snapshot(name)
             .map_err(CoreError::from)?
-            .map(|r| snapshot_info(&r))
+            .map(|r| snapshot_info(&r, root))
             .ok_or_else(|| CoreError::NotFound(format!("snapshot {name}")))
     }
 

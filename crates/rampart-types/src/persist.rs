@@ -27,7 +27,8 @@ pub struct SnapshotInfo {
     pub source: String,
     /// The template it sits on.
     pub template: String,
-    /// Always false: this tier keeps the filesystem, not memory.
+    /// Whether it kept the sandbox's processes and memory (a gVisor sandbox's snapshot with
+    /// `memory: true`): a sandbox made from it continues them. False: its disk only.
     pub memory: bool,
     /// Bytes of its writable layer (allocated).
     pub size_bytes: u64,

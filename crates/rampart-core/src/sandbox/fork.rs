@@ -116,7 +116,14 @@ impl Sandboxes {
     /// it, naming the source and its chain head at that event (and that digest), which
     /// every sandbox made from the point puts in its `created` event (`spec.parent`): its
     /// record begins where its parent's was.
-    async fn record_point(&self, rec: &SandboxRecord, name: &str, dir: &Path, forks: Option<u32>) {
+    /// Returns the digest of the saved processes, when the point has them.
+    async fn record_point(
+        &self,
+        rec: &SandboxRecord,
+        name: &str,
+        dir: &Path,
+        forks: Option<u32>,
+    ) -> Option<String> {
         let image = self.iso.disks().and_then(|d| d.snapshot_image(dir)).ok();
         let dir2 = dir.to_owned();
         let digest = tokio::task::spawn_blocking(move || saved_digest(&dir2, image.as_deref()))
@@ -155,6 +162,7 @@ impl Sandboxes {
         if let Err(e) = std::fs::write(&path, lineage.to_string()) {
             warn!(id = %rec.id, "writing {}: {e}", path.display());
         }
+        digest
     }
 
     /// Takes a snapshot of a running or paused sandbox and records it; with `stop`, destroys
@@ -177,14 +185,16 @@ impl Sandboxes {
             let _g = op.lock().await;
             let (rec, uid_base) = self.point_source(id)?;
             let take = self.point_taker(&rec, req.memory);
-            let info = self
+            let mut info = self
                 .persist
                 .take_snapshot(take, &rec, uid_base, &name, &root)
                 .await?;
             // The audit record: fs_diff (reason snapshot) and snapshot, and the lineage a
             // sandbox made from it names.
-            self.record_point(&rec, &name, &root.join("snapshots").join(&name), None)
-                .await;
+            info.memory = self
+                .record_point(&rec, &name, &root.join("snapshots").join(&name), None)
+                .await
+                .is_some();
             let data = serde_json::json!({"snapshot_id": crate::principal::unqualify(&name)});
             self.lifecycle(
                 crate::events::Kind::Checkpointed,
@@ -297,9 +307,7 @@ impl Sandboxes {
     }
 }
 
-/// The file, in a snapshot's (or fork point's) directory, naming where its state came from
-/// (see [`Sandboxes::record_point`]).
-pub(super) const LINEAGE: &str = "lineage.json";
+use crate::persist::LINEAGE;
 
 /// The digest (`sha256:<hex>`) of what a point's directory `dir` holds beyond its disk
 /// image `image` and its lineage: the saved processes and memory (each file's relative

@@ -207,7 +207,7 @@ impl Sandboxes {
         let parent = extras
             .disk
             .as_ref()
-            .and_then(|d| std::fs::read(d.image.with_file_name(super::fork::LINEAGE)).ok())
+            .and_then(|d| std::fs::read(d.image.with_file_name(crate::persist::LINEAGE)).ok())
             .and_then(|b| serde_json::from_slice::<Value>(&b).ok());
         let booted = self.boot(new, slot, net, extras, false).await?;
         let mut created = self.created_body(new);
