@@ -172,14 +172,11 @@ impl Sandboxes {
         id: &SandboxId,
         req: CreateSnapshot,
     ) -> Result<SnapshotInfo, CoreError> {
-        let gvisor = self
-            .store
-            .get(id)
-            .map_err(CoreError::from)?
-            .is_some_and(|r| r.isolation == Tier::Gvisor);
-        let (name, root) = self
-            .persist
-            .snapshot_target(self.iso.as_ref(), id, &req, gvisor)?;
+        // Its tier can keep its memory when it can save it to disk.
+        let keeps_memory = self.iso.cold().is_ok_and(|c| c.can_checkpoint(id));
+        let (name, root) =
+            self.persist
+                .snapshot_target(self.iso.as_ref(), id, &req, keeps_memory)?;
         let info = {
             let op = self.op_lock(id);
             let _g = op.lock().await;

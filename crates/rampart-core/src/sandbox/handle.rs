@@ -283,14 +283,15 @@ impl<'m> Sandbox<'m> {
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
         let core = self.core.clone();
         let id = self.id.clone();
-        // Bad input is refused whatever the sandbox, and wakes nothing.
-        crate::validate::check_exec(&req, keep_stdin_open)?;
+        // Bad input is refused whatever the sandbox (validated once, here), and wakes
+        // nothing.
+        let v = crate::validate::check_exec(&req, keep_stdin_open)?;
         // Woken first if it sleeps; awake until the exec's events end (or it is refused).
         let activity = self.awake().await?.activity.filter(|_| client);
         let mut run: BoxFuture<'static, Result<Exec, CoreError>> = Box::pin(principal::scope(
             self.who.clone(),
             crate::approvals::on_hold(tx, async move {
-                let mut exec = core.exec(&id, req, keep_stdin_open).await?;
+                let mut exec = core.exec(&id, req, v, keep_stdin_open).await?;
                 exec.events = super::idle::Awake::hold(activity, exec.events);
                 Ok(exec)
             }),

@@ -37,7 +37,7 @@ use crate::metrics::Metrics;
 use crate::network::networked;
 use crate::proc::{self, ExitStatus};
 use crate::util::{lock, rfc3339};
-use crate::validate::{self, check_exec, check_timeout};
+use crate::validate::{self, check_timeout};
 use crate::{CoreConfig, CoreError};
 use futures::stream::{BoxStream, StreamExt};
 use rampart_agent::client::AgentClient;

@@ -219,15 +219,15 @@ impl Sandboxes {
         }
     }
 
+    /// Starts `req` (`v`: its validation) in `id`, which its caller found running (and woke,
+    /// `Sandboxes::awake`): held first if its approval policy says so.
     pub(crate) async fn exec(
         &self,
         id: &SandboxId,
         req: ExecRequest,
+        v: crate::validate::ValidExec,
         keep_stdin_open: bool,
     ) -> Result<Exec, CoreError> {
-        // Bad input is refused whatever the sandbox (validated once, here).
-        let v = check_exec(&req, keep_stdin_open)?;
-        self.agent(id)?;
         let approval = self.gate(id, &req).await?;
         // Looked up again: the sandbox may have been paused or ended while it was held.
         let client = self.agent(id)?;
